@@ -1,0 +1,1 @@
+"""The deliverable: export bundle bound to its base model, verify, dossier, rental plan."""

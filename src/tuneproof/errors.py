@@ -1,0 +1,23 @@
+"""Errors a user can cause. The CLI prints them in one or two lines and exits with code 2."""
+
+from __future__ import annotations
+
+
+class TuneproofError(Exception):
+    """A user-caused problem: says what was wrong, where (file, line, key) and what to do.
+
+    The CLI catches it, prints ``str(err)`` without a traceback and exits with ``exit_code``.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        self.message = message
+        self.hint = hint
+        super().__init__(message if hint is None else f"{message}\n  -> {hint}")
+
+
+class CheckFailed(TuneproofError):
+    """A protocol check failed (data, preflight, guard): the command refuses to go on."""
+
+    exit_code = 3

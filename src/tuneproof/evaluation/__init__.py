@@ -1,0 +1,1 @@
+"""Evaluation you can trust: generation, metrics, paired comparison, guards, sealed test split."""

@@ -1,0 +1,1 @@
+"""One module per end-to-end command (torchtune-style recipes); each states its features in its docstring."""

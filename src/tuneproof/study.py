@@ -1,0 +1,237 @@
+"""The study file ``tuneproof.yaml``: hypothesis and guards first, then data, model, method,
+training and evaluation. Validated with pydantic; unknown keys are an error (nanoGPT's rule:
+a typo must never be silently ignored), and every error names the file and the key path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tuneproof.errors import TuneproofError
+
+STUDY_FILE = "tuneproof.yaml"
+TaskKind = Literal["classification", "extraction", "format"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- hypothesis
+class Criterion(_Strict):
+    metric: str = Field(description="metric name as reported by the evaluation, e.g. 'macro_f1', 'field_f1'")
+    min_gain: float = Field(0.0, description="minimum gain over the baseline (absolute, same unit as the metric)")
+
+
+class Guard(_Strict):
+    """What must not regress. ``metric`` names an aggregate metric, or ``per_class_recall`` /
+    ``per_class_f1`` / ``per_field_f1`` to apply the rule to every category or field."""
+
+    metric: str = Field(description="metric (or per_class_* / per_field_*) that must not regress")
+    max_drop: float | None = Field(0.0, description="largest allowed drop vs the baseline (absolute)")
+    floor: float | None = Field(None, description="absolute minimum value for the candidate")
+
+
+class Hypothesis(_Strict):
+    behaviour: str = Field(description="the behaviour to improve, in one sentence")
+    task: TaskKind = Field(description="classification | extraction | format")
+    success: Criterion = Field(description="metric and minimum gain over the baseline")
+    guards: list[Guard] = Field(default_factory=list, description="what must not get worse")
+    required_fields: list[str] = Field(default_factory=list, description="extraction/format: top-level JSON keys every output must have")
+
+
+# --------------------------------------------------------------------------- data
+class Source(_Strict):
+    path: str = Field(description="file or folder; relative paths are resolved from the study folder; '$DATA/...' from the data root")
+    format: Literal["csv", "json", "jsonl", "hf", "snips", "banking77"] = Field(description="file format or a built-in dataset reader")
+    split: str | None = Field(None, description="the split this file holds (train, validation, test), or None to split it")
+
+
+class FieldMap(_Strict):
+    text: str = Field("text", description="column holding the input text")
+    label: str | None = Field(None, description="column holding the class label / category")
+    target: str | None = Field(None, description="column holding the expected output (extraction/format)")
+    id: str | None = Field(None, description="column holding a stable id (default: file and line)")
+
+
+class SplitPolicy(_Strict):
+    seed: int = Field(13, description="seed of the split")
+    fractions: dict[str, float] = Field(
+        default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1},
+        description="fractions for sources without a given split (stratified by label)",
+    )
+    max_examples: dict[str, int] = Field(default_factory=dict, description="cap per split (stratified subset), e.g. {validation: 70}")
+    test_from: str | None = Field(
+        None, description="when the sources give no test split: carve it out of this split (stratified), using fractions['test']"
+    )
+
+
+class Dedup(_Strict):
+    policy: Literal["report", "drop-from-train"] = Field("report", description="what to do with train examples that collide with another split")
+    threshold: float = Field(0.8, ge=0.0, le=1.0, description="Jaccard threshold of near-duplicates (MinHash LSH)")
+    shingles: Literal["word", "char"] = Field("word", description="shingle kind for MinHash")
+    ngram: int = Field(3, ge=1, description="shingle size (words or characters)")
+    num_perm: int = Field(128, ge=16, description="MinHash permutations")
+
+
+class Data(_Strict):
+    sources: list[Source] = Field(description="where the examples come from")
+    fields: FieldMap = Field(default_factory=FieldMap, description="column mapping")
+    cleaning: list[Literal["strip", "collapse_whitespace", "nfkc", "drop_empty"]] = Field(
+        default_factory=lambda: ["strip", "collapse_whitespace", "drop_empty"], description="ordered cleaning rules"
+    )
+    split: SplitPolicy = Field(default_factory=SplitPolicy, description="split policy")
+    test_split: str = Field("test", description="the reserved split; only `tuneproof test` reads it")
+    dedup: Dedup = Field(default_factory=Dedup, description="cross-split duplicate detection")
+
+
+# --------------------------------------------------------------------------- model & method
+class ModelSpec(_Strict):
+    base: str = Field(description="built-in alias (smollm2-135m-instruct, minilm-l6), local folder, or hub id")
+    revision: str | None = Field(None, description="exact revision (commit sha) for a hub id; checked against the local copy")
+    kind: Literal["auto", "causal-lm", "sequence-classification"] = Field("auto", description="model head; auto: from the alias or the task")
+
+
+class Method(_Strict):
+    kind: Literal["lora", "full"] = Field("lora", description="full fine-tuning or LoRA")
+    r: int = Field(8, ge=1, description="LoRA rank")
+    alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], description="module name patterns (suffix match, as PEFT); each must match"
+    )
+    modules_to_save: list[str] = Field(default_factory=list, description="extra modules trained and saved in full (e.g. classifier)")
+
+
+class Training(_Strict):
+    seed: int = Field(0, description="seed of initialisation, data order and dropout")
+    max_steps: int | None = Field(100, ge=1, description="optimizer steps (takes precedence over epochs)")
+    epochs: float | None = Field(None, gt=0, description="passes over train when max_steps is None")
+    micro_batch_size: int = Field(8, ge=1, description="examples per forward/backward pass, per process")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    learning_rate: float = Field(2e-4, gt=0, description="peak learning rate")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("linear", description="schedule (transformers.get_scheduler)")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    max_grad_norm: float | None = Field(1.0, description="gradient clipping (None: off)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="compute dtype; auto: bf16 where native, else fp32")
+    activation_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    max_length: int = Field(128, ge=8, description="tokens per example after truncation")
+    loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
+    checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")
+    eval_every: int | None = Field(None, description="evaluation loss every N steps (None: at the end only)")
+
+
+# --------------------------------------------------------------------------- eval
+class Prompt(_Strict):
+    system: str | None = Field(None, description="system message (None: none is sent, the chat template may add its default)")
+    template: str = Field("{text}", description="user message; {text} is the example's input")
+
+
+class Eval(_Strict):
+    split: str = Field("validation", description="split used by baseline and eval (never the reserved test split)")
+    prompt: Prompt = Field(default_factory=Prompt, description="prompt used for training and generation")
+    max_new_tokens: int = Field(64, ge=1, description="generation budget, tokens")
+    do_sample: bool = Field(False, description="sampling (False: greedy decoding)")
+    temperature: float = Field(1.0, gt=0)
+    batch_size: int = Field(16, ge=1, description="generation batch (left padding)")
+    max_examples: int | None = Field(None, description="evaluate a fixed stratified subset of this size")
+    allow_fenced_json: bool = Field(False, description="accept ```json fenced output as valid JSON")
+    json_schema: dict[str, Any] | None = Field(None, description="format: JSON Schema every output must satisfy")
+    regex: str | None = Field(None, description="format: regular expression every output must fully match")
+    bootstrap_iterations: int = Field(1000, ge=100, description="paired bootstrap iterations")
+    seed: int = Field(0, description="seed of the bootstrap")
+
+
+class Study(_Strict):
+    schema_version: int = Field(1, description="study file schema version")
+    name: str = Field(description="study name")
+    hypothesis: Hypothesis
+    data: Data
+    model: ModelSpec
+    method: Method = Field(default_factory=Method)
+    training: Training = Field(default_factory=Training)
+    eval: Eval = Field(default_factory=Eval)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Study":
+        if self.eval.split == self.data.test_split:
+            raise ValueError(
+                f"eval.split is the reserved test split '{self.data.test_split}': baseline/eval must use another split"
+            )
+        return self
+
+
+def _format_loc(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "<root>"
+
+
+def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
+    """Validate a parsed YAML mapping. Raises :class:`TuneproofError` naming file and key path."""
+    if not isinstance(raw, dict):
+        raise TuneproofError(f"{path}: the study file must be a YAML mapping, got {type(raw).__name__}")
+    try:
+        return Study.model_validate(raw)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors()[:5]:
+            loc = _format_loc(e["loc"])
+            if e["type"] == "extra_forbidden":
+                lines.append(f"{path}: unknown key '{loc}'")
+            elif e["type"] == "missing":
+                lines.append(f"{path}: missing key '{loc}'")
+            else:
+                lines.append(f"{path}: {loc}: {e['msg']} (got {e.get('input')!r})")
+        raise TuneproofError("\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template") from None
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate ``tuneproof.yaml`` (or a folder holding it).
+
+    Raises:
+        TuneproofError: file missing, YAML syntax error (with line), unknown/missing key or bad value (with key path).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / STUDY_FILE
+    if not path.exists():
+        raise TuneproofError(f"{path}: study file not found", hint="run `tuneproof init DIR --task ...` or pass --study")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise TuneproofError(f"{path}{where}: YAML syntax error ({getattr(err, 'problem', err)})") from None
+    except UnicodeDecodeError as err:
+        raise TuneproofError(f"{path}: not UTF-8 at byte offset {err.start}") from None
+    return parse_study(raw, path)
+
+
+def resolved_config(study: Study) -> dict[str, Any]:
+    """The fully resolved config (defaults filled in) as a plain dict, for runs and diffs."""
+    return study.model_dump(mode="json")
+
+
+def set_key(config: dict[str, Any], dotted: str, value: str, path: str = "--set") -> dict[str, Any]:
+    """Return a copy of ``config`` with ``dotted`` (e.g. ``method.r``) set to ``value`` parsed as YAML.
+
+    Raises:
+        TuneproofError: the key does not exist in the resolved config.
+    """
+    import copy
+
+    out = copy.deepcopy(config)
+    node = out
+    parts = dotted.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if not isinstance(node, dict) or p not in node:
+            raise TuneproofError(f"{path}: unknown key '{'.'.join(parts[: i + 1])}'", hint="see `tuneproof init` for the keys")
+        node = node[p]
+    if not isinstance(node, dict) or parts[-1] not in node:
+        raise TuneproofError(f"{path}: unknown key '{dotted}'", hint="see `tuneproof init` for the keys")
+    node[parts[-1]] = yaml.safe_load(value)
+    return out

@@ -1,0 +1,152 @@
+"""The ``tuneproof`` command line (Typer). One plain, typed function per command; each delegates
+to a recipe in :mod:`tuneproof.recipes`. User-caused errors print one or two lines and exit 2
+(3 when a protocol check failed); Ctrl-C exits 130 with the run marked interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tuneproof.errors import TuneproofError
+from tuneproof.ui import console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Make a fine-tuning experiment provably sound: baseline, data checks, preflight, runs, paired comparison, bound export, dossier.")
+data_app = typer.Typer(no_args_is_help=True, help="Data protocol: versions, splits, duplicates, audits, token-level inspection.")
+app.add_typer(data_app, name="data")
+
+StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)")
+DataOpt = typer.Option(None, "--data", help="data root holding banking77/ and snips/ (else $TUNEPROOF_DATA, ../shared/data, cache, download)")
+
+
+def _ctx(study: Path, data: Optional[Path] = None):
+    from tuneproof.context import StudyContext  # noqa: PLC0415
+
+    return StudyContext.open(study, data)
+
+
+@app.command()
+def init(
+    directory: Path = typer.Argument(..., help="folder to create the study in"),
+    task: str = typer.Option("extraction", "--task", help="classification | extraction | format"),
+    force: bool = typer.Option(False, help="overwrite an existing tuneproof.yaml"),
+) -> None:
+    """Write DIRECTORY/tuneproof.yaml from the template of the task kind."""
+    from tuneproof.recipes.init import run_init  # noqa: PLC0415
+
+    path = run_init(directory, task, force=force)
+    console.print(f"wrote {path}; edit the hypothesis and guards before the first run")
+
+
+@app.command()
+def baseline(study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
+    """Evaluate the base model on the evaluation split and keep its per-example outputs."""
+    from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
+
+    run_id = run_baseline(_ctx(study, data))
+    console.print(f"baseline run [bold]{run_id}[/] completed")
+
+
+@app.command()
+def train(
+    study: Path = StudyOpt,
+    data: Optional[Path] = DataOpt,
+    name: Optional[str] = typer.Option(None, help="suffix of the run id, e.g. lora-r16"),
+    skip_preflight: Optional[str] = typer.Option(None, "--skip-preflight", help="train without a passed preflight; give the reason (recorded)"),
+) -> None:
+    """Train with the study's method (LoRA by default) and record the run."""
+    from tuneproof.recipes.train import run_train  # noqa: PLC0415
+
+    ctx = _ctx(study, data)
+    _require_preflight(ctx, skip_preflight)
+    run_id = run_train(ctx, name=name, preflight_override=skip_preflight)
+    console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+
+
+def _require_preflight(ctx, override: Optional[str]) -> None:
+    try:
+        from tuneproof.recipes.preflight import require_preflight  # noqa: PLC0415
+    except ImportError:
+        return
+    require_preflight(ctx, override)
+
+
+@app.command("eval")
+def eval_(run: str = typer.Argument(..., help="a completed train run"), study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
+    """Evaluate a trained run with the baseline's exact procedure."""
+    from tuneproof.recipes.evaluate import run_eval  # noqa: PLC0415
+
+    run_id = run_eval(_ctx(study, data), run)
+    console.print(f"eval run [bold]{run_id}[/] completed; next: tuneproof compare {run_id}")
+
+
+@app.command()
+def runs(study: Path = StudyOpt, tree: bool = typer.Option(False, "--tree", help="show lineage as a tree")) -> None:
+    """Every run, failed, interrupted and invalid ones included."""
+    from tuneproof.recipes.runs import show_runs  # noqa: PLC0415
+
+    show_runs(study, tree=tree)
+
+
+@app.command()
+def invalidate(run: str, why: str = typer.Option(..., "--why", help="the reason, shown in runs and the dossier"), study: Path = StudyOpt) -> None:
+    """Mark a run invalid (it stays listed, with the reason)."""
+    from tuneproof.registry import Registry  # noqa: PLC0415
+
+    rec = Registry(study).invalidate(run, why)
+    console.print(f"{rec.id}: invalid ({rec.reason})")
+
+
+@app.command()
+def quickstart(
+    directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),
+    data: Optional[Path] = DataOpt,
+    fast: bool = typer.Option(False, "--fast", help="tiny subset and few steps (for tests; no real gain expected)"),
+) -> None:
+    """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA."""
+    from tuneproof.recipes.quickstart import run_quickstart  # noqa: PLC0415
+
+    run_quickstart(directory, data, fast=fast)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console entry point: runs the app and turns user errors into short messages + exit codes."""
+    import logging  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        app(args=argv, standalone_mode=False)
+    except TuneproofError as err:
+        console.print(f"[bold red]error[/]: {err}", soft_wrap=True)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt as err:
+        console.print(f"[yellow]interrupted[/]: {err}")
+        sys.exit(130)
+    except typer.Exit as err:
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as err:  # click usage errors
+        import click  # noqa: PLC0415
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(2)
+        raise
+    sys.exit(0)

@@ -1,0 +1,172 @@
+"""A study assembled from its components: the study file, the registry, the prepared data (cleaned,
+split with the frozen manifest, reserved test split withheld), the resolved base model, the
+tokenizer and the single preprocessing pipeline. Recipes build one and use its pieces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from tuneproof.data.cleaning import clean
+from tuneproof.data.examples import Example
+from tuneproof.data.sources import load_source
+from tuneproof.data.split import build_splits, freeze_or_reuse
+from tuneproof.errors import TuneproofError
+from tuneproof.io import sha256_json
+from tuneproof.registry import Registry
+from tuneproof.study import STUDY_FILE, Study, load_study, parse_study, resolved_config
+
+
+@dataclass
+class StudyContext:
+    """Everything a recipe needs, loaded lazily (the model is only loaded on demand)."""
+
+    study_dir: Path
+    study: Study
+    data_root: Path | None = None
+    repairs: list[str] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, study_dir: str | Path = ".", data_root: str | Path | None = None, config: dict | None = None) -> "StudyContext":
+        """Open the study in ``study_dir``; ``config`` (a resolved dict) overrides the file (variants)."""
+        study_dir = Path(study_dir).resolve()
+        study = parse_study(config, study_dir / STUDY_FILE) if config is not None else load_study(study_dir)
+        return cls(study_dir, study, Path(data_root) if data_root else None)
+
+    @cached_property
+    def registry(self) -> Registry:
+        return Registry(self.study_dir)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return resolved_config(self.study)
+
+    @property
+    def task(self) -> str:
+        return self.study.hypothesis.task
+
+    # ------------------------------------------------------------------ data
+    @cached_property
+    def all_splits(self) -> dict[str, list[Example]]:
+        """Every split including the reserved test split. Only `test` and `data check` may use the test split."""
+        examples: list[Example] = []
+        for src in self.study.data.sources:
+            ex, rep = load_source(src, self.study.data.fields, self.study_dir, self.data_root)
+            examples += ex
+            self.repairs += rep
+        examples, self.dropped_empty = clean(examples, self.study.data.cleaning)
+        splits = build_splits(examples, self.study.data.split, self.study.data.test_split)
+        splits, self.manifest_created = freeze_or_reuse(self.study_dir, splits, examples)
+        if self.study.eval.split not in splits:
+            raise TuneproofError(f"{self.study_dir / STUDY_FILE}: eval.split '{self.study.eval.split}' does not exist (splits: {sorted(splits)})")
+        if "train" not in splits:
+            raise TuneproofError(f"{self.study_dir / STUDY_FILE}: no 'train' split (splits: {sorted(splits)})")
+        return splits
+
+    def split(self, name: str, *, allow_test: bool = False) -> list[Example]:
+        """One split. The reserved test split raises unless ``allow_test`` (only `tuneproof test` sets it).
+
+        Raises:
+            TuneproofError: the test split asked for without ``allow_test``, or an unknown split.
+        """
+        if name == self.study.data.test_split and not allow_test:
+            raise TuneproofError(f"split '{name}' is the reserved test split", hint="only `tuneproof test RUN` reads it, and every read is logged")
+        if name not in self.all_splits:
+            raise TuneproofError(f"split '{name}' does not exist (splits: {sorted(self.all_splits)})")
+        return self.all_splits[name]
+
+    @property
+    def labels(self) -> list[str]:
+        """Sorted class names seen in train (classification/categories)."""
+        return sorted({e.label for e in self.all_splits["train"] if e.label is not None})
+
+    def eval_examples(self) -> list[Example]:
+        """The evaluation split, capped by ``eval.max_examples`` (a fixed stratified subset)."""
+        from tuneproof.data.split import stratified_take  # noqa: PLC0415
+
+        items = self.split(self.study.eval.split)
+        if self.study.eval.max_examples:
+            items = stratified_take(items, self.study.eval.max_examples, self.study.data.split.seed)
+        return items
+
+    # ------------------------------------------------------------------ model
+    @cached_property
+    def base(self):
+        from tuneproof.models.base import resolve_base  # noqa: PLC0415
+
+        return resolve_base(self.study.model)
+
+    @property
+    def model_kind(self) -> str:
+        from tuneproof.models.base import model_kind  # noqa: PLC0415
+
+        return model_kind(self.study.model, self.base)
+
+    @cached_property
+    def tokenizer(self):
+        from tuneproof.models.base import load_tokenizer  # noqa: PLC0415
+
+        return load_tokenizer(self.base)
+
+    @cached_property
+    def pipeline(self):
+        from tuneproof.data.preprocess import TextPipeline  # noqa: PLC0415
+
+        t = self.study.training
+        labels = self.labels if self.model_kind == "sequence-classification" else None
+        return TextPipeline(self.tokenizer, self.study.eval.prompt, t.max_length, t.loss, labels)
+
+    @cached_property
+    def tokenizer_identity(self) -> dict[str, Any]:
+        from tuneproof.data.preprocess import tokenizer_identity  # noqa: PLC0415
+
+        return tokenizer_identity(self.tokenizer)
+
+    # ------------------------------------------------------------------ fingerprints
+    def data_fingerprint(self) -> dict[str, Any]:
+        """sha256 of the cleaned examples of every split + the ordered cleaning rules + the
+        preprocessing config (prompt, tokenizer identity, max_length, loss). Stored in every run."""
+        parts = {
+            "examples": sha256_json({n: [[e.id, e.text, e.label, e.target] for e in v] for n, v in sorted(self.all_splits.items())}),
+            "cleaning": sha256_json(self.study.data.cleaning),
+            "preprocessing": sha256_json({
+                "prompt": self.study.eval.prompt.model_dump(), "max_length": self.study.training.max_length,
+                "loss": self.study.training.loss, "tokenizer": self.tokenizer_identity,
+            }),
+        }
+        return {"hash": sha256_json(parts), "parts": parts,
+                "sizes": {n: len(v) for n, v in sorted(self.all_splits.items())}, "repairs": self.repairs}
+
+    def eval_fingerprint(self, examples: list[Example] | None = None) -> dict[str, Any]:
+        from tuneproof.evaluation.fingerprint import eval_fingerprint  # noqa: PLC0415
+
+        examples = examples if examples is not None else self.eval_examples()
+        return eval_fingerprint([e.id for e in examples], self.study.eval, self.task,
+                                self.study.hypothesis.required_fields, self.tokenizer_identity)
+
+    # ------------------------------------------------------------------ device
+    @cached_property
+    def device_choice(self) -> dict[str, Any]:
+        """Device and dtype for this machine and the study's precision (CASES C9: reason recorded)."""
+        from tuneproof.preflight.backend import choose_dtype, detect_device  # noqa: PLC0415
+
+        dev = detect_device()
+        choice = choose_dtype(self.study.training.precision, dev)
+        if not choice["passed"]:
+            raise TuneproofError(choice["message"], hint="set training.precision to auto or fp32")
+        return {"device": "cuda" if dev.type in ("cuda", "rocm") else "cpu", **choice}
+
+    def torch_setup(self):
+        """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""
+        import torch  # noqa: PLC0415
+
+        c = self.device_choice
+        device = torch.device(c["device"])
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["dtype"])
+        if dtype is None:
+            return device, torch.float32, contextlib.nullcontext
+        return device, dtype, lambda: torch.autocast(device_type=device.type, dtype=dtype)

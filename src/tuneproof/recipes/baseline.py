@@ -1,0 +1,33 @@
+"""Recipe ``baseline``: evaluate the base model before any training (PROTOCOL.md step 2).
+
+Features:
+- the same evaluation procedure every later ``eval`` uses (split, prompt, decoding, metrics);
+  its fingerprint is stored so ``compare`` can refuse runs evaluated differently;
+- per-example outputs in ``runs/<id>/outputs.jsonl``; resolved config, environment and data
+  fingerprint recorded;
+- never reads the reserved test split.
+"""
+
+from __future__ import annotations
+
+from tuneproof.context import StudyContext
+from tuneproof.recipes.common import evaluate_into, record_inputs
+from tuneproof.ui import console
+
+
+def run_baseline(ctx: StudyContext) -> str:
+    """Evaluate the base model; returns the run id."""
+    from tuneproof.models.base import load_model  # noqa: PLC0415
+
+    with ctx.registry.run("baseline") as run:
+        record_inputs(ctx, run)
+        examples = ctx.eval_examples()
+        device, _, _ = ctx.torch_setup()
+        console.print(f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples")
+        labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+        model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
+        if labels is not None:
+            console.print("[yellow]note[/]: an encoder's classification head is untrained before fine-tuning; its baseline is chance level")
+        evaluate_into(ctx, run, model, examples, "baseline")
+        run.update_summary(base=ctx.base.identity())
+        return run.id

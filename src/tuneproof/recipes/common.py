@@ -1,0 +1,131 @@
+"""Pieces shared by the recipes: recording a run's evidence, loading a trained model, evaluating."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tuneproof.context import StudyContext
+from tuneproof.data.examples import Example
+from tuneproof.errors import TuneproofError
+from tuneproof.io import read_json, read_jsonl, sha256_json, write_jsonl
+from tuneproof.registry import Run
+from tuneproof.ui import console, progress_bar
+
+
+def record_inputs(ctx: StudyContext, run: Run, *, with_data: bool = True) -> dict[str, Any]:
+    """Write ``config.json``, ``env.json`` and ``data.json`` into the run and index the hashes."""
+    from tuneproof.preflight.envinfo import environment_snapshot  # noqa: PLC0415
+
+    run.write_json("config.json", ctx.config)
+    env = environment_snapshot()
+    env["device_choice"] = ctx.device_choice
+    run.write_json("env.json", env)
+    fields: dict[str, Any] = {"config_hash": sha256_json(ctx.config)}
+    if with_data:
+        fp = ctx.data_fingerprint()
+        run.write_json("data.json", fp)
+        fields["data_fingerprint"] = fp["hash"]
+    run.set(**fields)
+    return fields
+
+
+def load_trained(ctx: StudyContext, train_run_id: str):
+    """The base model with the adapter (or full weights) of a completed train run, on the device."""
+    rec = ctx.registry.get(train_run_id)
+    if rec.kind != "train":
+        raise TuneproofError(f"run {rec.id} is a {rec.kind} run, not a train run")
+    if rec.status not in ("completed",):
+        raise TuneproofError(f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
+                             hint=f"resume it (`tuneproof resume {rec.id}`) or pick a completed run")
+    run_dir = ctx.registry.runs_dir / rec.id
+    device, _, _ = ctx.torch_setup()
+    model_dir = run_dir / "model"
+    from tuneproof.models.base import load_model  # noqa: PLC0415
+
+    labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+    if (model_dir / "config.json").exists():  # full fine-tuning
+        from tuneproof.models.base import BaseModelRef  # noqa: PLC0415
+
+        ref = BaseModelRef(ctx.base.name, model_dir, ctx.base.revision, ctx.model_kind, "run")
+        return load_model(ref, ctx.model_kind, labels=labels).to(device)
+    adapter = run_dir / "adapter"
+    if not (adapter / "adapter_config.json").exists():
+        raise TuneproofError(f"{adapter}: no adapter_config.json", hint="the train run saved no adapter")
+    from peft import PeftModel  # noqa: PLC0415
+
+    base = load_model(ctx.base, ctx.model_kind, labels=labels)
+    return PeftModel.from_pretrained(base, adapter).to(device)
+
+
+def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> list[str]:
+    """Predictions for ``examples`` by the study's one evaluation procedure, with a progress bar."""
+    from tuneproof.evaluation.generate import classify, generate  # noqa: PLC0415
+
+    device, _, autocast = ctx.torch_setup()
+    with progress_bar(what, len(examples)) as advance:
+        if ctx.model_kind == "sequence-classification":
+            return classify(model, ctx.tokenizer, examples, ctx.labels, max_length=ctx.study.training.max_length,
+                            batch_size=ctx.study.eval.batch_size, device=device, autocast=autocast, progress=advance)
+        return generate(model, ctx.tokenizer, ctx.pipeline, examples, ctx.study.eval, device=device, autocast=autocast, progress=advance)
+
+
+def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], what: str) -> dict[str, Any]:
+    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary."""
+    from tuneproof.evaluation.metrics import score  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    preds = predict(ctx, model, examples, what)
+    seconds = time.perf_counter() - t0
+    records = [
+        {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
+        for e, p in zip(examples, preds)
+    ]
+    records, metrics = score(ctx.task, records, required_fields=ctx.study.hypothesis.required_fields, eval_cfg=ctx.study.eval)
+    write_jsonl(run.path("outputs.jsonl"), records)
+    efp = ctx.eval_fingerprint(examples)
+    run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics})
+    run.set(eval_fingerprint=efp["hash"])
+    run.update_summary(metrics=headline(ctx.task, metrics), eval_seconds=round(seconds, 2), n_eval=len(examples),
+                       eval_examples_per_s=round(len(examples) / max(seconds, 1e-9), 3))
+    return metrics
+
+
+HEADLINE = {
+    "classification": ("accuracy", "macro_f1"),
+    "extraction": ("json_valid_rate", "required_fields_rate", "intent_accuracy", "field_f1", "exact_match"),
+    "format": ("schema_valid_rate", "regex_match_rate", "exact_match"),
+}
+
+
+def headline(task: str, metrics: dict[str, Any]) -> dict[str, float]:
+    """The task's headline metrics (scalars only) for summaries and tables."""
+    return {k: metrics[k] for k in HEADLINE[task] if isinstance(metrics.get(k), (int, float))}
+
+
+def load_outputs(ctx: StudyContext, run_id: str) -> tuple[Any, list[dict]]:
+    """``(record, outputs)`` of an evaluation-like run (baseline, eval, test).
+
+    Raises:
+        TuneproofError: the run has no ``outputs.jsonl``.
+    """
+    rec = ctx.registry.get(run_id)
+    path = ctx.registry.runs_dir / rec.id / "outputs.jsonl"
+    if not path.exists():
+        raise TuneproofError(f"run {rec.id} ({rec.kind}, {rec.status}) has no per-example outputs ({path})",
+                             hint="compare needs baseline/eval runs; for a train run, run `tuneproof eval` first")
+    return rec, read_jsonl(path)
+
+
+def run_json(ctx: StudyContext, run_id: str, name: str) -> Any:
+    path = ctx.registry.runs_dir / ctx.registry.get(run_id).id / name
+    return read_json(path) if path.exists() else None
+
+
+def say(msg: str) -> None:
+    console.print(msg)
+
+
+def run_dir(ctx: StudyContext, run_id: str) -> Path:
+    return ctx.registry.runs_dir / ctx.registry.get(run_id).id

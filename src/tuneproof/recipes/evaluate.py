@@ -1,0 +1,24 @@
+"""Recipe ``eval``: evaluate a trained run with exactly the baseline's procedure.
+
+Features: the adapter (or full model) of a completed train run is loaded onto the same base;
+the evaluation split, prompt, decoding and metrics are the study's, and the evaluation
+fingerprint is stored so ``compare`` can check it matches the baseline's.
+"""
+
+from __future__ import annotations
+
+from tuneproof.context import StudyContext
+from tuneproof.recipes.common import evaluate_into, load_trained, record_inputs
+from tuneproof.ui import console
+
+
+def run_eval(ctx: StudyContext, train_run: str) -> str:
+    """Evaluate ``train_run`` on the eval split; returns the eval run id (its parent is the train run)."""
+    rec = ctx.registry.get(train_run)
+    with ctx.registry.run("eval", parent=rec.id) as run:
+        record_inputs(ctx, run)
+        model = load_trained(ctx, rec.id)
+        examples = ctx.eval_examples()
+        console.print(f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{ctx.study.eval.split}' examples")
+        evaluate_into(ctx, run, model, examples, f"eval {rec.id}")
+        return run.id

@@ -1,0 +1,27 @@
+"""Recipe ``init``: write a study file from the template of a task kind."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from tuneproof.errors import TuneproofError
+from tuneproof.io import atomic_write_text
+from tuneproof.study import STUDY_FILE
+
+TEMPLATES = {"extraction": "extraction.yaml", "classification": "classification.yaml", "format": "format.yaml"}
+
+
+def template_text(task: str) -> str:
+    if task not in TEMPLATES:
+        raise TuneproofError(f"unknown task kind '{task}'", hint=f"use one of: {', '.join(TEMPLATES)}")
+    return resources.files("tuneproof.templates").joinpath(TEMPLATES[task]).read_text(encoding="utf-8")
+
+
+def run_init(directory: Path, task: str, *, force: bool = False) -> Path:
+    """Create ``directory/tuneproof.yaml``. Raises :class:`TuneproofError` if it exists (unless ``force``)."""
+    text = template_text(task)
+    path = Path(directory) / STUDY_FILE
+    if path.exists() and not force:
+        raise TuneproofError(f"{path} already exists", hint="use --force to overwrite, or another folder")
+    return atomic_write_text(path, text)

@@ -1,0 +1,117 @@
+"""Recipe ``quickstart``: the whole protocol on real data, on a CPU-only machine.
+
+SNIPS (7 intents, slots) turned into strict JSON extraction with SmolLM2-135M-Instruct + LoRA:
+init -> data check -> baseline (fixed stratified subset of the validation split) -> preflight
+-> train -> eval (same procedure) -> compare (paired, guards judged) -> export (bound to the base)
+-> dossier. ``--fast`` shrinks everything for tests (no gain is expected there).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from tuneproof.context import StudyContext
+from tuneproof.data.locate import find_data_root
+from tuneproof.errors import TuneproofError
+from tuneproof.io import atomic_write_text
+from tuneproof.recipes.init import template_text
+from tuneproof.study import STUDY_FILE
+from tuneproof.ui import console
+
+FAST_OVERRIDES = {
+    "data": {"split": {"max_examples": {"train": 48, "validation": 14}}},
+    "training": {"max_steps": 3, "micro_batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1},
+    "eval": {"max_examples": 7, "max_new_tokens": 24, "batch_size": 8},
+}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def write_quickstart_study(directory: Path, *, fast: bool) -> Path:
+    """Write the quickstart study file (the extraction template, shrunk when ``fast``)."""
+    text = template_text("extraction")
+    if fast:
+        raw = _merge(yaml.safe_load(text), FAST_OVERRIDES)
+        raw["name"] = "snips-extraction-fast"
+        text = "# quickstart --fast: tiny subset and few steps (a wiring test, not a quality result)\n" + yaml.safe_dump(raw, sort_keys=False)
+    return atomic_write_text(directory / STUDY_FILE, text)
+
+
+def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool = False) -> dict:
+    """Run every step; returns ``{"runs": {...}, "compare": ..., "dossier": path, "seconds": s}``."""
+    t0 = time.perf_counter()
+    directory = Path(directory)
+    if (directory / STUDY_FILE).exists() and any((directory / "runs").glob("*")):
+        raise TuneproofError(f"{directory} already holds a study with runs", hint="pass another --dir or delete it")
+    root = find_data_root(data, "snips")
+    console.rule(f"tuneproof quickstart in {directory} (data: {root})")
+    write_quickstart_study(directory, fast=fast)
+    ctx = StudyContext.open(directory, root)
+    out: dict = {"runs": {}}
+
+    steps = []
+    try:
+        from tuneproof.recipes.data_check import run_data_check  # noqa: PLC0415
+
+        steps.append(("data-check", lambda: run_data_check(ctx)))
+    except ImportError:
+        pass
+    from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
+
+    steps.append(("baseline", lambda: run_baseline(ctx)))
+    try:
+        from tuneproof.recipes.preflight import run_preflight  # noqa: PLC0415
+
+        steps.append(("preflight", lambda: run_preflight(ctx)))
+    except ImportError:
+        pass
+    from tuneproof.recipes.train import run_train  # noqa: PLC0415
+
+    steps.append(("train", lambda: run_train(ctx)))
+    from tuneproof.recipes.evaluate import run_eval  # noqa: PLC0415
+
+    steps.append(("eval", lambda: run_eval(ctx, out["runs"]["train"])))
+    from tuneproof.recipes.compare import run_compare  # noqa: PLC0415
+
+    steps.append(("compare", lambda: run_compare(ctx, [out["runs"]["eval"]], against=out["runs"]["baseline"])))
+    from tuneproof.recipes.export import run_export  # noqa: PLC0415
+
+    steps.append(("export", lambda: run_export(ctx, out["runs"]["train"])))
+    from tuneproof.recipes.report import run_report  # noqa: PLC0415
+
+    steps.append(("report", lambda: run_report(ctx)))
+
+    for name, fn in steps:
+        console.rule(name)
+        t = time.perf_counter()
+        out["runs"][name] = fn()
+        console.print(f"[dim]{name}: {time.perf_counter() - t:.1f} s[/]")
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    _print_outcome(ctx, out)
+    return out
+
+
+def _print_outcome(ctx: StudyContext, out: dict) -> None:
+    from tuneproof.recipes.common import run_json  # noqa: PLC0415
+    from tuneproof.ui import fmt, table  # noqa: PLC0415
+
+    base = ctx.registry.get(out["runs"]["baseline"]).summary.get("metrics", {})
+    cand = ctx.registry.get(out["runs"]["eval"]).summary.get("metrics", {})
+    rows = [[k, fmt(base.get(k)), fmt(cand.get(k)), fmt((cand.get(k) or 0) - (base.get(k) or 0))] for k in cand]
+    console.print(table("what improved (eval split, same procedure)", ["metric", "baseline", "candidate", "delta"], rows))
+    cmp = run_json(ctx, out["runs"]["compare"], "compare.json") or {}
+    if cmp.get("verdict"):
+        console.print(f"verdict: [bold]{cmp['verdict']}[/]")
+    console.print(f"dossier: [bold]{out['runs']['report']}[/]")
+    console.print(f"total time: {out['seconds']:.0f} s")

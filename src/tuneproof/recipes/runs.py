@@ -1,0 +1,40 @@
+"""Recipe ``runs``: every run with its status, reason, parent and headline metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuneproof.registry import Registry, iso
+from tuneproof.ui import console, fmt, table
+
+STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}
+
+
+def show_runs(study: Path, *, tree: bool = False) -> None:
+    reg = Registry(study)
+    runs = reg.list()
+    if not runs:
+        console.print("no runs yet")
+        return
+    baseline_fp = next((r.data_fingerprint for r in runs if r.kind == "baseline" and r.status == "completed"), None)
+    rows = []
+    for r in runs:
+        metrics = r.summary.get("metrics", {})
+        flags = []
+        if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp:
+            flags.append("data differs from baseline")
+        if r.summary.get("preflight_override"):
+            flags.append("preflight overridden")
+        if r.summary.get("multi_change"):
+            flags.append("multi-change variant")
+        style = STATUS_STYLE.get(r.status, "")
+        rows.append([
+            r.id, r.kind, f"[{style}]{r.status}[/]", r.reason or "", r.parent or "", iso(r.created),
+            " ".join(f"{k}={fmt(v)}" for k, v in list(metrics.items())[:3]), "; ".join(flags),
+        ])
+    if tree:
+        from tuneproof.recipes.lineage import print_tree  # noqa: PLC0415
+
+        print_tree(reg, runs)
+        return
+    console.print(table("runs", ["id", "kind", "status", "reason", "parent", "created (UTC)", "metrics", "flags"], rows))

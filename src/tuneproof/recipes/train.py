@@ -1,0 +1,102 @@
+"""Recipe ``train``: fine-tune the base model with the study's method and record the run.
+
+Features (config key that turns each on):
+- LoRA (``method.kind: lora``; r, alpha, dropout, target_modules, modules_to_save) or full
+  fine-tuning (``method.kind: full``); every target pattern must match (CASES C5);
+- answer-only loss with the end-of-turn token supervised (``training.loss``); hard data faults
+  (0 supervised tokens, boundary inside a token, prefix mismatch) stop the run before any compute;
+- gradient accumulation normalised per token over the window (``training.gradient_accumulation_steps``, C1);
+- precision (``training.precision``; dtype and reason recorded, C9), activation checkpointing
+  (``training.activation_checkpointing``);
+- checkpoints every ``training.checkpoint_every`` steps and at interruption (Ctrl-C/SIGTERM),
+  resumable with ``tuneproof resume``;
+- a NaN/inf loss marks the run invalid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuneproof.context import StudyContext
+from tuneproof.data.preprocess import raise_on_faults
+from tuneproof.errors import CheckFailed
+from tuneproof.recipes.common import record_inputs
+from tuneproof.ui import console, progress_bar
+
+
+def build_model(ctx: StudyContext):
+    """Base model + method on the device, activation checkpointing applied. Returns ``(model, report)``."""
+    from tuneproof.models.base import load_model  # noqa: PLC0415
+    from tuneproof.models.method import apply_method  # noqa: PLC0415
+
+    device, _, _ = ctx.torch_setup()
+    labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+    model = load_model(ctx.base, ctx.model_kind, labels=labels)
+    if ctx.study.training.activation_checkpointing:
+        # non-reentrant checkpointing: gradients reach LoRA weights without input grads (CASES C7)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    model, report = apply_method(model, ctx.study.method, ctx.model_kind)
+    return model.to(device), report
+
+
+def save_trained(model, run, method_kind: str, tokenizer, base_identity: dict[str, Any]) -> None:
+    """Save the adapter (PEFT layout, revision in its config) or the full model into the run folder."""
+    if method_kind == "full":
+        model.save_pretrained(run.path("model"), safe_serialization=True)
+        tokenizer.save_pretrained(run.path("model"))
+        return
+    model.peft_config["default"].revision = base_identity["revision"]
+    model.save_pretrained(run.path("adapter"), safe_serialization=True)
+    tokenizer.save_pretrained(run.path("adapter"))
+
+
+def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None = None, resume_from: dict | None = None,
+              run=None, stop_after: int | None = None, preflight_override: str | None = None) -> str:
+    """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``."""
+    from tuneproof.training.loop import train  # noqa: PLC0415
+
+    def body(run) -> str:
+        if resume_from is None:
+            record_inputs(ctx, run)
+        if preflight_override:
+            run.update_summary(preflight_override=preflight_override)
+        train_set = ctx.split("train")
+        encoded = ctx.pipeline.encode_all(train_set)
+        raise_on_faults(encoded, "train")
+        model, report = build_model(ctx)
+        run.write_json("method.json", report)
+        device, _, autocast = ctx.torch_setup()
+        cfg = ctx.study.training
+        console.print(f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
+                      f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
+                      f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})")
+        from tuneproof.training.loop import total_steps  # noqa: PLC0415
+
+        steps = total_steps(cfg, len(encoded))
+        extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision}
+        with progress_bar("train", steps) as advance:
+            if resume_from is not None:
+                advance(int(resume_from["step"]))
+            result = train(model, encoded, cfg, pad_id=ctx.tokenizer.pad_token_id, device=device, autocast=autocast,
+                           run=run, config=ctx.config, extra=extra, resume=resume_from, stop_after=stop_after,
+                           progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"))
+        save_trained(model, run, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
+        run.update_summary(
+            steps=result["steps"], final_loss=result["losses"][-1] if result["losses"] else None,
+            first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 2),
+            tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
+            trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],
+            base=ctx.base.identity(),
+        )
+        return run.id
+
+    if run is not None:
+        return body(run)
+    try:
+        with ctx.registry.run("train", parent=parent, name=name) as run:
+            return body(run)
+    except CheckFailed as err:
+        if "loss is" in str(err):
+            ctx.registry.invalidate(run.id, str(err).splitlines()[0])
+        raise

@@ -1,0 +1,79 @@
+"""The evaluation fingerprint: proof that two runs were evaluated the same way.
+
+PROTOCOL.md step 7: "keep the same evaluation procedure across variants". A baseline and a
+candidate are comparable only when they were evaluated on the same examples, with the same
+prompt, decoding, metric definitions and tokenizer. Each of these parts is hashed on its
+own (sha256 of its canonical JSON: sorted keys, no whitespace, UTF-8), so a mismatch names
+the part that changed instead of only saying "different".
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+from tuneproof.errors import TuneproofError
+from tuneproof.io import sha256_json
+
+PARTS = ("eval_ids", "prompt", "decoding", "metrics", "tokenizer")
+
+
+def eval_fingerprint(
+    example_ids: Sequence[str],
+    eval_cfg: Any,
+    task: str,
+    required_fields: Sequence[str] | None,
+    tokenizer_identity: dict,
+) -> dict:
+    """Fingerprint of an evaluation procedure.
+
+    Args:
+        example_ids: ids of the evaluated examples (order does not matter; hashed sorted).
+        eval_cfg: the study's :class:`tuneproof.study.Eval` (or a dict of it).
+        task: ``"classification"`` | ``"extraction"`` | ``"format"``.
+        required_fields: hypothesis.required_fields (part of the metric definition).
+        tokenizer_identity: whatever identifies the tokenizer (e.g. ``{"name_or_path",
+            "revision", "vocab_sha256", "chat_template_sha256"}``); hashed as given.
+
+    Returns:
+        ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
+        ids), ``prompt`` (template, system), ``decoding`` (max_new_tokens, do_sample,
+        temperature; as configured, even when greedy decoding ignores temperature),
+        ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex) and
+        ``tokenizer``. ``hash`` is the sha256 of the lines ``"<part>=<part hash>\\n"`` in
+        the order above.
+
+    Raises:
+        TuneproofError: duplicate example ids.
+    """
+    from tuneproof.study import Eval
+
+    cfg = Eval.model_validate(eval_cfg) if isinstance(eval_cfg, dict) else (eval_cfg or Eval())
+    ids = sorted(str(i) for i in example_ids)
+    dupes = sorted({a for a, b in zip(ids, ids[1:]) if a == b})
+    if dupes:
+        raise TuneproofError(f"the eval split holds duplicate example ids: {dupes[:5]}", hint="ids must be unique within a study")
+    content = {
+        "eval_ids": ids,
+        "prompt": {"template": cfg.prompt.template, "system": cfg.prompt.system},
+        "decoding": {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.do_sample, "temperature": cfg.temperature},
+        "metrics": {
+            "task": task,
+            "required_fields": list(required_fields or []),
+            "allow_fenced_json": cfg.allow_fenced_json,
+            "json_schema": cfg.json_schema,
+            "regex": cfg.regex,
+        },
+        "tokenizer": dict(tokenizer_identity or {}),
+    }
+    parts = {name: sha256_json(content[name]) for name in PARTS}
+    combined = "".join(f"{name}={parts[name]}\n" for name in PARTS)
+    return {"hash": hashlib.sha256(combined.encode("utf-8")).hexdigest(), "parts": parts}
+
+
+def diff_fingerprints(a: dict, b: dict) -> list[str]:
+    """Names of the parts whose hashes differ (a part present on one side only counts), in
+    the order of :data:`PARTS`, then any other names sorted. Empty when identical."""
+    pa, pb = a.get("parts", {}), b.get("parts", {})
+    names = [p for p in PARTS if p in pa or p in pb] + sorted((set(pa) | set(pb)) - set(PARTS))
+    return [p for p in names if pa.get(p) != pb.get(p)]

@@ -1,0 +1,74 @@
+"""Evaluation fingerprint: one hash per part, so a mismatch names what changed."""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+try:
+    import tuneproof  # noqa: F401
+except ImportError:  # running from a checkout without an installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+import pytest
+
+from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.fingerprint import PARTS, diff_fingerprints, eval_fingerprint
+from tuneproof.study import Eval
+
+TOK = {"name_or_path": "smollm2-135m-instruct", "revision": "abc123", "vocab_sha256": "00" * 32}
+
+
+def _fp(ids=("b", "a", "c"), task="extraction", required=("intent", "slots"), tok=TOK, **eval_kw):
+    return eval_fingerprint(list(ids), Eval(**eval_kw), task, list(required), dict(tok))
+
+
+def test_fingerprint_shape_and_values():
+    fp = _fp()
+    assert set(fp) == {"hash", "parts"} and tuple(fp["parts"]) == PARTS
+    assert len(fp["hash"]) == 64 and int(fp["hash"], 16) >= 0
+    canon = json.dumps(["a", "b", "c"], sort_keys=True, separators=(",", ":")).encode()
+    assert fp["parts"]["eval_ids"] == hashlib.sha256(canon).hexdigest()
+    combined = "".join(f"{p}={fp['parts'][p]}\n" for p in PARTS)
+    assert fp["hash"] == hashlib.sha256(combined.encode()).hexdigest()
+
+
+def test_same_procedure_same_hash_regardless_of_id_order():
+    a, b = _fp(ids=("c", "a", "b")), _fp(ids=("a", "b", "c"))
+    assert a == b and diff_fingerprints(a, b) == []
+    assert eval_fingerprint(["a"], Eval().model_dump(), "extraction", ["intent", "slots"], TOK) == eval_fingerprint(["a"], Eval(), "extraction", ["intent", "slots"], TOK)
+
+
+@pytest.mark.parametrize(
+    "change, part",
+    [
+        (dict(ids=("a", "b")), "eval_ids"),
+        (dict(prompt={"template": "Extract: {text}"}), "prompt"),
+        (dict(prompt={"system": "You are terse."}), "prompt"),
+        (dict(max_new_tokens=32), "decoding"),
+        (dict(do_sample=True), "decoding"),
+        (dict(temperature=0.7), "decoding"),
+        (dict(allow_fenced_json=True), "metrics"),
+        (dict(regex=r"\{.*\}"), "metrics"),
+        (dict(json_schema={"type": "object"}), "metrics"),
+        (dict(required=("intent",)), "metrics"),
+        (dict(task="format"), "metrics"),
+        (dict(tok={**TOK, "revision": "def456"}), "tokenizer"),
+    ],
+)
+def test_each_change_names_its_part(change, part):
+    base, changed = _fp(), _fp(**change)
+    assert diff_fingerprints(base, changed) == [part]
+    assert base["hash"] != changed["hash"]
+
+
+def test_settings_outside_the_procedure_do_not_change_it():
+    assert _fp() == _fp(batch_size=4, bootstrap_iterations=2000, seed=9)
+
+
+def test_duplicate_ids_refused_and_missing_parts_reported():
+    with pytest.raises(TuneproofError, match=r"duplicate example ids: \['a'\]"):
+        _fp(ids=("a", "b", "a"))
+    a = _fp()
+    b = {"hash": a["hash"], "parts": {k: v for k, v in a["parts"].items() if k != "tokenizer"}}
+    assert diff_fingerprints(a, b) == ["tokenizer"]

@@ -158,14 +158,14 @@ class StudyContext:
         choice = choose_dtype(self.study.training.precision, dev)
         if not choice["passed"]:
             raise TuneproofError(choice["message"], hint="set training.precision to auto or fp32")
-        return {"device": "cuda" if dev.type in ("cuda", "rocm") else "cpu", **choice}
+        return {**choice, "torch_device": "cuda" if dev.type in ("cuda", "rocm") else "cpu"}
 
     def torch_setup(self):
         """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""
         import torch  # noqa: PLC0415
 
         c = self.device_choice
-        device = torch.device(c["device"])
+        device = torch.device(c["torch_device"])
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["dtype"])
         if dtype is None:
             return device, torch.float32, contextlib.nullcontext

@@ -82,7 +82,8 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
         {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
         for e, p in zip(examples, preds)
     ]
-    records, metrics = score(ctx.task, records, required_fields=ctx.study.hypothesis.required_fields, eval_cfg=ctx.study.eval)
+    labels = ctx.labels if ctx.task == "classification" else None
+    records, metrics = score(ctx.task, records, required_fields=ctx.study.hypothesis.required_fields, eval_cfg=ctx.study.eval, labels=labels)
     write_jsonl(run.path("outputs.jsonl"), records)
     efp = ctx.eval_fingerprint(examples)
     run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics})

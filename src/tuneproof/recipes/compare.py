@@ -1,0 +1,93 @@
+"""Recipe ``compare``: candidates against the baseline, example by example (PROTOCOL.md step 2).
+
+Features:
+- refuses runs whose evaluation procedure differs (names the differing part; ``--allow-different-procedure``
+  marks the comparison instead), flags a data fingerprint that differs from the baseline's;
+- paired counts (fixed / broken / unchanged), McNemar's exact test, paired bootstrap intervals of
+  every metric delta, per-class and per-field deltas, concentration of the gain;
+- the success criterion and guards of the hypothesis judged: pass / fail / inconclusive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuneproof.context import StudyContext
+from tuneproof.errors import TuneproofError
+from tuneproof.recipes.common import load_outputs, run_json
+from tuneproof.ui import console, fmt, table
+
+
+def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
+    """An evaluation-like run for ``run_id``: itself, or the latest completed eval of a train run."""
+    rec = ctx.registry.get(run_id)
+    if rec.kind in ("eval", "baseline", "test"):
+        return rec.id
+    if rec.kind == "train":
+        evals = [r for r in ctx.registry.list(kind="eval", status="completed") if r.parent == rec.id]
+        if not evals:
+            raise TuneproofError(f"train run {rec.id} has no completed eval run", hint=f"run `tuneproof eval {rec.id}` first")
+        return evals[-1].id
+    raise TuneproofError(f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)")
+
+
+def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None = None,
+                allow_different_procedure: bool = False) -> str:
+    """Compare each candidate with the baseline; returns the compare run id (``compare.json`` in it)."""
+    from tuneproof.evaluation.compare import paired_compare  # noqa: PLC0415
+    from tuneproof.evaluation.fingerprint import diff_fingerprints  # noqa: PLC0415
+
+    if against is None:
+        latest = ctx.registry.latest("baseline")
+        if latest is None:
+            raise TuneproofError("no completed baseline run", hint="run `tuneproof baseline` first")
+        against = latest.id
+    base_rec, base_out = load_outputs(ctx, against)
+    cand_ids = [resolve_candidate(ctx, c) for c in candidates]
+    base_efp = (run_json(ctx, base_rec.id, "eval.json") or {}).get("fingerprint", {})
+    results: dict[str, Any] = {}
+    with ctx.registry.run("compare", parent=base_rec.id) as run:
+        for cid in cand_ids:
+            rec, out = load_outputs(ctx, cid)
+            notes = []
+            efp = (run_json(ctx, rec.id, "eval.json") or {}).get("fingerprint", {})
+            differs = diff_fingerprints(base_efp, efp) if base_efp and efp else ["unknown"]
+            if differs:
+                msg = f"{rec.id} was evaluated differently from baseline {base_rec.id} (differs: {', '.join(differs)})"
+                if not allow_different_procedure:
+                    raise TuneproofError(msg, hint="re-run `tuneproof eval` with the study's procedure, or pass --allow-different-procedure (recorded)")
+                notes.append("DIFFERENT PROCEDURE: " + msg)
+            if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
+                notes.append(f"data fingerprint of {rec.id} differs from the baseline's")
+            result = paired_compare(
+                base_out, out, ctx.task, required_fields=ctx.study.hypothesis.required_fields, eval_cfg=ctx.study.eval,
+                hypothesis=ctx.study.hypothesis, iterations=ctx.study.eval.bootstrap_iterations, seed=ctx.study.eval.seed,
+                labels=ctx.labels if ctx.task == "classification" else None,
+            )
+            result["notes"] = notes
+            results[rec.id] = result
+            _print(rec.id, base_rec.id, result)
+        first = results[cand_ids[0]]
+        overall = first.get("overall", {})
+        run.write_json("compare.json", {"baseline": base_rec.id, "candidates": results,
+                                        "verdict": overall.get("verdict"), "detail": overall.get("detail")})
+        run.update_summary(baseline=base_rec.id, candidates=cand_ids, verdict=overall.get("verdict"),
+                           verdicts={cid: r.get("overall", {}).get("verdict") for cid, r in results.items()})
+        return run.id
+
+
+def _print(cid: str, bid: str, r: dict) -> None:
+    c = r["counts"]
+    console.print(f"[bold]{cid}[/] vs baseline {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
+                  f"unchanged right {c['unchanged_right']}, unchanged wrong {c['unchanged_wrong']}; "
+                  f"McNemar exact p = {r['mcnemar']['p_value']:.4g}")
+    rows = [[m, fmt(v["base"]), fmt(v["cand"]), fmt(v["delta"]), "[" + ", ".join(fmt(x) for x in (v.get("ci") or [None, None])) + "]"]
+            for m, v in r["metrics"].items()]
+    console.print(table("metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows))
+    for v in r.get("verdicts", []):
+        color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
+        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:12s}[/] {v['name']}: {v.get('detail', '')}")
+    if r.get("overall"):
+        console.print(f"  overall: [bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})")
+    for n in r.get("notes", []):
+        console.print(f"  [yellow]note[/]: {n}")

@@ -61,6 +61,13 @@ class StudyContext:
         examples, self.dropped_empty = clean(examples, self.study.data.cleaning)
         splits = build_splits(examples, self.study.data.split, self.study.data.test_split)
         splits, self.manifest_created = freeze_or_reuse(self.study_dir, splits, examples)
+        self.dedup_dropped: list[str] = []
+        if self.study.data.dedup.policy == "drop-from-train":
+            from tuneproof.data.dedup import apply_policy, find_duplicates  # noqa: PLC0415
+
+            d = self.study.data.dedup
+            report = find_duplicates(splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm)
+            splits["train"], self.dedup_dropped = apply_policy(splits, report, d.policy)
         if self.study.eval.split not in splits:
             raise TuneproofError(f"{self.study_dir / STUDY_FILE}: eval.split '{self.study.eval.split}' does not exist (splits: {sorted(splits)})")
         if "train" not in splits:

@@ -101,6 +101,30 @@ def invalidate(run: str, why: str = typer.Option(..., "--why", help="the reason,
     console.print(f"{rec.id}: invalid ({rec.reason})")
 
 
+@data_app.command("check")
+def data_check(study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
+    """Versions, splits, duplicates, label/field audits, lengths; exits 3 on hard faults."""
+    from tuneproof.recipes.data_check import run_data_check  # noqa: PLC0415
+
+    run_data_check(_ctx(study, data))
+
+
+@data_app.command("inspect")
+def data_inspect(
+    study: Path = StudyOpt,
+    data: Optional[Path] = DataOpt,
+    n: int = typer.Option(3, "-n", help="examples per category"),
+    split: str = typer.Option("train", help="split to inspect (not the reserved test split)"),
+    html: bool = typer.Option(False, "--html", help="write one self-contained HTML page instead"),
+    out: Optional[Path] = typer.Option(None, help="HTML path (default: STUDY/inspect.html)"),
+) -> None:
+    """Examples per category after the exact preprocessing: tokens, ids, supervised positions, truncation."""
+    from tuneproof.recipes.inspect import run_inspect  # noqa: PLC0415
+
+    ctx = _ctx(study, data)
+    run_inspect(ctx, n, split, (out or ctx.study_dir / "inspect.html") if html else None)
+
+
 @app.command()
 def quickstart(
     directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),

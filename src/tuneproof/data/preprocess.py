@@ -53,6 +53,7 @@ class Encoded:
     offsets: list[tuple[int, int]] = field(default_factory=list)
     class_index: int | None = None
     faults: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class TextPipeline:
@@ -109,35 +110,51 @@ class TextPipeline:
     # ------------------------------------------------------------------ encoding
     def encode(self, ex: Example) -> Encoded:
         """Encode one example exactly as the trainer sees it. Never raises for data faults: they are
-        collected in ``Encoded.faults`` so the data check can list them all."""
+        collected in ``Encoded.faults`` so the data check can list them all.
+
+        The prompt and the answer are tokenised separately and concatenated, so the tokens before
+        the first supervised position are exactly the inference prompt's tokens even when the
+        tokenizer would merge across the boundary in one pass (CASES C3); such a merge is recorded
+        in ``notes`` with the tokens on each side.
+        """
         if self.labels is not None:
             return self._encode_cls(ex)
         target = ex.target if ex.target is not None else ""
+        prompt = self.prompt_text(ex.text)
         full, start, end = self.training_text(ex.text, target)
-        enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
         faults: list[str] = []
+        notes: list[str] = []
         if start < 0:
-            faults.append("the training text does not start with the inference prompt (chat template differs)")
-            start = 0
-        labels = []
-        prompt_tokens = 0
-        straddle = None
-        for tid, (a, b) in zip(ids, offsets):
-            if b <= start:
-                prompt_tokens += 1
-            if a < start < b:
-                straddle = (a, b)
-            supervised = (a >= start and b <= end and b > a) if self.loss == "answer_only" else True
-            labels.append(tid if supervised else IGNORE_INDEX)
-        if straddle is not None:
-            faults.append(f"answer boundary at char {start} falls inside token {full[straddle[0]:straddle[1]]!r}")
-        # the prefix the model is trained on must tokenise exactly like the inference prompt
-        prompt_ids = self.tok(full[:start], add_special_tokens=False)["input_ids"]
-        if straddle is None and list(prompt_ids) != ids[: len(prompt_ids)]:
-            faults.append("training prefix tokenises differently from the inference prompt")
+            faults.append("the training text does not start with the inference prompt (the chat template changes the prompt "
+                          "when an answer follows); the model would be trained on a prefix it never sees at inference")
+            start = len(prompt)
+            full = prompt + target + (self.end_token or "")
+            end = len(full)
+        if target and full.find(target, start) < 0:
+            faults.append("answer boundary not found: the target text does not appear after the prompt")
+        # text after the answer's end token is never generated at inference: the sequence ends there
+        full = full[:end]
+        p_ids = list(self.tok(prompt, add_special_tokens=False)["input_ids"])
+        a_enc = self.tok(full[start:], add_special_tokens=False, return_offsets_mapping=True)
+        a_ids = list(a_enc["input_ids"])
+        a_off = [(a + start, b + start) for a, b in a_enc["offset_mapping"]]
+        if self.loss == "answer_only":
+            a_labels = [tid if (a >= start and b <= end and b > a) else IGNORE_INDEX for tid, (a, b) in zip(a_ids, a_off)]
+            labels = [IGNORE_INDEX] * len(p_ids) + a_labels
+        else:
+            labels = p_ids + a_ids
+        joint = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
+        if list(joint["input_ids"][: len(p_ids)]) != p_ids:
+            k = next((i for i, (a, b) in enumerate(joint["offset_mapping"]) if a < start < b), None)
+            if k is not None:
+                a, b = joint["offset_mapping"][k]
+                notes.append(f"in one pass the tokenizer merges across the answer boundary ({full[a:b]!r}); prompt and answer "
+                             f"are tokenised separately: ... {full[max(0, start - 12):start]!r} | {full[start:start + 12]!r} ...")
+        ids = p_ids + a_ids
+        offsets = [tuple(o) for o in self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]] + a_off
+        prompt_tokens = len(p_ids)
+        answer_tokens = sum(1 for lab in labels if lab != IGNORE_INDEX) if self.loss == "answer_only" else len(a_ids)
         full_len = len(ids)
-        answer_tokens = sum(1 for lab in labels if lab != IGNORE_INDEX) if self.loss == "answer_only" else full_len - prompt_tokens
         truncated = full_len > self.max_length
         ids, labels, offsets = ids[: self.max_length], labels[: self.max_length], offsets[: self.max_length]
         # position 0 is never a prediction target (nothing precedes it), see loss.token_loss_sum
@@ -151,10 +168,12 @@ class TextPipeline:
             sup = [lab for lab in labels if lab != IGNORE_INDEX]
             if sup and sup[-1] != end_id:
                 faults.append(f"the end token {self.end_token!r} is not supervised (the model would never learn to stop)")
+        if self.loss == "answer_only" and any(lab != IGNORE_INDEX for lab in labels[:prompt_tokens]):
+            faults.append("prompt tokens are supervised although training.loss is answer_only")
         return Encoded(
             id=ex.id, category=ex.label, input_ids=ids, labels=labels, prompt_tokens=prompt_tokens,
             answer_tokens=answer_tokens, full_length=full_len, n_supervised=n_sup, truncated=truncated,
-            text=full, boundary_char=start, offsets=offsets, faults=faults,
+            text=full, boundary_char=start, offsets=offsets, faults=faults, notes=notes,
         )
 
     def _encode_cls(self, ex: Example) -> Encoded:

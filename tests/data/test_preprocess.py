@@ -1,0 +1,86 @@
+"""The single preprocessing path: end token supervised with pad == eos (C2), the answer boundary
+from character offsets (C3), 0 supervised tokens reported before training (C4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import CHATML, make_tokenizer
+from tuneproof.data.examples import Example
+from tuneproof.data.preprocess import TextPipeline, collate, raise_on_faults
+from tuneproof.errors import CheckFailed
+from tuneproof.study import Prompt
+from tuneproof.training.loss import IGNORE_INDEX
+
+
+def test_c2_end_token_supervised_when_pad_equals_eos(tiny_tokenizer):
+    tok = tiny_tokenizer
+    assert tok.pad_token_id == tok.eos_token_id
+    pipe = TextPipeline(tok, Prompt(system=None), max_length=128)
+    a = pipe.encode(Example("a", "hello world", target="a b c"))
+    b = pipe.encode(Example("b", "what is the weather in Rome tomorrow", target="x"))
+    batch = collate([a, b], tok.pad_token_id)
+    eos = tok.eos_token_id
+    for i, e in enumerate([a, b]):
+        n = len(e.input_ids)
+        labels = batch["labels"][i]
+        assert labels[n - 1].item() == eos  # the last real position is supervised on the end token
+        assert int((labels == eos).sum()) == 1  # exactly one supervised end token per example
+        assert (labels[n:] == IGNORE_INDEX).all()  # only padding positions are ignored
+    assert batch["input_ids"].shape[1] == max(len(a.input_ids), len(b.input_ids))
+    assert not a.faults and not b.faults
+
+
+def _char_bpe(template: str, merges: list[tuple[str, str]]):
+    """A character-level BPE with hand-written merges, so the test controls what merges."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + chars + [a + b for a, b in merges])}
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<|endoftext|>"))
+    raw.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = template
+    return tok
+
+
+def test_c3_boundary_merge_is_found_by_offsets_and_answer_supervised():
+    # the generation prompt ends in ':' and the answer starts with '{': the tokenizer merges ':{'
+    # when the whole text is tokenised in one pass, so the marker tokenises differently in context
+    template = ("{% for m in messages %}{% if m['role'] == 'assistant' %}Answer:{{ m['content'] }}<|im_end|>"
+                "{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}Answer:{% endif %}")
+    tok = _char_bpe(template, [(":", "{")])
+    pipe = TextPipeline(tok, Prompt(system=None), max_length=128)
+    enc = pipe.encode(Example("c3", "hi", target='{"x"}'))
+    joint = tok(enc.text, add_special_tokens=False)["input_ids"]
+    prompt_ids = tok(pipe.prompt_text("hi"), add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(joint)[9] == ":{"  # one-pass tokenisation really merges across the boundary
+    assert enc.input_ids[: enc.prompt_tokens] == prompt_ids  # the training prefix is the inference prompt
+    assert enc.n_supervised == 6 and not enc.faults  # { " x " } <|im_end|>
+    assert enc.notes and "merges across the answer boundary (':{')" in enc.notes[0]
+    assert "'hi\\nAnswer:' | '{\"x\"}<|im_en'" in enc.notes[0]  # the tokens on each side of the boundary
+    supervised = tok.decode([t for t, lab in zip(enc.input_ids, enc.labels) if lab != IGNORE_INDEX])
+    assert supervised == '{"x"}<|im_end|>'
+
+
+def test_c4_zero_supervised_tokens_reported_before_training(tiny_tokenizer):
+    prompt = "add the piano bar to my Cindy Wilson playlist and book a table for two in Paris tonight please"
+    ex = Example("long-1", prompt, target="a b c")
+    short = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=16).encode(ex)
+    assert short.prompt_tokens >= 25 and short.n_supervised == 0
+    assert short.faults and "0 supervised tokens after truncation" in short.faults[0]
+    with pytest.raises(CheckFailed) as err:
+        raise_on_faults([short], "train")
+    assert "long-1" in str(err.value) and f"prompt {short.prompt_tokens}" in str(err.value)
+    ok = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=128).encode(ex)
+    assert ok.n_supervised == ok.answer_tokens > 0 and not ok.faults
+
+
+def test_end_token_not_supervised_is_a_fault(tiny_tokenizer):
+    # a template that drops the end token after the assistant message
+    template = CHATML.replace("{{ m['content'] }}<|im_end|>\n", "{{ m['content'] }}\n")
+    tok = make_tokenizer(template)
+    enc = TextPipeline(tok, Prompt(system=None), max_length=128).encode(Example("e", "hello world", target="a b c"))
+    assert any("end token" in f and "not supervised" in f for f in enc.faults)

@@ -57,10 +57,24 @@ def train(
     data: Optional[Path] = DataOpt,
     name: Optional[str] = typer.Option(None, help="suffix of the run id, e.g. lora-r16"),
     skip_preflight: Optional[str] = typer.Option(None, "--skip-preflight", help="train without a passed preflight; give the reason (recorded)"),
+    from_run: Optional[str] = typer.Option(None, "--from", help="make a variant of this train run (its resolved config + --set/--grid)"),
+    set_: List[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change (YAML value), e.g. method.r=16; repeatable"),
+    grid: Optional[str] = typer.Option(None, "--grid", help="with --from: KEY=V1,V2,... one variant per value, run in sequence"),
+    allow_multi_change: bool = typer.Option(False, "--allow-multi-change", help="with --from: allow a variant that changes more than one group (flagged)"),
 ) -> None:
-    """Train with the study's method (LoRA by default) and record the run."""
+    """Train with the study's method (LoRA by default) and record the run; with --from, a variant of a train run."""
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
 
+    if from_run is not None:
+        from tuneproof.recipes.variants import run_variants  # noqa: PLC0415
+
+        done = run_variants(study, data, from_run, sets=set_, grid=grid, name=name, allow_multi_change=allow_multi_change,
+                            preflight=_require_preflight, preflight_override=skip_preflight)
+        for r in done:
+            console.print(f"variant [bold]{r['run']}[/] {r['status']} ({r['change']})")
+        return
+    if set_ or grid or allow_multi_change:
+        raise TuneproofError("--set, --grid and --allow-multi-change make a variant: they need --from RUN", hint="e.g. tuneproof train --from r0004 --set method.r=16")
     ctx = _ctx(study, data)
     _require_preflight(ctx, skip_preflight)
     run_id = run_train(ctx, name=name, preflight_override=skip_preflight)
@@ -93,12 +107,64 @@ def runs(study: Path = StudyOpt, tree: bool = typer.Option(False, "--tree", help
 
 
 @app.command()
+def resume(
+    run: str = typer.Argument(..., help="an interrupted (or failed) train run"),
+    study: Path = StudyOpt,
+    data: Optional[Path] = DataOpt,
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="a file in runs/RUN/checkpoints/ (default: the latest)"),
+) -> None:
+    """Continue an interrupted train run from its checkpoint, in this process, into the same run id."""
+    from tuneproof.recipes.resume import run_resume  # noqa: PLC0415
+
+    run_id = run_resume(study, data, run, checkpoint=checkpoint)
+    console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+
+
+@app.command()
 def invalidate(run: str, why: str = typer.Option(..., "--why", help="the reason, shown in runs and the dossier"), study: Path = StudyOpt) -> None:
     """Mark a run invalid (it stays listed, with the reason)."""
     from tuneproof.registry import Registry  # noqa: PLC0415
 
     rec = Registry(study).invalidate(run, why)
     console.print(f"{rec.id}: invalid ({rec.reason})")
+
+
+@app.command()
+def compare(
+    runs: List[str] = typer.Argument(..., help="candidate eval runs (or train runs with an eval)"),
+    against: Optional[str] = typer.Option(None, "--against", help="baseline run (default: the latest completed baseline)"),
+    allow_different_procedure: bool = typer.Option(False, "--allow-different-procedure", help="compare anyway (marked in the result)"),
+    study: Path = StudyOpt,
+) -> None:
+    """Candidates vs the baseline, paired per example; guards and success criterion judged."""
+    from tuneproof.recipes.compare import run_compare  # noqa: PLC0415
+
+    run_compare(_ctx(study), runs, against=against, allow_different_procedure=allow_different_procedure)
+
+
+@app.command("test")
+def test_(run: str = typer.Argument(..., help="a completed train run, or 'base'"), study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
+    """Evaluate on the reserved test split; every access is logged and reuse is stated."""
+    from tuneproof.recipes.test_split import run_test  # noqa: PLC0415
+
+    run_test(_ctx(study, data), run)
+
+
+@app.command()
+def show(
+    run: str,
+    regressed: bool = typer.Option(False, "--regressed", help="examples the candidate broke (right in the baseline, wrong now)"),
+    fixed: bool = typer.Option(False, "--fixed", help="examples the candidate fixed"),
+    category: Optional[str] = typer.Option(None, "--class", help="only this class / intent"),
+    field: Optional[str] = typer.Option(None, "--field", help="only examples whose reference or prediction has this field"),
+    against: Optional[str] = typer.Option(None, "--against", help="baseline run"),
+    limit: int = typer.Option(20, help="rows to show"),
+    study: Path = StudyOpt,
+) -> None:
+    """Per-example outputs of an evaluation run, filtered."""
+    from tuneproof.recipes.show import run_show  # noqa: PLC0415
+
+    run_show(_ctx(study), run, regressed=regressed, fixed=fixed, category=category, field=field, against=against, limit=limit)
 
 
 @data_app.command("check")
@@ -155,7 +221,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     except Exception:  # noqa: BLE001
         pass
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer turns Ctrl-C/SIGTERM into Exit(130) and returns it
+            if rv == 130:
+                console.print("[yellow]interrupted[/]: recorded as interrupted; see `tuneproof runs` (a train run: `tuneproof resume RUN`)")
+            sys.exit(rv)
     except TuneproofError as err:
         console.print(f"[bold red]error[/]: {err}", soft_wrap=True)
         sys.exit(err.exit_code)

@@ -1,0 +1,59 @@
+"""Recipe ``test``: the only way the reserved test split is read (PROTOCOL.md step 2).
+
+Features: the candidate (a completed train run, or ``base`` for the base model) is evaluated on
+the test split with the study's procedure; every access is logged in the registry (run, time,
+candidate, result) and shown in the dossier. A second candidate evaluated on the test split, or
+a test result followed by more training, is recorded as test reuse (``test_reuse`` in the
+summary, with the reason) because choosing settings on the test split wears out its value as a
+control.
+"""
+
+from __future__ import annotations
+
+from tuneproof.context import StudyContext
+from tuneproof.recipes.common import evaluate_into, headline, load_trained, record_inputs
+from tuneproof.registry import iso
+from tuneproof.ui import console
+
+
+def test_reuse(ctx: StudyContext, candidate: str) -> list[str]:
+    """Reasons why reading the test split now counts as reuse (empty list: first, clean use)."""
+    reasons = []
+    accesses = ctx.registry.test_accesses()
+    others = sorted({a["candidate"] for a in accesses if a["candidate"] != candidate})
+    if others:
+        reasons.append(f"the test split was already used for {', '.join(others)}")
+    if any(a["candidate"] == candidate for a in accesses):
+        reasons.append(f"{candidate} was already evaluated on the test split")
+    if accesses:
+        first = accesses[0]["time"]
+        later = [r.id for r in ctx.registry.list(kind="train") if r.created > first]
+        if later:
+            reasons.append(f"training continued after the first test read ({iso(first)}): {', '.join(later)}")
+    return reasons
+
+
+def run_test(ctx: StudyContext, candidate: str) -> str:
+    """Evaluate ``candidate`` (train run id or ``base``) on the reserved test split; returns the test run id."""
+    from tuneproof.models.base import load_model  # noqa: PLC0415
+
+    cand = "base" if candidate == "base" else ctx.registry.get(candidate).id
+    if cand != "base" and ctx.registry.get(cand).kind == "eval":
+        cand = ctx.registry.get(cand).parent
+    reasons = test_reuse(ctx, cand)
+    with ctx.registry.run("test", parent=None if cand == "base" else cand) as run:
+        record_inputs(ctx, run)
+        examples = ctx.split(ctx.study.data.test_split, allow_test=True)
+        device, _, _ = ctx.torch_setup()
+        if cand == "base":
+            labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+            model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
+        else:
+            model = load_trained(ctx, cand)
+        if reasons:
+            console.print("[bold yellow]test reuse[/]: " + "; ".join(reasons))
+        console.print(f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)")
+        metrics = evaluate_into(ctx, run, model, examples, f"test {cand}")
+        run.update_summary(candidate=cand, test_reuse=reasons)
+        ctx.registry.log_test_access(run.id, cand, {"metrics": headline(ctx.task, metrics), "test_reuse": reasons})
+        return run.id

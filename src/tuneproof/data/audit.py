@@ -1,0 +1,214 @@
+"""Label and target audits of the examples (PROTOCOL.md step 3), before any training.
+
+Both functions return plain JSON-safe dicts with a ``hard_faults`` list (the data check refuses
+to go on) and a ``warnings`` list (shown in the dossier), each a list of one-line strings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from typing import Any
+
+from tuneproof.data.dedup import SPLIT_ORDER, normalise
+from tuneproof.data.examples import Example
+from tuneproof.errors import TuneproofError
+
+IMBALANCE_WARNING_RATIO = 10.0
+_LISTED = 5  # examples named in one fault line before "and N more"
+
+
+def _ordered(names) -> list[str]:
+    names = list(names)
+    return [s for s in SPLIT_ORDER if s in names] + sorted(s for s in names if s not in SPLIT_ORDER)
+
+
+def _where(ex: Example) -> str:
+    return ex.source or ex.id
+
+
+def _listing(items: list[str]) -> str:
+    head = ", ".join(items[:_LISTED])
+    return head if len(items) <= _LISTED else f"{head} and {len(items) - _LISTED} more"
+
+
+def _is_empty(label: Any) -> bool:
+    return label is None or (isinstance(label, str) and not label.strip())
+
+
+def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
+    """Class balance and label consistency across splits.
+
+    Returns a dict with keys:
+
+    - ``class_counts``: ``{split: {label: count}}`` (labels sorted; empty labels not counted).
+    - ``imbalance_ratio``: ``{split: max count / min count}`` over the classes present in that
+      split (``None`` when it has no labelled example).
+    - ``missing_classes``: ``[{"label", "present_in": [splits], "absent_from": [splits]}]``.
+    - ``conflicting_labels``: ``[{"text": normalised text, "labels": [...], "examples":
+      [{"id", "split", "label"}]}]``: the same text after :func:`~tuneproof.data.dedup.normalise`
+      with different labels, inside or across splits.
+    - ``empty_labels``: ids whose label is ``None`` or blank, when other examples have labels.
+    - ``hard_faults`` / ``warnings``: one-line strings.
+
+    Rules (tuneproof's own): hard faults are empty labels among labelled data, and a class of an
+    evaluation split (any split but ``train``) that ``train`` never shows (the model cannot learn
+    it). Warnings: a train class absent from an evaluation split (it is never measured),
+    conflicting labels, and an imbalance ratio above 10. A study without any label (all ``None``)
+    gives empty results and no fault.
+
+    Raises:
+        TuneproofError: ``splits`` is not a non-empty dict of example lists.
+    """
+    if not isinstance(splits, dict) or not splits:
+        raise TuneproofError("audit_labels: splits must be a non-empty dict {split name: [Example, ...]}")
+    names = _ordered(splits)
+    hard: list[str] = []
+    warn: list[str] = []
+    labelled = any(not _is_empty(ex.label) for s in names for ex in splits[s])
+
+    class_counts: dict[str, dict[str, int]] = {}
+    imbalance: dict[str, float | None] = {}
+    empty: list[str] = []
+    for s in names:
+        counts = Counter(str(ex.label) for ex in splits[s] if not _is_empty(ex.label))
+        class_counts[s] = dict(sorted(counts.items()))
+        imbalance[s] = max(counts.values()) / min(counts.values()) if counts else None
+        if labelled:
+            empty.extend(ex.id for ex in splits[s] if _is_empty(ex.label))
+    if empty:
+        hard.append(f"{len(empty)} example(s) have an empty label: {_listing(empty)}")
+
+    missing: list[dict[str, Any]] = []
+    all_labels = sorted({lab for c in class_counts.values() for lab in c})
+    for lab in all_labels if labelled else []:
+        present = [s for s in names if lab in class_counts[s]]
+        absent = [s for s in names if lab not in class_counts[s]]
+        if absent:
+            missing.append({"label": lab, "present_in": present, "absent_from": absent})
+            if "train" in absent:
+                hard.append(f"class '{lab}' is in {', '.join(present)} but never in train: the model cannot learn it")
+            else:
+                warn.append(f"class '{lab}' is in train but not in {', '.join(absent)}: it is never measured there")
+
+    for s in names:
+        ratio = imbalance[s]
+        if ratio is not None and ratio > IMBALANCE_WARNING_RATIO:
+            counts = class_counts[s]
+            big = max(counts, key=counts.get)
+            small = min(counts, key=counts.get)
+            warn.append(
+                f"{s}: class imbalance {ratio:.1f}x ('{big}' {counts[big]} vs '{small}' {counts[small]}): "
+                "report per-class recall, not only accuracy"
+            )
+
+    by_text: dict[str, list[tuple[str, Example]]] = defaultdict(list)
+    for s in names:
+        for ex in splits[s]:
+            if not _is_empty(ex.label):
+                by_text[normalise(ex.text)].append((s, ex))
+    conflicts = []
+    for text, members in by_text.items():
+        labels = sorted({str(ex.label) for _, ex in members})
+        if len(labels) > 1:
+            conflicts.append(
+                {
+                    "text": text,
+                    "labels": labels,
+                    "examples": [{"id": ex.id, "split": s, "label": str(ex.label)} for s, ex in members],
+                }
+            )
+    if conflicts:
+        shown = [f"{c['examples'][0]['id']} ({' / '.join(c['labels'])})" for c in conflicts]
+        warn.append(f"{len(conflicts)} text(s) appear with different labels: {_listing(shown)}")
+
+    return {
+        "class_counts": class_counts,
+        "imbalance_ratio": imbalance,
+        "missing_classes": missing,
+        "conflicting_labels": conflicts,
+        "empty_labels": empty,
+        "hard_faults": hard,
+        "warnings": warn,
+    }
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _strict_json(text: str) -> Any:
+    """``json.loads`` without Python's extensions (NaN, Infinity, -Infinity are not JSON, RFC 8259)."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def audit_targets(
+    examples: list[Example], required_fields: list[str] | tuple[str, ...] | None = ("intent", "slots")
+) -> dict[str, Any]:
+    """Strict-JSON validity and required top-level fields of extraction/format targets (CASES C16).
+
+    A target is valid when it parses as strict JSON (RFC 8259: double quotes, ``true`` not
+    ``True``, no NaN/Infinity). ``required_fields`` are top-level keys every parsed target must
+    have (docs/CONTRACTS.md default: ``["intent", "slots"]``); a parsed target that is not a JSON
+    object misses all of them.
+
+    Returns a dict with keys:
+
+    - ``n``: examples audited; ``parsed``: targets that are strict JSON; ``parse_rate``:
+      ``parsed / n`` (a fraction in [0, 1]; 1.0 when ``n`` is 0).
+    - ``invalid``: ``[{"id", "source", "error"}]`` (source is the example's ``file:line``; error
+      is the JSON error with its line/column inside the target, or "no target").
+    - ``missing_fields``: ``[{"id", "source", "missing": [field, ...]}]``.
+    - ``required_fields``: the fields checked.
+    - ``hard_faults``: any invalid target (names the first sources and errors) and any missing
+      required field; ``warnings``: empty for now (kept for the same shape as the other audits).
+
+    Raises:
+        TuneproofError: ``examples`` is not a list, or ``required_fields`` is not a list of strings.
+    """
+    if not isinstance(examples, (list, tuple)):
+        raise TuneproofError(f"audit_targets: examples must be a list of Example, got {type(examples).__name__}")
+    if required_fields is None:
+        required_fields = []
+    if isinstance(required_fields, str) or not all(isinstance(f, str) for f in required_fields):
+        raise TuneproofError(f"audit_targets: required_fields must be a list of field names, got {required_fields!r}")
+    required = list(required_fields)
+    invalid: list[dict[str, str]] = []
+    missing_fields: list[dict[str, Any]] = []
+    parsed = 0
+    for ex in examples:
+        if ex.target is None:
+            invalid.append({"id": ex.id, "source": _where(ex), "error": "no target"})
+            continue
+        try:
+            value = _strict_json(ex.target)
+        except json.JSONDecodeError as err:
+            invalid.append({"id": ex.id, "source": _where(ex), "error": f"line {err.lineno} column {err.colno}: {err.msg}"})
+            continue
+        except ValueError as err:
+            invalid.append({"id": ex.id, "source": _where(ex), "error": str(err)})
+            continue
+        parsed += 1
+        absent = [f for f in required if not isinstance(value, dict) or f not in value]
+        if absent:
+            missing_fields.append({"id": ex.id, "source": _where(ex), "missing": absent})
+
+    n = len(examples)
+    rate = parsed / n if n else 1.0
+    hard: list[str] = []
+    if invalid:
+        shown = [f"{i['source']} ({i['error']})" for i in invalid]
+        hard.append(f"{len(invalid)} of {n} targets are not strict JSON (parse rate {rate:.1%}): {_listing(shown)}")
+    if missing_fields:
+        shown = [f"{m['source']} (missing {', '.join(m['missing'])})" for m in missing_fields]
+        hard.append(f"{len(missing_fields)} of {parsed} parsed targets lack required fields: {_listing(shown)}")
+    return {
+        "n": n,
+        "parsed": parsed,
+        "parse_rate": rate,
+        "required_fields": required,
+        "invalid": invalid,
+        "missing_fields": missing_fields,
+        "hard_faults": hard,
+        "warnings": [],
+    }

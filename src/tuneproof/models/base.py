@@ -120,7 +120,10 @@ def resolve_base(spec) -> BaseModelRef:
             sha = sha256_file(gguf)
             dest = MODEL_CACHE / f"{name}-{sha[:12]}"
             if not (dest / ".tuneproof_revision").exists():
-                _convert_gguf(pkg, a["file"], dest, sha)
+                from tuneproof.ui import console  # noqa: PLC0415
+
+                with console.status(f"converting {a['file']} once into a plain checkpoint in {dest} (about a minute)"):
+                    _convert_gguf(pkg, a["file"], dest, sha)
             revision, weights = sha, {a["file"]: sha}
             path = dest
         else:
@@ -194,9 +197,17 @@ def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | 
     """Load the base model in ``dtype`` (default fp32). Sequence classification gets a fresh head
     with ``len(labels)`` outputs and ``id2label``/``label2id`` set."""
     import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
+
+    from tuneproof.ui import console  # noqa: PLC0415
 
     dtype = dtype or torch.float32
+    with console.status(f"loading {ref.name} ({ref.revision[:19]})"):
+        return _load(ref, kind, dtype, labels)
+
+
+def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
+
     if kind == "sequence-classification":
         if not labels:
             raise TuneproofError("sequence classification needs labels (data.fields.label)")

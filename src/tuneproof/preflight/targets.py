@@ -1,0 +1,248 @@
+"""What is trained (PROTOCOL.md step 4): target-module matching, trainable parameters,
+embedding size vs tokenizer.
+
+Target-module matching follows PEFT's documented semantics (``LoraConfig.target_modules``;
+``peft.tuners.tuners_utils.check_target_module_exists``), applied to the names of
+``model.named_modules()``:
+
+* a **list** of names: a module matches a pattern when its full name equals the pattern or ends
+  with ``"." + pattern`` (so ``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``, and
+  ``"ff.0"`` would match ``...ff.0`` but never ``...ff.0.weight`` or ``...buff.0``);
+* a single **string**: a regular expression that must match the full name (``re.fullmatch``);
+* ``"all-linear"``: every ``nn.Linear``/``Conv1D`` except the output layer (PEFT's shorthand).
+
+A pattern that matches nothing is a failed check (CASES C5), and so is a match on a module type
+LoRA cannot wrap (PEFT raises "Target module ... is not supported" for it at ``get_peft_model``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import Counter
+from typing import Any
+
+from torch import nn
+
+#: Module types LoRA can wrap (``peft.tuners.lora.model.LoraModel._create_new_module`` dispatchers).
+_SUPPORTED_TYPES = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+_SUPPORTED_NAMES = ("Conv1D", "Linear8bitLt", "Linear4bit")
+SEMANTICS = (
+    "PEFT target_modules: list -> full name equal to the pattern or ending with '.' + pattern; "
+    "string -> re.fullmatch on the full name; 'all-linear' -> every Linear/Conv1D except the output layer"
+)
+
+
+def _is_supported(module: nn.Module) -> bool:
+    return isinstance(module, _SUPPORTED_TYPES) or type(module).__name__ in _SUPPORTED_NAMES or hasattr(module, "base_layer")
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or type(module).__name__ in _SUPPORTED_NAMES or (
+        hasattr(module, "base_layer") and "Linear" in type(module).__name__
+    )
+
+
+def _group(name: str) -> str:
+    """``model.layers.3.self_attn.q_proj`` -> ``model.layers.*.self_attn.q_proj``."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", name)
+
+
+def _output_layer_name(model: nn.Module) -> str | None:
+    try:
+        out = model.get_output_embeddings()  # type: ignore[operator]
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    if out is None:
+        return None
+    return next((n for n, m in model.named_modules() if m is out), None)
+
+
+def _matches(pattern: str, name: str, as_regex: bool) -> bool:
+    if as_regex:
+        return re.fullmatch(pattern, name) is not None
+    return name == pattern or name.endswith("." + pattern)
+
+
+def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[str, Any]:
+    """Which modules each LoRA target pattern selects, with PEFT's matching rules (module doc).
+
+    Args:
+        model: the base model (or an already wrapped PEFT model; names then carry PEFT's prefix).
+        patterns: ``method.target_modules``: a list of names, a regex string, or ``"all-linear"``.
+
+    Returns:
+        ``{"passed", "message", "semantics", "model": class name, "total_matched": int,
+        "unmatched": [pattern], "patterns": {pattern: {"count", "matches": [module names],
+        "groups": {"model.layers.*.self_attn.q_proj": 2}, "types": {"Linear": 2},
+        "unsupported": [names of matched modules LoRA cannot wrap]}},
+        "available": [leaf names of the modules LoRA can wrap]}``.
+        CASES C5: ``["q_proj", "ff.0"]`` on a 2-layer Llama -> q_proj count 2, ff.0 count 0, passed False.
+    """
+    named = [(n, m) for n, m in model.named_modules() if n]
+    output_name = _output_layer_name(model)
+    available = sorted({n.rsplit(".", 1)[-1] for n, m in named if _is_supported(m) and not re.fullmatch(r"\d+", n.rsplit(".", 1)[-1])})
+    if isinstance(patterns, str):
+        plist, as_regex = [patterns], patterns.lower() != "all-linear"
+    else:
+        plist, as_regex = list(patterns), False
+    per: dict[str, Any] = {}
+    problems: list[str] = []
+    unmatched: list[str] = []
+    for pattern in plist:
+        if isinstance(patterns, str) and pattern.lower() == "all-linear":
+            hits = [(n, m) for n, m in named if _is_linear(m) and n != output_name and ".lora_" not in n and not n.endswith("base_layer")]
+        else:
+            hits = [(n, m) for n, m in named if _matches(pattern, n, as_regex)]
+        unsupported = [n for n, m in hits if not _is_supported(m)]
+        per[pattern] = {
+            "count": len(hits),
+            "matches": [n for n, _ in hits],
+            "groups": dict(Counter(_group(n) for n, _ in hits)),
+            "types": dict(Counter(type(m).__name__ for _, m in hits)),
+            "unsupported": unsupported,
+        }
+        if not hits:
+            unmatched.append(pattern)
+            close = difflib.get_close_matches(pattern.rsplit(".", 1)[-1], available, n=3, cutoff=0.4)
+            problems.append(
+                f"target_modules pattern {pattern!r} matches no module of {type(model).__name__}"
+                + (f" (closest: {', '.join(close)})" if close else "")
+                + f"; modules LoRA can wrap are named: {', '.join(available[:12])}"
+            )
+        elif unsupported:
+            kinds = sorted({type(dict(named)[n]).__name__ for n in unsupported})
+            problems.append(
+                f"target_modules pattern {pattern!r} matches {len(unsupported)} module(s) of a type LoRA cannot wrap "
+                f"({', '.join(kinds)}: {unsupported[0]}); name the Linear layers inside it instead"
+            )
+    summary = ", ".join(f"{p}: {v['count']}" for p, v in per.items())
+    passed = not problems
+    message = f"target modules matched ({summary})" if passed else "; ".join(problems) + f" [{summary}]"
+    return {
+        "passed": passed,
+        "message": message,
+        "semantics": SEMANTICS,
+        "model": type(model).__name__,
+        "total_matched": len({n for v in per.values() for n in v["matches"]}),
+        "unmatched": unmatched,
+        "patterns": per,
+        "available": available,
+    }
+
+
+def _modules_to_save(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if type(m).__name__ == "ModulesToSaveWrapper"]
+
+
+def trainable_summary(model: nn.Module) -> dict[str, Any]:
+    """Trainable vs total parameters (PROTOCOL.md step 4: "record ... trainable parameters, and any
+    extra layers saved").
+
+    Counts elements of ``model.parameters()`` (shared/tied tensors once).
+
+    Returns:
+        ``{"passed": trainable > 0, "message", "trainable": int elements, "total": int elements, "frozen": int, "percent": 100*trainable/total,
+        "trainable_tensors": [names], "frozen_tensors": int count, "trainable_dtypes": {dtype: elements},
+        "modules_to_save": [names of PEFT ModulesToSaveWrapper modules]}``.
+    """
+    trainable = total = 0
+    names: list[str] = []
+    frozen_tensors = 0
+    dtypes: Counter[str] = Counter()
+    for name, p in model.named_parameters():
+        n = p.numel()
+        total += n
+        if p.requires_grad:
+            trainable += n
+            names.append(name)
+            dtypes[str(p.dtype).replace("torch.", "")] += n
+        else:
+            frozen_tensors += 1
+    pct = 100.0 * trainable / total if total else 0.0
+    return {
+        "passed": trainable > 0,
+        "message": (
+            f"{trainable:,} of {total:,} parameters trainable ({pct:.4g}%) in {len(names)} tensors"
+            if trainable
+            else f"no trainable parameters in {type(model).__name__}: nothing would be updated"
+        ),
+        "trainable": trainable,
+        "total": total,
+        "frozen": total - trainable,
+        "percent": pct,
+        "trainable_tensors": names,
+        "frozen_tensors": frozen_tensors,
+        "trainable_dtypes": dict(dtypes),
+        "modules_to_save": _modules_to_save(model),
+    }
+
+
+def _rows(module: Any) -> int | None:
+    weight = getattr(module, "weight", None)
+    return int(weight.shape[0]) if weight is not None and hasattr(weight, "shape") else None
+
+
+def _trainable_or_saved(model: nn.Module, module: nn.Module) -> bool:
+    if any(p.requires_grad for p in module.parameters()):
+        return True
+    name = next((n for n, m in model.named_modules() if m is module), None)
+    if name is None:
+        return False
+    wrappers = {n for n, m in model.named_modules() if type(m).__name__ in ("ModulesToSaveWrapper", "TrainableTokensWrapper")}
+    return any(name == w or name.startswith(w + ".") for w in wrappers)
+
+
+def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | None = None) -> dict[str, Any]:
+    """Embedding rows vs tokenizer length, and whether added tokens are trained and saved.
+
+    Args:
+        model: the model (PEFT-wrapped or not) exposing ``get_input_embeddings()``.
+        tokenizer: a tokenizer (``len(tokenizer)`` is used) or the length as an int.
+        added_tokens: tokens added on top of the pretrained vocabulary; default
+            ``len(tokenizer) - tokenizer.vocab_size`` for a tokenizer object, 0 for an int.
+
+    Rules: a token id >= the number of embedding rows indexes out of range -> fail, call
+    ``model.resize_token_embeddings(len(tokenizer))``. More rows than tokens is fine (models pad the
+    matrix, e.g. to a multiple of 64). Added tokens get freshly initialised rows: when the embedding
+    is frozen and not in ``modules_to_save`` (LoRA), those rows are never trained nor saved -> fail.
+
+    Returns:
+        ``{"passed", "message", "tokenizer_length", "input_embedding_rows", "output_embedding_rows",
+        "added_tokens", "embedding_trainable_or_saved"}``.
+    """
+    n_tok = int(tokenizer) if isinstance(tokenizer, int) else len(tokenizer)
+    if added_tokens is None:
+        base = getattr(tokenizer, "vocab_size", None)
+        added_tokens = max(0, n_tok - int(base)) if (not isinstance(tokenizer, int) and base is not None) else 0
+    emb = model.get_input_embeddings()  # type: ignore[operator]
+    in_rows = _rows(emb)
+    try:
+        out = model.get_output_embeddings()  # type: ignore[operator]
+    except (AttributeError, NotImplementedError):
+        out = None
+    out_rows = _rows(out) if out is not None else None
+    saved = _trainable_or_saved(model, emb)
+    problems = []
+    if in_rows is not None and n_tok > in_rows:
+        problems.append(
+            f"tokenizer has {n_tok} tokens but the input embedding has {in_rows} rows: ids >= {in_rows} are out of range; "
+            f"call model.resize_token_embeddings(len(tokenizer)) before adding the adapter"
+        )
+    if out_rows is not None and n_tok > out_rows:
+        problems.append(f"tokenizer has {n_tok} tokens but the output layer has {out_rows} rows: resize_token_embeddings")
+    if added_tokens > 0 and not saved:
+        problems.append(
+            f"{added_tokens} added token(s) have freshly initialised embedding rows, but the embedding is frozen and not in "
+            "modules_to_save: they are never trained nor saved; add the embedding (and output layer) to method.modules_to_save"
+        )
+    message = "; ".join(problems) if problems else f"embedding rows {in_rows} >= tokenizer length {n_tok}"
+    return {
+        "passed": not problems,
+        "message": message,
+        "tokenizer_length": n_tok,
+        "input_embedding_rows": in_rows,
+        "output_embedding_rows": out_rows,
+        "added_tokens": added_tokens,
+        "embedding_trainable_or_saved": saved,
+    }

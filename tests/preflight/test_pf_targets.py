@@ -1,0 +1,97 @@
+"""Target modules, trainable parameters, embedding size (PROTOCOL.md step 4, CASES C5, C6)."""
+
+import json
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+
+from tuneproof.preflight.targets import check_embedding_size, match_target_modules, trainable_summary
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128)
+    return LlamaForCausalLM(cfg)
+
+
+def tiny_bert(seed=0):
+    torch.manual_seed(seed)
+    cfg = BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     vocab_size=100, max_position_embeddings=64, num_labels=2)
+    return BertForSequenceClassification(cfg)
+
+
+def test_c5_pattern_matching_nothing_fails_and_names_it():
+    r = match_target_modules(tiny_llama(), ["q_proj", "ff.0"])
+    json.dumps(r)
+    assert r["passed"] is False
+    assert r["patterns"]["q_proj"]["count"] == 2
+    assert r["patterns"]["q_proj"]["groups"] == {"model.layers.*.self_attn.q_proj": 2}
+    assert r["patterns"]["q_proj"]["types"] == {"Linear": 2}
+    assert r["patterns"]["ff.0"]["count"] == 0
+    assert r["unmatched"] == ["ff.0"]
+    assert "'ff.0' matches no module of LlamaForCausalLM" in r["message"]
+    assert "q_proj: 2, ff.0: 0" in r["message"]
+    assert {"gate_proj", "up_proj", "down_proj"} <= set(r["available"])
+
+
+def test_matching_agrees_with_peft():
+    model = tiny_llama()
+    r = match_target_modules(model, ["q_proj", "v_proj"])
+    assert r["passed"] and r["total_matched"] == 4
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    wrapped = {n.removeprefix("base_model.model.") for n, m in peft_model.named_modules() if hasattr(m, "lora_A")}
+    assert wrapped == set(r["patterns"]["q_proj"]["matches"]) | set(r["patterns"]["v_proj"]["matches"])
+
+
+def test_suffix_is_per_name_component_regex_and_all_linear():
+    model = tiny_llama()
+    assert match_target_modules(model, ["proj"])["patterns"]["proj"]["count"] == 0  # not a substring match
+    r = match_target_modules(model, r"model\.layers\.0\.self_attn\.(q|k)_proj")
+    assert r["passed"] and r["total_matched"] == 2
+    allr = match_target_modules(model, "all-linear")
+    assert allr["total_matched"] == 2 * 7  # q k v o gate up down per layer, lm_head excluded
+    assert "lm_head" not in allr["patterns"]["all-linear"]["matches"]
+
+
+def test_match_on_a_module_lora_cannot_wrap_fails():
+    r = match_target_modules(tiny_llama(), ["self_attn"])
+    assert r["passed"] is False and r["patterns"]["self_attn"]["count"] == 2
+    assert "LlamaAttention" in r["message"] and "cannot wrap" in r["message"]
+
+
+def test_trainable_summary_counts_lora_elements():
+    model = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    s = trainable_summary(model)
+    json.dumps(s)
+    assert s["passed"] and s["message"].startswith("896 of ")
+    # per layer: q A 4x32 + B 32x4 = 256; v A 4x32 + B 16x4 = 192 (2 kv heads x 8 dims)
+    assert s["trainable"] == 2 * (256 + 192)
+    assert len(s["trainable_tensors"]) == 8
+    base_total = sum(p.numel() for p in tiny_llama().parameters())
+    assert s["total"] == base_total + s["trainable"]
+    assert abs(s["percent"] - 100 * s["trainable"] / s["total"]) < 1e-12
+    assert s["modules_to_save"] == [] and s["trainable_dtypes"] == {"float32": 896}
+
+
+def test_c6_modules_to_save_is_reported():
+    model = get_peft_model(tiny_bert(), LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"],
+                                                  modules_to_save=["classifier"]))
+    s = trainable_summary(model)
+    assert any(n.endswith("classifier") for n in s["modules_to_save"])
+    assert any("classifier.modules_to_save.default.weight" in n for n in s["trainable_tensors"])
+
+
+def test_embedding_size_against_tokenizer():
+    model = tiny_llama()
+    assert check_embedding_size(model, 128)["passed"]
+    r = check_embedding_size(model, 130)
+    assert r["passed"] is False and "resize_token_embeddings" in r["message"] and r["input_embedding_rows"] == 128
+    frozen = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"]))
+    r = check_embedding_size(frozen, 128, added_tokens=2)
+    assert r["passed"] is False and "modules_to_save" in r["message"]
+    saved = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"]))
+    r = check_embedding_size(saved, 128, added_tokens=2)
+    assert r["passed"] and r["embedding_trainable_or_saved"]

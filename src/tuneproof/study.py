@@ -65,8 +65,8 @@ class SplitPolicy(_Strict):
         description="fractions for sources without a given split (stratified by label)",
     )
     max_examples: dict[str, int] = Field(default_factory=dict, description="cap per split (stratified subset), e.g. {validation: 70}")
-    test_from: str | None = Field(
-        None, description="when the sources give no test split: carve it out of this split (stratified), using fractions['test']"
+    carve_from: str | None = Field(
+        None, description="splits named in fractions that the sources do not give are carved out of this split (stratified)"
     )
 
 

@@ -74,8 +74,8 @@ def build_splits(examples: list[Example], policy, test_split: str) -> dict[str, 
     """Assign every example to a split.
 
     Examples whose source gives a split keep it; the rest are split by ``policy.fractions``. When no
-    split named ``test_split`` exists and ``policy.test_from`` is set, the test split is carved out of
-    that split (stratified, fraction ``policy.fractions[test_split]``). ``policy.max_examples`` then
+    split named in ``policy.fractions`` is given by the sources and ``policy.carve_from`` is set, it is
+    carved out of that split (stratified, with its fraction; e.g. a test split out of train). ``policy.max_examples`` then
     caps splits by a stratified subset.
 
     Raises:
@@ -93,12 +93,16 @@ def build_splits(examples: list[Example], policy, test_split: str) -> dict[str, 
     if unsplit:
         for name, items in stratified_split(unsplit, policy.fractions, policy.seed).items():
             splits[name] += items
-    if test_split not in splits and policy.test_from:
-        if policy.test_from not in splits:
-            raise TuneproofError(f"data.split.test_from: split '{policy.test_from}' does not exist (have {sorted(splits)})")
-        frac = policy.fractions.get(test_split, 0.1)
-        parts = stratified_split(splits[policy.test_from], {policy.test_from: 1 - frac, test_split: frac}, policy.seed)
-        splits[policy.test_from], splits[test_split] = parts[policy.test_from], parts[test_split]
+    if policy.carve_from:
+        if policy.carve_from not in splits:
+            raise TuneproofError(f"data.split.carve_from: split '{policy.carve_from}' does not exist (have {sorted(splits)})")
+        missing = {n: f for n, f in policy.fractions.items() if n not in splits and n != policy.carve_from}
+        if missing:
+            rest = 1.0 - sum(missing.values())
+            if rest <= 0:
+                raise TuneproofError(f"data.split.fractions of the carved splits {sorted(missing)} leave nothing in '{policy.carve_from}'")
+            parts = stratified_split(splits[policy.carve_from], {policy.carve_from: rest, **missing}, policy.seed)
+            splits.update(parts)
     for name, cap in policy.max_examples.items():
         if name in splits:
             splits[name] = stratified_take(splits[name], cap, policy.seed)

@@ -86,7 +86,10 @@ def _print(cid: str, bid: str, r: dict) -> None:
     console.print(table("metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows))
     for v in r.get("verdicts", []):
         color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
-        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:12s}[/] {v['name']}: {v.get('detail', '')}")
+        detail = v.get("detail", "")
+        if len(detail) > 400:  # per-class guards name every class; the full text is in compare.json
+            detail = detail[:400] + f"... ({len(detail) - 400} more characters in compare.json)"
+        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:12s}[/] {v['name']}: {detail}")
     if r.get("overall"):
         console.print(f"  overall: [bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})")
     for n in r.get("notes", []):

@@ -162,8 +162,11 @@ class Run:
         self.write_json("summary.json", {"run": self.id, "kind": self.kind, **self.summary})
 
 
-class _Terminated(BaseException):
+class Terminated(BaseException):
     """Raised inside a run by SIGTERM so that it is recorded as interrupted."""
+
+
+_Terminated = Terminated  # former private name
 
 
 class Registry:
@@ -265,6 +268,8 @@ class Registry:
         if not reason.strip():
             raise TuneproofError("invalidate needs a reason (--why)")
         prior = f" (was {rec.status}{': ' + rec.reason if rec.reason else ''})"
+        if rec.status in ("running", "failed") and rec.reason and reason in rec.reason:
+            prior = ""  # the failure was this very check (e.g. a NaN loss): say it once
         self._update(rec.id, status="invalid", reason=reason + prior, ended=rec.ended or _now())
         return self.get(rec.id)
 
@@ -289,9 +294,35 @@ class Registry:
         """
         run = self.create(kind, parent=parent, name=name)
         run.note(f"start kind={kind} parent={parent}")
+        with self._lifecycle(run):
+            yield run
+
+    @contextlib.contextmanager
+    def reopen(self, run_id: str, *, note: str = "resume") -> Iterator[Run]:
+        """Set an interrupted or failed run back to ``running`` in this process and record how it
+        ends, like :meth:`run` (used by ``tuneproof resume``: the run keeps its id and folder).
+
+        Raises:
+            TuneproofError: the run is completed, invalid or still running in a live process.
+        """
+        rec = self.get(run_id)
+        if rec.status not in ("interrupted", "failed"):
+            raise TuneproofError(f"run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
+                                 hint="only an interrupted or failed run can be continued")
+        pid = os.getpid()
+        self._update(rec.id, status="running", reason=None, ended=None, pid=pid, host=socket.gethostname(), proc_start=_proc_start(pid))
+        run = Run(self, self.get(rec.id))
+        run.summary = dict(rec.summary)
+        run.note(f"{note} (was {rec.status}{': ' + rec.reason if rec.reason else ''})")
+        with self._lifecycle(run):
+            yield run
+
+    @contextlib.contextmanager
+    def _lifecycle(self, run: Run) -> Iterator[Run]:
+        """Record how the block ends: completed, interrupted (Ctrl-C/SIGTERM, with the last step), failed."""
 
         def _on_term(signum, frame):  # noqa: ARG001
-            raise _Terminated(f"signal {signum}")
+            raise Terminated(f"signal {signum}")
 
         old = None
         try:
@@ -300,8 +331,11 @@ class Registry:
             old = None
         try:
             yield run
-        except (KeyboardInterrupt, _Terminated) as err:
-            reason = "interrupted by Ctrl-C" if isinstance(err, KeyboardInterrupt) else f"terminated ({err})"
+        except (KeyboardInterrupt, Terminated) as err:
+            if isinstance(err, KeyboardInterrupt):
+                reason = f"interrupted ({err})" if str(err) else "interrupted by Ctrl-C"
+            else:
+                reason = f"terminated ({err})"
             last = run.summary.get("last_step")
             if last is not None:
                 reason += f" at step {last}"

@@ -52,18 +52,22 @@ def save_trained(model, run, method_kind: str, tokenizer, base_identity: dict[st
 
 
 def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None = None, resume_from: dict | None = None,
-              run=None, stop_after: int | None = None, preflight_override: str | None = None) -> str:
-    """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``."""
-    from tuneproof.training.loop import train  # noqa: PLC0415
+              run=None, stop_after: int | None = None, preflight_override: str | None = None, on_start=None) -> str:
+    """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``.
+    ``on_start(run)`` is called once the run's inputs are recorded (variants record their diff there)."""
+    from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
 
     def body(run) -> str:
         if resume_from is None:
             record_inputs(ctx, run)
+        if on_start is not None:
+            on_start(run)
         if preflight_override:
             run.update_summary(preflight_override=preflight_override)
         train_set = ctx.split("train")
         encoded = ctx.pipeline.encode_all(train_set)
         raise_on_faults(encoded, "train")
+        seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
         model, report = build_model(ctx)
         run.write_json("method.json", report)
         device, _, autocast = ctx.torch_setup()

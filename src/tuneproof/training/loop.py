@@ -4,7 +4,21 @@ checkpoints (model/adapter, optimizer, scheduler, RNG states, data position; CAS
 refusal to continue on a NaN loss.
 
 Engines: PyTorch + transformers (model, ``get_scheduler``) + PEFT (adapters). A checkpoint is one
-dict (nanoGPT style) holding everything needed to resume and to explain the run.
+dict (nanoGPT style) holding everything needed to resume and to explain the run:
+
+    format, step (global optimizer steps done), total_steps, trainable (every tensor with
+    requires_grad: LoRA matrices, modules_to_save, or all weights for full fine-tuning),
+    optimizer, scheduler, rng (python, numpy, torch, cuda), data (n_examples, micro_batch,
+    accumulation, seed, next micro-batch index, epoch, the ordering rule), losses, tokens_seen,
+    config (resolved study), reason (interval | interrupt | final), plus ``extra``
+    (data_fingerprint, base_revision).
+
+Interruption: the first SIGINT/SIGTERM during training asks the loop to stop at the end of the
+current optimizer step; it then writes a checkpoint and re-raises the signal (the registry marks
+the run interrupted with its last step). A second signal stops at once; a checkpoint is still
+written if the weights are between two steps (RNG states from the start of the step), otherwise
+the last periodic checkpoint stands. The RNG states saved are the ones at the step boundary, so a
+resumed run draws exactly the dropout masks the uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
@@ -41,18 +55,19 @@ def total_steps(cfg, n_examples: int) -> int:
     return max(1, math.ceil((cfg.epochs or 1) * n_examples / per_step))
 
 
-def micro_batch_indices(n: int, micro_batch: int, seed: int, index: int) -> list[int]:
-    """Example indices of global micro-batch number ``index``.
+DATA_ORDER_RULE = "DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1"
 
-    The order is a permutation of ``range(n)`` per epoch, seeded with ``seed + epoch``, so it
-    changes between epochs and is the same after a resume. The last micro-batch of an epoch may be
-    short.
+
+def micro_batch_indices(n: int, micro_batch: int, seed: int, index: int) -> list[int]:
+    """Example indices of global micro-batch number ``index`` (single process).
+
+    The order is a permutation of ``range(n)`` per epoch seeded with ``seed + epoch``
+    (:mod:`tuneproof.training.distributed`, ``DistributedSampler`` semantics), so it changes
+    between epochs and is the same after a resume. The last micro-batch of an epoch may be short.
     """
-    per_epoch = math.ceil(n / micro_batch)
-    epoch, k = divmod(index, per_epoch)
-    g = torch.Generator().manual_seed(seed * 1000003 + epoch)
-    perm = torch.randperm(n, generator=g).tolist()
-    return perm[k * micro_batch : (k + 1) * micro_batch]
+    from tuneproof.training.distributed import micro_batch_at  # noqa: PLC0415
+
+    return micro_batch_at(n, micro_batch, seed, index)
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
@@ -88,27 +103,117 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> Path:
     return path
 
 
+CKPT_KEYS = ("format", "step", "total_steps", "trainable", "optimizer", "scheduler", "rng", "data", "losses", "config")
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint`.
+    """Load a checkpoint written by :func:`save_checkpoint` and check that it is complete.
 
     Raises:
-        TuneproofError: missing or unreadable file (names it).
+        TuneproofError: missing, unreadable (truncated, not a torch file) or incomplete file, or
+            another checkpoint format; the message names the file and the missing part.
     """
+    path = Path(path)
     if not path.is_file():
         raise TuneproofError(f"{path}: checkpoint file not found")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001
-        raise TuneproofError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err})") from None
-    for key in ("format", "step", "trainable", "optimizer", "scheduler", "rng", "config"):
+        raise TuneproofError(f"{path}: unreadable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:200]})",
+                             hint="the file is damaged; resume from an older one with --checkpoint") from None
+    if not isinstance(ckpt, dict):
+        raise TuneproofError(f"{path}: not a tuneproof checkpoint (a {type(ckpt).__name__}, not a dict)")
+    for key in CKPT_KEYS:
         if key not in ckpt:
-            raise TuneproofError(f"{path}: checkpoint has no '{key}'", hint="it was not written by tuneproof or is damaged")
+            raise TuneproofError(f"{path}: checkpoint has no '{key}'", hint="it was not written by this tuneproof version or is damaged")
+    if ckpt["format"] != CKPT_FORMAT:
+        raise TuneproofError(f"{path}: checkpoint format {ckpt['format']}, this tuneproof reads format {CKPT_FORMAT}")
+    for key in ("python", "numpy", "torch"):
+        if key not in ckpt["rng"]:
+            raise TuneproofError(f"{path}: checkpoint has no '{key}' RNG state", hint="it is damaged")
     return ckpt
 
 
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """``runs/<id>/checkpoints/step-NNNNNN.pt`` files, oldest first."""
+    return sorted((Path(run_dir) / "checkpoints").glob("step-*.pt"))
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    ckpts = list_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None
+
+
+def restore_state(model, optimizer, scheduler, ckpt: dict[str, Any]) -> None:
+    """Copy a checkpoint's trainable tensors into ``model`` and load the optimizer (moments, step
+    counts), the scheduler (``last_epoch`` = global step) and the RNG states, exactly.
+
+    Raises:
+        TuneproofError: a checkpoint tensor that the model lacks or whose shape differs, or a model
+            tensor that is trainable but absent from the checkpoint.
+    """
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    missing = sorted(set(named) - set(ckpt["trainable"]))
+    if missing:
+        raise TuneproofError(f"the model trains '{missing[0]}' ({len(missing)} tensors) that the checkpoint does not hold",
+                             hint="the method or base model changed since the checkpoint")
+    for name, tensor in ckpt["trainable"].items():
+        if name not in named:
+            raise TuneproofError(f"checkpoint tensor '{name}' is not in the model", hint="the method or base model changed since the checkpoint")
+        if tuple(named[name].shape) != tuple(tensor.shape):
+            raise TuneproofError(f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, the model {tuple(named[name].shape)}",
+                                 hint="the method or base model changed since the checkpoint")
+        with torch.no_grad():
+            named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    set_rng_state(ckpt["rng"])
+
+
+class _StopRequest:
+    """Defers SIGINT/SIGTERM to the end of the current optimizer step (see the module docstring).
+
+    Installed only in the main thread; elsewhere signals keep their handlers.
+    """
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopRequest":
+        import signal  # noqa: PLC0415
+
+        for name in self.SIGNALS:
+            sig = getattr(signal, name)
+            try:
+                self.old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                break
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal  # noqa: PLC0415
+
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        self.old.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:  # second signal: stop now
+            self.reraise(signum, frame)
+        self.signum = signum
+        import sys  # noqa: PLC0415
+
+        sys.stderr.write(f"\nsignal {signum}: stopping after this step with a checkpoint (send it again to stop now)\n")
+
+    def reraise(self, signum: int, frame=None) -> None:
+        """Hand the signal to the handler that was installed before training (raises)."""
+        old = self.old.get(signum)
+        if callable(old):
+            old(signum, frame)
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable) -> tuple[torch.Tensor, int]:
@@ -167,78 +272,103 @@ def train(
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=steps)
     losses: list[float] = []
     start_step = 0
+    tokens_seen = 0
     seed_everything(cfg.seed)
     if resume is not None:
-        named = dict(model.named_parameters())
-        for name, tensor in resume["trainable"].items():
-            if name not in named:
-                raise TuneproofError(f"checkpoint tensor '{name}' is not in the model", hint="the method or base model changed since the checkpoint")
-            with torch.no_grad():
-                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume["scheduler"])
-        set_rng_state(resume["rng"])
+        if int(resume.get("total_steps", steps)) != steps:
+            raise TuneproofError(f"the checkpoint's budget is {resume['total_steps']} steps, this run's {steps}",
+                                 hint="the config or the training data changed since the checkpoint")
+        if int(resume["data"]["n_examples"]) != n:
+            raise TuneproofError(f"the checkpoint was trained on {resume['data']['n_examples']} examples, this run has {n}",
+                                 hint="the training data changed since the checkpoint")
+        restore_state(model, optimizer, scheduler, resume)
         start_step = int(resume["step"])
-        losses = list(resume.get("losses", []))
+        losses = list(resume["losses"])
+        tokens_seen = int(resume.get("tokens_seen", 0))
 
-    def checkpoint(step: int) -> Path | None:
+    def checkpoint(step: int, rng: dict[str, Any], reason: str) -> Path | None:
         if run is None:
             return None
+        index = step * accum
         payload = {
-            "format": CKPT_FORMAT, "step": step, "trainable": trainable_state(model),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            "config": config or {}, "losses": losses, "total_steps": steps, **(extra or {}),
+            "format": CKPT_FORMAT, "step": step, "total_steps": steps, "trainable": trainable_state(model),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
+            "data": {"n_examples": n, "micro_batch": cfg.micro_batch_size, "accumulation": accum, "seed": cfg.seed,
+                     "next_micro_batch": index, "epoch": index // math.ceil(n / cfg.micro_batch_size), "order": DATA_ORDER_RULE},
+            "losses": list(losses), "tokens_seen": tokens_seen, "config": config or {}, "reason": reason,
+            "saved_at": time.time(), **(extra or {}),
         }
         path = save_checkpoint(run.dir / "checkpoints" / f"step-{step:06d}.pt", payload)
-        for old in sorted((run.dir / "checkpoints").glob("step-*.pt"))[:-2]:
+        for old in list_checkpoints(run.dir)[:-2]:
             old.unlink()
         return path
 
     model.train()
     t0 = time.perf_counter()
-    tokens_seen = 0
     step = start_step
+    saved_step = start_step
+    boundary_rng = rng_state()  # RNG states at the start of the current step
+    in_update = False  # True while the weights are between two steps (not checkpointable)
+    stop = _StopRequest()
     try:
-        while step < steps:
-            if stop_after is not None and step >= stop_after:
-                raise KeyboardInterrupt(f"stop_after={stop_after}")
-            ts = time.perf_counter()
-            batches = []
-            for j in range(accum):
-                idx = micro_batch_indices(n, cfg.micro_batch_size, cfg.seed, step * accum + j)
-                batches.append({k: v.to(device) for k, v in collate([train_set[i] for i in idx], pad_id).items()})
-            window = sum(int((b["labels"][:, 1:] != -100).sum()) if b["labels"].dim() == 2 else b["labels"].numel() for b in batches)
-            if window == 0:
-                raise CheckFailed(f"step {step + 1}: 0 supervised tokens in the accumulation window")
-            total = 0.0
-            for b in batches:
-                loss_sum, _ = _micro_loss(model, b, autocast)
-                # divide by the window's token count, not per micro-batch: per-token mean over the window (C1)
-                (loss_sum / window).backward()
-                total += loss_sum.item()
-                tokens_seen += int(b["attention_mask"].sum())
-            loss = total / window
-            if not math.isfinite(loss):
-                raise CheckFailed(f"step {step + 1}: loss is {loss}", hint="lower training.learning_rate or check the data; the run is invalid")
-            grad_norm = None
-            if cfg.max_grad_norm:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            losses.append(loss)
-            if run is not None:
-                run.metric(step=step, loss=round(loss, 6), lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
-                           supervised_tokens=window, step_seconds=round(time.perf_counter() - ts, 4))
-                run.summary["last_step"] = step
-                if step % cfg.checkpoint_every == 0 or step == steps:
-                    checkpoint(step)
-            if progress:
-                progress(step, steps, loss)
-    except KeyboardInterrupt:
-        if run is not None and step > start_step:
-            checkpoint(step)
+        with stop:
+            while step < steps:
+                if stop.signum is not None or (stop_after is not None and step >= stop_after):
+                    if step > saved_step:
+                        checkpoint(step, boundary_rng, "interrupt")
+                        saved_step = step
+                    if stop.signum is not None:
+                        stop.reraise(stop.signum)
+                    raise KeyboardInterrupt(f"stop_after={stop_after}")
+                ts = time.perf_counter()
+                batches = []
+                for j in range(accum):
+                    idx = micro_batch_indices(n, cfg.micro_batch_size, cfg.seed, step * accum + j)
+                    batches.append({k: v.to(device) for k, v in collate([train_set[i] for i in idx], pad_id).items()})
+                window = sum(int((b["labels"][:, 1:] != -100).sum()) if b["labels"].dim() == 2 else b["labels"].numel() for b in batches)
+                if window == 0:
+                    raise CheckFailed(f"step {step + 1}: 0 supervised tokens in the accumulation window")
+                total = 0.0
+                step_tokens = 0
+                for b in batches:
+                    loss_sum, _ = _micro_loss(model, b, autocast)
+                    # divide by the window's token count, not per micro-batch: per-token mean over the window (C1)
+                    (loss_sum / window).backward()
+                    total += loss_sum.item()
+                    step_tokens += int(b["attention_mask"].sum())
+                loss = total / window
+                if not math.isfinite(loss):
+                    raise CheckFailed(f"step {step + 1}: loss is {loss}", hint="lower training.learning_rate or check the data; the run is invalid")
+                grad_norm = None
+                if cfg.max_grad_norm:
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+                lr = optimizer.param_groups[0]["lr"]  # the learning rate this step uses
+                in_update = True
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                losses.append(loss)
+                tokens_seen += step_tokens
+                boundary_rng = rng_state()
+                in_update = False
+                if run is not None:
+                    run.metric(step=step, loss=round(loss, 6), lr=lr, grad_norm=grad_norm,
+                               supervised_tokens=window, step_seconds=round(time.perf_counter() - ts, 4))
+                    run.summary["last_step"] = step
+                    if step % cfg.checkpoint_every == 0 or step == steps:
+                        checkpoint(step, boundary_rng, "final" if step == steps else "interval")
+                        saved_step = step
+                if progress:
+                    progress(step, steps, loss)
+    except BaseException as err:
+        from tuneproof.registry import Terminated  # noqa: PLC0415
+
+        if isinstance(err, (KeyboardInterrupt, Terminated)) and run is not None:
+            if step > saved_step and not in_update:
+                checkpoint(step, boundary_rng, "interrupt")
+            elif in_update:
+                run.note(f"stopped inside the update of step {step + 1}: no checkpoint written; the last one is step {saved_step}")
             run.summary["last_step"] = step
         raise
     return {"steps": step, "total_steps": steps, "losses": losses, "tokens": tokens_seen,

@@ -1,0 +1,149 @@
+"""Recipe ``resume``: continue an interrupted (or failed) train run in a new process, exactly.
+
+Features:
+- continues from the run's latest checkpoint (``runs/<id>/checkpoints/step-*.pt``), or the one
+  named by ``--checkpoint``, into the same run id: status back to ``running``, then completed
+  (or interrupted/failed/invalid again); global step, learning-rate schedule, optimizer moments,
+  trainable weights, RNG states (Python, NumPy, torch) and data position are restored, so the
+  per-step losses and final weights equal those of an uninterrupted run (CASES C12; tested on CPU
+  with dropout on);
+- the run keeps its recorded config (``runs/<id>/config.json``), and resume refuses, before
+  anything is written, when:
+  - the run is completed, invalid, still running, or not a train run;
+  - the checkpoint is missing, damaged or incomplete (the file is named; nothing is overwritten);
+  - the checkpoint's config differs from ``config.json``, or (for a run made from the study file,
+    not a variant) the study file changed since (the keys are listed);
+  - the data fingerprint or the base model revision differs from the checkpoint's;
+- ``metrics.jsonl`` gets a ``{"event": "resume", "from_step": k}`` row; steps logged after the
+  checkpoint by the dead process are logged again by the resume (the last row of a step wins);
+  the summary lists every resume.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.io import read_json
+from tuneproof.recipes.variants import config_diff, describe
+from tuneproof.registry import Registry, RunRecord
+from tuneproof.study import STUDY_FILE, load_study, parse_study, resolved_config
+from tuneproof.ui import console
+
+
+def _refuse_status(rec: RunRecord) -> None:
+    if rec.kind != "train":
+        raise TuneproofError(f"run {rec.id} is a {rec.kind} run: only train runs are resumed")
+    if rec.status == "completed":
+        raise TuneproofError(f"run {rec.id} is completed: there is nothing to resume",
+                             hint=f"to train longer, make a variant: tuneproof train --from {rec.id} --set training.max_steps=N")
+    if rec.status == "invalid":
+        raise TuneproofError(f"run {rec.id} is invalid ({rec.reason}): an invalid run is not continued",
+                             hint="start a new run (or a variant with --from) once the cause is fixed")
+    if rec.status == "running":
+        raise TuneproofError(f"run {rec.id} is still running in a live process", hint="stop it first (Ctrl-C or SIGTERM writes a checkpoint)")
+
+
+def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
+    """The checkpoint to resume from: ``checkpoint`` (a file name in the run's ``checkpoints/`` or a
+    path), else the latest ``step-*.pt``.
+
+    Raises:
+        TuneproofError: no checkpoint (with the step of the first periodic one), or the named file is missing.
+    """
+    from tuneproof.training.loop import list_checkpoints  # noqa: PLC0415
+
+    folder = run_dir / "checkpoints"
+    if checkpoint:
+        path = Path(checkpoint)
+        if not path.is_absolute() and not path.exists():
+            path = folder / checkpoint
+        if not path.is_file():
+            have = ", ".join(p.name for p in list_checkpoints(run_dir)) or "none"
+            raise TuneproofError(f"{path}: checkpoint file not found", hint=f"checkpoints of this run: {have}")
+        return path
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        raise TuneproofError(f"{folder}: no checkpoint (step-*.pt) to resume from",
+                             hint="the run stopped before its first checkpoint (training.checkpoint_every); start it again")
+    return ckpts[-1]
+
+
+def check_config(study_dir: Path, rec: RunRecord, run_dir: Path, ckpt: dict[str, Any], ckpt_path: Path) -> None:
+    """Refuse when the run's config or (for a run made from the study file) the study file differs
+    from the checkpoint's config.
+
+    Raises:
+        TuneproofError: lists the keys that differ and says what to do.
+    """
+    recorded = resolved_config(parse_study(read_json(run_dir / "config.json"), run_dir / "config.json"))
+    diff = config_diff(ckpt["config"], recorded)
+    if diff:
+        raise TuneproofError(f"{run_dir / 'config.json'} differs from the config of {ckpt_path.name}: {describe(diff)}",
+                             hint="the run folder was edited or the checkpoint belongs to another run; restore it")
+    if not (run_dir / "variant.json").exists():
+        current = resolved_config(load_study(study_dir))
+        diff = config_diff(ckpt["config"], current)
+        if diff:
+            raise TuneproofError(f"{study_dir / STUDY_FILE} changed since the checkpoint of {rec.id}: {describe(diff)}",
+                                 hint=f"resume continues the recorded config exactly: revert the change, or train a variant "
+                                      f"(tuneproof train --from {rec.id} --set KEY=VALUE)")
+
+
+def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> None:
+    """Refuse when the data fingerprint or the base model revision differs from the checkpoint's.
+
+    Raises:
+        TuneproofError: names both fingerprints or revisions and what to do.
+    """
+    for key in ("data_fingerprint", "base_revision"):
+        if key not in ckpt:
+            raise TuneproofError(f"{ckpt_path}: checkpoint has no '{key}'", hint="it is damaged or was not written by `tuneproof train`")
+    fp = ctx.data_fingerprint()["hash"]
+    if fp != ckpt["data_fingerprint"]:
+        raise TuneproofError(f"the data changed since the checkpoint of {rec.id}: fingerprint {ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
+                             hint="restore the data the run was trained on (see runs/<id>/data.json), or start a new run")
+    if ctx.base.revision != ckpt["base_revision"]:
+        raise TuneproofError(f"the base model changed since the checkpoint of {rec.id}: revision {ckpt['base_revision']} -> {ctx.base.revision}",
+                             hint=f"point model.base at the revision the run started from ({ckpt['base_revision']})")
+
+
+def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str, *, checkpoint: str | None = None) -> str:
+    """Continue ``run_id`` from its checkpoint; returns the run id.
+
+    Raises:
+        TuneproofError: see the module docstring; nothing is written when refused.
+        CheckFailed: a NaN loss after the resume (the run is marked invalid).
+    """
+    from tuneproof.context import StudyContext  # noqa: PLC0415
+    from tuneproof.recipes.train import run_train  # noqa: PLC0415
+    from tuneproof.training.loop import load_checkpoint  # noqa: PLC0415
+
+    study_dir = Path(study_dir).resolve()
+    reg = Registry(study_dir)  # marks runs of dead processes interrupted first
+    rec = reg.get(run_id)
+    _refuse_status(rec)
+    run_dir = reg.runs_dir / rec.id
+    ckpt_path = find_checkpoint(run_dir, checkpoint)
+    ckpt = load_checkpoint(ckpt_path)
+    check_config(study_dir, rec, run_dir, ckpt, ckpt_path)
+    ctx = StudyContext.open(study_dir, data_root, config=ckpt["config"])
+    check_inputs(rec, ckpt, ckpt_path, ctx)
+    step = int(ckpt["step"])
+    console.print(f"resume [bold]{rec.id}[/] ({rec.status}{': ' + rec.reason if rec.reason else ''}) from {ckpt_path.name}: "
+                  f"step {step} of {ckpt['total_steps']}")
+    try:
+        with reg.reopen(rec.id, note=f"resume from {ckpt_path.name} (step {step})") as run:
+            run.metric(event="resume", from_step=step, checkpoint=ckpt_path.name)
+            resumes = list(run.summary.get("resumes", []))
+            resumes.append({"from_step": step, "checkpoint": ckpt_path.name, "previous_status": rec.status,
+                            "previous_reason": rec.reason, "time": round(time.time(), 3)})
+            run.update_summary(resumes=resumes)
+            run_train(ctx, run=run, resume_from=ckpt)
+    except CheckFailed as err:
+        if "loss is" in str(err):
+            reg.invalidate(rec.id, str(err).splitlines()[0])
+        raise
+    return rec.id

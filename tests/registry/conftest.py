@@ -1,0 +1,8 @@
+"""The registry tests share the tiny-study helpers of tests/training."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))

@@ -1,0 +1,143 @@
+"""Exact resume (issue 6, CASES C12): a run interrupted at step k and resumed in a new process
+gives the same per-step losses and final adapter weights as an uninterrupted run, on CPU with LoRA
+dropout on (0.1), gradient accumulation 2 and a warmup + linear schedule.
+
+Interruption: SIGTERM sent by the training process (``tuneproof train``) to itself after step 5
+(graceful: checkpoint at step 5); the resume runs in another process (``tuneproof resume``), and
+once more from the older periodic checkpoint of step 4 (what a hard kill leaves behind).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tiny_study import adapter_tensors, cli, losses_by_step, make_study, rows
+from tuneproof.cli import main
+from tuneproof.registry import Registry
+from tuneproof.training.loop import latest_checkpoint, list_checkpoints, load_checkpoint
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_base, tmp_path_factory):
+    """The uninterrupted run: per-step losses (full precision, from the final checkpoint) and adapter."""
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.train import run_train
+
+    study = make_study(tmp_path_factory.mktemp("ref"), tiny_base)
+    ctx = StudyContext.open(study)
+    run_id = run_train(ctx)
+    run_dir = ctx.registry.runs_dir / run_id
+    ckpt = load_checkpoint(latest_checkpoint(run_dir))
+    assert ckpt["step"] == STEPS and ckpt["reason"] == "final"
+    return {"losses": ckpt["losses"], "adapter": adapter_tensors(run_dir), "metrics": losses_by_step(run_dir)}
+
+
+def _assert_same_as_reference(run_dir, reference):
+    final = load_checkpoint(latest_checkpoint(run_dir))
+    assert final["step"] == STEPS
+    assert final["losses"] == reference["losses"]  # bit-identical floats, every step
+    assert losses_by_step(run_dir) == reference["metrics"]
+    got = adapter_tensors(run_dir)
+    assert sorted(got) == sorted(reference["adapter"]) and len(got) == 8  # lora_A/B of q,v in 2 layers
+    for name, tensor in reference["adapter"].items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_reference_learns_and_dropout_is_on(reference, tiny_base, tmp_path):
+    losses = reference["losses"]
+    assert len(losses) == STEPS and losses[-1] < losses[0]
+    # dropout is on: without it the losses differ from step 3 on (steps 1-2 cannot differ: LoRA B
+    # starts at zero and the warmup's first learning rate is 0), so an exact resume must restore
+    # the dropout RNG
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.train import run_train
+
+    study = make_study(tmp_path / "nodrop", tiny_base)
+    text = (study / "tuneproof.yaml").read_text().replace("dropout: 0.1", "dropout: 0.0")
+    (study / "tuneproof.yaml").write_text(text)
+    ctx = StudyContext.open(study)
+    rid = run_train(ctx)
+    no_drop = load_checkpoint(latest_checkpoint(ctx.registry.runs_dir / rid))["losses"]
+    assert no_drop[:2] == losses[:2]
+    assert all(a != b for a, b in zip(no_drop[2:], losses[2:]))
+
+
+def test_sigterm_at_step_5_then_resume_in_new_process_is_exact(reference, interrupted, tmp_path):
+    study = shutil.copytree(interrupted, tmp_path / "s")
+    reg = Registry(study)
+    (rec,) = reg.list()
+    assert rec.status == "interrupted" and rec.reason == "terminated (signal 15) at step 5"
+    run_dir = reg.runs_dir / rec.id
+    ckpt = load_checkpoint(latest_checkpoint(run_dir))
+    assert (ckpt["step"], ckpt["reason"], ckpt["data"]["next_micro_batch"]) == (5, "interrupt", 10)
+    assert ckpt["losses"] == reference["losses"][:5]
+    assert not (run_dir / "adapter").exists()
+    reg.close()
+
+    proc = cli("resume", rec.id, "--study", str(study))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = Registry(study).get(rec.id)
+    assert rec.status == "completed" and rec.reason is None
+    assert rec.summary["resumes"][0]["from_step"] == 5 and rec.summary["steps"] == STEPS
+    events = [r for r in rows(run_dir) if r.get("event") == "resume"]
+    assert events and events[0]["from_step"] == 5
+    _assert_same_as_reference(run_dir, reference)
+
+
+def test_resume_from_the_older_periodic_checkpoint_retrains_step_5_exactly(reference, interrupted, tmp_path):
+    """What a hard kill (SIGKILL, power loss) after step 5 leaves: the periodic checkpoint of step 4
+    and a metrics row for step 5; the resume trains step 5 again and ends exactly as the reference.
+    (That a killed process is found stale is tested in tests/registry.)"""
+    study = shutil.copytree(interrupted, tmp_path / "s")
+    run_dir = next((study / "runs").iterdir())
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000004.pt", "step-000005.pt"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["resume", run_dir.name, "--study", str(study), "--checkpoint", "step-000004.pt"])
+    assert exit_.value.code == 0
+    rec = Registry(study).get(run_dir.name)
+    assert rec.status == "completed" and rec.summary["resumes"][-1]["from_step"] == 4
+    assert [r["step"] for r in rows(run_dir) if "loss" in r].count(5) == 2  # step 5 trained again
+    _assert_same_as_reference(run_dir, reference)
+
+
+def test_ctrl_c_in_process_stops_after_the_step_and_resumes_exactly(reference, tiny_base, tmp_path, monkeypatch):
+    """Ctrl-C (SIGINT) during training: the step finishes, a checkpoint is written, the run is
+    interrupted with its step; a second Ctrl-C in the same step stops at once (same boundary here)."""
+    import os
+    import signal
+
+    import tuneproof.training.loop as loop
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.train import run_train
+
+    original = loop.train
+
+    def train(*args, **kwargs):
+        def progress(step, total, loss):
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+
+        kwargs["progress"] = progress
+        return original(*args, **kwargs)
+
+    study = make_study(tmp_path / "s", tiny_base)
+    ctx = StudyContext.open(study)
+    with monkeypatch.context() as m:
+        m.setattr(loop, "train", train)
+        with pytest.raises(KeyboardInterrupt):
+            run_train(ctx)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    (rec,) = ctx.registry.list()
+    assert rec.status == "interrupted" and rec.reason == "interrupted by Ctrl-C at step 3"
+    run_dir = ctx.registry.runs_dir / rec.id
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000002.pt", "step-000003.pt"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["resume", rec.id, "--study", str(study)])
+    assert exit_.value.code == 0
+    _assert_same_as_reference(run_dir, reference)

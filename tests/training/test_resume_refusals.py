@@ -1,0 +1,140 @@
+"""``tuneproof resume`` refuses, with a clear message and exit code 2, and writes nothing, when the
+run cannot be continued exactly: completed or invalid run, study file / run config / data / base
+model changed since the checkpoint, checkpoint missing, damaged or incomplete, unknown run."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from tuneproof.cli import main
+from tuneproof.registry import Registry
+
+
+def _files(study) -> dict[str, str]:
+    """Every file of the study except the SQLite index (whose pages change when it is read)."""
+    return {str(p.relative_to(study)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(study.rglob("*")) if p.is_file() and "tuneproof.sqlite" not in p.name}
+
+
+def _resume(capsys, study, *extra) -> str:
+    run_id = next((study / "runs").iterdir()).name
+    with pytest.raises(SystemExit) as exit_:
+        main(["resume", run_id, "--study", str(study), *extra])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 2, out
+    return " ".join(out.split())
+
+
+def _edit(path, old: str, new: str):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    return lambda: path.write_text(text)
+
+
+def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path, capsys):
+    study = shutil.copytree(interrupted, tmp_path / "s")
+    reg = Registry(study)
+    (rec,) = reg.list()
+    run_dir = reg.runs_dir / rec.id
+    ckpts = run_dir / "checkpoints"
+    before = _files(study)
+
+    def unchanged():
+        r = Registry(study).get(rec.id)
+        assert (r.status, r.reason) == ("interrupted", "terminated (signal 15) at step 5")
+        assert _files(study) == before
+
+    # the study file changed since the checkpoint (a run made from the study file)
+    undo = _edit(study / "tuneproof.yaml", "learning_rate: 0.01", "learning_rate: 0.02")
+    out = _resume(capsys, study)
+    assert "tuneproof.yaml changed since the checkpoint of r0001: training.learning_rate: 0.01 -> 0.02" in out
+    assert "revert the change, or train a variant" in out
+    undo()
+    unchanged()
+
+    # the run's recorded config was edited
+    undo = _edit(run_dir / "config.json", '"r": 4', '"r": 8')
+    out = _resume(capsys, study)
+    assert "config.json differs from the config of step-000005.pt: method.r: 4 -> 8" in out
+    undo()
+    unchanged()
+
+    # the data changed (same ids, one text edited)
+    undo = _edit(study / "data" / "train.jsonl", '"text": "alpha ', '"text": "omega ')
+    out = _resume(capsys, study)
+    assert "the data changed since the checkpoint of r0001: fingerprint" in out
+    undo()
+    unchanged()
+
+    # the base model's revision changed
+    marker = tiny_base / ".tuneproof_revision"
+    marker.write_text("another-revision\n")
+    try:
+        out = _resume(capsys, study)
+    finally:
+        marker.unlink()
+    assert "the base model changed since the checkpoint of r0001: revision sha256:" in out and "-> another-revision" in out
+    unchanged()
+
+    # the latest checkpoint is damaged (truncated): named, with the way out
+    latest = ckpts / "step-000005.pt"
+    good = latest.read_bytes()
+    latest.write_bytes(good[: len(good) // 2])
+    out = _resume(capsys, study)
+    assert "step-000005.pt: unreadable checkpoint" in out and "resume from an older one with --checkpoint" in out
+    assert len(latest.read_bytes()) == len(good) // 2  # not overwritten
+    latest.write_bytes(good)
+    unchanged()
+
+    # a checkpoint missing a part
+    ckpt = torch.load(latest, weights_only=False)
+    del ckpt["optimizer"]
+    torch.save(ckpt, latest)
+    out = _resume(capsys, study)
+    assert "step-000005.pt: checkpoint has no 'optimizer'" in out
+    latest.write_bytes(good)
+    unchanged()
+
+    # a named checkpoint that does not exist; then no checkpoint at all
+    out = _resume(capsys, study, "--checkpoint", "step-000003.pt")
+    assert "step-000003.pt: checkpoint file not found" in out and "step-000004.pt, step-000005.pt" in out
+    shutil.move(ckpts, tmp_path / "moved")
+    out = _resume(capsys, study)
+    assert "no checkpoint (step-*.pt) to resume from" in out
+    shutil.move(tmp_path / "moved", ckpts)
+    unchanged()
+
+    # an unknown run
+    with pytest.raises(SystemExit) as exit_:
+        main(["resume", "r0042", "--study", str(study)])
+    assert exit_.value.code == 2 and "run 'r0042' does not exist" in capsys.readouterr().out
+    unchanged()
+
+    # a completed run, then an invalid one
+    reg.finish(rec.id, "completed")
+    out = _resume(capsys, study)
+    assert "run r0001 is completed: there is nothing to resume" in out and "train --from r0001" in out
+    reg.invalidate(rec.id, "wrong split used")
+    out = _resume(capsys, study)
+    assert "run r0001 is invalid (wrong split used (was completed)): an invalid run is not continued" in out
+    assert _files(study) == before
+
+
+def test_variant_run_is_checked_against_its_own_config_not_the_study_file(interrupted, tmp_path, capsys):
+    """A variant's config differs from the study file by design: only its recorded config counts."""
+    study = shutil.copytree(interrupted, tmp_path / "s")
+    run_dir = next((study / "runs").iterdir())
+    (run_dir / "variant.json").write_text("{}")
+    cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    cfg["training"]["learning_rate"] = 0.03
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg))
+    # passes the config check, then stops on the data check (proving the study file was not compared)
+    (study / "data" / "train.jsonl").write_text((study / "data" / "train.jsonl").read_text().replace('"text": "alpha ', '"text": "omega ', 1))
+    out = _resume(capsys, study)
+    assert "the data changed since the checkpoint" in out

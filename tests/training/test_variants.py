@@ -1,0 +1,144 @@
+"""Variants (``train --from RUN --set/--grid``), their recorded diff and groups, the multi-change
+rule, inherited settings, the sweep helper, a NaN variant marked invalid, and ``runs``/``runs --tree``
+showing all of it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tiny_study import make_study
+from tuneproof.cli import main
+from tuneproof.context import StudyContext
+from tuneproof.io import read_json
+from tuneproof.recipes.train import run_train
+from tuneproof.recipes.variants import config_diff, group_of, split_values
+from tuneproof.registry import Registry
+
+
+@pytest.fixture(scope="module")
+def parent(tiny_base, tmp_path_factory):
+    study = make_study(tmp_path_factory.mktemp("variants") / "s", tiny_base, max_steps=4, warmup_steps=0, checkpoint_every=4)
+    rid = run_train(StudyContext.open(study))
+    return study, rid
+
+
+@pytest.fixture(autouse=True)
+def wide_console():
+    """Tables and trees on one line per row (the console is 80 columns when not a terminal)."""
+    from tuneproof.ui import console
+
+    old = console._width
+    console.width = 250
+    yield
+    console._width = old
+
+
+def cli(capsys, study, *args) -> tuple[int, str]:
+    if args[0] == "train":
+        args = (*args, "--skip-preflight", "tiny test study")
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--study", str(study)])
+    return exit_.value.code, " ".join(capsys.readouterr().out.split())
+
+
+def test_groups_and_diff():
+    assert [group_of(k) for k in ("method.r", "training.learning_rate", "training.seed", "training.max_steps", "training.epochs",
+                                  "training.max_length", "eval.prompt.system", "eval.max_new_tokens", "data.cleaning", "model.base",
+                                  "training.checkpoint_every", "training.micro_batch_size", "hypothesis.guards")] == [
+        "method", "optimisation", "seed", "budget", "budget", "data", "data", "eval", "data", "model", "bookkeeping", "optimisation", "hypothesis"]
+    assert config_diff({"a": {"b": 1, "c": [1, 2]}}, {"a": {"b": 2, "c": [1, 2], "d": 3}}) == [
+        {"key": "a.b", "group": "other", "from": 1, "to": 2}, {"key": "a.d", "group": "other", "from": None, "to": 3}]
+    assert split_values("8,16, 32") == ["8", "16", "32"]
+    assert split_values("[q_proj,v_proj],[q_proj]") == ["[q_proj,v_proj]", "[q_proj]"]
+
+
+def test_variant_records_the_exact_diff(parent, capsys):
+    study, pid = parent
+    code, out = cli(capsys, study, "train", "--from", pid, "--set", "method.r=8", "--name", "lora-r8")
+    assert code == 0, out
+    reg = Registry(study)
+    rec = reg.list()[-1]
+    assert (rec.id, rec.parent, rec.status) == ("r0002-lora-r8", pid, "completed")
+    v = read_json(reg.runs_dir / rec.id / "variant.json")
+    assert v["parent"] == pid and v["set"] == ["method.r=8"] and v["multi_change"] is False
+    assert v["changes"] == [{"key": "method.r", "group": "method", "from": 4, "to": 8}]
+    assert v["inherited"]["seed"] == 3 and v["inherited"]["budget"] == {"max_steps": 4, "epochs": None}
+    assert v["inherited"]["data_fingerprint"] == reg.get(pid).data_fingerprint == rec.data_fingerprint
+    assert v["statements"] == []
+    assert config_diff(read_json(reg.runs_dir / pid / "config.json"), read_json(reg.runs_dir / rec.id / "config.json")) == v["changes"]
+    assert rec.summary["variant"]["change"] == "method.r: 4 -> 8" and rec.summary["multi_change"] is False
+    assert read_json(reg.runs_dir / rec.id / "method.json")["trainable"] == 2 * read_json(reg.runs_dir / pid / "method.json")["trainable"]
+
+
+def test_bad_variants_stop_before_any_run(parent, capsys):
+    study, pid = parent
+    n = len(Registry(study).list())
+    cases = [
+        (["--set", "method.rr=8"], "--set method.rr=8: unknown key 'method.rr'"),
+        (["--set", "trainingg.seed=1"], "unknown key 'trainingg'"),
+        (["--set", "method.r=abc"], "--set method.r=abc: method.r: Input should be a valid integer"),
+        (["--set", "method.r"], "expected KEY=VALUE"),
+        (["--set", "method.r=4"], "the variant equals its parent"),
+        (["--set", "hypothesis.behaviour=other"], "'hypothesis.behaviour' is fixed for the whole study"),
+        (["--set", "method.r=8", "--set", "training.learning_rate=0.02"],
+         "the variant changes 2 groups (method: method.r; optimisation: training.learning_rate)"),
+        ([], "say what changes with --set"),
+        (["--grid", "method.r=4"], "every value equals the parent's"),
+        (["--grid", "method.r=8,x"], "--set method.r=x: method.r: Input should be a valid integer"),
+    ]
+    for args, message in cases:
+        code, out = cli(capsys, study, "train", "--from", pid, *args)
+        assert code == 2 and message in out, (args, out)
+    code, out = cli(capsys, study, "train", "--set", "method.r=8")
+    assert code == 2 and "they need --from RUN" in out
+    code, out = cli(capsys, study, "train", "--from", "r0099", "--set", "method.r=8")
+    assert code == 2 and "run 'r0099' does not exist" in out
+    with pytest.raises(SystemExit) as exit_:  # a variant is a new config: it needs its preflight like any run
+        main(["train", "--from", pid, "--grid", "method.r=8,16", "--study", str(study)])
+    assert exit_.value.code == 2 and "train refused" in capsys.readouterr().out
+    assert len(Registry(study).list()) == n
+
+
+def test_multi_change_and_inherited_changes_are_stated(parent, capsys):
+    study, pid = parent
+    code, out = cli(capsys, study, "train", "--from", pid, "--set", "method.r=8", "--set", "training.seed=5", "--allow-multi-change")
+    assert code == 0, out
+    reg = Registry(study)
+    rec = reg.list()[-1]
+    v = read_json(reg.runs_dir / rec.id / "variant.json")
+    assert v["multi_change"] is True and v["groups"] == ["method", "seed"]
+    assert v["statements"] == ["seed not inherited from r0001: training.seed 3 -> 5",
+                               "multi-change variant: 2 groups changed (method, seed); its effect cannot be attributed to one change"]
+    assert rec.summary["multi_change"] is True
+    code, out = cli(capsys, study, "runs")
+    assert code == 0 and "multi-change variant" in out
+
+
+def test_grid_makes_one_single_change_variant_per_value_and_a_nan_one_is_invalid(parent, capsys):
+    study, pid = parent
+    n = len(Registry(study).list())
+    code, out = cli(capsys, study, "train", "--from", pid, "--grid", "training.learning_rate=1e6,0.01,0.02")
+    assert code == 0, out
+    assert "training.learning_rate=0.01 is the value of r0001: no variant" in out
+    reg = Registry(study)
+    new = reg.list()[n:]
+    assert [r.name for r in new] == ["learning_rate1e6", "learning_rate0.02"]
+    assert [r.parent for r in new] == [pid, pid]
+    bad, good = new
+    assert bad.status == "invalid" and bad.reason == "step 4: loss is nan"  # the sweep went on
+    assert good.status == "completed"
+    for r, value in ((bad, 1e6), (good, 0.02)):
+        v = read_json(reg.runs_dir / r.id / "variant.json")
+        assert v["changes"] == [{"key": "training.learning_rate", "group": "optimisation", "from": 0.01, "to": value}]
+        assert v["grid"]["key"] == "training.learning_rate" and v["multi_change"] is False
+    assert json.loads((reg.runs_dir / bad.id / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+    code, out = cli(capsys, study, "runs")
+    assert code == 0 and "step 4: loss is nan" in out and "invalid" in out
+    code, out = cli(capsys, study, "runs", "--tree")
+    assert code == 0
+    assert "r0002-lora-r8 train completed method.r: 4 -> 8" in out
+    assert "training.learning_rate: 0.01 -> 1000000.0" in out and "(step 4: loss is nan)" in out
+    assert "multi-change" in out and "not evaluated" in out

@@ -192,6 +192,61 @@ def data_inspect(
 
 
 @app.command()
+def export(
+    run: str = typer.Argument(..., help="a completed train run"),
+    study: Path = StudyOpt,
+    data: Optional[Path] = DataOpt,
+    merge: bool = typer.Option(False, "--merge", help="also write merged/: the base with the adapter merged in (safetensors)"),
+    force: bool = typer.Option(False, "--force", help="export a failed, interrupted or invalid run anyway (recorded in the manifest and model card)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="bundle folder (default: exports/RUN in the study)"),
+    verify_examples: int = typer.Option(8, "--verify-examples", help="K evaluation examples stored with their predictions for verify"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the stored predictions are made (verify must use the same)"),
+) -> None:
+    """Export a train run as a bundle bound to its exact base model, verified in a fresh process."""
+    from tuneproof.recipes.export import run_export  # noqa: PLC0415
+
+    run_export(_ctx(study, data), run, force=force, out_dir=out, merge=merge, k=verify_examples, device=device)
+
+
+@app.command()
+def verify(
+    bundle: Path = typer.Argument(..., help="an export bundle folder (exports/RUN)"),
+    base: Optional[Path] = typer.Option(None, "--base", help="the base model folder to check and load (default: the path recorded at export)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the full report to this JSON file"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default: the device the export recorded)"),
+) -> None:
+    """Check a bundle in a fresh process: file hashes, base weights and tokenizer, reload, predictions."""
+    from tuneproof.recipes.verify import run_verify  # noqa: PLC0415
+
+    run_verify(bundle, base, json_out=json_out, device=device)
+
+
+@app.command()
+def report(
+    study: Path = StudyOpt,
+    html: bool = typer.Option(False, "--html", help="also write dossier.html: one self-contained page with plots"),
+) -> None:
+    """Write the dossier (dossier.md, and dossier.html with --html) from the recorded evidence."""
+    from tuneproof.recipes.report import HTML_FILE, run_report  # noqa: PLC0415
+
+    path = run_report(_ctx(study), html=html)
+    console.print(f"dossier: {path}" + (f" and {path.with_name(HTML_FILE)}" if html else ""))
+
+
+@app.command()
+def plan(
+    days: float = typer.Option(..., "--days", help="rental length in days (3, 7 or 30 usually)"),
+    hourly_rate: float = typer.Option(..., "--hourly-rate", help="price of one hour of the machine"),
+    variants: Optional[int] = typer.Option(None, "--variants", help="variants to plan for (default: as many as fit)"),
+    study: Path = StudyOpt,
+) -> None:
+    """The rental plan from this study's measured throughput: phases, variants that fit, cost."""
+    from tuneproof.recipes.plan import run_plan  # noqa: PLC0415
+
+    run_plan(_ctx(study), days=days, hourly_rate=hourly_rate, variants=variants)
+
+
+@app.command()
 def quickstart(
     directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),
     data: Optional[Path] = DataOpt,

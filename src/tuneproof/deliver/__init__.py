@@ -1,1 +1,4 @@
-"""The deliverable: export bundle bound to its base model, verify, dossier, rental plan."""
+"""The deliverable (PROTOCOL.md steps 4 and 7): an export bundle bound to its exact base model
+(``identity``, ``bundle``, ``verify``, ``card``, ``limits``), the dossier (``dossier``, ``plots``)
+and the rental plan (``plan``). Components only; the commands live in :mod:`tuneproof.recipes`.
+"""

@@ -1,69 +1,307 @@
-"""Recipe ``export``: the trained adapter (or full model) bound to its exact base model.
+"""Recipe ``export``: the trained adapter (or full model) bound to its exact base model, verified.
 
-Features: one folder ``exports/<run>/`` built in a temp folder and renamed into place (never a
-half bundle) with the adapter in the standard PEFT layout (its config carries the base
-revision), the tokenizer, and ``manifest.json`` (schema-versioned): base model id/path,
-revision, sha256 of every base weight file, tokenizer identity, resolved config, data and
-evaluation fingerprints, and the comparison verdict when one exists.
+Features (option that turns each on):
+- one folder ``exports/<train run>/`` (``--out`` elsewhere), built in a temp folder and renamed
+  into place only after it verified (never a half or unverified bundle);
+- the adapter in the standard PEFT layout (``PeftModel.from_pretrained(base, "adapter")`` loads it
+  unchanged; its ``adapter_config.json`` carries the base revision), or ``model/`` for full
+  fine-tuning; ``--merge`` adds ``merged/``, the base with the adapter merged in (safetensors);
+- modules_to_save (e.g. the classification head) checked to be in the saved file (CASES C6);
+- ``manifest.json`` (schema-versioned): base identity (id/path, revision, sha256 of every weight
+  file, tokenizer class, vocabulary, added tokens, probe-text token-id hash), resolved config,
+  environment, data and evaluation fingerprints, the comparison with the baseline, the guards'
+  verdict, the observed limits, the verification procedure and the sha256 of every bundle file;
+- ``README.md``: a model card with the Hugging Face metadata header;
+- ``verify/examples.jsonl``: K evaluation inputs (``--verify-examples``) with the predictions (and
+  logits) of the bundle, made in fp32 with greedy decoding on ``--device`` (cpu by default, or
+  cuda), which ``tuneproof verify`` must reproduce; the export runs that verification itself, in a
+  fresh process, before the export run is completed;
+- a train run that is not completed (failed, interrupted, invalid) is refused unless ``--force``;
+  a forced export says so in the manifest, the model card and the export run;
+- a base whose weights changed since training is refused (CASES C13).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
+from tuneproof import SCHEMA_VERSION
 from tuneproof.context import StudyContext
-from tuneproof.errors import TuneproofError
-from tuneproof.io import read_json, write_json
-from tuneproof.models.base import weight_hashes
-from tuneproof.recipes.common import run_json
+from tuneproof.deliver.bundle import BUNDLE_KIND, MANIFEST, file_hashes, saved_modules
+from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_message, load_bundle_model, load_tokenizer_at, reproduce,
+                                      verify_in_fresh_process)
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
+from tuneproof.recipes.common import record_inputs, run_json
 from tuneproof.ui import console
 
+DEFAULT_K = 8  # stored verification examples
 
-def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_dir: Path | None = None) -> str:
-    """Export a completed train run; returns the export run id."""
+
+def _eval_of(ctx: StudyContext, train_id: str):
+    evals = [r for r in ctx.registry.list(kind="eval", status="completed") if r.parent == train_id]
+    return evals[-1] if evals else None
+
+
+def _comparison_of(ctx: StudyContext, eval_id: str | None) -> tuple[Any, dict | None, dict | None]:
+    """``(compare record, full compare.json, this candidate's entry)`` of the latest comparison of ``eval_id``."""
+    if eval_id is None:
+        return None, None, None
+    for c in reversed(ctx.registry.list(kind="compare", status="completed")):
+        data = run_json(ctx, c.id, "compare.json") or {}
+        if eval_id in (data.get("candidates") or {}):
+            return c, data, data["candidates"][eval_id]
+    return None, None, None
+
+
+def pick_examples(outputs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """K examples round-robin over categories (sorted), keeping file order inside a category, so
+    the stored set covers as many classes as K allows."""
+    by_cat: dict[str, list[dict]] = defaultdict(list)
+    for r in outputs:
+        by_cat[str(r.get("category"))].append(r)
+    picked, i = [], 0
+    cats = sorted(by_cat)
+    while len(picked) < k and any(i < len(by_cat[c]) for c in cats):
+        picked += [by_cat[c][i] for c in cats if i < len(by_cat[c])]
+        i += 1
+    return picked[:k]
+
+
+def _check_base_unchanged(ctx: StudyContext, rec) -> None:
+    """Refuse when the study's base model differs from the one the run was trained on (C13)."""
+    trained = rec.summary.get("base") or {}
+    now = ctx.base.identity()
+    if trained.get("weight_sha256") and trained["weight_sha256"] != now["weight_sha256"]:
+        raise CheckFailed(
+            f"run {rec.id} was trained on base weights {json.dumps(trained['weight_sha256'])} but the study's base "
+            f"{now['path']} now has {json.dumps(now['weight_sha256'])}",
+            hint="point model.base at the exact base the run was trained on")
+    if trained.get("revision") and trained["revision"] != now["revision"]:
+        raise CheckFailed(f"run {rec.id} was trained on base revision {trained['revision']}, the study's base is now {now['revision']}",
+                          hint="point model.base at the exact base the run was trained on")
+
+
+def _embeddings(base: dict[str, Any], tmp: Path, payload: str) -> dict[str, Any]:
+    """Embedding rows of the base vs tokens of the tokenizer, and the embedding tensors the adapter
+    saves. Added tokens without saved embeddings would be random after a reload: refused."""
+    from tuneproof.deliver.bundle import safetensors_keys  # noqa: PLC0415
+
+    cfg = read_json(Path(base["path"]) / "config.json")
+    rows = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    size = base["tokenizer"].get("vocab_size")
+    saved = []
+    if payload == "adapter":
+        saved = [k for k in safetensors_keys(tmp / "adapter" / "adapter_model.safetensors")
+                 if any(x in k for x in ("embed_tokens", "word_embeddings", "lm_head", "trainable_tokens")) and "lora_" not in k]
+    rec = {"base_rows": rows, "tokenizer_size": size, "resized": bool(rows and size and size > rows), "saved_tensors": saved}
+    if rec["resized"] and payload == "adapter" and not saved:
+        raise CheckFailed(f"the tokenizer has {size} tokens but the base embeddings have {rows} rows, and the adapter saves no embedding tensor",
+                          hint="the added tokens would be random after a reload; add the embedding layer to method.modules_to_save")
+    return rec
+
+
+def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forced: dict | None, export_run: str,
+                 device: str = "cpu") -> dict[str, Any]:
+    """Write every file of the bundle into ``tmp`` and return the manifest (also written)."""
+    from tuneproof.deliver.identity import base_identity  # noqa: PLC0415
+    from tuneproof.deliver.limits import observed_limits  # noqa: PLC0415
+    from tuneproof.deliver.card import model_card  # noqa: PLC0415
+
+    src = ctx.registry.runs_dir / rec.id
+    payload = "adapter" if (src / "adapter" / "adapter_config.json").exists() else "model"
+    if not (src / payload).exists():
+        raise TuneproofError(f"{src}: the run saved neither adapter/ nor model/", hint="only a train run that finished saving can be exported")
+    if merge and payload != "adapter":
+        raise TuneproofError("--merge applies to a LoRA adapter; this run saved a full model (model/)")
+    shutil.copytree(src / payload, tmp / payload)
+    base = base_identity(ctx.base, ctx.tokenizer_identity)
+    kind = ctx.model_kind
+    labels = ctx.labels if kind == "sequence-classification" else None
+
+    mts: dict[str, list[str]] = {}
+    if payload == "adapter":
+        cfg_path = tmp / "adapter" / "adapter_config.json"
+        acfg = read_json(cfg_path)
+        if acfg.get("revision") != base["revision"]:  # bind the adapter to the exact base revision
+            acfg["revision"] = base["revision"]
+            atomic_write_text(cfg_path, json.dumps(acfg, indent=2, sort_keys=True) + "\n")
+        run_cfg = read_json(src / "config.json") if (src / "config.json").exists() else ctx.config
+        requested = list(run_cfg.get("method", {}).get("modules_to_save") or [])
+        # PEFT adds its default head names for SEQ_CLS ("classifier", "score"); only those that exist get saved
+        found = saved_modules(tmp / "adapter", sorted(set(acfg.get("modules_to_save") or []) | set(requested)))
+        mts = {m: keys for m, keys in found.items() if keys}
+        empty = [m for m in requested if not found.get(m)]
+        if empty:
+            raise CheckFailed(f"modules_to_save {empty} have no tensor in {src / 'adapter' / 'adapter_model.safetensors'}",
+                              hint="the trained module would be lost on reload; check method.modules_to_save")
+        if kind == "sequence-classification" and not mts:
+            raise CheckFailed("the classification head is not in the saved adapter (modules_to_save is empty)",
+                              hint="set method.modules_to_save: [classifier] (the head's module name) and train again")
+
+    embeddings = _embeddings(base, tmp, payload)
+
+    # evidence: eval, comparison, limits
+    ev = _eval_of(ctx, rec.id)
+    eval_json = run_json(ctx, ev.id, "eval.json") if ev else None
+    outputs = read_jsonl(ctx.registry.runs_dir / ev.id / "outputs.jsonl") if ev and (ctx.registry.runs_dir / ev.id / "outputs.jsonl").exists() else []
+    crec, compare_json, entry = _comparison_of(ctx, ev.id if ev else None)
+    limits = observed_limits(ctx.task, eval_metrics=(eval_json or {}).get("metrics"), outputs=outputs, comparison=entry,
+                             test_accesses=ctx.registry.test_accesses(), forced=forced)
+    results = tmp / "results"
+    if compare_json:
+        write_json(results / "compare.json", compare_json)
+    if eval_json:
+        write_json(results / "eval.json", eval_json)
+    write_json(results / "limits.json", limits)
+    for name in ("method.json", "summary.json"):
+        if (src / name).exists():
+            shutil.copy2(src / name, results / ("train_" + name if name == "summary.json" else name))
+    if (src / "metrics.jsonl").exists():
+        shutil.copy2(src / "metrics.jsonl", results / "train_metrics.jsonl")
+
+    # the K stored examples and the bundle's own predictions on them (CPU, fp32, greedy)
+    if outputs:
+        chosen = [{"id": r["id"], "category": r.get("category"), "input": r["input"], "reference": r.get("reference"),
+                   "eval_prediction": r.get("prediction")} for r in pick_examples(outputs, k)]
+    else:
+        rows = [{"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "eval_prediction": None}
+                for e in ctx.eval_examples()]
+        chosen = pick_examples(rows, k)
+    if kind != "sequence-classification":
+        for c in chosen:
+            c["prompt"] = ctx.pipeline.prompt_text(c["input"])
+    procedure = {"model_kind": kind, "task": ctx.task, "labels": labels, "max_length": ctx.study.training.max_length,
+                 "max_new_tokens": ctx.study.eval.max_new_tokens, "decoding": "greedy", "device": device, "dtype": "fp32", "k": len(chosen),
+                 "tolerance": f"predictions identical; logits within {DEVICE_ATOL[device]} (see tuneproof.deliver.verify)"}
+    man: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": BUNDLE_KIND, "created": time.time(), "run": rec.id,
+                           "export_run": export_run, "payload": payload, "merged": bool(merge), "procedure": procedure,
+                           "base_model": base, "tokenizer": base["tokenizer"], "labels": labels}
+    t0 = time.perf_counter()
+    model = load_bundle_model(tmp, man, Path(base["path"]))
+    tok = load_tokenizer_at(Path(base["path"]) if payload == "adapter" else tmp / "model", man)
+    ref = reproduce(model, tok, chosen, procedure)
+    for c, r in zip(chosen, ref):
+        c.update(r)
+    agree = sum(1 for c in chosen if c.get("eval_prediction") is not None and c["eval_prediction"] == c["prediction"])
+    merge_info = None
+    if merge:
+        merged = model.merge_and_unload()
+        merged.save_pretrained(tmp / "merged", safe_serialization=True)
+        tok.save_pretrained(tmp / "merged")
+        del merged, model
+        mref = reproduce(load_bundle_model(tmp, man, Path(base["path"]), which="merged"), tok, chosen, procedure)
+        diff = 0.0
+        for c, r in zip(chosen, mref):
+            c["merged_prediction"] = r["prediction"]
+            if "logits" in r:
+                c["merged_logits"] = r["logits"]
+                diff = max([diff] + [abs(a - b) for a, b in zip(c["logits"], r["logits"])])
+            else:
+                c["merged_next_token"] = r["next_token"]
+                diff = max([diff] + [abs(a[1] - b[1]) for a, b in zip(c["next_token"], r["next_token"])])
+        merge_info = {"agree_with_adapter": sum(c["merged_prediction"] == c["prediction"] for c in chosen), "n": len(chosen),
+                      "max_abs_logit_diff_vs_adapter": diff,
+                      "note": "merging sums W + scale*B@A once, so logits can differ from the adapter's in the last bits"}
+    else:
+        del model
+    write_jsonl(tmp / EXAMPLES_FILE, chosen)
+    procedure["reference_seconds"] = round(time.perf_counter() - t0, 2)
+
+    train_summary = dict(rec.summary)
+    man.update({
+        "forced": forced,
+        "modules_to_save": mts,
+        "embeddings": embeddings,
+        "adapter": ({k2: v for k2, v in read_json(tmp / "adapter" / "adapter_config.json").items()
+                     if k2 in ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "revision",
+                               "base_model_name_or_path", "task_type")} if payload == "adapter" else None),
+        "train": {k2: train_summary.get(k2) for k2 in ("steps", "first_loss", "final_loss", "train_seconds", "tokens_per_s",
+                                                         "trainable", "total_params", "dtype", "loss_normalisation")},
+        "config": read_json(src / "config.json") if (src / "config.json").exists() else ctx.config,
+        "environment": run_json(ctx, rec.id, "env.json"),
+        "data_fingerprint": run_json(ctx, rec.id, "data.json") or {"hash": rec.data_fingerprint},
+        "eval_run": ev.id if ev else None,
+        "eval_fingerprint": (eval_json or {}).get("fingerprint"),
+        "metrics": ev.summary.get("metrics") if ev else None,
+        "comparison": ({"compare_run": crec.id, "baseline_run": compare_json.get("baseline"), "verdict": entry.get("overall", {}).get("verdict"),
+                        "detail": entry.get("overall", {}).get("detail"), "counts": entry.get("counts"), "mcnemar": entry.get("mcnemar"),
+                        "metrics": entry.get("metrics"), "verdicts": entry.get("verdicts")} if entry else None),
+        "limits": limits,
+        "reference": {"eval_predictions_agree": agree, "n": len(chosen), "merge": merge_info},
+        "test_accesses": ctx.registry.test_accesses(),
+    })
+    atomic_write_text(tmp / "README.md", model_card(man))
+    man["files"] = file_hashes(tmp)
+    write_json(tmp / MANIFEST, man)
+    return man
+
+
+def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_dir: Path | None = None, merge: bool = False,
+               k: int = DEFAULT_K, device: str = "cpu") -> str:
+    """Export a train run as a verified bundle; returns the export run id.
+
+    Raises:
+        TuneproofError: not a train run, a run that is not completed without ``force``, the bundle
+            folder exists, nothing saved.
+        CheckFailed: the base changed since training, a module_to_save missing from the saved
+            file, or the bundle failed its verification in a fresh process.
+    """
     rec = ctx.registry.get(train_run)
     if rec.kind != "train":
         raise TuneproofError(f"run {rec.id} is a {rec.kind} run; export takes a train run")
-    if rec.status != "completed" and not force:
-        raise TuneproofError(f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
-                             hint="export a completed run, or pass --force (recorded in the manifest)")
+    forced = None
+    if rec.status != "completed":
+        if not force:
+            raise TuneproofError(f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
+                                 hint="export a completed run, or pass --force (recorded in the manifest and the model card)")
+        forced = {"status": rec.status, "reason": rec.reason}
+    if k < 1:
+        raise TuneproofError(f"--verify-examples must be at least 1 (got {k})")
+    if device not in DEVICE_ATOL:
+        raise TuneproofError(f"--device {device!r}: use one of {', '.join(sorted(DEVICE_ATOL))}")
+    if device == "cuda":
+        import torch  # noqa: PLC0415
+
+        if not torch.cuda.is_available():
+            raise TuneproofError("--device cuda: no CUDA GPU is visible", hint="export with --device cpu (the default)")
     src = ctx.registry.runs_dir / rec.id
-    payload = src / ("adapter" if (src / "adapter").exists() else "model")
-    if not payload.exists():
-        raise TuneproofError(f"{src}: the run saved neither adapter/ nor model/")
+    if merge and not (src / "adapter" / "adapter_config.json").exists():
+        raise TuneproofError(f"--merge applies to a LoRA adapter; run {rec.id} saved " + ("a full model (model/)" if (src / "model").exists() else "no adapter"))
     dest = Path(out_dir) if out_dir else ctx.study_dir / "exports" / rec.id
     if dest.exists():
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
+    _check_base_unchanged(ctx, rec)
     with ctx.registry.run("export", parent=rec.id) as run:
+        record_inputs(ctx, run, with_data=False)
+        run.update_summary(train_run=rec.id, forced=forced, merge=merge)
+        if forced:
+            run.note(f"forced export of the {rec.status} run {rec.id} ({rec.reason})")
+            console.print(f"[yellow]warning[/]: exporting {rec.id} although it is {rec.status} (--force, recorded)")
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
         try:
-            shutil.copytree(payload, tmp / payload.name)
-            evals = [r for r in ctx.registry.list(kind="eval", status="completed") if r.parent == rec.id]
-            compares = [r for r in ctx.registry.list(kind="compare", status="completed")
-                        if evals and evals[-1].id in (r.summary.get("candidates") or [])]
-            base = ctx.base.identity()
-            base["weight_sha256_loaded"] = weight_hashes(Path(ctx.base.path))
-            manifest = {
-                "run": rec.id, "status": rec.status, "forced": bool(force and rec.status != "completed"),
-                "kind": "adapter" if payload.name == "adapter" else "full-model",
-                "base_model": base, "tokenizer": ctx.tokenizer_identity,
-                "config": read_json(src / "config.json") if (src / "config.json").exists() else ctx.config,
-                "data_fingerprint": rec.data_fingerprint,
-                "eval_run": evals[-1].id if evals else None,
-                "eval_fingerprint": evals[-1].eval_fingerprint if evals else None,
-                "metrics": evals[-1].summary.get("metrics") if evals else None,
-                "comparison": run_json(ctx, compares[-1].id, "compare.json") if compares else None,
-                "environment": run_json(ctx, rec.id, "env.json"),
-            }
-            write_json(tmp / "manifest.json", manifest)
+            man = build_bundle(ctx, rec, tmp, merge=merge, k=k, forced=forced, export_run=run.id, device=device)
+            console.print(f"[bold]{run.id}[/] bundle of {rec.id} written ({len(man['files'])} files); verifying in a fresh process")
+            report = verify_in_fresh_process(tmp)
+            run.write_json("verify.json", report)
+            if not report["passed"]:
+                raise CheckFailed(failure_message(report), hint="the bundle was not kept; see " + str(run.path("verify.json")))
             os.replace(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        run.update_summary(bundle=str(dest), train_run=rec.id)
-        console.print(f"[bold]{run.id}[/] exported {rec.id} to {dest}")
+        run.update_summary(bundle=str(dest), verified=True, verify_seconds=report["seconds"], files=len(man["files"]),
+                           payload=man["payload"], eval_run=man["eval_run"],
+                           verdict=(man.get("comparison") or {}).get("verdict"))
+        for c in report["checks"]:
+            console.print(f"  [green]pass[/] {c['name']}: {c['detail']}")
+        console.print(f"[bold]{run.id}[/] exported {rec.id} to {dest} (verified)")
         return run.id

@@ -1,0 +1,604 @@
+"""The dossier: every piece of evidence of a study, collected once and rendered twice (Markdown for
+the terminal, one self-contained HTML page with plots).
+
+:func:`collect` reads the registry and the run folders (never the data, never a model) and
+returns ``{"title", "sections": [{"id", "title", "blocks"}]}``; a block is one of
+
+- ``{"type": "p", "text"}``, ``{"type": "strong", "text"}``, ``{"type": "list", "items"}``,
+- ``{"type": "table", "cols", "rows"}``, ``{"type": "pre", "text"}``,
+- ``{"type": "figure", "png": bytes, "caption"}``.
+
+:func:`to_markdown` and :func:`to_html` render that structure; every string is escaped by the
+renderer (``html.escape`` for HTML, ``|`` for Markdown tables), so text from the user's data can
+never become markup. A part whose command was not run says "not run yet" and names the command.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from collections import Counter
+from typing import Any
+
+from tuneproof.deliver.limits import PER_CLASS_METRIC, PER_FIELD_METRIC, limits_lines, observed_limits
+from tuneproof.io import read_jsonl, sha256_json
+from tuneproof.registry import iso
+
+NOT_RUN = "not run yet"
+
+
+# --------------------------------------------------------------------------- small helpers
+def _f(x: Any, nd: int = 3) -> str:
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, float):
+        return f"{x:.{nd}f}" if abs(x) < 1e6 else f"{x:.3g}"
+    return "-" if x is None else str(x)
+
+
+def _ci(ci: Any) -> str:
+    return "[" + ", ".join(_f(x) for x in (ci or [None, None])) + "]"
+
+
+def _dur(rec) -> str:
+    if not rec.ended or not rec.created:
+        return ""
+    s = rec.ended - rec.created
+    return f"{s:.1f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
+
+
+def flatten(obj: Any, prefix: str = "", depth: int = 3) -> list[tuple[str, Any]]:
+    """Scalar leaves of a nested dict as ``(dotted key, value)``; lists of scalars joined."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(obj, dict) and depth > 0:
+        for k, v in obj.items():
+            if k == "schema_version":
+                continue
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict):
+                out += flatten(v, key, depth - 1)
+            elif isinstance(v, list):
+                if all(not isinstance(x, (dict, list)) for x in v):
+                    out.append((key, ", ".join(_f(x) for x in v[:12]) + (" ..." if len(v) > 12 else "")))
+            else:
+                out.append((key, v))
+    return out
+
+
+def _p(text: str) -> dict:
+    return {"type": "p", "text": text}
+
+
+def _table(cols: list[str], rows: list[list[Any]]) -> dict:
+    return {"type": "table", "cols": cols, "rows": [[_f(v) for v in r] for r in rows]}
+
+
+def _fig(png: bytes | None, caption: str) -> list[dict]:
+    return [{"type": "figure", "png": png, "caption": caption}] if png else []
+
+
+class _Evidence:
+    """Cached reads of run files for one dossier build."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.reg = ctx.registry
+        self.runs = self.reg.list()
+        self._json: dict[tuple[str, str], Any] = {}
+
+    def json(self, run_id: str, name: str) -> Any:
+        from tuneproof.recipes.common import run_json  # noqa: PLC0415
+
+        key = (run_id, name)
+        if key not in self._json:
+            try:
+                self._json[key] = run_json(self.ctx, run_id, name)
+            except Exception:  # noqa: BLE001 - a damaged artifact must not stop the dossier
+                self._json[key] = None
+        return self._json[key]
+
+    def rows(self, run_id: str, name: str) -> list[dict]:
+        path = self.reg.runs_dir / run_id / name
+        try:
+            return read_jsonl(path) if path.exists() else []
+        except Exception:  # noqa: BLE001
+            return []
+
+    def latest(self, kind: str, any_status: bool = False):
+        runs = [r for r in self.runs if r.kind == kind and (any_status or r.status == "completed")]
+        return runs[-1] if runs else None
+
+
+# --------------------------------------------------------------------------- sections
+def _summary(ev: _Evidence) -> list[dict]:
+    s = ev.ctx.study
+    by_status = Counter(r.status for r in ev.runs)
+    comp = ev.latest("compare")
+    cj = ev.json(comp.id, "compare.json") if comp else None
+    exp = ev.latest("export")
+    items = [f"study: {s.name} ({s.hypothesis.task})", f"base model: {s.model.base}" + (f" @ {s.model.revision}" if s.model.revision else ""),
+             f"runs: {len(ev.runs)} (" + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())) + ")" if ev.runs else "runs: none yet",
+             f"verdict: {cj.get('verdict')} ({cj.get('detail')}) from {comp.id}" if cj else "verdict: no comparison with the baseline yet",
+             f"export: {exp.summary.get('bundle')} (verified in a fresh process)" if exp else "export: not run yet (`tuneproof export RUN`)"]
+    return [{"type": "list", "items": items}]
+
+
+def _hypothesis(ev: _Evidence) -> list[dict]:
+    h = ev.ctx.study.hypothesis
+    items = [f"behaviour: {h.behaviour}", f"task: {h.task}", f"success: {h.success.metric} gains at least {h.success.min_gain} over the baseline"]
+    for g in h.guards:
+        rule = "; ".join(x for x in [f"max drop {g.max_drop}" if g.max_drop is not None else "", f"floor {g.floor}" if g.floor is not None else ""] if x)
+        items.append(f"guard: {g.metric} must not get worse ({rule})")
+    if h.required_fields:
+        items.append(f"required fields: {', '.join(h.required_fields)}")
+    blocks = [{"type": "list", "items": items}]
+    trains = [r for r in ev.runs if r.kind == "train"]
+    if trains:
+        first = ev.json(trains[0].id, "config.json") or {}
+        recorded = first.get("hypothesis")
+        if recorded is not None and sha256_json(recorded) != sha256_json(h.model_dump(mode="json")):
+            blocks.append({"type": "strong", "text": f"warning: the hypothesis changed after the first train run {trains[0].id}; "
+                                                     "the verdicts below are judged against the current one"})
+        else:
+            blocks.append(_p(f"fixed before the first train run ({trains[0].id}, {iso(trains[0].created)} UTC) and unchanged since."))
+    return blocks
+
+
+def _baseline(ev: _Evidence) -> list[dict]:
+    b = ev.latest("baseline")
+    if not b:
+        return [_p(f"{NOT_RUN} (`tuneproof baseline`)")]
+    base = b.summary.get("base") or {}
+    blocks = [_p(f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision {base.get('revision', '-')}) on "
+                 f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' examples, {b.summary.get('eval_seconds', '?')} s.")]
+    metrics = b.summary.get("metrics", {})
+    blocks.append(_table(["metric", "value"], [[k, v] for k, v in metrics.items()]) if metrics else _p("no metrics recorded"))
+    return blocks
+
+
+def _flags(r, baseline_fp: str | None) -> list[str]:
+    flags = []
+    if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp and r.kind in ("train", "eval"):
+        flags.append("data differs from baseline")
+    if r.summary.get("preflight_override"):
+        flags.append("preflight overridden")
+    if r.summary.get("multi_change"):
+        flags.append("multi-change variant")
+    if r.summary.get("forced"):
+        flags.append("forced export")
+    return flags
+
+
+def _runs(ev: _Evidence) -> list[dict]:
+    if not ev.runs:
+        return [_p(f"{NOT_RUN}")]
+    b = ev.latest("baseline")
+    bfp = b.data_fingerprint if b else None
+    rows = []
+    for r in ev.runs:
+        m = r.summary.get("metrics") or {}
+        head = " ".join(f"{k}={_f(v)}" for k, v in list(m.items())[:2])
+        if r.kind == "train" and r.summary.get("final_loss") is not None:
+            head = f"final loss {_f(r.summary['final_loss'], 4)}"
+        rows.append([r.id, r.kind, r.status, r.reason or "", r.parent or "", iso(r.created), _dur(r), head, "; ".join(_flags(r, bfp))])
+    blocks = [_table(["id", "kind", "status", "reason", "parent", "created (UTC)", "duration", "headline", "flags"], rows)]
+    bad = [r for r in ev.runs if r.status != "completed"]
+    if bad:
+        blocks.append(_p(f"{len(bad)} run(s) did not complete; none is hidden:"))
+        blocks.append({"type": "list", "items": [f"{r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad]})
+    else:
+        blocks.append(_p("every run completed."))
+    return blocks
+
+
+def _change_of(ev: _Evidence, r) -> str:
+    var = r.summary.get("variant") or {}
+    ch = var.get("change")
+    if ch:
+        if isinstance(ch, dict):
+            return "; ".join(f"{k}: {_f(v.get('from') if isinstance(v, dict) else v)} -> {_f(v.get('to') if isinstance(v, dict) else '')}"
+                             if isinstance(v, dict) else f"{k}: {_f(v)}" for k, v in ch.items())
+        if isinstance(ch, list):
+            return "; ".join(str(x) for x in ch)
+        return str(ch)
+    a, b = ev.json(r.parent, "config.json") or {}, ev.json(r.id, "config.json") or {}
+    da, db = dict(flatten(a, depth=4)), dict(flatten(b, depth=4))
+    diff = [f"{k}: {_f(da.get(k))} -> {_f(db.get(k))}" for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
+    return "; ".join(diff[:5]) + (" ..." if len(diff) > 5 else "") if diff else "no config change recorded"
+
+
+def _lineage(ev: _Evidence) -> list[dict]:
+    trains = {r.id: r for r in ev.runs if r.kind == "train"}
+    if not trains:
+        return [_p(f"{NOT_RUN} (no train run)")]
+    children: dict[str | None, list] = {}
+    for r in trains.values():
+        children.setdefault(r.parent if r.parent in trains else None, []).append(r)
+    if not any(k is not None for k in children):
+        return [_p(f"no variants yet: {len(trains)} train run(s), each from the study file (`tuneproof train --from RUN --set KEY=VALUE` makes one).")]
+    metric = ev.ctx.study.hypothesis.success.metric
+    b = ev.latest("baseline")
+    bval = (b.summary.get("metrics") or {}).get(metric) if b else None
+    evals = {r.parent: r for r in ev.runs if r.kind == "eval" and r.status == "completed"}
+    lines: list[str] = []
+
+    def walk(r, prefix: str, last: bool, root: bool) -> None:
+        e = evals.get(r.id)
+        val = (e.summary.get("metrics") or {}).get(metric) if e else None
+        score = f" | {metric} {_f(val)}" + (f" ({val - bval:+.3f} vs baseline)" if isinstance(val, float) and isinstance(bval, float) else "") if val is not None else ""
+        what = "from the study file" if root else _change_of(ev, r)
+        lines.append(f"{prefix}{'' if root else ('`- ' if last else '|- ')}{r.id} [{r.status}] {what}{score}")
+        kids = children.get(r.id, [])
+        for i, k in enumerate(kids):
+            walk(k, prefix + ("" if root else ("   " if last else "|  ")), i == len(kids) - 1, False)
+
+    for r in children.get(None, []):
+        walk(r, "", True, True)
+    return [{"type": "pre", "text": "\n".join(lines)}]
+
+
+def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
+    r = ev.latest("data-check", any_status=True)
+    if not r:
+        return [_p(f"{NOT_RUN} (`tuneproof data check`)")]
+    s = r.summary
+    blocks = [_p(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_f(s.get('passed'))}" if "passed" in s else "")
+                 + (f"; hard faults: {s.get('hard_faults')}" if "hard_faults" in s else ""))]
+    if isinstance(s.get("sizes"), dict):
+        blocks.append(_p("split sizes: " + ", ".join(f"{k} {v}" for k, v in s["sizes"].items())))
+    lengths = s.get("lengths") if isinstance(s.get("lengths"), dict) else {}
+    if lengths:
+        rows = [[k, v.get("p50"), v.get("p95"), v.get("max"), v.get("truncated_share")] for k, v in lengths.items() if isinstance(v, dict)]
+        blocks.append(_table(["split", "p50 tokens", "p95 tokens", "max tokens", "share truncated"], rows))
+    if s.get("suggest_max_length"):
+        blocks.append(_p(f"suggested max_length: {s['suggest_max_length']} (configured: {ev.ctx.study.training.max_length})"))
+    if s.get("duplicates"):
+        blocks.append({"type": "list", "items": [str(x) for x in s["duplicates"]]})
+    other = [(k, v) for k, v in flatten(s) if k.split(".")[0] not in ("sizes", "lengths", "duplicates", "passed", "hard_faults", "suggest_max_length")]
+    if other:
+        blocks.append(_table(["key", "value"], other[:30]))
+    if plots:
+        from tuneproof.deliver.plots import token_lengths  # noqa: PLC0415
+
+        rep = ev.json(r.id, "data_check.json") or {}
+        raw = _raw_lengths(rep)
+        stats = ((rep.get("lengths") or {}).get("splits") if isinstance(rep.get("lengths"), dict) else None) or lengths
+        blocks += _fig(token_lengths(raw, stats, ev.ctx.study.training.max_length), "token lengths per split (data check)")
+    return blocks
+
+
+def _raw_lengths(rep: dict) -> dict[str, list[int]] | None:
+    """Raw token lengths per split if the data check stored them (any of a few layouts)."""
+    for holder in (rep, rep.get("lengths") if isinstance(rep.get("lengths"), dict) else {}):
+        for key in ("token_lengths", "lengths_by_split", "values", "raw"):
+            v = holder.get(key) if isinstance(holder, dict) else None
+            if isinstance(v, dict) and v and all(isinstance(x, list) for x in v.values()):
+                return {k: [int(i) for i in x if isinstance(i, (int, float))] for k, x in v.items()}
+    return None
+
+
+_MEM = re.compile(r"(peak|memory|mem_|_mem|bytes|gib|mib)", re.I)
+_THR = re.compile(r"(tokens_per_s|s_per_step|examples_per_s|steps_per_s|throughput)", re.I)
+
+
+def _gib(key: str, v: float) -> float | None:
+    k = key.lower()
+    if "gib" in k or k.endswith("_gb"):
+        return v
+    if "mib" in k or k.endswith("_mb"):
+        return v / 1024
+    if "bytes" in k or k.endswith("_b") or v > 1e5:
+        return v / 2**30
+    return None
+
+
+def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
+    r = ev.latest("preflight", any_status=True)
+    if not r:
+        return [_p(f"{NOT_RUN} (`tuneproof preflight`)")]
+    s = r.summary
+    blocks = [_p(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_f(s.get('passed'))}" if "passed" in s else ""))]
+    checks = s.get("checks")
+    rows = []
+    if isinstance(checks, list):
+        rows = [[c.get("name", "?"), _f(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""] for c in checks if isinstance(c, dict)]
+    elif isinstance(checks, dict):
+        for name, c in checks.items():
+            if isinstance(c, dict):
+                rows.append([name, _f(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""])
+            else:
+                rows.append([name, _f(c), ""])
+    if rows:
+        blocks.append(_table(["check", "passed", "detail"], rows))
+    scalars = [(k, v) for k, v in flatten({k: v for k, v in s.items() if k != "checks"}) if not isinstance(v, str) or len(v) < 200]
+    if scalars:
+        blocks.append(_table(["measurement", "value"], scalars[:40]))
+    if plots:
+        from tuneproof.deliver.plots import memory_throughput  # noqa: PLC0415
+
+        nums = [(k, float(v)) for k, v in flatten(s, depth=4) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+        mem = {k: g for k, v in nums if _MEM.search(k) and not _THR.search(k) and "budget" not in k.lower() for g in [_gib(k, v)] if g is not None}
+        thr = {k: v for k, v in nums if _THR.search(k)}
+        blocks += _fig(memory_throughput(mem, thr), "step memory and throughput (preflight)")
+    return blocks
+
+
+def _training(ev: _Evidence, plots: bool) -> list[dict]:
+    trains = [r for r in ev.runs if r.kind == "train"]
+    if not trains:
+        return [_p(f"{NOT_RUN} (`tuneproof train`)")]
+    rows = []
+    series = {}
+    for r in trains:
+        s = r.summary
+        rows.append([r.id, r.status, s.get("steps", s.get("last_step")), s.get("first_loss"), s.get("final_loss"), s.get("train_seconds"),
+                     s.get("tokens_per_s"), s.get("trainable"), s.get("dtype")])
+        pts = [(int(m["step"]), float(m["loss"])) for m in ev.rows(r.id, "metrics.jsonl") if "step" in m and isinstance(m.get("loss"), (int, float))]
+        if pts:
+            series[r.id] = list(dict(pts).items())  # a resumed step logged twice: the last row wins
+    blocks = [_table(["run", "status", "steps", "first loss", "final loss", "seconds", "tokens/s", "trainable params", "dtype"], rows)]
+    norm = next((r.summary.get("loss_normalisation") for r in trains if r.summary.get("loss_normalisation")), None)
+    if norm:
+        blocks.append(_p(f"loss normalisation: {norm}"))
+    if plots:
+        from tuneproof.deliver.plots import loss_curves  # noqa: PLC0415
+
+        blocks += _fig(loss_curves(series), "training loss curves (runs/<id>/metrics.jsonl)")
+    return blocks
+
+
+def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
+    compares = [r for r in ev.runs if r.kind == "compare" and r.status == "completed"]
+    if not compares:
+        return [_p(f"{NOT_RUN} (`tuneproof compare RUN`)")]
+    blocks: list[dict] = []
+    task = ev.ctx.task
+    for c in compares:
+        data = ev.json(c.id, "compare.json") or {}
+        for cid, r in (data.get("candidates") or {}).items():
+            cnt = r.get("counts", {})
+            blocks.append({"type": "strong", "text": f"{cid} vs baseline {data.get('baseline')} ({c.id})"})
+            blocks.append(_p(f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
+                             f"{cnt.get('unchanged_right')}, unchanged wrong {cnt.get('unchanged_wrong')}; McNemar exact p = "
+                             f"{_f((r.get('mcnemar') or {}).get('p_value'), 4)}. Intervals: 95% paired bootstrap of the delta."))
+            blocks.append(_table(["metric", "baseline", "candidate", "delta", "95% CI"],
+                                 [[m, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci"))] for m, v in (r.get("metrics") or {}).items()]))
+            pc, pf = r.get("per_class") or {}, r.get("per_field") or {}
+            cm = PER_CLASS_METRIC.get(task, "recall")
+            if pc:
+                blocks.append(_table(["class", f"{cm} baseline", f"{cm} candidate", "delta", "95% CI", "support"],
+                                     [[k, (v.get(cm) or {}).get("base"), (v.get(cm) or {}).get("cand"), (v.get(cm) or {}).get("delta"),
+                                       _ci((v.get(cm) or {}).get("ci")), (v.get(cm) or {}).get("support")] for k, v in pc.items()]))
+            if pf:
+                blocks.append(_table(["field", f"{PER_FIELD_METRIC} baseline", f"{PER_FIELD_METRIC} candidate", "delta", "95% CI", "support"],
+                                     [[k, (v.get(PER_FIELD_METRIC) or {}).get("base"), (v.get(PER_FIELD_METRIC) or {}).get("cand"),
+                                       (v.get(PER_FIELD_METRIC) or {}).get("delta"), _ci((v.get(PER_FIELD_METRIC) or {}).get("ci")),
+                                       (v.get(PER_FIELD_METRIC) or {}).get("support")] for k, v in pf.items()]))
+            if (r.get("concentration") or {}).get("detail"):
+                blocks.append(_p(f"where the gain comes from: {r['concentration']['detail']}"))
+            items = [f"{v['kind']} {v['verdict']}: {v['name']}: {v.get('detail', '')}" for v in r.get("verdicts", [])]
+            items += [f"note: {n}" for n in r.get("notes", [])]
+            if r.get("fixed_ids"):
+                items.append("fixed (wrong before, right after): " + ", ".join(map(str, r["fixed_ids"][:10])))
+            if r.get("broken_ids"):
+                items.append("broken (right before, wrong after): " + ", ".join(map(str, r["broken_ids"][:10])))
+            if items:
+                blocks.append({"type": "list", "items": items})
+            if plots:
+                blocks += _comparison_plots(ev, data.get("baseline"), cid, r, task)
+    return blocks
+
+
+def _comparison_plots(ev: _Evidence, base_id: str | None, cid: str, r: dict, task: str) -> list[dict]:
+    from tuneproof.deliver.plots import confusion, metric_bars  # noqa: PLC0415
+
+    out: list[dict] = []
+    for section, metric, what in ((r.get("per_class") or {}, PER_CLASS_METRIC.get(task, "recall"), "class"),
+                                  (r.get("per_field") or {}, PER_FIELD_METRIC, "field")):
+        names = [k for k, v in section.items() if isinstance(v.get(metric), dict)]
+        if names:
+            png = metric_bars(names, [section[k][metric].get("base") for k in names], [section[k][metric].get("cand") for k in names],
+                              metric=metric, title=f"{metric} per {what}: baseline {base_id} vs {cid}", cand_label=cid, base_label=f"baseline {base_id}")
+            out += _fig(png, f"per-{what} {metric}, baseline vs candidate {cid}")
+    if task == "classification":
+        for rid, who in ((base_id, "baseline"), (cid, "candidate")):
+            conf = ((ev.json(rid, "eval.json") or {}).get("metrics") or {}).get("confusion") if rid else None
+            if conf and conf.get("matrix"):
+                out += _fig(confusion(conf["matrix"], conf["labels"], conf["columns"], title=f"confusion matrix, {who} {rid}"),
+                            f"confusion matrix of the {who} {rid} (rows: true class, columns: predicted)")
+    return out
+
+
+def _test_log(ev: _Evidence) -> list[dict]:
+    acc = ev.reg.test_accesses()
+    if not acc:
+        return [_p("the reserved test split has not been read.")]
+    rows = []
+    for a in acc:
+        res = a.get("result") or {}
+        m = res.get("metrics") if isinstance(res.get("metrics"), dict) else res
+        rows.append([a["run"], a["candidate"], iso(a["time"]), " ".join(f"{k}={_f(v)}" for k, v in list(m.items())[:3] if not isinstance(v, (dict, list)))])
+    blocks = [_table(["run", "candidate", "time (UTC)", "result"], rows)]
+    if len(acc) > 1:
+        blocks.append({"type": "strong", "text": f"the test split was read {len(acc)} times: choosing among candidates on it wears out its value as a control"})
+    return blocks
+
+
+def _latest_candidate(ev: _Evidence) -> tuple[Any, dict | None, str | None]:
+    c = ev.latest("compare")
+    if not c:
+        return None, None, None
+    data = ev.json(c.id, "compare.json") or {}
+    cands = data.get("candidates") or {}
+    if not cands:
+        return c, None, None
+    cid = next(iter(cands))
+    return c, cands[cid], cid
+
+
+def _verdict(ev: _Evidence) -> list[dict]:
+    c, r, cid = _latest_candidate(ev)
+    if not r:
+        return [_p(f"{NOT_RUN}: no comparison with the baseline (`tuneproof compare RUN`)")]
+    o = r.get("overall") or {}
+    blocks = [{"type": "strong", "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} ({cid}, {c.id})"}]
+    blocks.append({"type": "list", "items": [f"{v['kind']} {v['verdict']}: {v['name']}" for v in r.get("verdicts", [])]})
+    return blocks
+
+
+def _limits(ev: _Evidence) -> list[dict]:
+    c, r, cid = _latest_candidate(ev)
+    if cid:
+        em = (ev.json(cid, "eval.json") or {}).get("metrics")
+        lim = observed_limits(ev.ctx.task, eval_metrics=em, outputs=ev.rows(cid, "outputs.jsonl"), comparison=r,
+                              test_accesses=ev.reg.test_accesses())
+    else:
+        e = ev.latest("eval")
+        if not e:
+            return [_p(f"{NOT_RUN}: no evaluated run")]
+        cid = e.id
+        lim = observed_limits(ev.ctx.task, eval_metrics=(ev.json(e.id, "eval.json") or {}).get("metrics"), outputs=ev.rows(e.id, "outputs.jsonl"),
+                              comparison=None, test_accesses=ev.reg.test_accesses())
+    return [_p(f"of {cid} on the evaluation split (weak: below {lim['weak_below']}):"), {"type": "list", "items": limits_lines(lim, 12) or ["none observed"]}]
+
+
+def _exports(ev: _Evidence) -> list[dict]:
+    exps = [r for r in ev.runs if r.kind == "export"]
+    if not exps:
+        return [_p(f"{NOT_RUN} (`tuneproof export RUN [--merge]`)")]
+    rows = [[r.id, r.parent, r.status, r.reason or "", r.summary.get("bundle", ""), _f(r.summary.get("verified")),
+             ("forced: " + str((r.summary.get("forced") or {}).get("status"))) if r.summary.get("forced") else "",
+             _f(r.summary.get("merge"))] for r in exps]
+    return [_table(["export run", "train run", "status", "reason", "bundle", "verified", "forced", "merged"], rows),
+            _p("check a bundle anywhere with `tuneproof verify BUNDLE --base PATH`.")]
+
+
+def _plan(ev: _Evidence) -> list[dict]:
+    from tuneproof.recipes.plan import load_plan  # noqa: PLC0415
+
+    try:
+        plan = load_plan(ev.ctx.study_dir)
+    except Exception:  # noqa: BLE001
+        plan = None
+    if not plan:
+        return [_p(f"{NOT_RUN} (`tuneproof plan --days 7 --hourly-rate 2.5`)")]
+    rows = [[p["phase"], f"{p['hours']:.2f}", p["basis"]] for p in plan["phases"]]
+    rows.append(["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented; spare {plan['spare_h']:.1f} h"])
+    c = plan["cost"]
+    items = [f"variants of the configured budget that fit: {plan['variants_fit']} ({plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
+             f"cost at {plan['hourly_rate']:g}/h: rental {c['rental']:.2f}, planned hours {c['planned_hours']:.2f}"]
+    items += [f"warning: {w}" for w in plan.get("warnings", [])] + [f"assumption: {a}" for a in plan.get("assumptions", [])]
+    return [_p(f"{plan['days']:g}-day rental, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps:"),
+            _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]
+
+
+def _environment(ev: _Evidence) -> list[dict]:
+    for r in reversed(ev.runs):
+        env = ev.json(r.id, "env.json")
+        if env:
+            rows = [[k, v] for k, v in flatten(env, depth=2) if v not in (None, "", [])]
+            return [_p(f"as recorded by {r.id} ({r.kind}); every run stores its own env.json."), _table(["key", "value"], rows)]
+    return [_p(NOT_RUN)]
+
+
+def collect(ctx, *, plots: bool = True) -> dict[str, Any]:
+    """Every section of the dossier (see the module docstring); ``plots`` draws the figures."""
+    ev = _Evidence(ctx)
+    sections = [
+        ("summary", "Summary", _summary(ev)),
+        ("hypothesis", "Hypothesis and guards", _hypothesis(ev)),
+        ("baseline", "Baseline", _baseline(ev)),
+        ("runs", "Runs (all of them)", _runs(ev)),
+        ("lineage", "Variants (lineage)", _lineage(ev)),
+        ("data-check", "Data check", _data_check(ev, plots)),
+        ("preflight", "Preflight", _preflight(ev, plots)),
+        ("training", "Training", _training(ev, plots)),
+        ("comparisons", "Comparisons with the baseline", _comparisons(ev, plots)),
+        ("test-log", "Test split access log", _test_log(ev)),
+        ("verdict", "Verdict", _verdict(ev)),
+        ("limits", "Limits observed", _limits(ev)),
+        ("exports", "Exports", _exports(ev)),
+        ("plan", "Rental plan", _plan(ev)),
+        ("environment", "Environment", _environment(ev)),
+    ]
+    return {"title": f"Dossier: {ctx.study.name}", "sections": [{"id": i, "title": t, "blocks": b} for i, t, b in sections]}
+
+
+# --------------------------------------------------------------------------- renderers
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def _md_text(v: Any) -> str:
+    """Text for Markdown: a ``<`` that could open an HTML tag is backslash-escaped (``\\<``), so
+    text from the user's data never becomes markup in a Markdown viewer; the rest stays as written."""
+    return _TAG.sub(r"\\<", "" if v is None else str(v))
+
+
+def _md_cell(v: Any) -> str:
+    return _md_text(("" if v is None else str(v)).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " "))
+
+
+def to_markdown(d: dict[str, Any]) -> str:
+    """GitHub-flavoured Markdown; figures are named (they are in the HTML page)."""
+    out = [f"# {_md_text(d['title'])}", ""]
+    for s in d["sections"]:
+        out += [f"## {s['title']}", ""]
+        for b in s["blocks"]:
+            t = b["type"]
+            if t == "p":
+                out += [_md_text(b["text"]), ""]
+            elif t == "strong":
+                out += [f"**{_md_text(b['text'])}**", ""]
+            elif t == "list":
+                out += [f"- {_md_text(x)}" for x in b["items"]] + [""]
+            elif t == "pre":
+                out += ["```", b["text"], "```", ""]
+            elif t == "table":
+                out += ["| " + " | ".join(_md_cell(c) for c in b["cols"]) + " |", "|" + "---|" * len(b["cols"])]
+                out += ["| " + " | ".join(_md_cell(v) for v in r) + " |" for r in b["rows"]] + [""]
+            elif t == "figure":
+                out += [f"_(plot in dossier.html: {b['caption']})_", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#1d2733;line-height:1.45}
+h1{border-bottom:2px solid #2f6fb3;padding-bottom:.2em}h2{margin-top:1.8em;border-bottom:1px solid #d5dbe1}
+table{border-collapse:collapse;margin:.6em 0;font-size:.88em;display:block;overflow-x:auto}
+th,td{border:1px solid #d5dbe1;padding:.25em .55em;text-align:left;vertical-align:top}th{background:#eef2f6}
+pre{background:#f4f6f8;padding:.8em;overflow-x:auto}figure{margin:1em 0}figure img{max-width:100%;border:1px solid #e3e7eb}
+figcaption{font-size:.85em;color:#56606b}.strong{font-weight:600}nav a{margin-right:.8em;font-size:.9em}
+"""
+
+
+def to_html(d: dict[str, Any]) -> str:
+    """One self-contained HTML page (inline CSS, images as base64 data URIs, no script, nothing
+    fetched); every text is escaped with ``html.escape``."""
+    e = html.escape
+    out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+           f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(d['title'])}</title>",
+           f"<style>{CSS}</style></head><body>", f"<h1>{e(d['title'])}</h1>",
+           "<nav>" + "".join(f"<a href=\"#{e(s['id'])}\">{e(s['title'])}</a>" for s in d["sections"]) + "</nav>"]
+    for s in d["sections"]:
+        out.append(f"<section id=\"{e(s['id'])}\"><h2>{e(s['title'])}</h2>")
+        for b in s["blocks"]:
+            t = b["type"]
+            if t == "p":
+                out.append(f"<p>{e(b['text'])}</p>")
+            elif t == "strong":
+                out.append(f"<p class=\"strong\">{e(b['text'])}</p>")
+            elif t == "list":
+                out.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in b["items"]) + "</ul>")
+            elif t == "pre":
+                out.append(f"<pre>{e(b['text'])}</pre>")
+            elif t == "table":
+                out.append("<table><thead><tr>" + "".join(f"<th>{e(str(c))}</th>" for c in b["cols"]) + "</tr></thead><tbody>"
+                           + "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in b["rows"]) + "</tbody></table>")
+            elif t == "figure":
+                data = base64.b64encode(b["png"]).decode("ascii")
+                out.append(f"<figure><img alt=\"{e(b['caption'])}\" src=\"data:image/png;base64,{data}\">"
+                           f"<figcaption>{e(b['caption'])}</figcaption></figure>")
+        out.append("</section>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

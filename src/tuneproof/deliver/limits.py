@@ -1,0 +1,173 @@
+"""The observed limits of a trained model (PROTOCOL.md step 7: "deliver ... the limits observed").
+
+From the evidence already recorded, never from a new run:
+
+- ``regressed``: classes or fields whose metric went down against the baseline (per-class recall,
+  per-field F1 ...), with the paired bootstrap interval; ``significant`` when the whole 95%
+  interval is below 0;
+- ``weak``: classes or fields whose candidate value stays below :data:`WEAK_BELOW`;
+- ``failures``: the typical failures of the candidate on the evaluation split, grouped by kind
+  (classification: "<true> predicted as <pred>"; extraction/format: the parse error kind, wrong
+  intent, missing required fields, wrong slot values ...), each with its count and example ids;
+- ``broken``: ids that the baseline got right and the candidate gets wrong;
+- ``test_set``: every read of the reserved test split, and whether it was reused (read more than
+  once, or for more than one candidate: its value as an independent control is worn).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+WEAK_BELOW = 0.5  # a class/field whose candidate value is below this is listed as weak
+MAX_IDS = 5  # example ids kept per failure kind
+
+# metric per category used for "regressed" and "weak", by task
+PER_CLASS_METRIC = {"classification": "recall", "extraction": "recall", "format": "compliance_rate"}
+PER_FIELD_METRIC = "f1"
+
+
+def failure_kind(task: str, rec: dict[str, Any]) -> str:
+    """A short name for why an output record (``outputs.jsonl`` row) is wrong."""
+    sc = rec.get("scores") or {}
+    if task == "classification":
+        if sc.get("valid_label") is False:
+            return "not one of the labels"
+        return f"{rec.get('reference')} predicted as {rec.get('prediction')}"
+    if sc.get("parse_error"):
+        return str(sc["parse_error"]).split(":", 1)[0].strip() or "not JSON"
+    if sc.get("json_valid") is False:
+        return "not JSON"
+    if sc.get("schema_valid") is False:
+        return "JSON Schema violated"
+    if sc.get("regex_match") is False:
+        return "regular expression not matched"
+    if sc.get("required_present") is False:
+        return "required fields missing"
+    if task == "extraction":
+        if sc.get("intent_correct") is False:
+            return "wrong intent"
+        if sc.get("fp") or sc.get("fn"):
+            return "wrong or missing slot values"
+    return "output differs from the reference"
+
+
+def typical_failures(task: str, outputs: list[dict[str, Any]], top: int = 8) -> list[dict[str, Any]]:
+    """The ``top`` most frequent failure kinds: ``[{"kind", "count", "share", "example_ids"}]``
+    (share of all evaluated examples; ids in file order, at most :data:`MAX_IDS`)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for r in outputs:
+        if not r.get("correct"):
+            groups[failure_kind(task, r)].append(str(r.get("id")))
+    n = max(1, len(outputs))
+    ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:top]
+    return [{"kind": k, "count": len(v), "share": len(v) / n, "example_ids": v[:MAX_IDS]} for k, v in ranked]
+
+
+def _deltas(section: dict[str, Any], kind: str, metric: str) -> tuple[list[dict], list[dict]]:
+    regressed, weak = [], []
+    for name, metrics in sorted(section.items()):
+        m = metrics.get(metric) if isinstance(metrics, dict) else None
+        if not isinstance(m, dict):
+            continue
+        base, cand, delta, ci = m.get("base"), m.get("cand"), m.get("delta"), m.get("ci")
+        row = {"kind": kind, "name": name, "metric": metric, "base": base, "cand": cand, "delta": delta, "ci": ci,
+               "support": m.get("support")}
+        if isinstance(delta, (int, float)) and delta < 0:
+            regressed.append({**row, "significant": bool(ci and ci[1] is not None and ci[1] < 0)})
+        if isinstance(cand, (int, float)) and cand < WEAK_BELOW:
+            weak.append(row)
+    return regressed, weak
+
+
+def _weak_from_metrics(metrics: dict[str, Any], task: str) -> list[dict]:
+    """Weak classes/fields from an eval's metrics alone (no comparison with a baseline)."""
+    out = []
+    cm = PER_CLASS_METRIC.get(task, "recall")
+    for name, v in sorted((metrics.get("per_class") or {}).items()):
+        if isinstance(v, dict) and isinstance(v.get(cm), (int, float)) and v[cm] < WEAK_BELOW:
+            out.append({"kind": "class", "name": name, "metric": cm, "base": None, "cand": v[cm], "delta": None, "ci": None,
+                        "support": v.get("support")})
+    for name, v in sorted((metrics.get("per_field") or {}).items()):
+        if isinstance(v, dict) and isinstance(v.get(PER_FIELD_METRIC), (int, float)) and v[PER_FIELD_METRIC] < WEAK_BELOW:
+            out.append({"kind": "field", "name": name, "metric": PER_FIELD_METRIC, "base": None, "cand": v[PER_FIELD_METRIC],
+                        "delta": None, "ci": None, "support": v.get("support")})
+    return out
+
+
+def reserved_split_use(accesses: list[dict[str, Any]]) -> dict[str, Any]:
+    """Summary of the reserved test split's access log (``Registry.test_accesses()``)."""
+    cands = Counter(a["candidate"] for a in accesses)
+    reused = len(accesses) > 1
+    if not accesses:
+        note = "the reserved test split has not been read: the results above are on the evaluation split only"
+    elif reused:
+        note = (f"the test split was read {len(accesses)} times for {len(cands)} candidate(s): choosing among them on it "
+                "wears out its value as an independent control")
+    else:
+        note = "the test split was read once"
+    return {"reads": len(accesses), "candidates": dict(cands), "reused": reused, "note": note}
+
+
+def observed_limits(task: str, *, eval_metrics: dict[str, Any] | None, outputs: list[dict[str, Any]],
+                    comparison: dict[str, Any] | None, test_accesses: list[dict[str, Any]],
+                    forced: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Collect the limits (see the module docstring).
+
+    Args:
+        eval_metrics: the candidate eval run's metrics (``eval.json`` ``metrics``), or None.
+        outputs: the candidate eval run's ``outputs.jsonl`` rows (may be empty).
+        comparison: the candidate's entry of ``compare.json`` ``candidates`` (paired with the baseline), or None.
+        forced: ``{"status", "reason"}`` when a failed/invalid run was exported with ``--force``.
+
+    Returns ``{"regressed", "weak", "failures", "broken", "test_set", "notes"}``.
+    """
+    regressed: list[dict] = []
+    weak: list[dict] = []
+    notes: list[str] = []
+    if comparison:
+        r1, w1 = _deltas(comparison.get("per_class") or {}, "class", PER_CLASS_METRIC.get(task, "recall"))
+        r2, w2 = _deltas(comparison.get("per_field") or {}, "field", PER_FIELD_METRIC)
+        regressed, weak = r1 + r2, w1 + w2
+        if (comparison.get("concentration") or {}).get("flagged"):
+            notes.append(f"gain concentrated: {comparison['concentration'].get('detail')}")
+        notes += list(comparison.get("notes") or [])
+    elif eval_metrics:
+        weak = _weak_from_metrics(eval_metrics, task)
+        notes.append("no comparison with the baseline was run: regressions cannot be judged")
+    else:
+        notes.append("no evaluation of this run: nothing is known of its quality")
+    if forced:
+        notes.append(f"exported with --force although the run is {forced.get('status')}"
+                     + (f" ({forced.get('reason')})" if forced.get("reason") else ""))
+    return {
+        "weak_below": WEAK_BELOW,
+        "regressed": sorted(regressed, key=lambda r: r["delta"]),
+        "weak": sorted(weak, key=lambda r: r["cand"]),
+        "failures": typical_failures(task, outputs),
+        "broken": list((comparison or {}).get("broken_ids") or [])[:20],
+        "test_set": reserved_split_use(test_accesses),
+        "notes": notes,
+    }
+
+
+def limits_lines(limits: dict[str, Any], max_rows: int = 8) -> list[str]:
+    """The limits as plain sentences (model card, dossier, terminal)."""
+    out = []
+    for r in limits.get("regressed", [])[:max_rows]:
+        ci = r.get("ci")
+        ci_s = f", 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci and None not in ci else ""
+        out.append(f"regressed: {r['kind']} {r['name']}: {r['metric']} {r['base']:.3f} -> {r['cand']:.3f} "
+                   f"({r['delta']:+.3f}{ci_s}{', significant' if r.get('significant') else ''})")
+    for r in limits.get("weak", [])[:max_rows]:
+        out.append(f"weak: {r['kind']} {r['name']}: {r['metric']} {r['cand']:.3f} (below {limits.get('weak_below', WEAK_BELOW)}"
+                   + (f", support {r['support']}" if r.get("support") is not None else "") + ")")
+    for f in limits.get("failures", [])[:max_rows]:
+        out.append(f"typical failure: {f['kind']}: {f['count']} example(s) ({f['share']:.0%}), e.g. {', '.join(f['example_ids'][:3])}")
+    if limits.get("broken"):
+        out.append(f"right before, wrong after fine-tuning: {', '.join(limits['broken'][:10])}")
+    ts = limits.get("test_set") or {}
+    if ts.get("note"):
+        out.append(f"test set: {ts['note']}")
+    out += [f"note: {n}" for n in limits.get("notes", [])]
+    return out

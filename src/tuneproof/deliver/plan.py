@@ -1,0 +1,215 @@
+"""The rental plan (PROTOCOL.md step 7: "Plan a 3, 7 or 30 day rental around distinct phases:
+initial check, experiment, evaluation, resumption, export. Keep a margin to reload a checkpoint in
+a fresh process").
+
+Every duration comes from this study's measurements, in this order of preference:
+
+- seconds per optimizer step: the latest completed ``preflight`` run (``s_per_step`` or an alias,
+  anywhere in its summary), else the median of completed train runs' ``train_seconds / steps``;
+- evaluation seconds per example: the preflight's evaluation (``eval_s_per_example``, or
+  ``eval_seconds`` / ``n_eval``), else the median of completed baseline/eval runs'
+  ``eval_seconds / n_eval``;
+- checkpoint reload in a fresh process: the preflight's ``reload_seconds`` when present, else the
+  model loading measured in eval runs (duration minus evaluation) + :data:`PROCESS_START_S`, else
+  :data:`DEFAULT_RELOAD_S` (each stated as the source);
+- durations of the data check, preflight, baseline and export: their latest completed runs
+  (``ended - created``), else an estimate from the two rates above.
+
+Phases (hours): initial check (machine setup :data:`SETUP_H` + data check + preflight +
+baseline), experiment (variants x steps x s/step), evaluation (variants x eval + one final test
+evaluation), resume margin (per variant: one fresh-process reload + the work since the last
+checkpoint, ``checkpoint_every`` steps), export (export + its verification). The number of
+variants that fit is the largest N with all phases within ``days x 24`` hours.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from tuneproof.errors import TuneproofError
+
+SETUP_H = 1.0  # provisioning, environment install, copying data and weights (assumed, not measured)
+DEFAULT_RELOAD_S = 300.0  # fresh-process start + model load + checkpoint load, when nothing is measured
+PROCESS_START_S = 30.0  # interpreter start and imports of a fresh process (assumed)
+STEP_KEYS = ("s_per_step", "seconds_per_step", "step_seconds", "step_s", "sec_per_step")
+TOKENS_KEYS = ("tokens_per_s", "tokens_per_second", "throughput_tokens_per_s")
+EVAL_PER_EX_KEYS = ("eval_s_per_example", "eval_seconds_per_example", "s_per_eval_example")
+EVAL_KEYS = ("eval_seconds", "eval_s", "eval_time_s")
+EVAL_N_KEYS = ("n_eval", "eval_examples", "eval_n")
+RELOAD_KEYS = ("reload_seconds", "reload_s", "fresh_process_reload_s", "resume_seconds")
+
+
+def find_number(obj: Any, keys: tuple[str, ...]) -> float | None:
+    """The first positive number stored under one of ``keys`` in a nested dict/list (depth first,
+    keys tried in order at each level). Tolerant of whatever layout a summary uses."""
+    if isinstance(obj, dict):
+        for k in keys:
+            v = obj.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v):
+                return float(v)
+        for v in obj.values():
+            found = find_number(v, keys)
+            if found is not None:
+                return found
+    elif isinstance(obj, list):
+        for v in obj:
+            found = find_number(v, keys)
+            if found is not None:
+                return found
+    return None
+
+
+def _duration(rec) -> float | None:
+    return (rec.ended - rec.created) if rec is not None and rec.ended and rec.created else None
+
+
+def measure(registry) -> dict[str, Any]:
+    """Collect the measured rates and durations from the registry (see the module docstring).
+
+    Returns ``{"s_per_step", "step_source", "eval_s_per_example", "eval_source", "tokens_per_s",
+    "reload_s", "reload_source", "durations": {kind: seconds}}`` (values None when unmeasured).
+    """
+    pre = registry.latest("preflight")
+    pre_sum = pre.summary if pre else {}
+    out: dict[str, Any] = {"s_per_step": None, "step_source": None, "eval_s_per_example": None, "eval_source": None,
+                           "tokens_per_s": None, "reload_s": None, "reload_source": None, "durations": {}}
+    sps = find_number(pre_sum, STEP_KEYS)
+    if sps is None and pre_sum:
+        tps, tok_step = find_number(pre_sum, TOKENS_KEYS), find_number(pre_sum, ("tokens_per_step",))
+        if tps and tok_step:
+            sps = tok_step / tps
+    if sps is not None:
+        out.update(s_per_step=sps, step_source=f"preflight {pre.id}")
+    else:
+        rates = [r.summary["train_seconds"] / r.summary["steps"] for r in registry.list(kind="train", status="completed")
+                 if isinstance(r.summary.get("train_seconds"), (int, float)) and r.summary.get("steps")]
+        if rates:
+            out.update(s_per_step=statistics.median(rates), step_source=f"median of {len(rates)} completed train run(s)")
+    out["tokens_per_s"] = find_number(pre_sum, TOKENS_KEYS) or _median([r.summary.get("tokens_per_s") for r in registry.list(kind="train", status="completed")])
+
+    per_ex = find_number(pre_sum, EVAL_PER_EX_KEYS)
+    if per_ex is None:
+        es, en = find_number(pre_sum, EVAL_KEYS), find_number(pre_sum, EVAL_N_KEYS)
+        per_ex = es / en if es and en else None
+    if per_ex is not None:
+        out.update(eval_s_per_example=per_ex, eval_source=f"preflight {pre.id}")
+    else:
+        rates = [r.summary["eval_seconds"] / r.summary["n_eval"] for k in ("baseline", "eval")
+                 for r in registry.list(kind=k, status="completed")
+                 if isinstance(r.summary.get("eval_seconds"), (int, float)) and r.summary.get("n_eval")]
+        if rates:
+            out.update(eval_s_per_example=statistics.median(rates), eval_source=f"median of {len(rates)} completed baseline/eval run(s)")
+    reload_s = find_number(pre_sum, RELOAD_KEYS)
+    if reload_s:
+        out.update(reload_s=reload_s, reload_source=f"preflight {pre.id}")
+    else:
+        # an eval run loads base + adapter in its process: its duration minus the evaluation itself
+        loads = [_duration(r) - r.summary["eval_seconds"] for r in registry.list(kind="eval", status="completed")
+                 if _duration(r) and isinstance(r.summary.get("eval_seconds"), (int, float))]
+        if loads:
+            out.update(reload_s=PROCESS_START_S + statistics.median(loads),
+                       reload_source=f"model load measured in {len(loads)} eval run(s) + {PROCESS_START_S:.0f} s process start (assumed)")
+        else:
+            out.update(reload_s=DEFAULT_RELOAD_S, reload_source=f"assumed {DEFAULT_RELOAD_S:.0f} s (not measured)")
+    for kind in ("data-check", "preflight", "baseline", "export"):
+        d = _duration(registry.latest(kind))
+        if d is not None:
+            out["durations"][kind] = d
+    return out
+
+
+def _median(values) -> float | None:
+    v = [x for x in values if isinstance(x, (int, float)) and x > 0]
+    return statistics.median(v) if v else None
+
+
+def require_measured(measured: dict[str, Any]) -> None:
+    """Raise unless a step time and an evaluation time were measured.
+
+    Raises:
+        TuneproofError: naming what is missing and the command that measures it (exit 2).
+    """
+    missing = []
+    if not measured.get("s_per_step"):
+        missing.append("the time of a training step (run `tuneproof preflight`, or one `tuneproof train`)")
+    if not measured.get("eval_s_per_example"):
+        missing.append("the evaluation time (run `tuneproof preflight`, or `tuneproof baseline`)")
+    if missing:
+        raise TuneproofError("nothing measured to plan from: no " + " and no ".join(missing),
+                             hint="the plan uses this study's measured throughput only, never a guess")
+
+
+def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float, steps: int, checkpoint_every: int, n_eval: int,
+              n_test: int, k_verify: int = 8, variants: int | None = None) -> dict[str, Any]:
+    """The plan for a rental of ``days`` days at ``hourly_rate`` per hour.
+
+    Args:
+        measured: :func:`measure`'s result.
+        steps: optimizer steps of one variant (the configured training budget).
+        checkpoint_every: steps between checkpoints (the work lost by an interruption, at most).
+        n_eval / n_test: examples of the evaluation split (as evaluated) and of the test split.
+        variants: variants to plan for (default: as many as fit, at least 1).
+
+    Returns ``{"days", "hourly_rate", "available_h", "per_variant_h", "variants_fit", "variants",
+    "phases": [{"phase", "hours", "basis"}], "total_h", "spare_h", "fits", "cost", "warnings",
+    "measured", "assumptions"}``.
+
+    Raises:
+        TuneproofError: nothing measured (no step time or no evaluation time), or bad arguments.
+    """
+    if days <= 0 or hourly_rate < 0:
+        raise TuneproofError(f"--days must be > 0 and --hourly-rate >= 0 (got {days}, {hourly_rate})")
+    require_measured(measured)
+    sps, epx, reload_s = measured["s_per_step"], measured["eval_s_per_example"], measured["reload_s"]
+    dur = measured.get("durations", {})
+    h = 1 / 3600
+    train_h = steps * sps * h
+    eval_h = n_eval * epx * h
+    resume_h = (reload_s + min(checkpoint_every, steps) * sps) * h
+    per_variant = train_h + eval_h + resume_h
+
+    def est(kind: str, default_s: float) -> tuple[float, str]:
+        return (dur[kind] * h, "measured") if kind in dur else (default_s * h, "estimated")
+
+    dc_h, dc_b = est("data-check", 60.0)
+    pf_h, pf_b = est("preflight", 20 * sps + 2 * k_verify * epx + reload_s)
+    bl_h, bl_b = est("baseline", n_eval * epx + reload_s)
+    ex_h, ex_b = est("export", 2 * (k_verify * epx + reload_s))
+    initial_h = SETUP_H + dc_h + pf_h + bl_h
+    test_h = n_test * epx * h
+    available = days * 24.0
+    fixed = initial_h + test_h + ex_h
+    fit = max(0, math.floor((available - fixed) / per_variant)) if per_variant > 0 else 0
+    n = variants if variants is not None else max(1, fit)
+    if n < 1:
+        raise TuneproofError(f"--variants must be at least 1 (got {n})")
+    phases = [
+        {"phase": "initial check", "hours": initial_h,
+         "basis": f"setup {SETUP_H:.1f} h (assumed) + data check {dc_h:.2f} h ({dc_b}) + preflight {pf_h:.2f} h ({pf_b}) + baseline {bl_h:.2f} h ({bl_b})"},
+        {"phase": "experiment", "hours": n * train_h, "basis": f"{n} variant(s) x {steps} steps x {sps:.3g} s/step"},
+        {"phase": "evaluation", "hours": n * eval_h + test_h,
+         "basis": f"{n} x {n_eval} examples + final test {n_test} examples, x {epx:.3g} s/example"},
+        {"phase": "resume margin", "hours": n * resume_h,
+         "basis": f"{n} x (reload in a fresh process {reload_s:.0f} s + up to {min(checkpoint_every, steps)} steps since the last checkpoint)"},
+        {"phase": "export", "hours": ex_h, "basis": f"export + verification in a fresh process ({ex_b})"},
+    ]
+    total = sum(p["hours"] for p in phases)
+    warnings = []
+    if fit < 1:
+        warnings.append(f"does not fit: one variant needs {per_variant:.1f} h on top of {fixed:.1f} h of fixed phases, "
+                        f"the rental has {available:.0f} h; shorten training.max_steps, evaluate fewer examples, or rent longer")
+    elif total > available:
+        warnings.append(f"{n} variants do not fit: {total:.1f} h planned, {available:.0f} h rented; at most {fit} fit")
+    if "preflight" not in (measured.get("step_source") or ""):
+        warnings.append("no preflight measured the step time on this configuration: the rates come from earlier train/eval runs")
+    return {
+        "days": days, "hourly_rate": hourly_rate, "available_h": available, "steps_per_variant": steps,
+        "per_variant_h": per_variant, "variants_fit": fit, "variants": n, "phases": phases, "total_h": total,
+        "spare_h": available - total, "fits": total <= available and fit >= 1,
+        "cost": {"rental": available * hourly_rate, "planned_hours": total * hourly_rate, "per_variant": per_variant * hourly_rate},
+        "warnings": warnings, "measured": measured,
+        "assumptions": [f"machine setup {SETUP_H:.1f} h", f"checkpoint reload: {measured['reload_source']}",
+                        "one interruption per variant", "the rented machine runs at the measured throughput"],
+    }

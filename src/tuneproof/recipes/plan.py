@@ -1,0 +1,82 @@
+"""Recipe ``plan``: the rental plan from this study's measured throughput (PROTOCOL.md step 7).
+
+Features (option that turns each on):
+- ``--days`` (3, 7 or 30 usually) and ``--hourly-rate``: phases initial check, experiment,
+  evaluation, resume margin and export, in hours, each with the measurement it comes from;
+- how many variants of the configured training budget fit (``--variants N`` plans for N and
+  warns when they do not fit); the cost of the rental and of the planned hours;
+- the measurements: the latest preflight, else completed train and eval runs; nothing measured is
+  an error (exit 2), never a guess;
+- ``plan.json`` in the study folder (schema-versioned); the dossier shows it.
+The logic is :mod:`tuneproof.deliver.plan`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tuneproof.context import StudyContext
+from tuneproof.deliver.plan import make_plan, measure, require_measured
+from tuneproof.io import write_json
+from tuneproof.recipes.common import run_json
+from tuneproof.ui import console, table
+
+PLAN_FILE = "plan.json"
+
+
+def split_sizes(ctx: StudyContext) -> dict[str, int]:
+    """Split sizes from the latest recorded ``data.json`` (no data loading), else from the data."""
+    for rec in reversed(ctx.registry.list()):
+        data = run_json(ctx, rec.id, "data.json")
+        if data and data.get("sizes"):
+            return dict(data["sizes"])
+    return {n: len(v) for n, v in ctx.all_splits.items()}
+
+
+def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float, variants: int | None = None) -> dict[str, Any]:
+    """Compute, print and save the plan; returns it.
+
+    Raises:
+        TuneproofError: nothing measured yet (exit 2), bad arguments.
+    """
+    from tuneproof.training.loop import total_steps  # noqa: PLC0415
+
+    s = ctx.study
+    measured = measure(ctx.registry)
+    require_measured(measured)
+    sizes = split_sizes(ctx)
+    n_eval = sizes.get(s.eval.split, 0)
+    if s.eval.max_examples:
+        n_eval = min(n_eval, s.eval.max_examples)
+    plan = make_plan(measured, days=days, hourly_rate=hourly_rate, steps=total_steps(s.training, sizes.get("train", 0)),
+                     checkpoint_every=s.training.checkpoint_every, n_eval=n_eval, n_test=sizes.get(s.data.test_split, 0),
+                     variants=variants)
+    write_json(ctx.study_dir / PLAN_FILE, plan)
+    print_plan(plan)
+    return plan
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    rows = [[p["phase"], f"{p['hours']:.2f}", p["basis"]] for p in plan["phases"]]
+    rows.append(["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented ({plan['days']:g} days); spare {plan['spare_h']:.1f} h"])
+    console.print(table(f"rental plan: {plan['days']:g} days, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps",
+                        ["phase", "hours", "basis"], rows))
+    m = plan["measured"]
+    console.print(f"measured: {m['s_per_step']:.3g} s/step ({m['step_source']}), {m['eval_s_per_example']:.3g} s per evaluated example "
+                  f"({m['eval_source']}); reload {m['reload_source']}", soft_wrap=True)
+    console.print(f"variants of the configured budget that fit: [bold]{plan['variants_fit']}[/] ({plan['per_variant_h']:.2f} h each)")
+    c = plan["cost"]
+    console.print(f"cost at {plan['hourly_rate']:g}/h: rental {c['rental']:.2f}, planned hours {c['planned_hours']:.2f}, "
+                  f"one variant {c['per_variant']:.2f}")
+    for w in plan["warnings"]:
+        console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+
+
+def load_plan(study_dir: Path) -> dict[str, Any] | None:
+    p = Path(study_dir) / PLAN_FILE
+    if not p.exists():
+        return None
+    from tuneproof.io import read_json  # noqa: PLC0415
+
+    return read_json(p)

@@ -1,0 +1,45 @@
+"""Recipe ``verify``: check an export bundle in a fresh process (PROTOCOL.md step 4: "the adapter
+stays bound to the base model and its exact version").
+
+Features (option that turns each on):
+- every bundle file against its sha256 in the manifest (a missing or altered file is named);
+- the base model (``--base PATH``, default the path recorded at export): sha256 of every weight
+  file and the tokenizer's probe-text token ids against the manifest; a different base is refused
+  naming both hashes (CASES C13);
+- the adapter loaded with ``PeftModel.from_pretrained`` (modules_to_save included, CASES C6), the K
+  stored examples predicted again and compared with the predictions recorded at export
+  (identical; logits within 1e-4 on CPU, 1e-3 on CUDA for a bundle exported with ``--device
+  cuda``); ``merged/`` checked the same way when present;
+- ``--json FILE`` writes the full report.
+The study folder is not needed: a bundle verifies on its own, on another machine too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuneproof.deliver.verify import failure_message, verify_in_fresh_process
+from tuneproof.errors import CheckFailed
+from tuneproof.io import write_json
+from tuneproof.ui import console
+
+
+def run_verify(bundle: Path, base: Path | None = None, *, json_out: Path | None = None, device: str | None = None) -> dict:
+    """Verify ``bundle`` in a new process and print each check; returns the report.
+
+    Raises:
+        TuneproofError: no bundle or manifest there, or the base folder does not exist (exit 2).
+        CheckFailed: a check failed (exit 3); the message names the file, hashes or examples.
+    """
+    report = verify_in_fresh_process(bundle, base, device=device)
+    if json_out is not None:
+        write_json(json_out, report)
+    for c in report["checks"]:
+        mark = "[green]pass[/]" if c["passed"] else "[red]FAIL[/]"
+        console.print(f"  {mark} {c['name']}: {c['detail']}", soft_wrap=True)
+        for p in c["problems"][:8]:
+            console.print(f"       {p}", soft_wrap=True)
+    if not report["passed"]:
+        raise CheckFailed(failure_message(report), hint="do not use this bundle with this base; re-export it or pass the right --base")
+    console.print(f"[bold green]verified[/] {bundle} ({report['seconds']:.1f} s in a fresh process)")
+    return report

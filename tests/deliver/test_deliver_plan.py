@@ -1,0 +1,78 @@
+"""The rental plan: hours per phase from measured rates, the variants that fit, the cost, the
+warning when nothing fits, and a clear error (exit 2) before anything was measured."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tuneproof.cli import main
+from tuneproof.deliver.plan import SETUP_H, find_number, make_plan, measure
+from tuneproof.errors import TuneproofError
+from tuneproof.registry import Registry
+
+MEASURED = {"s_per_step": 2.0, "step_source": "preflight r0003", "eval_s_per_example": 0.5, "eval_source": "preflight r0003",
+            "tokens_per_s": 900.0, "reload_s": 120.0, "reload_source": "preflight r0003", "durations": {}}
+
+
+def test_phases_variants_and_cost_from_measured_rates():
+    p = make_plan(MEASURED, days=3, hourly_rate=2.5, steps=1000, checkpoint_every=100, n_eval=200, n_test=100, k_verify=8)
+    train_h, eval_h, resume_h = 2000 / 3600, 100 / 3600, (120 + 200) / 3600
+    assert p["per_variant_h"] == pytest.approx(train_h + eval_h + resume_h)
+    initial = SETUP_H + (60 + (20 * 2 + 16 * 0.5 + 120) + (200 * 0.5 + 120)) / 3600
+    export = 2 * (8 * 0.5 + 120) / 3600
+    fixed = initial + 50 / 3600 + export
+    assert p["variants_fit"] == int((72 - fixed) // p["per_variant_h"]) == 105
+    hours = {ph["phase"]: ph["hours"] for ph in p["phases"]}
+    assert list(hours) == ["initial check", "experiment", "evaluation", "resume margin", "export"]
+    assert hours["initial check"] == pytest.approx(initial)
+    assert hours["experiment"] == pytest.approx(105 * train_h)
+    assert hours["evaluation"] == pytest.approx(105 * eval_h + 50 / 3600)
+    assert hours["resume margin"] == pytest.approx(105 * resume_h)
+    assert hours["export"] == pytest.approx(export)
+    assert p["total_h"] <= 72 and p["fits"] and p["cost"]["rental"] == pytest.approx(180.0)
+    assert p["cost"]["planned_hours"] == pytest.approx(p["total_h"] * 2.5)
+    assert p["warnings"] == []
+
+
+def test_warns_when_one_variant_does_not_fit():
+    p = make_plan(MEASURED, days=3, hourly_rate=4.0, steps=200_000, checkpoint_every=500, n_eval=200, n_test=100)
+    assert p["variants_fit"] == 0 and p["variants"] == 1 and not p["fits"]
+    assert p["warnings"][0].startswith("does not fit: one variant needs 111.5 h")
+    p7 = make_plan(MEASURED, days=7, hourly_rate=4.0, steps=200_000, checkpoint_every=500, n_eval=200, n_test=100, variants=3)
+    assert p7["variants_fit"] == 1 and not p7["fits"]
+    assert p7["warnings"][0].startswith("3 variants do not fit") and "at most 1 fit" in p7["warnings"][0]
+
+
+def test_nothing_measured_is_a_clear_error():
+    with pytest.raises(TuneproofError, match="no the time of a training step"):
+        make_plan({"s_per_step": None, "eval_s_per_example": 0.3}, days=7, hourly_rate=1, steps=10, checkpoint_every=5, n_eval=1, n_test=1)
+
+
+def test_measure_prefers_the_preflight_and_reads_any_layout(tmp_path):
+    reg = Registry(tmp_path)
+    with reg.run("train") as r:
+        r.update_summary(train_seconds=100.0, steps=10)
+    with reg.run("baseline") as r:
+        r.update_summary(eval_seconds=30.0, n_eval=60)
+    m = measure(reg)
+    assert m["s_per_step"] == 10.0 and m["step_source"] == "median of 1 completed train run(s)"
+    assert m["eval_s_per_example"] == 0.5 and m["reload_source"].startswith("assumed")
+    with reg.run("preflight") as r:
+        r.update_summary(throughput={"s_per_step": 1.5, "tokens_per_s": 900}, smoke={"eval_seconds": 4.0, "n_eval": 8}, reload_seconds=42)
+    m = measure(reg)
+    assert (m["s_per_step"], m["eval_s_per_example"], m["reload_s"]) == (1.5, 0.5, 42.0)
+    assert m["step_source"].startswith("preflight r0003") and m["tokens_per_s"] == 900
+    assert find_number({"a": [{"b": {"step_s": 0.25}}]}, ("s_per_step", "step_s")) == 0.25
+
+
+def test_cli_plan_before_anything_measured_exits_2(tmp_path, capsys):
+    from deliver_tiny import cls_config
+
+    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(cls_config(tmp_path / "base")))
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--days", "7", "--hourly-rate", "2.5", "--study", str(tmp_path)])
+    assert e.value.code == 2
+    out = capsys.readouterr().out
+    assert "nothing measured to plan from" in out and "tuneproof preflight" in out
+    assert not (tmp_path / "plan.json").exists()

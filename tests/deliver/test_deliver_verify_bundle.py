@@ -1,0 +1,108 @@
+"""``tuneproof verify``: a missing or altered bundle file is named, a base with different weights is
+refused naming both hashes (CASES C13), a missing base is a user error (exit 2)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tuneproof.cli import main
+from tuneproof.deliver.identity import combined_weights_hash
+from tuneproof.deliver.verify import verify_bundle, verify_in_fresh_process
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.io import read_json, sha256_file
+
+
+def _exit_code(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code
+
+
+@pytest.fixture()
+def bundle_copy(cls_bundle, tmp_path):
+    dest = tmp_path / "bundle"
+    shutil.copytree(cls_bundle["bundle"], dest)
+    return dest
+
+
+def test_altered_file_is_named_with_both_hashes(bundle_copy, capsys):
+    target = bundle_copy / "adapter" / "adapter_model.safetensors"
+    expected = sha256_file(target)
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0x01  # one bit of one tensor
+    target.write_bytes(bytes(data))
+    found = sha256_file(target)
+    report = verify_in_fresh_process(bundle_copy)
+    assert report["passed"] is False
+    files = report["checks"][0]
+    assert files["name"] == "files" and not files["passed"] and len(report["checks"]) == 1  # nothing was loaded
+    assert files["problems"] == [f"altered file: adapter/adapter_model.safetensors (expected sha256 {expected}, found {found})"]
+    assert _exit_code(["verify", str(bundle_copy)]) == 3
+    out = capsys.readouterr().out
+    assert "adapter/adapter_model.safetensors" in out and expected in out.replace("\n", "")
+
+
+def test_missing_file_is_named(bundle_copy):
+    (bundle_copy / "verify" / "examples.jsonl").unlink()
+    (bundle_copy / "notes.txt").write_text("added by hand\n")
+    report = verify_bundle(bundle_copy)
+    files = report["checks"][0]
+    assert not report["passed"]
+    assert files["problems"] == ["missing file: verify/examples.jsonl"]
+    assert "1 extra file(s) not in the manifest: notes.txt" in files["detail"]
+    with pytest.raises(CheckFailed, match="missing file: verify/examples.jsonl"):
+        from tuneproof.recipes.verify import run_verify
+
+        run_verify(bundle_copy)
+
+
+def test_c13_base_with_different_weights_is_refused_naming_both_hashes(cls_bundle, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other-base"
+    shutil.copytree(cls_bundle["base"], other)
+    tensors = load_file(str(other / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1e-3  # same architecture and shapes, other weights (another revision)
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    man = read_json(cls_bundle["bundle"] / "manifest.json")
+    expected = man["base_model"]["weight_files"]["model.safetensors"]
+    found = sha256_file(other / "model.safetensors")
+    assert expected != found
+    report = verify_in_fresh_process(cls_bundle["bundle"], base=other)
+    check = report["checks"][-1]
+    assert not report["passed"] and check["name"] == "base weights" and not check["passed"]
+    assert check["problems"][0] == f"weight file model.safetensors: expected sha256 {expected}, found {found}"
+    assert check["problems"][1] == (f"combined weights hash: expected {man['base_model']['weights_sha256']}, "
+                                    f"found {combined_weights_hash({'model.safetensors': found})}")
+    assert "examples" not in report or report["examples"] == []  # refused before loading the adapter
+    assert _exit_code(["verify", str(cls_bundle["bundle"]), "--base", str(other)]) == 3
+
+
+def test_base_with_another_tokenizer_is_refused(cls_bundle, tmp_path):
+    other = tmp_path / "other-tok"
+    shutil.copytree(cls_bundle["base"], other)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["zzzextra"])
+    tok.save_pretrained(other)
+    report = verify_bundle(cls_bundle["bundle"], base=other)
+    check = report["checks"][-1]
+    assert check["name"] == "tokenizer" and not check["passed"]
+    assert "tokenizer vocab_size: expected 41, found 42" in check["problems"]
+
+
+def test_missing_base_or_bundle_is_a_user_error(cls_bundle, tmp_path):
+    with pytest.raises(TuneproofError, match="base model not found at"):
+        verify_in_fresh_process(cls_bundle["bundle"], base=tmp_path / "nowhere")
+    assert _exit_code(["verify", str(tmp_path / "no-bundle")]) == 2
+
+
+def test_verification_uses_the_recorded_device(cls_bundle):
+    man = read_json(cls_bundle["bundle"] / "manifest.json")
+    assert man["procedure"]["device"] == "cpu" and man["procedure"]["tolerance"].startswith("predictions identical; logits within 0.0001")
+    with pytest.raises(TuneproofError, match="were made on cpu; verification compares on the same device"):
+        verify_bundle(cls_bundle["bundle"], device="cuda")

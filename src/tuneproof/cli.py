@@ -89,6 +89,29 @@ def _require_preflight(ctx, override: Optional[str]) -> None:
     require_preflight(ctx, override)
 
 
+@app.command()
+def preflight(
+    study: Path = StudyOpt,
+    data: Optional[Path] = DataOpt,
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="memory one training step may use, e.g. 80GiB, 512MiB, 16GB (default: the GPU's memory, RAM on CPU)"),
+    find_max_micro_batch: bool = typer.Option(False, "--find-max-micro-batch", help="also find the largest micro-batch whose measured step fits the budget"),
+) -> None:
+    """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""
+    from tuneproof.recipes.preflight import parse_memory, run_preflight  # noqa: PLC0415
+
+    budget = parse_memory(memory_budget) if memory_budget is not None else None
+    run_id = run_preflight(_ctx(study, data), memory_budget=budget, find_max_micro_batch=find_max_micro_batch)
+    console.print(f"preflight run [bold]{run_id}[/] passed; next: tuneproof train")
+
+
+@app.command()
+def env(json_: bool = typer.Option(False, "--json", help="print the snapshot as JSON")) -> None:
+    """What this machine is (Python, torch and its CUDA/ROCm build, devices, libraries), as recorded in every run."""
+    from tuneproof.recipes.env import run_env  # noqa: PLC0415
+
+    run_env(as_json=json_)
+
+
 @app.command("eval")
 def eval_(run: str = typer.Argument(..., help="a completed train run"), study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
     """Evaluate a trained run with the baseline's exact procedure."""
@@ -251,11 +274,12 @@ def quickstart(
     directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),
     data: Optional[Path] = DataOpt,
     fast: bool = typer.Option(False, "--fast", help="tiny subset and few steps (for tests; no real gain expected)"),
+    preflight: bool = typer.Option(False, "--preflight", help="also run the full preflight before training (adds minutes on a CPU)"),
 ) -> None:
     """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA."""
     from tuneproof.recipes.quickstart import run_quickstart  # noqa: PLC0415
 
-    run_quickstart(directory, data, fast=fast)
+    run_quickstart(directory, data, fast=fast, preflight=preflight)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

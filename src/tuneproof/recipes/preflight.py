@@ -1,0 +1,1050 @@
+"""Recipe ``preflight``: the initial-check phase that fails before the rental hours are spent
+(PROTOCOL.md steps 4, 5 and 6). One registry run of kind ``preflight``; every check below is a
+dict ``{"name", "passed", "numbers", "message", "details"}`` stored in ``runs/<id>/preflight.json``
+and summarised in the run summary. Any failed check fails the run (exit 3) after the report is
+written; ``train`` refuses to start without a passed preflight for the same resolved config, data
+fingerprint and platform (:func:`require_preflight`).
+
+Checks, in order (config key or option behind each):
+
+1. ``environment``: :func:`~tuneproof.preflight.envinfo.environment_snapshot` compared with the
+   ``env.json`` of the latest completed baseline or train run; a platform change is flagged with
+   the checks to redo (a flag, not a failure: the baseline is what must be redone).
+2. ``backend``: dtype for ``training.precision`` on the detected device, with the reason (CASES
+   C9); extensions named by the config (``training.extensions``: not in the study schema yet, so
+   none by default) installed and built for this backend.
+3. ``training data``: the train split through the trainer's exact preprocessing; no hard fault
+   (what ``train`` refuses); token lengths p50/p95/max after truncation (``training.max_length``).
+4. ``target modules``: matches per pattern of ``method.target_modules`` (zero matches fails, C5);
+   ``trainable parameters``: trainable/total and ``method.modules_to_save``; ``embedding size``:
+   embedding rows vs the tokenizer, added tokens trained and saved.
+5. ``update check``: the model built exactly as ``train`` builds it (``recipes.train.build_model``),
+   real optimizer steps on a real train micro-batch under the configured precision: every
+   trainable tensor changed, every frozen tensor bitwise unchanged (C7); the model is restored.
+6. ``step memory``: complete steps (forward, loss, backward, clipping, AdamW step) at the
+   configured micro-batch (``training.micro_batch_size``) at the p95 train length and at
+   ``training.max_length``: estimate next to the measured peak (C8); fails when either exceeds
+   the budget (``--memory-budget``, default the device's memory, or RAM on CPU).
+   ``max micro-batch`` (``--find-max-micro-batch``): the largest micro-batch whose measured peak
+   fits the budget at the p95 length.
+7. ``gradient accumulation``: ``max(2, training.gradient_accumulation_steps)`` real micro-batches
+   vs their concatenation: same loss and gradients, per-token normalisation stored (C1).
+8. ``precision``: the chosen dtype alone vs fp32 on one real micro-batch (loss and gradient
+   direction within stated tolerances; fp32 is the reference and needs no comparison).
+9. ``activation checkpointing``: gradients equal with and without it
+   (``training.activation_checkpointing`` flipped on a second model built the same way), with the
+   change in step time and memory.
+10. ``configured combination``: two real optimizer steps of ``training.loop.train`` with every
+    configured option together (micro-batch, accumulation, checkpointing, precision); losses
+    finite, every trainable tensor changed, frozen ones bitwise unchanged.
+11. ``smoke pass``: those steps, an evaluation of :data:`SMOKE_EVAL_EXAMPLES` evaluation examples
+    by the study's procedure (``recipes.common.predict``), the adapter saved with
+    ``save_pretrained`` into ``runs/<id>/smoke/``, reloaded onto the base in a fresh process
+    (``python -m tuneproof.recipes.preflight reload``) that predicts the same examples: identical
+    predictions and next-token logits within :data:`LOGIT_ATOL` (fp32).
+12. ``throughput``: tokens/s and s/step at the configured micro-batch (from the smoke steps after
+    the first), the time of the configured budget (``training.max_steps`` or ``epochs``) and of one
+    evaluation (``eval.max_examples``); stored as ``s_per_step``, ``tokens_per_s``,
+    ``eval_s_per_example``, ``budget_seconds`` (read by ``tuneproof plan``).
+
+Checks 10 to 12 are skipped when ``step memory`` failed (the configured steps would not fit), and
+every check after a failed ``backend`` or ``target modules`` (no model to check); a check that
+raises is recorded as failed with the error and its traceback, and the others still run.
+
+Probes (update check, accumulation, precision, checkpointing) use micro-batches of
+:data:`PROBE_MICRO_BATCH` real train examples (the first of the training order) to stay cheap;
+the step memory, combination and smoke steps use the configured micro-batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from tuneproof.context import StudyContext
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.ui import console, table
+
+PREFLIGHT_FILE = "preflight.json"
+SMOKE_CHECKS = ("configured combination", "smoke pass", "throughput")
+SMOKE_STEPS = 2  # optimizer steps of the smoke pass (also the configured-combination check)
+SMOKE_EVAL_EXAMPLES = 2  # evaluation examples of the smoke pass (predicted, reloaded, predicted again)
+PROBE_MICRO_BATCH = 1  # examples per micro-batch of the probes (update, accumulation, precision, checkpointing)
+RELOAD_TIMEOUT_S = 1800  # the fresh-process reload (imports, model load, generation)
+LOGIT_ATOL = 1e-4  # fp32 next-token logits after the reload (as tuneproof.deliver.verify.LOGIT_ATOL)
+LOGIT_ATOL_LOW_PRECISION = 5e-2  # bf16/fp16 autocast: 2**-8 relative rounding of logits of magnitude ~10
+#: Precision check: the loss in the chosen 16-bit dtype within 2% of fp32 and the gradient
+#: direction (cosine over every trainable element) >= 0.98. bf16 keeps 8 significant bits
+#: (relative rounding 2**-8 = 0.4% per operation); these bounds leave room for accumulation
+#: over a few hundred operations while catching overflow, underflow and wrong casts.
+PRECISION_LOSS_RTOL = 0.02
+PRECISION_GRAD_COSINE = 0.98
+FIND_MAX_FACTOR = 4  # --find-max-micro-batch tries at most 4x the largest micro-batch whose estimate fits
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+GIB = 2**30
+
+
+# --------------------------------------------------------------------------- small helpers
+def parse_memory(text: str | int) -> int:
+    """Bytes from ``"80GiB"``, ``"512 MiB"``, ``"16GB"`` (10**9), ``"1.5g"`` (GiB) or a plain byte count.
+
+    Raises:
+        TuneproofError: not a positive size with a known unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+        unit = (m.group(2) if m else "").lower() or "b"
+        if not m or unit not in _UNITS:
+            raise TuneproofError(f"--memory-budget {text!r}: not a memory size",
+                                 hint="write e.g. 80GiB, 512MiB or 16GB (GB = 10**9 bytes, GiB = 2**30)")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise TuneproofError(f"--memory-budget {text!r}: must be more than 0 bytes")
+    return value
+
+
+def _gib(n: int | float | None) -> float | None:
+    return None if n is None else round(n / GIB, 4)
+
+
+def _check(name: str, passed: bool | None, message: str, numbers: dict[str, Any] | None = None,
+           details: Any = None, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "passed": passed, "numbers": numbers or {}, "message": message, "details": details, **extra}
+
+
+def _same_bits(a, b) -> bool:
+    import torch  # noqa: PLC0415
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
+def _is_oom(err: BaseException) -> bool:
+    import torch  # noqa: PLC0415
+
+    oom = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t)
+    return isinstance(err, MemoryError) or bool(oom and isinstance(err, oom)) or "out of memory" in str(err).lower()
+
+
+def _cpu_copy(model) -> dict[str, Any]:
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+
+
+def _trainable(model) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _restore(model, snapshot: dict[str, Any]) -> None:
+    import torch  # noqa: PLC0415
+
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in snapshot:
+                p.copy_(snapshot[n].to(p.device))
+            p.grad = None
+
+
+class _Report:
+    """The checks collected so far; each is printed as it is added."""
+
+    def __init__(self) -> None:
+        self.checks: list[dict[str, Any]] = []
+        self._mark = time.perf_counter()
+
+    def add(self, check: dict[str, Any]) -> dict[str, Any]:
+        now = time.perf_counter()
+        check.setdefault("seconds", round(now - self._mark, 2))  # wall-clock since the previous check
+        self._mark = now
+        self.checks.append(check)
+        tag = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}[check["passed"]]
+        console.print(f"{tag} {check['name']}: {check['message']}", soft_wrap=True)
+        if check.get("warning"):
+            console.print(f"[yellow]warning[/] {check['warning']}", soft_wrap=True)
+        return check
+
+    def run(self, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run one check; an exception inside it is the check's failure (recorded with its traceback)."""
+        try:
+            return self.add(fn())
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # noqa: BLE001 - a crash of a check is its verdict
+            if _is_oom(err):
+                import gc  # noqa: PLC0415
+
+                gc.collect()
+            msg = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            return self.add(_check(name, False, f"error: {msg}", details={"traceback": traceback.format_exc()}))
+
+    def skip(self, name: str, why: str) -> None:
+        self.add(_check(name, None, f"skipped: {why}"))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return next((c for c in self.checks if c["name"] == name), None)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [c for c in self.checks if c["passed"] is False]
+
+
+# --------------------------------------------------------------------------- batches
+def _micro_batch(encoded: list, size: int, seed: int, index: int, pad_id: int) -> dict:
+    """Micro-batch number ``index`` of the training order (``training.loop.micro_batch_indices``) at ``size``."""
+    from tuneproof.data.preprocess import collate  # noqa: PLC0415
+    from tuneproof.training.loop import micro_batch_indices  # noqa: PLC0415
+
+    idx = micro_batch_indices(len(encoded), size, seed, index)
+    return collate([encoded[i] for i in idx], pad_id)
+
+
+def _batch_at_length(encoded: list, micro_batch: int, length: int, pad_id: int) -> dict:
+    """``micro_batch`` real examples padded/truncated to exactly ``length`` tokens (``[B, length]``).
+
+    The examples whose length is closest to ``length`` from above come first (truncated to it),
+    then the closest shorter ones (right-padded); the list is cycled when it is shorter than the
+    micro-batch. Compute and memory of a step depend on the padded width, so this is the step of
+    a micro-batch of that length.
+    """
+    import torch  # noqa: PLC0415
+
+    from tuneproof.data.preprocess import collate  # noqa: PLC0415
+    from tuneproof.training.loss import IGNORE_INDEX  # noqa: PLC0415
+
+    ranked = sorted(encoded, key=lambda e: (len(e.input_ids) < length, abs(len(e.input_ids) - length), e.id))
+    chosen = [ranked[i % len(ranked)] for i in range(micro_batch)]
+    cut = [dataclasses.replace(e, input_ids=e.input_ids[:length], labels=e.labels[:length]) for e in chosen]
+    batch = collate(cut, pad_id)
+    width = batch["input_ids"].shape[1]
+    if width < length:
+        extra = length - width
+        b = batch["input_ids"].shape[0]
+        batch["input_ids"] = torch.cat([batch["input_ids"], torch.full((b, extra), pad_id, dtype=torch.long)], 1)
+        batch["attention_mask"] = torch.cat([batch["attention_mask"], torch.zeros((b, extra), dtype=torch.long)], 1)
+        if batch["labels"].dim() == 2:
+            batch["labels"] = torch.cat([batch["labels"], torch.full((b, extra), IGNORE_INDEX, dtype=torch.long)], 1)
+    return batch
+
+
+# --------------------------------------------------------------------------- the checks
+def check_environment(ctx: StudyContext, snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Check 1: this environment, compared with the latest completed baseline or train run's ``env.json``."""
+    from tuneproof.io import read_json  # noqa: PLC0415
+    from tuneproof.preflight.envinfo import compare_environments, platform_key  # noqa: PLC0415
+
+    key = platform_key(snapshot)
+    numbers: dict[str, Any] = {"platform": key, "python": snapshot.get("python"), "torch": snapshot.get("torch"),
+                               "backend": snapshot.get("backend"), "compared_with": None}
+    refs = [r for r in ctx.registry.list(status="completed") if r.kind in ("baseline", "train")]
+    ref = next((r for r in reversed(refs) if (ctx.registry.runs_dir / r.id / "env.json").exists()), None)
+    if ref is None:
+        return _check("environment", True, f"{key}; no baseline or train run to compare with yet", numbers, {"snapshot": snapshot})
+    recorded = read_json(ctx.registry.runs_dir / ref.id / "env.json")
+    cmp = compare_environments(recorded, snapshot)
+    numbers.update(compared_with=ref.id, changes=len(cmp["changes"]), same_platform=cmp["same_platform"],
+                   redo=sorted(cmp["redo"]))
+    warning = None
+    if not cmp["same_platform"]:
+        warning = (f"the platform changed since {ref.kind} {ref.id} ({cmp['platform_a']} -> {cmp['platform_b']}): "
+                   f"redo {', '.join(sorted(cmp['redo']))} before comparing with it")
+    elif cmp["changes"]:
+        warning = f"environment changed since {ref.kind} {ref.id}: redo {', '.join(sorted(cmp['redo']))}"
+    return _check("environment", True, f"vs {ref.kind} {ref.id}: {cmp['message']}", numbers,
+                  {"snapshot": snapshot, "comparison": cmp}, warning=warning)
+
+
+def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check 2: dtype for ``training.precision`` on this device (C9) and the extensions the config wants."""
+    from tuneproof.preflight.backend import check_extensions, choose_dtype, detect_device  # noqa: PLC0415
+
+    device = detect_device()
+    choice = choose_dtype(ctx.study.training.precision, device)
+    wanted = list(getattr(ctx.study.training, "extensions", None) or [])
+    ext = check_extensions(device, wanted)
+    numbers = {"device": device.type, "device_name": device.name,
+               "capability": list(device.capability) if device.capability else None, "bf16_native": device.bf16_supported,
+               "requested": choice["requested"], "dtype": choice["dtype"], "extensions": wanted}
+    passed = bool(choice["passed"] and ext["passed"])
+    message = f"{choice['message']}; {ext['message']}"
+    return _check("backend", passed, message, numbers, {"dtype": choice, "extensions": ext}), choice
+
+
+def check_training_data(ctx: StudyContext, encoded: list) -> dict[str, Any]:
+    """Check 3: the train split after the exact preprocessing: no hard fault, token lengths (after truncation)."""
+    import numpy as np  # noqa: PLC0415
+
+    bad = [e for e in encoded if e.faults]
+    lengths = [len(e.input_ids) for e in encoded]
+    max_len = ctx.study.training.max_length
+    numbers = {"examples": len(encoded), "faulty": len(bad), "max_length": max_len}
+    if lengths:
+        numbers.update(p50=int(math.ceil(np.percentile(lengths, 50))), p95=int(math.ceil(np.percentile(lengths, 95))),
+                       max=max(lengths), truncated=sum(1 for e in encoded if e.truncated),
+                       supervised_tokens=sum(e.n_supervised for e in encoded))
+    if not encoded:
+        return _check("training data", False, "the train split is empty", numbers)
+    if bad:
+        first = bad[0]
+        return _check("training data", False,
+                      f"{len(bad)} of {len(encoded)} train examples have hard faults (train refuses them); first {first.id}: {first.faults[0]}",
+                      numbers, {"faults": [{"id": e.id, "faults": e.faults} for e in bad[:50]]})
+    return _check("training data", True,
+                  f"{len(encoded)} train examples, token lengths p50 {numbers['p50']}, p95 {numbers['p95']}, max {numbers['max']} "
+                  f"(max_length {max_len}, {numbers['truncated']} truncated)", numbers)
+
+
+def _target_checks(ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None) -> list[dict[str, Any]]:
+    """Check 4: target modules, trainable parameters, embedding size."""
+    from tuneproof.preflight.targets import check_embedding_size, match_target_modules, trainable_summary  # noqa: PLC0415
+
+    method = ctx.study.method
+    out = []
+    if method.kind == "full":
+        out.append(_check("target modules", True, "method.kind full: every parameter is trained, no target patterns", {"method": "full"}))
+    else:
+        match = (report or {}).get("targets")
+        if match is None:  # build_model refused (C5): match on the plain base for the numbers
+            from tuneproof.models.base import load_model  # noqa: PLC0415
+
+            base = load_model(ctx.base, ctx.model_kind, labels=ctx.labels if ctx.model_kind == "sequence-classification" else None)
+            match = match_target_modules(base, method.target_modules)
+            del base
+        numbers = {p: v["count"] for p, v in match["patterns"].items()}
+        numbers["unmatched"] = match["unmatched"]
+        out.append(_check("target modules", bool(match["passed"]) and failure is None, match["message"] if match["message"] else failure or "",
+                          numbers, match))
+    if model is None:
+        return out
+    summary = trainable_summary(model)
+    mts = sorted((report or {}).get("modules_to_save") or []) if method.kind == "lora" else []
+    out.append(_check("trainable parameters", bool(summary["passed"]),
+                      summary["message"] + (f"; modules_to_save: {', '.join(mts)}" if mts else "; modules_to_save: none")
+                      + (f"; LoRA r={method.r}, alpha={method.alpha:g}" if method.kind == "lora" else ""),
+                      {"trainable": summary["trainable"], "total": summary["total"], "percent": round(summary["percent"], 4),
+                       "trainable_tensors": len(summary["trainable_tensors"]), "modules_to_save": mts},
+                      {**{k: v for k, v in summary.items() if k != "trainable_tensors"}, "trainable_tensors": summary["trainable_tensors"]}))
+    emb = check_embedding_size(model, ctx.tokenizer)
+    out.append(_check("embedding size", bool(emb["passed"]), emb["message"],
+                      {k: emb[k] for k in ("tokenizer_length", "input_embedding_rows", "output_embedding_rows", "added_tokens")}, emb))
+    return out
+
+
+def check_update_step(model, batch: dict, autocast) -> dict[str, Any]:
+    """Check 5: real optimizer steps on a real micro-batch change every trainable tensor and no frozen one (C7)."""
+    from tuneproof.preflight.update_check import batch_loss, check_update  # noqa: PLC0415
+
+    def loss_fn(m, b):
+        with autocast():
+            return batch_loss(m, b)
+
+    r = check_update(model, batch, loss_fn=loss_fn)
+    numbers = {"trainable_changed": r["trainable_changed"], "trainable_tensors": r["trainable_tensors"],
+               "frozen_unchanged": r["frozen_unchanged"], "frozen_tensors": r["frozen_tensors"], "steps": r["steps"],
+               "first_loss": round(r["losses"][0], 6) if r["losses"] else None, "supervised_tokens": r["supervised_tokens"],
+               "micro_batch": int(batch["input_ids"].shape[0])}
+    return _check("update check", bool(r["passed"]), r["message"], numbers, r)
+
+
+class _Stepper:
+    """Complete training steps as the loop takes them (forward, per-token loss, backward, clipping,
+    AdamW step, grads freed), with the optimizer states created up front so every measured step
+    holds them, as every step after the first of a run does. ``restore()`` puts the trainable
+    tensors back."""
+
+    def __init__(self, model, cfg, autocast):
+        import torch  # noqa: PLC0415
+
+        self.model, self.cfg, self.autocast = model, cfg, autocast
+        self.params = _trainable(model)
+        self.snapshot = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        for p in self.params:  # create exp_avg / exp_avg_sq without a forward pass
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self, batch: dict) -> float:
+        import torch  # noqa: PLC0415
+
+        from tuneproof.preflight.update_check import loss_sum_and_count  # noqa: PLC0415
+
+        self.model.train()
+        with self.autocast():
+            total, count = loss_sum_and_count(self.model, batch)
+        (total / max(count, 1)).backward()
+        if self.cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(total.detach()) / max(count, 1)
+
+    def restore(self) -> None:
+        _restore(self.model, self.snapshot)
+        self.optimizer.state.clear()
+
+
+def _estimate(model, micro_batch: int, length: int, dtype: str, checkpointing: bool, budget: int | None) -> dict[str, Any]:
+    """``estimate_step_memory`` for this project's mixed precision: weights stay fp32 and bf16/fp16
+    run under autocast (``StudyContext.torch_setup``), so frozen weights are counted at 4 bytes."""
+    from tuneproof.preflight.memory import estimate_step_memory  # noqa: PLC0415
+
+    est = estimate_step_memory(model, micro_batch, length, dtype, "adamw", activation_checkpointing=checkpointing,
+                               trainable_dtype="fp32", budget_bytes=budget)
+    if dtype != "fp32":  # the component counts frozen weights at the compute dtype; here they are stored in fp32
+        frozen = est["parameters"] - est["trainable_parameters"]
+        add = frozen * (4 - est["bytes_per_weight"])
+        est["weights_bytes"] += add
+        est["total_bytes"] += add
+        est["total_gib"] = est["total_bytes"] / GIB
+        est["passed"] = budget is None or est["total_bytes"] <= budget
+        est["weights_note"] = "frozen weights stored in fp32 under autocast (+2 bytes per frozen element vs the compute dtype)"
+    return est
+
+
+def _size(n: int | float | None) -> str:
+    """Bytes as GiB (>= 1 GiB) or MiB, for messages."""
+    if n is None:
+        return "?"
+    return f"{n / GIB:.3f} GiB" if abs(n) >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def _parts(est: dict[str, Any]) -> str:
+    """The estimate's breakdown, one line."""
+    return (f"weights {_size(est['weights_bytes'])} + gradients {_size(est['gradients_bytes'])} + "
+            f"{est['optimizer_states_count']} optimizer states {_size(est['optimizer_states_bytes'])} + step temporary "
+            f"{_size(est['optimizer_step_temporary_bytes'])} + activations {_size(est['activations_bytes'])} + "
+            f"logits {_size(est['logits_bytes'])}")
+
+
+def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int], dtype: str, budget: int,
+                      budget_source: str, autocast) -> dict[str, Any]:
+    """Check 6: complete steps at the configured micro-batch at each representative length (C8)."""
+    from tuneproof.preflight.memory import measure_step_peak, side_by_side  # noqa: PLC0415
+
+    cfg = ctx.study.training
+    device, _, _ = ctx.torch_setup()
+    mb = cfg.micro_batch_size
+    stepper = _Stepper(model, cfg, autocast)
+    rows, problems, numbers = [], [], {"micro_batch": mb, "budget_gib": _gib(budget), "budget_source": budget_source}
+    try:
+        for length in lengths:
+            batch = _batch_at_length(encoded, mb, length, ctx.tokenizer.pad_token_id)
+            est = _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget)
+            row: dict[str, Any] = {"length": length, "estimate": est}
+            try:
+                measured = measure_step_peak(lambda b=batch: stepper.step(b), device)
+            except Exception as err:  # noqa: BLE001
+                if not _is_oom(err):
+                    raise
+                problems.append(f"length {length}: out of memory at micro-batch {mb} ({type(err).__name__}); the estimate was {_size(est['total_bytes'])}")
+                rows.append(row)
+                continue
+            row["measured"] = measured
+            row["side_by_side"] = side_by_side(est, measured)
+            in_step = est["gradients_bytes"] + est["optimizer_step_temporary_bytes"] + est["activations_bytes"] + est["logits_bytes"]
+            row["estimate_in_step_bytes"] = in_step  # the parts a step allocates once the optimizer states exist
+            rows.append(row)
+            tag = f"L{length}"
+            numbers[f"{tag}_estimate_gib"] = _gib(est["total_bytes"])
+            numbers[f"{tag}_peak_gib"] = _gib(measured["peak_bytes"])
+            numbers[f"{tag}_step_peak_gib"] = _gib(measured["step_peak_bytes"])
+            numbers[f"{tag}_estimate_in_step_gib"] = _gib(in_step)
+            numbers[f"{tag}_seconds"] = round(measured["seconds"], 3)
+            over = []
+            if est["total_bytes"] > budget:
+                over.append(f"estimate {_size(est['total_bytes'])} ({_parts(est)})")
+            if measured["peak_bytes"] is not None and measured["peak_bytes"] > budget:
+                over.append(f"measured peak {_size(measured['peak_bytes'])}")
+            if over:
+                problems.append(f"length {length}: {' and '.join(over)} exceed{'s' if len(over) == 1 else ''} the budget {_size(budget)}")
+    finally:
+        stepper.restore()
+    where = "process resident set (CPU)" if device.type == "cpu" else "peak allocated (CUDA)"
+    shown = "; ".join(
+        f"length {r['length']}: estimate {_size(r['estimate']['total_bytes'])}, measured peak "
+        + (f"{_size(r['measured']['peak_bytes'])} (the step adds {_size(r['measured']['step_peak_bytes'])}), {r['measured']['seconds']:.2f} s"
+           if "measured" in r else "out of memory")
+        for r in rows)
+    if problems:
+        message = ("; ".join(problems) + f" (micro-batch {mb}, {where}); lower training.micro_batch_size, raise "
+                   "gradient_accumulation_steps or enable activation_checkpointing")
+    else:
+        message = f"micro-batch {mb}: {shown} ({where}); fits {_size(budget)} ({budget_source})"
+    return _check("step memory", not problems, message, numbers, {"rows": rows, "budget_bytes": budget, "budget_source": budget_source})
+
+
+def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, dtype: str, budget: int, autocast) -> dict[str, Any]:
+    """``--find-max-micro-batch``: the largest micro-batch whose measured step peak fits the budget at ``length``.
+
+    The search is bounded by the train split's size and by :data:`FIND_MAX_FACTOR` times the
+    largest micro-batch whose estimate (a planning upper bound) fits, so a CPU run does not try
+    hundreds of examples per step.
+    """
+    from tuneproof.preflight.memory import find_max_micro_batch, measure_step_peak  # noqa: PLC0415
+
+    cfg = ctx.study.training
+    device, _, _ = ctx.torch_setup()
+    est_fit = 0
+    mb = 1
+    while mb <= 1024 and _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget)["passed"]:
+        est_fit, mb = mb, mb * 2
+    limit = max(1, min(1024, len(encoded), FIND_MAX_FACTOR * max(est_fit, 1)))
+    stepper = _Stepper(model, cfg, autocast)
+    try:
+        def try_fn(n: int) -> dict[str, Any]:
+            batch = _batch_at_length(encoded, n, length, ctx.tokenizer.pad_token_id)
+            return measure_step_peak(lambda: stepper.step(batch), device)
+
+        r = find_max_micro_batch(try_fn, budget, start=1, limit=limit)
+    finally:
+        stepper.restore()
+    numbers = {"max_micro_batch": r["max_micro_batch"], "length": length, "peak_gib": _gib(r["peak_bytes"]),
+               "budget_gib": _gib(budget), "limit": limit, "tries": len(r["tries"]), "configured": cfg.micro_batch_size}
+    message = r["message"] + f" at length {length} (searched up to {limit})"
+    passed = bool(r["passed"]) and r["max_micro_batch"] >= cfg.micro_batch_size
+    if r["passed"] and not passed:
+        message += f"; the configured micro-batch {cfg.micro_batch_size} does not fit"
+    return _check("max micro-batch", passed, message, numbers, r)
+
+
+def check_accumulation_window(model, micro_batches: list[dict], configured: int) -> dict[str, Any]:
+    """Check 7: accumulated real micro-batches equal their concatenation (C1); normalisation stored."""
+    from tuneproof.preflight.accumulation import check_accumulation  # noqa: PLC0415
+
+    r = check_accumulation(model, micro_batches)
+    numbers = {"micro_batches": r["micro_batches"], "configured_accumulation": configured,
+               "tokens_per_micro_batch": r["tokens_per_micro_batch"], "loss_accumulated": round(r["loss_accumulated"], 6),
+               "loss_concatenated": round(r["loss_concatenated"], 6), "loss_mean_of_means": round(r["loss_mean_of_means"], 6),
+               "grad_max_abs_diff": r["grad_max_abs_diff"], "atol": r["atol"], "rtol": r["rtol"]}
+    return _check("gradient accumulation", bool(r["passed"]), r["message"] + f"; normalisation: {r['normalisation']}",
+                  numbers, r, normalisation=r["normalisation"])
+
+
+def check_precision(model, batch: dict, choice: dict[str, Any], autocast) -> dict[str, Any]:
+    """Check 8: the chosen dtype on its own: loss and gradients under autocast vs fp32 on one real micro-batch."""
+    import contextlib  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from tuneproof.preflight.update_check import batch_loss  # noqa: PLC0415
+
+    dtype = choice["dtype"]
+    if dtype == "fp32":
+        return _check("precision", True, f"fp32 (the reference precision): nothing to compare; {choice['reason']}",
+                      {"dtype": "fp32"})
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    was_training = model.training
+    runs = {}
+    try:
+        model.eval()  # no dropout: both passes compute the same function
+        for name, factory in (("fp32", contextlib.nullcontext), (dtype, autocast)):
+            for _, p in params:
+                p.grad = None
+            with factory():
+                loss = batch_loss(model, batch)
+            loss.backward()
+            grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1).cpu() for _, p in params])
+            runs[name] = (float(loss.detach()), grads)
+    finally:
+        for _, p in params:
+            p.grad = None
+        model.train(was_training)
+    (l32, g32), (llp, glp) = runs["fp32"], runs[dtype]
+    finite = math.isfinite(llp) and bool(torch.isfinite(glp).all())
+    rel = abs(llp - l32) / max(abs(l32), 1e-12)
+    cos = float(torch.nn.functional.cosine_similarity(g32, glp, dim=0)) if finite else float("nan")
+    passed = finite and rel <= PRECISION_LOSS_RTOL and cos >= PRECISION_GRAD_COSINE
+    numbers = {"dtype": dtype, "loss_fp32": round(l32, 6), f"loss_{dtype}": round(llp, 6), "loss_rel_diff": rel,
+               "grad_cosine": cos, "loss_rtol": PRECISION_LOSS_RTOL, "min_cosine": PRECISION_GRAD_COSINE}
+    message = (f"{dtype} vs fp32 on {int(batch['input_ids'].shape[0])} examples: loss {llp:.5g} vs {l32:.5g} (rel. diff {rel:.2e}, "
+               f"limit {PRECISION_LOSS_RTOL}), gradient cosine {cos:.5f} (min {PRECISION_GRAD_COSINE})")
+    if not finite:
+        message = f"{dtype}: non-finite loss or gradients ({llp}); set training.precision to fp32 or bf16"
+    return _check("precision", passed, message, numbers)
+
+
+def check_checkpointing(ctx: StudyContext, model, batch: dict) -> dict[str, Any]:
+    """Check 9: activation checkpointing on its own; the configured model and one built with the flag flipped."""
+    from tuneproof.preflight.checkpointing import check_activation_checkpointing  # noqa: PLC0415
+    from tuneproof.recipes.train import build_model  # noqa: PLC0415
+    from tuneproof.training.loop import seed_everything  # noqa: PLC0415
+
+    configured = ctx.study.training.activation_checkpointing
+
+    def factory(flag: bool):
+        if flag == configured:
+            return model
+        other = copy.copy(ctx)  # same cached base, tokenizer, device choice; only the flag differs
+        other.study = ctx.study.model_copy(deep=True)
+        other.study.training.activation_checkpointing = flag
+        seed_everything(ctx.study.training.seed)  # the same initialisation as the configured model
+        built, _ = build_model(other)
+        return built
+
+    r = check_activation_checkpointing(factory, batch)
+    saved = r["memory_saved_bytes"]
+    numbers = {"configured": configured, "grad_max_abs_diff": r["grad_max_abs_diff"], "rtol": r["rtol"], "atol": r["atol"],
+               "time_ratio": round(r["time_ratio"], 3) if r["time_ratio"] else None,
+               "seconds_without": round(r["without"]["seconds"], 3), "seconds_with": round(r["with"]["seconds"], 3),
+               "memory_saved_mib": round(saved / 2**20, 1) if saved is not None else None, "approximate": r["approximate"]}
+    return _check("activation checkpointing", bool(r["passed"]), r["message"] + f" (configured: {'on' if configured else 'off'})",
+                  numbers, {k: v for k, v in r.items() if k != "diagnosis"} | {"diagnosis": r["diagnosis"]})
+
+
+# --------------------------------------------------------------------------- smoke pass
+def _scores(ctx: StudyContext, model, examples: list) -> list[list]:
+    """Per example: the 5 highest next-token logits after the prompt (``[[id, logit], ...]``), or the
+    class logits for sequence classification, under the study's device and autocast."""
+    import torch  # noqa: PLC0415
+
+    device, _, autocast = ctx.torch_setup()
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for ex in examples:
+            if ctx.model_kind == "sequence-classification":
+                enc = ctx.tokenizer(ex.text, truncation=True, max_length=ctx.study.training.max_length, return_tensors="pt")
+                with autocast():
+                    logits = model(**{k: v.to(device) for k, v in enc.items()}).logits[0].float()
+                out.append([[i, float(v)] for i, v in enumerate(logits.cpu())])
+                continue
+            ids = torch.tensor([ctx.tokenizer(ctx.pipeline.prompt_text(ex.text), add_special_tokens=False)["input_ids"]], device=device)
+            with autocast():
+                last = model(input_ids=ids).logits[0, -1].float().cpu()
+            top = torch.topk(last, min(5, last.numel()))
+            out.append([[int(i), float(v)] for i, v in zip(top.indices, top.values)])
+    return out
+
+
+def _load_for_reload(ctx: StudyContext, payload: Path, payload_kind: str):
+    from tuneproof.models.base import BaseModelRef, load_model  # noqa: PLC0415
+
+    device, _, _ = ctx.torch_setup()
+    labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+    if payload_kind == "model":
+        ref = BaseModelRef(ctx.base.name, payload, ctx.base.revision, ctx.model_kind, "preflight-smoke")
+        return load_model(ref, ctx.model_kind, labels=labels).to(device)
+    from peft import PeftModel  # noqa: PLC0415
+
+    return PeftModel.from_pretrained(load_model(ctx.base, ctx.model_kind, labels=labels), payload).to(device)
+
+
+def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, payload_kind: str, examples: list) -> dict[str, Any]:
+    """Load base + saved adapter (or the saved full model) in a new Python process and predict ``examples``.
+
+    Returns the child's ``{"predictions", "scores", "load_seconds", "predict_seconds"}`` plus
+    ``"seconds"`` (wall-clock of the whole child process: start, imports, load, prediction).
+
+    Raises:
+        TuneproofError: the child failed (its last lines of output are shown).
+    """
+    from tuneproof.io import read_json, write_json  # noqa: PLC0415
+
+    spec = {"study_dir": str(ctx.study_dir), "data_root": str(ctx.data_root) if ctx.data_root else None, "config": ctx.config,
+            "payload": str(payload), "payload_kind": payload_kind,
+            "examples": [{"id": e.id, "text": e.text, "label": e.label, "target": e.target} for e in examples]}
+    spec_path, out_path = smoke_dir / "reload_spec.json", smoke_dir / "reload_outputs.json"
+    write_json(spec_path, spec)
+    if out_path.exists():
+        out_path.unlink()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tuneproof.recipes.preflight", "reload", str(spec_path), str(out_path)],
+                          capture_output=True, text=True, env=env, timeout=RELOAD_TIMEOUT_S, check=False)
+    seconds = time.perf_counter() - t0
+    if not out_path.exists():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        raise TuneproofError(f"the reload process exited with code {proc.returncode} without output:\n{tail}")
+    out = read_json(out_path)
+    if out.get("error"):
+        raise TuneproofError(f"the reload process failed: {out['error']}")
+    out["seconds"] = seconds
+    return out
+
+
+def _reload_main(argv: list[str]) -> int:
+    """``python -m tuneproof.recipes.preflight reload SPEC OUT``: the child of :func:`reload_in_fresh_process`."""
+    import logging  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    from tuneproof.data.examples import Example  # noqa: PLC0415
+    from tuneproof.io import read_json, write_json  # noqa: PLC0415
+    from tuneproof.recipes.common import predict  # noqa: PLC0415
+
+    if len(argv) != 3 or argv[0] != "reload":
+        sys.stderr.write("usage: python -m tuneproof.recipes.preflight reload SPEC OUT\n")
+        return 2
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    spec, out = read_json(argv[1]), Path(argv[2])
+    try:
+        ctx = StudyContext.open(spec["study_dir"], spec.get("data_root"), config=spec["config"])
+        t0 = time.perf_counter()
+        model = _load_for_reload(ctx, Path(spec["payload"]), spec["payload_kind"])
+        t1 = time.perf_counter()
+        examples = [Example(id=e["id"], text=e["text"], label=e["label"], target=e["target"]) for e in spec["examples"]]
+        preds = predict(ctx, model, examples, "reload")
+        scores = _scores(ctx, model, examples)
+        write_json(out, {"predictions": preds, "scores": scores, "load_seconds": t1 - t0, "predict_seconds": time.perf_counter() - t1})
+    except Exception as err:  # noqa: BLE001 - reported to the parent
+        write_json(out, {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
+    return 0
+
+
+def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -> dict[str, Any]:
+    """Checks 10-12: two real steps of the training loop with the configured options, a small
+    evaluation, save, reload in a fresh process, identical outputs; throughput from those steps.
+    Adds the checks ``configured combination``, ``smoke pass`` and ``throughput`` to ``report``."""
+    from tuneproof.recipes.common import predict  # noqa: PLC0415
+    from tuneproof.training.loop import micro_batch_indices, total_steps, train  # noqa: PLC0415
+
+    cfg = ctx.study.training
+    device, _, autocast = ctx.torch_setup()
+    # a copy of the config: 2 steps at the peak learning rate (with warmup the first step would use lr 0)
+    scfg = cfg.model_copy(update={"max_steps": SMOKE_STEPS, "warmup_steps": 0, "lr_scheduler": "constant"})
+    before = _cpu_copy(model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    frozen = [n for n in before if n not in trainable]
+    marks = [time.perf_counter()]
+    result = train(model, encoded, scfg, pad_id=ctx.tokenizer.pad_token_id, device=device, autocast=autocast,
+                   progress=lambda s, t, loss: marks.append(time.perf_counter()))
+    step_s = [b - a for a, b in zip(marks, marks[1:])]
+    after = _cpu_copy(model)
+    not_changed = sorted(n for n in trainable if _same_bits(before[n], after[n]))
+    frozen_changed = [n for n in frozen if not _same_bits(before[n], after[n])]
+    del before, after
+    losses = result["losses"]
+    finite = all(math.isfinite(x) for x in losses)
+    combo_ok = finite and not not_changed and not frozen_changed and result["steps"] == SMOKE_STEPS
+    combo_numbers = {"micro_batch": cfg.micro_batch_size, "accumulation": cfg.gradient_accumulation_steps,
+                     "activation_checkpointing": cfg.activation_checkpointing, "dtype": ctx.device_choice["dtype"],
+                     "steps": result["steps"], "losses": [round(x, 6) for x in losses],
+                     "trainable_changed": len(trainable) - len(not_changed), "trainable_tensors": len(trainable),
+                     "frozen_unchanged": len(frozen) - len(frozen_changed), "frozen_tensors": len(frozen)}
+    combo_msg = (f"{result['steps']} steps of training.loop.train with micro-batch {cfg.micro_batch_size} x accumulation "
+                 f"{cfg.gradient_accumulation_steps}, activation checkpointing {'on' if cfg.activation_checkpointing else 'off'}, "
+                 f"{ctx.device_choice['dtype']}: losses {', '.join(f'{x:.4f}' for x in losses)}; "
+                 f"{combo_numbers['trainable_changed']} of {len(trainable)} trainable tensors changed, "
+                 f"{combo_numbers['frozen_unchanged']} of {len(frozen)} frozen bitwise unchanged")
+    if not finite:
+        combo_msg = f"non-finite loss in the configured combination ({losses}); " + combo_msg
+    if not_changed:
+        combo_msg += f"; not changed: {', '.join(not_changed[:5])}"
+    if frozen_changed:
+        combo_msg += f"; frozen tensors changed: {', '.join(frozen_changed[:5])}"
+    report.add(_check("configured combination", combo_ok, combo_msg, combo_numbers,
+                      {"not_changed": not_changed, "frozen_changed": frozen_changed, "normalisation": result["normalisation"]}))
+
+    # evaluation on a small subset, by the study's procedure
+    examples = ctx.eval_examples()[:SMOKE_EVAL_EXAMPLES]
+    t0 = time.perf_counter()
+    preds = predict(ctx, model, examples, "smoke eval")
+    eval_s = time.perf_counter() - t0
+    scores = _scores(ctx, model, examples)
+    adapter_effect = None
+    if ctx.study.method.kind == "lora" and ctx.model_kind != "sequence-classification":
+        with model.disable_adapter():
+            base_scores = _scores(ctx, model, examples)
+        adapter_effect = max((abs(a[1] - b[1]) for s, bs in zip(scores, base_scores) for a, b in zip(s, bs)), default=0.0)
+    # save: the adapter (PEFT layout) or the full model
+    smoke = run.dir / "smoke"
+    payload_kind = "model" if ctx.study.method.kind == "full" else "adapter"
+    payload = smoke / payload_kind
+    model.save_pretrained(payload, safe_serialization=True)
+    saved_files = sorted(p.name for p in payload.iterdir())
+    # reload in a fresh process and predict the same examples
+    child = reload_in_fresh_process(ctx, smoke, payload, payload_kind, examples)
+    mismatches = [{"id": e.id, "before": a, "after": b} for e, a, b in zip(examples, preds, child["predictions"])
+                  if a != b]
+    ids_differ = [e.id for e, s, c in zip(examples, scores, child["scores"]) if [i for i, _ in s] != [i for i, _ in c]]
+    logit_diff = max((abs(a[1] - b[1]) for s, c in zip(scores, child["scores"]) for a, b in zip(s, c)), default=0.0)
+    tol = LOGIT_ATOL if ctx.device_choice["dtype"] == "fp32" else LOGIT_ATOL_LOW_PRECISION
+    smoke_ok = combo_ok and not mismatches and not ids_differ and logit_diff <= tol and len(child["predictions"]) == len(examples)
+    numbers = {"steps": result["steps"], "eval_examples": len(examples), "eval_seconds": round(eval_s, 3),
+               "identical_after_reload": len(examples) - len(mismatches), "max_abs_logit_diff": logit_diff, "logit_atol": tol,
+               "adapter_effect_max_abs_logit": adapter_effect, "reload_seconds": round(child["seconds"], 2),
+               "saved": f"runs/{run.id}/smoke/{payload_kind}"}
+    msg = (f"{result['steps']} training steps; {len(examples)} evaluation examples predicted in {eval_s:.1f} s; "
+           f"saved {payload_kind} ({len(saved_files)} files); reloaded in a fresh process in {child['seconds']:.1f} s: "
+           f"{len(examples) - len(mismatches)} of {len(examples)} predictions identical, max |next-token logit diff| "
+           f"{logit_diff:.2e} (tolerance {tol:g})")
+    if adapter_effect is not None:
+        msg += f"; the adapter moves those logits by up to {adapter_effect:.2e}"
+    if mismatches:
+        msg += f"; differ after reload: {mismatches[0]['id']}: {mismatches[0]['before']!r} -> {mismatches[0]['after']!r}"
+    if ids_differ:
+        msg += f"; next-token ranking differs after reload for {', '.join(ids_differ[:3])}"
+    smoke_check = report.add(_check("smoke pass", smoke_ok, msg, numbers,
+                                    {"predictions": preds, "reloaded": child["predictions"], "scores": scores,
+                                     "reloaded_scores": child["scores"], "mismatches": mismatches, "saved_files": saved_files,
+                                     "child_load_seconds": child.get("load_seconds"), "child_predict_seconds": child.get("predict_seconds")}))
+
+    # throughput: steps after the first (the first carries one-time allocation costs)
+    n = len(encoded)
+    accum = cfg.gradient_accumulation_steps
+
+    def step_tokens(step: int) -> int:
+        return sum(len(encoded[i].input_ids) for j in range(accum)
+                   for i in micro_batch_indices(n, cfg.micro_batch_size, cfg.seed, step * accum + j))
+
+    timed = list(range(1, len(step_s))) or [0]
+    secs = sum(step_s[i] for i in timed)
+    s_per_step = secs / len(timed)
+    tokens_per_s = sum(step_tokens(i) for i in timed) / max(secs, 1e-9)
+    steps_total = total_steps(cfg, n)
+    n_eval = len(ctx.eval_examples())
+    eval_per_ex = eval_s / max(len(examples), 1)
+    tnum = {"s_per_step": round(s_per_step, 4), "tokens_per_s": round(tokens_per_s, 1), "micro_batch": cfg.micro_batch_size,
+            "accumulation": accum, "total_steps": steps_total, "budget_seconds": round(steps_total * s_per_step, 1),
+            "eval_s_per_example": round(eval_per_ex, 4), "eval_examples": n_eval,
+            "eval_seconds_estimate": round(eval_per_ex * n_eval, 1), "step_seconds": [round(x, 3) for x in step_s]}
+    report.add(_check(
+        "throughput", True,
+        f"{s_per_step:.2f} s/step, {tokens_per_s:.0f} tokens/s at micro-batch {cfg.micro_batch_size} x {accum} "
+        f"(timed on step{'s' if len(timed) > 1 else ''} {', '.join(str(i + 1) for i in timed)} of {len(step_s)}); the budget of "
+        f"{steps_total} steps takes about {_hms(steps_total * s_per_step)}; one evaluation of {n_eval} examples about "
+        f"{_hms(eval_per_ex * n_eval)} ({eval_per_ex:.2f} s per example, measured on {len(examples)}, an upper bound when the "
+        f"smoke model generates up to eval.max_new_tokens)", tnum))
+    return smoke_check
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h} h {m:02d} min" if h else (f"{m} min {s:02d} s" if m else f"{s} s")
+
+
+# --------------------------------------------------------------------------- the recipe
+def _default_budget(choice: dict[str, Any], snapshot: dict[str, Any]) -> tuple[int, str]:
+    device = choice.get("device") or {}
+    if device.get("total_memory_bytes"):
+        return int(device["total_memory_bytes"]), f"device memory of {device.get('name')}"
+    ram = snapshot.get("ram_bytes")
+    if ram:
+        return int(ram), "physical RAM (CPU run)"
+    return 2**62, "none known"
+
+
+def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_max_micro_batch: bool = False) -> str:
+    """Run every preflight check as a registry run of kind ``preflight``; returns its id.
+
+    Args:
+        memory_budget: bytes one training step may use (``--memory-budget``, see :func:`parse_memory`);
+            default: the GPU's memory, or the physical RAM on CPU.
+        find_max_micro_batch: also search the largest micro-batch under the budget.
+
+    Raises:
+        CheckFailed: any check failed (exit 3); ``preflight.json`` is written first and the run is
+            recorded failed with the first failure as its reason.
+    """
+    from tuneproof.preflight.envinfo import environment_snapshot, platform_key  # noqa: PLC0415
+
+    t_start = time.perf_counter()
+    with ctx.registry.run("preflight") as run:
+        rep = _Report()
+        snapshot = environment_snapshot()
+        rep.run("environment", lambda: check_environment(ctx, snapshot))
+        backend, choice = check_backend(ctx)
+        rep.add(backend)
+        if backend["passed"]:
+            from tuneproof.recipes.common import record_inputs  # noqa: PLC0415
+
+            record_inputs(ctx, run)
+        else:  # ctx.device_choice would refuse: record the inputs without it
+            from tuneproof.io import sha256_json  # noqa: PLC0415
+
+            run.write_json("config.json", ctx.config)
+            run.write_json("env.json", {**snapshot, "device_choice": choice})
+            fp = ctx.data_fingerprint()
+            run.write_json("data.json", fp)
+            run.set(config_hash=sha256_json(ctx.config), data_fingerprint=fp["hash"])
+        budget, budget_source = (memory_budget, "--memory-budget") if memory_budget else _default_budget(choice, snapshot)
+        state: dict[str, Any] = {}
+        try:
+            _model_checks(ctx, run, rep, choice, budget, budget_source, find_max_micro_batch, state)
+        finally:
+            state.pop("model", None)
+        seconds = time.perf_counter() - t_start
+        _write(ctx, run, rep, snapshot, platform_key(snapshot), choice, budget, budget_source, seconds)
+        _print_table(rep, run.id, seconds)
+        if rep.failed:
+            first = rep.failed[0]
+            raise CheckFailed(f"preflight {run.id}: {len(rep.failed)} of {len(rep.checks)} checks failed; {first['name']}: {first['message']}",
+                              hint=f"see {run.path(PREFLIGHT_FILE)}; fix the study file and run `tuneproof preflight` again")
+        return run.id
+
+
+def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], budget: int, budget_source: str,
+                  find_max: bool, state: dict[str, Any]) -> None:
+    """Checks 3 to 12 (those after the backend); a check that cannot run is listed as skipped, with why."""
+    from tuneproof.recipes.train import build_model  # noqa: PLC0415
+    from tuneproof.training.loop import seed_everything  # noqa: PLC0415
+
+    later = ["training data", "target modules", "trainable parameters", "embedding size", "update check", "step memory",
+             "gradient accumulation", "precision", "activation checkpointing", *SMOKE_CHECKS]
+
+    def skip_rest(why: str) -> None:
+        seen = {c["name"] for c in rep.checks}
+        for name in later:
+            if name not in seen:
+                rep.skip(name, why)
+
+    if not rep.checks[-1]["passed"]:
+        return skip_rest("the backend cannot run this configuration")
+    cfg = ctx.study.training
+    encoded = ctx.pipeline.encode_all(ctx.split("train"))
+    data_check = rep.run("training data", lambda: check_training_data(ctx, encoded))
+    usable = [e for e in encoded if not e.faults]
+    if not usable:
+        return skip_rest("no usable train example")
+    seed_everything(cfg.seed)  # initialisation follows training.seed, as in run_train
+    model = report = failure = None
+    try:
+        model, report = build_model(ctx)
+    except CheckFailed as err:  # a target pattern that matches nothing (C5)
+        failure = str(err).splitlines()[0]
+    state["model"] = model
+    for c in _target_checks(ctx, model, report, failure):
+        rep.add(c)
+    if model is None:
+        return skip_rest("the model could not be built (target modules)")
+    run.write_json("method.json", report)
+    _, _, autocast = ctx.torch_setup()
+    pad = ctx.tokenizer.pad_token_id
+    probe = _micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
+    rep.run("update check", lambda: check_update_step(model, probe, autocast))
+    lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
+    dtype = choice["dtype"]
+    rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast))
+    if find_max:
+        rep.run("max micro-batch", lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast))
+    k = max(2, cfg.gradient_accumulation_steps)
+    size = max(1, min(PROBE_MICRO_BATCH, len(usable) // k))
+    windows = [_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)]
+    rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps))
+    rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
+    rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
+    if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory
+        return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
+    try:
+        check_smoke(ctx, run, model, usable, rep)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # noqa: BLE001 - the first smoke check not yet recorded fails with the error
+        seen = {c["name"] for c in rep.checks}
+        name = next(n for n in SMOKE_CHECKS if n not in seen)
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        rep.add(_check(name, False, f"error: {type(err).__name__}: {text}", details={"traceback": traceback.format_exc()}))
+        skip_rest(f"{name} stopped")
+
+
+def _write(ctx: StudyContext, run, rep: _Report, snapshot: dict[str, Any], key: str, choice: dict[str, Any], budget: int,
+           budget_source: str, seconds: float) -> None:
+    """``preflight.json`` (every check in full) and the run summary (each check's verdict and the key numbers)."""
+    def num(name: str, field: str) -> Any:
+        c = rep.get(name)
+        return (c or {}).get("numbers", {}).get(field)
+
+    passed = not rep.failed
+    run.write_json(PREFLIGHT_FILE, {
+        "run": run.id, "passed": passed, "failed": [c["name"] for c in rep.failed], "platform_key": key,
+        "dtype": choice, "budget_bytes": budget, "budget_source": budget_source, "seconds": round(seconds, 2),
+        "checks": rep.checks,
+    })
+    mem = rep.get("step memory")
+    memory = {k: v for k, v in (mem or {}).get("numbers", {}).items() if k.endswith("_gib")}
+    acc = rep.get("gradient accumulation")
+    run.update_summary(
+        passed=passed, failed=[c["name"] for c in rep.failed],
+        checks=[{"name": c["name"], "passed": c["passed"], "message": c["message"][:400]} for c in rep.checks],
+        platform_key=key, dtype=choice.get("dtype"), dtype_reason=choice.get("reason"),
+        s_per_step=num("throughput", "s_per_step"), tokens_per_s=num("throughput", "tokens_per_s"),
+        eval_s_per_example=num("throughput", "eval_s_per_example"), budget_seconds=num("throughput", "budget_seconds"),
+        eval_seconds_estimate=num("throughput", "eval_seconds_estimate"), total_steps=num("throughput", "total_steps"),
+        reload_seconds=num("smoke pass", "reload_seconds"), memory=memory, budget_gib=_gib(budget),
+        max_micro_batch=num("max micro-batch", "max_micro_batch"),
+        loss_normalisation=(acc or {}).get("normalisation"),
+        trainable=num("trainable parameters", "trainable"), total_params=num("trainable parameters", "total"),
+        preflight_seconds=round(seconds, 1),
+    )
+
+
+def _short(numbers: dict[str, Any], limit: int = 6) -> str:
+    parts = []
+    for k, v in list(numbers.items())[:limit]:
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        elif isinstance(v, list):
+            v = ",".join(str(round(x, 4) if isinstance(x, float) else x) for x in v[:4]) + ("..." if len(v) > 4 else "")
+        parts.append(f"{k}={v}")
+    return "; ".join(parts)
+
+
+def _print_table(rep: _Report, run_id: str, seconds: float) -> None:
+    rows = [[c["name"], {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}[c["passed"]], _short(c["numbers"], 4),
+             c["message"][:240] + ("..." if len(c["message"]) > 240 else "")] for c in rep.checks]
+    console.print(table(f"preflight {run_id} ({seconds:.0f} s)", ["check", "result", "numbers", "message"], rows))
+    if rep.failed:
+        console.print(f"[red]preflight failed: {', '.join(c['name'] for c in rep.failed)}[/]")
+    else:
+        console.print("[green]preflight passed[/]: `tuneproof train` may start on this config, data and platform")
+
+
+# --------------------------------------------------------------------------- the gate of `train`
+def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
+    """Refuse to train unless a completed preflight matches the current resolved config (hash),
+    data fingerprint and platform key. Returns the matching preflight run id, or None when
+    ``override`` (``--skip-preflight "reason"``) is given; ``run_train`` records the override.
+
+    Raises:
+        TuneproofError: no matching preflight (exit 2; says what differs and the command to run),
+            or an empty override reason.
+    """
+    from tuneproof.io import sha256_json  # noqa: PLC0415
+    from tuneproof.preflight.envinfo import environment_snapshot, platform_key  # noqa: PLC0415
+
+    if override is not None:
+        if not override.strip():
+            raise TuneproofError("--skip-preflight needs a reason, e.g. --skip-preflight \"preflight r0004 passed on this machine yesterday\"")
+        console.print(f"[yellow]warning[/]: training without a matching preflight; recorded override: {override}")
+        return None
+    config_hash = sha256_json(ctx.config)
+    data_fp = ctx.data_fingerprint()["hash"]
+    key = platform_key(environment_snapshot())
+    done = ctx.registry.list(kind="preflight", status="completed")
+    for rec in reversed(done):
+        if rec.config_hash == config_hash and rec.data_fingerprint == data_fp and rec.summary.get("platform_key") == key:
+            console.print(f"[dim]preflight {rec.id} passed for this config, data and platform[/]")
+            return rec.id
+    cmd = "tuneproof preflight" + (f" --study {ctx.study_dir}" if Path.cwd().resolve() != ctx.study_dir else "")
+    if not done:
+        why = "no preflight has passed in this study"
+    else:
+        last = done[-1]
+        diffs = []
+        if last.config_hash != config_hash:
+            diffs.append("the resolved config")
+        if last.data_fingerprint != data_fp:
+            diffs.append("the data fingerprint")
+        if last.summary.get("platform_key") != key:
+            diffs.append(f"the platform ({last.summary.get('platform_key')} -> {key})")
+        why = f"the latest passed preflight {last.id} was for another configuration: {', '.join(diffs) or 'unknown'} changed"
+    raise TuneproofError(f"train refused: {why}",
+                         hint=f"run `{cmd}` first, or `tuneproof train --skip-preflight \"REASON\"` (the override is recorded in the run)")
+
+
+if __name__ == "__main__":
+    sys.exit(_reload_main(sys.argv[1:]))

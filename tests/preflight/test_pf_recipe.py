@@ -1,0 +1,231 @@
+"""The preflight recipe on a tiny local study (PROTOCOL.md steps 4-6; CASES C1, C5, C7, C8, C9):
+every check stored with its numbers, bad input failing with a recorded reason (exit 3), and the
+gate of ``train`` (exit 2 without a matching preflight, an override recorded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuneproof.cli import main
+from tuneproof.context import StudyContext
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.recipes.preflight import PREFLIGHT_FILE, parse_memory, require_preflight, run_preflight
+from tuneproof.registry import Registry
+
+WORDS = "add the piano bar to my playlist book a table for two in Paris tonight weather Rome tomorrow rate this book".split()
+INTENTS = ["PlayMusic", "BookRestaurant", "GetWeather"]
+
+
+def _rows(n: int, offset: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        k = i + offset
+        words = [WORDS[(k * 5 + j * 3) % len(WORDS)] for j in range(2 + k % 5)]  # lengths differ: C1 needs unequal windows
+        slots = {"artist": words[0]} if k % 2 else {}
+        rows.append({"text": " ".join(words), "target": json.dumps({"intent": INTENTS[k % 3], "slots": slots})})
+    return rows
+
+
+def make_study(folder: Path, base: Path, **changes) -> Path:
+    """A study folder: tuneproof.yaml + data/{train,validation,test}.jsonl (format jsonl, fields text/target)."""
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    for name, n, off in (("train", 16, 0), ("validation", 4, 100), ("test", 4, 200)):
+        (folder / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(n, off)))
+    cfg = {
+        "schema_version": 1, "name": "tiny-preflight",
+        "hypothesis": {"behaviour": "answer in JSON", "task": "extraction", "success": {"metric": "field_f1", "min_gain": 0.0},
+                       "guards": [{"metric": "json_valid_rate", "max_drop": 0.0}], "required_fields": ["intent", "slots"]},
+        "data": {"sources": [{"path": f"data/{s}.jsonl", "format": "jsonl", "split": s} for s in ("train", "validation", "test")],
+                 "fields": {"text": "text", "target": "target"}},
+        "model": {"base": str(base)},
+        "method": {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]},
+        "training": {"seed": 1, "max_steps": 3, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "learning_rate": 0.01,
+                     "warmup_steps": 1, "precision": "fp32", "max_length": 128, "checkpoint_every": 2},
+        "eval": {"split": "validation", "max_new_tokens": 6, "batch_size": 4, "bootstrap_iterations": 100,
+                 "prompt": {"system": None, "template": "Extract JSON: {text}"}},
+    }
+    for dotted, value in changes.items():
+        node = cfg
+        *path, last = dotted.split("__")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    (folder / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return folder
+
+
+def checks_of(study: Path, run_id: str) -> dict[str, dict]:
+    data = json.loads((study / "runs" / run_id / PREFLIGHT_FILE).read_text())
+    return {c["name"]: c for c in data["checks"]}
+
+
+def cli(*args: str) -> int:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    return exit_.value.code
+
+
+@pytest.fixture(scope="module")
+def passed(tmp_path_factory, tiny_model_dir):
+    """A study with one passed preflight (shared by the tests that only read it)."""
+    study = make_study(tmp_path_factory.mktemp("pf") / "study", tiny_model_dir)
+    run_id = run_preflight(StudyContext.open(study))
+    return study, run_id
+
+
+def test_parse_memory_units():
+    assert parse_memory("80GiB") == 80 * 2**30
+    assert parse_memory("512 MiB") == 512 * 2**20
+    assert parse_memory("16GB") == 16 * 10**9
+    assert parse_memory("1.5g") == int(1.5 * 2**30)
+    with pytest.raises(TuneproofError, match="not a memory size"):
+        parse_memory("80 parsecs")
+
+
+def test_preflight_passes_and_stores_every_check_with_numbers(passed):
+    study, run_id = passed
+    rec = Registry(study).get(run_id)
+    assert rec.kind == "preflight" and rec.status == "completed"
+    checks = checks_of(study, run_id)
+    assert list(checks) == ["environment", "backend", "training data", "target modules", "trainable parameters", "embedding size",
+                            "update check", "step memory", "gradient accumulation", "precision", "activation checkpointing",
+                            "configured combination", "smoke pass", "throughput"]
+    assert all(c["passed"] is True and c["numbers"] and c["message"] for c in checks.values()), \
+        [(n, c["passed"], c["message"]) for n, c in checks.items() if c["passed"] is not True]
+    # C9: the dtype and its reason
+    assert checks["backend"]["numbers"]["dtype"] == "fp32" and checks["backend"]["numbers"]["device"] == "cpu"
+    # C5: matches per pattern on the 2-layer Llama; LoRA r=4: q_proj 32->32 and v_proj 32->16 (2 kv heads x 8)
+    assert checks["target modules"]["numbers"]["q_proj"] == 2 and checks["target modules"]["numbers"]["v_proj"] == 2
+    tp = checks["trainable parameters"]["numbers"]
+    assert tp["trainable"] == 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4) and tp["trainable_tensors"] == 8
+    # C7: every LoRA tensor changed (lora_A needs a second step: B starts at 0), every frozen one bitwise unchanged
+    up = checks["update check"]["numbers"]
+    assert up["trainable_changed"] == up["trainable_tensors"] == 8
+    assert up["frozen_unchanged"] == up["frozen_tensors"] > 0 and up["steps"] == 2
+    # C8: estimate next to the measured peak at p95 and at max_length, configured micro-batch
+    mem = checks["step memory"]
+    p95 = checks["training data"]["numbers"]["p95"]
+    assert p95 < 128 and mem["numbers"]["micro_batch"] == 4 and [r["length"] for r in mem["details"]["rows"]] == [p95, 128]
+    for row in mem["details"]["rows"]:
+        est = row["estimate"]
+        assert est["weights_bytes"] == 4 * est["parameters"] and est["optimizer_states_bytes"] == 2 * 4 * est["trainable_parameters"]
+        assert row["measured"]["peak_bytes"] > 0 and row["side_by_side"]["rows"][0][0] == "weights"
+    # C1: two real micro-batches; the per-token loss over the window equals the concatenated batch, not the mean of means
+    acc = checks["gradient accumulation"]["numbers"]
+    assert acc["micro_batches"] == 2 and acc["configured_accumulation"] == 2
+    assert acc["loss_accumulated"] == pytest.approx(acc["loss_concatenated"], rel=1e-5)
+    assert len(set(acc["tokens_per_micro_batch"])) == 2 and acc["loss_mean_of_means"] != pytest.approx(acc["loss_accumulated"], rel=1e-6)
+    assert "per-token mean over the accumulation window" in checks["gradient accumulation"]["normalisation"]
+    ck = checks["activation checkpointing"]["numbers"]
+    assert ck["grad_max_abs_diff"] <= 1e-6 and ck["seconds_with"] > 0 and ck["configured"] is False
+    combo = checks["configured combination"]["numbers"]
+    assert combo["steps"] == 2 and combo["accumulation"] == 2 and combo["trainable_changed"] == 8
+    assert combo["frozen_unchanged"] == combo["frozen_tensors"]
+    # smoke pass: saved adapter, reloaded in a fresh process, identical predictions and logits
+    sm = checks["smoke pass"]["numbers"]
+    assert sm["eval_examples"] == 2 and sm["identical_after_reload"] == 2 and sm["max_abs_logit_diff"] <= 1e-4
+    assert sm["adapter_effect_max_abs_logit"] > sm["max_abs_logit_diff"]  # the reload comparison can tell the adapter apart
+    assert (study / "runs" / run_id / "smoke" / "adapter" / "adapter_model.safetensors").exists()
+    th = checks["throughput"]["numbers"]
+    assert th["s_per_step"] > 0 and th["tokens_per_s"] > 0 and th["total_steps"] == 3
+    assert th["budget_seconds"] == pytest.approx(3 * th["s_per_step"], rel=1e-3, abs=0.1)
+    assert th["eval_examples"] == 4 and th["eval_seconds_estimate"] == pytest.approx(4 * th["eval_s_per_example"], abs=0.1)
+    # the summary carries what `tuneproof plan` and the dossier read
+    s = rec.summary
+    assert s["passed"] is True and s["s_per_step"] == th["s_per_step"] and s["eval_s_per_example"] == th["eval_s_per_example"]
+    assert s["budget_seconds"] == th["budget_seconds"] and s["tokens_per_s"] == th["tokens_per_s"] and s["reload_seconds"] > 0
+    assert len(s["checks"]) == 14 and s["platform_key"].startswith("cpu |")
+
+
+def test_unmatched_target_pattern_fails_naming_it_exit_3(tmp_path, tiny_model_dir):
+    study = make_study(tmp_path / "s", tiny_model_dir, method__target_modules=["q_proj", "ff.0"])
+    assert cli("preflight", "--study", str(study)) == 3
+    rec = Registry(study).latest("preflight", status="failed")
+    assert rec is not None and "ff.0" in rec.reason and "target modules" in rec.reason
+    checks = checks_of(study, rec.id)
+    t = checks["target modules"]
+    assert t["passed"] is False and t["numbers"]["q_proj"] == 2 and t["numbers"]["ff.0"] == 0 and t["numbers"]["unmatched"] == ["ff.0"]
+    assert checks["update check"]["passed"] is None and "skipped" in checks["update check"]["message"]
+    assert rec.summary["failed"] == ["target modules"]
+
+
+def test_memory_budget_too_small_fails_with_the_numbers(tmp_path, tiny_model_dir):
+    study = make_study(tmp_path / "s", tiny_model_dir)
+    with pytest.raises(CheckFailed, match="step memory") as err:
+        run_preflight(StudyContext.open(study), memory_budget=parse_memory("1MiB"))
+    assert "exceed the budget 1.0 MiB" in str(err.value) and "measured peak" in str(err.value)
+    rec = Registry(study).latest("preflight", status="failed")
+    mem = checks_of(study, rec.id)["step memory"]
+    assert mem["passed"] is False and mem["numbers"]["budget_gib"] == pytest.approx(2**20 / 2**30, abs=1e-4)
+    key = [k for k in mem["numbers"] if k.endswith("_estimate_gib")][0]
+    assert mem["numbers"][key] * 2**30 > 2**20  # the estimate exceeds 1 MiB and is stated
+    assert rec.summary["failed"] == ["step memory"] and "step memory" in rec.reason
+
+
+def test_precision_the_device_cannot_do_fails_before_any_model_work(tmp_path, tiny_model_dir):
+    study = make_study(tmp_path / "s", tiny_model_dir, training__precision="fp16")
+    assert cli("preflight", "--study", str(study)) == 3
+    rec = Registry(study).latest("preflight", status="failed")
+    checks = checks_of(study, rec.id)
+    assert checks["backend"]["passed"] is False and "fp16 is not supported on CPU" in checks["backend"]["message"]
+    assert checks["backend"]["details"]["dtype"]["dtype"] is None
+    assert all(c["passed"] is None for n, c in checks.items() if n not in ("environment", "backend"))
+    assert (study / "runs" / rec.id / "config.json").exists() and rec.config_hash
+
+
+def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp_path, tiny_model_dir, passed):
+    fresh = make_study(tmp_path / "fresh", tiny_model_dir)
+    with pytest.raises(TuneproofError, match="no preflight has passed") as err:
+        require_preflight(StudyContext.open(fresh), None)
+    assert "tuneproof preflight" in str(err.value) and err.value.exit_code == 2
+    assert cli("train", "--study", str(fresh)) == 2
+    assert Registry(fresh).list(kind="train") == []
+    # the study with a passed preflight: accepted for the same config, refused once the config changes
+    study, run_id = passed
+    assert require_preflight(StudyContext.open(study), None) == run_id
+    changed = StudyContext.open(study, config={**StudyContext.open(study).config, "method": {
+        **StudyContext.open(study).config["method"], "r": 8}})
+    with pytest.raises(TuneproofError, match="the resolved config changed"):
+        require_preflight(changed, None)
+    # an explicit override trains and is recorded in the run
+    assert cli("train", "--study", str(fresh), "--skip-preflight", "tiny smoke study") == 0
+    rec = Registry(fresh).latest("train")
+    assert rec.status == "completed" and rec.summary["preflight_override"] == "tiny smoke study"
+
+
+def test_find_max_micro_batch_is_bounded_by_the_train_split_and_by_the_budget(tmp_path, tiny_model_dir):
+    import contextlib
+
+    from tuneproof.recipes.preflight import check_max_micro_batch
+    from tuneproof.recipes.train import build_model
+
+    ctx = StudyContext.open(make_study(tmp_path / "s", tiny_model_dir))
+    model, _ = build_model(ctx)
+    encoded = ctx.pipeline.encode_all(ctx.split("train"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    big = check_max_micro_batch(model, ctx, encoded, 96, "fp32", parse_memory("20GiB"), contextlib.nullcontext)
+    assert big["passed"] is True and big["numbers"]["max_micro_batch"] == 16 == big["numbers"]["limit"]  # 16 train examples
+    assert [t["micro_batch"] for t in big["details"]["tries"]] == [1, 2, 4, 8, 16]
+    assert all(torch_equal(before[n], p) for n, p in model.named_parameters())  # the probe steps were undone
+    small = check_max_micro_batch(model, ctx, encoded, 96, "fp32", parse_memory("1MiB"), contextlib.nullcontext)
+    assert small["passed"] is False and small["numbers"]["max_micro_batch"] == 0
+    assert "micro-batch 1 does not fit in 0.001 GiB" in small["message"]
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b.detach())
+
+
+def test_env_json_prints_the_recorded_snapshot(capsys):
+    assert cli("env", "--json") == 0
+    snap = json.loads(capsys.readouterr().out)
+    import torch
+
+    assert snap["torch"] == torch.__version__ and snap["backend"] == "cpu" and snap["platform_key"].startswith("cpu |")
+    assert snap["libraries"]["peft"] and snap["cpu"]["logical_cores"] >= 1

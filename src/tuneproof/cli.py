@@ -274,12 +274,11 @@ def quickstart(
     directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),
     data: Optional[Path] = DataOpt,
     fast: bool = typer.Option(False, "--fast", help="tiny subset and few steps (for tests; no real gain expected)"),
-    preflight: bool = typer.Option(False, "--preflight", help="also run the full preflight before training (adds minutes on a CPU)"),
 ) -> None:
     """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA."""
     from tuneproof.recipes.quickstart import run_quickstart  # noqa: PLC0415
 
-    run_quickstart(directory, data, fast=fast, preflight=preflight)
+    run_quickstart(directory, data, fast=fast)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -95,12 +95,25 @@ def preflight(
     data: Optional[Path] = DataOpt,
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="memory one training step may use, e.g. 80GiB, 512MiB, 16GB (default: the GPU's memory, RAM on CPU)"),
     find_max_micro_batch: bool = typer.Option(False, "--find-max-micro-batch", help="also find the largest micro-batch whose measured step fits the budget"),
+    from_run: Optional[str] = typer.Option(None, "--from", help="preflight the variant of this train run given by --set (what `train --from ... --set ...` will check)"),
+    set_: List[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change, repeatable"),
+    allow_multi_change: bool = typer.Option(False, "--allow-multi-change", help="with --from: allow a change of more than one group"),
 ) -> None:
     """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""
     from tuneproof.recipes.preflight import parse_memory, run_preflight  # noqa: PLC0415
 
     budget = parse_memory(memory_budget) if memory_budget is not None else None
-    run_id = run_preflight(_ctx(study, data), memory_budget=budget, find_max_micro_batch=find_max_micro_batch)
+    if from_run is not None:
+        from tuneproof.recipes.variants import plan_variant, variant_context  # noqa: PLC0415
+        from tuneproof.registry import Registry  # noqa: PLC0415
+
+        plan = plan_variant(Registry(study), from_run, set_, allow_multi_change=allow_multi_change)
+        ctx = variant_context(study, data, plan)
+    elif set_:
+        raise TuneproofError("--set needs --from RUN", hint="e.g. tuneproof preflight --from r0004 --set method.r=16")
+    else:
+        ctx = _ctx(study, data)
+    run_id = run_preflight(ctx, memory_budget=budget, find_max_micro_batch=find_max_micro_batch)
     console.print(f"preflight run [bold]{run_id}[/] passed; next: tuneproof train")
 
 
@@ -274,11 +287,12 @@ def quickstart(
     directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),
     data: Optional[Path] = DataOpt,
     fast: bool = typer.Option(False, "--fast", help="tiny subset and few steps (for tests; no real gain expected)"),
+    preflight: bool = typer.Option(False, "--preflight", help="also run the full preflight before training (adds minutes on a CPU)"),
 ) -> None:
     """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA."""
     from tuneproof.recipes.quickstart import run_quickstart  # noqa: PLC0415
 
-    run_quickstart(directory, data, fast=fast)
+    run_quickstart(directory, data, fast=fast, preflight=preflight)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -1043,7 +1043,7 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
             diffs.append(f"the platform ({last.summary.get('platform_key')} -> {key})")
         why = f"the latest passed preflight {last.id} was for another configuration: {', '.join(diffs) or 'unknown'} changed"
     raise TuneproofError(f"train refused: {why}",
-                         hint=f"run `{cmd}` first, or `tuneproof train --skip-preflight \"REASON\"` (the override is recorded in the run)")
+                         hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or `tuneproof train --skip-preflight \"REASON\"` (the override is recorded in the run)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 SNIPS (7 intents, slots) turned into strict JSON extraction with SmolLM2-135M-Instruct + LoRA:
 init -> data check -> baseline (fixed stratified subset of the validation split) -> preflight
--> train -> eval (same procedure) -> compare (paired, guards judged) -> export (bound to the base)
+(with ``--fast`` or ``--preflight``) -> train -> eval (same procedure) -> compare (paired, guards judged) -> export (bound to the base)
 -> dossier. ``--fast`` shrinks everything for tests (no gain is expected there).
 """
 
@@ -48,8 +48,8 @@ def write_quickstart_study(directory: Path, *, fast: bool) -> Path:
     return atomic_write_text(directory / STUDY_FILE, text)
 
 
-def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool = False) -> dict:
-    """Run every step; returns ``{"runs": {...}, "compare": ..., "dossier": path, "seconds": s}``."""
+def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool = False, preflight: bool = False) -> dict:
+    """Run every step (the preflight with ``--fast`` or ``--preflight``: on a 2-core CPU it adds minutes); returns ``{"runs": {...}, "compare": ..., "dossier": path, "seconds": s}``."""
     t0 = time.perf_counter()
     directory = Path(directory)
     if (directory / STUDY_FILE).exists() and any((directory / "runs").glob("*")):
@@ -70,12 +70,10 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
     from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
 
     steps.append(("baseline", lambda: run_baseline(ctx)))
-    try:
+    if fast or preflight:
         from tuneproof.recipes.preflight import run_preflight  # noqa: PLC0415
 
         steps.append(("preflight", lambda: run_preflight(ctx)))
-    except ImportError:
-        pass
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
 
     steps.append(("train", lambda: run_train(ctx)))

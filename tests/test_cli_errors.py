@@ -52,4 +52,11 @@ def test_wrong_column_is_named(tmp_path, capsys):
     (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(raw))
     (tmp_path / "d.csv").write_text('text,target\nhello,"{""intent"": ""a""}"\n')
     code, out = run_cli(["data", "check", "--study", str(tmp_path)], capsys)
-    assert code == 2 and "d.csv:2: column 'utterance' not found (columns: text, target)" in out
+    assert code == 2 and "d.csv:1: column 'utterance' not found (columns: text, target)" in out
+
+
+def test_usage_errors_exit_2_without_traceback(tmp_path, capsys):
+    code, out = run_cli(["invalidate", "r0001", "--study", str(tmp_path)], capsys)
+    assert code == 2 and "Missing option" in out and "--why" in out and "Traceback" not in out
+    code, out = run_cli(["runs", "--bogus"], capsys)
+    assert code == 2 and "No such option" in out and "Traceback" not in out

@@ -175,7 +175,12 @@ def compare(
     """Candidates vs the baseline, paired per example; guards and success criterion judged."""
     from tuneproof.recipes.compare import run_compare  # noqa: PLC0415
 
-    run_compare(_ctx(study), runs, against=against, allow_different_procedure=allow_different_procedure)
+    ctx = _ctx(study)
+    run_id = run_compare(ctx, runs, against=against, allow_different_procedure=allow_different_procedure)
+    verdict = ctx.registry.get(run_id).summary.get("verdict")
+    if verdict == "fail":  # the comparison ran; the hypothesis did not hold: a failed protocol check
+        console.print(f"compare run [bold]{run_id}[/]: verdict fail (exit 3)")
+        raise typer.Exit(3)
 
 
 @app.command("test")
@@ -304,6 +309,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         from transformers.utils import logging as hf_logging  # noqa: PLC0415
@@ -328,10 +334,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(err.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as err:  # click usage errors
-        import click  # noqa: PLC0415
-
-        if isinstance(err, click.ClickException):
+    except Exception as err:  # usage errors of Typer's click: missing argument, unknown option...
+        if callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int):
             err.show()
             sys.exit(2)
         raise

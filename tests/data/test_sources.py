@@ -53,7 +53,7 @@ def test_csv_errors_name_file_line_and_column(tmp_path):
     with pytest.raises(TuneproofError, match=r"d.csv:3: 3 fields, header has 2"):
         load_csv(p, FieldMap(text="text", label="label"))
     p.write_text("text,label\nhello,a\n")
-    with pytest.raises(TuneproofError, match=r"d.csv:2: column 'category' not found \(columns: text, label\)"):
+    with pytest.raises(TuneproofError, match=r"d.csv:1: column 'category' not found \(columns: text, label\)"):
         load_csv(p, FieldMap(text="text", label="category"))
     p.write_text("text,label\nhello,a\nworld,\n")
     with pytest.raises(TuneproofError, match=r"d.csv:3: empty label"):

@@ -65,6 +65,10 @@ def load_csv(path: Path, fields, split: str | None = None) -> tuple[list[Example
         header = next(reader)
     except StopIteration:
         raise TuneproofError(f"{path}: empty CSV file") from None
+    for key in ("text", "label", "target", "id"):
+        col = getattr(fields, key)
+        if col is not None and col not in header:
+            raise TuneproofError(f"{path}:1: column '{col}' not found (columns: {', '.join(header)})", hint="fix data.fields in tuneproof.yaml")
     out = []
     for row in reader:
         line = reader.line_num

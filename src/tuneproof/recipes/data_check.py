@@ -43,7 +43,8 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     lengths = length_stats({name: [e.full_length for e in items] for name, items in encoded.items()}, s.training.max_length)
     hard = list(labels.get("hard_faults", [])) + (targets or {}).get("hard_faults", []) + [
         f"{f['split']}/{f['id']}: {f['fault']}" for f in faults]
-    warnings = list(labels.get("warnings", [])) + lengths.get("warnings", []) + dedup.summary_lines()
+    warnings = list(labels.get("warnings", [])) + lengths.get("warnings", []) + [
+        line for line in dedup.summary_lines() if "no duplicates" not in line]
     return {
         "fingerprint": ctx.data_fingerprint(), "manifest_created": getattr(ctx, "manifest_created", None),
         "sizes": {n: len(v) for n, v in splits.items()}, "repairs": ctx.repairs,

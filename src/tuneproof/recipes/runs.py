@@ -29,12 +29,12 @@ def show_runs(study: Path, *, tree: bool = False) -> None:
             flags.append("multi-change variant")
         style = STATUS_STYLE.get(r.status, "")
         rows.append([
-            r.id, r.kind, f"[{style}]{r.status}[/]", r.reason or "", r.parent or "", iso(r.created),
-            " ".join(f"{k}={fmt(v)}" for k, v in list(metrics.items())[:3]), "; ".join(flags),
+            r.id, r.kind, f"[{style}]{r.status}[/]", r.reason or "", r.parent or "", iso(r.created)[5:16],
+            " ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2]), "; ".join(flags),
         ])
     if tree:
         from tuneproof.recipes.lineage import print_tree  # noqa: PLC0415
 
         print_tree(reg, runs)
         return
-    console.print(table("runs", ["id", "kind", "status", "reason", "parent", "created (UTC)", "metrics", "flags"], rows))
+    console.print(table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics", "flags"], rows))

@@ -30,7 +30,7 @@ def progress_bar(description: str, total: int) -> Iterator:
 def table(title: str, columns: list[str], rows: list[list]) -> Table:
     t = Table(title=title, title_justify="left")
     for c in columns:
-        t.add_column(c)
+        t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(*["" if v is None else str(v) for v in r])
     return t

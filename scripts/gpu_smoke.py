@@ -17,7 +17,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 import yaml  # noqa: E402
 
-from conftest import make_llama, make_tokenizer  # noqa: E402
+from tinymodels import make_llama, make_tokenizer  # noqa: E402
 
 
 def main(out: Path) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CHATML, make_tokenizer
+from tinymodels import CHATML, make_tokenizer
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import TextPipeline, collate, raise_on_faults
 from tuneproof.errors import CheckFailed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from peft import LoraConfig, get_peft_model
 
-from conftest import make_llama
+from tinymodels import make_llama
 from tuneproof.preflight.fsdp import mixed_units
 
 

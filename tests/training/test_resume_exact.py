@@ -128,11 +128,16 @@ def test_ctrl_c_in_process_stops_after_the_step_and_resumes_exactly(reference, t
 
     study = make_study(tmp_path / "s", tiny_base)
     ctx = StudyContext.open(study)
-    with monkeypatch.context() as m:
-        m.setattr(loop, "train", train)
-        with pytest.raises(KeyboardInterrupt):
-            run_train(ctx)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    # Ctrl-C in a terminal: Python's own handler, also when pytest runs as a background job (SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(loop, "train", train)
+            with pytest.raises(KeyboardInterrupt):
+                run_train(ctx)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    finally:
+        signal.signal(signal.SIGINT, previous)
     (rec,) = ctx.registry.list()
     assert rec.status == "interrupted" and rec.reason == "interrupted by Ctrl-C at step 3"
     run_dir = ctx.registry.runs_dir / rec.id
@@ -141,3 +146,20 @@ def test_ctrl_c_in_process_stops_after_the_step_and_resumes_exactly(reference, t
         main(["resume", rec.id, "--study", str(study)])
     assert exit_.value.code == 0
     _assert_same_as_reference(run_dir, reference)
+
+
+def test_an_ignored_sigint_stays_ignored_during_training(tiny_base, tmp_path):
+    """A background job (SIGINT ignored by the shell): training keeps SIGINT ignored, so a stray
+    SIGINT neither stops the run nor changes it; SIGTERM is still deferred to the step boundary."""
+    import signal
+
+    from tuneproof.training.loop import _StopRequest
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _StopRequest() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == stop._handle
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

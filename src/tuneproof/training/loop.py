@@ -173,7 +173,8 @@ def restore_state(model, optimizer, scheduler, ckpt: dict[str, Any]) -> None:
 class _StopRequest:
     """Defers SIGINT/SIGTERM to the end of the current optimizer step (see the module docstring).
 
-    Installed only in the main thread; elsewhere signals keep their handlers.
+    Installed only in the main thread; elsewhere signals keep their handlers. A SIGINT that the
+    process inherited as ignored (a background job started by a shell) stays ignored.
     """
 
     SIGNALS = ("SIGINT", "SIGTERM")
@@ -187,6 +188,8 @@ class _StopRequest:
 
         for name in self.SIGNALS:
             sig = getattr(signal, name)
+            if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # a background job (SIGINT ignored, POSIX job control): keep ignoring it
             try:
                 self.old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread

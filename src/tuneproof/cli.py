@@ -300,6 +300,26 @@ def quickstart(
     run_quickstart(directory, data, fast=fast, preflight=preflight)
 
 
+track_app = typer.Typer(no_args_is_help=True, help="Experiment trackers (tracking.* / report_to in the study): MLflow, W&B, Trackio.")
+app.add_typer(track_app, name="track")
+
+
+@track_app.command("sync")
+def track_sync(study: Path = StudyOpt, all_: bool = typer.Option(False, "--all", help="mirror every ended run again, not only pending ones")) -> None:
+    """Mirror the runs the trackers have not received yet (a tracker was down) to every tracker."""
+    from tuneproof.tracking import sync, trackers_for  # noqa: PLC0415
+
+    ctx = _ctx(study)
+    trackers = trackers_for(ctx.study)
+    if not trackers:
+        raise TuneproofError(f"{ctx.study_dir / 'tuneproof.yaml'}: no tracker set", hint="add tracking: {mlflow: {uri: sqlite:///mlflow.db}} or report_to: [mlflow]")
+    done = sync(trackers, ctx.registry, only_pending=not all_)
+    console.print(f"mirrored {len(done['mirrored'])} run(s) to {', '.join(t.name for t in trackers)}"
+                  + (f"; still pending: {', '.join(done['pending'])}" if done["pending"] else ""))
+    if done["pending"]:
+        sys.exit(2)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: runs the app and turns user errors into short messages + exit codes."""
     import logging  # noqa: PLC0415

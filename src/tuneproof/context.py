@@ -39,7 +39,13 @@ class StudyContext:
 
     @cached_property
     def registry(self) -> Registry:
-        return Registry(self.study_dir)
+        from tuneproof.tracking import end_hook  # noqa: PLC0415
+
+        registry = Registry(self.study_dir)
+        hook = end_hook(self.study)  # tracking.* / report_to: mirror each run when it ends
+        if hook is not None:
+            registry.end_hooks.append(hook)
+        return registry
 
     @property
     def config(self) -> dict[str, Any]:

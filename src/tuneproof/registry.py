@@ -185,6 +185,8 @@ class Registry:
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
+        #: callables ``(registry, record)`` run after a run's final status is recorded (trackers)
+        self.end_hooks: list = []
         self.mark_stale()
 
     def close(self) -> None:
@@ -271,7 +273,17 @@ class Registry:
         if rec.status in ("running", "failed") and rec.reason and reason in rec.reason:
             prior = ""  # the failure was this very check (e.g. a NaN loss): say it once
         self._update(rec.id, status="invalid", reason=reason + prior, ended=rec.ended or _now())
+        if rec.status != "running":  # a run invalidated after it ended: the hooks see the new status
+            self._ended(rec.id)
         return self.get(rec.id)
+
+    def _ended(self, run_id: str) -> None:
+        """Run the end hooks; a hook never changes how the run ended (its error is one warning line)."""
+        for hook in self.end_hooks:
+            try:
+                hook(self, self.get(run_id))
+            except Exception as err:  # noqa: BLE001
+                logging.getLogger("tuneproof").warning("end hook %s failed for %s: %s", getattr(hook, "__name__", hook), run_id, err)
 
     def mark_stale(self) -> list[str]:
         """Mark ``running`` runs whose process is gone as interrupted. Returns their ids."""
@@ -354,6 +366,7 @@ class Registry:
         finally:
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
+            self._ended(run.id)
 
     # ------------------------------------------------------------------ sealed test split
     def log_test_access(self, run_id: str, candidate: str, result: dict[str, Any]) -> None:

@@ -147,6 +147,29 @@ class Eval(_Strict):
     seed: int = Field(0, description="seed of the bootstrap")
 
 
+# --------------------------------------------------------------------------- tracking
+class MlflowTracking(_Strict):
+    uri: str | None = Field(None, description="MLflow tracking URI, e.g. sqlite:///mlflow.db or http://host:5000 (default $MLFLOW_TRACKING_URI)")
+    experiment: str | None = Field(None, description="MLflow experiment (default: the study name)")
+
+
+class WandbTracking(_Strict):
+    project: str | None = Field(None, description="W&B project (default: the study name)")
+    mode: Literal["online", "offline"] | None = Field(None, description="W&B mode (default: W&B's own)")
+
+
+class TrackioTracking(_Strict):
+    project: str | None = Field(None, description="Trackio project (default: the study name)")
+
+
+class Tracking(_Strict):
+    """Trackers that get a copy of every run; the registry stays the source of truth."""
+
+    mlflow: MlflowTracking | None = Field(None, description="mirror runs to MLflow")
+    wandb: WandbTracking | None = Field(None, description="mirror runs to Weights & Biases (when installed)")
+    trackio: TrackioTracking | None = Field(None, description="mirror runs to Trackio (when installed)")
+
+
 class Study(_Strict):
     schema_version: int = Field(1, description="study file schema version")
     name: str = Field(description="study name")
@@ -156,6 +179,9 @@ class Study(_Strict):
     method: Method = Field(default_factory=Method)
     training: Training = Field(default_factory=Training)
     eval: Eval = Field(default_factory=Eval)
+    tracking: Tracking = Field(default_factory=Tracking)
+    report_to: list[Literal["mlflow", "wandb", "trackio"]] = Field(
+        default_factory=list, description="shorthand for tracking.<name> with its defaults (transformers' report_to names)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Study":

@@ -22,6 +22,7 @@ from pathlib import Path
 from tuneproof.context import StudyContext
 from tuneproof.deliver.dossier import collect, to_html, to_markdown
 from tuneproof.io import atomic_write_text
+from tuneproof.tracking import publish_dossier
 
 MD_FILE = "dossier.md"
 HTML_FILE = "dossier.html"
@@ -37,6 +38,8 @@ def run_report(ctx: StudyContext, *, html: bool = False) -> Path:
     d = collect(ctx, plots=html)
     path = ctx.study_dir / MD_FILE
     atomic_write_text(path, to_markdown(d))
+    written = [path]
     if html:
-        atomic_write_text(ctx.study_dir / HTML_FILE, to_html(d))
+        written.append(atomic_write_text(ctx.study_dir / HTML_FILE, to_html(d)))
+    publish_dossier(ctx.study, ctx.study_dir, written)  # tracking.*: a copy of the dossier; never fails the report
     return path

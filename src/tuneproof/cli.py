@@ -10,11 +10,23 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+import typer.core
 
 from tuneproof.errors import TuneproofError
 from tuneproof.ui import console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+#: `tuneproof --help` lists commands in the order of the protocol (PROTOCOL.md steps), tools last
+PROTOCOL_ORDER = ("init", "data", "baseline", "env", "preflight", "train", "resume", "eval", "compare", "show", "test",
+                  "export", "verify", "report", "plan", "runs", "invalidate", "track", "quickstart")
+
+
+class _ProtocolOrder(typer.core.TyperGroup):
+    def list_commands(self, ctx) -> list[str]:  # noqa: ARG002
+        rank = {name: i for i, name in enumerate(PROTOCOL_ORDER)}
+        return sorted(self.commands, key=lambda name: (rank.get(name, len(rank)), name))
+
+
+app = typer.Typer(cls=_ProtocolOrder, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Make a fine-tuning experiment provably sound: baseline, data checks, preflight, runs, paired comparison, bound export, dossier.")
 data_app = typer.Typer(no_args_is_help=True, help="Data protocol: versions, splits, duplicates, audits, token-level inspection.")
 app.add_typer(data_app, name="data")
@@ -62,7 +74,11 @@ def train(
     grid: Optional[str] = typer.Option(None, "--grid", help="with --from: KEY=V1,V2,... one variant per value, run in sequence"),
     allow_multi_change: bool = typer.Option(False, "--allow-multi-change", help="with --from: allow a variant that changes more than one group (flagged)"),
 ) -> None:
-    """Train with the study's method (LoRA by default) and record the run; with --from, a variant of a train run."""
+    """Train with the study's method (LoRA by default) and record the run; with --from, a variant of a train run.
+
+    The step budget is set in tuneproof.yaml: training.max_steps or training.epochs (one of them),
+    with training.micro_batch_size x training.gradient_accumulation_steps examples per optimizer step.
+    """
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
 
     if from_run is not None:
@@ -135,11 +151,12 @@ def eval_(run: str = typer.Argument(..., help="a completed train run"), study: P
 
 
 @app.command()
-def runs(study: Path = StudyOpt, tree: bool = typer.Option(False, "--tree", help="show lineage as a tree")) -> None:
+def runs(study: Path = StudyOpt, tree: bool = typer.Option(False, "--tree", help="show lineage as a tree"),
+         json_: bool = typer.Option(False, "--json", help="print every run record as JSON (for scripts)")) -> None:
     """Every run, failed, interrupted and invalid ones included."""
     from tuneproof.recipes.runs import show_runs  # noqa: PLC0415
 
-    show_runs(study, tree=tree)
+    show_runs(study, tree=tree, as_json=json_)
 
 
 @app.command()

@@ -10,8 +10,22 @@ from tuneproof.ui import console, fmt, table
 STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}
 
 
-def show_runs(study: Path, *, tree: bool = False) -> None:
+def runs_json(reg: Registry) -> list[dict]:
+    """Every run record as plain JSON values (times as ISO 8601 UTC), oldest first."""
+    return [{"id": r.id, "kind": r.kind, "status": r.status, "reason": r.reason, "parent": r.parent, "name": r.name,
+             "created": iso(r.created), "ended": iso(r.ended) if r.ended else None, "config_hash": r.config_hash,
+             "data_fingerprint": r.data_fingerprint, "eval_fingerprint": r.eval_fingerprint, "summary": r.summary}
+            for r in reg.list()]
+
+
+def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None:
     reg = Registry(study)
+    if as_json:
+        import json  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+
+        sys.stdout.write(json.dumps(runs_json(reg), indent=2, default=str) + "\n")
+        return
     runs = reg.list()
     if not runs:
         console.print("no runs yet")

@@ -49,3 +49,25 @@ def test_runs_json_lists_every_run_with_status_and_reason(tmp_path, capsys):
     assert [(r["id"], r["kind"], r["status"]) for r in rows] == [("r0001", "eval", "completed"), ("r0002-lr-big", "train", "failed")]
     assert rows[1]["reason"] == "RuntimeError: loss exploded"
     assert rows[0]["summary"]["metrics"] == {"accuracy": 0.5}
+
+
+def test_runs_table_at_80_columns_breaks_no_word(tmp_path, capsys, monkeypatch):
+    from tuneproof.registry import Registry
+
+    reg = Registry(tmp_path)
+    for kind in ("data-check", "baseline", "preflight"):
+        with reg.run(kind) as run:
+            run.update_summary(metrics={"accuracy": 0.5, "macro_f1": 0.25})
+    with pytest.raises(RuntimeError):
+        with reg.run("train", name="lora-r16"):
+            raise RuntimeError("a long reason that has to wrap over several lines of the table")
+    reg.close()
+    monkeypatch.setenv("COLUMNS", "80")
+    from tuneproof.ui import console
+
+    monkeypatch.setattr(console, "_width", 80)
+    code, out = _main(["runs", "--study", str(tmp_path)], capsys)
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for word in ("completed", "data-check", "baseline", "preflight", "r0004-lora-r16"):
+        assert word in out, word

@@ -74,12 +74,30 @@ def progress_bar(description: str, total: int) -> Iterator:
         yield advance
 
 
+#: a column is never narrower than its longest word up to this many characters, so words such as
+#: "completed" or "data-check" are not broken at 80 columns; longer tokens (hashes, paths) fold
+MAX_UNBROKEN_WORD = 14
+
+
+def _longest_word(texts) -> int:
+    from rich.text import Text  # noqa: PLC0415
+
+    longest = 0
+    for text in texts:
+        plain = Text.from_markup(text).plain if "[" in text else text
+        for word in plain.split():
+            longest = max(longest, len(word))
+    return min(longest, MAX_UNBROKEN_WORD)
+
+
 def table(title: str, columns: list[str], rows: list[list]) -> Table:
+    """A Rich table whose cells wrap between words (a word up to 14 characters is never cut)."""
+    cells = [["" if v is None else str(v) for v in r] for r in rows]
     t = Table(title=title, title_justify="left")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*["" if v is None else str(v) for v in r])
+    for i, c in enumerate(columns):
+        t.add_column(c, overflow="fold", min_width=_longest_word([c] + [r[i] for r in cells if i < len(r)]))
+    for r in cells:
+        t.add_row(*r)
     return t
 
 

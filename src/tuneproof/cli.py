@@ -164,12 +164,13 @@ def resume(
     run: str = typer.Argument(..., help="an interrupted (or failed) train run"),
     study: Path = StudyOpt,
     data: Optional[Path] = DataOpt,
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="a file in runs/RUN/checkpoints/ (default: the latest)"),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="a checkpoint in runs/RUN/checkpoints/ (step-NNNNNN) or a path (default: the latest)"),
+    fallback: bool = typer.Option(False, "--fallback", help="if the checkpoint is refused (sha256 differs, damaged, not a checkpoint folder), continue from the newest valid older one"),
 ) -> None:
     """Continue an interrupted train run from its checkpoint, in this process, into the same run id."""
     from tuneproof.recipes.resume import run_resume  # noqa: PLC0415
 
-    run_id = run_resume(study, data, run, checkpoint=checkpoint)
+    run_id = run_resume(study, data, run, checkpoint=checkpoint, fallback=fallback)
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
 
 

@@ -147,6 +147,46 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+HASH_CACHE_MIN_BYTES = 1 << 20  # smaller files are hashed directly (faster than a cache lookup)
+
+
+def hash_cache_dir() -> Path:
+    """``$TUNEPROOF_HASH_CACHE``, else ``$XDG_CACHE_HOME/tuneproof/hashes`` (default ``~/.cache``)."""
+    if os.environ.get("TUNEPROOF_HASH_CACHE"):
+        return Path(os.environ["TUNEPROOF_HASH_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneproof" / "hashes"
+
+
+def sha256_file_cached(path: str | os.PathLike, *, min_bytes: int = HASH_CACHE_MIN_BYTES) -> str:
+    """:func:`sha256_file`, remembered by (absolute path, size, mtime, ctime, inode) in
+    :func:`hash_cache_dir`, so a 16 GB base model is read once, not by every command.
+
+    Any change of the file's bytes through the file system changes its mtime and ctime (ctime
+    cannot be set back by ``touch``), so a cached value is reused only for the same file state.
+    ``TUNEPROOF_REHASH=1`` (``tuneproof --rehash ...``) recomputes and refreshes every value. A
+    cache that cannot be written (read-only) is skipped silently.
+    """
+    path = Path(path).resolve()
+    st = path.stat()
+    if st.st_size < min_bytes:
+        return sha256_file(path)
+    ident = f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
+    entry = hash_cache_dir() / (hashlib.sha256(ident.encode()).hexdigest() + ".json")
+    if os.environ.get("TUNEPROOF_REHASH") != "1" and entry.is_file():
+        try:
+            rec = json.loads(entry.read_text(encoding="utf-8"))
+            if rec.get("ident") == ident and isinstance(rec.get("sha256"), str) and len(rec["sha256"]) == 64:
+                return rec["sha256"]
+        except (OSError, ValueError):
+            pass
+    digest = sha256_file(path)
+    try:
+        write_json(entry, {"ident": ident, "path": str(path), "size": st.st_size, "sha256": digest})
+    except OSError:
+        pass
+    return digest
+
+
 def sha256_json(obj: Any) -> str:
     """Hex sha256 of the canonical JSON of ``obj`` (sorted keys, no whitespace)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()).hexdigest()

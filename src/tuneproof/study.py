@@ -94,6 +94,7 @@ class ModelSpec(_Strict):
     base: str = Field(description="built-in alias (smollm2-135m-instruct, minilm-l6), local folder, or hub id")
     revision: str | None = Field(None, description="exact revision (commit sha) for a hub id; checked against the local copy")
     kind: Literal["auto", "causal-lm", "sequence-classification"] = Field("auto", description="model head; auto: from the alias or the task")
+    trust_remote_code: bool = Field(False, description="let transformers run Python code shipped with the model (recorded in every run's config)")
 
 
 class Method(_Strict):

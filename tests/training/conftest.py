@@ -34,7 +34,7 @@ def tiny_base(tmp_path_factory):
 @pytest.fixture(scope="session")
 def interrupted(tiny_base, tmp_path_factory):
     """A study whose 8-step run was stopped by SIGTERM after step 5 in its own ``tuneproof train``
-    process (checkpoints step-000004.pt and step-000005.pt). Tests work on copies."""
+    process (checkpoints step-000004/ and step-000005/, safetensors + JSON). Tests work on copies."""
     from tiny_study import make_study, train_with_signal
 
     study = make_study(tmp_path_factory.mktemp("interrupted") / "s", tiny_base)

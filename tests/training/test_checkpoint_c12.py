@@ -47,7 +47,7 @@ def test_checkpoint_holds_everything_to_resume_and_explain(stopped):
     assert rec.status == "interrupted" and rec.reason == "interrupted (stop_after=10) at step 10"
     run_dir = Registry(study).runs_dir / rec.id
     files = list_checkpoints(run_dir)
-    assert [p.name for p in files] == ["step-000008.pt", "step-000010.pt"]  # periodic (every 4; step 4 pruned) + interruption
+    assert [p.name for p in files] == ["step-000008", "step-000010"]  # periodic (every 4; step 4 pruned) + interruption
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp file left
     ckpt = load_checkpoint(files[-1])
     assert ckpt["step"] == 10 and ckpt["total_steps"] == TOTAL and ckpt["reason"] == "interrupt"

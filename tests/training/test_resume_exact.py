@@ -95,9 +95,9 @@ def test_resume_from_the_older_periodic_checkpoint_retrains_step_5_exactly(refer
     (That a killed process is found stale is tested in tests/registry.)"""
     study = shutil.copytree(interrupted, tmp_path / "s")
     run_dir = next((study / "runs").iterdir())
-    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000004.pt", "step-000005.pt"]
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000004", "step-000005"]
     with pytest.raises(SystemExit) as exit_:
-        main(["resume", run_dir.name, "--study", str(study), "--checkpoint", "step-000004.pt"])
+        main(["resume", run_dir.name, "--study", str(study), "--checkpoint", "step-000004"])
     assert exit_.value.code == 0
     rec = Registry(study).get(run_dir.name)
     assert rec.status == "completed" and rec.summary["resumes"][-1]["from_step"] == 4
@@ -141,7 +141,7 @@ def test_ctrl_c_in_process_stops_after_the_step_and_resumes_exactly(reference, t
     (rec,) = ctx.registry.list()
     assert rec.status == "interrupted" and rec.reason == "interrupted by Ctrl-C at step 3"
     run_dir = ctx.registry.runs_dir / rec.id
-    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000002.pt", "step-000003.pt"]
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000002", "step-000003"]
     with pytest.raises(SystemExit) as exit_:
         main(["resume", rec.id, "--study", str(study)])
     assert exit_.value.code == 0

@@ -5,10 +5,10 @@ model changed since the checkpoint, checkpoint missing, damaged or incomplete, u
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 import pytest
-import torch
 import yaml
 
 from tuneproof.cli import main
@@ -61,7 +61,7 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
     # the run's recorded config was edited
     undo = _edit(run_dir / "config.json", '"r": 4', '"r": 8')
     out = _resume(capsys, study)
-    assert "config.json differs from the config of step-000005.pt: method.r: 4 -> 8" in out
+    assert "config.json differs from the config of step-000005: method.r: 4 -> 8" in out
     undo()
     unchanged()
 
@@ -82,31 +82,49 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
     assert "the base model changed since the checkpoint of r0001: revision sha256:" in out and "-> another-revision" in out
     unchanged()
 
-    # the latest checkpoint is damaged (truncated): named, with the way out
-    latest = ckpts / "step-000005.pt"
-    good = latest.read_bytes()
-    latest.write_bytes(good[: len(good) // 2])
+    # the latest checkpoint is damaged (truncated): its sha256 differs from the one recorded when
+    # it was written; named with both hashes and the way out
+    latest = ckpts / "step-000005"
+    tensors, state, index = latest / "tensors.safetensors", latest / "state.json", ckpts / "index.json"
+    good, good_state, good_index = tensors.read_bytes(), state.read_bytes(), index.read_bytes()
+    recorded = json.loads(good_index)["checkpoints"]["step-000005"]["files"]["tensors.safetensors"]
+    tensors.write_bytes(good[: len(good) // 2])
     out = _resume(capsys, study)
-    assert "step-000005.pt: unreadable checkpoint" in out and "resume from an older one with --checkpoint" in out
-    assert len(latest.read_bytes()) == len(good) // 2  # not overwritten
-    latest.write_bytes(good)
+    found = hashlib.sha256(good[: len(good) // 2]).hexdigest()
+    assert f"step-000005/tensors.safetensors: sha256 {found} differs from {recorded} recorded when it was written" in out
+    assert "resume from an older one with --fallback" in out
+    assert len(tensors.read_bytes()) == len(good) // 2  # not overwritten
+
+    def reindex():  # a damaged file whose hash was recorded as is: the loader itself must refuse it
+        idx = json.loads(good_index)
+        idx["checkpoints"]["step-000005"]["files"] = {f: hashlib.sha256((latest / f).read_bytes()).hexdigest()
+                                                      for f in ("state.json", "tensors.safetensors")}
+        index.write_text(json.dumps(idx))
+
+    reindex()
+    out = _resume(capsys, study)
+    assert "step-000005/tensors.safetensors: unreadable checkpoint" in out and "resume from an older one with --checkpoint" in out
+    tensors.write_bytes(good)
+    index.write_bytes(good_index)
     unchanged()
 
     # a checkpoint missing a part
-    ckpt = torch.load(latest, weights_only=False)
+    ckpt = json.loads(good_state)
     del ckpt["optimizer"]
-    torch.save(ckpt, latest)
+    state.write_text(json.dumps(ckpt))
+    reindex()
     out = _resume(capsys, study)
-    assert "step-000005.pt: checkpoint has no 'optimizer'" in out
-    latest.write_bytes(good)
+    assert "step-000005: checkpoint has no 'optimizer'" in out
+    state.write_bytes(good_state)
+    index.write_bytes(good_index)
     unchanged()
 
     # a named checkpoint that does not exist; then no checkpoint at all
-    out = _resume(capsys, study, "--checkpoint", "step-000003.pt")
-    assert "step-000003.pt: checkpoint file not found" in out and "step-000004.pt, step-000005.pt" in out
+    out = _resume(capsys, study, "--checkpoint", "step-000003")
+    assert "step-000003: checkpoint not found" in out and "step-000004, step-000005" in out
     shutil.move(ckpts, tmp_path / "moved")
     out = _resume(capsys, study)
-    assert "no checkpoint (step-*.pt) to resume from" in out
+    assert "no checkpoint (step-*) to resume from" in out
     shutil.move(tmp_path / "moved", ckpts)
     unchanged()
 

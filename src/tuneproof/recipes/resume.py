@@ -1,8 +1,9 @@
 """Recipe ``resume``: continue an interrupted (or failed) train run in a new process, exactly.
 
 Features:
-- continues from the run's latest checkpoint (``runs/<id>/checkpoints/step-*.pt``), or the one
-  named by ``--checkpoint``, into the same run id: status back to ``running``, then completed
+- continues from the run's latest checkpoint (``runs/<id>/checkpoints/step-NNNNNN/``,
+  safetensors + JSON, see :mod:`tuneproof.training.checkpoint`), or the one named by
+  ``--checkpoint``, into the same run id: status back to ``running``, then completed
   (or interrupted/failed/invalid again); global step, learning-rate schedule, optimizer moments,
   trainable weights, RNG states (Python, NumPy, torch) and data position are restored, so the
   per-step losses and final weights equal those of an uninterrupted run (CASES C12; tested on CPU
@@ -11,6 +12,10 @@ Features:
   anything is written, when:
   - the run is completed, invalid, still running, or not a train run;
   - the checkpoint is missing, damaged or incomplete (the file is named; nothing is overwritten);
+  - the checkpoint's files differ from the sha256 recorded when it was written (``index.json``;
+    names the file and both hashes), or it is not a checkpoint folder at all, e.g. a planted
+    pickle ``step-999999.pt``, which is refused without being loaded (CASES C21);
+    ``--fallback`` continues from the newest older checkpoint that passes instead, listing those skipped;
   - the checkpoint's config differs from ``config.json``, or (for a run made from the study file,
     not a variant) the study file changed since (the keys are listed);
   - the data fingerprint or the base model revision differs from the checkpoint's;
@@ -47,28 +52,60 @@ def _refuse_status(rec: RunRecord) -> None:
 
 
 def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
-    """The checkpoint to resume from: ``checkpoint`` (a file name in the run's ``checkpoints/`` or a
-    path), else the latest ``step-*.pt``.
+    """The checkpoint to resume from: ``checkpoint`` (a name in the run's ``checkpoints/`` or a
+    path), else the latest ``step-*`` entry (which :func:`load_checkpoint` may still refuse).
 
     Raises:
-        TuneproofError: no checkpoint (with the step of the first periodic one), or the named file is missing.
+        TuneproofError: no checkpoint (with the step of the first periodic one), or the named one is missing.
     """
-    from tuneproof.training.loop import list_checkpoints  # noqa: PLC0415
+    from tuneproof.training.checkpoint import list_checkpoints  # noqa: PLC0415
 
     folder = run_dir / "checkpoints"
     if checkpoint:
         path = Path(checkpoint)
         if not path.is_absolute() and not path.exists():
             path = folder / checkpoint
-        if not path.is_file():
+        if not path.exists():
             have = ", ".join(p.name for p in list_checkpoints(run_dir)) or "none"
-            raise TuneproofError(f"{path}: checkpoint file not found", hint=f"checkpoints of this run: {have}")
+            raise TuneproofError(f"{path}: checkpoint not found", hint=f"checkpoints of this run: {have}")
         return path
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
-        raise TuneproofError(f"{folder}: no checkpoint (step-*.pt) to resume from",
+        raise TuneproofError(f"{folder}: no checkpoint (step-*) to resume from",
                              hint="the run stopped before its first checkpoint (training.checkpoint_every); start it again")
     return ckpts[-1]
+
+
+def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[Path, dict[str, Any], list[str]]:
+    """Load (and sha256-verify) ``first``; with ``fallback``, when it is refused, the next older
+    checkpoint of the run that loads, newest first.
+
+    Returns ``(path, checkpoint, skipped)`` where ``skipped`` lists ``"<name>: <why>"`` of the
+    refused ones.
+
+    Raises:
+        TuneproofError: ``first`` is refused and ``fallback`` is off, or no checkpoint is valid
+            (every one is named with its reason).
+    """
+    from tuneproof.training.checkpoint import list_checkpoints, load_checkpoint, step_of  # noqa: PLC0415
+
+    try:
+        return first, load_checkpoint(first), []
+    except TuneproofError as err:
+        if not fallback:
+            raise TuneproofError(err.message, hint=(err.hint or "") + ("; " if err.hint else "")
+                                 + "`tuneproof resume RUN --fallback` continues from the newest valid older checkpoint") from None
+        skipped = [f"{first.name}: {err.message}"]
+    limit = step_of(first)
+    for path in reversed(list_checkpoints(run_dir)):
+        if path.resolve() == first.resolve() or (limit is not None and (step_of(path) or 0) >= limit):
+            continue
+        try:
+            return path, load_checkpoint(path), skipped
+        except TuneproofError as err:
+            skipped.append(f"{path.name}: {err.message}")
+    raise TuneproofError("no valid checkpoint to fall back to:\n  " + "\n  ".join(skipped),
+                         hint="start the run again (tuneproof train)")
 
 
 def check_config(study_dir: Path, rec: RunRecord, run_dir: Path, ckpt: dict[str, Any], ckpt_path: Path) -> None:
@@ -110,8 +147,10 @@ def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> 
                              hint=f"point model.base at the revision the run started from ({ckpt['base_revision']})")
 
 
-def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str, *, checkpoint: str | None = None) -> str:
-    """Continue ``run_id`` from its checkpoint; returns the run id.
+def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str, *, checkpoint: str | None = None,
+               fallback: bool = False) -> str:
+    """Continue ``run_id`` from its checkpoint; returns the run id. ``fallback``: when the
+    checkpoint is refused (altered, damaged, not a checkpoint folder), use the newest valid older one.
 
     Raises:
         TuneproofError: see the module docstring; nothing is written when refused.
@@ -119,15 +158,15 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
     """
     from tuneproof.context import StudyContext  # noqa: PLC0415
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
-    from tuneproof.training.loop import load_checkpoint  # noqa: PLC0415
-
     study_dir = Path(study_dir).resolve()
     reg = Registry(study_dir)  # marks runs of dead processes interrupted first
     rec = reg.get(run_id)
     _refuse_status(rec)
     run_dir = reg.runs_dir / rec.id
     ckpt_path = find_checkpoint(run_dir, checkpoint)
-    ckpt = load_checkpoint(ckpt_path)
+    ckpt_path, ckpt, skipped = load_with_fallback(run_dir, ckpt_path, fallback=fallback)
+    for line in skipped:
+        console.print(f"[yellow]skipped[/] {line}", soft_wrap=True)
     check_config(study_dir, rec, run_dir, ckpt, ckpt_path)
     ctx = StudyContext.open(study_dir, data_root, config=ckpt["config"])
     check_inputs(rec, ckpt, ckpt_path, ctx)
@@ -136,9 +175,11 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
                   f"step {step} of {ckpt['total_steps']}")
     try:
         with reg.reopen(rec.id, note=f"resume from {ckpt_path.name} (step {step})") as run:
+            for line in skipped:
+                run.note(f"resume --fallback skipped {line}")
             run.metric(event="resume", from_step=step, checkpoint=ckpt_path.name)
             resumes = list(run.summary.get("resumes", []))
-            resumes.append({"from_step": step, "checkpoint": ckpt_path.name, "previous_status": rec.status,
+            resumes.append({"from_step": step, "checkpoint": ckpt_path.name, "skipped": skipped, "previous_status": rec.status,
                             "previous_reason": rec.reason, "time": round(time.time(), 3)})
             run.update_summary(resumes=resumes)
             run_train(ctx, run=run, resume_from=ckpt)

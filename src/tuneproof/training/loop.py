@@ -4,7 +4,8 @@ checkpoints (model/adapter, optimizer, scheduler, RNG states, data position; CAS
 refusal to continue on a NaN loss.
 
 Engines: PyTorch + transformers (model, ``get_scheduler``) + PEFT (adapters). A checkpoint is one
-dict (nanoGPT style) holding everything needed to resume and to explain the run:
+dict (nanoGPT style) holding everything needed to resume and to explain the run, stored by
+:mod:`tuneproof.training.checkpoint` as safetensors + JSON (loading it runs no code, CASES C21):
 
     format, step (global optimizer steps done), total_steps, trainable (every tensor with
     requires_grad: LoRA matrices, modules_to_save, or all weights for full fine-tuning),
@@ -37,9 +38,10 @@ import torch.nn.functional as F
 
 from tuneproof.data.preprocess import Encoded, collate
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.training.checkpoint import (CKPT_FORMAT, CKPT_KEYS, latest_checkpoint, list_checkpoints,  # noqa: F401 (re-exported)
+                                           load_checkpoint, restore_state, rng_state, save_checkpoint, set_rng_state,
+                                           trainable_state)
 from tuneproof.training.loss import NORMALISATION, token_loss_sum
-
-CKPT_FORMAT = 1
 
 
 @dataclass
@@ -70,104 +72,10 @@ def micro_batch_indices(n: int, micro_batch: int, seed: int, index: int) -> list
     return micro_batch_at(n, micro_batch, seed, index)
 
 
-def trainable_state(model) -> dict[str, torch.Tensor]:
-    """Every tensor with ``requires_grad`` (LoRA matrices, modules_to_save, or all for full FT), on CPU."""
-    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
-
-
-def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> Path:
-    """``torch.save`` to a temp file and rename (atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-    return path
-
-
-CKPT_KEYS = ("format", "step", "total_steps", "trainable", "optimizer", "scheduler", "rng", "data", "losses", "config")
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` and check that it is complete.
-
-    Raises:
-        TuneproofError: missing, unreadable (truncated, not a torch file) or incomplete file, or
-            another checkpoint format; the message names the file and the missing part.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise TuneproofError(f"{path}: checkpoint file not found")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001
-        raise TuneproofError(f"{path}: unreadable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:200]})",
-                             hint="the file is damaged; resume from an older one with --checkpoint") from None
-    if not isinstance(ckpt, dict):
-        raise TuneproofError(f"{path}: not a tuneproof checkpoint (a {type(ckpt).__name__}, not a dict)")
-    for key in CKPT_KEYS:
-        if key not in ckpt:
-            raise TuneproofError(f"{path}: checkpoint has no '{key}'", hint="it was not written by this tuneproof version or is damaged")
-    if ckpt["format"] != CKPT_FORMAT:
-        raise TuneproofError(f"{path}: checkpoint format {ckpt['format']}, this tuneproof reads format {CKPT_FORMAT}")
-    for key in ("python", "numpy", "torch"):
-        if key not in ckpt["rng"]:
-            raise TuneproofError(f"{path}: checkpoint has no '{key}' RNG state", hint="it is damaged")
-    return ckpt
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """``runs/<id>/checkpoints/step-NNNNNN.pt`` files, oldest first."""
-    return sorted((Path(run_dir) / "checkpoints").glob("step-*.pt"))
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
-
-
-def restore_state(model, optimizer, scheduler, ckpt: dict[str, Any]) -> None:
-    """Copy a checkpoint's trainable tensors into ``model`` and load the optimizer (moments, step
-    counts), the scheduler (``last_epoch`` = global step) and the RNG states, exactly.
-
-    Raises:
-        TuneproofError: a checkpoint tensor that the model lacks or whose shape differs, or a model
-            tensor that is trainable but absent from the checkpoint.
-    """
-    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    missing = sorted(set(named) - set(ckpt["trainable"]))
-    if missing:
-        raise TuneproofError(f"the model trains '{missing[0]}' ({len(missing)} tensors) that the checkpoint does not hold",
-                             hint="the method or base model changed since the checkpoint")
-    for name, tensor in ckpt["trainable"].items():
-        if name not in named:
-            raise TuneproofError(f"checkpoint tensor '{name}' is not in the model", hint="the method or base model changed since the checkpoint")
-        if tuple(named[name].shape) != tuple(tensor.shape):
-            raise TuneproofError(f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, the model {tuple(named[name].shape)}",
-                                 hint="the method or base model changed since the checkpoint")
-        with torch.no_grad():
-            named[name].copy_(tensor.to(named[name].device, named[name].dtype))
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    set_rng_state(ckpt["rng"])
 
 
 class _StopRequest:
@@ -301,10 +209,7 @@ def train(
             "losses": list(losses), "tokens_seen": tokens_seen, "config": config or {}, "reason": reason,
             "saved_at": time.time(), **(extra or {}),
         }
-        path = save_checkpoint(run.dir / "checkpoints" / f"step-{step:06d}.pt", payload)
-        for old in list_checkpoints(run.dir)[:-2]:
-            old.unlink()
-        return path
+        return save_checkpoint(run.dir / "checkpoints", step, payload)  # safetensors + JSON, sha256 indexed, 2 kept
 
     model.train()
     t0 = time.perf_counter()

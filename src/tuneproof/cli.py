@@ -35,6 +35,15 @@ StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tu
 DataOpt = typer.Option(None, "--data", help="data root holding banking77/ and snips/ (else $TUNEPROOF_DATA, ../shared/data, cache, download)")
 
 
+@app.callback()
+def _global(rehash: bool = typer.Option(False, "--rehash", help="recompute the sha256 of base model files instead of using the hash cache (by path, size, mtime)")) -> None:
+    """Global options (before the command: tuneproof --rehash resume r0003)."""
+    if rehash:
+        import os  # noqa: PLC0415
+
+        os.environ["TUNEPROOF_REHASH"] = "1"  # inherited by the fresh verify process
+
+
 def _ctx(study: Path, data: Optional[Path] = None):
     from tuneproof.context import StudyContext  # noqa: PLC0415
 

@@ -28,6 +28,32 @@ def combined_weights_hash(weights: dict[str, str]) -> str:
     return hashlib.sha256("".join(f"{k}:{weights[k]}\n" for k in sorted(weights)).encode()).hexdigest()
 
 
+def base_hashes(ref) -> dict[str, Any]:
+    """The hashes that bind a run to its base: ``{"path", "revision", "weight_files": {file: sha256},
+    "weights_sha256" (combined), "config_sha256"}`` of the folder ``from_pretrained`` reads.
+    Weight hashes are cached by path, size and mtime (``tuneproof --rehash`` recomputes them)."""
+    path = Path(ref.path)
+    weights = weight_hashes(path)
+    return {"path": str(path), "revision": ref.revision, "weight_files": weights, "weights_sha256": combined_weights_hash(weights),
+            "config_sha256": sha256_file(path / "config.json") if (path / "config.json").is_file() else None}
+
+
+def compare_base(recorded: dict[str, Any], ref) -> list[str]:
+    """Problems between the base hashes recorded at train start (:func:`base_hashes`) and the
+    base ``ref`` resolves to now (empty: the same). Each names both hashes (CASES C13)."""
+    now = base_hashes(ref)
+    problems = []
+    if recorded.get("weights_sha256") and recorded["weights_sha256"] != now["weights_sha256"]:
+        rec_files, now_files = recorded.get("weight_files") or {}, now["weight_files"]
+        for name in sorted(set(rec_files) | set(now_files)):
+            if rec_files.get(name) != now_files.get(name):
+                problems.append(f"weight file {name}: sha256 {rec_files.get(name) or '(absent)'} -> {now_files.get(name) or '(absent)'}")
+        problems.append(f"combined weights sha256 {recorded['weights_sha256']} -> {now['weights_sha256']}")
+    if "config_sha256" in recorded and recorded["config_sha256"] != now["config_sha256"]:
+        problems.append(f"config.json sha256 {recorded['config_sha256']} -> {now['config_sha256']}")
+    return problems
+
+
 def base_identity(ref, tokenizer_id: dict[str, Any]) -> dict[str, Any]:
     """The identity of a resolved base model (:class:`tuneproof.models.base.BaseModelRef`).
 
@@ -36,13 +62,11 @@ def base_identity(ref, tokenizer_id: dict[str, Any]) -> dict[str, Any]:
     ``weight_files`` are the files ``from_pretrained`` reads (for the GGUF alias: the converted
     safetensors, while ``source_weight_sha256`` keeps the GGUF file's hash).
     """
-    path = Path(ref.path)
-    weights = weight_hashes(path)
+    h = base_hashes(ref)
     return {
-        "name": ref.name, "path": str(path), "revision": ref.revision, "kind": ref.kind, "source": ref.source,
-        "source_weight_sha256": dict(ref.weight_sha256), "weight_files": weights,
-        "weights_sha256": combined_weights_hash(weights),
-        "config_sha256": sha256_file(path / "config.json") if (path / "config.json").is_file() else None,
+        "name": ref.name, "path": h["path"], "revision": ref.revision, "kind": ref.kind, "source": ref.source,
+        "source_weight_sha256": dict(ref.weight_sha256), "weight_files": h["weight_files"],
+        "weights_sha256": h["weights_sha256"], "config_sha256": h["config_sha256"],
         "tokenizer": dict(tokenizer_id),
     }
 

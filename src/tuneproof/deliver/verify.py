@@ -5,8 +5,9 @@ loaded):
 
 1. ``files``: every file listed in the manifest exists and has its recorded sha256 (names the
    missing or altered file with both hashes);
-2. ``base weights``: every weight file of the base (``--base`` or the recorded path) has the
-   recorded sha256, and no file is missing or added (CASES C13: names both hashes);
+2. ``base weights``: every weight file and ``config.json`` of the base (``--base`` or the recorded
+   path) has the recorded sha256, and no file is missing or added (CASES C13: names both hashes;
+   weight hashes are cached by path, size and mtime, ``tuneproof --rehash verify`` recomputes them);
 3. ``adapter config``: ``adapter_config.json`` carries the recorded base revision;
 4. ``tokenizer``: the base's tokenizer has the recorded class, vocabulary size, added tokens, chat
    template and probe-text token ids;
@@ -45,7 +46,7 @@ from typing import Any
 from tuneproof.deliver.bundle import check_files, read_manifest
 from tuneproof.deliver.identity import compare_tokenizer, compare_weights
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.io import read_json, read_jsonl, write_json
+from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
 
 DEVICE_ATOL = {"cpu": 1e-4, "cuda": 1e-3}  # largest allowed |logit difference| in fp32, see the module docstring
 LOGIT_ATOL = DEVICE_ATOL["cpu"]
@@ -58,7 +59,9 @@ def _ref(path: Path, manifest: dict[str, Any]):
     from tuneproof.models.base import BaseModelRef  # noqa: PLC0415
 
     b = manifest["base_model"]
-    return BaseModelRef(b.get("name", str(path)), Path(path), b.get("revision", ""), manifest["procedure"]["model_kind"], "bundle")
+    trust = bool(((manifest.get("config") or {}).get("model") or {}).get("trust_remote_code", False))  # as the study set it
+    return BaseModelRef(b.get("name", str(path)), Path(path), b.get("revision", ""), manifest["procedure"]["model_kind"], "bundle",
+                        trust_remote_code=trust)
 
 
 def load_tokenizer_at(path: Path, manifest: dict[str, Any]):
@@ -221,8 +224,13 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
             raise TuneproofError(f"base model not found at {base_path} (the bundle was exported from {bm.get('name')}, revision {bm.get('revision')})",
                                  hint="pass --base PATH to the folder holding that exact base model")
         problems = compare_weights(bm["weight_files"], base_path)
+        if bm.get("config_sha256"):
+            found_cfg = sha256_file(base_path / "config.json")
+            if found_cfg != bm["config_sha256"]:
+                problems.append(f"config.json of {base_path}: expected sha256 {bm['config_sha256']}, found {found_cfg}")
         if not _check(report, "base weights", not problems,
-                      f"{len(bm['weight_files'])} weight file(s) of {base_path}" + (" identical" if not problems else " differ from the export's base"),
+                      f"{len(bm['weight_files'])} weight file(s) and config.json of {base_path}"
+                      + (" identical" if not problems else " differ from the export's base"),
                       problems):
             return _done(report, t0)
     else:

@@ -40,6 +40,7 @@ def load_trained(ctx: StudyContext, train_run_id: str):
         raise TuneproofError(f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
                              hint=f"resume it (`tuneproof resume {rec.id}`) or pick a completed run")
     run_dir = ctx.registry.runs_dir / rec.id
+    check_base(ctx, rec.id)
     device, _, _ = ctx.torch_setup()
     model_dir = run_dir / "model"
     from tuneproof.models.base import load_model  # noqa: PLC0415
@@ -48,7 +49,7 @@ def load_trained(ctx: StudyContext, train_run_id: str):
     if (model_dir / "config.json").exists():  # full fine-tuning
         from tuneproof.models.base import BaseModelRef  # noqa: PLC0415
 
-        ref = BaseModelRef(ctx.base.name, model_dir, ctx.base.revision, ctx.model_kind, "run")
+        ref = BaseModelRef(ctx.base.name, model_dir, ctx.base.revision, ctx.model_kind, "run", trust_remote_code=ctx.base.trust_remote_code)
         return load_model(ref, ctx.model_kind, labels=labels).to(device)
     adapter = run_dir / "adapter"
     if not (adapter / "adapter_config.json").exists():
@@ -57,6 +58,26 @@ def load_trained(ctx: StudyContext, train_run_id: str):
 
     base = load_model(ctx.base, ctx.model_kind, labels=labels)
     return PeftModel.from_pretrained(base, adapter).to(device)
+
+
+def check_base(ctx: StudyContext, train_run_id: str) -> None:
+    """Refuse when the study's base model differs from the one ``train_run_id`` started from: the
+    sha256 of its weight files and ``config.json`` recorded in ``runs/<id>/base.json`` (CASES C13).
+
+    Raises:
+        CheckFailed: names the base folder, the run, and both hashes of each differing file.
+    """
+    from tuneproof.deliver.identity import compare_base  # noqa: PLC0415
+    from tuneproof.errors import CheckFailed  # noqa: PLC0415
+
+    rec = ctx.registry.get(train_run_id)
+    path = ctx.registry.runs_dir / rec.id / "base.json"
+    if not path.exists():  # a run trained before base.json was recorded
+        return
+    problems = compare_base(read_json(path), ctx.base)
+    if problems:
+        raise CheckFailed(f"the base model {ctx.base.path} differs from the one run {rec.id} was trained on: " + "; ".join(problems),
+                          hint="point model.base at the exact base the run was trained on (tuneproof --rehash ... if the hash cache is stale)")
 
 
 def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> list[str]:

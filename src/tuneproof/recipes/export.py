@@ -76,7 +76,11 @@ def pick_examples(outputs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]
 
 
 def _check_base_unchanged(ctx: StudyContext, rec) -> None:
-    """Refuse when the study's base model differs from the one the run was trained on (C13)."""
+    """Refuse when the study's base model differs from the one the run was trained on (C13): the
+    weight and ``config.json`` sha256 recorded at train start, the weight hashes and the revision."""
+    from tuneproof.recipes.common import check_base  # noqa: PLC0415
+
+    check_base(ctx, rec.id)
     trained = rec.summary.get("base") or {}
     now = ctx.base.identity()
     if trained.get("weight_sha256") and trained["weight_sha256"] != now["weight_sha256"]:

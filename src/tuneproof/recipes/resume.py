@@ -18,7 +18,8 @@ Features:
     ``--fallback`` continues from the newest older checkpoint that passes instead, listing those skipped;
   - the checkpoint's config differs from ``config.json``, or (for a run made from the study file,
     not a variant) the study file changed since (the keys are listed);
-  - the data fingerprint or the base model revision differs from the checkpoint's;
+  - the data fingerprint or the base model revision differs from the checkpoint's, or the base's
+    weight files or ``config.json`` differ from the sha256 recorded at train start (both hashes named);
 - ``metrics.jsonl`` gets a ``{"event": "resume", "from_step": k}`` row; steps logged after the
   checkpoint by the dead process are logged again by the resume (the last row of a step wins);
   the summary lists every resume.
@@ -130,7 +131,8 @@ def check_config(study_dir: Path, rec: RunRecord, run_dir: Path, ckpt: dict[str,
 
 
 def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> None:
-    """Refuse when the data fingerprint or the base model revision differs from the checkpoint's.
+    """Refuse when the data fingerprint, the base model's weight/config sha256 or its revision
+    differs from the checkpoint's.
 
     Raises:
         TuneproofError: names both fingerprints or revisions and what to do.
@@ -142,6 +144,12 @@ def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> 
     if fp != ckpt["data_fingerprint"]:
         raise TuneproofError(f"the data changed since the checkpoint of {rec.id}: fingerprint {ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
                              hint="restore the data the run was trained on (see runs/<id>/data.json), or start a new run")
+    from tuneproof.deliver.identity import compare_base  # noqa: PLC0415
+
+    problems = compare_base(ckpt.get("base") or {}, ctx.base)
+    if problems:
+        raise TuneproofError(f"the base model {ctx.base.path} changed since the checkpoint of {rec.id}: " + "; ".join(problems),
+                             hint="restore the exact base weights the run started from (or `tuneproof --rehash resume` if the hash cache is stale)")
     if ctx.base.revision != ckpt["base_revision"]:
         raise TuneproofError(f"the base model changed since the checkpoint of {rec.id}: revision {ckpt['base_revision']} -> {ctx.base.revision}",
                              hint=f"point model.base at the revision the run started from ({ckpt['base_revision']})")

@@ -58,8 +58,12 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
     from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
 
     def body(run) -> str:
+        from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
+
+        base = base_hashes(ctx.base)  # at train start; resume, eval, export and verify compare with it
         if resume_from is None:
             record_inputs(ctx, run)
+            run.write_json("base.json", base)
         if on_start is not None:
             on_start(run)
         if preflight_override:
@@ -78,7 +82,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         from tuneproof.training.loop import total_steps  # noqa: PLC0415
 
         steps = total_steps(cfg, len(encoded))
-        extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision}
+        extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
         with progress_bar("train", steps) as advance:
             if resume_from is not None:
                 advance(int(resume_from["step"]))
@@ -91,7 +95,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 2),
             tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
             trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],
-            base=ctx.base.identity(),
+            base={**ctx.base.identity(), "weights_sha256": base["weights_sha256"], "config_sha256": base["config_sha256"]},
         )
         return run.id
 

@@ -114,7 +114,8 @@ class Training(_Strict):
     epochs: float | None = Field(None, gt=0, description="passes over train when max_steps is None")
     micro_batch_size: int = Field(8, ge=1, description="examples per forward/backward pass, per process")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    learning_rate: float = Field(2e-4, gt=0, description="peak learning rate")
+    learning_rate: float = Field(2e-4, gt=0, lt=3.4e38, allow_inf_nan=False,
+                                 description="peak learning rate (below fp32's largest value, the largest step AdamW can apply)")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("linear", description="schedule (transformers.get_scheduler)")
     warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")

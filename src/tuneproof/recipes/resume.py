@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json
 from tuneproof.recipes.variants import config_diff, describe
 from tuneproof.registry import Registry, RunRecord
@@ -162,10 +162,12 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
 
     Raises:
         TuneproofError: see the module docstring; nothing is written when refused.
-        CheckFailed: a NaN loss after the resume (the run is marked invalid).
+        HealthFault: a health rule fired after the resume (the run is marked invalid).
     """
     from tuneproof.context import StudyContext  # noqa: PLC0415
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
+    from tuneproof.training.health import HealthFault  # noqa: PLC0415
+
     study_dir = Path(study_dir).resolve()
     reg = Registry(study_dir)  # marks runs of dead processes interrupted first
     rec = reg.get(run_id)
@@ -191,8 +193,7 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
                             "previous_reason": rec.reason, "time": round(time.time(), 3)})
             run.update_summary(resumes=resumes)
             run_train(ctx, run=run, resume_from=ckpt)
-    except CheckFailed as err:
-        if "loss is" in str(err):
-            reg.invalidate(rec.id, str(err).splitlines()[0])
+    except HealthFault as fault:
+        reg.invalidate(rec.id, fault.reason)
         raise
     return rec.id

@@ -10,7 +10,9 @@ Features (config key that turns each on):
   (``training.activation_checkpointing``);
 - checkpoints every ``training.checkpoint_every`` steps and at interruption (Ctrl-C/SIGTERM),
   resumable with ``tuneproof resume``;
-- a NaN/inf loss marks the run invalid.
+- a health check on every optimizer step (``training/health.py``): a non-finite loss, gradient norm or
+  trainable tensor, an exploded tensor, a zero gradient for several steps or a loss pinned at the
+  uniform-prediction value marks the run invalid, with the rule and the step (C19).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
-from tuneproof.errors import CheckFailed
 from tuneproof.recipes.common import record_inputs
 from tuneproof.ui import console, progress_bar
 
@@ -55,6 +56,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
               run=None, stop_after: int | None = None, preflight_override: str | None = None, on_start=None) -> str:
     """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``.
     ``on_start(run)`` is called once the run's inputs are recorded (variants record their diff there)."""
+    from tuneproof.training.health import HealthFault  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
 
     def body(run) -> str:
@@ -104,7 +106,6 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
     try:
         with ctx.registry.run("train", parent=parent, name=name) as run:
             return body(run)
-    except CheckFailed as err:
-        if "loss is" in str(err):
-            ctx.registry.invalidate(run.id, str(err).splitlines()[0])
+    except HealthFault as fault:  # a diverged or stalled run is invalid, not failed (summary["health"] says why)
+        ctx.registry.invalidate(run.id, fault.reason)
         raise

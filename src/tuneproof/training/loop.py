@@ -1,7 +1,9 @@
 """The training loop: one optimizer step per ``gradient_accumulation_steps`` micro-batches, with the
 loss normalised per supervised token over the whole window (CASES C1), exact resumable
 checkpoints (model/adapter, optimizer, scheduler, RNG states, data position; CASES C12) and a
-refusal to continue on a NaN loss.
+health check on every optimizer step (:mod:`tuneproof.training.health`: a non-finite loss, gradient
+norm or trainable tensor, an exploded tensor, a zero gradient or a uniform-prediction loss stops
+the run, which is then invalid; CASES C19).
 
 Engines: PyTorch + transformers (model, ``get_scheduler``) + PEFT (adapters). A checkpoint is one
 dict (nanoGPT style) holding everything needed to resume and to explain the run, stored by
@@ -41,6 +43,8 @@ from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.training.checkpoint import (CKPT_FORMAT, CKPT_KEYS, latest_checkpoint, list_checkpoints,  # noqa: F401 (re-exported)
                                            load_checkpoint, restore_state, rng_state, save_checkpoint, set_rng_state,
                                            trainable_state)
+from tuneproof.training.health import HealthFault, HealthMonitor
+from tuneproof.training.health import grad_norm as health_grad_norm
 from tuneproof.training.loss import NORMALISATION, token_loss_sum
 
 
@@ -128,13 +132,23 @@ class _StopRequest:
 
 
 def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable) -> tuple[torch.Tensor, int]:
-    """Summed loss of one micro-batch and its supervised count (tokens, or examples for classification)."""
+    """Summed loss of one micro-batch and ``V``, the model's output size (``logits.shape[-1]``:
+    vocabulary rows, or classes for classification; the health check's ``ln(V)``)."""
     labels = batch["labels"]
     with autocast():
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     if labels.dim() == 1:  # sequence classification: one target per example
-        return F.cross_entropy(out.logits.float(), labels, reduction="sum"), int(labels.numel())
-    return token_loss_sum(out.logits, labels), int((labels[:, 1:] != -100).sum())
+        return F.cross_entropy(out.logits.float(), labels, reduction="sum"), int(out.logits.shape[-1])
+    return token_loss_sum(out.logits, labels), int(out.logits.shape[-1])
+
+
+def _record_fault(run, fault: HealthFault, row: dict[str, Any]) -> None:
+    """Log the step that broke a health rule (its numbers, the rule) and the rule in the summary."""
+    if run is None:
+        return
+    run.metric(**row, **fault.numbers, health=fault.rule)
+    run.note(f"health: {fault.reason}")
+    run.update_summary(health=fault.record(), last_step=fault.step - 1)
 
 
 def train(
@@ -169,7 +183,9 @@ def train(
         ``{"steps", "losses": [per-step loss], "tokens", "seconds", "normalisation"}``.
 
     Raises:
-        CheckFailed: a NaN/inf loss, or a window with 0 supervised tokens.
+        HealthFault: a health rule fired (:mod:`tuneproof.training.health`: non-finite loss, gradient
+            norm or tensor, exploded tensor, zero gradient, uniform-prediction loss); the run is invalid.
+        CheckFailed: a window with 0 supervised tokens.
     """
     from transformers import get_scheduler  # noqa: PLC0415
 
@@ -211,6 +227,7 @@ def train(
         }
         return save_checkpoint(run.dir / "checkpoints", step, payload)  # safetensors + JSON, sha256 indexed, 2 kept
 
+    health = HealthMonitor([(name, p) for name, p in model.named_parameters() if p.requires_grad])
     model.train()
     t0 = time.perf_counter()
     step = start_step
@@ -239,20 +256,23 @@ def train(
                 total = 0.0
                 step_tokens = 0
                 for b in batches:
-                    loss_sum, _ = _micro_loss(model, b, autocast)
+                    loss_sum, outputs = _micro_loss(model, b, autocast)
                     # divide by the window's token count, not per micro-batch: per-token mean over the window (C1)
                     (loss_sum / window).backward()
                     total += loss_sum.item()
                     step_tokens += int(b["attention_mask"].sum())
                 loss = total / window
-                if not math.isfinite(loss):
-                    raise CheckFailed(f"step {step + 1}: loss is {loss}", hint="lower training.learning_rate or check the data; the run is invalid")
-                grad_norm = None
-                if cfg.max_grad_norm:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
                 lr = optimizer.param_groups[0]["lr"]  # the learning rate this step uses
-                in_update = True
-                optimizer.step()
+                grad_norm = health_grad_norm(params, cfg.max_grad_norm)  # before clipping; clipped in place if set
+                row = {"step": step + 1, "loss": round(loss, 6), "lr": lr, "grad_norm": grad_norm, "supervised_tokens": window}
+                try:
+                    health.before_update(step + 1, loss, grad_norm, outputs)
+                    in_update = True
+                    optimizer.step()
+                    row["max_abs"] = health.after_update(step + 1)
+                except HealthFault as fault:
+                    _record_fault(run, fault, row)
+                    raise
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
@@ -261,8 +281,7 @@ def train(
                 boundary_rng = rng_state()
                 in_update = False
                 if run is not None:
-                    run.metric(step=step, loss=round(loss, 6), lr=lr, grad_norm=grad_norm,
-                               supervised_tokens=window, step_seconds=round(time.perf_counter() - ts, 4))
+                    run.metric(**row, step_seconds=round(time.perf_counter() - ts, 4))
                     run.summary["last_step"] = step
                     if step % cfg.checkpoint_every == 0 or step == steps:
                         checkpoint(step, boundary_rng, "final" if step == steps else "interval")

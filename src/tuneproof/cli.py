@@ -32,6 +32,9 @@ data_app = typer.Typer(no_args_is_help=True, help="Data protocol: versions, spli
 app.add_typer(data_app, name="data")
 
 StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)")
+EditedHypothesisOpt = typer.Option(None, "--use-edited-hypothesis", metavar="REASON",
+                                   help="judge against the study file's edited hypothesis instead of the one frozen with the first "
+                                        "train run; the reason is recorded (compare.json, dossier, export bundle)")
 DataOpt = typer.Option(None, "--data", help="data root holding banking77/ and snips/ (else $TUNEPROOF_DATA, ../shared/data, cache, download)")
 
 
@@ -197,13 +200,15 @@ def compare(
     runs: List[str] = typer.Argument(..., help="candidate eval runs (or train runs with an eval)"),
     against: Optional[str] = typer.Option(None, "--against", help="baseline run (default: the latest completed baseline)"),
     allow_different_procedure: bool = typer.Option(False, "--allow-different-procedure", help="compare anyway (marked in the result)"),
+    use_edited_hypothesis: Optional[str] = EditedHypothesisOpt,
     study: Path = StudyOpt,
 ) -> None:
-    """Candidates vs the baseline, paired per example; guards and success criterion judged."""
+    """Candidates vs the baseline, paired per example; guards and success criterion judged (frozen hypothesis)."""
     from tuneproof.recipes.compare import run_compare  # noqa: PLC0415
 
     ctx = _ctx(study)
-    run_id = run_compare(ctx, runs, against=against, allow_different_procedure=allow_different_procedure)
+    run_id = run_compare(ctx, runs, against=against, allow_different_procedure=allow_different_procedure,
+                         use_edited_hypothesis=use_edited_hypothesis)
     verdict = ctx.registry.get(run_id).summary.get("verdict")
     if verdict == "fail":  # the comparison ran; the hypothesis did not hold: a failed protocol check
         console.print(f"compare run [bold]{run_id}[/]: verdict fail (exit 3)")
@@ -211,11 +216,12 @@ def compare(
 
 
 @app.command("test")
-def test_(run: str = typer.Argument(..., help="a completed train run, or 'base'"), study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
+def test_(run: str = typer.Argument(..., help="a completed train run, or 'base'"), study: Path = StudyOpt, data: Optional[Path] = DataOpt,
+          use_edited_hypothesis: Optional[str] = EditedHypothesisOpt) -> None:
     """Evaluate on the reserved test split; every access is logged and reuse is stated."""
     from tuneproof.recipes.test_split import run_test  # noqa: PLC0415
 
-    run_test(_ctx(study, data), run)
+    run_test(_ctx(study, data), run, use_edited_hypothesis=use_edited_hypothesis)
 
 
 @app.command()
@@ -269,11 +275,13 @@ def export(
     out: Optional[Path] = typer.Option(None, "--out", help="bundle folder (default: exports/RUN in the study)"),
     verify_examples: int = typer.Option(8, "--verify-examples", help="K evaluation examples stored with their predictions for verify"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the stored predictions are made (verify must use the same)"),
+    use_edited_hypothesis: Optional[str] = EditedHypothesisOpt,
 ) -> None:
     """Export a train run as a bundle bound to its exact base model, verified in a fresh process."""
     from tuneproof.recipes.export import run_export  # noqa: PLC0415
 
-    run_export(_ctx(study, data), run, force=force, out_dir=out, merge=merge, k=verify_examples, device=device)
+    run_export(_ctx(study, data), run, force=force, out_dir=out, merge=merge, k=verify_examples, device=device,
+               use_edited_hypothesis=use_edited_hypothesis)
 
 
 @app.command()
@@ -293,11 +301,12 @@ def verify(
 def report(
     study: Path = StudyOpt,
     html: bool = typer.Option(False, "--html", help="also write dossier.html: one self-contained page with plots"),
+    use_edited_hypothesis: Optional[str] = EditedHypothesisOpt,
 ) -> None:
     """Write the dossier (dossier.md, and dossier.html with --html) from the recorded evidence."""
     from tuneproof.recipes.report import HTML_FILE, run_report  # noqa: PLC0415
 
-    path = run_report(_ctx(study), html=html)
+    path = run_report(_ctx(study), html=html, use_edited_hypothesis=use_edited_hypothesis)
     console.print(f"dossier: {path}" + (f" and {path.with_name(HTML_FILE)}" if html else ""))
 
 

@@ -34,6 +34,9 @@ class Guard(_Strict):
     metric: str = Field(description="metric (or per_class_* / per_field_*) that must not regress")
     max_drop: float | None = Field(0.0, description="largest allowed drop vs the baseline (absolute)")
     floor: float | None = Field(None, description="absolute minimum value for the candidate")
+    classes: list[str] | None = Field(
+        None, description="per_class_* guards: only these classes (default: every class); each must be a label of the data"
+    )
 
 
 class Hypothesis(_Strict):
@@ -203,7 +206,7 @@ def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
     if not isinstance(raw, dict):
         raise TuneproofError(f"{path}: the study file must be a YAML mapping, got {type(raw).__name__}")
     try:
-        return Study.model_validate(raw)
+        study = Study.model_validate(raw)
     except ValidationError as err:
         lines = []
         for e in err.errors()[:5]:
@@ -215,6 +218,41 @@ def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
             else:
                 lines.append(f"{path}: {loc}: {e['msg']} (got {e.get('input')!r})")
         raise TuneproofError("\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template") from None
+    check_hypothesis_metrics(study, path)
+    return study
+
+
+def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> None:
+    """Every metric the hypothesis names is one the comparison reports for its task
+    (:func:`tuneproof.evaluation.metrics.metric_names`), and ``classes`` is only set on a
+    per-class guard.
+
+    Raises:
+        TuneproofError: names the key (``hypothesis.success.metric``, ``hypothesis.guards[i].metric``
+            or ``.classes``) and lists the metrics of the task.
+    """
+    from tuneproof.evaluation.metrics import metric_names  # noqa: PLC0415
+
+    h, e = study.hypothesis, study.eval
+    names = metric_names(h.task, required_fields=h.required_fields, json_schema=e.json_schema, regex=e.regex)
+    aggregate = names["aggregate"]
+    if h.success.metric not in aggregate:
+        raise TuneproofError(f"{path}: hypothesis.success.metric: '{h.success.metric}' is not a metric of task '{h.task}'"
+                             + _why_missing(h.task, h.success.metric), hint=f"use one of {', '.join(aggregate)}")
+    for i, g in enumerate(h.guards):
+        allowed = aggregate + names["per_class"] + names["per_field"]
+        if g.metric not in allowed:
+            raise TuneproofError(f"{path}: hypothesis.guards[{i}].metric: '{g.metric}' is not a metric of task '{h.task}'"
+                                 + _why_missing(h.task, g.metric), hint=f"use one of {', '.join(allowed)}")
+        if g.classes is not None and not g.metric.startswith("per_class_"):
+            raise TuneproofError(f"{path}: hypothesis.guards[{i}].classes: only a per_class_* guard names classes (metric is '{g.metric}')",
+                                 hint="remove classes, or use a per_class_* metric")
+
+
+def _why_missing(task: str, metric: str) -> str:
+    needs = {"schema_valid_rate": "eval.json_schema", "regex_match_rate": "eval.regex", "required_fields_rate": "hypothesis.required_fields",
+             "json_valid_rate": "eval.json_schema or hypothesis.required_fields"}
+    return f" (a format study reports it only when {needs[metric]} is set)" if task == "format" and metric in needs else ""
 
 
 def load_study(path: str | Path) -> Study:

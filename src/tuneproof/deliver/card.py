@@ -82,9 +82,10 @@ def model_card(man: dict[str, Any]) -> str:
             ci = v.get("ci") or [None, None]
             lines.append(f"| {k} | {_f(v.get('base'))} | {_f(v.get('cand'))} | {_f(v.get('delta'))} | [{_f(ci[0])}, {_f(ci[1])}] |")
         lines += ["", f"Verdict of the hypothesis and its guards: **{comp.get('verdict')}** ({comp.get('detail')})", ""]
-        for v in comp.get("verdicts", []):
+        for v in comp.get("verdicts") or []:
             lines.append(f"- {v['kind']} {v['verdict']}: {v['name']}")
         lines.append("")
+        lines += _hypothesis_lines(man.get("hypothesis") or {}, comp)
     elif man.get("metrics"):
         lines += ["No comparison with the baseline was run.", ""] + [f"- {k}: {_f(v)}" for k, v in man["metrics"].items()] + [""]
     else:
@@ -94,3 +95,19 @@ def model_card(man: dict[str, Any]) -> str:
     lines += [f"- {x}" for x in lim] if lim else ["- none recorded"]
     lines.append("")
     return "\n".join(lines)
+
+
+def _hypothesis_lines(h: dict[str, Any], comp: dict[str, Any]) -> list[str]:
+    """Which hypothesis the verdict follows, and the changes made to it after training."""
+    if not h.get("frozen_hash"):
+        return []
+    lines = [f"Judged against the {h.get('judged_against')} hypothesis; the hypothesis was frozen with the first train run "
+             f"{h.get('frozen_run')} (sha256 `{str(h.get('frozen_hash'))[:16]}`)."]
+    if h.get("changed"):
+        other = "edited" if h.get("judged_against") == "frozen" else "frozen"
+        lines += ["", "The study file's hypothesis was changed after training (frozen -> edited):", ""]
+        lines += [f"- `{c['key']}`: {c['old']} -> {c['new']}" for c in h.get("changes", [])]
+        lines += ["", f"Verdict with the {other} hypothesis: **{comp.get('verdict_' + other)}** ({comp.get('detail_' + other)})"]
+    if h.get("use_edited_reason"):
+        lines += ["", f"Judged against the edited hypothesis at the user's request (--use-edited-hypothesis): {h['use_edited_reason']}"]
+    return lines + [""]

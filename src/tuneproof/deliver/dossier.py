@@ -21,8 +21,10 @@ import re
 from collections import Counter
 from typing import Any
 
+from tuneproof import hypothesis as hyp
 from tuneproof.deliver.limits import PER_CLASS_METRIC, PER_FIELD_METRIC, limits_lines, observed_limits
 from tuneproof.io import read_jsonl, sha256_json
+from tuneproof.errors import TuneproofError
 from tuneproof.registry import iso
 
 NOT_RUN = "not run yet"
@@ -81,11 +83,31 @@ def _fig(png: bytes | None, caption: str) -> list[dict]:
 class _Evidence:
     """Cached reads of run files for one dossier build."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, use_edited: str | None = None):
         self.ctx = ctx
         self.reg = ctx.registry
         self.runs = self.reg.list()
         self._json: dict[tuple[str, str], Any] = {}
+        self.judging_error = None
+        try:
+            self.judging = hyp.resolve(ctx.study_dir, ctx.study, self.reg, use_edited)
+        except TuneproofError as err:  # e.g. the task changed after training: say so, still render
+            if use_edited is not None and not use_edited.strip():
+                raise
+            self.judging, self.judging_error = hyp.Judging(current=hyp.hypothesis_view(ctx.study)), str(err).splitlines()[0]
+
+    def judged(self, entry: dict) -> tuple[tuple[list, dict] | None, tuple[str, dict] | None]:
+        """A recorded comparison entry judged against the hypothesis in force, and (when the study
+        file's differs) ``(name, overall)`` of the other one; None where it needs re-scoring."""
+        j = self.judging
+        if j.frozen is None and "hypothesis_hash" not in entry:  # nothing frozen: as recorded
+            return (entry.get("verdicts") or [], entry.get("overall") or {}), None
+        primary = hyp.rejudge(entry, j.primary)
+        other = None
+        if j.other is not None:
+            got = hyp.rejudge(entry, j.other)
+            other = (j.other_name, got[1] if got else {"verdict": None, "detail": _RESCORE})
+        return primary, other
 
     def json(self, run_id: str, name: str) -> Any:
         from tuneproof.recipes.common import run_json  # noqa: PLC0415
@@ -111,37 +133,77 @@ class _Evidence:
 
 
 # --------------------------------------------------------------------------- sections
+_RESCORE = "scored with other required fields or format rule: run `tuneproof compare` again to judge it"
+
+
+def _verdict_text(ev: _Evidence, entry: dict | None) -> str | None:
+    if not entry:
+        return None
+    primary, other = ev.judged(entry)
+    o = primary[1] if primary else {"verdict": None, "detail": _RESCORE}
+    text = f"{o.get('verdict')} ({o.get('detail')})"
+    if other:
+        text += f"; with the {other[0]} hypothesis: {other[1].get('verdict')} ({other[1].get('detail')})"
+    return text
+
+
 def _summary(ev: _Evidence) -> list[dict]:
     s = ev.ctx.study
     by_status = Counter(r.status for r in ev.runs)
     comp = ev.latest("compare")
     cj = ev.json(comp.id, "compare.json") if comp else None
+    first = next(iter((cj or {}).get("candidates", {}).values()), None) if cj else None
     exp = ev.latest("export")
     items = [f"study: {s.name} ({s.hypothesis.task})", f"base model: {s.model.base}" + (f" @ {s.model.revision}" if s.model.revision else ""),
              f"runs: {len(ev.runs)} (" + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())) + ")" if ev.runs else "runs: none yet",
-             f"verdict: {cj.get('verdict')} ({cj.get('detail')}) from {comp.id}" if cj else "verdict: no comparison with the baseline yet",
+             f"verdict ({ev.judging.judged_against} hypothesis): {_verdict_text(ev, first)} from {comp.id}" if first
+             else "verdict: no comparison with the baseline yet",
              f"export: {exp.summary.get('bundle')} (verified in a fresh process)" if exp else "export: not run yet (`tuneproof export RUN`)"]
     return [{"type": "list", "items": items}]
 
 
+def _hypothesis_items(h: dict) -> list[str]:
+    items = [f"behaviour: {h.get('behaviour')}", f"task: {h.get('task')}",
+             f"success: {(h.get('success') or {}).get('metric')} gains at least {(h.get('success') or {}).get('min_gain')} over the baseline"]
+    for g in h.get("guards") or []:
+        rule = "; ".join(x for x in [f"max drop {g['max_drop']}" if g.get("max_drop") is not None else "",
+                                     f"floor {g['floor']}" if g.get("floor") is not None else ""] if x)
+        only = f" for {', '.join(g['classes'])}" if g.get("classes") else ""
+        items.append(f"guard: {g.get('metric')}{only} must not get worse ({rule})")
+    if h.get("required_fields"):
+        items.append(f"required fields: {', '.join(h['required_fields'])}")
+    fmt = {k: v for k, v in (h.get("format") or {}).items() if v not in (None, False)}
+    if fmt:
+        items.append("format rule: " + "; ".join(f"eval.{k} = {v if isinstance(v, str) else sha256_json(v)[:12] if isinstance(v, dict) else v}"
+                                                  for k, v in fmt.items()))
+    return items
+
+
 def _hypothesis(ev: _Evidence) -> list[dict]:
-    h = ev.ctx.study.hypothesis
-    items = [f"behaviour: {h.behaviour}", f"task: {h.task}", f"success: {h.success.metric} gains at least {h.success.min_gain} over the baseline"]
-    for g in h.guards:
-        rule = "; ".join(x for x in [f"max drop {g.max_drop}" if g.max_drop is not None else "", f"floor {g.floor}" if g.floor is not None else ""] if x)
-        items.append(f"guard: {g.metric} must not get worse ({rule})")
-    if h.required_fields:
-        items.append(f"required fields: {', '.join(h.required_fields)}")
-    blocks = [{"type": "list", "items": items}]
-    trains = [r for r in ev.runs if r.kind == "train"]
-    if trains:
-        first = ev.json(trains[0].id, "config.json") or {}
-        recorded = first.get("hypothesis")
-        if recorded is not None and sha256_json(recorded) != sha256_json(h.model_dump(mode="json")):
-            blocks.append({"type": "strong", "text": f"warning: the hypothesis changed after the first train run {trains[0].id}; "
-                                                     "the verdicts below are judged against the current one"})
-        else:
-            blocks.append(_p(f"fixed before the first train run ({trains[0].id}, {iso(trains[0].created)} UTC) and unchanged since."))
+    j = ev.judging
+    if ev.judging_error:
+        return [{"type": "list", "items": _hypothesis_items(j.current)}, {"type": "strong", "text": f"warning: {ev.judging_error}"}]
+    if j.frozen is None:
+        return [{"type": "list", "items": _hypothesis_items(j.current)},
+                _p("not frozen yet: the first train run fixes it (`tuneproof train`); until then the study file's hypothesis is in force.")]
+    first = next((r for r in ev.runs if r.id == j.frozen_run), None)
+    when = f", {iso(first.created)} UTC" if first else ""
+    blocks = [_p(f"frozen with the first train run {j.frozen_run}{when}; sha256 {str(j.frozen_hash)[:16]} (from {j.source}):"),
+              {"type": "list", "items": _hypothesis_items(j.frozen)}]
+    if j.changed:
+        blocks.append({"type": "strong", "text": f"warning: the study file's hypothesis differs from the frozen one ({len(j.diff)} "
+                                                 f"change{'s' if len(j.diff) != 1 else ''}); the verdicts below are judged against the "
+                                                 f"{j.judged_against} hypothesis and the {j.other_name} one's verdict is given next to it"})
+        blocks.append(_table(["key", "frozen", "study file now"], [[c["key"], hyp._short(c["old"]), hyp._short(c["new"])] for c in j.diff]))
+    else:
+        blocks.append(_p("the study file's hypothesis is unchanged since."))
+    if j.reason:
+        blocks.append({"type": "strong", "text": f"this dossier judges against the EDITED hypothesis (--use-edited-hypothesis): {j.reason}"})
+    uses = hyp.overrides(ev.ctx.study_dir)
+    if uses:
+        blocks.append(_p(f"--use-edited-hypothesis was used {len(uses)} time(s):"))
+        blocks.append({"type": "list", "items": [f"{iso(u.get('time'))} UTC {u.get('command')}" + (f" {u['run']}" if u.get("run") else "")
+                                                 + f": {u.get('reason')}" for u in uses]})
     return blocks
 
 
@@ -441,9 +503,15 @@ def _verdict(ev: _Evidence) -> list[dict]:
     c, r, cid = _latest_candidate(ev)
     if not r:
         return [_p(f"{NOT_RUN}: no comparison with the baseline (`tuneproof compare RUN`)")]
-    o = r.get("overall") or {}
-    blocks = [{"type": "strong", "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} ({cid}, {c.id})"}]
-    blocks.append({"type": "list", "items": [f"{v['kind']} {v['verdict']}: {v['name']}" for v in r.get("verdicts", [])]})
+    primary, other = ev.judged(r)
+    if primary is None:
+        return [{"type": "strong", "text": f"NOT JUDGED: the comparison {c.id} was {_RESCORE}"}]
+    verdicts, o = primary
+    against = ev.judging.judged_against
+    blocks = [{"type": "strong", "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} ({cid}, {c.id}; {against} hypothesis)"}]
+    blocks.append({"type": "list", "items": [f"{v['kind']} {v['verdict']}: {v['name']}" for v in verdicts]})
+    if other:
+        blocks.append(_p(f"with the {other[0]} hypothesis instead: {other[1].get('verdict')} ({other[1].get('detail')})"))
     return blocks
 
 
@@ -502,9 +570,11 @@ def _environment(ev: _Evidence) -> list[dict]:
     return [_p(NOT_RUN)]
 
 
-def collect(ctx, *, plots: bool = True) -> dict[str, Any]:
-    """Every section of the dossier (see the module docstring); ``plots`` draws the figures."""
-    ev = _Evidence(ctx)
+def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[str, Any]:
+    """Every section of the dossier (see the module docstring); ``plots`` draws the figures;
+    ``use_edited`` (the reason of ``--use-edited-hypothesis``) judges against the study file's
+    hypothesis instead of the frozen one."""
+    ev = _Evidence(ctx, use_edited)
     sections = [
         ("summary", "Summary", _summary(ev)),
         ("hypothesis", "Hypothesis and guards", _hypothesis(ev)),

@@ -583,7 +583,8 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
     - ``per_class_<key>`` / ``per_field_<key>`` (e.g. ``per_class_recall``, ``per_class_f1``,
       ``per_field_f1``) apply the guard to every class / field and name each failing one;
       the per-item CI conditions on resamples where the item's metric is defined, and the
-      point delta decides when no resample defines it.
+      point delta decides when no resample defines it. A per-class guard with ``classes``
+      applies to those classes only.
 
     Raises:
         TuneproofError: a metric the comparison does not report (names the study key), or a
@@ -629,6 +630,13 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             continue
         sub = guard.metric[len(group) + 1 :]
         items_src = {name: m[sub] for name, m in compare_result.get(group, {}).items() if sub in m}
+        only = getattr(guard, "classes", None)
+        if only is not None and group == "per_class":
+            missing = [c for c in only if c not in compare_result.get(group, {})]
+            if missing:
+                raise TuneproofError(f"{key}.classes: {', '.join(repr(c) for c in missing)} not among the compared classes",
+                                     hint=f"classes: {', '.join(sorted(compare_result.get(group, {})))}")
+            items_src = {name: e for name, e in items_src.items() if name in only}
         if not items_src:
             available = sorted({f"{group}_{s}" for m in compare_result.get(group, {}).values() for s in m})
             raise TuneproofError(
@@ -655,7 +663,7 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
         if failing and unsure:
             detail += f"; inconclusive for: {', '.join(unsure)}"
         out.append({
-            "name": f"guard: {guard.metric} {rule}",
+            "name": f"guard: {guard.metric}{' for ' + ', '.join(only) if only else ''} {rule}",
             "kind": "guard",
             "metric": guard.metric,
             **{k: worst[k] for k in ("base", "cand", "delta", "ci")},

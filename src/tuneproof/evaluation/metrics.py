@@ -43,6 +43,51 @@ HEADLINE_METRICS = {
     "format": ["compliance_rate", "exact_match"],
 }
 
+#: Per-category / per-field metric names reported by the paired comparison (guards
+#: ``per_class_<name>`` / ``per_field_<name>``), per task kind.
+PER_CLASS_METRICS = {
+    "classification": ["recall", "precision", "f1"],
+    "extraction": ["recall", "precision", "f1", "exact_match", "field_precision", "field_recall", "field_f1"],
+    "format": ["compliance_rate", "exact_match"],
+}
+PER_FIELD_METRICS = {"classification": [], "extraction": ["precision", "recall", "f1", "exact_match_rate"], "format": []}
+
+
+def metric_names(task: str, *, required_fields: Sequence[str] | None = None, json_schema: Any = None,
+                 regex: str | None = None) -> dict[str, list[str]]:
+    """The metric names a comparison reports for ``task`` (what ``hypothesis.success.metric`` and
+    ``hypothesis.guards[].metric`` may name).
+
+    A format study reports ``json_valid_rate`` only with a JSON check (``eval.json_schema`` or
+    ``hypothesis.required_fields``), ``schema_valid_rate`` only with ``eval.json_schema``,
+    ``regex_match_rate`` only with ``eval.regex``, ``required_fields_rate`` only with required fields.
+
+    Returns:
+        ``{"aggregate": [...], "per_class": ["per_class_recall", ...], "per_field": [...]}``.
+
+    Raises:
+        TuneproofError: unknown task kind.
+    """
+    if task not in TASKS:
+        raise TuneproofError(f"hypothesis.task: unknown task kind '{task}'", hint=f"use one of {', '.join(TASKS)}")
+    if task == "classification":
+        agg = ["accuracy", "macro_f1", "weighted_f1", "micro_f1"]
+    elif task == "extraction":
+        agg = ["json_valid_rate", "required_fields_rate", "intent_accuracy", "exact_match", "field_precision", "field_recall", "field_f1"]
+    else:
+        agg = ["compliance_rate", "exact_match"]
+        if json_schema is not None or required_fields:
+            agg.append("json_valid_rate")
+        if json_schema is not None:
+            agg.append("schema_valid_rate")
+        if regex is not None:
+            agg.append("regex_match_rate")
+        if required_fields:
+            agg.append("required_fields_rate")
+    return {"aggregate": agg, "per_class": [f"per_class_{m}" for m in PER_CLASS_METRICS[task]],
+            "per_field": [f"per_field_{m}" for m in PER_FIELD_METRICS[task]]}
+
+
 _FENCE = re.compile(r"^```[A-Za-z0-9_+.-]*[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```$", re.DOTALL)
 
 

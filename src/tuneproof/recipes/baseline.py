@@ -19,6 +19,10 @@ def run_baseline(ctx: StudyContext) -> str:
     """Evaluate the base model; returns the run id."""
     from tuneproof.models.base import load_model  # noqa: PLC0415
 
+    from tuneproof.hypothesis import check_against_data  # noqa: PLC0415
+    from tuneproof.study import STUDY_FILE  # noqa: PLC0415
+
+    check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
     with ctx.registry.run("baseline") as run:
         record_inputs(ctx, run)
         examples = ctx.eval_examples()

@@ -92,8 +92,12 @@ def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> lis
         return generate(model, ctx.tokenizer, ctx.pipeline, examples, ctx.study.eval, device=device, autocast=autocast, progress=advance)
 
 
-def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], what: str) -> dict[str, Any]:
-    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary."""
+def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], what: str, *,
+                  required_fields: list[str] | None = None, eval_cfg: Any = None) -> dict[str, Any]:
+    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary.
+
+    ``required_fields`` / ``eval_cfg`` score with another definition than the study file's
+    (``test`` scores with the hypothesis frozen before training); prediction always follows the study."""
     from tuneproof.evaluation.metrics import score  # noqa: PLC0415
 
     t0 = time.perf_counter()
@@ -104,7 +108,9 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
         for e, p in zip(examples, preds)
     ]
     labels = ctx.labels if ctx.task == "classification" else None
-    records, metrics = score(ctx.task, records, required_fields=ctx.study.hypothesis.required_fields, eval_cfg=ctx.study.eval, labels=labels)
+    records, metrics = score(ctx.task, records, labels=labels,
+                             required_fields=ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
+                             eval_cfg=ctx.study.eval if eval_cfg is None else eval_cfg)
     write_jsonl(run.path("outputs.jsonl"), records)
     efp = ctx.eval_fingerprint(examples)
     run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics})

@@ -5,13 +5,20 @@ Features:
   marks the comparison instead), flags a data fingerprint that differs from the baseline's;
 - paired counts (fixed / broken / unchanged), McNemar's exact test, paired bootstrap intervals of
   every metric delta, per-class and per-field deltas, concentration of the gain;
-- the success criterion and guards of the hypothesis judged: pass / fail / inconclusive.
+- the success criterion and guards of the hypothesis judged: pass / fail / inconclusive, against
+  the hypothesis frozen with the first train run (``hypothesis.frozen.json``); when the study file's
+  hypothesis differs, the change is shown key by key and both verdicts are given;
+  ``--use-edited-hypothesis REASON`` judges against the edited one (the reason is recorded in
+  ``compare.json`` and ``hypothesis.overrides.jsonl``, and shown in the dossier).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
+
+from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.common import load_outputs, run_json
@@ -31,10 +38,26 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
     raise TuneproofError(f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)")
 
 
-def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None = None,
-                allow_different_procedure: bool = False) -> str:
-    """Compare each candidate with the baseline; returns the compare run id (``compare.json`` in it)."""
+def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
+    """The paired comparison scored and judged under one hypothesis view (frozen or edited)."""
     from tuneproof.evaluation.compare import paired_compare  # noqa: PLC0415
+
+    result = paired_compare(
+        base_out, out, ctx.task, required_fields=view["required_fields"], eval_cfg=hyp.eval_for(view, ctx.study.eval),
+        hypothesis=hyp.as_hypothesis(view), iterations=ctx.study.eval.bootstrap_iterations, seed=ctx.study.eval.seed,
+        labels=ctx.labels if ctx.task == "classification" else None,
+    )
+    result["hypothesis_hash"], result["scoring"] = hyp.view_hash(view), hyp.scoring(view)
+    return result
+
+
+def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None = None,
+                allow_different_procedure: bool = False, use_edited_hypothesis: str | None = None) -> str:
+    """Compare each candidate with the baseline; returns the compare run id (``compare.json`` in it).
+
+    Raises:
+        TuneproofError: see :func:`tuneproof.hypothesis.resolve` (empty reason, task changed after training).
+    """
     from tuneproof.evaluation.fingerprint import diff_fingerprints  # noqa: PLC0415
 
     if against is None:
@@ -42,6 +65,7 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
         if latest is None:
             raise TuneproofError("no completed baseline run", hint="run `tuneproof baseline` first")
         against = latest.id
+    judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     base_rec, base_out = load_outputs(ctx, against)
     cand_ids = [resolve_candidate(ctx, c) for c in candidates]
     base_efp = (run_json(ctx, base_rec.id, "eval.json") or {}).get("fingerprint", {})
@@ -59,21 +83,38 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
                 notes.append("DIFFERENT PROCEDURE: " + msg)
             if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
                 notes.append(f"data fingerprint of {rec.id} differs from the baseline's")
-            result = paired_compare(
-                base_out, out, ctx.task, required_fields=ctx.study.hypothesis.required_fields, eval_cfg=ctx.study.eval,
-                hypothesis=ctx.study.hypothesis, iterations=ctx.study.eval.bootstrap_iterations, seed=ctx.study.eval.seed,
-                labels=ctx.labels if ctx.task == "classification" else None,
-            )
+            result = _paired(ctx, base_out, out, judging.primary)
+            if judging.other is not None:
+                alt = hyp.rejudge(result, judging.other)  # same scoring: judge the same numbers
+                if alt is None:  # required fields or format rule changed: score again
+                    other = _paired(ctx, base_out, out, judging.other)
+                    alt = (other["verdicts"], other["overall"])
+                result["alternative"] = {"hypothesis": judging.other_name, "hypothesis_hash": hyp.view_hash(judging.other),
+                                         "verdicts": alt[0], "overall": alt[1]}
+            result["judged_against"] = judging.judged_against
             result["notes"] = notes
             results[rec.id] = result
+            if rec.id == cand_ids[0]:
+                print_judging(judging)
             _print(rec.id, base_rec.id, result)
         first = results[cand_ids[0]]
         overall = first.get("overall", {})
-        run.write_json("compare.json", {"baseline": base_rec.id, "candidates": results,
-                                        "verdict": overall.get("verdict"), "detail": overall.get("detail")})
+        alt = (first.get("alternative") or {}).get("overall") or {}
+        both = {f"verdict_{judging.other_name}": alt.get("verdict"), f"detail_{judging.other_name}": alt.get("detail")} if alt else {}
+        run.write_json("compare.json", {"baseline": base_rec.id, "candidates": results, "hypothesis": judging.to_json(),
+                                        "verdict": overall.get("verdict"), "detail": overall.get("detail"), **both})
         run.update_summary(baseline=base_rec.id, candidates=cand_ids, verdict=overall.get("verdict"),
-                           verdicts={cid: r.get("overall", {}).get("verdict") for cid, r in results.items()})
+                           verdicts={cid: r.get("overall", {}).get("verdict") for cid, r in results.items()},
+                           judged_against=judging.judged_against, hypothesis_changed=judging.changed,
+                           use_edited_hypothesis=judging.reason, **{k: v for k, v in both.items() if k.startswith("verdict_")})
+        hyp.record_override(ctx.study_dir, judging, "compare", run.id)
         return run.id
+
+
+def print_judging(judging) -> None:
+    """The hypothesis change, key by key, and which hypothesis the verdict follows (nothing when unchanged)."""
+    for line in judging.lines():
+        console.print(escape(line) if line.startswith("  ") else f"[bold yellow]{escape(line)}[/]", soft_wrap=True)
 
 
 def _print(cid: str, bid: str, r: dict) -> None:
@@ -91,6 +132,14 @@ def _print(cid: str, bid: str, r: dict) -> None:
             detail = detail[:400] + f"... ({len(detail) - 400} more characters in compare.json)"
         console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:12s}[/] {v['name']}: {detail}")
     if r.get("overall"):
-        console.print(f"  overall: [bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})")
+        against = r.get("judged_against", "")
+        console.print(f"  overall{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "
+                      f"[bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})")
+    alt = r.get("alternative")
+    if alt:
+        console.print(f"  with the {alt['hypothesis']} hypothesis instead:")
+        for v in alt["verdicts"]:
+            console.print(f"    {v['kind']:7s} {v['verdict']:12s} {v['name']}")
+        console.print(f"  overall ({alt['hypothesis']} hypothesis): [bold]{alt['overall']['verdict']}[/] ({alt['overall']['detail']})")
     for n in r.get("notes", []):
         console.print(f"  [yellow]note[/]: {n}")

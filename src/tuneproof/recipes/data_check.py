@@ -9,7 +9,9 @@ Features:
   labels, targets that are not strict JSON (CASES C16), missing required fields;
 - the exact preprocessing of the trainer on every train and eval example: 0 supervised tokens
   (C4), end token not supervised (C2), boundary inside a token (C3), prefix mismatch;
-- token lengths per split (p50, p95, max), share truncated, suggested max_length.
+- token lengths per split (p50, p95, max), share truncated, suggested max_length;
+- the hypothesis against the data, before the run (bad input, exit 2): a guard's ``classes`` that
+  are not labels, a format rule (``eval.regex`` / ``eval.json_schema``) no gold target satisfies.
 Hard faults fail the run (exit 3) after the report is written.
 """
 
@@ -57,9 +59,15 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
 
 def run_data_check(ctx: StudyContext) -> str:
     """Run the data check as a registry run; raises :class:`CheckFailed` (exit 3) on hard faults."""
+    from tuneproof.hypothesis import check_against_data  # noqa: PLC0415
+    from tuneproof.study import STUDY_FILE  # noqa: PLC0415
+
+    notes = check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
     with ctx.registry.run("data-check") as run:
         record_inputs(ctx, run)
         rep = data_report(ctx)
+        rep["hypothesis_notes"] = notes
+        rep["warnings"] += notes
         run.write_json("data_check.json", rep)
         run.update_summary(passed=rep["passed"], hard_faults=len(rep["hard_faults"]), sizes=rep["sizes"],
                            lengths={k: {m: v.get(m) for m in ("p50", "p95", "max", "truncated_share")} for k, v in rep["lengths"]["splits"].items()},

@@ -18,7 +18,11 @@ Features (option that turns each on):
   fresh process, before the export run is completed;
 - a train run that is not completed (failed, interrupted, invalid) is refused unless ``--force``;
   a forced export says so in the manifest, the model card and the export run;
-- a base whose weights changed since training is refused (CASES C13).
+- a base whose weights changed since training is refused (CASES C13);
+- the verdict in the manifest and the model card follows the hypothesis frozen with the first train
+  run; when the study file's differs, the change and both verdicts are stated;
+  ``--use-edited-hypothesis REASON`` makes the edited one's verdict the verdict, with the reason in
+  the manifest (``hypothesis.use_edited_reason``) and the model card.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof import SCHEMA_VERSION
+from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.deliver.bundle import BUNDLE_KIND, MANIFEST, file_hashes, saved_modules
 from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_message, load_bundle_model, load_tokenizer_at, reproduce,
@@ -40,6 +45,7 @@ from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_messag
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
 from tuneproof.recipes.common import record_inputs, run_json
+from tuneproof.recipes.compare import print_judging
 from tuneproof.ui import console
 
 DEFAULT_K = 8  # stored verification examples
@@ -112,13 +118,31 @@ def _embeddings(base: dict[str, Any], tmp: Path, payload: str) -> dict[str, Any]
     return rec
 
 
+def _comparison(crec, compare_json: dict, entry: dict, judging: hyp.Judging) -> dict[str, Any]:
+    """The manifest's ``comparison``: the recorded comparison judged against the hypothesis in force
+    (:attr:`Judging.primary`) and, when the study file's differs, the other one's verdict too."""
+    out = {"compare_run": crec.id, "baseline_run": compare_json.get("baseline"), "counts": entry.get("counts"),
+           "mcnemar": entry.get("mcnemar"), "metrics": entry.get("metrics"), "judged_against": judging.judged_against}
+    stale = "the recorded comparison was scored with other required fields or format rule; run `tuneproof compare` again"
+    got = hyp.rejudge(entry, judging.primary)
+    verdicts, overall = got if got else (None, {"verdict": None, "detail": stale})
+    out.update(verdict=overall.get("verdict"), detail=overall.get("detail"), verdicts=verdicts)
+    if judging.other is not None:
+        got = hyp.rejudge(entry, judging.other)
+        other = got[1] if got else {"verdict": None, "detail": stale}
+        out[f"verdict_{judging.other_name}"], out[f"detail_{judging.other_name}"] = other.get("verdict"), other.get("detail")
+    return out
+
+
 def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forced: dict | None, export_run: str,
-                 device: str = "cpu") -> dict[str, Any]:
+                 device: str = "cpu", judging: hyp.Judging | None = None) -> dict[str, Any]:
     """Write every file of the bundle into ``tmp`` and return the manifest (also written)."""
     from tuneproof.deliver.identity import base_identity  # noqa: PLC0415
     from tuneproof.deliver.limits import observed_limits  # noqa: PLC0415
     from tuneproof.deliver.card import model_card  # noqa: PLC0415
 
+    if judging is None:
+        judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry)
     src = ctx.registry.runs_dir / rec.id
     payload = "adapter" if (src / "adapter" / "adapter_config.json").exists() else "model"
     if not (src / payload).exists():
@@ -235,9 +259,8 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         "eval_run": ev.id if ev else None,
         "eval_fingerprint": (eval_json or {}).get("fingerprint"),
         "metrics": ev.summary.get("metrics") if ev else None,
-        "comparison": ({"compare_run": crec.id, "baseline_run": compare_json.get("baseline"), "verdict": entry.get("overall", {}).get("verdict"),
-                        "detail": entry.get("overall", {}).get("detail"), "counts": entry.get("counts"), "mcnemar": entry.get("mcnemar"),
-                        "metrics": entry.get("metrics"), "verdicts": entry.get("verdicts")} if entry else None),
+        "comparison": _comparison(crec, compare_json, entry, judging) if entry else None,
+        "hypothesis": {**judging.to_json(), "frozen": judging.frozen},
         "limits": limits,
         "reference": {"eval_predictions_agree": agree, "n": len(chosen), "merge": merge_info},
         "test_accesses": ctx.registry.test_accesses(),
@@ -249,7 +272,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
 
 
 def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_dir: Path | None = None, merge: bool = False,
-               k: int = DEFAULT_K, device: str = "cpu") -> str:
+               k: int = DEFAULT_K, device: str = "cpu", use_edited_hypothesis: str | None = None) -> str:
     """Export a train run as a verified bundle; returns the export run id.
 
     Raises:
@@ -283,6 +306,7 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
     if dest.exists():
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
     _check_base_unchanged(ctx, rec)
+    judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     with ctx.registry.run("export", parent=rec.id) as run:
         record_inputs(ctx, run, with_data=False)
         run.update_summary(train_run=rec.id, forced=forced, merge=merge)
@@ -292,7 +316,8 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
         try:
-            man = build_bundle(ctx, rec, tmp, merge=merge, k=k, forced=forced, export_run=run.id, device=device)
+            print_judging(judging)
+            man = build_bundle(ctx, rec, tmp, merge=merge, k=k, forced=forced, export_run=run.id, device=device, judging=judging)
             console.print(f"[bold]{run.id}[/] bundle of {rec.id} written ({len(man['files'])} files); verifying in a fresh process")
             report = verify_in_fresh_process(tmp)
             run.write_json("verify.json", report)
@@ -304,7 +329,9 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
             raise
         run.update_summary(bundle=str(dest), verified=True, verify_seconds=report["seconds"], files=len(man["files"]),
                            payload=man["payload"], eval_run=man["eval_run"],
-                           verdict=(man.get("comparison") or {}).get("verdict"))
+                           verdict=(man.get("comparison") or {}).get("verdict"), judged_against=judging.judged_against,
+                           use_edited_hypothesis=judging.reason)
+        hyp.record_override(ctx.study_dir, judging, "export", run.id)
         for c in report["checks"]:
             console.print(f"  [green]pass[/] {c['name']}: {c['detail']}")
         console.print(f"[bold]{run.id}[/] exported {rec.id} to {dest} (verified)")

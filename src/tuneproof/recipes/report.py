@@ -33,9 +33,17 @@ def build_markdown(ctx: StudyContext) -> str:
     return to_markdown(collect(ctx, plots=False))
 
 
-def run_report(ctx: StudyContext, *, html: bool = False) -> Path:
-    """Write ``dossier.md`` (and ``dossier.html`` when ``html``); returns the Markdown path."""
-    d = collect(ctx, plots=html)
+def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: str | None = None) -> Path:
+    """Write ``dossier.md`` (and ``dossier.html`` when ``html``); returns the Markdown path.
+
+    The verdicts follow the hypothesis frozen with the first train run; ``use_edited_hypothesis``
+    (a reason) judges against the study file's instead, recorded in the dossier and
+    ``hypothesis.overrides.jsonl``."""
+    from tuneproof import hypothesis as hyp  # noqa: PLC0415
+
+    if use_edited_hypothesis is not None:  # recorded first, so the dossier lists this use too
+        hyp.record_override(ctx.study_dir, hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis), "report", None)
+    d = collect(ctx, plots=html, use_edited=use_edited_hypothesis)
     path = ctx.study_dir / MD_FILE
     atomic_write_text(path, to_markdown(d))
     written = [path]

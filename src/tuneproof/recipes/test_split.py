@@ -5,12 +5,17 @@ the test split with the study's procedure; every access is logged in the registr
 candidate, result) and shown in the dossier. A second candidate evaluated on the test split, or
 a test result followed by more training, is recorded as test reuse (``test_reuse`` in the
 summary, with the reason) because choosing settings on the test split wears out its value as a
-control.
+control. The metrics are scored with the hypothesis frozen with the first train run (required
+fields, format rule); when the study file's differs, the change is shown key by key and the
+headline under the edited definition is given too; ``--use-edited-hypothesis REASON`` scores with
+the edited one (recorded in the summary, the test access log and ``hypothesis.overrides.jsonl``).
 """
 
 from __future__ import annotations
 
+from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
+from tuneproof.io import read_jsonl
 from tuneproof.recipes.common import evaluate_into, headline, load_trained, record_inputs
 from tuneproof.registry import iso
 from tuneproof.ui import console
@@ -33,9 +38,13 @@ def test_reuse(ctx: StudyContext, candidate: str) -> list[str]:
     return reasons
 
 
-def run_test(ctx: StudyContext, candidate: str) -> str:
+def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | None = None) -> str:
     """Evaluate ``candidate`` (train run id or ``base``) on the reserved test split; returns the test run id."""
+    from tuneproof.evaluation.metrics import score  # noqa: PLC0415
     from tuneproof.models.base import load_model  # noqa: PLC0415
+    from tuneproof.recipes.compare import print_judging  # noqa: PLC0415
+
+    judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
 
     cand = "base" if candidate == "base" else ctx.registry.get(candidate).id
     if cand != "base" and ctx.registry.get(cand).kind == "eval":
@@ -53,7 +62,22 @@ def run_test(ctx: StudyContext, candidate: str) -> str:
         if reasons:
             console.print("[bold yellow]test reuse[/]: " + "; ".join(reasons))
         console.print(f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)")
-        metrics = evaluate_into(ctx, run, model, examples, f"test {cand}")
-        run.update_summary(candidate=cand, test_reuse=reasons)
-        ctx.registry.log_test_access(run.id, cand, {"metrics": headline(ctx.task, metrics), "test_reuse": reasons})
+        view = judging.primary
+        metrics = evaluate_into(ctx, run, model, examples, f"test {cand}", required_fields=view["required_fields"],
+                                eval_cfg=hyp.eval_for(view, ctx.study.eval))
+        extra: dict = {}
+        if judging.other is not None and hyp.scoring(judging.other) != hyp.scoring(view):
+            other = judging.other
+            rows = [{k: r.get(k) for k in ("id", "category", "reference", "prediction")} for r in read_jsonl(run.path("outputs.jsonl"))]
+            _, m2 = score(ctx.task, rows, required_fields=other["required_fields"], eval_cfg=hyp.eval_for(other, ctx.study.eval),
+                          labels=ctx.labels if ctx.task == "classification" else None)
+            extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
+        print_judging(judging)
+        console.print(f"  scored with the {judging.judged_against} hypothesis: {headline(ctx.task, metrics)}")
+        for k, v in extra.items():
+            console.print(f"  scored with the {k.removeprefix('metrics_')} hypothesis: {v}")
+        run.update_summary(candidate=cand, test_reuse=reasons, judged_against=judging.judged_against, hypothesis=judging.to_json(), **extra)
+        ctx.registry.log_test_access(run.id, cand, {"metrics": headline(ctx.task, metrics), "test_reuse": reasons,
+                                                    "judged_against": judging.judged_against, "use_edited_reason": judging.reason, **extra})
+        hyp.record_override(ctx.study_dir, judging, "test", run.id)
         return run.id

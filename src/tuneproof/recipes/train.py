@@ -21,6 +21,7 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
+from tuneproof.hypothesis import freeze
 from tuneproof.recipes.common import record_inputs
 from tuneproof.ui import console, progress_bar
 
@@ -66,6 +67,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         if resume_from is None:
             record_inputs(ctx, run)
             run.write_json("base.json", base)
+            freeze(ctx.study_dir, ctx.study, run.id)  # protocol step 1: the first train run fixes the hypothesis
         if on_start is not None:
             on_start(run)
         if preflight_override:

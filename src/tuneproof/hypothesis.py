@@ -1,0 +1,376 @@
+"""The hypothesis as it was fixed before training (PROTOCOL.md step 1: "they are fixed before the
+first training run and every later verdict is judged against them").
+
+The first ``train`` run freezes the hypothesis: behaviour, task, success criterion, guards,
+required fields and the format rule (``eval.json_schema``, ``eval.regex``,
+``eval.allow_fenced_json``: they define what a valid output is). It is stored with its sha256
+in ``hypothesis.frozen.json`` in the study folder (schema-versioned, created atomically and only
+once: a second train run never replaces it). ``compare``, ``test``, ``report`` and ``export``
+judge against that record. When the study file's hypothesis differs they show the change key by
+key (old -> new) and give both verdicts; judging against the edited hypothesis alone needs
+``--use-edited-hypothesis REASON``, and every such use is appended to
+``hypothesis.overrides.jsonl`` (shown in the dossier) and recorded in the artifact it produced.
+
+A study whose first train run predates this record is read from that run's ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuneproof import SCHEMA_VERSION
+from tuneproof.errors import TuneproofError
+from tuneproof.io import append_jsonl, read_json, read_jsonl, sha256_json
+
+FROZEN_FILE = "hypothesis.frozen.json"
+OVERRIDES_FILE = "hypothesis.overrides.jsonl"
+FLAG = "--use-edited-hypothesis"
+#: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output).
+FORMAT_KEYS = {"json_schema": None, "regex": None, "allow_fenced_json": False}
+
+
+# --------------------------------------------------------------------------- the frozen part
+def _normalise(hyp: dict[str, Any], eval_section: dict[str, Any]) -> dict[str, Any]:
+    from tuneproof.study import Hypothesis  # noqa: PLC0415
+
+    try:
+        h = Hypothesis.model_validate(hyp).model_dump(mode="json")  # defaults filled: old records compare key by key
+    except Exception:  # noqa: BLE001 - a record from an older schema is kept as it was
+        h = dict(hyp)
+    h["format"] = {k: eval_section.get(k, default) for k, default in FORMAT_KEYS.items()}
+    return h
+
+
+def hypothesis_view(study: Any) -> dict[str, Any]:
+    """The part of a study that is frozen: ``hypothesis`` (behaviour, task, success, guards,
+    required_fields) plus ``format`` (``eval.json_schema``, ``eval.regex``, ``eval.allow_fenced_json``)."""
+    return _normalise(study.hypothesis.model_dump(mode="json"), study.eval.model_dump(mode="json"))
+
+
+def view_from_config(config: dict[str, Any]) -> dict[str, Any]:
+    """:func:`hypothesis_view` of a run's resolved ``config.json``."""
+    return _normalise(config.get("hypothesis") or {}, config.get("eval") or {})
+
+
+def view_hash(view: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a view (sorted keys)."""
+    return sha256_json(view)
+
+
+def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
+    """Freeze the study's hypothesis with train run ``run_id`` unless one is frozen already.
+
+    The record ``{"schema_version", "hash", "run", "frozen_at" (s since the epoch), "hypothesis"}``
+    is written to a temp file and hard-linked into place, so it is complete when it exists and a
+    concurrent first train run cannot replace it. Returns the record in force.
+    """
+    path = Path(study_dir) / FROZEN_FILE
+    if path.exists():
+        return read_json(path)
+    view = hypothesis_view(study)
+    record = {"schema_version": SCHEMA_VERSION, "hash": view_hash(view), "run": run_id, "frozen_at": round(time.time(), 3),
+              "hypothesis": view}
+    fd, tmp = tempfile.mkstemp(prefix=".hypothesis.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, indent=2, ensure_ascii=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)  # fails if another process froze first: its record stays
+        except FileExistsError:
+            return read_json(path)
+    finally:
+        os.unlink(tmp)
+    return record
+
+
+def frozen_record(study_dir: str | Path, registry: Any = None) -> dict[str, Any] | None:
+    """The frozen record, or (studies trained before the record existed) one rebuilt from the first
+    train run's ``config.json`` (``"source"`` says which); None before any train run.
+
+    Raises:
+        TuneproofError: the record exists but is not readable JSON (names the file).
+    """
+    path = Path(study_dir) / FROZEN_FILE
+    if path.exists():
+        try:
+            rec = read_json(path)
+        except Exception as err:  # noqa: BLE001
+            raise TuneproofError(f"{path}: the frozen hypothesis is unreadable ({err})",
+                                 hint="restore it from a backup; it records the hypothesis fixed before training") from None
+        return {**rec, "source": FROZEN_FILE}
+    if registry is None:
+        return None
+    trains = registry.list(kind="train")
+    for rec in trains[:1]:
+        cfg_path = registry.runs_dir / rec.id / "config.json"
+        if cfg_path.exists():
+            view = view_from_config(read_json(cfg_path))
+            return {"hash": view_hash(view), "run": rec.id, "frozen_at": rec.created, "hypothesis": view,
+                    "source": f"runs/{rec.id}/config.json"}
+    return None
+
+
+# --------------------------------------------------------------------------- differences
+def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict) and obj:
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(_leaves(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: obj}
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """Key-by-key differences ``[{"key", "old", "new"}]`` between two views, keys named as in the
+    study file (``hypothesis.guards[0].floor``, ``eval.regex``); a key present on one side only has
+    ``"(absent)"`` on the other."""
+    a, b = _leaves(old), _leaves(new)
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if a.get(k, "(absent)") != b.get(k, "(absent)") or (k in a) != (k in b):
+            name = "eval." + k[len("format."):] if k.startswith("format.") else "hypothesis." + k
+            out.append({"key": name, "old": a.get(k, "(absent)"), "new": b.get(k, "(absent)")})
+    return out
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def change_lines(diff: list[dict[str, Any]]) -> list[str]:
+    """``"key: old -> new"`` for each change."""
+    return [f"{c['key']}: {_short(c['old'])} -> {_short(c['new'])}" for c in diff]
+
+
+# --------------------------------------------------------------------------- what a command judges against
+def as_hypothesis(view: dict[str, Any]):
+    """The :class:`tuneproof.study.Hypothesis` of a view."""
+    from tuneproof.study import Hypothesis  # noqa: PLC0415
+
+    return Hypothesis.model_validate({k: v for k, v in view.items() if k != "format"})
+
+
+def eval_for(view: dict[str, Any], eval_cfg: Any):
+    """A copy of the study's ``eval`` section with the view's format rule."""
+    return eval_cfg.model_copy(update=dict(view.get("format") or {}))
+
+
+def scoring(view: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a view that change per-example scores (not only the verdict)."""
+    return {"required_fields": view.get("required_fields") or [], "format": view.get("format") or {}}
+
+
+@dataclass
+class Judging:
+    """What a command judges against.
+
+    ``frozen`` is None before the first train run (the study file's hypothesis is then the one in
+    force). ``primary`` is the view of THE verdict: the frozen one, or the edited one when
+    ``reason`` (``--use-edited-hypothesis``) was given; ``other`` is the second view when they differ.
+    """
+
+    current: dict[str, Any]
+    frozen: dict[str, Any] | None = None
+    frozen_hash: str | None = None
+    frozen_run: str | None = None
+    source: str | None = None
+    reason: str | None = None
+    diff: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.diff)
+
+    @property
+    def primary(self) -> dict[str, Any]:
+        return self.current if (self.frozen is None or self.reason) else self.frozen
+
+    @property
+    def judged_against(self) -> str:
+        if self.frozen is None:
+            return "study file (nothing frozen yet: no train run)"
+        return "edited" if self.reason else "frozen"
+
+    @property
+    def other(self) -> dict[str, Any] | None:
+        if not self.changed:
+            return None
+        return self.frozen if self.reason else self.current
+
+    @property
+    def other_name(self) -> str:
+        return "frozen" if self.reason else "edited"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"judged_against": self.judged_against, "frozen_hash": self.frozen_hash, "frozen_run": self.frozen_run,
+                "frozen_source": self.source, "study_hash": view_hash(self.current), "changed": self.changed,
+                "changes": self.diff, "use_edited_reason": self.reason}
+
+    def lines(self) -> list[str]:
+        """What to print before a verdict: the change key by key, and which one is judged."""
+        if not self.changed:
+            return []
+        out = [f"the study file's hypothesis differs from the one frozen with the first train run {self.frozen_run} "
+               f"({len(self.diff)} change{'s' if len(self.diff) != 1 else ''}, frozen -> study file):"]
+        out += ["  " + line for line in change_lines(self.diff)]
+        if self.reason:
+            out.append(f"judged against the EDITED hypothesis ({FLAG}: {self.reason}); the frozen one's verdict is shown too")
+        else:
+            out.append(f"judged against the FROZEN hypothesis; the edited one's verdict is shown too "
+                       f"(judging against the edited one alone: {FLAG} REASON)")
+        return out
+
+
+def resolve(study_dir: str | Path, study: Any, registry: Any = None, use_edited: str | None = None) -> Judging:
+    """The :class:`Judging` of a command.
+
+    Raises:
+        TuneproofError: ``--use-edited-hypothesis`` with an empty reason; ``hypothesis.task``
+            changed after the first train run (runs of one task cannot be judged as another).
+    """
+    if use_edited is not None and not use_edited.strip():
+        raise TuneproofError(f"{FLAG} needs a reason", hint=f'e.g. {FLAG} "floor agreed with the product owner on 2026-12-01"')
+    current = hypothesis_view(study)
+    rec = frozen_record(study_dir, registry)
+    if rec is None:
+        return Judging(current=current)
+    frozen = rec["hypothesis"]
+    diff = changes(frozen, current)
+    if frozen.get("task") != current.get("task"):
+        raise TuneproofError(f"{Path(study_dir) / 'tuneproof.yaml'}: hypothesis.task changed from '{frozen.get('task')}' to "
+                             f"'{current.get('task')}' after the first train run {rec.get('run')}",
+                             hint="runs of one task cannot be judged as another: restore the task, or start a new study")
+    reason = use_edited.strip() if (use_edited is not None and diff) else None
+    return Judging(current=current, frozen=frozen, frozen_hash=rec.get("hash"), frozen_run=rec.get("run"), source=rec.get("source"),
+                   reason=reason, diff=diff)
+
+
+def record_override(study_dir: str | Path, judging: Judging, command: str, run_id: str | None) -> None:
+    """Append one use of ``--use-edited-hypothesis`` to ``hypothesis.overrides.jsonl``."""
+    if not judging.reason:
+        return
+    append_jsonl(Path(study_dir) / OVERRIDES_FILE, {
+        "schema_version": SCHEMA_VERSION, "time": round(time.time(), 3), "command": command, "run": run_id, "reason": judging.reason,
+        "frozen_hash": judging.frozen_hash, "study_hash": view_hash(judging.current), "changes": judging.diff})
+
+
+def overrides(study_dir: str | Path) -> list[dict[str, Any]]:
+    """Every recorded use of ``--use-edited-hypothesis`` (oldest first); [] when none or unreadable."""
+    path = Path(study_dir) / OVERRIDES_FILE
+    try:
+        return read_jsonl(path) if path.exists() else []
+    except Exception:  # noqa: BLE001 - the dossier still renders
+        return []
+
+
+def rejudge(entry: dict[str, Any], view: dict[str, Any]) -> tuple[list[dict], dict] | None:
+    """``(verdicts, overall)`` of a recorded comparison entry (one candidate of ``compare.json``)
+    under ``view``: the recorded ones when it was judged with that view, else
+    :func:`tuneproof.evaluation.compare.judge` on its recorded metrics when the scoring (required
+    fields, format rule) is the one it was scored with; None when it needs re-scoring
+    (``tuneproof compare``)."""
+    from tuneproof.evaluation.compare import judge, overall_verdict  # noqa: PLC0415
+
+    h = view_hash(view)
+    for block in (entry, entry.get("alternative") or {}):
+        if block.get("hypothesis_hash") == h and block.get("verdicts") is not None:
+            return block["verdicts"], block["overall"]
+    scored = entry.get("scoring")
+    if scored is not None and scored != scoring(view):
+        return None
+    try:
+        verdicts = judge(as_hypothesis(view), entry)
+    except (TuneproofError, KeyError, TypeError):
+        return None
+    return verdicts, overall_verdict(verdicts)
+
+
+# --------------------------------------------------------------------------- the hypothesis against the data
+def check_against_data(study: Any, splits: dict[str, list], path: str | Path) -> list[str]:
+    """Check the hypothesis against the examples before any run (``data check``, ``baseline``).
+
+    - every class named by a guard (``hypothesis.guards[i].classes``) is a label of the data
+      (classification: the ``label`` column; extraction: labels and the targets' ``intent``);
+    - a format study's rule matches at least one gold target: ``eval.regex`` (``re.fullmatch`` on
+      the stripped target, as the scorer applies it to outputs), ``eval.json_schema`` (strict JSON
+      that validates). Gold targets that do not comply are counted in the returned notes.
+
+    Args:
+        splits: ``{split: [Example]}`` (every split; only labels and targets are read).
+        path: the study file, named in the errors.
+
+    Returns:
+        notes (warnings) such as ``"eval.regex matches 40 of 50 gold targets"``.
+
+    Raises:
+        TuneproofError: names the key (``hypothesis.guards[i].classes``, ``eval.regex``,
+            ``eval.json_schema``) and what to do.
+    """
+    import re  # noqa: PLC0415
+
+    from tuneproof.evaluation.metrics import parse_json_output  # noqa: PLC0415
+
+    h, ev = study.hypothesis, study.eval
+    examples = [e for items in splits.values() for e in items]
+    known = {str(e.label) for e in examples if e.label is not None}
+    if h.task == "extraction":
+        for e in examples:
+            obj, err = parse_json_output(e.target) if e.target is not None else (None, "none")
+            if err is None and isinstance(obj, dict) and obj.get("intent") is not None:
+                known.add(str(obj["intent"]))
+    for i, g in enumerate(h.guards):
+        missing = [c for c in (g.classes or []) if c not in known]
+        if missing:
+            shown = ", ".join(sorted(known)[:20]) + (" ..." if len(known) > 20 else "")
+            raise TuneproofError(f"{path}: hypothesis.guards[{i}].classes: {', '.join(repr(c) for c in missing)} "
+                                 f"{'is' if len(missing) == 1 else 'are'} not a label of the data",
+                                 hint=f"labels: {shown or 'none (no label column: data.fields.label)'}")
+    notes: list[str] = []
+    if h.task != "format":
+        return notes
+    targets = [str(e.target) for e in examples if e.target is not None]
+    if not targets:
+        return notes
+
+    def judge_rule(key: str, ok: int) -> None:
+        if ok == 0:
+            raise TuneproofError(f"{path}: {key} matches none of the {len(targets)} gold targets (first: {targets[0][:60]!r})",
+                                 hint=f"the gold answers must satisfy the format rule: fix {key} (or the targets)")
+        if ok < len(targets):
+            notes.append(f"{key} matches {ok} of {len(targets)} gold targets")
+
+    if ev.regex is not None:
+        try:
+            pattern = re.compile(ev.regex)
+        except re.error as err:
+            raise TuneproofError(f"{path}: eval.regex: not a valid regular expression ({err})") from None
+        judge_rule("eval.regex", sum(pattern.fullmatch(t.strip()) is not None for t in targets))
+    if ev.json_schema is not None:
+        import jsonschema  # noqa: PLC0415
+
+        try:
+            cls = jsonschema.validators.validator_for(ev.json_schema)
+            cls.check_schema(ev.json_schema)
+        except jsonschema.SchemaError as err:
+            raise TuneproofError(f"{path}: eval.json_schema: not a valid JSON Schema ({err.message})") from None
+        validator = cls(ev.json_schema)
+        ok = 0
+        for t in targets:
+            obj, err = parse_json_output(t)
+            ok += err is None and validator.is_valid(obj)
+        judge_rule("eval.json_schema", ok)
+    return notes

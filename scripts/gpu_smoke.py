@@ -41,7 +41,9 @@ def main(out: Path) -> dict:
     from tuneproof.cli import main as cli
 
     timings = {}
-    for args in (["baseline"], ["train", "--skip-preflight", "gpu smoke"], ["eval", "r0002"], ["compare", "r0003"], ["export", "r0002"], ["report"]):
+    # protocol order: data check r0001, baseline r0002, train r0003, eval r0004, compare r0005, export
+    for args in (["data", "check"], ["baseline"], ["train", "--skip-preflight", "gpu smoke"], ["eval", "r0003"], ["compare", "r0004"],
+                 ["export", "r0003"], ["report"]):
         t = time.time()
         try:
             cli(args + ["--study", str(study)])
@@ -50,9 +52,9 @@ def main(out: Path) -> dict:
     from tuneproof.registry import Registry
 
     reg = Registry(study)
-    env = json.loads((study / "runs" / "r0002" / "env.json").read_text())
+    env = json.loads((study / "runs" / "r0003" / "env.json").read_text())
     return {"timings": timings, "runs": [(r.id, r.kind, r.status, r.reason) for r in reg.list()],
-            "device_choice": env.get("device_choice"), "train_summary": reg.get("r0002").summary}
+            "device_choice": env.get("device_choice"), "train_summary": reg.get("r0003").summary}
 
 
 if __name__ == "__main__":

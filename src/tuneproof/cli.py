@@ -66,12 +66,15 @@ def init(
     console.print(f"wrote {path}; edit the hypothesis and guards before the first run")
 
 
+SkipDataCheckOpt = typer.Option(None, "--skip-data-check", help="go on without a passed data check for this data; give the reason (recorded)")
+
+
 @app.command()
-def baseline(study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
-    """Evaluate the base model on the evaluation split and keep its per-example outputs."""
+def baseline(study: Path = StudyOpt, data: Optional[Path] = DataOpt, skip_data_check: Optional[str] = SkipDataCheckOpt) -> None:
+    """Evaluate the base model on the evaluation split and keep its per-example outputs; refuses when the data check failed."""
     from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
 
-    run_id = run_baseline(_ctx(study, data))
+    run_id = run_baseline(_ctx(study, data), data_check_override=skip_data_check)
     console.print(f"baseline run [bold]{run_id}[/] completed")
 
 
@@ -81,6 +84,8 @@ def train(
     data: Optional[Path] = DataOpt,
     name: Optional[str] = typer.Option(None, help="suffix of the run id, e.g. lora-r16"),
     skip_preflight: Optional[str] = typer.Option(None, "--skip-preflight", help="train without a passed preflight; give the reason (recorded)"),
+    skip_data_check: Optional[str] = SkipDataCheckOpt,
+    skip_baseline: Optional[str] = typer.Option(None, "--skip-baseline", help="train without a baseline for this evaluation procedure; give the reason (recorded)"),
     from_run: Optional[str] = typer.Option(None, "--from", help="make a variant of this train run (its resolved config + --set/--grid)"),
     set_: List[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change (YAML value), e.g. method.r=16; repeatable"),
     grid: Optional[str] = typer.Option(None, "--grid", help="with --from: KEY=V1,V2,... one variant per value, run in sequence"),
@@ -90,6 +95,7 @@ def train(
 
     The step budget is set in tuneproof.yaml: training.max_steps or training.epochs (one of them),
     with training.micro_batch_size x training.gradient_accumulation_steps examples per optimizer step.
+    Refuses unless the data check passed, a baseline matches the evaluation procedure and a preflight passed.
     """
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
 
@@ -97,24 +103,28 @@ def train(
         from tuneproof.recipes.variants import run_variants  # noqa: PLC0415
 
         done = run_variants(study, data, from_run, sets=set_, grid=grid, name=name, allow_multi_change=allow_multi_change,
-                            preflight=_require_preflight, preflight_override=skip_preflight)
+                            preflight=_require_preflight, preflight_override=skip_preflight,
+                            data_check_override=skip_data_check, baseline_override=skip_baseline)
         for r in done:
             console.print(f"variant [bold]{r['run']}[/] {r['status']} ({r['change']})")
         return
     if set_ or grid or allow_multi_change:
         raise TuneproofError("--set, --grid and --allow-multi-change make a variant: they need --from RUN", hint="e.g. tuneproof train --from r0004 --set method.r=16")
+    from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
+
     ctx = _ctx(study, data)
-    _require_preflight(ctx, skip_preflight)
-    run_id = run_train(ctx, name=name, preflight_override=skip_preflight)
+    order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
+    order["preflight_run"] = _require_preflight(ctx, skip_preflight)
+    run_id = run_train(ctx, name=name, preflight_override=skip_preflight, order=order)
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
 
 
-def _require_preflight(ctx, override: Optional[str]) -> None:
+def _require_preflight(ctx, override: Optional[str]) -> Optional[str]:
     try:
         from tuneproof.recipes.preflight import require_preflight  # noqa: PLC0415
     except ImportError:
-        return
-    require_preflight(ctx, override)
+        return None
+    return require_preflight(ctx, override)
 
 
 @app.command()

@@ -134,10 +134,27 @@ def ext_config(base: Path) -> dict:
     }
 
 
-def make_ext_study(folder: Path, base: Path) -> Path:
+def make_ext_study(folder: Path, base: Path, *, prepare: bool = True) -> Path:
+    """The extraction study; with ``prepare`` its data check and baseline are run (in that order), so
+    ``train`` may start (PROTOCOL.md steps 2 and 3)."""
     (folder / "data").mkdir(parents=True, exist_ok=True)
     for name, n, off in (("train", 16, 0), ("validation", 4, 100), ("test", 4, 200)):
         rows = _ext_rows(n, off)
         (folder / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "tuneproof.yaml").write_text(yaml.safe_dump(ext_config(base), sort_keys=False))
+    if prepare:
+        prepare_study(folder)
     return folder
+
+
+def prepare_study(folder: Path) -> dict[str, str]:
+    """Run ``data check`` then ``baseline`` on the study in ``folder`` (in this process); returns their run ids."""
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.baseline import run_baseline
+    from tuneproof.recipes.data_check import run_data_check
+
+    ctx = StudyContext.open(folder)
+    try:
+        return {"data-check": run_data_check(ctx), "baseline": run_baseline(ctx)}
+    finally:
+        ctx.registry.close()

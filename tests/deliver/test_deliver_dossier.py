@@ -19,7 +19,7 @@ SECTIONS = ["Summary", "Hypothesis and guards", "Baseline", "Runs (all of them)"
 def test_parts_not_run_say_so(cls_bundle):
     md = build_markdown(StudyContext.open(cls_bundle["dir"]))
     assert [line[3:] for line in md.splitlines() if line.startswith("## ")] == SECTIONS
-    assert "## Data check\n\nnot run yet (`tuneproof data check`)" in md
+    assert "## Data check\n\nr0001: completed; passed: true; hard faults: 0" in md  # run inline by the baseline (protocol order)
     assert "## Preflight\n\nnot run yet (`tuneproof preflight`)" in md
     assert "## Rental plan\n\nnot run yet (`tuneproof plan --days 7 --hourly-rate 2.5`)" in md
     assert "the reserved test split has not been read." in md

@@ -32,7 +32,7 @@ def test_forced_export_of_an_invalid_generative_run(tmp_path, capsys):
     assert _exit_code(["export", train_id, "--study", str(study)]) == 2
     out = capsys.readouterr().out
     assert f"train run {train_id} is invalid (wrong split used (was completed))" in out and "--force" in out
-    assert not (study / "exports").exists() and [r.kind for r in Registry(study).list()] == ["train"]
+    assert not (study / "exports").exists() and [r.kind for r in Registry(study).list()] == ["data-check", "baseline", "train"]
 
     assert _exit_code(["export", train_id, "--study", str(study), "--force", "--verify-examples", "3"]) == 0
     bundle = study / "exports" / train_id

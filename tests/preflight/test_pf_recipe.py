@@ -1,6 +1,6 @@
 """The preflight recipe on a tiny local study (PROTOCOL.md steps 4-6; CASES C1, C5, C7, C8, C9):
 every check stored with its numbers, bad input failing with a recorded reason (exit 3), and the
-gate of ``train`` (exit 2 without a matching preflight, an override recorded)."""
+gate of ``train`` (exit 3 without a matching preflight, naming the changed keys; an override recorded)."""
 
 from __future__ import annotations
 
@@ -179,18 +179,31 @@ def test_precision_the_device_cannot_do_fails_before_any_model_work(tmp_path, ti
 
 def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp_path, tiny_model_dir, passed):
     fresh = make_study(tmp_path / "fresh", tiny_model_dir)
-    with pytest.raises(TuneproofError, match="no preflight has passed") as err:
+    assert cli("baseline", "--study", str(fresh)) == 0  # runs the data check inline first (protocol steps 3, 2)
+    with pytest.raises(CheckFailed, match="no preflight has passed") as err:
         require_preflight(StudyContext.open(fresh), None)
-    assert "tuneproof preflight" in str(err.value) and err.value.exit_code == 2
-    assert cli("train", "--study", str(fresh)) == 2
+    assert "tuneproof preflight" in str(err.value) and err.value.exit_code == 3
+    assert cli("train", "--study", str(fresh)) == 3
     assert Registry(fresh).list(kind="train") == []
-    # the study with a passed preflight: accepted for the same config, refused once the config changes
+    # the study with a passed preflight: accepted for the same config, refused once the config changes, naming the keys
     study, run_id = passed
     assert require_preflight(StudyContext.open(study), None) == run_id
-    changed = StudyContext.open(study, config={**StudyContext.open(study).config, "method": {
-        **StudyContext.open(study).config["method"], "r": 8}})
-    with pytest.raises(TuneproofError, match="the resolved config changed"):
+    cfg = StudyContext.open(study).config
+    changed = StudyContext.open(study, config={**cfg, "method": {**cfg["method"], "r": 8},
+                                               "training": {**cfg["training"], "learning_rate": 0.02}})
+    with pytest.raises(CheckFailed) as err:
         require_preflight(changed, None)
+    assert (f"the latest passed preflight {run_id} was for another configuration: "
+            "config method.r: 4 -> 8, training.learning_rate: 0.01 -> 0.02 changed") in str(err.value)
+    # keys that cannot change what the preflight measured keep it valid
+    same = StudyContext.open(study, config={**cfg, "name": "renamed",
+                                            "training": {**cfg["training"], "max_steps": 50, "checkpoint_every": 7},
+                                            "eval": {**cfg["eval"], "bootstrap_iterations": 2000, "max_examples": 3}})
+    assert require_preflight(same, None) == run_id
+    # an eval key the smoke pass uses invalidates it
+    batch = StudyContext.open(study, config={**cfg, "eval": {**cfg["eval"], "batch_size": 2}})
+    with pytest.raises(CheckFailed, match=r"config eval.batch_size: 4 -> 2 changed"):
+        require_preflight(batch, None)
     # an explicit override trains and is recorded in the run
     assert cli("train", "--study", str(fresh), "--skip-preflight", "tiny smoke study") == 0
     rec = Registry(fresh).latest("train")

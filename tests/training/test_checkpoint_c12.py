@@ -31,7 +31,7 @@ def stopped(tiny_base, tmp_path_factory):
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt):
         run_train(ctx, stop_after=10)
-    (rec,) = ctx.registry.list()
+    (rec,) = ctx.registry.list(kind="train")
     return study, rec
 
 

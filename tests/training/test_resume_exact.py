@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from tiny_study import adapter_tensors, cli, losses_by_step, make_study, rows
+from tiny_study import adapter_tensors, cli, losses_by_step, make_study, rows, train_dir
 from tuneproof.cli import main
 from tuneproof.registry import Registry
 from tuneproof.training.loop import latest_checkpoint, list_checkpoints, load_checkpoint
@@ -70,7 +70,7 @@ def test_reference_learns_and_dropout_is_on(reference, tiny_base, tmp_path):
 def test_sigterm_at_step_5_then_resume_in_new_process_is_exact(reference, interrupted, tmp_path):
     study = shutil.copytree(interrupted, tmp_path / "s")
     reg = Registry(study)
-    (rec,) = reg.list()
+    (rec,) = reg.list(kind="train")
     assert rec.status == "interrupted" and rec.reason == "terminated (signal 15) at step 5"
     run_dir = reg.runs_dir / rec.id
     ckpt = load_checkpoint(latest_checkpoint(run_dir))
@@ -94,7 +94,7 @@ def test_resume_from_the_older_periodic_checkpoint_retrains_step_5_exactly(refer
     and a metrics row for step 5; the resume trains step 5 again and ends exactly as the reference.
     (That a killed process is found stale is tested in tests/registry.)"""
     study = shutil.copytree(interrupted, tmp_path / "s")
-    run_dir = next((study / "runs").iterdir())
+    run_dir = train_dir(study)
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000004", "step-000005"]
     with pytest.raises(SystemExit) as exit_:
         main(["resume", run_dir.name, "--study", str(study), "--checkpoint", "step-000004"])
@@ -138,7 +138,7 @@ def test_ctrl_c_in_process_stops_after_the_step_and_resumes_exactly(reference, t
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
     finally:
         signal.signal(signal.SIGINT, previous)
-    (rec,) = ctx.registry.list()
+    (rec,) = ctx.registry.list(kind="train")
     assert rec.status == "interrupted" and rec.reason == "interrupted by Ctrl-C at step 3"
     run_dir = ctx.registry.runs_dir / rec.id
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000002", "step-000003"]

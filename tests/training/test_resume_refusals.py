@@ -11,6 +11,7 @@ import shutil
 import pytest
 import yaml
 
+from tiny_study import train_dir
 from tuneproof.cli import main
 from tuneproof.registry import Registry
 
@@ -22,7 +23,7 @@ def _files(study) -> dict[str, str]:
 
 
 def _resume(capsys, study, *extra) -> str:
-    run_id = next((study / "runs").iterdir()).name
+    run_id = train_dir(study).name
     with pytest.raises(SystemExit) as exit_:
         main(["resume", run_id, "--study", str(study), *extra])
     out = capsys.readouterr().out
@@ -40,7 +41,7 @@ def _edit(path, old: str, new: str):
 def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path, capsys):
     study = shutil.copytree(interrupted, tmp_path / "s")
     reg = Registry(study)
-    (rec,) = reg.list()
+    (rec,) = reg.list(kind="train")
     run_dir = reg.runs_dir / rec.id
     ckpts = run_dir / "checkpoints"
     before = _files(study)
@@ -53,7 +54,7 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
     # the study file changed since the checkpoint (a run made from the study file)
     undo = _edit(study / "tuneproof.yaml", "learning_rate: 0.01", "learning_rate: 0.02")
     out = _resume(capsys, study)
-    assert "tuneproof.yaml changed since the checkpoint of r0001: training.learning_rate: 0.01 -> 0.02" in out
+    assert f"tuneproof.yaml changed since the checkpoint of {rec.id}: training.learning_rate: 0.01 -> 0.02" in out
     assert "revert the change, or train a variant" in out
     undo()
     unchanged()
@@ -68,7 +69,7 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
     # the data changed (same ids, one text edited)
     undo = _edit(study / "data" / "train.jsonl", '"text": "alpha ', '"text": "omega ')
     out = _resume(capsys, study)
-    assert "the data changed since the checkpoint of r0001: fingerprint" in out
+    assert f"the data changed since the checkpoint of {rec.id}: fingerprint" in out
     undo()
     unchanged()
 
@@ -79,7 +80,7 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
         out = _resume(capsys, study)
     finally:
         marker.unlink()
-    assert "the base model changed since the checkpoint of r0001: revision sha256:" in out and "-> another-revision" in out
+    assert f"the base model changed since the checkpoint of {rec.id}: revision sha256:" in out and "-> another-revision" in out
     unchanged()
 
     # the latest checkpoint is damaged (truncated): its sha256 differs from the one recorded when
@@ -137,17 +138,17 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
     # a completed run, then an invalid one
     reg.finish(rec.id, "completed")
     out = _resume(capsys, study)
-    assert "run r0001 is completed: there is nothing to resume" in out and "train --from r0001" in out
+    assert f"run {rec.id} is completed: there is nothing to resume" in out and f"train --from {rec.id}" in out
     reg.invalidate(rec.id, "wrong split used")
     out = _resume(capsys, study)
-    assert "run r0001 is invalid (wrong split used (was completed)): an invalid run is not continued" in out
+    assert f"run {rec.id} is invalid (wrong split used (was completed)): an invalid run is not continued" in out
     assert _files(study) == before
 
 
 def test_variant_run_is_checked_against_its_own_config_not_the_study_file(interrupted, tmp_path, capsys):
     """A variant's config differs from the study file by design: only its recorded config counts."""
     study = shutil.copytree(interrupted, tmp_path / "s")
-    run_dir = next((study / "runs").iterdir())
+    run_dir = train_dir(study)
     (run_dir / "variant.json").write_text("{}")
     cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
     cfg["training"]["learning_rate"] = 0.03

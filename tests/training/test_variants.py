@@ -60,7 +60,7 @@ def test_variant_records_the_exact_diff(parent, capsys):
     assert code == 0, out
     reg = Registry(study)
     rec = reg.list()[-1]
-    assert (rec.id, rec.parent, rec.status) == ("r0002-lora-r8", pid, "completed")
+    assert (rec.name, rec.parent, rec.status) == ("lora-r8", pid, "completed") and rec.id == f"r{rec.seq:04d}-lora-r8"
     v = read_json(reg.runs_dir / rec.id / "variant.json")
     assert v["parent"] == pid and v["set"] == ["method.r=8"] and v["multi_change"] is False
     assert v["changes"] == [{"key": "method.r", "group": "method", "from": 4, "to": 8}]
@@ -97,7 +97,7 @@ def test_bad_variants_stop_before_any_run(parent, capsys):
     assert code == 2 and "run 'r0099' does not exist" in out
     with pytest.raises(SystemExit) as exit_:  # a variant is a new config: it needs its preflight like any run
         main(["train", "--from", pid, "--grid", "method.r=8,16", "--study", str(study)])
-    assert exit_.value.code == 2 and "train refused" in capsys.readouterr().out
+    assert exit_.value.code == 3 and "train refused" in capsys.readouterr().out
     assert len(Registry(study).list()) == n
 
 
@@ -109,7 +109,7 @@ def test_multi_change_and_inherited_changes_are_stated(parent, capsys):
     rec = reg.list()[-1]
     v = read_json(reg.runs_dir / rec.id / "variant.json")
     assert v["multi_change"] is True and v["groups"] == ["method", "seed"]
-    assert v["statements"] == ["seed not inherited from r0001: training.seed 3 -> 5",
+    assert v["statements"] == [f"seed not inherited from {pid}: training.seed 3 -> 5",
                                "multi-change variant: 2 groups changed (method, seed); its effect cannot be attributed to one change"]
     assert rec.summary["multi_change"] is True
     code, out = cli(capsys, study, "runs")
@@ -121,7 +121,7 @@ def test_grid_makes_one_single_change_variant_per_value_and_a_diverged_one_is_in
     n = len(Registry(study).list())
     code, out = cli(capsys, study, "train", "--from", pid, "--grid", "training.learning_rate=1e6,0.01,0.02")
     assert code == 0, out
-    assert "training.learning_rate=0.01 is the value of r0001: no variant" in out
+    assert f"training.learning_rate=0.01 is the value of {pid}: no variant" in out
     reg = Registry(study)
     new = reg.list()[n:]
     assert [r.name for r in new] == ["learning_rate1e6", "learning_rate0.02"]
@@ -143,6 +143,7 @@ def test_grid_makes_one_single_change_variant_per_value_and_a_diverged_one_is_in
     assert code == 0 and "step 1: exploded_tensor" in out and "invalid" in out
     code, out = cli(capsys, study, "runs", "--tree")
     assert code == 0
-    assert "r0002-lora-r8 train completed method.r: 4 -> 8" in out
+    lora = next(r.id for r in reg.list() if r.name == "lora-r8")
+    assert f"{lora} train completed method.r: 4 -> 8" in out
     assert "training.learning_rate: 0.01 -> 1000000.0" in out and "(step 1: exploded_tensor" in out
     assert "multi-change" in out and "not evaluated" in out

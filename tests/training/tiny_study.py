@@ -82,15 +82,49 @@ def study_config(base: Path, **training) -> dict:
     }
 
 
-def make_study(folder: Path, base: Path, *, n_train: int = 24, **training) -> Path:
-    """A study folder: tuneproof.yaml + data/{train,validation,test}.jsonl."""
+def make_study(folder: Path, base: Path, *, n_train: int = 24, prepare: bool = True, **training) -> Path:
+    """A study folder: tuneproof.yaml + data/{train,validation,test}.jsonl; with ``prepare`` (the
+    default) the protocol steps before training are run in order: data check, then baseline
+    (runs r0001 and r0002), so ``train`` may start (PROTOCOL.md steps 2 and 3)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     for name, n, off in (("train", n_train, 0), ("validation", 6, 100), ("test", 4, 200)):
         rows = _examples(n, off)
         (folder / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "tuneproof.yaml").write_text(yaml.safe_dump(study_config(base, **training), sort_keys=False))
+    if prepare:
+        prepare_study(folder)
     return folder
+
+
+def prepare_study(folder: Path) -> dict[str, str]:
+    """Run ``data check`` then ``baseline`` on the study in ``folder`` (in this process); returns their run ids."""
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.baseline import run_baseline
+    from tuneproof.recipes.data_check import run_data_check
+
+    ctx = StudyContext.open(folder)
+    try:
+        return {"data-check": run_data_check(ctx), "baseline": run_baseline(ctx)}
+    finally:
+        ctx.registry.close()
+
+
+def train_runs(study: Path) -> list:
+    """The train runs of ``study`` in order (the study also holds its data check and baseline)."""
+    from tuneproof.registry import Registry
+
+    reg = Registry(study)
+    try:
+        return reg.list(kind="train")
+    finally:
+        reg.close()
+
+
+def train_dir(study: Path) -> Path:
+    """The folder of the study's only train run."""
+    (rec,) = train_runs(study)
+    return study / "runs" / rec.id
 
 
 def losses_by_step(run_dir: Path) -> dict[int, float]:

@@ -223,8 +223,9 @@ def _flags(r, baseline_fp: str | None) -> list[str]:
     flags = []
     if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp and r.kind in ("train", "eval"):
         flags.append("data differs from baseline")
-    if r.summary.get("preflight_override"):
-        flags.append("preflight overridden")
+    from tuneproof.recipes.protocol import override_flags  # noqa: PLC0415
+
+    flags += override_flags(r.summary)
     if r.summary.get("multi_change"):
         flags.append("multi-change variant")
     if r.summary.get("forced"):

@@ -5,7 +5,9 @@ Features:
   its fingerprint is stored so ``compare`` can refuse runs evaluated differently;
 - per-example outputs in ``runs/<id>/outputs.jsonl``; resolved config, environment and data
   fingerprint recorded;
-- never reads the reserved test split.
+- never reads the reserved test split;
+- refuses unless the data check of the current data fingerprint passed (run inline when there is
+  none; ``--skip-data-check REASON`` overrides, recorded in the run), see :mod:`tuneproof.recipes.protocol`.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ from tuneproof.recipes.common import evaluate_into, record_inputs
 from tuneproof.ui import console
 
 
-def run_baseline(ctx: StudyContext) -> str:
-    """Evaluate the base model; returns the run id."""
-    from tuneproof.models.base import load_model  # noqa: PLC0415
+def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -> str:
+    """Evaluate the base model; returns the run id.
 
+    Raises:
+        TuneproofError: the hypothesis does not fit the data (exit 2, before any run).
+        CheckFailed: the data check of the current data failed (exit 3; no baseline run is started).
+    """
     from tuneproof.hypothesis import check_against_data  # noqa: PLC0415
+    from tuneproof.models.base import load_model  # noqa: PLC0415
+    from tuneproof.recipes.protocol import require_data_check  # noqa: PLC0415
     from tuneproof.study import STUDY_FILE  # noqa: PLC0415
 
     check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
+    data_check = require_data_check(ctx, "baseline", data_check_override)
     with ctx.registry.run("baseline") as run:
         record_inputs(ctx, run)
+        run.update_summary(data_check_run=data_check, **({"data_check_override": data_check_override.strip()} if data_check_override else {}))
         examples = ctx.eval_examples()
         device, _, _ = ctx.torch_setup()
         console.print(f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples")

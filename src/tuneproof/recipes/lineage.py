@@ -3,7 +3,8 @@
 Each train run sits under the run it was made ``--from``; evaluation and other runs sit under the
 run they used (their ``parent``). Every node shows its status (with the reason for failed,
 interrupted and invalid runs: none is hidden), the change of a variant relative to its parent
-(from its summary; ``multi-change`` flagged), and for train runs the headline metric of their
+(from its summary; ``multi-change`` flagged), the protocol steps it skipped with their recorded
+reasons (``--skip-preflight``, ``--skip-data-check``, ``--skip-baseline``), and for train runs the headline metric of their
 latest completed eval child against the latest completed baseline. A delta is shown only when the
 eval and the baseline share the evaluation fingerprint; otherwise the tree says they are not
 comparable.
@@ -17,6 +18,7 @@ from typing import Any
 from rich.markup import escape
 from rich.tree import Tree
 
+from tuneproof.recipes.protocol import override_flags
 from tuneproof.registry import Registry, RunRecord
 from tuneproof.ui import console, fmt
 
@@ -83,8 +85,8 @@ def node_label(rec: RunRecord, children: list[RunRecord], baseline: RunRecord | 
         parts.append("[magenta]multi-change[/]")
     if rec.summary.get("resumes"):
         parts.append(f"[dim]resumed x{len(rec.summary['resumes'])}[/]")
-    if rec.summary.get("preflight_override"):
-        parts.append("[yellow]preflight overridden[/]")
+    for flag in override_flags(rec.summary):
+        parts.append(f"[yellow]{escape(flag)}[/]")
     text = metric_text(rec, children, baseline, metric)
     if text:
         parts.append("· " + text)

@@ -2,8 +2,9 @@
 (PROTOCOL.md steps 4, 5 and 6). One registry run of kind ``preflight``; every check below is a
 dict ``{"name", "passed", "numbers", "message", "details"}`` stored in ``runs/<id>/preflight.json``
 and summarised in the run summary. Any failed check fails the run (exit 3) after the report is
-written; ``train`` refuses to start without a passed preflight for the same resolved config, data
-fingerprint and platform (:func:`require_preflight`).
+written; ``train`` refuses to start without a passed preflight for the same resolved config (keys
+that cannot change what it measured left out, :mod:`tuneproof.preflight.scope`), data fingerprint
+and platform (:func:`require_preflight`).
 
 Checks, in order (config key or option behind each):
 
@@ -1005,28 +1006,41 @@ def _print_table(rep: _Report, run_id: str, seconds: float) -> None:
 
 # --------------------------------------------------------------------------- the gate of `train`
 def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
-    """Refuse to train unless a completed preflight matches the current resolved config (hash),
-    data fingerprint and platform key. Returns the matching preflight run id, or None when
-    ``override`` (``--skip-preflight "reason"``) is given; ``run_train`` records the override.
+    """Refuse to train unless a completed preflight matches the current resolved config, data
+    fingerprint and platform key. Config keys that cannot change what the preflight measured
+    (:data:`tuneproof.preflight.scope.EXEMPT`: ``training.max_steps``/``epochs``,
+    ``checkpoint_every``, scoring settings of ``eval``, ``name``, ``hypothesis``) are left out of
+    the match. Returns the matching preflight run id, or None when ``override``
+    (``--skip-preflight "reason"``) is given; ``run_train`` records the override.
 
     Raises:
-        TuneproofError: no matching preflight (exit 2; says what differs and the command to run),
-            or an empty override reason.
+        CheckFailed: no matching preflight (exit 3, a protocol step is missing; names the config
+            keys that changed since the latest passed preflight, with both values, and the command to run).
+        TuneproofError: an empty override reason (exit 2).
     """
-    from tuneproof.io import sha256_json  # noqa: PLC0415
+    from tuneproof.io import read_json  # noqa: PLC0415
     from tuneproof.preflight.envinfo import environment_snapshot, platform_key  # noqa: PLC0415
+    from tuneproof.preflight.scope import describe_changes, preflight_changes  # noqa: PLC0415
 
     if override is not None:
         if not override.strip():
             raise TuneproofError("--skip-preflight needs a reason, e.g. --skip-preflight \"preflight r0004 passed on this machine yesterday\"")
         console.print(f"[yellow]warning[/]: training without a matching preflight; recorded override: {override}")
         return None
-    config_hash = sha256_json(ctx.config)
+    config = ctx.config
     data_fp = ctx.data_fingerprint()["hash"]
     key = platform_key(environment_snapshot())
     done = ctx.registry.list(kind="preflight", status="completed")
+
+    def changes_of(rec) -> list[dict[str, Any]] | None:
+        path = ctx.registry.runs_dir / rec.id / "config.json"
+        if not path.exists():
+            return None
+        recorded = read_json(path)
+        return preflight_changes(recorded if isinstance(recorded, dict) else {}, config)
+
     for rec in reversed(done):
-        if rec.config_hash == config_hash and rec.data_fingerprint == data_fp and rec.summary.get("platform_key") == key:
+        if rec.data_fingerprint == data_fp and rec.summary.get("platform_key") == key and changes_of(rec) == []:
             console.print(f"[dim]preflight {rec.id} passed for this config, data and platform[/]")
             return rec.id
     cmd = "tuneproof preflight" + (f" --study {ctx.study_dir}" if Path.cwd().resolve() != ctx.study_dir else "")
@@ -1035,15 +1049,20 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
     else:
         last = done[-1]
         diffs = []
-        if last.config_hash != config_hash:
-            diffs.append("the resolved config")
+        changes = changes_of(last)
+        if changes is None:
+            diffs.append("the resolved config (its config.json is missing)")
+        elif changes:
+            diffs.append(f"config {describe_changes(changes)}")
         if last.data_fingerprint != data_fp:
             diffs.append("the data fingerprint")
         if last.summary.get("platform_key") != key:
             diffs.append(f"the platform ({last.summary.get('platform_key')} -> {key})")
-        why = f"the latest passed preflight {last.id} was for another configuration: {', '.join(diffs) or 'unknown'} changed"
-    raise TuneproofError(f"train refused: {why}",
-                         hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or `tuneproof train --skip-preflight \"REASON\"` (the override is recorded in the run)")
+        why = f"the latest passed preflight {last.id} was for another configuration: {'; '.join(diffs) or 'unknown'} changed"
+    raise CheckFailed(f"train refused: {why}",
+                      hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or `tuneproof train --skip-preflight \"REASON\"` "
+                           "(the override is recorded in the run); changes of training.max_steps/epochs/checkpoint_every, "
+                           "eval scoring settings, name or hypothesis keep a preflight valid")
 
 
 if __name__ == "__main__":

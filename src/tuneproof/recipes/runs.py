@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuneproof.recipes.protocol import override_flags
 from tuneproof.registry import Registry, iso
 from tuneproof.ui import console, fmt, table
 
@@ -37,8 +38,7 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
         flags = []
         if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp:
             flags.append("data differs from baseline")
-        if r.summary.get("preflight_override"):
-            flags.append("preflight overridden")
+        flags += override_flags(r.summary)
         if r.summary.get("multi_change"):
             flags.append("multi-change variant")
         style = STATUS_STYLE.get(r.status, "")

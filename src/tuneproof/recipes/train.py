@@ -12,7 +12,10 @@ Features (config key that turns each on):
   resumable with ``tuneproof resume``;
 - a health check on every optimizer step (``training/health.py``): a non-finite loss, gradient norm or
   trainable tensor, an exploded tensor, a zero gradient for several steps or a loss pinned at the
-  uniform-prediction value marks the run invalid, with the rule and the step (C19).
+  uniform-prediction value marks the run invalid, with the rule and the step (C19);
+- protocol order (:mod:`tuneproof.recipes.protocol`): refuses unless the data check of the current
+  data passed (run inline when there is none) and a completed baseline has the current evaluation
+  fingerprint; ``--skip-data-check REASON`` / ``--skip-baseline REASON`` override, recorded in the run.
 """
 
 from __future__ import annotations
@@ -54,11 +57,24 @@ def save_trained(model, run, method_kind: str, tokenizer, base_identity: dict[st
 
 
 def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None = None, resume_from: dict | None = None,
-              run=None, stop_after: int | None = None, preflight_override: str | None = None, on_start=None) -> str:
-    """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``.
-    ``on_start(run)`` is called once the run's inputs are recorded (variants record their diff there)."""
+              run=None, stop_after: int | None = None, preflight_override: str | None = None, on_start=None,
+              data_check_override: str | None = None, baseline_override: str | None = None, order: dict | None = None) -> str:
+    """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``
+    (the protocol gates were passed when that run started). ``on_start(run)`` is called once the
+    run's inputs are recorded (variants record their diff there). ``order``: the result of
+    :func:`~tuneproof.recipes.protocol.require_order` when the caller already checked it (the CLI
+    checks it before the preflight gate); otherwise it is checked here.
+
+    Raises:
+        CheckFailed: the data check failed or no baseline matches (exit 3; no train run is started),
+            a hard data fault, a target pattern that matches nothing, a failed health check (run invalid).
+    """
+    from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
     from tuneproof.training.health import HealthFault  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
+
+    if order is None:
+        order = require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) if run is None else {}
 
     def body(run) -> str:
         from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
@@ -72,6 +88,8 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             on_start(run)
         if preflight_override:
             run.update_summary(preflight_override=preflight_override)
+        if order:
+            run.update_summary(**order)
         train_set = ctx.split("train")
         encoded = ctx.pipeline.encode_all(train_set)
         raise_on_faults(encoded, "train")

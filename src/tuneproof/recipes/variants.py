@@ -254,7 +254,7 @@ def variant_context(study_dir: Path, data_root: Path | None, plan: VariantPlan):
 
 
 def train_variant(ctx, plan: VariantPlan, *, preflight_override: str | None = None, stop_after: int | None = None,
-                  started: list[str] | None = None) -> str:
+                  started: list[str] | None = None, order: dict | None = None) -> str:
     """Train one planned variant in its context; returns its run id (parent = the plan's parent).
     ``started`` receives the run id as soon as the run exists.
 
@@ -264,7 +264,7 @@ def train_variant(ctx, plan: VariantPlan, *, preflight_override: str | None = No
 
     console.print(f"variant of [bold]{plan.parent.id}[/]: {describe(plan.changes)}" + (" [magenta](multi-change)[/]" if plan.multi_change else ""))
     return run_train(ctx, parent=plan.parent.id, name=plan.name, stop_after=stop_after, preflight_override=preflight_override,
-                     on_start=_on_start(plan, started if started is not None else []))
+                     on_start=_on_start(plan, started if started is not None else []), order=order)
 
 
 def _grid_name(name: str | None, key: str, value: str) -> str:
@@ -305,8 +305,11 @@ def plan_grid(reg: Registry, parent_id: str, grid: str, sets: list[str], *, name
 
 def run_variants(study_dir: Path, data_root: Path | None, parent: str, *, sets: list[str] | None = None, grid: str | None = None,
                  name: str | None = None, allow_multi_change: bool = False, preflight: Callable | None = None,
-                 preflight_override: str | None = None) -> list[dict[str, Any]]:
+                 preflight_override: str | None = None, data_check_override: str | None = None,
+                 baseline_override: str | None = None) -> list[dict[str, Any]]:
     """``train --from PARENT [--set ...] [--grid ...]``: plan, then train each variant in sequence.
+    Every variant passes the protocol gates (data check, baseline: :func:`~tuneproof.recipes.protocol.require_order`;
+    then ``preflight``) before the first one trains.
 
     Returns ``[{"run", "status", "change"}]`` (one entry for ``--set``, one per value for ``--grid``).
     """
@@ -321,14 +324,18 @@ def run_variants(study_dir: Path, data_root: Path | None, parent: str, *, sets: 
             raise TuneproofError(f"--from {parent}: say what changes with --set KEY=VALUE or --grid KEY=V1,V2")
         plans = [plan_variant(reg, parent, sets, name=name, allow_multi_change=allow_multi_change)]
     contexts = [variant_context(study_dir, data_root, plan) for plan in plans]
-    if preflight is not None:  # every variant is cleared before the first one trains
-        for ctx in contexts:
-            preflight(ctx, preflight_override)
+    from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
+
+    # every variant is cleared before the first one trains: data check and baseline, then preflight
+    orders = [require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) for ctx in contexts]
+    if preflight is not None:
+        for ctx, order in zip(contexts, orders):
+            order["preflight_run"] = preflight(ctx, preflight_override)
     results = []
-    for plan, ctx in zip(plans, contexts):
+    for plan, ctx, order in zip(plans, contexts, orders):
         started: list[str] = []
         try:
-            run_id = train_variant(ctx, plan, preflight_override=preflight_override, started=started)
+            run_id = train_variant(ctx, plan, preflight_override=preflight_override, started=started, order=order)
         except CheckFailed as err:
             if not grid or not started:
                 raise

@@ -1,0 +1,76 @@
+"""Which config keys a passed preflight stands for (``train`` refuses without a matching preflight).
+
+A preflight measures one configuration: the model and method (what is trained, the update), the
+optimisation and step options (micro-batch, accumulation, precision, activation checkpointing,
+max_length, learning rate...), the data through the trainer's preprocessing, and the study's
+evaluation procedure in its smoke pass (prompt, split, decoding, eval batch size). A change of
+any of these keys invalidates it.
+
+The keys of :data:`EXEMPT` cannot change what the preflight measured, so changing them keeps a
+passed preflight valid:
+
+- ``name``, ``hypothesis.*``: what is claimed and judged, not what is trained;
+- ``training.max_steps``, ``training.epochs``: the training budget (the preflight runs its own
+  fixed number of steps; its time estimate is for the budget at the time);
+- ``training.checkpoint_every``, ``training.eval_every``: bookkeeping cadence;
+- ``eval.max_examples`` (the smoke pass predicts a fixed handful), ``eval.allow_fenced_json``,
+  ``eval.json_schema``, ``eval.regex``, ``eval.bootstrap_iterations``, ``eval.seed``: how
+  outputs are scored and summarised after generation.
+
+Everything else invalidates, in particular ``model.*``, ``method.*``, every other
+``training.*`` key, ``data.*``, ``eval.split``, ``eval.prompt.*``, ``eval.max_new_tokens``,
+``eval.do_sample``, ``eval.temperature`` and ``eval.batch_size``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+EXEMPT: tuple[str, ...] = (
+    "name", "hypothesis",
+    "training.max_steps", "training.epochs", "training.checkpoint_every", "training.eval_every",
+    "eval.max_examples", "eval.allow_fenced_json", "eval.json_schema", "eval.regex", "eval.bootstrap_iterations", "eval.seed",
+)
+
+
+def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(cfg, dict) and cfg:
+        out: dict[str, Any] = {}
+        for k, v in cfg.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: cfg}
+
+
+def is_exempt(key: str) -> bool:
+    """True when a change of the dotted ``key`` cannot invalidate a passed preflight."""
+    return any(key == e or key.startswith(e + ".") for e in EXEMPT)
+
+
+_MISSING = object()
+
+
+def preflight_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """The changes between the config a preflight ran on and the current one that invalidate it.
+
+    Args:
+        recorded, current: resolved configs (``runs/<preflight>/config.json``, ``ctx.config``).
+
+    Returns:
+        ``[{"key", "from", "to"}]`` sorted by key, exempt keys left out (``from``/``to`` None
+        where the key is absent on that side). Empty: the preflight stands for ``current``.
+    """
+    a, b = _flatten(recorded), _flatten(current)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, _MISSING), b.get(key, _MISSING)
+        if va != vb and not is_exempt(key):
+            out.append({"key": key, "from": None if va is _MISSING else va, "to": None if vb is _MISSING else vb})
+    return out
+
+
+def describe_changes(changes: list[dict[str, Any]], limit: int = 6) -> str:
+    """``method.r: 4 -> 8, training.learning_rate: 0.01 -> 0.02`` (at most ``limit``, then ``and N more``)."""
+    text = ", ".join(f"{c['key']}: {json.dumps(c['from'], default=str)} -> {json.dumps(c['to'], default=str)}" for c in changes[:limit])
+    return text + (f" and {len(changes) - limit} more" if len(changes) > limit else "")

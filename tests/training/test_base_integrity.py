@@ -12,7 +12,7 @@ import shutil
 import pytest
 import yaml
 
-from tiny_study import make_study
+from tiny_study import make_study, prepare_study
 from tuneproof.cli import main
 from tuneproof.deliver.identity import combined_weights_hash
 from tuneproof.io import read_json, sha256_file, sha256_file_cached
@@ -41,14 +41,15 @@ def test_changed_base_weights_or_config_are_refused_by_resume_eval_and_export(ti
     from tuneproof.recipes.train import run_train
 
     base = shutil.copytree(tiny_base, tmp_path / "base")
-    study = make_study(tmp_path / "s", base)
+    study = make_study(tmp_path / "s", base, prepare=False)
     cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
     cfg["model"]["revision"] = "pinned-rev-1"  # pinned: the revision check alone passes
     (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    prepare_study(study)  # data check and baseline of the pinned base
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt):
         run_train(ctx, stop_after=3)
-    (rec,) = ctx.registry.list()
+    (rec,) = ctx.registry.list(kind="train")
     ctx.registry.close()
     recorded = read_json(study / "runs" / rec.id / "base.json")
     w_before = sha256_file(base / "model.safetensors")

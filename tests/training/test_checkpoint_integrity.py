@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tiny_study import train_dir
 from tuneproof.cli import main
 from tuneproof.registry import Registry
 from tuneproof.training.checkpoint import (INDEX, decode, encode, list_checkpoints, load_checkpoint, rng_state, save_checkpoint,
@@ -36,7 +37,7 @@ def _resume(capsys, study, run_id, *extra) -> tuple[int, str]:
 
 def test_c21_planted_pickle_checkpoint_is_refused_and_runs_nothing(interrupted, tmp_path, capsys):
     study = shutil.copytree(interrupted, tmp_path / "s")
-    run_dir = next((study / "runs").iterdir())
+    run_dir = train_dir(study)
     marker = tmp_path / "PAYLOAD_RAN"
     planted = run_dir / "checkpoints" / "step-999999.pt"
     torch.save(Payload(marker), planted)
@@ -71,7 +72,7 @@ def test_c21_planted_pickle_checkpoint_is_refused_and_runs_nothing(interrupted, 
 
 def test_flipped_byte_is_refused_naming_both_hashes_and_fallback_resumes_from_the_older(interrupted, tmp_path, capsys):
     study = shutil.copytree(interrupted, tmp_path / "s")
-    run_dir = next((study / "runs").iterdir())
+    run_dir = train_dir(study)
     ckpts = run_dir / "checkpoints"
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000004", "step-000005"]
     index = json.loads((ckpts / INDEX).read_text())

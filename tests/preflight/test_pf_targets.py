@@ -95,3 +95,55 @@ def test_embedding_size_against_tokenizer():
     saved = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"]))
     r = check_embedding_size(saved, 128, added_tokens=2)
     assert r["passed"] and r["embedding_trainable_or_saved"]
+
+
+def tiny_t5(seed=0):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    return T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2,
+                                               num_heads=2))
+
+
+def test_c5_kind_matches_per_tower_and_a_pattern_in_several_towers_warns():
+    model = tiny_t5()
+    r = match_target_modules(model, ["q", "wi"])
+    json.dumps(r)
+    assert r["passed"] is True  # a warning, not a failure
+    assert r["patterns"]["q"]["towers"] == {"encoder": 2, "decoder": 2, "cross-attention": 2}
+    assert r["patterns"]["wi"]["towers"] == {"encoder": 2, "decoder": 2}
+    assert "q: 6 (encoder 2, decoder 2, cross-attention 2), wi: 4 (encoder 2, decoder 2)" in r["message"]
+    assert r["warnings"] == [
+        "target_modules pattern 'q' matches in 3 towers (encoder: 2, decoder: 2, cross-attention: 2): LoRA adapts all of them; "
+        "to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only itself), "
+        "e.g. 'encoder.block.0.layer.0.SelfAttention.q' for the encoder",
+        "target_modules pattern 'wi' matches in 2 towers (encoder: 2, decoder: 2): LoRA adapts all of them; "
+        "to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only itself), "
+        "e.g. 'encoder.block.0.layer.1.DenseReluDense.wi' for the encoder",
+    ]
+    # what PEFT wraps is exactly what was counted, in every tower
+    wrapped = {n.removeprefix("base_model.model.") for n, m in get_peft_model(tiny_t5(), LoraConfig(r=2, target_modules=["q"])).named_modules()
+               if hasattr(m, "lora_A")}
+    assert wrapped == set(r["patterns"]["q"]["matches"])
+    # one tower only: the cross-attention by its suffix, the encoder by full names; no warning
+    one = match_target_modules(model, ["EncDecAttention.q"])
+    assert one["patterns"]["EncDecAttention.q"]["towers"] == {"cross-attention": 2} and one["warnings"] == []
+    enc = match_target_modules(model, [f"encoder.block.{i}.layer.0.SelfAttention.q" for i in (0, 1)])
+    assert enc["warnings"] == [] and enc["total_matched"] == 2
+
+
+def test_tower_of_module_paths():
+    from tuneproof.preflight.targets import tower_of
+
+    assert tower_of("model.layers.0.self_attn.q_proj") == "model"  # decoder-only: one tower
+    assert tower_of("model.encoder.layers.1.self_attn.q_proj") == "encoder"
+    assert tower_of("model.decoder.layers.1.self_attn.q_proj") == "decoder"
+    assert tower_of("model.decoder.layers.1.encoder_attn.q_proj") == "cross-attention"  # BART, Whisper, Marian
+    assert tower_of("bert.encoder.layer.0.crossattention.self.query") == "cross-attention"
+    assert tower_of("vision_tower.vision_model.encoder.layers.0.self_attn.q_proj") == "vision"  # Llava: vision before encoder
+    assert tower_of("model.visual.blocks.0.attn.qkv") == "vision"  # Qwen2-VL
+    assert tower_of("language_model.model.layers.0.self_attn.q_proj") == "language model"
+    assert tower_of("multi_modal_projector.linear_1") == "projector"
+    # a single-tower model (7 Linear per layer, embed_tokens, lm_head) reports counts without towers and never warns
+    r = match_target_modules(tiny_llama(), ["q_proj", "v_proj"])
+    assert r["towers"] == {"model": 2 * 7 + 2} and r["warnings"] == [] and "q_proj: 2, v_proj: 2" in r["message"]

@@ -13,6 +13,13 @@ Target-module matching follows PEFT's documented semantics (``LoraConfig.target_
 
 A pattern that matches nothing is a failed check (CASES C5), and so is a match on a module type
 LoRA cannot wrap (PEFT raises "Target module ... is not supported" for it at ``get_peft_model``).
+
+Matches are also counted per tower (:func:`tower_of`: encoder, decoder, cross-attention, vision,
+...), derived from the components of the module path. A pattern that matches in more than one
+tower (``"q"`` on T5 adapts the encoder's and the decoder's self-attention and the decoder's
+cross-attention alike) is a warning, with the counts per tower, not a failure: it is often meant,
+but it should be a decision. The terminal report shows the counts per tower whenever the model has
+more than one.
 """
 
 from __future__ import annotations
@@ -48,6 +55,46 @@ def _group(name: str) -> str:
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", name)
 
 
+#: module-path components that name a tower, checked in this order (the first match wins): the
+#: cross-attention inside a decoder before the decoder; a vision tower before the encoder inside it.
+#: Names from transformers' model code (T5 ``EncDecAttention``, BART/Marian/Whisper ``encoder_attn``,
+#: BERT ``crossattention``, Mllama ``cross_attn``; Llava ``vision_tower``, CLIP/SigLIP
+#: ``vision_model``, Qwen2-VL ``visual``; Whisper's audio ``encoder``).
+TOWERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("cross-attention", ("encdecattention", "encoder_attn", "crossattention", "cross_attn", "cross_attention")),
+    ("vision", ("vision_tower", "vision_model", "visual", "vision_encoder", "image_encoder", "vision", "vit")),
+    ("projector", ("multi_modal_projector", "mm_projector", "visual_projection", "text_projection")),
+    ("encoder", ("encoder",)),
+    ("decoder", ("decoder",)),
+    ("language model", ("language_model", "text_model")),
+)
+SINGLE_TOWER = "model"  # no tower component in the path (decoder-only or encoder-only models)
+
+
+def tower_of(name: str) -> str:
+    """The tower of a module path: ``decoder.block.0.layer.1.EncDecAttention.q`` -> ``cross-attention``,
+    ``model.encoder.layers.0.self_attn.q_proj`` -> ``encoder``, ``model.layers.0.self_attn.q_proj``
+    -> ``model`` (see :data:`TOWERS`; a component matches when equal, case-insensitively, or, for
+    cross-attention and vision, when it starts with the name)."""
+    parts = [p.lower() for p in name.split(".")]
+    for tower, keys in TOWERS:
+        prefix_ok = tower in ("cross-attention", "vision")
+        for part in parts:
+            if part in keys or (prefix_ok and any(part.startswith(k) for k in keys if len(k) > 3)):
+                return tower
+    return SINGLE_TOWER
+
+
+def _tower_warning(pattern: str, entry: dict[str, Any]) -> str:
+    """One line: the pattern, its matches per tower, and how to adapt one tower only."""
+    per = ", ".join(f"{t}: {c}" for t, c in entry["towers"].items())
+    first = next(iter(entry["towers"]))
+    example = next(n for n in entry["matches"] if tower_of(n) == first)
+    return (f"target_modules pattern {pattern!r} matches in {len(entry['towers'])} towers ({per}): LoRA adapts all of them; "
+            f"to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only "
+            f"itself), e.g. {example!r} for the {first}")
+
+
 def _output_layer_name(model: nn.Module) -> str | None:
     try:
         out = model.get_output_embeddings()  # type: ignore[operator]
@@ -75,9 +122,11 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
         ``{"passed", "message", "semantics", "model": class name, "total_matched": int,
         "unmatched": [pattern], "patterns": {pattern: {"count", "matches": [module names],
         "groups": {"model.layers.*.self_attn.q_proj": 2}, "types": {"Linear": 2},
-        "unsupported": [names of matched modules LoRA cannot wrap]}},
-        "available": [leaf names of the modules LoRA can wrap]}``.
+        "towers": {"model": 2}, "unsupported": [names of matched modules LoRA cannot wrap]}},
+        "towers": {tower: modules of the model LoRA can wrap there}, "warnings": [one line per
+        pattern matching in more than one tower], "available": [leaf names of the modules LoRA can wrap]}``.
         CASES C5: ``["q_proj", "ff.0"]`` on a 2-layer Llama -> q_proj count 2, ff.0 count 0, passed False.
+        On a 2+2-layer T5, ``["q"]`` -> towers ``{"encoder": 2, "decoder": 2, "cross-attention": 2}`` and a warning.
     """
     named = [(n, m) for n, m in model.named_modules() if n]
     output_name = _output_layer_name(model)
@@ -100,6 +149,7 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
             "matches": [n for n, _ in hits],
             "groups": dict(Counter(_group(n) for n, _ in hits)),
             "types": dict(Counter(type(m).__name__ for _, m in hits)),
+            "towers": dict(Counter(tower_of(n) for n, _ in hits)),
             "unsupported": unsupported,
         }
         if not hits:
@@ -116,7 +166,15 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
                 f"target_modules pattern {pattern!r} matches {len(unsupported)} module(s) of a type LoRA cannot wrap "
                 f"({', '.join(kinds)}: {unsupported[0]}); name the Linear layers inside it instead"
             )
-    summary = ", ".join(f"{p}: {v['count']}" for p, v in per.items())
+    towers = dict(Counter(tower_of(n) for n, m in named if _is_supported(m)))
+    multi = len(towers) > 1
+
+    def counts(v: dict[str, Any]) -> str:
+        per_tower = v["towers"]
+        return f"{v['count']}" + (f" ({', '.join(f'{t} {c}' for t, c in per_tower.items())})" if multi and per_tower else "")
+
+    warnings = [_tower_warning(p, v) for p, v in per.items() if len(v["towers"]) > 1]
+    summary = ", ".join(f"{p}: {counts(v)}" for p, v in per.items())
     passed = not problems
     message = f"target modules matched ({summary})" if passed else "; ".join(problems) + f" [{summary}]"
     return {
@@ -127,6 +185,8 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
         "total_matched": len({n for v in per.values() for n in v["matches"]}),
         "unmatched": unmatched,
         "patterns": per,
+        "towers": towers,
+        "warnings": warnings,
         "available": available,
     }
 

@@ -16,7 +16,8 @@ Checks, in order (config key or option behind each):
    none by default) installed and built for this backend.
 3. ``training data``: the train split through the trainer's exact preprocessing; no hard fault
    (what ``train`` refuses); token lengths p50/p95/max after truncation (``training.max_length``).
-4. ``target modules``: matches per pattern of ``method.target_modules`` (zero matches fails, C5);
+4. ``target modules``: matches per pattern of ``method.target_modules`` (zero matches fails, C5),
+   per tower on encoder-decoder and multimodal models (a pattern matching in several towers is a warning);
    ``trainable parameters``: trainable/total and ``method.modules_to_save``; ``embedding size``:
    embedding rows vs the tokenizer, added tokens trained and saved.
 5. ``update check``: the model built exactly as ``train`` builds it (``recipes.train.build_model``),
@@ -324,8 +325,9 @@ def _target_checks(ctx: StudyContext, model, report: dict[str, Any] | None, fail
             del base
         numbers = {p: v["count"] for p, v in match["patterns"].items()}
         numbers["unmatched"] = match["unmatched"]
+        extra = {"warning": "; ".join(match["warnings"])} if match.get("warnings") else {}
         out.append(_check("target modules", bool(match["passed"]) and failure is None, match["message"] if match["message"] else failure or "",
-                          numbers, match))
+                          numbers, match, **extra))
     if model is None:
         return out
     summary = trainable_summary(model)

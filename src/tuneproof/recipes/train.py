@@ -96,6 +96,9 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
         model, report = build_model(ctx)
         run.write_json("method.json", report)
+        for w in (report.get("targets") or {}).get("warnings", []):  # one pattern adapting several towers (C5 kind)
+            console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+            run.note(f"warning: {w}")
         device, _, autocast = ctx.torch_setup()
         cfg = ctx.study.training
         console.print(f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "

@@ -92,7 +92,7 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     assert rec.kind == "preflight" and rec.status == "completed"
     checks = checks_of(study, run_id)
     assert list(checks) == ["environment", "backend", "training data", "target modules", "trainable parameters", "embedding size",
-                            "update check", "step memory", "gradient accumulation", "precision", "activation checkpointing",
+                            "update check", "step memory", "eval memory", "gradient accumulation", "precision", "activation checkpointing",
                             "configured combination", "smoke pass", "throughput"]
     assert all(c["passed"] is True and c["numbers"] and c["message"] for c in checks.values()), \
         [(n, c["passed"], c["message"]) for n, c in checks.items() if c["passed"] is not True]
@@ -114,6 +114,9 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
         est = row["estimate"]
         assert est["weights_bytes"] == 4 * est["parameters"] and est["optimizer_states_bytes"] == 2 * 4 * est["trainable_parameters"]
         assert row["measured"]["peak_bytes"] > 0 and row["side_by_side"]["rows"][0][0] == "weights"
+    # the evaluation fits too: eval.batch_size 4, 6 new tokens generated with the KV cache after the longest prompt
+    em = checks["eval memory"]["numbers"]
+    assert em["batch_size"] == 4 and em["new_tokens"] == 6 and em["peak_gib"] > 0 and em["prompt_tokens"] > 0
     # C1: two real micro-batches; the per-token loss over the window equals the concatenated batch, not the mean of means
     acc = checks["gradient accumulation"]["numbers"]
     assert acc["micro_batches"] == 2 and acc["configured_accumulation"] == 2
@@ -138,7 +141,7 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     s = rec.summary
     assert s["passed"] is True and s["s_per_step"] == th["s_per_step"] and s["eval_s_per_example"] == th["eval_s_per_example"]
     assert s["budget_seconds"] == th["budget_seconds"] and s["tokens_per_s"] == th["tokens_per_s"] and s["reload_seconds"] > 0
-    assert len(s["checks"]) == 14 and s["platform_key"].startswith("cpu |")
+    assert len(s["checks"]) == 15 and s["platform_key"].startswith("cpu |")
 
 
 def test_unmatched_target_pattern_fails_naming_it_exit_3(tmp_path, tiny_model_dir):
@@ -163,7 +166,10 @@ def test_memory_budget_too_small_fails_with_the_numbers(tmp_path, tiny_model_dir
     assert mem["passed"] is False and mem["numbers"]["budget_gib"] == pytest.approx(2**20 / 2**30, abs=1e-4)
     key = [k for k in mem["numbers"] if k.endswith("_estimate_gib")][0]
     assert mem["numbers"][key] * 2**30 > 2**20  # the estimate exceeds 1 MiB and is stated
-    assert rec.summary["failed"] == ["step memory"] and "step memory" in rec.reason
+    em = checks_of(study, rec.id)["eval memory"]  # one evaluation batch does not fit either: named by its key
+    assert em["passed"] is False and em["numbers"]["peak_gib"] > 0 and em["message"].startswith("eval.batch_size 4: measured peak")
+    assert "exceeds the budget 1.0 MiB (--memory-budget)" in em["message"]
+    assert rec.summary["failed"] == ["step memory", "eval memory"] and "step memory" in rec.reason
 
 
 def test_precision_the_device_cannot_do_fails_before_any_model_work(tmp_path, tiny_model_dir):

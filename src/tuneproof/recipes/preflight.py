@@ -29,6 +29,9 @@ Checks, in order (config key or option behind each):
    the budget (``--memory-budget``, default the device's memory, or RAM on CPU).
    ``max micro-batch`` (``--find-max-micro-batch``): the largest micro-batch whose measured peak
    fits the budget at the p95 length.
+   ``eval memory``: one evaluation batch at ``eval.batch_size`` (the longest prompts, generation
+   with the KV cache for ``eval.max_new_tokens`` new tokens; or the classification forward pass),
+   measured the same way; fails when its peak exceeds the budget, naming ``eval.batch_size``.
 7. ``gradient accumulation``: ``max(2, training.gradient_accumulation_steps)`` real micro-batches
    vs their concatenation: same loss and gradients, per-token normalisation stored (C1).
 8. ``precision``: the chosen dtype alone vs fp32 on one real micro-batch (loss and gradient
@@ -488,6 +491,26 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
     return _check("step memory", not problems, message, numbers, {"rows": rows, "budget_bytes": budget, "budget_source": budget_source})
 
 
+def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str, autocast) -> dict[str, Any]:
+    """Check 6b: one evaluation batch at ``eval.batch_size`` (generation with the KV cache up to
+    ``eval.max_new_tokens``, or the classification forward) fits the budget (:mod:`tuneproof.preflight.eval_memory`)."""
+    from tuneproof.preflight.eval_memory import eval_memory_check, measure_eval_batch_peak  # noqa: PLC0415
+
+    device, _, _ = ctx.torch_setup()
+    ev, examples = ctx.study.eval, ctx.eval_examples()
+    kind = ctx.model_kind
+    texts = [e.text for e in examples] if kind == "sequence-classification" else [ctx.pipeline.prompt_text(e.text) for e in examples]
+    try:
+        measured = measure_eval_batch_peak(model, ctx.tokenizer, kind=kind, texts=texts, batch_size=ev.batch_size,
+                                           max_new_tokens=ev.max_new_tokens, max_length=ctx.study.training.max_length,
+                                           device=device, autocast=autocast)
+    except Exception as err:  # noqa: BLE001
+        if not _is_oom(err):
+            raise
+        return eval_memory_check(None, budget, budget_source, error=err, batch_size=ev.batch_size)
+    return eval_memory_check(measured, budget, budget_source)
+
+
 def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, dtype: str, budget: int, autocast) -> dict[str, Any]:
     """``--find-max-micro-batch``: the largest micro-batch whose measured step peak fits the budget at ``length``.
 
@@ -896,7 +919,7 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything  # noqa: PLC0415
 
-    later = ["training data", "target modules", "trainable parameters", "embedding size", "update check", "step memory",
+    later = ["training data", "target modules", "trainable parameters", "embedding size", "update check", "step memory", "eval memory",
              "gradient accumulation", "precision", "activation checkpointing", *SMOKE_CHECKS]
 
     def skip_rest(why: str) -> None:
@@ -932,6 +955,7 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
     dtype = choice["dtype"]
     rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast))
+    rep.run("eval memory", lambda: check_eval_memory(model, ctx, budget, budget_source, autocast))
     if find_max:
         rep.run("max micro-batch", lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast))
     k = max(2, cfg.gradient_accumulation_steps)
@@ -969,6 +993,7 @@ def _write(ctx: StudyContext, run, rep: _Report, snapshot: dict[str, Any], key: 
     })
     mem = rep.get("step memory")
     memory = {k: v for k, v in (mem or {}).get("numbers", {}).items() if k.endswith("_gib")}
+    memory.update({f"eval_{k}": v for k, v in (rep.get("eval memory") or {}).get("numbers", {}).items() if k.endswith("_gib")})
     acc = rep.get("gradient accumulation")
     run.update_summary(
         passed=passed, failed=[c["name"] for c in rep.failed],

@@ -23,7 +23,7 @@ def test_c6_logits_before_saving_equal_logits_after_reload_in_a_new_process(cls_
     # the fresh process that export started (tuneproof.deliver.verify in a subprocess)
     report = read_json(cls_bundle["dir"] / "runs" / cls_bundle["export"] / "verify.json")
     assert report["passed"] is True
-    assert [c["name"] for c in report["checks"]] == ["files", "base weights", "adapter config", "tokenizer", "reload", "predictions", "merged"]
+    assert [c["name"] for c in report["checks"]] == ["manifest", "files", "claims", "base weights", "adapter config", "tokenizer", "reload", "predictions", "merged"]
     fresh = {e["id"]: e["logits"] for e in report["examples"]}
     # the trained model as it was in memory before save_pretrained, same inputs, same batch
     from tuneproof.deliver.verify import load_tokenizer_at

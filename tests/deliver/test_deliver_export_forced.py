@@ -9,7 +9,7 @@ import pytest
 from deliver_tiny import build_llama_base, make_ext_study
 from tuneproof.cli import main
 from tuneproof.context import StudyContext
-from tuneproof.io import read_json, read_jsonl
+from tuneproof.io import read_json, read_jsonl, sha256_file
 from tuneproof.registry import Registry
 
 
@@ -68,4 +68,5 @@ def test_forced_export_of_an_invalid_generative_run(tmp_path, capsys):
     save_file(t, str(base / "model.safetensors"), metadata={"format": "pt"})
     assert _exit_code(["export", train_id, "--study", str(study), "--force", "--out", str(tmp_path / "again")]) == 3
     out = capsys.readouterr().out.replace("\n", "")
-    assert old_sha in out and "now has" in out and not (tmp_path / "again").exists()
+    assert f"weight file model.safetensors: sha256 {old_sha} -> {sha256_file(base / 'model.safetensors')}" in out
+    assert not (tmp_path / "again").exists()

@@ -36,8 +36,9 @@ def test_altered_file_is_named_with_both_hashes(bundle_copy, capsys):
     found = sha256_file(target)
     report = verify_in_fresh_process(bundle_copy)
     assert report["passed"] is False
-    files = report["checks"][0]
-    assert files["name"] == "files" and not files["passed"] and len(report["checks"]) == 1  # nothing was loaded
+    assert [c["name"] for c in report["checks"]] == ["manifest", "files"]  # nothing was loaded
+    files = report["checks"][1]
+    assert files["name"] == "files" and not files["passed"]
     assert files["problems"] == [f"altered file: adapter/adapter_model.safetensors (expected sha256 {expected}, found {found})"]
     assert _exit_code(["verify", str(bundle_copy)]) == 3
     out = capsys.readouterr().out
@@ -48,7 +49,7 @@ def test_missing_file_is_named(bundle_copy):
     (bundle_copy / "verify" / "examples.jsonl").unlink()
     (bundle_copy / "notes.txt").write_text("added by hand\n")
     report = verify_bundle(bundle_copy)
-    files = report["checks"][0]
+    files = report["checks"][1]
     assert not report["passed"]
     assert files["problems"] == ["missing file: verify/examples.jsonl"]
     assert "1 extra file(s) not in the manifest: notes.txt" in files["detail"]

@@ -4,11 +4,13 @@ really contains.
 Layout of ``exports/<train run>/``::
 
     manifest.json          # schema-versioned: identity, results, limits, sha256 of every other file
+    manifest.sha256        # the manifest's own sha256 (sha256sum format)
     README.md              # model card with the Hugging Face metadata header
     adapter/               # PEFT layout: adapter_config.json (+ revision), adapter_model.safetensors, tokenizer
     model/                 # instead of adapter/ for full fine-tuning
     merged/                # with --merge: base + adapter merged, safetensors
-    results/               # compare.json, eval.json, limits.json of the exported run
+    results/               # compare.json, eval.json, limits.json of the exported run; outputs.jsonl and
+                           # baseline_outputs.jsonl (the per-example outputs the claims are recomputed from)
     verify/examples.jsonl  # K stored inputs with the predictions (and logits) verify must reproduce
 
 Nothing here imports torch.
@@ -25,15 +27,38 @@ from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, sha256_file
 
 MANIFEST = "manifest.json"
+MANIFEST_SHA = "manifest.sha256"  # "<sha256>  manifest.json" (sha256sum format), beside the manifest
 BUNDLE_KIND = "tuneproof-export"
 BUNDLE_SCHEMA = 1
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
-    """``{relative posix path: sha256}`` of every file under ``folder`` except ``manifest.json``."""
+    """``{relative posix path: sha256}`` of every file under ``folder`` except ``manifest.json`` and ``manifest.sha256``."""
     folder = Path(folder)
     return {p.relative_to(folder).as_posix(): sha256_file(p)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).as_posix() not in (MANIFEST, MANIFEST_SHA)}
+
+
+def write_manifest_sha(bundle: Path) -> str:
+    """Write ``manifest.sha256`` (``sha256sum -c`` checks it) beside the manifest, atomically; returns the hash."""
+    from tuneproof.io import atomic_write_text  # noqa: PLC0415
+
+    digest = sha256_file(Path(bundle) / MANIFEST)
+    atomic_write_text(Path(bundle) / MANIFEST_SHA, f"{digest}  {MANIFEST}\n")
+    return digest
+
+
+def check_manifest_sha(bundle: Path) -> list[str]:
+    """Problems between ``manifest.json`` and the hash in ``manifest.sha256`` (empty: they match)."""
+    side = Path(bundle) / MANIFEST_SHA
+    if not side.is_file():
+        return [f"{MANIFEST_SHA} is missing: the manifest's own hash cannot be checked"]
+    parts = side.read_text(encoding="utf-8", errors="replace").split()
+    want = parts[0] if parts else ""
+    found = sha256_file(Path(bundle) / MANIFEST)
+    if found != want:
+        return [f"{MANIFEST}: sha256 {found} differs from {want or '(none)'} in {MANIFEST_SHA}"]
+    return []
 
 
 def check_files(folder: Path, expected: dict[str, str]) -> dict[str, Any]:

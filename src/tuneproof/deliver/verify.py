@@ -3,8 +3,13 @@
 Order of the checks (each later check is skipped once one fails, so a tampered file is never
 loaded):
 
+0. ``manifest``: ``manifest.json`` has the sha256 written beside it in ``manifest.sha256``;
 1. ``files``: every file listed in the manifest exists and has its recorded sha256 (names the
    missing or altered file with both hashes);
+1b. ``claims``: every metric, the comparison (verdict, counts, deltas, guards) and the training
+   claims (steps, first/final loss) recomputed from the per-example outputs and the training log
+   shipped in the bundle (:mod:`tuneproof.deliver.claims`); a claim that does not match is named
+   by its manifest field;
 2. ``base weights``: every weight file and ``config.json`` of the base (``--base`` or the recorded
    path) has the recorded sha256, and no file is missing or added (CASES C13: names both hashes;
    weight hashes are cached by path, size and mtime, ``tuneproof --rehash verify`` recomputes them);
@@ -43,7 +48,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tuneproof.deliver.bundle import check_files, read_manifest
+from tuneproof.deliver.bundle import MANIFEST, MANIFEST_SHA, check_files, check_manifest_sha, read_manifest
 from tuneproof.deliver.identity import compare_tokenizer, compare_weights
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
@@ -207,6 +212,11 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     dev = _device(man, device)
     report: dict[str, Any] = {"bundle": str(bundle), "run": man.get("run"), "checks": [], "examples": [], "passed": False}
 
+    problems = check_manifest_sha(bundle)
+    if not _check(report, "manifest", not problems, f"{MANIFEST} sha256 " + ("matches" if not problems else "differs from") + f" {MANIFEST_SHA}",
+                  problems):
+        return _done(report, t0)
+
     files = check_files(bundle, man.get("files", {}))
     problems = [f"missing file: {p}" for p in files["missing"]]
     problems += [f"altered file: {a['path']} (expected sha256 {a['expected']}, found {a['found']})" for a in files["altered"]]
@@ -214,6 +224,14 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
                   f"{len(man.get('files', {}))} files listed, {len(files['missing'])} missing, {len(files['altered'])} altered"
                   + (f"; {len(files['extra'])} extra file(s) not in the manifest: {', '.join(files['extra'][:5])}" if files["extra"] else ""),
                   problems):
+        return _done(report, t0)
+
+    from tuneproof.deliver.claims import check_claims  # noqa: PLC0415
+
+    problems = check_claims(bundle, man)
+    if not _check(report, "claims", not problems,
+                  "metrics, comparison and training claims " + ("recomputed from the shipped outputs and log: all match" if not problems
+                                                               else "do not match the shipped evidence"), problems):
         return _done(report, t0)
 
     bm = man["base_model"]

@@ -9,7 +9,7 @@ from typing import Any
 from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
-from tuneproof.io import read_json, read_jsonl, sha256_json, write_jsonl
+from tuneproof.io import read_json, sha256_json, write_jsonl
 from tuneproof.registry import Run
 from tuneproof.ui import console, progress_bar
 
@@ -112,6 +112,9 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
                              required_fields=ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
                              eval_cfg=ctx.study.eval if eval_cfg is None else eval_cfg)
     write_jsonl(run.path("outputs.jsonl"), records)
+    from tuneproof.evaluation.outputs import record_outputs_hash  # noqa: PLC0415
+
+    record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change
     efp = ctx.eval_fingerprint(examples)
     run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics})
     run.set(eval_fingerprint=efp["hash"])
@@ -136,14 +139,17 @@ def load_outputs(ctx: StudyContext, run_id: str) -> tuple[Any, list[dict]]:
     """``(record, outputs)`` of an evaluation-like run (baseline, eval, test).
 
     Raises:
-        TuneproofError: the run has no ``outputs.jsonl``.
+        TuneproofError: the run has no ``outputs.jsonl``, or its sha256 differs from the one
+            recorded when the run wrote it (names the file and both hashes).
     """
     rec = ctx.registry.get(run_id)
     path = ctx.registry.runs_dir / rec.id / "outputs.jsonl"
     if not path.exists():
         raise TuneproofError(f"run {rec.id} ({rec.kind}, {rec.status}) has no per-example outputs ({path})",
                              hint="compare needs baseline/eval runs; for a train run, run `tuneproof eval` first")
-    return rec, read_jsonl(path)
+    from tuneproof.evaluation.outputs import read_outputs  # noqa: PLC0415
+
+    return rec, read_outputs(path, rec)
 
 
 def run_json(ctx: StudyContext, run_id: str, name: str) -> Any:

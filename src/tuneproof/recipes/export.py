@@ -7,6 +7,9 @@ Features (option that turns each on):
   unchanged; its ``adapter_config.json`` carries the base revision), or ``model/`` for full
   fine-tuning; ``--merge`` adds ``merged/``, the base with the adapter merged in (safetensors);
 - modules_to_save (e.g. the classification head) checked to be in the saved file (CASES C6);
+- ``results/outputs.jsonl`` and ``results/baseline_outputs.jsonl``: the per-example outputs the
+  metrics and the comparison were computed from (each checked against the sha256 its run recorded),
+  from which ``verify`` recomputes every claim; ``manifest.sha256``: the manifest's own hash;
 - ``manifest.json`` (schema-versioned): base identity (id/path, revision, sha256 of every weight
   file, tokenizer class, vocabulary, added tokens, probe-text token-id hash), resolved config,
   environment, data and evaluation fingerprints, the comparison with the baseline, the guards'
@@ -39,11 +42,11 @@ from typing import Any
 from tuneproof import SCHEMA_VERSION
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
-from tuneproof.deliver.bundle import BUNDLE_KIND, MANIFEST, file_hashes, saved_modules
+from tuneproof.deliver.bundle import BUNDLE_KIND, MANIFEST, file_hashes, saved_modules, write_manifest_sha
 from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_message, load_bundle_model, load_tokenizer_at, reproduce,
                                       verify_in_fresh_process)
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
+from tuneproof.io import atomic_write_text, read_json, write_json, write_jsonl
 from tuneproof.recipes.common import record_inputs, run_json
 from tuneproof.recipes.compare import print_judging
 from tuneproof.ui import console
@@ -179,7 +182,9 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
     # evidence: eval, comparison, limits
     ev = _eval_of(ctx, rec.id)
     eval_json = run_json(ctx, ev.id, "eval.json") if ev else None
-    outputs = read_jsonl(ctx.registry.runs_dir / ev.id / "outputs.jsonl") if ev and (ctx.registry.runs_dir / ev.id / "outputs.jsonl").exists() else []
+    from tuneproof.evaluation.outputs import check_outputs, read_outputs  # noqa: PLC0415
+
+    outputs = read_outputs(ctx.registry.runs_dir / ev.id / "outputs.jsonl", ev) if ev and (ctx.registry.runs_dir / ev.id / "outputs.jsonl").exists() else []
     crec, compare_json, entry = _comparison_of(ctx, ev.id if ev else None)
     limits = observed_limits(ctx.task, eval_metrics=(eval_json or {}).get("metrics"), outputs=outputs, comparison=entry,
                              test_accesses=ctx.registry.test_accesses(), forced=forced)
@@ -194,6 +199,13 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
             shutil.copy2(src / name, results / ("train_" + name if name == "summary.json" else name))
     if (src / "metrics.jsonl").exists():
         shutil.copy2(src / "metrics.jsonl", results / "train_metrics.jsonl")
+    if outputs:  # the per-example outputs behind the claims, as their runs recorded them (hash-checked above)
+        shutil.copy2(ctx.registry.runs_dir / ev.id / "outputs.jsonl", results / "outputs.jsonl")
+    if compare_json and compare_json.get("baseline"):
+        brec = ctx.registry.get(compare_json["baseline"])
+        bpath = ctx.registry.runs_dir / brec.id / "outputs.jsonl"
+        check_outputs(bpath, brec)
+        shutil.copy2(bpath, results / "baseline_outputs.jsonl")
 
     # the K stored examples and the bundle's own predictions on them (CPU, fp32, greedy)
     if outputs:
@@ -264,10 +276,14 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         "limits": limits,
         "reference": {"eval_predictions_agree": agree, "n": len(chosen), "merge": merge_info},
         "test_accesses": ctx.registry.test_accesses(),
+        # what `verify` recomputes the claims with (deliver/claims.py)
+        "scoring": {"task": ctx.task, "labels": ctx.labels if ctx.task == "classification" else None,
+                    "hypothesis": ctx.study.hypothesis.model_dump(mode="json"), "eval": ctx.study.eval.model_dump(mode="json")},
     })
     atomic_write_text(tmp / "README.md", model_card(man))
     man["files"] = file_hashes(tmp)
     write_json(tmp / MANIFEST, man)
+    write_manifest_sha(tmp)
     return man
 
 

@@ -40,6 +40,9 @@ def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: 
     (a reason) judges against the study file's instead, recorded in the dossier and
     ``hypothesis.overrides.jsonl``."""
     from tuneproof import hypothesis as hyp  # noqa: PLC0415
+    from tuneproof.evaluation.outputs import check_all  # noqa: PLC0415
+
+    check_all(ctx.registry)  # a dossier is built only from per-example outputs as their runs recorded them
 
     if use_edited_hypothesis is not None:  # recorded first, so the dossier lists this use too
         hyp.record_override(ctx.study_dir, hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis), "report", None)

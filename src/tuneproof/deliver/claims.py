@@ -1,0 +1,147 @@
+"""The claims of an export bundle, recomputed from the evidence it ships (issue 11).
+
+``manifest.json`` states results: the candidate's headline metrics, the comparison with the
+baseline (verdict, counts, McNemar, metric deltas with bootstrap intervals, each guard's verdict)
+and the training summary (steps, first and final loss). A bundle ships the per-example outputs
+those results come from (``results/outputs.jsonl``: the eval run's, ``results/baseline_outputs.jsonl``:
+the baseline's, both hash-listed in the manifest) and the per-step training log
+(``results/train_metrics.jsonl``). :func:`check_claims` recomputes every claim with the same
+code that made it (:func:`tuneproof.evaluation.metrics.score`,
+:func:`tuneproof.evaluation.compare.paired_compare`, same bootstrap seed and iterations) and names
+each field whose claim does not match.
+
+Tolerance: recomputed floats must equal the claims within a relative 1e-9 (the same code on another
+machine may differ in the last bits of a sum); the final loss is checked against the per-step log,
+which rounds to 6 decimals (so within 1e-6). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tuneproof.io import read_json, read_jsonl
+
+OUTPUTS = "results/outputs.jsonl"
+BASELINE_OUTPUTS = "results/baseline_outputs.jsonl"
+TRAIN_METRICS = "results/train_metrics.jsonl"
+REL_TOL = 1e-9
+LOG_TOL = 1e-6  # metrics.jsonl stores losses rounded to 6 decimals
+COMPARISON_KEYS = ("verdict", "detail", "counts", "mcnemar", "metrics", "verdicts")
+
+
+def _plain(obj: Any) -> Any:
+    """The JSON form of ``obj`` (tuples to lists, NaN kept), as the manifest stores it."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def differences(claimed: Any, recomputed: Any, path: str, *, rel: float = REL_TOL, limit: int = 8) -> list[str]:
+    """``"<field path>: manifest claims X, recomputed Y"`` for each leaf that differs (at most ``limit``)."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, p: str) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                if k not in b:
+                    out.append(f"{p}.{k}: manifest claims {a[k]!r}, the recomputation has no such field")
+                elif k not in a:
+                    out.append(f"{p}.{k}: missing from the manifest (recomputed {b[k]!r})")
+                else:
+                    walk(a[k], b[k], f"{p}.{k}")
+            return
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{p}[{i}]")
+            return
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+            if a == b or (math.isnan(float(a)) and math.isnan(float(b))) or math.isclose(a, b, rel_tol=rel, abs_tol=1e-12):
+                return
+        elif a == b:
+            return
+        out.append(f"{p}: manifest claims {a!r}, recomputed {b!r}")
+
+    walk(_plain(claimed), _plain(recomputed), path)
+    return out
+
+
+def _study(man: dict[str, Any], where: Path):
+    from tuneproof.study import parse_study  # noqa: PLC0415
+
+    return parse_study(man["config"], f"{where}: config")
+
+
+def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
+    """Every claim of ``man`` (the bundle's manifest) that the shipped evidence does not support.
+
+    Returns problems, each naming the manifest field (``metrics.accuracy``,
+    ``comparison.verdict``, ``train.final_loss``...) with the claimed and the recomputed value;
+    empty when every claim holds.
+    """
+    from tuneproof.evaluation.compare import paired_compare  # noqa: PLC0415
+    from tuneproof.evaluation.metrics import score  # noqa: PLC0415
+    bundle = Path(bundle)
+    problems: list[str] = []
+    scoring = man.get("scoring") or {}
+    study = _study(man, bundle / "manifest.json")
+    task = scoring.get("task") or study.hypothesis.task
+    labels = scoring.get("labels")
+    hyp, ev = study.hypothesis, study.eval
+    if scoring.get("hypothesis") is not None:
+        from tuneproof.study import Eval, Hypothesis  # noqa: PLC0415
+
+        hyp, ev = Hypothesis.model_validate(scoring["hypothesis"]), Eval.model_validate(scoring["eval"])
+    outputs = bundle / OUTPUTS
+    cand = read_jsonl(outputs) if outputs.is_file() else None
+
+    if man.get("metrics") is not None:
+        if cand is None:
+            problems.append(f"metrics: claimed, but the bundle ships no {OUTPUTS} to recompute them from")
+        else:
+            _, m = score(task, cand, required_fields=hyp.required_fields, eval_cfg=ev, labels=labels)
+            problems += differences(man["metrics"], {k: m.get(k) for k in man["metrics"]}, "metrics")
+            ej = bundle / "results" / "eval.json"
+            if ej.is_file():
+                problems += differences((read_json(ej) or {}).get("metrics"), m, "results/eval.json metrics")
+
+    comp = man.get("comparison")
+    if comp:
+        base_path = bundle / BASELINE_OUTPUTS
+        if cand is None or not base_path.is_file():
+            problems.append(f"comparison: claimed, but the bundle ships no {OUTPUTS} and {BASELINE_OUTPUTS} to recompute it from")
+        else:
+            r = paired_compare(read_jsonl(base_path), cand, task, required_fields=hyp.required_fields, eval_cfg=ev, hypothesis=hyp,
+                               iterations=ev.bootstrap_iterations, seed=ev.seed, labels=labels)
+            overall = r.get("overall") or {}
+            again = {"verdict": overall.get("verdict"), "detail": overall.get("detail"), "counts": r.get("counts"),
+                     "mcnemar": r.get("mcnemar"), "metrics": r.get("metrics"), "verdicts": r.get("verdicts")}
+            problems += differences({k: comp.get(k) for k in COMPARISON_KEYS}, again, "comparison")
+
+    train = man.get("train") or {}
+    if train.get("steps") is not None or train.get("final_loss") is not None:
+        log = bundle / TRAIN_METRICS
+        if not log.is_file():
+            problems.append(f"train: claimed, but the bundle ships no {TRAIN_METRICS} to check it against")
+        else:
+            by_step: dict[int, float] = {}
+            for row in read_jsonl(log):
+                if "loss" in row and "step" in row:
+                    by_step[int(row["step"])] = row["loss"]  # the last row of a step wins (a resume logs it again)
+            if by_step:
+                last = max(by_step)
+                problems += differences(train.get("steps"), last, "train.steps")
+                if train.get("final_loss") is not None:
+                    problems += differences(train["final_loss"], by_step[last], "train.final_loss", rel=0) if not math.isclose(
+                        train["final_loss"], by_step[last], abs_tol=LOG_TOL) else []
+                if train.get("first_loss") is not None and 1 in by_step and not math.isclose(train["first_loss"], by_step[1], abs_tol=LOG_TOL):
+                    problems.append(f"train.first_loss: manifest claims {train['first_loss']!r}, {TRAIN_METRICS} step 1 has {by_step[1]!r}")
+            ts = bundle / "results" / "train_summary.json"
+            if ts.is_file():
+                summary = read_json(ts) or {}
+                for key in ("steps", "final_loss", "first_loss"):
+                    if key in summary and train.get(key) is not None:
+                        problems += differences(train[key], summary[key], f"train.{key}")
+    return problems

@@ -29,7 +29,6 @@ BASELINE_OUTPUTS = "results/baseline_outputs.jsonl"
 TRAIN_METRICS = "results/train_metrics.jsonl"
 REL_TOL = 1e-9
 LOG_TOL = 1e-6  # metrics.jsonl stores losses rounded to 6 decimals
-COMPARISON_KEYS = ("verdict", "detail", "counts", "mcnemar", "metrics", "verdicts")
 
 
 def _plain(obj: Any) -> Any:
@@ -68,32 +67,34 @@ def differences(claimed: Any, recomputed: Any, path: str, *, rel: float = REL_TO
     return out
 
 
-def _study(man: dict[str, Any], where: Path):
-    from tuneproof.study import parse_study  # noqa: PLC0415
+def _eval(section: dict[str, Any], fmt: dict[str, Any] | None = None):
+    from tuneproof.study import Eval  # noqa: PLC0415
 
-    return parse_study(man["config"], f"{where}: config")
+    return Eval.model_validate({**(section or {}), **(fmt or {})})
 
 
 def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
     """Every claim of ``man`` (the bundle's manifest) that the shipped evidence does not support.
 
+    Uses ``man["scoring"]`` (written by ``export``): the task, the label set, the eval run's
+    scoring (required fields, ``eval`` section), the comparison's scoring and the hypothesis views
+    its verdicts follow (:mod:`tuneproof.hypothesis`).
+
     Returns problems, each naming the manifest field (``metrics.accuracy``,
     ``comparison.verdict``, ``train.final_loss``...) with the claimed and the recomputed value;
     empty when every claim holds.
     """
-    from tuneproof.evaluation.compare import paired_compare  # noqa: PLC0415
+    from tuneproof import hypothesis as hyp  # noqa: PLC0415
+    from tuneproof.evaluation.compare import judge, overall_verdict, paired_compare  # noqa: PLC0415
     from tuneproof.evaluation.metrics import score  # noqa: PLC0415
+
     bundle = Path(bundle)
     problems: list[str] = []
-    scoring = man.get("scoring") or {}
-    study = _study(man, bundle / "manifest.json")
-    task = scoring.get("task") or study.hypothesis.task
-    labels = scoring.get("labels")
-    hyp, ev = study.hypothesis, study.eval
-    if scoring.get("hypothesis") is not None:
-        from tuneproof.study import Eval, Hypothesis  # noqa: PLC0415
-
-        hyp, ev = Hypothesis.model_validate(scoring["hypothesis"]), Eval.model_validate(scoring["eval"])
+    scoring = man.get("scoring")
+    if not isinstance(scoring, dict) and (man.get("metrics") is not None or man.get("comparison")):
+        return ["scoring: missing from the manifest, so its claims cannot be recomputed (export the run again)"]
+    scoring = scoring or {}
+    task, labels = scoring.get("task"), scoring.get("labels")
     outputs = bundle / OUTPUTS
     cand = read_jsonl(outputs) if outputs.is_file() else None
 
@@ -101,7 +102,8 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
         if cand is None:
             problems.append(f"metrics: claimed, but the bundle ships no {OUTPUTS} to recompute them from")
         else:
-            _, m = score(task, cand, required_fields=hyp.required_fields, eval_cfg=ev, labels=labels)
+            er = scoring.get("eval_run") or {}
+            _, m = score(task, cand, required_fields=er.get("required_fields"), eval_cfg=_eval(er.get("eval")), labels=labels)
             problems += differences(man["metrics"], {k: m.get(k) for k in man["metrics"]}, "metrics")
             ej = bundle / "results" / "eval.json"
             if ej.is_file():
@@ -113,13 +115,32 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
         if cand is None or not base_path.is_file():
             problems.append(f"comparison: claimed, but the bundle ships no {OUTPUTS} and {BASELINE_OUTPUTS} to recompute it from")
         else:
-            r = paired_compare(read_jsonl(base_path), cand, task, required_fields=hyp.required_fields, eval_cfg=ev, hypothesis=hyp,
-                               iterations=ev.bootstrap_iterations, seed=ev.seed, labels=labels)
-            overall = r.get("overall") or {}
-            again = {"verdict": overall.get("verdict"), "detail": overall.get("detail"), "counts": r.get("counts"),
-                     "mcnemar": r.get("mcnemar"), "metrics": r.get("metrics"), "verdicts": r.get("verdicts")}
-            problems += differences({k: comp.get(k) for k in COMPARISON_KEYS}, again, "comparison")
-
+            sc = scoring.get("comparison") or {}
+            sw = sc.get("scored_with") or {}
+            ev = _eval(sc.get("eval"), sw.get("format"))
+            r = _plain(paired_compare(read_jsonl(base_path), cand, task, required_fields=sw.get("required_fields"), eval_cfg=ev,
+                                      hypothesis=None, iterations=ev.bootstrap_iterations, seed=ev.seed, labels=labels))
+            problems += differences({k: comp.get(k) for k in ("counts", "mcnemar", "metrics")},
+                                    {k: r.get(k) for k in ("counts", "mcnemar", "metrics")}, "comparison")
+            views = [("", sc.get("view"))]
+            if sc.get("other_view") is not None:
+                views.append((f"_{sc.get('other_name')}", sc["other_view"]))
+            for suffix, view in views:
+                if view is None or comp.get(f"verdict{suffix}") is None:  # not judged (recorded as stale)
+                    continue
+                if hyp.scoring(view) != sw:  # judged under another scoring: score again for it
+                    ev2 = _eval(sc.get("eval"), view.get("format"))
+                    r2 = _plain(paired_compare(read_jsonl(base_path), cand, task, required_fields=view.get("required_fields"),
+                                               eval_cfg=ev2, hypothesis=None, iterations=ev2.bootstrap_iterations, seed=ev2.seed,
+                                               labels=labels))
+                else:
+                    r2 = r
+                verdicts = _plain(judge(hyp.as_hypothesis(view), r2))
+                overall = overall_verdict(verdicts)
+                problems += differences(comp.get(f"verdict{suffix}"), overall["verdict"], f"comparison.verdict{suffix}")
+                problems += differences(comp.get(f"detail{suffix}"), overall["detail"], f"comparison.detail{suffix}")
+                if not suffix:
+                    problems += differences(comp.get("verdicts"), verdicts, "comparison.verdicts")
     train = man.get("train") or {}
     if train.get("steps") is not None or train.get("final_loss") is not None:
         log = bundle / TRAIN_METRICS

@@ -137,6 +137,19 @@ def _comparison(crec, compare_json: dict, entry: dict, judging: hyp.Judging) -> 
     return out
 
 
+def _scoring(ctx: StudyContext, ev, entry: dict | None, judging: hyp.Judging) -> dict[str, Any]:
+    """How the claims were computed, so ``verify`` recomputes them the same way: the eval run's
+    scoring (required fields and ``eval`` section of its recorded config), and for the comparison
+    the scoring it was made with and the hypothesis views its verdicts are judged under."""
+    evcfg = (run_json(ctx, ev.id, "config.json") if ev else None) or ctx.config
+    return {
+        "task": ctx.task, "labels": ctx.labels if ctx.task == "classification" else None,
+        "eval_run": {"required_fields": (evcfg.get("hypothesis") or {}).get("required_fields"), "eval": evcfg.get("eval") or {}},
+        "comparison": {"eval": ctx.study.eval.model_dump(mode="json"), "scored_with": (entry or {}).get("scoring") or hyp.scoring(judging.primary),
+                       "view": judging.primary, "other_view": judging.other, "other_name": judging.other_name},
+    }
+
+
 def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forced: dict | None, export_run: str,
                  device: str = "cpu", judging: hyp.Judging | None = None) -> dict[str, Any]:
     """Write every file of the bundle into ``tmp`` and return the manifest (also written)."""
@@ -276,9 +289,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         "limits": limits,
         "reference": {"eval_predictions_agree": agree, "n": len(chosen), "merge": merge_info},
         "test_accesses": ctx.registry.test_accesses(),
-        # what `verify` recomputes the claims with (deliver/claims.py)
-        "scoring": {"task": ctx.task, "labels": ctx.labels if ctx.task == "classification" else None,
-                    "hypothesis": ctx.study.hypothesis.model_dump(mode="json"), "eval": ctx.study.eval.model_dump(mode="json")},
+        "scoring": _scoring(ctx, ev, entry, judging),  # what `verify` recomputes the claims with (deliver/claims.py)
     })
     atomic_write_text(tmp / "README.md", model_card(man))
     man["files"] = file_hashes(tmp)

@@ -111,10 +111,15 @@ class Method(_Strict):
     modules_to_save: list[str] = Field(default_factory=list, description="extra modules trained and saved in full (e.g. classifier)")
 
 
+#: The step budget when neither ``training.max_steps`` nor ``training.epochs`` is set: one pass over train.
+DEFAULT_EPOCHS = 1
+
+
 class Training(_Strict):
     seed: int = Field(0, description="seed of initialisation, data order and dropout")
-    max_steps: int | None = Field(100, ge=1, description="optimizer steps (takes precedence over epochs)")
-    epochs: float | None = Field(None, gt=0, description="passes over train when max_steps is None")
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps of the run; exclusive with epochs")
+    epochs: float | None = Field(None, gt=0, description=f"passes over train (an optimizer step never spans two epochs); "
+                                                         f"exclusive with max_steps; neither set: {DEFAULT_EPOCHS} epoch")
     micro_batch_size: int = Field(8, ge=1, description="examples per forward/backward pass, per process")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     learning_rate: float = Field(2e-4, gt=0, lt=3.4e38, allow_inf_nan=False,
@@ -129,6 +134,13 @@ class Training(_Strict):
     loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")
     eval_every: int | None = Field(None, description="evaluation loss every N steps (None: at the end only)")
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "Training":
+        if self.max_steps is not None and self.epochs is not None:
+            raise ValueError(f"training.max_steps ({self.max_steps}) and training.epochs ({self.epochs:g}) are both set: "
+                             "the step budget comes from one of them; remove one (or set it to null)")
+        return self
 
 
 # --------------------------------------------------------------------------- eval
@@ -215,6 +227,8 @@ def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
                 lines.append(f"{path}: unknown key '{loc}'")
             elif e["type"] == "missing":
                 lines.append(f"{path}: missing key '{loc}'")
+            elif e["type"] == "value_error":  # a rule over several keys: the message names them, not the whole mapping
+                lines.append(f"{path}: {loc}: {e['msg'].removeprefix('Value error, ')}")
             else:
                 lines.append(f"{path}: {loc}: {e['msg']} (got {e.get('input')!r})")
         raise TuneproofError("\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template") from None

@@ -102,3 +102,39 @@ def test_window_without_supervised_tokens_is_a_user_error():
         mb["labels"][:] = -100
     with pytest.raises(TuneproofError, match="no supervised tokens"):
         check_accumulation(TableLM(), window)
+
+
+def test_last_window_of_an_epoch_holds_what_is_left():
+    from tuneproof.preflight.accumulation import last_window_micro_batches
+
+    assert last_window_micro_batches(6, 1, 4) == 2  # C18: windows of 4 and 2
+    assert last_window_micro_batches(10, 2, 2) == 1  # 5 micro-batches: 2, 2, 1
+    assert last_window_micro_batches(24, 4, 2) == 2  # 6 micro-batches: every window full
+    assert last_window_micro_batches(10, 2, 2, world_size=2) == 1  # 5 examples per process: 3 micro-batches
+
+
+def test_check_windows_covers_a_short_last_window():
+    from tuneproof.preflight.accumulation import check_windows
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, vocab_size=128))
+    g = torch.Generator().manual_seed(5)
+
+    def mb(b, t, supervised):
+        ids = torch.randint(0, 128, (b, t), generator=g)
+        lab = torch.full_like(ids, -100)
+        lab[:, t - supervised:] = ids[:, t - supervised:]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
+
+    first = [mb(1, 6, 2), mb(1, 8, 3), mb(1, 5, 1), mb(1, 7, 4)]
+    last = [mb(1, 9, 5), mb(1, 4, 1)]  # the 2 micro-batches left at the end of the epoch
+    r = check_windows(model, first, last)
+    assert r["passed"], r["message"]
+    assert r["micro_batches"] == 4 and r["window_tokens"] == 10
+    assert r["last_window"]["micro_batches"] == 2 and r["last_window"]["tokens_per_micro_batch"] == [5, 1]
+    assert r["last_window"]["loss_accumulated"] == pytest.approx(sum(r["last_window"]["loss_sums"]) / 6, rel=1e-12)
+    assert r["last_window"]["grad_max_abs_diff"] < 1e-5
+    assert "last window of an epoch (2 micro-batches, 6 supervised)" in r["message"]
+    full = check_windows(model, first)
+    assert full["passed"] and full["last_window"] is None and full["message"].endswith("every window of an epoch is full")

@@ -8,6 +8,12 @@ micro-batch by its own token count instead (the mean of means) weights a token o
 micro-batch more than a token of a long one. :func:`check_accumulation` runs both the
 accumulated window and the concatenated batch through the model and compares loss and
 gradients; it also reports the mean-of-means value so the difference is visible.
+
+A window never crosses an epoch boundary (CASES C18): when the micro-batches of an epoch are not a
+multiple of the accumulation, the last window of each epoch holds only what is left
+(:func:`last_window_micro_batches`), and its loss is the per-token mean over what it holds.
+:func:`check_windows` checks that short window against its concatenation too, not only the
+first full one.
 """
 
 from __future__ import annotations
@@ -174,3 +180,39 @@ def check_accumulation(model: nn.Module, micro_batches: list[dict], atol: float 
         "atol": atol,
         "rtol": rtol,
     }
+
+
+def last_window_micro_batches(n: int, micro_batch: int, accumulation: int, world_size: int = 1) -> int:
+    """Micro-batches in the last accumulation window of an epoch (per process): ``accumulation``
+    when it divides the epoch's micro-batches, else what is left (6 examples, micro-batch 1,
+    accumulation 4: 2). See :func:`tuneproof.training.distributed.window_at`."""
+    from tuneproof.training.distributed import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
+
+    per_epoch = micro_batches_per_epoch(n, micro_batch, world_size)
+    return per_epoch - (optimizer_steps_per_epoch(n, micro_batch, accumulation, world_size) - 1) * accumulation
+
+
+def check_windows(model: nn.Module, first: list[dict], last: list[dict] | None = None, **tolerances: float) -> dict[str, Any]:
+    """:func:`check_accumulation` on the first full window and, when an epoch ends in a short
+    window, on that last window too (its own per-token normalisation, CASES C18).
+
+    Args:
+        first: the micro-batches of a full window; last: those of the short last window of an
+            epoch, or None when every window is full.
+        tolerances: ``atol``/``rtol`` passed on.
+
+    Returns:
+        The result of the first window (same keys as :func:`check_accumulation`), with ``passed``
+        and ``message`` covering both, plus ``last_window``: the last window's result or None.
+    """
+    r = check_accumulation(model, first, **tolerances)
+    r_last = check_accumulation(model, last, **tolerances) if last else None
+    out = {**r, "last_window": r_last}
+    if r_last is None:
+        out["message"] = r["message"] + "; every window of an epoch is full"
+        return out
+    out["passed"] = bool(r["passed"] and r_last["passed"])
+    k = r_last["micro_batches"]
+    out["message"] = (f"{r['message']}; last window of an epoch ({k} micro-batch{'' if k == 1 else 'es'}, "
+                      f"{r_last['window_tokens']} supervised): " + r_last["message"])
+    return out

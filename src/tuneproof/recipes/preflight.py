@@ -33,7 +33,9 @@ Checks, in order (config key or option behind each):
    with the KV cache for ``eval.max_new_tokens`` new tokens; or the classification forward pass),
    measured the same way; fails when its peak exceeds the budget, naming ``eval.batch_size``.
 7. ``gradient accumulation``: ``max(2, training.gradient_accumulation_steps)`` real micro-batches
-   vs their concatenation: same loss and gradients, per-token normalisation stored (C1).
+   vs their concatenation: same loss and gradients, per-token normalisation stored (C1); when an
+   epoch's micro-batches are not a multiple of the accumulation, the short last window of the
+   epoch (the micro-batches training puts there) vs its concatenation too (C18).
 8. ``precision``: the chosen dtype alone vs fp32 on one real micro-batch (loss and gradient
    direction within stated tolerances; fp32 is the reference and needs no comparison).
 9. ``activation checkpointing``: gradients equal with and without it
@@ -213,6 +215,21 @@ def _micro_batch(encoded: list, size: int, seed: int, index: int, pad_id: int) -
 
     idx = micro_batch_indices(len(encoded), size, seed, index)
     return collate([encoded[i] for i in idx], pad_id)
+
+
+def _last_window_probe(encoded: list, cfg, size: int, pad_id: int) -> list[dict] | None:
+    """The short last accumulation window of epoch 0, or None when the epoch's windows are all full:
+    its real micro-batches (the examples training puts there), each cut to its first ``size``
+    examples to keep the probe cheap."""
+    from tuneproof.data.preprocess import collate  # noqa: PLC0415
+    from tuneproof.preflight.accumulation import last_window_micro_batches  # noqa: PLC0415
+    from tuneproof.training.distributed import optimizer_steps_per_epoch, window_at  # noqa: PLC0415
+
+    n, mb, accum = len(encoded), cfg.micro_batch_size, cfg.gradient_accumulation_steps
+    if last_window_micro_batches(n, mb, accum) == accum:
+        return None
+    window = window_at(n, mb, accum, cfg.seed, optimizer_steps_per_epoch(n, mb, accum) - 1)
+    return [collate([encoded[i] for i in idx[:size]], pad_id) for idx in window]
 
 
 def _batch_at_length(encoded: list, micro_batch: int, length: int, pad_id: int) -> dict:
@@ -545,12 +562,16 @@ def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, 
     return _check("max micro-batch", passed, message, numbers, r)
 
 
-def check_accumulation_window(model, micro_batches: list[dict], configured: int) -> dict[str, Any]:
-    """Check 7: accumulated real micro-batches equal their concatenation (C1); normalisation stored."""
-    from tuneproof.preflight.accumulation import check_accumulation  # noqa: PLC0415
+def check_accumulation_window(model, micro_batches: list[dict], configured: int, last_window: list[dict] | None = None) -> dict[str, Any]:
+    """Check 7: accumulated real micro-batches equal their concatenation (C1), and so does the short
+    last window of an epoch when there is one (C18); normalisation stored."""
+    from tuneproof.preflight.accumulation import check_windows  # noqa: PLC0415
 
-    r = check_accumulation(model, micro_batches)
+    r = check_windows(model, micro_batches, last_window)
+    last = r["last_window"]
     numbers = {"micro_batches": r["micro_batches"], "configured_accumulation": configured,
+               "last_window_micro_batches": last["micro_batches"] if last else None,
+               "last_window_tokens": last["tokens_per_micro_batch"] if last else None,
                "tokens_per_micro_batch": r["tokens_per_micro_batch"], "loss_accumulated": round(r["loss_accumulated"], 6),
                "loss_concatenated": round(r["loss_concatenated"], 6), "loss_mean_of_means": round(r["loss_mean_of_means"], 6),
                "grad_max_abs_diff": r["grad_max_abs_diff"], "atol": r["atol"], "rtol": r["rtol"]}
@@ -734,12 +755,13 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     evaluation, save, reload in a fresh process, identical outputs; throughput from those steps.
     Adds the checks ``configured combination``, ``smoke pass`` and ``throughput`` to ``report``."""
     from tuneproof.recipes.common import predict  # noqa: PLC0415
-    from tuneproof.training.loop import micro_batch_indices, total_steps, train  # noqa: PLC0415
+    from tuneproof.training.distributed import window_at  # noqa: PLC0415
+    from tuneproof.training.loop import total_steps, train  # noqa: PLC0415
 
     cfg = ctx.study.training
     device, _, autocast = ctx.torch_setup()
     # a copy of the config: 2 steps at the peak learning rate (with warmup the first step would use lr 0)
-    scfg = cfg.model_copy(update={"max_steps": SMOKE_STEPS, "warmup_steps": 0, "lr_scheduler": "constant"})
+    scfg = cfg.model_copy(update={"max_steps": SMOKE_STEPS, "epochs": None, "warmup_steps": 0, "lr_scheduler": "constant"})
     before = _cpu_copy(model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     frozen = [n for n in before if n not in trainable]
@@ -822,8 +844,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     accum = cfg.gradient_accumulation_steps
 
     def step_tokens(step: int) -> int:
-        return sum(len(encoded[i].input_ids) for j in range(accum)
-                   for i in micro_batch_indices(n, cfg.micro_batch_size, cfg.seed, step * accum + j))
+        return sum(len(encoded[i].input_ids) for idx in window_at(n, cfg.micro_batch_size, accum, cfg.seed, step) for i in idx)
 
     timed = list(range(1, len(step_s))) or [0]
     secs = sum(step_s[i] for i in timed)
@@ -961,7 +982,8 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     k = max(2, cfg.gradient_accumulation_steps)
     size = max(1, min(PROBE_MICRO_BATCH, len(usable) // k))
     windows = [_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)]
-    rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps))
+    last = _last_window_probe(usable, cfg, size, pad)
+    rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
     rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
     if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory

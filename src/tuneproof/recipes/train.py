@@ -5,7 +5,10 @@ Features (config key that turns each on):
   fine-tuning (``method.kind: full``); every target pattern must match (CASES C5);
 - answer-only loss with the end-of-turn token supervised (``training.loss``); hard data faults
   (0 supervised tokens, boundary inside a token, prefix mismatch) stop the run before any compute;
+- the step budget from ``training.max_steps`` or ``training.epochs`` (exclusive; neither: 1 epoch), recorded
+  in the summary as ``budget`` with the key that set it and the steps per epoch;
 - gradient accumulation normalised per token over the window (``training.gradient_accumulation_steps``, C1);
+  a window never crosses an epoch boundary (the last one of an epoch holds what is left, C18);
 - precision (``training.precision``; dtype and reason recorded, C9), activation checkpointing
   (``training.activation_checkpointing``);
 - checkpoints every ``training.checkpoint_every`` steps and at interruption (Ctrl-C/SIGTERM),
@@ -104,9 +107,15 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         console.print(f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
                       f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
                       f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})")
-        from tuneproof.training.loop import total_steps  # noqa: PLC0415
+        from tuneproof.training.loop import budget  # noqa: PLC0415
 
-        steps = total_steps(cfg, len(encoded))
+        plan = budget(cfg, len(encoded))
+        steps = plan["total_steps"]
+        run.update_summary(budget=plan)  # which key set the budget (training.max_steps, training.epochs or the default)
+        source = (f"{plan['key']}: {plan['value']:g}" if plan["key"] != "default"
+                  else f"{plan['value']:g} epoch, the default (neither training.max_steps nor training.epochs is set)")
+        console.print(f"budget: {steps} optimizer steps from {source}; {plan['steps_per_epoch']} steps per epoch "
+                      f"of {plan['examples_per_epoch']} examples")
         extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
         with progress_bar("train", steps) as advance:
             if resume_from is not None:
@@ -116,7 +125,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
                            progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"))
         save_trained(model, run, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
         run.update_summary(
-            steps=result["steps"], final_loss=result["losses"][-1] if result["losses"] else None,
+            steps=result["steps"], example_passes=result["examples"], final_loss=result["losses"][-1] if result["losses"] else None,
             first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 2),
             tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
             trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],

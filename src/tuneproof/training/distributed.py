@@ -14,7 +14,12 @@ Consequences a user must know (protocol step 6: "the data distribution must be c
 - the shares of the processes are disjoint and together cover every example (when ``n`` is not a
   multiple of ``world_size`` a few examples are repeated to even the shares, as the sampler does);
 - the order changes between epochs (``DistributedSampler.set_epoch``) and is a pure function of
-  ``(n, seed, epoch, world_size, rank)``, so a resumed run sees exactly the data it would have seen.
+  ``(n, seed, epoch, world_size, rank)``, so a resumed run sees exactly the data it would have seen;
+- an accumulation window (the micro-batches of one optimizer step) never crosses an epoch boundary:
+  an epoch is ``ceil(micro-batches per epoch / accumulation)`` optimizer steps and its last window
+  holds only the micro-batches left (6 examples, micro-batch 1, accumulation 4: windows of 4 and 2
+  micro-batches, 2 optimizer steps per epoch; CASES C18). :func:`window_at` maps a global optimizer
+  step to its micro-batches, the data position a checkpoint's step stands for.
 
 Source: ``torch.utils.data.distributed.DistributedSampler`` (PyTorch documentation: "calling the
 set_epoch() method at the beginning of each epoch before creating the DataLoader iterator is
@@ -46,10 +51,57 @@ def epoch_order(n: int, *, world_size: int = 1, rank: int = 0, seed: int = 0, ep
     return list(sampler)
 
 
-def steps_per_epoch(n: int, micro_batch: int, world_size: int = 1) -> int:
+def micro_batches_per_epoch(n: int, micro_batch: int, world_size: int = 1) -> int:
     """Micro-batches per process per epoch: ``ceil(ceil(n / world_size) / micro_batch)``."""
     _check(n, micro_batch, world_size, 0)
     return math.ceil(math.ceil(n / world_size) / micro_batch)
+
+
+steps_per_epoch = micro_batches_per_epoch  # former name (it counts micro-batches, not optimizer steps)
+
+
+def optimizer_steps_per_epoch(n: int, micro_batch: int, accumulation: int, world_size: int = 1) -> int:
+    """Optimizer steps per epoch: ``ceil(micro_batches_per_epoch / accumulation)`` (the last window
+    of the epoch may hold fewer than ``accumulation`` micro-batches; windows never cross epochs).
+
+    Raises:
+        ValueError: ``accumulation < 1`` (and as :func:`micro_batches_per_epoch`).
+    """
+    if accumulation < 1:
+        raise ValueError(f"accumulation must be >= 1 (got {accumulation})")
+    return math.ceil(micro_batches_per_epoch(n, micro_batch, world_size) / accumulation)
+
+
+def window_position(n: int, micro_batch: int, accumulation: int, step: int, world_size: int = 1) -> dict[str, int]:
+    """Where 0-based optimizer step ``step`` reads: ``{"epoch", "window" (0-based within the epoch),
+    "first_micro_batch" (global micro-batch index, counted across epochs), "micro_batches"}`` (per process).
+
+    Example: n 6, micro-batch 1, accumulation 4: step 0 -> epoch 0, micro-batches 0-3; step 1 ->
+    epoch 0, micro-batches 4-5 (2, the rest of the epoch); step 2 -> epoch 1, micro-batches 6-9.
+    """
+    per_epoch = micro_batches_per_epoch(n, micro_batch, world_size)
+    epoch, window = divmod(step, optimizer_steps_per_epoch(n, micro_batch, accumulation, world_size))
+    first = window * accumulation
+    return {"epoch": epoch, "window": window, "first_micro_batch": epoch * per_epoch + first,
+            "micro_batches": min(accumulation, per_epoch - first)}
+
+
+def window_at(n: int, micro_batch: int, accumulation: int, seed: int, step: int, *, world_size: int = 1,
+              rank: int = 0) -> list[list[int]]:
+    """The micro-batches (lists of example indices) of this process for 0-based optimizer step ``step``.
+
+    Args:
+        n, micro_batch, world_size, rank, seed: as :func:`distributed_indices`.
+        accumulation: micro-batches per optimizer step (``training.gradient_accumulation_steps``).
+        step: global optimizer step (0-based, counted across epochs).
+
+    Returns:
+        ``accumulation`` lists, or fewer for the last window of an epoch (:func:`window_position`).
+    """
+    pos = window_position(n, micro_batch, accumulation, step, world_size)
+    order = epoch_order(n, world_size=world_size, rank=rank, seed=seed, epoch=pos["epoch"])
+    first = pos["first_micro_batch"] - pos["epoch"] * micro_batches_per_epoch(n, micro_batch, world_size)
+    return [order[(first + j) * micro_batch : (first + j + 1) * micro_batch] for j in range(pos["micro_batches"])]
 
 
 def distributed_indices(n: int, micro_batch: int, world_size: int, rank: int, seed: int, epoch: int) -> list[list[int]]:
@@ -75,6 +127,6 @@ def distributed_indices(n: int, micro_batch: int, world_size: int, rank: int, se
 def micro_batch_at(n: int, micro_batch: int, seed: int, index: int, *, world_size: int = 1, rank: int = 0) -> list[int]:
     """Example indices of this process's global micro-batch number ``index`` (0-based, counted
     across epochs): the data position a checkpoint's global step maps to."""
-    epoch, k = divmod(index, steps_per_epoch(n, micro_batch, world_size))
+    epoch, k = divmod(index, micro_batches_per_epoch(n, micro_batch, world_size))
     order = epoch_order(n, world_size=world_size, rank=rank, seed=seed, epoch=epoch)
     return order[k * micro_batch : (k + 1) * micro_batch]

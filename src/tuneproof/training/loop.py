@@ -1,5 +1,7 @@
-"""The training loop: one optimizer step per ``gradient_accumulation_steps`` micro-batches, with the
-loss normalised per supervised token over the whole window (CASES C1), exact resumable
+"""The training loop: one optimizer step per ``gradient_accumulation_steps`` micro-batches (fewer for
+the last window of an epoch: a window never crosses an epoch boundary, CASES C18), with the loss
+normalised per supervised token over the whole window (CASES C1), a step budget set by
+``training.max_steps`` or ``training.epochs`` (exclusive; :func:`budget`), exact resumable
 checkpoints (model/adapter, optimizer, scheduler, RNG states, data position; CASES C12) and a
 health check on every optimizer step (:mod:`tuneproof.training.health`: a non-finite loss, gradient
 norm or trainable tensor, an exploded tensor, a zero gradient or a uniform-prediction loss stops
@@ -12,8 +14,8 @@ dict (nanoGPT style) holding everything needed to resume and to explain the run,
     format, step (global optimizer steps done), total_steps, trainable (every tensor with
     requires_grad: LoRA matrices, modules_to_save, or all weights for full fine-tuning),
     optimizer, scheduler, rng (python, numpy, torch, cuda), data (n_examples, micro_batch,
-    accumulation, seed, next micro-batch index, epoch, the ordering rule), losses, tokens_seen,
-    config (resolved study), reason (interval | interrupt | final), plus ``extra``
+    accumulation, seed, next micro-batch index, epoch, steps_per_epoch, the ordering rule), losses,
+    tokens_seen, examples_seen, budget (:func:`budget`), config (resolved study), reason (interval | interrupt | final), plus ``extra``
     (data_fingerprint, base_revision).
 
 Interruption: the first SIGINT/SIGTERM during training asks the loop to stop at the end of the
@@ -53,15 +55,45 @@ class LoopState:
     step: int = 0  # optimizer steps done
 
 
+def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
+    """The step budget of a run and which key set it (issue 10: epochs are epochs).
+
+    ``training.max_steps`` and ``training.epochs`` are exclusive; with neither, the budget is
+    :data:`tuneproof.study.DEFAULT_EPOCHS` epoch. An epoch is ``steps_per_epoch`` optimizer steps:
+    ``ceil(micro-batches per epoch / accumulation)``, its last window holding only the micro-batches
+    left (:func:`tuneproof.training.distributed.window_at`); ``epochs: e`` is ``ceil(e * steps_per_epoch)`` steps.
+
+    Returns:
+        ``{"key": "training.max_steps" | "training.epochs" | "default", "value", "total_steps",
+        "steps_per_epoch", "micro_batches_per_epoch", "examples_per_epoch"}`` (per process).
+
+    Raises:
+        TuneproofError: both keys set (a config built without validation, e.g. ``model_copy``).
+    """
+    from tuneproof.study import DEFAULT_EPOCHS  # noqa: PLC0415
+    from tuneproof.training.distributed import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
+
+    if cfg.max_steps is not None and cfg.epochs is not None:
+        raise TuneproofError(f"training.max_steps ({cfg.max_steps}) and training.epochs ({cfg.epochs:g}) are both set",
+                             hint="the step budget comes from one of them; remove the other")
+    per_epoch = optimizer_steps_per_epoch(n_examples, cfg.micro_batch_size, cfg.gradient_accumulation_steps, world_size)
+    if cfg.max_steps is not None:
+        key, value, steps = "training.max_steps", cfg.max_steps, cfg.max_steps
+    else:
+        key, value = ("training.epochs", cfg.epochs) if cfg.epochs is not None else ("default", DEFAULT_EPOCHS)
+        steps = max(1, math.ceil(round(value * per_epoch, 9)))
+    return {"key": key, "value": value, "total_steps": steps, "steps_per_epoch": per_epoch,
+            "micro_batches_per_epoch": micro_batches_per_epoch(n_examples, cfg.micro_batch_size, world_size),
+            "examples_per_epoch": math.ceil(n_examples / world_size)}
+
+
 def total_steps(cfg, n_examples: int) -> int:
-    """Optimizer steps of the budget: ``max_steps``, else ``ceil(epochs * n / (micro_batch * accumulation))``."""
-    if cfg.max_steps:
-        return cfg.max_steps
-    per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
-    return max(1, math.ceil((cfg.epochs or 1) * n_examples / per_step))
+    """Optimizer steps of the budget (:func:`budget`)."""
+    return budget(cfg, n_examples)["total_steps"]
 
 
-DATA_ORDER_RULE = "DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1"
+DATA_ORDER_RULE = ("DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1; "
+                   "accumulation windows within an epoch, the last one holding what is left")
 
 
 def micro_batch_indices(n: int, micro_batch: int, seed: int, index: int) -> list[int]:
@@ -131,6 +163,14 @@ class _StopRequest:
         raise KeyboardInterrupt(f"signal {signum}")
 
 
+def supervised_count(batch: dict[str, torch.Tensor]) -> int:
+    """What a micro-batch's loss sum is normalised by: supervised tokens after the causal shift
+    (``labels [B, T]``), or examples for classification (``labels [B]``). The window's count is
+    the sum over its micro-batches (CASES C1)."""
+    labels = batch["labels"]
+    return int((labels[:, 1:] != -100).sum()) if labels.dim() == 2 else int(labels.numel())
+
+
 def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable) -> tuple[torch.Tensor, int]:
     """Summed loss of one micro-batch and ``V``, the model's output size (``logits.shape[-1]``:
     vocabulary rows, or classes for classification; the health check's ``ln(V)``)."""
@@ -180,7 +220,8 @@ def train(
         progress: callback ``(step, total, loss)``.
 
     Returns:
-        ``{"steps", "losses": [per-step loss], "tokens", "seconds", "normalisation"}``.
+        ``{"steps", "total_steps", "losses": [per-step loss], "tokens", "examples" (example passes,
+        the run's whole count when resumed), "budget" (:func:`budget`), "seconds", "normalisation"}``.
 
     Raises:
         HealthFault: a health rule fired (:mod:`tuneproof.training.health`: non-finite loss, gradient
@@ -189,8 +230,11 @@ def train(
     """
     from transformers import get_scheduler  # noqa: PLC0415
 
+    from tuneproof.training.distributed import window_at, window_position  # noqa: PLC0415
+
     n = len(train_set)
-    steps = total_steps(cfg, n)
+    plan = budget(cfg, n)
+    steps = plan["total_steps"]
     accum = cfg.gradient_accumulation_steps
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -200,11 +244,15 @@ def train(
     losses: list[float] = []
     start_step = 0
     tokens_seen = 0
+    examples_seen = 0  # example passes (forward/backward of one example) so far
     seed_everything(cfg.seed)
     if resume is not None:
         if int(resume.get("total_steps", steps)) != steps:
             raise TuneproofError(f"the checkpoint's budget is {resume['total_steps']} steps, this run's {steps}",
                                  hint="the config or the training data changed since the checkpoint")
+        if resume["data"].get("order") != DATA_ORDER_RULE:
+            raise TuneproofError(f"the checkpoint's data order is '{resume['data'].get('order')}', this tuneproof's '{DATA_ORDER_RULE}'",
+                                 hint="a resume would not see the data the run would have seen; train again")
         if int(resume["data"]["n_examples"]) != n:
             raise TuneproofError(f"the checkpoint was trained on {resume['data']['n_examples']} examples, this run has {n}",
                                  hint="the training data changed since the checkpoint")
@@ -212,17 +260,20 @@ def train(
         start_step = int(resume["step"])
         losses = list(resume["losses"])
         tokens_seen = int(resume.get("tokens_seen", 0))
+        examples_seen = int(resume.get("examples_seen", 0))
 
     def checkpoint(step: int, rng: dict[str, Any], reason: str) -> Path | None:
         if run is None:
             return None
-        index = step * accum
+        pos = window_position(n, cfg.micro_batch_size, accum, step)  # where the next step reads
         payload = {
             "format": CKPT_FORMAT, "step": step, "total_steps": steps, "trainable": trainable_state(model),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
             "data": {"n_examples": n, "micro_batch": cfg.micro_batch_size, "accumulation": accum, "seed": cfg.seed,
-                     "next_micro_batch": index, "epoch": index // math.ceil(n / cfg.micro_batch_size), "order": DATA_ORDER_RULE},
-            "losses": list(losses), "tokens_seen": tokens_seen, "config": config or {}, "reason": reason,
+                     "next_micro_batch": pos["first_micro_batch"], "epoch": pos["epoch"],
+                     "steps_per_epoch": plan["steps_per_epoch"], "order": DATA_ORDER_RULE},
+            "losses": list(losses), "tokens_seen": tokens_seen, "examples_seen": examples_seen, "budget": plan,
+            "config": config or {}, "reason": reason,
             "saved_at": time.time(), **(extra or {}),
         }
         return save_checkpoint(run.dir / "checkpoints", step, payload)  # safetensors + JSON, sha256 indexed, 2 kept
@@ -246,25 +297,27 @@ def train(
                         stop.reraise(stop.signum)
                     raise KeyboardInterrupt(f"stop_after={stop_after}")
                 ts = time.perf_counter()
-                batches = []
-                for j in range(accum):
-                    idx = micro_batch_indices(n, cfg.micro_batch_size, cfg.seed, step * accum + j)
-                    batches.append({k: v.to(device) for k, v in collate([train_set[i] for i in idx], pad_id).items()})
-                window = sum(int((b["labels"][:, 1:] != -100).sum()) if b["labels"].dim() == 2 else b["labels"].numel() for b in batches)
+                # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
+                window_idx = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step)
+                batches = [{k: v.to(device) for k, v in collate([train_set[i] for i in idx], pad_id).items()} for idx in window_idx]
+                window = sum(supervised_count(b) for b in batches)
                 if window == 0:
                     raise CheckFailed(f"step {step + 1}: 0 supervised tokens in the accumulation window")
                 total = 0.0
                 step_tokens = 0
                 for b in batches:
                     loss_sum, outputs = _micro_loss(model, b, autocast)
-                    # divide by the window's token count, not per micro-batch: per-token mean over the window (C1)
+                    # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
+                    # a short last window of an epoch is divided by its own count, so it equals its concatenation
                     (loss_sum / window).backward()
                     total += loss_sum.item()
                     step_tokens += int(b["attention_mask"].sum())
                 loss = total / window
                 lr = optimizer.param_groups[0]["lr"]  # the learning rate this step uses
                 grad_norm = health_grad_norm(params, cfg.max_grad_norm)  # before clipping; clipped in place if set
-                row = {"step": step + 1, "loss": round(loss, 6), "lr": lr, "grad_norm": grad_norm, "supervised_tokens": window}
+                row = {"step": step + 1, "epoch": step // plan["steps_per_epoch"], "loss": round(loss, 6), "lr": lr,
+                       "grad_norm": grad_norm, "supervised_tokens": window, "micro_batches": len(batches),
+                       "examples": sum(len(idx) for idx in window_idx)}
                 try:
                     health.before_update(step + 1, loss, grad_norm, outputs)
                     in_update = True
@@ -278,6 +331,7 @@ def train(
                 step += 1
                 losses.append(loss)
                 tokens_seen += step_tokens
+                examples_seen += row["examples"]
                 boundary_rng = rng_state()
                 in_update = False
                 if run is not None:
@@ -298,5 +352,5 @@ def train(
                 run.note(f"stopped inside the update of step {step + 1}: no checkpoint written; the last one is step {saved_step}")
             run.summary["last_step"] = step
         raise
-    return {"steps": step, "total_steps": steps, "losses": losses, "tokens": tokens_seen,
-            "seconds": time.perf_counter() - t0, "normalisation": NORMALISATION}
+    return {"steps": step, "total_steps": steps, "losses": losses, "tokens": tokens_seen, "examples": examples_seen,
+            "budget": plan, "seconds": time.perf_counter() - t0, "normalisation": NORMALISATION}

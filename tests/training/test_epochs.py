@@ -133,7 +133,7 @@ def test_resume_exactly_at_an_epoch_boundary_is_exact(tiny_base, tmp_path):
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt):
         run_train(ctx, stop_after=3)  # the end of epoch 0
-    (rec,) = ctx.registry.list()
+    (rec,) = ctx.registry.list(kind="train")
     ckpt = load_checkpoint(latest_checkpoint(ctx.registry.runs_dir / rec.id))
     assert (ckpt["step"], ckpt["data"]["epoch"], ckpt["data"]["next_micro_batch"], ckpt["data"]["steps_per_epoch"]) == (3, 1, 5, 3)
     assert ckpt["examples_seen"] == 10

@@ -11,10 +11,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tuneproof.data.cleaning import clean
+from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.examples import Example
-from tuneproof.data.sources import load_source
-from tuneproof.data.split import build_splits, freeze_or_reuse
+from tuneproof.data.sources import load_source, source_files
+from tuneproof.data.split import build_splits, check_unique_ids, freeze_or_reuse
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
 from tuneproof.registry import Registry
@@ -59,14 +59,20 @@ class StudyContext:
     @cached_property
     def all_splits(self) -> dict[str, list[Example]]:
         """Every split including the reserved test split. Only `test` and `data check` may use the test split."""
+        data = self.study.data
         examples: list[Example] = []
-        for src in self.study.data.sources:
-            ex, rep = load_source(src, self.study.data.fields, self.study_dir, self.data_root)
+        for src in data.sources:
+            ex, rep = load_source(src, data.fields, self.study_dir, self.data_root, max_chars=data.max_chars)
             examples += ex
             self.repairs += rep
-        examples, self.dropped_empty = clean(examples, self.study.data.cleaning)
-        splits = build_splits(examples, self.study.data.split, self.study.data.test_split)
-        splits, self.manifest_created = freeze_or_reuse(self.study_dir, splits, examples)
+        # cleaning acts before validation: dropped empty texts are listed (file:line), what is left is checked
+        examples, self.dropped_empty = clean(examples, data.cleaning)
+        validate(examples)
+        check_unique_ids(examples)
+        self.split_info: dict[str, Any] = {}
+        splits, self.manifest_created = freeze_or_reuse(
+            self.study_dir, lambda: build_splits(examples, data.split, data.test_split, data.dedup, self.split_info), examples,
+            grouping=lambda: self.split_info.get("grouping"))
         self.dedup_dropped: list[str] = []
         if self.study.data.dedup.policy == "drop-from-train":
             from tuneproof.data.dedup import apply_policy, find_duplicates  # noqa: PLC0415
@@ -152,7 +158,27 @@ class StudyContext:
             }),
         }
         return {"hash": sha256_json(parts), "parts": parts,
-                "sizes": {n: len(v) for n, v in sorted(self.all_splits.items())}, "repairs": self.repairs}
+                "sizes": {n: len(v) for n, v in sorted(self.all_splits.items())}, "repairs": self.repairs,
+                "files": self.source_files}
+
+    @cached_property
+    def source_files(self) -> list[dict[str, Any]]:
+        """Every file the sources read (globs expanded): ``[{"path", "bytes", "sha256"}]``, paths
+        relative to the study folder when inside it. Listed in the data fingerprint (not hashed
+        into it: the examples' content is)."""
+        from tuneproof.io import sha256_file  # noqa: PLC0415
+
+        out = []
+        for src in self.study.data.sources:
+            for p in source_files(src, self.study_dir, self.data_root, self.study.data.fields):
+                if not p.is_file():
+                    continue
+                try:
+                    shown = p.resolve().relative_to(self.study_dir).as_posix()
+                except ValueError:
+                    shown = str(p)
+                out.append({"path": shown, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+        return out
 
     def eval_fingerprint(self, examples: list[Example] | None = None) -> dict[str, Any]:
         from tuneproof.evaluation.fingerprint import eval_fingerprint  # noqa: PLC0415

@@ -49,16 +49,24 @@ class Hypothesis(_Strict):
 
 # --------------------------------------------------------------------------- data
 class Source(_Strict):
-    path: str = Field(description="file or folder; relative paths are resolved from the study folder; '$DATA/...' from the data root")
-    format: Literal["csv", "json", "jsonl", "hf", "snips", "banking77"] = Field(description="file format or a built-in dataset reader")
-    split: str | None = Field(None, description="the split this file holds (train, validation, test), or None to split it")
+    path: str = Field(description="file or folder, or a glob pattern (folds/fold*.json); relative paths are resolved from the "
+                                  "study folder; '$DATA/...' from the data root")
+    format: Literal["csv", "json", "jsonl", "lines", "hf", "snips", "banking77"] = Field(
+        description="file format or a built-in dataset reader; lines: a split folder of line-aligned files (seq.in, label)")
+    split: str | None = Field(None, description="the split this file holds (train, validation, test), or None to split it "
+                                                "(format lines: default the folder's name)")
 
 
 class FieldMap(_Strict):
-    text: str = Field("text", description="column holding the input text")
-    label: str | None = Field(None, description="column holding the class label / category")
-    target: str | None = Field(None, description="column holding the expected output (extraction/format)")
+    """Column (or key, or file for ``format: lines``) names. A dotted name is a path into nested
+    JSON objects; ``target`` may be a mapping ``{out_key: column}`` building a JSON object."""
+
+    text: str = Field("text", description="column holding the input text (format lines: the text file, default seq.in)")
+    label: str | None = Field(None, description="column holding the class label / category (format lines: default label)")
+    target: str | dict[str, str] | None = Field(
+        None, description="column holding the expected output (extraction/format), or a mapping {key: column} building a JSON object")
     id: str | None = Field(None, description="column holding a stable id (default: file and line)")
+    optional: list[str] = Field(default_factory=list, description="columns (or target keys) that may be absent: null, counted by data check")
 
 
 class SplitPolicy(_Strict):
@@ -90,6 +98,8 @@ class Data(_Strict):
     split: SplitPolicy = Field(default_factory=SplitPolicy, description="split policy")
     test_split: str = Field("test", description="the reserved split; only `tuneproof test` reads it")
     dedup: Dedup = Field(default_factory=Dedup, description="cross-split duplicate detection")
+    max_chars: int = Field(100_000, ge=1, description="longest text or target accepted, in characters (checked before tokenising)")
+    min_class_examples: int = Field(10, ge=1, description="data check warns about classes with fewer examples in train or eval.split")
 
 
 # --------------------------------------------------------------------------- model & method

@@ -49,7 +49,12 @@ def _as_lengths(split: str, values: Any) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-def length_stats(lengths_by_split: dict[str, list[int]], max_length: int) -> dict[str, Any]:
+def round_up(tokens: int) -> int:
+    """``tokens`` rounded up to a multiple of 8 (at least 8)."""
+    return max(SUGGEST_MULTIPLE, math.ceil(tokens / SUGGEST_MULTIPLE) * SUGGEST_MULTIPLE)
+
+
+def length_stats(lengths_by_split: dict[str, list[int]], max_length: int, keep_whole: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Per-split token-length percentiles and the share truncated at ``max_length``.
 
     Args:
@@ -65,7 +70,11 @@ def length_stats(lengths_by_split: dict[str, list[int]], max_length: int) -> dic
       longer than ``max_length`` and ``truncated_share`` that number / ``n`` (0.0 for an empty
       split, whose percentiles and max are ``None``).
     - ``suggest_max_length``: :func:`suggest_max_length` of the ``train`` lengths (p99 rounded up
-      to a multiple of 8), ``None`` when there is no train split.
+      to a multiple of 8), ``None`` when there is no train split; never below ``whole_answers``.
+    - ``whole_answers``: with ``keep_whole`` (split -> tokens each example needs so that its
+      answer, end token included, is not cut: for a causal LM its full length), the largest of
+      them rounded up to a multiple of 8, else ``None``: the suggestion is raised to it, since a
+      cut answer loses its end token (a hard fault, see ``data.preprocess``).
     - ``suggest_rule``: that rule in words.
     - ``hard_faults``: always empty here (truncation that removes every supervised token is
       checked where the loss positions are known); ``warnings``: one line per split where some
@@ -106,12 +115,22 @@ def length_stats(lengths_by_split: dict[str, list[int]], max_length: int) -> dic
     train = lengths_by_split.get("train")
     if train is not None and splits["train"]["n"]:
         suggestion = suggest_max_length(train)
+    whole = None
+    if keep_whole:
+        needed = [int(v) for name, vals in keep_whole.items() for v in _as_lengths(name, vals)]
+        if needed:
+            whole = round_up(max(needed))
+            suggestion = whole if suggestion is None else max(suggestion, whole)
+    rule = "p99 of train token lengths (numpy linear), rounded up to a multiple of 8, at least 8"
+    if whole is not None:
+        rule += f"; raised to {whole} tokens so that every answer stays whole (longest example, rounded up)"
     return {
         "max_length": int(max_length),
         "percentile_method": PERCENTILE_METHOD,
         "splits": splits,
         "suggest_max_length": suggestion,
-        "suggest_rule": "p99 of train token lengths (numpy linear), rounded up to a multiple of 8, at least 8",
+        "suggest_rule": rule,
+        "whole_answers": whole,
         "hard_faults": [],
         "warnings": warnings,
     }

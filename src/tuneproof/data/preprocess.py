@@ -13,6 +13,7 @@ Sequence classification (encoders): the text is tokenised alone, the label is th
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,11 @@ class Encoded:
         n_supervised: supervised tokens after truncation (what the loss actually sees).
         faults: hard faults found while encoding (strings naming the problem).
         boundary_char: character offset of the answer in the training text.
+        answer_lost: supervised (answer) tokens removed by truncation at ``max_length``.
+        end_cut: the answer's end token is among the tokens removed by truncation.
+        prefix_diff: when the training text does not start with the inference prompt (CASES C3
+            kind): ``{"prompt", "training_prefix", "first_difference", "diff"}`` from the
+            template's own rendering, see :func:`char_diff`; else None.
     """
 
     id: str
@@ -54,6 +60,34 @@ class Encoded:
     class_index: int | None = None
     faults: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    answer_lost: int = 0
+    end_cut: bool = False
+    prefix_diff: dict[str, Any] | None = None
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible: newline ``\\n``, tab ``\\t``, space ``·``."""
+    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·")
+
+
+def char_diff(a: str, b: str) -> tuple[int | None, str]:
+    """Character-level diff of ``a`` (removed) against ``b`` (added), from
+    ``difflib.SequenceMatcher`` (autojunk off). Returns ``(first differing character offset or
+    None, marked text)``; the marked text is ``b``'s view with ``[-only in a-]`` and ``{+only in
+    b+}``, whitespace made visible (:func:`visible`)."""
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    parts: list[str] = []
+    first = None
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op == "equal":
+            parts.append(visible(a[i1:i2]))
+            continue
+        first = i1 if first is None else first
+        if i2 > i1:
+            parts.append(f"[-{visible(a[i1:i2])}-]")
+        if j2 > j1:
+            parts.append(f"{{+{visible(b[j1:j2])}+}}")
+    return first, "".join(parts)
 
 
 class TextPipeline:
@@ -124,9 +158,15 @@ class TextPipeline:
         full, start, end = self.training_text(ex.text, target)
         faults: list[str] = []
         notes: list[str] = []
+        prefix_diff = None
         if start < 0:
+            t_pos = full.find(target) if target else -1
+            prefix = full[:t_pos] if t_pos >= 0 else full[: len(prompt)]
+            first, marked = char_diff(prompt, prefix)
+            prefix_diff = {"prompt": prompt, "training_prefix": prefix, "first_difference": first, "diff": marked}
             faults.append("the training text does not start with the inference prompt (the chat template changes the prompt "
-                          "when an answer follows); the model would be trained on a prefix it never sees at inference")
+                          f"when an answer follows; first difference at character {first}); the model would be trained on a "
+                          "prefix it never sees at inference")
             start = len(prompt)
             full = prompt + target + (self.end_token or "")
             end = len(full)
@@ -156,6 +196,11 @@ class TextPipeline:
         answer_tokens = sum(1 for lab in labels if lab != IGNORE_INDEX) if self.loss == "answer_only" else len(a_ids)
         full_len = len(ids)
         truncated = full_len > self.max_length
+        cut = labels[self.max_length:]
+        # tokens of the answer (incl. its end token, the last one) that truncation removes
+        answer_lost = (sum(1 for lab in cut if lab != IGNORE_INDEX) if self.loss == "answer_only"
+                       else max(0, full_len - max(self.max_length, prompt_tokens)))
+        end_cut = answer_lost > 0
         ids, labels, offsets = ids[: self.max_length], labels[: self.max_length], offsets[: self.max_length]
         # position 0 is never a prediction target (nothing precedes it), see loss.token_loss_sum
         n_sup = sum(1 for lab in labels[1:] if lab != IGNORE_INDEX)
@@ -163,6 +208,9 @@ class TextPipeline:
             faults.append(
                 f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer {answer_tokens} tokens > max_length {self.max_length})"
             )
+        elif end_cut and self.end_token is not None:
+            faults.append(f"the answer is cut by max_length {self.max_length}: {answer_lost} of {answer_tokens} answer tokens lost, "
+                          f"the end token {self.end_token!r} among them (the model would never learn to stop)")
         elif not truncated and self.end_token is not None:
             end_id = self.tok.convert_tokens_to_ids(self.end_token)
             sup = [lab for lab in labels if lab != IGNORE_INDEX]
@@ -174,6 +222,7 @@ class TextPipeline:
             id=ex.id, category=ex.label, input_ids=ids, labels=labels, prompt_tokens=prompt_tokens,
             answer_tokens=answer_tokens, full_length=full_len, n_supervised=n_sup, truncated=truncated,
             text=full, boundary_char=start, offsets=offsets, faults=faults, notes=notes,
+            answer_lost=answer_lost, end_cut=end_cut, prefix_diff=prefix_diff,
         )
 
     def _encode_cls(self, ex: Example) -> Encoded:

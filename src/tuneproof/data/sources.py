@@ -1,17 +1,32 @@
-"""Loading examples from files: CSV, JSON, JSONL, a local Hugging Face ``datasets`` folder, and the
-two built-in real datasets (SNIPS for extraction, BANKING77 for classification).
+"""Loading examples from files: CSV, JSON, JSONL, line-aligned text files (``lines``), a local
+Hugging Face ``datasets`` folder, and the two built-in real datasets (SNIPS for extraction,
+BANKING77 for classification).
 
 Every loader returns :class:`~tuneproof.data.examples.Example` objects whose ``source`` names
 the file and line, and raises :class:`~tuneproof.errors.TuneproofError` naming the file, line or
 column on bad input (missing file, wrong column, broken encoding, a CSV row with the wrong number
-of fields, an empty label).
+of fields, a missing-value label such as ``NaN``, a text that is not a string, a text longer than
+``data.max_chars``, a file without examples).
+
+Empty texts are *not* refused here: the cleaning rules act first (``drop_empty`` drops them and
+the data check lists each ``file:line``), then :func:`tuneproof.data.cleaning.validate` refuses
+what is left (see ``context.StudyContext.all_splits``).
+
+Field mapping (``data.fields``): ``text``, ``label``, ``id`` name a column or key; ``target`` names
+one, or is a mapping ``{out_key: column}`` that builds a JSON object per example. A name with dots
+(``meta.intent``) is a path into nested JSON objects when no key has that literal name. Names in
+``fields.optional`` may be absent: the value is ``null`` and the example records it in
+``meta["absent"]`` (counted by the data check).
 """
 
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,54 +38,158 @@ SNIPS_INTENTS = (
     "AddToPlaylist", "BookRestaurant", "GetWeather", "PlayMusic", "RateBook", "SearchCreativeWork", "SearchScreeningEvent",
 )
 
-
-def _field(row: dict[str, Any], name: str | None, where: str, available: list[str]) -> Any:
-    if name is None:
-        return None
-    if name not in row:
-        raise TuneproofError(
-            f"{where}: column '{name}' not found (columns: {', '.join(available)})",
-            hint="fix data.fields in tuneproof.yaml",
-        )
-    return row[name]
+#: default of ``data.max_chars``: characters per text (or target) accepted before tokenising.
+DEFAULT_MAX_CHARS = 100_000
+#: label values that mean "missing" (compared stripped and case-insensitively); pandas writes NaN,
+#: Python None, JSON null.
+MISSING_LABELS = frozenset({"", "nan", "none", "null"})
+#: default files of ``format: lines`` (the ATIS/SNIPS "seq.in / label" layout)
+LINES_TEXT, LINES_LABEL = "seq.in", "label"
+_MISSING = object()
 
 
-def _to_example(row: dict[str, Any], fields, where: str, default_id: str, split: str | None, available: list[str]) -> Example:
-    text = _field(row, fields.text, where, available)
-    label = _field(row, fields.label, where, available)
-    target = _field(row, fields.target, where, available)
-    if text is None or (isinstance(text, str) and not text.strip()):
-        raise TuneproofError(f"{where}: empty text in column '{fields.text}'")
-    if fields.label is not None and (label is None or str(label).strip() == ""):
-        raise TuneproofError(f"{where}: empty label in column '{fields.label}'", hint="fill or drop the row")
-    if target is not None and not isinstance(target, str):
-        target = json.dumps(target, ensure_ascii=False)
-    ex_id = str(_field(row, fields.id, where, available)) if fields.id else default_id
-    label = None if label is None else str(label)
-    if target is None and label is not None:
-        target = label
-    return Example(id=ex_id, text=str(text), label=label, target=target, source=where, split=split)
+def _lookup(row: Any, name: str) -> Any:
+    """``row[name]``, else the dotted path ``a.b.c`` into nested objects, else ``_MISSING``."""
+    if isinstance(row, dict) and name in row:
+        return row[name]
+    if "." not in name:
+        return _MISSING
+    node = row
+    for part in name.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
 
 
-def load_csv(path: Path, fields, split: str | None = None) -> tuple[list[Example], list[str]]:
+class _Mapper:
+    """Applies ``data.fields`` to one record (a dict) and validates the values."""
+
+    def __init__(self, fields, max_chars: int = DEFAULT_MAX_CHARS):
+        self.fields = fields
+        self.optional = set(getattr(fields, "optional", None) or [])
+        self.max_chars = max_chars
+
+    def _get(self, row, name: str, out_key: str, where: str, available: list[str], absent: list[str]) -> Any:
+        value = _lookup(row, name)
+        if value is _MISSING:
+            if name in self.optional or out_key in self.optional:
+                absent.append(out_key)
+                return None
+            raise TuneproofError(
+                f"{where}: column '{name}' not found (columns: {', '.join(map(str, available))})",
+                hint="fix data.fields in tuneproof.yaml (or list it in data.fields.optional)",
+            )
+        return value
+
+    def _check_chars(self, value: str, what: str, where: str) -> None:
+        if len(value) > self.max_chars:
+            raise TuneproofError(
+                f"{where}: {what} is {len(value):,} characters, over data.max_chars {self.max_chars:,}",
+                hint="fix the line, or raise data.max_chars in tuneproof.yaml",
+            )
+
+    def example(self, row: dict[str, Any], where: str, default_id: str, split: str | None, available: list[str],
+                meta: dict[str, Any] | None = None) -> Example:
+        f = self.fields
+        absent: list[str] = []
+        text = self._get(row, f.text, "text", where, available, absent)
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise TuneproofError(f"{where}: text in column '{f.text}' is {type(text).__name__} {json.dumps(text)[:40]}, not a string",
+                                 hint="texts must be strings; quote the value or fix data.fields.text")
+        self._check_chars(text, f"the text in column '{f.text}'", where)
+        label = None
+        if f.label is not None:
+            label = self._get(row, f.label, "label", where, available, absent)
+            if label is None and "label" in absent:
+                pass
+            elif _missing_label(label):
+                shown = "empty" if label is None or (isinstance(label, str) and not label.strip()) else repr(label)
+                raise TuneproofError(f"{where}: {shown} label in column '{f.label}' (a missing value, not a class)",
+                                     hint="fill or drop the row")
+            else:
+                label = label if isinstance(label, list) else str(label)
+                if isinstance(label, list):  # multi-label: kept as its JSON text (see audit.py)
+                    label = json.dumps(label, ensure_ascii=False)
+        if isinstance(f.target, dict):
+            obj = {key: self._get(row, col, key, where, available, absent) for key, col in f.target.items()}
+            target = json.dumps(obj, ensure_ascii=False)
+        elif f.target is not None:
+            target = self._get(row, f.target, "target", where, available, absent)
+            if target is not None and not isinstance(target, str):
+                target = json.dumps(target, ensure_ascii=False)
+        else:
+            target = None
+        if target is not None:
+            self._check_chars(target, "the target", where)
+        ex_id = default_id
+        if f.id:
+            raw_id = self._get(row, f.id, "id", where, available, absent)
+            ex_id = default_id if raw_id is None else str(raw_id)
+        if target is None and label is not None:
+            target = label
+        meta = dict(meta or {})
+        if absent:
+            meta["absent"] = absent
+        return Example(id=ex_id, text=text, label=label, target=target, source=where, split=split, meta=meta)
+
+
+def _missing_label(label: Any) -> bool:
+    if label is None:
+        return True
+    if isinstance(label, float) and math.isnan(label):
+        return True
+    return isinstance(label, str) and label.strip().casefold() in MISSING_LABELS
+
+
+def _columns(fields) -> list[str]:
+    """The column names ``fields`` reads (target mapping values included), optional ones excluded."""
+    optional = set(getattr(fields, "optional", None) or [])
+    names = [fields.text, fields.label, fields.id]
+    if isinstance(fields.target, dict):
+        names += [c for k, c in fields.target.items() if k not in optional]
+    else:
+        names.append(fields.target)
+    return [n for n in names if n is not None and n not in optional]
+
+
+def load_csv(path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS,
+             id_prefix: str | None = None) -> tuple[list[Example], list[str]]:
     """Read a CSV with a header row. Returns ``(examples, repairs)``.
 
     Raises:
-        TuneproofError: missing file, not UTF-8 (byte offset), missing column, a row whose number
-            of fields differs from the header (line number), an empty text or label.
+        TuneproofError: missing file, not UTF-8 (byte offset), an empty or header-only file, missing
+            column, a row whose number of fields differs from the header (line number), a
+            missing-value label, a text over ``max_chars`` characters.
     """
     text, repairs = read_text(path)
+    # the csv module refuses fields over 128 KiB with a bare error; lengths are checked per field instead
+    csv.field_size_limit(sys.maxsize)
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)
     except StopIteration:
-        raise TuneproofError(f"{path}: empty CSV file") from None
-    for key in ("text", "label", "target", "id"):
-        col = getattr(fields, key)
-        if col is not None and col not in header:
+        raise TuneproofError(f"{path}: empty file, no header and no examples", hint="fix data.sources[].path") from None
+    except csv.Error as err:
+        raise TuneproofError(f"{path}:1: malformed CSV header ({err})") from None
+    for col in _columns(fields):
+        if col not in header:
             raise TuneproofError(f"{path}:1: column '{col}' not found (columns: {', '.join(header)})", hint="fix data.fields in tuneproof.yaml")
+    mapper = _Mapper(fields, max_chars)
+    prefix = id_prefix or path.stem
     out = []
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:
+            raise TuneproofError(f"{path}:{reader.line_num}: malformed CSV ({err})", hint="quote fields that contain quotes or newlines") from None
         line = reader.line_num
         if not row:
             continue
@@ -80,12 +199,20 @@ def load_csv(path: Path, fields, split: str | None = None) -> tuple[list[Example
                 hint="quote fields that contain commas",
             )
         rec = dict(zip(header, row))
-        out.append(_to_example(rec, fields, f"{path}:{line}", f"{path.stem}:{line}", split, header))
+        out.append(mapper.example(rec, f"{path}:{line}", f"{prefix}:{line}", split, header))
+    if not out:
+        raise TuneproofError(f"{path}: header only, no examples (columns: {', '.join(header)})", hint="fix data.sources[].path")
     return out, repairs
 
 
-def load_json_records(path: Path, fields, split: str | None = None, *, lines: bool) -> tuple[list[Example], list[str]]:
-    """Read a JSON list of objects (``lines=False``) or JSON Lines (``lines=True``)."""
+def load_json_records(path: Path, fields, split: str | None = None, *, lines: bool, max_chars: int = DEFAULT_MAX_CHARS,
+                      id_prefix: str | None = None) -> tuple[list[Example], list[str]]:
+    """Read a JSON list of objects (``lines=False``) or JSON Lines (``lines=True``).
+
+    Raises:
+        TuneproofError: invalid JSON (line), a record that is not an object, no records at all, a
+            missing key, a missing-value label, a text that is not a string or over ``max_chars``.
+    """
     text, repairs = read_text(path)
     records: list[tuple[str, dict]] = []
     if lines:
@@ -97,6 +224,8 @@ def load_json_records(path: Path, fields, split: str | None = None, *, lines: bo
             except json.JSONDecodeError as err:
                 raise TuneproofError(f"{path}:{lineno}: invalid JSON line ({err.msg})") from None
     else:
+        if not text.strip():
+            raise TuneproofError(f"{path}: empty file, no examples", hint="fix data.sources[].path")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -106,15 +235,76 @@ def load_json_records(path: Path, fields, split: str | None = None, *, lines: bo
         if not isinstance(data, list):
             raise TuneproofError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
         records = [(f"{path}#{i}", r) for i, r in enumerate(data)]
+    if not records:
+        raise TuneproofError(f"{path}: {'empty file' if not text.strip() else 'no records'}, no examples", hint="fix data.sources[].path")
+    mapper = _Mapper(fields, max_chars)
+    prefix = id_prefix or path.stem
     out = []
     for i, (where, rec) in enumerate(records):
         if not isinstance(rec, dict):
             raise TuneproofError(f"{where}: expected an object, got {type(rec).__name__}")
-        out.append(_to_example(rec, fields, where, f"{path.stem}:{i}", split, list(rec)))
+        out.append(mapper.example(rec, where, f"{prefix}:{i}", split, list(rec)))
     return out, repairs
 
 
-def load_hf_dir(path: Path, fields, split: str | None = None) -> tuple[list[Example], list[str]]:
+def lines_files(folder: Path, fields) -> dict[str, str]:
+    """For ``format: lines``: ``{field key: file name}`` read in ``folder`` (text, label, target
+    parts), defaults ``seq.in`` for the text and ``label`` for the label; a label file that is
+    absent and not named in ``data.fields`` means no labels."""
+    set_ = getattr(fields, "model_fields_set", set())
+    text = fields.text if "text" in set_ else LINES_TEXT
+    label = fields.label if "label" in set_ else (LINES_LABEL if (folder / LINES_LABEL).is_file() else None)
+    files = {"text": text}
+    if label:
+        files["label"] = label
+    if isinstance(fields.target, dict):
+        files.update({f"target.{k}": v for k, v in fields.target.items()})
+    elif fields.target:
+        files["target"] = fields.target
+    if fields.id:
+        files["id"] = fields.id
+    return files
+
+
+def load_lines(folder: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
+    """Read line-aligned files in one split folder: line *i* of each file is example *i*
+    (e.g. ``train/seq.in`` beside ``train/label``). ``data.fields`` entries name the files.
+
+    The split is ``split`` when given, else the folder's name. Ids are ``<folder>:<line>``.
+
+    Raises:
+        TuneproofError: folder or file missing, empty text file, line counts that differ (names
+            both files and counts), and the per-value errors of the other loaders.
+    """
+    if not folder.is_dir():
+        raise TuneproofError(f"{folder}: folder not found (format 'lines' reads a split folder holding {LINES_TEXT} and {LINES_LABEL})",
+                             hint="fix data.sources[].path")
+    names = lines_files(folder, fields)
+    optional = set(getattr(fields, "optional", None) or [])
+    columns: dict[str, list[str]] = {}
+    repairs: list[str] = []
+    for name in dict.fromkeys(names.values()):
+        path = folder / name
+        if not path.is_file() and name in optional:
+            continue
+        text, rep = read_text(path)
+        repairs += rep
+        columns[name] = text.splitlines()
+    text_file = names["text"]
+    n = len(columns[text_file])
+    if n == 0:
+        raise TuneproofError(f"{folder / text_file}: empty file, no examples", hint="fix data.sources[].path")
+    for name, rows in columns.items():
+        if len(rows) != n:
+            raise TuneproofError(f"{folder / text_file} has {n} lines but {folder / name} has {len(rows)}: line-aligned files must have "
+                                 "the same number of lines", hint="line i of every file is example i; fix the shorter file")
+    mapper = _Mapper(fields.model_copy(update={"text": text_file, "label": names.get("label"), "id": names.get("id")}), max_chars)
+    split = split or folder.name
+    return [mapper.example({k: v[i] for k, v in columns.items()}, f"{folder / text_file}:{i + 1}", f"{folder.name}:{i + 1}",
+                           split, list(columns)) for i in range(n)], repairs
+
+
+def load_hf_dir(path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
     """Read a local folder written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``).
 
     Each split of a DatasetDict becomes that split; a single Dataset takes ``split``.
@@ -127,11 +317,14 @@ def load_hf_dir(path: Path, fields, split: str | None = None) -> tuple[list[Exam
         raise TuneproofError(f"{path}: folder not found")
     ds = datasets.load_from_disk(str(path))
     parts = ds.items() if isinstance(ds, datasets.DatasetDict) else [(split, ds)]
+    mapper = _Mapper(fields, max_chars)
     out = []
     for name, d in parts:
         cols = list(d.column_names)
         for i, rec in enumerate(d):
-            out.append(_to_example(rec, fields, f"{path}[{name}]#{i}", f"{name}:{i}", name, cols))
+            out.append(mapper.example(rec, f"{path}[{name}]#{i}", f"{name}:{i}", name, cols))
+    if not out:
+        raise TuneproofError(f"{path}: no examples", hint="fix data.sources[].path")
     return out, []
 
 
@@ -188,42 +381,126 @@ def load_snips(root: Path) -> tuple[list[Example], list[str]]:
     return out, repairs
 
 
-def load_banking77(root: Path) -> tuple[list[Example], list[str]]:
-    """Read BANKING77 (``train.csv``, ``test.csv`` with header ``text,category``). Ids are ``train:LINE``."""
+def load_banking77(root: Path, fields=None, *, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
+    """Read BANKING77 (``train.csv``, ``test.csv`` with header ``text,category``). Ids are ``train:LINE``.
+
+    ``fields`` (the study's ``data.fields``) is applied over the built-in mapping ``text: text,
+    label: category``: only the keys the study sets change, and a column the files lack is
+    refused naming the file (it is never silently ignored).
+    """
     from tuneproof.study import FieldMap  # noqa: PLC0415
 
-    fields = FieldMap(text="text", label="category")
+    given = {k: getattr(fields, k) for k in getattr(fields, "model_fields_set", ())} if fields is not None else {}
+    fields = FieldMap(**{"text": "text", "label": "category", **given})
     if not root.is_dir():
         raise TuneproofError(f"{root}: BANKING77 folder not found", hint="pass --data DIR holding banking77/ (see README)")
     out, repairs = [], []
     for split in ("train", "test"):
-        ex, rep = load_csv(root / f"{split}.csv", fields, split=split)
+        ex, rep = load_csv(root / f"{split}.csv", fields, split=split, max_chars=max_chars)
         out += ex
         repairs += rep
     return out, repairs
 
 
-def load_source(src, fields, base_dir: Path, data_root: Path | None = None) -> tuple[list[Example], list[str]]:
-    """Load one ``data.sources`` entry of the study file. ``$DATA/`` in a path means the data root."""
-    raw = src.path
+BUILTIN_FILES = {
+    "banking77": ["train.csv", "test.csv"],
+    "snips": [f"{i}/{n}" for i in SNIPS_INTENTS for n in (f"train_{i}_full.json", f"validate_{i}.json")],
+}
+_GLOB_CHARS = "*?["
+
+
+def resolve_path(raw: str, base_dir: Path, data_root: Path | None = None) -> Path:
+    """A ``data.sources[].path`` as a path: ``$DATA/...`` from the data root, relative paths from
+    the study folder (``base_dir``)."""
     if raw.startswith("$DATA/") or raw == "$DATA":
         if data_root is None:
             from tuneproof.data.locate import find_data_root  # noqa: PLC0415
 
             data_root = find_data_root()
-        path = data_root / raw[len("$DATA/"):]
+        return data_root / raw[len("$DATA/"):]
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+def expand(src, base_dir: Path, data_root: Path | None = None) -> list[Path]:
+    """The files (or, for ``lines`` / ``hf`` / built-ins, folders) one source entry names: its
+    path, or every match of a glob pattern (``folds/fold*.json``, ``train/*.jsonl``), sorted.
+
+    Raises:
+        TuneproofError: a glob pattern that matches nothing (names the pattern).
+    """
+    path = resolve_path(src.path, base_dir, data_root)
+    if not any(c in src.path for c in _GLOB_CHARS):
+        return [path]
+    matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+    if src.format in ("lines", "hf"):
+        matches = [p for p in matches if p.is_dir()]
     else:
-        path = Path(raw).expanduser()
-        if not path.is_absolute():
-            path = base_dir / path
+        matches = [p for p in matches if p.is_file()]
+    if not matches:
+        raise TuneproofError(f"{path}: the pattern matches no {'folder' if src.format in ('lines', 'hf') else 'file'}",
+                             hint="fix data.sources[].path in tuneproof.yaml")
+    return matches
+
+
+def source_files(src, base_dir: Path, data_root: Path | None = None, fields=None) -> list[Path]:
+    """Every file one source entry reads (globs expanded, folder formats listed), for the data
+    fingerprint."""
+    out: list[Path] = []
+    for p in expand(src, base_dir, data_root):
+        if src.format in BUILTIN_FILES:
+            out += [p / n for n in BUILTIN_FILES[src.format]]
+        elif src.format == "lines" and fields is not None:
+            out += [p / n for n in dict.fromkeys(lines_files(p, fields).values()) if (p / n).is_file()]
+        elif p.is_dir():
+            out += sorted(q for q in p.rglob("*") if q.is_file())
+        else:
+            out.append(p)
+    return out
+
+
+def _glob_root(pattern: str) -> Path:
+    parts = Path(pattern).parts
+    fixed = [p for p in parts[: next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))]]
+    return Path(*fixed) if fixed else Path(".")
+
+
+def load_source(src, fields, base_dir: Path, data_root: Path | None = None, *,
+                max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
+    """Load one ``data.sources`` entry of the study file. ``$DATA/`` in a path means the data root;
+    a glob pattern loads every match (sorted) as one source, ids prefixed by the match's path
+    below the pattern's fixed folder (``folds/fold*.json`` -> ``fold1:0``, ``fold2:0``).
+
+    Raises:
+        TuneproofError: see the loaders; ``data.fields`` set for ``snips`` (its fields are fixed).
+    """
+    paths = expand(src, base_dir, data_root)
+    globbed = any(c in src.path for c in _GLOB_CHARS)
+    root = _glob_root(str(resolve_path(src.path, base_dir, data_root))) if globbed else None
+    out: list[Example] = []
+    repairs: list[str] = []
+    for path in paths:
+        prefix = path.relative_to(root).with_suffix("").as_posix() if globbed else None
+        ex, rep = _load_one(src, path, fields, max_chars, prefix)
+        out += ex
+        repairs += rep
+    return out, repairs
+
+
+def _load_one(src, path: Path, fields, max_chars: int, prefix: str | None) -> tuple[list[Example], list[str]]:
     if src.format == "snips":
+        if getattr(fields, "model_fields_set", None):
+            raise TuneproofError(f"data.fields ({', '.join(sorted(fields.model_fields_set))}) does not apply to format 'snips': its "
+                                 "text, label (intent) and target (intent + slots) are fixed", hint="remove data.fields from tuneproof.yaml")
         return load_snips(path)
     if src.format == "banking77":
-        return load_banking77(path)
+        return load_banking77(path, fields, max_chars=max_chars)
     if src.format == "hf":
-        return load_hf_dir(path, fields, src.split)
+        return load_hf_dir(path, fields, src.split, max_chars=max_chars)
+    if src.format == "lines":
+        return load_lines(path, fields, src.split, max_chars=max_chars)
     if not path.exists():
         raise TuneproofError(f"{path}: file not found", hint="fix data.sources[].path in tuneproof.yaml")
     if src.format == "csv":
-        return load_csv(path, fields, src.split)
-    return load_json_records(path, fields, src.split, lines=src.format == "jsonl")
+        return load_csv(path, fields, src.split, max_chars=max_chars, id_prefix=prefix)
+    return load_json_records(path, fields, src.split, lines=src.format == "jsonl", max_chars=max_chars, id_prefix=prefix)

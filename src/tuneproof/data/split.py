@@ -1,5 +1,11 @@
 """Deterministic, seeded, stratified splits and the frozen split manifest.
 
+When tuneproof cuts splits itself (``data.split.fractions`` for sources without a split, or
+``carve_from``), identical and near-identical texts (the ``data.dedup`` settings: exact,
+normalised, MinHash near-duplicates, see :mod:`tuneproof.data.dedup`) form one group and a group
+goes to one split whole, so tuneproof's own split never creates cross-split duplicates. The
+manifest records that grouping rule.
+
 The manifest ``splits.json`` (example ids per split) is written once, the first time a study's
 data is prepared, and reused by every later run, so all runs see the same split. The reserved
 test split is withheld from every stage except ``tuneproof test``.
@@ -44,54 +50,139 @@ def stratified_take(examples: list[Example], n: int, seed: int) -> list[Example]
     return sorted(picked, key=lambda e: e.id)
 
 
-def stratified_split(examples: list[Example], fractions: dict[str, float], seed: int) -> dict[str, list[Example]]:
-    """Split by label with the given fractions (they must sum to 1 within 1e-6).
+def duplicate_groups(examples: list[Example], dedup=None) -> list[int]:
+    """Group index of each example: examples linked by an exact, normalised or near-duplicate pair
+    (``find_duplicates`` with the ``data.dedup`` settings; transitive closure) share a group.
+    Group indices follow the first member's position. ``dedup`` None: the default settings.
 
-    For each label the examples are shuffled with ``seed`` and cut by cumulative fractions, so each
-    split keeps the label proportions (rounding goes to the last split).
+    Raises:
+        TuneproofError: duplicate ids or invalid settings (from ``find_duplicates``).
     """
+    from tuneproof.data.dedup import find_duplicates  # noqa: PLC0415
+
+    if not examples:
+        return []
+    kw = {} if dedup is None else {"threshold": dedup.threshold, "shingles": dedup.shingles, "ngram": dedup.ngram, "num_perm": dedup.num_perm}
+    report = find_duplicates({"pool": list(examples)}, **kw)
+    index = {ex.id: i for i, ex in enumerate(examples)}
+    parent = list(range(len(examples)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for c in report.pair("pool", "pool").collisions:
+        a, b = find(index[c.id_a]), find(index[c.id_b])
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    roots = [find(i) for i in range(len(examples))]
+    renumber: dict[int, int] = {}
+    return [renumber.setdefault(r, len(renumber)) for r in roots]
+
+
+def grouping_rule(dedup=None) -> dict:
+    """The grouping rule as recorded in the manifest."""
+    from tuneproof.study import Dedup  # noqa: PLC0415
+
+    d = dedup or Dedup()
+    return {"rule": "exact, normalised and near-duplicate texts (data.dedup settings) are kept in one split",
+            "threshold": d.threshold, "shingles": d.shingles, "ngram": d.ngram, "num_perm": d.num_perm}
+
+
+def _check_fractions(fractions: dict[str, float]) -> None:
+    bad = {k: v for k, v in fractions.items() if not (0.0 <= v <= 1.0)}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise TuneproofError(f"data.split.fractions.{k} is {v:g}: each fraction must be between 0 and 1",
+                             hint="e.g. {train: 0.8, validation: 0.1, test: 0.1}")
     total = sum(fractions.values())
     if abs(total - 1.0) > 1e-6:
         raise TuneproofError(f"data.split.fractions sum to {total:.4f}, not 1", hint="e.g. {train: 0.8, validation: 0.1, test: 0.1}")
+
+
+def stratified_split(examples: list[Example], fractions: dict[str, float], seed: int,
+                     groups: list[int] | None = None) -> dict[str, list[Example]]:
+    """Split by label with the given fractions (each in [0, 1], summing to 1 within 1e-6).
+
+    For each label the examples are shuffled with ``seed`` and cut by cumulative fractions, so each
+    split keeps the label proportions (rounding goes to the last split). With ``groups`` (a group
+    index per example, :func:`duplicate_groups`), whole groups are shuffled and assigned: a group
+    goes to the first split (in ``fractions`` order) still under its target count
+    ``round(fraction * n)``, else to the last one; a group's label is its lowest-id member's.
+    Without duplicates this is the same split as without groups.
+
+    Raises:
+        TuneproofError: a fraction outside [0, 1] (names the key), or fractions not summing to 1.
+    """
+    _check_fractions(fractions)
     rng = np.random.default_rng(seed)
-    by_label: dict[str | None, list[Example]] = defaultdict(list)
-    for ex in examples:
-        by_label[ex.label].append(ex)
+    if groups is None:
+        groups = list(range(len(examples)))
+    members: dict[int, list[Example]] = defaultdict(list)
+    for ex, g in zip(examples, groups):
+        members[g].append(ex)
+    by_label: dict[str | None, list[list[Example]]] = defaultdict(list)
+    for g in members.values():
+        g.sort(key=lambda e: e.id)
+        by_label[g[0].label].append(g)
     out: dict[str, list[Example]] = {name: [] for name in fractions}
     names = list(fractions)
     for label in sorted(by_label, key=lambda x: (x is None, str(x))):
-        items = sorted(by_label[label], key=lambda e: e.id)
+        items = sorted(by_label[label], key=lambda g: g[0].id)
         items = [items[i] for i in rng.permutation(len(items))]
-        start = 0
-        for k, name in enumerate(names):
-            end = len(items) if k == len(names) - 1 else start + int(round(fractions[name] * len(items)))
-            out[name] += items[start:end]
-            start = end
+        n = sum(len(g) for g in items)
+        targets = [int(round(fractions[name] * n)) for name in names[:-1]]
+        counts = [0] * len(names)
+        for g in items:
+            k = next((k for k, t in enumerate(targets) if counts[k] < t), len(names) - 1)
+            counts[k] += len(g)
+            out[names[k]] += g
     return {k: sorted(v, key=lambda e: e.id) for k, v in out.items()}
 
 
-def build_splits(examples: list[Example], policy, test_split: str) -> dict[str, list[Example]]:
-    """Assign every example to a split.
-
-    Examples whose source gives a split keep it; the rest are split by ``policy.fractions``. When no
-    split named in ``policy.fractions`` is given by the sources and ``policy.carve_from`` is set, it is
-    carved out of that split (stratified, with its fraction; e.g. a test split out of train). ``policy.max_examples`` then
-    caps splits by a stratified subset.
-
-    Raises:
-        TuneproofError: an empty split, or duplicate example ids.
-    """
+def check_unique_ids(examples: list[Example]) -> None:
+    """Raises :class:`TuneproofError` naming both sources of the first duplicated example id."""
     seen: dict[str, str] = {}
     for ex in examples:
         if ex.id in seen:
             raise TuneproofError(f"duplicate example id '{ex.id}' ({seen[ex.id]} and {ex.source})", hint="set data.fields.id to a unique column")
         seen[ex.id] = ex.source
+
+
+def build_splits(examples: list[Example], policy, test_split: str, dedup=None, info: dict | None = None) -> dict[str, list[Example]]:
+    """Assign every example to a split.
+
+    Examples whose source gives a split keep it; the rest are split by ``policy.fractions``. When no
+    split named in ``policy.fractions`` is given by the sources and ``policy.carve_from`` is set, it is
+    carved out of that split (stratified, with its fraction; e.g. a test split out of train). ``policy.max_examples`` then
+    caps splits by a stratified subset. Whenever tuneproof cuts a split itself, duplicate groups
+    (:func:`duplicate_groups` with ``dedup``, the ``data.dedup`` settings) stay whole; ``info``,
+    when given, receives ``{"grouping": rule, "groups_kept_whole": number of groups of 2+}``.
+
+    Raises:
+        TuneproofError: an empty split, duplicate example ids, fractions outside [0, 1].
+    """
+    check_unique_ids(examples)
     splits: dict[str, list[Example]] = defaultdict(list)
     unsplit = []
     for ex in examples:
         (splits[ex.split].append(ex) if ex.split else unsplit.append(ex))
+    grouped = 0
+
+    def cut(pool: list[Example], fractions: dict[str, float]) -> dict[str, list[Example]]:
+        nonlocal grouped
+        _check_fractions(fractions)
+        groups = duplicate_groups(pool, dedup)
+        sizes = defaultdict(int)
+        for g in groups:
+            sizes[g] += 1
+        grouped += sum(1 for v in sizes.values() if v > 1)
+        return stratified_split(pool, fractions, policy.seed, groups)
+
     if unsplit:
-        for name, items in stratified_split(unsplit, policy.fractions, policy.seed).items():
+        for name, items in cut(unsplit, policy.fractions).items():
             splits[name] += items
     if policy.carve_from:
         if policy.carve_from not in splits:
@@ -101,11 +192,14 @@ def build_splits(examples: list[Example], policy, test_split: str) -> dict[str, 
             rest = 1.0 - sum(missing.values())
             if rest <= 0:
                 raise TuneproofError(f"data.split.fractions of the carved splits {sorted(missing)} leave nothing in '{policy.carve_from}'")
-            parts = stratified_split(splits[policy.carve_from], {policy.carve_from: rest, **missing}, policy.seed)
+            parts = cut(splits[policy.carve_from], {policy.carve_from: rest, **missing})
             splits.update(parts)
     for name, cap in policy.max_examples.items():
         if name in splits:
             splits[name] = stratified_take(splits[name], cap, policy.seed)
+    if info is not None:
+        info["grouping"] = grouping_rule(dedup)
+        info["groups_kept_whole"] = grouped
     result = {}
     for name, items in splits.items():
         if not items:
@@ -114,15 +208,23 @@ def build_splits(examples: list[Example], policy, test_split: str) -> dict[str, 
     return result
 
 
-def manifest_of(splits: dict[str, list[Example]]) -> dict:
-    return {"splits": {name: [e.id for e in items] for name, items in sorted(splits.items())},
-            "hash": sha256_json({n: [e.id for e in v] for n, v in sorted(splits.items())})}
+def manifest_of(splits: dict[str, list[Example]], grouping: dict | None = None) -> dict:
+    """The manifest: example ids per split, their hash, and (when tuneproof cut splits) the grouping rule."""
+    out = {"splits": {name: [e.id for e in items] for name, items in sorted(splits.items())},
+           "hash": sha256_json({n: [e.id for e in v] for n, v in sorted(splits.items())})}
+    if grouping is not None:
+        out["grouping"] = grouping
+    return out
 
 
 def freeze_or_reuse(
-    study_dir: Path, splits: dict[str, list[Example]], examples: list[Example]
+    study_dir: Path, splits, examples: list[Example], grouping: dict | None = None
 ) -> tuple[dict[str, list[Example]], bool]:
     """Write ``splits.json`` the first time; afterwards rebuild the splits from it.
+
+    ``splits`` is the split dict, or a zero-argument callable returning it (only called when no
+    manifest exists yet, so a frozen study does not cut again). ``grouping`` (or the callable's
+    ``grouping`` entry in an ``info`` dict it filled) is recorded in the manifest.
 
     Returns ``(splits, created)``.
 
@@ -131,7 +233,9 @@ def freeze_or_reuse(
     """
     path = study_dir / MANIFEST
     if not path.exists():
-        write_json(path, manifest_of(splits))
+        if callable(splits):
+            splits = splits()
+        write_json(path, manifest_of(splits, grouping() if callable(grouping) else grouping))
         return splits, True
     frozen = read_json(path)["splits"]
     by_id = {e.id: e for e in examples}

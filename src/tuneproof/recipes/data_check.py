@@ -9,7 +9,12 @@ Features:
   labels, targets that are not strict JSON (CASES C16), missing required fields;
 - the exact preprocessing of the trainer on every train and eval example: 0 supervised tokens
   (C4), end token not supervised (C2), boundary inside a token (C3), prefix mismatch;
-- token lengths per split (p50, p95, max), share truncated, suggested max_length;
+- token lengths per split (p50, p95, max), share truncated, suggested max_length (never below the
+  length that keeps every answer whole);
+- checks that state their result also when they find nothing (``checks``): empty texts dropped by
+  the cleaning rules (file:line of each), duplicates across splits, classes under
+  ``data.min_class_examples`` in train and the eval split, answers cut by ``training.max_length``
+  (count, ids, answer tokens lost), optional keys absent.
 - the hypothesis against the data, before the run (bad input, exit 2): a guard's ``classes`` that
   are not labels, a format rule (``eval.regex`` / ``eval.json_schema``) no gold target satisfies.
 Hard faults fail the run (exit 3) after the report is written.
@@ -40,21 +45,40 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     if ctx.task in ("extraction", "format"):
         targets = audit_targets([e for v in splits.values() for e in v], s.hypothesis.required_fields or None)
     encoded = {name: ctx.pipeline.encode_all(items) for name, items in splits.items() if name != s.data.test_split}
-    faults = [{"id": e.id, "split": name, "prompt_tokens": e.prompt_tokens, "answer_tokens": e.answer_tokens, "fault": f}
+    faults = [{"id": e.id, "split": name, "prompt_tokens": e.prompt_tokens, "answer_tokens": e.answer_tokens, "fault": f,
+               **({"prefix_diff": e.prefix_diff} if e.prefix_diff and "inference prompt" in f else {})}
               for name, items in encoded.items() for e in items for f in e.faults]
-    lengths = length_stats({name: [e.full_length for e in items] for name, items in encoded.items()}, s.training.max_length)
+    generative = ctx.pipeline.labels is None
+    lengths = length_stats({name: [e.full_length for e in items] for name, items in encoded.items()}, s.training.max_length,
+                           keep_whole={n: [e.full_length for e in v] for n, v in encoded.items()} if generative else None)
+    checks = _checks(ctx, dedup, encoded, generative)
     hard = list(labels.get("hard_faults", [])) + (targets or {}).get("hard_faults", []) + [
         f"{f['split']}/{f['id']}: {f['fault']}" for f in faults]
     warnings = list(labels.get("warnings", [])) + lengths.get("warnings", []) + [
-        line for line in dedup.summary_lines() if "no duplicates" not in line]
+        line for line in dedup.summary_lines() if "no duplicates" not in line] + checks["warnings"]
     return {
         "fingerprint": ctx.data_fingerprint(), "manifest_created": getattr(ctx, "manifest_created", None),
         "sizes": {n: len(v) for n, v in splits.items()}, "repairs": ctx.repairs,
         "dropped_by_dedup": getattr(ctx, "dedup_dropped", []),
         "dedup": dedup.to_dict(), "labels": labels, "targets": targets, "encoding_faults": faults,
         "lengths": lengths, "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
-        "hard_faults": hard, "warnings": warnings, "passed": not hard,
+        "small_classes": checks["small_classes"], "cut_answers": checks["cut_answers"], "optional_absent": checks["optional_absent"],
+        "checks": checks["lines"], "hard_faults": hard, "warnings": warnings, "passed": not hard,
     }
+
+
+def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[str, Any]:
+    from tuneproof.data import checks  # noqa: PLC0415
+    from tuneproof.data.cleaning import dropped_summary  # noqa: PLC0415
+
+    s = ctx.study
+    small = checks.small_classes(ctx.all_splits, s.eval.split, s.data.min_class_examples)
+    cut = checks.cut_answers(encoded, s.training.max_length) if generative else None
+    absent = checks.absent_optional(ctx.all_splits, s.data.fields.optional)
+    lines = [dropped_summary(getattr(ctx, "dropped_empty", [])), checks.duplicates_line(dedup)]
+    lines += [x for x in (small["line"], cut and cut["line"], absent["line"]) if x]
+    return {"lines": lines, "warnings": small["warnings"] + ([cut["line"]] if cut and cut["count"] else []),
+            "small_classes": small, "cut_answers": cut, "optional_absent": absent}
 
 
 def run_data_check(ctx: StudyContext) -> str:
@@ -89,8 +113,24 @@ def _print(rep: dict[str, Any]) -> None:
             for k, v in rep["lengths"]["splits"].items()]
     console.print(table(f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
                         ["split", "p50", "p95", "max", "truncated share"], rows))
+    for c in rep.get("checks", []):
+        console.print(f"[cyan]check[/] {c}", soft_wrap=True)
     for w in rep["warnings"]:
         console.print(f"[yellow]warning[/] {w}")
+    diff = next((f for f in rep["encoding_faults"] if f.get("prefix_diff")), None)
+    if diff is not None:
+        _print_prefix_diff(diff["id"], diff["prefix_diff"])
     for h in rep["hard_faults"][:20]:
         console.print(f"[red]fault[/] {h}")
     console.print("[green]data check passed[/]" if rep["passed"] else f"[red]data check failed: {len(rep['hard_faults'])} hard faults[/]")
+
+
+def _print_prefix_diff(ex_id: str, d: dict[str, Any]) -> None:
+    """Training prefix vs inference prompt (CASES C3 kind): both strings and the character diff."""
+    from tuneproof.data.preprocess import visible  # noqa: PLC0415
+
+    console.print(f"[red]training prefix differs from the inference prompt[/] ({ex_id}, first difference at character "
+                  f"{d['first_difference']}):", soft_wrap=True)
+    console.print(f"  inference prompt: {visible(d['prompt'])}", soft_wrap=True, markup=False, highlight=False)
+    console.print(f"  training prefix:  {visible(d['training_prefix'])}", soft_wrap=True, markup=False, highlight=False)
+    console.print(f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}", soft_wrap=True, markup=False, highlight=False)

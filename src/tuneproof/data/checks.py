@@ -1,0 +1,99 @@
+"""Warnings a user needs before the rental hours, each stating its result also when it finds
+nothing ("duplicates: none across train/validation/test"): silence would read as "not checked".
+
+Pure functions over examples and encoded examples; the data check (``recipes/data_check.py``)
+lists their ``line`` in its ``checks`` section and adds their warnings and hard faults.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from tuneproof.data.dedup import SPLIT_ORDER
+from tuneproof.data.examples import Example
+
+_LISTED = 10
+
+
+def _ordered(names) -> list[str]:
+    names = list(names)
+    return [s for s in SPLIT_ORDER if s in names] + sorted(s for s in names if s not in SPLIT_ORDER)
+
+
+def _listing(items: list[str], n: int = _LISTED) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def small_classes(splits: dict[str, list[Example]], eval_split: str, threshold: int = 10) -> dict[str, Any]:
+    """Classes with fewer than ``threshold`` examples (``data.min_class_examples``) in ``train``
+    or in ``eval_split``; classes absent from a split are the label audit's (not counted here).
+
+    Returns ``{"threshold", "small": {split: {label: count}}, "warnings": [...], "line": str}``;
+    ``line`` is ``"classes under 10 examples: none in train/validation"`` when none is found,
+    and ``None`` for data without labels.
+    """
+    names = [s for s in ("train", eval_split) if s in splits]
+    small: dict[str, dict[str, int]] = {}
+    warnings = []
+    labelled = any(ex.label is not None for s in names for ex in splits[s])
+    for s in names:
+        counts = Counter(ex.label for ex in splits[s] if ex.label is not None)
+        few = {lab: c for lab, c in sorted(counts.items(), key=lambda kv: (kv[1], kv[0])) if c < threshold}
+        small[s] = few
+        if few:
+            warnings.append(f"{s}: {len(few)} of {len(counts)} classes have fewer than {threshold} examples: "
+                            + _listing([f"'{lab}' {c}" for lab, c in few.items()]))
+    if not labelled:
+        line = None
+    elif warnings:
+        line = "; ".join(warnings)
+    else:
+        line = f"classes under {threshold} examples: none in {'/'.join(names)}"
+    return {"threshold": threshold, "small": small, "warnings": warnings, "line": line}
+
+
+def cut_answers(encoded: dict[str, list], max_length: int) -> dict[str, Any]:
+    """Answers cut by ``training.max_length`` (generative tasks), from the trainer's own encoding
+    (:class:`~tuneproof.data.preprocess.Encoded` ``answer_lost`` / ``end_cut``).
+
+    Returns ``{"count", "examples": [{"split", "id", "answer_tokens", "tokens_lost", "end_cut"}],
+    "tokens_lost", "line"}``. A cut end token is a hard fault of the example itself (listed by
+    the encoding faults); ``line`` states the count, ids and tokens lost, or ``"answers cut by
+    max_length 128: none"``.
+    """
+    rows = [{"split": s, "id": e.id, "answer_tokens": e.answer_tokens, "tokens_lost": e.answer_lost, "end_cut": e.end_cut}
+            for s in _ordered(encoded) for e in encoded[s] if getattr(e, "answer_lost", 0) > 0]
+    lost = sum(r["tokens_lost"] for r in rows)
+    total = sum(len(v) for v in encoded.values())
+    if rows:
+        line = (f"answers cut by max_length {max_length}: {len(rows)} of {total} examples lose {lost} answer tokens, "
+                f"{sum(r['end_cut'] for r in rows)} their end token: " + _listing([f"{r['split']}/{r['id']} (-{r['tokens_lost']})" for r in rows]))
+    else:
+        line = f"answers cut by max_length {max_length}: none"
+    return {"count": len(rows), "examples": rows, "tokens_lost": lost, "line": line}
+
+
+def absent_optional(splits: dict[str, list[Example]], optional: list[str]) -> dict[str, Any]:
+    """How many examples lack each ``data.fields.optional`` key (value null).
+
+    Returns ``{"counts": {key: n}, "n": examples, "line"}``; ``line`` is None when no key is optional.
+    """
+    n = sum(len(v) for v in splits.values())
+    counts = Counter(k for v in splits.values() for ex in v for k in ex.meta.get("absent", []))
+    if not optional:
+        return {"counts": {}, "n": n, "line": None}
+    parts = [f"{k} absent in {counts.get(k, 0)} of {n}" for k in optional]
+    return {"counts": {k: counts.get(k, 0) for k in optional}, "n": n, "line": "optional keys (null when absent): " + ", ".join(parts)}
+
+
+def duplicates_line(dedup_report) -> str:
+    """``"duplicates: none across train/validation/test"`` when no pair of different splits
+    collides, else the count of colliding examples per pair."""
+    cross = [p for p in dedup_report.pairs.values() if p.first != p.second]
+    names = _ordered(dedup_report.split_sizes)
+    hits = [p for p in cross if p.counts["near"]["pairs"]]
+    if not hits:
+        return f"duplicates: none across {'/'.join(names)}" if len(names) > 1 else f"duplicates: only one split ({names[0]})"
+    return "duplicates across splits: " + ", ".join(
+        f"{p.first}/{p.second} {p.counts['near']['second_colliding']} of {p.n_second}" for p in hits)

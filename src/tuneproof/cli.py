@@ -263,7 +263,7 @@ def data_check(study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
 def data_inspect(
     study: Path = StudyOpt,
     data: Optional[Path] = DataOpt,
-    n: int = typer.Option(3, "-n", help="examples per category"),
+    n: int = typer.Option(3, "-n", min=1, help="examples per category (in total when the examples have no category); the longest is one of them"),
     split: str = typer.Option("train", help="split to inspect (not the reserved test split)"),
     html: bool = typer.Option(False, "--html", help="write one self-contained HTML page instead"),
     out: Optional[Path] = typer.Option(None, help="HTML path (default: STUDY/inspect.html)"),

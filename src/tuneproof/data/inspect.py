@@ -1,5 +1,6 @@
 """A token-level view of what is trained: each token's text, id, whether it is supervised, the
-target it is scored against, special tokens made visible and the truncation point marked.
+target it is scored against, special tokens made visible and the truncation point marked; for
+sequence classification the class index and name the head is trained on.
 
 It renders :class:`~tuneproof.data.preprocess.Encoded` objects, i.e. the output of the very
 code path the trainer uses; nothing is re-tokenised here.
@@ -13,23 +14,32 @@ from collections import defaultdict
 import numpy as np
 
 from tuneproof.data.examples import Example
-from tuneproof.data.preprocess import Encoded
+from tuneproof.data.preprocess import Encoded, visible
 from tuneproof.training.loss import IGNORE_INDEX
+
+LEGEND_CAUSAL = ("legend: dim = prompt (not in the loss); green = supervised (in the loss); magenta = special token; '|' between "
+                 "tokens; 'scored' lists each supervised position as input token → the target token its logits are scored against")
+LEGEND_CLS = ("legend: every token is input (dim; no token is scored); the classification head is trained on the class index "
+              "shown as 'class K = name'; magenta = special token; '|' between tokens")
 
 
 def choose_examples(examples: list[Example], encoded: list[Encoded], per_category: int, seed: int = 0) -> list[int]:
-    """Indices of ``per_category`` examples of each category (seeded), plus the longest example overall."""
+    """Indices of exactly ``per_category`` examples of each category (seeded; fewer when a
+    category has fewer), or ``per_category`` in total when no example has a category. The
+    longest example overall is always one of them (it replaces one pick of its category).
+    Categories in sorted order, examples in input order within one."""
     rng = np.random.default_rng(seed)
     by_cat: dict[str | None, list[int]] = defaultdict(list)
     for i, ex in enumerate(examples):
         by_cat[ex.label].append(i)
+    longest = max(range(len(encoded)), key=lambda i: encoded[i].full_length) if encoded else None
     chosen: list[int] = []
     for cat in sorted(by_cat, key=lambda c: (c is None, str(c))):
         idx = by_cat[cat]
-        chosen += sorted(rng.choice(idx, size=min(per_category, len(idx)), replace=False).tolist())
-    longest = max(range(len(encoded)), key=lambda i: encoded[i].full_length)
-    if longest not in chosen:
-        chosen.append(longest)
+        picks = sorted(rng.choice(idx, size=min(per_category, len(idx)), replace=False).tolist())
+        if longest is not None and examples[longest].label == cat and longest not in picks:
+            picks = sorted(picks[:-1] + [longest]) if len(picks) == per_category else sorted(picks + [longest])
+        chosen += picks
     return chosen
 
 
@@ -51,18 +61,55 @@ def token_rows(enc: Encoded, tokenizer) -> list[dict]:
     return rows
 
 
+def scored_pairs(rows: list[dict]) -> list[str]:
+    """``"pos:input→target"`` for each position whose logits are scored (CASES C2 kind: a shifted
+    alignment shows as pairs that do not read as "this token, then the next")."""
+    return [f"{r['pos']}:{visible(r['text'])}→{visible(r['scored_against'])}" for r in rows if r["scored_against"] is not None]
+
+
 def _visible(text: str) -> str:
-    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·")
+    return visible(text)
 
 
-def render_rich(enc: Encoded, tokenizer):
-    """A Rich ``Text``: prompt tokens dim, supervised tokens green, special tokens magenta, ``|`` between tokens."""
+def class_line(enc: Encoded, classes: list[str] | None) -> str:
+    """``"class 3 = 'card_arrival' (of 77)"``: what the head is trained on, or the fault."""
+    n = f" (of {len(classes)})" if classes else ""
+    if enc.class_index is None:
+        return f"class: none, label {enc.category!r} is not a class{n}"
+    return f"class {enc.class_index} = {enc.category!r}{n}"
+
+
+def header(enc: Encoded, classes: list[str] | None = None) -> str:
+    """The one-line summary of an example."""
+    kept = len(enc.input_ids)
+    if enc.class_index is not None or not enc.labels:
+        return (f"{enc.id} [{enc.category}] sequence classification: {enc.full_length} tokens ({kept} kept); "
+                f"the head is trained on {class_line(enc, classes)}")
+    return (f"{enc.id} [{enc.category}] prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
+            f"{enc.n_supervised} supervised; length {enc.full_length}/{kept} kept")
+
+
+def prefix_diff_lines(enc: Encoded) -> list[str]:
+    """Both strings and the character diff when the training prefix differs from the inference
+    prompt (CASES C3 kind); empty otherwise."""
+    d = enc.prefix_diff
+    if not d:
+        return []
+    return [f"training prefix differs from the inference prompt (first difference at character {d['first_difference']}):",
+            f"  inference prompt: {visible(d['prompt'])}",
+            f"  training prefix:  {visible(d['training_prefix'])}",
+            f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}"]
+
+
+def render_rich(enc: Encoded, tokenizer, classes: list[str] | None = None):
+    """A Rich ``Text``: prompt tokens dim, supervised tokens green, special tokens magenta, ``|``
+    between tokens; then the scored pairs (causal LM) or the class line (classification)."""
     from rich.text import Text  # noqa: PLC0415
 
     out = Text()
-    out.append(f"{enc.id} [{enc.category}] prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
-               f"{enc.n_supervised} supervised; length {enc.full_length}/{len(enc.input_ids)} kept\n", style="bold")
-    for r in token_rows(enc, tokenizer):
+    out.append(header(enc, classes) + "\n", style="bold")
+    rows = token_rows(enc, tokenizer)
+    for r in rows:
         style = "bold green" if r["supervised"] else "dim"
         if r["special"]:
             style += " magenta"
@@ -70,22 +117,32 @@ def render_rich(enc: Encoded, tokenizer):
         out.append("|", style="grey50")
     if enc.truncated:
         out.append(f"  ✂ truncated here: {enc.full_length - len(enc.input_ids)} tokens cut", style="bold red")
+    pairs = scored_pairs(rows)
+    if pairs:
+        out.append("\n  scored: " + "  ".join(pairs), style="green")
+    elif enc.class_index is not None or not enc.labels:
+        out.append(f"\n  {class_line(enc, classes)}", style="bold green")
+    for line in prefix_diff_lines(enc):
+        out.append("\n  " + line, style="red")
     for f in enc.faults:
         out.append(f"\n  FAULT: {f}", style="bold red")
     return out
 
 
-def render_html(items: list[tuple[Encoded, list[dict]]], title: str) -> str:
+def render_html(items: list[tuple[Encoded, list[dict]]], title: str, classes: list[str] | None = None) -> str:
     """One self-contained HTML page (no external resources); every data text is escaped."""
     css = ("body{font-family:sans-serif;margin:2em} .tok{font-family:monospace;border:1px solid #ccc;margin:1px;padding:1px 2px;"
            "display:inline-block} .sup{background:#c8f7c5} .pro{color:#777} .spe{color:#a0a;font-weight:bold}"
-           " .cut{color:#c00;font-weight:bold} .fault{color:#c00} h2{font-size:1em;margin-top:2em}")
+           " .cut{color:#c00;font-weight:bold} .fault{color:#c00} .cls{background:#c8f7c5;font-weight:bold} h2{font-size:1em;margin-top:2em}")
+    is_cls = bool(items) and (items[0][0].class_index is not None or not items[0][0].labels)
+    legend = ("every token is input (grey; no token is scored); the classification head is trained on the class index shown "
+              "as 'class K = name' (green); purple: special tokens. Hover a token for its id." if is_cls else
+              "green: supervised (loss computed); grey: prompt (ignored); purple: special tokens. "
+              "Hover a token for its id and the token it is scored against.")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{css}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1><p>green: supervised (loss computed); grey: prompt (ignored); purple: special tokens. "
-             "Hover a token for its id and the token it is scored against.</p>"]
+             f"<h1>{html.escape(title)}</h1><p>{html.escape(legend)}</p>"]
     for enc, rows in items:
-        parts.append(f"<h2>{html.escape(enc.id)} [{html.escape(str(enc.category))}]: prompt {enc.prompt_tokens} + answer "
-                     f"{enc.answer_tokens} tokens, {enc.n_supervised} supervised</h2><div>")
+        parts.append(f"<h2>{html.escape(header(enc, classes))}</h2><div>")
         for r in rows:
             cls = "tok " + ("sup" if r["supervised"] else "pro") + (" spe" if r["special"] else "")
             tip = f"pos {r['pos']} id {r['id']}" + (f" → scored against {r['scored_against']!r}" if r["scored_against"] is not None else "")
@@ -93,6 +150,11 @@ def render_html(items: list[tuple[Encoded, list[dict]]], title: str) -> str:
         if enc.truncated:
             parts.append(f"<span class='cut'>✂ truncated: {enc.full_length - len(enc.input_ids)} tokens cut</span>")
         parts.append("</div>")
+        if is_cls:
+            parts.append(f"<p class='cls'>{html.escape(class_line(enc, classes))}</p>")
+        diff = prefix_diff_lines(enc)
+        if diff:
+            parts.append("<pre class='fault'>" + html.escape("\n".join(diff)) + "</pre>")
         for f in enc.faults:
             parts.append(f"<p class='fault'>FAULT: {html.escape(f)}</p>")
     parts.append("</body></html>")

@@ -68,8 +68,9 @@ def _lookup(row: Any, name: str) -> Any:
 class _Mapper:
     """Applies ``data.fields`` to one record (a dict) and validates the values."""
 
-    def __init__(self, fields, max_chars: int = DEFAULT_MAX_CHARS):
+    def __init__(self, fields, max_chars: int = DEFAULT_MAX_CHARS, kind: str = "column"):
         self.fields = fields
+        self.kind = kind
         self.optional = set(getattr(fields, "optional", None) or [])
         self.max_chars = max_chars
 
@@ -80,7 +81,7 @@ class _Mapper:
                 absent.append(out_key)
                 return None
             raise TuneproofError(
-                f"{where}: column '{name}' not found (columns: {', '.join(map(str, available))})",
+                f"{where}: {self.kind} '{name}' not found ({self.kind}s: {', '.join(map(str, available))})",
                 hint="fix data.fields in tuneproof.yaml (or list it in data.fields.optional)",
             )
         return value
@@ -100,9 +101,9 @@ class _Mapper:
         if text is None:
             text = ""
         if not isinstance(text, str):
-            raise TuneproofError(f"{where}: text in column '{f.text}' is {type(text).__name__} {json.dumps(text)[:40]}, not a string",
+            raise TuneproofError(f"{where}: text in {self.kind} '{f.text}' is {type(text).__name__} {json.dumps(text)[:40]}, not a string",
                                  hint="texts must be strings; quote the value or fix data.fields.text")
-        self._check_chars(text, f"the text in column '{f.text}'", where)
+        self._check_chars(text, f"the text in {self.kind} '{f.text}'", where)
         label = None
         if f.label is not None:
             label = self._get(row, f.label, "label", where, available, absent)
@@ -110,7 +111,7 @@ class _Mapper:
                 pass
             elif _missing_label(label):
                 shown = "empty" if label is None or (isinstance(label, str) and not label.strip()) else repr(label)
-                raise TuneproofError(f"{where}: {shown} label in column '{f.label}' (a missing value, not a class)",
+                raise TuneproofError(f"{where}: {shown} label in {self.kind} '{f.label}' (a missing value, not a class)",
                                      hint="fill or drop the row")
             else:
                 label = label if isinstance(label, list) else str(label)
@@ -298,7 +299,7 @@ def load_lines(folder: Path, fields, split: str | None = None, *, max_chars: int
         if len(rows) != n:
             raise TuneproofError(f"{folder / text_file} has {n} lines but {folder / name} has {len(rows)}: line-aligned files must have "
                                  "the same number of lines", hint="line i of every file is example i; fix the shorter file")
-    mapper = _Mapper(fields.model_copy(update={"text": text_file, "label": names.get("label"), "id": names.get("id")}), max_chars)
+    mapper = _Mapper(fields.model_copy(update={"text": text_file, "label": names.get("label"), "id": names.get("id")}), max_chars, kind="file")
     split = split or folder.name
     return [mapper.example({k: v[i] for k, v in columns.items()}, f"{folder / text_file}:{i + 1}", f"{folder.name}:{i + 1}",
                            split, list(columns)) for i in range(n)], repairs

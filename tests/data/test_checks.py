@@ -73,3 +73,13 @@ def test_data_check_states_every_result_when_it_finds_nothing(tmp_path, tiny_mod
     assert rep["checks"] == ["empty texts dropped: none", "duplicates: none across train/validation",
                              "classes under 10 examples: none in train/validation", "answers cut by max_length 128: none"]
     assert rep["passed"] is True
+
+
+def test_optional_keys_absent_are_counted():
+    from tuneproof.data.checks import absent_optional
+
+    ex = [Example("a", "t", meta={"absent": ["slots"]}), Example("b", "t"), Example("c", "t", meta={"absent": ["slots", "topic"]})]
+    r = absent_optional({"train": ex[:2], "validation": ex[2:]}, ["slots", "topic"])
+    assert r["counts"] == {"slots": 2, "topic": 1}
+    assert r["line"] == "optional keys (null when absent): slots absent in 2 of 3, topic absent in 1 of 3"
+    assert absent_optional({"train": ex}, [])["line"] is None

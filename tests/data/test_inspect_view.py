@@ -76,3 +76,37 @@ def test_n_means_k_per_category_and_k_in_total_without_categories(tiny_tokenizer
     plain = [Example(f"x{i}", "hello " * (i % 7 + 1), target="a") for i in range(10)]
     chosen = choose_examples(plain, pipe.encode_all(plain), 3, seed=0)
     assert len(chosen) == 3 and 6 in chosen  # x6 is the longest
+
+
+def test_data_check_and_inspect_print_the_prefix_diff_in_the_terminal(tmp_path, capsys):
+    import json
+
+    import pytest
+    import yaml
+
+    from tinymodels import make_llama
+    from tuneproof.cli import main
+
+    tok = make_tokenizer("{% if add_generation_prompt %}Today: Monday\n{% endif %}" + CHATML)
+    base = tmp_path / "base"
+    make_llama(len(tok)).save_pretrained(base, safe_serialization=True)
+    tok.save_pretrained(base)
+    rows = [{"text": f"hello world {i}", "target": json.dumps({"intent": "greet"})} for i in range(4)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump({
+        "name": "c3", "hypothesis": {"behaviour": "b", "task": "extraction", "success": {"metric": "field_f1"}, "required_fields": ["intent"]},
+        "data": {"sources": [{"path": "d.jsonl", "format": "jsonl"}], "fields": {"target": "target"},
+                 "split": {"fractions": {"train": 0.5, "validation": 0.5}}},
+        "model": {"base": str(base)}}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["data", "check", "--study", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 3
+    assert "first difference at character 0" in out
+    assert "inference prompt: Today:·Monday\\n<|im_start|>user\\nhello·world" in out
+    assert "training prefix:  <|im_start|>user\\nhello·world" in out
+    assert "diff ([-prompt only-] {+training only+}): [-Today:·Monday\\n-]<|im_start|>user" in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["data", "inspect", "--study", str(tmp_path), "-n", "1"])
+    out = capsys.readouterr().out
+    assert exit_.value.code in (0, None) and out.count("training prefix differs from the inference prompt") == 1

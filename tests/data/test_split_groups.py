@@ -84,3 +84,22 @@ def test_without_duplicates_the_split_is_unchanged_and_bad_fractions_named():
     assert [len(v) for v in plain.values()] == [72, 9, 9]
     with pytest.raises(TuneproofError, match=r"data.split.fractions.train is 1.5: each fraction must be between 0 and 1"):
         stratified_split(items, {"train": 1.5, "test": -0.5}, 3)
+
+
+def test_banking77_carved_validation_has_no_duplicate_of_train(shared_data):
+    """Real data: BANKING77 train holds exact and near-duplicate texts; carving validation out of it
+    (the classification template's split) puts none of them across train/validation."""
+    from dataclasses import replace
+
+    from tuneproof.data.sources import load_banking77
+
+    train = [e for e in load_banking77(shared_data / "banking77")[0] if e.split == "train"]
+    policy = SplitPolicy(seed=13, fractions={"train": 0.9, "validation": 0.1}, carve_from="train")
+    splits = build_splits(train, policy, "test", Dedup())
+    assert len(splits["train"]) + len(splits["validation"]) == 10003
+    report = find_duplicates(splits)
+    assert report.pair("train", "validation").counts["near"]["pairs"] == 0
+    # the same carve without grouping (old behaviour) leaks
+    plain = stratified_split(train, {"train": 0.9, "validation": 0.1}, 13)
+    plain = {k: [replace(e, split=k) for e in v] for k, v in plain.items()}
+    assert find_duplicates(plain).pair("train", "validation").counts["near"]["second_colliding"] > 0

@@ -323,7 +323,7 @@ def report(
 @app.command()
 def plan(
     days: float = typer.Option(..., "--days", help="rental length in days (3, 7 or 30 usually)"),
-    hourly_rate: float = typer.Option(..., "--hourly-rate", help="price of one hour of the machine"),
+    hourly_rate: Optional[float] = typer.Option(None, "--hourly-rate", help="price of one hour of the machine (adds the cost; without it: hours only)"),
     variants: Optional[int] = typer.Option(None, "--variants", help="variants to plan for (default: as many as fit)"),
     study: Path = StudyOpt,
 ) -> None:

@@ -63,6 +63,7 @@ def test_measure_prefers_the_preflight_and_reads_any_layout(tmp_path):
     m = measure(reg)
     assert (m["s_per_step"], m["eval_s_per_example"], m["reload_s"]) == (1.5, 0.5, 42.0)
     assert m["step_source"].startswith("preflight r0003") and m["tokens_per_s"] == 900
+    assert m["eval_source"] == "median of 1 completed baseline/eval run(s) (the full evaluation as it ran)"
     assert find_number({"a": [{"b": {"step_s": 0.25}}]}, ("s_per_step", "step_s")) == 0.25
 
 
@@ -76,3 +77,50 @@ def test_cli_plan_before_anything_measured_exits_2(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "nothing measured to plan from" in out and "tuneproof preflight" in out
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_evaluation_rate_is_the_task_kinds_measured_one(tmp_path):
+    """A classifier evaluated in batches of 16 runs at ~0.06 s/example; the preflight's 2-example smoke
+    evaluation (1.41 s/example, one-off costs included) must not plan 106 hours of evaluation."""
+    reg = Registry(tmp_path)
+    with reg.run("preflight") as r:
+        r.update_summary(s_per_step=0.5, eval_s_per_example=1.41, eval_batch_s_per_example=0.0625, eval_batch_size=16,
+                         eval_batch_procedure="classifier forward pass", reload_seconds=20)
+    m = measure(reg)
+    assert m["eval_s_per_example"] == 0.0625
+    assert m["eval_source"] == "one evaluation batch of 16 (classifier forward pass) in preflight r0001"
+    p = make_plan(m, days=7, steps=100, checkpoint_every=50, n_eval=3080, n_test=3080)
+    ev = next(ph for ph in p["phases"] if ph["phase"] == "evaluation")
+    assert ev["hours"] == pytest.approx(p["variants"] * 3080 * 0.0625 / 3600 + 3080 * 0.0625 / 3600)
+    with reg.run("baseline") as r:  # the full evaluation as it ran wins over the preflight's batch
+        r.update_summary(eval_seconds=154.0, n_eval=3080)
+    assert measure(reg)["eval_s_per_example"] == pytest.approx(0.05)
+    reg2 = Registry(tmp_path / "smoke-only")
+    with reg2.run("preflight") as r:
+        r.update_summary(s_per_step=0.5, eval_s_per_example=1.41)
+    m2 = measure(reg2)
+    assert m2["eval_s_per_example"] == 1.41 and m2["eval_source"] == "smoke evaluation of a few examples in preflight r0001 (an upper bound)"
+
+
+def test_plan_without_hourly_rate_gives_hours_and_the_cost_is_labelled(cls_study, tmp_path, capsys):
+    import json
+    import shutil
+
+    p = make_plan(MEASURED, days=7, steps=1000, checkpoint_every=100, n_eval=200, n_test=100)
+    assert p["cost"] is None and p["hourly_rate"] is None and p["total_h"] > 0
+    d = tmp_path / "study"
+    shutil.copytree(cls_study["dir"], d)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--days", "7", "--study", str(d)])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["cost"] is None and f"planned {plan['total_h']:.2f} hours of the 168 rented; no cost computed (pass --hourly-rate RATE)" in out
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--days", "7", "--hourly-rate", "2.5", "--study", str(d)])
+    out = capsys.readouterr().out
+    plan = json.loads((d / "plan.json").read_text())
+    c = plan["cost"]
+    assert c["rental"] == pytest.approx(420.0) and c["planned_hours"] == pytest.approx(plan["total_h"] * 2.5)
+    assert f"cost at 2.5 per hour: rental of 168 h 420.00; cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}" in out

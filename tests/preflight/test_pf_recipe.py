@@ -141,6 +141,9 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     s = rec.summary
     assert s["passed"] is True and s["s_per_step"] == th["s_per_step"] and s["eval_s_per_example"] == th["eval_s_per_example"]
     assert s["budget_seconds"] == th["budget_seconds"] and s["tokens_per_s"] == th["tokens_per_s"] and s["reload_seconds"] > 0
+    # tuneproof plan reads the evaluation rate of one batch at eval.batch_size (the task kind's procedure)
+    assert s["eval_batch_size"] == 4 and s["eval_batch_procedure"] == "generation of 6 new tokens" and s["eval_batch_s_per_example"] > 0
+    assert th["eval_s_per_example"] == pytest.approx(s["eval_batch_s_per_example"], abs=1e-4)
     assert len(s["checks"]) == 15 and s["platform_key"].startswith("cpu |")
 
 

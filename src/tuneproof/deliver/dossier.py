@@ -554,9 +554,10 @@ def _plan(ev: _Evidence) -> list[dict]:
         return [_p(f"{NOT_RUN} (`tuneproof plan --days 7 --hourly-rate 2.5`)")]
     rows = [[p["phase"], f"{p['hours']:.2f}", p["basis"]] for p in plan["phases"]]
     rows.append(["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented; spare {plan['spare_h']:.1f} h"])
-    c = plan["cost"]
+    from tuneproof.recipes.plan import cost_lines  # noqa: PLC0415
+
     items = [f"variants of the configured budget that fit: {plan['variants_fit']} ({plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
-             f"cost at {plan['hourly_rate']:g}/h: rental {c['rental']:.2f}, planned hours {c['planned_hours']:.2f}"]
+             *cost_lines(plan)]
     items += [f"warning: {w}" for w in plan.get("warnings", [])] + [f"assumption: {a}" for a in plan.get("assumptions", [])]
     return [_p(f"{plan['days']:g}-day rental, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps:"),
             _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]

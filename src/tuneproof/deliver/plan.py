@@ -6,9 +6,12 @@ Every duration comes from this study's measurements, in this order of preference
 
 - seconds per optimizer step: the latest completed ``preflight`` run (``s_per_step`` or an alias,
   anywhere in its summary), else the median of completed train runs' ``train_seconds / steps``;
-- evaluation seconds per example: the preflight's evaluation (``eval_s_per_example``, or
-  ``eval_seconds`` / ``n_eval``), else the median of completed baseline/eval runs'
-  ``eval_seconds / n_eval``;
+- evaluation seconds per example, the task kind's own measured rate (a classifier's batched
+  forward pass is 10-30 times faster per example than generation): the median of completed
+  baseline/eval runs' ``eval_seconds / n_eval`` (the full evaluation as it ran, at
+  ``eval.batch_size``), else the preflight's one evaluation batch at ``eval.batch_size``
+  (``eval_batch_s_per_example``, timed by its ``eval memory`` check), else the preflight's smoke
+  evaluation (``eval_s_per_example``, or ``eval_seconds`` / ``n_eval``: a few examples, an upper bound);
 - checkpoint reload in a fresh process: the preflight's ``reload_seconds`` when present, else the
   model loading measured in eval runs (duration minus evaluation) + :data:`PROCESS_START_S`, else
   :data:`DEFAULT_RELOAD_S` (each stated as the source);
@@ -19,7 +22,8 @@ Phases (hours): initial check (machine setup :data:`SETUP_H` + data check + pref
 baseline), experiment (variants x steps x s/step), evaluation (variants x eval + one final test
 evaluation), resume margin (per variant: one fresh-process reload + the work since the last
 checkpoint, ``checkpoint_every`` steps), export (export + its verification). The number of
-variants that fit is the largest N with all phases within ``days x 24`` hours.
+variants that fit is the largest N with all phases within ``days x 24`` hours. The plan is in
+hours; with an hourly rate it also gives the cost (rental, planned hours, one variant) as money.
 """
 
 from __future__ import annotations
@@ -89,18 +93,24 @@ def measure(registry) -> dict[str, Any]:
             out.update(s_per_step=statistics.median(rates), step_source=f"median of {len(rates)} completed train run(s)")
     out["tokens_per_s"] = find_number(pre_sum, TOKENS_KEYS) or _median([r.summary.get("tokens_per_s") for r in registry.list(kind="train", status="completed")])
 
-    per_ex = find_number(pre_sum, EVAL_PER_EX_KEYS)
-    if per_ex is None:
-        es, en = find_number(pre_sum, EVAL_KEYS), find_number(pre_sum, EVAL_N_KEYS)
-        per_ex = es / en if es and en else None
-    if per_ex is not None:
-        out.update(eval_s_per_example=per_ex, eval_source=f"preflight {pre.id}")
+    rates = [r.summary["eval_seconds"] / r.summary["n_eval"] for k in ("baseline", "eval")
+             for r in registry.list(kind=k, status="completed")
+             if isinstance(r.summary.get("eval_seconds"), (int, float)) and r.summary.get("n_eval")]
+    batch = find_number(pre_sum, ("eval_batch_s_per_example",))
+    if rates:
+        out.update(eval_s_per_example=statistics.median(rates),
+                   eval_source=f"median of {len(rates)} completed baseline/eval run(s) (the full evaluation as it ran)")
+    elif batch is not None:
+        what = pre_sum.get("eval_batch_procedure") or "the study's evaluation procedure"
+        out.update(eval_s_per_example=batch,
+                   eval_source=f"one evaluation batch of {pre_sum.get('eval_batch_size')} ({what}) in preflight {pre.id}")
     else:
-        rates = [r.summary["eval_seconds"] / r.summary["n_eval"] for k in ("baseline", "eval")
-                 for r in registry.list(kind=k, status="completed")
-                 if isinstance(r.summary.get("eval_seconds"), (int, float)) and r.summary.get("n_eval")]
-        if rates:
-            out.update(eval_s_per_example=statistics.median(rates), eval_source=f"median of {len(rates)} completed baseline/eval run(s)")
+        per_ex = find_number(pre_sum, EVAL_PER_EX_KEYS)
+        if per_ex is None:
+            es, en = find_number(pre_sum, EVAL_KEYS), find_number(pre_sum, EVAL_N_KEYS)
+            per_ex = es / en if es and en else None
+        if per_ex is not None:
+            out.update(eval_s_per_example=per_ex, eval_source=f"smoke evaluation of a few examples in preflight {pre.id} (an upper bound)")
     reload_s = find_number(pre_sum, RELOAD_KEYS)
     if reload_s:
         out.update(reload_s=reload_s, reload_source=f"preflight {pre.id}")
@@ -141,9 +151,9 @@ def require_measured(measured: dict[str, Any]) -> None:
                              hint="the plan uses this study's measured throughput only, never a guess")
 
 
-def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float, steps: int, checkpoint_every: int, n_eval: int,
+def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float | None = None, steps: int, checkpoint_every: int, n_eval: int,
               n_test: int, k_verify: int = 8, variants: int | None = None) -> dict[str, Any]:
-    """The plan for a rental of ``days`` days at ``hourly_rate`` per hour.
+    """The plan for a rental of ``days`` days (at ``hourly_rate`` per hour: None plans hours only).
 
     Args:
         measured: :func:`measure`'s result.
@@ -154,12 +164,13 @@ def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float, step
 
     Returns ``{"days", "hourly_rate", "available_h", "per_variant_h", "variants_fit", "variants",
     "phases": [{"phase", "hours", "basis"}], "total_h", "spare_h", "fits", "cost", "warnings",
-    "measured", "assumptions"}``.
+    "measured", "assumptions"}``; ``cost`` (money: ``rental``, ``planned_hours``, ``per_variant``) is
+    None without an hourly rate.
 
     Raises:
         TuneproofError: nothing measured (no step time or no evaluation time), or bad arguments.
     """
-    if days <= 0 or hourly_rate < 0:
+    if days <= 0 or (hourly_rate is not None and hourly_rate < 0):
         raise TuneproofError(f"--days must be > 0 and --hourly-rate >= 0 (got {days}, {hourly_rate})")
     require_measured(measured)
     sps, epx, reload_s = measured["s_per_step"], measured["eval_s_per_example"], measured["reload_s"]
@@ -208,7 +219,8 @@ def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float, step
         "days": days, "hourly_rate": hourly_rate, "available_h": available, "steps_per_variant": steps,
         "per_variant_h": per_variant, "variants_fit": fit, "variants": n, "phases": phases, "total_h": total,
         "spare_h": available - total, "fits": total <= available and fit >= 1,
-        "cost": {"rental": available * hourly_rate, "planned_hours": total * hourly_rate, "per_variant": per_variant * hourly_rate},
+        "cost": (None if hourly_rate is None else
+                 {"rental": available * hourly_rate, "planned_hours": total * hourly_rate, "per_variant": per_variant * hourly_rate}),
         "warnings": warnings, "measured": measured,
         "assumptions": [f"machine setup {SETUP_H:.1f} h", f"checkpoint reload: {measured['reload_source']}",
                         "one interruption per variant", "the rented machine runs at the measured throughput"],

@@ -1,10 +1,11 @@
 """Recipe ``plan``: the rental plan from this study's measured throughput (PROTOCOL.md step 7).
 
 Features (option that turns each on):
-- ``--days`` (3, 7 or 30 usually) and ``--hourly-rate``: phases initial check, experiment,
-  evaluation, resume margin and export, in hours, each with the measurement it comes from;
+- ``--days`` (3, 7 or 30 usually): phases initial check, experiment, evaluation, resume margin
+  and export, in hours, each with the measurement it comes from; ``--hourly-rate`` adds the cost
+  (money, labelled as cost: of the rental, of the planned hours, of one variant);
 - how many variants of the configured training budget fit (``--variants N`` plans for N and
-  warns when they do not fit); the cost of the rental and of the planned hours;
+  warns when they do not fit);
 - the measurements: the latest preflight, else completed train and eval runs; nothing measured is
   an error (exit 2), never a guess;
 - ``plan.json`` in the study folder (schema-versioned); the dossier shows it.
@@ -34,7 +35,7 @@ def split_sizes(ctx: StudyContext) -> dict[str, int]:
     return {n: len(v) for n, v in ctx.all_splits.items()}
 
 
-def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float, variants: int | None = None) -> dict[str, Any]:
+def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float | None = None, variants: int | None = None) -> dict[str, Any]:
     """Compute, print and save the plan; returns it.
 
     Raises:
@@ -66,11 +67,19 @@ def print_plan(plan: dict[str, Any]) -> None:
     console.print(f"measured: {m['s_per_step']:.3g} s/step ({m['step_source']}), {m['eval_s_per_example']:.3g} s per evaluated example "
                   f"({m['eval_source']}); reload {m['reload_source']}", soft_wrap=True)
     console.print(f"variants of the configured budget that fit: [bold]{plan['variants_fit']}[/] ({plan['per_variant_h']:.2f} h each)")
-    c = plan["cost"]
-    console.print(f"cost at {plan['hourly_rate']:g}/h: rental {c['rental']:.2f}, planned hours {c['planned_hours']:.2f}, "
-                  f"one variant {c['per_variant']:.2f}")
+    for line in cost_lines(plan):
+        console.print(line, soft_wrap=True)
     for w in plan["warnings"]:
         console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+
+
+def cost_lines(plan: dict[str, Any]) -> list[str]:
+    """The cost, labelled as money (or that none was computed without ``--hourly-rate``)."""
+    c = plan.get("cost")
+    if not c:
+        return [f"planned {plan['total_h']:.2f} hours of the {plan['available_h']:.0f} rented; no cost computed (pass --hourly-rate RATE)"]
+    return [f"cost at {plan['hourly_rate']:g} per hour: rental of {plan['available_h']:.0f} h {c['rental']:.2f}; "
+            f"cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"]
 
 
 def load_plan(study_dir: Path) -> dict[str, Any] | None:

@@ -853,6 +853,12 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     steps_total = total_steps(cfg, n)
     n_eval = len(ctx.eval_examples())
     eval_per_ex = eval_s / max(len(examples), 1)
+    batch_rate = _eval_batch_rate(report)
+    eval_basis = f"measured on {len(examples)} smoke examples, an upper bound when the smoke model generates up to eval.max_new_tokens"
+    if batch_rate:  # one full batch at eval.batch_size: the rate evaluation runs at (batching amortises the per-call cost)
+        eval_per_ex = batch_rate["eval_batch_s_per_example"]
+        eval_basis = (f"one batch of {batch_rate['eval_batch_size']} at eval.batch_size ({batch_rate['eval_batch_procedure']}), "
+                      "timed by the eval memory check")
     tnum = {"s_per_step": round(s_per_step, 4), "tokens_per_s": round(tokens_per_s, 1), "micro_batch": cfg.micro_batch_size,
             "accumulation": accum, "total_steps": steps_total, "budget_seconds": round(steps_total * s_per_step, 1),
             "eval_s_per_example": round(eval_per_ex, 4), "eval_examples": n_eval,
@@ -862,8 +868,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
         f"{s_per_step:.2f} s/step, {tokens_per_s:.0f} tokens/s at micro-batch {cfg.micro_batch_size} x {accum} "
         f"(timed on step{'s' if len(timed) > 1 else ''} {', '.join(str(i + 1) for i in timed)} of {len(step_s)}); the budget of "
         f"{steps_total} steps takes about {_hms(steps_total * s_per_step)}; one evaluation of {n_eval} examples about "
-        f"{_hms(eval_per_ex * n_eval)} ({eval_per_ex:.2f} s per example, measured on {len(examples)}, an upper bound when the "
-        f"smoke model generates up to eval.max_new_tokens)", tnum))
+        f"{_hms(eval_per_ex * n_eval)} ({eval_per_ex:.3g} s per example, {eval_basis})", tnum))
     return smoke_check
 
 
@@ -1028,8 +1033,21 @@ def _write(ctx: StudyContext, run, rep: _Report, snapshot: dict[str, Any], key: 
         max_micro_batch=num("max micro-batch", "max_micro_batch"),
         loss_normalisation=(acc or {}).get("normalisation"),
         trainable=num("trainable parameters", "trainable"), total_params=num("trainable parameters", "total"),
-        preflight_seconds=round(seconds, 1),
+        preflight_seconds=round(seconds, 1), **_eval_batch_rate(rep),
     )
+
+
+def _eval_batch_rate(rep: _Report) -> dict[str, Any]:
+    """Seconds per example of the one evaluation batch ``eval memory`` timed at ``eval.batch_size``
+    (the task kind's own procedure: a classifier's forward pass, or generation up to
+    ``eval.max_new_tokens``), for ``tuneproof plan``; {} when it was not measured."""
+    c = rep.get("eval memory") or {}
+    m = (c.get("details") or {}).get("measured") if isinstance(c.get("details"), dict) else None
+    if not m or not m.get("seconds") or not m.get("batch_size"):
+        return {}
+    what = "classifier forward pass" if m["kind"] == "sequence-classification" else f"generation of {m['new_tokens']} new tokens"
+    return {"eval_batch_s_per_example": round(m["seconds"] / m["batch_size"], 5), "eval_batch_size": m["batch_size"],
+            "eval_batch_procedure": what}
 
 
 def _short(numbers: dict[str, Any], limit: int = 6) -> str:

@@ -132,3 +132,22 @@ def test_edited_manifest_without_its_hash_is_named_first(bundle):
     assert [c["name"] for c in report["checks"]] == ["manifest"] and not report["passed"]
     assert report["checks"][0]["problems"] == [
         f"manifest.json: sha256 {sha256_file(bundle / 'manifest.json')} differs from {want} in manifest.sha256"]
+
+
+def test_candidate_trained_on_another_base_than_the_baseline_is_refused(cls_study, tmp_path, capsys):
+    """C13's kind at compare time: the baseline's base.json and the candidate's train run's differ."""
+    from tuneproof.io import write_json
+
+    study = tmp_path / "s"
+    shutil.copytree(cls_study["dir"], study, ignore=shutil.ignore_patterns("exports"))
+    ids = cls_study["ids"]
+    b = read_json(study / "runs" / ids["baseline"] / "base.json")
+    t = read_json(study / "runs" / ids["train"] / "base.json")
+    assert b["weights_sha256"] == t["weights_sha256"] and b["config_sha256"] == t["config_sha256"]
+    assert b["weight_files"] == {"model.safetensors": sha256_file(cls_study["base"] / "model.safetensors")}
+    other = "0" * 64
+    write_json(study / "runs" / ids["baseline"] / "base.json", {**b, "weights_sha256": other})
+    code, out = _run(capsys, "compare", ids["eval"], "--against", ids["baseline"], "--study", str(study))
+    assert code == 2
+    assert (f"baseline {ids['baseline']} evaluated another base model than the one {ids['train']} (candidate {ids['eval']}) "
+            f"was trained on: combined weights sha256 {other} vs {t['weights_sha256']}") in out

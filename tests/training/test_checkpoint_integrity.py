@@ -120,6 +120,10 @@ def test_checkpoint_round_trip_is_exact_and_indexed(tmp_path):
     assert idx["checkpoints"]["step-000001"]["files"] == {f: hashlib.sha256((folder / f).read_bytes()).hexdigest()
                                                           for f in ("state.json", "tensors.safetensors")}
     back = load_checkpoint(folder)
+    cuda_like = [torch.get_rng_state(), torch.arange(16, dtype=torch.uint8)]  # shape of get_rng_state_all() on 2 GPUs
+    tensors: dict = {}
+    again = decode(json.loads(json.dumps(encode({"cuda": cuda_like}, tensors))), tensors, tmp_path)
+    assert sorted(tensors) == ["cuda/0", "cuda/1"] and all(torch.equal(a, b) for a, b in zip(again["cuda"], cuda_like))
     assert back["losses"] == [0.30000000000000004, 1e-300, float("inf")] and back["config"] == payload["config"]
     assert torch.equal(back["trainable"]["w"], payload["trainable"]["w"])
     s0, s1 = payload["optimizer"]["state"][0], back["optimizer"]["state"][0]  # int parameter keys kept

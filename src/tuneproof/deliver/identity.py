@@ -54,6 +54,16 @@ def compare_base(recorded: dict[str, Any], ref) -> list[str]:
     return problems
 
 
+def compare_recorded(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Problems between two recorded :func:`base_hashes` (empty: the same weights and config.json)."""
+    out = []
+    if a.get("weights_sha256") != b.get("weights_sha256"):
+        out.append(f"combined weights sha256 {a.get('weights_sha256')} vs {b.get('weights_sha256')}")
+    if a.get("config_sha256") != b.get("config_sha256"):
+        out.append(f"config.json sha256 {a.get('config_sha256')} vs {b.get('config_sha256')}")
+    return out
+
+
 def base_identity(ref, tokenizer_id: dict[str, Any]) -> dict[str, Any]:
     """The identity of a resolved base model (:class:`tuneproof.models.base.BaseModelRef`).
 

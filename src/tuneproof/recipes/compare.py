@@ -51,6 +51,28 @@ def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
     return result
 
 
+def check_same_base(ctx: StudyContext, base_rec, rec) -> None:
+    """Refuse a candidate whose train run started from other base weights (or config.json) than
+    the baseline evaluated: the sha256 recorded in both runs' ``base.json`` (CASES C13). Runs
+    recorded without ``base.json`` are not checked.
+
+    Raises:
+        TuneproofError: names both runs and both hashes.
+    """
+    from tuneproof.deliver.identity import compare_recorded  # noqa: PLC0415
+    from tuneproof.io import read_json  # noqa: PLC0415
+
+    train_id = rec.parent if rec.kind in ("eval", "test") else None
+    paths = [ctx.registry.runs_dir / base_rec.id / "base.json", ctx.registry.runs_dir / (train_id or "") / "base.json"]
+    if train_id is None or not all(p.is_file() for p in paths):
+        return
+    problems = compare_recorded(read_json(paths[0]), read_json(paths[1]))
+    if problems:
+        raise TuneproofError(f"baseline {base_rec.id} evaluated another base model than the one {train_id} (candidate {rec.id}) "
+                             f"was trained on: " + "; ".join(problems),
+                             hint="run `tuneproof baseline` again on the base the candidate was trained on, then compare")
+
+
 def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None = None,
                 allow_different_procedure: bool = False, use_edited_hypothesis: str | None = None) -> str:
     """Compare each candidate with the baseline; returns the compare run id (``compare.json`` in it).
@@ -81,6 +103,7 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
                 if not allow_different_procedure:
                     raise TuneproofError(msg, hint="re-run `tuneproof eval` with the study's procedure, or pass --allow-different-procedure (recorded)")
                 notes.append("DIFFERENT PROCEDURE: " + msg)
+            check_same_base(ctx, base_rec, rec)
             if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
                 notes.append(f"data fingerprint of {rec.id} differs from the baseline's")
             result = _paired(ctx, base_out, out, judging.primary)

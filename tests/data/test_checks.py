@@ -71,7 +71,9 @@ def test_data_check_states_every_result_when_it_finds_nothing(tmp_path, tiny_mod
     rep = data_report(StudyContext.open(tmp_path))
     assert rep["sizes"] == {"train": 22, "validation": 22}
     assert rep["checks"] == ["empty texts dropped: none", "duplicates: none across train/validation",
-                             "classes under 10 examples: none in train/validation", "answers cut by max_length 128: none"]
+                             "classes under 10 examples: none in train/validation", "answers cut by max_length 128: none",
+                             "classes missing from a split: none", "texts with different labels: none",
+                             "encoding faults (0 supervised tokens, end token, prompt prefix): none", "longer than max_length 128: none"]
     assert rep["passed"] is True
 
 

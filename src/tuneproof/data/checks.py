@@ -97,3 +97,25 @@ def duplicates_line(dedup_report) -> str:
         return f"duplicates: none across {'/'.join(names)}" if len(names) > 1 else f"duplicates: only one split ({names[0]})"
     return "duplicates across splits: " + ", ".join(
         f"{p.first}/{p.second} {p.counts['near']['second_colliding']} of {p.n_second}" for p in hits)
+
+
+def audit_lines(labels: dict[str, Any], targets: dict[str, Any] | None, faults: list[dict], lengths: dict[str, Any]) -> list[str]:
+    """One statement per audit of the data check, also when it finds nothing: classes missing
+    from a split, texts with different labels (labelled data only), strict-JSON targets
+    (generative tasks), encoding faults, examples longer than ``max_length``."""
+    out = []
+    if any(labels.get("class_counts", {}).values()):
+        missing = labels.get("missing_classes", [])
+        out.append("classes missing from a split: none" if not missing else
+                   f"classes missing from a split: {len(missing)} (" + _listing([f"'{m['label']}' not in {', '.join(m['absent_from'])}" for m in missing], 5) + ")")
+        conflicts = labels.get("conflicting_labels", [])
+        out.append("texts with different labels: none" if not conflicts else f"texts with different labels: {len(conflicts)}")
+    if targets is not None:
+        out.append(f"targets that are strict JSON: {targets['parsed']} of {targets['n']} ({targets['parse_rate']:.1%})")
+    bad = sorted({(f["split"], f["id"]) for f in faults})
+    out.append("encoding faults (0 supervised tokens, end token, prompt prefix): none" if not bad else
+               f"encoding faults: {len(bad)} examples (" + _listing([f"{s}/{i}" for s, i in bad], 5) + ")")
+    cut = {s: v for s, v in lengths.get("splits", {}).items() if v.get("truncated")}
+    out.append(f"longer than max_length {lengths.get('max_length')}: " + (
+        "none" if not cut else ", ".join(f"{s} {v['truncated']} of {v['n']}" for s, v in cut.items())))
+    return out

@@ -52,6 +52,9 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     lengths = length_stats({name: [e.full_length for e in items] for name, items in encoded.items()}, s.training.max_length,
                            keep_whole={n: [e.full_length for e in v] for n, v in encoded.items()} if generative else None)
     checks = _checks(ctx, dedup, encoded, generative)
+    from tuneproof.data.checks import audit_lines  # noqa: PLC0415
+
+    checks["lines"] += audit_lines(labels, targets, faults, lengths)
     hard = list(labels.get("hard_faults", [])) + (targets or {}).get("hard_faults", []) + [
         f"{f['split']}/{f['id']}: {f['fault']}" for f in faults]
     warnings = list(labels.get("warnings", [])) + lengths.get("warnings", []) + [

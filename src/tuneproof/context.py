@@ -141,9 +141,13 @@ class StudyContext:
 
     @cached_property
     def tokenizer_identity(self) -> dict[str, Any]:
-        from tuneproof.data.preprocess import tokenizer_identity  # noqa: PLC0415
+        """Class, vocabulary size and hash, special and added tokens, chat template hash, the ids of a
+        fixed probe text and of a fixed sample of the evaluation inputs and references
+        (:func:`tuneproof.deliver.identity.study_tokenizer_identity`)."""
+        from tuneproof.deliver.identity import study_tokenizer_identity  # noqa: PLC0415
 
-        return tokenizer_identity(self.tokenizer)
+        texts = [t for e in self.eval_examples() for t in (e.text, e.target) if isinstance(t, str)]
+        return study_tokenizer_identity(self.tokenizer, texts)
 
     # ------------------------------------------------------------------ fingerprints
     def data_fingerprint(self) -> dict[str, Any]:

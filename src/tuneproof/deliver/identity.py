@@ -4,7 +4,11 @@ An adapter is a difference to one exact set of base weights. The identity record
 and checked by ``verify`` is: the id or path, the revision, the sha256 of every weight file the
 model is loaded from, one combined hash over them, the sha256 of ``config.json``, and the
 tokenizer (class, vocabulary size, added tokens, chat template hash and the hash of the token ids
-of a fixed probe text, see :func:`tuneproof.data.preprocess.tokenizer_identity`).
+of a fixed probe text, see :func:`tuneproof.data.preprocess.tokenizer_identity`), plus, from
+:func:`study_tokenizer_identity`, the sha256 of the whole token -> id map (``vocab_sha256``) and
+the hash of the token ids of a fixed sample of the study's own evaluation texts
+(``study_probe_hash``): a tokenizer with two ids swapped splits a fixed sentence the same way but
+gives other ids for the study's words (issue 10, CASES C13 kind).
 
 Pure hashing: nothing here imports torch, so a mismatch is found in a second or so.
 """
@@ -15,11 +19,42 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from tuneproof.io import sha256_file
+from tuneproof.io import sha256_file, sha256_json
 from tuneproof.models.base import weight_hashes
 
 # tokenizer fields that must be equal for the adapter's token ids to mean the same thing
-TOKENIZER_KEYS = ("class", "vocab_size", "added_tokens", "eos_token", "pad_token", "chat_template_sha256", "probe_hash")
+TOKENIZER_KEYS = ("class", "vocab_size", "added_tokens", "eos_token", "pad_token", "chat_template_sha256", "probe_hash", "vocab_sha256")
+PROBE_SAMPLE = 32  # study texts in the probe (evenly spaced over the sorted distinct texts)
+
+
+def vocab_sha256(tokenizer) -> str:
+    """sha256 of the canonical JSON of the sorted ``[token, id]`` pairs of ``tokenizer.get_vocab()``
+    (added tokens included): equal exactly when every token has the same id."""
+    return sha256_json(sorted([str(t), int(i)] for t, i in tokenizer.get_vocab().items()))
+
+
+def probe_sample(texts: list[str], n: int = PROBE_SAMPLE) -> list[str]:
+    """A fixed sample of ``texts``: ``n`` evenly spaced over the sorted distinct non-empty texts
+    (all of them when there are at most ``n``). Independent of the input order."""
+    pool = sorted({t for t in texts if t})
+    if len(pool) <= n:
+        return pool
+    return [pool[(i * len(pool)) // n] for i in range(n)]
+
+
+def study_tokenizer_identity(tokenizer, texts: list[str]) -> dict[str, Any]:
+    """The tokenizer identity of a study: :func:`tuneproof.data.preprocess.tokenizer_identity` plus
+    ``vocab_sha256`` (:func:`vocab_sha256`), ``study_probe_n``, ``study_probe_texts_sha256`` (the
+    sampled texts) and ``study_probe_hash`` (sha256 of the JSON list of their token ids, no special
+    tokens) over :func:`probe_sample` of ``texts`` (the study passes its evaluation inputs and references)."""
+    from tuneproof.data.preprocess import tokenizer_identity  # noqa: PLC0415
+
+    ident = dict(tokenizer_identity(tokenizer))
+    sample = probe_sample(texts)
+    ids = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in sample]
+    ident.update(vocab_sha256=vocab_sha256(tokenizer), study_probe_n=len(sample), study_probe_texts_sha256=sha256_json(sample),
+                 study_probe_hash=sha256_json(ids))
+    return ident
 
 
 def combined_weights_hash(weights: dict[str, str]) -> str:
@@ -104,10 +139,58 @@ def compare_weights(expected: dict[str, str], folder: Path) -> list[str]:
     return problems
 
 
+def base_vocab_size(folder: str | Path) -> int | None:
+    """Embedding rows of the base in ``folder`` as its ``config.json`` says (``vocab_size``, or
+    ``text_config.vocab_size`` for multimodal models): the size before any resizing."""
+    import json  # noqa: PLC0415
+
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return int(size) if size is not None else None
+
+
+def vocabulary_record(base_folder: str | Path, tokenizer) -> dict[str, Any]:
+    """What an adapter's token ids need from the base (CASES C6 kind): ``{"base_vocab_size"`` (rows
+    of the base before resizing), ``"tokenizer_size"`` (``len(tokenizer)``), ``"resized"`` (tokenizer
+    larger than the base), ``"added_tokens"`` ({token: id} added to the vocabulary that are not special
+    tokens), ``"added_special_tokens"`` ({token: id} of added special tokens)}``, from
+    ``tokenizer.added_tokens_decoder`` (each ``AddedToken`` says whether it is special)."""
+    rows = base_vocab_size(base_folder)
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    added = {str(t.content): int(i) for i, t in sorted(decoder.items()) if not getattr(t, "special", False)}
+    special = {str(t.content): int(i) for i, t in sorted(decoder.items()) if getattr(t, "special", False)}
+    size = len(tokenizer)
+    return {"base_vocab_size": rows, "tokenizer_size": size, "resized": bool(rows is not None and size > rows),
+            "added_tokens": added, "added_special_tokens": special}
+
+
+def compare_vocabulary(recorded: dict[str, Any] | None, base_folder: str | Path) -> list[str]:
+    """Problems loading an export onto the base in ``base_folder`` (empty: same size): names the
+    recorded base vocabulary size (before resizing) and the one found."""
+    if not recorded or recorded.get("base_vocab_size") is None:
+        return []
+    found = base_vocab_size(base_folder)
+    if found == recorded["base_vocab_size"]:
+        return []
+    resized = (f", resized to {recorded['tokenizer_size']} for {len(recorded.get('added_tokens') or {})} added token(s)"
+               if recorded.get("resized") else "")
+    return [f"base vocabulary size: the export was trained on a base with {recorded['base_vocab_size']} embedding rows "
+            f"(before resizing{resized}), {Path(base_folder)} has {found}"]
+
+
 def compare_tokenizer(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
-    """Problems between two tokenizer identities, one per differing key, naming both values."""
+    """Problems between two tokenizer identities, one per differing key, naming both values. The
+    study probe is compared when both sides probed the same texts (``study_probe_texts_sha256``);
+    keys absent from ``expected`` (older records) are not compared."""
     out = []
     for key in TOKENIZER_KEYS:
         if key in expected and expected.get(key) != found.get(key):
             out.append(f"tokenizer {key}: expected {expected.get(key)!r}, found {found.get(key)!r}")
+    if ("study_probe_hash" in expected and expected.get("study_probe_texts_sha256") == found.get("study_probe_texts_sha256")
+            and expected["study_probe_hash"] != found.get("study_probe_hash")):
+        out.append(f"tokenizer study_probe_hash (token ids of {expected.get('study_probe_n')} of the study's evaluation texts): "
+                   f"expected {expected['study_probe_hash']!r}, found {found.get('study_probe_hash')!r}")
     return out

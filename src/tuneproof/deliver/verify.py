@@ -13,9 +13,10 @@ loaded):
 2. ``base weights``: every weight file and ``config.json`` of the base (``--base`` or the recorded
    path) has the recorded sha256, and no file is missing or added (CASES C13: names both hashes;
    weight hashes are cached by path, size and mtime, ``tuneproof --rehash verify`` recomputes them);
+   a base of another vocabulary size than the one recorded before resizing names both sizes first (C6 kind);
 3. ``adapter config``: ``adapter_config.json`` carries the recorded base revision;
-4. ``tokenizer``: the base's tokenizer has the recorded class, vocabulary size, added tokens, chat
-   template and probe-text token ids;
+4. ``tokenizer``: the base's tokenizer has the recorded class, vocabulary size and token -> id map
+   (``vocab_sha256``), added tokens, chat template and probe-text token ids;
 5. ``reload``: the base + adapter load with the standard ``PeftModel.from_pretrained`` (or the
    full model with ``from_pretrained``); modules_to_save come from the saved file (CASES C6);
 6. ``predictions``: the K stored examples are predicted again by the stored procedure and
@@ -241,7 +242,9 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
         if not (base_path / "config.json").is_file():
             raise TuneproofError(f"base model not found at {base_path} (the bundle was exported from {bm.get('name')}, revision {bm.get('revision')})",
                                  hint="pass --base PATH to the folder holding that exact base model")
-        problems = compare_weights(bm["weight_files"], base_path)
+        from tuneproof.deliver.identity import compare_vocabulary  # noqa: PLC0415
+
+        problems = compare_vocabulary(man.get("vocabulary"), base_path) + compare_weights(bm["weight_files"], base_path)
         if bm.get("config_sha256"):
             found_cfg = sha256_file(base_path / "config.json")
             if found_cfg != bm["config_sha256"]:
@@ -266,7 +269,9 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     tokenizer = load_tokenizer_at(tok_path, man)
     from tuneproof.data.preprocess import tokenizer_identity  # noqa: PLC0415
 
-    problems = compare_tokenizer(man["tokenizer"], tokenizer_identity(tokenizer))
+    from tuneproof.deliver.identity import vocab_sha256  # noqa: PLC0415
+
+    problems = compare_tokenizer(man["tokenizer"], {**tokenizer_identity(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)})
     if not _check(report, "tokenizer", not problems,
                   f"{man['tokenizer'].get('class')}, vocabulary {man['tokenizer'].get('vocab_size')}, probe hash "
                   f"{str(man['tokenizer'].get('probe_hash'))[:16]}" + (" identical" if not problems else " differs"), problems):

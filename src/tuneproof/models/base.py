@@ -200,7 +200,9 @@ def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
 
 def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | None = None):
     """Load the base model in ``dtype`` (default fp32). Sequence classification gets a fresh head
-    with ``len(labels)`` outputs and ``id2label``/``label2id`` set."""
+    with ``len(labels)`` outputs and ``id2label``/``label2id`` set. When the tokenizer saved in the
+    folder has more tokens than the embedding has rows (added tokens), the embeddings are resized
+    to it first (:func:`fit_embeddings`), so training, evaluation and every reload see the same shapes."""
     import torch  # noqa: PLC0415
 
     from tuneproof.ui import console  # noqa: PLC0415
@@ -223,4 +225,47 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None):
     else:
         model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code)
     model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
+    n_tokens = _tokenizer_length(ref)
+    if n_tokens is not None:
+        fit_embeddings(model, n_tokens)
     return model
+
+
+def _tokenizer_length(ref: BaseModelRef) -> int | None:
+    """``len(tokenizer)`` of the tokenizer saved beside the weights in ``ref.path``, or None when there is none."""
+    path = Path(ref.path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    return len(AutoTokenizer.from_pretrained(path, trust_remote_code=ref.trust_remote_code))
+
+
+def fit_embeddings(model, n_tokens: int) -> dict[str, int] | None:
+    """Give the embedding matrix (and an untied output layer) one row per token when the tokenizer has
+    more tokens (added tokens) than the base has rows; the new rows are the mean of the base's rows
+    (deterministic: every process that loads the base gets the same matrix). Returns
+    ``{"base_vocab_size", "resized_to"}`` or None when nothing was resized (more rows than tokens is
+    fine: models pad the matrix).
+
+    Rule from transformers' ``PreTrainedModel.resize_token_embeddings`` (called with
+    ``mean_resizing=False``; the mean is written here instead of a random draw).
+    """
+    import torch  # noqa: PLC0415
+
+    emb = model.get_input_embeddings()
+    rows = int(emb.weight.shape[0])
+    if n_tokens <= rows:
+        return None
+    out = model.get_output_embeddings()
+    out_rows = int(out.weight.shape[0]) if out is not None and getattr(out, "weight", None) is not None else None
+    model.resize_token_embeddings(n_tokens, mean_resizing=False)
+    with torch.no_grad():
+        new = model.get_input_embeddings().weight
+        new[rows:] = new[:rows].mean(0, keepdim=True)
+        head = model.get_output_embeddings()
+        if head is not None and out_rows is not None and head.weight is not new:
+            head.weight[out_rows:] = head.weight[:out_rows].mean(0, keepdim=True)
+            if getattr(head, "bias", None) is not None and head.bias.shape[0] == n_tokens:
+                head.bias[out_rows:] = head.bias[:out_rows].mean()
+    return {"base_vocab_size": rows, "resized_to": n_tokens}

@@ -14,8 +14,12 @@ from tuneproof.registry import Run
 from tuneproof.ui import console, progress_bar
 
 
+TOKENIZER_FILE = "tokenizer_identity.json"
+
+
 def record_inputs(ctx: StudyContext, run: Run, *, with_data: bool = True) -> dict[str, Any]:
-    """Write ``config.json``, ``env.json`` and ``data.json`` into the run and index the hashes."""
+    """Write ``config.json``, ``env.json`` and ``data.json`` (and ``tokenizer_identity.json``, what
+    ``eval`` and ``export`` compare the tokenizer with) into the run and index the hashes."""
     from tuneproof.preflight.envinfo import environment_snapshot  # noqa: PLC0415
 
     run.write_json("config.json", ctx.config)
@@ -26,6 +30,7 @@ def record_inputs(ctx: StudyContext, run: Run, *, with_data: bool = True) -> dic
     if with_data:
         fp = ctx.data_fingerprint()
         run.write_json("data.json", fp)
+        run.write_json(TOKENIZER_FILE, ctx.tokenizer_identity)
         fields["data_fingerprint"] = fp["hash"]
     run.set(**fields)
     return fields
@@ -41,6 +46,7 @@ def load_trained(ctx: StudyContext, train_run_id: str):
                              hint=f"resume it (`tuneproof resume {rec.id}`) or pick a completed run")
     run_dir = ctx.registry.runs_dir / rec.id
     check_base(ctx, rec.id)
+    check_tokenizer(ctx, rec.id, "loading the trained model")
     device, _, _ = ctx.torch_setup()
     model_dir = run_dir / "model"
     from tuneproof.models.base import load_model  # noqa: PLC0415
@@ -78,6 +84,37 @@ def check_base(ctx: StudyContext, train_run_id: str) -> None:
     if problems:
         raise CheckFailed(f"the base model {ctx.base.path} differs from the one run {rec.id} was trained on: " + "; ".join(problems),
                           hint="point model.base at the exact base the run was trained on (tuneproof --rehash ... if the hash cache is stale)")
+
+
+def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
+    """Refuse ``command`` (eval, test, export) when the study's tokenizer now differs from the one
+    recorded by the train run and by the baseline it was trained against (its ``baseline_run``, else
+    the latest completed baseline): class, vocabulary size and token -> id map, special and added
+    tokens, chat template, the ids of the fixed probe text and of the study's probe sample (issue 10,
+    CASES C13 kind). Runs recorded before ``tokenizer_identity.json`` existed are not compared.
+
+    Raises:
+        CheckFailed: names the run(s), each differing key with both values (exit 3).
+    """
+    from tuneproof.deliver.identity import compare_tokenizer  # noqa: PLC0415
+    from tuneproof.errors import CheckFailed  # noqa: PLC0415
+
+    rec = ctx.registry.get(train_run_id)
+    base_id = rec.summary.get("baseline_run")
+    baseline = ctx.registry.get(base_id) if base_id else ctx.registry.latest("baseline")
+    now = ctx.tokenizer_identity
+    refs = []
+    for r in (rec, baseline):
+        path = ctx.registry.runs_dir / r.id / TOKENIZER_FILE if r is not None else None
+        if path is not None and path.exists():
+            problems = compare_tokenizer(read_json(path), now)
+            if problems:
+                refs.append((r, problems))
+    if refs:
+        named = " and ".join(f"{r.kind} run {r.id}" for r, _ in refs)
+        raise CheckFailed(f"{command} refused: the tokenizer of {ctx.base.path} differs from the one recorded by {named}: "
+                          + "; ".join(refs[0][1]),
+                          hint="restore the tokenizer files the run was trained with, or run the baseline and train again with this tokenizer")
 
 
 def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> list[str]:

@@ -2,19 +2,26 @@
 
 Features: the adapter (or full model) of a completed train run is loaded onto the same base;
 the evaluation split, prompt, decoding and metrics are the study's, and the evaluation
-fingerprint is stored so ``compare`` can check it matches the baseline's.
+fingerprint is stored so ``compare`` can check it matches the baseline's. A tokenizer that differs
+from the one the train run and its baseline recorded is refused, naming both (issue 10, C13 kind).
 """
 
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.recipes.common import evaluate_into, load_trained, record_inputs
+from tuneproof.recipes.common import check_tokenizer, evaluate_into, load_trained, record_inputs
 from tuneproof.ui import console
 
 
 def run_eval(ctx: StudyContext, train_run: str) -> str:
-    """Evaluate ``train_run`` on the eval split; returns the eval run id (its parent is the train run)."""
+    """Evaluate ``train_run`` on the eval split; returns the eval run id (its parent is the train run).
+
+    Raises:
+        CheckFailed: the tokenizer differs from the one recorded by the train run or its baseline
+            (exit 3, before any eval run; :func:`~tuneproof.recipes.common.check_tokenizer`).
+    """
     rec = ctx.registry.get(train_run)
+    check_tokenizer(ctx, rec.id, "eval")
     with ctx.registry.run("eval", parent=rec.id) as run:
         record_inputs(ctx, run)
         model = load_trained(ctx, rec.id)

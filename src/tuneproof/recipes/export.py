@@ -6,7 +6,9 @@ Features (option that turns each on):
 - the adapter in the standard PEFT layout (``PeftModel.from_pretrained(base, "adapter")`` loads it
   unchanged; its ``adapter_config.json`` carries the base revision), or ``model/`` for full
   fine-tuning; ``--merge`` adds ``merged/``, the base with the adapter merged in (safetensors);
-- modules_to_save (e.g. the classification head) checked to be in the saved file (CASES C6);
+- modules_to_save (e.g. the classification head) checked to be in the saved file (CASES C6); the
+  base vocabulary size before resizing and the added tokens apart from the special tokens recorded
+  (``vocabulary``), so loading onto a base of another size names both sizes;
 - ``results/outputs.jsonl`` and ``results/baseline_outputs.jsonl``: the per-example outputs the
   metrics and the comparison were computed from (each checked against the sha256 its run recorded),
   from which ``verify`` recomputes every claim; ``manifest.sha256``: the manifest's own hash;
@@ -21,7 +23,8 @@ Features (option that turns each on):
   fresh process, before the export run is completed;
 - a train run that is not completed (failed, interrupted, invalid) is refused unless ``--force``;
   a forced export says so in the manifest, the model card and the export run;
-- a base whose weights changed since training is refused (CASES C13);
+- a base whose weights changed since training is refused (CASES C13), and so is a tokenizer that
+  differs from the one the train run and its baseline recorded (vocabulary map, probe ids; issue 10);
 - the verdict in the manifest and the model card follows the hypothesis frozen with the first train
   run; when the study file's differs, the change and both verdicts are stated;
   ``--use-edited-hypothesis REASON`` makes the edited one's verdict the verdict, with the reason in
@@ -191,6 +194,9 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
                               hint="set method.modules_to_save: [classifier] (the head's module name) and train again")
 
     embeddings = _embeddings(base, tmp, payload)
+    from tuneproof.deliver.identity import vocabulary_record  # noqa: PLC0415
+
+    vocabulary = vocabulary_record(base["path"], ctx.tokenizer)  # C6 kind: base size before resizing, added tokens
 
     # evidence: eval, comparison, limits
     ev = _eval_of(ctx, rec.id)
@@ -273,6 +279,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         "forced": forced,
         "modules_to_save": mts,
         "embeddings": embeddings,
+        "vocabulary": vocabulary,
         "adapter": ({k2: v for k2, v in read_json(tmp / "adapter" / "adapter_config.json").items()
                      if k2 in ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "revision",
                                "base_model_name_or_path", "task_type")} if payload == "adapter" else None),
@@ -333,6 +340,9 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
     if dest.exists():
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
     _check_base_unchanged(ctx, rec)
+    from tuneproof.recipes.common import check_tokenizer  # noqa: PLC0415
+
+    check_tokenizer(ctx, rec.id, "export")
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     with ctx.registry.run("export", parent=rec.id) as run:
         record_inputs(ctx, run, with_data=False)

@@ -45,6 +45,9 @@ def build_model(ctx: StudyContext):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     model, report = apply_method(model, ctx.study.method, ctx.model_kind)
+    from tuneproof.deliver.identity import vocabulary_record  # noqa: PLC0415
+
+    report["vocabulary"] = vocabulary_record(ctx.base.path, ctx.tokenizer)  # base rows before resizing, added tokens (C6 kind)
     return model.to(device), report
 
 

@@ -142,11 +142,12 @@ class StudyContext:
     @cached_property
     def tokenizer_identity(self) -> dict[str, Any]:
         """Class, vocabulary size and hash, special and added tokens, chat template hash, the ids of a
-        fixed probe text and of a fixed sample of the evaluation inputs and references
+        fixed probe text and of a fixed sample of the evaluation split's inputs and references
         (:func:`tuneproof.deliver.identity.study_tokenizer_identity`)."""
         from tuneproof.deliver.identity import study_tokenizer_identity  # noqa: PLC0415
 
-        texts = [t for e in self.eval_examples() for t in (e.text, e.target) if isinstance(t, str)]
+        # the whole evaluation split (not the eval.max_examples subset): the sample is data, not eval settings
+        texts = [t for e in self.split(self.study.eval.split) for t in (e.text, e.target) if isinstance(t, str)]
         return study_tokenizer_identity(self.tokenizer, texts)
 
     # ------------------------------------------------------------------ fingerprints

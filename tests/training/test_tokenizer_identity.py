@@ -50,7 +50,7 @@ def test_two_swapped_ids_are_refused_by_eval_and_export(tiny_base, tmp_path, cap
     study = make_study(tmp_path / "s", base, max_steps=2, checkpoint_every=2)  # data check r0001, baseline r0002
     ctx = StudyContext.open(study)
     train_id = run_train(ctx)
-    texts = [t for e in ctx.eval_examples() for t in (e.text, e.target)]
+    texts = [t for e in ctx.split("validation") for t in (e.text, e.target)]
     ctx.registry.close()
     recorded = read_json(study / "runs" / train_id / "tokenizer_identity.json")
     assert recorded == read_json(study / "runs" / "r0002" / "tokenizer_identity.json")

@@ -32,7 +32,7 @@ FROZEN_FILE = "hypothesis.frozen.json"
 OVERRIDES_FILE = "hypothesis.overrides.jsonl"
 FLAG = "--use-edited-hypothesis"
 #: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output).
-FORMAT_KEYS = {"json_schema": None, "regex": None, "allow_fenced_json": False}
+FORMAT_KEYS = {"json_schema": None, "regex": None, "grammar": None, "allow_fenced_json": False}
 
 
 # --------------------------------------------------------------------------- the frozen part
@@ -327,11 +327,15 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
     h, ev = study.hypothesis, study.eval
     examples = [e for items in splits.values() for e in items]
     known = {str(e.label) for e in examples if e.label is not None}
+    from tuneproof.tasks import get_task  # noqa: PLC0415
+
+    known |= set(get_task(h.task).label_set(examples) or [])  # e.g. the labels of multi-label targets
     if h.task == "extraction":
         for e in examples:
             obj, err = parse_json_output(e.target) if e.target is not None else (None, "none")
             if err is None and isinstance(obj, dict) and obj.get("intent") is not None:
-                known.add(str(obj["intent"]))
+                intent = obj["intent"]  # one label, or a list of labels (multi-intent)
+                known.update(str(x) for x in intent) if isinstance(intent, list) else known.add(str(intent))
     for i, g in enumerate(h.guards):
         missing = [c for c in (g.classes or []) if c not in known]
         if missing:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tuneproof.errors import TuneproofError
 
 STUDY_FILE = "tuneproof.yaml"
-TaskKind = Literal["classification", "extraction", "format"]
+TaskKind = Literal["classification", "multi-label", "extraction", "format"]
 
 
 class _Strict(BaseModel):
@@ -32,16 +32,23 @@ class Guard(_Strict):
     ``per_class_f1`` / ``per_field_f1`` to apply the rule to every category or field."""
 
     metric: str = Field(description="metric (or per_class_* / per_field_*) that must not regress")
-    max_drop: float | None = Field(0.0, description="largest allowed drop vs the baseline (absolute)")
-    floor: float | None = Field(None, description="absolute minimum value for the candidate")
+    max_drop: float | None = Field(None, description="largest allowed drop vs the baseline (absolute); unset: no drop rule")
+    floor: float | None = Field(None, description="absolute minimum value for the candidate; unset: no floor")
     classes: list[str] | None = Field(
         None, description="per_class_* guards: only these classes (default: every class); each must be a label of the data"
     )
+    min_support: int = Field(1, ge=1, description="per_class_* / per_field_*: examples a class/field needs in the split to be judged")
+
+    @model_validator(mode="after")
+    def _has_a_rule(self) -> "Guard":
+        if self.max_drop is None and self.floor is None:
+            raise ValueError(f"guard on '{self.metric}' sets neither max_drop nor floor: write the condition it checks")
+        return self
 
 
 class Hypothesis(_Strict):
     behaviour: str = Field(description="the behaviour to improve, in one sentence")
-    task: TaskKind = Field(description="classification | extraction | format")
+    task: TaskKind = Field(description="classification | multi-label | extraction | format")
     success: Criterion = Field(description="metric and minimum gain over the baseline")
     guards: list[Guard] = Field(default_factory=list, description="what must not get worse")
     required_fields: list[str] = Field(default_factory=list, description="extraction/format: top-level JSON keys every output must have")
@@ -169,7 +176,10 @@ class Eval(_Strict):
     max_examples: int | None = Field(None, description="evaluate a fixed stratified subset of this size")
     allow_fenced_json: bool = Field(False, description="accept ```json fenced output as valid JSON")
     json_schema: dict[str, Any] | None = Field(None, description="format: JSON Schema every output must satisfy")
-    regex: str | None = Field(None, description="format: regular expression every output must fully match")
+    regex: str | None = Field(None, description="format: regular expression every output must fully match; named groups are scored parts")
+    grammar: Literal["function_slots"] | None = Field(
+        None, description="format: a meaning-representation grammar, function_slots = name(slot[value], slot[v1, v2])"
+    )
     bootstrap_iterations: int = Field(1000, ge=100, description="paired bootstrap iterations")
     seed: int = Field(0, description="seed of the bootstrap")
 
@@ -258,7 +268,7 @@ def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> Non
     from tuneproof.evaluation.metrics import metric_names  # noqa: PLC0415
 
     h, e = study.hypothesis, study.eval
-    names = metric_names(h.task, required_fields=h.required_fields, json_schema=e.json_schema, regex=e.regex)
+    names = metric_names(h.task, required_fields=h.required_fields, json_schema=e.json_schema, regex=e.regex, grammar=e.grammar)
     aggregate = names["aggregate"]
     if h.success.metric not in aggregate:
         raise TuneproofError(f"{path}: hypothesis.success.metric: '{h.success.metric}' is not a metric of task '{h.task}'"

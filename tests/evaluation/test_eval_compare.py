@@ -176,9 +176,10 @@ def test_unknown_metrics_name_the_study_key():
     with pytest.raises(TuneproofError, match="hypothesis.success.metric: metric 'field_f1'"):
         judge(_hyp("field_f1"), res)
     with pytest.raises(TuneproofError, match=r"hypothesis.guards\[0\].metric: 'per_field_f1'"):
-        judge(_hyp("accuracy", 0.0, [{"metric": "per_field_f1"}]), res)
-    with pytest.raises(TuneproofError, match=r"hypothesis.guards\[0\]: guard on 'accuracy' has neither"):
-        judge(_hyp("accuracy", 0.0, [{"metric": "accuracy", "max_drop": None}]), res)
+        judge(_hyp("accuracy", 0.0, [{"metric": "per_field_f1", "max_drop": 0.0}]), res)
+    # a guard that writes no condition is refused when the study is read (issue 10: no silent max_drop 0.0)
+    with pytest.raises(ValueError, match=r"guard on 'accuracy' sets neither max_drop nor floor"):
+        _hyp("accuracy", 0.0, [{"metric": "accuracy", "max_drop": None}])
 
 
 # --------------------------------------------------------------------------- concentration
@@ -235,9 +236,12 @@ def test_extraction_comparison_per_field_and_guards():
     assert {it["name"]: it["verdict"] for it in verdicts["per_field_f1"]["items"]} == {"artist": "pass", "city": "pass", "when": "fail"}
     assert verdicts["required_fields_rate"]["verdict"] == "pass"
     assert r["overall"]["verdict"] == "fail"
-    # per-example correctness is exact match: fenced PlayMusic fixed, plain GetWeather broken
-    assert r["counts"] == {"fixed": 10, "broken": 10, "unchanged_right": 10, "unchanged_wrong": 10}
-    assert r["mcnemar"]["p_value"] == 1.0
+    # paired counts follow the success metric (json_valid_rate): the 20 fenced outputs became valid
+    assert r["counts_basis"]["rule"] == "json_valid"
+    assert r["counts"] == {"fixed": 20, "broken": 0, "unchanged_right": 20, "unchanged_wrong": 0}
+    # second line, exact match: fenced PlayMusic fixed, plain GetWeather broken
+    assert r["counts_correct"] == {"fixed": 10, "broken": 10, "unchanged_right": 10, "unchanged_wrong": 10}
+    assert r["mcnemar"]["p_value"] == pytest.approx(2 / 2**20) and r["mcnemar_correct"]["p_value"] == 1.0
     assert r["concentration"]["basis"] == "json_valid" and r["concentration"]["net_gain"] == 20
 
 
@@ -258,7 +262,7 @@ def test_extraction_targets_without_intent_group_by_category():
     cand = [{"id": str(i), "category": "weather" if i < 6 else "travel", "reference": ref, "prediction": ref} for i in range(10)]
     r = paired_compare(base, cand, "extraction", required_fields=["slots"], eval_cfg=EVAL,
                        hypothesis=_hyp("field_f1", 0.0, [{"metric": "per_class_exact_match", "max_drop": 0.0}], task="extraction"), iterations=200)
-    assert r["metrics"]["intent_accuracy"]["base"] == 1.0  # no intent in target or output
+    assert "intent_accuracy" not in r["metrics"]  # no reference has an intent: not scored on it (a missing value never matches)
     assert r["per_class"]["weather"]["exact_match"]["base"] == 0.5 and r["per_class"]["weather"]["exact_match"]["cand"] == 1.0
     assert r["metrics"]["field_f1"]["base"] == pytest.approx(2 * 7 / (2 * 7 + 3))
     assert r["concentration"]["basis"] == "field_f1" and r["concentration"]["by_class"] == {"weather": 3.0, "travel": 0.0}

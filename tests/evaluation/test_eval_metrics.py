@@ -64,7 +64,7 @@ def test_c15_majority_class_metrics():
     assert m["macro_f1"] == pytest.approx(25 / 59) and round(m["macro_f1"], 4) == 0.4237
     assert m["weighted_f1"] == pytest.approx(50 / 68 * 100 / 118)
     assert list(m["per_class"]["0"])[0] == "recall"  # per-class recall shown first (C15)
-    assert "average='macro'" in m["averaging"]["macro_f1"]
+    assert "macro over 2 of 2 labels present" in m["averaging"]["macro_f1"]
     assert m["confusion"] == {"labels": ["0", "1"], "columns": ["0", "1", "<invalid>"], "matrix": [[50, 0, 0], [18, 0, 0]]}
     assert sum(r["correct"] for r in recs) == 50
 
@@ -92,9 +92,9 @@ def test_classification_label_errors():
         score_classification([{"id": "a", "reference": "x", "prediction": "x"}], labels=["y"])
     with pytest.raises(TuneproofError, match="empty"):
         score_classification([])
-    # an explicit label set keeps a never-seen class in the macro average
+    # a class of the label set with support 0 in the split is left out of the macro average (issue 10)
     _, m = score_classification([{"id": "a", "reference": "x", "prediction": "x"}], labels=["x", "y"])
-    assert m["macro_f1"] == 0.5
+    assert m["macro_f1"] == 1.0 and m["labels_present"] == 1 and m["macro_over"] == "macro over 1 of 2 labels present (support > 0)"
 
 
 # --------------------------------------------------------------------------- extraction

@@ -212,3 +212,99 @@ def audit_targets(
         "hard_faults": hard,
         "warnings": [],
     }
+
+
+def json_list_field(target: str | None, key: str) -> list | None:
+    """``target[key]`` when the target is a JSON object whose ``key`` holds a list, else None."""
+    if target is None:
+        return None
+    try:
+        obj = _strict_json(target)
+    except ValueError:
+        return None
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, list) else None
+
+
+def audit_label_sets(sets: dict[str, list[list[str] | None]], what: str = "label") -> dict[str, Any]:
+    """Per-label audit of a multi-label field (issue 12): support per label, label-set cardinality.
+
+    Args:
+        sets: ``{split: [labels of each example (a list; None when the example has none)]}``.
+        what: the field's name in messages (``"label"``, ``"intent"``).
+
+    Returns:
+        ``{"support": {split: {label: examples holding it}}, "cardinality": {split: {"mean",
+        "min", "max", "histogram": {size: examples}}}, "labels": sorted labels, "hard_faults",
+        "warnings"}``. Hard fault: a label of an evaluation split that train never shows (the
+        model cannot learn it). Warnings: a train label absent from an evaluation split (never
+        measured there, its per-label guard reads "not measurable"), and examples with an empty
+        label set.
+    """
+    names = _ordered(sets)
+    support: dict[str, dict[str, int]] = {}
+    card: dict[str, dict[str, Any]] = {}
+    hard: list[str] = []
+    warn: list[str] = []
+    for s in names:
+        c: Counter = Counter()
+        sizes: Counter = Counter()
+        for labs in sets[s]:
+            uniq = sorted({str(x).strip() for x in labs or [] if str(x).strip()})
+            c.update(uniq)
+            sizes[len(uniq)] += 1
+        support[s] = dict(sorted(c.items()))
+        total = sum(sizes.values())
+        card[s] = {"mean": (sum(k * v for k, v in sizes.items()) / total) if total else None,
+                   "min": min(sizes) if sizes else None, "max": max(sizes) if sizes else None,
+                   "histogram": {str(k): v for k, v in sorted(sizes.items())}}
+        if sizes.get(0):
+            warn.append(f"{s}: {sizes[0]} example(s) have an empty {what} set")
+    labels = sorted({lab for c in support.values() for lab in c})
+    train = support.get("train", {})
+    for lab in labels:
+        absent = [s for s in names if lab not in support[s]]
+        present = [s for s in names if lab in support[s]]
+        if "train" in support and lab not in train:
+            hard.append(f"{what} '{lab}' is in {', '.join(present)} but never in train: the model cannot learn it")
+        elif absent:
+            warn.append(f"{what} '{lab}' is in train but not in {', '.join(absent)}: it is never measured there (support 0)")
+    return {"labels": labels, "support": support, "cardinality": card, "hard_faults": hard, "warnings": warn}
+
+
+def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
+    """Gold targets checked against the study's own format rule (issue 12).
+
+    Args:
+        examples: the examples whose ``target`` is the expected output.
+        rule: a :class:`tuneproof.tasks.format.FormatRule` (``eval.json_schema``, ``eval.regex``,
+            ``eval.grammar``, required fields); a target must pass it as a model output would
+            (no code fence: data is not model output).
+
+    Returns:
+        ``{"rule": description, "n", "parsed", "parse_rate" (parsed / n, 1.0 when n is 0),
+        "invalid": [{"id", "source", "error"}], "hard_faults", "warnings"}``. Any target that
+        fails the rule is a hard fault naming the first ``file:line`` sources (the model is taught
+        outputs its own metric calls wrong); when none passes the message says the rule matches
+        none of the gold targets.
+    """
+    invalid: list[dict[str, str]] = []
+    for ex in examples:
+        if ex.target is None:
+            invalid.append({"id": ex.id, "source": _where(ex), "error": "no target"})
+            continue
+        res = rule.check(ex.target, fenced_ok=False)
+        if not res["ok"]:
+            invalid.append({"id": ex.id, "source": _where(ex), "error": res["error"]})
+    n = len(examples)
+    parsed = n - len(invalid)
+    rate = parsed / n if n else 1.0
+    hard: list[str] = []
+    if invalid:
+        shown = [f"{i['source']} ({i['error']})" for i in invalid]
+        if parsed == 0:
+            hard.append(f"the format rule ({rule.describe()}) matches none of the {n} gold targets: {_listing(shown)}; "
+                        "fix eval.regex / eval.json_schema / eval.grammar")
+        else:
+            hard.append(f"{len(invalid)} of {n} gold targets fail the format rule ({rule.describe()}; parse rate {rate:.1%}): {_listing(shown)}")
+    return {"rule": rule.describe(), "n": n, "parsed": parsed, "parse_rate": rate, "invalid": invalid, "hard_faults": hard, "warnings": []}

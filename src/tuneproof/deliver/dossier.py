@@ -22,10 +22,11 @@ from collections import Counter
 from typing import Any
 
 from tuneproof import hypothesis as hyp
-from tuneproof.deliver.limits import PER_CLASS_METRIC, PER_FIELD_METRIC, limits_lines, observed_limits
+from tuneproof.deliver.limits import PER_FIELD_METRIC, limits_lines, observed_limits, per_class_metric
 from tuneproof.io import read_jsonl, sha256_json
 from tuneproof.errors import TuneproofError
 from tuneproof.registry import iso
+from tuneproof.tasks import get_task
 
 NOT_RUN = "not run yet"
 
@@ -428,7 +429,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
             blocks.append(_table(["metric", "baseline", "candidate", "delta", "95% CI"],
                                  [[m, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci"))] for m, v in (r.get("metrics") or {}).items()]))
             pc, pf = r.get("per_class") or {}, r.get("per_field") or {}
-            cm = PER_CLASS_METRIC.get(task, "recall")
+            cm = per_class_metric(task)
             if pc:
                 blocks.append(_table(["class", f"{cm} baseline", f"{cm} candidate", "delta", "95% CI", "support"],
                                      [[k, (v.get(cm) or {}).get("base"), (v.get(cm) or {}).get("cand"), (v.get(cm) or {}).get("delta"),
@@ -457,14 +458,14 @@ def _comparison_plots(ev: _Evidence, base_id: str | None, cid: str, r: dict, tas
     from tuneproof.deliver.plots import confusion, metric_bars  # noqa: PLC0415
 
     out: list[dict] = []
-    for section, metric, what in ((r.get("per_class") or {}, PER_CLASS_METRIC.get(task, "recall"), "class"),
+    for section, metric, what in ((r.get("per_class") or {}, per_class_metric(task), "class"),
                                   (r.get("per_field") or {}, PER_FIELD_METRIC, "field")):
         names = [k for k, v in section.items() if isinstance(v.get(metric), dict)]
         if names:
             png = metric_bars(names, [section[k][metric].get("base") for k in names], [section[k][metric].get("cand") for k in names],
                               metric=metric, title=f"{metric} per {what}: baseline {base_id} vs {cid}", cand_label=cid, base_label=f"baseline {base_id}")
             out += _fig(png, f"per-{what} {metric}, baseline vs candidate {cid}")
-    if task == "classification":
+    if get_task(task).has_confusion:
         for rid, who in ((base_id, "baseline"), (cid, "candidate")):
             conf = ((ev.json(rid, "eval.json") or {}).get("metrics") or {}).get("confusion") if rid else None
             if conf and conf.get("matrix"):

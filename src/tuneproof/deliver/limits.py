@@ -22,34 +22,23 @@ from typing import Any
 WEAK_BELOW = 0.5  # a class/field whose candidate value is below this is listed as weak
 MAX_IDS = 5  # example ids kept per failure kind
 
-# metric per category used for "regressed" and "weak", by task
-PER_CLASS_METRIC = {"classification": "recall", "extraction": "recall", "format": "compliance_rate"}
 PER_FIELD_METRIC = "f1"
 
 
+def per_class_metric(task: str) -> str:
+    """The metric per category used for "regressed" and "weak" (the task kind's own)."""
+    from tuneproof.tasks import TASKS  # noqa: PLC0415
+
+    kind = TASKS.get(task)
+    return kind.per_class_metric if kind is not None else "recall"
+
+
 def failure_kind(task: str, rec: dict[str, Any]) -> str:
-    """A short name for why an output record (``outputs.jsonl`` row) is wrong."""
-    sc = rec.get("scores") or {}
-    if task == "classification":
-        if sc.get("valid_label") is False:
-            return "not one of the labels"
-        return f"{rec.get('reference')} predicted as {rec.get('prediction')}"
-    if sc.get("parse_error"):
-        return str(sc["parse_error"]).split(":", 1)[0].strip() or "not JSON"
-    if sc.get("json_valid") is False:
-        return "not JSON"
-    if sc.get("schema_valid") is False:
-        return "JSON Schema violated"
-    if sc.get("regex_match") is False:
-        return "regular expression not matched"
-    if sc.get("required_present") is False:
-        return "required fields missing"
-    if task == "extraction":
-        if sc.get("intent_correct") is False:
-            return "wrong intent"
-        if sc.get("fp") or sc.get("fn"):
-            return "wrong or missing slot values"
-    return "output differs from the reference"
+    """A short name for why an output record (``outputs.jsonl`` row) is wrong (the task kind decides)."""
+    from tuneproof.tasks import TASKS  # noqa: PLC0415
+
+    kind = TASKS.get(task)
+    return kind.failure_kind(rec) if kind is not None else "output differs from the reference"
 
 
 def typical_failures(task: str, outputs: list[dict[str, Any]], top: int = 8) -> list[dict[str, Any]]:
@@ -83,7 +72,7 @@ def _deltas(section: dict[str, Any], kind: str, metric: str) -> tuple[list[dict]
 def _weak_from_metrics(metrics: dict[str, Any], task: str) -> list[dict]:
     """Weak classes/fields from an eval's metrics alone (no comparison with a baseline)."""
     out = []
-    cm = PER_CLASS_METRIC.get(task, "recall")
+    cm = per_class_metric(task)
     for name, v in sorted((metrics.get("per_class") or {}).items()):
         if isinstance(v, dict) and isinstance(v.get(cm), (int, float)) and v[cm] < WEAK_BELOW:
             out.append({"kind": "class", "name": name, "metric": cm, "base": None, "cand": v[cm], "delta": None, "ci": None,
@@ -126,7 +115,7 @@ def observed_limits(task: str, *, eval_metrics: dict[str, Any] | None, outputs: 
     weak: list[dict] = []
     notes: list[str] = []
     if comparison:
-        r1, w1 = _deltas(comparison.get("per_class") or {}, "class", PER_CLASS_METRIC.get(task, "recall"))
+        r1, w1 = _deltas(comparison.get("per_class") or {}, "class", per_class_metric(task))
         r2, w2 = _deltas(comparison.get("per_field") or {}, "field", PER_FIELD_METRIC)
         regressed, weak = r1 + r2, w1 + w2
         if (comparison.get("concentration") or {}).get("flagged"):

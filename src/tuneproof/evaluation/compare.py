@@ -24,186 +24,20 @@ Methods and their sources:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections import Counter
+from typing import Any, Sequence
 
 import numpy as np
 
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.metrics import HEADLINE_METRICS, finite_or_none, score
+from tuneproof.evaluation.parsing import finite_or_none
+from tuneproof.tasks import TaskConfig, get_task
+from tuneproof.tasks.base import Blocks, MetricFn
 
 CONFIDENCE = 0.95
 TOP_SHARE = 0.05  # "top 5% of examples" for the concentration flag
 _EPS = 1e-12  # float tolerance of threshold comparisons
 _CELLS_PER_CHUNK = 4_000_000  # bootstrap weight-matrix cells per chunk (32 MB of float64)
-
-Blocks = dict[str, np.ndarray]
-
-
-# --------------------------------------------------------------------------- small helpers
-def _div(num: np.ndarray, den: np.ndarray, undefined: float) -> np.ndarray:
-    """num / den elementwise; ``undefined`` where den == 0 (0 = sklearn zero_division=0, NaN = skip)."""
-    num, den = np.broadcast_arrays(np.asarray(num, dtype=float), np.asarray(den, dtype=float))
-    out = np.full(num.shape, undefined, dtype=float)
-    np.divide(num, den, out=out, where=den != 0)
-    return out
-
-
-def _col(values: Sequence[float]) -> np.ndarray:
-    return np.asarray(values, dtype=float).reshape(-1, 1)
-
-
-def _onehot(keys: Sequence[Any], vocab: Sequence[Any]) -> np.ndarray:
-    index = {v: j for j, v in enumerate(vocab)}
-    out = np.zeros((len(keys), len(vocab)))
-    for i, k in enumerate(keys):
-        if k in index:
-            out[i, index[k]] = 1.0
-    return out
-
-
-# --------------------------------------------------------------------------- per-task statistics
-# Each builder turns scored records into additive per-example statistics ("blocks", each an
-# [n, m] array) plus a function mapping their sums ([B, m] per block) to metric values ([B]).
-# Every metric is a function of sums of per-example statistics, so one weighted sum per
-# bootstrap resample recomputes all of them exactly.
-MetricFn = Callable[[Blocks, int, float], dict]
-
-
-def _classification_stats(recs: list[dict], labels: list[str]) -> Blocks:
-    refs = [str(r["reference"]).strip() for r in recs]
-    preds = [str(r.get("prediction") or "").strip() for r in recs]
-    ref1, pred1 = _onehot(refs, labels), _onehot(preds, labels)
-    return {"correct": _col([r["correct"] for r in recs]), "tp": ref1 * pred1, "pred": pred1, "sup": ref1}
-
-
-def _classification_metrics(labels: list[str]) -> MetricFn:
-    def fn(z: Blocks, n: int, undefined: float) -> dict:
-        tp, pr, su = z["tp"], z["pred"], z["sup"]
-        f1_0 = _div(2 * tp, pr + su, 0.0)
-        out: dict = {
-            "accuracy": z["correct"][:, 0] / n,
-            "macro_f1": f1_0.mean(axis=1),
-            "weighted_f1": _div((f1_0 * su).sum(axis=1), su.sum(axis=1), 0.0),
-            "micro_f1": _div(2 * tp.sum(axis=1), pr.sum(axis=1) + su.sum(axis=1), 0.0),
-        }
-        rec, prec, f1 = _div(tp, su, undefined), _div(tp, pr, undefined), _div(2 * tp, pr + su, undefined)
-        for j, lab in enumerate(labels):
-            out[("per_class", lab, "recall")] = rec[:, j]
-            out[("per_class", lab, "precision")] = prec[:, j]
-            out[("per_class", lab, "f1")] = f1[:, j]
-        return out
-
-    return fn
-
-
-def _extraction_stats(recs: list[dict], classes: list[str], fields: list[str]) -> Blocks:
-    sc = [r["scores"] for r in recs]
-    member = _onehot([s["class"] for s in sc], classes)
-    pred = _onehot([s["pred_intent"] for s in sc], classes)
-    intent_ok = _col([s["intent_correct"] for s in sc])
-    exact = _col([r["correct"] for r in recs])
-    tp, fp, fn = _col([s["tp"] for s in sc]), _col([s["fp"] for s in sc]), _col([s["fn"] for s in sc])
-    ftp, ffp, ffn = (np.zeros((len(recs), len(fields))) for _ in range(3))
-    fhas, fexact = np.zeros_like(ftp), np.zeros_like(ftp)
-    findex = {f: j for j, f in enumerate(fields)}
-    for i, s in enumerate(sc):
-        for slot, (a, b, c) in s["fields"].items():
-            j = findex.get(slot)
-            if j is None:
-                continue
-            ftp[i, j], ffp[i, j], ffn[i, j] = a, b, c
-            if a + c > 0:  # the reference has this slot
-                fhas[i, j] = 1.0
-                fexact[i, j] = float(b == 0 and c == 0)
-    return {
-        "valid": _col([s["json_valid"] for s in sc]),
-        "required": _col([s["required_present"] for s in sc]),
-        "intent": intent_ok,
-        "exact": exact,
-        "tp": tp,
-        "fp": fp,
-        "fn": fn,
-        "c_member": member,
-        "c_pred": pred,
-        "c_intent_tp": member * intent_ok,
-        "c_exact": member * exact,
-        "c_tp": member * tp,
-        "c_fp": member * fp,
-        "c_fn": member * fn,
-        "f_tp": ftp,
-        "f_fp": ffp,
-        "f_fn": ffn,
-        "f_has": fhas,
-        "f_exact": fexact,
-    }
-
-
-def _extraction_metrics(classes: list[str], fields: list[str]) -> MetricFn:
-    def fn(z: Blocks, n: int, undefined: float) -> dict:
-        tp, fp, fneg = z["tp"][:, 0], z["fp"][:, 0], z["fn"][:, 0]
-        out: dict = {
-            "json_valid_rate": z["valid"][:, 0] / n,
-            "required_fields_rate": z["required"][:, 0] / n,
-            "intent_accuracy": z["intent"][:, 0] / n,
-            "exact_match": z["exact"][:, 0] / n,
-            "field_precision": _div(tp, tp + fp, 0.0),
-            "field_recall": _div(tp, tp + fneg, 0.0),
-            "field_f1": _div(2 * tp, 2 * tp + fp + fneg, 0.0),
-        }
-        m, itp, pr = z["c_member"], z["c_intent_tp"], z["c_pred"]
-        ctp, cfp, cfn = z["c_tp"], z["c_fp"], z["c_fn"]
-        per_c = {
-            "recall": _div(itp, m, undefined),
-            "precision": _div(itp, pr, undefined),
-            "f1": _div(2 * itp, pr + m, undefined),
-            "exact_match": _div(z["c_exact"], m, undefined),
-            "field_precision": _div(ctp, ctp + cfp, undefined),
-            "field_recall": _div(ctp, ctp + cfn, undefined),
-            "field_f1": _div(2 * ctp, 2 * ctp + cfp + cfn, undefined),
-        }
-        for j, c in enumerate(classes):
-            for key, arr in per_c.items():
-                out[("per_class", c, key)] = arr[:, j]
-        ftp, ffp, ffn = z["f_tp"], z["f_fp"], z["f_fn"]
-        per_f = {
-            "precision": _div(ftp, ftp + ffp, undefined),
-            "recall": _div(ftp, ftp + ffn, undefined),
-            "f1": _div(2 * ftp, 2 * ftp + ffp + ffn, undefined),
-            "exact_match_rate": _div(z["f_exact"], z["f_has"], undefined),
-        }
-        for j, f in enumerate(fields):
-            for key, arr in per_f.items():
-                out[("per_field", f, key)] = arr[:, j]
-        return out
-
-    return fn
-
-
-_FORMAT_RATES = {"json_valid": "json_valid_rate", "schema_valid": "schema_valid_rate", "regex_match": "regex_match_rate", "required_present": "required_fields_rate"}
-
-
-def _format_stats(recs: list[dict], classes: list[str], rate_keys: list[str]) -> Blocks:
-    sc = [r["scores"] for r in recs]
-    member = _onehot([None if r.get("category") is None else str(r["category"]) for r in recs], classes)
-    comp, exact = _col([s["compliant"] for s in sc]), _col([s["exact"] for s in sc])
-    blocks = {"compliant": comp, "exact": exact, "c_member": member, "c_compliant": member * comp, "c_exact": member * exact}
-    for key in rate_keys:
-        blocks[key] = _col([s[key] for s in sc])
-    return blocks
-
-
-def _format_metrics(classes: list[str], rate_keys: list[str]) -> MetricFn:
-    def fn(z: Blocks, n: int, undefined: float) -> dict:
-        out: dict = {"compliance_rate": z["compliant"][:, 0] / n, "exact_match": z["exact"][:, 0] / n}
-        for key in rate_keys:
-            out[_FORMAT_RATES[key]] = z[key][:, 0] / n
-        comp, ex = _div(z["c_compliant"], z["c_member"], undefined), _div(z["c_exact"], z["c_member"], undefined)
-        for j, c in enumerate(classes):
-            out[("per_class", c, "compliance_rate")] = comp[:, j]
-            out[("per_class", c, "exact_match")] = ex[:, j]
-        return out
-
-    return fn
 
 
 # --------------------------------------------------------------------------- pairing
@@ -287,29 +121,6 @@ def _entry(base: float, cand: float, delta_samples: np.ndarray | None) -> dict:
 
 
 # --------------------------------------------------------------------------- concentration
-_GAIN_BASIS = {
-    "extraction": {
-        "json_valid_rate": "json_valid",
-        "required_fields_rate": "required_present",
-        "intent_accuracy": "intent_correct",
-        "field_f1": "field_f1",
-        "field_precision": "field_f1",
-        "field_recall": "field_f1",
-    },
-    "format": {"exact_match": "exact", **{v: k for k, v in _FORMAT_RATES.items()}},
-}
-
-
-def _example_score(rec: dict, basis: str) -> float:
-    if basis == "correct":
-        return float(rec["correct"])
-    s = rec["scores"]
-    if basis == "field_f1":  # per-example F1 of (slot, value) pairs; 1.0 when nothing to extract and nothing predicted
-        den = 2 * s["tp"] + s["fp"] + s["fn"]
-        return 2 * s["tp"] / den if den else 1.0
-    return float(s[basis])
-
-
 def _concentration(ids: list[str], classes: list[str | None], gains: np.ndarray, basis: str) -> dict:
     """Flag when the top 5% of examples, or one class, carry more than half of the net gain."""
     n = len(ids)
@@ -361,6 +172,39 @@ def mcnemar_exact(fixed: int, broken: int) -> float:
     return float(binomtest(int(fixed), int(fixed + broken), 0.5, alternative="two-sided").pvalue)
 
 
+DOMINANT_SHARE = 0.8  # "one class for most examples": the top predicted class gets >= 80% of the predictions
+
+
+def dominant_prediction(pred_keys: Sequence[str | None], ref_keys: Sequence[str | None]) -> dict | None:
+    """Say when one predicted class takes most predictions (e.g. 287 of 287).
+
+    Flagged when the most frequent predicted class gets at least :data:`DOMINANT_SHARE` of all
+    examples and more than its share among the references (a majority class predicted at its
+    own rate is not flagged), with at least 2 reference classes. Returns ``{"class", "count",
+    "n", "share", "reference_share", "flagged", "detail"}`` or None when the kind predicts no class.
+    """
+    preds = [p for p in pred_keys if p is not None]
+    refs = [r for r in ref_keys if r is not None]
+    if not preds or len(set(refs)) < 2:
+        return None
+    n = len(pred_keys)
+    top, count = Counter(preds).most_common(1)[0]
+    ref_share = sum(1 for r in refs if r == top) / max(1, len(refs))
+    share = count / n
+    flagged = share >= DOMINANT_SHARE and share > ref_share + 1e-12
+    return {"class": top, "count": count, "n": n, "share": share, "reference_share": ref_share, "flagged": bool(flagged),
+            "detail": f"predicts '{top}' for {count} of {n} examples ({share:.0%}; {ref_share:.1%} of the references)"}
+
+
+def _paired_counts(base_ok: np.ndarray, cand_ok: np.ndarray) -> dict:
+    fixed, broken = ~base_ok & cand_ok, base_ok & ~cand_ok
+    counts = {"fixed": int(fixed.sum()), "broken": int(broken.sum()), "unchanged_right": int((base_ok & cand_ok).sum()),
+              "unchanged_wrong": int((~base_ok & ~cand_ok).sum())}
+    return {"counts": counts, "fixed": fixed, "broken": broken,
+            "mcnemar": {"fixed": counts["fixed"], "broken": counts["broken"], "p_value": mcnemar_exact(counts["fixed"], counts["broken"]),
+                        "test": "McNemar (1947) exact: two-sided binomial test on discordant pairs, p=0.5"}}
+
+
 def paired_compare(
     base_records: Sequence[dict],
     cand_records: Sequence[dict],
@@ -376,64 +220,50 @@ def paired_compare(
     """Compare candidate outputs against baseline outputs on the same examples.
 
     Both record lists (rows of ``outputs.jsonl``: ``id``, ``category``, ``reference``,
-    ``prediction``) are re-scored here with the same metric definitions
-    (:func:`tuneproof.evaluation.metrics.score`; classification uses ``labels``, default the
-    label set of the references), so stale ``correct`` / ``scores`` fields cannot skew the comparison.
+    ``prediction``) are re-scored here with the same metric definitions (the task kind's scorer,
+    :mod:`tuneproof.tasks`), so stale ``correct`` / ``scores`` fields cannot skew the comparison.
 
     Args:
-        task: ``"classification"``, ``"extraction"`` or ``"format"``.
+        task: a task kind (``classification``, ``multi-label``, ``extraction``, ``format``).
         required_fields: hypothesis.required_fields.
-        eval_cfg: the study's :class:`tuneproof.study.Eval` (allow_fenced_json, json_schema, regex).
+        eval_cfg: the study's :class:`tuneproof.study.Eval` (allow_fenced_json, json_schema, regex, grammar).
         hypothesis: the study's :class:`tuneproof.study.Hypothesis`; when given, the result holds
-            ``verdicts`` and ``overall`` from :func:`judge`.
+            ``verdicts`` and ``overall`` from :func:`judge`, and the paired counts follow its
+            success metric.
         iterations: bootstrap resamples (``eval.bootstrap_iterations``).
         seed: bootstrap seed (``eval.seed``).
-        labels: classification label set (default: the sorted references); pass the study's
+        labels: label set of kinds that have one (default: the references'); pass the study's
             full label set so a class absent from the eval split still counts as valid.
 
     Returns:
-        A JSON-ready dict: ``task``, ``n``, ``counts`` (``fixed`` = baseline wrong and candidate
-        right, ``broken``, ``unchanged_right``, ``unchanged_wrong``; "right" is the per-example
-        ``correct``: label match, exact match, or format compliance), ``fixed_ids``,
-        ``broken_ids``, ``mcnemar`` (``{"fixed", "broken", "p_value", "test"}``),
-        ``bootstrap`` (``{"iterations", "seed", "confidence", "method"}``), ``headline``
-        (metric names), ``metrics`` (``{name: {"base", "cand", "delta", "ci": [lo, hi]}}``
-        for every aggregate metric), ``per_class`` and ``per_field``
-        (``{name: {key: {"base", "cand", "delta", "ci", "support"}}}``), ``concentration``,
-        ``base_metrics``, ``cand_metrics`` and, with a hypothesis, ``verdicts`` and
-        ``overall``. NaN values are written as None.
+        A JSON-ready dict: ``task``, ``n``, ``counts`` (``fixed`` = failing in the baseline and
+        passing in the candidate, ``broken``, ``unchanged_right``, ``unchanged_wrong``) on the
+        per-example rule of the success metric, described by ``counts_basis`` (``{"metric",
+        "rule", "description"}``; e.g. field F1 >= 0.5 per example for ``field_f1``; the
+        per-example ``correct`` without a hypothesis), ``fixed_ids``, ``broken_ids``,
+        ``mcnemar`` (``{"fixed", "broken", "p_value", "test"}``) on the same basis;
+        ``counts_correct`` / ``mcnemar_correct`` / ``broken_ids_correct`` on the per-example
+        ``correct`` (exact match, class correct ...) as a second line; ``bootstrap``,
+        ``headline``, ``metrics`` (``{name: {"base", "cand", "delta", "ci": [lo, hi]}}``),
+        ``per_class`` and ``per_field`` (``{name: {key: {"base", "cand", "delta", "ci",
+        "support"}}}``), ``concentration``, ``dominant`` (one class for most predictions, see
+        :func:`dominant_prediction`; None when the kind predicts no class), ``base_metrics``,
+        ``cand_metrics`` and, with a hypothesis, ``verdicts`` and ``overall``. NaN values are
+        written as None.
 
     Raises:
         TuneproofError: the id sets differ (says how many are missing on each side), a
             duplicate id, a reference that differs between the runs, or a hypothesis metric
             the task does not report.
     """
+    kind = get_task(task)
     base_raw, cand_raw = _pair(base_records, cand_records)
     n = len(base_raw)
-    if task == "classification":
-        refs = {str(r.get("reference", "")).strip() for r in base_raw}
-        labels = [str(x) for x in labels] if labels is not None else sorted(refs - {""})
-    else:
-        labels = None
-    base, base_m = score(task, base_raw, required_fields=required_fields, eval_cfg=eval_cfg, labels=labels)
-    cand, cand_m = score(task, cand_raw, required_fields=required_fields, eval_cfg=eval_cfg, labels=labels)
-
-    if task == "classification":
-        classes, fields = labels, []
-        bb, cb = _classification_stats(base, labels), _classification_stats(cand, labels)
-        metric_fn = _classification_metrics(labels)
-        example_class = [str(r["reference"]).strip() for r in base]
-    elif task == "extraction":
-        classes, fields = sorted(base_m["per_class"]), sorted(set(base_m["per_field"]) | set(cand_m["per_field"]))
-        bb, cb = _extraction_stats(base, classes, fields), _extraction_stats(cand, classes, fields)
-        metric_fn = _extraction_metrics(classes, fields)
-        example_class = [r["scores"]["class"] for r in base]
-    else:
-        classes, fields = sorted(base_m["per_class"]), []
-        rate_keys = [k for k in _FORMAT_RATES if k in base[0]["scores"]]
-        bb, cb = _format_stats(base, classes, rate_keys), _format_stats(cand, classes, rate_keys)
-        metric_fn = _format_metrics(classes, rate_keys)
-        example_class = [r.get("category") for r in base]
+    cfg = TaskConfig.make(required_fields, eval_cfg, labels)
+    base, base_m = kind.score(base_raw, cfg)
+    cand, cand_m = kind.score(cand_raw, cfg)
+    st = kind.bootstrap_stats(base, cand, base_m, cand_m, cfg)
+    bb, cb, metric_fn = st.base, st.cand, st.metric_fn
 
     # The vectorised metrics must equal the scorer's on the full sample (one definition, two codes).
     ones = {k: v.sum(axis=0, keepdims=True) for k, v in bb.items()}
@@ -451,53 +281,41 @@ def paired_compare(
         if isinstance(key, tuple):
             group, name, sub = key
             bm, cm = base_m.get(group, {}), cand_m.get(group, {})
-            bv = bm.get(name, {}).get(sub, 0.0)
-            cv = cm.get(name, {}).get(sub, 0.0)
-            item = _entry(bv, cv, deltas[key])
+            item = _entry(bm.get(name, {}).get(sub, 0.0), cm.get(name, {}).get(sub, 0.0), deltas[key])
             item["support"] = bm.get(name, cm.get(name, {})).get("support")
             per[group].setdefault(name, {})[sub] = item
 
-    base_ok = np.array([r["correct"] for r in base], dtype=bool)
-    cand_ok = np.array([r["correct"] for r in cand], dtype=bool)
     ids = [str(r["id"]) for r in base]
-    fixed_mask, broken_mask = ~base_ok & cand_ok, base_ok & ~cand_ok
-    counts = {
-        "fixed": int(fixed_mask.sum()),
-        "broken": int(broken_mask.sum()),
-        "unchanged_right": int((base_ok & cand_ok).sum()),
-        "unchanged_wrong": int((~base_ok & ~cand_ok).sum()),
-    }
-
     success_metric = getattr(getattr(hypothesis, "success", None), "metric", None)
-    basis = _GAIN_BASIS.get(task, {}).get(success_metric, "correct")
-    gains = np.array([_example_score(c, basis) - _example_score(b, basis) for b, c in zip(base, cand)])
+    rule = kind.example_rule(success_metric)
+    on_rule = _paired_counts(np.array([rule.passing(r) for r in base], dtype=bool), np.array([rule.passing(r) for r in cand], dtype=bool))
+    on_correct = _paired_counts(np.array([bool(r["correct"]) for r in base], dtype=bool), np.array([bool(r["correct"]) for r in cand], dtype=bool))
+    gains = np.array([rule.score(c) - rule.score(b) for b, c in zip(base, cand)])
 
-    headline = list(HEADLINE_METRICS[task])
-    if task == "format":
-        headline = ["compliance_rate"] + [_FORMAT_RATES[k] for k in rate_keys] + ["exact_match"]
     result = {
         "task": task,
         "n": n,
-        "counts": counts,
-        "fixed_ids": [i for i, m in zip(ids, fixed_mask) if m],
-        "broken_ids": [i for i, m in zip(ids, broken_mask) if m],
-        "mcnemar": {
-            "fixed": counts["fixed"],
-            "broken": counts["broken"],
-            "p_value": mcnemar_exact(counts["fixed"], counts["broken"]),
-            "test": "McNemar (1947) exact: two-sided binomial test on discordant pairs, p=0.5",
-        },
+        "counts": on_rule["counts"],
+        "counts_basis": {"metric": success_metric, "rule": rule.name, "description": rule.description},
+        "fixed_ids": [i for i, m in zip(ids, on_rule["fixed"]) if m],
+        "broken_ids": [i for i, m in zip(ids, on_rule["broken"]) if m],
+        "mcnemar": on_rule["mcnemar"],
+        "counts_correct": on_correct["counts"],
+        "mcnemar_correct": on_correct["mcnemar"],
+        "broken_ids_correct": [i for i, m in zip(ids, on_correct["broken"]) if m],
         "bootstrap": {
             "iterations": int(iterations),
             "seed": int(seed),
             "confidence": CONFIDENCE,
             "method": "paired percentile bootstrap over examples (Efron & Tibshirani 1993)",
         },
-        "headline": headline,
+        "headline": kind.headline_for(metrics),
         "metrics": metrics,
         "per_class": per["per_class"],
         "per_field": per["per_field"],
-        "concentration": _concentration(ids, example_class, gains, basis),
+        "concentration": _concentration(ids, st.example_class, gains, rule.name),
+        "dominant": dominant_prediction([kind.predicted_key(r) for r in cand], [kind.reference_key(r) for r in cand]),
+        "dominant_baseline": dominant_prediction([kind.predicted_key(r) for r in base], [kind.reference_key(r) for r in base]),
         "base_metrics": base_m,
         "cand_metrics": cand_m,
     }
@@ -584,7 +402,11 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
       ``per_field_f1``) apply the guard to every class / field and name each failing one;
       the per-item CI conditions on resamples where the item's metric is defined, and the
       point delta decides when no resample defines it. A per-class guard with ``classes``
-      applies to those classes only.
+      applies to those classes only. An item whose support in the evaluated split is below
+      the guard's ``min_support`` (default 1) reads "not measurable (support 0)": neither pass
+      nor fail; the detail states the support the guard needs. A guard with no measurable item
+      is "not measurable".
+    - Only the conditions the study writes apply: ``floor`` alone does not also demand "no drop".
 
     Raises:
         TuneproofError: a metric the comparison does not report (names the study key), or a
@@ -643,25 +465,43 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
                 f"{key}.metric: '{guard.metric}' is not reported for task '{compare_result['task']}'",
                 hint=f"use one of {', '.join(available) or 'the aggregate metrics'}",
             )
-        items, failing, unsure = [], [], []
+        min_support = int(getattr(guard, "min_support", 1) or 1)
+        what = "classes" if group == "per_class" else "fields"
+        items, failing, unsure, unmeasurable = [], [], [], []
         for name, e in items_src.items():
+            support = e.get("support")
+            if support is not None and support < min_support:  # cannot be judged: neither pass nor fail
+                items.append({"name": name, **{k: e[k] for k in ("base", "cand", "delta", "ci")}, "support": support,
+                              "verdict": "not measurable", "detail": f"not measurable (support {support}, needs >= {min_support})"})
+                unmeasurable.append(f"{name} (support {support})")
+                continue
             verdict, why = _guard_item(e, guard.max_drop, guard.floor)
-            items.append({"name": name, **{k: e[k] for k in ("base", "cand", "delta", "ci")}, "support": e.get("support"), "verdict": verdict})
+            items.append({"name": name, **{k: e[k] for k in ("base", "cand", "delta", "ci")}, "support": support, "verdict": verdict})
             if verdict == "fail":
                 failing.append(f"{name} ({sub} {_r(e['base'])} -> {_r(e['cand'])}: {'; '.join(why)})")
             elif verdict == "inconclusive":
                 unsure.append(name)
-        worst = min(items, key=lambda it: math.inf if it["delta"] is None else it["delta"])
-        verdict = _combine([it["verdict"] for it in items])
-        detail = (
-            f"failing {'classes' if group == 'per_class' else 'fields'}: " + "; ".join(failing)
-            if failing
-            else f"inconclusive for: {', '.join(unsure)}"
-            if unsure
-            else f"all {len(items)} hold; worst '{worst['name']}' delta {_fmt(worst['delta'])}"
-        )
-        if failing and unsure:
-            detail += f"; inconclusive for: {', '.join(unsure)}"
+        judged = [it for it in items if it["verdict"] != "not measurable"]
+        stated = f"judged on {what} with support >= {min_support}"
+        if not judged:
+            verdict = "not measurable"
+            worst = {"base": None, "cand": None, "delta": None, "ci": None}
+            detail = f"not measurable: no {what[:-2] if what == 'classes' else what[:-1]} has support >= {min_support}"
+        else:
+            worst = min(judged, key=lambda it: math.inf if it["delta"] is None else it["delta"])
+            verdict = _combine([it["verdict"] for it in judged])
+            detail = (
+                f"failing {what}: " + "; ".join(failing)
+                if failing
+                else f"inconclusive for: {', '.join(unsure)}"
+                if unsure
+                else f"all {len(judged)} hold; worst '{worst['name']}' delta {_fmt(worst['delta'])}"
+            )
+            if failing and unsure:
+                detail += f"; inconclusive for: {', '.join(unsure)}"
+            detail += f" ({stated})"
+        if unmeasurable:
+            detail += f"; not measurable (support < {min_support}): {', '.join(unmeasurable)}"
         out.append({
             "name": f"guard: {guard.metric}{' for ' + ', '.join(only) if only else ''} {rule}",
             "kind": "guard",
@@ -669,6 +509,7 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             **{k: worst[k] for k in ("base", "cand", "delta", "ci")},
             "threshold": threshold,
             "floor": guard.floor,
+            "min_support": min_support,
             "verdict": verdict,
             "detail": detail,
             "items": items,
@@ -687,6 +528,7 @@ def overall_verdict(verdicts: list[dict]) -> dict:
     guards = [v for v in verdicts if v["kind"] == "guard"]
     failed = [v["name"] for v in verdicts if v["verdict"] == "fail"]
     unsure_guards = [v["name"] for v in guards if v["verdict"] == "inconclusive"]
+    unmeasurable = [v["name"] for v in guards if v["verdict"] == "not measurable"]
     if failed:
         verdict, detail = "fail", "failed: " + "; ".join(failed)
     elif success and all(v["verdict"] == "pass" for v in success):
@@ -694,6 +536,8 @@ def overall_verdict(verdicts: list[dict]) -> dict:
         detail = "success criterion met, no guard failed"
         if unsure_guards:
             detail += "; inconclusive guards: " + "; ".join(unsure_guards)
+        if unmeasurable:
+            detail += "; not measurable guards: " + "; ".join(unmeasurable)
     else:
         verdict, detail = "inconclusive", "success criterion not established (CI includes the required gain)"
     return {"verdict": verdict, "detail": detail}

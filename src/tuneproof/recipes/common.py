@@ -135,7 +135,7 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
 
     ``required_fields`` / ``eval_cfg`` score with another definition than the study file's
     (``test`` scores with the hypothesis frozen before training); prediction always follows the study."""
-    from tuneproof.evaluation.metrics import score  # noqa: PLC0415
+    from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
 
     t0 = time.perf_counter()
     preds = predict(ctx, model, examples, what)
@@ -144,10 +144,7 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
         {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
         for e, p in zip(examples, preds)
     ]
-    labels = ctx.labels if ctx.task == "classification" else None
-    records, metrics = score(ctx.task, records, labels=labels,
-                             required_fields=ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
-                             eval_cfg=ctx.study.eval if eval_cfg is None else eval_cfg)
+    records, metrics = get_task(ctx.task).score(records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg))
     write_jsonl(run.path("outputs.jsonl"), records)
     from tuneproof.evaluation.outputs import record_outputs_hash  # noqa: PLC0415
 
@@ -160,16 +157,11 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
     return metrics
 
 
-HEADLINE = {
-    "classification": ("accuracy", "macro_f1"),
-    "extraction": ("json_valid_rate", "required_fields_rate", "intent_accuracy", "field_f1", "exact_match"),
-    "format": ("schema_valid_rate", "regex_match_rate", "exact_match"),
-}
-
-
 def headline(task: str, metrics: dict[str, Any]) -> dict[str, float]:
     """The task's headline metrics (scalars only) for summaries and tables."""
-    return {k: metrics[k] for k in HEADLINE[task] if isinstance(metrics.get(k), (int, float))}
+    from tuneproof.tasks import get_task  # noqa: PLC0415
+
+    return get_task(task).summary_for(metrics)
 
 
 def load_outputs(ctx: StudyContext, run_id: str) -> tuple[Any, list[dict]]:

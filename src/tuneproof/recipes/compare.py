@@ -3,13 +3,15 @@
 Features:
 - refuses runs whose evaluation procedure differs (names the differing part; ``--allow-different-procedure``
   marks the comparison instead), flags a data fingerprint that differs from the baseline's;
-- paired counts (fixed / broken / unchanged), McNemar's exact test, paired bootstrap intervals of
-  every metric delta, per-class and per-field deltas, concentration of the gain;
-- the success criterion and guards of the hypothesis judged: pass / fail / inconclusive, against
-  the hypothesis frozen with the first train run (``hypothesis.frozen.json``); when the study file's
-  hypothesis differs, the change is shown key by key and both verdicts are given;
-  ``--use-edited-hypothesis REASON`` judges against the edited one (the reason is recorded in
-  ``compare.json`` and ``hypothesis.overrides.jsonl``, and shown in the dossier).
+- paired counts (fixed / broken / unchanged) and McNemar's exact test on the per-example rule of the
+  success metric (basis named; exact-match counts as a second line), paired bootstrap intervals of
+  every metric delta, per-class and per-field deltas, concentration of the gain, a candidate that
+  predicts one class for most examples;
+- the success criterion and guards of the hypothesis judged: pass / fail / inconclusive / not
+  measurable, against the hypothesis frozen with the first train run (``hypothesis.frozen.json``);
+  when the study file's hypothesis differs, the change is shown key by key and both verdicts are
+  given; ``--use-edited-hypothesis REASON`` judges against the edited one (the reason is recorded
+  in ``compare.json`` and ``hypothesis.overrides.jsonl``, and shown in the dossier).
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
 def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
     """The paired comparison scored and judged under one hypothesis view (frozen or edited)."""
     from tuneproof.evaluation.compare import paired_compare  # noqa: PLC0415
+    from tuneproof.tasks import task_config  # noqa: PLC0415
 
     result = paired_compare(
         base_out, out, ctx.task, required_fields=view["required_fields"], eval_cfg=hyp.eval_for(view, ctx.study.eval),
         hypothesis=hyp.as_hypothesis(view), iterations=ctx.study.eval.bootstrap_iterations, seed=ctx.study.eval.seed,
-        labels=ctx.labels if ctx.task == "classification" else None,
+        labels=task_config(ctx).labels,
     )
     result["hypothesis_hash"], result["scoring"] = hyp.view_hash(view), hyp.scoring(view)
     return result
@@ -140,11 +143,36 @@ def print_judging(judging) -> None:
         console.print(escape(line) if line.startswith("  ") else f"[bold yellow]{escape(line)}[/]", soft_wrap=True)
 
 
+def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
+    """The plain-text lines of the compare screen above the metrics table: paired counts on the
+    success metric's per-example rule (its basis named), the exact-match counts as a second line,
+    and a candidate that predicts one class for most examples."""
+    c, basis = r["counts"], r.get("counts_basis") or {}
+    lines = [f"{cid} vs baseline {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
+             f"unchanged right {c['unchanged_right']}, unchanged wrong {c['unchanged_wrong']}; "
+             f"McNemar exact p = {r['mcnemar']['p_value']:.4g}"]
+    if basis:
+        lines.append(f"  basis: {basis.get('metric') or 'per-example correct'}: {basis.get('description')}")
+    cc = r.get("counts_correct")
+    if cc and basis.get("rule") != "correct":
+        lines.append(f"  on the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
+                     f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}; "
+                     f"McNemar exact p = {r['mcnemar_correct']['p_value']:.4g}")
+    for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):
+        d = r.get(key)
+        if d and d.get("flagged"):
+            lines.append(f"  WARNING: the {who} {d['detail']}")
+    for name in ("base_metrics", "cand_metrics"):
+        note = (r.get(name) or {}).get("macro_over")
+        if note and "macro_f1" in r.get("metrics", {}):
+            lines.append(f"  macro_f1: {note}")
+            break
+    return lines
+
+
 def _print(cid: str, bid: str, r: dict) -> None:
-    c = r["counts"]
-    console.print(f"[bold]{cid}[/] vs baseline {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
-                  f"unchanged right {c['unchanged_right']}, unchanged wrong {c['unchanged_wrong']}; "
-                  f"McNemar exact p = {r['mcnemar']['p_value']:.4g}")
+    for line in summary_lines(cid, bid, r):
+        console.print(escape(line).replace("WARNING", "[yellow]WARNING[/]"), soft_wrap=True)
     rows = [[m, fmt(v["base"]), fmt(v["cand"]), fmt(v["delta"]), "[" + ", ".join(fmt(x) for x in (v.get("ci") or [None, None])) + "]"]
             for m, v in r["metrics"].items()]
     console.print(table("metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows))
@@ -153,7 +181,7 @@ def _print(cid: str, bid: str, r: dict) -> None:
         detail = v.get("detail", "")
         if len(detail) > 400:  # per-class guards name every class; the full text is in compare.json
             detail = detail[:400] + f"... ({len(detail) - 400} more characters in compare.json)"
-        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:12s}[/] {v['name']}: {detail}")
+        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {v['name']}: {detail}")
     if r.get("overall"):
         against = r.get("judged_against", "")
         console.print(f"  overall{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "

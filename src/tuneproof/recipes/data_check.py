@@ -5,8 +5,11 @@ Features:
   config; frozen split manifest (created or reused); encoding repairs (CASES C17);
 - duplicates: exact, normalised and MinHash near-duplicates across every pair of splits and
   inside train (``data.dedup``; BANKING77 train/test overlap, CASES C14);
-- audits: class counts and imbalance, classes missing from a split, same text with different
-  labels, targets that are not strict JSON (CASES C16), missing required fields;
+- audits, by the task kind's own ``audit`` (``tuneproof.tasks``): class counts and imbalance, classes
+  missing from a split, same text with different labels; extraction: targets that are not strict
+  JSON (CASES C16), missing required fields; format: gold targets checked against the study's own
+  format rule (``eval.json_schema`` / ``eval.regex`` / ``eval.grammar``), parse rate and failing
+  lines; multi-label (and list-valued intents): support per label, label-set cardinality;
 - the exact preprocessing of the trainer on every train and eval example: 0 supervised tokens
   (C4), end token not supervised (C2), boundary inside a token (C3), prefix mismatch;
 - token lengths per split (p50, p95, max), share truncated, suggested max_length (never below the
@@ -27,23 +30,22 @@ from typing import Any
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed
 from tuneproof.recipes.common import record_inputs
+from rich.markup import escape
+
 from tuneproof.ui import console, fmt, table
 
 
 def data_report(ctx: StudyContext) -> dict[str, Any]:
     """Build the data check report (JSON-safe); no registry side effects."""
-    from tuneproof.data.audit import audit_labels, audit_targets  # noqa: PLC0415
     from tuneproof.data.dedup import find_duplicates  # noqa: PLC0415
     from tuneproof.data.lengths import length_stats  # noqa: PLC0415
+    from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
 
     s = ctx.study
     splits = ctx.all_splits
     d = s.data.dedup
     dedup = find_duplicates(splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm)
-    labels = audit_labels(splits)
-    targets = None
-    if ctx.task in ("extraction", "format"):
-        targets = audit_targets([e for v in splits.values() for e in v], s.hypothesis.required_fields or None)
+    audit = get_task(ctx.task).audit(splits, task_config(ctx))  # the task kind's own audit (labels, targets, label sets)
     encoded = {name: ctx.pipeline.encode_all(items) for name, items in splits.items() if name != s.data.test_split}
     faults = [{"id": e.id, "split": name, "prompt_tokens": e.prompt_tokens, "answer_tokens": e.answer_tokens, "fault": f,
                **({"prefix_diff": e.prefix_diff} if e.prefix_diff and "inference prompt" in f else {})}
@@ -54,16 +56,19 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     checks = _checks(ctx, dedup, encoded, generative)
     from tuneproof.data.checks import audit_lines  # noqa: PLC0415
 
-    checks["lines"] += audit_lines(labels, targets, faults, lengths)
-    hard = list(labels.get("hard_faults", [])) + (targets or {}).get("hard_faults", []) + [
+    t = audit.get("targets")
+    json_targets = t if t and "parsed" in t and "rule" not in t else None  # format rules and label sets have their own lines
+    checks["lines"] += audit_lines(audit.get("labels") or {}, json_targets, faults, lengths)
+    hard = list(audit["hard_faults"]) + [
         f"{f['split']}/{f['id']}: {f['fault']}" for f in faults]
-    warnings = list(labels.get("warnings", [])) + lengths.get("warnings", []) + [
+    warnings = list(audit["warnings"]) + lengths.get("warnings", []) + [
         line for line in dedup.summary_lines() if "no duplicates" not in line] + checks["warnings"]
     return {
         "fingerprint": ctx.data_fingerprint(), "manifest_created": getattr(ctx, "manifest_created", None),
         "sizes": {n: len(v) for n, v in splits.items()}, "repairs": ctx.repairs,
         "dropped_by_dedup": getattr(ctx, "dedup_dropped", []),
-        "dedup": dedup.to_dict(), "labels": labels, "targets": targets, "encoding_faults": faults,
+        "dedup": dedup.to_dict(), "labels": audit.get("labels"), "targets": audit.get("targets"),
+        "label_sets": audit.get("label_sets"), "encoding_faults": faults,
         "lengths": lengths, "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
         "small_classes": checks["small_classes"], "cut_answers": checks["cut_answers"], "optional_absent": checks["optional_absent"],
         "checks": checks["lines"], "hard_faults": hard, "warnings": warnings, "passed": not hard,
@@ -107,6 +112,25 @@ def run_data_check(ctx: StudyContext) -> str:
         return run.id
 
 
+def target_lines(rep: dict[str, Any]) -> list[str]:
+    """Plain lines for the target audit (parse rate under the study's rule) and the per-label audit
+    of a multi-label field; each states its result when it finds nothing wrong too."""
+    out = []
+    t = rep.get("targets") or {}
+    if "rule" in t:  # a format study: gold targets under the study's own rule (strict-JSON targets: see the checks)
+        rule = t["rule"]
+        out.append(f"targets: {t.get('parsed')} of {t.get('n')} follow {rule} (parse rate {t['parse_rate']:.1%})"
+                   + ("" if t.get("invalid") else "; none fails"))
+    ls = rep.get("label_sets")
+    if ls:
+        for split, sup in ls["support"].items():
+            c = ls["cardinality"][split]
+            mean = "n/a" if c["mean"] is None else f"{c['mean']:.2f}"
+            out.append(f"label sets {split}: {len(sup)} labels, labels per example mean {mean} (min {c['min']}, max {c['max']}); "
+                       "support: " + ", ".join(f"{k} {v}" for k, v in list(sup.items())[:12]) + (" ..." if len(sup) > 12 else ""))
+    return out
+
+
 def _print(rep: dict[str, Any]) -> None:
     console.print(f"data fingerprint {rep['fingerprint']['hash'][:16]}; splits " +
                   ", ".join(f"{k} {v}" for k, v in rep["sizes"].items()))
@@ -116,8 +140,8 @@ def _print(rep: dict[str, Any]) -> None:
             for k, v in rep["lengths"]["splits"].items()]
     console.print(table(f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
                         ["split", "p50", "p95", "max", "truncated share"], rows))
-    for c in rep.get("checks", []):
-        console.print(f"[cyan]check[/] {c}", soft_wrap=True)
+    for c in target_lines(rep) + rep.get("checks", []):
+        console.print("[cyan]check[/] " + escape(c), soft_wrap=True)
     for w in rep["warnings"]:
         console.print(f"[yellow]warning[/] {w}")
     diff = next((f for f in rep["encoding_faults"] if f.get("prefix_diff")), None)

@@ -9,13 +9,13 @@ from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
 from tuneproof.study import STUDY_FILE
 
-TEMPLATES = {"extraction": "extraction.yaml", "classification": "classification.yaml", "format": "format.yaml"}
-
-
 def template_text(task: str) -> str:
-    if task not in TEMPLATES:
-        raise TuneproofError(f"unknown task kind '{task}'", hint=f"use one of: {', '.join(TEMPLATES)}")
-    return resources.files("tuneproof.templates").joinpath(TEMPLATES[task]).read_text(encoding="utf-8")
+    """The commented study file template of a task kind (the kind's ``template`` part)."""
+    from tuneproof.tasks import TASKS  # noqa: PLC0415
+
+    if task not in TASKS:
+        raise TuneproofError(f"unknown task kind '{task}'", hint=f"use one of: {', '.join(TASKS)}")
+    return resources.files("tuneproof.templates").joinpath(TASKS[task].template).read_text(encoding="utf-8")
 
 
 def run_init(directory: Path, task: str, *, force: bool = False) -> Path:

@@ -41,6 +41,7 @@ def test_reuse(ctx: StudyContext, candidate: str) -> list[str]:
 def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | None = None) -> str:
     """Evaluate ``candidate`` (train run id or ``base``) on the reserved test split; returns the test run id."""
     from tuneproof.evaluation.metrics import score  # noqa: PLC0415
+    from tuneproof.tasks import task_config  # noqa: PLC0415
     from tuneproof.models.base import load_model  # noqa: PLC0415
     from tuneproof.recipes.compare import print_judging  # noqa: PLC0415
 
@@ -70,7 +71,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
             other = judging.other
             rows = [{k: r.get(k) for k in ("id", "category", "reference", "prediction")} for r in read_jsonl(run.path("outputs.jsonl"))]
             _, m2 = score(ctx.task, rows, required_fields=other["required_fields"], eval_cfg=hyp.eval_for(other, ctx.study.eval),
-                          labels=ctx.labels if ctx.task == "classification" else None)
+                          labels=task_config(ctx).labels)
             extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
         print_judging(judging)
         console.print(f"  scored with the {judging.judged_against} hypothesis: {headline(ctx.task, metrics)}")

@@ -1,0 +1,222 @@
+"""Scoring rules with the exact values of issue 10 / 12 / 17 and CASES C20."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tuneproof.data.examples import Example
+from tuneproof.evaluation.compare import judge, paired_compare
+from tuneproof.evaluation.metrics import score_extraction, score_format, score_multilabel
+from tuneproof.recipes.compare import summary_lines
+from tuneproof.study import Eval, Hypothesis
+from tuneproof.tasks import TaskConfig, get_task
+
+
+def _hyp(metric, min_gain=0.0, guards=(), task="classification"):
+    return Hypothesis(behaviour="b", task=task, success={"metric": metric, "min_gain": min_gain}, guards=list(guards))
+
+
+# --------------------------------------------------------------------------- C20: a missing value never matches
+C20_PREDS = ["{}", '{"slots": {}}', '{"intent": ["c"]}', '{"intent": ["b", "a"]}']
+
+
+def test_c20_extraction_list_intent_exactly_one_right():
+    ref = json.dumps({"intent": ["a", "b"]})
+    recs = [{"id": str(i), "reference": ref, "prediction": p} for i, p in enumerate(C20_PREDS)]
+    out, m = score_extraction(recs, required_fields=["intent"])
+    assert [r["correct"] for r in out] == [False, False, False, True]
+    assert m["intent_accuracy"] == 0.25 and m["exact_match"] == 0.25
+    assert [r["scores"]["intent_correct"] for r in out] == [False, False, False, True]
+    # set-valued intent: per-label P/R/F1, micro and macro over the intent labels
+    assert m["intent_micro_f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 6))  # tp 2, fp 1 (c), fn 6
+    assert m["per_class"]["a"]["recall"] == 0.25 and m["per_class"]["a"]["precision"] == 1.0
+    assert m["intent_macro_f1"] == pytest.approx(0.4) and m["intent_macro_over"] == "macro over 2 of 2 intent labels present (support > 0)"
+
+
+def test_c20_multilabel_exactly_one_right():
+    recs = [{"id": str(i), "reference": '["a", "b"]', "prediction": p} for i, p in enumerate(['{}', '{"slots": {}}', '["c"]', '["b", "a"]'])]
+    out, m = score_multilabel(recs)
+    assert [r["correct"] for r in out] == [False, False, False, True]
+    assert m["exact_set_match"] == 0.25 and m["json_valid_rate"] == 0.5
+    assert m["unknown_predicted_labels"] == {"c": 1}
+
+
+def test_multilabel_per_label_micro_macro_hand_computed():
+    refs = ['["a", "b"]', '["a"]', '["c"]']
+    preds = ['["a"]', '["c", "a"]', "[]"]
+    out, m = score_multilabel([{"id": str(i), "reference": r, "prediction": p} for i, (r, p) in enumerate(zip(refs, preds))], labels=["a", "b", "c", "d"])
+    assert m["per_class"]["a"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 2}
+    assert m["per_class"]["b"]["f1"] == 0.0 and m["per_class"]["c"]["precision"] == 0.0 and m["per_class"]["d"]["support"] == 0
+    assert m["micro_precision"] == pytest.approx(2 / 3) and m["micro_recall"] == pytest.approx(0.5)
+    assert m["micro_f1"] == pytest.approx(4 / 7)
+    assert m["macro_f1"] == pytest.approx(1 / 3) and m["macro_over"] == "macro over 3 of 4 labels present (support > 0)"
+    assert m["exact_set_match"] == 0.0
+    assert [r["scores"]["example_f1"] for r in out] == pytest.approx([2 / 3, 2 / 3, 0.0])
+
+
+def test_multilabel_audit_support_per_label_and_cardinality():
+    def ex(i, labs):
+        return Example(id=f"x{i}", text=f"t{i}", target=json.dumps(labs), source=f"d.jsonl:{i}")
+
+    splits = {"train": [ex(1, ["a", "b"]), ex(2, ["a"]), ex(3, ["b", "c", "a"])], "validation": [ex(4, ["a"]), ex(5, ["d"]), ex(6, [])]}
+    rep = get_task("multi-label").audit(splits, TaskConfig.make())
+    ls = rep["label_sets"]
+    assert ls["support"] == {"train": {"a": 3, "b": 2, "c": 1}, "validation": {"a": 1, "d": 1}}
+    assert ls["cardinality"]["train"] == {"mean": 2.0, "min": 1, "max": 3, "histogram": {"1": 1, "2": 1, "3": 1}}
+    assert ls["cardinality"]["validation"]["histogram"] == {"0": 1, "1": 2}
+    assert rep["hard_faults"] == ["label 'd' is in validation but never in train: the model cannot learn it"]
+    assert "label 'b' is in train but not in validation: it is never measured there (support 0)" in rep["warnings"]
+    assert "validation: 1 example(s) have an empty label set" in rep["warnings"]
+
+
+def test_multilabel_paired_comparison_and_per_label_guard():
+    refs = ['["a", "b"]'] * 6 + ['["c"]'] * 6
+    base = [{"id": str(i), "reference": r, "prediction": r if i < 6 else '["a"]'} for i, r in enumerate(refs)]
+    cand = [{"id": str(i), "reference": r, "prediction": '["a"]' if i < 6 else r} for i, r in enumerate(refs)]
+    hyp = _hyp("micro_f1", 0.0, [{"metric": "per_class_f1", "max_drop": 0.1}], task="multi-label")
+    r = paired_compare(base, cand, "multi-label", required_fields=[], eval_cfg=Eval(), hypothesis=hyp, iterations=200, labels=["a", "b", "c"])
+    assert r["per_class"]["b"]["f1"]["base"] == 1.0 and r["per_class"]["b"]["f1"]["cand"] == 0.0
+    assert r["per_class"]["c"]["f1"]["delta"] == 1.0
+    g = r["verdicts"][1]
+    assert g["verdict"] == "fail" and g["detail"].startswith("failing classes: b (f1 1.0000 -> 0.0000")
+
+
+# --------------------------------------------------------------------------- zero support, guards as written
+def _cls(table):
+    base, cand, k = [], [], 0
+    for ref, n, bp, cp in table:
+        for _ in range(n):
+            base.append({"id": f"x{k:03d}", "reference": ref, "prediction": bp})
+            cand.append({"id": f"x{k:03d}", "reference": ref, "prediction": cp})
+            k += 1
+    return base, cand
+
+
+def test_zero_support_class_is_left_out_of_macro_and_not_measurable_in_guards():
+    base, cand = _cls([("A", 10, "A", "A"), ("B", 10, "A", "B")])
+    hyp = _hyp("macro_f1", 0.0, [{"metric": "per_class_recall", "max_drop": 0.0}])
+    r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp, iterations=200, labels=["A", "B", "C"])
+    assert r["cand_metrics"]["macro_f1"] == 1.0 and r["cand_metrics"]["macro_over"] == "macro over 2 of 3 labels present (support > 0)"
+    g = r["verdicts"][1]
+    items = {it["name"]: it for it in g["items"]}
+    assert items["C"]["verdict"] == "not measurable" and items["C"]["detail"] == "not measurable (support 0, needs >= 1)"
+    assert g["verdict"] == "pass" and "judged on classes with support >= 1" in g["detail"]
+    assert g["detail"].endswith("not measurable (support < 1): C (support 0)")
+    assert "macro_f1: macro over 2 of 3 labels present (support > 0)" in "\n".join(summary_lines("r2", "r1", r))
+
+
+def test_guard_states_the_minimum_support_it_needs():
+    base, cand = _cls([("A", 12, "A", "A"), ("B", 3, "A", "A")])
+    hyp = _hyp("accuracy", 0.0, [{"metric": "per_class_recall", "floor": 0.5, "min_support": 5}])
+    g = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp, iterations=100)["verdicts"][1]
+    assert {it["name"]: it["verdict"] for it in g["items"]} == {"A": "pass", "B": "not measurable"}
+    assert g["min_support"] == 5 and "judged on classes with support >= 5" in g["detail"] and "B (support 3)" in g["detail"]
+    hyp2 = _hyp("accuracy", 0.0, [{"metric": "per_class_recall", "floor": 0.5, "min_support": 50}])
+    g2 = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp2, iterations=100)["verdicts"][1]
+    assert g2["verdict"] == "not measurable" and g2["detail"].startswith("not measurable: no class has support >= 50")
+
+
+def test_floor_alone_does_not_demand_no_drop():
+    res = {"task": "classification", "metrics": {"accuracy": {"base": 0.5, "cand": 0.6, "delta": 0.1, "ci": [0.05, 0.15]},
+                                                 "macro_f1": {"base": 0.8, "cand": 0.5, "delta": -0.3, "ci": [-0.4, -0.2]}}}
+    v = judge(_hyp("accuracy", 0.0, [{"metric": "macro_f1", "floor": 0.2}]), res)
+    assert v[1]["verdict"] == "pass" and v[1]["threshold"] is None and v[1]["name"] == "guard: macro_f1 >= 0.2"
+    v = judge(_hyp("accuracy", 0.0, [{"metric": "macro_f1", "floor": 0.2, "max_drop": 0.1}]), res)
+    assert v[1]["verdict"] == "fail"
+
+
+def test_one_class_for_every_example_is_said_on_the_compare_screen():
+    base, cand = _cls([("A", 100, "A", "A"), ("B", 100, "B", "A"), ("C", 87, "C", "A")])
+    r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), iterations=100)
+    d = r["dominant"]
+    assert d["flagged"] and (d["class"], d["count"], d["n"]) == ("A", 287, 287)
+    lines = summary_lines("r0004", "r0002", r)
+    assert "  WARNING: the candidate predicts 'A' for 287 of 287 examples (100%; 34.8% of the references)" in lines
+    assert r["dominant_baseline"]["flagged"] is False
+
+
+# --------------------------------------------------------------------------- issue 17: counts follow the success metric
+def test_paired_counts_follow_field_f1_when_exact_match_stays_zero():
+    """The quickstart case: field F1 rises from 0, exact match stays 0 for both."""
+    base, cand = [], []
+    for i in range(35):
+        ref = json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen", "album": "jazz", "year": str(1970 + i)}})
+        base.append({"id": f"e{i}", "reference": ref, "prediction": "{'intent': 'PlayMusic'}"})  # Python literal: invalid
+        # candidate: strict JSON, right intent, 2 of 3 slots (F1 0.8) for 20 examples, 1 of 3 (F1 0.5) for 5, none for 10
+        k = 2 if i < 20 else 1 if i < 25 else 0
+        slots = dict(list({"artist": "queen", "album": "jazz"}.items())[:k])
+        cand.append({"id": f"e{i}", "reference": ref, "prediction": json.dumps({"intent": "PlayMusic", "slots": slots})})
+    hyp = _hyp("field_f1", 0.05, task="extraction")
+    r = paired_compare(base, cand, "extraction", required_fields=["intent", "slots"], eval_cfg=Eval(), hypothesis=hyp, iterations=300)
+    assert r["metrics"]["exact_match"]["base"] == 0.0 and r["metrics"]["exact_match"]["cand"] == 0.0
+    assert r["counts_basis"] == {"metric": "field_f1", "rule": "field_f1",
+                                 "description": "an example passes when its field F1 (slot/value pairs) is >= 0.5"}
+    assert r["counts"] == {"fixed": 25, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 10}
+    assert r["mcnemar"]["p_value"] == pytest.approx(2 / 2**25)
+    assert r["counts_correct"] == {"fixed": 0, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 35}
+    lines = summary_lines("r0004", "r0002", r)
+    assert lines[0].startswith("r0004 vs baseline r0002 on 35 paired examples: fixed 25, broken 0, unchanged right 0, unchanged wrong 10")
+    assert lines[1] == "  basis: field_f1: an example passes when its field F1 (slot/value pairs) is >= 0.5"
+    assert lines[2].startswith("  on the per-example `correct` (exact match / right class): fixed 0, broken 0, unchanged right 0, unchanged wrong 35")
+
+
+# --------------------------------------------------------------------------- format with a grammar
+MR_REF = "inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport])"
+
+
+def test_grammar_parts_slot_f1_and_valid_but_wrong_outputs():
+    preds = [
+        "inform(genres[sport, driving/racing], name[dirt: showdown], release_year[2012])",  # same MR, other order
+        "inform(name[Dirt: Showdown], name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport])",  # duplicated slot
+        "inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport], developer[EA])",  # invented slot
+        "request(name[Dirt: Showdown])",  # wrong act, 1 of 4 items
+        "inform name Dirt",  # not the grammar
+    ]
+    recs = [{"id": str(i), "reference": MR_REF, "prediction": p} for i, p in enumerate(preds)]
+    out, m = score_format(recs, grammar="function_slots")
+    assert [r["scores"]["compliant"] for r in out] == [True, True, True, True, False]
+    assert [r["correct"] for r in out] == [True, False, False, False, False]
+    assert out[1]["scores"]["duplicated_slots"] == ["name"] and out[2]["scores"]["invented_slots"] == ["developer"]
+    assert m["grammar_valid_rate"] == 0.8 and m["compliance_rate"] == 0.8 and m["exact_match"] == 0.2
+    assert m["function_accuracy"] == 0.6
+    # items: ref 4 per example (name, year, 2 genres) -> tp 4+4+4+1+0 = 13, fp 0+1+1+0 = 2, fn 0+0+0+3+4 = 7
+    assert m["slot_precision"] == pytest.approx(13 / 15) and m["slot_recall"] == pytest.approx(13 / 20)
+    assert m["slot_f1"] == pytest.approx(26 / 35)
+    assert m["n_duplicated_slots"] == 1 and m["n_invented_slots"] == 1
+    assert m["per_field"]["genres"] == {"precision": 1.0, "recall": 0.6, "f1": 0.75, "support": 10}
+    assert m["per_class"]["inform"]["exact_match"] == 0.2 and m["per_class"]["inform"]["support"] == 5
+    assert out[4]["scores"]["error"] == "grammar: expected name(slot[value], ...)"
+
+
+def test_regex_named_groups_give_per_part_accuracy_per_category():
+    rx = r"(?P<act>\w+)\((?P<arg>[^)]*)\)"
+    recs = [{"id": "1", "category": "q", "reference": "ask(time)", "prediction": "ask(time)"},
+            {"id": "2", "category": "q", "reference": "ask(date)", "prediction": "ask(time)"},
+            {"id": "3", "category": "r", "reference": "tell(date)", "prediction": "say(date)"},
+            {"id": "4", "category": "r", "reference": "tell(now)", "prediction": "tell now"}]
+    out, m = score_format(recs, regex=rx)
+    assert m["per_field"] == {"act": {"accuracy": 0.5, "support": 4}, "arg": {"accuracy": 0.5, "support": 4}}
+    assert m["part_accuracy"] == 0.5 and m["regex_match_rate"] == 0.75 and m["exact_match"] == 0.25
+    assert m["per_class"]["q"]["part_accuracy"] == 0.75 and m["per_class"]["r"]["part_accuracy"] == 0.25
+    assert [r["scores"]["parts"] for r in out][2] == {"act": False, "arg": True}
+
+
+def _mr_examples(targets):
+    return [Example(id=f"v{i}", text=f"s{i}", target=t, source=f"viggo.jsonl:{i + 1}") for i, t in enumerate(targets)]
+
+
+def test_data_check_validates_gold_targets_against_the_grammar_not_json():
+    cfg = TaskConfig.make(eval_cfg=Eval(grammar="function_slots"))
+    good = _mr_examples([MR_REF, "request(specifier[exciting])", "confirm(name[Halo])"])
+    rep = get_task("format").audit({"train": good, "validation": good[:1]}, cfg)
+    assert rep["hard_faults"] == [] and rep["targets"]["parse_rate"] == 1.0 and rep["targets"]["n"] == 4
+    mixed = _mr_examples([MR_REF, "request(specifier[exciting]", "confirm(name[Halo])"])
+    rep = get_task("format").audit({"train": mixed}, cfg)
+    assert rep["targets"]["parsed"] == 2 and rep["targets"]["parse_rate"] == pytest.approx(2 / 3)
+    assert rep["hard_faults"] == ["1 of 3 gold targets fail the format rule (eval.grammar function_slots; parse rate 66.7%): "
+                                  "viggo.jsonl:2 (grammar: expected name(slot[value], ...))"]
+    rx = TaskConfig.make(eval_cfg=Eval(regex=r"\{.*\}"))
+    rep = get_task("format").audit({"train": good}, rx)
+    assert rep["hard_faults"][0].startswith("the format rule (eval.regex '\\\\{.*\\\\}') matches none of the 3 gold targets: viggo.jsonl:1")

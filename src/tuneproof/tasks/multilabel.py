@@ -59,13 +59,12 @@ def parse_label_set(value: Any, allow_fenced: bool = False) -> tuple[frozenset |
 
 
 def example_label_set(ex: Any) -> frozenset | None:
-    """The label set of an :class:`~tuneproof.data.examples.Example`: its target, else its label."""
-    for v in (ex.target, ex.label):
-        if v is not None:
-            s, err = parse_label_set(v)
-            if err is None:
-                return s
-    return None
+    """The label set of an :class:`~tuneproof.data.examples.Example`: its target (what the model is
+    taught and scored against) as a JSON array of strings, else None."""
+    if ex.target is None:
+        return None
+    s, err = parse_label_set(ex.target)
+    return s if err is None else None
 
 
 def score_multilabel(records: Sequence[dict], labels: Sequence[str] | None = None, allow_fenced: bool = False) -> tuple[list[dict], dict]:
@@ -261,7 +260,8 @@ class MultiLabel(Task):
         n = sum(len(v) for v in splits.values())
         if bad:
             hard.insert(0, f"{len(bad)} of {n} targets are not a JSON array of labels: {', '.join(bad[:5])}"
-                           + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+                           + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+                           + " (map the list column with data.fields.target)")
         return {"labels": None, "label_sets": ls, "targets": {"n": n, "invalid": bad}, "hard_faults": hard, "warnings": list(ls["warnings"])}
 
 

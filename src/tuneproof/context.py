@@ -190,7 +190,8 @@ class StudyContext:
 
         examples = examples if examples is not None else self.eval_examples()
         return eval_fingerprint([e.id for e in examples], self.study.eval, self.task,
-                                self.study.hypothesis.required_fields, self.tokenizer_identity)
+                                self.study.hypothesis.required_fields, self.tokenizer_identity,
+                                precision=self.device_choice.get("dtype"))
 
     # ------------------------------------------------------------------ device
     @cached_property

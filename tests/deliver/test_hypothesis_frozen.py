@@ -45,8 +45,8 @@ def test_first_train_run_freezes_the_hypothesis_with_its_hash(cls_study):
     rec = json.loads((d / hyp.FROZEN_FILE).read_text())
     assert rec["run"] == train and rec["schema_version"] >= 1
     assert rec["hash"] == sha256_json(rec["hypothesis"]) == hyp.view_hash(hyp.hypothesis_view(StudyContext.open(d).study))
-    assert rec["hypothesis"]["guards"] == [{"metric": "per_class_recall", "max_drop": 0.5, "floor": None, "classes": None}]
-    assert rec["hypothesis"]["format"] == {"json_schema": None, "regex": None, "allow_fenced_json": False}
+    assert rec["hypothesis"]["guards"] == [{"metric": "per_class_recall", "max_drop": 0.5, "floor": None, "classes": None, "min_support": 1}]
+    assert rec["hypothesis"]["format"] == {"json_schema": None, "regex": None, "grammar": None, "allow_fenced_json": False}
     # a second freeze (another train run) never replaces the record
     ctx = StudyContext.open(d)
     assert hyp.freeze(d, ctx.study.model_copy(update={"name": "other"}), "r9999")["run"] == train

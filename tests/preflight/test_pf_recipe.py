@@ -93,7 +93,7 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     checks = checks_of(study, run_id)
     assert list(checks) == ["environment", "backend", "training data", "target modules", "trainable parameters", "embedding size",
                             "update check", "step memory", "eval memory", "gradient accumulation", "precision", "activation checkpointing",
-                            "configured combination", "smoke pass", "throughput"]
+                            "eval batch size", "configured combination", "smoke pass", "throughput"]
     assert all(c["passed"] is True and c["numbers"] and c["message"] for c in checks.values()), \
         [(n, c["passed"], c["message"]) for n, c in checks.items() if c["passed"] is not True]
     # C9: the dtype and its reason
@@ -125,6 +125,8 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     assert "per-token mean over the accumulation window" in checks["gradient accumulation"]["normalisation"]
     ck = checks["activation checkpointing"]["numbers"]
     assert ck["grad_max_abs_diff"] <= 1e-6 and ck["seconds_with"] > 0 and ck["configured"] is False
+    # C22: the 4 validation examples one at a time and as one batch of eval.batch_size 4: identical outputs
+    assert checks["eval batch size"]["numbers"] == {"sample": 4, "batch_size": 4, "differing": 0}
     combo = checks["configured combination"]["numbers"]
     assert combo["steps"] == 2 and combo["accumulation"] == 2 and combo["trainable_changed"] == 8
     assert combo["frozen_unchanged"] == combo["frozen_tensors"]

@@ -24,6 +24,8 @@ def eval_fingerprint(
     task: str,
     required_fields: Sequence[str] | None,
     tokenizer_identity: dict,
+    *,
+    precision: str | None = None,
 ) -> dict:
     """Fingerprint of an evaluation procedure.
 
@@ -34,11 +36,15 @@ def eval_fingerprint(
         required_fields: hypothesis.required_fields (part of the metric definition).
         tokenizer_identity: whatever identifies the tokenizer (e.g. ``{"name_or_path",
             "revision", "vocab_sha256", "chat_template_sha256"}``); hashed as given.
+        precision: the compute dtype of the evaluation (``fp32``, ``bf16``, ``fp16``; None = fp32).
 
     Returns:
         ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
         ids), ``prompt`` (template, system), ``decoding`` (max_new_tokens, do_sample,
-        temperature; as configured, even when greedy decoding ignores temperature),
+        temperature; as configured, even when greedy decoding ignores temperature; plus
+        ``batch_size`` where it can change the outputs: sampling (the random stream depends on
+        the batch) or bf16/fp16 (reduced-precision kernels differ with the batch shape); greedy
+        fp32 outputs do not depend on it, which the preflight checks, CASES C22),
         ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex) and
         ``tokenizer``. ``hash`` is the sha256 of the lines ``"<part>=<part hash>\\n"`` in
         the order above.
@@ -56,19 +62,26 @@ def eval_fingerprint(
     content = {
         "eval_ids": ids,
         "prompt": {"template": cfg.prompt.template, "system": cfg.prompt.system},
-        "decoding": {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.do_sample, "temperature": cfg.temperature},
+        "decoding": {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.do_sample, "temperature": cfg.temperature,
+                     **({"batch_size": cfg.batch_size} if batch_size_matters(cfg, precision) else {})},
         "metrics": {
             "task": task,
             "required_fields": list(required_fields or []),
             "allow_fenced_json": cfg.allow_fenced_json,
             "json_schema": cfg.json_schema,
             "regex": cfg.regex,
+            **({"grammar": cfg.grammar} if cfg.grammar is not None else {}),
         },
         "tokenizer": dict(tokenizer_identity or {}),
     }
     parts = {name: sha256_json(content[name]) for name in PARTS}
     combined = "".join(f"{name}={parts[name]}\n" for name in PARTS)
     return {"hash": hashlib.sha256(combined.encode("utf-8")).hexdigest(), "parts": parts}
+
+
+def batch_size_matters(eval_cfg: Any, precision: str | None) -> bool:
+    """Whether ``eval.batch_size`` can change the outputs: sampling, or reduced precision."""
+    return bool(eval_cfg.do_sample) or precision in ("bf16", "fp16")
 
 
 def diff_fingerprints(a: dict, b: dict) -> list[str]:

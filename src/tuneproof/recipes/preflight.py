@@ -41,6 +41,9 @@ Checks, in order (config key or option behind each):
 9. ``activation checkpointing``: gradients equal with and without it
    (``training.activation_checkpointing`` flipped on a second model built the same way), with the
    change in step time and memory.
+9b. ``eval batch size``: greedy outputs of a length-spread sample of evaluation examples at batch
+    size 1 and at ``eval.batch_size`` are identical; fails naming the first differing example
+    (CASES C22, :mod:`tuneproof.preflight.eval_batch`).
 10. ``configured combination``: two real optimizer steps of ``training.loop.train`` with every
     configured option together (micro-batch, accumulation, checkpointing, precision); losses
     finite, every trainable tensor changed, frozen ones bitwise unchanged.
@@ -942,11 +945,12 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
 def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], budget: int, budget_source: str,
                   find_max: bool, state: dict[str, Any]) -> None:
     """Checks 3 to 12 (those after the backend); a check that cannot run is listed as skipped, with why."""
+    from tuneproof.preflight.eval_batch import check_study_eval_batch  # noqa: PLC0415
     from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything  # noqa: PLC0415
 
     later = ["training data", "target modules", "trainable parameters", "embedding size", "update check", "step memory", "eval memory",
-             "gradient accumulation", "precision", "activation checkpointing", *SMOKE_CHECKS]
+             "gradient accumulation", "precision", "activation checkpointing", "eval batch size", *SMOKE_CHECKS]
 
     def skip_rest(why: str) -> None:
         seen = {c["name"] for c in rep.checks}
@@ -991,6 +995,7 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
     rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
+    rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))  # C22: outputs do not depend on eval.batch_size
     if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory
         return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
     try:

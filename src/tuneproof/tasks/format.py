@@ -397,6 +397,9 @@ class Format(Task):
     per_class_metric = "compliance_rate"
 
     def metric_names(self, cfg: TaskConfig) -> dict[str, list[str]]:
+        e = cfg.eval
+        if e.json_schema is None and e.regex is None and getattr(e, "grammar", None) is None and not cfg.required_fields:
+            return names(["compliance_rate", "exact_match"], ["compliance_rate", "exact_match"], [])  # no rule yet: scoring says so
         rule = FormatRule.from_config(cfg)
         agg = ["compliance_rate", "exact_match"]
         agg += (["json_valid_rate"] if rule.json_mode else []) + (["schema_valid_rate"] if rule.validator else [])

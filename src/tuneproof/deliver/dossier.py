@@ -426,6 +426,14 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
             blocks.append(_p(f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
                              f"{cnt.get('unchanged_right')}, unchanged wrong {cnt.get('unchanged_wrong')}; McNemar exact p = "
                              f"{_f((r.get('mcnemar') or {}).get('p_value'), 4)}. Intervals: 95% paired bootstrap of the delta."))
+            basis, cc = r.get("counts_basis") or {}, r.get("counts_correct")
+            if basis:  # issue 17: the counts follow the success metric's per-example rule
+                extra = (f" On the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
+                         f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}."
+                         if cc and basis.get("rule") != "correct" else "")
+                blocks.append(_p(f"counts basis ({basis.get('metric') or 'correct'}): {basis.get('description')}.{extra}"))
+            if (r.get("dominant") or {}).get("flagged"):
+                blocks.append({"type": "strong", "text": f"warning: the candidate {r['dominant']['detail']}"})
             blocks.append(_table(["metric", "baseline", "candidate", "delta", "95% CI"],
                                  [[m, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci"))] for m, v in (r.get("metrics") or {}).items()]))
             pc, pf = r.get("per_class") or {}, r.get("per_field") or {}

@@ -146,7 +146,7 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     # tuneproof plan reads the evaluation rate of one batch at eval.batch_size (the task kind's procedure)
     assert s["eval_batch_size"] == 4 and s["eval_batch_procedure"] == "generation of 6 new tokens" and s["eval_batch_s_per_example"] > 0
     assert th["eval_s_per_example"] == pytest.approx(s["eval_batch_s_per_example"], abs=1e-4)
-    assert len(s["checks"]) == 15 and s["platform_key"].startswith("cpu |")
+    assert len(s["checks"]) == 16 and s["platform_key"].startswith("cpu |")
 
 
 def test_unmatched_target_pattern_fails_naming_it_exit_3(tmp_path, tiny_model_dir):

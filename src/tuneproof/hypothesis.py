@@ -86,8 +86,13 @@ def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
             os.link(tmp, path)  # fails if another process froze first: its record stays
         except FileExistsError:
             return read_json(path)
+        except OSError:  # a file system without hard links: rename, unless a record appeared meanwhile
+            if path.exists():
+                return read_json(path)
+            os.replace(tmp, path)
     finally:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return record
 
 

@@ -128,3 +128,31 @@ def test_changing_the_task_after_training_is_refused(cls_study, tmp_path):
     object.__setattr__(study.hypothesis, "task", "format")
     with pytest.raises(Exception, match="hypothesis.task changed from 'classification' to 'format'"):
         hyp.resolve(d, study, ctx.registry)
+
+
+def test_exported_bundle_states_the_frozen_hypothesis(cls_bundle):
+    man = json.loads((cls_bundle["bundle"] / "manifest.json").read_text())
+    frozen = json.loads((cls_bundle["dir"] / hyp.FROZEN_FILE).read_text())
+    h = man["hypothesis"]
+    assert h["judged_against"] == "frozen" and h["frozen_hash"] == frozen["hash"] and h["frozen_run"] == cls_bundle["ids"]["train"]
+    assert h["changed"] is False and h["use_edited_reason"] is None and h["frozen"] == frozen["hypothesis"]
+    assert man["comparison"]["judged_against"] == "frozen"
+    card = (cls_bundle["bundle"] / "README.md").read_text()
+    assert f"Judged against the frozen hypothesis; the hypothesis was frozen with the first train run {cls_bundle['ids']['train']}" in card
+
+
+def test_test_split_read_records_the_hypothesis_it_was_scored_with(cls_study, tmp_path):
+    d = _copy(cls_study, tmp_path)
+    _edit(d, floor=0.9)
+    train = cls_study["ids"]["train"]
+    assert _cli("test", train, "--study", str(d)) == 0
+    ctx = StudyContext.open(d)
+    rec = ctx.registry.latest("test")
+    assert rec.summary["judged_against"] == "frozen"
+    assert rec.summary["hypothesis"]["changes"] == [{"key": "hypothesis.guards[0].floor", "old": None, "new": 0.9}]
+    assert ctx.registry.test_accesses()[-1]["result"]["judged_against"] == "frozen"
+    assert _cli("test", train, "--study", str(d), "--use-edited-hypothesis", "floor set by the review") == 0
+    ctx = StudyContext.open(d)
+    assert ctx.registry.latest("test").summary["judged_against"] == "edited"
+    assert ctx.registry.test_accesses()[-1]["result"]["use_edited_reason"] == "floor set by the review"
+    assert [(u["command"], u["reason"]) for u in hyp.overrides(d)] == [("test", "floor set by the review")]

@@ -156,3 +156,6 @@ def test_test_split_read_records_the_hypothesis_it_was_scored_with(cls_study, tm
     assert ctx.registry.latest("test").summary["judged_against"] == "edited"
     assert ctx.registry.test_accesses()[-1]["result"]["use_edited_reason"] == "floor set by the review"
     assert [(u["command"], u["reason"]) for u in hyp.overrides(d)] == [("test", "floor set by the review")]
+    from tuneproof.recipes.report import build_markdown
+
+    assert "(scored with the EDITED hypothesis: floor set by the review)" in build_markdown(StudyContext.open(d))

@@ -490,7 +490,10 @@ def _test_log(ev: _Evidence) -> list[dict]:
     for a in acc:
         res = a.get("result") or {}
         m = res.get("metrics") if isinstance(res.get("metrics"), dict) else res
-        rows.append([a["run"], a["candidate"], iso(a["time"]), " ".join(f"{k}={_f(v)}" for k, v in list(m.items())[:3] if not isinstance(v, (dict, list)))])
+        text = " ".join(f"{k}={_f(v)}" for k, v in list(m.items())[:3] if not isinstance(v, (dict, list)))
+        if res.get("judged_against") == "edited":
+            text += f" (scored with the EDITED hypothesis: {res.get('use_edited_reason')})"
+        rows.append([a["run"], a["candidate"], iso(a["time"]), text])
     blocks = [_table(["run", "candidate", "time (UTC)", "result"], rows)]
     if len(acc) > 1:
         blocks.append({"type": "strong", "text": f"the test split was read {len(acc)} times: choosing among candidates on it wears out its value as a control"})

@@ -101,7 +101,7 @@ class _Mapper:
         if text is None:
             text = ""
         if not isinstance(text, str):
-            raise TuneproofError(f"{where}: text in {self.kind} '{f.text}' is {type(text).__name__} {json.dumps(text)[:40]}, not a string",
+            raise TuneproofError(f"{where}: text in {self.kind} '{f.text}' is {type(text).__name__} {_short(text)}, not a string",
                                  hint="texts must be strings; quote the value or fix data.fields.text")
         self._check_chars(text, f"the text in {self.kind} '{f.text}'", where)
         label = None
@@ -114,9 +114,8 @@ class _Mapper:
                 raise TuneproofError(f"{where}: {shown} label in {self.kind} '{f.label}' (a missing value, not a class)",
                                      hint="fill or drop the row")
             else:
-                label = label if isinstance(label, list) else str(label)
-                if isinstance(label, list):  # multi-label: kept as its JSON text (see audit.py)
-                    label = json.dumps(label, ensure_ascii=False)
+                # a list (multi-label) is kept as its JSON text, so it can be parsed back exactly
+                label = json.dumps(label, ensure_ascii=False) if isinstance(label, list) else str(label)
         if isinstance(f.target, dict):
             obj = {key: self._get(row, col, key, where, available, absent) for key, col in f.target.items()}
             target = json.dumps(obj, ensure_ascii=False)
@@ -138,6 +137,14 @@ class _Mapper:
         if absent:
             meta["absent"] = absent
         return Example(id=ex_id, text=text, label=label, target=target, source=where, split=split, meta=meta)
+
+
+def _short(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _missing_label(label: Any) -> bool:

@@ -104,7 +104,8 @@ def run_data_check(ctx: StudyContext) -> str:
         run.update_summary(passed=rep["passed"], hard_faults=len(rep["hard_faults"]), sizes=rep["sizes"],
                            lengths={k: {m: v.get(m) for m in ("p50", "p95", "max", "truncated_share")} for k, v in rep["lengths"]["splits"].items()},
                            suggest_max_length=rep["lengths"].get("suggest_max_length"),
-                           duplicates=[line for line in rep["warnings"] if "overlap" in line or "duplicate" in line][:6])
+                           duplicates=[line for line in rep["warnings"] if "overlap" in line or "duplicate" in line][:6],
+                           checks=rep["checks"])
         _print(rep)
         if not rep["passed"]:
             raise CheckFailed(f"data check {run.id}: {len(rep['hard_faults'])} hard faults, first: {rep['hard_faults'][0]}",

@@ -36,6 +36,14 @@ EditedHypothesisOpt = typer.Option(None, "--use-edited-hypothesis", metavar="REA
                                    help="judge against the study file's edited hypothesis instead of the one frozen with the first "
                                         "train run; the reason is recorded (compare.json, dossier, export bundle)")
 DataOpt = typer.Option(None, "--data", help="data root holding banking77/ and snips/ (else $TUNEPROOF_DATA, ../shared/data, cache, download)")
+NprocOpt = typer.Option(None, "--nproc-per-node", help="processes on this machine (GPUs, or CPU cores with gloo): train under torchrun with distributed.strategy")
+NnodesOpt = typer.Option(1, "--nnodes", help="machines taking part (each runs the same command with its --node-rank)")
+NodeRankOpt = typer.Option(0, "--node-rank", help="this machine's rank among --nnodes (0 creates and records the run)")
+RdzvOpt = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of node 0 for --nnodes > 1 (torchrun rendezvous)")
+
+
+def _distributed(nproc: Optional[int], nnodes: int) -> bool:
+    return (nproc is not None and nproc > 1) or nnodes > 1
 
 
 @app.callback()
@@ -90,6 +98,10 @@ def train(
     set_: List[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change (YAML value), e.g. method.r=16; repeatable"),
     grid: Optional[str] = typer.Option(None, "--grid", help="with --from: KEY=V1,V2,... one variant per value, run in sequence"),
     allow_multi_change: bool = typer.Option(False, "--allow-multi-change", help="with --from: allow a variant that changes more than one group (flagged)"),
+    nproc_per_node: Optional[int] = NprocOpt,
+    nnodes: int = NnodesOpt,
+    node_rank: int = NodeRankOpt,
+    rdzv_endpoint: Optional[str] = RdzvOpt,
 ) -> None:
     """Train with the study's method (LoRA by default) and record the run; with --from, a variant of a train run.
 
@@ -99,6 +111,25 @@ def train(
     """
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
 
+    if _distributed(nproc_per_node, nnodes):
+        if from_run is not None or set_ or grid:
+            raise TuneproofError("--from/--set/--grid with --nproc-per-node is not supported", hint="train the variant in one process, or copy its config into the study file")
+        from tuneproof.recipes.train import run_train_distributed  # noqa: PLC0415
+
+        from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
+
+        from tuneproof.training.ddp import check_launch  # noqa: PLC0415
+
+        ctx = _ctx(study, data)
+        check_launch(ctx, nproc_per_node or 1, nnodes)  # bad input first: one line, nothing run or launched
+        order = None
+        if node_rank == 0:  # node 0 records the run: the protocol gates are checked there
+            order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
+            order["preflight_run"] = _require_preflight(ctx, skip_preflight)
+        run_id = run_train_distributed(ctx, nproc=nproc_per_node or 1, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                                       name=name, preflight_override=skip_preflight, order=order)
+        console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+        return
     if from_run is not None:
         from tuneproof.recipes.variants import run_variants  # noqa: PLC0415
 
@@ -188,11 +219,16 @@ def resume(
     data: Optional[Path] = DataOpt,
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="a checkpoint in runs/RUN/checkpoints/ (step-NNNNNN) or a path (default: the latest)"),
     fallback: bool = typer.Option(False, "--fallback", help="if the checkpoint is refused (sha256 differs, damaged, not a checkpoint folder), continue from the newest valid older one"),
+    nproc_per_node: Optional[int] = NprocOpt,
+    nnodes: int = NnodesOpt,
+    node_rank: int = NodeRankOpt,
+    rdzv_endpoint: Optional[str] = RdzvOpt,
 ) -> None:
     """Continue an interrupted train run from its checkpoint, in this process, into the same run id."""
     from tuneproof.recipes.resume import run_resume  # noqa: PLC0415
 
-    run_id = run_resume(study, data, run, checkpoint=checkpoint, fallback=fallback)
+    launch = {"nproc": nproc_per_node or 1, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint}
+    run_id = run_resume(study, data, run, checkpoint=checkpoint, fallback=fallback, launch=launch)
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
 
 

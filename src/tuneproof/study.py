@@ -160,6 +160,16 @@ class Training(_Strict):
         return self
 
 
+# --------------------------------------------------------------------------- distributed
+class Distributed(_Strict):
+    """How ``tuneproof train --nproc-per-node N`` (N > 1, or --nnodes > 1) trains under torchrun."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp: DistributedDataParallel (weights replicated); fsdp: FSDP2 fully_shard, one unit per decoder block + root")
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="process-group backend; auto: nccl on CUDA GPUs, gloo on CPU")
+    timeout_s: float = Field(600.0, gt=0, description="seconds a rank waits in a collective before the run fails (a hung rank)")
+
+
 # --------------------------------------------------------------------------- eval
 class Prompt(_Strict):
     system: str | None = Field(None, description="system message (None: none is sent, the chat template may add its default)")
@@ -215,6 +225,7 @@ class Study(_Strict):
     model: ModelSpec
     method: Method = Field(default_factory=Method)
     training: Training = Field(default_factory=Training)
+    distributed: Distributed = Field(default_factory=Distributed)
     eval: Eval = Field(default_factory=Eval)
     tracking: Tracking = Field(default_factory=Tracking)
     report_to: list[Literal["mlflow", "wandb", "trackio"]] = Field(

@@ -58,7 +58,7 @@ def test_checkpoint_holds_everything_to_resume_and_explain(stopped):
     assert ckpt["scheduler"]["last_epoch"] == 10
     assert set(ckpt["rng"]) >= {"python", "numpy", "torch"}
     assert ckpt["data"] == {"n_examples": 24, "micro_batch": 4, "accumulation": 1, "seed": 3, "next_micro_batch": 10,
-                            "epoch": 1, "steps_per_epoch": 6, "order": ckpt["data"]["order"]}
+                            "epoch": 1, "steps_per_epoch": 6, "order": ckpt["data"]["order"], "world_size": 1}
     assert ckpt["config"] == read_json(run_dir / "config.json")
     assert ckpt["data_fingerprint"] == rec.data_fingerprint
     assert ckpt["base_revision"].startswith("sha256:")

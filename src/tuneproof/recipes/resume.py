@@ -20,6 +20,9 @@ Features:
     not a variant) the study file changed since (the keys are listed);
   - the data fingerprint or the base model revision differs from the checkpoint's, or the base's
     weight files or ``config.json`` differ from the sha256 recorded at train start (both hashes named);
+- a distributed run (``--nproc-per-node N``) resumes under torchrun with the same world size only
+  (the data order of each rank depends on it): another world size is refused before anything is
+  written; each rank gets back its own RNG states;
 - ``metrics.jsonl`` gets a ``{"event": "resume", "from_step": k}`` row; steps logged after the
   checkpoint by the dead process are logged again by the resume (the last row of a step wins);
   the summary lists every resume.
@@ -156,9 +159,11 @@ def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> 
 
 
 def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str, *, checkpoint: str | None = None,
-               fallback: bool = False) -> str:
+               fallback: bool = False, launch: dict[str, Any] | None = None) -> str:
     """Continue ``run_id`` from its checkpoint; returns the run id. ``fallback``: when the
     checkpoint is refused (altered, damaged, not a checkpoint folder), use the newest valid older one.
+    ``launch``: ``{"nproc", "nnodes", "node_rank", "rdzv_endpoint"}`` (default one process); the
+    world size must be the checkpoint's.
 
     Raises:
         TuneproofError: see the module docstring; nothing is written when refused.
@@ -166,6 +171,7 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
     """
     from tuneproof.context import StudyContext  # noqa: PLC0415
     from tuneproof.recipes.train import run_train  # noqa: PLC0415
+    from tuneproof.training.ddp import HealthOnRank  # noqa: PLC0415
     from tuneproof.training.health import HealthFault  # noqa: PLC0415
 
     study_dir = Path(study_dir).resolve()
@@ -181,6 +187,17 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
     ctx = StudyContext.open(study_dir, data_root, config=ckpt["config"])
     check_inputs(rec, ckpt, ckpt_path, ctx)
     step = int(ckpt["step"])
+    launch = launch or {"nproc": 1, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": None}
+    world_size = int(launch["nproc"]) * int(launch["nnodes"])
+    saved_ws = int(ckpt["data"].get("world_size", 1))
+    if saved_ws != world_size:
+        raise TuneproofError(f"{ckpt_path.name} of {rec.id} was trained by {saved_ws} process(es); this resume asks for {world_size}",
+                             hint=f"resume with the same world size (--nproc-per-node x --nnodes = {saved_ws}): each rank's data order depends on it")
+    layout = None
+    if world_size > 1:
+        from tuneproof.training.ddp import check_launch  # noqa: PLC0415
+
+        layout = check_launch(ctx, int(launch["nproc"]), int(launch["nnodes"]))
     console.print(f"resume [bold]{rec.id}[/] ({rec.status}{': ' + rec.reason if rec.reason else ''}) from {ckpt_path.name}: "
                   f"step {step} of {ckpt['total_steps']}")
     try:
@@ -192,8 +209,13 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
             resumes.append({"from_step": step, "checkpoint": ckpt_path.name, "skipped": skipped, "previous_status": rec.status,
                             "previous_reason": rec.reason, "time": round(time.time(), 3)})
             run.update_summary(resumes=resumes)
-            run_train(ctx, run=run, resume_from=ckpt)
-    except HealthFault as fault:
+            if layout is not None:
+                from tuneproof.recipes.train import launch_ranks  # noqa: PLC0415
+
+                launch_ranks(ctx, run, layout, launch, resume_path=ckpt_path)
+            else:
+                run_train(ctx, run=run, resume_from=ckpt)
+    except (HealthFault, HealthOnRank) as fault:
         reg.invalidate(rec.id, fault.reason)
         raise
     return rec.id

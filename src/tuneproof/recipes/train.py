@@ -18,11 +18,17 @@ Features (config key that turns each on):
   uniform-prediction value marks the run invalid, with the rule and the step (C19);
 - protocol order (:mod:`tuneproof.recipes.protocol`): refuses unless the data check of the current
   data passed (run inline when there is none) and a completed baseline has the current evaluation
-  fingerprint; ``--skip-data-check REASON`` / ``--skip-baseline REASON`` override, recorded in the run.
+  fingerprint; ``--skip-data-check REASON`` / ``--skip-baseline REASON`` override, recorded in the run;
+- past one process (``tuneproof train --nproc-per-node N [--nnodes M --node-rank K --rdzv-endpoint H:P]``):
+  the same recipe under torchrun, DDP or FSDP2 (``distributed.strategy``, ``distributed.backend``,
+  ``distributed.timeout_s``); checks before launch, rank 0 writes, a rank's failure named, the saved
+  adapter gathered whole and checked in a fresh process (:mod:`tuneproof.training.ddp`, C10, C11, C24).
 """
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 from tuneproof.context import StudyContext
@@ -51,25 +57,44 @@ def build_model(ctx: StudyContext):
     return model.to(device), report
 
 
-def save_trained(model, run, method_kind: str, tokenizer, base_identity: dict[str, Any]) -> None:
-    """Save the adapter (PEFT layout, revision in its config) or the full model into the run folder."""
+def save_trained(model, run, method_kind: str, tokenizer, base_identity: dict[str, Any], state_dict: dict | None = None) -> Path:
+    """Save the adapter (PEFT layout, revision in its config) or the full model into the run folder.
+    ``state_dict``: whole tensors gathered from the ranks (distributed runs); default the model's own.
+    Returns the folder written."""
+    kw = {"state_dict": state_dict} if state_dict is not None else {}
     if method_kind == "full":
-        model.save_pretrained(run.path("model"), safe_serialization=True)
+        model.save_pretrained(run.path("model"), safe_serialization=True, **kw)
         tokenizer.save_pretrained(run.path("model"))
-        return
+        return run.path("model")
     model.peft_config["default"].revision = base_identity["revision"]
-    model.save_pretrained(run.path("adapter"), safe_serialization=True)
+    model.save_pretrained(run.path("adapter"), safe_serialization=True, **kw)
     tokenizer.save_pretrained(run.path("adapter"))
+    return run.path("adapter")
+
+
+def record_start(ctx: StudyContext, run) -> dict[str, Any]:
+    """A new train run's inputs: config, environment, data fingerprint, ``base.json`` (the base's
+    hashes at train start) and the hypothesis frozen by the first train run. Returns the base hashes."""
+    from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
+
+    base = base_hashes(ctx.base)  # at train start; resume, eval, export and verify compare with it
+    record_inputs(ctx, run)
+    run.write_json("base.json", base)
+    freeze(ctx.study_dir, ctx.study, run.id)  # protocol step 1: the first train run fixes the hypothesis
+    return base
 
 
 def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None = None, resume_from: dict | None = None,
               run=None, stop_after: int | None = None, preflight_override: str | None = None, on_start=None,
-              data_check_override: str | None = None, baseline_override: str | None = None, order: dict | None = None) -> str:
+              data_check_override: str | None = None, baseline_override: str | None = None, order: dict | None = None,
+              world=None) -> str:
     """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``
     (the protocol gates were passed when that run started). ``on_start(run)`` is called once the
     run's inputs are recorded (variants record their diff there). ``order``: the result of
     :func:`~tuneproof.recipes.protocol.require_order` when the caller already checked it (the CLI
-    checks it before the preflight gate); otherwise it is checked here.
+    checks it before the preflight gate); otherwise it is checked here. ``world``: one rank under
+    torchrun (:func:`tuneproof.training.ddp.worker_main`); rank 0 gets ``run``, the other ranks None;
+    the launcher checked the gates and recorded the inputs (:func:`run_train_distributed`).
 
     Raises:
         CheckFailed: the data check failed or no baseline matches (exit 3; no train run is started),
@@ -80,16 +105,15 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
     from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
 
     if order is None:
-        order = require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) if run is None else {}
+        order = require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) if run is None and world is None else {}
 
-    def body(run) -> str:
+    def body(run) -> str | None:
         from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
 
-        base = base_hashes(ctx.base)  # at train start; resume, eval, export and verify compare with it
-        if resume_from is None:
-            record_inputs(ctx, run)
-            run.write_json("base.json", base)
-            freeze(ctx.study_dir, ctx.study, run.id)  # protocol step 1: the first train run fixes the hypothesis
+        if resume_from is None and world is None:
+            base = record_start(ctx, run)
+        else:
+            base = base_hashes(ctx.base)
         if on_start is not None:
             on_start(run)
         if preflight_override:
@@ -101,42 +125,61 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         raise_on_faults(encoded, "train")
         seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
         model, report = build_model(ctx)
-        run.write_json("method.json", report)
-        for w in (report.get("targets") or {}).get("warnings", []):  # one pattern adapting several towers (C5 kind)
-            console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
-            run.note(f"warning: {w}")
+        frozen_before = None
+        if world is not None:
+            from tuneproof.training.ddp import param_signature, wrap  # noqa: PLC0415
+
+            frozen_before = param_signature(model)
+            wrap(model, world)
+        if run is not None:
+            run.write_json("method.json", report)
+            for w in (report.get("targets") or {}).get("warnings", []):  # one pattern adapting several towers (C5 kind)
+                console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+                run.note(f"warning: {w}")
         device, _, autocast = ctx.torch_setup()
         cfg = ctx.study.training
-        console.print(f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
-                      f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
-                      f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})")
+        ws = world.world_size if world is not None else 1
+        if run is not None:
+            console.print(f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
+                          f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
+                          f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})"
+                          + (f"; {ws} processes, {world.strategy}" if world is not None else ""))
         from tuneproof.training.loop import budget  # noqa: PLC0415
 
-        plan = budget(cfg, len(encoded))
+        plan = budget(cfg, len(encoded), ws)
         steps = plan["total_steps"]
-        run.update_summary(budget=plan)  # which key set the budget (training.max_steps, training.epochs or the default)
-        source = (f"{plan['key']}: {plan['value']:g}" if plan["key"] != "default"
-                  else f"{plan['value']:g} epoch, the default (neither training.max_steps nor training.epochs is set)")
-        console.print(f"budget: {steps} optimizer steps from {source}; {plan['steps_per_epoch']} steps per epoch "
-                      f"of {plan['examples_per_epoch']} examples")
+        if run is not None:
+            run.update_summary(budget=plan)  # which key set the budget (training.max_steps, training.epochs or the default)
+            source = (f"{plan['key']}: {plan['value']:g}" if plan["key"] != "default"
+                      else f"{plan['value']:g} epoch, the default (neither training.max_steps nor training.epochs is set)")
+            console.print(f"budget: {steps} optimizer steps from {source}; {plan['steps_per_epoch']} steps per epoch "
+                          f"of {plan['examples_per_epoch']} examples" + (f" per process ({ws} processes)" if ws > 1 else ""))
         extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
-        with progress_bar("train", steps) as advance:
+        with (progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)) as advance:
             if resume_from is not None:
                 advance(int(resume_from["step"]))
             result = train(model, encoded, cfg, pad_id=ctx.tokenizer.pad_token_id, device=device, autocast=autocast,
                            run=run, config=ctx.config, extra=extra, resume=resume_from, stop_after=stop_after,
-                           progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"))
-        save_trained(model, run, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
+                           progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"), world=world)
+        if world is not None:
+            from tuneproof.training.ddp import save_and_verify  # noqa: PLC0415
+
+            save_and_verify(ctx, run, model, world, frozen_before=frozen_before)
+            if run is None:
+                return None
+        else:
+            save_trained(model, run, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
         run.update_summary(
             steps=result["steps"], example_passes=result["examples"], final_loss=result["losses"][-1] if result["losses"] else None,
             first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 2),
             tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
             trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],
             base={**ctx.base.identity(), "weights_sha256": base["weights_sha256"], "config_sha256": base["config_sha256"]},
+            world_size=result["world_size"], **({"shares": result["shares"]} if result.get("shares") else {}),
         )
         return run.id
 
-    if run is not None:
+    if run is not None or world is not None:
         return body(run)
     try:
         with ctx.registry.run("train", parent=parent, name=name) as run:
@@ -144,3 +187,84 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
     except HealthFault as fault:  # a diverged or stalled run is invalid, not failed (summary["health"] says why)
         ctx.registry.invalidate(run.id, fault.reason)
         raise
+
+
+def run_train_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+                          name: str | None = None, preflight_override: str | None = None, stop_after: int | None = None,
+                          order: dict | None = None) -> str:
+    """``tuneproof train --nproc-per-node N``: check the launch (nothing is created when refused), create
+    the run, record its inputs, and run this recipe under torchrun (:mod:`tuneproof.training.ddp`).
+    On a node other than node 0 (``node_rank > 0``) no run is created: its ranks join node 0's run.
+    ``order``: the protocol gates the caller checked (:func:`~tuneproof.recipes.protocol.require_order`),
+    recorded in the summary.
+
+    Raises:
+        TuneproofError: a launch that cannot work (one line, nothing launched).
+        RankFailed: a rank failed (named with its error) or a collective timed out.
+    """
+    from tuneproof.training.ddp import check_launch  # noqa: PLC0415
+
+    layout = check_launch(ctx, nproc, nnodes)
+    launch_opts = {"nproc": nproc, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint}
+    if node_rank > 0:
+        launch_ranks(ctx, None, layout, launch_opts)
+        return "(joined node 0's run)"
+    from tuneproof.training.ddp import HealthOnRank  # noqa: PLC0415
+
+    try:
+        with ctx.registry.run("train", name=name) as run:
+            record_start(ctx, run)
+            if preflight_override:
+                run.update_summary(preflight_override=preflight_override)
+            if order:
+                run.update_summary(**order)
+            launch_ranks(ctx, run, layout, launch_opts, stop_after=stop_after)
+            return run.id
+    except HealthOnRank as fault:  # a diverged or stalled run is invalid, not failed
+        ctx.registry.invalidate(run.id, fault.reason)
+        raise
+
+
+def launch_ranks(ctx: StudyContext, run, layout: dict[str, Any], opts: dict[str, Any], *, resume_path: Path | None = None,
+                 stop_after: int | None = None) -> None:
+    """Start torchrun with one rank of this recipe per process, wait, and turn a bad end into an error:
+    ``KeyboardInterrupt`` (interrupted: the ranks stopped at a step boundary with a checkpoint),
+    :class:`HealthOnRank` (a health rule fired on a rank: the run is invalid) or :class:`RankFailed`
+    naming the rank."""
+    from tuneproof.training.ddp import HealthOnRank, RankFailed, launch, rank_failure, torchrun_command  # noqa: PLC0415
+
+    worker = ["train", "--study", str(ctx.study_dir)] + (["--data", str(ctx.data_root)] if ctx.data_root else [])
+    if run is not None:
+        worker += ["--run-id", run.id]
+    if resume_path is not None:
+        worker += ["--resume", str(resume_path)]
+    if stop_after is not None:
+        worker += ["--stop-after", str(stop_after)]
+    cmd = torchrun_command(opts["nproc"], opts["nnodes"], opts["node_rank"], opts["rdzv_endpoint"], worker)
+    if run is None:
+        rc = launch(cmd, None)
+        if rc:
+            raise RankFailed(f"torchrun exited with code {rc} on node {opts['node_rank']}", hint="see node 0's run folder and this node's output")
+        return
+    for old in run.dir.glob("rank-*.error.json"):  # a previous attempt's (resume)
+        old.unlink()
+    run.write_json("launch.json", {"command": cmd, "layout": layout, **opts})
+    run.update_summary(world_size=layout["world_size"], strategy=layout["strategy"], backend=layout["backend"],
+                       global_batch=layout["global_batch"], optimizer_steps_per_epoch=layout["optimizer_steps_per_epoch"],
+                       micro_batches_per_process_per_epoch=layout["micro_batches_per_process_per_epoch"])
+    console.print(f"[bold]{run.id}[/] launching {layout['world_size']} processes ({layout['strategy']}, {layout['backend']}): "
+                  f"global batch {layout['global_batch']}, {layout['optimizer_steps_per_epoch']} optimizer steps per epoch; "
+                  f"rank logs in {run.dir}/rank-N.log")
+    try:
+        rc = launch(cmd, run.dir)
+    finally:
+        run.summary = dict(ctx.registry.get(run.id).summary)  # what rank 0 recorded (last_step, losses...)
+    if rc == 0:
+        return
+    kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"])
+    if kind == "interrupted":
+        raise KeyboardInterrupt(message)
+    if kind == "health":
+        h = run.summary.get("health") or {}
+        raise HealthOnRank(message, reason=f"step {h['step']}: {h['rule']}: {h['detail']}" if h else message)
+    raise RankFailed(message)

@@ -50,6 +50,8 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("method.", "method"),
     ("data.", "data"),
     ("eval.", "eval"),
+    ("distributed.timeout_s", "bookkeeping"),
+    ("distributed.", "distributed"),
     ("hypothesis.", "hypothesis"),
     ("name", "study"),
     ("schema_version", "study"),

@@ -92,12 +92,12 @@ def grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    if max_norm:
-        total = torch.nn.utils.get_total_norm(grads, 2.0)
-        if torch.isfinite(total):
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return float(total)
-    return float(torch.nn.utils.get_total_norm(grads, 2.0))
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if hasattr(total, "full_tensor"):  # FSDP2: sharded (DTensor) gradients give a partial norm; reduce it over the ranks
+        total = total.full_tensor()
+    if max_norm and torch.isfinite(total):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
 
 
 def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:

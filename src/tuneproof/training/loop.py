@@ -28,6 +28,7 @@ resumed run draws exactly the dropout masks the uninterrupted run would have dra
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -47,7 +48,7 @@ from tuneproof.training.checkpoint import (CKPT_FORMAT, CKPT_KEYS, latest_checkp
                                            trainable_state)
 from tuneproof.training.health import HealthFault, HealthMonitor
 from tuneproof.training.health import grad_norm as health_grad_norm
-from tuneproof.training.loss import NORMALISATION, token_loss_sum
+from tuneproof.training.loss import NORMALISATION, token_loss_sum  # noqa: F401 (NORMALISATION: re-exported)
 
 
 @dataclass
@@ -87,9 +88,9 @@ def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
             "examples_per_epoch": math.ceil(n_examples / world_size)}
 
 
-def total_steps(cfg, n_examples: int) -> int:
-    """Optimizer steps of the budget (:func:`budget`)."""
-    return budget(cfg, n_examples)["total_steps"]
+def total_steps(cfg, n_examples: int, world_size: int = 1) -> int:
+    """Optimizer steps of the budget (:func:`budget`; per process with ``world_size`` processes)."""
+    return budget(cfg, n_examples, world_size)["total_steps"]
 
 
 DATA_ORDER_RULE = ("DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1; "
@@ -205,6 +206,7 @@ def train(
     resume: dict[str, Any] | None = None,
     stop_after: int | None = None,
     progress: Callable[[int, int, float], None] | None = None,
+    world=None,
 ) -> dict[str, Any]:
     """Train ``model`` in place.
 
@@ -218,6 +220,8 @@ def train(
         resume: a checkpoint dict to continue from (global step, schedule, optimizer moments, RNG, data position).
         stop_after: stop (as if interrupted, saving a checkpoint) after this many global steps; tests use it.
         progress: callback ``(step, total, loss)``.
+        world: a :class:`tuneproof.training.ddp.World` under torchrun (``world.wrapped`` runs the
+            forward/backward; every rank calls ``train``, rank 0 alone gets ``run``), else None.
 
     Returns:
         ``{"steps", "total_steps", "losses": [per-step loss], "tokens", "examples" (example passes,
@@ -233,7 +237,9 @@ def train(
     from tuneproof.training.distributed import window_at, window_position  # noqa: PLC0415
 
     n = len(train_set)
-    plan = budget(cfg, n)
+    ws, rank = (world.world_size, world.rank) if world is not None else (1, 0)
+    fwd = world.wrapped if world is not None else model  # DDP wrapper / FSDP2 module / the model
+    plan = budget(cfg, n, ws)
     steps = plan["total_steps"]
     accum = cfg.gradient_accumulation_steps
     params = [p for p in model.parameters() if p.requires_grad]
@@ -246,39 +252,56 @@ def train(
     tokens_seen = 0
     examples_seen = 0  # example passes (forward/backward of one example) so far
     seed_everything(cfg.seed)
+    order_rule = DATA_ORDER_RULE if ws == 1 else DATA_ORDER_RULE.replace("world_size 1", f"world_size {ws}")
     if resume is not None:
         if int(resume.get("total_steps", steps)) != steps:
             raise TuneproofError(f"the checkpoint's budget is {resume['total_steps']} steps, this run's {steps}",
                                  hint="the config or the training data changed since the checkpoint")
-        if resume["data"].get("order") != DATA_ORDER_RULE:
+        if resume["data"].get("order") != order_rule:
             raise TuneproofError(f"the checkpoint's data order is '{resume['data'].get('order')}', this tuneproof's '{DATA_ORDER_RULE}'",
                                  hint="a resume would not see the data the run would have seen; train again")
         if int(resume["data"]["n_examples"]) != n:
             raise TuneproofError(f"the checkpoint was trained on {resume['data']['n_examples']} examples, this run has {n}",
                                  hint="the training data changed since the checkpoint")
-        restore_state(model, optimizer, scheduler, resume)
+        if int(resume["data"].get("world_size", 1)) != ws:
+            raise TuneproofError(f"the checkpoint was trained by {resume['data'].get('world_size', 1)} processes, this run has {ws}",
+                                 hint="resume with the same --nproc-per-node x --nnodes (the data order depends on the world size)")
+        if world is not None:
+            world.restore(model, optimizer, scheduler, resume)
+        else:
+            restore_state(model, optimizer, scheduler, resume)
         start_step = int(resume["step"])
         losses = list(resume["losses"])
         tokens_seen = int(resume.get("tokens_seen", 0))
         examples_seen = int(resume.get("examples_seen", 0))
 
     def checkpoint(step: int, rng: dict[str, Any], reason: str) -> Path | None:
-        if run is None:
+        if run is None and world is None:
             return None
-        pos = window_position(n, cfg.micro_batch_size, accum, step)  # where the next step reads
+        extra_world: dict[str, Any] = {}
+        if world is not None:  # collectives: every rank takes part, rank 0 (run is not None) writes
+            trainable, optim = world.trainable_state(model), world.optimizer_state(model, optimizer)
+            extra_world = {"rng_ranks": world.gather(rng), "world": {"world_size": ws, "strategy": world.strategy, "backend": world.backend}}
+            if run is None:
+                return None
+        else:
+            trainable, optim = trainable_state(model), optimizer.state_dict()
+        pos = window_position(n, cfg.micro_batch_size, accum, step, ws)  # where the next step reads
         payload = {
-            "format": CKPT_FORMAT, "step": step, "total_steps": steps, "trainable": trainable_state(model),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
+            "format": CKPT_FORMAT, "step": step, "total_steps": steps, "trainable": trainable,
+            "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng, **extra_world,
             "data": {"n_examples": n, "micro_batch": cfg.micro_batch_size, "accumulation": accum, "seed": cfg.seed,
                      "next_micro_batch": pos["first_micro_batch"], "epoch": pos["epoch"],
-                     "steps_per_epoch": plan["steps_per_epoch"], "order": DATA_ORDER_RULE},
+                     "steps_per_epoch": plan["steps_per_epoch"], "order": order_rule, "world_size": ws},
             "losses": list(losses), "tokens_seen": tokens_seen, "examples_seen": examples_seen, "budget": plan,
             "config": config or {}, "reason": reason,
             "saved_at": time.time(), **(extra or {}),
         }
         return save_checkpoint(run.dir / "checkpoints", step, payload)  # safetensors + JSON, sha256 indexed, 2 kept
 
-    health = HealthMonitor([(name, p) for name, p in model.named_parameters() if p.requires_grad])
+    read: list[int] = []  # what this rank reads in the first epoch (C10, gathered at the end)
+    # FSDP2: the health rules look at this rank's shard of each tensor (DTensor.to_local)
+    health = HealthMonitor([(name, p.to_local() if hasattr(p, "to_local") else p) for name, p in model.named_parameters() if p.requires_grad])
     model.train()
     t0 = time.perf_counter()
     step = start_step
@@ -289,35 +312,47 @@ def train(
     try:
         with stop:
             while step < steps:
-                if stop.signum is not None or (stop_after is not None and step >= stop_after):
+                stopping = stop.signum is not None or (stop_after is not None and step >= stop_after)
+                ts = time.perf_counter()
+                # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
+                window_idx = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step, world_size=ws, rank=rank)
+                batches = [{k: v.to(device) for k, v in collate([train_set[i] for i in idx], pad_id).items()} for idx in window_idx]
+                window = sum(supervised_count(b) for b in batches)
+                if world is not None:  # the global window: supervised tokens of every rank; a stop on any rank stops all
+                    if step < plan["steps_per_epoch"]:
+                        read.extend(i for idx in window_idx for i in idx)
+                    window_f, stops = world.sum(window, float(stopping))
+                    window, stopping = int(window_f), stops > 0
+                if stopping:
                     if step > saved_step:
                         checkpoint(step, boundary_rng, "interrupt")
                         saved_step = step
                     if stop.signum is not None:
                         stop.reraise(stop.signum)
-                    raise KeyboardInterrupt(f"stop_after={stop_after}")
-                ts = time.perf_counter()
-                # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
-                window_idx = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step)
-                batches = [{k: v.to(device) for k, v in collate([train_set[i] for i in idx], pad_id).items()} for idx in window_idx]
-                window = sum(supervised_count(b) for b in batches)
+                    raise KeyboardInterrupt(f"stop_after={stop_after}" if stop_after is not None and step >= stop_after else "stopped with another rank")
                 if window == 0:
                     raise CheckFailed(f"step {step + 1}: 0 supervised tokens in the accumulation window")
                 total = 0.0
                 step_tokens = 0
-                for b in batches:
-                    loss_sum, outputs = _micro_loss(model, b, autocast)
-                    # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
-                    # a short last window of an epoch is divided by its own count, so it equals its concatenation
-                    (loss_sum / window).backward()
+                for j, b in enumerate(batches):
+                    with (world.no_sync(last=j == len(batches) - 1) if world is not None else contextlib.nullcontext()):
+                        loss_sum, outputs = _micro_loss(fwd, b, autocast)
+                        # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
+                        # a short last window of an epoch is divided by its own count, so it equals its concatenation;
+                        # x world size: DDP/FSDP average gradients over ranks, the global window already counts them all
+                        (loss_sum * ws / window).backward()
                     total += loss_sum.item()
                     step_tokens += int(b["attention_mask"].sum())
+                step_examples = sum(len(idx) for idx in window_idx)
+                if world is not None:
+                    total, step_tokens_f, step_examples_f = world.sum(total, step_tokens, step_examples)
+                    step_tokens, step_examples = int(step_tokens_f), int(step_examples_f)
                 loss = total / window
                 lr = optimizer.param_groups[0]["lr"]  # the learning rate this step uses
                 grad_norm = health_grad_norm(params, cfg.max_grad_norm)  # before clipping; clipped in place if set
                 row = {"step": step + 1, "epoch": step // plan["steps_per_epoch"], "loss": round(loss, 6), "lr": lr,
                        "grad_norm": grad_norm, "supervised_tokens": window, "micro_batches": len(batches),
-                       "examples": sum(len(idx) for idx in window_idx)}
+                       "examples": step_examples}
                 try:
                     health.before_update(step + 1, loss, grad_norm, outputs)
                     in_update = True
@@ -337,20 +372,27 @@ def train(
                 if run is not None:
                     run.metric(**row, step_seconds=round(time.perf_counter() - ts, 4))
                     run.summary["last_step"] = step
-                    if step % cfg.checkpoint_every == 0 or step == steps:
-                        checkpoint(step, boundary_rng, "final" if step == steps else "interval")
-                        saved_step = step
+                if (run is not None or world is not None) and (step % cfg.checkpoint_every == 0 or step == steps):
+                    checkpoint(step, boundary_rng, "final" if step == steps else "interval")
+                    saved_step = step
                 if progress:
                     progress(step, steps, loss)
     except BaseException as err:
         from tuneproof.registry import Terminated  # noqa: PLC0415
 
         if isinstance(err, (KeyboardInterrupt, Terminated)) and run is not None:
-            if step > saved_step and not in_update:
+            if world is not None:  # a checkpoint is collective: the ranks cannot meet here; the last one stands
+                if step > saved_step:
+                    run.note(f"stopped at once (second signal) after step {step}: the last checkpoint is step {saved_step}")
+            elif step > saved_step and not in_update:
                 checkpoint(step, boundary_rng, "interrupt")
             elif in_update:
                 run.note(f"stopped inside the update of step {step + 1}: no checkpoint written; the last one is step {saved_step}")
             run.summary["last_step"] = step
         raise
+    from tuneproof.training.ddp import normalisation, share_report  # noqa: PLC0415
+
+    shares = share_report(world, read, n) if world is not None and read else None
     return {"steps": step, "total_steps": steps, "losses": losses, "tokens": tokens_seen, "examples": examples_seen,
-            "budget": plan, "seconds": time.perf_counter() - t0, "normalisation": NORMALISATION}
+            "budget": plan, "seconds": time.perf_counter() - t0, "normalisation": normalisation(world), "world_size": ws,
+            "shares": shares}

@@ -1,0 +1,89 @@
+"""A rank that raises marks the run failed naming the rank and its error; a launch that cannot work
+is refused in one line with nothing launched (issue 13, bad input)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+import torch
+
+from dist_helpers import SKIP, dist_study, run_cli
+from tuneproof.context import StudyContext
+from tuneproof.errors import TuneproofError
+from tuneproof.registry import Registry
+from tuneproof.training.ddp import block_classes, check_launch
+
+# imported by every Python process started with this folder first on PYTHONPATH; acts on rank 1 only
+FAULT = textwrap.dedent(
+    """
+    import os
+    if os.environ.get("RANK") == "1":
+        import tuneproof.training.loop as L
+        _orig, _calls = L._micro_loss, [0]
+        def _micro_loss(*a, **kw):
+            _calls[0] += 1
+            if _calls[0] == 3:  # the first micro-batch of step 2
+                raise ValueError("injected fault on rank 1")
+            return _orig(*a, **kw)
+        L._micro_loss = _micro_loss
+    """
+)
+
+
+def test_a_rank_that_raises_fails_the_run_naming_the_rank(tiny_base, tmp_path):
+    study = dist_study(tmp_path / "s", tiny_base, max_steps=4, micro_batch_size=2, gradient_accumulation_steps=2, timeout_s=60)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAULT)
+    proc = run_cli("train", "--study", str(study), "--skip-preflight", "fault test", *SKIP, "--nproc-per-node", "2", extra_path=hook)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "rank 1 failed: ValueError: injected fault on rank 1" in " ".join(proc.stdout.split())
+    (rec,) = Registry(study).list(kind="train")
+    assert rec.status == "failed"
+    assert rec.reason.startswith("RankFailed: rank 1 failed: ValueError: injected fault on rank 1")
+    run_dir = Registry(study).runs_dir / rec.id
+    assert "injected fault on rank 1" in (run_dir / "rank-1.log").read_text()
+    assert not (run_dir / "adapter").exists()
+    assert rec.summary["last_step"] == 1  # rank 0 finished step 1, then waited for rank 1 in step 2
+
+
+@pytest.fixture()
+def ctx(tiny_base, tmp_path):
+    return StudyContext.open(dist_study(tmp_path / "s", tiny_base, micro_batch_size=2, gradient_accumulation_steps=2))
+
+
+def test_more_processes_than_cpu_cores_is_refused(ctx):
+    n = (os.cpu_count() or 1) + 1
+    with pytest.raises(TuneproofError, match=rf"--nproc-per-node {n}: this machine has {n - 1} CPU cores"):
+        check_launch(ctx, n)
+
+
+def test_nccl_without_gpus_is_refused(ctx):
+    ctx.study.distributed.backend = "nccl"
+    with pytest.raises(TuneproofError, match="distributed.backend nccl needs CUDA GPUs"):
+        check_launch(ctx, 2)
+
+
+def test_global_batch_larger_than_the_training_set_is_refused(ctx):
+    ctx.study.training.micro_batch_size = 8  # 8 x 2 x 2 = 32 > 24
+    with pytest.raises(TuneproofError, match=r"global batch 8 .* x 2 .* x 2 processes = 32 exceeds the 24 training examples"):
+        check_launch(ctx, 2)
+
+
+def test_fsdp_needs_a_known_block_type(ctx):
+    with pytest.raises(TuneproofError, match="declares no decoder block type"):
+        block_classes(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    ctx.study.distributed.strategy = "fsdp"
+    layout = check_launch(ctx, 2)  # the tiny Llama: its decoder block, read on the meta device
+    assert layout["fsdp_units"] == ["LlamaDecoderLayer"]
+    assert (layout["world_size"], layout["global_batch"], layout["optimizer_steps_per_epoch"]) == (2, 8, 3)
+
+
+def test_cli_refusal_is_one_line_and_creates_no_run(ctx):
+    proc = run_cli("train", "--study", str(ctx.study_dir), "--skip-preflight", "x", *SKIP, "--nproc-per-node", str((os.cpu_count() or 1) + 1))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "this machine has" in proc.stdout
+    assert Registry(ctx.study_dir).list() == []

@@ -151,3 +151,11 @@ def test_candidate_trained_on_another_base_than_the_baseline_is_refused(cls_stud
     assert code == 2
     assert (f"baseline {ids['baseline']} evaluated another base model than the one {ids['train']} (candidate {ids['eval']}) "
             f"was trained on: combined weights sha256 {other} vs {t['weights_sha256']}") in out
+
+
+def test_edited_limits_are_named(bundle):
+    man = read_json(bundle / "manifest.json")
+    assert "limits" in man and man["limits"]["test_set"]
+    _forge(bundle, lambda m: m["limits"].__setitem__("broken", []) if m["limits"]["broken"] else m["limits"].__setitem__("broken", ["c999"]))
+    problems = _claims(verify_bundle(bundle))
+    assert len(problems) == 1 and problems[0].startswith("limits.broken: manifest claims ")

@@ -5,7 +5,8 @@ baseline (verdict, counts, McNemar, metric deltas with bootstrap intervals, each
 and the training summary (steps, first and final loss). A bundle ships the per-example outputs
 those results come from (``results/outputs.jsonl``: the eval run's, ``results/baseline_outputs.jsonl``:
 the baseline's, both hash-listed in the manifest) and the per-step training log
-(``results/train_metrics.jsonl``). :func:`check_claims` recomputes every claim with the same
+(``results/train_metrics.jsonl``). :func:`check_claims` recomputes every claim (and the observed
+limits: regressed and weak classes/fields, typical failures, broken examples) with the same
 code that made it (:func:`tuneproof.evaluation.metrics.score`,
 :func:`tuneproof.evaluation.compare.paired_compare`, same bootstrap seed and iterations) and names
 each field whose claim does not match.
@@ -97,6 +98,8 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
     task, labels = scoring.get("task"), scoring.get("labels")
     outputs = bundle / OUTPUTS
     cand = read_jsonl(outputs) if outputs.is_file() else None
+    m: dict[str, Any] | None = None  # the eval metrics, recomputed
+    r: dict[str, Any] | None = None  # the paired comparison, recomputed
 
     if man.get("metrics") is not None:
         if cand is None:
@@ -141,6 +144,18 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                 problems += differences(comp.get(f"detail{suffix}"), overall["detail"], f"comparison.detail{suffix}")
                 if not suffix:
                     problems += differences(comp.get("verdicts"), verdicts, "comparison.verdicts")
+    if man.get("limits") is not None and (m is not None or not man.get("metrics")) and (r is not None or not comp):
+        from tuneproof.deliver.limits import observed_limits  # noqa: PLC0415
+
+        cmp_json = read_json(bundle / "results" / "compare.json") if (bundle / "results" / "compare.json").is_file() else {}
+        recorded = ((cmp_json or {}).get("candidates") or {}).get(man.get("eval_run")) or {}
+        again = observed_limits(task, eval_metrics=m, outputs=cand or [], comparison={**r, "notes": recorded.get("notes") or []} if r else None,
+                                test_accesses=man.get("test_accesses") or [], forced=man.get("forced"))
+        problems += differences(man["limits"], again, "limits")
+        if r is not None and recorded:
+            problems += differences({k: recorded.get(k) for k in ("counts", "mcnemar", "metrics")},
+                                    {k: r.get(k) for k in ("counts", "mcnemar", "metrics")}, "results/compare.json")
+
     train = man.get("train") or {}
     if train.get("steps") is not None or train.get("final_loss") is not None:
         log = bundle / TRAIN_METRICS

@@ -684,7 +684,8 @@ def _load_for_reload(ctx: StudyContext, payload: Path, payload_kind: str):
     device, _, _ = ctx.torch_setup()
     labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
     if payload_kind == "model":
-        ref = BaseModelRef(ctx.base.name, payload, ctx.base.revision, ctx.model_kind, "preflight-smoke")
+        ref = BaseModelRef(ctx.base.name, payload, ctx.base.revision, ctx.model_kind, "preflight-smoke",
+                           trust_remote_code=ctx.base.trust_remote_code)
         return load_model(ref, ctx.model_kind, labels=labels).to(device)
     from peft import PeftModel  # noqa: PLC0415
 

@@ -95,7 +95,7 @@ def test_every_from_pretrained_of_the_base_passes_the_study_setting():
     tree = ast.parse((SRC / "models" / "base.py").read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _dotted(n.func).endswith("from_pretrained")
              and not any(k.arg == "gguf_file" for k in n.keywords)]
-    assert len(calls) == 3  # tokenizer, sequence classification, causal LM
+    assert len(calls) >= 3  # tokenizer, sequence classification, causal LM (and any later one)
     assert all(_dotted(_kw(c, "trust_remote_code")) == "ref.trust_remote_code" for c in calls)
 
 

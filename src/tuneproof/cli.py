@@ -392,7 +392,7 @@ def track_sync(study: Path = StudyOpt, all_: bool = typer.Option(False, "--all",
     from tuneproof.tracking import sync, trackers_for  # noqa: PLC0415
 
     ctx = _ctx(study)
-    trackers = trackers_for(ctx.study)
+    trackers = trackers_for(ctx.study, ctx.study_dir)
     if not trackers:
         raise TuneproofError(f"{ctx.study_dir / 'tuneproof.yaml'}: no tracker set", hint="add tracking: {mlflow: {uri: sqlite:///mlflow.db}} or report_to: [mlflow]")
     done = sync(trackers, ctx.registry, only_pending=not all_)

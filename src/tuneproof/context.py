@@ -42,7 +42,7 @@ class StudyContext:
         from tuneproof.tracking import end_hook  # noqa: PLC0415
 
         registry = Registry(self.study_dir)
-        hook = end_hook(self.study)  # tracking.* / report_to: mirror each run when it ends
+        hook = end_hook(self.study, self.study_dir)  # tracking.* / report_to: mirror each run when it ends
         if hook is not None:
             registry.end_hooks.append(hook)
         return registry

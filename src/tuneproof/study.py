@@ -147,6 +147,8 @@ class Training(_Strict):
     max_grad_norm: float | None = Field(1.0, description="gradient clipping (None: off)")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="compute dtype; auto: bf16 where native, else fp32")
     activation_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    chunked_loss: bool = Field(False, description="causal LM: loss over chunks of supervised positions without the full logits; "
+                                                   "used only after it matches the reference loss and gradients on a micro-batch")
     max_length: int = Field(128, ge=8, description="tokens per example after truncation")
     loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")

@@ -166,3 +166,16 @@ def test_the_dossier_goes_to_one_study_level_run(tmp_path, base):
     assert run.info.run_name == "dossier" and run.data.tags["tuneproof.kind"] == "report"
     local = client.download_artifacts(run.info.run_id, "dossier.md", str(tmp_path))
     assert Path(local).read_text() == "# second"
+
+
+def test_without_a_uri_runs_and_artifacts_stay_in_the_study_folder(tmp_path, base, monkeypatch):
+    """No tracking.mlflow.uri and no $MLFLOW_TRACKING_URI: sqlite:///<study>/mlflow.db, artifacts
+    beside it; nothing is written into the current folder (MLflow's default ./mlruns)."""
+    from tuneproof.context import StudyContext
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    study = _study(tmp_path, base, {"report_to": ["mlflow"]})
+    _fake_train(StudyContext.open(study), [2.0, 1.0])
+    assert (study / "mlflow.db").is_file() and not (tmp_path / "mlruns").exists()
+    assert any((study / "mlflow-artifacts").rglob("outputs.jsonl"))

@@ -15,7 +15,8 @@ A tracker that is down or refuses never fails a run: the command prints one warn
 ``tuneproof track sync``) retries every pending run. Mirroring is idempotent: a run mirrored
 again (resumed, invalidated later) reuses its tracker run and adds only the steps not sent yet.
 
-Study keys: ``tracking.mlflow.uri`` (default ``$MLFLOW_TRACKING_URI``) and
+Study keys: ``tracking.mlflow.uri`` (default ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<study>/mlflow.db``;
+a SQLite store keeps its artifacts in ``mlflow-artifacts/`` beside the database) and
 ``tracking.mlflow.experiment`` (default the study name); ``tracking.wandb.project`` /
 ``tracking.wandb.mode``; ``tracking.trackio.project``; or the shorthand ``report_to: [mlflow]``
 (the names transformers' ``TrainingArguments.report_to`` uses).
@@ -35,7 +36,7 @@ TRACKING_FILE = "tracking.json"
 __all__ = ["RunView", "Tracker", "TrackerUnavailable", "trackers_for", "mirror_run", "sync", "publish_dossier", "TRACKING_FILE"]
 
 
-def trackers_for(study) -> list[Tracker]:
+def trackers_for(study, study_dir=None) -> list[Tracker]:
     """The trackers a study asks for (``tracking.*`` and ``report_to``), in a stable order.
 
     Raises:
@@ -48,7 +49,7 @@ def trackers_for(study) -> list[Tracker]:
     asked = set(study.report_to)
     out: list[Tracker] = []
     if cfg.mlflow is not None or "mlflow" in asked:
-        out.append(MlflowTracker(cfg.mlflow, study.name))
+        out.append(MlflowTracker(cfg.mlflow, study.name, study_dir))  # no URI anywhere: <study>/mlflow.db
     if cfg.wandb is not None or "wandb" in asked:
         out.append(WandbTracker(cfg.wandb, study.name))
     if cfg.trackio is not None or "trackio" in asked:
@@ -119,11 +120,11 @@ def sync(trackers: list[Tracker], registry, *, only_pending: bool = True, warn=N
     return done
 
 
-def end_hook(study):
+def end_hook(study, study_dir=None):
     """A registry end hook for ``study`` (or None without trackers): mirrors the run that just
     ended, then retries the pending ones."""
     try:
-        trackers = trackers_for(study)
+        trackers = trackers_for(study, study_dir)
     except Exception as err:  # noqa: BLE001 - a missing package is said once, the run goes on
         sys.stderr.write(f"warning: tracking disabled ({err})\n")
         return None
@@ -143,7 +144,7 @@ def publish_dossier(study, study_dir: Path, paths: list[Path], *, warn=None) -> 
     a tracker fault is one warning line, never an error."""
     warn = warn or (lambda line: sys.stderr.write(line + "\n"))
     try:
-        trackers = trackers_for(study)
+        trackers = trackers_for(study, study_dir)
     except Exception as err:  # noqa: BLE001
         warn(f"warning: tracking disabled ({err})")
         return []

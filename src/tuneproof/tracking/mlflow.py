@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
@@ -39,16 +40,26 @@ class MlflowTracker(Tracker):
 
     name = "mlflow"
 
-    def __init__(self, settings, study_name: str):
-        self.uri = (settings.uri if settings is not None else None) or os.environ.get("MLFLOW_TRACKING_URI")
+    def __init__(self, settings, study_name: str, study_dir=None):
+        default = f"sqlite:///{Path(study_dir).resolve() / 'mlflow.db'}" if study_dir is not None else None
+        self.uri = (settings.uri if settings is not None else None) or os.environ.get("MLFLOW_TRACKING_URI") or default
         self.experiment = (settings.experiment if settings is not None else None) or study_name
+
+    def _experiment_id(self, client) -> str:
+        exp = client.get_experiment_by_name(self.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        # a SQLite store keeps its artifacts beside the database, never in the current folder (MLflow's default ./mlruns)
+        location = None
+        if self.uri and self.uri.startswith("sqlite:///"):
+            location = (Path(self.uri[len("sqlite:///"):]).parent / "mlflow-artifacts").resolve().as_uri()
+        return client.create_experiment(self.experiment, artifact_location=location)
 
     def mirror(self, view: RunView, previous: dict[str, Any]) -> dict[str, Any]:
         from mlflow.entities import Metric, Param, RunTag  # noqa: PLC0415
 
         client = _client(self.uri)
-        exp = client.get_experiment_by_name(self.experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
+        exp_id = self._experiment_id(client)
         run_id = previous.get("run_id")
         if run_id:
             try:
@@ -79,8 +90,7 @@ class MlflowTracker(Tracker):
     def publish_files(self, run_name: str, paths, previous: dict[str, Any]) -> dict[str, Any]:
         """Log ``paths`` as artifacts of the study-level MLflow run ``run_name`` (created once)."""
         client = _client(self.uri)
-        exp = client.get_experiment_by_name(self.experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
+        exp_id = self._experiment_id(client)
         run_id = previous.get("run_id")
         if run_id:
             try:

@@ -48,7 +48,7 @@ from tuneproof.training.checkpoint import (CKPT_FORMAT, CKPT_KEYS, latest_checkp
                                            trainable_state)
 from tuneproof.training.health import HealthFault, HealthMonitor
 from tuneproof.training.health import grad_norm as health_grad_norm
-from tuneproof.training.loss import NORMALISATION, token_loss_sum  # noqa: F401 (NORMALISATION: re-exported)
+from tuneproof.training.loss import NORMALISATION, backbone_and_head, check_chunked_loss, chunked_token_loss_sum, token_loss_sum  # noqa: F401 (NORMALISATION: re-exported)
 
 
 @dataclass
@@ -172,15 +172,33 @@ def supervised_count(batch: dict[str, torch.Tensor]) -> int:
     return int((labels[:, 1:] != -100).sum()) if labels.dim() == 2 else int(labels.numel())
 
 
-def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable) -> tuple[torch.Tensor, int]:
+def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable, chunked: bool = False) -> tuple[torch.Tensor, int]:
     """Summed loss of one micro-batch and ``V``, the model's output size (``logits.shape[-1]``:
-    vocabulary rows, or classes for classification; the health check's ``ln(V)``)."""
+    vocabulary rows, or classes for classification; the health check's ``ln(V)``). ``chunked``:
+    the causal-LM loss without the full logits (:func:`tuneproof.training.loss.chunked_token_loss_sum`)."""
     labels = batch["labels"]
+    if chunked and labels.dim() == 2:
+        with autocast():
+            loss = chunked_token_loss_sum(model, batch["input_ids"], batch["attention_mask"], labels)
+        return loss, int(backbone_and_head(model)[1].weight.shape[0])
     with autocast():
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     if labels.dim() == 1:  # sequence classification: one target per example
         return F.cross_entropy(out.logits.float(), labels, reduction="sum"), int(out.logits.shape[-1])
     return token_loss_sum(out.logits, labels), int(out.logits.shape[-1])
+
+
+def _check_speedup(model, examples: list, pad_id: int, device) -> dict[str, Any]:
+    """:func:`tuneproof.training.loss.check_chunked_loss` on one real micro-batch, dropout off."""
+    batch = {k: v.to(device) for k, v in collate(examples, pad_id).items()}
+    if batch["labels"].dim() != 2:
+        return {"passed": False, "message": "the chunked loss applies to causal LMs (token labels), not to a classification head"}
+    was_training = model.training
+    model.eval()  # the same function twice: dropout masks must not differ
+    try:
+        return check_chunked_loss(model, batch)
+    finally:
+        model.train(was_training)
 
 
 def _record_fault(run, fault: HealthFault, row: dict[str, Any]) -> None:
@@ -251,6 +269,16 @@ def train(
     start_step = 0
     tokens_seen = 0
     examples_seen = 0  # example passes (forward/backward of one example) so far
+    chunked = bool(getattr(cfg, "chunked_loss", False))
+    if chunked:  # a speed-up is used only after it is proven equal on a real micro-batch (issue 15)
+        if ws > 1:
+            raise CheckFailed("training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
+                              hint="set training.chunked_loss: false for a distributed run")
+        check = _check_speedup(model, train_set[: cfg.micro_batch_size], pad_id, device)
+        if not check["passed"]:
+            raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")
+        if run is not None:
+            run.update_summary(speedups={"chunked_loss": {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}})
     seed_everything(cfg.seed)
     order_rule = DATA_ORDER_RULE if ws == 1 else DATA_ORDER_RULE.replace("world_size 1", f"world_size {ws}")
     if resume is not None:
@@ -336,7 +364,7 @@ def train(
                 step_tokens = 0
                 for j, b in enumerate(batches):
                     with (world.no_sync(last=j == len(batches) - 1) if world is not None else contextlib.nullcontext()):
-                        loss_sum, outputs = _micro_loss(fwd, b, autocast)
+                        loss_sum, outputs = _micro_loss(fwd, b, autocast, chunked)
                         # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
                         # a short last window of an epoch is divided by its own count, so it equals its concatenation;
                         # x world size: DDP/FSDP average gradients over ranks, the global window already counts them all

@@ -54,3 +54,96 @@ def window_losses(micro_batch_sums: list[float], micro_batch_tokens: list[int]) 
     per_token = sum(micro_batch_sums) / total if total else float("nan")
     means = [s / t for s, t in zip(micro_batch_sums, micro_batch_tokens) if t]
     return {"per_token": per_token, "mean_of_means": sum(means) / len(means) if means else float("nan")}
+
+
+# --------------------------------------------------------------------------- chunked loss (issue 15)
+CHUNK_TOKENS = 1024  # supervised positions per chunk of the chunked loss
+#: the chunked loss must match the reference within these (fp32; relative to the reference's scale)
+CHUNKED_LOSS_RTOL = 1e-5
+CHUNKED_GRAD_RTOL = 1e-4
+
+
+def backbone_and_head(model):
+    """``(decoder, lm_head)`` of a causal LM, PEFT-wrapped or not (transformers' ``get_decoder`` /
+    ``get_output_embeddings``); LoRA layers injected in either stay in place."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if decoder is None or head is None:
+        raise TypeError(f"{type(base).__name__} exposes no decoder / output embeddings for the chunked loss")
+    return decoder, head
+
+
+def _chunk_ce(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), labels, reduction="sum")
+
+
+def chunked_token_loss_sum(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                           chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+    """The same sum as :func:`token_loss_sum` without materialising the ``[batch, seq, vocab]`` logits.
+
+    The decoder's last hidden states ``[batch, seq, hidden]`` are shifted like the labels, only the
+    supervised positions are kept, and the output head + cross-entropy run over chunks of
+    ``chunk_tokens`` positions under activation checkpointing (``torch.utils.checkpoint``,
+    non-reentrant): each chunk's logits exist only while it is computed, in the forward and again in
+    the backward. Peak memory of the loss falls from ``O(batch * seq * vocab)`` to
+    ``O(chunk_tokens * vocab)``. The idea is that of Liger-Kernel's fused linear cross-entropy and
+    of Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models" (arXiv:2411.09009).
+
+    It bypasses the model's own ``forward`` after the decoder, so a model that post-processes the
+    logits (soft-capping, a logit scale) gives another loss: :func:`check_chunked_loss` compares
+    both on a real micro-batch before a run may use it.
+
+    Returns:
+        A scalar tensor: the summed loss in nats over supervised positions.
+    """
+    from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
+
+    decoder, head = backbone_and_head(model)
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    h = hidden[:, :-1, :].reshape(-1, hidden.size(-1))
+    y = labels[:, 1:].reshape(-1)
+    keep = (y != IGNORE_INDEX).nonzero(as_tuple=True)[0]
+    h, y = h.index_select(0, keep), y.index_select(0, keep)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for s in range(0, h.size(0), chunk_tokens):
+        total = total + checkpoint(_chunk_ce, h[s : s + chunk_tokens], y[s : s + chunk_tokens], head, use_reentrant=False)
+    return total
+
+
+def check_chunked_loss(model, batch: dict[str, torch.Tensor], chunk_tokens: int = CHUNK_TOKENS) -> dict:
+    """Compare the chunked loss with the reference (full logits, :func:`token_loss_sum`) on one
+    micro-batch: summed loss and every trainable gradient.
+
+    Returns:
+        ``{"passed", "loss_reference", "loss_chunked", "loss_rel_diff", "grad_max_rel_diff",
+        "tensors", "rtol": {"loss", "grad"}, "message"}``; gradients are compared as
+        ``max|g_chunked - g_ref| / max|g_ref|`` over all trainable tensors. Gradients are cleared
+        before and after.
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    model.zero_grad(set_to_none=True)
+    ref = token_loss_sum(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"])
+    ref.backward()
+    g_ref = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    try:
+        got = chunked_token_loss_sum(model, batch["input_ids"], batch["attention_mask"], batch["labels"], chunk_tokens)
+    except TypeError as err:
+        return {"passed": False, "message": f"chunked loss not available: {err}"}
+    got.backward()
+    g_got = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    scale = max((float(g.abs().max()) for g in g_ref.values()), default=0.0) or 1.0
+    grad_diff = max((float((g_got[n] - g).abs().max()) / scale for n, g in g_ref.items() if n in g_got), default=0.0)
+    missing = sorted(set(g_ref) ^ set(g_got))
+    loss_diff = abs(float(got) - float(ref)) / max(abs(float(ref)), 1e-12)
+    passed = not missing and loss_diff <= CHUNKED_LOSS_RTOL and grad_diff <= CHUNKED_GRAD_RTOL
+    message = (f"chunked loss equals the reference: loss rel. diff {loss_diff:.1e} (<= {CHUNKED_LOSS_RTOL:g}), "
+               f"gradients max rel. diff {grad_diff:.1e} (<= {CHUNKED_GRAD_RTOL:g}) over {len(g_ref)} tensors" if passed else
+               f"chunked loss differs from the reference: loss rel. diff {loss_diff:.1e}, gradients {grad_diff:.1e}"
+               + (f", gradients present in only one of them: {missing[:3]}" if missing else "")
+               + " - the model post-processes its logits or has no plain output head; leave training.chunked_loss off")
+    return {"passed": passed, "loss_reference": float(ref), "loss_chunked": float(got), "loss_rel_diff": loss_diff,
+            "grad_max_rel_diff": grad_diff, "tensors": len(g_ref), "rtol": {"loss": CHUNKED_LOSS_RTOL, "grad": CHUNKED_GRAD_RTOL},
+            "message": message}

@@ -1,6 +1,9 @@
 """The ``tuneproof`` command line (Typer). One plain, typed function per command; each delegates
 to a recipe in :mod:`tuneproof.recipes`. User-caused errors print one or two lines and exit 2
-(3 when a protocol check failed); Ctrl-C exits 130 with the run marked interrupted.
+(3 when a protocol check failed); Ctrl-C exits 130 and SIGTERM 143 (128 + signal number), with
+the run marked interrupted; a fault of the machine (disk full, read-only folder) prints one line
+naming the folder and the cause and exits 2. Output to a closed pipe (``tuneproof runs | head -1``)
+is dropped: the command's work and its run are not failed by it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from tuneproof.ui import console
 
 #: `tuneproof --help` lists commands in the order of the protocol (PROTOCOL.md steps), tools last
 PROTOCOL_ORDER = ("init", "data", "baseline", "env", "preflight", "train", "resume", "eval", "compare", "show", "test",
-                  "export", "verify", "report", "plan", "runs", "invalidate", "track", "quickstart")
+                  "export", "verify", "report", "plan", "runs", "registry", "invalidate", "track", "quickstart")
 
 
 class _ProtocolOrder(typer.core.TyperGroup):
@@ -30,6 +33,10 @@ app = typer.Typer(cls=_ProtocolOrder, add_completion=False, no_args_is_help=True
                   help="Make a fine-tuning experiment provably sound: baseline, data checks, preflight, runs, paired comparison, bound export, dossier.")
 data_app = typer.Typer(no_args_is_help=True, help="Data protocol: versions, splits, duplicates, audits, token-level inspection.")
 app.add_typer(data_app, name="data")
+runs_app = typer.Typer(invoke_without_command=True, help="Every run, failed, interrupted and invalid ones included; `runs mark-interrupted`.")
+app.add_typer(runs_app, name="runs")
+registry_app = typer.Typer(no_args_is_help=True, help="The run registry (tuneproof.sqlite): rebuild it from the run folders.")
+app.add_typer(registry_app, name="registry")
 
 StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)")
 EditedHypothesisOpt = typer.Option(None, "--use-edited-hypothesis", metavar="REASON",
@@ -203,13 +210,43 @@ def eval_(run: str = typer.Argument(..., help="a completed train run"), study: P
     console.print(f"eval run [bold]{run_id}[/] completed; next: tuneproof compare {run_id}")
 
 
-@app.command()
-def runs(study: Path = StudyOpt, tree: bool = typer.Option(False, "--tree", help="show lineage as a tree"),
+@runs_app.callback()
+def runs(ctx: typer.Context, study: Path = StudyOpt, tree: bool = typer.Option(False, "--tree", help="show lineage as a tree"),
          json_: bool = typer.Option(False, "--json", help="print every run record as JSON (for scripts)")) -> None:
     """Every run, failed, interrupted and invalid ones included."""
+    if ctx.invoked_subcommand is not None:
+        return
     from tuneproof.recipes.runs import show_runs  # noqa: PLC0415
 
     show_runs(study, tree=tree, as_json=json_)
+
+
+@runs_app.command("mark-interrupted")
+def runs_mark_interrupted(
+    run: str = typer.Argument(..., help="a run shown as running whose process is gone (e.g. its machine was restarted)"),
+    why: str = typer.Option(..., "--why", help="the reason, recorded with the last heartbeat, host and pid"),
+    study: Path = StudyOpt,
+) -> None:
+    """Mark a running run interrupted now, without waiting for its heartbeat to go stale; a train run can then be resumed."""
+    from tuneproof.registry import Registry  # noqa: PLC0415
+
+    rec = Registry(study).mark_interrupted(run, why)
+    console.print(f"{rec.id}: interrupted ({rec.reason})" + (f"; next: tuneproof resume {rec.id}" if rec.kind == "train" else ""), soft_wrap=True)
+
+
+@registry_app.command("rebuild")
+def registry_rebuild(study: Path = StudyOpt) -> None:
+    """Rebuild tuneproof.sqlite from the run folders (runs/*/run.json); the old file is kept as tuneproof.sqlite.damaged-TIME."""
+    from tuneproof.registry import Registry  # noqa: PLC0415
+
+    out = Registry.rebuild(study)
+    console.print(f"rebuilt {study / 'tuneproof.sqlite'} from {len(out['runs'])} run folder(s)"
+                  + (f", {out['test_accesses']} test-split read(s)" if out["test_accesses"] else "")
+                  + (f"; old index kept as {out['kept']}" if out["kept"] else ""), soft_wrap=True)
+    if out["lost"]:
+        console.print(f"[yellow]warning[/]: {len(out['lost'])} folder(s) had no readable run.json, listed as invalid: {', '.join(out['lost'])}", soft_wrap=True)
+    if out["stale"]:
+        console.print(f"found stale and marked interrupted: {', '.join(out['stale'])}")
 
 
 @app.command()
@@ -402,11 +439,76 @@ def track_sync(study: Path = StudyOpt, all_: bool = typer.Option(False, "--all",
         sys.exit(2)
 
 
+class _PipeSafe:
+    """``sys.stdout`` that survives a closed pipe: on ``BrokenPipeError`` the rest of the output
+    goes to ``/dev/null`` (Python's documented recipe: dup2 devnull onto the descriptor, so the
+    final flush at exit does not fail either) and the command goes on."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = False
+
+    def write(self, text):
+        if self.broken:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self):
+        if self.broken:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self):
+        import os  # noqa: PLC0415
+
+        self.broken = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    from tuneproof.registry import Terminated  # noqa: PLC0415
+
+    raise Terminated(f"signal {signum}")
+
+
+def _machine_fault(err: BaseException) -> "TuneproofError | None":
+    """A one-line error for a fault of the machine or a damaged index met outside a run."""
+    import sqlite3  # noqa: PLC0415
+
+    from tuneproof.io import fault_cause, fault_message  # noqa: PLC0415
+
+    cause = fault_cause(err)
+    if cause is not None:
+        return TuneproofError(fault_message(err, cause), hint="free space or make the folder writable, then run the command again")
+    if isinstance(err, sqlite3.DatabaseError) and not isinstance(err, sqlite3.OperationalError):
+        return TuneproofError(f"the run registry (tuneproof.sqlite in the study folder) is damaged ({err})",
+                              hint="rebuild it from the run folders: tuneproof registry rebuild")
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: runs the app and turns user errors into short messages + exit codes."""
     import logging  # noqa: PLC0415
     import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
     import warnings  # noqa: PLC0415
+
+    from tuneproof.registry import Terminated  # noqa: PLC0415
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -420,25 +522,52 @@ def main(argv: Optional[List[str]] = None) -> None:
         hf_logging.disable_progress_bar()
     except Exception:  # noqa: BLE001
         pass
+    wrapped = None
+    if not isinstance(sys.stdout, _PipeSafe):
+        sys.stdout = wrapped = _PipeSafe(sys.stdout)
+    old_term = None
+    try:
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        code = _main(argv, Terminated)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        if wrapped is not None and sys.stdout is wrapped:
+            if not wrapped.broken:
+                sys.stdout = wrapped._stream  # noqa: SLF001
+    sys.exit(code)
+
+
+def _main(argv: Optional[List[str]], Terminated) -> int:  # noqa: N803
     try:
         rv = app(args=argv, standalone_mode=False)
-        if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer turns Ctrl-C/SIGTERM into Exit(130) and returns it
+        if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer turns Ctrl-C into Exit(130) and returns it
             if rv == 130:
                 console.print("[yellow]interrupted[/]: recorded as interrupted; see `tuneproof runs` (a train run: `tuneproof resume RUN`)")
-            sys.exit(rv)
+            return rv
     except TuneproofError as err:
         console.print(f"[bold red]error[/]: {err}", soft_wrap=True)
-        sys.exit(err.exit_code)
+        return err.exit_code
+    except Terminated as err:
+        console.print(f"[yellow]terminated[/]: {err}; recorded as interrupted (a train run: `tuneproof resume RUN`)", soft_wrap=True)
+        return 143
     except KeyboardInterrupt as err:
         console.print(f"[yellow]interrupted[/]: {err}")
-        sys.exit(130)
+        return 130
     except typer.Exit as err:
-        sys.exit(err.exit_code)
+        return err.exit_code
     except typer.Abort:
-        sys.exit(130)
+        return 130
     except Exception as err:  # usage errors of Typer's click: missing argument, unknown option...
         if callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int):
             err.show()
-            sys.exit(2)
+            return 2
+        fault = _machine_fault(err)
+        if fault is not None:
+            console.print(f"[bold red]error[/]: {fault}", soft_wrap=True)
+            return fault.exit_code
         raise
-    sys.exit(0)
+    return 0

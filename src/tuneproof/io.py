@@ -6,10 +6,13 @@ Every artifact is written to a temporary file in the same folder and renamed int
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -31,9 +34,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)  # a failed write() names no file: name the artifact
         raise
     return path
 
@@ -60,9 +65,96 @@ def append_jsonl(path: str | os.PathLike, row: dict) -> None:
     """Append one JSON line (used for logs such as metrics.jsonl that grow during a run)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        fh.flush()
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            fh.flush()
+    except OSError as err:
+        if err.filename is None:
+            err.filename = str(path)
+        raise
+
+
+# --------------------------------------------------------------------------- faults of the machine
+DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
+_SQLITE_CAUSES = (  # sqlite3.OperationalError messages (sqlite3.c sqlite3ErrStr) -> cause
+    ("database or disk is full", "disk full"),
+    ("attempt to write a readonly database", "read-only"),
+    ("unable to open database file", "read-only"),
+    ("disk i/o error", "I/O error"),
+)
+
+
+def fault_cause(err: BaseException) -> str | None:
+    """``"disk full"``, ``"read-only"`` or ``"I/O error"`` when ``err`` is a fault of the machine
+    (an ``OSError`` with errno ENOSPC/EDQUOT, EROFS/EACCES/EPERM or EIO, or the same faults as
+    reported by sqlite3), else None. Bad input (a missing file) is not a machine fault."""
+    import sqlite3  # noqa: PLC0415
+
+    if isinstance(err, OSError):
+        if err.errno in DISK_FULL_ERRNOS:
+            return "disk full"
+        if err.errno in READ_ONLY_ERRNOS:
+            return "read-only"
+        if err.errno == errno.EIO:
+            return "I/O error"
+        return None
+    if isinstance(err, sqlite3.OperationalError):
+        msg = str(err).lower()
+        for text, cause in _SQLITE_CAUSES:
+            if text in msg:
+                return cause
+    return None
+
+
+def fault_message(err: BaseException, cause: str, folder: str | os.PathLike | None = None) -> str:
+    """One line naming the folder and the cause, e.g.
+    ``/data/study/runs/r0003: disk full (No space left on device) writing step-000004.pt``."""
+    name = getattr(err, "filename", None)
+    where = Path(name).parent if name else (Path(folder) if folder is not None else None)
+    if folder is not None and name and not str(name).startswith(str(folder)):
+        where = Path(folder)
+    detail = getattr(err, "strerror", None) or str(err)
+    what = f" writing {Path(name).name}" if name else ""
+    return f"{where if where is not None else 'the study folder'}: {cause} ({detail}){what}"
+
+
+TEMP_SUFFIX = ".tmp"
+
+
+def is_temp_name(name: str) -> bool:
+    """Names of temporary files and folders this package writes before a rename: a leading dot and
+    a ``.tmp`` suffix (``.outputs.jsonl.k3j2.tmp``, ``.step-000004.pt.tmp``)."""
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def remove_temps(folder: str | os.PathLike, *, older_than_s: float | None = None, recursive: bool = True) -> list[Path]:
+    """Delete temporary files/folders (:func:`is_temp_name`) under ``folder``; returns what was removed.
+
+    ``older_than_s``: only entries whose mtime is at least that many seconds old (for folders a
+    live process may be writing into). Errors (a vanished file, no permission) are ignored.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    now = time.time()
+    found = folder.rglob(".*") if recursive else folder.glob(".*")
+    for p in sorted(found, key=lambda q: len(q.parts)):
+        if not is_temp_name(p.name) or any(p.is_relative_to(r) for r in removed):
+            continue
+        try:
+            if older_than_s is not None and now - p.lstat().st_mtime < older_than_s:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
 
 
 def read_json(path: str | os.PathLike) -> Any:

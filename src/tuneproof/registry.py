@@ -3,12 +3,35 @@
 Layout inside a study folder::
 
     tuneproof.yaml
-    tuneproof.sqlite          # the index (stdlib sqlite3)
-    runs/r0007-lora-r16/      # config.json, env.json, data.json, log.txt, metrics.jsonl, outputs.jsonl, summary.json
+    tuneproof.sqlite          # the index (stdlib sqlite3), rebuilt from the run folders when lost
+    runs/r0007-lora-r16/      # run.json (the run's own record), config.json, env.json, data.json,
+                              # log.txt, metrics.jsonl, outputs.jsonl, summary.json
 
-Statuses: running -> completed | failed | interrupted | invalid. A run is never deleted. A run
-left ``running`` by a process that died (kill -9, power loss) is found stale the next time the
-registry is opened and marked ``interrupted`` with the reason.
+Statuses: running -> completed | failed | interrupted | invalid. A run is never deleted.
+
+The run folder is the source of truth: ``runs/<id>/run.json`` holds the run's whole record (id,
+kind, status, reason, times, host/pid, heartbeat, fingerprints, summary) and is rewritten
+atomically with every change of the index row; reads of the reserved test split are also kept in
+``runs/<id>/test_access.json``. So:
+
+- a deleted ``tuneproof.sqlite`` is rebuilt from the run folders automatically the next time the
+  registry is opened (one note on stderr); a damaged one is reported in one line and rebuilt with
+  ``tuneproof registry rebuild`` (the damaged file is kept beside it as
+  ``tuneproof.sqlite.damaged-<time>``);
+- a new run's id is past the largest of the index and the run folders, and its folder must not
+  exist: a run never appends to another run's folder.
+
+Liveness: a live run's process writes its last-seen time (``heartbeat``) every
+:data:`HEARTBEAT_S` seconds. A ``running`` run is found stale, and marked ``interrupted`` with the
+reason, when its process is gone on this host (pid and process start time), or, whatever the host
+(a restarted container has a new hostname), when its heartbeat is older than
+:data:`STALE_AFTER_S`. ``tuneproof runs mark-interrupted RUN --why ...`` marks one explicitly.
+
+Faults of the machine inside a run (disk full, read-only folder) mark it ``failed`` with the
+reason ``disk full: ...`` / ``read-only: ...``, remove its temporary files and raise a one-line
+:class:`TuneproofError` (exit 2); a train run so failed is continued by ``tuneproof resume``.
+Temporary files (``.NAME.*.tmp``) left in the folders of runs that are no longer running, and
+``exports/.rNNNN.*`` folders left by a killed export, are removed when the next run starts.
 """
 
 from __future__ import annotations
@@ -21,6 +44,8 @@ import re
 import signal
 import socket
 import sqlite3
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,11 +53,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tuneproof.errors import TuneproofError
-from tuneproof.io import append_jsonl, write_json
+from tuneproof.io import append_jsonl, fault_cause, fault_message, read_json, remove_temps, write_json
 
 KINDS = ("baseline", "train", "eval", "test", "export", "preflight", "data-check", "compare", "report")
 STATUSES = ("running", "completed", "failed", "interrupted", "invalid")
 DB_NAME = "tuneproof.sqlite"
+RECORD_FILE = "run.json"  # the run's own record, in its folder
+TEST_ACCESS_FILE = "test_access.json"
+HEARTBEAT_S = 30.0  # a live run writes its last-seen time this often (seconds)
+STALE_AFTER_S = 300.0  # a running run unseen for this long (seconds) is stale, whatever its host
 _ID_RE = re.compile(r"^r(\d{4,})(-[A-Za-z0-9_.-]+)?$")
 
 _SCHEMA = """
@@ -52,7 +81,8 @@ CREATE TABLE IF NOT EXISTS runs (
     config_hash TEXT,
     data_fingerprint TEXT,
     eval_fingerprint TEXT,
-    summary TEXT
+    summary TEXT,
+    heartbeat REAL
 );
 CREATE TABLE IF NOT EXISTS test_access (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -148,8 +178,14 @@ class Run:
 
     def note(self, message: str) -> None:
         """Append a line to ``log.txt``."""
-        with open(self.dir / "log.txt", "a", encoding="utf-8") as fh:
-            fh.write(f"{iso(_now())} {message}\n")
+        path = self.dir / "log.txt"
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(f"{iso(_now())} {message}\n")
+        except OSError as err:
+            if err.filename is None:
+                err.filename = str(path)
+            raise
 
     def set(self, **fields: Any) -> None:
         """Set indexed fields: config_hash, data_fingerprint, eval_fingerprint."""
@@ -163,34 +199,196 @@ class Run:
 
 
 class Terminated(BaseException):
-    """Raised inside a run by SIGTERM so that it is recorded as interrupted."""
+    """Raised inside a run by SIGTERM so that it is recorded as interrupted (the CLI exits 143)."""
 
 
 _Terminated = Terminated  # former private name
 
 
+def _fault_error(err: BaseException, cause: str, folder: Path, hint: str) -> TuneproofError:
+    return TuneproofError(fault_message(err, cause, folder), hint=hint)
+
+
+def _seq_of(name: str) -> int | None:
+    m = _ID_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
 class Registry:
-    """The SQLite index of a study's runs.
+    """The SQLite index of a study's runs, mirrored in each run folder's ``run.json``.
 
     Args:
         study_dir: the study folder (holds ``tuneproof.yaml``).
+
+    Raises:
+        TuneproofError: the index is damaged (one line; ``tuneproof registry rebuild``), or the
+            study folder is read-only / the disk is full (one line naming the folder and cause).
     """
 
     def __init__(self, study_dir: str | Path):
         self.study_dir = Path(study_dir)
         self.runs_dir = self.study_dir / "runs"
         self.db_path = self.study_dir / DB_NAME
-        self.study_dir.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.executescript(_SCHEMA)
+        self._lock = threading.RLock()
+        self.rebuilt: dict[str, Any] | None = None
         #: callables ``(registry, record)`` run after a run's final status is recorded (trackers)
         self.end_hooks: list = []
-        self.mark_stale()
+        try:
+            self.study_dir.mkdir(parents=True, exist_ok=True)
+            missing = not self.db_path.exists() or self.db_path.stat().st_size == 0
+            self._conn = self._connect(self.db_path)
+            if missing and self._record_folders():
+                self.rebuilt = self._load_folders()
+                print(f"note: {self.db_path} was missing: rebuilt from {len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
+                      file=sys.stderr)
+            self.mark_stale()
+        except sqlite3.DatabaseError as err:
+            raise self._db_error(err) from None
+        except OSError as err:
+            cause = fault_cause(err)
+            if cause is None:
+                raise
+            raise _fault_error(err, cause, self.study_dir, "free space or make the study folder writable, then run the command again") from None
+
+    def _db_error(self, err: sqlite3.DatabaseError) -> TuneproofError:
+        cause = fault_cause(err)
+        if cause is not None:
+            return TuneproofError(f"{self.db_path}: {cause} ({err})",
+                                  hint="free space or make the study folder writable, then run the command again")
+        if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
+            return TuneproofError(f"{self.db_path}: locked by another process for 30 s ({err})", hint="run the command again")
+        return TuneproofError(f"{self.db_path}: the run registry is damaged ({err})",
+                              hint="rebuild it from the run folders: tuneproof registry rebuild")
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check}")
+            conn.executescript(_SCHEMA)
+            cols = {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}
+            if "heartbeat" not in cols:  # an index written before heartbeats
+                conn.execute("ALTER TABLE runs ADD COLUMN heartbeat REAL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def close(self) -> None:
         self._conn.close()
+
+    # ------------------------------------------------------------------ the run folders
+    def _record_folders(self) -> list[Path]:
+        """Run folders (``runs/rNNNN[-name]/``), in id order."""
+        if not self.runs_dir.is_dir():
+            return []
+        dirs = [d for d in self.runs_dir.iterdir() if d.is_dir() and _seq_of(d.name) is not None]
+        return sorted(dirs, key=lambda d: (_seq_of(d.name), d.name))
+
+    def _columns(self) -> list[str]:
+        return [r["name"] for r in self._conn.execute("PRAGMA table_info(runs)")]
+
+    def _record(self, run_id: str, conn: sqlite3.Connection | None = None) -> dict[str, Any]:
+        row = (conn or self._conn).execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        rec = {k: row[k] for k in row.keys()}
+        rec["summary"] = json.loads(rec.get("summary") or "{}")
+        return rec
+
+    def _sync(self, run_id: str, conn: sqlite3.Connection | None = None) -> None:
+        """Write ``runs/<id>/run.json`` from the index row (atomically)."""
+        with self._lock:
+            rec = self._record(run_id, conn)
+            write_json(self.runs_dir / run_id / RECORD_FILE, {"record": "tuneproof run", **rec})
+
+    def _load_folders(self) -> dict[str, Any]:
+        """Insert every run folder's record into the (empty) index. Returns ``{"runs", "lost", "test_accesses"}``.
+
+        A folder without a readable ``run.json`` (written before records existed, or damaged) is
+        listed as ``invalid`` with the reason, its kind taken from ``summary.json`` when present.
+        """
+        cols = set(self._columns())
+        restored, lost, accesses = [], [], []
+        taken: set[int] = set()
+        for d in self._record_folders():
+            seq = _seq_of(d.name)
+            try:
+                rec = read_json(d / RECORD_FILE)
+                if not isinstance(rec, dict) or rec.get("id") != d.name:
+                    raise TuneproofError(f"{d / RECORD_FILE}: not the record of {d.name}")
+            except TuneproofError:
+                summary = {}
+                try:
+                    summary = read_json(d / "summary.json")
+                except TuneproofError:
+                    pass
+                created = min((p.stat().st_mtime for p in d.iterdir()), default=d.stat().st_mtime)
+                rec = {"id": d.name, "seq": seq, "kind": summary.get("kind", "unknown") if isinstance(summary, dict) else "unknown",
+                       "status": "invalid", "reason": f"record lost: rebuilt from the folder without a readable {RECORD_FILE}",
+                       "created": created, "summary": summary if isinstance(summary, dict) else {}}
+                lost.append(d.name)
+            if seq in taken:  # two folders with one number: the second keeps its folder, the index a free number
+                lost.append(d.name)
+                rec["reason"] = (rec.get("reason") or "") + f" (number {seq} taken by another folder)"
+                seq = max(taken) + 1000
+            taken.add(seq)
+            rec["seq"] = seq
+            row = {k: v for k, v in rec.items() if k in cols}
+            row["summary"] = json.dumps(row.get("summary") or {}, default=str)
+            self._conn.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+            restored.append(d.name)
+            if (d / TEST_ACCESS_FILE).exists():
+                try:
+                    for a in read_json(d / TEST_ACCESS_FILE).get("accesses", []):
+                        accesses.append(a)
+                except (TuneproofError, AttributeError):
+                    pass
+        for a in sorted(accesses, key=lambda a: a.get("time", 0)):
+            self._conn.execute("INSERT INTO test_access (run, candidate, time, result) VALUES (?, ?, ?, ?)",
+                               (a["run"], a["candidate"], a["time"], json.dumps(a.get("result", {}), default=str)))
+        for rid in lost:
+            self._sync(rid)
+        return {"runs": restored, "lost": lost, "test_accesses": len(accesses)}
+
+    @classmethod
+    def rebuild(cls, study_dir: str | Path) -> dict[str, Any]:
+        """Rebuild ``tuneproof.sqlite`` from the run folders (``tuneproof registry rebuild``).
+
+        The current index (damaged or not) is moved aside to ``tuneproof.sqlite.damaged-<UTC
+        time>`` (with its ``-wal``/``-shm`` files), never deleted. Run it while no command is
+        running in the study.
+
+        Returns ``{"runs": [ids], "lost": [ids without a readable run.json], "test_accesses": n,
+        "kept": path of the old index or None, "stale": [ids found stale]}``.
+        """
+        study_dir = Path(study_dir)
+        db = study_dir / DB_NAME
+        kept = None
+        if db.exists():
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+            kept = db.with_name(f"{DB_NAME}.damaged-{stamp}")
+            os.replace(db, kept)
+            for ext in ("-wal", "-shm"):
+                side = db.with_name(DB_NAME + ext)
+                if side.exists():
+                    os.replace(side, kept.with_name(kept.name + ext))
+        reg = cls.__new__(cls)
+        reg.study_dir, reg.runs_dir, reg.db_path, reg._lock, reg.rebuilt = study_dir, study_dir / "runs", db, threading.RLock(), None
+        reg.end_hooks = []
+        try:
+            reg._conn = cls._connect(db)
+            out = reg._load_folders()
+            out["stale"] = reg.mark_stale()
+        except sqlite3.DatabaseError as err:
+            raise reg._db_error(err) from None
+        finally:
+            if hasattr(reg, "_conn"):
+                reg._conn.close()
+        out["kept"] = str(kept) if kept else None
+        return out
 
     # ------------------------------------------------------------------ queries
     def get(self, run_id: str) -> RunRecord:
@@ -211,6 +409,10 @@ class Registry:
                 hint=f"known runs: {', '.join(known) if known else 'none yet'}; see `tuneproof runs`",
             )
         return RunRecord.from_row(row)
+
+    def row(self, run_id: str) -> dict[str, Any]:
+        """Every column of the run's index row (host, pid, heartbeat... included)."""
+        return self._record(self.get(run_id).id)
 
     def list(self, kind: str | None = None, status: str | None = None) -> list[RunRecord]:
         q, args = "SELECT * FROM runs", []
@@ -238,24 +440,57 @@ class Registry:
         if not fields:
             return
         cols = ", ".join(f"{k} = ?" for k in fields)
-        self._conn.execute(f"UPDATE runs SET {cols} WHERE id = ?", (*fields.values(), run_id))
+        with self._lock:
+            self._conn.execute(f"UPDATE runs SET {cols} WHERE id = ?", (*fields.values(), run_id))
+            self._sync(run_id)
+
+    def _next_seq(self) -> int:
+        in_index = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM runs").fetchone()[0]
+        in_folders = max((_seq_of(d.name) or 0 for d in self._record_folders()), default=0)
+        return max(in_index, in_folders) + 1
 
     def create(self, kind: str, *, parent: str | None = None, name: str | None = None) -> Run:
-        """Insert a new ``running`` run and make its folder. Ids are ``r0001``, ``r0002-name``..."""
+        """Insert a new ``running`` run and make its folder. Ids are ``r0001``, ``r0002-name``...
+
+        The number is past the largest in the index and among the run folders, and the folder is
+        made new (never reused). A fault of the machine while recording raises a one-line
+        :class:`TuneproofError` (the run, if inserted, is marked failed).
+        """
         if kind not in KINDS:
             raise ValueError(f"unknown run kind {kind!r}")
         if name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise TuneproofError(f"run name '{name}': use letters, digits, '.', '_' and '-' only")
         pid = os.getpid()
-        with self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            seq = (self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM runs").fetchone()[0]) + 1
-            run_id = f"r{seq:04d}" + (f"-{name}" if name else "")
-            self._conn.execute(
-                "INSERT INTO runs (id, seq, kind, status, parent, name, created, pid, host, proc_start) "
-                "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-                (run_id, seq, kind, parent, name, _now(), pid, socket.gethostname(), _proc_start(pid)),
-            )
+        run_id = None
+        try:
+            with self._lock, self._conn:
+                self._conn.execute("BEGIN IMMEDIATE")
+                seq = self._next_seq()
+                self.runs_dir.mkdir(parents=True, exist_ok=True)
+                while True:
+                    run_id = f"r{seq:04d}" + (f"-{name}" if name else "")
+                    try:
+                        (self.runs_dir / run_id).mkdir()
+                        break
+                    except FileExistsError:
+                        seq += 1
+                now = _now()
+                self._conn.execute(
+                    "INSERT INTO runs (id, seq, kind, status, parent, name, created, pid, host, proc_start, heartbeat) "
+                    "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, seq, kind, parent, name, now, pid, socket.gethostname(), _proc_start(pid), now),
+                )
+            self._sync(run_id)
+        except (OSError, sqlite3.OperationalError) as err:
+            cause = fault_cause(err)
+            if cause is None:
+                raise
+            if run_id is not None:
+                if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+                    self._finish_quietly(run_id, "failed", f"{cause}: {fault_message(err, cause, self.runs_dir / run_id)}")
+                remove_temps(self.runs_dir / run_id)
+            raise _fault_error(err, cause, self.runs_dir if run_id is None else self.runs_dir / run_id,
+                               "free space or make the study folder writable, then run the command again") from None
         return Run(self, self.get(run_id))
 
     def finish(self, run_id: str, status: str, reason: str | None = None) -> None:
@@ -263,6 +498,18 @@ class Registry:
         if status not in STATUSES or status == "running":
             raise ValueError(status)
         self._update(run_id, status=status, reason=reason, ended=_now())
+
+    def _finish_quietly(self, run_id: str, status: str, reason: str) -> None:
+        """:meth:`finish` when the machine may be failing: the index row first; ``run.json`` if it can be written."""
+        try:
+            with self._lock:
+                self._conn.execute("UPDATE runs SET status = ?, reason = ?, ended = ? WHERE id = ?", (status, reason, _now(), run_id))
+        except sqlite3.Error:
+            pass
+        try:
+            self._sync(run_id)
+        except (OSError, sqlite3.Error):
+            pass
 
     def invalidate(self, run_id: str, reason: str) -> RunRecord:
         """Mark a run invalid with a reason (by the user or by a check). The run stays listed."""
@@ -285,29 +532,106 @@ class Registry:
             except Exception as err:  # noqa: BLE001
                 logging.getLogger("tuneproof").warning("end hook %s failed for %s: %s", getattr(hook, "__name__", hook), run_id, err)
 
+    def _liveness(self, row: Any, now: float) -> tuple[bool, str]:
+        """``(stale, reason)`` of a ``running`` row (see the module docstring)."""
+        seen = row["heartbeat"] or row["created"]
+        age = now - seen
+        if row["host"] == socket.gethostname() and row["pid"] is not None:
+            if not _alive(row["pid"], row["proc_start"]):
+                return True, "process died without recording an end (found stale)"
+            return False, f"live process pid {row['pid']} on this host"
+        if age > STALE_AFTER_S:
+            return True, (f"no heartbeat for {age / 60:.0f} min (host {row['host']}, pid {row['pid']}; "
+                          f"stale after {STALE_AFTER_S / 60:.0f} min): found stale")
+        return False, f"pid {row['pid']} on host {row['host']}, last heartbeat {age:.0f} s ago"
+
     def mark_stale(self) -> list[str]:
-        """Mark ``running`` runs whose process is gone as interrupted. Returns their ids."""
+        """Mark ``running`` runs whose process is gone, or whose heartbeat is older than
+        :data:`STALE_AFTER_S` whatever the host, as interrupted. Returns their ids."""
         stale = []
-        host = socket.gethostname()
-        for row in self._conn.execute("SELECT id, pid, host, proc_start FROM runs WHERE status = 'running'").fetchall():
-            if row["host"] == host and row["pid"] is not None and not _alive(row["pid"], row["proc_start"]):
-                stale.append(row["id"])
-        for rid in stale:
-            self.finish(rid, "interrupted", "process died without recording an end (found stale)")
-        return stale
+        now = _now()
+        for row in self._conn.execute("SELECT id, pid, host, proc_start, created, heartbeat FROM runs WHERE status = 'running'").fetchall():
+            dead, reason = self._liveness(row, now)
+            if dead:
+                stale.append((row["id"], reason))
+        for rid, reason in stale:
+            self.finish(rid, "interrupted", reason)
+        return [rid for rid, _ in stale]
+
+    def where_running(self, run_id: str) -> str:
+        """Where a ``running`` run runs, e.g. ``pid 4242 on host gpu-3, last heartbeat 12 s ago``."""
+        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (self.get(run_id).id,)).fetchone()
+        return self._liveness(row, _now())[1]
+
+    def mark_interrupted(self, run_id: str, why: str) -> RunRecord:
+        """Mark a ``running`` run interrupted by hand (its machine is gone; ``tuneproof runs mark-interrupted``).
+
+        Raises:
+            TuneproofError: no reason, the run is not running, or it runs in a live process on this host.
+        """
+        rec = self.get(run_id)
+        if not why.strip():
+            raise TuneproofError("mark-interrupted needs a reason (--why)")
+        if rec.status != "running":
+            raise TuneproofError(f"run {rec.id} is {rec.status}, not running" + (f" ({rec.reason})" if rec.reason else ""),
+                                 hint="only a running run is marked interrupted")
+        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (rec.id,)).fetchone()
+        if row["host"] == socket.gethostname() and row["pid"] is not None and _alive(row["pid"], row["proc_start"]):
+            raise TuneproofError(f"run {rec.id} runs in the live process {row['pid']} on this host",
+                                 hint=f"stop it instead: Ctrl-C in its terminal or `kill -TERM {row['pid']}` (a train run writes a checkpoint)")
+        seen = row["heartbeat"] or row["created"]
+        self.finish(rec.id, "interrupted", f"marked interrupted: {why.strip()} (last heartbeat {iso(seen)} UTC, host {row['host']}, pid {row['pid']})")
+        self._ended(rec.id)
+        return self.get(rec.id)
+
+    def clean_stale_temps(self, kind: str | None = None) -> list[Path]:
+        """Remove temporary files left by killed processes; returns what was removed.
+
+        - ``runs/<id>/**/.NAME.*.tmp`` of every run that is not running (nobody writes there);
+        - ``exports/.<name>.*`` bundle folders, when no export run is running (``kind`` export);
+        - ``.NAME.*.tmp`` in the study folder older than 10 minutes (atomic writes take seconds).
+        """
+        removed: list[Path] = []
+        status = {r.id: r.status for r in self.list()}
+        for d in self._record_folders():
+            if status.get(d.name) != "running":
+                removed += remove_temps(d)
+        if kind == "export":
+            others = [r for r in self.list(kind="export", status="running")]
+            exports = self.study_dir / "exports"
+            if len(others) <= 1 and exports.is_dir():  # only this run (just created) is running
+                for p in exports.iterdir():
+                    if p.name.startswith(".") and p.is_dir() and p.stat().st_mtime < _now() - 1 and not p.is_symlink():
+                        import shutil  # noqa: PLC0415
+
+                        shutil.rmtree(p, ignore_errors=True)
+                        removed.append(p)
+        removed += remove_temps(self.study_dir, older_than_s=600, recursive=False)
+        return removed
 
     @contextlib.contextmanager
     def run(self, kind: str, *, parent: str | None = None, name: str | None = None) -> Iterator[Run]:
         """Create a run, yield it, and record how it ended.
 
-        Normal exit -> completed; ``KeyboardInterrupt`` or SIGTERM -> interrupted; any other
-        exception -> failed with its message (the exception is re-raised). A run that a check
-        marked ``invalid`` inside the block keeps that status.
+        Normal exit -> completed; ``KeyboardInterrupt`` or SIGTERM -> interrupted (re-raised as
+        ``KeyboardInterrupt`` / :class:`Terminated`); a fault of the machine -> failed with the
+        reason ``disk full: ...`` or ``read-only: ...`` and a one-line :class:`TuneproofError`;
+        any other exception -> failed with its message (re-raised). A run that a check marked
+        ``invalid`` inside the block keeps that status.
         """
         run = self.create(kind, parent=parent, name=name)
-        run.note(f"start kind={kind} parent={parent}")
         with self._lifecycle(run):
+            run.note(f"start kind={kind} parent={parent}")
+            self._note_cleanup(run, kind)
             yield run
+
+    def _note_cleanup(self, run: Run, kind: str) -> None:
+        removed = self.clean_stale_temps(kind)
+        if removed:
+            shown = ", ".join(str(p.relative_to(self.study_dir)) if p.is_relative_to(self.study_dir) else str(p) for p in removed[:5])
+            more = f" and {len(removed) - 5} more" if len(removed) > 5 else ""
+            run.note(f"removed {len(removed)} stale temporary file(s) left by a killed process: {shown}{more}")
+            print(f"note: removed {len(removed)} stale temporary file(s) left by a killed process: {shown}{more}", file=sys.stderr)
 
     @contextlib.contextmanager
     def reopen(self, run_id: str, *, note: str = "resume") -> Iterator[Run]:
@@ -322,16 +646,39 @@ class Registry:
             raise TuneproofError(f"run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
                                  hint="only an interrupted or failed run can be continued")
         pid = os.getpid()
-        self._update(rec.id, status="running", reason=None, ended=None, pid=pid, host=socket.gethostname(), proc_start=_proc_start(pid))
+        self._update(rec.id, status="running", reason=None, ended=None, pid=pid, host=socket.gethostname(),
+                     proc_start=_proc_start(pid), heartbeat=_now())
         run = Run(self, self.get(rec.id))
         run.summary = dict(rec.summary)
-        run.note(f"{note} (was {rec.status}{': ' + rec.reason if rec.reason else ''})")
         with self._lifecycle(run):
+            run.note(f"{note} (was {rec.status}{': ' + rec.reason if rec.reason else ''})")
+            self._note_cleanup(run, rec.kind)
             yield run
+
+    def _beat(self, run_id: str, stop: threading.Event, every: float) -> None:
+        """The heartbeat thread: last-seen time every ``every`` seconds while the run is running.
+        Best effort: a missed beat (disk full, locked index) only makes the run look older."""
+        try:
+            conn = sqlite3.connect(self.db_path, timeout=5, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+        except sqlite3.Error:
+            return
+        try:
+            while not stop.wait(every):
+                try:
+                    with self._lock:
+                        cur = conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (_now(), run_id))
+                        if cur.rowcount:
+                            self._sync(run_id, conn)
+                except (sqlite3.Error, OSError):
+                    pass
+        finally:
+            conn.close()
 
     @contextlib.contextmanager
     def _lifecycle(self, run: Run) -> Iterator[Run]:
-        """Record how the block ends: completed, interrupted (Ctrl-C/SIGTERM, with the last step), failed."""
+        """Record how the block ends: completed, interrupted (Ctrl-C/SIGTERM, with the last step),
+        failed (machine faults named), and keep the heartbeat while it runs."""
 
         def _on_term(signum, frame):  # noqa: ARG001
             raise Terminated(f"signal {signum}")
@@ -341,40 +688,66 @@ class Registry:
             old = signal.signal(signal.SIGTERM, _on_term)
         except ValueError:  # not the main thread
             old = None
+        stop = threading.Event()
+        beat = threading.Thread(target=self._beat, args=(run.id, stop, HEARTBEAT_S), name=f"heartbeat-{run.id}", daemon=True)
+        beat.start()
         try:
             yield run
         except (KeyboardInterrupt, Terminated) as err:
-            if isinstance(err, KeyboardInterrupt):
-                reason = f"interrupted ({err})" if str(err) else "interrupted by Ctrl-C"
+            if isinstance(err, Terminated):
+                reason = f"terminated ({err})" if not str(err).startswith("terminated") else str(err)
             else:
-                reason = f"terminated ({err})"
+                reason = f"interrupted ({err})" if str(err) else "interrupted by Ctrl-C"
             last = run.summary.get("last_step")
-            if last is not None:
+            if last is not None and " at step " not in reason:
                 reason += f" at step {last}"
-            run.note(reason)
-            self.finish(run.id, "interrupted", reason)
+            try:
+                run.note(reason)
+                self.finish(run.id, "interrupted", reason)
+            except (OSError, sqlite3.Error):
+                self._finish_quietly(run.id, "interrupted", reason)
+            if isinstance(err, Terminated):
+                raise Terminated(reason) from None
             raise KeyboardInterrupt(reason) from None
         except BaseException as err:
-            msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            run.note(f"failed: {type(err).__name__}: {err}")
-            self.finish(run.id, "failed", f"{type(err).__name__}: {msg}"[:500])
+            cause = fault_cause(err)
+            if cause is not None:
+                msg = fault_message(err, cause, run.dir)
+                self._finish_quietly(run.id, "failed", f"{cause}: {msg}"[:500])
+                hint = (f"free space (or make the folder writable), then continue it: tuneproof resume {run.id}" if run.kind == "train"
+                        else "free space (or make the folder writable), then run the command again")
+                raise TuneproofError(f"run {run.id} failed: {msg}", hint=hint) from None
+            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            try:
+                run.note(f"failed: {type(err).__name__}: {err}")
+                self.finish(run.id, "failed", f"{type(err).__name__}: {text}"[:500])
+            except (OSError, sqlite3.Error):
+                self._finish_quietly(run.id, "failed", f"{type(err).__name__}: {text}"[:500])
             raise
         else:
             if self.get(run.id).status == "running":
                 self.finish(run.id, "completed")
             run.note("end")
         finally:
+            stop.set()
+            beat.join(timeout=10)
+            remove_temps(run.dir)
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
             self._ended(run.id)
 
     # ------------------------------------------------------------------ sealed test split
     def log_test_access(self, run_id: str, candidate: str, result: dict[str, Any]) -> None:
-        """Record one read of the reserved test split (every read is shown in the dossier)."""
+        """Record one read of the reserved test split (every read is shown in the dossier); kept
+        in the index and in ``runs/<run_id>/test_access.json`` (restored by a rebuild)."""
+        t = _now()
         self._conn.execute(
             "INSERT INTO test_access (run, candidate, time, result) VALUES (?, ?, ?, ?)",
-            (run_id, candidate, _now(), json.dumps(result, default=str)),
+            (run_id, candidate, t, json.dumps(result, default=str)),
         )
+        path = self.runs_dir / run_id / TEST_ACCESS_FILE
+        prior = read_json(path).get("accesses", []) if path.exists() else []
+        write_json(path, {"accesses": [*prior, {"run": run_id, "candidate": candidate, "time": t, "result": result}]})
 
     def test_accesses(self) -> list[dict[str, Any]]:
         rows = self._conn.execute("SELECT * FROM test_access ORDER BY seq").fetchall()

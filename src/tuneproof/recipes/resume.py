@@ -42,7 +42,7 @@ from tuneproof.study import STUDY_FILE, load_study, parse_study, resolved_config
 from tuneproof.ui import console
 
 
-def _refuse_status(rec: RunRecord) -> None:
+def _refuse_status(rec: RunRecord, reg: Registry | None = None) -> None:
     if rec.kind != "train":
         raise TuneproofError(f"run {rec.id} is a {rec.kind} run: only train runs are resumed")
     if rec.status == "completed":
@@ -52,7 +52,10 @@ def _refuse_status(rec: RunRecord) -> None:
         raise TuneproofError(f"run {rec.id} is invalid ({rec.reason}): an invalid run is not continued",
                              hint="start a new run (or a variant with --from) once the cause is fixed")
     if rec.status == "running":
-        raise TuneproofError(f"run {rec.id} is still running in a live process", hint="stop it first (Ctrl-C or SIGTERM writes a checkpoint)")
+        where = f" ({reg.where_running(rec.id)})" if reg is not None else " in a live process"
+        raise TuneproofError(f"run {rec.id} is still running{where}",
+                             hint=f"stop it first (Ctrl-C or SIGTERM writes a checkpoint); if its machine is gone: "
+                                  f"tuneproof runs mark-interrupted {rec.id} --why '...'")
 
 
 def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
@@ -177,7 +180,7 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
     study_dir = Path(study_dir).resolve()
     reg = Registry(study_dir)  # marks runs of dead processes interrupted first
     rec = reg.get(run_id)
-    _refuse_status(rec)
+    _refuse_status(rec, reg)
     run_dir = reg.runs_dir / rec.id
     ckpt_path = find_checkpoint(run_dir, checkpoint)
     ckpt_path, ckpt, skipped = load_with_fallback(run_dir, ckpt_path, fallback=fallback)

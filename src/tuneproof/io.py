@@ -65,11 +65,17 @@ def append_jsonl(path: str | os.PathLike, row: dict) -> None:
     """Append one JSON line (used for logs such as metrics.jsonl that grow during a run)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
+    size = path.stat().st_size if path.exists() else 0
     try:
         with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            fh.write(line)
             fh.flush()
     except OSError as err:
+        try:  # no half line: a full disk must not leave a broken last row (truncating needs no space)
+            os.truncate(path, size)
+        except OSError:
+            pass
         if err.filename is None:
             err.filename = str(path)
         raise

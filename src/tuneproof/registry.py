@@ -29,7 +29,9 @@ reason, when its process is gone on this host (pid and process start time), or, 
 
 Faults of the machine inside a run (disk full, read-only folder) mark it ``failed`` with the
 reason ``disk full: ...`` / ``read-only: ...``, remove its temporary files and raise a one-line
-:class:`TuneproofError` (exit 2); a train run so failed is continued by ``tuneproof resume``.
+:class:`TuneproofError` (exit 2); a train run so failed is continued by ``tuneproof resume``. So
+that a truly full disk still has room for that record, the study folder keeps a 256 KiB ballast
+file ``.tuneproof.reserve``, deleted when the disk is found full and made again at a later open.
 Temporary files (``.NAME.*.tmp``) left in the folders of runs that are no longer running, and
 ``exports/.rNNNN.*`` folders left by a killed export, are removed when the next run starts.
 """
@@ -62,6 +64,8 @@ RECORD_FILE = "run.json"  # the run's own record, in its folder
 TEST_ACCESS_FILE = "test_access.json"
 HEARTBEAT_S = 30.0  # a live run writes its last-seen time this often (seconds)
 STALE_AFTER_S = 300.0  # a running run unseen for this long (seconds) is stale, whatever its host
+RESERVE_FILE = ".tuneproof.reserve"  # ballast freed on a full disk so that the failure can still be recorded
+RESERVE_BYTES = 256 * 1024
 _ID_RE = re.compile(r"^r(\d{4,})(-[A-Za-z0-9_.-]+)?$")
 
 _SCHEMA = """
@@ -237,6 +241,7 @@ class Registry:
             self.study_dir.mkdir(parents=True, exist_ok=True)
             missing = not self.db_path.exists() or self.db_path.stat().st_size == 0
             self._conn = self._connect(self.db_path)
+            self._make_reserve()
             if missing and self._record_folders():
                 self.rebuilt = self._load_folders()
                 print(f"note: {self.db_path} was missing: rebuilt from {len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
@@ -280,6 +285,28 @@ class Registry:
 
     def close(self) -> None:
         self._conn.close()
+
+    def _make_reserve(self) -> None:
+        """Write the ballast file if it is missing (best effort: no space, no ballast)."""
+        path = self.study_dir / RESERVE_FILE
+        if path.exists():
+            return
+        try:
+            with open(path, "wb") as fh:
+                fh.write(b"\0" * RESERVE_BYTES)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+    def _release_reserve(self) -> None:
+        try:
+            (self.study_dir / RESERVE_FILE).unlink()
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ the run folders
     def _record_folders(self) -> list[Path]:
@@ -500,7 +527,10 @@ class Registry:
         self._update(run_id, status=status, reason=reason, ended=_now())
 
     def _finish_quietly(self, run_id: str, status: str, reason: str) -> None:
-        """:meth:`finish` when the machine may be failing: the index row first; ``run.json`` if it can be written."""
+        """:meth:`finish` when the machine may be failing: the index row first; ``run.json`` if it
+        can be written. On a full disk the ballast file is deleted first to make room."""
+        if reason.startswith("disk full"):
+            self._release_reserve()
         try:
             with self._lock:
                 self._conn.execute("UPDATE runs SET status = ?, reason = ?, ended = ? WHERE id = ?", (status, reason, _now(), run_id))
@@ -601,7 +631,7 @@ class Registry:
             exports = self.study_dir / "exports"
             if len(others) <= 1 and exports.is_dir():  # only this run (just created) is running
                 for p in exports.iterdir():
-                    if p.name.startswith(".") and p.is_dir() and p.stat().st_mtime < _now() - 1 and not p.is_symlink():
+                    if p.name.startswith(".") and p.is_dir() and not p.is_symlink():  # made inside an export run
                         import shutil  # noqa: PLC0415
 
                         shutil.rmtree(p, ignore_errors=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuneproof.errors import TuneproofError
 
@@ -86,6 +86,28 @@ class SplitPolicy(_Strict):
     carve_from: str | None = Field(
         None, description="splits named in fractions that the sources do not give are carved out of this split (stratified)"
     )
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, v: dict[str, float]) -> dict[str, float]:
+        """Each fraction in [0, 1] and all of them summing to 1 (within 1e-6); the keys at fault are named."""
+        bad = [f"{k} = {x:g}" for k, x in v.items() if not 0.0 <= x <= 1.0]
+        if bad:
+            raise ValueError(f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} outside [0, 1]; each split's fraction is "
+                             "a share of the examples, e.g. {train: 0.8, validation: 0.1, test: 0.1}")
+        total = sum(v.values())
+        if v and abs(total - 1.0) > 1e-6:
+            parts = " + ".join(f"{k} {x:g}" for k, x in v.items())
+            raise ValueError(f"{parts} = {total:g}, not 1; make the fractions sum to 1")
+        return v
+
+    @field_validator("max_examples")
+    @classmethod
+    def _caps(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = [f"{k} = {x}" for k, x in v.items() if x < 1]
+        if bad:
+            raise ValueError(f"{' and '.join(bad)}: a cap must be at least 1 (leave the split out for no cap)")
+        return v
 
 
 class Dedup(_Strict):
@@ -173,9 +195,29 @@ class Distributed(_Strict):
 
 
 # --------------------------------------------------------------------------- eval
+PROMPT_FIELDS = ("text",)  # the names a prompt template may use; every other brace is literal text
+
+
+def render_prompt(template: str, text: str) -> str:
+    """The user message: ``template`` with each ``{text}`` replaced by the example's input.
+
+    Only the names in :data:`PROMPT_FIELDS` are substituted; any other brace is literal, so a
+    template can show JSON (``Reply as {"intent": ...} for {text}``) without doubling braces
+    (``{{`` stays ``{{``: this is not ``str.format``).
+    """
+    return template.replace("{text}", text)
+
+
 class Prompt(_Strict):
     system: str | None = Field(None, description="system message (None: none is sent, the chat template may add its default)")
-    template: str = Field("{text}", description="user message; {text} is the example's input")
+    template: str = Field("{text}", description="user message; {text} is the example's input, other braces are literal")
+
+    @field_validator("template")
+    @classmethod
+    def _has_text(cls, v: str) -> str:
+        if "{text}" not in v:
+            raise ValueError("has no {text}: every example would get the same prompt; put {text} where the example's input goes")
+        return v
 
 
 class Eval(_Strict):
@@ -185,7 +227,7 @@ class Eval(_Strict):
     do_sample: bool = Field(False, description="sampling (False: greedy decoding)")
     temperature: float = Field(1.0, gt=0)
     batch_size: int = Field(16, ge=1, description="generation batch (left padding)")
-    max_examples: int | None = Field(None, description="evaluate a fixed stratified subset of this size")
+    max_examples: int | None = Field(None, ge=1, description="evaluate a fixed stratified subset of this size")
     allow_fenced_json: bool = Field(False, description="accept ```json fenced output as valid JSON")
     json_schema: dict[str, Any] | None = Field(None, description="format: JSON Schema every output must satisfy")
     regex: str | None = Field(None, description="format: regular expression every output must fully match; named groups are scored parts")
@@ -263,7 +305,8 @@ def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
             elif e["type"] == "value_error":  # a rule over several keys: the message names them, not the whole mapping
                 lines.append(f"{path}: {loc}: {e['msg'].removeprefix('Value error, ')}")
             else:
-                lines.append(f"{path}: {loc}: {e['msg']} (got {e.get('input')!r})")
+                msg = e["msg"].removeprefix("Value error, ")
+                lines.append(f"{path}: {loc}: {msg} (got {e.get('input')!r})")
         raise TuneproofError("\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template") from None
     check_hypothesis_metrics(study, path)
     return study

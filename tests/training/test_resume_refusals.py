@@ -17,9 +17,10 @@ from tuneproof.registry import Registry
 
 
 def _files(study) -> dict[str, str]:
-    """Every file of the study except the SQLite index (whose pages change when it is read)."""
+    """Every file of the study except the SQLite index (whose pages change when it is read) and its
+    mirror runs/<id>/run.json (the status it records is checked by ``unchanged``)."""
     return {str(p.relative_to(study)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(study.rglob("*")) if p.is_file() and "tuneproof.sqlite" not in p.name}
+            for p in sorted(study.rglob("*")) if p.is_file() and "tuneproof.sqlite" not in p.name and p.name != "run.json"}
 
 
 def _resume(capsys, study, *extra) -> str:

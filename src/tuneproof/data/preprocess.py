@@ -21,6 +21,7 @@ import torch
 
 from tuneproof.data.examples import Example
 from tuneproof.errors import CheckFailed
+from tuneproof.study import render_prompt
 from tuneproof.training.loss import IGNORE_INDEX
 
 
@@ -115,14 +116,14 @@ class TextPipeline:
         msgs = []
         if self.prompt.system is not None:
             msgs.append({"role": "system", "content": self.prompt.system})
-        msgs.append({"role": "user", "content": self.prompt.template.format(text=ex_text)})
+        msgs.append({"role": "user", "content": render_prompt(self.prompt.template, ex_text)})
         return msgs
 
     def prompt_text(self, ex_text: str) -> str:
         """The exact text the model is given at inference time (ends with the generation prompt)."""
         if self.use_chat:
             return self.tok.apply_chat_template(self._messages(ex_text), tokenize=False, add_generation_prompt=True)
-        return self.prompt.template.format(text=ex_text) + "\n"
+        return render_prompt(self.prompt.template, ex_text) + "\n"
 
     def training_text(self, ex_text: str, target: str) -> tuple[str, int, int]:
         """``(text, answer_start_char, answer_end_char)``; the answer span includes the end token."""

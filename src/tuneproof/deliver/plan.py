@@ -151,6 +151,24 @@ def require_measured(measured: dict[str, Any]) -> None:
                              hint="the plan uses this study's measured throughput only, never a guess")
 
 
+def check_plan_args(days: float, hourly_rate: float | None = None, variants: int | None = None) -> None:
+    """Refuse impossible plan options, naming each one.
+
+    Raises:
+        TuneproofError: ``--days`` not a finite number > 0, ``--hourly-rate`` not a finite number
+            >= 0 (None: no rate given, hours only), or ``--variants`` below 1 (all faults in one message, exit 2).
+    """
+    bad = []
+    if not (math.isfinite(days) and days > 0):
+        bad.append(f"--days {days:g}: the rental length must be a number of days > 0")
+    if hourly_rate is not None and not (math.isfinite(hourly_rate) and hourly_rate >= 0):
+        bad.append(f"--hourly-rate {hourly_rate:g}: the price of one hour must be >= 0")
+    if variants is not None and variants < 1:
+        bad.append(f"--variants {variants}: plan for at least 1 variant (or leave it out: as many as fit)")
+    if bad:
+        raise TuneproofError("; ".join(bad), hint="e.g. tuneproof plan --days 7 --hourly-rate 2.5")
+
+
 def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float | None = None, steps: int, checkpoint_every: int, n_eval: int,
               n_test: int, k_verify: int = 8, variants: int | None = None) -> dict[str, Any]:
     """The plan for a rental of ``days`` days (at ``hourly_rate`` per hour: None plans hours only).
@@ -170,8 +188,7 @@ def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float | Non
     Raises:
         TuneproofError: nothing measured (no step time or no evaluation time), or bad arguments.
     """
-    if days <= 0 or (hourly_rate is not None and hourly_rate < 0):
-        raise TuneproofError(f"--days must be > 0 and --hourly-rate >= 0 (got {days}, {hourly_rate})")
+    check_plan_args(days, hourly_rate, variants)
     require_measured(measured)
     sps, epx, reload_s = measured["s_per_step"], measured["eval_s_per_example"], measured["reload_s"]
     dur = measured.get("durations", {})

@@ -367,7 +367,7 @@ def verify_in_fresh_process(bundle: str | Path, base: str | Path | None = None, 
             cmd += ["--base", str(Path(base).resolve())]
         if device is not None:
             cmd += ["--device", device]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        env = dict(os.environ, TUNEPROOF_PARENT_PID=str(os.getpid()), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         if device != "cuda" and _recorded_device(bundle) != "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU verification never initialises a GPU
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -392,6 +392,9 @@ def _recorded_device(bundle: str | Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m tuneproof.deliver.verify BUNDLE [--base PATH] --out FILE``: writes the report
     (or ``{"error": {...}}``) as JSON and exits 0 whatever the verdict (the parent judges it)."""
+    from tuneproof.procs import die_with_parent  # noqa: PLC0415
+
+    die_with_parent()  # a killed export leaves no orphaned verify process
     p = argparse.ArgumentParser(prog="python -m tuneproof.deliver.verify")
     p.add_argument("bundle")
     p.add_argument("--base", default=None)

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_file_cached, write_json
@@ -78,35 +78,87 @@ def weight_hashes(folder: Path) -> dict[str, str]:
     return {p.name: sha256_file_cached(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES}
 
 
-def _convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, revision: str) -> None:
-    """Dequantise a GGUF checkpoint once into a plain fp32 safetensors folder (atomic: temp + rename).
+CACHE_DIR_MODE = 0o750  # cache folders: at least owner rwx + group r-x (the umask may add "other"), never 0700
+
+
+def cache_ready(dest: Path) -> bool:
+    """A finished cache folder holds ``.tuneproof_revision`` (written last, before the rename)."""
+    return (Path(dest) / ".tuneproof_revision").is_file()
+
+
+def build_once(dest: Path, write: Callable[[Path], None], revision: str, *, what: str = "model") -> bool:
+    """Make the cache folder ``dest`` once, across processes; returns True if this call built it.
+
+    ``write(tmp)`` fills a temporary folder beside ``dest``, which is then renamed into place
+    (atomic). A file lock ``dest.lock`` (the ``filelock`` package, a transformers dependency)
+    serialises the builders: a second process waits for the first and reuses its folder.
+    Temporary folders of a builder that was killed (``.NAME.*`` beside ``dest``) are removed by
+    the next one, under the lock. The folder is made readable by the group
+    (:data:`CACHE_DIR_MODE`), not 0700 as ``tempfile.mkdtemp`` makes it.
+    """
+    from filelock import FileLock, Timeout  # noqa: PLC0415
+
+    dest = Path(dest)
+    if cache_ready(dest):
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(dest) + ".lock", mode=0o664)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        import sys  # noqa: PLC0415
+
+        print(f"note: another process is building {dest} ({what}); waiting for it and reusing it (lock {lock.lock_file})", file=sys.stderr)
+        lock.acquire()
+    try:
+        if cache_ready(dest):  # built by the process we waited for
+            return False
+        for stale in dest.parent.glob(f".{dest.name}.*"):  # left by a killed builder (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        if dest.exists():  # an unfinished folder without its revision file
+            shutil.rmtree(dest, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, (0o777 & ~umask) | CACHE_DIR_MODE)
+            write(tmp)
+            (tmp / ".tuneproof_revision").write_text(revision + "\n")
+            os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return True
+    finally:
+        lock.release()
+
+
+def _convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, revision: str) -> bool:
+    """Dequantise a GGUF checkpoint once into a plain fp32 safetensors folder (:func:`build_once`:
+    file lock, temp + rename). Returns True if this process converted it.
 
     transformers' Trainer and PEFT refuse a model flagged GGUF-quantized, so the model is rebuilt
     from its config without ``quantization_config`` and given the dequantised state dict.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
-    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    src = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    cfg = AutoConfig.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    if hasattr(cfg, "quantization_config"):
-        delattr(cfg, "quantization_config")
-    model = AutoModelForCausalLM.from_config(cfg)
-    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
-    if [m for m in missing if "lm_head" not in m] or unexpected:
-        raise TuneproofError(f"GGUF conversion: missing {missing[:3]} unexpected {unexpected[:3]}")
-    model.tie_weights()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    def write(tmp: Path) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+        src = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
+        cfg = AutoConfig.from_pretrained(gguf_dir, gguf_file=gguf_file)
+        if hasattr(cfg, "quantization_config"):
+            delattr(cfg, "quantization_config")
+        model = AutoModelForCausalLM.from_config(cfg)
+        missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+        if [m for m in missing if "lm_head" not in m] or unexpected:
+            raise TuneproofError(f"GGUF conversion: missing {missing[:3]} unexpected {unexpected[:3]}")
+        model.tie_weights()
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / ".tuneproof_revision").write_text(revision + "\n")
         write_json(tmp / "tuneproof_source.json", {"gguf_file": gguf_file, "gguf_sha256": revision, "converted_by": "tuneproof"})
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    return build_once(dest, write, revision, what=gguf_file)
 
 
 def resolve_base(spec) -> BaseModelRef:
@@ -124,7 +176,7 @@ def resolve_base(spec) -> BaseModelRef:
             gguf = pkg / a["file"]
             sha = sha256_file_cached(gguf)
             dest = MODEL_CACHE / f"{name}-{sha[:12]}"
-            if not (dest / ".tuneproof_revision").exists():
+            if not cache_ready(dest):
                 from tuneproof.ui import console  # noqa: PLC0415
 
                 with console.status(f"converting {a['file']} once into a plain checkpoint in {dest} (about a minute)"):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.context import StudyContext
-from tuneproof.deliver.plan import make_plan, measure, require_measured
+from tuneproof.deliver.plan import check_plan_args, make_plan, measure, require_measured
 from tuneproof.io import write_json
 from tuneproof.recipes.common import run_json
 from tuneproof.ui import console, table
@@ -43,6 +43,7 @@ def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float | None = None
     """
     from tuneproof.training.loop import total_steps  # noqa: PLC0415
 
+    check_plan_args(days, hourly_rate, variants)  # before anything is read
     s = ctx.study
     measured = measure(ctx.registry)
     require_measured(measured)

@@ -710,7 +710,7 @@ def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, p
     write_json(spec_path, spec)
     if out_path.exists():
         out_path.unlink()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, TUNEPROOF_PARENT_PID=str(os.getpid()), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "tuneproof.recipes.preflight", "reload", str(spec_path), str(out_path)],
                           capture_output=True, text=True, env=env, timeout=RELOAD_TIMEOUT_S, check=False)
@@ -727,6 +727,9 @@ def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, p
 
 def _reload_main(argv: list[str]) -> int:
     """``python -m tuneproof.recipes.preflight reload SPEC OUT``: the child of :func:`reload_in_fresh_process`."""
+    from tuneproof.procs import die_with_parent  # noqa: PLC0415
+
+    die_with_parent()  # a killed preflight leaves no orphaned reload process
     import logging  # noqa: PLC0415
     import warnings  # noqa: PLC0415
 

@@ -98,6 +98,24 @@ def fault_cause(err: BaseException) -> str | None:
     reported by sqlite3), else None. Bad input (a missing file) is not a machine fault."""
     import sqlite3  # noqa: PLC0415
 
+    seen = set()
+    while err is not None and id(err) not in seen:  # an OSError behind a library's own exception
+        seen.add(id(err))
+        cause = _fault_cause_one(err, sqlite3)
+        if cause is not None:
+            return cause
+        err = err.__cause__ or err.__context__
+    return None
+
+
+_TEXT_CAUSES = (  # messages of libraries that wrap the OS error in their own exception (safetensors' Rust writer:
+    # "I/O error: No space left on device (os error 28)")
+    (os.strerror(errno.ENOSPC), "disk full"), ("os error 28", "disk full"), (os.strerror(getattr(errno, "EDQUOT", errno.ENOSPC)), "disk full"),
+    (os.strerror(errno.EROFS), "read-only"), ("os error 30", "read-only"),
+)
+
+
+def _fault_cause_one(err: BaseException, sqlite3) -> str | None:
     if isinstance(err, OSError):
         if err.errno in DISK_FULL_ERRNOS:
             return "disk full"
@@ -109,6 +127,12 @@ def fault_cause(err: BaseException) -> str | None:
     if isinstance(err, sqlite3.OperationalError):
         msg = str(err).lower()
         for text, cause in _SQLITE_CAUSES:
+            if text in msg:
+                return cause
+        return None
+    if isinstance(err, Exception) and not isinstance(err, sqlite3.Error):
+        msg = str(err)
+        for text, cause in _TEXT_CAUSES:
             if text in msg:
                 return cause
     return None
@@ -131,8 +155,8 @@ TEMP_SUFFIX = ".tmp"
 
 def is_temp_name(name: str) -> bool:
     """Names of temporary files and folders this package writes before a rename: a leading dot and
-    a ``.tmp`` suffix (``.outputs.jsonl.k3j2.tmp``, ``.step-000004.pt.tmp``)."""
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+    a ``.tmp`` suffix or a ``.tmp-`` part (``.outputs.jsonl.k3j2.tmp``, ``.step-000004.tmp-x8a1``)."""
+    return name.startswith(".") and (name.endswith(TEMP_SUFFIX) or ".tmp-" in name)
 
 
 def remove_temps(folder: str | os.PathLike, *, older_than_s: float | None = None, recursive: bool = True) -> list[Path]:

@@ -30,7 +30,9 @@ def cli(args, capsys):
 
 
 def _temps(folder):
-    return sorted(p.name for p in folder.rglob("*") if p.name.startswith(".") and p.name.endswith(".tmp"))
+    from tuneproof.io import is_temp_name
+
+    return sorted(p.name for p in folder.rglob("*") if is_temp_name(p.name))
 
 
 def _enospc(path):
@@ -39,31 +41,35 @@ def _enospc(path):
 
 @pytest.mark.fault("machine: disk full mid-run")
 def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(tiny_base, tmp_path, capsys, monkeypatch, one_thread):
-    import tuneproof.training.loop as L
+    """The checkpoint writer (safetensors' Rust writer) hits a full disk at step 4, as it reports it."""
+    import safetensors.torch as st
+    from safetensors import SafetensorError
+
     from tiny_study import make_study
+    from tuneproof.training.checkpoint import list_checkpoints
 
     study = make_study(tmp_path / "s", tiny_base)  # 8 steps, a checkpoint every 2
-    original = L.save_checkpoint
+    original = st.save_file
 
-    def full_at_step_4(path, payload):
-        if payload["step"] == 4:
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(b"\0" * 1000)  # the partial file a full disk leaves
-            raise _enospc(tmp)
-        return original(path, payload)
+    def full_at_step_4(tensors, filename, metadata=None):
+        if (metadata or {}).get("step") == "4":
+            with open(filename, "wb") as fh:
+                fh.write(b"\0" * 1000)  # the partial file a full disk leaves
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return original(tensors, filename, metadata=metadata)
 
-    monkeypatch.setattr(L, "save_checkpoint", full_at_step_4)
+    monkeypatch.setattr(st, "save_file", full_at_step_4)
     code, out = cli(["train", "--study", str(study), "--skip-preflight", "fault test"], capsys)
     run_dir = study / "runs" / "r0001"
     assert code == 2, out
-    line = f"run r0001 failed: {run_dir / 'checkpoints'}: disk full (No space left on device) writing .step-000004.pt.tmp"
-    assert line in out and "tuneproof resume r0001" in out and "Traceback" not in out
+    assert f"run r0001 failed: {run_dir}: disk full (Error while serializing: I/O error: No space left on device (os error 28))" in out
+    assert "tuneproof resume r0001" in out and "Traceback" not in out
     rec = Registry(study).get("r0001")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")
-    assert _temps(study) == []
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002.pt"]
+    assert _temps(study) == [] and not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000002"]
 
-    monkeypatch.setattr(L, "save_checkpoint", original)  # space freed
+    monkeypatch.setattr(st, "save_file", original)  # space freed
     code, out = cli(["resume", "r0001", "--study", str(study)], capsys)
     assert code == 0, out
     rec = Registry(study).get("r0001")

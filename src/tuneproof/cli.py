@@ -552,7 +552,8 @@ def _main(argv: Optional[List[str]], Terminated) -> int:  # noqa: N803
         console.print(f"[bold red]error[/]: {err}", soft_wrap=True)
         return err.exit_code
     except Terminated as err:
-        console.print(f"[yellow]terminated[/]: {err}; recorded as interrupted (a train run: `tuneproof resume RUN`)", soft_wrap=True)
+        console.print(f"[yellow]terminated[/]: {err}; a run in progress is recorded as interrupted (a train run: `tuneproof resume RUN`)",
+                      soft_wrap=True)
         return 143
     except KeyboardInterrupt as err:
         console.print(f"[yellow]interrupted[/]: {err}")

@@ -191,7 +191,7 @@ def test_sigterm_exits_143_with_the_run_interrupted(tmp_path):
     proc = subprocess.run([sys.executable, "-c", PROBE, "fault-probe", str(tmp_path), "--term"], capture_output=True, text=True,
                           env=_env(), timeout=120)
     assert proc.returncode == 143, proc.stdout + proc.stderr
-    assert "terminated: terminated (signal 15); recorded as interrupted" in proc.stdout
+    assert "terminated: terminated (signal 15); a run in progress is recorded as interrupted" in proc.stdout
     rec = Registry(tmp_path).get("r0001")
     assert (rec.status, rec.reason) == ("interrupted", "terminated (signal 15)")
 

@@ -82,6 +82,7 @@ from typing import Any, Callable
 
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.io import fault_cause
 from tuneproof.ui import console, table
 
 PREFLIGHT_FILE = "preflight.json"
@@ -192,6 +193,8 @@ class _Report:
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as err:  # noqa: BLE001 - a crash of a check is its verdict
+            if fault_cause(err):  # disk full / read-only: a fault of the machine, not of the check (the run fails with it)
+                raise
             if _is_oom(err):
                 import gc  # noqa: PLC0415
 
@@ -1007,6 +1010,8 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # noqa: BLE001 - the first smoke check not yet recorded fails with the error
+        if fault_cause(err):  # disk full / read-only: the run fails with it
+            raise
         seen = {c["name"] for c in rep.checks}
         name = next(n for n in SMOKE_CHECKS if n not in seen)
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""

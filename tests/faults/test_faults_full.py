@@ -110,7 +110,7 @@ def reference(tiny_base, tmp_path_factory):
     study = make_study(tmp_path_factory.mktemp("ref") / "s", tiny_base)
     proc = _train(study, "none", 0)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dir = study / "runs" / "r0001"
+    run_dir = study / "runs" / "r0003"
     return {"losses": losses_by_step(run_dir), "adapter": adapter_tensors(run_dir)}
 
 
@@ -144,19 +144,19 @@ def test_killed_at_a_moment_then_resumed_exactly(tiny_base, tmp_path, reference,
     proc = _train(study, mode, at)
     expected = {"SIGTERM": 143, "SIGINT": 130}.get(mode, -9)
     assert proc.returncode == expected, proc.stdout + proc.stderr
-    rec = Registry(study).get("r0001")
+    rec = Registry(study).get("r0003")
     assert rec.status == "interrupted", rec
     if expected == -9:
         assert rec.reason == "process died without recording an end (found stale)"
-    proc = cli("resume", "r0001", "--study", str(study))
+    proc = cli("resume", "r0003", "--study", str(study))
     if mode == "SIGKILL" and at == 1:  # killed before the first checkpoint (step 2): nothing to continue
         assert proc.returncode == 2 and "no checkpoint (step-*) to resume from" in proc.stdout
         return
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rec = Registry(study).get("r0001")
+    rec = Registry(study).get("r0003")
     assert rec.status == "completed" and rec.summary["steps"] == 8
     assert _no_temps(study) == []
-    _assert_exact(study / "runs" / "r0001", reference)
+    _assert_exact(study / "runs" / "r0003", reference)
 
 
 @pytest.mark.fault("full: real disk full (tmpfs)")
@@ -168,16 +168,16 @@ def test_a_really_full_disk_mid_run(tiny_base, tmpfs, reference):
     proc = _train(study, "fill", 3, env={"FILLER": str(filler)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert "run r0001 failed: " in out and ": disk full (No space left on device)" in out
-    assert "tuneproof resume r0001" in out and "Traceback" not in out
-    rec = Registry(study).get("r0001")
+    assert "run r0003 failed: " in out and ": disk full (No space left on device)" in out
+    assert "tuneproof resume r0003" in out and "Traceback" not in out
+    rec = Registry(study).get("r0003")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")
     assert _no_temps(study) == []
     filler.unlink()  # space freed
-    proc = cli("resume", "r0001", "--study", str(study))
+    proc = cli("resume", "r0003", "--study", str(study))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert Registry(study).get("r0001").status == "completed"
-    _assert_exact(study / "runs" / "r0001", reference)
+    assert Registry(study).get("r0003").status == "completed"
+    _assert_exact(study / "runs" / "r0003", reference)
 
 
 @pytest.mark.fault("full: real read-only file system (tmpfs)")

@@ -26,7 +26,7 @@ def cli(args, capsys):
 def _study(tmp_path, tiny_base, edit):
     from tiny_study import make_study
 
-    study = make_study(tmp_path / "s", tiny_base)
+    study = make_study(tmp_path / "s", tiny_base, prepare=False)
     raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
     edit(raw)
     (study / "tuneproof.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -45,7 +45,7 @@ def test_literal_braces_in_the_template_are_kept_and_only_text_is_substituted(ti
     assert len(ctx.pipeline.encode_all(ctx.split("train"))) == 24
     code, out = cli(["baseline", "--study", str(study)], capsys)
     assert code == 0, out
-    assert Registry(study).get("r0001").status == "completed"
+    assert Registry(study).latest("baseline").status == "completed"
 
 
 @pytest.mark.fault("input: prompt template")

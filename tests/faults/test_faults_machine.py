@@ -48,7 +48,7 @@ def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(tiny
     from tiny_study import make_study
     from tuneproof.training.checkpoint import list_checkpoints
 
-    study = make_study(tmp_path / "s", tiny_base)  # 8 steps, a checkpoint every 2
+    study = make_study(tmp_path / "s", tiny_base)  # r0001 data check, r0002 baseline; 8 steps, a checkpoint every 2
     original = st.save_file
 
     def full_at_step_4(tensors, filename, metadata=None):
@@ -60,19 +60,19 @@ def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(tiny
 
     monkeypatch.setattr(st, "save_file", full_at_step_4)
     code, out = cli(["train", "--study", str(study), "--skip-preflight", "fault test"], capsys)
-    run_dir = study / "runs" / "r0001"
+    run_dir = study / "runs" / "r0003"
     assert code == 2, out
-    assert f"run r0001 failed: {run_dir}: disk full (Error while serializing: I/O error: No space left on device (os error 28))" in out
-    assert "tuneproof resume r0001" in out and "Traceback" not in out
-    rec = Registry(study).get("r0001")
+    assert f"run r0003 failed: {run_dir}: disk full (Error while serializing: I/O error: No space left on device (os error 28))" in out
+    assert "tuneproof resume r0003" in out and "Traceback" not in out
+    rec = Registry(study).get("r0003")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")
     assert _temps(study) == [] and not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000002"]
 
     monkeypatch.setattr(st, "save_file", original)  # space freed
-    code, out = cli(["resume", "r0001", "--study", str(study)], capsys)
+    code, out = cli(["resume", "r0003", "--study", str(study)], capsys)
     assert code == 0, out
-    rec = Registry(study).get("r0001")
+    rec = Registry(study).get("r0003")
     assert (rec.status, rec.summary["steps"], rec.summary["resumes"][0]["from_step"]) == ("completed", 8, 2)
     assert rec.summary["resumes"][0]["previous_reason"].startswith("disk full: ")
 
@@ -95,10 +95,10 @@ def test_disk_full_at_start_one_line_run_failed_nothing_left(tiny_base, tmp_path
     monkeypatch.setattr(io, "atomic_write_bytes", full)
     code, out = cli(["train", "--study", str(study), "--skip-preflight", "fault test"], capsys)
     assert code == 2, out
-    assert f"{study / 'runs' / 'r0001'}: disk full (No space left on device) writing .run.json.x1y2.tmp" in out
+    assert f"{study / 'runs' / 'r0003'}: disk full (No space left on device) writing .run.json.x1y2.tmp" in out
     assert "Traceback" not in out and len(out[out.index("error: "):].strip().splitlines()) == 2
     monkeypatch.undo()
-    rec = Registry(study).get("r0001")
+    rec = Registry(study).get("r0003")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")
     assert _temps(study) == []
 

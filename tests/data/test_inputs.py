@@ -170,3 +170,10 @@ def test_fields_on_banking77_are_applied_or_refused(shared_data):
     assert len(ex) == 13083 and len({e.label for e in ex}) == 77
     with pytest.raises(TuneproofError, match=r"data.fields \(label\) does not apply to format 'snips'"):
         load_source(Source(path=str(shared_data / "snips"), format="snips"), FieldMap(label="x"), shared_data)
+
+
+def test_optional_naming_no_field_is_refused(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"text": "a b", "target": "x"}\n')
+    with pytest.raises(TuneproofError, match=r"data.fields.optional: 'slotz' names no field or target key"):
+        load_json_records(p, FieldMap(target={"intent": "i", "slots": "s"}, optional=["slotz"]), lines=True)

@@ -73,6 +73,12 @@ class _Mapper:
         self.kind = kind
         self.optional = set(getattr(fields, "optional", None) or [])
         self.max_chars = max_chars
+        known = {fields.text, fields.label, fields.id, "text", "label", "id", "target"}
+        known |= set(fields.target) | set(fields.target.values()) if isinstance(fields.target, dict) else {fields.target}
+        unknown = sorted(self.optional - known)
+        if unknown:
+            raise TuneproofError(f"data.fields.optional: '{unknown[0]}' names no field or target key "
+                                 f"(fields: {', '.join(sorted(str(k) for k in known if k))})", hint="fix data.fields.optional in tuneproof.yaml")
 
     def _get(self, row, name: str, out_key: str, where: str, available: list[str], absent: list[str]) -> Any:
         value = _lookup(row, name)

@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import typer
 import typer.core
+from rich.markup import escape
 
 from tuneproof.errors import TuneproofError
 from tuneproof.ui import console
@@ -549,7 +550,7 @@ def _main(argv: Optional[List[str]], Terminated) -> int:  # noqa: N803
                 console.print("[yellow]interrupted[/]: recorded as interrupted; see `tuneproof runs` (a train run: `tuneproof resume RUN`)")
             return rv
     except TuneproofError as err:
-        console.print(f"[bold red]error[/]: {err}", soft_wrap=True)
+        console.print(f"[bold red]error[/]: {escape(str(err))}", soft_wrap=True)  # messages quote data: [..] is not markup
         return err.exit_code
     except Terminated as err:
         console.print(f"[yellow]terminated[/]: {err}; a run in progress is recorded as interrupted (a train run: `tuneproof resume RUN`)",

@@ -181,7 +181,7 @@ def _print(cid: str, bid: str, r: dict) -> None:
         detail = v.get("detail", "")
         if len(detail) > 400:  # per-class guards name every class; the full text is in compare.json
             detail = detail[:400] + f"... ({len(detail) - 400} more characters in compare.json)"
-        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {v['name']}: {detail}")
+        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(detail)}", soft_wrap=True)
     if r.get("overall"):
         against = r.get("judged_against", "")
         console.print(f"  overall{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "

@@ -144,12 +144,12 @@ def _print(rep: dict[str, Any]) -> None:
     for c in target_lines(rep) + rep.get("checks", []):
         console.print("[cyan]check[/] " + escape(c), soft_wrap=True)
     for w in rep["warnings"]:
-        console.print(f"[yellow]warning[/] {w}")
+        console.print(f"[yellow]warning[/] {escape(w)}", soft_wrap=True)
     diff = next((f for f in rep["encoding_faults"] if f.get("prefix_diff")), None)
     if diff is not None:
         _print_prefix_diff(diff["id"], diff["prefix_diff"])
     for h in rep["hard_faults"][:20]:
-        console.print(f"[red]fault[/] {h}")
+        console.print(f"[red]fault[/] {escape(h)}", soft_wrap=True)
     console.print("[green]data check passed[/]" if rep["passed"] else f"[red]data check failed: {len(rep['hard_faults'])} hard faults[/]")
 
 

@@ -147,3 +147,9 @@ def test_tower_of_module_paths():
     # a single-tower model (7 Linear per layer, embed_tokens, lm_head) reports counts without towers and never warns
     r = match_target_modules(tiny_llama(), ["q_proj", "v_proj"])
     assert r["towers"] == {"model": 2 * 7 + 2} and r["warnings"] == [] and "q_proj: 2, v_proj: 2" in r["message"]
+
+
+def test_an_encoder_only_model_with_a_head_is_one_tower():
+    r = match_target_modules(tiny_bert(), ["query", "dense"])
+    assert r["patterns"]["dense"]["towers"] == {"encoder": 6, "model": 1}  # attention.output, intermediate, output x 2 layers; pooler
+    assert r["warnings"] == [] and "query: 2, dense: 7" in r["message"]

@@ -16,10 +16,11 @@ LoRA cannot wrap (PEFT raises "Target module ... is not supported" for it at ``g
 
 Matches are also counted per tower (:func:`tower_of`: encoder, decoder, cross-attention, vision,
 ...), derived from the components of the module path. A pattern that matches in more than one
-tower (``"q"`` on T5 adapts the encoder's and the decoder's self-attention and the decoder's
+named tower (``"q"`` on T5 adapts the encoder's and the decoder's self-attention and the decoder's
 cross-attention alike) is a warning, with the counts per tower, not a failure: it is often meant,
 but it should be a decision. The terminal report shows the counts per tower whenever the model has
-more than one.
+more than one named tower (top-level modules outside any tower, e.g. embeddings or a head, count
+as ``model``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ def tower_of(name: str) -> str:
             if part in keys or (prefix_ok and any(part.startswith(k) for k in keys if len(k) > 3)):
                 return tower
     return SINGLE_TOWER
+
+
+def _named_towers(counts: dict[str, int]) -> list[str]:
+    """The towers of ``counts`` other than :data:`SINGLE_TOWER` (top-level modules such as the
+    embeddings, a pooler or a head belong to no tower and make no model multi-tower)."""
+    return [t for t in counts if t != SINGLE_TOWER]
 
 
 def _tower_warning(pattern: str, entry: dict[str, Any]) -> str:
@@ -167,13 +174,13 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
                 f"({', '.join(kinds)}: {unsupported[0]}); name the Linear layers inside it instead"
             )
     towers = dict(Counter(tower_of(n) for n, m in named if _is_supported(m)))
-    multi = len(towers) > 1
+    multi = len(_named_towers(towers)) > 1
 
     def counts(v: dict[str, Any]) -> str:
         per_tower = v["towers"]
         return f"{v['count']}" + (f" ({', '.join(f'{t} {c}' for t, c in per_tower.items())})" if multi and per_tower else "")
 
-    warnings = [_tower_warning(p, v) for p, v in per.items() if len(v["towers"]) > 1]
+    warnings = [_tower_warning(p, v) for p, v in per.items() if len(_named_towers(v["towers"])) > 1]
     summary = ", ".join(f"{p}: {counts(v)}" for p, v in per.items())
     passed = not problems
     message = f"target modules matched ({summary})" if passed else "; ".join(problems) + f" [{summary}]"

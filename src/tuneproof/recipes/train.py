@@ -133,7 +133,10 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             wrap(model, world)
         if run is not None:
             run.write_json("method.json", report)
-            for w in (report.get("targets") or {}).get("warnings", []):  # one pattern adapting several towers (C5 kind)
+            targets = report.get("targets") or {}
+            if len([t for t in targets.get("towers") or {} if t != "model"]) > 1:  # encoder-decoder / multimodal: matches per tower
+                console.print(f"[dim]{targets['message']}[/]", soft_wrap=True)
+            for w in targets.get("warnings", []):  # one pattern adapting several towers (C5 kind)
                 console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
                 run.note(f"warning: {w}")
         device, _, autocast = ctx.torch_setup()

@@ -46,7 +46,7 @@ def load_trained(ctx: StudyContext, train_run_id: str):
                              hint=f"resume it (`tuneproof resume {rec.id}`) or pick a completed run")
     run_dir = ctx.registry.runs_dir / rec.id
     check_base(ctx, rec.id)
-    check_tokenizer(ctx, rec.id, "loading the trained model")
+    check_tokenizer(ctx, rec.id, f"loading train run {rec.id}")
     device, _, _ = ctx.torch_setup()
     model_dir = run_dir / "model"
     from tuneproof.models.base import load_model  # noqa: PLC0415

@@ -220,3 +220,15 @@ def test_data_check_validates_gold_targets_against_the_grammar_not_json():
     rx = TaskConfig.make(eval_cfg=Eval(regex=r"\{.*\}"))
     rep = get_task("format").audit({"train": good}, rx)
     assert rep["hard_faults"][0].startswith("the format rule (eval.regex '\\\\{.*\\\\}') matches none of the 3 gold targets: viggo.jsonl:1")
+
+
+def test_zero_support_class_is_neither_weak_nor_regressed_in_the_limits():
+    from tuneproof.deliver.limits import observed_limits
+
+    base, cand = _cls([("A", 10, "A", "A"), ("B", 10, "B", "A")])
+    r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), iterations=100, labels=["A", "B", "C"])
+    lim = observed_limits("classification", eval_metrics=r["cand_metrics"], outputs=[], comparison=r, test_accesses=[])
+    assert [(x["name"], x["cand"]) for x in lim["weak"]] == [("B", 0.0)]  # C (support 0) is not listed
+    assert [x["name"] for x in lim["regressed"]] == ["B"]
+    lim2 = observed_limits("classification", eval_metrics=r["cand_metrics"], outputs=[], comparison=None, test_accesses=[])
+    assert [x["name"] for x in lim2["weak"]] == ["B"]

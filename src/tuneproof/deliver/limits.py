@@ -59,6 +59,8 @@ def _deltas(section: dict[str, Any], kind: str, metric: str) -> tuple[list[dict]
         m = metrics.get(metric) if isinstance(metrics, dict) else None
         if not isinstance(m, dict):
             continue
+        if m.get("support") == 0:  # not in the evaluated split: not measurable, neither weak nor regressed
+            continue
         base, cand, delta, ci = m.get("base"), m.get("cand"), m.get("delta"), m.get("ci")
         row = {"kind": kind, "name": name, "metric": metric, "base": base, "cand": cand, "delta": delta, "ci": ci,
                "support": m.get("support")}
@@ -74,7 +76,7 @@ def _weak_from_metrics(metrics: dict[str, Any], task: str) -> list[dict]:
     out = []
     cm = per_class_metric(task)
     for name, v in sorted((metrics.get("per_class") or {}).items()):
-        if isinstance(v, dict) and isinstance(v.get(cm), (int, float)) and v[cm] < WEAK_BELOW:
+        if isinstance(v, dict) and v.get("support") != 0 and isinstance(v.get(cm), (int, float)) and v[cm] < WEAK_BELOW:
             out.append({"kind": "class", "name": name, "metric": cm, "base": None, "cand": v[cm], "delta": None, "ci": None,
                         "support": v.get("support")})
     for name, v in sorted((metrics.get("per_field") or {}).items()):

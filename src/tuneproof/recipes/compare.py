@@ -162,11 +162,10 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
         d = r.get(key)
         if d and d.get("flagged"):
             lines.append(f"  WARNING: the {who} {d['detail']}")
-    for name in ("base_metrics", "cand_metrics"):
-        note = (r.get(name) or {}).get("macro_over")
-        if note and "macro_f1" in r.get("metrics", {}):
-            lines.append(f"  macro_f1: {note}")
-            break
+    bm = r.get("base_metrics") or {}
+    for metric, key in (("macro_f1", "macro_over"), ("intent_macro_f1", "intent_macro_over")):
+        if bm.get(key) and metric in r.get("metrics", {}):
+            lines.append(f"  {metric}: {bm[key]}")
     return lines
 
 

@@ -232,3 +232,19 @@ def test_zero_support_class_is_neither_weak_nor_regressed_in_the_limits():
     assert [x["name"] for x in lim["regressed"]] == ["B"]
     lim2 = observed_limits("classification", eval_metrics=r["cand_metrics"], outputs=[], comparison=None, test_accesses=[])
     assert [x["name"] for x in lim2["weak"]] == ["B"]
+
+
+def test_init_format_writes_a_grammar_template_with_named_parts(tmp_path):
+    import yaml
+
+    from tuneproof.recipes.init import run_init
+    from tuneproof.study import load_study
+
+    path = run_init(tmp_path / "mr", "format")
+    s = load_study(path)
+    assert s.eval.grammar == "function_slots" and s.hypothesis.success.metric == "slot_f1"
+    assert [g.metric for g in s.hypothesis.guards] == ["grammar_valid_rate", "per_class_exact_match", "function_accuracy"]
+    assert s.hypothesis.guards[2].max_drop is None and s.hypothesis.guards[2].floor == 0.5  # floor alone: no drop rule
+    text = path.read_text()
+    assert "# regex: '(?P<act>\\w+)\\((?P<slots>.*)\\)'" in text and "min_support: 10" in text
+    assert yaml.safe_load(text)["hypothesis"]["guards"][1]["min_support"] == 10

@@ -248,3 +248,10 @@ def test_init_format_writes_a_grammar_template_with_named_parts(tmp_path):
     text = path.read_text()
     assert "# regex: '(?P<act>\\w+)\\((?P<slots>.*)\\)'" in text and "min_support: 10" in text
     assert yaml.safe_load(text)["hypothesis"]["guards"][1]["min_support"] == 10
+
+
+def test_a_list_valued_label_in_a_classification_study_names_the_multi_label_task():
+    ex = [Example(id=f"x{i}", text=f"t{i}", label=json.dumps(["a", "b"]) if i == 2 else "a", source=f"d.jsonl:{i + 1}") for i in range(4)]
+    rep = get_task("classification").audit({"train": ex}, TaskConfig.make())
+    assert rep["hard_faults"][0] == ("1 label(s) are lists, e.g. d.jsonl:3: a set of labels per example is a multi-label task "
+                                     "(set hypothesis.task: multi-label)")

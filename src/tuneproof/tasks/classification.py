@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.parsing import parse_json_output
 from tuneproof.tasks.base import (
     BootstrapStats,
     ExampleRule,
@@ -190,6 +191,17 @@ class Classification(Task):
 
     def reference_key(self, rec: dict) -> str | None:
         return text(rec.get("reference")).strip() or None
+
+    def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
+        """The label audit, plus a hard fault when the label field holds lists (a multi-label task)."""
+        out = super().audit(splits, cfg)
+        lists = [e for v in splits.values() for e in v if isinstance(e.label, str) and e.label.startswith("[")
+                 and isinstance(parse_json_output(e.label)[0], list)]
+        if lists:
+            shown = ", ".join(e.source or e.id for e in lists[:5]) + (f" and {len(lists) - 5} more" if len(lists) > 5 else "")
+            out["hard_faults"].insert(0, f"{len(lists)} label(s) are lists, e.g. {shown}: a set of labels per example is a multi-label "
+                                         "task (set hypothesis.task: multi-label)")
+        return out
 
     def failure_kind(self, rec: dict) -> str:
         sc = rec.get("scores") or {}

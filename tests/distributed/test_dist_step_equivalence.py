@@ -16,7 +16,9 @@ import torch
 
 from dist_helpers import SKIP, dist_study, metrics, run_cli, summary
 from tiny_study import adapter_tensors
+from tuneproof.context import StudyContext
 from tuneproof.registry import Registry
+from tuneproof.training.distributed import window_at
 from tuneproof.training.loop import latest_checkpoint, load_checkpoint
 
 STEPS = 4
@@ -82,6 +84,13 @@ def _assert_equivalent(run_dir, reference, strategy):
 def test_ddp_step_equals_single_process_on_the_concatenated_batch(reference, tiny_base, tmp_path):
     run_dir = _distributed(tiny_base, tmp_path / "ddp", "ddp")
     _assert_equivalent(run_dir, reference, "ddp")
+    # C1 across ranks: the two ranks hold different supervised token counts in step 1, so a per-rank
+    # mean averaged by DDP would differ from the per-token mean over the global window; it does not
+    ctx = StudyContext.open(run_dir.parents[1])
+    enc = ctx.pipeline.encode_all(ctx.split("train"))
+    counts = [sum(enc[i].n_supervised for idx in window_at(24, 2, 2, 3, 0, world_size=2, rank=r) for i in idx) for r in (0, 1)]
+    assert counts[0] != counts[1]
+    assert sum(counts) == metrics(run_dir)[1]["supervised_tokens"]
 
 
 def test_fsdp2_step_equals_single_process_and_saves_whole_adapter(reference, tiny_base, tmp_path):

@@ -175,8 +175,19 @@ def preflight(
     from_run: Optional[str] = typer.Option(None, "--from", help="preflight the variant of this train run given by --set (what `train --from ... --set ...` will check)"),
     set_: List[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change, repeatable"),
     allow_multi_change: bool = typer.Option(False, "--allow-multi-change", help="with --from: allow a change of more than one group"),
+    nproc_per_node: Optional[int] = NprocOpt,
+    nnodes: int = NnodesOpt,
+    node_rank: int = NodeRankOpt,
+    rdzv_endpoint: Optional[str] = RdzvOpt,
 ) -> None:
     """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""
+    if _distributed(nproc_per_node, nnodes):  # the checks only N processes can make (shares, DDP/FSDP2 step, per-rank memory)
+        from tuneproof.recipes.preflight_distributed import run_preflight_distributed  # noqa: PLC0415
+
+        run_id = run_preflight_distributed(_ctx(study, data), nproc=nproc_per_node or 1, nnodes=nnodes, node_rank=node_rank,
+                                           rdzv_endpoint=rdzv_endpoint)
+        console.print(f"distributed preflight run [bold]{run_id}[/] passed")
+        return
     from tuneproof.recipes.preflight import parse_memory, run_preflight  # noqa: PLC0415
 
     budget = parse_memory(memory_budget) if memory_budget is not None else None

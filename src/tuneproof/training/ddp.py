@@ -545,14 +545,15 @@ def _open_log(world: World, run_dir: Path) -> None:
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    """``python -m tuneproof.training.ddp train --study DIR --run-id ID [--data D] [--resume CKPT]
-    [--stop-after K]``: one rank of ``tuneproof train`` under torchrun (started by the launcher)."""
+    """``python -m tuneproof.training.ddp train|preflight --study DIR --run-id ID [--data D] [--resume CKPT]
+    [--stop-after K]``: one rank of ``tuneproof train`` (or of the distributed preflight,
+    :mod:`tuneproof.preflight.distributed`) under torchrun, started by the launcher."""
     import argparse  # noqa: PLC0415
     import logging  # noqa: PLC0415
     import warnings  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog=WORKER_MODULE)
-    ap.add_argument("command", choices=["train"])
+    ap.add_argument("command", choices=["train", "preflight"])
     ap.add_argument("--study", required=True)
     ap.add_argument("--data")
     ap.add_argument("--run-id", dest="run")
@@ -591,6 +592,14 @@ def worker_main(argv: list[str] | None = None) -> int:
             from tuneproof.training.loop import load_checkpoint  # noqa: PLC0415
 
             resume = world.broadcast(load_checkpoint(Path(args.resume)) if world.is_main else None)
+        if args.command == "preflight":
+            from tuneproof.preflight.distributed import RESULT, run_checks  # noqa: PLC0415
+
+            checks = run_checks(ctx, world, run)
+            if run is not None:
+                run.write_json(RESULT, {"checks": checks, "world_size": world.world_size, "backend": world.backend})
+            world.log("end: preflight checks done")
+            return 0
         from tuneproof.recipes.train import run_train  # noqa: PLC0415
 
         run_train(ctx, run=run, world=world, resume_from=resume, stop_after=args.stop_after)

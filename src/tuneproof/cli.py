@@ -76,10 +76,12 @@ def init(
     force: bool = typer.Option(False, help="overwrite an existing tuneproof.yaml"),
 ) -> None:
     """Write DIRECTORY/tuneproof.yaml from the template of the task kind."""
-    from tuneproof.recipes.init import run_init  # noqa: PLC0415
+    from tuneproof.recipes.init import reader_lines, run_init  # noqa: PLC0415
 
     path = run_init(directory, task, force=force)
     console.print(f"wrote {path}; edit the hypothesis and guards before the first run")
+    for line in reader_lines(task):
+        console.print(escape(line), soft_wrap=True)
 
 
 SkipDataCheckOpt = typer.Option(None, "--skip-data-check", help="go on without a passed data check for this data; give the reason (recorded)")

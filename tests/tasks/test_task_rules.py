@@ -255,3 +255,13 @@ def test_a_list_valued_label_in_a_classification_study_names_the_multi_label_tas
     rep = get_task("classification").audit({"train": ex}, TaskConfig.make())
     assert rep["hard_faults"][0] == ("1 label(s) are lists, e.g. d.jsonl:3: a set of labels per example is a multi-label task "
                                      "(set hypothesis.task: multi-label)")
+
+
+def test_init_says_what_the_reader_expects(tmp_path, capsys):
+    from tuneproof.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["init", str(tmp_path / "ml"), "--task", "multi-label"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "multi-label: target: data.fields.target: a list of labels (a JSON array, or a list in JSON/JSONL sources)" in out

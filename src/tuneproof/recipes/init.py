@@ -25,3 +25,11 @@ def run_init(directory: Path, task: str, *, force: bool = False) -> Path:
     if path.exists() and not force:
         raise TuneproofError(f"{path} already exists", hint="use --force to overwrite, or another folder")
     return atomic_write_text(path, text)
+
+
+def reader_lines(task: str) -> list[str]:
+    """What the task kind expects from the data (its ``reader`` part), for the init screen."""
+    from tuneproof.tasks import get_task  # noqa: PLC0415
+
+    r = get_task(task).reader
+    return [f"  {task}: label: {r.label}", f"  {task}: target: {r.target}", f"  {task}: model heads: {', '.join(r.model_kinds)}"]

@@ -32,7 +32,7 @@ def eval_fingerprint(
     Args:
         example_ids: ids of the evaluated examples (order does not matter; hashed sorted).
         eval_cfg: the study's :class:`tuneproof.study.Eval` (or a dict of it).
-        task: ``"classification"`` | ``"extraction"`` | ``"format"``.
+        task: a task kind (``classification``, ``multi-label``, ``extraction``, ``format``).
         required_fields: hypothesis.required_fields (part of the metric definition).
         tokenizer_identity: whatever identifies the tokenizer (e.g. ``{"name_or_path",
             "revision", "vocab_sha256", "chat_template_sha256"}``); hashed as given.

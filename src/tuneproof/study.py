@@ -341,7 +341,8 @@ def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> Non
 
 def _why_missing(task: str, metric: str) -> str:
     needs = {"schema_valid_rate": "eval.json_schema", "regex_match_rate": "eval.regex", "required_fields_rate": "hypothesis.required_fields",
-             "json_valid_rate": "eval.json_schema or hypothesis.required_fields"}
+             "json_valid_rate": "eval.json_schema or hypothesis.required_fields", "part_accuracy": "eval.regex has named groups",
+             **dict.fromkeys(("grammar_valid_rate", "function_accuracy", "slot_precision", "slot_recall", "slot_f1"), "eval.grammar")}
     return f" (a format study reports it only when {needs[metric]} is set)" if task == "format" and metric in needs else ""
 
 

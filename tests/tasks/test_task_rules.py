@@ -265,3 +265,21 @@ def test_init_says_what_the_reader_expects(tmp_path, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "multi-label: target: data.fields.target: a list of labels (a JSON array, or a list in JSON/JSONL sources)" in out
+
+
+def test_a_grammar_metric_without_the_grammar_says_which_key_it_needs():
+    import yaml
+
+    from tuneproof.errors import TuneproofError
+    from tuneproof.recipes.init import template_text
+    from tuneproof.study import parse_study
+
+    raw = yaml.safe_load(template_text("format"))
+    raw["eval"]["grammar"] = None
+    raw["eval"]["regex"] = r"(?P<act>\w+)\((?P<slots>.*)\)"
+    with pytest.raises(TuneproofError, match=r"hypothesis.success.metric: 'slot_f1' is not a metric of task 'format' "
+                                             r"\(a format study reports it only when eval.grammar is set\)"):
+        parse_study(raw)
+    raw["hypothesis"]["success"]["metric"] = "part_accuracy"
+    raw["hypothesis"]["guards"] = [{"metric": "per_field_accuracy", "max_drop": 0.1}]
+    assert parse_study(raw).hypothesis.success.metric == "part_accuracy"

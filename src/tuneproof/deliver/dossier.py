@@ -281,7 +281,8 @@ def _lineage(ev: _Evidence) -> list[dict]:
         children.setdefault(r.parent if r.parent in trains else None, []).append(r)
     if not any(k is not None for k in children):
         return [_p(f"no variants yet: {len(trains)} train run(s), each from the study file (`tuneproof train --from RUN --set KEY=VALUE` makes one).")]
-    metric = ev.ctx.study.hypothesis.success.metric
+    # the hypothesis in force (frozen unless --use-edited-hypothesis)
+    metric = (ev.judging.primary.get("success") or {}).get("metric") or ev.ctx.study.hypothesis.success.metric
     b = ev.latest("baseline")
     bval = (b.summary.get("metrics") or {}).get(metric) if b else None
     evals = {r.parent: r for r in ev.runs if r.kind == "eval" and r.status == "completed"}

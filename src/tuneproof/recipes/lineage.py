@@ -26,7 +26,16 @@ STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "inter
 
 
 def success_metric(registry: Registry) -> str | None:
-    """The study's success metric (``hypothesis.success.metric``), or None when the study file is unreadable."""
+    """The success metric (``hypothesis.success.metric``) of the hypothesis frozen with the first
+    train run, else the study file's; None when neither is readable."""
+    try:
+        from tuneproof.hypothesis import frozen_record  # noqa: PLC0415
+
+        rec = frozen_record(registry.study_dir, registry)
+        if rec and (rec.get("hypothesis") or {}).get("success", {}).get("metric"):
+            return rec["hypothesis"]["success"]["metric"]
+    except Exception:  # noqa: BLE001
+        pass
     try:
         from tuneproof.study import load_study  # noqa: PLC0415
 

@@ -1,0 +1,44 @@
+"""How the launcher reads the ranks' error files (no processes started): the first rank to fail is
+named with its error; a collective timeout names the ranks that did not answer (a hung rank); a
+stop on every rank is an interruption. End to end, a rank that sleeps forever in step 2 with
+``distributed.timeout_s: 8`` ended the run in 83 s on the loaded 2-core machine (8 s timeout, then
+torchrun's shutdown of the hung rank) with the timeout message asserted here."""
+
+from __future__ import annotations
+
+import json
+
+from tuneproof.training.ddp import rank_failure
+
+
+def _write(run_dir, rank, type_, message, t, timeout=False):
+    (run_dir / f"rank-{rank}.error.json").write_text(json.dumps(
+        {"rank": rank, "type": type_, "message": message, "timeout": timeout, "time": t}))
+
+
+def test_first_rank_to_fail_is_named_not_the_ones_that_died_of_it(tmp_path):
+    _write(tmp_path, 1, "ValueError", "bad row 17", 100.0)
+    _write(tmp_path, 0, "RuntimeError", "Connection closed by peer", 100.5)
+    kind, msg = rank_failure(tmp_path, 2, 600)
+    assert kind == "failed"
+    assert msg == f"rank 1 failed: ValueError: bad row 17 (log: {tmp_path / 'rank-1.log'})"
+
+
+def test_a_hung_rank_is_named_after_the_timeout(tmp_path):
+    _write(tmp_path, 0, "RuntimeError", "Timed out waiting 8000ms for send operation to complete", 100.0, timeout=True)
+    kind, msg = rank_failure(tmp_path, 2, 8)
+    assert kind == "timeout"
+    assert msg.startswith("rank 0 waited 8 s (distributed.timeout_s) in a collective and gave up: rank 1 did not answer (hung or killed)")
+
+
+def test_every_rank_stopped_is_an_interruption_and_health_is_its_own_kind(tmp_path):
+    _write(tmp_path, 0, "KeyboardInterrupt", "stop_after=3", 100.0)
+    _write(tmp_path, 1, "KeyboardInterrupt", "stopped with another rank", 100.1)
+    assert rank_failure(tmp_path, 2, 600) == ("interrupted", "stop_after=3")
+    _write(tmp_path, 1, "HealthFault", "step 2: nonfinite_loss: loss is nan", 99.0)
+    assert rank_failure(tmp_path, 2, 600) == ("health", "rank 1: step 2: nonfinite_loss: loss is nan")
+
+
+def test_no_error_file_points_at_the_launcher_log(tmp_path):
+    kind, msg = rank_failure(tmp_path, 2, 600)
+    assert kind == "failed" and "launcher.log" in msg

@@ -68,7 +68,6 @@ def parse_json_output(text: str | None, allow_fenced: bool = False) -> tuple[Any
     return None, f"not_json: {where}"
 
 
-
 def reason_kind(reason: str | None) -> str | None:
     """The kind of a parse failure reason (the part before the first ``:``), or None."""
     return None if reason is None else reason.split(":", 1)[0]

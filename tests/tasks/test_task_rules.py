@@ -283,3 +283,18 @@ def test_a_grammar_metric_without_the_grammar_says_which_key_it_needs():
     raw["hypothesis"]["success"]["metric"] = "part_accuracy"
     raw["hypothesis"]["guards"] = [{"metric": "per_field_accuracy", "max_drop": 0.1}]
     assert parse_study(raw).hypothesis.success.metric == "part_accuracy"
+
+
+def test_show_fixed_follows_the_success_metric_rule():
+    from tuneproof.recipes.show import select
+
+    ref = json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen", "album": "jazz"}})
+    base = [{"id": f"e{i}", "reference": ref, "prediction": "not json"} for i in range(3)]
+    cand = [{"id": f"e{i}", "reference": ref, "prediction": json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen"} if i else {}})}
+            for i in range(3)]
+    kind, cfg = get_task("extraction"), TaskConfig.make(["intent", "slots"])
+    base, _ = kind.score(base, cfg)
+    cand, _ = kind.score(cand, cfg)
+    assert select(base, cand, fixed=True) == []  # exact match stays 0: nothing "fixed" on `correct`
+    rule = kind.example_rule("field_f1")
+    assert [r["id"] for _, r in select(base, cand, fixed=True, passing=rule.passing)] == ["e1", "e2"]  # field F1 0.667 >= 0.5

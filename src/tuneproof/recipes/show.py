@@ -1,5 +1,6 @@
 """Recipe ``show``: per-example outputs of an evaluation run, filtered by what changed against the
-baseline (fixed / regressed), by class, or by field."""
+baseline (fixed / regressed: by the success metric's per-example rule, the basis of `compare`'s
+paired counts), by class, or by field."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ from tuneproof.ui import console, table
 
 
 def select(base: list[dict], cand: list[dict], *, regressed: bool = False, fixed: bool = False,
-           category: str | None = None, field: str | None = None) -> list[tuple[dict | None, dict]]:
-    """Pairs ``(baseline record, candidate record)`` that pass the filters, in candidate order."""
+           category: str | None = None, field: str | None = None, passing=None) -> list[tuple[dict | None, dict]]:
+    """Pairs ``(baseline record, candidate record)`` that pass the filters, in candidate order.
+
+    ``passing(record) -> bool`` is the per-example rule behind fixed / regressed (the success
+    metric's, as in ``compare``); default the record's ``correct``."""
+    ok = passing or (lambda rec: bool(rec.get("correct")))
     by_id = {r["id"]: r for r in base}
     out = []
     for r in cand:
         b = by_id.get(r["id"])
-        if regressed and not (b is not None and b.get("correct") and not r.get("correct")):
+        if regressed and not (b is not None and ok(b) and not ok(r)):
             continue
-        if fixed and not (b is not None and not b.get("correct") and r.get("correct")):
+        if fixed and not (b is not None and not ok(b) and ok(r)):
             continue
         if category is not None and r.get("category") != category:
             continue
@@ -40,7 +45,19 @@ def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: 
         if bid is None:
             raise TuneproofError("--regressed/--fixed need a completed baseline run", hint="run `tuneproof baseline`")
         _, base = load_outputs(ctx, bid)
-    pairs = select(base, cand, regressed=regressed, fixed=fixed, category=category, field=field)
+    passing = None
+    if regressed or fixed:  # the rule of the paired counts of `compare`: the success metric's per-example rule
+        from tuneproof import hypothesis as hyp  # noqa: PLC0415
+        from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
+
+        kind, cfg = get_task(ctx.task), task_config(ctx)
+        view = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, None).primary  # the frozen hypothesis, as compare judges
+        rule = kind.example_rule((view.get("success") or {}).get("metric"))
+        base, _ = kind.score(base, cfg)  # re-scored: the rule reads this version's per-example scores
+        cand, _ = kind.score(cand, cfg)
+        passing = rule.passing
+        console.print(f"fixed / regressed by the success metric's rule: {rule.description}", soft_wrap=True)
+    pairs = select(base, cand, regressed=regressed, fixed=fixed, category=category, field=field, passing=passing)
     rows = [[r["id"], r.get("category"), r.get("input"), r.get("reference"), (b or {}).get("prediction", ""), r.get("prediction")]
             for b, r in pairs[:limit]]
     console.print(table(f"{cid}: {len(pairs)} examples", ["id", "category", "input", "reference", "baseline", "candidate"], rows))

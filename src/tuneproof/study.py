@@ -171,6 +171,10 @@ class Training(_Strict):
     activation_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     chunked_loss: bool = Field(False, description="causal LM: loss over chunks of supervised positions without the full logits; "
                                                    "used only after it matches the reference loss and gradients on a micro-batch")
+    length_grouping: bool = Field(False, description="micro-batches of examples of similar length (less padding); a seeded "
+                                                      "order within each process's DistributedSampler share, resumable")
+    packing: bool = Field(False, description="causal LM: several examples per row, position ids restarting per example, no "
+                                             "attention across examples; used only after the packing check passes")
     max_length: int = Field(128, ge=8, description="tokens per example after truncation")
     loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")

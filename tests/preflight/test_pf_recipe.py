@@ -253,3 +253,15 @@ def test_env_json_prints_the_recorded_snapshot(capsys):
 
     assert snap["torch"] == torch.__version__ and snap["backend"] == "cpu" and snap["platform_key"].startswith("cpu |")
     assert snap["libraries"]["peft"] and snap["cpu"]["logical_cores"] >= 1
+
+
+def test_packing_check_runs_only_with_training_packing_and_passes_on_the_tiny_llama(tmp_path, tiny_model_dir, passed):
+    study, run_id = passed
+    assert "packing" not in checks_of(study, run_id)  # off by default: not listed
+    study = make_study(tmp_path / "s", tiny_model_dir, training__packing=True)
+    rid = run_preflight(StudyContext.open(study))
+    names = list(checks_of(study, rid))
+    assert names.index("packing") == names.index("eval batch size") + 1  # C23 after C22
+    chk = checks_of(study, rid)["packing"]
+    assert chk["passed"] is True and chk["numbers"]["examples"] == 4 and chk["numbers"]["max_abs_diff"] <= 1e-4
+    assert chk["numbers"]["control_max_abs_diff"] > 1e-4  # the neighbour-visible rows differ

@@ -302,3 +302,74 @@ def tokenizer_identity(tokenizer) -> dict[str, Any]:
         "chat_template_sha256": hashlib.sha256((getattr(tokenizer, "chat_template", None) or "").encode()).hexdigest(),
         "probe_hash": hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest(),
     }
+
+
+def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Rows of a padding-free packed micro-batch: first-fit decreasing of the examples (positions
+    in ``lengths``) into rows of at most ``max(capacity, max(lengths))`` tokens. Deterministic
+    (ties keep the micro-batch order); each row lists its examples in micro-batch order.
+
+    Source: first-fit decreasing bin packing (Johnson 1973), as in the packing of Krell et al.,
+    "Efficient Sequence Packing without Cross-contamination" (2021).
+    """
+    cap = max([capacity, *lengths])
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(cap - lengths[i])
+    return [sorted(r) for r in rows]
+
+
+def collate_packed(batch: list[Encoded], pad_id: int, capacity: int) -> dict[str, torch.Tensor]:
+    """Padding-free packed micro-batch of a causal LM (``training.packing``, issue 15): the
+    examples of ``batch`` laid end to end in rows of at most ``capacity`` tokens (:func:`pack_rows`),
+    rows right-padded to the longest row.
+
+    Returns ``input_ids``, ``labels``, ``position_ids`` and ``attention_mask`` (1 on real tokens;
+    for counting, not given to the model), all ``[R, W]``. Position ids restart at 0 for every
+    example and for the padding run at the end of a row, so the model's own mask builder
+    (transformers ``masking_utils.find_packed_sequence_indices``: a position that is not the
+    previous one + 1 starts a new sequence) lets no token attend across examples when the model
+    is called with ``position_ids``, ``attention_mask=None`` and no cache. The label at the first
+    token of each example is -100: after the causal shift it would be predicted from the previous
+    example's last token (unpacked, that position is never supervised), so the supervised tokens
+    and the per-token losses equal those of :func:`collate`.
+
+    Raises:
+        ValueError: a classification batch (labels per example, not per token).
+    """
+    if batch[0].class_index is not None or not batch[0].labels:
+        raise ValueError("packing applies to causal LMs (token labels), not to sequence classification")
+    rows = pack_rows([len(e.input_ids) for e in batch], capacity)
+    width = max(sum(len(batch[i].input_ids) for i in r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, members in enumerate(rows):
+        at = 0
+        for i in members:
+            e = batch[i]
+            n = len(e.input_ids)
+            ids[r, at : at + n] = torch.tensor(e.input_ids)
+            labels[r, at : at + n] = torch.tensor(e.labels)
+            labels[r, at] = IGNORE_INDEX
+            pos[r, at : at + n] = torch.arange(n)
+            mask[r, at : at + n] = 1
+            at += n
+        pos[r, at:] = torch.arange(width - at)  # the padding run: a sequence of its own, unsupervised
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "position_ids": pos}
+
+
+def packed_padding(lengths: list[int], capacity: int) -> tuple[int, int]:
+    """``(padded positions, all positions)`` of :func:`collate_packed` on examples of these lengths."""
+    rows = pack_rows(lengths, capacity)
+    width = max(sum(lengths[i] for i in r) for r in rows)
+    return len(rows) * width - sum(lengths), len(rows) * width

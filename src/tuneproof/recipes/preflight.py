@@ -44,6 +44,9 @@ Checks, in order (config key or option behind each):
 9b. ``eval batch size``: greedy outputs of a length-spread sample of evaluation examples at batch
     size 1 and at ``eval.batch_size`` are identical; fails naming the first differing example
     (CASES C22, :mod:`tuneproof.preflight.eval_batch`).
+9c. ``packing`` (only with ``training.packing: true``): per-token losses of packed rows of the
+    shortest training examples equal those of each example alone, and the same rows with the
+    neighbours visible differ (CASES C23, :mod:`tuneproof.preflight.packing`).
 10. ``configured combination``: two real optimizer steps of ``training.loop.train`` with every
     configured option together (micro-batch, accumulation, checkpointing, precision); losses
     finite, every trainable tensor changed, frozen ones bitwise unchanged.
@@ -953,11 +956,14 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
                   find_max: bool, state: dict[str, Any]) -> None:
     """Checks 3 to 12 (those after the backend); a check that cannot run is listed as skipped, with why."""
     from tuneproof.preflight.eval_batch import check_study_eval_batch  # noqa: PLC0415
+    from tuneproof.preflight.packing import check_study_packing  # noqa: PLC0415
     from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything  # noqa: PLC0415
 
     later = ["training data", "target modules", "trainable parameters", "embedding size", "update check", "step memory", "eval memory",
              "gradient accumulation", "precision", "activation checkpointing", "eval batch size", *SMOKE_CHECKS]
+    if ctx.study.training.packing:
+        later.insert(later.index("eval batch size") + 1, "packing")
 
     def skip_rest(why: str) -> None:
         seen = {c["name"] for c in rep.checks}
@@ -1003,6 +1009,8 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
     rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))  # C22: outputs do not depend on eval.batch_size
+    if cfg.packing:  # C23: packed rows give each example's own per-token losses (issue 15)
+        rep.run("packing", lambda: check_study_packing(model, usable, cfg, pad))
     if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory
         return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
     try:

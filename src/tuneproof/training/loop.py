@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tuneproof.data.preprocess import Encoded, collate
+from tuneproof.data.preprocess import Encoded, collate, collate_packed
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.training.checkpoint import (CKPT_FORMAT, CKPT_KEYS, latest_checkpoint, list_checkpoints,  # noqa: F401 (re-exported)
                                            load_checkpoint, restore_state, rng_state, save_checkpoint, set_rng_state,
@@ -177,6 +177,10 @@ def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable, chunk
     vocabulary rows, or classes for classification; the health check's ``ln(V)``). ``chunked``:
     the causal-LM loss without the full logits (:func:`tuneproof.training.loss.chunked_token_loss_sum`)."""
     labels = batch["labels"]
+    if "position_ids" in batch:  # packed rows: the model's own mask builder separates the examples (no mask, no cache)
+        with autocast():
+            out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+        return token_loss_sum(out.logits, labels), int(out.logits.shape[-1])
     if chunked and labels.dim() == 2:
         with autocast():
             loss = chunked_token_loss_sum(model, batch["input_ids"], batch["attention_mask"], labels)
@@ -252,7 +256,7 @@ def train(
     """
     from transformers import get_scheduler  # noqa: PLC0415
 
-    from tuneproof.training.distributed import window_at, window_position  # noqa: PLC0415
+    from tuneproof.training.distributed import GROUP_MEGABATCH, window_at, window_position  # noqa: PLC0415
 
     n = len(train_set)
     ws, rank = (world.world_size, world.rank) if world is not None else (1, 0)
@@ -279,14 +283,31 @@ def train(
             raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")
         if run is not None:
             run.update_summary(speedups={"chunked_loss": {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}})
+    from tuneproof.training.speedups import padding_report, prove_packing  # noqa: PLC0415
+
+    grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
+    lengths = [len(e.input_ids) for e in train_set] if grouping else None
+    if packing:  # proven on real examples before it is used (per-token losses packed == alone)
+        if chunked:
+            raise CheckFailed("training.packing and training.chunked_loss together are not checked yet", hint="set one of them to false")
+        packed_check = prove_packing(model, train_set, cfg, pad_id, device)
+        if run is not None:
+            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "packing": packed_check})
+    if run is not None:
+        pad = padding_report(train_set, cfg, ws, rank)
+        run.update_summary(padding=pad)
+        if grouping:
+            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "length_grouping": {"padding_before": pad["before"], "padding_after": pad["after"]}})
     seed_everything(cfg.seed)
     order_rule = DATA_ORDER_RULE if ws == 1 else DATA_ORDER_RULE.replace("world_size 1", f"world_size {ws}")
+    if grouping:
+        order_rule += f"; length-grouped (megabatches of {GROUP_MEGABATCH} micro-batches sorted by length, micro-batches shuffled with seed + epoch)"
     if resume is not None:
         if int(resume.get("total_steps", steps)) != steps:
             raise TuneproofError(f"the checkpoint's budget is {resume['total_steps']} steps, this run's {steps}",
                                  hint="the config or the training data changed since the checkpoint")
         if resume["data"].get("order") != order_rule:
-            raise TuneproofError(f"the checkpoint's data order is '{resume['data'].get('order')}', this tuneproof's '{DATA_ORDER_RULE}'",
+            raise TuneproofError(f"the checkpoint's data order is '{resume['data'].get('order')}', this run's '{order_rule}'",
                                  hint="a resume would not see the data the run would have seen; train again")
         if int(resume["data"]["n_examples"]) != n:
             raise TuneproofError(f"the checkpoint was trained on {resume['data']['n_examples']} examples, this run has {n}",
@@ -343,8 +364,9 @@ def train(
                 stopping = stop.signum is not None or (stop_after is not None and step >= stop_after)
                 ts = time.perf_counter()
                 # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
-                window_idx = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step, world_size=ws, rank=rank)
-                batches = [{k: v.to(device) for k, v in collate([train_set[i] for i in idx], pad_id).items()} for idx in window_idx]
+                window_idx = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step, world_size=ws, rank=rank, lengths=lengths)
+                batches = [{k: v.to(device) for k, v in (collate_packed([train_set[i] for i in idx], pad_id, cfg.max_length) if packing
+                                                         else collate([train_set[i] for i in idx], pad_id)).items()} for idx in window_idx]
                 window = sum(supervised_count(b) for b in batches)
                 if world is not None:  # the global window: supervised tokens of every rank; a stop on any rank stops all
                     if step < plan["steps_per_epoch"]:

@@ -1,0 +1,237 @@
+"""Issue 15: length-grouped micro-batches (``training.length_grouping``) and padding-free packing
+(``training.packing``, CASES C23): the order keeps the DistributedSampler semantics per rank and
+resumes exactly; packed rows give the per-token losses of each example alone, and a row whose
+examples see each other fails the check."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from tuneproof.data.preprocess import Encoded, collate, collate_packed, pack_rows, packed_padding
+from tuneproof.study import Training
+from tuneproof.training.distributed import (GROUP_MEGABATCH, epoch_micro_batches, epoch_order, micro_batch_at,
+                                            micro_batches_per_epoch, padding_share, window_at)
+
+
+def _enc(i: int, ids: list[int], supervised_from: int) -> Encoded:
+    labels = [-100] * supervised_from + ids[supervised_from:]
+    return Encoded(id=f"ex{i}", category=None, input_ids=ids, labels=labels, prompt_tokens=supervised_from,
+                   answer_tokens=len(ids) - supervised_from, full_length=len(ids), n_supervised=len(ids) - supervised_from,
+                   truncated=False, text="", boundary_char=0)
+
+
+def _dataset(n: int = 24, vocab: int = 64, seed: int = 0) -> list[Encoded]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = 4 + (i * 7) % 13  # 4..16 tokens
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+        out.append(_enc(i, ids, supervised_from=length // 2))
+    return out
+
+
+# ---------------------------------------------------------------- length-grouped order
+def test_grouped_order_exact_values_and_padding():
+    lengths = [5, 1, 5, 1, 5, 1, 5, 1]  # two lengths: grouped micro-batches of 2 hold equal lengths
+    plain = epoch_micro_batches(8, 2, 0, 0)
+    grouped = epoch_micro_batches(8, 2, 0, 0, lengths=lengths)
+    assert plain == [[4, 0], [7, 3], [2, 5], [1, 6]]  # DistributedSampler(seed 0) order, cut in order
+    assert grouped == [[4, 0], [2, 6], [5, 1], [7, 3]]
+    assert all(len({lengths[i] for i in b}) == 1 for b in grouped)
+    # two mixed micro-batches (5, 1): 24 real tokens in 2x5 + 2x1 + 2x5 + 2x5 = 32 positions; grouped: no padding
+    assert padding_share(plain, lengths) == 0.25 and padding_share(grouped, lengths) == 0.0
+    assert sorted(i for b in grouped for i in b) == list(range(8))
+
+
+def test_grouped_order_keeps_sampler_shares_per_rank_and_changes_per_epoch():
+    n, mb, world = 1000, 4, 3
+    lengths = [(i * 37) % 101 + 1 for i in range(n)]
+    for epoch in (0, 1):
+        shares = []
+        for rank in range(world):
+            batches = epoch_micro_batches(n, mb, 5, epoch, world_size=world, rank=rank, lengths=lengths)
+            assert len(batches) == micro_batches_per_epoch(n, mb, world) == 84  # ceil(334 / 4)
+            assert sorted(len(b) for b in batches)[0] == 2 and sum(len(b) < mb for b in batches) == 1  # 334 = 83 x 4 + 2
+            flat = [i for b in batches for i in b]
+            assert sorted(flat) == sorted(epoch_order(n, world_size=world, rank=rank, seed=5, epoch=epoch))  # same share
+            shares.append(set(flat))
+        assert shares[0].isdisjoint(shares[1]) and shares[1].isdisjoint(shares[2]) or n % world  # padded share repeats
+        assert set().union(*shares) == set(range(n))
+    e0 = epoch_micro_batches(n, mb, 5, 0, lengths=lengths)
+    assert e0 != epoch_micro_batches(n, mb, 5, 1, lengths=lengths)
+    assert e0 == epoch_micro_batches(n, mb, 5, 0, lengths=lengths)  # pure function: exact resume
+    # inside a megabatch of 64 micro-batches the lengths are sorted: the spread inside a micro-batch is small
+    plain = epoch_micro_batches(n, mb, 5, 0)
+    assert padding_share(e0, lengths) < 0.05 < 0.3 < padding_share(plain, lengths)
+    assert GROUP_MEGABATCH == 64
+
+
+def test_window_and_micro_batch_positions_follow_the_grouped_order():
+    n, mb, accum = 10, 2, 2
+    lengths = [3, 9, 1, 7, 5, 2, 8, 4, 6, 10]
+    e1 = epoch_micro_batches(n, mb, 3, 1, lengths=lengths)
+    # 5 micro-batches per epoch in windows of 2 + 2 + 1: steps 0-2 are epoch 0, step 3 is epoch 1's first window
+    assert window_at(n, mb, accum, 3, 3, lengths=lengths) == e1[0:2]
+    assert window_at(n, mb, accum, 3, 5, lengths=lengths) == e1[4:5]  # the last window of an epoch holds what is left
+    assert micro_batch_at(n, mb, 3, 7, lengths=lengths) == e1[2]  # global micro-batch 7 = epoch 1's third
+    with pytest.raises(ValueError, match="lengths has 3 entries for 10 examples"):
+        epoch_micro_batches(n, mb, 3, 0, lengths=[1, 2, 3])
+
+
+# ---------------------------------------------------------------- packing layout
+def test_pack_rows_and_collate_packed_exact_layout():
+    assert pack_rows([5, 3, 4, 2], 8) == [[0, 1], [2, 3]]  # first-fit decreasing: 5 | 4 | 3 joins 5 | 2 joins 4
+    batch = [_enc(0, [10, 11, 12], 1), _enc(1, [20, 21], 0), _enc(2, [30, 31, 32, 33], 2)]
+    assert pack_rows([3, 2, 4], 6) == [[1, 2], [0]]  # 4 | 3 opens a row | 2 joins 4
+    out = collate_packed(batch, pad_id=0, capacity=6)
+    assert out["input_ids"].tolist() == [[20, 21, 30, 31, 32, 33], [10, 11, 12, 0, 0, 0]]
+    assert out["position_ids"].tolist() == [[0, 1, 0, 1, 2, 3], [0, 1, 2, 0, 1, 2]]
+    assert out["labels"].tolist() == [[-100, 21, -100, -100, 32, 33], [-100, 11, 12, -100, -100, -100]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]
+    # the supervised tokens after the causal shift are those of the padded batch: 1 + 2 + 2 = 5
+    ref = collate(batch, 0)["labels"]
+    assert int((ref[:, 1:] != -100).sum()) == int((out["labels"][:, 1:] != -100).sum()) == 5
+    assert packed_padding([3, 2, 4], 6) == (3, 12)
+
+
+# ---------------------------------------------------------------- the packing check (C23)
+@pytest.fixture()
+def tiny_lm():
+    from tinymodels import make_llama
+
+    return make_llama(64)
+
+
+def test_c23_packed_rows_equal_each_example_alone(tiny_lm):
+    from tuneproof.preflight.packing import check_packing
+
+    examples = _dataset(8)
+    rep = check_packing(tiny_lm, examples, pad_id=2, capacity=32)
+    assert rep["passed"] is True, rep["message"]
+    assert rep["examples"] == 8 and rep["rows"] == 3 and rep["tokens"] == 38  # sum of L - L//2 over lengths 4, 11, 5, 12, 6, 13, 7, 14
+    assert rep["max_abs_diff"] <= 1e-4
+    assert rep["control_max_abs_diff"] > 1e-2  # the neighbour-visible row differs: the check can see contamination
+
+
+def test_c23_a_row_where_an_example_sees_its_neighbour_fails(tiny_lm):
+    from tuneproof.preflight.packing import check_packing, neighbour_visible_forward
+
+    examples = _dataset(8)
+    rep = check_packing(tiny_lm, examples, pad_id=2, capacity=32, forward=neighbour_visible_forward)
+    assert rep["passed"] is False and rep["max_abs_diff"] > 1e-2
+    assert "attend across examples" in rep["message"] and "training.packing off" in rep["message"]
+
+    def with_cache(model, batch):  # a cache disables transformers' packed-sequence detection: plain causal row
+        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=True).logits
+
+    rep = check_packing(tiny_lm, examples, pad_id=2, capacity=32, forward=with_cache)
+    assert rep["passed"] is False and rep["max_abs_diff"] > 1e-2
+
+
+# ---------------------------------------------------------------- the training loop
+def _train_stop(examples, tmp, stop_after):
+    return _train(0, examples, tmp, length_grouping=True, stop_after=stop_after)
+
+
+def _train(model_seed: int, examples, tmp=None, resume=None, stop_after=None, **over):
+    from peft import LoraConfig, get_peft_model
+
+    from tinymodels import make_llama
+    from tuneproof.training.loop import train
+
+    model = get_peft_model(make_llama(64, seed=model_seed), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    cfg = Training(micro_batch_size=4, gradient_accumulation_steps=2, epochs=2, learning_rate=1e-2, max_length=32, **over)
+
+    class Run:  # what train() uses of a registry run
+        def __init__(self):
+            self.summary, self.dir = {}, tmp
+
+        def update_summary(self, **kw):
+            self.summary.update(kw)
+
+        def metric(self, **kw):
+            pass
+
+        def note(self, text):
+            pass
+
+    run = Run() if tmp is not None else None
+    out = train(model, examples, cfg, pad_id=2, device=torch.device("cpu"), autocast=contextlib.nullcontext, run=run,
+                resume=resume, stop_after=stop_after)
+    return out, model, run, cfg
+
+
+def test_packing_gives_the_losses_of_the_padded_run(tmp_path):
+    examples = _dataset(24)
+    ref, _, _, _ = _train(0, examples)
+    got, _, run, _ = _train(0, examples, tmp_path, packing=True)
+    assert len(ref["losses"]) == len(got["losses"]) == 6  # 6 micro-batches / 2 per step, 2 epochs
+    assert got["losses"] == pytest.approx(ref["losses"], abs=2e-5)
+    assert got["tokens"] == ref["tokens"] == 2 * 234  # real tokens only, padding not counted
+    used = run.summary["speedups"]["packing"]  # the run records the speed-up and its proof
+    assert used["examples"] == 4 and used["max_abs_diff"] <= 1e-4 < used["control_max_abs_diff"]
+    pad = run.summary["padding"]
+    assert pad["layout"] == "packing" and pad["tokens"] == 234 and pad["after"] < pad["before"]
+
+
+def test_length_grouping_trains_on_the_grouped_order_and_resumes_exactly(tmp_path):
+    from tuneproof.training.loop import latest_checkpoint, load_checkpoint, train
+
+    examples = _dataset(24)
+    full, model_full, run, cfg = _train(0, examples, tmp_path / "full", length_grouping=True)
+    assert run.summary["speedups"]["length_grouping"] == {"padding_before": run.summary["padding"]["before"],
+                                                          "padding_after": run.summary["padding"]["after"]}
+    assert run.summary["padding"]["after"] < run.summary["padding"]["before"]
+    plain, _, _, _ = _train(0, examples)
+    assert full["losses"] != plain["losses"]  # another order of the same examples
+    assert full["tokens"] == plain["tokens"]
+    # interrupted after step 2 and resumed: the same losses, bit for bit, and the same adapter
+    with pytest.raises(KeyboardInterrupt):
+        _train_stop(examples, tmp_path / "cut", stop_after=2)
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path / "cut"))
+    assert ckpt["step"] == 2 and "length-grouped" in ckpt["data"]["order"]
+    resumed, model_res, _, _ = _train(0, examples, tmp_path / "cut", length_grouping=True, resume=ckpt)
+    assert resumed["losses"] == full["losses"]
+    for (name, a), (_, b) in zip(model_full.named_parameters(), model_res.named_parameters()):
+        assert torch.equal(a, b), name
+    with pytest.raises(Exception, match="data order"):  # a grouped checkpoint does not resume an ungrouped run
+        _train(0, examples, tmp_path / "cut", resume=ckpt)
+
+
+def test_padding_report_before_and_after_exact():
+    from tuneproof.training.speedups import padding_report
+
+    examples = _dataset(24)
+    lengths = [len(e.input_ids) for e in examples]
+    assert sum(lengths) == 234  # 4 + (7i mod 13): 130 for i < 13, 104 for the 11 after
+    plain = Training(micro_batch_size=4, max_length=32)
+    rep = padding_report(examples, plain)
+    assert rep["layout"] == "padded" and rep["before"] == rep["after"]
+    positions = sum(len(b) * max(lengths[i] for i in b) for b in epoch_micro_batches(24, 4, 0, 0))
+    assert rep["positions_before"] == positions and rep["before"] == round(1 - 234 / positions, 6)
+    grouped = padding_report(examples, plain.model_copy(update={"length_grouping": True}))
+    assert grouped["after"] < grouped["before"] and grouped["layout"] == "length_grouping"
+    assert grouped["positions_after"] == sum(len(b) * max(lengths[i] for i in b)
+                                             for b in epoch_micro_batches(24, 4, 0, 0, lengths=lengths))
+    packed = padding_report(examples, plain.model_copy(update={"packing": True}))
+    assert packed["after"] < grouped["before"] and packed["layout"] == "packing"
+
+
+def test_c23_two_examples_in_one_row_and_positions_not_reset(tiny_lm):
+    """CASES C23 as written: two examples in one row equal each alone; the same row with positions
+    not reset (0..W-1: the mask builder then sees one sequence, the second attends to the first) fails."""
+    from tuneproof.preflight.packing import check_packing
+
+    two = _dataset(2)  # lengths 4 and 11: one row of 15 at capacity 32
+    rep = check_packing(tiny_lm, two, pad_id=2, capacity=32)
+    assert rep["passed"] is True and rep["rows"] == 1 and rep["tokens"] == 2 + 6 and rep["max_abs_diff"] <= 1e-4
+
+    def not_reset(model, batch):
+        pos = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
+        return model(input_ids=batch["input_ids"], position_ids=pos, use_cache=False).logits
+
+    bad = check_packing(tiny_lm, two, pad_id=2, capacity=32, forward=not_reset)
+    assert bad["passed"] is False and bad["max_abs_diff"] > 1e-2 and bad["worst_example"] == "ex1"  # the second one

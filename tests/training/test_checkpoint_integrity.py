@@ -148,3 +148,24 @@ def test_encode_refuses_objects_that_would_need_code(tmp_path):
     tensors: dict = {}
     tricky = {"__tensor__": "nope"}
     assert decode(json.loads(json.dumps(encode({"d": tricky}, tensors))), tensors, tmp_path) == {"d": tricky}
+
+
+def test_a_key_added_since_the_checkpoint_with_its_default_is_no_change(interrupted, tmp_path, capsys):
+    """A checkpoint and config.json written before a study key existed (here model.trust_remote_code,
+    default false) resume: both configs are compared with defaults filled."""
+    study = shutil.copytree(interrupted, tmp_path / "s")
+    run_dir = train_dir(study)
+    ckpts = run_dir / "checkpoints"
+    state = ckpts / "step-000005" / "state.json"
+    ckpt = json.loads(state.read_text())
+    del ckpt["config"]["model"]["trust_remote_code"]
+    state.write_text(json.dumps(ckpt))
+    idx = json.loads((ckpts / INDEX).read_text())
+    idx["checkpoints"]["step-000005"]["files"]["state.json"] = hashlib.sha256(state.read_bytes()).hexdigest()
+    (ckpts / INDEX).write_text(json.dumps(idx))
+    cfg = json.loads((run_dir / "config.json").read_text())
+    del cfg["model"]["trust_remote_code"]
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    code, out = _resume(capsys, study, run_dir.name)
+    assert code == 0, out
+    assert Registry(study).get(run_dir.name).status == "completed"

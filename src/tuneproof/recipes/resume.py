@@ -122,14 +122,16 @@ def check_config(study_dir: Path, rec: RunRecord, run_dir: Path, ckpt: dict[str,
     Raises:
         TuneproofError: lists the keys that differ and says what to do.
     """
+    # both sides with defaults filled: a key added since the checkpoint (with its default) is no change
+    saved = resolved_config(parse_study(ckpt["config"], ckpt_path / "state.json"))
     recorded = resolved_config(parse_study(read_json(run_dir / "config.json"), run_dir / "config.json"))
-    diff = config_diff(ckpt["config"], recorded)
+    diff = config_diff(saved, recorded)
     if diff:
         raise TuneproofError(f"{run_dir / 'config.json'} differs from the config of {ckpt_path.name}: {describe(diff)}",
                              hint="the run folder was edited or the checkpoint belongs to another run; restore it")
     if not (run_dir / "variant.json").exists():
         current = resolved_config(load_study(study_dir))
-        diff = config_diff(ckpt["config"], current)
+        diff = config_diff(saved, current)
         if diff:
             raise TuneproofError(f"{study_dir / STUDY_FILE} changed since the checkpoint of {rec.id}: {describe(diff)}",
                                  hint=f"resume continues the recorded config exactly: revert the change, or train a variant "

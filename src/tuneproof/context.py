@@ -125,16 +125,31 @@ class StudyContext:
 
         return model_kind(self.study.model, self.base)
 
+    @property
+    def is_image(self) -> bool:
+        """An image classifier: the pipeline is :class:`~tuneproof.data.image_pipeline.ImagePipeline`."""
+        return self.model_kind == "image-classification"
+
+    @property
+    def head_labels(self) -> list[str] | None:
+        """The labels of a classification head (sequence or image classifier), else None."""
+        return self.labels if self.model_kind in ("sequence-classification", "image-classification") else None
+
     @cached_property
     def tokenizer(self):
-        from tuneproof.models.base import load_tokenizer  # noqa: PLC0415
+        """The tokenizer, or for an image classifier its image processor (saved beside adapters the same way)."""
+        from tuneproof.models.base import load_image_processor, load_tokenizer  # noqa: PLC0415
 
-        return load_tokenizer(self.base)
+        return load_image_processor(self.base) if self.is_image else load_tokenizer(self.base)
 
     @cached_property
     def pipeline(self):
         from tuneproof.data.preprocess import TextPipeline  # noqa: PLC0415
 
+        if self.is_image:
+            from tuneproof.data.image_pipeline import ImagePipeline  # noqa: PLC0415
+
+            return ImagePipeline(self.tokenizer, self.study.data.image, self.labels, self.study.training.seed)
         t = self.study.training
         labels = self.labels if self.model_kind == "sequence-classification" else None
         return TextPipeline(self.tokenizer, self.study.eval.prompt, t.max_length, t.loss, labels)
@@ -146,6 +161,8 @@ class StudyContext:
         (:func:`tuneproof.deliver.identity.study_tokenizer_identity`)."""
         from tuneproof.deliver.identity import study_tokenizer_identity  # noqa: PLC0415
 
+        if self.is_image:  # the image processor's class, config and the declared transforms
+            return self.pipeline.identity()
         # the whole evaluation split (not the eval.max_examples subset): the sample is data, not eval settings
         texts = [t for e in self.split(self.study.eval.split) for t in (e.text, e.target) if isinstance(t, str)]
         return study_tokenizer_identity(self.tokenizer, texts)
@@ -155,7 +172,9 @@ class StudyContext:
         """sha256 of the cleaned examples of every split + the ordered cleaning rules + the
         preprocessing config (prompt, tokenizer identity, max_length, loss). Stored in every run."""
         parts = {
-            "examples": sha256_json({n: [[e.id, e.text, e.label, e.target] for e in v] for n, v in sorted(self.all_splits.items())}),
+            # image examples add the sha256 of the image bytes: a changed pixel changes the fingerprint
+            "examples": sha256_json({n: [[e.id, e.text, e.label, e.target] + ([e.meta["image_sha256"]] if e.meta.get("image_sha256") else [])
+                                         for e in v] for n, v in sorted(self.all_splits.items())}),
             "cleaning": sha256_json(self.study.data.cleaning),
             "preprocessing": sha256_json({
                 "prompt": self.study.eval.prompt.model_dump(), "max_length": self.study.training.max_length,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tuneproof.errors import TuneproofError
 
 STUDY_FILE = "tuneproof.yaml"
-TaskKind = Literal["classification", "multi-label", "extraction", "format"]
+TaskKind = Literal["classification", "multi-label", "extraction", "format", "image-classification"]
 
 
 class _Strict(BaseModel):
@@ -58,8 +58,9 @@ class Hypothesis(_Strict):
 class Source(_Strict):
     path: str = Field(description="file or folder, or a glob pattern (folds/fold*.json); relative paths are resolved from the "
                                   "study folder; '$DATA/...' from the data root")
-    format: Literal["csv", "json", "jsonl", "lines", "hf", "snips", "banking77"] = Field(
-        description="file format or a built-in dataset reader; lines: a split folder of line-aligned files (seq.in, label)")
+    format: Literal["csv", "json", "jsonl", "lines", "hf", "snips", "banking77", "imagefolder", "image-csv", "image-jsonl"] = Field(
+        description="file format or a built-in dataset reader; lines: a split folder of line-aligned files (seq.in, label); "
+                    "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows")
     split: str | None = Field(None, description="the split this file holds (train, validation, test), or None to split it "
                                                 "(format lines: default the folder's name)")
 
@@ -73,6 +74,7 @@ class FieldMap(_Strict):
     target: str | dict[str, str] | None = Field(
         None, description="column holding the expected output (extraction/format), or a mapping {key: column} building a JSON object")
     id: str | None = Field(None, description="column holding a stable id (default: file and line)")
+    image: str | None = Field(None, description="image-csv / image-jsonl: column holding the image path (default 'path')")
     optional: list[str] = Field(default_factory=list, description="columns (or target keys) that may be absent: null, counted by data check")
 
 
@@ -118,6 +120,16 @@ class Dedup(_Strict):
     num_perm: int = Field(128, ge=16, description="MinHash permutations")
 
 
+class ImageTransforms(_Strict):
+    """Image transforms, in this order; the model's own image processor does the rest (resize to its
+    size unless ``resize`` is set, rescale, normalisation with its mean/std)."""
+
+    mode: Literal["RGB", "L"] = Field("RGB", description="PIL mode every image is converted to before the processor")
+    resize: int | None = Field(None, ge=1, description="square size in pixels the processor resizes to (default: the processor's own size)")
+    center_crop: int | None = Field(None, ge=1, description="square centre crop in pixels after resizing (default: none)")
+    horizontal_flip: bool = Field(False, description="train split only: mirror a fixed, seeded half of the images (training.seed)")
+
+
 class Data(_Strict):
     sources: list[Source] = Field(description="where the examples come from")
     fields: FieldMap = Field(default_factory=FieldMap, description="column mapping")
@@ -127,6 +139,7 @@ class Data(_Strict):
     split: SplitPolicy = Field(default_factory=SplitPolicy, description="split policy")
     test_split: str = Field("test", description="the reserved split; only `tuneproof test` reads it")
     dedup: Dedup = Field(default_factory=Dedup, description="cross-split duplicate detection")
+    image: ImageTransforms = Field(default_factory=ImageTransforms, description="image-classification: declared transforms")
     max_chars: int = Field(100_000, ge=1, description="longest text or target accepted, in characters (checked before tokenising)")
     min_class_examples: int = Field(10, ge=1, description="data check warns about classes with fewer examples in train or eval.split")
 
@@ -135,7 +148,8 @@ class Data(_Strict):
 class ModelSpec(_Strict):
     base: str = Field(description="built-in alias (smollm2-135m-instruct, minilm-l6), local folder, or hub id")
     revision: str | None = Field(None, description="exact revision (commit sha) for a hub id; checked against the local copy")
-    kind: Literal["auto", "causal-lm", "sequence-classification"] = Field("auto", description="model head; auto: from the alias or the task")
+    kind: Literal["auto", "causal-lm", "sequence-classification", "image-classification"] = Field(
+        "auto", description="model head; auto: from the alias or the model's config")
     trust_remote_code: bool = Field(False, description="let transformers run Python code shipped with the model (recorded in every run's config)")
 
 

@@ -269,6 +269,10 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     on padding *positions*, or ``[B]`` class indices for sequence classification). Padding is
     masked by position, so an end token equal to the pad token stays supervised (CASES C2).
     """
+    if hasattr(batch[0], "pixel_values"):  # image classification: see tuneproof.data.image_pipeline
+        from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
+
+        return collate_images(batch)
     width = max(len(e.input_ids) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)

@@ -502,6 +502,10 @@ def load_source(src, fields, base_dir: Path, data_root: Path | None = None, *,
 
 
 def _load_one(src, path: Path, fields, max_chars: int, prefix: str | None) -> tuple[list[Example], list[str]]:
+    if src.format in ("imagefolder", "image-csv", "image-jsonl"):
+        from tuneproof.data.image_sources import load_image_source  # noqa: PLC0415
+
+        return load_image_source(src, fields, path)
     if src.format == "snips":
         if getattr(fields, "model_fields_set", None):
             raise TuneproofError(f"data.fields ({', '.join(sorted(fields.model_fields_set))}) does not apply to format 'snips': its "

@@ -68,3 +68,23 @@ def classify(model, tokenizer, examples: list[Example], labels: list[str], *, ma
         if progress:
             progress(len(chunk))
     return out
+
+
+@torch.inference_mode()
+def classify_images(model, pipeline, examples: list[Example], labels: list[str], *, batch_size: int, device, autocast,
+                    progress: Callable[[int], None] | None = None) -> list[str]:
+    """Predicted label names of an image classifier (argmax of the logits), on the pipeline's
+    evaluation tensors (no train-time flip): ``pixel_values [B, C, H, W]`` per batch."""
+    from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
+
+    model.eval()
+    out: list[str] = []
+    for s in range(0, len(examples), batch_size):
+        chunk = examples[s : s + batch_size]
+        batch = collate_images([pipeline.encode(e) for e in chunk])
+        with autocast():
+            logits = model(pixel_values=batch["pixel_values"].to(device)).logits
+        out += [labels[i] for i in logits.argmax(-1).tolist()]
+        if progress:
+            progress(len(chunk))
+    return out

@@ -225,9 +225,16 @@ def resolve_base(spec) -> BaseModelRef:
     return BaseModelRef(name, local, spec.revision, _kind_from_config(local), "hub", weight_hashes(local), spec.trust_remote_code)
 
 
+#: model types read as image classifiers when config.json names no architecture
+IMAGE_MODEL_TYPES = {"vit", "deit", "beit", "convnext", "convnextv2", "resnet", "swin", "swinv2", "efficientnet", "mobilenet_v2",
+                     "mobilevit", "regnet", "dinov2"}
+
+
 def _kind_from_config(path: Path) -> str:
     cfg = json.loads((path / "config.json").read_text())
     archs = " ".join(cfg.get("architectures") or [])
+    if "ForImageClassification" in archs or cfg.get("model_type") in IMAGE_MODEL_TYPES:
+        return "image-classification"
     if "CausalLM" in archs or "LMHead" in archs:
         return "causal-lm"
     if cfg.get("model_type") in {"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra", "xlm-roberta", "modernbert"}:
@@ -237,6 +244,20 @@ def _kind_from_config(path: Path) -> str:
 
 def model_kind(spec, ref: BaseModelRef) -> str:
     return ref.kind if spec.kind == "auto" else spec.kind
+
+
+def load_image_processor(ref: BaseModelRef):
+    """The base model's ``AutoImageProcessor`` (``preprocessor_config.json`` in its folder).
+
+    Raises:
+        TuneproofError: the folder has no image processor config (names the folder).
+    """
+    from transformers import AutoImageProcessor  # noqa: PLC0415
+
+    if not (Path(ref.path) / "preprocessor_config.json").is_file():
+        raise TuneproofError(f"{ref.path}: no preprocessor_config.json (the image processor of this model)",
+                             hint="save the model's AutoImageProcessor next to its weights (processor.save_pretrained(DIR))")
+    return AutoImageProcessor.from_pretrained(ref.path)
 
 
 def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
@@ -267,6 +288,15 @@ def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | 
 def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
 
+    if kind == "image-classification":
+        from transformers import AutoModelForImageClassification  # noqa: PLC0415
+
+        if not labels:
+            raise TuneproofError("image classification needs labels (class folders or data.fields.label)")
+        # a new head for the study's labels (the base's own head, if any, has other classes)
+        return AutoModelForImageClassification.from_pretrained(
+            ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
+            ignore_mismatched_sizes=True, dtype=dtype)
     if kind == "sequence-classification":
         if not labels:
             raise TuneproofError("sequence classification needs labels (data.fields.label)")

@@ -41,7 +41,12 @@ def apply_method(model, method, kind: str) -> tuple[Any, dict[str, Any]]:
     if not match["passed"]:
         raise CheckFailed(match["message"], hint="use module names of this model (see `tuneproof preflight`)")
     modules_to_save = list(method.modules_to_save)
-    task_type = TaskType.SEQ_CLS if kind == "sequence-classification" else TaskType.CAUSAL_LM
+    if kind == "image-classification" and not modules_to_save:
+        head = "classifier" if hasattr(model, "classifier") else None
+        raise CheckFailed("the image classifier's new head would stay at its random initialisation: method.modules_to_save is empty",
+                          hint=f"set method.modules_to_save: [{head or 'the head module name'}] (CASES C6)")
+    # image classifiers have no PEFT task type: the PeftModel passes pixel_values through
+    task_type = {"sequence-classification": TaskType.SEQ_CLS, "image-classification": None}.get(kind, TaskType.CAUSAL_LM)
     cfg = LoraConfig(
         r=method.r, lora_alpha=method.alpha, lora_dropout=method.dropout, target_modules=list(method.target_modules),
         modules_to_save=modules_to_save or None, task_type=task_type,

@@ -40,7 +40,7 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         examples = ctx.eval_examples()
         device, _, _ = ctx.torch_setup()
         console.print(f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples")
-        labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+        labels = ctx.head_labels
         model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
         if labels is not None:
             console.print("[yellow]note[/]: an encoder's classification head is untrained before fine-tuning; its baseline is chance level")

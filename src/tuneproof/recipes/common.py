@@ -51,7 +51,7 @@ def load_trained(ctx: StudyContext, train_run_id: str):
     model_dir = run_dir / "model"
     from tuneproof.models.base import load_model  # noqa: PLC0415
 
-    labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+    labels = ctx.head_labels
     if (model_dir / "config.json").exists():  # full fine-tuning
         from tuneproof.models.base import BaseModelRef  # noqa: PLC0415
 
@@ -123,6 +123,11 @@ def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> lis
 
     device, _, autocast = ctx.torch_setup()
     with progress_bar(what, len(examples)) as advance:
+        if ctx.is_image:
+            from tuneproof.evaluation.generate import classify_images  # noqa: PLC0415
+
+            return classify_images(model, ctx.pipeline, examples, ctx.labels, batch_size=ctx.study.eval.batch_size,
+                                   device=device, autocast=autocast, progress=advance)
         if ctx.model_kind == "sequence-classification":
             return classify(model, ctx.tokenizer, examples, ctx.labels, max_length=ctx.study.training.max_length,
                             batch_size=ctx.study.eval.batch_size, device=device, autocast=autocast, progress=advance)

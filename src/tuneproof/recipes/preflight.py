@@ -349,7 +349,7 @@ def _target_checks(ctx: StudyContext, model, report: dict[str, Any] | None, fail
         if match is None:  # build_model refused (C5): match on the plain base for the numbers
             from tuneproof.models.base import load_model  # noqa: PLC0415
 
-            base = load_model(ctx.base, ctx.model_kind, labels=ctx.labels if ctx.model_kind == "sequence-classification" else None)
+            base = load_model(ctx.base, ctx.model_kind, labels=ctx.head_labels)
             match = match_target_modules(base, method.target_modules)
             del base
         numbers = {p: v["count"] for p, v in match["patterns"].items()}
@@ -688,7 +688,7 @@ def _load_for_reload(ctx: StudyContext, payload: Path, payload_kind: str):
     from tuneproof.models.base import BaseModelRef, load_model  # noqa: PLC0415
 
     device, _, _ = ctx.torch_setup()
-    labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+    labels = ctx.head_labels
     if payload_kind == "model":
         ref = BaseModelRef(ctx.base.name, payload, ctx.base.revision, ctx.model_kind, "preflight-smoke",
                            trust_remote_code=ctx.base.trust_remote_code)

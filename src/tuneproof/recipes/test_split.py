@@ -56,7 +56,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         examples = ctx.split(ctx.study.data.test_split, allow_test=True)
         device, _, _ = ctx.torch_setup()
         if cand == "base":
-            labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+            labels = ctx.head_labels
             model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
         else:
             model = load_trained(ctx, cand)

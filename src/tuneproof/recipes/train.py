@@ -44,7 +44,7 @@ def build_model(ctx: StudyContext):
     from tuneproof.models.method import apply_method  # noqa: PLC0415
 
     device, _, _ = ctx.torch_setup()
-    labels = ctx.labels if ctx.model_kind == "sequence-classification" else None
+    labels = ctx.head_labels
     model = load_model(ctx.base, ctx.model_kind, labels=labels)
     if ctx.study.training.activation_checkpointing:
         # non-reentrant checkpointing: gradients reach LoRA weights without input grads (CASES C7)
@@ -121,7 +121,8 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         if order:
             run.update_summary(**order)
         train_set = ctx.split("train")
-        encoded = ctx.pipeline.encode_all(train_set)
+        # images: the train-time transforms (data.image.horizontal_flip) apply to the train split only
+        encoded = ctx.pipeline.encode_all(train_set, train=True) if ctx.is_image else ctx.pipeline.encode_all(train_set)
         raise_on_faults(encoded, "train")
         seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
         model, report = build_model(ctx)
@@ -161,7 +162,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         with (progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)) as advance:
             if resume_from is not None:
                 advance(int(resume_from["step"]))
-            result = train(model, encoded, cfg, pad_id=ctx.tokenizer.pad_token_id, device=device, autocast=autocast,
+            result = train(model, encoded, cfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0), device=device, autocast=autocast,
                            run=run, config=ctx.config, extra=extra, resume=resume_from, stop_after=stop_after,
                            progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"), world=world)
         if world is not None:

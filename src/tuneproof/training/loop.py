@@ -186,8 +186,8 @@ def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable, chunk
             loss = chunked_token_loss_sum(model, batch["input_ids"], batch["attention_mask"], labels)
         return loss, int(backbone_and_head(model)[1].weight.shape[0])
     with autocast():
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    if labels.dim() == 1:  # sequence classification: one target per example
+        out = model(**{k: v for k, v in batch.items() if k != "labels"})  # input_ids + attention_mask, or pixel_values
+    if labels.dim() == 1:  # sequence or image classification: one target per example
         return F.cross_entropy(out.logits.float(), labels, reduction="sum"), int(out.logits.shape[-1])
     return token_loss_sum(out.logits, labels), int(out.logits.shape[-1])
 
@@ -392,7 +392,7 @@ def train(
                         # x world size: DDP/FSDP average gradients over ranks, the global window already counts them all
                         (loss_sum * ws / window).backward()
                     total += loss_sum.item()
-                    step_tokens += int(b["attention_mask"].sum())
+                    step_tokens += int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["labels"].numel())
                 step_examples = sum(len(idx) for idx in window_idx)
                 if world is not None:
                     total, step_tokens_f, step_examples_f = world.sum(total, step_tokens, step_examples)

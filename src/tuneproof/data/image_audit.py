@@ -1,0 +1,142 @@
+"""Data-check audits of an image-classification study (PROTOCOL.md step 3: "for images, check the
+sizes and the transforms applied to each category"):
+
+- form per class: width / height / aspect ratio / PIL mode / file format distributions, before and
+  after the study's transform (:func:`tuneproof.data.images.audit_images` and its flag rules);
+- duplicates across splits: exact (same sha256 of the file bytes) and near (perceptual hash,
+  ``imagehash.phash``, Hamming distance <= :data:`NEAR_DISTANCE` of 64 bits);
+- shortcuts: whether the image *form* alone (width, height, aspect ratio, mode, file size,
+  format) predicts the class far above chance, with a depth-2 decision tree, cross-validated
+  (scikit-learn). Shortcut learning: Geirhos et al. 2020, Nature Machine Intelligence 2, 665-673.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+from tuneproof.data.examples import Example
+
+NEAR_DISTANCE = 4  # of 64 pHash bits; ImageHash's README treats small distances (< ~5) as the same picture
+SHORTCUT_MARGIN = 0.25  # cross-validated accuracy of the form-only tree minus the majority-class rate
+FORM_FEATURES = ("width", "height", "aspect_ratio", "mode", "file_bytes", "format")
+
+
+def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_DISTANCE) -> dict[str, Any]:
+    """Exact and near duplicate images across every pair of splits.
+
+    Returns:
+        ``{"pairs": {"train/test": {"exact": [[id_a, id_b]], "near": [[id_a, id_b, distance]]}},
+        "rule", "n_exact", "n_near", "summary": one line}``; near pairs exclude exact ones.
+    """
+    import imagehash  # noqa: PLC0415
+
+    from tuneproof.data.image_sources import open_image  # noqa: PLC0415
+
+    hashes: dict[str, list[tuple[str, str, Any]]] = {}
+    for name, items in splits.items():
+        hashes[name] = [(e.id, e.meta.get("image_sha256", ""), imagehash.phash(open_image(e.meta["image"]).convert("RGB")))
+                        for e in items if e.meta.get("image")]
+    pairs: dict[str, dict[str, list]] = {}
+    n_exact = n_near = 0
+    for a, b in combinations(sorted(hashes), 2):
+        by_sha = {}
+        for id_b, sha_b, _ in hashes[b]:
+            by_sha.setdefault(sha_b, []).append(id_b)
+        exact = [[id_a, id_b] for id_a, sha_a, _ in hashes[a] for id_b in by_sha.get(sha_a, [])]
+        exact_set = {tuple(p) for p in exact}
+        near = []
+        for id_a, _, ha in hashes[a]:
+            for id_b, _, hb in hashes[b]:
+                d = ha - hb
+                if d <= max_distance and (id_a, id_b) not in exact_set:
+                    near.append([id_a, id_b, int(d)])
+        pairs[f"{a}/{b}"] = {"exact": exact, "near": near}
+        n_exact += len(exact)
+        n_near += len(near)
+    summary = (f"image duplicates across splits: {n_exact} exact, {n_near} near" if n_exact or n_near
+               else f"image duplicates: none across {'/'.join(sorted(hashes))}")
+    return {"pairs": pairs, "n_exact": n_exact, "n_near": n_near, "summary": summary,
+            "rule": f"exact: same sha256 of the file; near: pHash (imagehash) Hamming distance <= {max_distance} of 64 bits"}
+
+
+def _form_matrix(items: list[Example]) -> tuple[np.ndarray, list[str]]:
+    modes = sorted({e.meta.get("mode", "") for e in items})
+    formats = sorted({e.meta.get("format", "") for e in items})
+    rows = []
+    for e in items:
+        m = e.meta
+        w, h = float(m.get("width", 0)), float(m.get("height", 0))
+        rows.append([w, h, w / h if h else 0.0, float(modes.index(m.get("mode", ""))), float(m.get("bytes", 0)),
+                     float(formats.index(m.get("format", "")))])
+    return np.asarray(rows, dtype=np.float64), [e.label for e in items]
+
+
+def shortcut_check(items: list[Example], margin: float = SHORTCUT_MARGIN, seed: int = 0) -> dict[str, Any]:
+    """Does the image form alone predict the class? A depth-2 decision tree on
+    :data:`FORM_FEATURES`, ``StratifiedKFold`` cross-validation (up to 5 folds), compared with the
+    majority-class rate; each feature is also tried alone to name the one that carries it.
+
+    Returns:
+        ``{"cv_accuracy", "chance", "margin", "flag" (bool), "feature" (the best single feature),
+        "per_feature": {feature: cv accuracy}, "folds", "message"}``; ``flag`` is None (not
+        measurable) with fewer than 2 classes or fewer than 2 images in the smallest class.
+    """
+    from sklearn.model_selection import StratifiedKFold, cross_val_score  # noqa: PLC0415
+    from sklearn.tree import DecisionTreeClassifier  # noqa: PLC0415
+
+    x, y = _form_matrix(items)
+    counts = Counter(y)
+    if len(counts) < 2 or min(counts.values()) < 2:
+        return {"flag": None, "message": "shortcut check: not measurable (needs 2 classes with 2 images each)"}
+    folds = min(5, min(counts.values()))
+    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+
+    def acc(cols: list[int]) -> float:
+        tree = DecisionTreeClassifier(max_depth=2, random_state=seed)
+        return float(cross_val_score(tree, x[:, cols], y, cv=cv).mean())
+
+    overall = acc(list(range(x.shape[1])))
+    per_feature = {name: round(acc([i]), 4) for i, name in enumerate(FORM_FEATURES)}
+    chance = max(counts.values()) / len(y)
+    feature = max(per_feature, key=lambda k: per_feature[k])
+    flag = overall - chance >= margin
+    message = (f"shortcut: image {feature} alone predicts the class (form-only tree {overall:.2f} vs chance {chance:.2f}, "
+               f"{folds}-fold CV); the model may learn the {feature} instead of the content" if flag else
+               f"shortcut check: none (form-only tree {overall:.2f} vs chance {chance:.2f}, {folds}-fold CV)")
+    return {"cv_accuracy": round(overall, 4), "chance": round(chance, 4), "margin": margin, "flag": flag, "feature": feature,
+            "per_feature": per_feature, "folds": folds, "message": message}
+
+
+def audit_image_study(splits: dict[str, list[Example]], pipeline=None) -> dict[str, Any]:
+    """Everything the data check reports for an image study: per-split form audit (with the
+    pipeline's transform), duplicates across splits, and the shortcut check on the train split.
+
+    Returns ``{"form": {split: audit_images result}, "duplicates", "shortcut", "warnings",
+    "hard_faults"}`` (one-line strings)."""
+    from tuneproof.data.images import audit_images  # noqa: PLC0415
+
+    form: dict[str, Any] = {}
+    warnings: list[str] = []
+    hard: list[str] = []
+    for name, items in sorted(splits.items()):
+        if not items:
+            continue
+        transform = None
+        if pipeline is not None:
+            def transform(im, _p=pipeline):
+                return _p.processor(images=im.convert(_p.transforms.mode), return_tensors="np", **_p.kwargs)["pixel_values"][0]
+        rep = audit_images([(e.meta["image"], e.label) for e in items if e.meta.get("image")], transform)
+        form[name] = rep
+        warnings += [f"{name}: {w}" for w in rep["warnings"]]
+        hard += [f"{name}: {h}" for h in rep["hard_faults"]]
+    dups = image_duplicates(splits)
+    if dups["n_exact"] or dups["n_near"]:
+        warnings.append(dups["summary"])
+    shortcut = shortcut_check(splits.get("train", []))
+    if shortcut.get("flag"):
+        warnings.append(shortcut["message"])
+    return {"form": form, "duplicates": dups, "shortcut": shortcut, "warnings": warnings, "hard_faults": hard}

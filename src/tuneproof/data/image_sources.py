@@ -1,0 +1,164 @@
+"""Image sources: a folder per class (optionally under split folders) or a CSV/JSONL of
+``path,label``, read into :class:`~tuneproof.data.examples.Example` items.
+
+Layouts (``data.sources[].format``):
+
+- ``imagefolder``: ``root/<class>/<image>`` or ``root/<split>/<class>/<image>`` (split folders
+  named ``train``, ``validation``/``val``/``dev``, ``test``); files ending ``.png``, ``.jpg``,
+  ``.jpeg``, ``.bmp``, ``.gif``, ``.webp``, ``.tif(f)``.
+- ``image-csv`` / ``image-jsonl``: one row per image, ``data.fields.image`` (default ``path``)
+  and ``data.fields.label`` (default ``label``); relative image paths are resolved from the
+  file's folder.
+
+Every image is decoded once here (Pillow, EXIF orientation applied): an unreadable or truncated
+file is *named and counted*, not fatal — it is left out and listed in the returned notes (the data
+check shows them). An example's ``text`` is the image path relative to the source root (what
+the screen and ``outputs.jsonl`` show); ``meta`` holds the absolute path, the sha256 of the file
+bytes (part of the data fingerprint), its size, PIL mode and format.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from tuneproof.data.examples import Example
+from tuneproof.errors import TuneproofError
+from tuneproof.io import read_text
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation", "test": "test"}
+IMAGE_FORMATS = ("imagefolder", "image-csv", "image-jsonl")
+
+
+def open_image(path: str | Path) -> Image.Image:
+    """Decode ``path`` fully, apply its EXIF orientation (``ImageOps.exif_transpose``), return it.
+
+    Raises:
+        TuneproofError: missing file, not an image, or a truncated / damaged file (names it).
+    """
+    path = Path(path)
+    try:
+        with Image.open(path) as im:
+            im.load()  # decode now: a truncated file fails here, not inside the training loop
+            out = ImageOps.exif_transpose(im)
+            out.load()
+            out.format = im.format  # exif_transpose returns a copy without the format
+            return out
+    except FileNotFoundError:
+        raise TuneproofError(f"{path}: image not found") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise TuneproofError(f"{path}: not a readable image ({type(err).__name__}: {str(err)[:160]})") from None
+
+
+def _describe(path: Path, root: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    im = open_image(path)
+    return {"image": str(path.resolve()), "image_sha256": hashlib.sha256(data).hexdigest(), "width": im.width,
+            "height": im.height, "mode": im.mode, "format": im.format or path.suffix.lstrip(".").upper(),
+            "bytes": len(data), "relpath": str(path.relative_to(root)) if path.is_relative_to(root) else str(path)}
+
+
+def _example(path: Path, root: Path, label: str, split: str | None, where: str) -> Example:
+    meta = _describe(path, root)
+    return Example(id=meta["relpath"], text=meta["relpath"], label=label, target=label, source=where, split=split, meta=meta)
+
+
+def _class_folders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def load_imagefolder(root: Path, split: str | None) -> tuple[list[Example], list[str]]:
+    """Examples of ``root/[<split>/]<class>/<image>``; returns ``(examples, notes)``.
+
+    Raises:
+        TuneproofError: root missing, no class folder, or a class folder without images.
+    """
+    if not root.is_dir():
+        raise TuneproofError(f"{root}: image folder not found", hint="check data.sources[].path (a folder with one sub-folder per class)")
+    subdirs = _class_folders(root)
+    if not subdirs:
+        raise TuneproofError(f"{root}: no class sub-folders (expected {root}/<class>/<image>.png)")
+    if split is None and all(d.name.lower() in SPLIT_FOLDERS for d in subdirs):
+        groups = [(SPLIT_FOLDERS[d.name.lower()], d) for d in subdirs]  # root/<split>/<class>/...
+    else:
+        groups = [(split, root)]
+    examples: list[Example] = []
+    notes: list[str] = []
+    for split_name, folder in groups:
+        classes = _class_folders(folder)
+        if not classes:
+            raise TuneproofError(f"{folder}: no class sub-folders (expected {folder}/<class>/<image>.png)")
+        for cls in classes:
+            files = sorted(p for p in cls.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not files:
+                raise TuneproofError(f"{cls}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})",
+                                     hint="add its images or remove the folder")
+            for f in files:
+                try:
+                    examples.append(_example(f, root, cls.name, split_name, str(f)))
+                except TuneproofError as err:
+                    notes.append(f"skipped unreadable image {err}")
+    return examples, notes
+
+
+def load_image_table(path: Path, fmt: str, image_key: str, label_key: str, split: str | None) -> tuple[list[Example], list[str]]:
+    """Examples of a CSV (header row) or JSONL file naming one image and its label per row.
+
+    Raises:
+        TuneproofError: missing file, a missing column/key, an empty cell, or an image file that
+            does not exist (names ``file:line`` and the image path).
+    """
+    text, _ = read_text(path)
+    rows: list[tuple[int, dict]] = []
+    if fmt == "image-csv":
+        reader = csv.DictReader(io.StringIO(text))
+        if not reader.fieldnames or image_key not in reader.fieldnames or label_key not in reader.fieldnames:
+            raise TuneproofError(f"{path}:1: the header must name the columns '{image_key}' and '{label_key}' (got {reader.fieldnames})",
+                                 hint="set data.fields.image / data.fields.label to the column names")
+        rows = [(reader.line_num, row) for row in reader]
+    else:
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TuneproofError(f"{path}:{i}: not JSON ({err.msg}, column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise TuneproofError(f"{path}:{i}: expected a JSON object per line")
+            rows.append((i, row))
+    if not rows:
+        raise TuneproofError(f"{path}: no rows", hint="the file is empty or holds only a header")
+    examples: list[Example] = []
+    notes: list[str] = []
+    for line, row in rows:
+        image, label = str(row.get(image_key) or "").strip(), row.get(label_key)
+        label = "" if label is None else str(label).strip()
+        if not image or not label:
+            raise TuneproofError(f"{path}:{line}: empty '{image_key}' or '{label_key}'")
+        image_path = Path(image) if Path(image).is_absolute() else path.parent / image
+        if not image_path.is_file():
+            raise TuneproofError(f"{path}:{line}: image not found: {image_path}", hint="fix the path or remove the row")
+        try:
+            examples.append(_example(image_path, path.parent, label, split, f"{path}:{line}"))
+        except TuneproofError as err:
+            notes.append(f"skipped unreadable image {err} ({path}:{line})")
+    return examples, notes
+
+
+def load_image_source(src, fields, path: Path) -> tuple[list[Example], list[str]]:
+    """Dispatch on ``src.format`` (one of :data:`IMAGE_FORMATS`); ``path`` is already resolved."""
+    if src.format == "imagefolder":
+        return load_imagefolder(path, src.split)
+    image_key = getattr(fields, "image", None) or "path"
+    label_key = fields.label or "label"
+    if not path.is_file():
+        raise TuneproofError(f"{path}: file not found", hint="check data.sources[].path")
+    return load_image_table(path, src.format, image_key, label_key, src.split)

@@ -257,7 +257,7 @@ def load_image_processor(ref: BaseModelRef):
     if not (Path(ref.path) / "preprocessor_config.json").is_file():
         raise TuneproofError(f"{ref.path}: no preprocessor_config.json (the image processor of this model)",
                              hint="save the model's AutoImageProcessor next to its weights (processor.save_pretrained(DIR))")
-    return AutoImageProcessor.from_pretrained(ref.path)
+    return AutoImageProcessor.from_pretrained(ref.path, trust_remote_code=ref.trust_remote_code)
 
 
 def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
@@ -296,7 +296,7 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None):
         # a new head for the study's labels (the base's own head, if any, has other classes)
         return AutoModelForImageClassification.from_pretrained(
             ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
-            ignore_mismatched_sizes=True, dtype=dtype)
+            ignore_mismatched_sizes=True, dtype=dtype, trust_remote_code=ref.trust_remote_code)
     if kind == "sequence-classification":
         if not labels:
             raise TuneproofError("sequence classification needs labels (data.fields.label)")

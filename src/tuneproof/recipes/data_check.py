@@ -44,8 +44,12 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     s = ctx.study
     splits = ctx.all_splits
     d = s.data.dedup
-    dedup = find_duplicates(splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm)
-    audit = get_task(ctx.task).audit(splits, task_config(ctx))  # the task kind's own audit (labels, targets, label sets)
+    # text duplicates (an image study's are found by the image audit, on the pixels, not the paths)
+    dedup = find_duplicates({n: [] for n in splits} if ctx.is_image else splits, threshold=d.threshold, shingles=d.shingles,
+                            ngram=d.ngram, num_perm=d.num_perm)
+    kind = get_task(ctx.task)
+    # the task kind's own audit (labels, targets, label sets; images: form, duplicates, shortcuts)
+    audit = kind.audit(splits, task_config(ctx), ctx.pipeline) if ctx.is_image else kind.audit(splits, task_config(ctx))
     encoded = {name: ctx.pipeline.encode_all(items) for name, items in splits.items() if name != s.data.test_split}
     faults = [{"id": e.id, "split": name, "prompt_tokens": e.prompt_tokens, "answer_tokens": e.answer_tokens, "fault": f,
                **({"prefix_diff": e.prefix_diff} if e.prefix_diff and "inference prompt" in f else {})}
@@ -68,7 +72,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "sizes": {n: len(v) for n, v in splits.items()}, "repairs": ctx.repairs,
         "dropped_by_dedup": getattr(ctx, "dedup_dropped", []),
         "dedup": dedup.to_dict(), "labels": audit.get("labels"), "targets": audit.get("targets"),
-        "label_sets": audit.get("label_sets"), "encoding_faults": faults,
+        "label_sets": audit.get("label_sets"), "images": audit.get("images"), "encoding_faults": faults,
         "lengths": lengths, "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
         "small_classes": checks["small_classes"], "cut_answers": checks["cut_answers"], "optional_absent": checks["optional_absent"],
         "checks": checks["lines"], "hard_faults": hard, "warnings": warnings, "passed": not hard,

@@ -14,9 +14,10 @@ from tuneproof.tasks.base import ExampleRule, Task, TaskConfig
 from tuneproof.tasks.classification import TASK as CLASSIFICATION
 from tuneproof.tasks.extraction import TASK as EXTRACTION
 from tuneproof.tasks.format import TASK as FORMAT
+from tuneproof.tasks.image_classification import TASK as IMAGE_CLASSIFICATION
 from tuneproof.tasks.multilabel import TASK as MULTI_LABEL
 
-TASKS: dict[str, Task] = {t.name: t for t in (CLASSIFICATION, MULTI_LABEL, EXTRACTION, FORMAT)}
+TASKS: dict[str, Task] = {t.name: t for t in (CLASSIFICATION, MULTI_LABEL, EXTRACTION, FORMAT, IMAGE_CLASSIFICATION)}
 
 __all__ = ["TASKS", "ExampleRule", "Task", "TaskConfig", "get_task", "task_config"]
 

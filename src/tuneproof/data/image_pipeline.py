@@ -122,9 +122,11 @@ class ImagePipeline:
 
 
 def collate_images(batch: list[ImageEncoded]) -> dict[str, torch.Tensor]:
-    """``pixel_values [B, C, H, W]`` and ``labels [B]`` (class indices)."""
+    """``pixel_values [B, C, H, W]`` and, when every image has a class, ``labels [B]`` (class indices)."""
     shapes = {tuple(e.pixel_values.shape) for e in batch}
     if len(shapes) > 1:
         raise TuneproofError(f"images of several shapes in one batch ({sorted(shapes)})", hint="set data.image.resize")
-    return {"pixel_values": torch.stack([e.pixel_values for e in batch]),
-            "labels": torch.tensor([e.class_index for e in batch], dtype=torch.long)}
+    out = {"pixel_values": torch.stack([e.pixel_values for e in batch])}
+    if all(e.class_index is not None for e in batch):  # unlabelled images (verify, predict): pixels only
+        out["labels"] = torch.tensor([e.class_index for e in batch], dtype=torch.long)
+    return out

@@ -71,9 +71,12 @@ def _ref(path: Path, manifest: dict[str, Any]):
 
 
 def load_tokenizer_at(path: Path, manifest: dict[str, Any]):
-    """The tokenizer of the model folder ``path``, prepared exactly as training prepared it."""
-    from tuneproof.models.base import load_tokenizer  # noqa: PLC0415
+    """The tokenizer of the model folder ``path``, prepared exactly as training prepared it (an
+    image classifier: its image processor)."""
+    from tuneproof.models.base import load_image_processor, load_tokenizer  # noqa: PLC0415
 
+    if manifest["procedure"]["model_kind"] == "image-classification":
+        return load_image_processor(_ref(path, manifest))
     return load_tokenizer(_ref(path, manifest))
 
 
@@ -87,7 +90,7 @@ def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, w
     from tuneproof.models.base import load_model  # noqa: PLC0415
 
     proc = manifest["procedure"]
-    labels = manifest.get("labels") if proc["model_kind"] == "sequence-classification" else None
+    labels = manifest.get("labels") if proc["model_kind"] in ("sequence-classification", "image-classification") else None
     if which == "merged":
         model = load_model(_ref(bundle / "merged", manifest), proc["model_kind"], labels=labels)
     elif manifest["payload"] == "model":
@@ -111,7 +114,7 @@ class _StoredPrompts:
         return self.prompts[text]
 
 
-def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[str, Any]) -> list[dict[str, Any]]:
+def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[str, Any], root: Path | None = None) -> list[dict[str, Any]]:
     """Predict the stored examples by the stored procedure (fp32, greedy, one batch of K, on
     ``procedure["device"]``: ``cpu`` or ``cuda``, TF32 off).
 
@@ -129,6 +132,10 @@ def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     out: list[dict[str, Any]] = []
+    if procedure["model_kind"] == "image-classification":  # ``root``: the bundle holding verify/images/
+        from tuneproof.deliver.image_bundle import reproduce_images  # noqa: PLC0415
+
+        return reproduce_images(model, tokenizer, examples, procedure, Path(root))
     with torch.inference_mode():
         if procedure["model_kind"] == "sequence-classification":
             enc = tokenizer([e["input"] for e in examples], padding=True, truncation=True, max_length=procedure["max_length"],
@@ -271,8 +278,15 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
 
     from tuneproof.deliver.identity import vocab_sha256  # noqa: PLC0415
 
-    problems = compare_tokenizer(man["tokenizer"], {**tokenizer_identity(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)})
-    if not _check(report, "tokenizer", not problems,
+    if man["procedure"]["model_kind"] == "image-classification":
+        from tuneproof.deliver.image_bundle import compare_processor, processor_identity  # noqa: PLC0415
+
+        problems = compare_processor(man["tokenizer"], processor_identity(tokenizer, man["procedure"]))
+        ok = _check(report, "image processor", not problems, f"{man['tokenizer'].get('class')}, config sha256 "
+                    f"{str(man['tokenizer'].get('config_sha256'))[:16]}" + (" identical" if not problems else " differs"), problems)
+        if not ok:
+            return _done(report, t0)
+    elif not _check(report, "tokenizer", not (problems := compare_tokenizer(man["tokenizer"], {**tokenizer_identity(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)})),
                   f"{man['tokenizer'].get('class')}, vocabulary {man['tokenizer'].get('vocab_size')}, probe hash "
                   f"{str(man['tokenizer'].get('probe_hash'))[:16]}" + (" identical" if not problems else " differs"), problems):
         return _done(report, t0)
@@ -287,7 +301,7 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     mts = man.get("modules_to_save") or {}
     _check(report, "reload", True, how + (f"; modules_to_save from the saved file: {', '.join(mts)}" if mts else ""))
 
-    fresh = reproduce(model, tokenizer, stored, man["procedure"])
+    fresh = reproduce(model, tokenizer, stored, man["procedure"], root=bundle)
     del model
     report["examples"] = [{"id": s["id"], **f} for s, f in zip(stored, fresh)]
     cmp = compare_outputs(stored, fresh, atol=DEVICE_ATOL[dev])
@@ -301,7 +315,7 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
 
     if man.get("merged"):
         merged = load_bundle_model(bundle, man, base_path, which="merged")
-        fresh_m = reproduce(merged, tokenizer, stored, man["procedure"])
+        fresh_m = reproduce(merged, tokenizer, stored, man["procedure"], root=bundle)
         del merged
         report["merged_examples"] = [{"id": s["id"], **f} for s, f in zip(stored, fresh_m)]
         ms = [{"id": s["id"], "prediction": s.get("merged_prediction"), "logits": s.get("merged_logits"),

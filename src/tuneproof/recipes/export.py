@@ -171,7 +171,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
     shutil.copytree(src / payload, tmp / payload)
     base = base_identity(ctx.base, ctx.tokenizer_identity)
     kind = ctx.model_kind
-    labels = ctx.labels if kind == "sequence-classification" else None
+    labels = ctx.head_labels
 
     mts: dict[str, list[str]] = {}
     if payload == "adapter":
@@ -189,14 +189,15 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         if empty:
             raise CheckFailed(f"modules_to_save {empty} have no tensor in {src / 'adapter' / 'adapter_model.safetensors'}",
                               hint="the trained module would be lost on reload; check method.modules_to_save")
-        if kind == "sequence-classification" and not mts:
+        if kind in ("sequence-classification", "image-classification") and not mts:
             raise CheckFailed("the classification head is not in the saved adapter (modules_to_save is empty)",
                               hint="set method.modules_to_save: [classifier] (the head's module name) and train again")
 
-    embeddings = _embeddings(base, tmp, payload)
     from tuneproof.deliver.identity import vocabulary_record  # noqa: PLC0415
 
-    vocabulary = vocabulary_record(base["path"], ctx.tokenizer)  # C6 kind: base size before resizing, added tokens
+    # C6 kind: base size before resizing, added tokens (an image classifier has no vocabulary)
+    embeddings = None if ctx.is_image else _embeddings(base, tmp, payload)
+    vocabulary = None if ctx.is_image else vocabulary_record(base["path"], ctx.tokenizer)
 
     # evidence: eval, comparison, limits
     ev = _eval_of(ctx, rec.id)
@@ -234,19 +235,25 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         rows = [{"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "eval_prediction": None}
                 for e in ctx.eval_examples()]
         chosen = pick_examples(rows, k)
-    if kind != "sequence-classification":
+    if ctx.is_image:  # the images themselves travel with the bundle
+        from tuneproof.deliver.image_bundle import copy_images  # noqa: PLC0415
+
+        copy_images(chosen, {e.id: e for e in ctx.all_splits[ctx.study.eval.split]}, tmp)
+    elif kind != "sequence-classification":
         for c in chosen:
             c["prompt"] = ctx.pipeline.prompt_text(c["input"])
     procedure = {"model_kind": kind, "task": ctx.task, "labels": labels, "max_length": ctx.study.training.max_length,
                  "max_new_tokens": ctx.study.eval.max_new_tokens, "decoding": "greedy", "device": device, "dtype": "fp32", "k": len(chosen),
                  "tolerance": f"predictions identical; logits within {DEVICE_ATOL[device]} (see tuneproof.deliver.verify)"}
+    if ctx.is_image:
+        procedure["image_transforms"] = ctx.study.data.image.model_dump(mode="json")
     man: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": BUNDLE_KIND, "created": time.time(), "run": rec.id,
                            "export_run": export_run, "payload": payload, "merged": bool(merge), "procedure": procedure,
                            "base_model": base, "tokenizer": base["tokenizer"], "labels": labels}
     t0 = time.perf_counter()
     model = load_bundle_model(tmp, man, Path(base["path"]))
     tok = load_tokenizer_at(Path(base["path"]) if payload == "adapter" else tmp / "model", man)
-    ref = reproduce(model, tok, chosen, procedure)
+    ref = reproduce(model, tok, chosen, procedure, root=tmp)
     for c, r in zip(chosen, ref):
         c.update(r)
     agree = sum(1 for c in chosen if c.get("eval_prediction") is not None and c["eval_prediction"] == c["prediction"])
@@ -256,7 +263,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         merged.save_pretrained(tmp / "merged", safe_serialization=True)
         tok.save_pretrained(tmp / "merged")
         del merged, model
-        mref = reproduce(load_bundle_model(tmp, man, Path(base["path"]), which="merged"), tok, chosen, procedure)
+        mref = reproduce(load_bundle_model(tmp, man, Path(base["path"]), which="merged"), tok, chosen, procedure, root=tmp)
         diff = 0.0
         for c, r in zip(chosen, mref):
             c["merged_prediction"] = r["prediction"]

@@ -53,7 +53,8 @@ def build_model(ctx: StudyContext):
     model, report = apply_method(model, ctx.study.method, ctx.model_kind)
     from tuneproof.deliver.identity import vocabulary_record  # noqa: PLC0415
 
-    report["vocabulary"] = vocabulary_record(ctx.base.path, ctx.tokenizer)  # base rows before resizing, added tokens (C6 kind)
+    if not ctx.is_image:  # an image processor has no vocabulary
+        report["vocabulary"] = vocabulary_record(ctx.base.path, ctx.tokenizer)  # base rows before resizing, added tokens (C6 kind)
     return model.to(device), report
 
 

@@ -138,3 +138,19 @@ def test_shortcut_check_names_the_feature_that_predicts_the_class(tmp_path):
     assert rep["feature"] == "width" and "shortcut: image width alone predicts the class" in rep["message"]
     fair = shortcut_check([e for e in load_imagefolder(write_digits(tmp_path / "d", splits=("train",)), None)[0]])
     assert fair["flag"] is False and fair["message"].startswith("shortcut check: none")
+
+
+def test_inspect_shows_per_class_the_original_and_the_model_tensor(tmp_path, tiny_vit, capsys):
+    from tuneproof.recipes.inspect import run_inspect
+
+    ctx = _ctx(make_image_study(tmp_path / "s", tiny_vit))
+    run_inspect(ctx, n=1)
+    out = capsys.readouterr().out
+    assert out.count("the head is trained on this index") == 3  # one per class
+    import re
+
+    assert re.search(r"train/7/\d{3}\.png  class 2 = '7' \(of 3\)", out)
+    assert "original 8x8 L PNG" in out and "model input pixel_values [3, 16, 16] float32, range [-1.000" in out
+    page = run_inspect(ctx, n=2, html_path=tmp_path / "inspect.html").read_text()
+    assert page.count("<img alt='original'") == 6 and page.count("<img alt='model input'") == 6
+    assert "<script" not in page

@@ -20,6 +20,8 @@ from tuneproof.ui import console
 def run_inspect(ctx: StudyContext, n: int = 3, split: str = "train", html_path: Path | None = None) -> Path | None:
     """Show ``n`` examples per category of ``split``; write HTML to ``html_path`` when given."""
     examples = ctx.split(split)
+    if ctx.is_image:
+        return _inspect_images(ctx, examples, n, split, html_path)
     encoded = ctx.pipeline.encode_all(examples)
     classes = ctx.pipeline.labels
     chosen = choose_examples(examples, encoded, n, seed=ctx.study.data.split.seed)
@@ -32,5 +34,24 @@ def run_inspect(ctx: StudyContext, n: int = 3, split: str = "train", html_path: 
     console.print()
     for i in chosen:
         console.print(render_rich(encoded[i], ctx.tokenizer, classes), soft_wrap=True)
+        console.print()
+    return None
+
+
+def _inspect_images(ctx: StudyContext, examples, n: int, split: str, html_path: Path | None) -> Path | None:
+    """Per class: the original image and the tensor the model receives (train split: with the train-time flip)."""
+    from tuneproof.data import image_inspect  # noqa: PLC0415
+
+    encoded = ctx.pipeline.encode_all(examples, train=split == "train")
+    chosen = choose_examples(examples, encoded, n, seed=ctx.study.data.split.seed)
+    classes = ctx.pipeline.labels
+    if html_path is not None:
+        items = [(examples[i], encoded[i], ctx.pipeline.image(examples[i], train=split == "train")[0]) for i in chosen]
+        atomic_write_text(html_path, image_inspect.render_html(items, f"{ctx.study.name}: {split} after preprocessing", classes))
+        console.print(f"wrote {html_path}")
+        return html_path
+    for i in chosen:
+        for line in image_inspect.describe(examples[i], encoded[i], classes):
+            console.print(line, markup=False, soft_wrap=True)
         console.print()
     return None

@@ -32,6 +32,8 @@ MR = ["inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing, s
 # name -> (task, refs, the same answers rewritten in another order, config, success metric, categories)
 CASES = {
     "classification": ("classification", ["a", "b", "c", "a", "b", "a"], None, TaskConfig.make(labels=["a", "b", "c"]), "macro_f1", None),
+    "image-classification": ("image-classification", ["cat", "dog", "cat", "bird", "dog", "cat"], None,
+                             TaskConfig.make(labels=["bird", "cat", "dog"]), "macro_f1", None),
     "multi-label": ("multi-label", ['["a", "b"]', '["c"]', '["a"]', '["b", "c"]', "[]", '["a", "c"]'],
                     ['["b", "a"]', '["c", "c"]', '["a"]', '["c", "b"]', "[]", '["c", "a"]'], TaskConfig.make(), "micro_f1", None),
     "extraction": ("extraction", [_x(["a", "b"]), _x("c", city="Paris"), _x("a", city="Rome", when="today"), _x("b", artist=["x", "y"])],
@@ -143,7 +145,7 @@ def test_audit_passes_good_data_and_names_a_bad_target(case):
     good = _examples(task, refs)
     rep = kind.audit({"train": good, "validation": good}, cfg)
     assert rep["hard_faults"] == []
-    if task == "classification":
+    if task in ("classification", "image-classification"):
         return  # a label is its own target
     bad = _examples(task, refs[:-1] + ["{{not valid"])
     rep = kind.audit({"train": good, "validation": bad}, cfg)

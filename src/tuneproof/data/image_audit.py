@@ -123,13 +123,14 @@ def audit_image_study(splits: dict[str, list[Example]], pipeline=None) -> dict[s
     warnings: list[str] = []
     hard: list[str] = []
     for name, items in sorted(splits.items()):
+        items = [e for e in items if e.meta.get("image")]
         if not items:
             continue
         transform = None
         if pipeline is not None:
             def transform(im, _p=pipeline):
                 return _p.processor(images=im.convert(_p.transforms.mode), return_tensors="np", **_p.kwargs)["pixel_values"][0]
-        rep = audit_images([(e.meta["image"], e.label) for e in items if e.meta.get("image")], transform)
+        rep = audit_images([(e.meta["image"], e.label) for e in items], transform)
         form[name] = rep
         warnings += [f"{name}: {w}" for w in rep["warnings"]]
         hard += [f"{name}: {h}" for h in rep["hard_faults"]]

@@ -93,3 +93,23 @@ def test_init_writes_the_image_template_that_validates(tmp_path):
     study = load_study(path)
     assert study.hypothesis.task == "image-classification" and study.model.kind == "image-classification"
     assert study.method.modules_to_save == ["classifier"] and study.data.sources[0].format == "imagefolder"
+
+
+def test_preflight_runs_the_image_checks_and_passes(tmp_path, tiny_vit, capsys):
+    study = make_image_study(tmp_path / "s", tiny_vit)
+    for args in (["data", "check"], ["baseline"]):
+        assert _cli(args, study, capsys)[0] == 0
+    code, out = _cli(["preflight"], study, capsys)
+    assert code == 0, out
+    from tuneproof.io import read_json
+
+    rep = read_json(study / "runs" / "r0003" / "preflight.json")
+    status = {c["name"]: c["passed"] for c in rep["checks"]}
+    for name in ("training data", "target modules", "update check", "step memory", "eval memory", "gradient accumulation",
+                 "activation checkpointing", "eval batch size"):
+        assert status[name] is True, name
+    assert status["smoke pass"] is None and status["embedding size"] is None  # skipped, with the reason, not passed
+    update = next(c for c in rep["checks"] if c["name"] == "update check")
+    assert update["numbers"]["trainable_changed"] == update["numbers"]["trainable_tensors"] == 10
+    train = _cli(["train"], study, capsys)  # the passed preflight lets train start without an override
+    assert train[0] == 0, train[1]

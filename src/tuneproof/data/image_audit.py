@@ -5,8 +5,9 @@ sizes and the transforms applied to each category"):
   after the study's transform (:func:`tuneproof.data.images.audit_images` and its flag rules);
 - duplicates across splits: exact (same sha256 of the file bytes) and near (perceptual hash,
   ``imagehash.phash``, Hamming distance <= :data:`NEAR_DISTANCE` of 64 bits);
-- shortcuts: whether the image *form* alone (width, height, aspect ratio, mode, file size,
-  format) predicts the class far above chance, with a depth-2 decision tree, cross-validated
+- shortcuts: whether the image *form* alone (width, height, aspect ratio, mode, format; not the
+  file size, which follows the content) predicts the class far above chance, with a depth-2
+  decision tree, cross-validated
   (scikit-learn). Shortcut learning: Geirhos et al. 2020, Nature Machine Intelligence 2, 665-673.
 """
 
@@ -22,7 +23,7 @@ from tuneproof.data.examples import Example
 
 NEAR_DISTANCE = 4  # of 64 pHash bits; ImageHash's README treats small distances (< ~5) as the same picture
 SHORTCUT_MARGIN = 0.25  # cross-validated accuracy of the form-only tree minus the majority-class rate
-FORM_FEATURES = ("width", "height", "aspect_ratio", "mode", "file_bytes", "format")
+FORM_FEATURES = ("width", "height", "aspect_ratio", "mode", "format")  # not the file size: PNG/JPEG bytes follow the content
 
 
 def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_DISTANCE) -> dict[str, Any]:
@@ -70,8 +71,7 @@ def _form_matrix(items: list[Example]) -> tuple[np.ndarray, list[str]]:
     for e in items:
         m = e.meta
         w, h = float(m.get("width", 0)), float(m.get("height", 0))
-        rows.append([w, h, w / h if h else 0.0, float(modes.index(m.get("mode", ""))), float(m.get("bytes", 0)),
-                     float(formats.index(m.get("format", "")))])
+        rows.append([w, h, w / h if h else 0.0, float(modes.index(m.get("mode", ""))), float(formats.index(m.get("format", "")))])
     return np.asarray(rows, dtype=np.float64), [e.label for e in items]
 
 

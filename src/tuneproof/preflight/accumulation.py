@@ -44,6 +44,9 @@ def concat_micro_batches(micro_batches: list[dict]) -> dict:
     Returns:
         ``{key: tensor [sum B_i, max T_i]}``.
     """
+    if "input_ids" not in micro_batches[0]:  # images (pixel_values [B, C, H, W], labels [B]): same shapes, stacked
+        keys = [k for k, v in micro_batches[0].items() if isinstance(v, torch.Tensor)]
+        return {k: torch.cat([mb[k] for mb in micro_batches], dim=0) for k in keys}
     width = max(int(mb["input_ids"].shape[1]) for mb in micro_batches)
     keys = [k for k, v in micro_batches[0].items() if isinstance(v, torch.Tensor)]
     if "attention_mask" not in keys:

@@ -141,11 +141,14 @@ def _print(rep: dict[str, Any]) -> None:
                   ", ".join(f"{k} {v}" for k, v in rep["sizes"].items()))
     for r in rep["repairs"]:
         console.print(f"[yellow]repaired[/] {r}")
-    rows = [[k, fmt(v.get("p50"), 0), fmt(v.get("p95"), 0), v.get("max"), fmt(v.get("truncated_share"))]
-            for k, v in rep["lengths"]["splits"].items()]
-    console.print(table(f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
-                        ["split", "p50", "p95", "max", "truncated share"], rows))
-    for c in target_lines(rep) + rep.get("checks", []):
+    if rep.get("images"):
+        _print_images(rep["images"])
+    else:
+        rows = [[k, fmt(v.get("p50"), 0), fmt(v.get("p95"), 0), v.get("max"), fmt(v.get("truncated_share"))]
+                for k, v in rep["lengths"]["splits"].items()]
+        console.print(table(f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
+                            ["split", "p50", "p95", "max", "truncated share"], rows))
+    for c in target_lines(rep) + [c for c in rep.get("checks", []) if not (rep.get("images") and c.startswith("duplicates"))]:
         console.print("[cyan]check[/] " + escape(c), soft_wrap=True)
     for w in rep["warnings"]:
         console.print(f"[yellow]warning[/] {escape(w)}", soft_wrap=True)
@@ -155,6 +158,20 @@ def _print(rep: dict[str, Any]) -> None:
     for h in rep["hard_faults"][:20]:
         console.print(f"[red]fault[/] {escape(h)}", soft_wrap=True)
     console.print("[green]data check passed[/]" if rep["passed"] else f"[red]data check failed: {len(rep['hard_faults'])} hard faults[/]")
+
+
+def _print_images(images: dict[str, Any]) -> None:
+    """Per split and class: images, median size, modes, and the tensor the model receives; then the
+    duplicates and shortcut lines (each states its result when it finds nothing)."""
+    rows = []
+    for split, form in images["form"].items():
+        for label, c in form["categories"].items():
+            after = (c.get("after_transform") or {}).get("outputs") or {}
+            rows.append([split, label, c["n"], f"{c['width']['median']:g}x{c['height']['median']:g}",
+                         ", ".join(f"{m} {n}" for m, n in c["modes"].items()), ", ".join(after)])
+    console.print(table("images per class (median size, PIL modes, model input)", ["split", "class", "n", "size", "modes", "model input"], rows))
+    console.print("[cyan]check[/] " + escape(images["duplicates"]["summary"]) + f" ({images['duplicates']['rule']})", soft_wrap=True)
+    console.print("[cyan]check[/] " + escape(images["shortcut"]["message"]), soft_wrap=True)
 
 
 def _print_prefix_diff(ex_id: str, d: dict[str, Any]) -> None:

@@ -317,6 +317,15 @@ def check_training_data(ctx: StudyContext, encoded: list) -> dict[str, Any]:
     import numpy as np  # noqa: PLC0415
 
     bad = [e for e in encoded if e.faults]
+    if ctx.is_image:
+        shapes = sorted({tuple(e.pixel_values.shape) for e in encoded})
+        numbers = {"examples": len(encoded), "faulty": len(bad), "tensor_shapes": [list(x) for x in shapes],
+                   "flipped": sum(1 for e in encoded if e.flipped)}
+        passed = bool(encoded) and not bad and len(shapes) == 1
+        return _check("training data", passed, (f"{len(encoded)} train images, model input {list(shapes[0]) if shapes else '-'}"
+                                                f", {numbers['flipped']} mirrored" if passed else f"{len(bad)} faulty images, "
+                                                f"tensor shapes {shapes} (one shape needed: set data.image.resize)"), numbers,
+                      {"faults": [{"id": e.id, "faults": e.faults} for e in bad[:50]]} if bad else None)
     lengths = [len(e.input_ids) for e in encoded]
     max_len = ctx.study.training.max_length
     numbers = {"examples": len(encoded), "faulty": len(bad), "max_length": max_len}
@@ -367,6 +376,8 @@ def _target_checks(ctx: StudyContext, model, report: dict[str, Any] | None, fail
                       {"trainable": summary["trainable"], "total": summary["total"], "percent": round(summary["percent"], 4),
                        "trainable_tensors": len(summary["trainable_tensors"]), "modules_to_save": mts},
                       {**{k: v for k, v in summary.items() if k != "trainable_tensors"}, "trainable_tensors": summary["trainable_tensors"]}))
+    if ctx.is_image:  # no token embeddings to match against a vocabulary
+        return out
     emb = check_embedding_size(model, ctx.tokenizer)
     out.append(_check("embedding size", bool(emb["passed"]), emb["message"],
                       {k: emb[k] for k in ("tokenizer_length", "input_embedding_rows", "output_embedding_rows", "added_tokens")}, emb))
@@ -385,7 +396,7 @@ def check_update_step(model, batch: dict, autocast) -> dict[str, Any]:
     numbers = {"trainable_changed": r["trainable_changed"], "trainable_tensors": r["trainable_tensors"],
                "frozen_unchanged": r["frozen_unchanged"], "frozen_tensors": r["frozen_tensors"], "steps": r["steps"],
                "first_loss": round(r["losses"][0], 6) if r["losses"] else None, "supervised_tokens": r["supervised_tokens"],
-               "micro_batch": int(batch["input_ids"].shape[0])}
+               "micro_batch": int(batch["labels"].shape[0])}
     return _check("update check", bool(r["passed"]), r["message"], numbers, r)
 
 
@@ -992,9 +1003,11 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
         return skip_rest("the model could not be built (target modules)")
     run.write_json("method.json", report)
     _, _, autocast = ctx.torch_setup()
-    pad = ctx.tokenizer.pad_token_id
+    pad = getattr(ctx.tokenizer, "pad_token_id", 0) or 0  # an image processor has no pad token (and needs none)
     probe = _micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
+    if ctx.is_image:
+        return _image_checks(ctx, rep, model, usable, probe, choice, budget, autocast, skip_rest)
     lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
     dtype = choice["dtype"]
     rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast))
@@ -1025,6 +1038,37 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""
         rep.add(_check(name, False, f"error: {type(err).__name__}: {text}", details={"traceback": traceback.format_exc()}))
         skip_rest(f"{name} stopped")
+
+
+def _image_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: dict, choice: dict[str, Any], budget: int,
+                  autocast, skip_rest) -> None:
+    """An image classifier's checks after the update check: step and eval memory on real images,
+    accumulation, precision, activation checkpointing, C22 for a forward pass; the text smoke pass
+    (generation, tokenizer reload) does not apply and is recorded as skipped."""
+    from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
+    from tuneproof.preflight import image_checks  # noqa: PLC0415
+
+    cfg = ctx.study.training
+    device, _, _ = ctx.torch_setup()
+    step_batch = {k: v.to(device) for k, v in collate_images(usable[: cfg.micro_batch_size]).items()}
+    rep.run("step memory", lambda: _check("step memory", **image_checks.check_image_step_memory(model, step_batch, budget, autocast)))
+    evals = ctx.eval_examples()
+    eval_batch = {k: v.to(device) for k, v in collate_images(ctx.pipeline.encode_all(evals[: ctx.study.eval.batch_size])).items()}
+    rep.run("eval memory", lambda: _check("eval memory", **image_checks.check_image_eval_memory(model, eval_batch, budget, autocast)))
+    k = max(2, cfg.gradient_accumulation_steps)
+    size = max(1, min(PROBE_MICRO_BATCH, len(usable) // k))
+    windows = [_micro_batch(usable, size, cfg.seed, i, 0) for i in range(k)]
+    last = _last_window_probe(usable, cfg, size, 0)
+    rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+    rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
+    rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
+    sample = evals[: max(2, min(len(evals), 2 * ctx.study.eval.batch_size))]
+    rep.run("eval batch size", lambda: _check("eval batch size", **image_checks.check_image_eval_batch(
+        model, ctx.pipeline, sample, ctx.labels, ctx.study.eval.batch_size, device, autocast)))
+    rep.skip("embedding size", "an image classifier has no token embeddings")
+    rep.skip("configured combination", "the text combination probe (length x micro-batch) does not apply to fixed-size images")
+    skip_rest("the text smoke pass (tokenizer reload, generation) does not apply; `tuneproof export` reloads and verifies an "
+              "image model in a fresh process")
 
 
 def _write(ctx: StudyContext, run, rep: _Report, snapshot: dict[str, Any], key: str, choice: dict[str, Any], budget: int,

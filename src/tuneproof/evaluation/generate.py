@@ -2,7 +2,10 @@
 
 Generative models: batched greedy (or sampled) generation with left padding, the KV cache and
 ``torch.inference_mode``; prompts are sorted by length so a batch wastes little padding, and the
-outputs are put back in the original order. Encoders: argmax of the classification head.
+outputs are put back in the original order (:func:`length_sorted_batches`; issue 15: the outputs
+equal those of the unsorted batches and of one example at a time, checked in
+``tests/evaluation/test_eval_sorted_batches.py`` and by the preflight's C22 check). Encoders:
+argmax of the classification head, batches sorted the same way.
 """
 
 from __future__ import annotations
@@ -14,24 +17,36 @@ import torch
 from tuneproof.data.examples import Example
 
 
+def length_sorted_batches(lengths: list[int], batch_size: int, sort: bool = True) -> list[list[int]]:
+    """Batches of example positions: ``batch_size`` consecutive positions of the order sorted by
+    length (stable: ties keep the input order), or of the input order with ``sort=False``."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i]) if sort else list(range(len(lengths)))
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def padded_positions(lengths: list[int], batches: list[list[int]]) -> int:
+    """Padding positions when each batch is padded to its longest member."""
+    return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches if b)
+
+
 @torch.inference_mode()
 def generate(model, tokenizer, pipeline, examples: list[Example], eval_cfg, *, device, autocast,
-             progress: Callable[[int], None] | None = None) -> list[str]:
+             progress: Callable[[int], None] | None = None, sort_by_length: bool = True) -> list[str]:
     """Generated answers (special tokens removed, surrounding whitespace stripped), one per example.
 
     Args:
         pipeline: the study's :class:`~tuneproof.data.preprocess.TextPipeline` (its prompt is the inference prompt).
         eval_cfg: the study's ``eval`` section (batch_size, max_new_tokens, do_sample, temperature).
         progress: called with the number of examples finished after each batch.
+        sort_by_length: batch the prompts in length order (less padding; the outputs are returned
+            in the order of ``examples`` either way).
     """
     model.eval()
     prompts = [pipeline.prompt_text(ex.text) for ex in examples]
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    order = sorted(range(len(examples)), key=lambda i: len(enc[i]))
     out: list[str] = [""] * len(examples)
     pad = tokenizer.pad_token_id
-    for s in range(0, len(order), eval_cfg.batch_size):
-        idx = order[s : s + eval_cfg.batch_size]
+    for idx in length_sorted_batches([len(e) for e in enc], eval_cfg.batch_size, sort_by_length):
         width = max(len(enc[i]) for i in idx)
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
@@ -55,18 +70,20 @@ def generate(model, tokenizer, pipeline, examples: list[Example], eval_cfg, *, d
 
 @torch.inference_mode()
 def classify(model, tokenizer, examples: list[Example], labels: list[str], *, max_length: int, batch_size: int, device,
-             autocast, progress: Callable[[int], None] | None = None) -> list[str]:
-    """Predicted label names from a sequence-classification head (argmax of the logits)."""
+             autocast, progress: Callable[[int], None] | None = None, sort_by_length: bool = True) -> list[str]:
+    """Predicted label names from a sequence-classification head (argmax of the logits), in the
+    order of ``examples``; batched in length order unless ``sort_by_length`` is False."""
     model.eval()
-    out: list[str] = []
-    for s in range(0, len(examples), batch_size):
-        chunk = examples[s : s + batch_size]
-        enc = tokenizer([e.text for e in chunk], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    lengths = [len(ids) for ids in tokenizer([e.text for e in examples], truncation=True, max_length=max_length)["input_ids"]]
+    out: list[str] = [""] * len(examples)
+    for idx in length_sorted_batches(lengths, batch_size, sort_by_length):
+        enc = tokenizer([examples[i].text for i in idx], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         with autocast():
             logits = model(**{k: v.to(device) for k, v in enc.items()}).logits
-        out += [labels[i] for i in logits.argmax(-1).tolist()]
+        for i, k in zip(idx, logits.argmax(-1).tolist()):
+            out[i] = labels[k]
         if progress:
-            progress(len(chunk))
+            progress(len(idx))
     return out
 
 

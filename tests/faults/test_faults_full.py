@@ -39,6 +39,7 @@ HOOKED = textwrap.dedent(
     import tuneproof.io as io
     from tuneproof.cli import main
     MODE, AT = sys.argv[1], int(sys.argv[2])
+    ARMED = {"on": False}
 
     def fill(path):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -57,6 +58,7 @@ HOOKED = textwrap.dedent(
             if inner:
                 inner(step, total, loss)
             if step == AT:
+                ARMED["on"] = True
                 if MODE == "fill":
                     fill(os.environ["FILLER"])
                 elif MODE in ("SIGKILL", "SIGTERM", "SIGINT"):
@@ -73,16 +75,13 @@ HOOKED = textwrap.dedent(
             if (metadata or {}).get("step") == str(AT):
                 os.kill(os.getpid(), signal.SIGKILL)
         st.save_file = save_file
-    if MODE == "kill-in-record":  # SIGKILL inside the atomic write of run.json, temp written, not renamed
-        orig_write = io.atomic_write_bytes
-        count = {"n": 0}
+    if MODE == "kill-in-record":  # SIGKILL inside the first atomic write of run.json after step AT (the end of training):
+        orig_write = io.atomic_write_bytes  # the temp file written, not renamed
         def atomic_write_bytes(path, data):
-            if str(path).endswith("run.json"):
-                count["n"] += 1
-                if count["n"] == AT:
-                    tmp = os.path.join(os.path.dirname(str(path)), "." + os.path.basename(str(path)) + ".dead.tmp")
-                    open(tmp, "wb").write(data[: len(data) // 2])
-                    os.kill(os.getpid(), signal.SIGKILL)
+            if str(path).endswith("run.json") and ARMED["on"]:
+                tmp = os.path.join(os.path.dirname(str(path)), "." + os.path.basename(str(path)) + ".dead.tmp")
+                open(tmp, "wb").write(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
             return orig_write(path, data)
         io.atomic_write_bytes = atomic_write_bytes
     main(sys.argv[3:])
@@ -131,7 +130,7 @@ def _no_temps(study):
     return [str(p) for p in study.rglob("*") if is_temp_name(p.name)]
 
 
-MOMENTS = [("SIGKILL", k) for k in range(1, 8)] + [("kill-in-checkpoint", 4), ("kill-in-record", 3),
+MOMENTS = [("SIGKILL", k) for k in range(1, 8)] + [("kill-in-checkpoint", 4), ("kill-in-record", 8),
                                                   ("SIGTERM", 3), ("SIGTERM", 6), ("SIGINT", 5)]
 
 
@@ -168,7 +167,7 @@ def test_a_really_full_disk_mid_run(tiny_base, tmpfs, reference):
     proc = _train(study, "fill", 3, env={"FILLER": str(filler)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert "run r0003 failed: " in out and ": disk full (No space left on device)" in out
+    assert f"run r0003 failed: {study / 'runs' / 'r0003'}" in out and ": disk full (" in out and "No space left on device" in out
     assert "tuneproof resume r0003" in out and "Traceback" not in out
     rec = Registry(study).get("r0003")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")

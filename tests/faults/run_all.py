@@ -4,9 +4,11 @@
     python -m tests.faults.run_all --full     # + the full set: real tmpfs disk-full and read-only
                                               #   mounts (root), kill -9 / SIGTERM at many moments
 
-Every test in tests/ marked ``@pytest.mark.fault("kind: what")`` is one injected fault; it
-"survived" when the test passed, i.e. the outcome it asserts (exit code, message, run status,
-files left) held. Skipped tests (a full-set test without --full, a root-only mount) are not tried.
+Every test in tests/ marked ``@pytest.mark.fault("kind: what")`` is one injected fault, and so is
+every test of the modules in :data:`OTHER_MODULES` (the integrity and data-file bullets of issue 11,
+tested where their code lives); a test "survived" when it passed, i.e. the outcome it asserts
+(exit code, message, run status, files left) held. Skipped tests (a full-set test without --full,
+a root-only mount) are not tried.
 Extra arguments go to pytest (e.g. ``-k registry``). Exit code 0 when every tried fault survived.
 """
 
@@ -20,6 +22,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: test modules elsewhere that cover bullets of issue 11 -> the kind they are counted under
+OTHER_MODULES = {
+    "tests/test_no_code_loading.py": "integrity: loading runs no code",
+    "tests/training/test_checkpoint_integrity.py": "integrity: checkpoint hashes, planted pickle, --fallback",
+    "tests/training/test_base_integrity.py": "integrity: base model hashes",
+    "tests/deliver/test_deliver_claims.py": "integrity: outputs and bundle claims",
+    "tests/data/test_inputs.py": "input: data files (tests/data/test_inputs.py)",
+}
 
 
 class Tally:
@@ -29,11 +39,19 @@ class Tally:
         self.kind: dict[str, str] = {}
         self.outcome: dict[str, str] = {}
 
-    def pytest_collection_modifyitems(self, items):
+    def pytest_collection_modifyitems(self, config, items):
+        kept, dropped = [], []
         for item in items:
             m = item.get_closest_marker("fault")
+            module = item.nodeid.split("::")[0]
             if m is not None:
                 self.kind[item.nodeid] = m.args[0] if m.args else "unnamed"
+            elif module in OTHER_MODULES:
+                self.kind[item.nodeid] = OTHER_MODULES[module]
+            (kept if item.nodeid in self.kind else dropped).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
     def pytest_runtest_logreport(self, report):
         if report.nodeid not in self.kind:
@@ -71,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         argv.remove("--full")
         os.environ["TUNEPROOF_FAULTS_FULL"] = "1"
     tally = Tally()
-    code = pytest.main(["-q", "-m", "fault", "-p", "no:cacheprovider", str(ROOT / "tests"), *argv], plugins=[tally])
+    os.chdir(ROOT)  # node ids relative to the repository (OTHER_MODULES)
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "tests", *argv], plugins=[tally])
     text, tried, survived = tally.table()
     full = os.environ.get("TUNEPROOF_FAULTS_FULL") == "1"
     print(f"\nfault-injection suite ({'full' if full else 'fast'} set): tried {tried}, survived {survived}")

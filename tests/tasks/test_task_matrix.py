@@ -15,7 +15,7 @@ from tuneproof.data.examples import Example
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.recipes.init import template_text
 from tuneproof.study import Eval, parse_study
-from tuneproof.tasks import TASKS, TaskConfig, get_task
+from tuneproof.tasks import TASKS, Task, TaskConfig, get_task
 
 
 def _ex(refs, preds, cats=None):
@@ -63,6 +63,7 @@ def test_every_kind_has_a_case_and_a_template():
         study = parse_study(yaml.safe_load(template_text(name)))
         assert study.hypothesis.task == name
         assert kind.template.endswith(".yaml") and kind.reader.target and kind.headline
+        assert kind.has_label_set == (type(kind).label_set is not Task.label_set)  # task_config reads the data only for these
 
 
 @pytest.mark.parametrize("case", IDS)

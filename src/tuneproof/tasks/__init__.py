@@ -39,6 +39,6 @@ def task_config(ctx: Any, *, required_fields: Any = None, eval_cfg: Any = None) 
     section (the study file's unless given, e.g. the frozen hypothesis's) and the label set of the
     train split (for kinds that have one)."""
     kind = get_task(ctx.task)
-    labels = kind.label_set(ctx.all_splits["train"])
+    labels = kind.label_set(ctx.all_splits["train"]) if kind.has_label_set else None  # other kinds never read the data here
     return TaskConfig.make(ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
                            ctx.study.eval if eval_cfg is None else eval_cfg, labels)

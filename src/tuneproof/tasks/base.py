@@ -104,6 +104,7 @@ class Task:
     summary: tuple[str, ...] = ()  # scalar metrics kept in the run summary (default: headline)
     per_class_metric: str = "recall"  # metric per category in limits and the dossier
     has_confusion: bool = False
+    has_label_set: bool = False  # True when ``label_set`` gives the scorer a vocabulary (read from the train split)
 
     # 2. labels
     def label_set(self, train_examples: Iterable[Any]) -> list[str] | None:

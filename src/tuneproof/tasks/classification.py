@@ -167,6 +167,7 @@ class Classification(Task):
     headline = ("accuracy", "macro_f1")
     per_class_metric = "recall"
     has_confusion = True
+    has_label_set = True
 
     def label_set(self, train_examples: Iterable[Any]) -> list[str] | None:
         return sorted({e.label for e in train_examples if e.label is not None})

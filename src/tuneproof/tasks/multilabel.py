@@ -201,6 +201,7 @@ class MultiLabel(Task):
                          model_kinds=("causal-lm",))
     headline = ("json_valid_rate", "micro_f1", "macro_f1", "exact_set_match")
     per_class_metric = "recall"
+    has_label_set = True
 
     def label_set(self, train_examples: Iterable[Any]) -> list[str] | None:
         return sorted({lab for e in train_examples for lab in (example_label_set(e) or ())})

@@ -426,11 +426,13 @@ def quickstart(
     data: Optional[Path] = DataOpt,
     fast: bool = typer.Option(False, "--fast", help="tiny subset and few steps (for tests; no real gain expected)"),
     preflight: bool = typer.Option(False, "--preflight", help="also run the full preflight before training (adds minutes on a CPU)"),
+    task: str = typer.Option("extraction", "--task", help="extraction (SNIPS + SmolLM2 + LoRA) or image-classification (digits + ViT)"),
 ) -> None:
-    """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA."""
+    """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA, or
+    (--task image-classification) handwritten digits with a small ViT."""
     from tuneproof.recipes.quickstart import run_quickstart  # noqa: PLC0415
 
-    run_quickstart(directory, data, fast=fast, preflight=preflight)
+    run_quickstart(directory, data, fast=fast, preflight=preflight, task=task)
 
 
 track_app = typer.Typer(no_args_is_help=True, help="Experiment trackers (tracking.* / report_to in the study): MLflow, W&B, Trackio.")

@@ -293,7 +293,7 @@ def train(
         packed_check = prove_packing(model, train_set, cfg, pad_id, device)
         if run is not None:
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "packing": packed_check})
-    if run is not None:
+    if run is not None and train_set and hasattr(train_set[0], "input_ids"):  # token sequences (images have no padding)
         pad = padding_report(train_set, cfg, ws, rank)
         run.update_summary(padding=pad)
         if grouping:

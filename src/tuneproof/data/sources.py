@@ -261,11 +261,21 @@ def load_json_records(path: Path, fields, split: str | None = None, *, lines: bo
     return out, repairs
 
 
+def explicit_fields(fields) -> dict:
+    """The ``data.fields`` keys whose value differs from the default: what the study asks for. A
+    resolved config (variants, resume) holds every key with its default, so "set in the file" is
+    read as "not the default" (pydantic's ``model_fields_set`` would count every key there)."""
+    if fields is None:
+        return {}
+    defaults = type(fields)()
+    return {k: getattr(fields, k) for k in type(fields).model_fields if getattr(fields, k) != getattr(defaults, k)}
+
+
 def lines_files(folder: Path, fields) -> dict[str, str]:
     """For ``format: lines``: ``{field key: file name}`` read in ``folder`` (text, label, target
     parts), defaults ``seq.in`` for the text and ``label`` for the label; a label file that is
     absent and not named in ``data.fields`` means no labels."""
-    set_ = getattr(fields, "model_fields_set", set())
+    set_ = explicit_fields(fields)
     text = fields.text if "text" in set_ else LINES_TEXT
     label = fields.label if "label" in set_ else (LINES_LABEL if (folder / LINES_LABEL).is_file() else None)
     files = {"text": text}
@@ -404,7 +414,7 @@ def load_banking77(root: Path, fields=None, *, max_chars: int = DEFAULT_MAX_CHAR
     """
     from tuneproof.study import FieldMap  # noqa: PLC0415
 
-    given = {k: getattr(fields, k) for k in getattr(fields, "model_fields_set", ())} if fields is not None else {}
+    given = explicit_fields(fields)
     fields = FieldMap(**{"text": "text", "label": "category", **given})
     if not root.is_dir():
         raise TuneproofError(f"{root}: BANKING77 folder not found", hint="pass --data DIR holding banking77/ (see README)")
@@ -507,8 +517,8 @@ def _load_one(src, path: Path, fields, max_chars: int, prefix: str | None) -> tu
 
         return load_image_source(src, fields, path)
     if src.format == "snips":
-        if getattr(fields, "model_fields_set", None):
-            raise TuneproofError(f"data.fields ({', '.join(sorted(fields.model_fields_set))}) does not apply to format 'snips': its "
+        if explicit_fields(fields):
+            raise TuneproofError(f"data.fields ({', '.join(sorted(explicit_fields(fields)))}) does not apply to format 'snips': its "
                                  "text, label (intent) and target (intent + slots) are fixed", hint="remove data.fields from tuneproof.yaml")
         return load_snips(path)
     if src.format == "banking77":

@@ -299,16 +299,30 @@ def compare(
     allow_different_procedure: bool = typer.Option(False, "--allow-different-procedure", help="compare anyway (marked in the result)"),
     use_edited_hypothesis: Optional[str] = EditedHypothesisOpt,
     study: Path = StudyOpt,
+    json_: bool = typer.Option(False, "--json", help="print the comparison (compare.json with the run id) as JSON instead of the screen (for scripts)"),
 ) -> None:
     """Candidates vs the baseline, paired per example; guards and success criterion judged (frozen hypothesis)."""
     from tuneproof.recipes.compare import run_compare  # noqa: PLC0415
 
     ctx = _ctx(study)
-    run_id = run_compare(ctx, runs, against=against, allow_different_procedure=allow_different_procedure,
-                         use_edited_hypothesis=use_edited_hypothesis)
+    quiet = console.quiet
+    console.quiet = quiet or json_  # stdout carries only the JSON
+    try:
+        run_id = run_compare(ctx, runs, against=against, allow_different_procedure=allow_different_procedure,
+                             use_edited_hypothesis=use_edited_hypothesis)
+    finally:
+        console.quiet = quiet
     verdict = ctx.registry.get(run_id).summary.get("verdict")
+    if json_:
+        import json  # noqa: PLC0415
+
+        from tuneproof.io import read_json  # noqa: PLC0415
+
+        data = read_json(ctx.registry.runs_dir / run_id / "compare.json")
+        sys.stdout.write(json.dumps({"run": run_id, **data}, indent=2, default=str) + "\n")
     if verdict == "fail":  # the comparison ran; the hypothesis did not hold: a failed protocol check
-        console.print(f"compare run [bold]{run_id}[/]: verdict fail (exit 3)")
+        if not json_:
+            console.print(f"compare run [bold]{run_id}[/]: verdict fail (exit 3)")
         raise typer.Exit(3)
 
 
@@ -331,11 +345,13 @@ def show(
     against: Optional[str] = typer.Option(None, "--against", help="baseline run"),
     limit: int = typer.Option(20, help="rows to show"),
     study: Path = StudyOpt,
+    json_: bool = typer.Option(False, "--json", help="print the selected examples as JSON (for scripts)"),
 ) -> None:
     """Per-example outputs of an evaluation run, filtered."""
     from tuneproof.recipes.show import run_show  # noqa: PLC0415
 
-    run_show(_ctx(study), run, regressed=regressed, fixed=fixed, category=category, field=field, against=against, limit=limit)
+    run_show(_ctx(study), run, regressed=regressed, fixed=fixed, category=category, field=field, against=against, limit=limit,
+             as_json=json_)
 
 
 @data_app.command("check")

@@ -137,11 +137,15 @@ def _concentration(ids: list[str], classes: list[str | None], gains: np.ndarray,
     class_sum = by_class.get(top_class, 0.0) if top_class is not None else 0.0
     flag_examples = net > 0 and top_sum > 0.5 * net
     flag_class = net > 0 and len(by_class) > 1 and class_sum > 0.5 * net
+    gained, lost = float(gains[gains > 0].sum()), float(-gains[gains < 0].sum())
     parts = []
     if flag_examples:
-        parts.append(f"{len(top)} example(s) (top {TOP_SHARE:.0%}) carry {top_sum / net:.0%} of the net gain of {net:g}")
+        parts.append(f"{len(top)} example(s) (top {TOP_SHARE:.0%}) carry {top_sum / net:.0%} of the net gain of {net:g}"
+                     + _over_net(top_sum, net, "these examples gain"))
     if flag_class:
-        parts.append(f"class '{top_class}' carries {class_sum / net:.0%} of the net gain of {net:g}")
+        parts.append(f"class '{top_class}' carries {class_sum / net:.0%} of the net gain of {net:g}" + _over_net(class_sum, net, "this class gains"))
+    if parts and net < max(5.0, 0.02 * n):
+        parts.append(f"the net gain is small ({net:g} of {n} examples: {gained:g} gained, {lost:g} lost), so its shares swing with a few examples")
     return {
         "basis": basis,
         "net_gain": net,
@@ -154,8 +158,19 @@ def _concentration(ids: list[str], classes: list[str | None], gains: np.ndarray,
         "class_share": class_sum / net if net > 0 else None,
         "flag_class": bool(flag_class),
         "flagged": bool(flag_examples or flag_class),
-        "detail": "; ".join(parts) if parts else "gain not concentrated" if net > 0 else "no net gain",
+        "gained": gained,
+        "lost": lost,
+        "detail": "; ".join(parts) if parts else "gain not concentrated" if net > 0
+        else f"no net gain ({gained:g} gained, {lost:g} lost over {n} examples: net {net:g})",
     }
+
+
+def _over_net(part: float, net: float, who: str) -> str:
+    """Why a share can exceed 100%: the rest of the examples lose part of what ``who`` gain."""
+    if part <= net + 1e-12:
+        return ""
+    return (f" ({who} {part:g}; the other examples lose {part - net:g} in total, so the net is {net:g}: "
+            f"a share above 100% means the rest gives back part of this gain)")
 
 
 # --------------------------------------------------------------------------- comparison
@@ -476,7 +491,8 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
                 unmeasurable.append(f"{name} (support {support})")
                 continue
             verdict, why = _guard_item(e, guard.max_drop, guard.floor)
-            items.append({"name": name, **{k: e[k] for k in ("base", "cand", "delta", "ci")}, "support": support, "verdict": verdict})
+            items.append({"name": name, **{k: e[k] for k in ("base", "cand", "delta", "ci")}, "support": support, "verdict": verdict,
+                          **({"why": "; ".join(why)} if verdict == "fail" else {})})
             if verdict == "fail":
                 failing.append(f"{name} ({sub} {_r(e['base'])} -> {_r(e['cand'])}: {'; '.join(why)})")
             elif verdict == "inconclusive":

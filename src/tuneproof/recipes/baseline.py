@@ -13,7 +13,7 @@ Features:
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.recipes.common import evaluate_into, record_inputs
+from tuneproof.recipes.common import evaluate_into, print_metrics, record_inputs
 from tuneproof.ui import console
 
 
@@ -44,6 +44,6 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
         if labels is not None:
             console.print("[yellow]note[/]: an encoder's classification head is untrained before fine-tuning; its baseline is chance level")
-        evaluate_into(ctx, run, model, examples, "baseline")
+        print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline"))
         run.update_summary(base=ctx.base.identity())
         return run.id

@@ -162,6 +162,18 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
     return metrics
 
 
+def print_metrics(ctx: StudyContext, metrics: dict[str, Any]) -> None:
+    """The evaluation's headline on screen: worst classes / fields with their numbers, then the
+    averages with their names (:func:`tuneproof.evaluation.screen.screen_lines`)."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    from tuneproof.evaluation.screen import screen_lines  # noqa: PLC0415
+    from tuneproof.tasks import get_task  # noqa: PLC0415
+
+    for line in screen_lines(get_task(ctx.task), metrics):
+        console.print(escape(line), soft_wrap=True)
+
+
 def headline(task: str, metrics: dict[str, Any]) -> dict[str, float]:
     """The task's headline metrics (scalars only) for summaries and tables."""
     from tuneproof.tasks import get_task  # noqa: PLC0415

@@ -16,6 +16,7 @@ Features:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.markup import escape
@@ -23,6 +24,7 @@ from rich.markup import escape
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.screen import fmt_p
 from tuneproof.recipes.common import load_outputs, run_json
 from tuneproof.ui import console, fmt, table
 
@@ -122,7 +124,7 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
             results[rec.id] = result
             if rec.id == cand_ids[0]:
                 print_judging(judging)
-            _print(rec.id, base_rec.id, result)
+            _print(rec.id, base_rec.id, result, f"runs/{run.id}/compare.json")
         first = results[cand_ids[0]]
         overall = first.get("overall", {})
         alt = (first.get("alternative") or {}).get("overall") or {}
@@ -150,14 +152,14 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
     c, basis = r["counts"], r.get("counts_basis") or {}
     lines = [f"{cid} vs baseline {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
              f"unchanged right {c['unchanged_right']}, unchanged wrong {c['unchanged_wrong']}; "
-             f"McNemar exact p = {r['mcnemar']['p_value']:.4g}"]
+             f"McNemar exact p = {fmt_p(r['mcnemar']['p_value'])}"]
     if basis:
         lines.append(f"  basis: {basis.get('metric') or 'per-example correct'}: {basis.get('description')}")
     cc = r.get("counts_correct")
     if cc and basis.get("rule") != "correct":
         lines.append(f"  on the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
                      f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}; "
-                     f"McNemar exact p = {r['mcnemar_correct']['p_value']:.4g}")
+                     f"McNemar exact p = {fmt_p(r['mcnemar_correct']['p_value'])}")
     for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):
         d = r.get(key)
         if d and d.get("flagged"):
@@ -169,7 +171,31 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
     return lines
 
 
-def _print(cid: str, bid: str, r: dict) -> None:
+#: failing classes / fields a guard lists on screen (the full list is in compare.json)
+MAX_FAILING_ON_SCREEN = 10
+
+
+def guard_lines(v: dict, where: str = "compare.json") -> list[str]:
+    """A verdict on screen: its detail, or for a per-class / per-field guard that fails, a short
+    head line then one line per failing item with its numbers (at most :data:`MAX_FAILING_ON_SCREEN`,
+    then ``... and N more (full list in compare.json)``)."""
+    failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
+    if not failing:
+        return [v.get("detail", "")]
+    what = "classes" if str(v.get("metric", "")).startswith("per_class") else "fields"
+    judged = sum(1 for it in v["items"] if it.get("verdict") != "not measurable")
+    sub = str(v.get("metric", "")).split("_", 2)[-1]
+    out = [f"{len(failing)} of {judged} {what} fail (judged on support >= {v.get('min_support', 1)})"]
+    for it in sorted(failing, key=lambda it: (math.inf if it.get("delta") is None else it["delta"], it["name"]))[:MAX_FAILING_ON_SCREEN]:
+        ci = it.get("ci") or [None, None]
+        out.append(f"    {it['name']}: {sub} {fmt(it.get('base'))} -> {fmt(it.get('cand'))}, delta {fmt(it.get('delta'))} "
+                   f"[{fmt(ci[0])}, {fmt(ci[1])}], support {it.get('support')}" + (f": {it['why']}" if it.get("why") else ""))
+    if len(failing) > MAX_FAILING_ON_SCREEN:
+        out.append(f"    ... and {len(failing) - MAX_FAILING_ON_SCREEN} more (full list in {where})")
+    return out
+
+
+def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
     for line in summary_lines(cid, bid, r):
         console.print(escape(line).replace("WARNING", "[yellow]WARNING[/]"), soft_wrap=True)
     rows = [[m, fmt(v["base"]), fmt(v["cand"]), fmt(v["delta"]), "[" + ", ".join(fmt(x) for x in (v.get("ci") or [None, None])) + "]"]
@@ -177,10 +203,10 @@ def _print(cid: str, bid: str, r: dict) -> None:
     console.print(table("metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows))
     for v in r.get("verdicts", []):
         color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
-        detail = v.get("detail", "")
-        if len(detail) > 400:  # per-class guards name every class; the full text is in compare.json
-            detail = detail[:400] + f"... ({len(detail) - 400} more characters in compare.json)"
-        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(detail)}", soft_wrap=True)
+        lines = guard_lines(v, where)
+        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(lines[0])}", soft_wrap=True)
+        for line in lines[1:]:
+            console.print(escape(line), soft_wrap=True)
     if r.get("overall"):
         against = r.get("judged_against", "")
         console.print(f"  overall{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "

@@ -32,7 +32,10 @@ from tuneproof.errors import CheckFailed
 from tuneproof.recipes.common import record_inputs
 from rich.markup import escape
 
-from tuneproof.ui import console, fmt, table
+from tuneproof.ui import console, fmt, progress_bar, table
+
+#: examples encoded between two progress updates of the data check
+ENCODE_CHUNK = 256
 
 
 def data_report(ctx: StudyContext) -> dict[str, Any]:
@@ -44,13 +47,23 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     s = ctx.study
     splits = ctx.all_splits
     d = s.data.dedup
-    # text duplicates (an image study's are found by the image audit, on the pixels, not the paths)
-    dedup = find_duplicates({n: [] for n in splits} if ctx.is_image else splits, threshold=d.threshold, shingles=d.shingles,
-                            ngram=d.ngram, num_perm=d.num_perm)
+    to_encode = {name: items for name, items in splits.items() if name != s.data.test_split}
+    n_all = sum(len(v) for v in splits.values())
+    # progress over the two long parts on a large set: duplicates (all splits, one step) and the trainer's encoding
+    with progress_bar("data check", n_all + sum(len(v) for v in to_encode.values())) as advance:
+        # text duplicates (an image study's are found by the image audit, on the pixels, not the paths)
+        dedup = find_duplicates({n: [] for n in splits} if ctx.is_image else splits, threshold=d.threshold, shingles=d.shingles,
+                                ngram=d.ngram, num_perm=d.num_perm)
+        advance(n_all, "duplicates done")
+        encoded = {}
+        for name, items in to_encode.items():
+            out = encoded[name] = []
+            for i in range(0, len(items), ENCODE_CHUNK):
+                out += ctx.pipeline.encode_all(items[i:i + ENCODE_CHUNK])
+                advance(len(items[i:i + ENCODE_CHUNK]), f"encoding {name}")
     kind = get_task(ctx.task)
     # the task kind's own audit (labels, targets, label sets; images: form, duplicates, shortcuts)
     audit = kind.audit(splits, task_config(ctx), ctx.pipeline) if ctx.is_image else kind.audit(splits, task_config(ctx))
-    encoded = {name: ctx.pipeline.encode_all(items) for name, items in splits.items() if name != s.data.test_split}
     faults = [{"id": e.id, "split": name, "prompt_tokens": e.prompt_tokens, "answer_tokens": e.answer_tokens, "fault": f,
                **({"prefix_diff": e.prefix_diff} if e.prefix_diff and "inference prompt" in f else {})}
               for name, items in encoded.items() for e in items for f in e.faults]

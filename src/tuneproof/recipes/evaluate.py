@@ -9,7 +9,7 @@ from the one the train run and its baseline recorded is refused, naming both (is
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.recipes.common import check_tokenizer, evaluate_into, load_trained, record_inputs
+from tuneproof.recipes.common import check_tokenizer, evaluate_into, load_trained, print_metrics, record_inputs
 from tuneproof.ui import console
 
 
@@ -27,5 +27,5 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
         model = load_trained(ctx, rec.id)
         examples = ctx.eval_examples()
         console.print(f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{ctx.study.eval.split}' examples")
-        evaluate_into(ctx, run, model, examples, f"eval {rec.id}")
+        print_metrics(ctx, evaluate_into(ctx, run, model, examples, f"eval {rec.id}"))
         return run.id

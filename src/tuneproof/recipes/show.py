@@ -35,17 +35,18 @@ def select(base: list[dict], cand: list[dict], *, regressed: bool = False, fixed
 
 
 def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: bool = False, category: str | None = None,
-             field: str | None = None, against: str | None = None, limit: int = 20) -> int:
-    """Print the selected examples; returns how many matched."""
+             field: str | None = None, against: str | None = None, limit: int = 20, as_json: bool = False) -> int:
+    """Print the selected examples (``as_json``: one JSON object on stdout, see :func:`show_json`); returns how many matched."""
     cid = resolve_candidate(ctx, run_id)
     _, cand = load_outputs(ctx, cid)
     base: list[dict] = []
+    bid = None
     if regressed or fixed or against:
         bid = against or (ctx.registry.latest("baseline").id if ctx.registry.latest("baseline") else None)
         if bid is None:
             raise TuneproofError("--regressed/--fixed need a completed baseline run", hint="run `tuneproof baseline`")
         _, base = load_outputs(ctx, bid)
-    passing = None
+    passing, basis = None, None
     if regressed or fixed:  # the rule of the paired counts of `compare`: the success metric's per-example rule
         from tuneproof import hypothesis as hyp  # noqa: PLC0415
         from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
@@ -56,9 +57,32 @@ def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: 
         base, _ = kind.score(base, cfg)  # re-scored: the rule reads this version's per-example scores
         cand, _ = kind.score(cand, cfg)
         passing = rule.passing
-        console.print(f"fixed / regressed by the success metric's rule: {rule.description}", soft_wrap=True)
+        basis = rule.description
+        if not as_json:
+            console.print(f"fixed / regressed by the success metric's rule: {rule.description}", soft_wrap=True)
     pairs = select(base, cand, regressed=regressed, fixed=fixed, category=category, field=field, passing=passing)
+    if as_json:
+        import json  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+
+        sys.stdout.write(json.dumps({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis}, indent=2, default=str) + "\n")
+        return len(pairs)
     rows = [[r["id"], r.get("category"), r.get("input"), r.get("reference"), (b or {}).get("prediction", ""), r.get("prediction")]
             for b, r in pairs[:limit]]
     console.print(table(f"{cid}: {len(pairs)} examples", ["id", "category", "input", "reference", "baseline", "candidate"], rows))
     return len(pairs)
+
+
+def show_json(run_id: str, baseline_id: str | None, pairs: list[tuple[dict | None, dict]], limit: int, passing=None) -> dict:
+    """``{"run", "baseline", "matched", "shown", "examples": [{"id", "category", "input", "reference",
+    "candidate", "candidate_correct", "baseline", "baseline_correct"}]}`` for scripts (``show --json``);
+    ``baseline*`` are null without --regressed/--fixed/--against; ``run_show`` adds ``basis``, the
+    per-example rule behind --fixed / --regressed (null without them); with ``passing`` (that rule)
+    each example also has ``candidate_passes`` / ``baseline_passes``."""
+    rows = []
+    for b, r in pairs[:limit]:
+        rows.append({"id": r["id"], "category": r.get("category"), "input": r.get("input"), "reference": r.get("reference"),
+                     "candidate": r.get("prediction"), "candidate_correct": r.get("correct"),
+                     "baseline": None if b is None else b.get("prediction"), "baseline_correct": None if b is None else b.get("correct"),
+                     **({"candidate_passes": bool(passing(r)), "baseline_passes": None if b is None else bool(passing(b))} if passing else {})})
+    return {"run": run_id, "baseline": baseline_id or None, "matched": len(pairs), "shown": len(rows), "examples": rows}

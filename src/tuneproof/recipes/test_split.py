@@ -13,10 +13,12 @@ the edited one (recorded in the summary, the test access log and ``hypothesis.ov
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.io import read_jsonl
-from tuneproof.recipes.common import evaluate_into, headline, load_trained, record_inputs
+from tuneproof.recipes.common import evaluate_into, headline, load_trained, print_metrics, record_inputs
 from tuneproof.registry import iso
 from tuneproof.ui import console
 
@@ -60,9 +62,10 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
             model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
         else:
             model = load_trained(ctx, cand)
-        if reasons:
-            console.print("[bold yellow]test reuse[/]: " + "; ".join(reasons))
         console.print(f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)")
+        from tuneproof.evaluation.screen import reuse_line  # noqa: PLC0415
+
+        console.print(escape(reuse_line(reasons)).replace("REUSE", "[bold yellow]REUSE[/]"), soft_wrap=True)
         view = judging.primary
         metrics = evaluate_into(ctx, run, model, examples, f"test {cand}", required_fields=view["required_fields"],
                                 eval_cfg=hyp.eval_for(view, ctx.study.eval))
@@ -73,6 +76,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
             _, m2 = score(ctx.task, rows, required_fields=other["required_fields"], eval_cfg=hyp.eval_for(other, ctx.study.eval),
                           labels=task_config(ctx).labels)
             extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
+        print_metrics(ctx, metrics)
         print_judging(judging)
         console.print(f"  scored with the {judging.judged_against} hypothesis: {headline(ctx.task, metrics)}")
         for k, v in extra.items():

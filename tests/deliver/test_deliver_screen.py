@@ -1,0 +1,80 @@
+"""The screen of the tiny classification study (issue 16): eval and test print their headline
+metrics (worst classes first, averages named), test says whether the test split is reused,
+compare and show take --json, a failing per-class guard is one line per class (at most 10)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tuneproof.recipes.compare import MAX_FAILING_ON_SCREEN, guard_lines
+
+
+def _main(args, capsys):
+    from tuneproof.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    return exit_.value.code, capsys.readouterr().out
+
+
+@pytest.fixture()
+def study(cls_study, tmp_path):
+    d = tmp_path / "study"
+    shutil.copytree(cls_study["dir"], d)
+    return {**cls_study, "dir": d}
+
+
+def test_eval_and_test_print_metrics_and_test_reuse(study, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    ids, d = study["ids"], str(study["dir"])
+    code, out = _main(["eval", ids["train"], "--study", d], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    worst = lines.index("worst 2 of 2 classes by recall:")
+    recorded = json.loads((study["dir"] / "runs" / ids["eval"] / "eval.json").read_text())["metrics"]
+    acc, f1 = recorded["accuracy"], recorded["macro_f1"]
+    assert f"accuracy: {acc:.3f}" in lines[worst:]
+    assert f"macro-F1 (unweighted over 2 of 2 labels present): {f1:.3f}" in lines[worst:]
+    assert lines.index(f"accuracy: {acc:.3f}") > worst + 2  # classes first, then averages
+    code, out = _main(["test", ids["train"], "--study", d], capsys)
+    assert code == 0
+    assert "test split: first use (not a reuse)" in out
+    code, out = _main(["test", ids["train"], "--study", d], capsys)
+    assert code == 0
+    assert f"test split: REUSE - {ids['train']} was already evaluated on the test split" in " ".join(out.split())
+
+
+def test_compare_and_show_json(study, capsys):
+    ids, d = study["ids"], str(study["dir"])
+    code, out = _main(["compare", ids["eval"], "--against", ids["baseline"], "--json", "--study", d], capsys)
+    data = json.loads(out)  # stdout is the JSON alone
+    assert data["baseline"] == ids["baseline"]
+    assert data["run"].startswith("r") and code == (3 if data["verdict"] == "fail" else 0)
+    cand = data["candidates"][ids["eval"]]
+    stored = json.loads((study["dir"] / "runs" / data["run"] / "compare.json").read_text())
+    assert cand["counts"] == stored["candidates"][ids["eval"]]["counts"]
+    code, out = _main(["show", ids["eval"], "--fixed", "--json", "--study", d], capsys)
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["run"] == ids["eval"] and shown["baseline"] == ids["baseline"]
+    assert shown["matched"] == cand["counts"]["fixed"]
+    assert all(e["candidate_correct"] is True and e["baseline_correct"] is False for e in shown["examples"])
+
+
+def test_failing_per_class_guard_is_one_line_per_class_at_most_10():
+    items = [{"name": f"class_{i:02d}", "base": 0.9, "cand": 0.1 + i / 100, "delta": -0.8 + i / 100, "ci": [-0.9, -0.7],
+              "support": 5, "verdict": "fail", "why": "below floor 0.2"} for i in range(15)]
+    items.append({"name": "fine", "base": 0.5, "cand": 0.6, "delta": 0.1, "ci": [0.0, 0.2], "support": 5, "verdict": "pass"})
+    items.append({"name": "rare", "base": 0.0, "cand": 0.0, "delta": 0.0, "ci": None, "support": 1, "verdict": "not measurable"})
+    v = {"kind": "guard", "metric": "per_class_recall", "min_support": 5, "verdict": "fail", "detail": "x" * 6000, "items": items}
+    lines = guard_lines(v, "runs/r0009/compare.json")
+    assert MAX_FAILING_ON_SCREEN == 10
+    assert len(lines) == 1 + 10 + 1
+    assert lines[0] == "15 of 16 classes fail (judged on support >= 5)"
+    assert lines[1] == "    class_00: recall 0.900 -> 0.100, delta -0.800 [-0.900, -0.700], support 5: below floor 0.2"
+    assert lines[10].startswith("    class_09: recall 0.900 -> 0.190")
+    assert lines[11] == "    ... and 5 more (full list in runs/r0009/compare.json)"
+    assert guard_lines({"detail": "delta 0.1", "items": []}) == ["delta 0.1"]

@@ -85,12 +85,22 @@ def dossier_study(cls_bundle, tmp_path_factory) -> dict:
                          lengths={"train": {"p50": 5.0, "p95": 7.0, "max": 8, "truncated_share": 0.0},
                                   "validation": {"p50": 5.0, "p95": 12.5, "max": 18, "truncated_share": 0.083}},
                          suggest_max_length=8, duplicates=["train/test: 0 exact, 0 near-duplicates"])
+        counts = {lv: {"pairs": k, "first_colliding": k, "second_colliding": k, "fraction": k / 6} for lv, k in (("exact", 1), ("normalised", 1), ("near", 2))}
+        none = {lv: {"pairs": 0, "first_colliding": 0, "second_colliding": 0, "fraction": 0.0} for lv in ("exact", "normalised", "near")}
         r.write_json("data_check.json", {"lengths": {"splits": {"train": {"p50": 5.0, "p95": 7.0, "p99": 8.0, "max": 8},
-                                                                "validation": {"p50": 5.0, "p95": 12.5, "p99": 17.0, "max": 18}}}})
+                                                                "validation": {"p50": 5.0, "p95": 12.5, "p99": 17.0, "max": 18}}},
+                                         "dedup": {"settings": {"threshold": 0.8}, "split_sizes": {"train": 32, "validation": 12, "test": 6},
+                                                   "pairs": {"train/train": {"first": "train", "second": "train", "n_first": 32, "n_second": 32,
+                                                                             "counts": none, "collisions": []},
+                                                             "train/test": {"first": "train", "second": "test", "n_first": 32, "n_second": 6,
+                                                                            "counts": counts, "collisions": [
+                                                                                {"kind": "exact", "id_a": "train:c001", "id_b": "test:c201", "text_a": "x",
+                                                                                 "text_b": "good film", "similarity": 1.0, "minhash_estimate": 1.0}]}}}})
     with reg.run("preflight") as r:
         r.update_summary(passed=True, checks=[{"name": "update check", "passed": True, "detail": "4 of 4 LoRA tensors changed"},
                                               {"name": "accumulation", "passed": True, "detail": "max |grad diff| 1e-7"}],
-                         memory={"peak_bytes": 3_200_000_000, "estimate": {"weights_bytes": 1_100_000_000, "optimizer_bytes": 900_000_000}},
+                         memory={"peak_bytes": 3_200_000_000, "estimate": {"weights_bytes": 1_100_000_000, "optimizer_bytes": 900_000_000},
+                                 "L37_estimate_gib": 1.5, "L37_peak_gib": 1.25, "L37_step_peak_gib": 0.4, "L37_estimate_in_step_gib": 0.5},
                          throughput={"s_per_step": 0.5, "tokens_per_s": 1200.0}, smoke={"eval_seconds": 2.0, "n_eval": 8})
     with pytest.raises(RuntimeError):
         with reg.run("train", name="oom") as failed:

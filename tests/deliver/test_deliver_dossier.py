@@ -35,7 +35,14 @@ def test_markdown_holds_every_run_and_the_evidence(dossier_study):
     assert f"{v} (train) invalid: evaluated on the wrong split (was completed)" in md
     assert f"`- {v} [invalid] method.r: 4 -> 8" in md  # lineage with the change the variant made
     assert "| train | 5.000 | 7.000 | 8 | 0.000 |" in md and "suggested max_length: 8 (configured: 16)" in md
-    assert "| update check | true | 4 of 4 LoRA tensors changed |" in md and "| throughput.s_per_step | 0.500 |" in md
+    assert "| update check | true | 4 of 4 LoRA tensors changed |" in md and "| time per optimizer step | 0.500 | s |" in md
+    assert "| 37 | 1.50 | 1.25 | 0.50 | 0.40 |" in md  # step memory: estimate next to measured, GiB
+    assert "| measured peak memory | 2.98 | GiB |" in md and "| training throughput | 1200.0 | tokens/s |" in md
+    assert "L37_" not in md.split("## Preflight")[1].split("## Training")[0]  # no raw keys
+    assert "| train/test | across splits | 6 | 1 (16.7%) | 1 (16.7%) | 2 (33.3%) (Jaccard >= 0.8) |" in md
+    assert "| train/train | inside the split | 32 | 0 (0.0%) | 0 (0.0%) | 0 (0.0%) (Jaccard >= 0.8) |" in md
+    assert md.index("| train/test |") < md.index("| train/train |")  # cross-split first
+    assert "| exact | train:c001 | test:c201 | 1.000 | good film |" in md
     assert "the test split was read 2 times" in md and f"| {t} |" in md
     assert "| experiment |" in md and "variants of the configured budget that fit:" in md
     assert re.search(r"\| accuracy \| 0\.\d{3} \| 0\.\d{3} \| -?0\.\d{3} \| \[-?\d\.\d{3}, -?\d\.\d{3}\] \|", md)
@@ -57,3 +64,48 @@ def test_html_is_self_contained_escaped_and_has_the_plots(dossier_study):
     for what in ("training loss curves", "per-class recall", "confusion matrix of the baseline", "confusion matrix of the candidate",
                  "token lengths per split", "step memory and throughput"):
         assert what in alts
+
+
+def test_first_screen_stands_alone(dossier_study):
+    import json
+
+    md, t = dossier_study["md"], dossier_study["train"]
+    first = md.split("## Summary")[1].split("## Hypothesis and guards")[0]
+    runs = dossier_study["dir"] / "runs"
+    compare = sorted(p for p in runs.iterdir() if (p / "compare.json").exists())[-1]
+    data = json.loads((compare / "compare.json").read_text())
+    cand = next(iter(data["candidates"].values()))
+    succ = next(v for v in cand["verdicts"] if v["kind"] == "success")
+    assert first.lstrip().startswith(f"**verdict: {data['verdict'].upper()} (")
+    lo, hi = succ["ci"]
+    assert f"| success | success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | {succ['cand']:.3f} | {succ['delta']:.3f} [{lo:.3f}, {hi:.3f}] |" in first
+    assert (f"- the candidate changed against the baseline: {t} trained lora r 4, alpha 8.0 on query, value (also trains classifier); "
+            "12 optimizer steps of 8 x 1 examples, learning rate 0.05; final loss ") in first
+    assert f"- did not complete: {dossier_study['failed']} (train) failed: RuntimeError: CUDA out of memory while allocating 2.00 GiB" in first
+    assert f"- did not complete: {dossier_study['variant']} (train) invalid: evaluated on the wrong split (was completed)" in first
+    assert "- limits: regressed: class " in first
+    assert "- test split: read 2 time(s) (" in first and "wears out its value as a control" in first
+    assert "details: [Hypothesis and guards](#hypothesis) · [Baseline](#baseline)" in first
+    assert '<a id="data-check"></a>\n\n## Data check' in md
+    page = dossier_study["html"]
+    assert page.index('<section id="summary">') < page.index("<nav>details: ") < page.index('<section id="hypothesis">')
+
+
+def test_many_classes_changed_first_rest_folded_and_top_confusions():
+    from tuneproof.deliver.dossier import _md_blocks, per_class_blocks, top_confusions
+
+    pc = {f"c{i:02d}": {"recall": {"base": 0.5, "cand": 0.5 + d, "delta": d, "ci": [d - 0.1, d + 0.1], "support": 10}}
+          for i, d in enumerate([0.0] * 70 + [-0.3, 0.2, -0.1, 0.4, 0.1, 0.0, 0.0])}
+    blocks = per_class_blocks(pc, "recall", failing={"c75"})
+    assert blocks[0]["text"] == ("6 of 77 classes changed or fail a guard, sorted by delta (most negative first); "
+                                 "the 71 unchanged are folded below.")
+    assert [r[0] for r in blocks[1]["rows"]] == ["c70", "c72", "c75", "c74", "c71", "c73"]
+    assert blocks[1]["rows"][2][-1] == "fails a guard"
+    assert blocks[2]["type"] == "details" and blocks[2]["summary"] == "71 unchanged classes" and len(blocks[2]["blocks"][0]["rows"]) == 71
+    md = "\n".join(_md_blocks(blocks))
+    assert "<details><summary>71 unchanged classes</summary>" in md and md.rstrip().endswith("</details>")
+    small = per_class_blocks({k: pc[k] for k in ("c00", "c70")}, "recall", set())
+    assert len(small) == 1 and [r[0] for r in small[0]["rows"]] == ["c70", "c00"]  # few classes: one table
+    conf = {"labels": ["a", "b", "c"], "columns": ["a", "b", "c", "<invalid>"],
+            "matrix": [[5, 3, 0, 1], [4, 2, 4, 0], [0, 0, 9, 0]]}
+    assert top_confusions(conf, 3) == [("b", "a", 4, 10), ("b", "c", 4, 10), ("a", "b", 3, 9)]

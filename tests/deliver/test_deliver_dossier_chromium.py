@@ -47,3 +47,70 @@ def test_dossier_renders_in_headless_chromium(dossier_study, tmp_path):
     assert img.size == (1200, 3000)
     hist = img.histogram()
     assert sum(hist[:250]) > 0.02 * img.size[0] * img.size[1]  # text, tables and plots, not a blank page
+
+
+# the first screen (1280 x 800) and the page width, measured in the rendered layout
+LAYOUT = """<script>
+window.addEventListener('load', function () {
+  var vw = document.documentElement.clientWidth, vh = window.innerHeight;
+  var verdict = document.querySelector('#summary p.strong');
+  var r = verdict ? verdict.getBoundingClientRect() : null;
+  function clipped(el) {  // inside a scrolling box (wide tables scroll inside themselves, not the page)
+    for (var p = el.parentElement; p; p = p.parentElement) {
+      var o = getComputedStyle(p).overflowX;
+      if (o === 'auto' || o === 'scroll' || o === 'hidden') return true;
+    }
+    return false;
+  }
+  var over = [];
+  Array.prototype.forEach.call(document.body.querySelectorAll('*'), function (el) {
+    var b = el.getBoundingClientRect();
+    if (b.width > 0 && b.right > vw + 1 && !clipped(el)) over.push(el.tagName + ' ' + Math.round(b.right));
+  });
+  console.log('TUNEPROOF-LAYOUT ' + JSON.stringify({
+    vw: vw, vh: vh, scrollWidth: document.documentElement.scrollWidth,
+    verdict: verdict ? verdict.textContent : null, verdictBottom: r ? r.bottom : null, overflow: over.slice(0, 10)}));
+});
+</script>"""
+
+
+def _render(page_html: str, tmp_path: Path, size: str, harness: str) -> list[str]:
+    page = tmp_path / f"page-{size.replace(',', 'x')}.html"
+    page.write_text(page_html.replace("</body>", harness + "</body>"))
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / ('profile-' + size.replace(',', 'x'))}",
+           "--enable-logging=stderr", "--v=0", f"--window-size={size}", f"--screenshot={tmp_path / 'shot.png'}", page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.mark.parametrize("size", ["1280,800", "800,600"])
+def test_first_screen_shows_the_verdict_and_nothing_overflows(dossier_study, tmp_path, size):
+    import json
+
+    console = _render(dossier_study["html"], tmp_path, size, LAYOUT)
+    got = [json.loads(line.split("TUNEPROOF-LAYOUT ", 1)[1].rsplit('", source', 1)[0]) for line in console if "TUNEPROOF-LAYOUT" in line]
+    assert got, "no layout output:\n" + "\n".join(console[-5:])
+    lay = got[0]
+    assert int(size.split(",")[0]) - 20 <= lay["vw"] <= int(size.split(",")[0])  # less a scroll bar
+    assert lay["verdict"].startswith("verdict: ")  # the first screen holds the verdict ...
+    assert 0 < lay["verdictBottom"] <= lay["vh"]  # ... above the fold
+    assert lay["scrollWidth"] <= lay["vw"] and lay["overflow"] == []  # no element wider than the page
+
+
+def test_every_plot_has_axis_labels(dossier_study):
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+
+    from tuneproof.deliver.plots import AXIS_LABELS_KEY
+
+    imgs = re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', dossier_study["html"])
+    assert len(imgs) == 6
+    for alt, data in imgs:
+        panels = json.loads(Image.open(io.BytesIO(base64.b64decode(data))).text[AXIS_LABELS_KEY])
+        assert panels, alt
+        for xlabel, ylabel in panels:  # the labels matplotlib drew, stored in the PNG when it was saved
+            assert xlabel.strip() and ylabel.strip(), (alt, xlabel, ylabel)

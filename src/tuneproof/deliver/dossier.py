@@ -6,7 +6,13 @@ returns ``{"title", "sections": [{"id", "title", "blocks"}]}``; a block is one o
 
 - ``{"type": "p", "text"}``, ``{"type": "strong", "text"}``, ``{"type": "list", "items"}``,
 - ``{"type": "table", "cols", "rows"}``, ``{"type": "pre", "text"}``,
-- ``{"type": "figure", "png": bytes, "caption"}``.
+- ``{"type": "figure", "png": bytes, "caption"}``,
+- ``{"type": "details", "summary", "blocks"}``: blocks folded under a one-line summary
+  (``<details>`` in HTML and in GitHub Markdown).
+
+The first section ("Summary") is the first screen: it stands alone (hypothesis, verdict with its
+intervals, what the candidate changed against the baseline, runs that did not complete and why,
+limits, test-split reads) and links every section below it.
 
 :func:`to_markdown` and :func:`to_html` render that structure; every string is escaped by the
 renderer (``html.escape`` for HTML, ``|`` for Markdown tables), so text from the user's data can
@@ -22,6 +28,7 @@ from collections import Counter
 from typing import Any
 
 from tuneproof import hypothesis as hyp
+from tuneproof.evaluation.screen import fmt_p
 from tuneproof.deliver.limits import PER_FIELD_METRIC, limits_lines, observed_limits, per_class_metric
 from tuneproof.io import read_jsonl, sha256_json
 from tuneproof.errors import TuneproofError
@@ -149,18 +156,82 @@ def _verdict_text(ev: _Evidence, entry: dict | None) -> str | None:
 
 
 def _summary(ev: _Evidence) -> list[dict]:
+    """The first screen: it stands alone; every other section is linked below it (issue 16)."""
+    from tuneproof.evaluation.screen import guard_lines  # noqa: PLC0415
+
     s = ev.ctx.study
     by_status = Counter(r.status for r in ev.runs)
-    comp = ev.latest("compare")
-    cj = ev.json(comp.id, "compare.json") if comp else None
-    first = next(iter((cj or {}).get("candidates", {}).values()), None) if cj else None
+    comp, first, cid = _latest_candidate(ev)
     exp = ev.latest("export")
-    items = [f"study: {s.name} ({s.hypothesis.task})", f"base model: {s.model.base}" + (f" @ {s.model.revision}" if s.model.revision else ""),
-             f"runs: {len(ev.runs)} (" + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())) + ")" if ev.runs else "runs: none yet",
-             f"verdict ({ev.judging.judged_against} hypothesis): {_verdict_text(ev, first)} from {comp.id}" if first
-             else "verdict: no comparison with the baseline yet",
-             f"export: {exp.summary.get('bundle')} (verified in a fresh process)" if exp else "export: not run yet (`tuneproof export RUN`)"]
-    return [{"type": "list", "items": items}]
+    h = ev.judging.primary if ev.judging.frozen is not None else ev.judging.current
+    succ = h.get("success") or {}
+    blocks: list[dict] = []
+    judged = ev.judged(first) if first else None
+    if first and judged and judged[0] is not None:
+        verdicts, o = judged[0]
+        blocks.append({"type": "strong", "text": f"verdict: {str(o.get('verdict', '?')).upper()} ({o.get('detail', '')}); {cid} vs baseline "
+                                                 f"{(ev.json(comp.id, 'compare.json') or {}).get('baseline')}, {ev.judging.judged_against} hypothesis ({comp.id})"})
+        rows = []
+        for v in verdicts:
+            shown = guard_lines(v)[0] if v.get("items") else ""
+            rows.append([v.get("kind"), v.get("name"), v.get("verdict"), v.get("base"), v.get("cand"),
+                         f"{_f(v.get('delta'))} {_ci(v.get('ci'))}", shown])
+        blocks.append(_table(["criterion", "rule", "verdict", "baseline", "candidate", "delta [95% CI]", "note"], rows))
+        if judged[1]:
+            blocks.append(_p(f"with the {judged[1][0]} hypothesis instead: {judged[1][1].get('verdict')} ({judged[1][1].get('detail')})"))
+    elif first:
+        blocks.append({"type": "strong", "text": f"verdict: NOT JUDGED: the comparison {comp.id} was {_RESCORE}"})
+    else:
+        blocks.append({"type": "strong", "text": "verdict: none yet: no comparison with the baseline (`tuneproof compare RUN`)"})
+    items = [f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains at least {succ.get('min_gain')} over the baseline "
+             f"(95% CI lower bound); {len(h.get('guards') or [])} guard(s)",
+             f"study: {s.name} ({s.hypothesis.task}); base model: {s.model.base}" + (f" @ {s.model.revision}" if s.model.revision else "")]
+    if cid:
+        items.append(f"the candidate changed against the baseline: {_candidate_change(ev, cid)}")
+    bad = [r for r in ev.runs if r.status != "completed"]
+    items.append(f"runs: {len(ev.runs)} (" + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())) + ")" if ev.runs else "runs: none yet")
+    items += [f"did not complete: {r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad[:8]]
+    if len(bad) > 8:
+        items.append(f"... and {len(bad) - 8} more (section Runs)")
+    lim = _observed(ev)
+    if lim is not None:
+        from tuneproof.deliver.limits import limits_lines  # noqa: PLC0415
+
+        lines = limits_lines(lim[1], 3)
+        items.append("limits: " + ("; ".join(lines) if lines else "none observed") + " (section Limits observed)")
+    acc = ev.reg.test_accesses()
+    if not acc:
+        items.append("test split: not read")
+    else:
+        reused = [a for a in acc if (a.get("result") or {}).get("test_reuse")]
+        items.append(f"test split: read {len(acc)} time(s) (" + ", ".join(f"{a['run']} for {a['candidate']}" for a in acc[:5]) + ")"
+                     + (f"; {len(reused)} read(s) recorded as reuse" if reused else "")
+                     + ("; reading it more than once wears out its value as a control" if len(acc) > 1 else ""))
+    items.append(f"export: {exp.summary.get('bundle')} (verified in a fresh process)" if exp else "export: not run yet (`tuneproof export RUN`)")
+    blocks.append({"type": "list", "items": items})
+    return blocks
+
+
+def _candidate_change(ev: _Evidence, cid: str) -> str:
+    """What the candidate's train run did to the base model: method, budget, and a variant's change."""
+    rec = next((r for r in ev.runs if r.id == cid), None)
+    train = next((r for r in ev.runs if rec is not None and r.id == rec.parent and r.kind == "train"), None)
+    if train is None:
+        return f"{cid} is not the evaluation of a train run"
+    cfg = ev.json(train.id, "config.json") or {}
+    m, t = cfg.get("method") or {}, cfg.get("training") or {}
+    kind = m.get("kind", "?")
+    what = f"{kind}" + (f" r {m.get('r')}, alpha {m.get('alpha')} on {', '.join(m.get('target_modules') or [])}" if kind in ("lora", "qlora", "dora") else "")
+    if m.get("modules_to_save"):
+        what += f" (also trains {', '.join(m['modules_to_save'])})"
+    budget = f"{t.get('max_steps')} optimizer steps" if t.get("max_steps") else f"{t.get('epochs')} epoch(s)" if t.get("epochs") else "1 epoch"
+    text = (f"{train.id} trained {what}; {budget} of {t.get('micro_batch_size')} x {t.get('gradient_accumulation_steps', 1)} examples, "
+            f"learning rate {t.get('learning_rate')}")
+    if train.summary.get("final_loss") is not None:
+        text += f"; final loss {_f(train.summary['final_loss'], 4)}"
+    if train.parent and (train.summary.get("variant") or {}):
+        text += f"; variant of {train.parent}: {_change_of(ev, train)}"
+    return text
 
 
 def _hypothesis_items(h: dict) -> list[str]:
@@ -318,7 +389,15 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
         blocks.append(_table(["split", "p50 tokens", "p95 tokens", "max tokens", "share truncated"], rows))
     if s.get("suggest_max_length"):
         blocks.append(_p(f"suggested max_length: {s['suggest_max_length']} (configured: {ev.ctx.study.training.max_length})"))
-    if s.get("duplicates"):
+    rep = ev.json(r.id, "data_check.json") or {}
+    dup_rows, examples = _duplicate_rows(rep.get("dedup") if isinstance(rep, dict) else None)
+    if dup_rows:
+        blocks.append(_p("duplicates across splits first (the second split's examples that also occur in the first), then inside each split:"))
+        blocks.append(_table(["splits", "where", "examples checked", "exact", "normalised", "near"], dup_rows))
+        if examples:
+            blocks.append({"type": "details", "summary": f"{len(examples)} cross-split duplicate(s), first listed",
+                           "blocks": [_table(["kind", "first", "second", "similarity", "text (second)"], examples)]})
+    elif s.get("duplicates"):
         blocks.append({"type": "list", "items": [str(x) for x in s["duplicates"]]})
     other = [(k, v) for k, v in flatten(s) if k.split(".")[0] not in ("sizes", "lengths", "duplicates", "passed", "hard_faults", "suggest_max_length")]
     if other:
@@ -326,11 +405,40 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
     if plots:
         from tuneproof.deliver.plots import token_lengths  # noqa: PLC0415
 
-        rep = ev.json(r.id, "data_check.json") or {}
         raw = _raw_lengths(rep)
         stats = ((rep.get("lengths") or {}).get("splits") if isinstance(rep.get("lengths"), dict) else None) or lengths
         blocks += _fig(token_lengths(raw, stats, ev.ctx.study.training.max_length), "token lengths per split (data check)")
     return blocks
+
+
+#: cross-split duplicate pairs listed (folded) in the data-check section
+DUPLICATES_LISTED = 20
+
+
+def _duplicate_rows(dedup: dict | None) -> tuple[list[list], list[list]]:
+    """Rows per split pair from the data check's dedup report (cross-split pairs first:
+    train/validation, train/test, validation/test; then inside each split) and the first
+    :data:`DUPLICATES_LISTED` cross-split collisions."""
+    pairs = (dedup or {}).get("pairs") if isinstance(dedup, dict) else None
+    if not isinstance(pairs, dict) or not pairs:
+        return [], []
+    t = ((dedup.get("settings") or {}).get("threshold"))
+    rows, examples = [], []
+    for p in sorted(pairs.values(), key=lambda p: p.get("first") == p.get("second")):
+        c, n = p.get("counts") or {}, p.get("n_second") or 0
+
+        def cell(level: str) -> str:
+            k = (c.get(level) or {}).get("second_colliding", 0)
+            return f"{k} ({100 * k / n:.1f}%)" if n else str(k)
+
+        cross = p.get("first") != p.get("second")
+        rows.append([f"{p.get('first')}/{p.get('second')}", "across splits" if cross else "inside the split", n, cell("exact"),
+                     cell("normalised"), cell("near") + (f" (Jaccard >= {t:g})" if isinstance(t, (int, float)) else "")])
+        if cross:
+            for col in p.get("collisions") or []:
+                if len(examples) < DUPLICATES_LISTED:
+                    examples.append([col.get("kind"), col.get("id_a"), col.get("id_b"), col.get("similarity"), str(col.get("text_b", ""))[:120]])
+    return rows, examples
 
 
 def _raw_lengths(rep: dict) -> dict[str, list[int]] | None:
@@ -358,6 +466,96 @@ def _gib(key: str, v: float) -> float | None:
     return None
 
 
+#: plain names and units of the preflight summary's numbers (key: the last part of the dotted key)
+PREFLIGHT_NAMES: dict[str, tuple[str, str]] = {
+    "s_per_step": ("time per optimizer step", "s"),
+    "tokens_per_s": ("training throughput", "tokens/s"),
+    "eval_s_per_example": ("evaluation time per example (smoke pass)", "s"),
+    "eval_batch_s_per_example": ("evaluation time per example, one batch at eval.batch_size", "s"),
+    "eval_batch_size": ("evaluation batch size", "examples"),
+    "eval_batch_procedure": ("evaluation procedure timed", ""),
+    "budget_seconds": ("time for the step budget", "s"),
+    "eval_seconds_estimate": ("evaluation of the split, estimate", "s"),
+    "eval_seconds": ("evaluation time", "s"),
+    "n_eval": ("examples evaluated", "examples"),
+    "total_steps": ("optimizer steps in the budget", "steps"),
+    "reload_seconds": ("checkpoint save and reload", "s"),
+    "budget_gib": ("memory budget", "GiB"),
+    "max_micro_batch": ("largest micro-batch that fits the budget", "examples"),
+    "trainable": ("trainable parameters", "parameters"),
+    "total_params": ("parameters in total", "parameters"),
+    "preflight_seconds": ("preflight duration", "s"),
+    "dtype": ("training precision", ""),
+    "dtype_reason": ("why this precision", ""),
+    "platform_key": ("platform", ""),
+    "loss_normalisation": ("loss normalisation", ""),
+    "peak_bytes": ("measured peak memory", "GiB"),
+    "eval_peak_gib": ("evaluation batch, measured peak", "GiB"),
+    "eval_batch_peak_gib": ("evaluation batch adds, measured", "GiB"),
+    "eval_kv_cache_estimate_gib": ("evaluation KV cache, estimate", "GiB"),
+    "eval_budget_gib": ("evaluation memory budget", "GiB"),
+}
+_STEP_MEM = re.compile(r"^L(\d+)_(estimate|peak|step_peak|estimate_in_step)_gib$")
+
+
+def _plain(key: str) -> tuple[str, str, float | None]:
+    """``(plain name, unit, factor)`` of a dotted preflight key; ``factor`` converts bytes to GiB."""
+    last = key.split(".")[-1]
+    if last in PREFLIGHT_NAMES:
+        name, unit = PREFLIGHT_NAMES[last]
+        ctx = key.split(".")[:-1]
+        if ctx and ctx[0] not in ("memory", "throughput", "smoke"):
+            name += f" ({' '.join(ctx)})"
+        elif len(ctx) > 1:
+            name += f" ({' '.join(ctx[1:])})"
+        return name, unit, 1 / 2**30 if last.endswith("_bytes") else None
+    words = key.replace(".", " ").replace("_", " ")
+    for suffix, unit, factor in ((" bytes", "GiB", 1 / 2**30), (" gib", "GiB", None), (" seconds", "s", None), (" per s", "/s", None)):
+        if words.endswith(suffix):
+            return words[: -len(suffix)].strip(), unit, factor
+    return words, "", None
+
+
+def _label(key: str, unit: bool = False) -> str:
+    """A plot label for a preflight key: its plain name (with the unit when ``unit``)."""
+    m = _STEP_MEM.match(key.split(".")[-1])
+    if m:
+        what = {"estimate": "step total, estimate", "peak": "step total, measured", "estimate_in_step": "step adds, estimate",
+                "step_peak": "step adds, measured"}[m.group(2)]
+        return f"L{m.group(1)}: {what}"
+    name, u, _ = _plain(key)
+    return f"{name} ({u})" if unit and u else name
+
+
+def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
+    """The preflight summary as two tables: step memory per sequence length ``[length, estimate,
+    measured peak, in-step estimate, in-step measured]`` (GiB, 2 decimals) and every other number
+    ``[plain name, value, unit]``; raw keys such as ``memory.L37_estimate_in_step_gib`` become
+    "the step adds, estimate" at length 37."""
+    memory = summary.get("memory") if isinstance(summary.get("memory"), dict) else {}
+    by_len: dict[int, dict[str, float]] = {}
+    for k, v in memory.items():
+        m = _STEP_MEM.match(str(k))
+        if m and isinstance(v, (int, float)):
+            by_len.setdefault(int(m.group(1)), {})[m.group(2)] = float(v)
+    mem_rows = [[length, *(f"{d[k]:.2f}" if k in d else "-" for k in ("estimate", "peak", "estimate_in_step", "step_peak"))]
+                for length, d in sorted(by_len.items())]
+    rest = {k: v for k, v in summary.items() if k not in ("checks", "passed", "failed")}
+    rest["memory"] = {k: v for k, v in memory.items() if not _STEP_MEM.match(str(k))}
+    rows = []
+    for k, v in flatten(rest, depth=4):
+        if isinstance(v, str) and len(v) >= 200 or v is None:
+            continue
+        name, unit, factor = _plain(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            val = v * factor if factor else v
+            shown = f"{val:.2f}" if unit == "GiB" else (f"{val:,}" if isinstance(val, int) else _f(float(val), 1 if abs(val) >= 100 else 3 if abs(val) >= 0.01 or val == 0 else 5))
+        else:
+            shown = _f(v)
+        rows.append([name, shown, unit])
+    return mem_rows, rows
+
+
 def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
     r = ev.latest("preflight", any_status=True)
     if not r:
@@ -376,15 +574,20 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
                 rows.append([name, _f(c), ""])
     if rows:
         blocks.append(_table(["check", "passed", "detail"], rows))
-    scalars = [(k, v) for k, v in flatten({k: v for k, v in s.items() if k != "checks"}) if not isinstance(v, str) or len(v) < 200]
-    if scalars:
-        blocks.append(_table(["measurement", "value"], scalars[:40]))
+    mem_rows, rows = preflight_tables(s)
+    if mem_rows:
+        blocks.append(_p("step memory at the configured micro-batch, estimate next to measured (GiB; measured: process resident "
+                         "set on a CPU, peak allocated on a GPU):"))
+        blocks.append(_table(["sequence length (tokens)", "step total, estimate", "step total, measured peak",
+                              "the step adds, estimate", "the step adds, measured"], mem_rows))
+    if rows:
+        blocks.append(_table(["quantity", "value", "unit"], rows[:40]))
     if plots:
         from tuneproof.deliver.plots import memory_throughput  # noqa: PLC0415
 
         nums = [(k, float(v)) for k, v in flatten(s, depth=4) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
-        mem = {k: g for k, v in nums if _MEM.search(k) and not _THR.search(k) and "budget" not in k.lower() for g in [_gib(k, v)] if g is not None}
-        thr = {k: v for k, v in nums if _THR.search(k)}
+        mem = {_label(k): g for k, v in nums if _MEM.search(k) and not _THR.search(k) and "budget" not in k.lower() for g in [_gib(k, v)] if g is not None}
+        thr = {_label(k, unit=True): v for k, v in nums if _THR.search(k)}
         blocks += _fig(memory_throughput(mem, thr), "step memory and throughput (preflight)")
     return blocks
 
@@ -426,7 +629,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
             blocks.append({"type": "strong", "text": f"{cid} vs baseline {data.get('baseline')} ({c.id})"})
             blocks.append(_p(f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
                              f"{cnt.get('unchanged_right')}, unchanged wrong {cnt.get('unchanged_wrong')}; McNemar exact p = "
-                             f"{_f((r.get('mcnemar') or {}).get('p_value'), 4)}. Intervals: 95% paired bootstrap of the delta."))
+                             f"{fmt_p((r.get('mcnemar') or {}).get('p_value'))}. Intervals: 95% paired bootstrap of the delta."))
             basis, cc = r.get("counts_basis") or {}, r.get("counts_correct")
             if basis:  # issue 17: the counts follow the success metric's per-example rule
                 extra = (f" On the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
@@ -440,9 +643,8 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
             pc, pf = r.get("per_class") or {}, r.get("per_field") or {}
             cm = per_class_metric(task)
             if pc:
-                blocks.append(_table(["class", f"{cm} baseline", f"{cm} candidate", "delta", "95% CI", "support"],
-                                     [[k, (v.get(cm) or {}).get("base"), (v.get(cm) or {}).get("cand"), (v.get(cm) or {}).get("delta"),
-                                       _ci((v.get(cm) or {}).get("ci")), (v.get(cm) or {}).get("support")] for k, v in pc.items()]))
+                blocks += per_class_blocks(pc, cm, _failing_items(r, "per_class"))
+                blocks += _confusion_summary(ev, data.get("baseline"), cid, task)
             if pf:
                 blocks.append(_table(["field", f"{PER_FIELD_METRIC} baseline", f"{PER_FIELD_METRIC} candidate", "delta", "95% CI", "support"],
                                      [[k, (v.get(PER_FIELD_METRIC) or {}).get("base"), (v.get(PER_FIELD_METRIC) or {}).get("cand"),
@@ -450,7 +652,17 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
                                        (v.get(PER_FIELD_METRIC) or {}).get("support")] for k, v in pf.items()]))
             if (r.get("concentration") or {}).get("detail"):
                 blocks.append(_p(f"where the gain comes from: {r['concentration']['detail']}"))
-            items = [f"{v['kind']} {v['verdict']}: {v['name']}: {v.get('detail', '')}" for v in r.get("verdicts", [])]
+            from tuneproof.evaluation.screen import guard_lines  # noqa: PLC0415
+
+            items, folded = [], []
+            for v in r.get("verdicts", []):
+                failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
+                items.append(f"{v['kind']} {v['verdict']}: {v['name']}: {guard_lines(v)[0] if failing else v.get('detail', '')}")
+                if failing:  # one row per failing class / field, all of them (the screen shows 10)
+                    folded.append({"type": "details", "summary": f"{len(failing)} failing: {v['name']}",
+                                   "blocks": [_table(["name", "baseline", "candidate", "delta", "95% CI", "support", "why"],
+                                                     [[it["name"], it.get("base"), it.get("cand"), it.get("delta"), _ci(it.get("ci")),
+                                                       it.get("support"), it.get("why", "")] for it in failing])]})
             items += [f"note: {n}" for n in r.get("notes", [])]
             if r.get("fixed_ids"):
                 items.append("fixed (wrong before, right after): " + ", ".join(map(str, r["fixed_ids"][:10])))
@@ -458,9 +670,80 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
                 items.append("broken (right before, wrong after): " + ", ".join(map(str, r["broken_ids"][:10])))
             if items:
                 blocks.append({"type": "list", "items": items})
+            blocks += folded
             if plots:
                 blocks += _comparison_plots(ev, data.get("baseline"), cid, r, task)
     return blocks
+
+
+#: a per-class table longer than this folds the classes that did not change (and pass every guard)
+FOLD_CLASSES_OVER = 12
+#: confusions listed in the confusion summary; heat maps of more classes than this are folded
+TOP_CONFUSIONS = 10
+FOLD_HEATMAP_OVER = 15
+
+
+def _failing_items(r: dict, group: str) -> set[str]:
+    return {it["name"] for v in r.get("verdicts") or [] if str(v.get("metric", "")).startswith(group)
+            for it in v.get("items") or [] if it.get("verdict") == "fail"}
+
+
+def per_class_blocks(pc: dict, metric: str, failing: set[str]) -> list[dict]:
+    """The per-class table sorted by delta (most negative first): classes that fail a guard or whose
+    metric changed come first; with more than :data:`FOLD_CLASSES_OVER` classes the unchanged
+    rest is folded (``details``)."""
+    def row(k: str) -> list:
+        v = pc[k].get(metric) or {}
+        return [k, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci")), v.get("support"), "fails a guard" if k in failing else ""]
+
+    def key(k: str):
+        d = (pc[k].get(metric) or {}).get("delta")
+        return (d is None, d if d is not None else 0.0, k)
+
+    cols = ["class", f"{metric} baseline", f"{metric} candidate", "delta", "95% CI", "support", "guard"]
+    changed = sorted((k for k in pc if k in failing or ((pc[k].get(metric) or {}).get("delta") or 0.0) != 0.0), key=key)
+    rest = sorted((k for k in pc if k not in changed), key=key)
+    if len(pc) <= FOLD_CLASSES_OVER or not rest:
+        return [_table(cols, [row(k) for k in changed + rest])]
+    out = [_p(f"{len(changed)} of {len(pc)} classes changed or fail a guard, sorted by delta (most negative first); "
+              f"the {len(rest)} unchanged are folded below.")]
+    if changed:
+        out.append(_table(cols, [row(k) for k in changed]))
+    out.append({"type": "details", "summary": f"{len(rest)} unchanged classes", "blocks": [_table(cols, [row(k) for k in rest])]})
+    return out
+
+
+def top_confusions(conf: dict | None, n: int = TOP_CONFUSIONS) -> list[tuple[str, str, int, int]]:
+    """The ``n`` largest off-diagonal cells ``(true, predicted, count, row total)`` of a confusion
+    matrix (``{"labels", "columns", "matrix"}``, rows = references), ties by name."""
+    if not conf or not conf.get("matrix"):
+        return []
+    cells = []
+    for i, (true, counts) in enumerate(zip(conf["labels"], conf["matrix"])):
+        total = sum(counts)
+        for j, c in enumerate(counts):
+            pred = conf["columns"][j]
+            if c and pred != true:
+                cells.append((true, pred, int(c), int(total)))
+    return sorted(cells, key=lambda t: (-t[2], t[0], t[1]))[:n]
+
+
+def _confusion_summary(ev: _Evidence, base_id: str | None, cid: str, task: str) -> list[dict]:
+    if not get_task(task).has_confusion:
+        return []
+    conf = ((ev.json(cid, "eval.json") or {}).get("metrics") or {}).get("confusion")
+    top = top_confusions(conf)
+    if not top:
+        return [_p(f"top confusions of {cid}: none (every prediction is its reference class)")] if conf else []
+    bconf = ((ev.json(base_id, "eval.json") or {}).get("metrics") or {}).get("confusion") if base_id else None
+    bcell = {}
+    if bconf and bconf.get("matrix"):
+        for true, counts in zip(bconf["labels"], bconf["matrix"]):
+            for pred, c in zip(bconf["columns"], counts):
+                bcell[(true, pred)] = int(c)
+    rows = [[t, p, c, f"{c / tot:.0%}" if tot else "-", bcell.get((t, p), "-")] for t, p, c, tot in top]
+    return [_p(f"top {len(rows)} confusions of the candidate {cid} (true class predicted as another; the heat maps are below):"),
+            _table(["true class", "predicted as", "examples", "share of the class", f"baseline {base_id}"], rows)]
 
 
 def _comparison_plots(ev: _Evidence, base_id: str | None, cid: str, r: dict, task: str) -> list[dict]:
@@ -472,14 +755,18 @@ def _comparison_plots(ev: _Evidence, base_id: str | None, cid: str, r: dict, tas
         names = [k for k, v in section.items() if isinstance(v.get(metric), dict)]
         if names:
             png = metric_bars(names, [section[k][metric].get("base") for k in names], [section[k][metric].get("cand") for k in names],
-                              metric=metric, title=f"{metric} per {what}: baseline {base_id} vs {cid}", cand_label=cid, base_label=f"baseline {base_id}")
+                              metric=metric, title=f"{metric} per {what}: baseline {base_id} vs {cid}", cand_label=cid, base_label=f"baseline {base_id}",
+                              what=what)
             out += _fig(png, f"per-{what} {metric}, baseline vs candidate {cid}")
     if get_task(task).has_confusion:
         for rid, who in ((base_id, "baseline"), (cid, "candidate")):
             conf = ((ev.json(rid, "eval.json") or {}).get("metrics") or {}).get("confusion") if rid else None
             if conf and conf.get("matrix"):
-                out += _fig(confusion(conf["matrix"], conf["labels"], conf["columns"], title=f"confusion matrix, {who} {rid}"),
-                            f"confusion matrix of the {who} {rid} (rows: true class, columns: predicted)")
+                fig = _fig(confusion(conf["matrix"], conf["labels"], conf["columns"], title=f"confusion matrix, {who} {rid}"),
+                           f"confusion matrix of the {who} {rid} (rows: true class, columns: predicted)")
+                if len(conf["labels"]) > FOLD_HEATMAP_OVER and fig:  # unreadable at a glance: the top confusions table says it
+                    fig = [{"type": "details", "summary": f"confusion heat map of the {who} {rid} ({len(conf['labels'])} classes)", "blocks": fig}]
+                out += fig
     return out
 
 
@@ -529,19 +816,24 @@ def _verdict(ev: _Evidence) -> list[dict]:
     return blocks
 
 
-def _limits(ev: _Evidence) -> list[dict]:
+def _observed(ev: _Evidence) -> tuple[str, dict] | None:
+    """``(run id, observed limits)`` of the latest compared candidate, else of the latest eval run."""
     c, r, cid = _latest_candidate(ev)
-    if cid:
-        em = (ev.json(cid, "eval.json") or {}).get("metrics")
-        lim = observed_limits(ev.ctx.task, eval_metrics=em, outputs=ev.rows(cid, "outputs.jsonl"), comparison=r,
-                              test_accesses=ev.reg.test_accesses())
-    else:
+    if not cid:
         e = ev.latest("eval")
         if not e:
-            return [_p(f"{NOT_RUN}: no evaluated run")]
-        cid = e.id
-        lim = observed_limits(ev.ctx.task, eval_metrics=(ev.json(e.id, "eval.json") or {}).get("metrics"), outputs=ev.rows(e.id, "outputs.jsonl"),
-                              comparison=None, test_accesses=ev.reg.test_accesses())
+            return None
+        cid, r = e.id, None
+    em = (ev.json(cid, "eval.json") or {}).get("metrics")
+    return cid, observed_limits(ev.ctx.task, eval_metrics=em, outputs=ev.rows(cid, "outputs.jsonl"), comparison=r,
+                                test_accesses=ev.reg.test_accesses())
+
+
+def _limits(ev: _Evidence) -> list[dict]:
+    got = _observed(ev)
+    if got is None:
+        return [_p(f"{NOT_RUN}: no evaluated run")]
+    cid, lim = got
     return [_p(f"of {cid} on the evaluation split (weak: below {lim['weak_below']}):"), {"type": "list", "items": limits_lines(lim, 12) or ["none observed"]}]
 
 
@@ -624,26 +916,36 @@ def _md_cell(v: Any) -> str:
     return _md_text(("" if v is None else str(v)).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " "))
 
 
+def _md_blocks(blocks: list[dict]) -> list[str]:
+    out: list[str] = []
+    for b in blocks:
+        t = b["type"]
+        if t == "p":
+            out += [_md_text(b["text"]), ""]
+        elif t == "strong":
+            out += [f"**{_md_text(b['text'])}**", ""]
+        elif t == "list":
+            out += [f"- {_md_text(x)}" for x in b["items"]] + [""]
+        elif t == "pre":
+            out += ["```", b["text"], "```", ""]
+        elif t == "table":
+            out += ["| " + " | ".join(_md_cell(c) for c in b["cols"]) + " |", "|" + "---|" * len(b["cols"])]
+            out += ["| " + " | ".join(_md_cell(v) for v in r) + " |" for r in b["rows"]] + [""]
+        elif t == "figure":
+            out += [f"_(plot in dossier.html: {b['caption']})_", ""]
+        elif t == "details":  # GitHub Markdown folds it; the summary is escaped like HTML text
+            out += [f"<details><summary>{html.escape(str(b['summary']))}</summary>", ""] + _md_blocks(b["blocks"]) + ["</details>", ""]
+    return out
+
+
 def to_markdown(d: dict[str, Any]) -> str:
-    """GitHub-flavoured Markdown; figures are named (they are in the HTML page)."""
+    """GitHub-flavoured Markdown; figures are named (they are in the HTML page). The first section
+    (the first screen) ends with links to every other section."""
     out = [f"# {_md_text(d['title'])}", ""]
-    for s in d["sections"]:
-        out += [f"## {s['title']}", ""]
-        for b in s["blocks"]:
-            t = b["type"]
-            if t == "p":
-                out += [_md_text(b["text"]), ""]
-            elif t == "strong":
-                out += [f"**{_md_text(b['text'])}**", ""]
-            elif t == "list":
-                out += [f"- {_md_text(x)}" for x in b["items"]] + [""]
-            elif t == "pre":
-                out += ["```", b["text"], "```", ""]
-            elif t == "table":
-                out += ["| " + " | ".join(_md_cell(c) for c in b["cols"]) + " |", "|" + "---|" * len(b["cols"])]
-                out += ["| " + " | ".join(_md_cell(v) for v in r) + " |" for r in b["rows"]] + [""]
-            elif t == "figure":
-                out += [f"_(plot in dossier.html: {b['caption']})_", ""]
+    for i, s in enumerate(d["sections"]):
+        out += [f"<a id=\"{html.escape(s['id'])}\"></a>", "", f"## {s['title']}", ""] + _md_blocks(s["blocks"])
+        if i == 0 and len(d["sections"]) > 1:
+            out += ["details: " + " · ".join(f"[{x['title']}](#{x['id']})" for x in d["sections"][1:]), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -653,37 +955,50 @@ h1{border-bottom:2px solid #2f6fb3;padding-bottom:.2em}h2{margin-top:1.8em;borde
 table{border-collapse:collapse;margin:.6em 0;font-size:.88em;display:block;overflow-x:auto}
 th,td{border:1px solid #d5dbe1;padding:.25em .55em;text-align:left;vertical-align:top}th{background:#eef2f6}
 pre{background:#f4f6f8;padding:.8em;overflow-x:auto}figure{margin:1em 0}figure img{max-width:100%;border:1px solid #e3e7eb}
-figcaption{font-size:.85em;color:#56606b}.strong{font-weight:600}nav a{margin-right:.8em;font-size:.9em}
+figcaption{font-size:.85em;color:#56606b}.strong{font-weight:600}nav a{margin-right:.8em;font-size:.9em;display:inline-block}
+td,th{overflow-wrap:anywhere}details{margin:.5em 0}summary{cursor:pointer;color:#2f6fb3}
 """
+
+
+def _html_blocks(blocks: list[dict]) -> list[str]:
+    e = html.escape
+    out: list[str] = []
+    for b in blocks:
+        t = b["type"]
+        if t == "p":
+            out.append(f"<p>{e(b['text'])}</p>")
+        elif t == "strong":
+            out.append(f"<p class=\"strong\">{e(b['text'])}</p>")
+        elif t == "list":
+            out.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in b["items"]) + "</ul>")
+        elif t == "pre":
+            out.append(f"<pre>{e(b['text'])}</pre>")
+        elif t == "table":
+            out.append("<table><thead><tr>" + "".join(f"<th>{e(str(c))}</th>" for c in b["cols"]) + "</tr></thead><tbody>"
+                       + "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in b["rows"]) + "</tbody></table>")
+        elif t == "figure":
+            data = base64.b64encode(b["png"]).decode("ascii")
+            out.append(f"<figure><img alt=\"{e(b['caption'])}\" src=\"data:image/png;base64,{data}\">"
+                       f"<figcaption>{e(b['caption'])}</figcaption></figure>")
+        elif t == "details":
+            out.append(f"<details><summary>{e(str(b['summary']))}</summary>" + "".join(_html_blocks(b["blocks"])) + "</details>")
+    return out
 
 
 def to_html(d: dict[str, Any]) -> str:
     """One self-contained HTML page (inline CSS, images as base64 data URIs, no script, nothing
-    fetched); every text is escaped with ``html.escape``."""
+    fetched); every text is escaped with ``html.escape``. The first section is the first screen;
+    the links to every section follow it."""
     e = html.escape
     out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(d['title'])}</title>",
-           f"<style>{CSS}</style></head><body>", f"<h1>{e(d['title'])}</h1>",
-           "<nav>" + "".join(f"<a href=\"#{e(s['id'])}\">{e(s['title'])}</a>" for s in d["sections"]) + "</nav>"]
-    for s in d["sections"]:
+           f"<style>{CSS}</style></head><body>", f"<h1>{e(d['title'])}</h1>"]
+    nav = "<nav>details: " + "".join(f"<a href=\"#{e(s['id'])}\">{e(s['title'])}</a>" for s in d["sections"][1:]) + "</nav>"
+    for i, s in enumerate(d["sections"]):
         out.append(f"<section id=\"{e(s['id'])}\"><h2>{e(s['title'])}</h2>")
-        for b in s["blocks"]:
-            t = b["type"]
-            if t == "p":
-                out.append(f"<p>{e(b['text'])}</p>")
-            elif t == "strong":
-                out.append(f"<p class=\"strong\">{e(b['text'])}</p>")
-            elif t == "list":
-                out.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in b["items"]) + "</ul>")
-            elif t == "pre":
-                out.append(f"<pre>{e(b['text'])}</pre>")
-            elif t == "table":
-                out.append("<table><thead><tr>" + "".join(f"<th>{e(str(c))}</th>" for c in b["cols"]) + "</tr></thead><tbody>"
-                           + "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in b["rows"]) + "</tbody></table>")
-            elif t == "figure":
-                data = base64.b64encode(b["png"]).decode("ascii")
-                out.append(f"<figure><img alt=\"{e(b['caption'])}\" src=\"data:image/png;base64,{data}\">"
-                           f"<figcaption>{e(b['caption'])}</figcaption></figure>")
+        out += _html_blocks(s["blocks"])
         out.append("</section>")
+        if i == 0:
+            out.append(nav)
     out.append("</body></html>")
     return "\n".join(out) + "\n"

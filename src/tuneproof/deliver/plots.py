@@ -23,11 +23,24 @@ def _plt():
     return plt
 
 
+#: PNG text chunk holding the axis labels of every plot panel (JSON ``[[xlabel, ylabel], ...]``)
+AXIS_LABELS_KEY = "tuneproof-axis-labels"
+
+
+def axis_labels(fig) -> list[list[str]]:
+    """``[[xlabel, ylabel], ...]`` of each plot panel of ``fig`` (colour bars are not panels)."""
+    return [[ax.get_xlabel(), ax.get_ylabel()] for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
 def _png(fig) -> bytes:
+    """The figure as PNG; its panels' axis labels are stored in the text chunk :data:`AXIS_LABELS_KEY`
+    (what the dossier tests read back to check that every plot has axis labels)."""
+    import json  # noqa: PLC0415
+
     plt = _plt()
     buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None, AXIS_LABELS_KEY: json.dumps(axis_labels(fig))})
     plt.close(fig)
     return buf.getvalue()
 
@@ -57,8 +70,8 @@ def loss_curves(series: dict[str, list[tuple[int, float]]]) -> bytes | None:
 
 
 def metric_bars(names: list[str], base: list[float | None], cand: list[float | None], *, metric: str, title: str,
-                base_label: str = "baseline", cand_label: str = "candidate") -> bytes | None:
-    """Horizontal bars of ``metric`` per class or field, baseline next to candidate."""
+                base_label: str = "baseline", cand_label: str = "candidate", what: str = "class") -> bytes | None:
+    """Horizontal bars of ``metric`` per class or field (``what``, the y-axis label), baseline next to candidate."""
     if not names:
         return None
     plt = _plt()
@@ -73,6 +86,7 @@ def metric_bars(names: list[str], base: list[float | None], cand: list[float | N
     ax.invert_yaxis()
     ax.set_xlim(0, 1.0)
     ax.set_xlabel(metric)
+    ax.set_ylabel(what)
     ax.set_title(_safe(title, 80))
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
@@ -136,6 +150,7 @@ def token_lengths(lengths: dict[str, list[int]] | None, stats: dict[str, dict[st
     ax.set_xticklabels(keys)
     if max_length:
         ax.axhline(max_length, color="red", linestyle="--", label=f"max_length {max_length}")
+    ax.set_xlabel("percentile of the split's token lengths")
     ax.set_ylabel("tokens per example")
     ax.set_title("token lengths per split (percentiles stored by the data check)")
     ax.legend(fontsize=8)
@@ -147,9 +162,11 @@ def memory_throughput(memory_gib: dict[str, float], throughput: dict[str, float]
     if not memory_gib and not throughput:
         return None
     plt = _plt()
-    panels = [(t, d) for t, d in (("step memory (GiB)", memory_gib), ("throughput", throughput)) if d]
+    panels = [(t, d, x) for t, d, x in (("step memory (GiB)", memory_gib, "GiB"), ("throughput", throughput, "value (unit in the name)")) if d]
     fig, axes = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 9, 3.4), squeeze=False)
-    for ax, (title, data) in zip(axes[0], panels):
+    for ax, (title, data, xlabel) in zip(axes[0], panels):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("quantity (preflight)")
         names = list(data)
         ax.barh(range(len(names)), [data[k] for k in names], color="#2f6fb3")
         ax.set_yticks(range(len(names)))

@@ -120,3 +120,27 @@ def reuse_line(reasons: list[str]) -> str:
     if not reasons:
         return "test split: first use (not a reuse)"
     return "test split: REUSE - " + "; ".join(reasons) + " (the result no longer is a clean control)"
+
+
+#: failing classes / fields a guard lists on screen (the full list is in compare.json)
+MAX_FAILING_ON_SCREEN = 10
+
+
+def guard_lines(v: dict, where: str = "compare.json") -> list[str]:
+    """A verdict on screen: its detail, or for a per-class / per-field guard that fails, a short
+    head line then one line per failing item with its numbers (at most :data:`MAX_FAILING_ON_SCREEN`,
+    then ``... and N more (full list in compare.json)``)."""
+    failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
+    if not failing:
+        return [v.get("detail", "")]
+    what = "classes" if str(v.get("metric", "")).startswith("per_class") else "fields"
+    judged = sum(1 for it in v["items"] if it.get("verdict") != "not measurable")
+    sub = str(v.get("metric", "")).split("_", 2)[-1]
+    out = [f"{len(failing)} of {judged} {what} fail (judged on support >= {v.get('min_support', 1)})"]
+    for it in sorted(failing, key=lambda it: (math.inf if it.get("delta") is None else it["delta"], it["name"]))[:MAX_FAILING_ON_SCREEN]:
+        ci = it.get("ci") or [None, None]
+        out.append(f"    {it['name']}: {sub} {_num(it.get('base'))} -> {_num(it.get('cand'))}, delta {_num(it.get('delta'))} "
+                   f"[{_num(ci[0])}, {_num(ci[1])}], support {it.get('support')}" + (f": {it['why']}" if it.get("why") else ""))
+    if len(failing) > MAX_FAILING_ON_SCREEN:
+        out.append(f"    ... and {len(failing) - MAX_FAILING_ON_SCREEN} more (full list in {where})")
+    return out

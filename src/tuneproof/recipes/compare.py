@@ -16,7 +16,6 @@ Features:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rich.markup import escape
@@ -24,7 +23,7 @@ from rich.markup import escape
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.screen import fmt_p
+from tuneproof.evaluation.screen import MAX_FAILING_ON_SCREEN, fmt_p, guard_lines  # noqa: F401 (re-exported)
 from tuneproof.recipes.common import load_outputs, run_json
 from tuneproof.ui import console, fmt, table
 
@@ -169,30 +168,6 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
         if bm.get(key) and metric in r.get("metrics", {}):
             lines.append(f"  {metric}: {bm[key]}")
     return lines
-
-
-#: failing classes / fields a guard lists on screen (the full list is in compare.json)
-MAX_FAILING_ON_SCREEN = 10
-
-
-def guard_lines(v: dict, where: str = "compare.json") -> list[str]:
-    """A verdict on screen: its detail, or for a per-class / per-field guard that fails, a short
-    head line then one line per failing item with its numbers (at most :data:`MAX_FAILING_ON_SCREEN`,
-    then ``... and N more (full list in compare.json)``)."""
-    failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
-    if not failing:
-        return [v.get("detail", "")]
-    what = "classes" if str(v.get("metric", "")).startswith("per_class") else "fields"
-    judged = sum(1 for it in v["items"] if it.get("verdict") != "not measurable")
-    sub = str(v.get("metric", "")).split("_", 2)[-1]
-    out = [f"{len(failing)} of {judged} {what} fail (judged on support >= {v.get('min_support', 1)})"]
-    for it in sorted(failing, key=lambda it: (math.inf if it.get("delta") is None else it["delta"], it["name"]))[:MAX_FAILING_ON_SCREEN]:
-        ci = it.get("ci") or [None, None]
-        out.append(f"    {it['name']}: {sub} {fmt(it.get('base'))} -> {fmt(it.get('cand'))}, delta {fmt(it.get('delta'))} "
-                   f"[{fmt(ci[0])}, {fmt(ci[1])}], support {it.get('support')}" + (f": {it['why']}" if it.get("why") else ""))
-    if len(failing) > MAX_FAILING_ON_SCREEN:
-        out.append(f"    ... and {len(failing) - MAX_FAILING_ON_SCREEN} more (full list in {where})")
-    return out
 
 
 def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:

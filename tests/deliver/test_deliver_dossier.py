@@ -76,7 +76,7 @@ def test_first_screen_stands_alone(dossier_study):
     data = json.loads((compare / "compare.json").read_text())
     cand = next(iter(data["candidates"].values()))
     succ = next(v for v in cand["verdicts"] if v["kind"] == "success")
-    assert first.lstrip().startswith(f"**verdict: {data['verdict'].upper()} (")
+    assert first.lstrip().startswith(f"**verdict (frozen hypothesis): {data['verdict'].upper()} (")
     lo, hi = succ["ci"]
     assert f"| success | success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | {succ['cand']:.3f} | {succ['delta']:.3f} [{lo:.3f}, {hi:.3f}] |" in first
     assert (f"- the candidate changed against the baseline: {t} trained lora r 4, alpha 8.0 on query, value (also trains classifier); "

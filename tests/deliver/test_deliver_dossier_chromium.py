@@ -93,7 +93,7 @@ def test_first_screen_shows_the_verdict_and_nothing_overflows(dossier_study, tmp
     assert got, "no layout output:\n" + "\n".join(console[-5:])
     lay = got[0]
     assert int(size.split(",")[0]) - 20 <= lay["vw"] <= int(size.split(",")[0])  # less a scroll bar
-    assert lay["verdict"].startswith("verdict: ")  # the first screen holds the verdict ...
+    assert lay["verdict"].startswith("verdict (frozen hypothesis): ")  # the first screen holds the verdict ...
     assert 0 < lay["verdictBottom"] <= lay["vh"]  # ... above the fold
     assert lay["scrollWidth"] <= lay["vw"] and lay["overflow"] == []  # no element wider than the page
 

@@ -78,3 +78,16 @@ def test_failing_per_class_guard_is_one_line_per_class_at_most_10():
     assert lines[10].startswith("    class_09: recall 0.900 -> 0.190")
     assert lines[11] == "    ... and 5 more (full list in runs/r0009/compare.json)"
     assert guard_lines({"detail": "delta 0.1", "items": []}) == ["delta 0.1"]
+
+
+def test_data_check_shows_progress(study, capsys):
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.data_check import data_report
+
+    capsys.readouterr()
+    rep = data_report(StudyContext.open(study["dir"]))
+    assert rep["sizes"] == {"train": 32, "validation": 12, "test": 6}
+    lines = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("data check: ")]
+    # duplicates over all 50 examples, then the trainer's encoding of train and validation (44): 94 steps
+    assert lines == ["data check: 50/94 (53%) duplicates done", "data check: 82/94 (87%) encoding train",
+                     "data check: 94/94 (100%) encoding validation"]

@@ -169,8 +169,8 @@ def _summary(ev: _Evidence) -> list[dict]:
     judged = ev.judged(first) if first else None
     if first and judged and judged[0] is not None:
         verdicts, o = judged[0]
-        blocks.append({"type": "strong", "text": f"verdict: {str(o.get('verdict', '?')).upper()} ({o.get('detail', '')}); {cid} vs baseline "
-                                                 f"{(ev.json(comp.id, 'compare.json') or {}).get('baseline')}, {ev.judging.judged_against} hypothesis ({comp.id})"})
+        blocks.append({"type": "strong", "text": f"verdict ({ev.judging.judged_against} hypothesis): {str(o.get('verdict', '?')).upper()} "
+                                                 f"({o.get('detail', '')}); {cid} vs baseline {(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})"})
         rows = []
         for v in verdicts:
             shown = guard_lines(v)[0] if v.get("items") else ""

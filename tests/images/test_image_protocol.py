@@ -108,7 +108,8 @@ def test_preflight_runs_the_image_checks_and_passes(tmp_path, tiny_vit, capsys):
     for name in ("training data", "target modules", "update check", "step memory", "eval memory", "gradient accumulation",
                  "activation checkpointing", "eval batch size"):
         assert status[name] is True, name
-    assert status["smoke pass"] is None and status["embedding size"] is None  # skipped, with the reason, not passed
+    assert status["smoke pass"] is True and status["configured combination"] is True  # reloaded in a fresh process
+    assert status["embedding size"] is None  # skipped, with the reason, not passed
     update = next(c for c in rep["checks"] if c["name"] == "update check")
     assert update["numbers"]["trainable_changed"] == update["numbers"]["trainable_tensors"] == 10
     train = _cli(["train"], study, capsys)  # the passed preflight lets train start without an override

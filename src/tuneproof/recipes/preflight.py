@@ -681,6 +681,14 @@ def _scores(ctx: StudyContext, model, examples: list) -> list[list]:
     out = []
     with torch.inference_mode():
         for ex in examples:
+            if ctx.is_image:
+                from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
+
+                pixels = collate_images([ctx.pipeline.encode(ex)])["pixel_values"].to(device)
+                with autocast():
+                    logits = model(pixel_values=pixels).logits[0].float()
+                out.append([[i, float(v)] for i, v in enumerate(logits.cpu())])
+                continue
             if ctx.model_kind == "sequence-classification":
                 enc = ctx.tokenizer(ex.text, truncation=True, max_length=ctx.study.training.max_length, return_tensors="pt")
                 with autocast():
@@ -722,7 +730,8 @@ def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, p
 
     spec = {"study_dir": str(ctx.study_dir), "data_root": str(ctx.data_root) if ctx.data_root else None, "config": ctx.config,
             "payload": str(payload), "payload_kind": payload_kind,
-            "examples": [{"id": e.id, "text": e.text, "label": e.label, "target": e.target} for e in examples]}
+            "examples": [{"id": e.id, "text": e.text, "label": e.label, "target": e.target,
+                          **({"image": e.meta["image"]} if e.meta.get("image") else {})} for e in examples]}
     spec_path, out_path = smoke_dir / "reload_spec.json", smoke_dir / "reload_outputs.json"
     write_json(spec_path, spec)
     if out_path.exists():
@@ -765,7 +774,8 @@ def _reload_main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         model = _load_for_reload(ctx, Path(spec["payload"]), spec["payload_kind"])
         t1 = time.perf_counter()
-        examples = [Example(id=e["id"], text=e["text"], label=e["label"], target=e["target"]) for e in spec["examples"]]
+        examples = [Example(id=e["id"], text=e["text"], label=e["label"], target=e["target"],
+                            meta={"image": e["image"]} if e.get("image") else {}) for e in spec["examples"]]
         preds = predict(ctx, model, examples, "reload")
         scores = _scores(ctx, model, examples)
         write_json(out, {"predictions": preds, "scores": scores, "load_seconds": t1 - t0, "predict_seconds": time.perf_counter() - t1})
@@ -790,7 +800,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     frozen = [n for n in before if n not in trainable]
     marks = [time.perf_counter()]
-    result = train(model, encoded, scfg, pad_id=ctx.tokenizer.pad_token_id, device=device, autocast=autocast,
+    result = train(model, encoded, scfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0) or 0, device=device, autocast=autocast,
                    progress=lambda s, t, loss: marks.append(time.perf_counter()))
     step_s = [b - a for a, b in zip(marks, marks[1:])]
     after = _cpu_copy(model)
@@ -867,8 +877,8 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     n = len(encoded)
     accum = cfg.gradient_accumulation_steps
 
-    def step_tokens(step: int) -> int:
-        return sum(len(encoded[i].input_ids) for idx in window_at(n, cfg.micro_batch_size, accum, cfg.seed, step) for i in idx)
+    def step_tokens(step: int) -> int:  # an image counts as one "token" (the rate is then images/s)
+        return sum(len(getattr(encoded[i], "input_ids", [0])) for idx in window_at(n, cfg.micro_batch_size, accum, cfg.seed, step) for i in idx)
 
     timed = list(range(1, len(step_s))) or [0]
     secs = sum(step_s[i] for i in timed)
@@ -1007,7 +1017,21 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     probe = _micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
     if ctx.is_image:
-        return _image_checks(ctx, rep, model, usable, probe, choice, budget, autocast, skip_rest)
+        _image_checks(ctx, rep, model, usable, probe, choice, budget, autocast)
+    else:
+        _text_checks(ctx, rep, model, usable, probe, pad, data_check, choice, budget, budget_source, find_max, autocast)
+    if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory
+        return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
+    _smoke(ctx, run, rep, model, usable, skip_rest)
+
+
+def _text_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: dict, pad: int, data_check: dict, choice: dict[str, Any],
+                 budget: int, budget_source: str, find_max: bool, autocast) -> None:
+    """A causal LM's or text classifier's checks after the update check (step memory at two lengths...)."""
+    from tuneproof.preflight.eval_batch import check_study_eval_batch  # noqa: PLC0415
+    from tuneproof.preflight.packing import check_study_packing  # noqa: PLC0415
+
+    cfg = ctx.study.training
     lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
     dtype = choice["dtype"]
     rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast))
@@ -1024,8 +1048,9 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))  # C22: outputs do not depend on eval.batch_size
     if cfg.packing:  # C23: packed rows give each example's own per-token losses (issue 15)
         rep.run("packing", lambda: check_study_packing(model, usable, cfg, pad))
-    if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory
-        return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
+
+
+def _smoke(ctx: StudyContext, run, rep: _Report, model, usable: list, skip_rest) -> None:
     try:
         check_smoke(ctx, run, model, usable, rep)
     except (KeyboardInterrupt, SystemExit):
@@ -1041,10 +1066,10 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
 
 
 def _image_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: dict, choice: dict[str, Any], budget: int,
-                  autocast, skip_rest) -> None:
+                  autocast) -> None:
     """An image classifier's checks after the update check: step and eval memory on real images,
-    accumulation, precision, activation checkpointing, C22 for a forward pass; the text smoke pass
-    (generation, tokenizer reload) does not apply and is recorded as skipped."""
+    accumulation, precision, activation checkpointing, C22 for a forward pass (the smoke pass follows,
+    as for text)."""
     from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
     from tuneproof.preflight import image_checks  # noqa: PLC0415
 
@@ -1066,9 +1091,6 @@ def _image_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: d
     rep.run("eval batch size", lambda: _check("eval batch size", **image_checks.check_image_eval_batch(
         model, ctx.pipeline, sample, ctx.labels, ctx.study.eval.batch_size, device, autocast)))
     rep.skip("embedding size", "an image classifier has no token embeddings")
-    rep.skip("configured combination", "the text combination probe (length x micro-batch) does not apply to fixed-size images")
-    skip_rest("the text smoke pass (tokenizer reload, generation) does not apply; `tuneproof export` reloads and verifies an "
-              "image model in a fresh process")
 
 
 def _write(ctx: StudyContext, run, rep: _Report, snapshot: dict[str, Any], key: str, choice: dict[str, Any], budget: int,

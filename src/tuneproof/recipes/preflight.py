@@ -860,7 +860,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
                "saved": f"runs/{run.id}/smoke/{payload_kind}"}
     msg = (f"{result['steps']} training steps; {len(examples)} evaluation examples predicted in {eval_s:.1f} s; "
            f"saved {payload_kind} ({len(saved_files)} files); reloaded in a fresh process in {child['seconds']:.1f} s: "
-           f"{len(examples) - len(mismatches)} of {len(examples)} predictions identical, max |next-token logit diff| "
+           f"{len(examples) - len(mismatches)} of {len(examples)} predictions identical, max |{'class' if ctx.is_image else 'next-token'} logit diff| "
            f"{logit_diff:.2e} (tolerance {tol:g})")
     if adapter_effect is not None:
         msg += f"; the adapter moves those logits by up to {adapter_effect:.2e}"
@@ -888,7 +888,8 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     n_eval = len(ctx.eval_examples())
     eval_per_ex = eval_s / max(len(examples), 1)
     batch_rate = _eval_batch_rate(report)
-    eval_basis = f"measured on {len(examples)} smoke examples, an upper bound when the smoke model generates up to eval.max_new_tokens"
+    eval_basis = (f"measured on {len(examples)} smoke examples" if ctx.is_image else
+                  f"measured on {len(examples)} smoke examples, an upper bound when the smoke model generates up to eval.max_new_tokens")
     if batch_rate:  # one full batch at eval.batch_size: the rate evaluation runs at (batching amortises the per-call cost)
         eval_per_ex = batch_rate["eval_batch_s_per_example"]
         eval_basis = (f"one batch of {batch_rate['eval_batch_size']} at eval.batch_size ({batch_rate['eval_batch_procedure']}), "
@@ -899,7 +900,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
             "eval_seconds_estimate": round(eval_per_ex * n_eval, 1), "step_seconds": [round(x, 3) for x in step_s]}
     report.add(_check(
         "throughput", True,
-        f"{s_per_step:.2f} s/step, {tokens_per_s:.0f} tokens/s at micro-batch {cfg.micro_batch_size} x {accum} "
+        f"{s_per_step:.2f} s/step, {tokens_per_s:.0f} {'images' if ctx.is_image else 'tokens'}/s at micro-batch {cfg.micro_batch_size} x {accum} "
         f"(timed on step{'s' if len(timed) > 1 else ''} {', '.join(str(i + 1) for i in timed)} of {len(step_s)}); the budget of "
         f"{steps_total} steps takes about {_hms(steps_total * s_per_step)}; one evaluation of {n_eval} examples about "
         f"{_hms(eval_per_ex * n_eval)} ({eval_per_ex:.3g} s per example, {eval_basis})", tnum))

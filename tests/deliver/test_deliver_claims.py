@@ -159,3 +159,18 @@ def test_edited_limits_are_named(bundle):
     _forge(bundle, lambda m: m["limits"].__setitem__("broken", []) if m["limits"]["broken"] else m["limits"].__setitem__("broken", ["c999"]))
     problems = _claims(verify_bundle(bundle))
     assert len(problems) == 1 and problems[0].startswith("limits.broken: manifest claims ")
+
+
+def test_an_invalidated_run_with_edited_outputs_no_longer_blocks_the_dossier(cls_study, tmp_path, capsys):
+    """The way out the refusal names: invalidate the tampered run; the dossier is written and lists it."""
+    study = tmp_path / "s"
+    shutil.copytree(cls_study["dir"], study, ignore=shutil.ignore_patterns("exports"))
+    ids = cls_study["ids"]
+    path = study / "runs" / Registry(study).get(ids["eval"]).id / "outputs.jsonl"
+    path.write_text(path.read_text().replace('"prediction": "pos"', '"prediction": "x"', 1))
+    code, out = _run(capsys, "report", "--study", str(study))
+    assert code == 2 and "tuneproof invalidate" in out
+    assert _run(capsys, "invalidate", ids["eval"], "--why", "outputs edited by hand", "--study", str(study))[0] == 0
+    code, out = _run(capsys, "report", "--study", str(study))
+    assert code == 0, out
+    assert "outputs edited by hand" in (study / "dossier.md").read_text()

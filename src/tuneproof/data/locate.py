@@ -89,11 +89,13 @@ def find_data_root(explicit: str | Path | None = None, dataset: str | None = Non
     Raises:
         TuneproofError: ``explicit`` given but incomplete, or nothing found and the download failed.
     """
-    if explicit is not None:
-        root = Path(explicit).expanduser()
+    given = [("--data", explicit)] if explicit is not None else ([(f"${ENV_VAR}", os.environ[ENV_VAR])] if os.environ.get(ENV_VAR) else [])
+    for what, value in given:  # a root the user names must hold the data: never silently fall back to another one
+        root = Path(value).expanduser()
         if not _complete(root, dataset):
             missing = [k for k in FILES if (dataset is None or k.startswith(dataset + "/")) and not (root / k).is_file()]
-            raise TuneproofError(f"--data {root}: missing {missing[0]} (and {len(missing) - 1} more)", hint="point --data at the folder holding banking77/ and snips/")
+            raise TuneproofError(f"{what} {root}: missing {missing[0]} (and {len(missing) - 1} more)",
+                                 hint=f"point {what} at the folder holding banking77/ and snips/")
         return root
     for root in candidate_roots():
         if _complete(root, dataset):

@@ -39,8 +39,9 @@ def check_outputs(path: Path, rec) -> str | None:
     found = sha256_file(path)
     if found != want:
         raise TuneproofError(f"{path}: sha256 {found} differs from {want} recorded when run {rec.id} wrote it",
-                             hint="the per-example outputs were edited after the run; restore them or run the evaluation again "
-                                  "(a verdict is computed only from the outputs a run recorded)")
+                             hint=f"the per-example outputs were edited after the run; restore them, or mark the run invalid "
+                                  f"(`tuneproof invalidate {rec.id} --why ...`) and evaluate again: a verdict is computed only from "
+                                  "the outputs a run recorded")
     return want
 
 
@@ -55,13 +56,16 @@ def read_outputs(path: Path, rec) -> list[dict[str, Any]]:
 
 
 def check_all(registry) -> int:
-    """Check the outputs of every run of ``registry`` that recorded a hash; returns how many.
+    """Check the outputs of every run of ``registry`` that recorded a hash, invalid runs excepted
+    (no verdict uses them, and the dossier lists them with their reason); returns how many.
 
     Raises:
         TuneproofError: the first changed file (see :func:`check_outputs`).
     """
     n = 0
     for rec in registry.list():
+        if rec.status == "invalid":
+            continue
         path = registry.runs_dir / rec.id / OUTPUTS
         if path.exists() and check_outputs(path, rec) is not None:
             n += 1

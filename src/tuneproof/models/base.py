@@ -195,7 +195,9 @@ def resolve_base(spec) -> BaseModelRef:
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
         if not (path / "config.json").is_file():
-            raise TuneproofError(f"model.base: {path} is not a model folder (no config.json)")
+            raise TuneproofError(f"model.base: {path} is not a model folder (no config.json)",
+                                 hint="point model.base at a folder saved with save_pretrained (weights, config.json, tokenizer or "
+                                      "preprocessor_config.json), a built-in alias, or a hub id with model.revision")
         weights = weight_hashes(path)
         if not weights:
             raise TuneproofError(f"model.base: {path} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")

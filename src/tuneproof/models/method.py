@@ -54,5 +54,5 @@ def apply_method(model, method, kind: str) -> tuple[Any, dict[str, Any]]:
     model = get_peft_model(model, cfg)
     summary = trainable_summary(model)
     report.update(summary)
-    report["modules_to_save"] = sorted(model.peft_config["default"].modules_to_save or [])
+    report["modules_to_save"] = sorted(set(model.peft_config["default"].modules_to_save or []))
     return model, report

@@ -153,7 +153,10 @@ def _print(rep: dict[str, Any]) -> None:
     console.print(f"data fingerprint {rep['fingerprint']['hash'][:16]}; splits " +
                   ", ".join(f"{k} {v}" for k, v in rep["sizes"].items()))
     for r in rep["repairs"]:
-        console.print(f"[yellow]repaired[/] {r}")
+        if r.startswith("skipped "):  # an unreadable image: left out and counted, not repaired
+            console.print(f"[yellow]skipped[/] {escape(r[len('skipped '):])}", soft_wrap=True)
+        else:
+            console.print(f"[yellow]repaired[/] {escape(r)}", soft_wrap=True)
     if rep.get("images"):
         _print_images(rep["images"])
     else:
@@ -161,7 +164,8 @@ def _print(rep: dict[str, Any]) -> None:
                 for k, v in rep["lengths"]["splits"].items()]
         console.print(table(f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
                             ["split", "p50", "p95", "max", "truncated share"], rows))
-    for c in target_lines(rep) + [c for c in rep.get("checks", []) if not (rep.get("images") and c.startswith("duplicates"))]:
+    text_only = ("duplicates", "empty texts", "texts with different labels", "encoding faults", "longer than max_length")
+    for c in target_lines(rep) + [c for c in rep.get("checks", []) if not (rep.get("images") and c.startswith(text_only))]:
         console.print("[cyan]check[/] " + escape(c), soft_wrap=True)
     for w in rep["warnings"]:
         console.print(f"[yellow]warning[/] {escape(w)}", soft_wrap=True)

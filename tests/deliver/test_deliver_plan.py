@@ -124,3 +124,22 @@ def test_plan_without_hourly_rate_gives_hours_and_the_cost_is_labelled(cls_study
     c = plan["cost"]
     assert c["rental"] == pytest.approx(420.0) and c["planned_hours"] == pytest.approx(plan["total_h"] * 2.5)
     assert f"cost at 2.5 per hour: rental of 168 h 420.00; cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}" in out
+
+
+def test_a_very_fast_evaluation_still_counts_as_measured(tmp_path):
+    """A tiny model on a quiet machine evaluates in milliseconds: the run keeps the time to the
+    microsecond, and a time recorded as 0.0 (older runs) is not a measurement of 0 s per example."""
+    from tuneproof.deliver.plan import measure
+    from tuneproof.registry import Registry
+
+    reg = Registry(tmp_path)
+    with reg.run("preflight") as r:
+        r.update_summary(s_per_step=0.5, eval_batch_s_per_example=0.002, eval_batch_size=4)
+    with reg.run("baseline") as r:
+        r.update_summary(eval_seconds=0.0, n_eval=12)  # rounded to nothing
+    m = measure(reg)
+    assert m["eval_s_per_example"] == 0.002 and m["eval_source"].startswith("one evaluation batch of 4")
+    with reg.run("eval") as r:
+        r.update_summary(eval_seconds=0.0036, n_eval=12)
+    m = measure(reg)
+    assert m["eval_s_per_example"] == pytest.approx(0.0003) and m["eval_source"].startswith("median of 1 completed")

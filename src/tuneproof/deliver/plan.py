@@ -88,14 +88,14 @@ def measure(registry) -> dict[str, Any]:
         out.update(s_per_step=sps, step_source=f"preflight {pre.id}")
     else:
         rates = [r.summary["train_seconds"] / r.summary["steps"] for r in registry.list(kind="train", status="completed")
-                 if isinstance(r.summary.get("train_seconds"), (int, float)) and r.summary.get("steps")]
+                 if isinstance(r.summary.get("train_seconds"), (int, float)) and r.summary["train_seconds"] > 0 and r.summary.get("steps")]
         if rates:
             out.update(s_per_step=statistics.median(rates), step_source=f"median of {len(rates)} completed train run(s)")
     out["tokens_per_s"] = find_number(pre_sum, TOKENS_KEYS) or _median([r.summary.get("tokens_per_s") for r in registry.list(kind="train", status="completed")])
 
     rates = [r.summary["eval_seconds"] / r.summary["n_eval"] for k in ("baseline", "eval")
              for r in registry.list(kind=k, status="completed")
-             if isinstance(r.summary.get("eval_seconds"), (int, float)) and r.summary.get("n_eval")]
+             if isinstance(r.summary.get("eval_seconds"), (int, float)) and r.summary["eval_seconds"] > 0 and r.summary.get("n_eval")]
     batch = find_number(pre_sum, ("eval_batch_s_per_example",))
     if rates:
         out.update(eval_s_per_example=statistics.median(rates),

@@ -157,7 +157,7 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
     efp = ctx.eval_fingerprint(examples)
     run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics})
     run.set(eval_fingerprint=efp["hash"])
-    run.update_summary(metrics=headline(ctx.task, metrics), eval_seconds=round(seconds, 2), n_eval=len(examples),
+    run.update_summary(metrics=headline(ctx.task, metrics), eval_seconds=round(seconds, 6), n_eval=len(examples),
                        eval_examples_per_s=round(len(examples) / max(seconds, 1e-9), 3))
     return metrics
 

@@ -176,7 +176,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             save_trained(model, run, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
         run.update_summary(
             steps=result["steps"], example_passes=result["examples"], final_loss=result["losses"][-1] if result["losses"] else None,
-            first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 2),
+            first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 6),
             tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
             trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],
             base={**ctx.base.identity(), "weights_sha256": base["weights_sha256"], "config_sha256": base["config_sha256"]},

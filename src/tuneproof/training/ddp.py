@@ -215,7 +215,11 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float) -> tuple[str,
                 errors.append(json.loads(p.read_text(encoding="utf-8")))
     silent = [r for r in range(world_size) if r not in {e["rank"] for e in errors}]
     if not errors:
-        return "failed", f"torchrun failed before any rank reported an error (see {run_dir / 'launcher.log'})"
+        tail = ""
+        with contextlib.suppress(OSError):
+            lines = [x for x in (run_dir / "launcher.log").read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]
+            tail = ("; last launcher line: " + lines[-1][:300]) if lines else ""
+        return "failed", f"torchrun failed before any rank reported an error (see {run_dir / 'launcher.log'}){tail}"
     if all(e["type"] in ("KeyboardInterrupt", "Terminated") for e in errors):
         first = min(errors, key=lambda e: e["time"])
         return "interrupted", first["message"] or "interrupted"
@@ -604,6 +608,9 @@ def worker_main(argv: list[str] | None = None) -> int:
 
         run_train(ctx, run=run, world=world, resume_from=resume, stop_after=args.stop_after)
         world.log("end: completed")
+        # leave together: no rank tears its process group down while rank 0 still saves and checks the adapter
+        with contextlib.suppress(Exception):
+            dist.barrier()
         return 0
     except BaseException as err:
         if run is not None:  # rank 0: persist what the loop kept in memory (last_step) for the launcher's record

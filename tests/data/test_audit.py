@@ -146,3 +146,16 @@ def test_targets_long_lists_are_shortened_and_bad_arguments_rejected():
         audit_targets(examples, "intent")
     with pytest.raises(TuneproofError, match="examples must be a list"):
         audit_targets(None, [])  # type: ignore[arg-type]
+
+
+def test_labels_differing_only_in_case_or_spaces_are_named():
+    from tuneproof.data.audit import audit_labels
+    from tuneproof.data.examples import Example
+
+    labels = ["sport", "sport ", "Sport ", "news", "news", "Sport "]
+    train = [Example(id=f"t{i}", text=f"text {i}", label=lab) for i, lab in enumerate(labels)]
+    rep = audit_labels({"train": train})
+    assert rep["near_identical_labels"] == [["Sport ", "sport", "sport "]]
+    assert "labels 'Sport ', 'sport', 'sport ' differ only in case or spaces: they are 3 separate classes" in " ".join(rep["warnings"])
+    clean = audit_labels({"train": [Example(id="a", text="x", label="sport"), Example(id="b", text="y", label="news")]})
+    assert clean["near_identical_labels"] == []

@@ -49,6 +49,8 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
       [{"id", "split", "label"}]}]``: the same text after :func:`~tuneproof.data.dedup.normalise`
       with different labels, inside or across splits.
     - ``empty_labels``: ids whose label is ``None`` or blank, when other examples have labels.
+    - ``near_identical_labels``: groups of labels equal after case folding and whitespace collapsing
+      (``['Sport ', 'sport']``), each a warning.
     - ``hard_faults`` / ``warnings``: one-line strings.
 
     Rules (tuneproof's own): hard faults are empty labels among labelled data, and a class of an
@@ -122,8 +124,18 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
         shown = [f"{c['examples'][0]['id']} ({' / '.join(c['labels'])})" for c in conflicts]
         warn.append(f"{len(conflicts)} text(s) appear with different labels: {_listing(shown)}")
 
+    # labels that differ only in case or spaces ('sport', 'Sport ', 'sport '): separate classes to the model
+    variants: dict[str, list[str]] = defaultdict(list)
+    for lab in all_labels:
+        variants[" ".join(lab.split()).casefold()].append(lab)
+    near_labels = [sorted(v) for v in variants.values() if len(v) > 1]
+    for group in near_labels:
+        warn.append(f"labels {', '.join(repr(x) for x in group)} differ only in case or spaces: they are {len(group)} separate "
+                    "classes to the model; fix the label column if they are one class")
+
     return {
         "class_counts": class_counts,
+        "near_identical_labels": near_labels,
         "imbalance_ratio": imbalance,
         "missing_classes": missing,
         "conflicting_labels": conflicts,

@@ -312,3 +312,15 @@ def sha256_file_cached(path: str | os.PathLike, *, min_bytes: int = HASH_CACHE_M
 def sha256_json(obj: Any) -> str:
     """Hex sha256 of the canonical JSON of ``obj`` (sorted keys, no whitespace)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()).hexdigest()
+
+
+def flatten_keys(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> ``{"dotted.key": leaf value}``; lists and empty mappings are leaves
+    (``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": [1, 2]}``). Used for config diffs,
+    the preflight's scope and tracker params."""
+    if isinstance(obj, dict) and obj:
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: obj}

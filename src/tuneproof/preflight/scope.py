@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tuneproof.io import flatten_keys
+
 EXEMPT: tuple[str, ...] = (
     "name", "hypothesis",
     "training.max_steps", "training.epochs", "training.checkpoint_every", "training.eval_every",
@@ -34,13 +36,6 @@ EXEMPT: tuple[str, ...] = (
 )
 
 
-def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(cfg, dict) and cfg:
-        out: dict[str, Any] = {}
-        for k, v in cfg.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: cfg}
 
 
 def is_exempt(key: str) -> bool:
@@ -61,7 +56,7 @@ def preflight_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list
         ``[{"key", "from", "to"}]`` sorted by key, exempt keys left out (``from``/``to`` None
         where the key is absent on that side). Empty: the preflight stands for ``current``.
     """
-    a, b = _flatten(recorded), _flatten(current)
+    a, b = flatten_keys(recorded), flatten_keys(current)
     out = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, _MISSING), b.get(key, _MISSING)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.io import read_json, sha256_json
+from tuneproof.io import flatten_keys, read_json, sha256_json
 from tuneproof.registry import Registry, RunRecord
 from tuneproof.study import parse_study, resolved_config, set_key
 from tuneproof.ui import console
@@ -70,14 +70,7 @@ def group_of(key: str) -> str:
     return "other"
 
 
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted keys -> leaf values. Lists and empty mappings are leaves."""
-    if isinstance(cfg, dict) and cfg:
-        out: dict[str, Any] = {}
-        for k, v in cfg.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: cfg}
+flatten = flatten_keys  # dotted keys -> leaf values (lists and empty mappings are leaves)
 
 
 _MISSING = object()

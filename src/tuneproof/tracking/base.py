@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuneproof.io import flatten_keys
+
 #: files never sent as artifacts (checkpoints can be GBs; the tracker state is ours)
 SKIP_DIRS = ("checkpoints",)
 SKIP_FILES = ("tracking.json",)
@@ -26,19 +28,7 @@ def clean_key(key: str) -> str:
     return _KEY_RE.sub("_", key)[:250]
 
 
-def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": [1, 2]}`` (lists stay values)."""
-    out: dict[str, Any] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, dict) and v:
-                out.update(flatten(v, key))
-            else:
-                out[key] = v
-    elif prefix:
-        out[prefix] = obj
-    return out
+flatten = flatten_keys  # {"a": {"b": 1}, "c": [1, 2]} -> {"a.b": 1, "c": [1, 2]}
 
 
 def is_number(v: Any) -> bool:

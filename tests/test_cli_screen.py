@@ -71,3 +71,61 @@ def test_runs_table_at_80_columns_breaks_no_word(tmp_path, capsys, monkeypatch):
     assert max(len(line) for line in out.splitlines()) <= 80
     for word in ("completed", "data-check", "baseline", "preflight", "r0004-lora-r16"):
         assert word in out, word
+
+
+def _render(t, width=80):
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=False, color_system=None).print(t)
+    return buf.getvalue()
+
+
+def test_tables_at_80_columns_keep_the_cells_that_identify_a_row_whole():
+    """The kind of the `runs` fault in the other tables printed without a terminal (the data check's
+    classes, `show`): a class name or example id is never cut, however long (before: folded at 14)."""
+    from tuneproof.ui import table
+
+    label = "card_payment_wrong_exchange_rate"  # a BANKING77 intent, 32 characters in one word
+    rows = [["train", label, 112, "8x8", "L 112", "pixel_values float32 [3, 16, 16]"],
+            ["validation", "Refund_not_showing_up", 24, "8x8", "L 24", "pixel_values float32 [3, 16, 16]"]]
+    out = _render(table("images per class (median size, PIL modes, model input)", ["split", "class", "n", "size", "modes", "model input"],
+                        rows, keep=("split", "class"), width=80))
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert any(label in line for line in lines) and any("Refund_not_showing_up" in line for line in lines), out
+    assert any("validation" in line for line in lines) and "pixel_values" in out and "not shown" not in out
+
+    ex_id = "SearchCreativeWork/validation/0012"  # a SNIPS id, 34 characters
+    text = "I want to see the television show called The Last Kingdom of the north"
+    ref = '{"intent": "SearchCreativeWork", "slots": {"object_type": "television show", "object_name": "The Last Kingdom"}}'
+    out = _render(table("r0007: 1 examples", ["id", "category", "input", "reference", "baseline", "candidate"],
+                        [[ex_id, "SearchCreativeWork", text, ref, "```json", ref]], keep=("id",), drop=("category",),
+                        more="`tuneproof show --json` has every field", width=80))
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert any(ex_id in line for line in lines), out
+    assert "not shown at 80 columns: category (`tuneproof show --json` has every field)" in " ".join(out.split())
+
+
+def test_a_table_that_cannot_fit_leaves_out_the_least_important_columns_and_says_so():
+    from tuneproof.ui import table
+
+    ids = ["r0012-learning_rate0.00012345", "r0013-learning_rate0.00054321"]
+    rows = [[f"{i}\ntraining.learning_rate={v}", "train", "completed", "", "r0004-lora", "12-01 11:52", "accuracy=0.43 macro_f1=0.35"]
+            for i, v in zip(ids, ("0.00012345", "0.00054321"))]
+    t = table("runs", ["id", "kind", "status", "reason, flags", "parent", "created", "metrics"], rows,
+              keep=("id", "parent"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field", width=80)
+    out = _render(t)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert all(any(i in line for line in lines) for i in ids)
+    assert any("training.learning_rate=0.00054321" in line for line in lines)
+    assert any("r0004-lora" in line for line in lines)  # the parent is kept: dropping created and metrics was enough
+    assert "12-01" not in out and "accuracy" not in out
+    assert "not shown at 80 columns: created, metrics (`tuneproof runs --json` has every field)" in " ".join(out.split())
+    wide = _render(table("runs", ["id", "kind", "status", "reason, flags", "parent", "created", "metrics"], rows,
+                         keep=("id", "parent"), drop=("created", "metrics", "parent"), width=200), width=200)
+    assert "not shown" not in wide and "12-01 11:52" in wide and "accuracy=0.43 macro_f1=0.35" in wide

@@ -75,29 +75,126 @@ def progress_bar(description: str, total: int) -> Iterator:
 
 
 #: a column is never narrower than its longest word up to this many characters, so words such as
-#: "completed" or "data-check" are not broken at 80 columns; longer tokens (hashes, paths) fold
+#: "completed" or "data-check" are not broken at 80 columns; longer tokens (hashes, paths) fold,
+#: except in the columns that identify a row (``keep`` of :func:`table`), which are never cut
 MAX_UNBROKEN_WORD = 14
 
 
-def _longest_word(texts) -> int:
+def _plain_lines(text: str) -> list[str]:
+    from rich.errors import MarkupError  # noqa: PLC0415
     from rich.text import Text  # noqa: PLC0415
+
+    if "[" in text:
+        try:
+            text = Text.from_markup(text).plain
+        except MarkupError:
+            pass
+    return text.splitlines() or [""]
+
+
+def _longest_word(texts, cap: int | None = MAX_UNBROKEN_WORD) -> int:
+    from rich.cells import cell_len  # noqa: PLC0415
 
     longest = 0
     for text in texts:
-        plain = Text.from_markup(text).plain if "[" in text else text
-        for word in plain.split():
-            longest = max(longest, len(word))
-    return min(longest, MAX_UNBROKEN_WORD)
+        for line in _plain_lines(text):
+            for word in line.split():
+                longest = max(longest, cell_len(word))
+    return longest if cap is None else min(longest, cap)
 
 
-def table(title: str, columns: list[str], rows: list[list]) -> Table:
-    """A Rich table whose cells wrap between words (a word up to 14 characters is never cut)."""
+def _longest_line(texts) -> int:
+    from rich.cells import cell_len  # noqa: PLC0415
+
+    return max((cell_len(line) for text in texts for line in _plain_lines(text)), default=0)
+
+
+def _fill(mins: list[int], maxs: list[int], budget: int) -> list[int]:
+    """Column widths between ``mins`` and ``maxs`` summing to at most ``budget`` (``sum(mins) <=
+    budget``): the widest wants are cut first (Rich's own rule, which also ignores the minimums)."""
+    lo, hi = 0, max(maxs, default=0)
+    while lo < hi:  # the largest level L with sum(clamp(L, min, max)) <= budget
+        mid = (lo + hi + 1) // 2
+        if sum(min(mx, max(mn, mid)) for mn, mx in zip(mins, maxs)) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    widths = [min(mx, max(mn, lo)) for mn, mx in zip(mins, maxs)]
+    spare = budget - sum(widths)
+    for i in range(len(widths)):  # what the level leaves, one character each to the columns still short
+        if spare <= 0:
+            break
+        if widths[i] < maxs[i]:
+            widths[i] += 1
+            spare -= 1
+    return widths
+
+
+def table(title: str, columns: list[str], rows: list[list], *, keep: tuple[str, ...] | list[str] | None = None,
+          drop: tuple[str, ...] | list[str] = (), more: str | None = None, width: int | None = None) -> Table:
+    """A Rich table that fits ``width`` (default the console's: 80 columns when stdout is not a
+    terminal and ``$COLUMNS`` is unset) without cutting the cells that identify a row.
+
+    Cells wrap between words; a word up to 14 characters is never cut, and no word of a ``keep``
+    column (default: the first column; e.g. run ids, variant overrides, metric and class names) is
+    cut whatever its length. When that cannot fit with the usual borders, the table is drawn with
+    blank column separators; when it still cannot fit, the ``drop`` columns are left out in that
+    order (least important first) and a caption names them (plus ``more``, e.g. where to see them).
+    Only then are other cells cut (folded), at 6 characters or more; and the kept ones only when they
+    alone leave no such room.
+    """
+    from rich import box  # noqa: PLC0415
+
     cells = [["" if v is None else str(v) for v in r] for r in rows]
-    t = Table(title=title, title_justify="left")
-    for i, c in enumerate(columns):
-        t.add_column(c, overflow="fold", min_width=_longest_word([c] + [r[i] for r in cells if i < len(r)]))
+    keep = [columns[0]] if keep is None and columns else list(keep or [])
+    width = console.width if width is None else width
+    cols = list(range(len(columns)))
+
+    def texts(i: int) -> list[str]:
+        return [columns[i]] + [r[i] for r in cells if i < len(r)]
+
+    mins = {i: _longest_word(texts(i), None if columns[i] in keep else MAX_UNBROKEN_WORD) for i in cols}
+    maxs = {i: max(_longest_line(texts(i)), mins[i], 1) for i in cols}
+
+    def overhead(n: int, compact: bool) -> int:  # borders and padding (Rich: HEAVY_HEAD, padding 1 | SIMPLE_HEAD, no edge)
+        return 2 * n - 2 if compact else 3 * n + 1
+
+    compact, dropped = False, []
+    if sum(maxs.values()) + overhead(len(cols), False) > width:
+        compact = sum(mins.values()) + overhead(len(cols), False) > width
+        for name in drop:
+            if sum(mins[i] for i in cols) + overhead(len(cols), True) <= width:
+                break
+            if name in columns and columns.index(name) in cols:
+                cols.remove(columns.index(name))
+                dropped.append(name)
+    plan = None
+    need = sum(mins[i] for i in cols) + overhead(len(cols), compact)
+    if sum(maxs[i] for i in cols) + overhead(len(cols), compact) > width:
+        budget = width - overhead(len(cols), compact)
+        if need <= width:
+            plan = dict(zip(cols, _fill([mins[i] for i in cols], [maxs[i] for i in cols], budget)))
+        else:  # last resort: the kept columns whole and the others (cut) at 6 characters or more; else all cut
+            kept = [i for i in cols if columns[i] in keep]
+            rest = [i for i in cols if i not in kept]
+            floors = [min(maxs[i], 6) for i in rest]
+            left = budget - sum(mins[i] for i in kept)
+            if left >= sum(floors):
+                plan = {**{i: mins[i] for i in kept}, **dict(zip(rest, _fill(floors, [maxs[i] for i in rest], left)))}
+            else:
+                plan = dict(zip(cols, _fill([min(maxs[i], 4) for i in cols], [maxs[i] for i in cols], budget)))
+    caption = None
+    if dropped:
+        caption = f"not shown at {width} columns: {', '.join(dropped)}" + (f" ({more})" if more else "")
+    kw = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1)) if compact else {}
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left", **kw)
+    for i in cols:
+        if plan is not None:
+            t.add_column(columns[i], overflow="fold", width=plan[i])
+        else:
+            t.add_column(columns[i], overflow="fold", min_width=mins[i])
     for r in cells:
-        t.add_row(*r)
+        t.add_row(*[r[i] if i < len(r) else "" for i in cols])
     return t
 
 

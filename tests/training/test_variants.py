@@ -147,3 +147,35 @@ def test_grid_makes_one_single_change_variant_per_value_and_a_diverged_one_is_in
     assert f"{lora} train completed method.r: 4 -> 8" in out
     assert "training.learning_rate: 0.01 -> 1000000.0" in out and "(step 1: exploded_tensor" in out
     assert "multi-change" in out and "not evaluated" in out
+
+
+def test_runs_at_80_columns_without_a_terminal_cuts_no_run_id_or_override(parent, capsys, monkeypatch):
+    """`tuneproof runs | less` (stdout not a terminal, COLUMNS=80): every run id and every variant
+    override is whole on one line; the columns left out to make room are named."""
+    from tuneproof.ui import console
+
+    study, pid = parent
+    code, out = cli(capsys, study, "train", "--from", pid, "--grid", "training.learning_rate=0.00012345,0.00054321")
+    assert code == 0, out
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(console, "_width", 80)
+    assert not console.is_terminal
+    with pytest.raises(SystemExit) as exit_:
+        main(["runs", "--study", str(study)])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    reg = Registry(study)
+    variants = reg.list()[-2:]
+    assert [r.id for r in variants] == [f"r{variants[0].seq:04d}-learning_rate0.00012345", f"r{variants[1].seq:04d}-learning_rate0.00054321"]
+    assert [r.summary["variant"]["overrides"] for r in variants] == [["training.learning_rate=0.00012345"],
+                                                                      ["training.learning_rate=0.00054321"]]
+    for rec in reg.list():  # each id whole on one line (29 characters for the variants), its override on the next
+        assert any(rec.id in line for line in lines), (rec.id, out)
+    for override in ("training.learning_rate=0.00012345", "training.learning_rate=0.00054321"):
+        assert any(override in line for line in lines), (override, out)
+        assert override in "".join(out.split())
+    at = next(i for i, line in enumerate(lines) if variants[0].id in line)
+    assert "training.learning_rate=0.00012345" in lines[at + 1]
+    assert "not shown at 80 columns: created, metrics" in " ".join(out.split())

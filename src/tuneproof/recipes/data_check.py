@@ -186,7 +186,8 @@ def _print_images(images: dict[str, Any]) -> None:
             after = (c.get("after_transform") or {}).get("outputs") or {}
             rows.append([split, label, c["n"], f"{c['width']['median']:g}x{c['height']['median']:g}",
                          ", ".join(f"{m} {n}" for m, n in c["modes"].items()), ", ".join(after)])
-    console.print(table("images per class (median size, PIL modes, model input)", ["split", "class", "n", "size", "modes", "model input"], rows))
+    console.print(table("images per class (median size, PIL modes, model input)", ["split", "class", "n", "size", "modes", "model input"], rows,
+                        keep=("split", "class")))
     console.print("[cyan]check[/] " + escape(images["duplicates"]["summary"]) + f" ({images['duplicates']['rule']})", soft_wrap=True)
     console.print("[cyan]check[/] " + escape(images["shortcut"]["message"]), soft_wrap=True)
 

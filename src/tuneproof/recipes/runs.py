@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
+
 from tuneproof.recipes.protocol import override_flags
 from tuneproof.registry import Registry, iso
 from tuneproof.ui import console, fmt, table
@@ -17,6 +19,15 @@ def runs_json(reg: Registry) -> list[dict]:
              "created": iso(r.created), "ended": iso(r.ended) if r.ended else None, "config_hash": r.config_hash,
              "data_fingerprint": r.data_fingerprint, "eval_fingerprint": r.eval_fingerprint, "summary": r.summary}
             for r in reg.list()]
+
+
+def run_overrides(summary: dict) -> list[str]:
+    """The overrides of a variant (``["training.learning_rate=0.01"]``), empty for other runs; a run
+    recorded before the summary kept them shows its ``change`` text (``key: old -> new``) piece by piece."""
+    variant = summary.get("variant") or {}
+    if variant.get("overrides"):
+        return [str(o) for o in variant["overrides"]]
+    return [p for p in str(variant.get("change") or "").split("; ") if p]
 
 
 def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None:
@@ -42,13 +53,18 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
         if r.summary.get("multi_change"):
             flags.append("multi-change variant")
         style = STATUS_STYLE.get(r.status, "")
+        ident = "\n".join([r.id] + [f"[cyan]{escape(o)}[/]" for o in run_overrides(r.summary)])
         rows.append([
-            r.id, r.kind, f"[{style}]{r.status}[/]", r.reason or "", r.parent or "", iso(r.created)[5:16],
-            " ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2]), "; ".join(flags),
+            ident, r.kind, f"[{style}]{r.status}[/]", "\n".join(escape(t) for t in [r.reason or ""] + flags if t),
+            r.parent or "", iso(r.created)[5:16], escape(" ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2])),
         ])
     if tree:
         from tuneproof.recipes.lineage import print_tree  # noqa: PLC0415
 
         print_tree(reg, runs)
         return
-    console.print(table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics", "flags"], rows))
+    # the id (with a variant's overrides below it) and the parent identify a run: never cut; the reason
+    # and the flags share a column; at 80 columns without a terminal the creation time, then the
+    # metrics, then the parent make room (`runs --tree` shows the parents)
+    console.print(table("runs", ["id", "kind", "status", "reason, flags", "parent", "created", "metrics"], rows,
+                        keep=("id", "parent"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field"))

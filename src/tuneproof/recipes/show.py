@@ -67,9 +67,13 @@ def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: 
 
         sys.stdout.write(json.dumps({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis}, indent=2, default=str) + "\n")
         return len(pairs)
-    rows = [[r["id"], r.get("category"), r.get("input"), r.get("reference"), (b or {}).get("prediction", ""), r.get("prediction")]
+    from rich.markup import escape  # noqa: PLC0415  (texts and outputs quote data: [..] is not markup)
+
+    rows = [[escape("" if v is None else str(v)) for v in
+             (r["id"], r.get("category"), r.get("input"), r.get("reference"), (b or {}).get("prediction", ""), r.get("prediction"))]
             for b, r in pairs[:limit]]
-    console.print(table(f"{cid}: {len(pairs)} examples", ["id", "category", "input", "reference", "baseline", "candidate"], rows))
+    console.print(table(f"{cid}: {len(pairs)} examples", ["id", "category", "input", "reference", "baseline", "candidate"], rows,
+                        keep=("id",), drop=("category",), more="`tuneproof show --json` has every field"))
     return len(pairs)
 
 

@@ -93,6 +93,12 @@ def describe(changes: list[dict[str, Any]]) -> str:
     return "; ".join(f"{c['key']}: {json.dumps(c['from'])} -> {json.dumps(c['to'])}" for c in changes)
 
 
+def overrides(changes: list[dict[str, Any]]) -> list[str]:
+    """``["method.r=16", "training.learning_rate=0.001"]``: each changed key with the variant's value
+    (what ``--set`` would write; a string as is, anything else as compact JSON), as ``runs`` shows them."""
+    return [f"{c['key']}={c['to'] if isinstance(c['to'], str) else json.dumps(c['to'], separators=(',', ':'))}" for c in changes]
+
+
 def counted_groups(changes: list[dict[str, Any]]) -> list[str]:
     return sorted({c["group"] for c in changes if c["group"] not in UNCOUNTED_GROUPS})
 
@@ -233,7 +239,8 @@ def _on_start(plan: VariantPlan, started: list[str]) -> Callable:
                                             f"({parent_fp[:12]} -> {fp[:12]}): the data files changed since the parent ran")
         record["data_fingerprint"] = fp
         run.write_json("variant.json", record)
-        run.update_summary(variant={"parent": plan.parent.id, "change": record["change"], "groups": plan.groups,
+        run.update_summary(variant={"parent": plan.parent.id, "change": record["change"], "overrides": overrides(plan.changes),
+                                    "groups": plan.groups,
                                     "statements": record["statements"]}, multi_change=plan.multi_change)
         for s in record["statements"]:
             run.note(s)

@@ -5,6 +5,15 @@ candidate are comparable only when they were evaluated on the same examples, wit
 prompt, decoding, metric definitions and tokenizer. Each of these parts is hashed on its
 own (sha256 of its canonical JSON: sorted keys, no whitespace, UTF-8), so a mismatch names
 the part that changed instead of only saying "different".
+
+The generation backend (``eval.backend``, issue 15) is part of the procedure: an evaluation by
+vLLM has a ``backend`` part that one by transformers lacks, so the two are never the same
+evaluation, whatever their backend check found. The check (``evaluation/backends.py``) shows on a
+seeded sample that vLLM serves the same model and adapter; it does not prove that every output
+of the split is identical (greedy outputs of two engines differ at near-ties in reduced
+precision), so ``train`` wants a baseline evaluated by the same backend and ``compare`` names the
+``backend`` part (``--allow-different-procedure`` pairs them anyway, recorded). A transformers
+evaluation has no ``backend`` part, so fingerprints recorded before it existed keep their hash.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
 
 PARTS = ("eval_ids", "prompt", "decoding", "metrics", "tokenizer")
+OPTIONAL_PARTS = ("backend",)  # present only when not the default (transformers): older fingerprints keep their hash
 
 
 def eval_fingerprint(
@@ -46,8 +56,9 @@ def eval_fingerprint(
         the batch) or bf16/fp16 (reduced-precision kernels differ with the batch shape); greedy
         fp32 outputs do not depend on it, which the preflight checks, CASES C22),
         ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex) and
-        ``tokenizer``. ``hash`` is the sha256 of the lines ``"<part>=<part hash>\\n"`` in
-        the order above.
+        ``tokenizer``; with ``eval.backend`` other than ``transformers`` also ``backend``
+        (``{"name": "vllm"}``). ``hash`` is the sha256 of the lines ``"<part>=<part hash>\\n"``
+        in the order above.
 
     Raises:
         TuneproofError: duplicate example ids.
@@ -74,8 +85,12 @@ def eval_fingerprint(
         },
         "tokenizer": dict(tokenizer_identity or {}),
     }
-    parts = {name: sha256_json(content[name]) for name in PARTS}
-    combined = "".join(f"{name}={parts[name]}\n" for name in PARTS)
+    backend = getattr(cfg, "backend", "transformers")
+    if backend != "transformers":
+        content["backend"] = {"name": backend}
+    names = PARTS + tuple(p for p in OPTIONAL_PARTS if p in content)
+    parts = {name: sha256_json(content[name]) for name in names}
+    combined = "".join(f"{name}={parts[name]}\n" for name in names)
     return {"hash": hashlib.sha256(combined.encode("utf-8")).hexdigest(), "parts": parts}
 
 

@@ -5,7 +5,8 @@ Generative models: batched greedy (or sampled) generation with left padding, the
 outputs are put back in the original order (:func:`length_sorted_batches`; issue 15: the outputs
 equal those of the unsorted batches and of one example at a time, checked in
 ``tests/evaluation/test_eval_sorted_batches.py`` and by the preflight's C22 check). Encoders:
-argmax of the classification head, batches sorted the same way.
+argmax of the classification head, batches sorted the same way. This is the ``transformers``
+generation backend; ``evaluation/backends.py`` puts it and vLLM behind one interface.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ def padded_positions(lengths: list[int], batches: list[list[int]]) -> int:
     return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches if b)
 
 
-@torch.inference_mode()
 def generate(model, tokenizer, pipeline, examples: list[Example], eval_cfg, *, device, autocast,
              progress: Callable[[int], None] | None = None, sort_by_length: bool = True) -> list[str]:
     """Generated answers (special tokens removed, surrounding whitespace stripped), one per example.
@@ -41,10 +41,19 @@ def generate(model, tokenizer, pipeline, examples: list[Example], eval_cfg, *, d
         sort_by_length: batch the prompts in length order (less padding; the outputs are returned
             in the order of ``examples`` either way).
     """
+    return generate_prompts(model, tokenizer, [pipeline.prompt_text(ex.text) for ex in examples], eval_cfg, device=device,
+                            autocast=autocast, progress=progress, sort_by_length=sort_by_length)
+
+
+@torch.inference_mode()
+def generate_prompts(model, tokenizer, prompts: list[str], eval_cfg, *, device, autocast,
+                     progress: Callable[[int], None] | None = None, sort_by_length: bool = True) -> list[str]:
+    """:func:`generate` on prompt texts already rendered (``pipeline.prompt_text``): each prompt is
+    tokenized without added special tokens (the chat template holds them), batches of
+    ``eval_cfg.batch_size`` are left-padded; returns one decoded answer per prompt, in their order."""
     model.eval()
-    prompts = [pipeline.prompt_text(ex.text) for ex in examples]
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    out: list[str] = [""] * len(examples)
+    out: list[str] = [""] * len(prompts)
     pad = tokenizer.pad_token_id
     for idx in length_sorted_batches([len(e) for e in enc], eval_cfg.batch_size, sort_by_length):
         width = max(len(enc[i]) for i in idx)

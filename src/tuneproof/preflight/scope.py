@@ -15,7 +15,10 @@ passed preflight valid:
 - ``training.checkpoint_every``, ``training.eval_every``: bookkeeping cadence;
 - ``eval.max_examples`` (the smoke pass predicts a fixed handful), ``eval.allow_fenced_json``,
   ``eval.json_schema``, ``eval.regex``, ``eval.bootstrap_iterations``, ``eval.seed``: how
-  outputs are scored and summarised after generation.
+  outputs are scored and summarised after generation;
+- ``eval.backend``, ``eval.backend_check_examples``, ``eval.backend_check_min_agreement``: the
+  serving engine of baseline/eval/test (the preflight measures the transformers path; a vLLM
+  evaluation is checked against it on a sample at every evaluation, ``evaluation/backends.py``).
 
 Everything else invalidates, in particular ``model.*``, ``method.*``, every other
 ``training.*`` key, ``data.*``, ``eval.split``, ``eval.prompt.*``, ``eval.max_new_tokens``,
@@ -33,6 +36,7 @@ EXEMPT: tuple[str, ...] = (
     "name", "hypothesis",
     "training.max_steps", "training.epochs", "training.checkpoint_every", "training.eval_every",
     "eval.max_examples", "eval.allow_fenced_json", "eval.json_schema", "eval.regex", "eval.bootstrap_iterations", "eval.seed",
+    "eval.backend", "eval.backend_check_examples", "eval.backend_check_min_agreement",
 )
 
 

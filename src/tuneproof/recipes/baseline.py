@@ -13,7 +13,7 @@ Features:
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.recipes.common import evaluate_into, print_metrics, record_inputs
+from tuneproof.recipes.common import evaluate_into, evaluation_run, print_metrics, record_inputs, require_backend
 from tuneproof.ui import console
 
 
@@ -21,8 +21,9 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
     """Evaluate the base model; returns the run id.
 
     Raises:
-        TuneproofError: the hypothesis does not fit the data (exit 2, before any run).
-        CheckFailed: the data check of the current data failed (exit 3; no baseline run is started).
+        TuneproofError: the hypothesis does not fit the data, or ``eval.backend`` cannot run here (exit 2, before any run).
+        CheckFailed: the data check of the current data failed (exit 3; no baseline run is started), or the
+            backend check refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
     """
     from tuneproof.hypothesis import check_against_data  # noqa: PLC0415
     from tuneproof.models.base import load_model  # noqa: PLC0415
@@ -30,8 +31,9 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
     from tuneproof.study import STUDY_FILE  # noqa: PLC0415
 
     check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
+    require_backend(ctx)  # eval.backend vllm without vllm or CUDA: exit 2 before any run
     data_check = require_data_check(ctx, "baseline", data_check_override)
-    with ctx.registry.run("baseline") as run:
+    with evaluation_run(ctx, "baseline") as run:
         record_inputs(ctx, run)
         from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
@@ -34,6 +35,45 @@ def record_inputs(ctx: StudyContext, run: Run, *, with_data: bool = True) -> dic
         fields["data_fingerprint"] = fp["hash"]
     run.set(**fields)
     return fields
+
+
+def served_paths(ctx: StudyContext, train_run_id: str | None) -> tuple[Path, Path | None]:
+    """``(model folder, adapter folder or None)`` a serving backend loads for ``train_run_id``: the
+    base and ``runs/<id>/adapter`` for a LoRA run, ``runs/<id>/model`` and None for full fine-tuning,
+    the base and None for ``None`` (the base model itself)."""
+    if train_run_id is None:
+        return Path(ctx.base.path), None
+    run_dir = ctx.registry.runs_dir / ctx.registry.get(train_run_id).id
+    if (run_dir / "model" / "config.json").exists():
+        return run_dir / "model", None
+    return Path(ctx.base.path), run_dir / "adapter"
+
+
+def require_backend(ctx: StudyContext) -> None:
+    """Refuse an evaluation whose ``eval.backend`` cannot run here (before any run is created; exit 2,
+    :func:`tuneproof.evaluation.backends.check_backend_available`)."""
+    from tuneproof.evaluation.backends import check_backend_available  # noqa: PLC0415
+    from tuneproof.study import STUDY_FILE  # noqa: PLC0415
+
+    if ctx.study.eval.backend != "transformers":
+        check_backend_available(ctx.study.eval, ctx.model_kind, ctx.study_dir / STUDY_FILE)
+
+
+@contextlib.contextmanager
+def evaluation_run(ctx: StudyContext, kind: str, *, parent: str | None = None) -> Iterator[Run]:
+    """``ctx.registry.run(kind)`` for an evaluation-like run (baseline, eval, test): a refused backend
+    check (:class:`~tuneproof.evaluation.backends.BackendCheckFailed`) leaves the run ``invalid`` with
+    the check's one-line reason (not ``failed``), and is re-raised (exit 3)."""
+    from tuneproof.evaluation.backends import BackendCheckFailed  # noqa: PLC0415
+
+    run = None
+    try:
+        with ctx.registry.run(kind, parent=parent) as run:
+            yield run
+    except BackendCheckFailed as fault:
+        if run is not None:
+            ctx.registry.invalidate(run.id, f"backend check: {fault.reason}")
+        raise
 
 
 def load_trained(ctx: StudyContext, train_run_id: str):
@@ -134,16 +174,64 @@ def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> lis
         return generate(model, ctx.tokenizer, ctx.pipeline, examples, ctx.study.eval, device=device, autocast=autocast, progress=advance)
 
 
+def predict_served(ctx: StudyContext, run: Run, model, examples: list[Example], what: str,
+                   served: tuple[Path, Path | None], check_examples: list[Example] | None = None) -> list[str]:
+    """Predictions by ``eval.backend: vllm`` after its backend check passed
+    (:func:`tuneproof.evaluation.backends.check_backends` on the seeded sample, against the
+    transformers ``model``). The check's result goes to ``backend_check.json`` and the summary's
+    ``backend_check``, the backend's identity to ``eval_backend``, before anything else. The sample is
+    drawn from ``check_examples`` (default ``examples``; ``test`` checks on the evaluation split, so a
+    refused check has not read the reserved test split).
+
+    Raises:
+        BackendCheckFailed: the check refused the backend (no prediction is made).
+    """
+    from tuneproof.evaluation.backends import (  # noqa: PLC0415
+        BackendCheckFailed, TransformersBackend, VllmBackend, backend_check_sample, check_backends, check_summary, lora_rank)
+
+    ev = ctx.study.eval
+    device, _, autocast = ctx.torch_setup()
+    model_path, adapter = served
+    reference = TransformersBackend(model, ctx.tokenizer, ev, device=device, autocast=autocast, adapter_dir=adapter)
+    candidate = VllmBackend(model_path, ctx.tokenizer, tokenizer_path=ctx.base.path, dtype=ctx.device_choice.get("dtype") or "auto",
+                            max_lora_rank=lora_rank(adapter), seed=ctx.study.training.seed, trust_remote_code=ctx.base.trust_remote_code)
+    sample = backend_check_sample(examples if check_examples is None else check_examples, ev.backend_check_examples, ev.seed)
+    t0 = time.perf_counter()
+    with progress_bar(f"{what}: backend check", len(sample)) as advance:
+        result = check_backends(reference, candidate, [ctx.pipeline.prompt_text(e.text) for e in sample], [e.id for e in sample],
+                                max_new_tokens=ev.max_new_tokens, adapter_dir=adapter, min_agreement=ev.backend_check_min_agreement,
+                                between=reference.release)
+        advance(len(sample))
+    run.write_json("backend_check.json", result)
+    run.update_summary(eval_backend=candidate.identity(), backend_check=check_summary(result),
+                       backend_check_seconds=round(time.perf_counter() - t0, 6))
+    if not result["passed"]:
+        raise BackendCheckFailed(result["reason"])
+    console.print(f"[dim]{result['name']}: {result['message']}[/]")
+    with progress_bar(what, len(examples)) as advance:
+        return candidate.generate([ctx.pipeline.prompt_text(e.text) for e in examples], ev.max_new_tokens, adapter, progress=advance)
+
+
 def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], what: str, *,
-                  required_fields: list[str] | None = None, eval_cfg: Any = None) -> dict[str, Any]:
+                  required_fields: list[str] | None = None, eval_cfg: Any = None,
+                  served: tuple[Path, Path | None] | None = None, check_examples: list[Example] | None = None) -> dict[str, Any]:
     """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary.
 
     ``required_fields`` / ``eval_cfg`` score with another definition than the study file's
-    (``test`` scores with the hypothesis frozen before training); prediction always follows the study."""
+    (``test`` scores with the hypothesis frozen before training); prediction always follows the study.
+    ``served``: what a serving backend loads (:func:`served_paths`; default the base model); used
+    with ``eval.backend: vllm``, whose check runs first on a sample of ``check_examples`` (default
+    ``examples``; :func:`predict_served`)."""
     from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
 
     t0 = time.perf_counter()
-    preds = predict(ctx, model, examples, what)
+    if ctx.study.eval.backend == "vllm":
+        preds = predict_served(ctx, run, model, examples, what, served or served_paths(ctx, None), check_examples)
+    else:
+        import transformers  # noqa: PLC0415
+
+        run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
+        preds = predict(ctx, model, examples, what)
     seconds = time.perf_counter() - t0
     records = [
         {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}

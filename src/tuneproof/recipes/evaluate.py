@@ -4,12 +4,15 @@ Features: the adapter (or full model) of a completed train run is loaded onto th
 the evaluation split, prompt, decoding and metrics are the study's, and the evaluation
 fingerprint is stored so ``compare`` can check it matches the baseline's. A tokenizer that differs
 from the one the train run and its baseline recorded is refused, naming both (issue 10, C13 kind).
+With ``eval.backend: vllm`` the run's adapter is served by vLLM once the backend check passed
+(``evaluation/backends.py``).
 """
 
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.recipes.common import check_tokenizer, evaluate_into, load_trained, print_metrics, record_inputs
+from tuneproof.recipes.common import (check_tokenizer, evaluate_into, evaluation_run, load_trained, print_metrics, record_inputs,
+                                     require_backend, served_paths)
 from tuneproof.ui import console
 
 
@@ -18,14 +21,17 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
 
     Raises:
         CheckFailed: the tokenizer differs from the one recorded by the train run or its baseline
-            (exit 3, before any eval run; :func:`~tuneproof.recipes.common.check_tokenizer`).
+            (exit 3, before any eval run; :func:`~tuneproof.recipes.common.check_tokenizer`), or the
+            backend check refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
+        TuneproofError: ``eval.backend`` cannot run here (exit 2, before any run).
     """
     rec = ctx.registry.get(train_run)
     check_tokenizer(ctx, rec.id, "eval")
-    with ctx.registry.run("eval", parent=rec.id) as run:
+    require_backend(ctx)
+    with evaluation_run(ctx, "eval", parent=rec.id) as run:
         record_inputs(ctx, run)
         model = load_trained(ctx, rec.id)
         examples = ctx.eval_examples()
         console.print(f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{ctx.study.eval.split}' examples")
-        print_metrics(ctx, evaluate_into(ctx, run, model, examples, f"eval {rec.id}"))
+        print_metrics(ctx, evaluate_into(ctx, run, model, examples, f"eval {rec.id}", served=served_paths(ctx, rec.id)))
         return run.id

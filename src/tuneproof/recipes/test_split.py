@@ -18,7 +18,8 @@ from rich.markup import escape
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.io import read_jsonl
-from tuneproof.recipes.common import evaluate_into, headline, load_trained, print_metrics, record_inputs
+from tuneproof.recipes.common import (evaluate_into, evaluation_run, headline, load_trained, print_metrics, record_inputs,
+                                     require_backend, served_paths)
 from tuneproof.registry import iso
 from tuneproof.ui import console
 
@@ -53,7 +54,8 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
     if cand != "base" and ctx.registry.get(cand).kind == "eval":
         cand = ctx.registry.get(cand).parent
     reasons = test_reuse(ctx, cand)
-    with ctx.registry.run("test", parent=None if cand == "base" else cand) as run:
+    require_backend(ctx)
+    with evaluation_run(ctx, "test", parent=None if cand == "base" else cand) as run:
         record_inputs(ctx, run)
         examples = ctx.split(ctx.study.data.test_split, allow_test=True)
         device, _, _ = ctx.torch_setup()
@@ -68,7 +70,8 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         console.print(escape(reuse_line(reasons)).replace("REUSE", "[bold yellow]REUSE[/]"), soft_wrap=True)
         view = judging.primary
         metrics = evaluate_into(ctx, run, model, examples, f"test {cand}", required_fields=view["required_fields"],
-                                eval_cfg=hyp.eval_for(view, ctx.study.eval))
+                                eval_cfg=hyp.eval_for(view, ctx.study.eval), served=served_paths(ctx, None if cand == "base" else cand),
+                                check_examples=ctx.eval_examples())  # the backend check never reads the test split
         extra: dict = {}
         if judging.other is not None and hyp.scoring(judging.other) != hyp.scoring(view):
             other = judging.other

@@ -55,12 +55,17 @@ def prompts(tok):
 
 @pytest.fixture(scope="module")
 def adapter(tok, tmp_path_factory) -> Path:
-    """A LoRA adapter (r 4 on q/v, random A and B, scale 8) on the seed-3 tiny Llama, saved as PEFT saves it."""
+    """A LoRA adapter (r 4 on q/v, random A and B with B scaled by 0.05, alpha 8) on the seed-3 tiny Llama,
+    saved as PEFT saves it: it changes some of the 16 greedy answers, not all (7 on this project's CPU)."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(11)
-    peft = get_peft_model(make_llama(len(tok), seed=3), LoraConfig(r=4, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+    peft = get_peft_model(make_llama(len(tok), seed=3), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
                                                                    init_lora_weights=False))
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.mul_(0.05)
     d = tmp_path_factory.mktemp("adapter")
     peft.save_pretrained(d)
     return d
@@ -133,7 +138,7 @@ def test_transformers_backend_is_the_study_procedure(tok, prompts, adapter, dire
     assert backend.generate(prompts, 6, None) == direct["base"]
     assert backend.generate(prompts, 6, adapter) == direct["adapted"]  # loads the adapter onto its model
     assert backend.generate(prompts, 6, None) == direct["base"]  # the adapter disabled again
-    assert direct["changed"] >= 8, direct  # the adapter changes at least half of the 16 answers
+    assert 0 < direct["changed"] < 16, direct  # the adapter changes some answers and leaves others
     assert len(set(direct["base"])) > 1
     with pytest.raises(ValueError, match="carries the adapter"):
         backend.generate(prompts[:1], 6, adapter.parent)
@@ -155,8 +160,8 @@ def test_check_passes_for_a_backend_serving_model_and_adapter(tok, prompts, adap
 def test_check_refuses_a_served_adapter_without_effect(tok, prompts, adapter, direct):
     res = check(transformers_backend(tok), DropsAdapter(tok), prompts, adapter)
     assert res["passed"] is False
-    assert res["reason"] == ("the served adapter had no effect: vllm's answers with and without the adapter are identical on all 16 "
-                             f"sampled examples, while transformers' differ on {direct['changed']}")
+    assert res["reason"] == ("the served adapter had no effect: vllm gives the same answers with and without it on all 16 "
+                             f"sampled examples, transformers different ones on {direct['changed']}")
     assert res["numbers"]["adapter_changed_candidate"] == 0
     assert res["numbers"]["agreeing"] == 16 - direct["changed"]  # its answers are the base's
     assert res["numbers"]["agreement"] == (16 - direct["changed"]) / 16
@@ -356,7 +361,7 @@ def test_eval_with_vllm_passes_check_and_is_another_procedure(monkeypatch, train
     assert bc["passed"] is True and bc["numbers"]["sample"] == 6 and bc["numbers"]["agreement"] == 1.0  # the 6 validation examples
     detail = read_json(study / "runs" / rec.id / "backend_check.json")
     assert detail["numbers"] == bc["numbers"] and len(detail["outputs"]["candidate"]) == 6
-    assert bc["adapter_effect"] in ("checked", "not testable")
+    assert bc["adapter_effect"] == "checked" and bc["numbers"]["adapter_changed_candidate"] == bc["numbers"]["adapter_changed_reference"] > 0
     preds = [json.loads(x)["prediction"] for x in (study / "runs" / rec.id / "outputs.jsonl").read_text().splitlines()]
     assert preds == detail["outputs"]["candidate"]  # the whole split is the sample here: the same answers
     assert len(fake_vllm.LLM.instances) == 1  # one engine for the check and the run
@@ -403,7 +408,8 @@ def test_eval_refused_when_served_adapter_has_no_effect(monkeypatch, trained, tm
     assert code == 3, out
     reg = Registry(study)
     rec = reg.latest("eval", status="invalid")
-    assert rec is not None and rec.reason.startswith("backend check: the served adapter had no effect: vllm's answers with and without")
+    assert rec is not None and rec.reason.startswith("backend check: the served adapter had no effect: vllm gives the same answers with and without it")
+    assert "(was failed" not in rec.reason  # said once
     assert "metrics" not in rec.summary and not (study / "runs" / rec.id / "outputs.jsonl").exists()  # no numbers
     assert rec.summary["backend_check"]["passed"] is False and rec.summary["backend_check"]["numbers"]["adapter_changed_candidate"] == 0
     assert "the served adapter had no effect" in out

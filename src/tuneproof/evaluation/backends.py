@@ -68,8 +68,8 @@ class BackendCheckFailed(CheckFailed):
     """The backend check refused the fast backend's numbers: the evaluation run is invalid (exit 3)."""
 
     def __init__(self, reason: str):
-        self.reason = reason
-        super().__init__(reason, hint="evaluate with eval.backend: transformers, or fix the serving setup; "
+        self.reason = f"backend check: {reason}"  # the one-line reason the invalid run records
+        super().__init__(self.reason, hint="evaluate with eval.backend: transformers, or fix the serving setup; "
                                       "runs/<id>/backend_check.json holds both backends' sampled outputs")
 
 
@@ -317,7 +317,8 @@ def check_backends(reference: GenerationBackend, candidate: GenerationBackend, p
         (exact string match of the answers with the adapter); the ``adapter_changed_*`` counts are
         the sampled examples whose answer with the adapter differs from the one without it (None
         without an adapter). ``reason`` (None when passed) is one line: ``"the served adapter had no
-        effect: ..."`` or ``"vllm agrees with transformers on 13 of 16 sampled examples (agreement
+        effect: vllm gives the same answers with and without it on all 16 sampled examples,
+        transformers different ones on 5"`` or ``"vllm agrees with transformers on 13 of 16 sampled examples (agreement
         0.812 < eval.backend_check_min_agreement 0.9); first: ..."``.
     """
     prompts, ids = list(prompts), [str(i) for i in ids]
@@ -342,8 +343,8 @@ def check_backends(reference: GenerationBackend, candidate: GenerationBackend, p
     else:
         effect = "checked"
         if changed_cand == 0:
-            reason = (f"the served adapter had no effect: {c_name}'s answers with and without the adapter are identical on all {n} "
-                      f"sampled examples, while {r_name}'s differ on {changed_ref}")
+            reason = (f"the served adapter had no effect: {c_name} gives the same answers with and without it on all {n} "
+                      f"sampled examples, {r_name} different ones on {changed_ref}")
     agree_text = f"{c_name} agrees with {r_name} on {agreeing} of {n} sampled examples (agreement {agreement:.3f}"
     if reason is None and agreement < min_agreement:
         shown = f"; first: {first['id']}: {first['reference'][:SHOWN]!r} vs {first['candidate'][:SHOWN]!r}" if first else ""

@@ -72,7 +72,7 @@ def evaluation_run(ctx: StudyContext, kind: str, *, parent: str | None = None) -
             yield run
     except BackendCheckFailed as fault:
         if run is not None:
-            ctx.registry.invalidate(run.id, f"backend check: {fault.reason}")
+            ctx.registry.invalidate(run.id, fault.reason)
         raise
 
 

@@ -178,6 +178,7 @@ def test_check_refuses_a_backend_that_disagrees(tok, prompts, adapter, direct):
     assert res["reason"] == (f"vllm agrees with transformers on 13 of 16 sampled examples (agreement 0.812 < "
                              f"eval.backend_check_min_agreement 0.9); first: ex02: {direct['adapted'][2]!r} vs {direct['adapted'][2] + ' !'!r}")
     assert res["adapter_effect"] == "checked" and res["numbers"]["adapter_changed_candidate"] == direct["changed"]
+    assert "\n" not in res["reason"]  # one line
     # one answer in 16 apart: 0.9375 passes the default 0.9 (the first disagreement is still recorded), not 1.0
     one = check(transformers_backend(tok), Disagrees(tok, at=(5,)), prompts, adapter)
     assert one["passed"] is True and one["numbers"]["agreement"] == 0.9375 and one["first_disagreement"]["id"] == "ex05"
@@ -412,7 +413,7 @@ def test_eval_refused_when_served_adapter_has_no_effect(monkeypatch, trained, tm
     assert "(was failed" not in rec.reason  # said once
     assert "metrics" not in rec.summary and not (study / "runs" / rec.id / "outputs.jsonl").exists()  # no numbers
     assert rec.summary["backend_check"]["passed"] is False and rec.summary["backend_check"]["numbers"]["adapter_changed_candidate"] == 0
-    assert "the served adapter had no effect" in out
+    assert "the served adapter had no effect" in out and f"runs/{rec.id}/backend_check.json" in out
     reg.close()
 
 
@@ -427,3 +428,46 @@ def test_eval_with_vllm_absent_stops_before_any_run(trained, tmp_path, capsys):
     assert code == 2
     assert "eval.backend: vllm, but the package vllm is not installed" in out and "pip install 'tuneproof[vllm]'" in out
     assert [r.id for r in Registry(study).list()] == before
+
+
+def test_baseline_with_vllm_is_the_baseline_train_wants(monkeypatch, trained, tmp_path, capsys):
+    from tuneproof.context import StudyContext
+    from tuneproof.io import read_json
+    from tuneproof.recipes.protocol import require_baseline
+    from tuneproof.registry import Registry
+
+    study = _copy_with_backend(trained["dir"], tmp_path / "s", backend="vllm")
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(B, "cuda_available", lambda: True)
+    code, out = _cli(capsys, study, "baseline")
+    assert code == 0, out
+    reg = Registry(study)
+    rec = reg.latest("baseline")
+    assert rec.id != "r0002" and rec.summary["backend_check"]["adapter_effect"] == "no adapter"
+    assert rec.summary["backend_check"]["numbers"]["agreement"] == 1.0 and rec.summary["eval_backend"]["name"] == "vllm"
+    (llm,) = fake_vllm.LLM.instances
+    assert llm.kwargs["enable_lora"] is False and llm.requests == [None, None]  # the check's sample, then the split
+    # the same answers as the transformers baseline r0002 on the same examples (greedy fp32, same weights)
+    rows = lambda rid: [json.loads(x) for x in (study / "runs" / rid / "outputs.jsonl").read_text().splitlines()]  # noqa: E731
+    assert [r["prediction"] for r in rows(rec.id)] == [r["prediction"] for r in rows("r0002")]
+    assert read_json(study / "runs" / rec.id / "eval.json")["fingerprint"]["hash"] != read_json(study / "runs" / "r0002" / "eval.json")["fingerprint"]["hash"]
+    reg.close()
+    assert require_baseline(StudyContext.open(study)) == rec.id  # train now finds a baseline of its procedure
+
+
+def test_served_paths_of_lora_full_and_base(trained, tmp_path):
+    import shutil
+
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.common import served_paths
+
+    study = tmp_path / "s"
+    shutil.copytree(trained["dir"], study)
+    ctx = StudyContext.open(study)
+    run_dir = study / "runs" / trained["train"]
+    assert served_paths(ctx, trained["train"]) == (ctx.base.path, run_dir / "adapter")
+    assert served_paths(ctx, None) == (ctx.base.path, None)
+    (run_dir / "model").mkdir()
+    (run_dir / "model" / "config.json").write_text("{}")  # a fully fine-tuned run: vLLM loads its weights, no adapter
+    assert served_paths(ctx, trained["train"]) == (run_dir / "model", None)
+    ctx.registry.close()

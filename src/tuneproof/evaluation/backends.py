@@ -67,10 +67,10 @@ class GenerationBackend(Protocol):
 class BackendCheckFailed(CheckFailed):
     """The backend check refused the fast backend's numbers: the evaluation run is invalid (exit 3)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, run_id: str = "<id>"):
         self.reason = f"backend check: {reason}"  # the one-line reason the invalid run records
-        super().__init__(self.reason, hint="evaluate with eval.backend: transformers, or fix the serving setup; "
-                                      "runs/<id>/backend_check.json holds both backends' sampled outputs")
+        super().__init__(self.reason, hint=f"runs/{run_id}/backend_check.json holds both backends' sampled answers; fix the serving "
+                                           "setup, or evaluate with eval.backend: transformers")
 
 
 def _resolved(adapter_dir: str | Path | None) -> Path | None:

@@ -206,7 +206,7 @@ def predict_served(ctx: StudyContext, run: Run, model, examples: list[Example], 
     run.update_summary(eval_backend=candidate.identity(), backend_check=check_summary(result),
                        backend_check_seconds=round(time.perf_counter() - t0, 6))
     if not result["passed"]:
-        raise BackendCheckFailed(result["reason"])
+        raise BackendCheckFailed(result["reason"], run.id)
     console.print(f"[dim]{result['name']}: {result['message']}[/]")
     with progress_bar(what, len(examples)) as advance:
         return candidate.generate([ctx.pipeline.prompt_text(e.text) for e in examples], ev.max_new_tokens, adapter, progress=advance)

@@ -245,7 +245,7 @@ def test_vllm_not_installed_is_a_two_line_error(monkeypatch):
     lines = str(e.value).splitlines()
     assert len(lines) == 2 and e.value.exit_code == 2
     assert lines[0] == "s/tuneproof.yaml: eval.backend: vllm, but the package vllm is not installed in this environment"
-    assert "pip install 'tuneproof[vllm]'" in lines[1] and "eval.backend: transformers" in lines[1]
+    assert "pip install -e '.[vllm]'" in lines[1] and "eval.backend: transformers" in lines[1]
     B.check_backend_available(Eval(), "causal-lm")  # transformers: nothing to check
 
 
@@ -426,7 +426,7 @@ def test_eval_with_vllm_absent_stops_before_any_run(trained, tmp_path, capsys):
     before = [r.id for r in Registry(study).list()]
     code, out = _cli(capsys, study, "eval", trained["train"])
     assert code == 2
-    assert "eval.backend: vllm, but the package vllm is not installed" in out and "pip install 'tuneproof[vllm]'" in out
+    assert "eval.backend: vllm, but the package vllm is not installed" in out and "pip install -e '.[vllm]'" in out
     assert [r.id for r in Registry(study).list()] == before
 
 

@@ -170,7 +170,7 @@ def check_backend_available(eval_cfg, model_kind: str, path: str | Path = "tunep
                              hint="set eval.backend: transformers")
     if not vllm_installed():
         raise TuneproofError(f"{path}: eval.backend: vllm, but the package vllm is not installed in this environment",
-                             hint="on a CUDA machine: pip install 'tuneproof[vllm]' (vllm pins its own torch build); "
+                             hint="on a CUDA machine: pip install -e '.[vllm]' from the clone, or pip install vllm (it pins its own torch build); "
                                   "or set eval.backend: transformers")
     if not cuda_available():
         raise TuneproofError(f"{path}: eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)",
@@ -225,7 +225,7 @@ class VllmBackend:
                 self._vllm = importlib.import_module("vllm")
             except ImportError as err:
                 raise TuneproofError(f"eval.backend: vllm, but vllm cannot be imported ({err})",
-                                     hint="pip install 'tuneproof[vllm]' on a CUDA machine, or set eval.backend: transformers") from None
+                                     hint="pip install vllm on a CUDA machine, or set eval.backend: transformers") from None
         return self._vllm
 
     @property

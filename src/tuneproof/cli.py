@@ -573,26 +573,42 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.exit(code)
 
 
+def _say_stopped(argv: Optional[List[str]], fallback: str) -> None:
+    """One line on stderr per run a signal stopped in this command: the run, the signal, the step and
+    how to go on (``run r0003 interrupted by SIGTERM at step 3; resume with: tuneproof resume r0003``)."""
+    import shlex  # noqa: PLC0415
+
+    from tuneproof import registry  # noqa: PLC0415
+    from tuneproof.ui import err_console  # noqa: PLC0415
+
+    command = "tuneproof " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    for line in [s.line(command) for s in registry.STOPPED] or [fallback]:
+        err_console.print(line, markup=False, soft_wrap=True)
+
+
 def _main(argv: Optional[List[str]], Terminated) -> int:  # noqa: N803
+    from tuneproof import registry  # noqa: PLC0415
+
+    registry.STOPPED.clear()
     try:
         rv = app(args=argv, standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer turns Ctrl-C into Exit(130) and returns it
             if rv == 130:
-                console.print("[yellow]interrupted[/]: recorded as interrupted; see `tuneproof runs` (a train run: `tuneproof resume RUN`)")
+                _say_stopped(argv, "interrupted by Ctrl-C; no run was in progress")
             return rv
     except TuneproofError as err:
         console.print(f"[bold red]error[/]: {escape(str(err))}", soft_wrap=True)  # messages quote data: [..] is not markup
         return err.exit_code
-    except Terminated as err:
-        console.print(f"[yellow]terminated[/]: {err}; a run in progress is recorded as interrupted (a train run: `tuneproof resume RUN`)",
-                      soft_wrap=True)
+    except Terminated:
+        _say_stopped(argv, "terminated by SIGTERM; no run was in progress")
         return 143
-    except KeyboardInterrupt as err:
-        console.print(f"[yellow]interrupted[/]: {err}")
+    except KeyboardInterrupt:
+        _say_stopped(argv, "interrupted by Ctrl-C; no run was in progress")
         return 130
     except typer.Exit as err:
         return err.exit_code
     except typer.Abort:
+        _say_stopped(argv, "interrupted by Ctrl-C; no run was in progress")
         return 130
     except Exception as err:  # usage errors of Typer's click: missing argument, unknown option...
         if callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int):

@@ -16,6 +16,13 @@ class TuneproofError(Exception):
         self.hint = hint
         super().__init__(message if hint is None else f"{message}\n  -> {hint}")
 
+    def name_run(self, run_id: str) -> None:
+        """Say which run this error ended (``... (run r0007)``), unless the message names it already."""
+        if run_id in self.message:
+            return
+        self.message = f"{self.message} (run {run_id})"
+        self.args = (self.message if self.hint is None else f"{self.message}\n  -> {self.hint}",)
+
 
 class CheckFailed(TuneproofError):
     """A protocol check failed (data, preflight, guard): the command refuses to go on."""

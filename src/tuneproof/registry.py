@@ -209,6 +209,40 @@ class Terminated(BaseException):
 _Terminated = Terminated  # former private name
 
 
+@dataclass
+class Stop:
+    """How a run was stopped by a signal in this process (the CLI's last line names it)."""
+
+    run_id: str
+    kind: str
+    how: str  # "SIGTERM", "Ctrl-C", or the stop's own words
+    step: int | None  # the last optimizer step done (train runs)
+    checkpoint: bool  # the run folder holds a checkpoint to resume from
+    world_size: int
+    study_dir: Path
+
+    def line(self, command: str | None = None) -> str:
+        """``run r0003 interrupted by SIGTERM at step 3; resume with: tuneproof resume r0003``; a run
+        that cannot be resumed says to run ``command`` (the command line that started it) again."""
+        import shlex  # noqa: PLC0415
+
+        how = f"by {self.how}" if self.how in ("SIGTERM", "Ctrl-C") else f"({self.how})"
+        head = f"run {self.run_id}" + ("" if self.kind == "train" else f" ({self.kind})") + f" interrupted {how}"
+        head += f" at step {self.step}" if self.step is not None else ""
+        again = f": {command}" if command else ""
+        if self.kind != "train":
+            return f"{head}; recorded as interrupted, run the command again{again}"
+        if not self.checkpoint:
+            return f"{head}, before its first checkpoint: nothing to resume, start it again{again}"
+        study = "" if Path.cwd().resolve() == self.study_dir.resolve() else f" --study {shlex.quote(str(self.study_dir))}"
+        nproc = f" --nproc-per-node {self.world_size}" if self.world_size > 1 else ""
+        return f"{head}; resume with: tuneproof resume {self.run_id}{nproc}{study}"
+
+
+#: the runs stopped by a signal in this process, oldest first (``tuneproof.cli`` prints their lines)
+STOPPED: list[Stop] = []
+
+
 def _fault_error(err: BaseException, cause: str, folder: Path, hint: str) -> TuneproofError:
     return TuneproofError(fault_message(err, cause, folder), hint=hint)
 
@@ -736,6 +770,13 @@ class Registry:
                 self.finish(run.id, "interrupted", reason)
             except (OSError, sqlite3.Error):
                 self._finish_quietly(run.id, "interrupted", reason)
+            words = str(err).strip()
+            how = "SIGTERM" if isinstance(err, Terminated) else ("Ctrl-C" if words in ("", f"signal {int(signal.SIGINT)}") else words)
+            try:
+                ckpt = any(p.is_dir() for p in (run.dir / "checkpoints").glob("step-*"))
+            except OSError:
+                ckpt = False
+            STOPPED.append(Stop(run.id, run.kind, how, last, ckpt, int(run.summary.get("world_size") or 1), self.study_dir))
             if isinstance(err, Terminated):
                 raise Terminated(reason) from None
             raise KeyboardInterrupt(reason) from None
@@ -753,6 +794,8 @@ class Registry:
                 self.finish(run.id, "failed", f"{type(err).__name__}: {text}"[:500])
             except (OSError, sqlite3.Error):
                 self._finish_quietly(run.id, "failed", f"{type(err).__name__}: {text}"[:500])
+            if isinstance(err, TuneproofError):
+                err.name_run(run.id)  # the message that ends a run names it
             raise
         else:
             if self.get(run.id).status == "running":

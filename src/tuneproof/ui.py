@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 console = Console(highlight=False)
+#: what ends a command early (interruptions) goes to stderr, so that ``--json`` output stays clean
+err_console = Console(highlight=False, stderr=True)
 
 
 #: seconds between two plain progress lines when stdout is not a terminal ($TUNEPROOF_PROGRESS_EVERY)

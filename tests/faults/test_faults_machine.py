@@ -191,7 +191,8 @@ def test_sigterm_exits_143_with_the_run_interrupted(tmp_path):
     proc = subprocess.run([sys.executable, "-c", PROBE, "fault-probe", str(tmp_path), "--term"], capture_output=True, text=True,
                           env=_env(), timeout=120)
     assert proc.returncode == 143, proc.stdout + proc.stderr
-    assert "terminated: terminated (signal 15); a run in progress is recorded as interrupted" in proc.stdout
+    assert (f"run r0001 (compare) interrupted by SIGTERM; recorded as interrupted, run the command again: "
+            f"tuneproof fault-probe {tmp_path} --term") in proc.stderr.splitlines()
     rec = Registry(tmp_path).get("r0001")
     assert (rec.status, rec.reason) == ("interrupted", "terminated (signal 15)")
 

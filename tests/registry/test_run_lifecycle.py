@@ -67,6 +67,19 @@ def test_statuses_in_process(tmp_path):
     assert (reg.get(run.id).status, reg.get(run.id).reason) == ("invalid", "a check said so (was running)")
 
 
+def test_the_error_that_ends_a_run_names_it(tmp_path):
+    reg = Registry(tmp_path)
+    with pytest.raises(TuneproofError) as err:
+        with reg.run("eval"):
+            raise TuneproofError("data/valid.jsonl:3: label 'x' is not a class", hint="fix the row")
+    assert str(err.value) == "data/valid.jsonl:3: label 'x' is not a class (run r0001)\n  -> fix the row"
+    assert reg.get("r0001").status == "failed"
+    with pytest.raises(TuneproofError) as err:  # a message that names its run already is left as it is
+        with reg.run("preflight") as run:
+            raise TuneproofError(f"preflight {run.id}: 1 of 9 checks failed")
+    assert str(err.value) == "preflight r0002: 1 of 9 checks failed"
+
+
 def test_a_live_run_is_not_stale_but_a_reused_pid_is(tmp_path):
     reg = Registry(tmp_path)
     run = reg.create("train")

@@ -32,13 +32,19 @@ def tiny_base(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def interrupted(tiny_base, tmp_path_factory):
-    """A study whose 8-step run was stopped by SIGTERM after step 5 in its own ``tuneproof train``
-    process (checkpoints step-000004/ and step-000005/, safetensors + JSON). Tests work on copies."""
+def interrupted_proc(tiny_base, tmp_path_factory):
+    """``(study, completed process)``: a study whose 8-step run was stopped by SIGTERM after step 5
+    in its own ``tuneproof train`` process (checkpoints step-000004/ and step-000005/, safetensors +
+    JSON). Tests work on copies."""
     from tiny_study import make_study, train_with_signal
 
     study = make_study(tmp_path_factory.mktemp("interrupted") / "s", tiny_base)
     proc = train_with_signal(study, 5, "SIGTERM")
     assert proc.returncode == 143, proc.stdout + proc.stderr  # SIGTERM: 128 + 15
-    assert "interrupted" in proc.stdout
-    return study
+    return study, proc
+
+
+@pytest.fixture(scope="session")
+def interrupted(interrupted_proc):
+    """The study of :func:`interrupted_proc`."""
+    return interrupted_proc[0]

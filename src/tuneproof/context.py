@@ -224,6 +224,17 @@ class StudyContext:
             raise TuneproofError(choice["message"], hint="set training.precision to auto or fp32")
         return {**choice, "torch_device": "cuda" if dev.type in ("cuda", "rocm") else "cpu"}
 
+    @cached_property
+    def quantization(self) -> dict[str, Any] | None:
+        """``method.kind: qlora``: the 4-bit config the base is loaded with
+        (:func:`tuneproof.models.quant.quantization_record`, compute dtype from the resolved
+        precision); None for the other kinds."""
+        if self.study.method.kind != "qlora":
+            return None
+        from tuneproof.models.quant import quantization_record  # noqa: PLC0415
+
+        return quantization_record(self.study.method, self.device_choice["dtype"])
+
     def torch_setup(self):
         """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""
         import torch  # noqa: PLC0415

@@ -154,7 +154,8 @@ class ModelSpec(_Strict):
 
 
 class Method(_Strict):
-    kind: Literal["lora", "full"] = Field("lora", description="full fine-tuning or LoRA")
+    kind: Literal["lora", "full", "qlora"] = Field(
+        "lora", description="full fine-tuning, LoRA, or QLoRA (LoRA on a base loaded in 4-bit by bitsandbytes: pip install 'tuneproof[qlora]')")
     r: int = Field(8, ge=1, description="LoRA rank")
     alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout")
@@ -162,6 +163,20 @@ class Method(_Strict):
         default_factory=lambda: ["q_proj", "v_proj"], description="module name patterns (suffix match, as PEFT); each must match"
     )
     modules_to_save: list[str] = Field(default_factory=list, description="extra modules trained and saved in full (e.g. classifier)")
+    # qlora only; names as in transformers' BitsAndBytesConfig (tuneproof.models.quant)
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field("nf4", description="qlora: 4-bit data type (NF4, QLoRA's NormalFloat, or FP4)")
+    bnb_4bit_use_double_quant: bool = Field(True, description="qlora: quantize the quantization constants again (QLoRA's double quantization)")
+    bnb_4bit_quant_storage: Literal["uint8", "int8", "bfloat16", "float16", "float32"] = Field(
+        "uint8", description="qlora: dtype the packed 4-bit values are stored in; FSDP needs a float dtype equal to the compute dtype")
+
+    @model_validator(mode="after")
+    def _quant_keys_need_qlora(self) -> "Method":
+        if self.kind != "qlora":
+            for key, default in (("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", True), ("bnb_4bit_quant_storage", "uint8")):
+                if getattr(self, key) != default:
+                    raise ValueError(f"method.{key} applies to method.kind: qlora only (kind is {self.kind!r}); "
+                                     "remove it or set method.kind: qlora")
+        return self
 
 
 #: The step budget when neither ``training.max_steps`` nor ``training.epochs`` is set: one pass over train.
@@ -340,6 +355,10 @@ def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
                 lines.append(f"{path}: {loc}: {msg} (got {e.get('input')!r})")
         raise TuneproofError("\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template") from None
     check_hypothesis_metrics(study, path)
+    if study.method.kind == "qlora":
+        from tuneproof.models.quant import require_bitsandbytes  # noqa: PLC0415
+
+        require_bitsandbytes(str(path))
     return study
 
 

@@ -54,19 +54,39 @@ def model_card(man: dict[str, Any]) -> str:
     lines += [f"- tokenizer: {t.get('class')}, vocabulary {t.get('vocab_size')}, probe-text token ids sha256 `{t.get('probe_hash')}`", ""]
     lines += ["## Load", "", "```python"]
     loader = "AutoModelForSequenceClassification" if proc["model_kind"] == "sequence-classification" else "AutoModelForCausalLM"
-    if man["payload"] == "adapter":
+    q = man.get("quantization")
+    if man["payload"] == "adapter" and q:  # qlora: the unquantized base above, quantized to 4-bit while loading
+        extra = f", num_labels={len(man.get('labels') or [])}" if proc["model_kind"] == "sequence-classification" else ""
+        lines += ["import torch", "from peft import PeftModel", f"from transformers import BitsAndBytesConfig, {loader}", "",
+                  f"bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"{q['bnb_4bit_quant_type']}\", "
+                  f"bnb_4bit_use_double_quant={q['bnb_4bit_use_double_quant']},",
+                  f"                         bnb_4bit_compute_dtype=torch.{q['bnb_4bit_compute_dtype']}, "
+                  f"bnb_4bit_quant_storage=torch.{q['bnb_4bit_quant_storage']}"
+                  + (f", llm_int8_skip_modules={q['llm_int8_skip_modules']!r}" if q.get("llm_int8_skip_modules") else "") + ")",
+                  f"base = {loader}.from_pretrained(\"{b['path']}\"{extra}, quantization_config=bnb)  # the exact base above, in 4-bit",
+                  "model = PeftModel.from_pretrained(base, \"adapter\")"]
+    elif man["payload"] == "adapter":
         extra = f", num_labels={len(man.get('labels') or [])}" if proc["model_kind"] == "sequence-classification" else ""
         lines += ["from peft import PeftModel", f"from transformers import {loader}", "",
                   f"base = {loader}.from_pretrained(\"{b['path']}\"{extra})  # the exact base above",
                   "model = PeftModel.from_pretrained(base, \"adapter\")"]
     else:
         lines += [f"from transformers import {loader}", f"model = {loader}.from_pretrained(\"model\")"]
-    lines += ["```", "", "Check the base and the predictions first: `tuneproof verify BUNDLE --base PATH`.", ""]
+    lines += ["```", ""]
+    if q:
+        lines += [f"QLoRA: the adapter was trained on this base loaded in 4-bit by bitsandbytes {q.get('bitsandbytes_version')} "
+                  f"({q['bnb_4bit_quant_type']}, double quantization {'on' if q['bnb_4bit_use_double_quant'] else 'off'}, compute dtype "
+                  f"{q['bnb_4bit_compute_dtype']}, storage {q['bnb_4bit_quant_storage']}). The hashes above are those of the "
+                  "unquantized files; the 4-bit weights are made from them while loading, so load the base with this config "
+                  "(`pip install 'tuneproof[qlora]'`) to get the model that was evaluated. Loaded without it, the adapter sits on "
+                  "full-precision weights it was not trained on. The baseline is the unquantized base: the deltas below include "
+                  "the effect of the 4-bit quantization.", ""]
+    lines += ["Check the base and the predictions first: `tuneproof verify BUNDLE --base PATH`.", ""]
     if man.get("merged"):
         lines += ["`merged/` holds the base with the adapter merged in (safetensors); load it with `from_pretrained(\"merged\")`.", ""]
     m = cfg["method"]
     lines += ["## Training", "", f"- method: {m['kind']}" + (f", r {m['r']}, alpha {m['alpha']}, dropout {m['dropout']}, target modules "
-                                                            f"{', '.join(m['target_modules'])}" if m["kind"] == "lora" else "")]
+                                                            f"{', '.join(m['target_modules'])}" if m["kind"] in ("lora", "qlora") else "")]
     if man.get("modules_to_save"):
         lines.append("- modules_to_save (saved in full): " + ", ".join(f"{k} ({len(v)} tensors)" for k, v in man["modules_to_save"].items()))
     tr = cfg["training"]

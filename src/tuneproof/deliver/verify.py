@@ -98,7 +98,8 @@ def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, w
     else:
         from peft import PeftModel  # noqa: PLC0415
 
-        base = load_model(_ref(base_path, manifest), proc["model_kind"], labels=labels)
+        # qlora: the unquantized base quantized to 4-bit with the recorded config, as it was trained and evaluated
+        base = load_model(_ref(base_path, manifest), proc["model_kind"], labels=labels, quantization=manifest.get("quantization"))
         model = PeftModel.from_pretrained(base, bundle / "adapter")
     return model.to(proc.get("device", "cpu")).eval()
 

@@ -273,23 +273,35 @@ def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
     return tok
 
 
-def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | None = None):
+def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | None = None,
+               quantization: dict[str, Any] | None = None):
     """Load the base model in ``dtype`` (default fp32). Sequence classification gets a fresh head
     with ``len(labels)`` outputs and ``id2label``/``label2id`` set. When the tokenizer saved in the
     folder has more tokens than the embedding has rows (added tokens), the embeddings are resized
-    to it first (:func:`fit_embeddings`), so training, evaluation and every reload see the same shapes."""
+    to it first (:func:`fit_embeddings`), so training, evaluation and every reload see the same shapes.
+
+    ``quantization``: a :func:`tuneproof.models.quant.quantization_record` (``method.kind: qlora``):
+    the linear layers are quantized to 4-bit by bitsandbytes while loading (transformers'
+    ``BitsAndBytesConfig``; on the CUDA device when there is one, else on the CPU), the other
+    weights stay in ``dtype``."""
     import torch  # noqa: PLC0415
 
     from tuneproof.ui import console  # noqa: PLC0415
 
     dtype = dtype or torch.float32
-    with console.status(f"loading {ref.name} ({ref.revision[:19]})"):
-        return _load(ref, kind, dtype, labels)
+    what = " in 4-bit " + quantization["bnb_4bit_quant_type"] if quantization else ""
+    with console.status(f"loading {ref.name} ({ref.revision[:19]}){what}"):
+        return _load(ref, kind, dtype, labels, quantization)
 
 
-def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None):
+def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantization: dict[str, Any] | None = None):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
 
+    quant: dict[str, Any] = {}
+    if quantization:
+        from tuneproof.models.quant import bnb_config  # noqa: PLC0415
+
+        quant = {"quantization_config": bnb_config(quantization)}
     if kind == "image-classification":
         from transformers import AutoModelForImageClassification  # noqa: PLC0415
 
@@ -298,16 +310,16 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None):
         # a new head for the study's labels (the base's own head, if any, has other classes)
         return AutoModelForImageClassification.from_pretrained(
             ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
-            ignore_mismatched_sizes=True, dtype=dtype, trust_remote_code=ref.trust_remote_code)
+            ignore_mismatched_sizes=True, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
     if kind == "sequence-classification":
         if not labels:
             raise TuneproofError("sequence classification needs labels (data.fields.label)")
         model = AutoModelForSequenceClassification.from_pretrained(
             ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, dtype=dtype,
-            trust_remote_code=ref.trust_remote_code,
+            trust_remote_code=ref.trust_remote_code, **quant,
         )
     else:
-        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
     model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
     n_tokens = _tokenizer_length(ref)
     if n_tokens is not None:

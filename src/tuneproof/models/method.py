@@ -1,4 +1,5 @@
-"""What is trained: full fine-tuning, or LoRA on the named target modules (PEFT).
+"""What is trained: full fine-tuning, LoRA on the named target modules (PEFT), or QLoRA (LoRA on a
+base loaded in 4-bit by bitsandbytes, prepared with ``peft.prepare_model_for_kbit_training``).
 
 Every target pattern must match at least one module (CASES C5); the match report, trainable and
 total parameter counts and modules_to_save are returned so each run records them.
@@ -11,20 +12,25 @@ from typing import Any
 from tuneproof.errors import CheckFailed
 
 
-def apply_method(model, method, kind: str) -> tuple[Any, dict[str, Any]]:
+def apply_method(model, method, kind: str, quantization: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """Wrap ``model`` for the study's method and report what is trained.
 
     Args:
-        model: a transformers model.
+        model: a transformers model (``method.kind: qlora``: loaded with ``quantization``,
+            :func:`tuneproof.models.base.load_model`).
         method: the study's ``method`` section.
         kind: ``causal-lm`` or ``sequence-classification``.
+        quantization: qlora: the :func:`tuneproof.models.quant.quantization_record` it was loaded with.
 
     Returns:
         ``(model, report)``; report has ``method``, ``targets`` (per pattern: count and modules),
-        ``trainable``, ``total`` (parameters), ``modules_to_save``.
+        ``trainable``, ``total`` (parameters; a 4-bit weight counts its packed storage elements),
+        ``modules_to_save``; qlora adds ``quantization`` (the record) and ``quantized``
+        (:func:`tuneproof.models.quant.quantized_modules`).
 
     Raises:
         CheckFailed: a target pattern that matches no module (names the pattern and the counts).
+        TuneproofError: qlora on a model that was not loaded in 4-bit.
     """
     from tuneproof.preflight.targets import match_target_modules, trainable_summary  # noqa: PLC0415
 
@@ -35,6 +41,20 @@ def apply_method(model, method, kind: str) -> tuple[Any, dict[str, Any]]:
         report.update(trainable_summary(model))
         return model, report
     from peft import LoraConfig, TaskType, get_peft_model  # noqa: PLC0415
+
+    if method.kind == "qlora":
+        from peft import prepare_model_for_kbit_training  # noqa: PLC0415
+
+        from tuneproof.errors import TuneproofError  # noqa: PLC0415
+        from tuneproof.models.quant import quantized_modules  # noqa: PLC0415
+
+        if not getattr(model, "is_loaded_in_4bit", False) or not quantization:
+            raise TuneproofError("method.kind: qlora needs the base loaded in 4-bit (load_model(..., quantization=record))")
+        # freezes the base, casts 16-bit non-quantized weights (norms, embeddings) to fp32; activation
+        # checkpointing stays as the trainer set it (non-reentrant, before this call)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        report["quantization"] = dict(quantization)
+        report["quantized"] = quantized_modules(model)
 
     match = match_target_modules(model, method.target_modules)
     report["targets"] = match

@@ -102,7 +102,8 @@ def load_trained(ctx: StudyContext, train_run_id: str):
         raise TuneproofError(f"{adapter}: no adapter_config.json", hint="the train run saved no adapter")
     from peft import PeftModel  # noqa: PLC0415
 
-    base = load_model(ctx.base, ctx.model_kind, labels=labels)
+    # qlora: the base in 4-bit with the config the run trained on (its summary), not the study's current one
+    base = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=rec.summary.get("quantization"))
     return PeftModel.from_pretrained(base, adapter).to(device)
 
 

@@ -168,6 +168,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         raise TuneproofError(f"{src}: the run saved neither adapter/ nor model/", hint="only a train run that finished saving can be exported")
     if merge and payload != "adapter":
         raise TuneproofError("--merge applies to a LoRA adapter; this run saved a full model (model/)")
+    quantization = rec.summary.get("quantization")  # qlora: the 4-bit config the run trained on
     shutil.copytree(src / payload, tmp / payload)
     base = base_identity(ctx.base, ctx.tokenizer_identity)
     kind = ctx.model_kind
@@ -249,7 +250,8 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         procedure["image_transforms"] = ctx.study.data.image.model_dump(mode="json")
     man: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": BUNDLE_KIND, "created": time.time(), "run": rec.id,
                            "export_run": export_run, "payload": payload, "merged": bool(merge), "procedure": procedure,
-                           "base_model": base, "tokenizer": base["tokenizer"], "labels": labels}
+                           "base_model": base, "tokenizer": base["tokenizer"], "labels": labels,
+                           "quantization": quantization}
     t0 = time.perf_counter()
     model = load_bundle_model(tmp, man, Path(base["path"]))
     tok = load_tokenizer_at(Path(base["path"]) if payload == "adapter" else tmp / "model", man)
@@ -343,6 +345,10 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
     src = ctx.registry.runs_dir / rec.id
     if merge and not (src / "adapter" / "adapter_config.json").exists():
         raise TuneproofError(f"--merge applies to a LoRA adapter; run {rec.id} saved " + ("a full model (model/)" if (src / "model").exists() else "no adapter"))
+    if merge and rec.summary.get("quantization"):  # refused before any run or folder is made
+        raise TuneproofError(f"--merge: run {rec.id} is QLoRA (method.kind: qlora, its base in 4-bit); merging into the 4-bit "
+                             "weights would round the adapter away",
+                             hint="export without --merge: the adapter binds to the unquantized base + its recorded 4-bit config")
     dest = Path(out_dir) if out_dir else ctx.study_dir / "exports" / rec.id
     if dest.exists():
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")

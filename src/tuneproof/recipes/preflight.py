@@ -23,6 +23,11 @@ Checks, in order (config key or option behind each):
 5. ``update check``: the model built exactly as ``train`` builds it (``recipes.train.build_model``),
    real optimizer steps on a real train micro-batch under the configured precision: every
    trainable tensor changed, every frozen tensor bitwise unchanged (C7); the model is restored.
+5b. ``qlora storage`` and ``qlora step`` (only with ``method.kind: qlora``,
+   :mod:`tuneproof.preflight.qlora`): the 4-bit storage dtype is shardable when
+   ``distributed.strategy`` is fsdp (this single process shards nothing: a warning; ``train
+   --nproc-per-node N`` refuses); one real step on the probe micro-batch has a finite, non-zero
+   loss and LoRA gradient norm (the silent loss 0.0 / grad NaN failure).
 6. ``step memory``: complete steps (forward, loss, backward, clipping, AdamW step) at the
    configured micro-batch (``training.micro_batch_size``) at the p95 train length and at
    ``training.max_length``: estimate next to the measured peak (C8); fails when either exceeds
@@ -303,7 +308,9 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
     device = detect_device()
     choice = choose_dtype(ctx.study.training.precision, device)
     wanted = list(getattr(ctx.study.training, "extensions", None) or [])
-    ext = check_extensions(device, wanted)
+    if ctx.study.method.kind == "qlora" and "bitsandbytes" not in wanted:  # the 4-bit base: built for this backend, imports
+        wanted.append("bitsandbytes")
+    ext = check_extensions(device, wanted, try_import=ctx.study.method.kind == "qlora")
     numbers = {"device": device.type, "device_name": device.name,
                "capability": list(device.capability) if device.capability else None, "bf16_native": device.bf16_supported,
                "requested": choice["requested"], "dtype": choice["dtype"], "extensions": wanted}
@@ -369,10 +376,11 @@ def _target_checks(ctx: StudyContext, model, report: dict[str, Any] | None, fail
     if model is None:
         return out
     summary = trainable_summary(model)
-    mts = sorted((report or {}).get("modules_to_save") or []) if method.kind == "lora" else []
+    mts = sorted((report or {}).get("modules_to_save") or []) if method.kind in ("lora", "qlora") else []
     out.append(_check("trainable parameters", bool(summary["passed"]),
                       summary["message"] + (f"; modules_to_save: {', '.join(mts)}" if mts else "; modules_to_save: none")
-                      + (f"; LoRA r={method.r}, alpha={method.alpha:g}" if method.kind == "lora" else ""),
+                      + (f"; LoRA r={method.r}, alpha={method.alpha:g}" if method.kind in ("lora", "qlora") else "")
+                      + (f"; base in 4-bit {method.bnb_4bit_quant_type} (bitsandbytes)" if method.kind == "qlora" else ""),
                       {"trainable": summary["trainable"], "total": summary["total"], "percent": round(summary["percent"], 4),
                        "trainable_tensors": len(summary["trainable_tensors"]), "modules_to_save": mts},
                       {**{k: v for k, v in summary.items() if k != "trainable_tensors"}, "trainable_tensors": summary["trainable_tensors"]}))
@@ -714,7 +722,7 @@ def _load_for_reload(ctx: StudyContext, payload: Path, payload_kind: str):
         return load_model(ref, ctx.model_kind, labels=labels).to(device)
     from peft import PeftModel  # noqa: PLC0415
 
-    return PeftModel.from_pretrained(load_model(ctx.base, ctx.model_kind, labels=labels), payload).to(device)
+    return PeftModel.from_pretrained(load_model(ctx.base, ctx.model_kind, labels=labels, quantization=ctx.quantization), payload).to(device)
 
 
 def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, payload_kind: str, examples: list) -> dict[str, Any]:
@@ -836,7 +844,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     eval_s = time.perf_counter() - t0
     scores = _scores(ctx, model, examples)
     adapter_effect = None
-    if ctx.study.method.kind == "lora" and ctx.model_kind != "sequence-classification":
+    if ctx.study.method.kind in ("lora", "qlora") and ctx.model_kind != "sequence-classification":
         with model.disable_adapter():
             base_scores = _scores(ctx, model, examples)
         adapter_effect = max((abs(a[1] - b[1]) for s, bs in zip(scores, base_scores) for a, b in zip(s, bs)), default=0.0)
@@ -986,6 +994,8 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
              "gradient accumulation", "precision", "activation checkpointing", "eval batch size", *SMOKE_CHECKS]
     if ctx.study.training.packing:
         later.insert(later.index("eval batch size") + 1, "packing")
+    if ctx.study.method.kind == "qlora":
+        later[later.index("update check") + 1:later.index("update check") + 1] = ["qlora storage", "qlora step"]
 
     def skip_rest(why: str) -> None:
         seen = {c["name"] for c in rep.checks}
@@ -1017,6 +1027,8 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     pad = getattr(ctx.tokenizer, "pad_token_id", 0) or 0  # an image processor has no pad token (and needs none)
     probe = _micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
+    if ctx.study.method.kind == "qlora":  # issue 15 item 4: storage shardable, loss / grad norm of a real step sane
+        _qlora_checks(ctx, rep, model, probe, autocast)
     if ctx.is_image:
         _image_checks(ctx, rep, model, usable, probe, choice, budget, autocast)
     else:
@@ -1024,6 +1036,34 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory
         return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
     _smoke(ctx, run, rep, model, usable, skip_rest)
+
+
+def _qlora_checks(ctx: StudyContext, rep: _Report, model, probe: dict, autocast) -> None:
+    """``qlora storage`` (the 4-bit storage dtype vs FSDP, for ``distributed.strategy``; this single
+    process shards nothing, ``tuneproof train --nproc-per-node N`` refuses a non-float storage under
+    FSDP) and ``qlora step`` (loss and LoRA gradient norm of one real step finite and non-zero),
+    rules in :mod:`tuneproof.preflight.qlora`."""
+    from tuneproof.preflight.qlora import check_quant_storage, check_step_values, measure_step  # noqa: PLC0415
+
+    q = ctx.quantization
+
+    def storage() -> dict[str, Any]:
+        fsdp = ctx.study.distributed.strategy == "fsdp"
+        c = check_quant_storage(q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=False)
+        extra = {}
+        if fsdp:  # what `train --nproc-per-node N` would refuse, said now (a warning: this process shards nothing)
+            under = check_quant_storage(q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=True)
+            if not under["passed"]:
+                extra["warning"] = f"distributed.strategy fsdp with N > 1 processes will be refused: {under['message']}"
+        return _check(c["name"], c["passed"], c["message"], c["numbers"], {"quantization": q}, **extra)
+
+    def step() -> dict[str, Any]:
+        m = measure_step(model, probe, autocast)
+        c = check_step_values(m["loss"], m["grad_norm"])
+        return _check(c["name"], c["passed"], c["message"], {**c["numbers"], "tensors_with_grad": m["tensors_with_grad"]}, m)
+
+    rep.run("qlora storage", storage)
+    rep.run("qlora step", step)
 
 
 def _text_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: dict, pad: int, data_check: dict, choice: dict[str, Any],

@@ -1,7 +1,9 @@
 """Recipe ``train``: fine-tune the base model with the study's method and record the run.
 
 Features (config key that turns each on):
-- LoRA (``method.kind: lora``; r, alpha, dropout, target_modules, modules_to_save) or full
+- LoRA (``method.kind: lora``; r, alpha, dropout, target_modules, modules_to_save), QLoRA
+  (``method.kind: qlora``: the base loaded in 4-bit by bitsandbytes, the quant config recorded in
+  ``method.json``, ``base.json`` and the summary, :mod:`tuneproof.models.quant`) or full
   fine-tuning (``method.kind: full``); every target pattern must match (CASES C5);
 - answer-only loss with the end-of-turn token supervised (``training.loss``); hard data faults
   (0 supervised tokens, boundary inside a token, prefix mismatch) stop the run before any compute;
@@ -45,12 +47,12 @@ def build_model(ctx: StudyContext):
 
     device, _, _ = ctx.torch_setup()
     labels = ctx.head_labels
-    model = load_model(ctx.base, ctx.model_kind, labels=labels)
+    model = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=ctx.quantization)  # qlora: 4-bit base
     if ctx.study.training.activation_checkpointing:
         # non-reentrant checkpointing: gradients reach LoRA weights without input grads (CASES C7)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    model, report = apply_method(model, ctx.study.method, ctx.model_kind)
+    model, report = apply_method(model, ctx.study.method, ctx.model_kind, quantization=ctx.quantization)
     from tuneproof.deliver.identity import vocabulary_record  # noqa: PLC0415
 
     if not ctx.is_image:  # an image processor has no vocabulary
@@ -79,6 +81,8 @@ def record_start(ctx: StudyContext, run) -> dict[str, Any]:
     from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
 
     base = base_hashes(ctx.base)  # at train start; resume, eval, export and verify compare with it
+    if ctx.quantization:  # qlora: the unquantized files above, loaded with this 4-bit config
+        base["quantization"] = ctx.quantization
     record_inputs(ctx, run)
     run.write_json("base.json", base)
     freeze(ctx.study_dir, ctx.study, run.id)  # protocol step 1: the first train run fixes the hypothesis
@@ -179,7 +183,9 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 6),
             tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
             trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],
-            base={**ctx.base.identity(), "weights_sha256": base["weights_sha256"], "config_sha256": base["config_sha256"]},
+            base={**ctx.base.identity(), "weights_sha256": base["weights_sha256"], "config_sha256": base["config_sha256"],
+                  **({"quantization": ctx.quantization} if ctx.quantization else {})},
+            **({"quantization": ctx.quantization} if ctx.quantization else {}),
             world_size=result["world_size"], **({"shares": result["shares"]} if result.get("shares") else {}),
         )
         return run.id

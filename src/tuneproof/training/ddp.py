@@ -131,6 +131,14 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
         raise TuneproofError(f"{where}: distributed.strategy fsdp on GPUs needs distributed.backend nccl (gloo has no GPU reduce-scatter)",
                              hint="set distributed.backend: nccl (or auto), or distributed.strategy: ddp")
     world = nproc * nnodes
+    if ctx.study.method.kind == "qlora":  # a 4-bit base sharded by FSDP needs a float storage dtype (preflight/qlora.py)
+        from tuneproof.preflight.qlora import check_quant_storage  # noqa: PLC0415
+
+        q = ctx.quantization
+        c = check_quant_storage(q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=d.strategy == "fsdp" and world > 1)
+        if not c["passed"]:
+            raise TuneproofError(f"{where}: {c['message']}", hint="QLoRA under FSDP: bnb_4bit_quant_storage = the compute dtype "
+                                                                   "(training.precision), or distributed.strategy: ddp")
     units: list[str] = []
     if d.strategy == "fsdp":
         units = block_classes(meta_model(ctx))

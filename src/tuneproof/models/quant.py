@@ -1,0 +1,123 @@
+"""QLoRA's 4-bit base (``method.kind: qlora``): the quantization config a run records, and the
+transformers ``BitsAndBytesConfig`` built from it.
+
+QLoRA (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs", arXiv:2305.14314)
+loads the frozen base in 4-bit NormalFloat (NF4) with double quantization (the quantization
+constants quantized again) and trains LoRA adapters in a 16/32-bit compute dtype on top. The base
+is quantized at load time from the ordinary (unquantized) checkpoint, so a run binds to the
+*unquantized* base files (their sha256) plus this record: re-loading the base with the same record
+gives the same 4-bit weights.
+
+The record uses transformers' names (``BitsAndBytesConfig``): ``load_in_4bit``,
+``bnb_4bit_quant_type`` (``nf4`` or ``fp4``), ``bnb_4bit_use_double_quant``,
+``bnb_4bit_compute_dtype`` (from the resolved ``training.precision``: fp32 -> float32, bf16 ->
+bfloat16, fp16 -> float16) and ``bnb_4bit_quant_storage`` (the dtype the packed 4-bit values are
+stored in; ``uint8`` by default, a float dtype for FSDP, :mod:`tuneproof.preflight.qlora`), plus
+``quant_method: bitsandbytes`` and the installed ``bitsandbytes_version``.
+
+bitsandbytes is an optional dependency (``pip install 'tuneproof[qlora]'``). Its 4-bit layers run
+on CUDA and, since the multi-backend releases (0.46+), on the CPU through its default torch kernels
+(checked with 0.50.2: ``Linear4bit`` forward and backward on CPU tensors), so a tiny QLoRA run is
+tested on CPU for real.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib import metadata
+from typing import Any
+
+from tuneproof.errors import TuneproofError
+
+BNB_PIN = "bitsandbytes==0.50.2"
+INSTALL_HINT = "pip install 'tuneproof[qlora]' (installs bitsandbytes==0.50.2)"
+#: training.precision's resolved dtype -> the compute dtype name of BitsAndBytesConfig
+COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: quant storage names accepted by ``method.bnb_4bit_quant_storage`` (torch dtype names, as transformers takes them)
+QUANT_STORAGES = ("uint8", "int8", "bfloat16", "float16", "float32")
+FLOAT_STORAGES = ("bfloat16", "float16", "float32")
+
+
+def bitsandbytes_installed() -> bool:
+    """Whether the ``bitsandbytes`` package can be imported (looked up, not imported: no CUDA probe)."""
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def bitsandbytes_version() -> str | None:
+    try:
+        return metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def require_bitsandbytes(path: str = "tuneproof.yaml") -> None:
+    """Refuse ``method.kind: qlora`` when bitsandbytes is not installed.
+
+    Raises:
+        TuneproofError: two lines, naming ``method.kind`` and the install command.
+    """
+    if not bitsandbytes_installed():
+        raise TuneproofError(f"{path}: method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed",
+                             hint=INSTALL_HINT)
+
+
+def quantization_record(method, dtype: str) -> dict[str, Any]:
+    """The quantization config of a qlora run (recorded in ``method.json``, the run summary,
+    ``base.json`` and the export manifest).
+
+    Args:
+        method: the study's ``method`` section (``kind: qlora``).
+        dtype: the resolved compute dtype, ``fp32``/``bf16``/``fp16`` (``ctx.device_choice["dtype"]``).
+
+    Returns:
+        ``{"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type",
+        "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage",
+        "llm_int8_skip_modules" (``method.modules_to_save`` + ``lm_head``, kept unquantized; None:
+        transformers' default, the output embedding), "bitsandbytes_version"}`` (dtype names as strings).
+
+    Raises:
+        TuneproofError: ``dtype`` is not one of fp32, bf16, fp16.
+    """
+    if dtype not in COMPUTE_DTYPES:
+        raise TuneproofError(f"method.kind: qlora: no compute dtype for precision {dtype!r}", hint="set training.precision to fp32, bf16 or fp16")
+    # modules trained in full (a classifier head) must stay unquantized; transformers' own default (the
+    # output embedding, lm_head) applies only when the list is unset, so lm_head is kept in it
+    skip = sorted(set(method.modules_to_save) | {"lm_head"}) if method.modules_to_save else None
+    return {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": method.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": bool(method.bnb_4bit_use_double_quant), "bnb_4bit_compute_dtype": COMPUTE_DTYPES[dtype],
+            "bnb_4bit_quant_storage": method.bnb_4bit_quant_storage, "llm_int8_skip_modules": skip,
+            "bitsandbytes_version": bitsandbytes_version()}
+
+
+def bnb_config(record: dict[str, Any]):
+    """transformers' ``BitsAndBytesConfig`` for a :func:`quantization_record`.
+
+    Raises:
+        TuneproofError: bitsandbytes is not installed (two lines, the install command).
+    """
+    import torch  # noqa: PLC0415
+    from transformers import BitsAndBytesConfig  # noqa: PLC0415
+
+    require_bitsandbytes("the run's quantization config")
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=record["bnb_4bit_quant_type"],
+                              bnb_4bit_use_double_quant=bool(record["bnb_4bit_use_double_quant"]),
+                              bnb_4bit_compute_dtype=getattr(torch, record["bnb_4bit_compute_dtype"]),
+                              bnb_4bit_quant_storage=getattr(torch, record["bnb_4bit_quant_storage"]),
+                              llm_int8_skip_modules=record.get("llm_int8_skip_modules"))
+
+
+def quantized_modules(model) -> dict[str, Any]:
+    """What was loaded in 4-bit: ``{"linear4bit": n, "quant_types": sorted, "storage_dtypes": sorted,
+    "examples": first 3 module names}`` (bitsandbytes ``Linear4bit`` modules, PEFT-wrapped or not)."""
+    try:
+        import bitsandbytes as bnb  # noqa: PLC0415
+    except ImportError:
+        return {"linear4bit": 0, "quant_types": [], "storage_dtypes": [], "examples": []}
+    names, qtypes, storages = [], set(), set()
+    for name, module in model.named_modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            names.append(name)
+            w = module.weight
+            qtypes.add(str(getattr(w, "quant_type", None)))
+            storages.add(str(w.dtype).removeprefix("torch."))
+    return {"linear4bit": len(names), "quant_types": sorted(qtypes), "storage_dtypes": sorted(storages), "examples": names[:3]}

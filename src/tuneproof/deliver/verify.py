@@ -299,6 +299,8 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
         _check(report, "reload", False, f"{type(err).__name__}: {err}".splitlines()[0], [str(err)[:500]])
         return _done(report, t0)
     how = "PeftModel.from_pretrained(base, adapter/)" if man["payload"] == "adapter" else "from_pretrained(model/)"
+    if man.get("quantization"):  # qlora: the base quantized while loading, with the recorded config
+        how += f" on the base in 4-bit {man['quantization']['bnb_4bit_quant_type']} (the recorded BitsAndBytesConfig)"
     mts = man.get("modules_to_save") or {}
     _check(report, "reload", True, how + (f"; modules_to_save from the saved file: {', '.join(mts)}" if mts else ""))
 

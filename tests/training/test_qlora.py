@@ -47,6 +47,26 @@ NO_4BIT = _bnb_4bit_works()
 needs_4bit = pytest.mark.skipif(NO_4BIT is not None, reason=NO_4BIT or "")
 
 
+@pytest.fixture(scope="module")
+def qbase(tiny_base, tmp_path_factory):
+    """The tiny Llama of tiny_study (same tokenizer) at hidden 64, 4 KV heads: every linear layer's sizes are
+    multiples of bitsandbytes' 4-bit block (64), as in real models (bitsandbytes 0.50.2's CPU inference
+    repacking, which tuneproof turns off, even fails on in_features 32: "shape '[32, 0]' is invalid")."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tuneproof.models.base import BaseModelRef, load_tokenizer
+
+    folder = tmp_path_factory.mktemp("qlora-llama")
+    tok = load_tokenizer(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"))
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      bos_token_id=None, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
 # --------------------------------------------------------------------------- pure rules (always run)
 def test_step_values_loss_zero_and_nan_grad_fail_naming_both():
     c = check_step_values(0.0, float("nan"))
@@ -194,33 +214,33 @@ def _batch(tiny_base):
 
 
 @needs_4bit
-def test_qlora_loads_4bit_nf4_and_trains_only_lora(tiny_base):
-    model, report = _qlora_model(tiny_base)
+def test_qlora_loads_4bit_nf4_and_trains_only_lora(qbase):
+    model, report = _qlora_model(qbase)
     q = report["quantized"]
     # 2 decoder layers x 7 linear layers (q, k, v, o, gate, up, down) in 4-bit; lm_head stays unquantized
     assert q["linear4bit"] == 14
     assert q["quant_types"] == ["nf4"] and q["storage_dtypes"] == ["uint8"]
-    # LoRA r=4 on q_proj (32 -> 32: 4*32 + 32*4) and v_proj (32 -> 16: 4*32 + 16*4) in 2 layers
-    assert report["trainable"] == 2 * ((4 * 32 + 32 * 4) + (4 * 32 + 16 * 4)) == 896
+    # LoRA r=4 on q_proj (64 -> 64: 4*64 + 64*4) and v_proj (64 -> 64) in 2 layers
+    assert report["trainable"] == 2 * 2 * (4 * 64 + 64 * 4) == 2048
     assert report["quantization"]["bnb_4bit_compute_dtype"] == "float32"
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
 
 
 @needs_4bit
-def test_qlora_one_step_is_finite_non_zero_and_differs_from_full_precision(tiny_base):
+def test_qlora_one_step_is_finite_non_zero_and_differs_from_full_precision(qbase):
     from tuneproof.models.base import BaseModelRef, load_model
     from tuneproof.preflight.update_check import batch_loss
 
-    model, _ = _qlora_model(tiny_base)
-    batch = _batch(tiny_base)
+    model, _ = _qlora_model(qbase)
+    batch = _batch(qbase)
     m = measure_step(model, batch)
     verdict = check_step_values(m["loss"], m["grad_norm"])
     assert verdict["passed"], verdict["message"]
     vocab = model.config.vocab_size
     assert abs(m["loss"] - math.log(vocab)) < 0.1  # a random base predicts near-uniformly: ln V nats
     assert m["grad_norm"] > 0 and m["tensors_with_grad"] == 8  # 2 layers x 2 targets x (A, B)
-    full = load_model(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"), "causal-lm")
+    full = load_model(BaseModelRef("tiny", qbase, "local", "causal-lm", "local"), "causal-lm")
     with torch.no_grad():
         plain = float(batch_loss(full, batch))
     assert 0 < abs(m["loss"] - plain) < 0.05  # 4-bit weights: close to, not equal to, the fp32 base
@@ -228,7 +248,28 @@ def test_qlora_one_step_is_finite_non_zero_and_differs_from_full_precision(tiny_
 
 
 @needs_4bit
-def test_qlora_run_records_quantization_trains_and_reloads(tiny_base, tmp_path):
+def test_an_evaluation_does_not_change_the_next_training_step(qbase):
+    """bitsandbytes 0.50.2 on an AVX512-BF16 CPU repacks a 4-bit layer in place at its first eval-mode,
+    no-grad forward and then runs it through a kernel without autograd: the next training step got no
+    gradient through the 4-bit layers (0 of 8 LoRA tensors changed in 2 steps of the training loop) and
+    another loss. tuneproof loads with that repacking off (quant.keep_training_kernels): the step after a
+    generation is bit for bit the step before it. (On a CPU without AVX512-BF16 the repacking never
+    happens and this holds either way.)"""
+    model, report = _qlora_model(qbase)
+    assert report["quantized"]["cpu_inference_repacking"] is False
+    batch = _batch(qbase)
+    before = measure_step(model, batch)
+    model.eval()
+    with torch.no_grad():
+        model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=3, do_sample=False)
+    model.train()
+    after = measure_step(model, batch)
+    assert after["loss"] == before["loss"] and after["grad_norm"] == before["grad_norm"]
+    assert after["tensors_with_grad"] == 8 and after["grad_norm"] > 0
+
+
+@needs_4bit
+def test_qlora_run_records_quantization_trains_and_reloads(qbase, tmp_path):
     """A qlora study end to end on the tiny Llama: train records the quant config (summary, base.json,
     method.json), eval reloads base (4-bit) + adapter, export binds the adapter to the unquantized base
     + the config and refuses --merge."""
@@ -237,7 +278,7 @@ def test_qlora_run_records_quantization_trains_and_reloads(tiny_base, tmp_path):
     from tuneproof.recipes.export import run_export
     from tuneproof.recipes.train import run_train
 
-    study = make_study(tmp_path / "s", tiny_base, prepare=False, max_steps=3, checkpoint_every=3)
+    study = make_study(tmp_path / "s", qbase, prepare=False, max_steps=3, checkpoint_every=3)
     raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
     raw["method"].update(kind="qlora", dropout=0.0)
     (study / "tuneproof.yaml").write_text(yaml.safe_dump(raw))
@@ -315,11 +356,11 @@ def test_fsdp_launch_accepts_a_float_storage_equal_to_the_compute_dtype(tiny_bas
 
 
 @needs_4bit
-def test_preflight_of_a_qlora_study_runs_the_qlora_checks(tiny_base, tmp_path):
+def test_preflight_of_a_qlora_study_runs_the_qlora_checks(qbase, tmp_path):
     from tuneproof.context import StudyContext
     from tuneproof.recipes.preflight import PREFLIGHT_FILE, run_preflight
 
-    study = make_study(tmp_path / "s", tiny_base, prepare=False, max_steps=3)
+    study = make_study(tmp_path / "s", qbase, prepare=False, max_steps=3)
     raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
     raw["method"].update(kind="qlora", dropout=0.0)
     (study / "tuneproof.yaml").write_text(yaml.safe_dump(raw))

@@ -308,9 +308,14 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
         if not labels:
             raise TuneproofError("image classification needs labels (class folders or data.fields.label)")
         # a new head for the study's labels (the base's own head, if any, has other classes)
-        return AutoModelForImageClassification.from_pretrained(
+        model = AutoModelForImageClassification.from_pretrained(
             ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
             ignore_mismatched_sizes=True, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
+        if quantization:
+            from tuneproof.models.quant import keep_training_kernels  # noqa: PLC0415
+
+            keep_training_kernels(model)
+        return model
     if kind == "sequence-classification":
         if not labels:
             raise TuneproofError("sequence classification needs labels (data.fields.label)")
@@ -321,6 +326,10 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
     else:
         model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
     model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
+    if quantization:  # evaluation must not switch the 4-bit layers to a kernel without gradients (quant.keep_training_kernels)
+        from tuneproof.models.quant import keep_training_kernels  # noqa: PLC0415
+
+        keep_training_kernels(model)
     n_tokens = _tokenizer_length(ref)
     if n_tokens is not None:
         fit_embeddings(model, n_tokens)

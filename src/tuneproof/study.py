@@ -327,6 +327,9 @@ class Study(_Strict):
             raise ValueError(
                 f"eval.split is the reserved test split '{self.data.test_split}': baseline/eval must use another split"
             )
+        if self.method.kind == "qlora" and self.eval.backend == "vllm":
+            raise ValueError("eval.backend vllm with method.kind qlora: vLLM would serve the adapter on the unquantized base, "
+                             "not the 4-bit base it was trained on (not checked yet); set eval.backend: transformers")
         return self
 
 

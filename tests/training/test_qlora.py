@@ -159,6 +159,17 @@ def test_quant_key_without_qlora_is_refused(tiny_base):
                                               "only (kind is 'lora'); remove it or set method.kind: qlora")
 
 
+def test_qlora_with_the_vllm_backend_is_refused(tiny_base, monkeypatch):
+    monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: True)
+    raw = _raw(tiny_base, kind="qlora")
+    raw["eval"]["backend"] = "vllm"
+    with pytest.raises(TuneproofError) as err:
+        parse_study(raw, "s/tuneproof.yaml")
+    assert str(err.value).splitlines()[0] == ("s/tuneproof.yaml: <root>: eval.backend vllm with method.kind qlora: vLLM would serve "
+                                              "the adapter on the unquantized base, not the 4-bit base it was trained on (not checked "
+                                              "yet); set eval.backend: transformers")
+
+
 def test_qlora_without_bitsandbytes_is_a_two_line_error(tiny_base, monkeypatch):
     monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: False)
     with pytest.raises(TuneproofError) as err:

@@ -19,6 +19,17 @@ def _ex(i: str, text: str, label=None, target=None, source=None) -> Example:
     return Example(id=i, text=text, label=label, target=target, source=source or f"{i}.jsonl:1")
 
 
+def test_a_class_never_in_train_names_its_rows():
+    """7 validation rows whose label train never shows (a typo of the label set): the hard fault
+    counts them and names the first five file:line, so all are fixed in one pass."""
+    lines = (4, 7, 8, 11, 15, 20, 23)
+    splits = {"train": [_ex(f"tr{i}", f"text {i}", "card" if i % 2 else "lost") for i in range(6)],
+              "validation": [_ex(f"va{i}", f"other {i}", "crad" if i in lines else "card", source=f"valid.csv:{i}") for i in range(2, 25)]}
+    r = audit_labels(splits)
+    assert r["hard_faults"] == ["class 'crad' is in validation (7 examples: valid.csv:4, valid.csv:7, valid.csv:8, valid.csv:11, "
+                                "valid.csv:15 and 2 more) but never in train: the model cannot learn it"]
+
+
 def test_audit_labels_counts_missing_conflicts_and_empty():
     splits = {
         "test": [_ex("te1", "where is my card", "card"), _ex("te2", "close my account", "close")],
@@ -53,7 +64,7 @@ def test_audit_labels_counts_missing_conflicts_and_empty():
     ]
     assert r["hard_faults"] == [
         "1 example(s) have an empty label: tr5",
-        "class 'close' is in test but never in train: the model cannot learn it",
+        "class 'close' is in test (1 example: te2.jsonl:1) but never in train: the model cannot learn it",
     ]
     assert r["warnings"] == [
         "class 'lost' is in train but not in test: it is never measured there",

@@ -80,7 +80,7 @@ def test_target_mapping_dotted_paths_and_optional_keys(tmp_path):
     assert json.loads(ex[0].target) == {"intent": ["alarm"], "slots": {"time": "7"}}
     assert json.loads(ex[1].target) == {"intent": ["stop"], "slots": None}
     assert [e.meta.get("absent") for e in ex] == [None, ["slots"], ["slots"]]
-    with pytest.raises(TuneproofError, match=r"d.jsonl:2: column 'ann.slots' not found"):
+    with pytest.raises(TuneproofError, match=r"d.jsonl: 2 rows refused: .*d.jsonl:2, .*d.jsonl:3: column 'ann.slots' not found"):
         load_json_records(p, FieldMap(text="utt.text", target={"intent": "ann.intents", "slots": "ann.slots"}), lines=True)
 
 
@@ -131,6 +131,76 @@ def test_json_null_and_nan_labels_and_non_string_texts_are_refused(tmp_path):
         p.write_text(json.dumps(rec) + "\n")
         with pytest.raises(TuneproofError, match=msg):
             load_json_records(p, FieldMap(label="label"), lines=True)
+
+
+BAD_LINES = (3, 5, 6, 9, 12, 14, 17)  # the file lines of the 7 missing-value labels (line 1 is the CSV header)
+
+
+def _rows_with_bad_labels(n_lines: int = 18) -> list[tuple[str, str]]:
+    values = iter(["NaN", "", "None", "null", "nan", "  ", "NULL"])
+    return [(f"row {i} text", next(values) if i in BAD_LINES else ("greet" if i % 2 else "bye")) for i in range(2, n_lines + 1)]
+
+
+def _assert_seven_named(message: str, path) -> None:
+    first_line = message.splitlines()[0]
+    assert first_line.startswith(f"{path}: 7 rows refused: ")
+    for line in BAD_LINES[:5]:  # the first five, each with its file:line
+        assert f"{path}:{line}" in first_line, line
+    for line in BAD_LINES[5:]:  # the other two counted, not listed
+        assert f"{path}:{line}" not in message
+    assert first_line.endswith("; and 2 more")
+    assert "(a missing value, not a class)" in first_line
+    assert len(message.splitlines()) == 2 and message.splitlines()[1] == "  -> fill or drop the row"
+
+
+def test_every_bad_label_of_a_csv_is_counted_and_the_first_five_named(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("text,label\n" + "".join(f'{t},"{lab}"\n' for t, lab in _rows_with_bad_labels()))
+    with pytest.raises(TuneproofError) as err:
+        load_csv(p, FieldMap(label="label"))
+    _assert_seven_named(str(err.value), p)
+    assert f"{p}:3: 'NaN' label" in str(err.value) and f"{p}:5: empty label" in str(err.value)
+
+
+def test_every_bad_row_of_a_jsonl_file_is_named_in_file_order(tmp_path):
+    """Missing-value labels, a line that is not JSON and a text that is not a string: one error, in file order."""
+    p = tmp_path / "d.jsonl"
+    lines = []
+    for i, (t, lab) in enumerate(_rows_with_bad_labels(), start=2):
+        lines.append(json.dumps({"text": t, "label": None if lab in ("null", "None") else lab}))
+    lines.insert(0, json.dumps({"text": "first", "label": "greet"}))
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TuneproofError) as err:
+        load_json_records(p, FieldMap(label="label"), lines=True)
+    _assert_seven_named(str(err.value), p)
+    p.write_text('{"text": "ok", "label": "a"}\n{"text": 12, "label": "b"}\nnot json\n{"text": "fine", "label": "nan"}\n')
+    with pytest.raises(TuneproofError) as err:
+        load_json_records(p, FieldMap(label="label"), lines=True)
+    assert str(err.value).splitlines()[0] == (
+        f"{p}: 3 rows refused: {p}:2: text in column 'text' is int 12, not a string; {p}:3: invalid JSON line (Expecting value); "
+        f"{p}:4: 'nan' label in column 'label' (a missing value, not a class)")
+
+
+def test_every_bad_label_of_a_label_file_and_every_duplicate_id_is_named(tmp_path):
+    labels = ["greet" if i % 2 else "bye" for i in range(1, 18)]
+    for i in (2, 4, 5, 8, 11, 13, 16):  # lines of the label file
+        labels[i - 1] = "nan"
+    _write_lines(tmp_path / "train", [f"text {i}" for i in range(1, 18)], labels)
+    with pytest.raises(TuneproofError) as err:
+        load_lines(tmp_path / "train", FieldMap())
+    seq = tmp_path / "train" / "seq.in"
+    first = str(err.value).splitlines()[0]
+    assert first == (f"{seq}: 7 rows refused: {seq}:2, {seq}:4, {seq}:5, {seq}:8, {seq}:11: 'nan' label in file 'label' "
+                     "(a missing value, not a class); and 2 more")
+
+    from tuneproof.data.examples import Example
+    from tuneproof.data.split import check_unique_ids
+
+    exs = [Example(id=f"x{i % 4}", text="t", source=f"d.csv:{i + 2}") for i in range(10)]
+    with pytest.raises(TuneproofError) as err:
+        check_unique_ids(exs)
+    assert str(err.value).splitlines()[0] == ("6 duplicate example ids: 'x0' (d.csv:2 and d.csv:6), 'x1' (d.csv:3 and d.csv:7), "
+                                              "'x2' (d.csv:4 and d.csv:8), 'x3' (d.csv:5 and d.csv:9), 'x0' (d.csv:2 and d.csv:10) and 1 more")
 
 
 def test_a_50mb_line_is_refused_by_the_character_limit_before_tokenising(tmp_path):

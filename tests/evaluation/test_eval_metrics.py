@@ -208,3 +208,12 @@ def test_check_targets_json_c16():
     rep2 = check_targets_json(examples[1:], required_fields=["intent", "slots", "domain"])
     assert rep2["parse_rate"] == 1.0 and rep2["n_missing_fields"] == 1 and not rep2["passed"]
     assert "domain" in rep2["bad"][0]["error"]
+
+
+def test_references_outside_the_label_set_are_counted_and_the_first_five_named():
+    recs = [{"id": f"valid:{i}", "reference": "crad" if i in (3, 5, 6, 9, 12, 14, 17) else "card", "prediction": "card"}
+            for i in range(2, 19)]
+    with pytest.raises(TuneproofError) as err:
+        score_classification(recs, labels=["card", "lost"])
+    assert str(err.value).splitlines()[0] == ("7 reference labels not in the label set (2 labels): valid:3 'crad', valid:5 'crad', "
+                                              "valid:6 'crad', valid:9 'crad', valid:12 'crad' and 2 more")

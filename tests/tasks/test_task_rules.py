@@ -66,7 +66,7 @@ def test_multilabel_audit_support_per_label_and_cardinality():
     assert ls["support"] == {"train": {"a": 3, "b": 2, "c": 1}, "validation": {"a": 1, "d": 1}}
     assert ls["cardinality"]["train"] == {"mean": 2.0, "min": 1, "max": 3, "histogram": {"1": 1, "2": 1, "3": 1}}
     assert ls["cardinality"]["validation"]["histogram"] == {"0": 1, "1": 2}
-    assert rep["hard_faults"] == ["label 'd' is in validation but never in train: the model cannot learn it"]
+    assert rep["hard_faults"] == ["label 'd' is in validation (1 example: d.jsonl:5) but never in train: the model cannot learn it"]
     assert "label 'b' is in train but not in validation: it is never measured there (support 0)" in rep["warnings"]
     assert "validation: 1 example(s) have an empty label set" in rep["warnings"]
 

@@ -88,8 +88,10 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
         absent = [s for s in names if lab not in class_counts[s]]
         if absent:
             missing.append({"label": lab, "present_in": present, "absent_from": absent})
-            if "train" in absent:
-                hard.append(f"class '{lab}' is in {', '.join(present)} but never in train: the model cannot learn it")
+            if "train" in absent:  # each of its rows named (count, the first 5 file:line), to fix them in one pass
+                rows = [ex.source or ex.id for s in present for ex in splits[s] if not _is_empty(ex.label) and str(ex.label) == lab]
+                hard.append(f"class '{lab}' is in {', '.join(present)} ({len(rows)} example{'s' if len(rows) != 1 else ''}: "
+                            f"{_listing(rows)}) but never in train: the model cannot learn it")
             else:
                 warn.append(f"class '{lab}' is in train but not in {', '.join(absent)}: it is never measured there")
 
@@ -238,12 +240,15 @@ def json_list_field(target: str | None, key: str) -> list | None:
     return value if isinstance(value, list) else None
 
 
-def audit_label_sets(sets: dict[str, list[list[str] | None]], what: str = "label") -> dict[str, Any]:
+def audit_label_sets(sets: dict[str, list[list[str] | None]], what: str = "label",
+                     sources: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Per-label audit of a multi-label field (issue 12): support per label, label-set cardinality.
 
     Args:
         sets: ``{split: [labels of each example (a list; None when the example has none)]}``.
         what: the field's name in messages (``"label"``, ``"intent"``).
+        sources: ``{split: [file:line of each example]}`` (parallel to ``sets``): a label train
+            never shows then names its rows (count, the first 5, "and N more").
 
     Returns:
         ``{"support": {split: {label: examples holding it}}, "cardinality": {split: {"mean",
@@ -278,7 +283,10 @@ def audit_label_sets(sets: dict[str, list[list[str] | None]], what: str = "label
         absent = [s for s in names if lab not in support[s]]
         present = [s for s in names if lab in support[s]]
         if "train" in support and lab not in train:
-            hard.append(f"{what} '{lab}' is in {', '.join(present)} but never in train: the model cannot learn it")
+            rows = [src for sp in present for labs, src in zip(sets[sp], (sources or {}).get(sp, []))
+                    if lab in {str(x).strip() for x in labs or []}]
+            where = f" ({len(rows)} example{'s' if len(rows) != 1 else ''}: {_listing(rows)})" if rows else ""
+            hard.append(f"{what} '{lab}' is in {', '.join(present)}{where} but never in train: the model cannot learn it")
         elif absent:
             warn.append(f"{what} '{lab}' is in train but not in {', '.join(absent)}: it is never measured there (support 0)")
     return {"labels": labels, "support": support, "cardinality": card, "hard_faults": hard, "warnings": warn}

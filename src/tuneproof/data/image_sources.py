@@ -29,6 +29,7 @@ from typing import Any
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tuneproof.data.examples import Example
+from tuneproof.data.sources import BadRows
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
 
@@ -112,8 +113,9 @@ def load_image_table(path: Path, fmt: str, image_key: str, label_key: str, split
     """Examples of a CSV (header row) or JSONL file naming one image and its label per row.
 
     Raises:
-        TuneproofError: missing file, a missing column/key, an empty cell, or an image file that
-            does not exist (names ``file:line`` and the image path).
+        TuneproofError: missing file, a missing column/key, or rows with an empty cell, a line that
+            is not a JSON object, an image file that does not exist: all of them in one error
+            (:class:`~tuneproof.data.sources.BadRows`: the count, the first 5 with ``file:line``).
     """
     text, _ = read_text(path)
     rows: list[tuple[int, dict]] = []
@@ -130,26 +132,33 @@ def load_image_table(path: Path, fmt: str, image_key: str, label_key: str, split
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise TuneproofError(f"{path}:{i}: not JSON ({err.msg}, column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise TuneproofError(f"{path}:{i}: expected a JSON object per line")
+                row = TuneproofError(f"{path}:{i}: not JSON ({err.msg}, column {err.colno})")
+            if not isinstance(row, (dict, TuneproofError)):
+                row = TuneproofError(f"{path}:{i}: expected a JSON object per line")
             rows.append((i, row))
     if not rows:
         raise TuneproofError(f"{path}: no rows", hint="the file is empty or holds only a header")
     examples: list[Example] = []
     notes: list[str] = []
+    bad = BadRows(path)  # every refused row named in one error (count, first 5, "and N more")
     for line, row in rows:
+        if isinstance(row, TuneproofError):
+            bad.add(f"{path}:{line}", row)
+            continue
         image, label = str(row.get(image_key) or "").strip(), row.get(label_key)
         label = "" if label is None else str(label).strip()
         if not image or not label:
-            raise TuneproofError(f"{path}:{line}: empty '{image_key}' or '{label_key}'")
+            bad.add(f"{path}:{line}", TuneproofError(f"{path}:{line}: empty '{image_key}' or '{label_key}'"))
+            continue
         image_path = Path(image) if Path(image).is_absolute() else path.parent / image
         if not image_path.is_file():
-            raise TuneproofError(f"{path}:{line}: image not found: {image_path}", hint="fix the path or remove the row")
+            bad.add(f"{path}:{line}", TuneproofError(f"{path}:{line}: image not found: {image_path}", hint="fix the path or remove the row"))
+            continue
         try:
             examples.append(_example(image_path, path.parent, label, split, f"{path}:{line}"))
         except TuneproofError as err:
             notes.append(f"skipped unreadable image {err} ({path}:{line})")
+    bad.check()
     return examples, notes
 
 

@@ -65,25 +65,32 @@ def load_image_csv(path: str | Path) -> list[tuple[str, str]]:
     Relative image paths are resolved from the CSV's folder. Each image's header is read.
 
     Raises:
-        TuneproofError: CSV missing or not UTF-8, no ``path``/``label`` column, an empty cell,
-            or an image missing / unreadable (names the CSV line and the image).
+        TuneproofError: CSV missing or not UTF-8, no ``path``/``label`` column, rows with an empty
+            cell or a missing image (all of them, count and first 5 lines), an unreadable image
+            (names the CSV line and the image).
     """
     path = Path(path)
     text, _ = read_text(path)
     reader = csv.DictReader(io.StringIO(text))
     if not reader.fieldnames or "path" not in reader.fieldnames or "label" not in reader.fieldnames:
         raise TuneproofError(f"{path}:1: the header must name the columns 'path' and 'label' (got {reader.fieldnames})")
+    from tuneproof.data.sources import BadRows  # noqa: PLC0415
+
     items = []
+    bad = BadRows(path)  # every refused row named in one error
     for row in reader:
         line = reader.line_num
         image, label = (row.get("path") or "").strip(), (row.get("label") or "").strip()
         if not image or not label:
-            raise TuneproofError(f"{path}:{line}: empty 'path' or 'label'")
+            bad.add(f"{path}:{line}", TuneproofError(f"{path}:{line}: empty 'path' or 'label'"))
+            continue
         image_path = Path(image) if Path(image).is_absolute() else path.parent / image
         if not image_path.is_file():
-            raise TuneproofError(f"{path}:{line}: image not found: {image_path}")
+            bad.add(f"{path}:{line}", TuneproofError(f"{path}:{line}: image not found: {image_path}"))
+            continue
         _check_header(image_path)
         items.append((str(image_path), label))
+    bad.check()
     if not items:
         raise TuneproofError(f"{path}: no rows")
     return items

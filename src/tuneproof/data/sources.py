@@ -6,7 +6,8 @@ Every loader returns :class:`~tuneproof.data.examples.Example` objects whose ``s
 the file and line, and raises :class:`~tuneproof.errors.TuneproofError` naming the file, line or
 column on bad input (missing file, wrong column, broken encoding, a CSV row with the wrong number
 of fields, a missing-value label such as ``NaN``, a text that is not a string, a text longer than
-``data.max_chars``, a file without examples).
+``data.max_chars``, a file without examples). The rows a file's loader refuses are all named in one
+error (:class:`BadRows`: the count, the first 5 with ``file:line``, "and N more").
 
 Empty texts are *not* refused here: the cleaning rules act first (``drop_empty`` drops them and
 the data check lists each ``file:line``), then :func:`tuneproof.data.cleaning.validate` refuses
@@ -46,6 +47,54 @@ MISSING_LABELS = frozenset({"", "nan", "none", "null"})
 #: default files of ``format: lines`` (the ATIS/SNIPS "seq.in / label" layout)
 LINES_TEXT, LINES_LABEL = "seq.in", "label"
 _MISSING = object()
+#: refused rows of one file named in its error: the count, the first ones with ``file:line``, "and N more"
+LISTED_ROWS = 5
+
+
+class BadRows:
+    """The refused rows of one file, so that one error names them all instead of the first only
+    (a user fixes them in one pass, not one rerun per row).
+
+    :meth:`add` takes each row's :class:`TuneproofError` (its message starts with the row's
+    ``file:line``); :meth:`check` raises nothing when no row was refused, the row's own error when
+    one was, else one error: ``data/train.csv: 7 rows refused: data/train.csv:3, data/train.csv:5:
+    empty label in column 'label' (a missing value, not a class); data/train.csv:8: ...; and 2 more``
+    (rows in file order, up to :data:`LISTED_ROWS`, consecutive rows with the same reason sharing it;
+    the hints of the rows shown, each once).
+    """
+
+    def __init__(self, path: Path | str):
+        self.path = path
+        self.count = 0
+        self.first: list[tuple[str, str, str | None]] = []  # (where, reason, hint)
+
+    def add(self, where: str, err: TuneproofError) -> None:
+        self.count += 1
+        if len(self.first) < LISTED_ROWS:
+            reason = err.message[len(where) + 2:] if err.message.startswith(f"{where}: ") else err.message
+            self.first.append((where, reason, err.hint))
+
+    def check(self) -> None:
+        """Raise for the rows refused (see the class docstring).
+
+        Raises:
+            TuneproofError: at least one row was refused.
+        """
+        if not self.count:
+            return
+        if self.count == 1:
+            where, reason, hint = self.first[0]
+            raise TuneproofError(f"{where}: {reason}", hint=hint)
+        groups: list[tuple[list[str], str]] = []
+        for where, reason, _ in self.first:
+            if groups and groups[-1][1] == reason:
+                groups[-1][0].append(where)
+            else:
+                groups.append(([where], reason))
+        more = self.count - len(self.first)
+        hints = list(dict.fromkeys(h for _, _, h in self.first if h))
+        raise TuneproofError(f"{self.path}: {self.count} rows refused: " + "; ".join(f"{', '.join(w)}: {r}" for w, r in groups)
+                             + (f"; and {more} more" if more else ""), hint="; ".join(hints) or None)
 
 
 def _lookup(row: Any, name: str) -> Any:
@@ -197,23 +246,30 @@ def load_csv(path: Path, fields, split: str | None = None, *, max_chars: int = D
     mapper = _Mapper(fields, max_chars)
     prefix = id_prefix or path.stem
     out = []
+    bad = BadRows(path)
     while True:
         try:
             row = next(reader)
         except StopIteration:
             break
-        except csv.Error as err:
-            raise TuneproofError(f"{path}:{reader.line_num}: malformed CSV ({err})", hint="quote fields that contain quotes or newlines") from None
+        except csv.Error as err:  # the parser cannot go on: what was refused before, and this
+            where = f"{path}:{reader.line_num}"
+            bad.add(where, TuneproofError(f"{where}: malformed CSV ({err})", hint="quote fields that contain quotes or newlines"))
+            break
         line = reader.line_num
         if not row:
             continue
+        where = f"{path}:{line}"
         if len(row) != len(header):
-            raise TuneproofError(
-                f"{path}:{line}: {len(row)} fields, header has {len(header)} ({', '.join(header)})",
-                hint="quote fields that contain commas",
-            )
+            bad.add(where, TuneproofError(f"{where}: {len(row)} fields, header has {len(header)} ({', '.join(header)})",
+                                          hint="quote fields that contain commas"))
+            continue
         rec = dict(zip(header, row))
-        out.append(mapper.example(rec, f"{path}:{line}", f"{prefix}:{line}", split, header))
+        try:
+            out.append(mapper.example(rec, where, f"{prefix}:{line}", split, header))
+        except TuneproofError as err:
+            bad.add(where, err)
+    bad.check()
     if not out:
         raise TuneproofError(f"{path}: header only, no examples (columns: {', '.join(header)})", hint="fix data.sources[].path")
     return out, repairs
@@ -228,7 +284,8 @@ def load_json_records(path: Path, fields, split: str | None = None, *, lines: bo
             missing key, a missing-value label, a text that is not a string or over ``max_chars``.
     """
     text, repairs = read_text(path)
-    records: list[tuple[str, dict]] = []
+    records: list[tuple[str, Any]] = []
+    bad = BadRows(path)
     if lines:
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -236,7 +293,7 @@ def load_json_records(path: Path, fields, split: str | None = None, *, lines: bo
             try:
                 records.append((f"{path}:{lineno}", json.loads(line)))
             except json.JSONDecodeError as err:
-                raise TuneproofError(f"{path}:{lineno}: invalid JSON line ({err.msg})") from None
+                records.append((f"{path}:{lineno}", TuneproofError(f"{path}:{lineno}: invalid JSON line ({err.msg})")))
     else:
         if not text.strip():
             raise TuneproofError(f"{path}: empty file, no examples", hint="fix data.sources[].path")
@@ -255,9 +312,17 @@ def load_json_records(path: Path, fields, split: str | None = None, *, lines: bo
     prefix = id_prefix or path.stem
     out = []
     for i, (where, rec) in enumerate(records):
+        if isinstance(rec, TuneproofError):  # a line that is not JSON
+            bad.add(where, rec)
+            continue
         if not isinstance(rec, dict):
-            raise TuneproofError(f"{where}: expected an object, got {type(rec).__name__}")
-        out.append(mapper.example(rec, where, f"{prefix}:{i}", split, list(rec)))
+            bad.add(where, TuneproofError(f"{where}: expected an object, got {type(rec).__name__}"))
+            continue
+        try:
+            out.append(mapper.example(rec, where, f"{prefix}:{i}", split, list(rec)))
+        except TuneproofError as err:
+            bad.add(where, err)
+    bad.check()
     return out, repairs
 
 
@@ -324,8 +389,15 @@ def load_lines(folder: Path, fields, split: str | None = None, *, max_chars: int
                                  "the same number of lines", hint="line i of every file is example i; fix the shorter file")
     mapper = _Mapper(fields.model_copy(update={"text": text_file, "label": names.get("label"), "id": names.get("id")}), max_chars, kind="file")
     split = split or folder.name
-    return [mapper.example({k: v[i] for k, v in columns.items()}, f"{folder / text_file}:{i + 1}", f"{folder.name}:{i + 1}",
-                           split, list(columns)) for i in range(n)], repairs
+    out, bad = [], BadRows(folder / text_file)
+    for i in range(n):
+        where = f"{folder / text_file}:{i + 1}"
+        try:
+            out.append(mapper.example({k: v[i] for k, v in columns.items()}, where, f"{folder.name}:{i + 1}", split, list(columns)))
+        except TuneproofError as err:
+            bad.add(where, err)
+    bad.check()
+    return out, repairs
 
 
 def load_hf_dir(path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
@@ -345,8 +417,13 @@ def load_hf_dir(path: Path, fields, split: str | None = None, *, max_chars: int 
     out = []
     for name, d in parts:
         cols = list(d.column_names)
+        bad = BadRows(f"{path}[{name}]")
         for i, rec in enumerate(d):
-            out.append(mapper.example(rec, f"{path}[{name}]#{i}", f"{name}:{i}", name, cols))
+            try:
+                out.append(mapper.example(rec, f"{path}[{name}]#{i}", f"{name}:{i}", name, cols))
+            except TuneproofError as err:
+                bad.add(f"{path}[{name}]#{i}", err)
+        bad.check()
     if not out:
         raise TuneproofError(f"{path}: no examples", hint="fix data.sources[].path")
     return out, []

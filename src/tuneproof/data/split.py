@@ -143,12 +143,20 @@ def stratified_split(examples: list[Example], fractions: dict[str, float], seed:
 
 
 def check_unique_ids(examples: list[Example]) -> None:
-    """Raises :class:`TuneproofError` naming both sources of the first duplicated example id."""
+    """Raises :class:`TuneproofError` naming the count of duplicated example ids and the first 5,
+    each with both sources (``and N more``), so that all are fixed in one pass."""
     seen: dict[str, str] = {}
+    dups: list[str] = []
     for ex in examples:
         if ex.id in seen:
-            raise TuneproofError(f"duplicate example id '{ex.id}' ({seen[ex.id]} and {ex.source})", hint="set data.fields.id to a unique column")
-        seen[ex.id] = ex.source
+            dups.append(f"'{ex.id}' ({seen[ex.id]} and {ex.source})")
+        else:
+            seen[ex.id] = ex.source
+    if len(dups) == 1:
+        raise TuneproofError(f"duplicate example id {dups[0]}", hint="set data.fields.id to a unique column")
+    if dups:
+        raise TuneproofError(f"{len(dups)} duplicate example ids: " + ", ".join(dups[:5]) + (f" and {len(dups) - 5} more" if len(dups) > 5 else ""),
+                             hint="set data.fields.id to a unique column")
 
 
 def build_splits(examples: list[Example], policy, test_split: str, dedup=None, info: dict | None = None) -> dict[str, list[Example]]:

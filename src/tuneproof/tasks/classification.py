@@ -82,9 +82,11 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
     label_set = set(labels)
     if INVALID_LABEL in label_set:
         raise TuneproofError(f"'{INVALID_LABEL}' is reserved and cannot be a label")
-    unknown = sorted(set(y_true) - label_set)
-    if unknown:
-        raise TuneproofError(f"reference labels not in the label set: {unknown[:5]}", hint="pass the full label set")
+    unknown = [(rid(r, i), ref) for i, (r, ref) in enumerate(zip(recs, y_true)) if ref not in label_set]
+    if unknown:  # every one counted, the first 5 named with their example, so all are fixed in one pass
+        shown = ", ".join(f"{i} '{ref}'" for i, ref in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise TuneproofError(f"{len(unknown)} reference label{'s' if len(unknown) != 1 else ''} not in the label set "
+                             f"({len(labels)} labels): {shown}", hint="pass the full label set")
 
     y_pred = []
     for r, ref in zip(recs, y_true):

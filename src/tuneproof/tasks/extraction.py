@@ -460,7 +460,7 @@ class Extraction(Task):
                "warnings": labels["warnings"] + targets["warnings"]}
         sets = {name: [json_list_field(e.target, "intent") for e in items] for name, items in splits.items()}
         if any(isinstance(s, list) for v in sets.values() for s in v):  # a list-valued intent: audit each label
-            ls = audit_label_sets(sets, what="intent")
+            ls = audit_label_sets(sets, what="intent", sources={name: [e.source or e.id for e in items] for name, items in splits.items()})
             out["label_sets"] = ls
             out["hard_faults"] += ls["hard_faults"]
             out["warnings"] += ls["warnings"]

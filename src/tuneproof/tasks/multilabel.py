@@ -256,7 +256,7 @@ class MultiLabel(Task):
                 sets[name].append(None if s is None else sorted(s))
                 if s is None:
                     bad.append(e.source or e.id)
-        ls = audit_label_sets(sets, what="label")
+        ls = audit_label_sets(sets, what="label", sources={name: [e.source or e.id for e in items] for name, items in splits.items()})
         hard = list(ls["hard_faults"])
         n = sum(len(v) for v in splits.values())
         if bad:

@@ -27,20 +27,9 @@ def _bnb_4bit_works() -> str | None:
     """None when a bitsandbytes Linear4bit (NF4) runs forward and backward here, else why not."""
     if not quant.bitsandbytes_installed():
         return "bitsandbytes is not installed (pip install 'tuneproof[qlora]')"
-    try:
-        import bitsandbytes as bnb
-
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        lin = bnb.nn.Linear4bit(64, 16, compute_dtype=torch.float32, quant_type="nf4")
-        lin.weight = bnb.nn.Params4bit(torch.randn(16, 64), requires_grad=False, quant_type="nf4")
-        lin = lin.to(dev)
-        x = torch.randn(2, 64, device=dev, requires_grad=True)
-        lin(x).sum().backward()
-        if not bool(torch.isfinite(x.grad).all()):
-            return "bitsandbytes 4-bit backward gave non-finite gradients on this device"
-    except Exception as err:  # noqa: BLE001 - any failure means: no usable 4-bit backend here
-        return f"bitsandbytes 4-bit does not run on {dev}: {type(err).__name__}: {err}"
-    return None
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    err = quant._probe_4bit(dev)
+    return None if err is None else f"bitsandbytes 4-bit does not run on {dev}: {err}"
 
 
 NO_4BIT = _bnb_4bit_works()
@@ -197,6 +186,26 @@ def test_qlora_without_bitsandbytes_cli_exit_2(tiny_base, tmp_path, monkeypatch,
     assert "pip install 'tuneproof[qlora]'" in err
     assert "Traceback" not in err
     assert not (study / "runs").exists() or not any((study / "runs").iterdir())
+
+
+def test_a_device_where_4bit_does_not_run_is_a_two_line_error(tiny_base, monkeypatch):
+    """Where bitsandbytes' 4-bit layers do not run (no CUDA and no working CPU kernels), loading refuses
+    before transformers does, naming method.kind: qlora and the CUDA device it needs."""
+    from tuneproof.models.base import BaseModelRef, load_model
+
+    monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: True)
+    monkeypatch.setattr(quant, "bitsandbytes_version", lambda: "0.50.2")
+    monkeypatch.setattr(quant, "_probe_4bit", lambda device: "RuntimeError: no kernel for bitsandbytes::quantize_4bit on cpu")
+    rec = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+           "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_storage": "uint8", "llm_int8_skip_modules": None}
+    with pytest.raises(TuneproofError) as err:
+        load_model(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"), "causal-lm", quantization=rec)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2
+    assert lines[0] == ("method.kind: qlora: bitsandbytes 0.50.2 cannot run 4-bit layers on "
+                        + ("cuda" if torch.cuda.is_available() else "cpu")
+                        + " (RuntimeError: no kernel for bitsandbytes::quantize_4bit on cpu)")
+    assert lines[1].startswith("  -> QLoRA needs a CUDA device here")
 
 
 # --------------------------------------------------------------------------- a real 4-bit base
@@ -390,3 +399,23 @@ def test_preflight_of_a_qlora_study_runs_the_qlora_checks(qbase, tmp_path):
     assert step["passed"] is True and step["numbers"]["tensors_with_grad"] == 8
     assert math.isfinite(step["numbers"]["loss"]) and step["numbers"]["loss"] > 0 and step["numbers"]["grad_norm"] > 0
     assert checks["update check"]["passed"] is True and checks["smoke pass"]["passed"] is True
+
+
+def test_preflight_backend_fails_where_4bit_does_not_run(tiny_base, tmp_path, monkeypatch):
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.preflight import check_backend
+
+    study = _qlora_study(tmp_path, tiny_base, monkeypatch)
+    monkeypatch.setattr("tuneproof.preflight.backend.inspect_extension",
+                        lambda name: {"name": name, "installed": True, "version": "0.50.2", "built_for": [], "evidence": []})
+    monkeypatch.setattr("tuneproof.preflight.backend._try_import", lambda module: None)
+    monkeypatch.setattr(quant, "_probe_4bit", lambda device: "RuntimeError: no 4-bit kernel")
+    ctx = StudyContext.open(study)
+    try:
+        check, _ = check_backend(ctx)
+    finally:
+        ctx.registry.close()
+    assert check["passed"] is False
+    assert check["numbers"]["extensions"] == ["bitsandbytes"]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    assert f"cannot run 4-bit layers on {dev} (RuntimeError: no 4-bit kernel) -> QLoRA needs a CUDA device here" in check["message"]

@@ -299,8 +299,9 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
 
     quant: dict[str, Any] = {}
     if quantization:
-        from tuneproof.models.quant import bnb_config  # noqa: PLC0415
+        from tuneproof.models.quant import bnb_config, require_4bit_device  # noqa: PLC0415
 
+        require_4bit_device()  # 4-bit layers run here (CUDA, or bitsandbytes' CPU kernels), else a two-line error
         quant = {"quantization_config": bnb_config(quantization)}
     if kind == "image-classification":
         from transformers import AutoModelForImageClassification  # noqa: PLC0415

@@ -23,6 +23,7 @@ tested on CPU for real.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from importlib import metadata
 from typing import Any
@@ -59,6 +60,46 @@ def require_bitsandbytes(path: str = "tuneproof.yaml") -> None:
     if not bitsandbytes_installed():
         raise TuneproofError(f"{path}: method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed",
                              hint=INSTALL_HINT)
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_4bit(device: str) -> str | None:
+    """None when a bitsandbytes NF4 ``Linear4bit`` (64 -> 32) runs forward and backward on ``device``,
+    else the error (``Type: message``, first line)."""
+    try:
+        import bitsandbytes as bnb  # noqa: PLC0415
+        import torch  # noqa: PLC0415
+
+        lin = bnb.nn.Linear4bit(64, 32, compute_dtype=torch.float32, quant_type="nf4")
+        lin.weight = bnb.nn.Params4bit(torch.randn(32, 64), requires_grad=False, quant_type="nf4")
+        lin = lin.to(device)
+        x = torch.randn(2, 64, device=device, requires_grad=True)
+        lin(x).sum().backward()
+        if x.grad is None or not bool(torch.isfinite(x.grad).all()):
+            return "the backward pass gave no finite gradient"
+    except Exception as err:  # noqa: BLE001 - any failure: no usable 4-bit backend on this device
+        return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    return None
+
+
+def require_4bit_device(device: str | None = None) -> str:
+    """The device a 4-bit base is loaded on (``cuda`` when a CUDA GPU is visible, else ``cpu``), after
+    checking that bitsandbytes' 4-bit layers run there (one tiny NF4 layer, forward and backward,
+    once per process and device).
+
+    Raises:
+        TuneproofError: two lines, naming ``method.kind: qlora``, the error, and that a CUDA device is needed.
+    """
+    import torch  # noqa: PLC0415
+
+    require_bitsandbytes("method.kind: qlora")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    err = _probe_4bit(device)
+    if err is not None:
+        raise TuneproofError(f"method.kind: qlora: bitsandbytes {bitsandbytes_version()} cannot run 4-bit layers on {device} ({err})",
+                             hint="QLoRA needs a CUDA device here (bitsandbytes' CPU 4-bit kernels do not run on this machine); "
+                                  "run on a GPU, or set method.kind: lora")
+    return device
 
 
 def quantization_record(method, dtype: str) -> dict[str, Any]:

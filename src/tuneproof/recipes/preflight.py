@@ -316,6 +316,14 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
                "requested": choice["requested"], "dtype": choice["dtype"], "extensions": wanted}
     passed = bool(choice["passed"] and ext["passed"])
     message = f"{choice['message']}; {ext['message']}"
+    if ctx.study.method.kind == "qlora" and ext["passed"]:  # a tiny NF4 layer forward + backward on this device
+        from tuneproof.models.quant import require_4bit_device  # noqa: PLC0415
+
+        try:
+            numbers["qlora_device"] = require_4bit_device("cuda" if device.type in ("cuda", "rocm") else "cpu")
+            message += f"; bitsandbytes 4-bit layers run on {numbers['qlora_device']}"
+        except TuneproofError as err:
+            passed, message = False, f"{message}; {err.message} -> {err.hint}"
     return _check("backend", passed, message, numbers, {"dtype": choice, "extensions": ext}), choice
 
 

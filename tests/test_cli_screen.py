@@ -129,3 +129,45 @@ def test_a_table_that_cannot_fit_leaves_out_the_least_important_columns_and_says
     wide = _render(table("runs", ["id", "kind", "status", "reason, flags", "parent", "created", "metrics"], rows,
                          keep=("id", "parent"), drop=("created", "metrics", "parent"), width=200), width=200)
     assert "not shown" not in wide and "12-01 11:52" in wide and "accuracy=0.43 macro_f1=0.35" in wide
+
+
+def test_preflight_table_never_cuts_a_number(monkeypatch, capsys):
+    """At 80 columns (a log, CI) the numbers column is left out (its key=value tokens folded read as
+    other numbers: "trainable_tensors=24" / "0"); from 120 columns each one is whole."""
+    from tuneproof.recipes.preflight import _print_table
+    from tuneproof.ui import console
+
+    class Rep:
+        checks = [{"name": "update check", "passed": True, "numbers": {"trainable_changed": 240, "trainable_tensors": 240,
+                                                                      "frozen_unchanged": 272, "frozen_tensors": 272},
+                   "message": "240 of 240 trainable tensors got a non-zero gradient and changed in 2 step(s)"},
+                  {"name": "embedding size", "passed": True, "numbers": {"tokenizer_length": 49152, "input_embedding_rows": 49152},
+                   "message": "embedding rows 49152 >= tokenizer length 49152"}]
+        failed: list = []
+
+    monkeypatch.setattr(console, "_width", 80)
+    _print_table(Rep(), "r0003", 103.0)
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "trainable_tensors" not in out and "each check's numbers: runs/r0003/preflight.json" in " ".join(out.split())
+    assert any("update check" in line for line in out.splitlines())
+    monkeypatch.setattr(console, "_width", 160)
+    _print_table(Rep(), "r0003", 103.0)
+    lines = capsys.readouterr().out.splitlines()
+    for token in ("trainable_tensors=240;", "frozen_unchanged=272;", "tokenizer_length=49152;", "input_embedding_rows=49152"):
+        assert any(token in line for line in lines), token
+
+
+def test_the_bitsandbytes_import_warning_is_not_shown(tmp_path):
+    """Once bitsandbytes is installed PEFT imports it for every LoRA run; on an AVX512-BF16 CPU it warns
+    that it could not fetch a kernel from the hub (`pip install kernels`): not shown by the CLI."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("bitsandbytes")
+    script = ("import sys\nfrom tuneproof.cli import app, main\n"
+              "@app.command('probe-import')\ndef probe() -> None:\n    import peft.tuners.lora  # noqa: F401\n    import bitsandbytes  # noqa: F401\n"
+              "main(['probe-import'])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "gemm_4bit_forward" not in proc.stderr + proc.stdout and "pip install kernels" not in proc.stderr

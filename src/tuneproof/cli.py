@@ -547,6 +547,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    # bitsandbytes (imported by PEFT for every LoRA run once installed) warns at import on an AVX512-BF16
+    # CPU that it could not fetch a kernel from the hub ("pip install kernels"): noise, and tuneproof
+    # downloads no code at run time
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     try:
         from transformers.utils import logging as hf_logging  # noqa: PLC0415
 

@@ -309,3 +309,13 @@ def test_large_buckets_are_filtered_blockwise(monkeypatch):
     estimates = (sigs[everything[:, 0]] == sigs[everything[:, 1]]).mean(axis=1)
     assert len(everything) >= 60 * 59 // 2
     np.testing.assert_array_equal(kept, everything[estimates >= 0.5])
+
+
+def test_duplicates_inside_one_split_are_said_plainly():
+    """The data check's line for copies inside a split (the quickstart printed "test/test: of 140
+    test examples duplicate an earlier one: ..."): the split once, the count of examples first."""
+    splits = {"train": [Example(id=f"train/{i}", text=t) for i, t in enumerate(["a b c d", "e f g h", "a b c d", "i j k l"])],
+              "test": [Example(id="test/0", text="m n o p")]}
+    lines = find_duplicates(splits).summary_lines()
+    assert "train (inside the split): 1 of 4 examples repeat an earlier one: 1 (25.0%) exact, 1 (25.0%) normalised, " \
+           "1 (25.0%) near (Jaccard >= 0.8)" in lines

@@ -374,12 +374,11 @@ class DedupReport:
                 f"{c[lv]['second_colliding']} ({100 * c[lv]['fraction']:.1f}%) {label}"
                 for lv, label in (("exact", "exact"), ("normalised", "normalised"), ("near", f"near (Jaccard >= {t:g})"))
             )
-            what = (
-                f"of {p.n_second} {p.second} examples duplicate an earlier one"
-                if p.first == p.second
-                else f"of {p.n_second} {p.second} examples also in {p.first}"
-            )
-            lines.append(f"{p.first}/{p.second}: {what}: {parts}")
+            if p.first == p.second:  # "test (inside the split): 3 of 140 examples repeat an earlier one: ..."
+                lines.append(f"{p.first} (inside the split): {c['near']['second_colliding']} of {p.n_second} examples "
+                             f"repeat an earlier one: {parts}")
+            else:
+                lines.append(f"{p.first}/{p.second}: of {p.n_second} {p.second} examples also in {p.first}: {parts}")
         return lines
 
 

@@ -1198,10 +1198,24 @@ def _short(numbers: dict[str, Any], limit: int = 6) -> str:
     return "; ".join(parts)
 
 
+#: terminal width from which the preflight table shows each check's numbers (key=value, never cut)
+NUMBERS_FROM_COLUMNS = 120
+
+
 def _print_table(rep: _Report, run_id: str, seconds: float) -> None:
-    rows = [[c["name"], {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}[c["passed"]], _short(c["numbers"], 4),
-             c["message"][:240] + ("..." if len(c["message"]) > 240 else "")] for c in rep.checks]
-    console.print(table(f"preflight {run_id} ({seconds:.0f} s)", ["check", "result", "numbers", "message"], rows))
+    from rich.markup import escape  # noqa: PLC0415
+
+    rows = [[c["name"], {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}[c["passed"]], escape(_short(c["numbers"], 4)),
+             escape(c["message"][:240] + ("..." if len(c["message"]) > 240 else ""))] for c in rep.checks]
+    # a number folded across two lines reads as another number (trainable_tensors=24 / 0): the numbers
+    # are whole or left out (narrow terminals, logs: they are in preflight.json)
+    drop = ("numbers",) if console.width < NUMBERS_FROM_COLUMNS else ()
+    if drop:
+        rows = [[r[0], r[1], r[3]] for r in rows]
+    console.print(table(f"preflight {run_id} ({seconds:.0f} s)", ["check", "result", "message"] if drop else ["check", "result", "numbers", "message"],
+                        rows, keep=("check", "numbers")))
+    if drop:
+        console.print(f"[dim]each check's numbers: runs/{run_id}/preflight.json (a terminal of {NUMBERS_FROM_COLUMNS} columns shows them here)[/]")
     if rep.failed:
         console.print(f"[red]preflight failed: {', '.join(c['name'] for c in rep.failed)}[/]")
     else:

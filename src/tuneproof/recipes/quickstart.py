@@ -153,7 +153,9 @@ def _print_outcome(ctx: StudyContext, out: dict) -> None:
 
     base = ctx.registry.get(out["runs"]["baseline"]).summary.get("metrics", {})
     cand = ctx.registry.get(out["runs"]["eval"]).summary.get("metrics", {})
-    rows = [[k, fmt(base.get(k)), fmt(cand.get(k)), fmt((cand.get(k) or 0) - (base.get(k) or 0))] for k in cand]
+    rows = [[k, fmt(base.get(k)), fmt(cand.get(k)),
+             fmt(float(cand[k]) - float(base[k]) if isinstance(cand.get(k), (int, float)) and isinstance(base.get(k), (int, float)) else None)]
+            for k in cand]
     console.print(table("what improved (eval split, same procedure)", ["metric", "baseline", "candidate", "delta"], rows))
     cmp = run_json(ctx, out["runs"]["compare"], "compare.json") or {}
     if cmp.get("verdict"):

@@ -204,6 +204,8 @@ class Training(_Strict):
                                                       "order within each process's DistributedSampler share, resumable")
     packing: bool = Field(False, description="causal LM: several examples per row, position ids restarting per example, no "
                                              "attention across examples; used only after the packing check passes")
+    packing_length: int | None = Field(None, ge=8, description="tokens per packed row (training.packing); None: "
+                                                                "micro_batch_size x max_length, one row per micro-batch")
     max_length: int = Field(128, ge=8, description="tokens per example after truncation")
     loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")

@@ -235,3 +235,30 @@ def test_c23_two_examples_in_one_row_and_positions_not_reset(tiny_lm):
 
     bad = check_packing(tiny_lm, two, pad_id=2, capacity=32, forward=not_reset)
     assert bad["passed"] is False and bad["max_abs_diff"] > 1e-2 and bad["worst_example"] == "ex1"  # the second one
+
+
+def test_packing_rows_default_to_one_per_micro_batch_and_short_rows_add_padding():
+    """Rows of max_length hold one example each when every example is longer than half of it: the
+    rows are padded to the longest and packing adds padding (SNIPS at max_length 144: 20.6 % -> 26.3 %).
+    The default row capacity, micro_batch_size x max_length, leaves no padding at all."""
+    from tuneproof.training.speedups import packing_capacity, padding_report
+
+    lengths = [20, 20, 24, 22, 21, 23, 18, 19]  # one micro-batch of 8, 167 tokens, padded to 8 x 24 = 192 positions
+    examples = [_enc(i, list(range(3, 3 + n)), supervised_from=n - 2) for i, n in enumerate(lengths)]
+    cfg = Training(micro_batch_size=8, max_length=40, packing=True)
+    assert packing_capacity(cfg) == 320
+    default = padding_report(examples, cfg)
+    assert default["positions_before"] == 192 and default["after"] == 0.0 and default["positions_after"] == default["tokens"] == 167
+    # rows of 40: 24 | 23 | 22+18 | 21+19 | 20+20, each padded to 40 -> 200 positions, more than unpacked
+    short = padding_report(examples, cfg.model_copy(update={"packing_length": 40}))
+    assert short["positions_after"] == 200 and short["after"] == round(1 - 167 / 200, 6) > short["before"]
+
+
+def test_packing_with_chunked_loss_gives_the_losses_of_the_padded_run(tmp_path):
+    examples = _dataset(24)
+    ref, _, _, _ = _train(0, examples)
+    got, _, run, _ = _train(0, examples, tmp_path, packing=True, chunked_loss=True)
+    assert got["losses"] == pytest.approx(ref["losses"], abs=2e-5)
+    used = run.summary["speedups"]
+    assert set(used) == {"packing", "chunked_loss"}
+    assert used["chunked_loss"]["loss_rel_diff"] <= 1e-5 and used["chunked_loss"]["grad_max_rel_diff"] <= 1e-4

@@ -143,6 +143,8 @@ def check_study_packing(model, encoded: list, cfg, pad_id: int) -> dict[str, Any
         return {"name": "packing", "passed": False, "numbers": {}, "details": None,
                 "message": "training.packing applies to causal LMs (token labels), not to sequence classification; set it to false"}
     sample = packing_sample(encoded, cfg.micro_batch_size)
-    rep = check_packing(model, sample, pad_id, cfg.max_length)
+    from tuneproof.training.speedups import packing_capacity  # noqa: PLC0415
+
+    rep = check_packing(model, sample, pad_id, packing_capacity(cfg))
     numbers = {k: rep[k] for k in ("max_abs_diff", "control_max_abs_diff", "tokens", "rows", "examples", "atol")}
     return {"name": "packing", "passed": rep["passed"], "numbers": numbers, "message": rep["message"], "details": None}

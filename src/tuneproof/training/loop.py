@@ -177,6 +177,10 @@ def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable, chunk
     vocabulary rows, or classes for classification; the health check's ``ln(V)``). ``chunked``:
     the causal-LM loss without the full logits (:func:`tuneproof.training.loss.chunked_token_loss_sum`)."""
     labels = batch["labels"]
+    if "position_ids" in batch and chunked and labels.dim() == 2:  # packed rows, loss over supervised positions only
+        with autocast():
+            loss = chunked_token_loss_sum(model, batch["input_ids"], None, labels, position_ids=batch["position_ids"])
+        return loss, int(backbone_and_head(model)[1].weight.shape[0])
     if "position_ids" in batch:  # packed rows: the model's own mask builder separates the examples (no mask, no cache)
         with autocast():
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
@@ -192,9 +196,12 @@ def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable, chunk
     return token_loss_sum(out.logits, labels), int(out.logits.shape[-1])
 
 
-def _check_speedup(model, examples: list, pad_id: int, device) -> dict[str, Any]:
-    """:func:`tuneproof.training.loss.check_chunked_loss` on one real micro-batch, dropout off."""
-    batch = {k: v.to(device) for k, v in collate(examples, pad_id).items()}
+def _check_speedup(model, examples: list, pad_id: int, device, capacity: int | None = None) -> dict[str, Any]:
+    """:func:`tuneproof.training.loss.check_chunked_loss` on one real micro-batch, dropout off;
+    ``capacity``: the micro-batch packed into rows of that many tokens (``training.packing``)."""
+    if capacity is not None and (examples[0].class_index is not None or not examples[0].labels):
+        return {"passed": False, "message": "the chunked loss applies to causal LMs (token labels), not to a classification head"}
+    batch = {k: v.to(device) for k, v in (collate_packed(examples, pad_id, capacity) if capacity is not None else collate(examples, pad_id)).items()}
     if batch["labels"].dim() != 2:
         return {"passed": False, "message": "the chunked loss applies to causal LMs (token labels), not to a classification head"}
     was_training = model.training
@@ -273,29 +280,32 @@ def train(
     start_step = 0
     tokens_seen = 0
     examples_seen = 0  # example passes (forward/backward of one example) so far
+    from tuneproof.training.speedups import packing_capacity, padding_report, prove_packing  # noqa: PLC0415
+
     chunked = bool(getattr(cfg, "chunked_loss", False))
+    grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
+    capacity = packing_capacity(cfg)
     if chunked:  # a speed-up is used only after it is proven equal on a real micro-batch (issue 15)
         if ws > 1:
             raise CheckFailed("training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
                               hint="set training.chunked_loss: false for a distributed run")
-        check = _check_speedup(model, train_set[: cfg.micro_batch_size], pad_id, device)
+        # on the layout training uses: packed rows when packing is on (the decoder then gets position ids)
+        check = _check_speedup(model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None)
         if not check["passed"]:
             raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")
         if run is not None:
             run.update_summary(speedups={"chunked_loss": {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}})
-    from tuneproof.training.speedups import padding_report, prove_packing  # noqa: PLC0415
-
-    grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
     lengths = [len(e.input_ids) for e in train_set] if grouping else None
     if packing:  # proven on real examples before it is used (per-token losses packed == alone)
-        if chunked:
-            raise CheckFailed("training.packing and training.chunked_loss together are not checked yet", hint="set one of them to false")
         packed_check = prove_packing(model, train_set, cfg, pad_id, device)
         if run is not None:
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "packing": packed_check})
     if run is not None and train_set and hasattr(train_set[0], "input_ids"):  # token sequences (images have no padding)
         pad = padding_report(train_set, cfg, ws, rank)
         run.update_summary(padding=pad)
+        if packing and pad["after"] > pad["before"]:  # rows too short to hold two examples: packing adds padding
+            run.note(f"training.packing raised the padding share from {pad['before']:.1%} to {pad['after']:.1%} with rows of "
+                     f"{capacity} tokens: raise training.packing_length, or use training.length_grouping")
         if grouping:
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "length_grouping": {"padding_before": pad["before"], "padding_after": pad["after"]}})
     seed_everything(cfg.seed)
@@ -365,7 +375,7 @@ def train(
                 ts = time.perf_counter()
                 # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
                 window_idx = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step, world_size=ws, rank=rank, lengths=lengths)
-                batches = [{k: v.to(device) for k, v in (collate_packed([train_set[i] for i in idx], pad_id, cfg.max_length) if packing
+                batches = [{k: v.to(device) for k, v in (collate_packed([train_set[i] for i in idx], pad_id, capacity) if packing
                                                          else collate([train_set[i] for i in idx], pad_id)).items()} for idx in window_idx]
                 window = sum(supervised_count(b) for b in batches)
                 if world is not None:  # the global window: supervised tokens of every rank; a stop on any rank stops all

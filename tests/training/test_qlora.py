@@ -38,22 +38,12 @@ needs_4bit = pytest.mark.skipif(NO_4BIT is not None, reason=NO_4BIT or "")
 
 @pytest.fixture(scope="module")
 def qbase(tiny_base, tmp_path_factory):
-    """The tiny Llama of tiny_study (same tokenizer) at hidden 64, 4 KV heads: every linear layer's sizes are
-    multiples of bitsandbytes' 4-bit block (64), as in real models (bitsandbytes 0.50.2's CPU inference
-    repacking, which tuneproof turns off, even fails on in_features 32: "shape '[32, 0]' is invalid")."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The tiny Llama (same tokenizer) at hidden 64: layer sizes multiples of bitsandbytes' 4-bit block, as in
+    real models (bitsandbytes 0.50.2's CPU inference repacking, which tuneproof turns off, even fails on
+    in_features 32: "shape '[32, 0]' is invalid")."""
+    from tiny_study import build_wide_base
 
-    from tuneproof.models.base import BaseModelRef, load_tokenizer
-
-    folder = tmp_path_factory.mktemp("qlora-llama")
-    tok = load_tokenizer(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"))
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, max_position_embeddings=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=None, tie_word_embeddings=False)
-    LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
-    return folder
+    return build_wide_base(tmp_path_factory.mktemp("qlora-llama"), tiny_base)
 
 
 # --------------------------------------------------------------------------- pure rules (always run)

@@ -188,3 +188,20 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     """The ``tuneproof`` command line in a new process."""
     return subprocess.run([sys.executable, "-c", "from tuneproof.cli import main; main()", *args],
                           capture_output=True, text=True, env=cli_env(), timeout=300)
+
+
+def build_wide_base(folder: Path, tiny_base: Path) -> Path:
+    """The tiny Llama's tokenizer on a Llama of hidden 64 (4 heads, 4 KV heads, MLP 128, 2 layers): every
+    linear layer's sizes are multiples of 64, bitsandbytes' 4-bit block size, as in real models (QLoRA tests)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(tiny_base)
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      bos_token_id=None, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
+    return folder

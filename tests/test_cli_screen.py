@@ -116,8 +116,8 @@ def test_a_table_that_cannot_fit_leaves_out_the_least_important_columns_and_says
     ids = ["r0012-learning_rate0.00012345", "r0013-learning_rate0.00054321"]
     rows = [[f"{i}\ntraining.learning_rate={v}", "train", "completed", "", "r0004-lora", "12-01 11:52", "accuracy=0.43 macro_f1=0.35"]
             for i, v in zip(ids, ("0.00012345", "0.00054321"))]
-    t = table("runs", ["id", "kind", "status", "reason, flags", "parent", "created", "metrics"], rows,
-              keep=("id", "parent"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field", width=80)
+    t = table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics"], rows,
+              keep=("id", "parent", "metrics"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field", width=80)
     out = _render(t)
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -126,8 +126,8 @@ def test_a_table_that_cannot_fit_leaves_out_the_least_important_columns_and_says
     assert any("r0004-lora" in line for line in lines)  # the parent is kept: dropping created and metrics was enough
     assert "12-01" not in out and "accuracy" not in out
     assert "not shown at 80 columns: created, metrics (`tuneproof runs --json` has every field)" in " ".join(out.split())
-    wide = _render(table("runs", ["id", "kind", "status", "reason, flags", "parent", "created", "metrics"], rows,
-                         keep=("id", "parent"), drop=("created", "metrics", "parent"), width=200), width=200)
+    wide = _render(table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics"], rows,
+                         keep=("id", "parent", "metrics"), drop=("created", "metrics", "parent"), width=200), width=200)
     assert "not shown" not in wide and "12-01 11:52" in wide and "accuracy=0.43 macro_f1=0.35" in wide
 
 
@@ -171,3 +171,24 @@ def test_the_bitsandbytes_import_warning_is_not_shown(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "gemm_4bit_forward" not in proc.stderr + proc.stdout and "pip install kernels" not in proc.stderr
+
+
+def test_runs_at_80_columns_cuts_no_metric_and_wraps_no_short_cell(tmp_path, capsys, monkeypatch):
+    """The quickstart study's `runs | cat` printed "json_valid_rat" / "e=0.00" and "12-01" / "12:34":
+    a metric is whole on its line (or its column left out), a cell of up to 14 characters is not wrapped."""
+    from tuneproof.registry import Registry
+    from tuneproof.ui import console
+
+    reg = Registry(tmp_path)
+    for kind in ("data-check", "baseline", "preflight", "train", "eval"):
+        with reg.run(kind) as run:
+            if kind in ("baseline", "eval"):
+                run.update_summary(metrics={"json_valid_rate": 0.0, "required_fields_rate": 0.0})
+    reg.close()
+    monkeypatch.setattr(console, "_width", 80)
+    code, out = _main(["runs", "--study", str(tmp_path)], capsys)
+    lines = out.splitlines()
+    assert code == 0 and max(len(line) for line in lines) <= 80
+    assert sum("json_valid_rate=0.00" in line for line in lines) == 2 and sum("required_fields_rate=0.00" in line for line in lines) == 2
+    assert "json_valid_rat " not in out and "completed" in out and "data-check" in out
+    assert all(time for time in re.findall(r"\b\d\d-\d\d\b( \d\d:\d\d)?", out))  # a creation time is never split from its date

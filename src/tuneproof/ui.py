@@ -137,7 +137,8 @@ def table(title: str, columns: list[str], rows: list[list], *, keep: tuple[str, 
     """A Rich table that fits ``width`` (default the console's: 80 columns when stdout is not a
     terminal and ``$COLUMNS`` is unset) without cutting the cells that identify a row.
 
-    Cells wrap between words; a word up to 14 characters is never cut, and no word of a ``keep``
+    A cell of up to 14 characters is not wrapped; longer cells wrap between words; a word up to 14
+    characters is never cut, and no word of a ``keep``
     column (default: the first column; e.g. run ids, variant overrides, metric and class names) is
     cut whatever its length. When that cannot fit with the usual borders, the table is drawn with
     blank column separators; when it still cannot fit, the ``drop`` columns are left out in that
@@ -155,7 +156,10 @@ def table(title: str, columns: list[str], rows: list[list], *, keep: tuple[str, 
     def texts(i: int) -> list[str]:
         return [columns[i]] + [r[i] for r in cells if i < len(r)]
 
-    mins = {i: _longest_word(texts(i), None if columns[i] in keep else MAX_UNBROKEN_WORD) for i in cols}
+    # a cell of up to 14 characters is not wrapped (a date, a short status), a longer one wraps between
+    # its words, a word up to 14 characters is never cut (any length in a kept column)
+    mins = {i: max(_longest_word(texts(i), None if columns[i] in keep else MAX_UNBROKEN_WORD),
+                   min(_longest_line(texts(i)), MAX_UNBROKEN_WORD)) for i in cols}
     maxs = {i: max(_longest_line(texts(i)), mins[i], 1) for i in cols}
 
     def overhead(n: int, compact: bool) -> int:  # borders and padding (Rich: HEAVY_HEAD, padding 1 | SIMPLE_HEAD, no edge)

@@ -63,8 +63,9 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
 
         print_tree(reg, runs)
         return
-    # the id (with a variant's overrides below it) and the parent identify a run: never cut; the reason
-    # and the flags share a column; at 80 columns without a terminal the creation time, then the
-    # metrics, then the parent make room (`runs --tree` shows the parents)
-    console.print(table("runs", ["id", "kind", "status", "reason, flags", "parent", "created", "metrics"], rows,
-                        keep=("id", "parent"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field"))
+    # the id (with a variant's overrides below it) and the parent identify a run: never cut, nor is a
+    # metric (json_valid_rate=0.00 folded reads as another number); the reason column also holds the
+    # flags; at 80 columns without a terminal the creation time, then the metrics, then the parent make
+    # room (`runs --tree` shows the parents)
+    console.print(table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics"], rows,
+                        keep=("id", "parent", "metrics"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field"))

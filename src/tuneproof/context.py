@@ -204,13 +204,22 @@ class StudyContext:
                 out.append({"path": shown, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
         return out
 
-    def eval_fingerprint(self, examples: list[Example] | None = None) -> dict[str, Any]:
+    @property
+    def base_weights(self) -> str:
+        """dtype the base model's weights are held in for this study: ``bf16`` with
+        ``training.bf16_base_weights`` (every weight of a bare base, the frozen ones under an
+        adapter), else ``fp32``."""
+        return "bf16" if self.study.training.bf16_base_weights else "fp32"
+
+    def eval_fingerprint(self, examples: list[Example] | None = None, *, base_weights: str | None = None) -> dict[str, Any]:
+        """The evaluation fingerprint of ``examples`` (default the eval examples); ``base_weights``:
+        the dtype the evaluated model's base weights were held in (default :attr:`base_weights`)."""
         from tuneproof.evaluation.fingerprint import eval_fingerprint  # noqa: PLC0415
 
         examples = examples if examples is not None else self.eval_examples()
         return eval_fingerprint([e.id for e in examples], self.study.eval, self.task,
                                 self.study.hypothesis.required_fields, self.tokenizer_identity,
-                                precision=self.device_choice.get("dtype"))
+                                precision=self.device_choice.get("dtype"), base_weights=base_weights or self.base_weights)
 
     # ------------------------------------------------------------------ device
     @cached_property
@@ -219,9 +228,9 @@ class StudyContext:
         from tuneproof.preflight.backend import choose_dtype, detect_device  # noqa: PLC0415
 
         dev = detect_device()
-        choice = choose_dtype(self.study.training.precision, dev)
+        choice = choose_dtype(self.study.training.precision, dev, bf16_base_weights=self.study.training.bf16_base_weights)
         if not choice["passed"]:
-            raise TuneproofError(choice["message"], hint="set training.precision to auto or fp32")
+            raise TuneproofError(choice["message"], hint=choice.get("hint") or "set training.precision to auto or fp32")
         return {**choice, "torch_device": "cuda" if dev.type in ("cuda", "rocm") else "cpu"}
 
     @cached_property

@@ -206,6 +206,9 @@ class Training(_Strict):
                                              "attention across examples; used only after the packing check passes")
     packing_length: int | None = Field(None, ge=8, description="tokens per packed row (training.packing); None: "
                                                                 "micro_batch_size x max_length, one row per micro-batch")
+    bf16_base_weights: bool = Field(False, description="LoRA: the frozen base weights held in bf16 (2 bytes per element instead of 4), "
+                                                        "trainable ones in fp32; needs native bf16 and training.precision bf16; used "
+                                                        "only after the loss and LoRA gradients match fp32 frozen weights on a micro-batch")
     max_length: int = Field(128, ge=8, description="tokens per example after truncation")
     loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")
@@ -332,6 +335,17 @@ class Study(_Strict):
         if self.method.kind == "qlora" and self.eval.backend == "vllm":
             raise ValueError("eval.backend vllm with method.kind qlora: vLLM would serve the adapter on the unquantized base, "
                              "not the 4-bit base it was trained on (not checked yet); set eval.backend: transformers")
+        if self.training.bf16_base_weights and self.method.kind == "full":
+            raise ValueError("training.bf16_base_weights holds the frozen base weights in bf16, and method.kind full freezes none: "
+                             "every weight is trained and keeps fp32 master weights; set training.bf16_base_weights: false "
+                             "(or method.kind: lora)")
+        if self.training.bf16_base_weights and self.method.kind == "qlora":
+            raise ValueError("training.bf16_base_weights with method.kind qlora: the frozen base is already held in 4 bits "
+                             "(its other tensors as prepare_model_for_kbit_training sets them); set training.bf16_base_weights: false")
+        if self.training.bf16_base_weights and (self.training.chunked_loss or self.training.packing):
+            other = "chunked_loss" if self.training.chunked_loss else "packing"
+            raise ValueError(f"training.bf16_base_weights together with training.{other} is not checked yet (each is proven "
+                             f"against fp32 frozen weights alone); set one of them to false")
         return self
 
 

@@ -70,6 +70,9 @@ def model_card(man: dict[str, Any]) -> str:
         lines += ["from peft import PeftModel", f"from transformers import {loader}", "",
                   f"base = {loader}.from_pretrained(\"{b['path']}\"{extra})  # the exact base above",
                   "model = PeftModel.from_pretrained(base, \"adapter\")"]
+        if proc.get("base_weights") == "bf16":  # trained and evaluated so (training.bf16_base_weights)
+            lines += ["# trained and evaluated with the base weights in bf16 (the adapter in fp32) under bf16 autocast:",
+                      "# cast every base (non-adapter) weight to torch.bfloat16 to reproduce the recorded results"]
     else:
         lines += [f"from transformers import {loader}", f"model = {loader}.from_pretrained(\"model\")"]
     lines += ["```", ""]

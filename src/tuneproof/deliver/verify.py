@@ -31,6 +31,13 @@ kernels can change the last bits; on the exporting machine the difference is 0.0
 (TF32 off; another GPU model or library version can reorder sums). The largest difference is
 reported. Verifying on another device than the one recorded is refused (re-export instead).
 
+A run trained with ``training.bf16_base_weights`` was evaluated with its base weights in bf16
+under bf16 autocast; its export records ``procedure.base_weights: "bf16"`` and ``procedure.dtype:
+"bf16"``, and the stored predictions and verification are made the same way (base weights cast to
+bf16, the adapter in fp32, bf16 autocast), never compared with an fp32 reload. The logit tolerance
+is then :data:`BF16_ATOL` (0.05: bf16 keeps 8 significant bits, 2**-8 relative rounding of logits
+of magnitude ~10; on the exporting machine the difference is 0.0).
+
 Steps 1 to 4 need no torch, so a wrong file or a wrong base is refused within about a second.
 The entry point ``python -m tuneproof.deliver.verify BUNDLE [--base PATH] [--device D] --out FILE`` is what
 :func:`verify_in_fresh_process` runs.
@@ -55,6 +62,7 @@ from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
 
 DEVICE_ATOL = {"cpu": 1e-4, "cuda": 1e-3}  # largest allowed |logit difference| in fp32, see the module docstring
+BF16_ATOL = 5e-2  # largest allowed |logit difference| of a bf16-base procedure (see the module docstring)
 LOGIT_ATOL = DEVICE_ATOL["cpu"]
 TOP_TOKENS = 5  # next-token logits kept per generative example
 EXAMPLES_FILE = "verify/examples.jsonl"
@@ -80,28 +88,48 @@ def load_tokenizer_at(path: Path, manifest: dict[str, Any]):
     return load_tokenizer(_ref(path, manifest))
 
 
+def procedure_atol(procedure: dict[str, Any], device: str) -> float:
+    """The logit tolerance of a stored procedure: :data:`DEVICE_ATOL` of ``device`` in fp32,
+    :data:`BF16_ATOL` when its base weights are held in bf16 (``procedure.base_weights``)."""
+    return BF16_ATOL if procedure.get("base_weights") == "bf16" else DEVICE_ATOL[device]
+
+
 def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, which: str = "payload"):
-    """The model a bundle delivers, in fp32, in eval mode, on the manifest's ``procedure.device``.
+    """The model a bundle delivers, in eval mode, on the manifest's ``procedure.device``: in fp32,
+    or with the base's weights in bf16 and the adapter's in fp32 when ``procedure.base_weights`` is
+    ``bf16`` (the run was trained and evaluated so, ``training.bf16_base_weights``).
 
     Args:
         which: ``payload`` (base + ``adapter/`` through ``PeftModel.from_pretrained``, or the full
             ``model/``) or ``merged`` (the ``merged/`` folder).
     """
     from tuneproof.models.base import load_model  # noqa: PLC0415
+    from tuneproof.models.method import cast_base_for_inference, load_adapter_onto  # noqa: PLC0415
 
     proc = manifest["procedure"]
+    held = proc.get("base_weights", "fp32")
     labels = manifest.get("labels") if proc["model_kind"] in ("sequence-classification", "image-classification") else None
     if which == "merged":
-        model = load_model(_ref(bundle / "merged", manifest), proc["model_kind"], labels=labels)
+        model = cast_base_for_inference(load_model(_ref(bundle / "merged", manifest), proc["model_kind"], labels=labels), held)
     elif manifest["payload"] == "model":
         model = load_model(_ref(bundle / "model", manifest), proc["model_kind"], labels=labels)
     else:
-        from peft import PeftModel  # noqa: PLC0415
-
         # qlora: the unquantized base quantized to 4-bit with the recorded config, as it was trained and evaluated
         base = load_model(_ref(base_path, manifest), proc["model_kind"], labels=labels, quantization=manifest.get("quantization"))
-        model = PeftModel.from_pretrained(base, bundle / "adapter")
+        model = load_adapter_onto(base, bundle / "adapter", held)
     return model.to(proc.get("device", "cpu")).eval()
+
+
+def procedure_autocast(procedure: dict[str, Any]):
+    """The autocast of a stored procedure: bf16 when ``procedure.dtype`` is ``bf16``, else none (fp32)."""
+    import contextlib  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    if procedure.get("dtype") == "bf16":
+        device_type = torch.device(procedure.get("device", "cpu")).type
+        return lambda: torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
 
 
 # --------------------------------------------------------------------------- predictions
@@ -116,8 +144,9 @@ class _StoredPrompts:
 
 
 def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[str, Any], root: Path | None = None) -> list[dict[str, Any]]:
-    """Predict the stored examples by the stored procedure (fp32, greedy, one batch of K, on
-    ``procedure["device"]``: ``cpu`` or ``cuda``, TF32 off).
+    """Predict the stored examples by the stored procedure (fp32, or bf16 autocast when
+    ``procedure["dtype"]`` is ``bf16``; greedy, one batch of K, on ``procedure["device"]``: ``cpu``
+    or ``cuda``, TF32 off).
 
     Returns one dict per example: ``prediction`` and, for sequence classification, ``logits``
     (list of floats, one per label), for generation ``next_token`` (the ``TOP_TOKENS`` highest
@@ -133,15 +162,18 @@ def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     out: list[dict[str, Any]] = []
+    autocast = procedure_autocast(procedure)
     if procedure["model_kind"] == "image-classification":  # ``root``: the bundle holding verify/images/
         from tuneproof.deliver.image_bundle import reproduce_images  # noqa: PLC0415
 
-        return reproduce_images(model, tokenizer, examples, procedure, Path(root))
+        with autocast():
+            return reproduce_images(model, tokenizer, examples, procedure, Path(root))
     with torch.inference_mode():
         if procedure["model_kind"] == "sequence-classification":
             enc = tokenizer([e["input"] for e in examples], padding=True, truncation=True, max_length=procedure["max_length"],
                             return_tensors="pt")
-            logits = model(**{k: v.to(device) for k, v in enc.items()}).logits.float().cpu()
+            with autocast():
+                logits = model(**{k: v.to(device) for k, v in enc.items()}).logits.float().cpu()
             labels = procedure["labels"]
             for row in logits:
                 out.append({"prediction": labels[int(row.argmax())], "logits": [float(x) for x in row]})
@@ -150,13 +182,12 @@ def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[
 
         exs = [Example(id=e["id"], text=e["input"]) for e in examples]
         cfg = SimpleNamespace(batch_size=max(1, len(exs)), max_new_tokens=procedure["max_new_tokens"], do_sample=False, temperature=1.0)
-        import contextlib  # noqa: PLC0415
-
         preds = generate(model, tokenizer, _StoredPrompts({e["input"]: e["prompt"] for e in examples}), exs, cfg,
-                         device=device, autocast=contextlib.nullcontext)
+                         device=device, autocast=autocast)
         for e, p in zip(examples, preds):
             ids = torch.tensor([tokenizer(e["prompt"], add_special_tokens=False)["input_ids"]], device=device)
-            last = model(input_ids=ids).logits[0, -1].float().cpu()
+            with autocast():
+                last = model(input_ids=ids).logits[0, -1].float().cpu()
             top = torch.topk(last, min(TOP_TOKENS, last.numel()))
             out.append({"prediction": p, "next_token": [[int(i), float(v)] for i, v in zip(top.indices, top.values)]})
     return out
@@ -307,11 +338,14 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     fresh = reproduce(model, tokenizer, stored, man["procedure"], root=bundle)
     del model
     report["examples"] = [{"id": s["id"], **f} for s, f in zip(stored, fresh)]
-    cmp = compare_outputs(stored, fresh, atol=DEVICE_ATOL[dev])
+    atol = procedure_atol(man["procedure"], dev)
+    held = man["procedure"].get("base_weights", "fp32")
+    cmp = compare_outputs(stored, fresh, atol=atol)
     report["predictions"] = cmp
     if not _check(report, "predictions", cmp["passed"],
                   f"{cmp['identical']} of {cmp['n']} predictions identical on {dev}; max |logit diff| {cmp['max_abs_logit_diff']:.3g} "
-                  f"(tolerance {DEVICE_ATOL[dev]})",
+                  f"(tolerance {atol})" + (" with the base weights in bf16 and bf16 autocast, as the run was trained and evaluated"
+                                           if held == "bf16" else ""),
                   [f"{m['id']}: expected {m['expected']!r}, found {m['found']!r}" for m in cmp["mismatches"]]
                   + [f"{i}: next-token ranking differs" for i in cmp["next_token_ids_differ"]]):
         return _done(report, t0)
@@ -324,7 +358,7 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
         ms = [{"id": s["id"], "prediction": s.get("merged_prediction"), "logits": s.get("merged_logits"),
                "next_token": s.get("merged_next_token")} for s in stored]
         ms = [{k: v for k, v in m.items() if v is not None} for m in ms]
-        cmp_m = compare_outputs(ms, fresh_m, atol=DEVICE_ATOL[dev])
+        cmp_m = compare_outputs(ms, fresh_m, atol=atol)
         report["merged"] = cmp_m
         _check(report, "merged", cmp_m["passed"],
                f"merged/: {cmp_m['identical']} of {cmp_m['n']} predictions identical to those recorded at export; "

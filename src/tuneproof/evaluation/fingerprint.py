@@ -36,6 +36,7 @@ def eval_fingerprint(
     tokenizer_identity: dict,
     *,
     precision: str | None = None,
+    base_weights: str | None = None,
 ) -> dict:
     """Fingerprint of an evaluation procedure.
 
@@ -47,6 +48,8 @@ def eval_fingerprint(
         tokenizer_identity: whatever identifies the tokenizer (e.g. ``{"name_or_path",
             "revision", "vocab_sha256", "chat_template_sha256"}``); hashed as given.
         precision: the compute dtype of the evaluation (``fp32``, ``bf16``, ``fp16``; None = fp32).
+        base_weights: the dtype the base model's weights were held in (``training.bf16_base_weights``:
+            ``bf16``; None or ``fp32``: fp32, the default, which leaves the fingerprint as before).
 
     Returns:
         ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
@@ -54,7 +57,9 @@ def eval_fingerprint(
         temperature; as configured, even when greedy decoding ignores temperature; plus
         ``batch_size`` where it can change the outputs: sampling (the random stream depends on
         the batch) or bf16/fp16 (reduced-precision kernels differ with the batch shape); greedy
-        fp32 outputs do not depend on it, which the preflight checks, CASES C22),
+        fp32 outputs do not depend on it, which the preflight checks, CASES C22; plus
+        ``base_weights: "bf16"`` when the base weights were held in bf16: other weights, other
+        outputs, so a bf16-base evaluation never matches an fp32-base one),
         ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex) and
         ``tokenizer``; with ``eval.backend`` other than ``transformers`` also ``backend``
         (``{"name": "vllm"}``). ``hash`` is the sha256 of the lines ``"<part>=<part hash>\\n"``
@@ -74,7 +79,8 @@ def eval_fingerprint(
         "eval_ids": ids,
         "prompt": {"template": cfg.prompt.template, "system": cfg.prompt.system},
         "decoding": {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.do_sample, "temperature": cfg.temperature,
-                     **({"batch_size": cfg.batch_size} if batch_size_matters(cfg, precision) else {})},
+                     **({"batch_size": cfg.batch_size} if batch_size_matters(cfg, precision) else {}),
+                     **({"base_weights": base_weights} if base_weights not in (None, "fp32") else {})},
         "metrics": {
             "task": task,
             "required_fields": list(required_fields or []),

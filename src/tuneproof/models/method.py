@@ -76,3 +76,85 @@ def apply_method(model, method, kind: str, quantization: dict[str, Any] | None =
     report.update(summary)
     report["modules_to_save"] = sorted(set(model.peft_config["default"].modules_to_save or []))
     return model, report
+
+
+# --------------------------------------------------------------------------- bf16 base weights (issue 15)
+def cast_frozen_to_bf16(model) -> dict[str, Any]:
+    """Hold every frozen floating-point parameter of ``model`` in bf16, in place; trained ones
+    (``requires_grad``: LoRA A/B, modules_to_save copies) stay as they are (fp32 master weights,
+    so the optimizer states stay fp32 too). Call it after PEFT wrapped the model and before the
+    optimizer is built. Tied weights stay tied (the ``Parameter`` objects are kept, only their
+    storage is replaced); buffers (rotary frequencies) are left alone.
+
+    Returns:
+        ``{"cast_tensors", "cast_elements", "bytes_saved" (bytes: 4 - 2 per fp32 element cast),
+        "trainable_tensors", "trainable_dtypes" (sorted dtype names of the trained tensors)}``.
+    """
+    import torch  # noqa: PLC0415
+
+    seen: set[int] = set()
+    tensors = elements = saved = 0
+    trainable: list[str] = []
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.requires_grad:
+            trainable.append(str(p.dtype).removeprefix("torch."))
+            continue
+        if not p.is_floating_point() or p.dtype == torch.bfloat16:
+            continue
+        saved += p.numel() * (p.element_size() - 2)
+        p.data = p.data.to(torch.bfloat16)
+        tensors += 1
+        elements += p.numel()
+    return {"cast_tensors": tensors, "cast_elements": elements, "bytes_saved": saved, "trainable_tensors": len(trainable),
+            "trainable_dtypes": sorted(set(trainable))}
+
+
+#: parameter-name parts of a PEFT adapter's own tensors (LoRA matrices, trained copies of modules_to_save)
+ADAPTER_PARAM_MARKERS = ("lora_", ".modules_to_save.")
+
+
+def base_weights_dtype(model) -> str:
+    """The dtype the frozen floating-point base parameters of ``model`` are held in (``fp32``,
+    ``bf16``, ``fp16``; ``mixed`` when they differ, ``none`` when nothing is frozen), as evaluation
+    records it. An adapter's own tensors (:data:`ADAPTER_PARAM_MARKERS`; frozen too once loaded for
+    inference) are not base weights and are left out."""
+    names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+    found = {names.get(str(p.dtype), str(p.dtype)) for n, p in model.named_parameters()
+             if not p.requires_grad and p.is_floating_point() and not any(m in n for m in ADAPTER_PARAM_MARKERS)}
+    return found.pop() if len(found) == 1 else ("none" if not found else "mixed")
+
+
+def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
+    """``PeftModel.from_pretrained(base, adapter_dir)`` for inference (every parameter frozen),
+    with the base's weights held in ``base_weights`` as in training: ``bf16`` casts the base's
+    weights (:func:`cast_frozen_to_bf16`) while the adapter's (LoRA A/B, modules_to_save) stay in
+    fp32, the dtype they were trained and saved in; ``fp32`` leaves everything fp32.
+
+    Raises:
+        TuneproofError: ``base_weights`` is neither ``fp32`` nor ``bf16``.
+    """
+    from peft import PeftModel  # noqa: PLC0415
+
+    from tuneproof.errors import TuneproofError  # noqa: PLC0415
+
+    if base_weights not in ("fp32", "bf16"):
+        raise TuneproofError(f"base weights dtype {base_weights!r} is not fp32 or bf16")
+    if base_weights == "fp32":
+        return PeftModel.from_pretrained(base, adapter_dir)
+    # is_trainable=True marks exactly the adapter's tensors trainable, so the cast leaves them fp32
+    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+    cast_frozen_to_bf16(model)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def cast_base_for_inference(model, base_weights: str):
+    """A bare base model (no adapter: the baseline, ``--base`` reads) held in ``base_weights``:
+    ``bf16`` casts every floating-point weight (all are frozen here). Returns the model."""
+    if base_weights == "bf16":
+        model.requires_grad_(False)
+        cast_frozen_to_bf16(model)
+    return model

@@ -20,6 +20,11 @@ Precision rules (:func:`choose_dtype`, CASES C9):
 * ``auto``: bf16 where native, else fp32 (the study file's documented meaning of ``auto``;
   fp16 is never chosen silently because it changes the run: loss scaling, overflow).
 * ``fp16`` on a GPU: allowed; the reason records that a gradient scaler is required.
+* ``training.bf16_base_weights`` (frozen base weights stored in bf16, issue 15): only where bf16
+  is native by the rules above (a CPU that emulates bf16 would convert every weight on every use)
+  and only with bf16 compute (``training.precision: bf16``, or ``auto`` where it resolves to bf16):
+  under fp32 compute a bf16 weight meets fp32 activations, under fp16 autocast it would be
+  rounded again to fp16's narrower range. Refused otherwise, naming the key (:func:`bf16_base_rule`).
 """
 
 from __future__ import annotations
@@ -114,18 +119,36 @@ def _bf16_native(device: DeviceInfo) -> tuple[bool, str]:
     return native, f"CPU {device.name}: bf16 {'native (AVX512-BF16/AMX)' if native else 'emulated through fp32 (no AVX512-BF16/AMX), slower than fp32'}"
 
 
-def choose_dtype(requested: str, device: DeviceInfo) -> dict[str, Any]:
+BF16_BASE_KEY = "training.bf16_base_weights"
+
+
+def bf16_base_rule(dtype: str | None, device: DeviceInfo) -> tuple[bool, str]:
+    """Whether frozen base weights may be held in bf16 (``training.bf16_base_weights``) with the
+    resolved compute ``dtype`` on ``device``: bf16 native there (:func:`_bf16_native`, the same rule
+    as ``auto``) and bf16 compute. Returns ``(allowed, why)``; ``why`` names the key and what to set."""
+    native, why = _bf16_native(device)
+    if not native:
+        return False, (f"{BF16_BASE_KEY}: bf16 is not native here ({why}); frozen weights held in bf16 would be converted "
+                       "on every use; set training.bf16_base_weights: false, or run on a device with native bf16")
+    if dtype != "bf16":
+        return False, (f"{BF16_BASE_KEY}: the compute dtype is {dtype} (training.precision resolved to it), and bf16 frozen "
+                       "weights need bf16 compute under autocast; set training.precision: bf16, or training.bf16_base_weights: false")
+    return True, f"{BF16_BASE_KEY}: frozen base weights in bf16 ({why})"
+
+
+def choose_dtype(requested: str, device: DeviceInfo, *, bf16_base_weights: bool = False) -> dict[str, Any]:
     """Decide the compute dtype for ``requested`` precision on ``device`` (rules in the module doc).
 
     Args:
         requested: ``"auto"``, ``"fp32"``, ``"bf16"`` or ``"fp16"`` (``training.precision``).
         device: from :func:`detect_device`, or built by hand to check another machine (tests inject
             ``DeviceInfo("cuda", "Tesla T4", (7, 5))``).
+        bf16_base_weights: ``training.bf16_base_weights``; refused where :func:`bf16_base_rule` says so.
 
     Returns:
-        ``{"requested", "dtype": "fp32"|"bf16"|"fp16"|None, "reason", "passed", "message", "device"}``;
-        ``dtype`` is None and ``passed`` False when the request is refused; ``message`` then says
-        what to set instead.
+        ``{"requested", "dtype": "fp32"|"bf16"|"fp16"|None, "reason", "passed", "message", "device",
+        "base_weights": "fp32"|"bf16", "hint"}``; ``dtype`` is None and ``passed`` False when the
+        request is refused; ``message`` then says what is refused and ``hint`` what to set instead.
 
     Raises:
         TuneproofError: ``requested`` is not one of :data:`PRECISIONS`.
@@ -162,9 +185,18 @@ def choose_dtype(requested: str, device: DeviceInfo) -> dict[str, Any]:
             message = "refused: fp16 is not supported on CPU; set training.precision to 'fp32' or 'bf16'"
         else:
             dtype, reason = "fp16", "fp16 requested: needs a gradient scaler (torch.amp.GradScaler) against underflow"
+    hint = "set training.precision to auto or fp32"
     if passed:
         message = f"{dtype}: {reason}"
-    return {"requested": requested, "dtype": dtype, "reason": reason, "passed": passed, "message": message, "device": device.as_dict()}
+        if bf16_base_weights:
+            allowed, why = bf16_base_rule(dtype, device)
+            if allowed:
+                message += f"; {why}"
+            else:
+                head, _, tail = why.partition("; set ")
+                dtype, passed, message, hint = None, False, f"refused: {head}", "set " + tail
+    return {"requested": requested, "dtype": dtype, "reason": reason, "passed": passed, "message": message, "device": device.as_dict(),
+            "base_weights": "bf16" if (bf16_base_weights and passed) else "fp32", "hint": hint}
 
 
 # --------------------------------------------------------------------------- extensions

@@ -43,7 +43,10 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         device, _, _ = ctx.torch_setup()
         console.print(f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples")
         labels = ctx.head_labels
-        model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
+        from tuneproof.models.method import cast_base_for_inference  # noqa: PLC0415
+
+        # training.bf16_base_weights: the base evaluated as the candidate's will be, its weights in bf16
+        model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(device)
         if labels is not None:
             console.print("[yellow]note[/]: an encoder's classification head is untrained before fine-tuning; its baseline is chance level")
         print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline"))

@@ -76,8 +76,20 @@ def evaluation_run(ctx: StudyContext, kind: str, *, parent: str | None = None) -
         raise
 
 
+def trained_base_weights(ctx: StudyContext, train_run_id: str) -> str:
+    """The dtype the base weights of ``train_run_id`` were held in during training: its summary's
+    ``base_weights``, else its recorded config's ``training.bf16_base_weights``; ``fp32`` for runs
+    recorded before either existed. Evaluation loads the base in the same dtype."""
+    rec = ctx.registry.get(train_run_id)
+    if rec.summary.get("base_weights") in ("fp32", "bf16"):
+        return rec.summary["base_weights"]
+    cfg = run_json(ctx, rec.id, "config.json") or {}
+    return "bf16" if ((cfg.get("training") or {}).get("bf16_base_weights")) else "fp32"
+
+
 def load_trained(ctx: StudyContext, train_run_id: str):
-    """The base model with the adapter (or full weights) of a completed train run, on the device."""
+    """The base model with the adapter (or full weights) of a completed train run, on the device;
+    the base's weights in the dtype training held them in (:func:`trained_base_weights`)."""
     rec = ctx.registry.get(train_run_id)
     if rec.kind != "train":
         raise TuneproofError(f"run {rec.id} is a {rec.kind} run, not a train run")
@@ -100,11 +112,12 @@ def load_trained(ctx: StudyContext, train_run_id: str):
     adapter = run_dir / "adapter"
     if not (adapter / "adapter_config.json").exists():
         raise TuneproofError(f"{adapter}: no adapter_config.json", hint="the train run saved no adapter")
-    from peft import PeftModel  # noqa: PLC0415
+    from tuneproof.models.method import load_adapter_onto  # noqa: PLC0415
 
     # qlora: the base in 4-bit with the config the run trained on (its summary), not the study's current one
     base = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=rec.summary.get("quantization"))
-    return PeftModel.from_pretrained(base, adapter).to(device)
+    # training.bf16_base_weights: the base's weights in bf16 as training held them, the adapter in fp32
+    return load_adapter_onto(base, adapter, trained_base_weights(ctx, rec.id)).to(device)
 
 
 def check_base(ctx: StudyContext, train_run_id: str) -> None:
@@ -243,11 +256,16 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
     from tuneproof.evaluation.outputs import record_outputs_hash  # noqa: PLC0415
 
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change
-    efp = ctx.eval_fingerprint(examples)
-    run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics})
+    from tuneproof.models.method import base_weights_dtype  # noqa: PLC0415
+
+    held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
+    base_weights = held if held in ("fp32", "bf16") else "fp32"
+    efp = ctx.eval_fingerprint(examples, base_weights=base_weights)
+    run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics,
+                                 "base_weights": base_weights})
     run.set(eval_fingerprint=efp["hash"])
     run.update_summary(metrics=headline(ctx.task, metrics), eval_seconds=round(seconds, 6), n_eval=len(examples),
-                       eval_examples_per_s=round(len(examples) / max(seconds, 1e-9), 3))
+                       eval_examples_per_s=round(len(examples) / max(seconds, 1e-9), 3), base_weights=base_weights)
     return metrics
 
 

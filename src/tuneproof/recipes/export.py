@@ -19,7 +19,8 @@ Features (option that turns each on):
 - ``README.md``: a model card with the Hugging Face metadata header;
 - ``verify/examples.jsonl``: K evaluation inputs (``--verify-examples``) with the predictions (and
   logits) of the bundle, made in fp32 with greedy decoding on ``--device`` (cpu by default, or
-  cuda), which ``tuneproof verify`` must reproduce; the export runs that verification itself, in a
+  cuda; a run trained with ``training.bf16_base_weights``: base weights in bf16 under bf16 autocast,
+  as it was evaluated, ``procedure.base_weights``), which ``tuneproof verify`` must reproduce; the export runs that verification itself, in a
   fresh process, before the export run is completed;
 - a train run that is not completed (failed, interrupted, invalid) is refused unless ``--force``;
   a forced export says so in the manifest, the model card and the export run;
@@ -46,8 +47,8 @@ from tuneproof import SCHEMA_VERSION
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.deliver.bundle import BUNDLE_KIND, MANIFEST, file_hashes, saved_modules, write_manifest_sha
-from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_message, load_bundle_model, load_tokenizer_at, reproduce,
-                                      verify_in_fresh_process)
+from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_message, load_bundle_model, load_tokenizer_at, procedure_atol,
+                                      reproduce, verify_in_fresh_process)
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import atomic_write_text, read_json, write_json, write_jsonl
 from tuneproof.recipes.common import record_inputs, run_json
@@ -243,9 +244,13 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
     elif kind != "sequence-classification":
         for c in chosen:
             c["prompt"] = ctx.pipeline.prompt_text(c["input"])
+    from tuneproof.recipes.common import trained_base_weights  # noqa: PLC0415
+
+    held = trained_base_weights(ctx, rec.id)  # training.bf16_base_weights: trained and evaluated with the base in bf16
     procedure = {"model_kind": kind, "task": ctx.task, "labels": labels, "max_length": ctx.study.training.max_length,
-                 "max_new_tokens": ctx.study.eval.max_new_tokens, "decoding": "greedy", "device": device, "dtype": "fp32", "k": len(chosen),
-                 "tolerance": f"predictions identical; logits within {DEVICE_ATOL[device]} (see tuneproof.deliver.verify)"}
+                 "max_new_tokens": ctx.study.eval.max_new_tokens, "decoding": "greedy", "device": device,
+                 "dtype": "bf16" if held == "bf16" else "fp32", "base_weights": held, "k": len(chosen)}
+    procedure["tolerance"] = f"predictions identical; logits within {procedure_atol(procedure, device)} (see tuneproof.deliver.verify)"
     if ctx.is_image:
         procedure["image_transforms"] = ctx.study.data.image.model_dump(mode="json")
     man: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": BUNDLE_KIND, "created": time.time(), "run": rec.id,
@@ -293,7 +298,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
                      if k2 in ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "revision",
                                "base_model_name_or_path", "task_type")} if payload == "adapter" else None),
         "train": {k2: train_summary.get(k2) for k2 in ("steps", "first_loss", "final_loss", "train_seconds", "tokens_per_s",
-                                                         "trainable", "total_params", "dtype", "loss_normalisation")},
+                                                         "trainable", "total_params", "dtype", "loss_normalisation", "base_weights")},
         "config": read_json(src / "config.json") if (src / "config.json").exists() else ctx.config,
         "environment": run_json(ctx, rec.id, "env.json"),
         "data_fingerprint": run_json(ctx, rec.id, "data.json") or {"hash": rec.data_fingerprint},
@@ -303,7 +308,9 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         "comparison": _comparison(crec, compare_json, entry, judging) if entry else None,
         "hypothesis": {**judging.to_json(), "frozen": judging.frozen},
         "limits": limits,
-        "reference": {"eval_predictions_agree": agree, "n": len(chosen), "merge": merge_info},
+        "reference": {"eval_predictions_agree": agree, "n": len(chosen), "merge": merge_info, "base_weights": held,
+                      # the dtype the eval behind the claims held the base in: a different one is said, not hidden
+                      "eval_base_weights": (eval_json or {}).get("base_weights", "fp32") if eval_json else None},
         "test_accesses": ctx.registry.test_accesses(),
         "scoring": _scoring(ctx, ev, entry, judging),  # what `verify` recomputes the claims with (deliver/claims.py)
     })

@@ -20,6 +20,9 @@ Checks, in order (config key or option behind each):
    per tower on encoder-decoder and multimodal models (a pattern matching in several towers is a warning);
    ``trainable parameters``: trainable/total and ``method.modules_to_save``; ``embedding size``:
    embedding rows vs the tokenizer, added tokens trained and saved.
+4b. ``bf16 base weights`` (only with ``training.bf16_base_weights: true``): loss and trained
+   gradients with the frozen weights in bf16 vs fp32 on the configured micro-batch, within stated
+   tolerances, and the peak memory with each; the later checks then run with bf16 frozen weights.
 5. ``update check``: the model built exactly as ``train`` builds it (``recipes.train.build_model``),
    real optimizer steps on a real train micro-batch under the configured precision: every
    trainable tensor changed, every frozen tensor bitwise unchanged (C7); the model is restored.
@@ -306,7 +309,7 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
     from tuneproof.preflight.backend import check_extensions, choose_dtype, detect_device  # noqa: PLC0415
 
     device = detect_device()
-    choice = choose_dtype(ctx.study.training.precision, device)
+    choice = choose_dtype(ctx.study.training.precision, device, bf16_base_weights=ctx.study.training.bf16_base_weights)
     wanted = list(getattr(ctx.study.training, "extensions", None) or [])
     if ctx.study.method.kind == "qlora" and "bitsandbytes" not in wanted:  # the 4-bit base: built for this backend, imports
         wanted.append("bitsandbytes")
@@ -400,6 +403,29 @@ def _target_checks(ctx: StudyContext, model, report: dict[str, Any] | None, fail
     return out
 
 
+def check_study_bf16_base(ctx: StudyContext, model, usable: list, pad: int, autocast) -> dict[str, Any]:
+    """Check 4b (``training.bf16_base_weights``): on the configured micro-batch of real train
+    examples, the loss and trained gradients with the frozen weights in bf16 equal those with them in
+    fp32 within the stated tolerances (:func:`tuneproof.training.speedups.check_bf16_base`), with
+    the peak memory of a forward + backward with each; when it passes the model keeps its bf16
+    frozen weights for every later check, as training will (when it fails, they are put back in fp32)."""
+    from tuneproof.data.preprocess import collate  # noqa: PLC0415
+    from tuneproof.training.loop import _micro_loss  # noqa: PLC0415
+    from tuneproof.training.speedups import check_bf16_base  # noqa: PLC0415
+
+    cfg = ctx.study.training
+    device, _, _ = ctx.torch_setup()
+    batch = {k: v.to(device) for k, v in collate(usable[: cfg.micro_batch_size], pad).items()}
+    r = check_bf16_base(model, batch, lambda m, b: _micro_loss(m, b, autocast, cfg.chunked_loss), device=device)
+    mem = r["memory"]
+    numbers = {"loss_fp32": round(r["loss_fp32"], 6), "loss_bf16": round(r["loss_bf16"], 6), "loss_rel_diff": r["loss_rel_diff"],
+               "grad_rel_l2": r["grad_rel_l2"], "grad_cosine": r["grad_cosine"], "tensors": r["tensors"],
+               "cast_tensors": r["cast"].get("cast_tensors"), "bytes_saved_mib": round(r["cast"].get("bytes_saved", 0) / 2**20, 2),
+               "fp32_frozen_peak_gib": _gib(mem["fp32_frozen_peak_bytes"]), "bf16_frozen_peak_gib": _gib(mem["bf16_frozen_peak_bytes"]),
+               **{f"limit_{k}": v for k, v in r["tolerance"].items()}}
+    return _check("bf16 base weights", bool(r["passed"]), r["message"], numbers, r)
+
+
 def check_update_step(model, batch: dict, autocast) -> dict[str, Any]:
     """Check 5: real optimizer steps on a real micro-batch change every trainable tensor and no frozen one (C7)."""
     from tuneproof.preflight.update_check import batch_loss, check_update  # noqa: PLC0415
@@ -454,14 +480,19 @@ class _Stepper:
         self.optimizer.state.clear()
 
 
-def _estimate(model, micro_batch: int, length: int, dtype: str, checkpointing: bool, budget: int | None) -> dict[str, Any]:
+def _estimate(model, micro_batch: int, length: int, dtype: str, checkpointing: bool, budget: int | None, *,
+              bf16_base: bool = False) -> dict[str, Any]:
     """``estimate_step_memory`` for this project's mixed precision: weights stay fp32 and bf16/fp16
-    run under autocast (``StudyContext.torch_setup``), so frozen weights are counted at 4 bytes."""
+    run under autocast (``StudyContext.torch_setup``), so frozen weights are counted at 4 bytes;
+    with ``training.bf16_base_weights`` (``bf16_base``) they are held in bf16: 2 bytes per frozen
+    element (trained tensors, their gradients and optimizer states stay fp32)."""
     from tuneproof.preflight.memory import estimate_step_memory  # noqa: PLC0415
 
     est = estimate_step_memory(model, micro_batch, length, dtype, "adamw", activation_checkpointing=checkpointing,
-                               trainable_dtype="fp32", budget_bytes=budget)
-    if dtype != "fp32":  # the component counts frozen weights at the compute dtype; here they are stored in fp32
+                               trainable_dtype="fp32", weights_dtype="bf16" if bf16_base else None, budget_bytes=budget)
+    if bf16_base:
+        est["weights_note"] = "frozen weights held in bf16 (training.bf16_base_weights): 2 bytes per frozen element"
+    elif dtype != "fp32":  # the component counts frozen weights at the compute dtype; here they are stored in fp32
         frozen = est["parameters"] - est["trainable_parameters"]
         add = frozen * (4 - est["bytes_per_weight"])
         est["weights_bytes"] += add
@@ -500,7 +531,7 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
     try:
         for length in lengths:
             batch = _batch_at_length(encoded, mb, length, ctx.tokenizer.pad_token_id)
-            est = _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget)
+            est = _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget, bf16_base=cfg.bf16_base_weights)
             row: dict[str, Any] = {"length": length, "estimate": est}
             try:
                 measured = measure_step_peak(lambda b=batch: stepper.step(b), device)
@@ -577,7 +608,7 @@ def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, 
     device, _, _ = ctx.torch_setup()
     est_fit = 0
     mb = 1
-    while mb <= 1024 and _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget)["passed"]:
+    while mb <= 1024 and _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget, bf16_base=cfg.bf16_base_weights)["passed"]:
         est_fit, mb = mb, mb * 2
     limit = max(1, min(1024, len(encoded), FIND_MAX_FACTOR * max(est_fit, 1)))
     stepper = _Stepper(model, cfg, autocast)
@@ -674,6 +705,10 @@ def check_checkpointing(ctx: StudyContext, model, batch: dict) -> dict[str, Any]
         other.study.training.activation_checkpointing = flag
         seed_everything(ctx.study.training.seed)  # the same initialisation as the configured model
         built, _ = build_model(other)
+        if ctx.study.training.bf16_base_weights:  # held as the configured model's are (cast by the bf16 base weights check)
+            from tuneproof.models.method import cast_frozen_to_bf16  # noqa: PLC0415
+
+            cast_frozen_to_bf16(built)
         return built
 
     r = check_activation_checkpointing(factory, batch)
@@ -728,9 +763,11 @@ def _load_for_reload(ctx: StudyContext, payload: Path, payload_kind: str):
         ref = BaseModelRef(ctx.base.name, payload, ctx.base.revision, ctx.model_kind, "preflight-smoke",
                            trust_remote_code=ctx.base.trust_remote_code)
         return load_model(ref, ctx.model_kind, labels=labels).to(device)
-    from peft import PeftModel  # noqa: PLC0415
+    from tuneproof.models.method import load_adapter_onto  # noqa: PLC0415
 
-    return PeftModel.from_pretrained(load_model(ctx.base, ctx.model_kind, labels=labels, quantization=ctx.quantization), payload).to(device)
+    # the base held as in training (qlora: 4-bit; training.bf16_base_weights: bf16), the adapter as saved
+    return load_adapter_onto(load_model(ctx.base, ctx.model_kind, labels=labels, quantization=ctx.quantization), payload,
+                             ctx.base_weights).to(device)
 
 
 def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, payload_kind: str, examples: list) -> dict[str, Any]:
@@ -998,7 +1035,8 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything  # noqa: PLC0415
 
-    later = ["training data", "target modules", "trainable parameters", "embedding size", "update check", "step memory", "eval memory",
+    later = ["training data", "target modules", "trainable parameters", "embedding size",
+             *(["bf16 base weights"] if ctx.study.training.bf16_base_weights else []), "update check", "step memory", "eval memory",
              "gradient accumulation", "precision", "activation checkpointing", "eval batch size", *SMOKE_CHECKS]
     if ctx.study.training.packing:
         later.insert(later.index("eval batch size") + 1, "packing")
@@ -1034,6 +1072,10 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     _, _, autocast = ctx.torch_setup()
     pad = getattr(ctx.tokenizer, "pad_token_id", 0) or 0  # an image processor has no pad token (and needs none)
     probe = _micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
+    if cfg.bf16_base_weights:  # every later check sees the frozen weights as training will hold them
+        # the precision check compares with fp32 compute, which needs fp32 weights: before the cast
+        rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
+        rep.run("bf16 base weights", lambda: check_study_bf16_base(ctx, model, usable, pad, autocast))
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
     if ctx.study.method.kind == "qlora":  # issue 15 item 4: storage shardable, loss / grad norm of a real step sane
         _qlora_checks(ctx, rep, model, probe, autocast)
@@ -1092,7 +1134,8 @@ def _text_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: di
     windows = [_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)]
     last = _last_window_probe(usable, cfg, size, pad)
     rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
-    rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
+    if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
+        rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
     rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))  # C22: outputs do not depend on eval.batch_size
     if cfg.packing:  # C23: packed rows give each example's own per-token losses (issue 15)
@@ -1134,7 +1177,8 @@ def _image_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: d
     windows = [_micro_batch(usable, size, cfg.seed, i, 0) for i in range(k)]
     last = _last_window_probe(usable, cfg, size, 0)
     rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
-    rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
+    if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
+        rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
     sample = evals[: max(2, min(len(evals), 2 * ctx.study.eval.batch_size))]
     rep.run("eval batch size", lambda: _check("eval batch size", **image_checks.check_image_eval_batch(

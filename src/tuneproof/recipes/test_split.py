@@ -61,7 +61,9 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         device, _, _ = ctx.torch_setup()
         if cand == "base":
             labels = ctx.head_labels
-            model = load_model(ctx.base, ctx.model_kind, labels=labels).to(device)
+            from tuneproof.models.method import cast_base_for_inference  # noqa: PLC0415
+
+            model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(device)
         else:
             model = load_trained(ctx, cand)
         console.print(f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)")

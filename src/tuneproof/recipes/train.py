@@ -12,7 +12,8 @@ Features (config key that turns each on):
 - gradient accumulation normalised per token over the window (``training.gradient_accumulation_steps``, C1);
   a window never crosses an epoch boundary (the last one of an epoch holds what is left, C18);
 - precision (``training.precision``; dtype and reason recorded, C9), activation checkpointing
-  (``training.activation_checkpointing``);
+  (``training.activation_checkpointing``); frozen base weights in bf16 (``training.bf16_base_weights``,
+  LoRA only: cast after PEFT wrapped the model, once the loop's check passed; ``base_weights`` in the summary);
 - checkpoints every ``training.checkpoint_every`` steps and at interruption (Ctrl-C/SIGTERM),
   resumable with ``tuneproof resume``;
 - a health check on every optimizer step (``training/health.py``): a non-finite loss, gradient norm or
@@ -170,6 +171,8 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             result = train(model, encoded, cfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0), device=device, autocast=autocast,
                            run=run, config=ctx.config, extra=extra, resume=resume_from, stop_after=stop_after,
                            progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"), world=world)
+        from tuneproof.models.method import base_weights_dtype  # noqa: PLC0415
+
         if world is not None:
             from tuneproof.training.ddp import save_and_verify  # noqa: PLC0415
 
@@ -183,6 +186,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 6),
             tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
             trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],
+            base_weights=base_weights_dtype(model),  # the frozen weights' dtype: bf16 with training.bf16_base_weights
             base={**ctx.base.identity(), "weights_sha256": base["weights_sha256"], "config_sha256": base["config_sha256"],
                   **({"quantization": ctx.quantization} if ctx.quantization else {})},
             **({"quantization": ctx.quantization} if ctx.quantization else {}),

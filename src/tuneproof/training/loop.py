@@ -300,6 +300,19 @@ def train(
         packed_check = prove_packing(model, train_set, cfg, pad_id, device)
         if run is not None:
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "packing": packed_check})
+    if getattr(cfg, "bf16_base_weights", False):  # frozen weights in bf16, after they are proven to compute the same (issue 15)
+        from tuneproof.models.method import base_weights_dtype  # noqa: PLC0415
+        from tuneproof.training.speedups import prove_bf16_base  # noqa: PLC0415
+
+        if ws > 1:
+            raise CheckFailed("training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
+                              hint="set training.bf16_base_weights: false for a distributed run")
+        if base_weights_dtype(model) == "bf16":  # cast and checked by the caller (the preflight's smoke pass)
+            bf16_record: dict[str, Any] = {"cast_before_the_loop": True}
+        else:
+            bf16_record = prove_bf16_base(model, train_set, cfg, pad_id, device, autocast, chunked)
+        if run is not None:
+            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "bf16_base_weights": bf16_record})
     if run is not None and train_set and hasattr(train_set[0], "input_ids"):  # token sequences (images have no padding)
         pad = padding_report(train_set, cfg, ws, rank)
         run.update_summary(padding=pad)

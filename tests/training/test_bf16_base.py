@@ -65,8 +65,9 @@ def test_the_check_passes_on_a_normal_model_within_the_stated_tolerances(lora_ll
     assert r["tensors"] == 8  # q and v LoRA A/B in 2 layers
     assert r["loss_rel_diff"] <= BF16_BASE_LOSS_RTOL
     assert r["grad_rel_l2"] <= BF16_BASE_GRAD_REL_L2 and r["grad_cosine"] >= BF16_BASE_GRAD_COSINE
-    # a real difference was measured (the residual stream, norms and embeddings are rounded to bf16), not a no-op
-    assert 0 < r["grad_rel_l2"] and r["grad_cosine"] < 1.0
+    # a real difference was measured (the residual stream, norms and embeddings are rounded to bf16), not a no-op:
+    # measured 0.008 and 0.99997
+    assert 0.001 < r["grad_rel_l2"] < 0.03 and r["grad_cosine"] < 1.0
     assert r["tolerance"] == {"loss_rtol": 0.01, "grad_rel_l2": 0.1, "grad_cosine": 0.995}
     # 2 layers x (q, k, v, o, gate, up, down, 2 norms) + final norm + embeddings + untied lm_head
     assert r["cast"]["cast_tensors"] == 2 * 9 + 3
@@ -81,18 +82,20 @@ def test_a_broken_bf16_path_fails_the_check_and_puts_the_weights_back(lora_llama
     from tuneproof.models.method import cast_frozen_to_bf16
     from tuneproof.training.speedups import check_bf16_base
 
-    def broken_cast(model):  # the cast plus 3% relative noise on every frozen linear weight: 8x bf16's 2**-8
+    def broken_cast(model):  # the cast plus 10% relative noise on every frozen linear weight: 25x bf16's 2**-8
         out = cast_frozen_to_bf16(model)
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if not p.requires_grad and p.dim() == 2 and "embed" not in name:
-                    p.mul_((1 + 0.03 * torch.randn(p.shape, generator=g)).to(p.dtype))
+                    p.mul_((1 + 0.1 * torch.randn(p.shape, generator=g)).to(p.dtype))
         return out
 
     r = check_bf16_base(lora_llama, _batch(64), _loss_fn, cast=broken_cast)
     assert r["passed"] is False
-    assert r["grad_rel_l2"] > BF16_BASE_GRAD_REL_L2 or r["grad_cosine"] < BF16_BASE_GRAD_COSINE or r["loss_rel_diff"] > BF16_BASE_LOSS_RTOL
+    # measured: rel. L2 0.198, cosine 0.983 (the normal cast: 0.008 and 0.99997)
+    assert 0.15 < r["grad_rel_l2"] < 0.25 and r["grad_rel_l2"] > BF16_BASE_GRAD_REL_L2
+    assert r["grad_cosine"] < BF16_BASE_GRAD_COSINE
     assert "leave training.bf16_base_weights off" in r["message"]
     assert {p.dtype for p in lora_llama.parameters()} == {torch.float32}  # not used: back in fp32
 
@@ -179,14 +182,14 @@ def test_the_config_hash_changes_with_the_key(tiny_base):
     assert sha256_json(on) != sha256_json(off)
 
 
-def test_peak_memory_drops_by_at_least_30_percent_of_the_frozen_bytes_saved():
+def test_peak_memory_drops_by_at_least_60_percent_of_the_frozen_bytes_saved():
     """A Llama of 5.2 M frozen elements (4 layers, hidden 256, MLP 1024, 4096 tied embeddings): fp32
     -> bf16 saves 2 bytes each, 10.5 MB. One forward + backward with fp32 frozen weights holds them
     (4 bytes) plus the bf16 copies autocast makes of every linear weight, kept for the backward
     (2 bytes per linear element); with bf16 frozen weights it holds 2 bytes and no copy. So the peak
-    should fall by about 2x the bytes saved; 30% of them is asserted, which leaves room for the
+    should fall by about 2x the bytes saved; 60% of them is asserted, which leaves room for the
     allocator keeping freed pages of the fp32 tensors resident (the CPU peak is the process's
-    resident set)."""
+    resident set; then only the copies' ~1x would remain). Measured: 1.9x and 2.1x in two runs."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tuneproof.training.speedups import check_bf16_base
@@ -201,7 +204,7 @@ def test_peak_memory_drops_by_at_least_30_percent_of_the_frozen_bytes_saved():
     assert saved == 2 * r["cast"]["cast_elements"] and 10_000_000 < saved < 11_000_000
     mem = r["memory"]
     assert mem["peak_drop_bytes"] == mem["fp32_frozen_peak_bytes"] - mem["bf16_frozen_peak_bytes"]
-    assert mem["peak_drop_bytes"] >= 0.3 * saved, mem
+    assert mem["peak_drop_bytes"] >= 0.6 * saved, mem
 
 
 def test_a_train_run_records_the_check_saves_fp32_and_evaluates_and_exports_with_a_bf16_base(tiny_base, tmp_path, native_bf16):

@@ -123,7 +123,7 @@ def test_trained_tensors_stay_fp32_and_tied_weights_stay_tied():
     assert out["cast_tensors"] == 2 * 9 + 2  # the tied matrix counted once
 
 
-def test_the_key_is_refused_with_full_fine_tuning(tiny_base):
+def test_the_key_is_refused_with_full_fine_tuning_qlora_and_the_chunked_loss(tiny_base):
     from tiny_study import study_config
     from tuneproof.errors import TuneproofError
     from tuneproof.study import parse_study
@@ -133,8 +133,16 @@ def test_the_key_is_refused_with_full_fine_tuning(tiny_base):
     with pytest.raises(TuneproofError) as err:
         parse_study(raw, "tuneproof.yaml")
     assert "tuneproof.yaml: <root>: training.bf16_base_weights" in str(err.value) and "method.kind full" in str(err.value)
+    raw["method"] = {"kind": "qlora", "target_modules": ["q_proj"]}
+    with pytest.raises(TuneproofError) as err:
+        parse_study(raw, "tuneproof.yaml")
+    assert "training.bf16_base_weights with method.kind qlora" in str(err.value)
     raw["method"] = {"kind": "lora", "target_modules": ["q_proj"]}
     assert parse_study(raw).training.bf16_base_weights is True
+    raw["training"]["chunked_loss"] = True
+    with pytest.raises(TuneproofError) as err:
+        parse_study(raw, "tuneproof.yaml")
+    assert "training.bf16_base_weights together with training.chunked_loss is not checked yet" in str(err.value)
 
 
 def test_refused_where_bf16_is_emulated_or_the_compute_is_fp32():

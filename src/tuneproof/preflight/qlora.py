@@ -9,7 +9,9 @@ over measured values so that each rule is tested on any machine.
    bitsandbytes documentation, "FSDP-QLoRA" ("FSDP only supports sharding float data types ...
    It is very important the quant_storage data type matches the data types used throughout the
    model"), and PEFT's "Use PEFT QLoRA and FSDP" guide (``bnb_4bit_quant_storage`` = the model's
-   dtype).
+   dtype). The rule is written for FSDP's flat parameters; tuneproof's FSDP2 shards each parameter
+   on its own, and on 2 gloo CPU processes a tiny QLoRA run with ``uint8`` storage also trained (the
+   same losses as DDP) when the rule was disabled by hand. It is kept until measured with nccl on GPUs.
 2. :func:`check_step_values` -- after one real training step on a real micro-batch, the loss and
    the gradient norm over the trainable (LoRA) tensors are finite and non-zero. A known silent
    failure of 4-bit fine-tuning elsewhere logs ``loss 0.0`` with ``grad_norm nan`` from the first

@@ -85,3 +85,18 @@ def test_optional_keys_absent_are_counted():
     assert r["counts"] == {"slots": 2, "topic": 1}
     assert r["line"] == "optional keys (null when absent): slots absent in 2 of 3, topic absent in 1 of 3"
     assert absent_optional({"train": ex}, [])["line"] is None
+
+
+def test_the_data_check_screen_says_a_warned_check_once(capsys):
+    """quickstart --fast printed "check train: 7 of 7 classes have fewer than 10 examples: ..." and the
+    same text again as two warnings: a check line made of warnings is said once, as the warnings."""
+    from tuneproof.recipes.data_check import _print
+
+    warnings = ["train: 2 of 3 classes have fewer than 10 examples: 'b' 3, 'c' 9", "validation: 1 of 3 classes have fewer than 10 examples: 'b' 2"]
+    rep = {"fingerprint": {"hash": "0" * 64}, "sizes": {"train": 24, "validation": 13}, "repairs": [], "images": None,
+           "lengths": {"max_length": 64, "suggest_max_length": 32, "splits": {}}, "encoding_faults": [], "hard_faults": [],
+           "checks": ["duplicates: none across train/validation", "; ".join(warnings)], "warnings": warnings, "passed": True}
+    _print(rep)
+    out = capsys.readouterr().out
+    assert out.count("'b' 3, 'c' 9") == 1 and out.count("validation: 1 of 3 classes") == 1
+    assert "check duplicates: none across train/validation" in out and "data check passed" in out

@@ -165,7 +165,10 @@ def _print(rep: dict[str, Any]) -> None:
         console.print(table(f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
                             ["split", "p50", "p95", "max", "truncated share"], rows))
     text_only = ("duplicates", "empty texts", "texts with different labels", "encoding faults", "longer than max_length")
+    warned = set(rep["warnings"])
     for c in target_lines(rep) + [c for c in rep.get("checks", []) if not (rep.get("images") and c.startswith(text_only))]:
+        if c in warned or all(part in warned for part in c.split("; ")):  # said once, as the warning(s) below
+            continue
         console.print("[cyan]check[/] " + escape(c), soft_wrap=True)
     for w in rep["warnings"]:
         console.print(f"[yellow]warning[/] {escape(w)}", soft_wrap=True)

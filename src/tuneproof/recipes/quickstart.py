@@ -156,7 +156,7 @@ def _print_outcome(ctx: StudyContext, out: dict) -> None:
     rows = [[k, fmt(base.get(k)), fmt(cand.get(k)),
              fmt(float(cand[k]) - float(base[k]) if isinstance(cand.get(k), (int, float)) and isinstance(base.get(k), (int, float)) else None)]
             for k in cand]
-    console.print(table("what improved (eval split, same procedure)", ["metric", "baseline", "candidate", "delta"], rows))
+    console.print(table("baseline vs candidate (eval split, same procedure)", ["metric", "baseline", "candidate", "delta"], rows))
     cmp = run_json(ctx, out["runs"]["compare"], "compare.json") or {}
     if cmp.get("verdict"):
         console.print(f"verdict: [bold]{cmp['verdict']}[/]")

@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--modes", default="reference,length_grouping,packing,chunked_loss,length_grouping+chunked_loss,packing+chunked_loss")
+    ap.add_argument("--packing-length", type=int, default=0, help="tokens per packed row (0: micro-batch x max-length)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     a = ap.parse_args()
@@ -85,7 +86,7 @@ def main() -> None:
         for s in range(a.steps):
             idx = window_at(n, a.micro_batch, 1, 0, s, lengths=lengths if grouped else None)[0]
             ex = [subset[i] for i in idx]
-            out.append(collate_packed(ex, pad, a.micro_batch * a.max_length) if "packing" in mode else collate(ex, pad))
+            out.append(collate_packed(ex, pad, a.packing_length or a.micro_batch * a.max_length) if "packing" in mode else collate(ex, pad))
         return out
 
     torch.manual_seed(0)

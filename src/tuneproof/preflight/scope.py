@@ -50,6 +50,30 @@ def is_exempt(key: str) -> bool:
 _MISSING = object()
 
 
+def schema_defaults() -> dict[str, Any]:
+    """Dotted key -> default value of every study key that has one (``tuneproof.study``'s pydantic
+    models, nested sections flattened like :func:`tuneproof.io.flatten_keys`). A config recorded by
+    an earlier tuneproof lacks the keys added since; absent there and at its default now, a key
+    describes the same configuration."""
+    from pydantic import BaseModel  # noqa: PLC0415
+
+    from tuneproof.study import Study  # noqa: PLC0415
+
+    out: dict[str, Any] = {}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, key + ".")
+            elif not field.is_required():
+                value = field.get_default(call_default_factory=True)
+                out[key] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    walk(Study, "")
+    return out
+
+
 def preflight_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
     """The changes between the config a preflight ran on and the current one that invalidate it.
 
@@ -61,9 +85,12 @@ def preflight_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list
         where the key is absent on that side). Empty: the preflight stands for ``current``.
     """
     a, b = flatten_keys(recorded), flatten_keys(current)
+    defaults = schema_defaults()
     out = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, _MISSING), b.get(key, _MISSING)
+        if va is _MISSING and key in defaults and vb == defaults[key]:
+            continue  # a key added by a later tuneproof, at its default: the configuration the preflight measured
         if va != vb and not is_exempt(key):
             out.append({"key": key, "from": None if va is _MISSING else va, "to": None if vb is _MISSING else vb})
     return out

@@ -76,6 +76,7 @@ def test_sigterm_names_the_run_its_step_and_the_resume_command(interrupted_proc)
     assert (rec.id, rec.status, rec.reason) == ("r0003", "interrupted", "terminated (signal 15) at step 5")
     assert proc.returncode == 143
     assert f"run r0003 interrupted by SIGTERM at step 5; resume with: tuneproof resume r0003 --study {study}" in proc.stderr.splitlines()
+    assert "SIGTERM: stopping after this step with a checkpoint (send it again to stop now)" in proc.stderr.splitlines()
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
@@ -97,6 +98,7 @@ def test_ctrl_c_names_the_run_too_and_a_run_without_checkpoint_is_not_offered_a_
     rec = Registry(study).get("r0003")
     assert (rec.status, rec.reason) == ("interrupted", "interrupted by Ctrl-C at step 3")
     assert "run r0003 interrupted by Ctrl-C at step 3; resume with: tuneproof resume r0003" in proc.stderr.splitlines()
+    assert "Ctrl-C: stopping after this step with a checkpoint (send it again to stop now)" in proc.stderr.splitlines()
 
     stop_early = ("import os, signal, sys\nimport tuneproof.training.loop as L\nfrom tuneproof.cli import main\n"
                   "L.train = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\nmain(sys.argv[1:])\n")

@@ -154,7 +154,10 @@ class _StopRequest:
         self.signum = signum
         import sys  # noqa: PLC0415
 
-        sys.stderr.write(f"\nsignal {signum}: stopping after this step with a checkpoint (send it again to stop now)\n")
+        import signal  # noqa: PLC0415
+
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        sys.stderr.write(f"\n{name}: stopping after this step with a checkpoint (send it again to stop now)\n")
 
     def reraise(self, signum: int, frame=None) -> None:
         """Hand the signal to the handler that was installed before training (raises)."""

@@ -6,7 +6,7 @@ Run by hand:  python benchmarks/bf16_base.py [--max-length 512] [--micro-batch 4
 Real SmolLM2-135M-Instruct (alias smollm2-135m-instruct) + LoRA r16 on q/k/v/o, bf16 autocast on
 the CPU (needs native bf16: AVX512-BF16 or AMX, as tuneproof requires for the key); SNIPS training
 texts packed to exactly ``--max-length`` tokens so every row is full. Each mode runs in its own
-fresh process (the CPU high-water mark is per process) and measures one whole step (forward, loss,
+fresh process (the CPU high-water mark is per process; glibc's mmap threshold fixed, ``MALLOC_ENV``) and measures one whole step (forward, loss,
 backward, AdamW step) after one warm-up step, with ``tuneproof.preflight.memory.measure_step_peak``:
 ``peak`` is the process's peak resident set during the step (the weights included), ``step peak``
 what the step added over the resident set before it. In the bf16 process,
@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+#: glibc's mmap threshold fixed in the children, as benchmarks/chunked_loss.py does: otherwise glibc raises it
+#: (up to 32 MiB) each time a large block is freed, freed activations stay in the heap and the high-water
+#: mark after the warm-up keeps them (mallopt(3), M_MMAP_THRESHOLD)
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
 def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
@@ -96,7 +101,8 @@ def main() -> None:
     res = {}
     for mode in ("fp32", "bf16"):
         proc = subprocess.run([sys.executable, __file__, "--child", mode, "--max-length", str(a.max_length),
-                               "--micro-batch", str(a.micro_batch), "--loss", a.loss], capture_output=True, text=True, check=True)
+                               "--micro-batch", str(a.micro_batch), "--loss", a.loss], capture_output=True, text=True, check=True,
+                              env={**os.environ, **MALLOC_ENV})
         res[mode] = r = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{mode} frozen: peak {r['peak_gib']:.3f} GiB, step peak {r['step_peak_gib']:.3f} GiB (resident before the step "
               f"{r['baseline_gib']:.3f} GiB); frozen weights {r['frozen_bytes'] / 2**20:.1f} MiB {r['frozen_dtypes']}, trained "

@@ -293,3 +293,22 @@ def test_a_resumed_run_holds_the_base_in_bf16_and_continues_exactly(tiny_base, t
     assert losses_by_step(train_dir(cut)) == losses_by_step(train_dir(ref))
     got, want = adapter_tensors(train_dir(cut)), adapter_tensors(train_dir(ref))
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_distributed_launch_with_the_key_is_refused_before_torchrun(tiny_base, tmp_path, native_bf16, monkeypatch):
+    import tuneproof.training.ddp as ddp
+    from tiny_study import make_study
+    from tuneproof.context import StudyContext
+    from tuneproof.errors import TuneproofError
+
+    monkeypatch.setattr(ddp, "devices_present", lambda: ("cpu", 2))  # whatever this machine's core count
+    study = make_study(tmp_path / "s", tiny_base, prepare=False, precision="bf16", bf16_base_weights=True)
+    ctx = StudyContext.open(study)
+    try:
+        with pytest.raises(TuneproofError) as err:
+            ddp.check_launch(ctx, 2)
+        assert err.value.message.endswith("tuneproof.yaml: training.bf16_base_weights is not yet checked under DDP/FSDP "
+                                          "(the cast would follow the wrapper)")
+        assert err.value.hint == "set training.bf16_base_weights: false for a distributed run"
+    finally:
+        ctx.registry.close()

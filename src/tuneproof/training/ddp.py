@@ -131,6 +131,9 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
         raise TuneproofError(f"{where}: distributed.strategy fsdp on GPUs needs distributed.backend nccl (gloo has no GPU reduce-scatter)",
                              hint="set distributed.backend: nccl (or auto), or distributed.strategy: ddp")
     world = nproc * nnodes
+    if t.bf16_base_weights and world > 1:  # the rank's loop would refuse it after the launch: refuse before
+        raise TuneproofError(f"{where}: training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
+                             hint="set training.bf16_base_weights: false for a distributed run")
     if ctx.study.method.kind == "qlora":  # a 4-bit base sharded by FSDP needs a float storage dtype (preflight/qlora.py)
         from tuneproof.preflight.qlora import check_quant_storage  # noqa: PLC0415
 

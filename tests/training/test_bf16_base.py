@@ -263,8 +263,9 @@ def test_a_train_run_records_the_check_saves_fp32_and_evaluates_and_exports_with
     assert ev.eval_fingerprint == baseline.eval_fingerprint  # the same procedure, base in bf16 on both sides
     assert ev.eval_fingerprint != ctx.eval_fingerprint(base_weights="fp32")["hash"]  # never equal to an fp32-base eval
 
-    run_export(ctx, run_id, k=3)
+    run_export(ctx, run_id, k=3, merge=True)  # its fresh-process verify (adapter and merged/) must pass, else it raises
     man = read_json(study / "exports" / run_id / "manifest.json")
+    assert man["merged"] is True and man["reference"]["merge"]["n"] == 3
     assert man["procedure"]["base_weights"] == "bf16" and man["procedure"]["dtype"] == "bf16"
     assert man["reference"]["eval_base_weights"] == "bf16" and man["train"]["base_weights"] == "bf16"
     assert man["procedure"]["tolerance"].startswith("predictions identical; logits within 0.05")
@@ -312,3 +313,27 @@ def test_a_distributed_launch_with_the_key_is_refused_before_torchrun(tiny_base,
         assert err.value.hint == "set training.bf16_base_weights: false for a distributed run"
     finally:
         ctx.registry.close()
+
+
+def test_the_check_passes_on_an_encoder_classifier_whose_head_is_trained_in_fp32():
+    """Sequence classification (tiny BERT + LoRA on query/value, the classifier in modules_to_save):
+    the LayerNorms and embeddings go to bf16, the head's trained copy stays fp32; measured loss 6.4e-6,
+    gradients rel. L2 0.005, cosine 0.99999."""
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from tuneproof.training.speedups import check_bf16_base
+
+    torch.manual_seed(0)
+    base = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                    intermediate_size=64, num_labels=3))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"],
+                                            task_type=TaskType.SEQ_CLS))
+    ids = torch.randint(3, 100, (4, 10), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 2, 1])}
+    r = check_bf16_base(model, batch, _loss_fn)
+    assert r["passed"] is True, r["message"]
+    assert r["tensors"] == 10  # LoRA A/B of query and value in 2 layers + the classifier's weight and bias
+    assert r["loss_rel_diff"] <= BF16_BASE_LOSS_RTOL and r["grad_rel_l2"] <= 0.03 and r["grad_cosine"] >= 0.9999
+    trained = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+    assert set(trained.values()) == {torch.float32} and sum(".modules_to_save." in n for n in trained) == 2

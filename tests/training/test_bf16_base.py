@@ -337,3 +337,26 @@ def test_the_check_passes_on_an_encoder_classifier_whose_head_is_trained_in_fp32
     assert r["loss_rel_diff"] <= BF16_BASE_LOSS_RTOL and r["grad_rel_l2"] <= 0.03 and r["grad_cosine"] >= 0.9999
     trained = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
     assert set(trained.values()) == {torch.float32} and sum(".modules_to_save." in n for n in trained) == 2
+
+
+def test_an_fp32_base_baseline_does_not_stand_for_a_bf16_base_candidate(tiny_base, tmp_path, native_bf16):
+    import yaml
+
+    from tiny_study import make_study
+    from tuneproof.context import StudyContext
+    from tuneproof.errors import CheckFailed
+    from tuneproof.recipes.train import run_train
+
+    study = make_study(tmp_path / "s", tiny_base, precision="bf16")  # data check + baseline with the base in fp32
+    raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    raw["training"]["bf16_base_weights"] = True
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    ctx = StudyContext.open(study)
+    try:
+        with pytest.raises(CheckFailed) as err:
+            run_train(ctx)
+        assert "(decoding differ)" in err.value.message
+        assert err.value.message.endswith("the base weights dtype (fp32 -> bf16, training.bf16_base_weights)")
+        assert ctx.registry.list(kind="train") == []
+    finally:
+        ctx.registry.close()

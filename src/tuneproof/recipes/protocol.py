@@ -146,6 +146,9 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
             recorded = (read_json(path) or {}).get("fingerprint", {}) if path.exists() else {}
             parts = diff_fingerprints(recorded, efp) if recorded.get("parts") else []
             diffs.append("the evaluation fingerprint" + (f" ({', '.join(parts)} differ)" if parts else ""))
+            held = last.summary.get("base_weights", "fp32")
+            if held != ctx.base_weights:  # a bf16-base candidate is never judged against an fp32-base baseline unsaid
+                diffs.append(f"the base weights dtype ({held} -> {ctx.base_weights}, training.bf16_base_weights)")
         why = f"the latest baseline {last.id} does not match: {', '.join(diffs)}"
     raise CheckFailed(f"train refused: {why}",
                       hint=f"run `tuneproof baseline{opt}` first (protocol step 2), or `tuneproof train{opt} --skip-baseline \"REASON\"` "

@@ -31,11 +31,14 @@ def make_tokenizer(chat_template: str | None = CHATML, vocab_size: int = 300):
     return fast
 
 
-def make_llama(vocab_size: int, seed: int = 0, **kw):
+def make_llama(vocab_size: int, seed: int = 0, *, hidden: int = 32, intermediate: int = 64, layers: int = 2, heads: int = 4,
+               kv_heads: int = 2, max_positions: int = 256, **kw):
+    """A random LlamaForCausalLM (fp32, SDPA), default hidden 32, MLP 64, 2 layers, 4 heads, 2 KV heads."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      vocab_size=vocab_size, max_position_embeddings=256, eos_token_id=2, pad_token_id=2, bos_token_id=1, **kw)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, vocab_size=vocab_size, max_position_embeddings=max_positions,
+                      eos_token_id=2, pad_token_id=2, bos_token_id=1, **kw)
     return LlamaForCausalLM(cfg)

@@ -495,7 +495,7 @@ PREFLIGHT_NAMES: dict[str, tuple[str, str]] = {
     "eval_kv_cache_estimate_gib": ("evaluation KV cache, estimate", "GiB"),
     "eval_budget_gib": ("evaluation memory budget", "GiB"),
 }
-_STEP_MEM = re.compile(r"^L(\d+)_(estimate|peak|step_peak|estimate_in_step)_gib$")
+_STEP_MEM = re.compile(r"^L(\d+)_(estimate|peak|step_peak|estimate_in_step|allocated_step_peak)_gib$|^L(\d+)_(measured_over_estimate)$")
 
 
 def _plain(key: str) -> tuple[str, str, float | None]:
@@ -521,26 +521,29 @@ def _label(key: str, unit: bool = False) -> str:
     m = _STEP_MEM.match(key.split(".")[-1])
     if m:
         what = {"estimate": "step total, estimate", "peak": "step total, measured", "estimate_in_step": "step adds, estimate",
-                "step_peak": "step adds, measured"}[m.group(2)]
-        return f"L{m.group(1)}: {what}"
+                "step_peak": "step adds, measured", "allocated_step_peak": "step's tensors, measured",
+                "measured_over_estimate": "measured / estimate"}[m.group(2) or m.group(4)]
+        return f"L{m.group(1) or m.group(3)}: {what}"
     name, u, _ = _plain(key)
     return f"{name} ({u})" if unit and u else name
 
 
 def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
     """The preflight summary as two tables: step memory per sequence length ``[length, estimate,
-    measured peak, in-step estimate, in-step measured]`` (GiB, 2 decimals) and every other number
-    ``[plain name, value, unit]``; raw keys such as ``memory.L37_estimate_in_step_gib`` become
-    "the step adds, estimate" at length 37."""
+    measured peak, in-step estimate, in-step measured, the step's tensors measured, measured /
+    estimate]`` (GiB, 2 decimals; the ratio of the step's tensors to the in-step estimate) and every
+    other number ``[plain name, value, unit]``; raw keys such as ``memory.L37_estimate_in_step_gib``
+    become "the step adds, estimate" at length 37."""
     memory = summary.get("memory") if isinstance(summary.get("memory"), dict) else {}
     by_len: dict[int, dict[str, float]] = {}
     for k, v in memory.items():
         m = _STEP_MEM.match(str(k))
         if m and isinstance(v, (int, float)):
-            by_len.setdefault(int(m.group(1)), {})[m.group(2)] = float(v)
-    mem_rows = [[length, *(f"{d[k]:.2f}" if k in d else "-" for k in ("estimate", "peak", "estimate_in_step", "step_peak"))]
+            by_len.setdefault(int(m.group(1) or m.group(3)), {})[m.group(2) or m.group(4)] = float(v)
+    mem_rows = [[length, *(f"{d[k]:.2f}" if k in d else "-" for k in ("estimate", "peak", "estimate_in_step", "step_peak",
+                                                                      "allocated_step_peak", "measured_over_estimate"))]
                 for length, d in sorted(by_len.items())]
-    rest = {k: v for k, v in summary.items() if k not in ("checks", "passed", "failed")}
+    rest = {k: v for k, v in summary.items() if k not in ("checks", "passed", "failed", "memory_breakdown")}
     rest["memory"] = {k: v for k, v in memory.items() if not _STEP_MEM.match(str(k))}
     rows = []
     for k, v in flatten(rest, depth=4):
@@ -579,7 +582,14 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
         blocks.append(_p("step memory at the configured micro-batch, estimate next to measured (GiB; measured: process resident "
                          "set on a CPU, peak allocated on a GPU):"))
         blocks.append(_table(["sequence length (tokens)", "step total, estimate", "step total, measured peak",
-                              "the step adds, estimate", "the step adds, measured"], mem_rows))
+                              "the step adds, estimate", "the step adds, measured", "the step's tensors, measured",
+                              "measured / estimate (tensors vs the step's parts)"], mem_rows))
+    bd = s.get("memory_breakdown") if isinstance(s.get("memory_breakdown"), dict) else None
+    if bd and bd.get("rows") and bd.get("lengths"):
+        blocks.append(_p(f"step memory estimate itemised, MiB (2**20 bytes), micro-batch {bd.get('micro_batch')}; then the measured "
+                         "step (its tensors: the CPU allocator's count or CUDA's peak allocated; the process: resident set on a CPU):"))
+        blocks.append(_table(["part", *(f"length {n}" for n in bd["lengths"])],
+                             [[str(r[0]), *("-" if v is None else _f(v) for v in r[1:])] for r in bd["rows"] if isinstance(r, list) and r]))
     if rows:
         blocks.append(_table(["quantity", "value", "unit"], rows[:40]))
     if plots:

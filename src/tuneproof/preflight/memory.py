@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import re
 import threading
 import time
 from typing import Any, Callable
@@ -40,15 +41,97 @@ ACTIVATION_SOURCE = (
 )
 
 
-#: Activation elements kept per token per layer by a Llama-style block: ``GATED_H*h + GATED_I*i``.
-GATED_H, GATED_I = 15, 4
 GATED_ACTIVATION_SOURCE = (
-    "counted for transformers' LlamaDecoderLayer under autograd (issue 15): MLP gate, up, silu(gate) and their "
-    "product saved for backward (4i); attention: two RMSNorm inputs and outputs, q/k/v, their RoPE outputs, "
-    "k/v repeated to all heads for SDPA, SDPA output and its transposed copy, residuals (about 15h); measured "
-    "on CPU fp32 (SDPA, LoRA r16 on q/k/v/o; 8 layers h 256 i 688, 1024 and 2048 tokens): 26 KiB per token per layer, "
-    "(15h + 4i) x 4 bytes = 25.8 KiB"
+    "counted op by op for transformers' LlamaDecoderLayer under autograd, SDPA attention (issue 15; checked against "
+    "torch.autograd.graph.saved_tensors_hooks, which sees every tensor saved for backward): per token and layer the "
+    "two RMSNorm inputs (2h), q/k/v as SDPA gets them (h + 2 kv, or 3h when a padding mask makes transformers repeat "
+    "k/v to every head), the SDPA output (h) and its log-sum-exp (heads, fp32), the SwiGLU MLP's gate, silu(gate) and "
+    "up outputs (3i); the input of every linear whose weight is trained (a LoRA A, or the base weight in full "
+    "fine-tuning: q/k/v share one, gate/up share one), or with LoRA dropout a dropped copy of it per module plus a "
+    "1-byte mask; r per LoRA module; a frozen linear keeps nothing (autograd saves an operand only for the "
+    "gradient that needs it)"
 )
+#: the roles of a decoder block's linears by name: linears of one role read the same input tensor
+_INPUT_ROLES = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in", "qkv_proj": "attn_in", "query_key_value": "attn_in",
+                "o_proj": "attn_out", "gate_proj": "mlp_in", "up_proj": "mlp_in", "gate_up_proj": "mlp_in", "down_proj": "mlp_mid"}
+
+
+def _block_index(name: str) -> int | None:
+    m = re.search(r"\.(\d+)\.", f".{name}.")
+    return int(m.group(1)) if m else None
+
+
+def _trained_linear_inputs(model: nn.Module, *, sdpa: bool = True, mask_bytes: int = 4) -> dict[str, float]:
+    """Per-token elements and bytes that linears with trained weights keep for backward, over the whole model.
+
+    Counted from what autograd saves (``torch.autograd.graph.saved_tensors_hooks``, CPU fp32):
+
+    * a LoRA module (PEFT: ``lora_A``/``lora_B``/``lora_dropout`` around ``base_layer``) keeps its
+      input for ``lora_A``'s gradient (``in_features``) and ``r`` elements (``lora_A``'s output) for
+      ``lora_B``'s; the linears of one role read one tensor (q/k/v the normed hidden states), kept once;
+    * the attention output projection's input is the SDPA output itself (already kept by SDPA, whose
+      CPU and CUDA kernels return it laid out ``[batch, seq, heads, dim]``, so the transpose costs no
+      copy): nothing more under SDPA, ``in_features`` under eager attention (a contiguous copy);
+    * with ``lora_dropout`` p > 0 each module keeps its own dropped copy (``in_features``) and the
+      dropout's mask: on a CPU ``input * noise`` keeps the noise tensor, ``mask_bytes`` = the compute
+      dtype's size per element; CUDA's fused ``native_dropout`` keeps a ``bool`` mask (1 byte). The
+      first block's attention input needs no gradient when the input embeddings are frozen, so its
+      q/k/v dropout keeps no mask;
+    * a plain ``nn.Linear`` with a trained weight keeps its input too (shared the same way), a norm
+      with a trained weight its normed input (``weight * normed``).
+
+    Returns ``{"inputs": elements, "masks": bytes, "ranks": elements, "modules": LoRA modules,
+    "dropout": the largest LoRA dropout}``, per token.
+    """
+    shared: dict[tuple[str, str], int] = {}
+    copies = masks = ranks = 0.0
+    n_lora, top_p = 0, 0.0
+    lora_bases = set()
+    try:
+        emb = model.get_input_embeddings()
+        emb_frozen = emb is None or not any(q.requires_grad for q in emb.parameters())
+    except (AttributeError, NotImplementedError, TypeError):
+        emb_frozen = True
+    first = min((i for n, _ in model.named_modules() for i in [_block_index(n)] if i is not None), default=None)
+
+    def keep_shared(name: str, fin: int) -> None:
+        parent, _, leaf = name.rpartition(".")
+        role = _INPUT_ROLES.get(leaf, leaf)
+        if role == "attn_out" and sdpa:
+            return
+        shared[(parent, role)] = max(shared.get((parent, role), 0), fin)
+
+    for name, module in model.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        base = getattr(module, "base_layer", None)
+        if isinstance(lora_a, nn.ModuleDict) and len(lora_a) and base is not None:
+            lora_bases.add(id(base))
+            key = next(iter(lora_a.keys()))
+            fin = int(getattr(base, "in_features", 0) or getattr(lora_a[key], "in_features", 0))
+            ranks += int(getattr(lora_a[key], "out_features", 0))
+            dropouts = getattr(module, "lora_dropout", None)
+            drop = dropouts[key] if isinstance(dropouts, nn.ModuleDict) and key in dropouts else None
+            p = float(getattr(drop, "p", 0.0)) if isinstance(drop, nn.Dropout) else 0.0
+            n_lora, top_p = n_lora + 1, max(top_p, p)
+            if p > 0:
+                copies += fin
+                leaf = name.rpartition(".")[2]
+                if not (emb_frozen and _INPUT_ROLES.get(leaf) == "attn_in" and _block_index(name) == first):
+                    masks += fin * mask_bytes
+            else:
+                keep_shared(name, fin)
+            if getattr(base, "weight", None) is not None and base.weight.requires_grad:
+                keep_shared(name, fin)
+    norms = 0.0
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and id(module) not in lora_bases and module.weight.requires_grad:
+            if ".lora_" in f".{name}":  # LoRA's own A/B linears: counted above
+                continue
+            keep_shared(name, int(module.in_features))
+        elif type(module).__name__.endswith(("RMSNorm", "LayerNorm")) and isinstance(getattr(module, "weight", None), torch.Tensor) \
+                and module.weight.requires_grad:
+            norms += module.weight.numel()  # weight * normed keeps the normed input for the weight's gradient
+    return {"inputs": float(sum(shared.values())) + copies + norms, "masks": masks, "ranks": ranks, "modules": n_lora, "dropout": top_p}
 
 
 def _gated_mlp(model: nn.Module) -> bool:
@@ -122,6 +205,10 @@ def estimate_step_memory(
     trainable_dtype: str | None = None,
     weights_dtype: str | None = None,
     budget_bytes: int | None = None,
+    padded: bool = False,
+    chunked_loss: bool = False,
+    supervised_tokens: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Estimate the memory of one training step (bytes), part by part.
 
@@ -136,25 +223,42 @@ def estimate_step_memory(
     * gradients: trainable elements * ``et`` (only trained tensors get a ``.grad``);
     * optimizer states: ``OPTIMIZER_STATES[optimizer]`` * trainable * ``et``; torch's AdamW keeps
       ``exp_avg`` and ``exp_avg_sq`` in the parameter's dtype: 2 * 4 bytes per fp32 element;
-    * optimizer step temporary: 1 * trainable * ``et`` for AdamW/Adam (the foreach implementation
-      materialises ``sqrt(exp_avg_sq)``), 0 otherwise;
-    * activations, per layer, after Korthikanti et al. 2022 (see :data:`ACTIVATION_SOURCE`):
-      ``s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b`` in 16-bit units, scaled by ``e/2`` (``i``: MLP
-      intermediate size; for ``i = 4h`` this is the paper's ``34sbh + 5as^2b``). The ``5as^2b``
-      attention-score term is dropped when the scores are not stored (SDPA / flash kernels); with
-      activation checkpointing each layer keeps its input (``2sbh`` scaled) and one layer is
-      recomputed at a time. LoRA does not reduce this term: the frozen base is still backpropagated
-      through. The formula is for GPT-style blocks; treat it as a rough guide for other shapes;
-      Llama-style blocks (a gated MLP: ``gate_proj``/``up_proj``, RoPE, grouped KV heads) keep more:
-      ``GATED_H*h + GATED_I*i`` elements per token per layer (:data:`GATED_ACTIVATION_SOURCE`);
-    * logits (models with an output embedding, i.e. causal LMs): ``s*b*V`` elements held as logits
-      (``e``), their fp32 copy in ``token_loss_sum`` (4, only when ``e != 4``), and at the peak of the
-      backward pass (inside the log-softmax backward) three fp32 buffers more: the saved log-softmax
-      (4), its incoming gradient (4) and the gradient it produces (4).
+    * optimizer step temporary: AdamW/Adam materialise ``sqrt(exp_avg_sq)``: on a GPU over every
+      trainable element at once (1 * trainable * ``et``, the foreach implementation), on a CPU one
+      tensor at a time (the largest trainable tensor * ``et``: ``torch.optim`` defaults to foreach
+      only for CUDA/XPU tensors, ``_default_to_fused_or_foreach``); 0 otherwise;
+    * activations of Llama-style blocks (a gated MLP: ``gate_proj``/``up_proj``; Llama, Mistral,
+      Qwen2/3, SmolLM2), counted op by op from what autograd keeps for backward
+      (:data:`GATED_ACTIVATION_SOURCE`), ``t = s*b`` tokens, ``L`` blocks, ``kv`` the key/value width:
+      norm inputs ``L*t*2h``; SDPA's q/k/v and output ``L*t*(2h + 2kv)`` plus its log-sum-exp
+      (4 bytes per head and token); k/v repeated to every head (``kv = h``) when ``padded``
+      (transformers passes a mask, so SDPA gets no ``enable_gqa``) or under eager attention; with
+      ``padded`` the additive mask SDPA makes at each call, ``L*b*s^2``; eager attention keeps q/k/v
+      and the softmax probabilities ``L*heads*s^2*b`` instead of the output; the MLP's gate, silu and
+      up outputs ``L*t*3i``; the inputs of the linears whose weights are trained and the LoRA
+      dropout masks (:func:`_trained_linear_inputs`); the final norm input ``t*h`` and RoPE's cos/sin.
+      All in ``e`` bytes except where stated. Other blocks: Korthikanti et al. 2022 (see
+      :data:`ACTIVATION_SOURCE`), ``s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b`` in 16-bit units scaled
+      by ``e/2``, the ``5as^2b`` score term dropped when the scores are not stored (SDPA / flash).
+      With activation checkpointing each block keeps its input (``h``) and one block is recomputed
+      at a time. LoRA does not make the frozen base's activations free: it is backpropagated through;
+    * loss (models with an output embedding, i.e. causal LMs), from ``training.loss.token_loss_sum``:
+      the full logits ``s*b*V`` (``e``), their shifted fp32 copy (``.float()``, or ``reshape`` of the
+      non-contiguous slice when b > 1) and the saved log-softmax in the forward; the saved
+      log-softmax, the nll gradient and the log-softmax gradient in the backward: ``max(e + 8, 12)``
+      bytes per ``s*b*V`` element (measured: the allocator peaks inside the cross-entropy). With
+      ``chunked_loss`` (``training.loss.chunked_token_loss_sum``): 3 fp32 copies of one chunk of
+      ``min(CHUNK_TOKENS, supervised_tokens)`` x ``V`` logits, plus the hidden states shifted and
+      gathered (``(s*b + supervised)*h``).
 
-    ``total_bytes`` is the sum of all parts, as if all were live at once: a planning bound (the
-    true peak lies between the largest part and this sum; at the first step the optimizer states
-    are created after activations are freed). Measure with :func:`measure_step_peak`.
+    ``total_bytes`` is the sum of all parts, as if all were live at once: a planning bound (with
+    gradient accumulation the micro-batches after the first hold the gradients as well).
+    ``peak_bytes`` is the step's peak: weights + autocast copies + optimizer states + ``max(
+    activations + loss, gradients + optimizer temporary)`` (:func:`in_step_bytes`): gradients do not
+    exist yet at the loss, where the activations and the logits buffers peak. Measured with
+    :func:`measure_step_peak` (``allocated_step_peak_bytes``) against :func:`in_step_bytes`, LoRA r16
+    on q/k/v/o, CPU fp32: within 0.97-1.00 on SmolLM2-135M and a random Llama
+    (docs/benchmarks-preflight.md); bf16/fp16 and checkpointing are counted by the same rules, not measured.
 
     Args:
         model: the model (parameters may sit on the ``meta`` device); its ``config`` must give
@@ -171,14 +275,20 @@ def estimate_step_memory(
         weights_dtype: dtype the weights are stored in; default ``precision`` (weights loaded in the
             compute dtype). ``"fp32"`` with ``precision="bf16"`` describes autocast mixed precision.
         budget_bytes: when given, ``passed`` is ``total_bytes <= budget_bytes``.
+        padded: the micro-batch has padded positions (an attention mask reaches the attention).
+        chunked_loss: the loss is ``training.loss.chunked_token_loss_sum`` (``training.chunked_loss``).
+        supervised_tokens: supervised positions in the micro-batch (chunked loss; default ``s*b``).
+        device: ``"cpu"`` or a GPU kind (``"cuda"``): the dropout mask's size and the optimizer temporary.
 
     Returns:
         ``{"passed", "message", "precision", "optimizer", "micro_batch", "seq_len", "parameters",
         "trainable_parameters", "bytes_per_weight", "weights_bytes", "weights_dtype", "trainable_dtype",
         "autocast_weight_copies_bytes", "gradients_bytes",
         "optimizer_states_bytes", "optimizer_states_count", "optimizer_step_temporary_bytes",
-        "activations_bytes", "logits_bytes", "total_bytes", "total_gib", "budget_bytes",
-        "activation_checkpointing", "attention_scores_stored", "formula", "source"}``.
+        "activations_bytes", "activation_parts" ({name: bytes}), "logits_bytes", "loss_parts" ({name:
+        bytes}), "parts" ([{"part", "bytes", "formula"}], the breakdown in order), "total_bytes",
+        "total_gib", "peak_bytes", "budget_bytes", "padded", "chunked_loss", "activation_checkpointing",
+        "attention_scores_stored", "formula", "source"}``.
 
     Raises:
         TuneproofError: unknown precision or optimizer, or a config without the needed sizes.
@@ -206,7 +316,12 @@ def estimate_step_memory(
     grads = trainable_n * et
     n_states = OPTIMIZER_STATES[optimizer]
     states = n_states * trainable_n * et
-    temp = trainable_n * et if optimizer in ("adam", "adamw") else 0
+    if optimizer not in ("adam", "adamw"):
+        temp = 0
+    elif device == "cpu":  # torch.optim defaults to foreach only for CUDA/XPU tensors: on a CPU one tensor at a time
+        temp = max((p.numel() for p in model.parameters() if p.requires_grad), default=0) * et
+    else:
+        temp = trainable_n * et
 
     config = getattr(model, "config", None)
     h = _cfg(config, "hidden_size", "n_embd", "d_model")
@@ -224,21 +339,67 @@ def estimate_step_memory(
     s, b = seq_len, micro_batch
     scale = e / 2.0
     gated = _gated_mlp(model)
-    if gated:  # Llama-style block (SwiGLU, RoPE, grouped KV): see GATED_ACTIVATION_SOURCE
-        per_layer_units = 2 * s * b * (GATED_H * h + GATED_I * inter) + (5 * heads * s * s * b if attention_scores_stored else 0)
+    blocks: dict[str, int] = {}  # the activation parts, bytes, for the breakdown
+    if gated:  # Llama-style block (SwiGLU, RoPE, grouped KV, SDPA): counted op by op, see GATED_ACTIVATION_SOURCE
+        kv_heads = _cfg(config, "num_key_value_heads") or heads
+        head_dim = _cfg(config, "head_dim") or h // heads
+        q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+        # transformers repeats k/v to every head in eager attention, and in sdpa_attention_forward when a mask is given
+        repeated = kv_heads < heads and (padded or attention_scores_stored)
+        kv_eff = q_dim if repeated else kv_dim
+        lin = _trained_linear_inputs(model, sdpa=not attention_scores_stored, mask_bytes=e if device == "cpu" else 1)
+        tokens = s * b
+        blocks["norm inputs (2h per block)"] = layers * tokens * 2 * h * e
+        if attention_scores_stored:  # eager: q, k for the scores, the softmax probabilities and v for their product
+            blocks["attention q/k/v" + (" (k/v repeated to all heads)" if repeated else "")] = layers * tokens * (q_dim + 2 * kv_eff) * e
+            blocks["attention probabilities (eager)"] = layers * heads * s * s * b * e
+        else:  # SDPA keeps q, k, v, its output and the log-sum-exp (fp32) per head
+            blocks["attention q/k/v + output" + (" (k/v repeated to all heads)" if repeated else "")] = (
+                layers * tokens * ((2 * q_dim + 2 * kv_eff) * e + 4 * heads))
+            if padded:  # SDPA turns the boolean padding mask into an additive one at each call and keeps it
+                blocks["attention mask (additive, per block)"] = layers * b * s * s * e
+        blocks["MLP gate, silu, up (3i per block)"] = layers * tokens * 3 * inter * e
+        blocks[f"trained linears' inputs ({lin['modules']} LoRA modules" + (f", dropout {lin['dropout']:g}" if lin["dropout"] else "") + ")"] = int(
+            tokens * ((lin["inputs"] + lin["ranks"]) * e + lin["masks"]))
+        blocks["final norm input, RoPE cos/sin"] = tokens * h * e + 2 * s * head_dim * e  # cos/sin: one row of positions, all examples
+        full = sum(blocks.values())
+        if activation_checkpointing:  # each block keeps its input; one block is recomputed at a time
+            blocks = {"checkpointed block inputs (h per block)": layers * tokens * h * e,
+                      "one block recomputed": int((full - blocks["final norm input, RoPE cos/sin"]) / layers)}
+        activations = int(sum(blocks.values()))
     else:
         per_layer_units = s * b * h * (15 + 19 * inter / (4 * h)) + (5 * heads * s * s * b if attention_scores_stored else 0)
-    if activation_checkpointing:
-        activations = int(scale * (layers * 2 * s * b * h + per_layer_units))
-    else:
-        activations = int(scale * layers * per_layer_units)
+        if activation_checkpointing:
+            activations = int(scale * (layers * 2 * s * b * h + per_layer_units))
+        else:
+            activations = int(scale * layers * per_layer_units)
+        blocks["activations (Korthikanti et al. 2022)"] = activations
     try:
         has_lm_head = model.get_output_embeddings() is not None  # type: ignore[operator]
     except (AttributeError, NotImplementedError, TypeError):
         has_lm_head = False
-    logits = s * b * vocab * (e + (4 if e != 4 else 0) + 4 + 4 + 4) if has_lm_head and vocab else 0
+    loss_parts: dict[str, int] = {}
+    if has_lm_head and vocab:
+        if chunked_loss:  # training.loss.chunked_token_loss_sum: logits of one chunk of supervised positions at a time
+            from tuneproof.training.loss import CHUNK_TOKENS  # noqa: PLC0415
+
+            n_sup = s * b if supervised_tokens is None else max(0, min(int(supervised_tokens), s * b))
+            chunk = min(CHUNK_TOKENS, n_sup)
+            loss_parts[f"chunk logits: 3 fp32 copies of {chunk} x V"] = 12 * chunk * vocab
+            loss_parts["hidden states shifted and gathered"] = (s * b + n_sup) * h * e
+        else:  # full logits, then training.loss.token_loss_sum
+            copies = max(e + 4 + 4, 12) / 4
+            loss_parts[f"logits: {copies:g} fp32 copies of s x b x V"] = int(copies * 4 * s * b * vocab)
+    logits = int(sum(loss_parts.values()))
     total = weights + autocast_copies + grads + states + temp + activations + logits
     passed = budget_bytes is None or total <= budget_bytes
+    breakdown = [{"part": "weights", "bytes": weights, "formula": f"frozen x {ew} + trainable x {et} bytes"},
+                 {"part": "autocast weight copies", "bytes": autocast_copies, "formula": f"all elements x {e} bytes when stored wider than computed"},
+                 {"part": "gradients", "bytes": grads, "formula": f"trainable x {et} bytes"},
+                 {"part": f"optimizer states ({n_states})", "bytes": states, "formula": f"{n_states} x trainable x {et} bytes"},
+                 {"part": "optimizer step temporary", "bytes": temp, "formula": f"{1 if temp else 0} x trainable x {et} bytes"}]
+    breakdown += [{"part": f"activations: {k}", "bytes": int(v), "formula": ""} for k, v in blocks.items()]
+    breakdown += [{"part": f"loss: {k}", "bytes": int(v), "formula": ""} for k, v in loss_parts.items()]
     parts = (
         f"weights {weights / GIB:.3f} + autocast copies {autocast_copies / GIB:.3f} + grads {grads / GIB:.3f} + {n_states} optimizer states {states / GIB:.3f} + "
         f"step temp {temp / GIB:.3f} + activations {activations / GIB:.3f} + logits {logits / GIB:.3f} = {total / GIB:.3f} GiB"
@@ -266,14 +427,21 @@ def estimate_step_memory(
         "optimizer_states_count": n_states,
         "optimizer_step_temporary_bytes": temp,
         "activations_bytes": activations,
+        "activation_parts": blocks,
         "logits_bytes": logits,
+        "loss_parts": loss_parts,
+        "padded": padded,
+        "chunked_loss": chunked_loss,
+        "parts": breakdown,
         "total_bytes": total,
         "total_gib": total / GIB,
+        "peak_bytes": weights + autocast_copies + states + max(activations + logits, grads + temp),
         "budget_bytes": budget_bytes,
         "activation_checkpointing": activation_checkpointing,
         "attention_scores_stored": attention_scores_stored,
-        "formula": "per layer (16-bit units) s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b, times e/2; checkpointed: 2sbh per layer + one layer",
-        "source": ACTIVATION_SOURCE,
+        "formula": ("Llama-style blocks counted op by op (activation_parts)" if gated else
+                    "per layer (16-bit units) s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b, times e/2; checkpointed: 2sbh per layer + one layer"),
+        "source": GATED_ACTIVATION_SOURCE if gated else ACTIVATION_SOURCE,
     }
 
 
@@ -345,6 +513,64 @@ class _Sampler(threading.Thread):
         return max(self.peak, _rss_bytes() or 0)
 
 
+ALLOCATED_METHOD = (
+    "torch.profiler(profile_memory=True): running sum of the CPU allocator's allocation and free events during the "
+    "step (c10 ProfiledCPUMemoryReporter), its maximum = bytes the step's tensors and kernel workspaces held at once "
+    "beyond what existed before (the CPU counterpart of torch.cuda.max_memory_allocated - memory_allocated)"
+)
+
+
+def allocated_step_peak(step_fn: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``step_fn()`` once and count the bytes torch's CPU allocator hands out during it.
+
+    Every CPU tensor storage (and every workspace a kernel takes through ``c10::alloc_cpu``) is
+    allocated by c10's CPU allocator, which reports each allocation and each free to the profiler
+    when ``torch.profiler.profile(profile_memory=True)`` is active (the ``[memory]`` events; the
+    profiler's memory timeline is built from them:
+    https://pytorch.org/docs/stable/profiler.html#torch.profiler._KinetoProfile.export_memory_timeline).
+    Sorted by time, their running sum is the step's allocated bytes over those held before; its
+    maximum is ``peak_bytes``. Unlike the resident set it does not depend on what glibc's malloc
+    keeps or returns (freed pages kept from earlier work, the moving mmap threshold, other
+    threads' arenas) nor on earlier steps in the same process: the same step gives the same number.
+    Not counted: memory libraries take outside c10 (oneDNN/MKL scratch, OpenMP stacks, Python
+    objects), and frees of blocks allocated before the step (the peak is then an upper bound).
+
+    Returns:
+        ``{"peak_bytes", "end_bytes" (net change after the step), "events", "method", "seconds"}``;
+        ``peak_bytes`` is None when the profiler could not start (another profiler is active), the
+        step having run anyway.
+    """
+    import contextlib  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    # kineto prints "STAGE"/"USDT" lines on stderr at every profiler start and stop; its logger's minimum
+    # severity (read when kineto starts) 6 is above its last level (USDT = 5): silent. A value the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    prof = None
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        try:
+            prof = stack.enter_context(profile(activities=[ProfilerActivity.CPU], profile_memory=True))
+        except (RuntimeError, AssertionError):  # a profiler already runs in this thread
+            prof = None
+        t0 = time.perf_counter()
+        step_fn()
+        seconds = time.perf_counter() - t0
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None) if prof is not None else None
+    if results is None:
+        return {"peak_bytes": None, "end_bytes": None, "events": 0, "method": None, "seconds": seconds}
+    cpu = torch.autograd.DeviceType.CPU
+    events = sorted((e.start_ns(), k, int(e.nbytes())) for k, e in enumerate(results.events())
+                    if e.name() == "[memory]" and e.device_type() == cpu)
+    running = peak = 0
+    for _, _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    return {"peak_bytes": peak, "end_bytes": running, "events": len(events), "method": ALLOCATED_METHOD, "seconds": seconds}
+
+
 def _device_of(device: Any) -> torch.device:
     if isinstance(device, torch.device):
         return device
@@ -354,7 +580,7 @@ def _device_of(device: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu") -> dict[str, Any]:
+def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu", *, allocations: bool = True) -> dict[str, Any]:
     """Run ``step_fn()`` once in this process and measure its memory peak.
 
     ``step_fn`` should be one whole step (forward, loss, backward, ``optimizer.step()``).
@@ -374,6 +600,14 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu") -> dict[s
       not writable, RSS is sampled every 1 ms by a thread (``approximate`` is True).
       Running the step in a forked child was rejected: a child forked after OpenMP has started
       deadlocks in torch's CPU kernels, and a spawned child must reload the model.
+    * CPU, with ``allocations`` (default): the bytes torch's CPU allocator holds for the step at its
+      peak, over those held before (:func:`allocated_step_peak`): ``allocated_step_peak_bytes``.
+      This is what the step's tensors need, the quantity :func:`estimate_step_memory` models, and
+      unlike the resident set it is the same in a fresh process and after other steps (the
+      resident-set increment depends on the pages glibc's malloc kept from earlier work: measured
+      0.80-0.86 of the tensor bytes after other shapes ran in the process, 0.97-1.02 in a fresh
+      one, docs/benchmarks-preflight.md). The resident set stays the budget's measure (what the
+      kernel kills a process for). On CUDA ``allocated_step_peak_bytes`` is ``step_peak_bytes``.
 
     The step's effects (updated weights, optimizer state) stay; snapshot first if needed.
 
@@ -384,7 +618,8 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu") -> dict[s
     Returns:
         ``{"passed": True (a measurement; the budget is judged by the caller), "device", "method",
         "baseline_bytes", "peak_bytes", "step_peak_bytes", "after_bytes", "reserved_peak_bytes"
-        (CUDA, else None), "seconds", "approximate"}``.
+        (CUDA, else None), "allocated_step_peak_bytes" (None on CPU without ``allocations`` or when
+        the profiler could not start), "allocated_method", "seconds", "approximate"}``.
 
     Raises:
         Whatever ``step_fn`` raises (e.g. ``torch.OutOfMemoryError``), after the sampler is stopped.
@@ -410,6 +645,8 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu") -> dict[s
             "step_peak_bytes": peak - baseline,
             "after_bytes": int(torch.cuda.memory_allocated(dev)),
             "reserved_peak_bytes": int(torch.cuda.max_memory_reserved(dev)),
+            "allocated_step_peak_bytes": peak - baseline,
+            "allocated_method": "torch.cuda.max_memory_allocated - memory_allocated before the step",
             "seconds": seconds,
             "approximate": False,
         }
@@ -420,8 +657,12 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu") -> dict[s
     if sampler is not None:
         sampler.start()
     t0 = time.perf_counter()
+    alloc: dict[str, Any] = {}
     try:
-        step_fn()
+        if allocations:
+            alloc = allocated_step_peak(step_fn)
+        else:
+            step_fn()
     finally:
         seconds = time.perf_counter() - t0
         sampled = sampler.stop() if sampler is not None else None
@@ -440,9 +681,23 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu") -> dict[s
         "step_peak_bytes": (peak - baseline) if (peak is not None and baseline is not None) else None,
         "after_bytes": after,
         "reserved_peak_bytes": None,
-        "seconds": seconds,
+        "allocated_step_peak_bytes": alloc.get("peak_bytes"),
+        "allocated_method": alloc.get("method"),
+        "seconds": alloc.get("seconds", seconds),
         "approximate": not exact,
     }
+
+
+def in_step_bytes(estimate: dict[str, Any]) -> int:
+    """The peak of what a step allocates once the weights and optimizer states exist (bytes), from an
+    :func:`estimate_step_memory` result: ``max(activations + logits / loss, gradients + optimizer-step
+    temporary)``. Gradients do not exist yet at the loss, where activations and the logits buffers
+    peak (``zero_grad(set_to_none=True)`` before; measured: the allocator's peak falls inside the
+    cross-entropy), and the activations are freed by the optimizer step. With gradient accumulation
+    the micro-batches after the first also hold the gradients: ``total_bytes`` (every part at once)
+    bounds that. The measured step's ``allocated_step_peak_bytes`` is compared with this."""
+    return int(max(estimate["activations_bytes"] + estimate["logits_bytes"],
+                   estimate["gradients_bytes"] + estimate["optimizer_step_temporary_bytes"]))
 
 
 def side_by_side(estimate: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
@@ -450,17 +705,26 @@ def side_by_side(estimate: dict[str, Any], measured: dict[str, Any]) -> dict[str
 
     Returns:
         ``{"rows": [[part, bytes]...], "estimate_total_bytes", "measured_peak_bytes",
-        "measured_step_peak_bytes", "measured_over_estimate", "device", "method", "note"}``.
+        "measured_step_peak_bytes", "measured_over_estimate", "estimate_in_step_bytes",
+        "measured_allocated_step_peak_bytes", "allocated_over_in_step", "device", "method", "note"}``.
         ``measured_over_estimate`` uses ``peak_bytes`` on CUDA (weights included in both) and is
-        None on CPU, whose peak includes the interpreter.
+        None on CPU, whose peak includes the interpreter. ``allocated_over_in_step``: the bytes the
+        step's tensors held at the peak (:func:`measure_step_peak`'s ``allocated_step_peak_bytes``)
+        over the estimate's in-step parts (gradients, optimizer temporary, activations, logits), on
+        any device; None when not measured.
     """
     parts = ("weights_bytes", "autocast_weight_copies_bytes", "gradients_bytes", "optimizer_states_bytes", "optimizer_step_temporary_bytes", "activations_bytes", "logits_bytes")
     rows = [[p.removesuffix("_bytes"), int(estimate[p])] for p in parts]
     cuda = str(measured.get("device", "")).startswith("cuda")
     peak = measured.get("peak_bytes")
     ratio = (peak / estimate["total_bytes"]) if (cuda and peak and estimate.get("total_bytes")) else None
+    in_step = in_step_bytes(estimate)
+    tensors = measured.get("allocated_step_peak_bytes")
     return {
         "rows": rows,
+        "estimate_in_step_bytes": in_step,
+        "measured_allocated_step_peak_bytes": tensors,
+        "allocated_over_in_step": (tensors / in_step) if (tensors is not None and in_step) else None,
         "estimate_total_bytes": int(estimate["total_bytes"]),
         "measured_peak_bytes": peak,
         "measured_step_peak_bytes": measured.get("step_peak_bytes"),
@@ -566,7 +830,9 @@ __all__ = [
     "BYTES_PER_ELEMENT",
     "OPTIMIZER_STATES",
     "estimate_step_memory",
+    "allocated_step_peak",
     "find_max_micro_batch",
+    "in_step_bytes",
     "measure_step_peak",
     "memory_between_steps",
     "side_by_side",

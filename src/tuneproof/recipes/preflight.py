@@ -445,13 +445,15 @@ def check_update_step(model, batch: dict, autocast) -> dict[str, Any]:
 class _Stepper:
     """Complete training steps as the loop takes them (forward, per-token loss, backward, clipping,
     AdamW step, grads freed), with the optimizer states created up front so every measured step
-    holds them, as every step after the first of a run does. ``restore()`` puts the trainable
-    tensors back."""
+    holds them, as every step after the first of a run does. With ``training.chunked_loss`` the
+    causal-LM loss is the chunked one, as ``training.loop`` computes it. ``restore()`` puts the
+    trainable tensors back."""
 
     def __init__(self, model, cfg, autocast):
         import torch  # noqa: PLC0415
 
         self.model, self.cfg, self.autocast = model, cfg, autocast
+        self.chunked = bool(getattr(cfg, "chunked_loss", False))
         self.params = _trainable(model)
         self.snapshot = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -463,11 +465,18 @@ class _Stepper:
     def step(self, batch: dict) -> float:
         import torch  # noqa: PLC0415
 
-        from tuneproof.preflight.update_check import loss_sum_and_count  # noqa: PLC0415
+        from tuneproof.preflight.update_check import loss_sum_and_count, model_device, to_device  # noqa: PLC0415
+        from tuneproof.training.loss import chunked_token_loss_sum, supervised_token_count  # noqa: PLC0415
 
         self.model.train()
-        with self.autocast():
-            total, count = loss_sum_and_count(self.model, batch)
+        if self.chunked and batch["labels"].dim() == 2:
+            batch = to_device(batch, model_device(self.model))
+            with self.autocast():
+                total = chunked_token_loss_sum(self.model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+            count = supervised_token_count(batch["labels"])
+        else:
+            with self.autocast():
+                total, count = loss_sum_and_count(self.model, batch)
         (total / max(count, 1)).backward()
         if self.cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
@@ -481,15 +490,26 @@ class _Stepper:
 
 
 def _estimate(model, micro_batch: int, length: int, dtype: str, checkpointing: bool, budget: int | None, *,
-              bf16_base: bool = False) -> dict[str, Any]:
+              bf16_base: bool = False, batch: dict | None = None, chunked_loss: bool = False, device: str = "cpu") -> dict[str, Any]:
     """``estimate_step_memory`` for this project's mixed precision: weights stay fp32 and bf16/fp16
     run under autocast (``StudyContext.torch_setup``), so frozen weights are counted at 4 bytes;
     with ``training.bf16_base_weights`` (``bf16_base``) they are held in bf16: 2 bytes per frozen
-    element (trained tensors, their gradients and optimizer states stay fp32)."""
+    element (trained tensors, their gradients and optimizer states stay fp32). ``batch``: the
+    micro-batch the step will take (its padding and supervised tokens are counted); without it the
+    batch is taken as padded, every position supervised. ``chunked_loss``: ``training.chunked_loss``."""
     from tuneproof.preflight.memory import estimate_step_memory  # noqa: PLC0415
 
+    padded, supervised = True, None
+    if batch is not None and "attention_mask" in batch:
+        padded = bool((batch["attention_mask"] == 0).any())
+        labels = batch.get("labels")
+        if labels is not None and labels.dim() == 2:
+            from tuneproof.training.loss import supervised_token_count  # noqa: PLC0415
+
+            supervised = supervised_token_count(labels)
     est = estimate_step_memory(model, micro_batch, length, dtype, "adamw", activation_checkpointing=checkpointing,
-                               trainable_dtype="fp32", weights_dtype="bf16" if bf16_base else None, budget_bytes=budget)
+                               trainable_dtype="fp32", weights_dtype="bf16" if bf16_base else None, budget_bytes=budget,
+                               padded=padded, chunked_loss=chunked_loss, supervised_tokens=supervised, device=device)
     if bf16_base:
         est["weights_note"] = "frozen weights held in bf16 (training.bf16_base_weights): 2 bytes per frozen element"
     elif dtype != "fp32":  # the component counts frozen weights at the compute dtype; here they are stored in fp32
@@ -497,8 +517,12 @@ def _estimate(model, micro_batch: int, length: int, dtype: str, checkpointing: b
         add = frozen * (4 - est["bytes_per_weight"])
         est["weights_bytes"] += add
         est["total_bytes"] += add
+        est["peak_bytes"] += add
         est["total_gib"] = est["total_bytes"] / GIB
         est["passed"] = budget is None or est["total_bytes"] <= budget
+        for part in est.get("parts", []):
+            if part["part"] == "weights":
+                part["bytes"], part["formula"] = est["weights_bytes"], part["formula"] + " (frozen stored in fp32: +2 bytes each)"
         est["weights_note"] = "frozen weights stored in fp32 under autocast (+2 bytes per frozen element vs the compute dtype)"
     return est
 
@@ -518,20 +542,35 @@ def _parts(est: dict[str, Any]) -> str:
             f"logits {_size(est['logits_bytes'])}")
 
 
+def in_step_bytes(est: dict[str, Any]) -> int:
+    """:func:`tuneproof.preflight.memory.in_step_bytes`: the estimate's parts a step allocates."""
+    from tuneproof.preflight.memory import in_step_bytes as parts_in_step  # noqa: PLC0415
+
+    return parts_in_step(est)
+
+
 def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int], dtype: str, budget: int,
                       budget_source: str, autocast) -> dict[str, Any]:
-    """Check 6: complete steps at the configured micro-batch at each representative length (C8)."""
+    """Check 6: complete steps at the configured micro-batch at each representative length (C8).
+
+    Each length has its estimate (itemised, :func:`~tuneproof.preflight.memory.estimate_step_memory`)
+    and its measured step (:func:`~tuneproof.preflight.memory.measure_step_peak`): the bytes the
+    step's tensors hold at its peak (the CPU allocator's count, or CUDA's peak allocated) next to the
+    in-step parts of the estimate, with their ratio, and the process peak (resident set on a CPU),
+    which is what the budget is judged on, with the estimate's total."""
     from tuneproof.preflight.memory import measure_step_peak, side_by_side  # noqa: PLC0415
 
     cfg = ctx.study.training
     device, _, _ = ctx.torch_setup()
     mb = cfg.micro_batch_size
+    chunked = bool(getattr(cfg, "chunked_loss", False))
     stepper = _Stepper(model, cfg, autocast)
     rows, problems, numbers = [], [], {"micro_batch": mb, "budget_gib": _gib(budget), "budget_source": budget_source}
     try:
         for length in lengths:
             batch = _batch_at_length(encoded, mb, length, ctx.tokenizer.pad_token_id)
-            est = _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget, bf16_base=cfg.bf16_base_weights)
+            est = _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget, bf16_base=cfg.bf16_base_weights,
+                            batch=batch, chunked_loss=chunked, device=device.type)
             row: dict[str, Any] = {"length": length, "estimate": est}
             try:
                 measured = measure_step_peak(lambda b=batch: stepper.step(b), device)
@@ -543,14 +582,18 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
                 continue
             row["measured"] = measured
             row["side_by_side"] = side_by_side(est, measured)
-            in_step = est["gradients_bytes"] + est["optimizer_step_temporary_bytes"] + est["activations_bytes"] + est["logits_bytes"]
+            in_step = in_step_bytes(est)
             row["estimate_in_step_bytes"] = in_step  # the parts a step allocates once the optimizer states exist
+            tensors = measured.get("allocated_step_peak_bytes")
+            row["measured_over_estimate"] = round(tensors / in_step, 4) if tensors and in_step else None
             rows.append(row)
             tag = f"L{length}"
             numbers[f"{tag}_estimate_gib"] = _gib(est["total_bytes"])
             numbers[f"{tag}_peak_gib"] = _gib(measured["peak_bytes"])
             numbers[f"{tag}_step_peak_gib"] = _gib(measured["step_peak_bytes"])
             numbers[f"{tag}_estimate_in_step_gib"] = _gib(in_step)
+            numbers[f"{tag}_allocated_step_peak_gib"] = _gib(tensors)
+            numbers[f"{tag}_measured_over_estimate"] = row["measured_over_estimate"]
             numbers[f"{tag}_seconds"] = round(measured["seconds"], 3)
             over = []
             if est["total_bytes"] > budget:
@@ -562,17 +605,77 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
     finally:
         stepper.restore()
     where = "process resident set (CPU)" if device.type == "cpu" else "peak allocated (CUDA)"
-    shown = "; ".join(
-        f"length {r['length']}: estimate {_size(r['estimate']['total_bytes'])}, measured peak "
-        + (f"{_size(r['measured']['peak_bytes'])} (the step adds {_size(r['measured']['step_peak_bytes'])}), {r['measured']['seconds']:.2f} s"
-           if "measured" in r else "out of memory")
-        for r in rows)
+
+    def shown(r: dict[str, Any]) -> str:
+        if "measured" not in r:
+            return f"length {r['length']}: estimate {_size(r['estimate']['total_bytes'])}, out of memory"
+        m, ratio = r["measured"], r.get("measured_over_estimate")
+        tensors = (f"the step's tensors {_size(m.get('allocated_step_peak_bytes'))} vs {_size(r['estimate_in_step_bytes'])} estimated"
+                   + (f" (x{ratio:.2f})" if ratio else "") + ", ") if m.get("allocated_step_peak_bytes") is not None else ""
+        return (f"length {r['length']}: {tensors}whole step: estimate {_size(r['estimate']['total_bytes'])}, measured peak "
+                f"{_size(m['peak_bytes'])} (the step adds {_size(m['step_peak_bytes'])}), {m['seconds']:.2f} s")
+
     if problems:
         message = ("; ".join(problems) + f" (micro-batch {mb}, {where}); lower training.micro_batch_size, raise "
                    "gradient_accumulation_steps or enable activation_checkpointing")
     else:
-        message = f"micro-batch {mb}: {shown} ({where}); fits {_size(budget)} ({budget_source})"
-    return _check("step memory", not problems, message, numbers, {"rows": rows, "budget_bytes": budget, "budget_source": budget_source})
+        message = f"micro-batch {mb}: {'; '.join(shown(r) for r in rows)} ({where}); fits {_size(budget)} ({budget_source})"
+    details = {"rows": rows, "budget_bytes": budget, "budget_source": budget_source, "breakdown": memory_breakdown(rows)}
+    return _check("step memory", not problems, message, numbers, details)
+
+
+def memory_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The step-memory estimate itemised per length, next to the measured step, for the screen,
+    ``preflight.json`` and the dossier.
+
+    Returns ``{"lengths": [L...], "micro_batch", "rows": [[part, MiB at each length...]...]}``:
+    the estimate's parts (weights, gradients, optimizer states and temporary, each activation part,
+    the loss / logits part), its total, its peak and the step's part of it
+    (:func:`~tuneproof.preflight.memory.in_step_bytes`), then the measured step's tensors (allocator
+    or CUDA peak allocated), measured / estimate (the step's part), the process peak and what the step adds to it.
+    MiB = 2**20 bytes.
+    """
+    if not rows:
+        return {"lengths": [], "micro_batch": None, "rows": []}
+    mib = lambda n: None if n is None else round(n / 2**20, 1)  # noqa: E731
+    names: list[str] = []
+    for r in rows:
+        for part in r["estimate"].get("parts", []):
+            if part["part"] not in names:
+                names.append(part["part"])
+    table_rows = []
+    for name in names:
+        vals = [next((p["bytes"] for p in r["estimate"].get("parts", []) if p["part"] == name), 0) for r in rows]
+        if any(vals):
+            table_rows.append([name, *(mib(v) for v in vals)])
+    table_rows.append(["estimate, total (all parts at once)", *(mib(r["estimate"]["total_bytes"]) for r in rows)])
+    table_rows.append(["estimate, the step's peak (weights + optimizer states + the step's part)", *(mib(r["estimate"].get("peak_bytes")) for r in rows)])
+    table_rows.append(["estimate, the step's part: max(activations + loss, gradients + optimizer temporary)",
+                       *(mib(in_step_bytes(r["estimate"])) for r in rows)])
+    m = [r.get("measured") or {} for r in rows]
+    table_rows.append(["measured: the step's tensors at the peak", *(mib(x.get("allocated_step_peak_bytes")) for x in m)])
+    table_rows.append(["measured / estimate (the step's tensors / the step's part)", *(r.get("measured_over_estimate") for r in rows)])
+    table_rows.append(["measured: process peak", *(mib(x.get("peak_bytes")) for x in m)])
+    table_rows.append(["measured: the step adds to the process", *(mib(x.get("step_peak_bytes")) for x in m)])
+    return {"lengths": [r["length"] for r in rows], "micro_batch": rows[0]["estimate"].get("micro_batch"), "rows": table_rows}
+
+
+def print_memory_breakdown(check: dict[str, Any] | None) -> None:
+    """The ``step memory`` check's breakdown as a table on the screen (MiB)."""
+    bd = ((check or {}).get("details") or {}).get("breakdown") if isinstance((check or {}).get("details"), dict) else None
+    if not bd or not bd.get("rows"):
+        return
+    cols = ["step memory, MiB"] + [f"length {L} x {bd['micro_batch']}" for L in bd["lengths"]]
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float) and abs(v) < 10:
+            return f"{v:.2f}"
+        return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
+
+    console.print(table("step memory: the estimate itemised, next to the measured step", cols,
+                        [[r[0], *(cell(v) for v in r[1:])] for r in bd["rows"]]))
 
 
 def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str, autocast) -> dict[str, Any]:
@@ -608,7 +711,8 @@ def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, 
     device, _, _ = ctx.torch_setup()
     est_fit = 0
     mb = 1
-    while mb <= 1024 and _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget, bf16_base=cfg.bf16_base_weights)["passed"]:
+    while mb <= 1024 and _estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget, bf16_base=cfg.bf16_base_weights,
+                                   chunked_loss=bool(getattr(cfg, "chunked_loss", False)), device=device.type)["passed"]:
         est_fit, mb = mb, mb * 2
     limit = max(1, min(1024, len(encoded), FIND_MAX_FACTOR * max(est_fit, 1)))
     stepper = _Stepper(model, cfg, autocast)
@@ -1125,7 +1229,7 @@ def _text_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: di
     cfg = ctx.study.training
     lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
     dtype = choice["dtype"]
-    rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast))
+    print_memory_breakdown(rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast)))
     rep.run("eval memory", lambda: check_eval_memory(model, ctx, budget, budget_source, autocast))
     if find_max:
         rep.run("max micro-batch", lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast))
@@ -1200,7 +1304,7 @@ def _write(ctx: StudyContext, run, rep: _Report, snapshot: dict[str, Any], key: 
         "checks": rep.checks,
     })
     mem = rep.get("step memory")
-    memory = {k: v for k, v in (mem or {}).get("numbers", {}).items() if k.endswith("_gib")}
+    memory = {k: v for k, v in (mem or {}).get("numbers", {}).items() if k.endswith(("_gib", "_measured_over_estimate"))}
     memory.update({f"eval_{k}": v for k, v in (rep.get("eval memory") or {}).get("numbers", {}).items() if k.endswith("_gib")})
     acc = rep.get("gradient accumulation")
     run.update_summary(
@@ -1211,6 +1315,7 @@ def _write(ctx: StudyContext, run, rep: _Report, snapshot: dict[str, Any], key: 
         eval_s_per_example=num("throughput", "eval_s_per_example"), budget_seconds=num("throughput", "budget_seconds"),
         eval_seconds_estimate=num("throughput", "eval_seconds_estimate"), total_steps=num("throughput", "total_steps"),
         reload_seconds=num("smoke pass", "reload_seconds"), memory=memory, budget_gib=_gib(budget),
+        memory_breakdown=((mem or {}).get("details") or {}).get("breakdown") if isinstance((mem or {}).get("details"), dict) else None,
         max_micro_batch=num("max micro-batch", "max_micro_batch"),
         loss_normalisation=(acc or {}).get("normalisation"),
         trainable=num("trainable parameters", "trainable"), total_params=num("trainable parameters", "total"),

@@ -123,19 +123,24 @@ def table(results: list[dict]) -> str:
     def row(label: str, vals: list) -> None:
         lines.append(f"| {label} | " + " | ".join("-" if v is None else v for v in vals) + " |")
 
+    names = sorted(names, key=lambda n, order=list(names): (n.startswith("loss:"), order.index(n)))
     for name in names:
         vals = [dict(r["parts"]).get(name, 0) for r in results]
         if any(vals):
             row(name, [f"{v / MIB:,.1f}" for v in vals])
+    two = all(len(r["measured"]) > 1 for r in results)
+    last = lambda xs, f: f"{f(xs[-1])}; {f(xs[0])}" if two else f(xs[-1])  # noqa: E731
+    when = " (last step; first step)" if two else ""
     row("**estimate, total** (all parts at once)", [f"{r['estimate_total'] / MIB:,.1f}" for r in results])
-    row("**estimate, in-step** (gradients + step temporary + activations + loss)", [f"**{r['estimate_in_step'] / MIB:,.1f}**" for r in results])
-    row("**measured: the step's tensors at the peak** (last step)", [f"**{r['measured'][-1]['allocated_step_peak_bytes'] / MIB:,.1f}**" for r in results])
-    row("**measured / estimate** (last step; first step)", [f"**{r['ratio'][-1]:.3f}**; {r['ratio'][0]:.3f}" for r in results])
-    row("measured: process peak RSS (last step)", [f"{r['measured'][-1]['peak_bytes'] / MIB:,.1f}" for r in results])
-    row("measured: RSS increment of the step (last step; first step)",
-        [f"{r['measured'][-1]['step_peak_bytes'] / MIB:,.1f}; {r['measured'][0]['step_peak_bytes'] / MIB:,.1f}" for r in results])
+    row("**estimate, the step's part**: max(activations + loss, gradients + optimizer temporary)",
+        [f"**{r['estimate_in_step'] / MIB:,.1f}**" for r in results])
+    row("**measured: the step's tensors at the peak** (CPU allocator)" + when,
+        [last(r["measured"], lambda m: f"**{m['allocated_step_peak_bytes'] / MIB:,.1f}**") for r in results])
+    row("**measured / estimate**" + when, [last(r["ratio"], lambda x: f"**{x:.3f}**") for r in results])
+    row("measured: process peak RSS" + when, [last(r["measured"], lambda m: f"{m['peak_bytes'] / MIB:,.1f}") for r in results])
+    row("measured: RSS increment of the step" + when, [last(r["measured"], lambda m: f"{m['step_peak_bytes'] / MIB:,.1f}") for r in results])
     row("padded positions / supervised tokens", [f"{r['padded_positions']} / {r['supervised']}" for r in results])
-    row("seconds per step (last, profiled)", [f"{r['measured'][-1]['seconds']:.1f}" for r in results])
+    row("seconds per step (profiled)", [f"{r['measured'][-1]['seconds']:.1f}" for r in results])
     return "\n".join(lines)
 
 

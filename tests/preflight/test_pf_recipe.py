@@ -114,6 +114,14 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
         est = row["estimate"]
         assert est["weights_bytes"] == 4 * est["parameters"] and est["optimizer_states_bytes"] == 2 * 4 * est["trainable_parameters"]
         assert row["measured"]["peak_bytes"] > 0 and row["side_by_side"]["rows"][0][0] == "weights"
+        # issue 15: the step's tensors (CPU allocator count) next to the estimate of the step's part, with their ratio
+        assert row["measured"]["allocated_step_peak_bytes"] > 0 and mem["numbers"][f"L{row['length']}_measured_over_estimate"] == row["measured_over_estimate"]
+        assert 0.85 <= row["measured_over_estimate"] <= 1.15, row["measured_over_estimate"]
+    bd = mem["details"]["breakdown"]  # the estimate itemised per length (MiB), then the measured step
+    assert bd["lengths"] == [p95, 128] and bd["micro_batch"] == 4
+    names = [r[0] for r in bd["rows"]]
+    assert names[:2] == ["weights", "gradients"] and "activations: MLP gate, silu, up (3i per block)" in names
+    assert "measured: the step's tensors at the peak" in names and rec.summary["memory_breakdown"]["rows"] == bd["rows"]
     # the evaluation fits too: eval.batch_size 4, 6 new tokens generated with the KV cache after the longest prompt
     em = checks["eval memory"]["numbers"]
     assert em["batch_size"] == 4 and em["new_tokens"] == 6 and em["peak_gib"] > 0 and em["prompt_tokens"] > 0

@@ -603,11 +603,15 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu", *, alloca
     * CPU, with ``allocations`` (default): the bytes torch's CPU allocator holds for the step at its
       peak, over those held before (:func:`allocated_step_peak`): ``allocated_step_peak_bytes``.
       This is what the step's tensors need, the quantity :func:`estimate_step_memory` models, and
-      unlike the resident set it is the same in a fresh process and after other steps (the
-      resident-set increment depends on the pages glibc's malloc kept from earlier work: measured
-      0.80-0.86 of the tensor bytes after other shapes ran in the process, 0.97-1.02 in a fresh
-      one, docs/benchmarks-preflight.md). The resident set stays the budget's measure (what the
-      kernel kills a process for). On CUDA ``allocated_step_peak_bytes`` is ``step_peak_bytes``.
+      unlike the resident set it is the same to the byte in a fresh process, after other steps and
+      at the first step. The resident-set increment adds what glibc's malloc does with the freed
+      blocks: 1.13-1.29 x the tensor bytes on a random 2-layer Llama, varying by up to 0.1 from run
+      to run and with what ran before; 1.00-1.02 x with a fixed mmap threshold
+      (``MALLOC_MMAP_THRESHOLD_=65536``: every block of 64 KiB or more mapped alone and returned at
+      its free; by default glibc raises the threshold up to 32 MiB after the first large free and
+      serves such blocks from its heaps, mallopt(3)); docs/benchmarks-preflight.md. The resident
+      set stays the budget's measure on a CPU (what the kernel kills a process for). On CUDA
+      ``allocated_step_peak_bytes`` is ``step_peak_bytes``.
 
     The step's effects (updated weights, optimizer state) stay; snapshot first if needed.
 

@@ -637,7 +637,7 @@ def memory_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if not rows:
         return {"lengths": [], "micro_batch": None, "rows": []}
-    mib = lambda n: None if n is None else round(n / 2**20, 1)  # noqa: E731
+    mib = lambda n: None if n is None else round(n / 2**20, 3)  # noqa: E731
     names: list[str] = []
     for r in rows:
         for part in r["estimate"].get("parts", []):
@@ -671,7 +671,7 @@ def print_memory_breakdown(check: dict[str, Any] | None) -> None:
         if v is None:
             return "-"
         if isinstance(v, float) and abs(v) < 10:
-            return f"{v:.2f}"
+            return f"{v:.3f}"
         return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
 
     console.print(table("step memory: the estimate itemised, next to the measured step", cols,

@@ -248,8 +248,8 @@ def estimate_step_memory(
       log-softmax, the nll gradient and the log-softmax gradient in the backward: ``max(e + 8, 12)``
       bytes per ``s*b*V`` element (measured: the allocator peaks inside the cross-entropy). With
       ``chunked_loss`` (``training.loss.chunked_token_loss_sum``): 3 fp32 copies of one chunk of
-      ``min(CHUNK_TOKENS, supervised_tokens)`` x ``V`` logits, plus the hidden states shifted and
-      gathered (``(s*b + supervised)*h``).
+      ``min(chunk_positions(V), supervised_tokens)`` x ``V`` logits (``CHUNK_BYTES`` of fp32 logits
+      per chunk), plus the hidden states shifted and gathered (``(s*b + supervised)*h``).
 
     ``total_bytes`` is the sum of all parts, as if all were live at once: a planning bound (with
     gradient accumulation the micro-batches after the first hold the gradients as well).
@@ -381,10 +381,10 @@ def estimate_step_memory(
     loss_parts: dict[str, int] = {}
     if has_lm_head and vocab:
         if chunked_loss:  # training.loss.chunked_token_loss_sum: logits of one chunk of supervised positions at a time
-            from tuneproof.training.loss import CHUNK_TOKENS  # noqa: PLC0415
+            from tuneproof.training.loss import chunk_positions  # noqa: PLC0415
 
             n_sup = s * b if supervised_tokens is None else max(0, min(int(supervised_tokens), s * b))
-            chunk = min(CHUNK_TOKENS, n_sup)
+            chunk = min(chunk_positions(vocab), n_sup)
             loss_parts[f"chunk logits: 3 fp32 copies of {chunk} x V"] = 12 * chunk * vocab
             loss_parts["hidden states shifted and gathered"] = (s * b + n_sup) * h * e
         else:  # full logits, then training.loss.token_loss_sum

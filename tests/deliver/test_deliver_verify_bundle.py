@@ -41,8 +41,12 @@ def test_altered_file_is_named_with_both_hashes(bundle_copy, capsys):
     assert files["name"] == "files" and not files["passed"]
     assert files["problems"] == [f"altered file: adapter/adapter_model.safetensors (expected sha256 {expected}, found {found})"]
     assert _exit_code(["verify", str(bundle_copy)]) == 3
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "adapter/adapter_model.safetensors" in out and expected in out.replace("\n", "")
+    # the remedy is to export again, not another --base: the bundle itself changed
+    said = " ".join((out + err).split())
+    assert "-> the bundle was changed after export: do not use it; export the run again (tuneproof export RUN)" in said
+    assert "pass the right --base" not in said
 
 
 def test_missing_file_is_named(bundle_copy):
@@ -79,6 +83,9 @@ def test_c13_base_with_different_weights_is_refused_naming_both_hashes(cls_bundl
     assert check["problems"][1] == (f"combined weights hash: expected {man['base_model']['weights_sha256']}, "
                                     f"found {combined_weights_hash({'model.safetensors': found})}")
     assert "examples" not in report or report["examples"] == []  # refused before loading the adapter
+    from tuneproof.recipes.verify import failure_hint
+
+    assert failure_hint(report).startswith("do not use this bundle with this base: pass the base it was exported from (--base PATH)")
     assert _exit_code(["verify", str(cls_bundle["bundle"]), "--base", str(other)]) == 3
 
 

@@ -305,7 +305,9 @@ def check_environment(ctx: StudyContext, snapshot: dict[str, Any]) -> dict[str, 
 
 
 def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Check 2: dtype for ``training.precision`` on this device (C9) and the extensions the config wants."""
+    """Check 2: dtype for ``training.precision`` on this device (C9), the extensions the config wants, and
+    ``eval.backend`` (vllm: installed, a CUDA GPU, a causal LM; else failed with the two-line error that
+    ``baseline``/``eval``/``test`` give, :func:`tuneproof.evaluation.backends.check_backend_available`)."""
     from tuneproof.preflight.backend import check_extensions, choose_dtype, detect_device  # noqa: PLC0415
 
     device = detect_device()
@@ -325,6 +327,15 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
             numbers["qlora_device"] = require_4bit_device("cuda" if device.type in ("cuda", "rocm") else "cpu")
             message += f"; bitsandbytes 4-bit layers run on {numbers['qlora_device']}"
+        except TuneproofError as err:
+            passed, message = False, f"{message}; {err.message} -> {err.hint}"
+    numbers["eval_backend"] = ctx.study.eval.backend
+    if ctx.study.eval.backend != "transformers":  # baseline/eval/test would refuse it here: so does the preflight
+        from tuneproof.recipes.common import require_backend  # noqa: PLC0415
+
+        try:
+            require_backend(ctx)
+            message += f"; eval.backend {ctx.study.eval.backend} can run here"
         except TuneproofError as err:
             passed, message = False, f"{message}; {err.message} -> {err.hint}"
     return _check("backend", passed, message, numbers, {"dtype": choice, "extensions": ext}), choice

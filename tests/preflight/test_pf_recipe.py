@@ -276,22 +276,21 @@ def test_packing_check_runs_only_with_training_packing_and_passes_on_the_tiny_ll
 
 
 def test_bf16_base_weights_checked_before_the_update_check_and_the_estimate_counts_2_bytes(tmp_path, tiny_model_dir, monkeypatch):
-    """training.bf16_base_weights (issue 15): the check runs after the precision check (which needs fp32
-    weights) and before the update check; the step memory estimate counts frozen elements at 2 bytes;
+    """training.bf16_base_weights (issue 15): the check runs after the accumulation and precision checks
+    (which compute in fp32 without autocast, on the fp32 weights) and before the update check; the step memory estimate counts frozen elements at 2 bytes;
     every later check, the smoke steps and the fresh-process reload see the base in bf16."""
     import tuneproof.preflight.backend as backend
     from tuneproof.training.speedups import BF16_BASE_GRAD_COSINE, BF16_BASE_GRAD_REL_L2, BF16_BASE_LOSS_RTOL
 
     monkeypatch.setattr(backend, "_cpu_bf16_native", lambda: True)  # native here (AVX512-BF16); emulated CPUs compute the same
     study = make_study(tmp_path / "s", tiny_model_dir, training__precision="bf16", training__bf16_base_weights=True)
-    ctx = StudyContext.open(study)
-    try:
-        rid = run_preflight(ctx)
-    except CheckFailed:  # a check unrelated to the key may fail in bf16 on this tiny model: the ones below are asserted
-        rid = ctx.registry.list(kind="preflight")[-1].id
+    rid = run_preflight(StudyContext.open(study))  # every check passes (a failed one raises CheckFailed)
     checks = checks_of(study, rid)
     names = list(checks)
-    assert names.index("precision") < names.index("bf16 base weights") == names.index("update check") - 1
+    # accumulation and precision compute in fp32 without autocast: on the fp32 weights, just before the cast
+    assert names.index("gradient accumulation") < names.index("precision") < names.index("bf16 base weights")
+    assert names.index("bf16 base weights") == names.index("update check") - 1
+    assert all(c["passed"] for c in checks.values()), [n for n, c in checks.items() if not c["passed"]]
     chk = checks["bf16 base weights"]
     assert chk["passed"] is True, chk["message"]
     n = chk["numbers"]

@@ -22,7 +22,9 @@ Checks, in order (config key or option behind each):
    embedding rows vs the tokenizer, added tokens trained and saved.
 4b. ``bf16 base weights`` (only with ``training.bf16_base_weights: true``): loss and trained
    gradients with the frozen weights in bf16 vs fp32 on the configured micro-batch, within stated
-   tolerances, and the peak memory with each; the later checks then run with bf16 frozen weights.
+   tolerances, and the peak memory with each; the later checks then run with bf16 frozen weights
+   (``gradient accumulation`` and ``precision``, which compute in fp32 without autocast, run
+   just before it, on the fp32 weights).
 5. ``update check``: the model built exactly as ``train`` builds it (``recipes.train.build_model``),
    real optimizer steps on a real train micro-batch under the configured precision: every
    trainable tensor changed, every frozen tensor bitwise unchanged (C7); the model is restored.
@@ -1188,7 +1190,10 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     pad = getattr(ctx.tokenizer, "pad_token_id", 0) or 0  # an image processor has no pad token (and needs none)
     probe = _micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
     if cfg.bf16_base_weights:  # every later check sees the frozen weights as training will hold them
-        # the precision check compares with fp32 compute, which needs fp32 weights: before the cast
+        # the precision and accumulation checks compare in fp32 compute (no autocast), which needs fp32
+        # weights: before the cast (the accumulation rule, C1/C18, does not depend on the weights' dtype)
+        windows, last = _accumulation_probes(usable, cfg, pad)
+        rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
         rep.run("bf16 base weights", lambda: check_study_bf16_base(ctx, model, usable, pad, autocast))
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
@@ -1231,6 +1236,14 @@ def _qlora_checks(ctx: StudyContext, rep: _Report, model, probe: dict, autocast)
     rep.run("qlora step", step)
 
 
+def _accumulation_probes(usable: list, cfg, pad: int) -> tuple[list[dict], list[dict] | None]:
+    """The micro-batches of the gradient accumulation check: ``max(2, accumulation)`` windows of
+    real train examples, and the short last window of an epoch when there is one (C18)."""
+    k = max(2, cfg.gradient_accumulation_steps)
+    size = max(1, min(PROBE_MICRO_BATCH, len(usable) // k))
+    return [_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)], _last_window_probe(usable, cfg, size, pad)
+
+
 def _text_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: dict, pad: int, data_check: dict, choice: dict[str, Any],
                  budget: int, budget_source: str, find_max: bool, autocast) -> None:
     """A causal LM's or text classifier's checks after the update check (step memory at two lengths...)."""
@@ -1244,11 +1257,9 @@ def _text_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: di
     rep.run("eval memory", lambda: check_eval_memory(model, ctx, budget, budget_source, autocast))
     if find_max:
         rep.run("max micro-batch", lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast))
-    k = max(2, cfg.gradient_accumulation_steps)
-    size = max(1, min(PROBE_MICRO_BATCH, len(usable) // k))
-    windows = [_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)]
-    last = _last_window_probe(usable, cfg, size, pad)
-    rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+    if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
+        windows, last = _accumulation_probes(usable, cfg, pad)
+        rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
     if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))
@@ -1287,11 +1298,9 @@ def _image_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: d
     evals = ctx.eval_examples()
     eval_batch = {k: v.to(device) for k, v in collate_images(ctx.pipeline.encode_all(evals[: ctx.study.eval.batch_size])).items()}
     rep.run("eval memory", lambda: _check("eval memory", **image_checks.check_image_eval_memory(model, eval_batch, budget, autocast)))
-    k = max(2, cfg.gradient_accumulation_steps)
-    size = max(1, min(PROBE_MICRO_BATCH, len(usable) // k))
-    windows = [_micro_batch(usable, size, cfg.seed, i, 0) for i in range(k)]
-    last = _last_window_probe(usable, cfg, size, 0)
-    rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+    if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
+        windows, last = _accumulation_probes(usable, cfg, 0)
+        rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
     if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_checkpointing(ctx, model, probe))

@@ -409,3 +409,46 @@ def test_preflight_backend_fails_where_4bit_does_not_run(tiny_base, tmp_path, mo
     assert check["numbers"]["extensions"] == ["bitsandbytes"]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     assert f"cannot run 4-bit layers on {dev} (RuntimeError: no 4-bit kernel) -> QLoRA needs a CUDA device here" in check["message"]
+
+
+@needs_4bit
+def test_step_memory_estimate_counts_the_4bit_base_as_stored(qbase):
+    """The preflight's estimate counts a 4-bit linear weight at half a byte (uint8 storage holds two
+    values), not at 4 bytes per stored element: SmolLM2-135M's 4-bit base read 312.4 MiB estimated
+    for about 160 MiB held (81.9 M stored elements x 4 bytes)."""
+    import bitsandbytes as bnb
+
+    from tuneproof.preflight.memory import estimate_step_memory
+    from tuneproof.recipes.preflight import _estimate
+
+    model, _ = _qlora_model(qbase)
+    linears = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(linears) == 14
+    four_bit_values = sum(m.in_features * m.out_features for m in linears)
+    est = estimate_step_memory(model, 1, 16, "fp32", "adamw", trainable_dtype="fp32")
+    assert est["packed_bytes"] == four_bit_values // 2  # two 4-bit values per uint8 byte
+    assert est["packed_parameters"] == four_bit_values // 2
+    others = sum(p.numel() for p in model.parameters() if not p.requires_grad) - est["packed_parameters"]
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert est["weights_bytes"] == others * 4 + four_bit_values // 2 + trainable * 4
+    assert est["autocast_weight_copies_bytes"] == 0
+    # the preflight's wrapper (frozen weights stored in fp32 under bf16 autocast) adds 2 bytes to the
+    # float frozen elements only: the packed base is not stored in fp32
+    mixed = _estimate(model, 1, 16, "bf16", False, None)
+    assert mixed["weights_bytes"] == others * 4 + four_bit_values // 2 + trainable * 4
+
+
+@needs_4bit
+def test_trainable_summary_counts_the_4bit_weights_not_their_storage(qbase):
+    """'trainable N of TOTAL parameters' counts a 4-bit weight's values, as for the full-precision model
+    (SmolLM2-135M + QLoRA read 'of 81,891,648' for 134,975,808: two values per uint8 element)."""
+    from tuneproof.models.base import BaseModelRef, load_model
+    from tuneproof.preflight.targets import trainable_summary
+
+    model, report = _qlora_model(qbase)
+    full = load_model(BaseModelRef("tiny", qbase, "local", "causal-lm", "local"), "causal-lm")
+    base_total = sum(p.numel() for p in full.parameters())
+    s = trainable_summary(model)
+    assert s["trainable"] == report["trainable"] == 2048
+    assert s["total"] == base_total + 2048  # the base's own elements + LoRA's
+    assert report["total"] == base_total + 2048

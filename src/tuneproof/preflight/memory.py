@@ -193,6 +193,13 @@ def _cfg(config: Any, *names: str) -> int | None:
     return None
 
 
+def is_packed_quantized(p) -> bool:
+    """A parameter holding packed quantized values (bitsandbytes ``Params4bit``: two 4-bit values per
+    uint8 element, or per ``bnb_4bit_quant_storage`` element, with a ``quant_state``): its bytes are
+    ``numel * element_size`` as stored, whatever the compute dtype."""
+    return type(p).__name__ == "Params4bit" or getattr(p, "quant_state", None) is not None
+
+
 def estimate_step_memory(
     model: nn.Module,
     micro_batch: int,
@@ -306,13 +313,16 @@ def estimate_step_memory(
         if value not in BYTES_PER_ELEMENT:
             raise TuneproofError(f"estimate_step_memory: {key} {value!r} is not one of {', '.join(BYTES_PER_ELEMENT)}")
     e, ew, et = BYTES_PER_ELEMENT[precision], BYTES_PER_ELEMENT[wdtype], BYTES_PER_ELEMENT[tdtype]
-    total_n = trainable_n = 0
+    total_n = trainable_n = packed_n = packed_bytes = 0
     for p in model.parameters():
         total_n += p.numel()
         if p.requires_grad:
             trainable_n += p.numel()
-    weights = (total_n - trainable_n) * ew + trainable_n * et
-    autocast_copies = total_n * e if ew != e else 0
+        elif is_packed_quantized(p):  # a 4-bit base (QLoRA): its storage as it is, never cast nor copied by autocast
+            packed_n += p.numel()
+            packed_bytes += p.numel() * p.element_size()
+    weights = (total_n - trainable_n - packed_n) * ew + packed_bytes + trainable_n * et
+    autocast_copies = (total_n - packed_n) * e if ew != e else 0
     grads = trainable_n * et
     n_states = OPTIMIZER_STATES[optimizer]
     states = n_states * trainable_n * et
@@ -385,7 +395,7 @@ def estimate_step_memory(
 
             n_sup = s * b if supervised_tokens is None else max(0, min(int(supervised_tokens), s * b))
             chunk = min(chunk_positions(vocab), n_sup)
-            loss_parts[f"chunk logits: 3 fp32 copies of {chunk} x V"] = 12 * chunk * vocab
+            loss_parts["chunk logits: 3 fp32 copies of one chunk x V"] = 12 * chunk * vocab
             loss_parts["hidden states shifted and gathered"] = (s * b + n_sup) * h * e
         else:  # full logits, then training.loss.token_loss_sum
             copies = max(e + 4 + 4, 12) / 4
@@ -393,7 +403,8 @@ def estimate_step_memory(
     logits = int(sum(loss_parts.values()))
     total = weights + autocast_copies + grads + states + temp + activations + logits
     passed = budget_bytes is None or total <= budget_bytes
-    breakdown = [{"part": "weights", "bytes": weights, "formula": f"frozen x {ew} + trainable x {et} bytes"},
+    breakdown = [{"part": "weights", "bytes": weights, "formula": f"frozen x {ew} + trainable x {et} bytes"
+                  + (f" + {packed_n} packed 4-bit storage elements x their own size" if packed_n else "")},
                  {"part": "autocast weight copies", "bytes": autocast_copies, "formula": f"all elements x {e} bytes when stored wider than computed"},
                  {"part": "gradients", "bytes": grads, "formula": f"trainable x {et} bytes"},
                  {"part": f"optimizer states ({n_states})", "bytes": states, "formula": f"{n_states} x trainable x {et} bytes"},
@@ -417,6 +428,8 @@ def estimate_step_memory(
         "seq_len": seq_len,
         "parameters": total_n,
         "trainable_parameters": trainable_n,
+        "packed_parameters": packed_n,
+        "packed_bytes": packed_bytes,
         "bytes_per_weight": ew,
         "weights_bytes": weights,
         "weights_dtype": wdtype,

@@ -25,6 +25,8 @@ as ``model``).
 
 from __future__ import annotations
 
+import math
+
 import difflib
 import re
 from collections import Counter
@@ -206,7 +208,9 @@ def trainable_summary(model: nn.Module) -> dict[str, Any]:
     """Trainable vs total parameters (PROTOCOL.md step 4: "record ... trainable parameters, and any
     extra layers saved").
 
-    Counts elements of ``model.parameters()`` (shared/tied tensors once).
+    Counts elements of ``model.parameters()`` (shared/tied tensors once); a packed quantized weight
+    (bitsandbytes ``Params4bit``, QLoRA's 4-bit base: two values per uint8 element) counts the values
+    of the weight it holds (its ``quant_state.shape``), not its storage elements.
 
     Returns:
         ``{"passed": trainable > 0, "message", "trainable": int elements, "total": int elements, "frozen": int, "percent": 100*trainable/total,
@@ -218,7 +222,8 @@ def trainable_summary(model: nn.Module) -> dict[str, Any]:
     frozen_tensors = 0
     dtypes: Counter[str] = Counter()
     for name, p in model.named_parameters():
-        n = p.numel()
+        shape = getattr(getattr(p, "quant_state", None), "shape", None)
+        n = math.prod(shape) if shape is not None else p.numel()
         total += n
         if p.requires_grad:
             trainable += n

@@ -526,7 +526,7 @@ def _estimate(model, micro_batch: int, length: int, dtype: str, checkpointing: b
     if bf16_base:
         est["weights_note"] = "frozen weights held in bf16 (training.bf16_base_weights): 2 bytes per frozen element"
     elif dtype != "fp32":  # the component counts frozen weights at the compute dtype; here they are stored in fp32
-        frozen = est["parameters"] - est["trainable_parameters"]
+        frozen = est["parameters"] - est["trainable_parameters"] - est.get("packed_parameters", 0)  # a 4-bit base stays packed
         add = frozen * (4 - est["bytes_per_weight"])
         est["weights_bytes"] += add
         est["total_bytes"] += add

@@ -100,7 +100,11 @@ def dossier_study(cls_bundle, tmp_path_factory) -> dict:
         r.update_summary(passed=True, checks=[{"name": "update check", "passed": True, "detail": "4 of 4 LoRA tensors changed"},
                                               {"name": "accumulation", "passed": True, "detail": "max |grad diff| 1e-7"}],
                          memory={"peak_bytes": 3_200_000_000, "estimate": {"weights_bytes": 1_100_000_000, "optimizer_bytes": 900_000_000},
-                                 "L37_estimate_gib": 1.5, "L37_peak_gib": 1.25, "L37_step_peak_gib": 0.4, "L37_estimate_in_step_gib": 0.5},
+                                 "L37_estimate_gib": 1.5, "L37_peak_gib": 1.25, "L37_step_peak_gib": 0.4, "L37_estimate_in_step_gib": 0.5,
+                                 "L37_allocated_step_peak_gib": 0.49, "L37_measured_over_estimate": 0.98},
+                         memory_breakdown={"lengths": [37], "micro_batch": 4, "rows": [
+                             ["weights", 1049.0], ["activations: MLP gate, silu, up (3i per block)", 120.5],
+                             ["measured: the step's tensors at the peak", 501.8], ["measured / estimate (the step's tensors / the step's part)", 0.98]]},
                          throughput={"s_per_step": 0.5, "tokens_per_s": 1200.0}, smoke={"eval_seconds": 2.0, "n_eval": 8})
     with pytest.raises(RuntimeError):
         with reg.run("train", name="oom") as failed:

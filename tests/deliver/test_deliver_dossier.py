@@ -36,7 +36,10 @@ def test_markdown_holds_every_run_and_the_evidence(dossier_study):
     assert f"`- {v} [invalid] method.r: 4 -> 8" in md  # lineage with the change the variant made
     assert "| train | 5.000 | 7.000 | 8 | 0.000 |" in md and "suggested max_length: 8 (configured: 16)" in md
     assert "| update check | true | 4 of 4 LoRA tensors changed |" in md and "| time per optimizer step | 0.500 | s |" in md
-    assert "| 37 | 1.50 | 1.25 | 0.50 | 0.40 |" in md  # step memory: estimate next to measured, GiB
+    assert "| 37 | 1.50 | 1.25 | 0.50 | 0.40 | 0.49 | 0.98 |" in md  # step memory: estimate next to measured, GiB, and their ratio
+    # issue 15: the estimate itemised (MiB) next to the measured step
+    assert "| activations: MLP gate, silu, up (3i per block) | 120.500 |" in md and "| measured / estimate (the step's tensors / the step's part) | 0.980 |" in md
+    assert "micro-batch 4" in md.split("## Preflight")[1].split("## Training")[0]
     assert "| measured peak memory | 2.98 | GiB |" in md and "| training throughput | 1200.0 | tokens/s |" in md
     assert "L37_" not in md.split("## Preflight")[1].split("## Training")[0]  # no raw keys
     assert "| train/test | across splits | 6 | 1 (16.7%) | 1 (16.7%) | 2 (33.3%) (Jaccard >= 0.8) |" in md

@@ -294,7 +294,8 @@ def estimate_step_memory(
         "optimizer_states_bytes", "optimizer_states_count", "optimizer_step_temporary_bytes",
         "activations_bytes", "activation_parts" ({name: bytes}), "logits_bytes", "loss_parts" ({name:
         bytes}), "parts" ([{"part", "bytes", "formula"}], the breakdown in order), "total_bytes",
-        "total_gib", "peak_bytes", "budget_bytes", "padded", "chunked_loss", "activation_checkpointing",
+        "total_gib", "peak_bytes", "budget_bytes", "padded", "kv_repeated", "chunked_loss",
+        "chunk_positions", "activation_checkpointing",
         "attention_scores_stored", "formula", "source"}``.
 
     Raises:
@@ -350,6 +351,7 @@ def estimate_step_memory(
     scale = e / 2.0
     gated = _gated_mlp(model)
     blocks: dict[str, int] = {}  # the activation parts, bytes, for the breakdown
+    repeated, chunk = False, 0
     if gated:  # Llama-style block (SwiGLU, RoPE, grouped KV, SDPA): counted op by op, see GATED_ACTIVATION_SOURCE
         kv_heads = _cfg(config, "num_key_value_heads") or heads
         head_dim = _cfg(config, "head_dim") or h // heads
@@ -361,11 +363,10 @@ def estimate_step_memory(
         tokens = s * b
         blocks["norm inputs (2h per block)"] = layers * tokens * 2 * h * e
         if attention_scores_stored:  # eager: q, k for the scores, the softmax probabilities and v for their product
-            blocks["attention q/k/v" + (" (k/v repeated to all heads)" if repeated else "")] = layers * tokens * (q_dim + 2 * kv_eff) * e
+            blocks["attention q/k/v"] = layers * tokens * (q_dim + 2 * kv_eff) * e
             blocks["attention probabilities (eager)"] = layers * heads * s * s * b * e
         else:  # SDPA keeps q, k, v, its output and the log-sum-exp (fp32) per head
-            blocks["attention q/k/v + output" + (" (k/v repeated to all heads)" if repeated else "")] = (
-                layers * tokens * ((2 * q_dim + 2 * kv_eff) * e + 4 * heads))
+            blocks["attention q/k/v + output (SDPA)"] = layers * tokens * ((2 * q_dim + 2 * kv_eff) * e + 4 * heads)
             if padded:  # SDPA turns the boolean padding mask into an additive one at each call and keeps it
                 blocks["attention mask (additive, per block)"] = layers * b * s * s * e
         blocks["MLP gate, silu, up (3i per block)"] = layers * tokens * 3 * inter * e
@@ -409,8 +410,11 @@ def estimate_step_memory(
                  {"part": "gradients", "bytes": grads, "formula": f"trainable x {et} bytes"},
                  {"part": f"optimizer states ({n_states})", "bytes": states, "formula": f"{n_states} x trainable x {et} bytes"},
                  {"part": "optimizer step temporary", "bytes": temp, "formula": f"{1 if temp else 0} x trainable x {et} bytes"}]
-    breakdown += [{"part": f"activations: {k}", "bytes": int(v), "formula": ""} for k, v in blocks.items()]
-    breakdown += [{"part": f"loss: {k}", "bytes": int(v), "formula": ""} for k, v in loss_parts.items()]
+    notes = {"attention q/k/v + output (SDPA)": "k/v repeated to every head (padding mask)" if repeated else "k/v at their own width (GQA in SDPA)",
+             "attention q/k/v": "k/v repeated to every head" if repeated else "",
+             "chunk logits: 3 fp32 copies of one chunk x V": f"chunk of {chunk} positions"}
+    breakdown += [{"part": f"activations: {k}", "bytes": int(v), "formula": notes.get(k, "")} for k, v in blocks.items()]
+    breakdown += [{"part": f"loss: {k}", "bytes": int(v), "formula": notes.get(k, "")} for k, v in loss_parts.items()]
     parts = (
         f"weights {weights / GIB:.3f} + autocast copies {autocast_copies / GIB:.3f} + grads {grads / GIB:.3f} + {n_states} optimizer states {states / GIB:.3f} + "
         f"step temp {temp / GIB:.3f} + activations {activations / GIB:.3f} + logits {logits / GIB:.3f} = {total / GIB:.3f} GiB"
@@ -444,7 +448,9 @@ def estimate_step_memory(
         "logits_bytes": logits,
         "loss_parts": loss_parts,
         "padded": padded,
+        "kv_repeated": bool(gated and repeated),
         "chunked_loss": chunked_loss,
+        "chunk_positions": chunk if (chunked_loss and has_lm_head and vocab) else None,
         "parts": breakdown,
         "total_bytes": total,
         "total_gib": total / GIB,

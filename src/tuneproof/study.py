@@ -221,6 +221,22 @@ class Training(_Strict):
                              "the step budget comes from one of them; remove one (or set it to null)")
         return self
 
+    @model_validator(mode="after")
+    def _packing_rows(self) -> "Training":
+        # a row shorter than max_length cannot hold an example of max_length tokens: the rows would be
+        # widened to the longest example, and with rows shorter than every example nothing is packed
+        # while the run records packing as used
+        if self.packing_length is None:
+            return self
+        if not self.packing:
+            raise ValueError(f"training.packing_length ({self.packing_length}) applies to training.packing: true; "
+                             "remove it or set training.packing: true")
+        if self.packing_length < self.max_length:
+            raise ValueError(f"training.packing_length {self.packing_length} is below training.max_length {self.max_length}: "
+                             f"a packed row must hold an example of max_length tokens; set it to at least {self.max_length} "
+                             f"(unset: micro_batch_size x max_length = {self.micro_batch_size * self.max_length}, one row per micro-batch)")
+        return self
+
 
 # --------------------------------------------------------------------------- distributed
 class Distributed(_Strict):

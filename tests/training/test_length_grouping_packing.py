@@ -262,3 +262,27 @@ def test_packing_with_chunked_loss_gives_the_losses_of_the_padded_run(tmp_path):
     used = run.summary["speedups"]
     assert set(used) == {"packing", "chunked_loss"}
     assert used["chunked_loss"]["loss_rel_diff"] <= 1e-5 and used["chunked_loss"]["grad_max_rel_diff"] <= 1e-4
+
+
+def test_packing_length_below_max_length_or_without_packing_is_refused_naming_the_keys(tiny_base):
+    """A row of training.packing_length 16 held none of 35-38-token examples (max_length 64): each was
+    its own row, nothing was packed, and the run still recorded packing as used; refused in the study file."""
+    from tiny_study import study_config
+
+    from tuneproof.errors import TuneproofError
+    from tuneproof.study import parse_study
+
+    raw = study_config(tiny_base)
+    raw["training"].update(max_length=64, micro_batch_size=4, packing=True, packing_length=16)
+    with pytest.raises(TuneproofError) as e:
+        parse_study(raw, "s/tuneproof.yaml")
+    assert str(e.value).splitlines()[0] == (
+        "s/tuneproof.yaml: training: training.packing_length 16 is below training.max_length 64: a packed row must hold an "
+        "example of max_length tokens; set it to at least 64 (unset: micro_batch_size x max_length = 256, one row per micro-batch)")
+    raw["training"].update(packing=False, packing_length=128)
+    with pytest.raises(TuneproofError, match=r"training.packing_length \(128\) applies to training.packing: true"):
+        parse_study(raw, "s/tuneproof.yaml")
+    raw["training"].update(packing=True, packing_length=64)
+    assert parse_study(raw, "s/tuneproof.yaml").training.packing_length == 64
+    raw["training"].update(packing=False, packing_length=None)  # a resolved config of a run without packing
+    assert parse_study(raw, "s/tuneproof.yaml").training.packing_length is None

@@ -67,6 +67,7 @@ def _run(model: nn.Module, batch: dict, loss_fn: LossFn, seed: int, measure_memo
         "seconds": measured["seconds"],
         "peak_bytes": measured.get("peak_bytes"),
         "step_peak_bytes": measured.get("step_peak_bytes"),
+        "allocated_step_peak_bytes": measured.get("allocated_step_peak_bytes"),
         "method": measured.get("method"),
         "approximate": measured.get("approximate"),
     }
@@ -94,9 +95,10 @@ def check_activation_checkpointing(
             repeats the same kernels, so on one device results are usually bitwise equal; the
             defaults leave room for non-deterministic GPU reductions.
         loss_fn: ``(model, batch) -> scalar loss``; default ``update_check.batch_loss``.
-        measure_memory: measure the peak of forward + backward with ``memory.measure_step_peak``.
-            On CPU that is the process's resident set (approximate: allocator caching and the
-            interpreter share it; for a tiny model the difference is noise); on CUDA it is exact.
+        measure_memory: measure the peak of forward + backward with ``memory.measure_step_peak``:
+            the memory saved is the difference of the step's tensors at their peak (torch's CPU
+            allocator, or CUDA's peak allocated), the same at every run; the process's resident set
+            (approximate: glibc's heap and the interpreter share it) only when that count is missing.
         seed: torch RNG seed of both runs (dropout draws the same masks).
 
     Fails when the weights differ between the two builds, a trainable tensor gets a gradient
@@ -106,8 +108,9 @@ def check_activation_checkpointing(
     Returns:
         ``{"passed", "message", "rtol", "atol", "loss_without", "loss_with", "grad_tensors",
         "grad_max_abs_diff", "grad_mismatches": [names], "missing_with_checkpointing": [names],
-        "weights_identical", "without": {"seconds", "peak_bytes", "step_peak_bytes", "method"},
-        "with": {...}, "memory_saved_bytes" (step_peak without - with, or None), "time_ratio"
+        "weights_identical", "without": {"seconds", "peak_bytes", "step_peak_bytes",
+        "allocated_step_peak_bytes", "method"}, "with": {...}, "memory_saved_bytes" (the step's
+        tensors without - with, else step_peak without - with, or None), "time_ratio"
         (seconds with / without), "approximate", "diagnosis"}``. Seconds are wall-clock of one
         forward + backward; bytes as in ``measure_step_peak``.
     """
@@ -146,10 +149,13 @@ def check_activation_checkpointing(
     if not loss_ok:
         problems.append(f"loss differs: {off['loss']:.8g} without, {on['loss']:.8g} with checkpointing")
     saved = None
-    if off["step_peak_bytes"] is not None and on["step_peak_bytes"] is not None:
+    tensors = off.get("allocated_step_peak_bytes") is not None and on.get("allocated_step_peak_bytes") is not None
+    if tensors:  # the step's tensors (CPU allocator / CUDA peak allocated): the same at every run, unlike the resident set
+        saved = off["allocated_step_peak_bytes"] - on["allocated_step_peak_bytes"]
+    elif off["step_peak_bytes"] is not None and on["step_peak_bytes"] is not None:
         saved = off["step_peak_bytes"] - on["step_peak_bytes"]
     time_ratio = on["seconds"] / off["seconds"] if off["seconds"] else None
-    approximate = bool(off.get("approximate") or (off.get("method") or "").startswith("process"))
+    approximate = not tensors and bool(off.get("approximate") or (off.get("method") or "").startswith("process"))
     if problems:
         message = "activation checkpointing check failed: " + "; ".join(problems)
     else:
@@ -160,7 +166,7 @@ def check_activation_checkpointing(
         )
 
     def public(r: dict[str, Any]) -> dict[str, Any]:
-        return {k: r[k] for k in ("seconds", "peak_bytes", "step_peak_bytes", "method")}
+        return {k: r.get(k) for k in ("seconds", "peak_bytes", "step_peak_bytes", "allocated_step_peak_bytes", "method")}
 
     return {
         "passed": not problems,

@@ -112,3 +112,18 @@ def test_many_classes_changed_first_rest_folded_and_top_confusions():
     conf = {"labels": ["a", "b", "c"], "columns": ["a", "b", "c", "<invalid>"],
             "matrix": [[5, 3, 0, 1], [4, 2, 4, 0], [0, 0, 9, 0]]}
     assert top_confusions(conf, 3) == [("b", "a", 4, 10), ("b", "c", 4, 10), ("a", "b", 3, 9)]
+
+
+def test_hypothesis_section_states_each_guard_rule_as_written():
+    """A floor-only guard read 'per_class_recall must not get worse (floor 0.0)': it has no drop rule
+    (only the conditions written apply), so the dossier says what each guard does hold."""
+    from tuneproof.deliver.dossier import _hypothesis_items
+
+    h = {"behaviour": "b", "task": "classification", "success": {"metric": "accuracy", "min_gain": 0.05},
+         "guards": [{"metric": "per_class_recall", "floor": 0.0, "max_drop": None},
+                    {"metric": "macro_f1", "max_drop": 0.02, "floor": None},
+                    {"metric": "per_class_recall", "max_drop": 0.1, "floor": 0.5, "classes": ["bug", "feature"]}]}
+    items = _hypothesis_items(h)
+    assert items[3:6] == ["guard: per_class_recall must stay at or above 0.0",
+                          "guard: macro_f1 must not drop by more than 0.02 vs the baseline",
+                          "guard: per_class_recall for bug, feature must not drop by more than 0.1 vs the baseline and must stay at or above 0.5"]

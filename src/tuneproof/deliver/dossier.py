@@ -238,10 +238,11 @@ def _hypothesis_items(h: dict) -> list[str]:
     items = [f"behaviour: {h.get('behaviour')}", f"task: {h.get('task')}",
              f"success: {(h.get('success') or {}).get('metric')} gains at least {(h.get('success') or {}).get('min_gain')} over the baseline"]
     for g in h.get("guards") or []:
-        rule = "; ".join(x for x in [f"max drop {g['max_drop']}" if g.get("max_drop") is not None else "",
-                                     f"floor {g['floor']}" if g.get("floor") is not None else ""] if x)
+        # only the conditions written apply (a floor alone allows any drop above it)
+        rule = " and ".join(x for x in [f"must not drop by more than {g['max_drop']} vs the baseline" if g.get("max_drop") is not None else "",
+                                        f"must stay at or above {g['floor']}" if g.get("floor") is not None else ""] if x)
         only = f" for {', '.join(g['classes'])}" if g.get("classes") else ""
-        items.append(f"guard: {g.get('metric')}{only} must not get worse ({rule})")
+        items.append(f"guard: {g.get('metric')}{only} {rule or 'has no condition'}")
     if h.get("required_fields"):
         items.append(f"required fields: {', '.join(h['required_fields'])}")
     fmt = {k: v for k, v in (h.get("format") or {}).items() if v not in (None, False)}

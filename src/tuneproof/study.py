@@ -450,7 +450,21 @@ def load_study(path: str | Path) -> Study:
         raise TuneproofError(f"{path}{where}: YAML syntax error ({getattr(err, 'problem', err)})") from None
     except UnicodeDecodeError as err:
         raise TuneproofError(f"{path}: not UTF-8 at byte offset {err.start}") from None
+    _quant_keys_written_need_qlora(raw, path)
     return parse_study(raw, path)
+
+
+def _quant_keys_written_need_qlora(raw: Any, path: Path) -> None:
+    """A ``method.bnb_4bit_*`` key written in the study file without ``method.kind: qlora`` is refused,
+    even at its default value (``Method`` itself can only see values that differ from the default: a
+    resolved config of a LoRA run records every key)."""
+    method = raw.get("method") if isinstance(raw, dict) else None
+    if not isinstance(method, dict) or method.get("kind", "lora") == "qlora":
+        return
+    written = [k for k in method if isinstance(k, str) and k.startswith("bnb_4bit_")]
+    if written:
+        raise TuneproofError(f"{path}: method: method.{written[0]} applies to method.kind: qlora only (kind is {method.get('kind', 'lora')!r}); "
+                             "remove it or set method.kind: qlora", hint="fix the study file; `tuneproof init` writes a commented template")
 
 
 def resolved_config(study: Study) -> dict[str, Any]:

@@ -452,3 +452,21 @@ def test_trainable_summary_counts_the_4bit_weights_not_their_storage(qbase):
     assert s["trainable"] == report["trainable"] == 2048
     assert s["total"] == base_total + 2048  # the base's own elements + LoRA's
     assert report["total"] == base_total + 2048
+
+
+def test_quant_key_at_its_default_in_a_lora_study_file_is_refused(tiny_base, tmp_path):
+    """``bnb_4bit_use_double_quant: true`` (the default) under ``method.kind: lora`` passed silently: the
+    study file's own keys are checked; a LoRA run's resolved config (every key recorded) still parses."""
+    from tuneproof.study import load_study, resolved_config
+
+    raw = _raw(tiny_base, kind="lora", bnb_4bit_use_double_quant=True)
+    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(TuneproofError) as err:
+        load_study(tmp_path)
+    assert str(err.value).splitlines()[0] == (f"{tmp_path / 'tuneproof.yaml'}: method: method.bnb_4bit_use_double_quant applies to "
+                                              "method.kind: qlora only (kind is 'lora'); remove it or set method.kind: qlora")
+    del raw["method"]["bnb_4bit_use_double_quant"]
+    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(raw))
+    recorded = resolved_config(load_study(tmp_path))
+    assert recorded["method"]["bnb_4bit_use_double_quant"] is True  # recorded with every default
+    assert parse_study(recorded, "runs/r0004/config.json").method.kind == "lora"

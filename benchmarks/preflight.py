@@ -10,12 +10,11 @@ study instead), runs ``tuneproof preflight --study DIR --data DATA`` in a new pr
   ``resource.getrusage(RUSAGE_CHILDREN)``; CPU time is steadier than wall time on a shared machine),
   the load average before and after, and the wall time of each check;
 - per representative length: the memory estimate (sum of parts, ``estimate_step_memory``), the
-  measured peak (``measure_step_peak``), and the estimate's error against it. On CPU the measured
-  peak is the process's resident set, interpreter included, so the comparable pair is the memory
-  the step itself adds (``step_peak_bytes``: peak minus resident memory before the step) against
-  the estimate's parts allocated inside a step once the optimizer states exist (gradients +
-  optimizer-step temporary + activations + logits); both errors are printed. On CUDA the peak
-  allocated bytes are compared with the estimate's total.
+  measured peak (``measure_step_peak``), and the estimate's error against it. The comparable pair
+  is the step's tensors at their peak (``allocated_step_peak_bytes``: torch's CPU allocator, or
+  CUDA's peak allocated) against the estimate's step part (``memory.in_step_bytes``), with their
+  ratio; the process's resident set (interpreter and glibc's heap included) and what the step adds
+  to it are printed too (``docs/benchmarks-preflight.md``, 2026-12-01: why they differ).
 
 With ``--doc`` a section with the numbers is appended to that Markdown file (docs/benchmarks-preflight.md).
 """
@@ -67,6 +66,8 @@ def memory_rows(checks: dict) -> list[dict]:
         row["error_in_step_vs_step_peak"] = ((in_step - m["step_peak_bytes"]) / m["step_peak_bytes"]
                                              if m.get("step_peak_bytes") else None)
         row["compared"] = "total vs peak allocated" if cuda else "in-step parts vs step peak (RSS)"
+        row["tensors"] = m.get("allocated_step_peak_bytes")  # the step's tensors at their peak (CPU allocator / CUDA)
+        row["tensors_over_estimate"] = r.get("measured_over_estimate")  # over the estimate's step part (in_step_bytes)
         rows.append(row)
     return rows
 
@@ -134,7 +135,9 @@ def print_result(r: dict) -> None:
         print(f"  memory L{m['length']} x{m['micro_batch']}: estimate {m['estimate_total'] / GIB:.3f} GiB (in-step parts "
               f"{m['estimate_in_step'] / GIB:.3f}), measured peak {m['peak'] / GIB:.3f} GiB (step adds "
               f"{(m['step_peak'] or 0) / GIB:.3f}); error total/peak {m['error_total_vs_peak']:+.1%}, in-step/step-peak "
-              + (f"{e2:+.1%}" if e2 is not None else "n/a"))
+              + (f"{e2:+.1%}" if e2 is not None else "n/a")
+              + (f"; the step's tensors {m['tensors'] / GIB:.3f} GiB, x{m['tensors_over_estimate']:.3f} of the estimate's step part"
+                 if m.get("tensors") and m.get("tensors_over_estimate") else ""))
     th = r["throughput"]
     if th:
         print(f"  throughput: {th.get('s_per_step')} s/step, {th.get('tokens_per_s')} tokens/s, budget {th.get('total_steps')} steps "
@@ -187,13 +190,14 @@ def append_doc(path: Path, r: dict) -> None:
         lines += ["", f"Fresh-process reload: {sm['child_load_seconds']:.1f} s to import and load base + adapter, "
                       f"{sm['child_predict_seconds']:.1f} s to predict the 2 smoke examples again."]
     if r["memory"]:
-        lines += ["", "| length x micro-batch | estimate (sum of parts) | estimate, in-step parts | measured peak (RSS) | "
-                  "measured step increment | error: total vs peak | error: in-step vs increment |", "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "| length x micro-batch | estimate (sum of parts) | estimate, the step's part | measured: the step's tensors | "
+                  "tensors / the step's part | measured peak (RSS) | measured step increment (RSS) | error: total vs peak |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for m in r["memory"]:
-            e2 = m["error_in_step_vs_step_peak"]
+            t, q = m.get("tensors"), m.get("tensors_over_estimate")
             lines.append(f"| {m['length']} x {m['micro_batch']} | {m['estimate_total'] / GIB:.3f} GiB | {m['estimate_in_step'] / GIB:.3f} GiB | "
-                         f"{m['peak'] / GIB:.3f} GiB | {(m['step_peak'] or 0) / GIB:.3f} GiB | {m['error_total_vs_peak']:+.0%} | "
-                         + (f"{e2:+.0%} |" if e2 is not None else "n/a |"))
+                         + (f"{t / GIB:.3f} GiB | {q:.3f} | " if t and q else "- | - | ")
+                         + f"{m['peak'] / GIB:.3f} GiB | {(m['step_peak'] or 0) / GIB:.3f} GiB | {m['error_total_vs_peak']:+.0%} |")
         parts = r["memory"][0]["parts"]
         lines += ["", "Estimate parts at the first length (GiB): " + ", ".join(
             f"{k.removesuffix('_bytes').replace('_', ' ')} {v / GIB:.3f}" for k, v in parts.items()) + "."]

@@ -409,7 +409,9 @@ def estimate_step_memory(
                  {"part": "autocast weight copies", "bytes": autocast_copies, "formula": f"all elements x {e} bytes when stored wider than computed"},
                  {"part": "gradients", "bytes": grads, "formula": f"trainable x {et} bytes"},
                  {"part": f"optimizer states ({n_states})", "bytes": states, "formula": f"{n_states} x trainable x {et} bytes"},
-                 {"part": "optimizer step temporary", "bytes": temp, "formula": f"{1 if temp else 0} x trainable x {et} bytes"}]
+                 {"part": "optimizer step temporary", "bytes": temp, "formula": (
+                     "none" if not temp else f"the largest trainable tensor x {et} bytes (one tensor at a time on a CPU)"
+                     if device == "cpu" else f"trainable x {et} bytes (foreach)")}]
     notes = {"attention q/k/v + output (SDPA)": "k/v repeated to every head (padding mask)" if repeated else "k/v at their own width (GQA in SDPA)",
              "attention q/k/v": "k/v repeated to every head" if repeated else "",
              "chunk logits: 3 fp32 copies of one chunk x V": f"chunk of {chunk} positions"}

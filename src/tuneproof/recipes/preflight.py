@@ -624,7 +624,7 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
             return f"length {r['length']}: estimate {_size(r['estimate']['total_bytes'])}, out of memory"
         m, ratio = r["measured"], r.get("measured_over_estimate")
         tensors = (f"the step's tensors {_size(m.get('allocated_step_peak_bytes'))} vs {_size(r['estimate_in_step_bytes'])} estimated"
-                   + (f" (x{ratio:.2f})" if ratio else "") + ", ") if m.get("allocated_step_peak_bytes") is not None else ""
+                   + (f" (x{ratio:.3f})" if ratio else "") + ", ") if m.get("allocated_step_peak_bytes") is not None else ""
         return (f"length {r['length']}: {tensors}whole step: estimate {_size(r['estimate']['total_bytes'])}, measured peak "
                 f"{_size(m['peak_bytes'])} (the step adds {_size(m['step_peak_bytes'])}), {m['seconds']:.2f} s")
 
@@ -656,6 +656,7 @@ def memory_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for part in r["estimate"].get("parts", []):
             if part["part"] not in names:
                 names.append(part["part"])
+    names = sorted(names, key=lambda n, order=list(names): (n.startswith("loss:"), order.index(n)))  # the loss after every activation part
     table_rows = []
     for name in names:
         vals = [next((p["bytes"] for p in r["estimate"].get("parts", []) if p["part"] == name), 0) for r in rows]

@@ -303,3 +303,38 @@ def test_bf16_base_weights_checked_before_the_update_check_and_the_estimate_coun
     assert est["weights_bytes"] == 2 * frozen + 4 * est["trainable_parameters"]
     assert est["autocast_weight_copies_bytes"] == 0 and "2 bytes per frozen element" in est["weights_note"]
     assert checks["smoke pass"]["numbers"]["identical_after_reload"] == checks["smoke pass"]["numbers"]["eval_examples"]
+
+
+def test_chunked_loss_check_listed_after_packing_and_passes_on_the_tiny_llama(tmp_path, tiny_model_dir):
+    """training.chunked_loss has its own preflight row (it only failed inside 'configured combination'
+    as 'error: CheckFailed: ...' before): listed after the packing check, the loop's own check."""
+    from tuneproof.training.loss import CHUNKED_GRAD_RTOL, CHUNKED_LOSS_RTOL
+
+    study = make_study(tmp_path / "s", tiny_model_dir, training__packing=True, training__chunked_loss=True)
+    rid = run_preflight(StudyContext.open(study))
+    checks = checks_of(study, rid)
+    names = list(checks)
+    assert names.index("chunked loss") == names.index("packing") + 1 == names.index("eval batch size") + 2
+    chk = checks["chunked loss"]
+    trainable = checks["update check"]["numbers"]["trainable_tensors"]
+    assert chk["passed"] is True and chk["numbers"]["tensors"] == trainable > 0
+    assert chk["numbers"]["loss_rel_diff"] <= CHUNKED_LOSS_RTOL and chk["numbers"]["grad_max_rel_diff"] <= CHUNKED_GRAD_RTOL
+
+
+def test_chunked_loss_check_fails_on_a_classification_head_naming_the_key():
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from tuneproof.data.preprocess import Encoded
+    from tuneproof.recipes.preflight import check_study_chunked_loss
+    from tuneproof.study import Training
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                     intermediate_size=64, max_position_embeddings=32, num_labels=3))
+    examples = [Encoded(id=f"ex{i}", category=None, input_ids=[1, 5 + i, 7, 2], labels=[], prompt_tokens=4, answer_tokens=0,
+                        full_length=4, n_supervised=0, truncated=False, text="", boundary_char=0, class_index=i % 3) for i in range(4)]
+    chk = check_study_chunked_loss(model, examples, Training(micro_batch_size=4, max_length=16, chunked_loss=True), 0)
+    assert chk["name"] == "chunked loss" and chk["passed"] is False
+    assert chk["message"] == ("training.chunked_loss: the chunked loss applies to causal LMs (token labels), not to a classification head; "
+                              "set it to false")

@@ -57,6 +57,9 @@ Checks, in order (config key or option behind each):
 9c. ``packing`` (only with ``training.packing: true``): per-token losses of packed rows of the
     shortest training examples equal those of each example alone, and the same rows with the
     neighbours visible differ (CASES C23, :mod:`tuneproof.preflight.packing`).
+9d. ``chunked loss`` (only with ``training.chunked_loss: true``): the check train runs before it uses
+    the chunked loss, on the first micro-batch (packed when packing is on): loss and gradients equal
+    the full-logits loss; a classification head fails it naming the key.
 10. ``configured combination``: two real optimizer steps of ``training.loop.train`` with every
     configured option together (micro-batch, accumulation, checkpointing, precision); losses
     finite, every trainable tensor changed, frozen ones bitwise unchanged.
@@ -1158,6 +1161,8 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
              "gradient accumulation", "precision", "activation checkpointing", "eval batch size", *SMOKE_CHECKS]
     if ctx.study.training.packing:
         later.insert(later.index("eval batch size") + 1, "packing")
+    if ctx.study.training.chunked_loss:
+        later.insert(later.index("eval batch size") + 1 + int(ctx.study.training.packing), "chunked loss")
     if ctx.study.method.kind == "qlora":
         later[later.index("update check") + 1:later.index("update check") + 1] = ["qlora storage", "qlora step"]
 
@@ -1267,6 +1272,24 @@ def _text_checks(ctx: StudyContext, rep: _Report, model, usable: list, probe: di
     rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))  # C22: outputs do not depend on eval.batch_size
     if cfg.packing:  # C23: packed rows give each example's own per-token losses (issue 15)
         rep.run("packing", lambda: check_study_packing(model, usable, cfg, pad))
+    if cfg.chunked_loss:  # the check train runs before using it, here before the hours are spent
+        rep.run("chunked loss", lambda: check_study_chunked_loss(model, usable, cfg, pad))
+
+
+def check_study_chunked_loss(model, encoded: list, cfg, pad_id: int) -> dict[str, Any]:
+    """The preflight's "chunked loss" check (listed only with ``training.chunked_loss``): the check the
+    train loop runs before it uses the chunked loss (:func:`tuneproof.training.loss.check_chunked_loss`
+    on the first micro-batch of train examples, packed into rows when ``training.packing`` is on):
+    summed loss and every trainable gradient equal to the full-logits loss. A classification head
+    (no token labels) fails it, naming the key."""
+    from tuneproof.training.loop import _check_speedup  # noqa: PLC0415
+    from tuneproof.training.speedups import packing_capacity  # noqa: PLC0415
+
+    device = next(model.parameters()).device
+    res = _check_speedup(model, encoded[: cfg.micro_batch_size], pad_id, device, packing_capacity(cfg) if cfg.packing else None)
+    numbers = {k: res[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors") if k in res}
+    message = res["message"] if res["passed"] else f"training.chunked_loss: {res['message']}; set it to false"
+    return _check("chunked loss", res["passed"], message, numbers)
 
 
 def _smoke(ctx: StudyContext, run, rep: _Report, model, usable: list, skip_rest) -> None:

@@ -110,7 +110,7 @@ def memory_probe(dtype, precision, autocast=False):
         loss.backward()
         opt.step()
 
-    est = estimate_step_memory(model, b, s, precision, weights_dtype="fp32" if autocast else None)
+    est = estimate_step_memory(model, b, s, precision, weights_dtype="fp32" if autocast else None, device=DEV.type)
     m1 = measure_step_peak(step, DEV)
     between_steps = memory_between_steps(model, opt)
     m2 = measure_step_peak(step, DEV)
@@ -167,7 +167,7 @@ def _maxmb():
             opt.zero_grad(set_to_none=True)
 
     r = find_max_micro_batch(try_fn, budget_bytes=budget, start=1, limit=8 if DRY else 64)
-    r["estimate_at_max"] = estimate_step_memory(model, max(r["max_micro_batch"], 1), s, "bf16")["total_bytes"]
+    r["estimate_at_max"] = estimate_step_memory(model, max(r["max_micro_batch"], 1), s, "bf16", device=DEV.type)["total_bytes"]
     return r
 
 

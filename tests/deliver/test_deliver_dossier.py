@@ -127,3 +127,21 @@ def test_hypothesis_section_states_each_guard_rule_as_written():
     assert items[3:6] == ["guard: per_class_recall must stay at or above 0.0",
                           "guard: macro_f1 must not drop by more than 0.02 vs the baseline",
                           "guard: per_class_recall for bug, feature must not drop by more than 0.1 vs the baseline and must stay at or above 0.5"]
+
+
+def test_training_table_names_the_speedups_each_run_used():
+    """The dossier's training table said nothing of training.packing / chunked_loss / length_grouping /
+    bf16_base_weights: a reader could not tell how the candidate was trained."""
+    from types import SimpleNamespace
+
+    from tuneproof.deliver.dossier import _training
+
+    runs = [SimpleNamespace(id="r0004", kind="train", status="completed", summary={
+                "steps": 4, "speedups": {"chunked_loss": {}, "packing": {}, "length_grouping": {}},
+                "padding": {"before": 0.040026, "after": 0.0}}),
+            SimpleNamespace(id="r0005", kind="train", status="completed", summary={"steps": 3, "padding": {"before": 0.04, "after": 0.04}}),
+            SimpleNamespace(id="r0006", kind="train", status="interrupted", summary={})]
+    ev = SimpleNamespace(runs=runs, rows=lambda run_id, name: [])
+    table = _training(ev, plots=False)[0]
+    assert table["cols"][-1] == "speed-ups"
+    assert [r[-1] for r in table["rows"]] == ["chunked_loss, packing, length_grouping (padding 4.0% -> 0.0%)", "none", "-"]

@@ -603,6 +603,19 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
     return blocks
 
 
+def _speedups_cell(summary: dict) -> str:
+    """The speed-ups a train run used (``training.chunked_loss``, ``length_grouping``, ``packing``,
+    ``bf16_base_weights``: each recorded in the summary's ``speedups`` after its check passed) and the
+    padding share of epoch 0 before and after the layout; ``none`` for a run that trained without
+    them, ``-`` for one that recorded no steps (e.g. interrupted before its summary)."""
+    used = list(summary.get("speedups") or {})
+    pad = summary.get("padding") or {}
+    cell = ", ".join(used) if used else "none"
+    if used and isinstance(pad.get("before"), (int, float)) and isinstance(pad.get("after"), (int, float)):
+        cell += f" (padding {pad['before']:.1%} -> {pad['after']:.1%})"
+    return cell if summary.get("steps") is not None or used else "-"
+
+
 def _training(ev: _Evidence, plots: bool) -> list[dict]:
     trains = [r for r in ev.runs if r.kind == "train"]
     if not trains:
@@ -612,11 +625,12 @@ def _training(ev: _Evidence, plots: bool) -> list[dict]:
     for r in trains:
         s = r.summary
         rows.append([r.id, r.status, s.get("steps", s.get("last_step")), s.get("first_loss"), s.get("final_loss"), s.get("train_seconds"),
-                     s.get("tokens_per_s"), s.get("trainable"), s.get("dtype")])
+                     s.get("tokens_per_s"), s.get("trainable"), s.get("dtype"), _speedups_cell(s)])
         pts = [(int(m["step"]), float(m["loss"])) for m in ev.rows(r.id, "metrics.jsonl") if "step" in m and isinstance(m.get("loss"), (int, float))]
         if pts:
             series[r.id] = list(dict(pts).items())  # a resumed step logged twice: the last row wins
-    blocks = [_table(["run", "status", "steps", "first loss", "final loss", "seconds", "tokens/s", "trainable params", "dtype"], rows)]
+    blocks = [_table(["run", "status", "steps", "first loss", "final loss", "seconds", "tokens/s", "trainable params", "dtype",
+                      "speed-ups"], rows)]
     norm = next((r.summary.get("loss_normalisation") for r in trains if r.summary.get("loss_normalisation")), None)
     if norm:
         blocks.append(_p(f"loss normalisation: {norm}"))

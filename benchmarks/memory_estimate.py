@@ -80,6 +80,7 @@ def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: flo
         "length": length, "micro_batch": micro_batch, "loss": loss, "chunked": chunked, "dropout": dropout, "rows": rows,
         "padded_positions": int((batch["attention_mask"] == 0).sum()), "supervised": int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()),
         "parts": [[p["part"], p["bytes"]] for p in est["parts"]], "estimate_total": est["total_bytes"], "estimate_in_step": in_step,
+        "forward_end_extra": est.get("forward_end_extra_bytes"),
         "measured": [{k: m[k] for k in ("allocated_step_peak_bytes", "step_peak_bytes", "peak_bytes", "baseline_bytes", "seconds")} for m in measured],
         "ratio": [m["allocated_step_peak_bytes"] / in_step for m in measured],
         "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -131,8 +132,11 @@ def table(results: list[dict]) -> str:
     two = all(len(r["measured"]) > 1 for r in results)
     last = lambda xs, f: f"{f(xs[-1])}; {f(xs[0])}" if two else f(xs[-1])  # noqa: E731
     when = " (last step; first step)" if two else ""
+    if any(r.get("forward_end_extra") for r in results):
+        row("forward end instead of the loss: KV cache k/v before repetition + last MLP product",
+            [f"{(r.get('forward_end_extra') or 0) / MIB:,.1f}" for r in results])
     row("**estimate, total** (all parts at once)", [f"{r['estimate_total'] / MIB:,.1f}" for r in results])
-    row("**estimate, the step's part**: max(activations + loss, gradients + optimizer temporary)",
+    row("**estimate, the step's part**: max(activations + max(loss, forward end), gradients + optimizer temporary)",
         [f"**{r['estimate_in_step'] / MIB:,.1f}**" for r in results])
     row("**measured: the step's tensors at the peak** (CPU allocator)" + when,
         [last(r["measured"], lambda m: f"**{m['allocated_step_peak_bytes'] / MIB:,.1f}**") for r in results])

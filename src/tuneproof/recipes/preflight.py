@@ -665,9 +665,11 @@ def memory_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [next((p["bytes"] for p in r["estimate"].get("parts", []) if p["part"] == name), 0) for r in rows]
         if any(vals):
             table_rows.append([name, *(mib(v) for v in vals)])
+    table_rows.append(["forward end instead of the loss: KV cache k/v before repetition + last MLP product",
+                       *(mib(r["estimate"].get("forward_end_extra_bytes")) for r in rows)])
     table_rows.append(["estimate, total (all parts at once)", *(mib(r["estimate"]["total_bytes"]) for r in rows)])
     table_rows.append(["estimate, the step's peak (weights + optimizer states + the step's part)", *(mib(r["estimate"].get("peak_bytes")) for r in rows)])
-    table_rows.append(["estimate, the step's part: max(activations + loss, gradients + optimizer temporary)",
+    table_rows.append(["estimate, the step's part: max(activations + max(loss, forward end), gradients + optimizer temporary)",
                        *(mib(in_step_bytes(r["estimate"])) for r in rows)])
     m = [r.get("measured") or {} for r in rows]
     table_rows.append(["measured: the step's tensors at the peak", *(mib(x.get("allocated_step_peak_bytes")) for x in m)])

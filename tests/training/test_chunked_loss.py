@@ -76,3 +76,27 @@ def test_a_run_with_the_chunked_loss_trains_like_the_reference_and_records_its_c
     for step, ref in losses[False].items():
         assert losses[True][step] == pytest.approx(ref, rel=1e-4), step
     assert summary["speedups"]["chunked_loss"]["grad_max_rel_diff"] <= 1e-4
+
+
+def test_token_loss_sum_shifts_the_labels_not_the_logits_and_gives_the_textbook_terms():
+    """The reference loss shifts the labels (no copy of the [batch, seq, vocab] logits): gradients
+    bitwise equal to the textbook ``logits[:, :-1]`` / ``labels[:, 1:]`` form, the sum within fp32
+    summation order; a position whose next label is ignored adds nothing."""
+    import torch.nn.functional as F
+
+    from tuneproof.training.loss import token_loss_sum
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 11, generator=g, requires_grad=True)
+    labels = torch.randint(0, 11, (3, 7), generator=g)
+    labels[:, :3] = -100
+    labels[1, 5] = -100
+    textbook = F.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    (g_ref,) = torch.autograd.grad(textbook, logits)
+    got = token_loss_sum(logits, labels)
+    (g_got,) = torch.autograd.grad(got, logits)
+    assert torch.equal(g_got, g_ref)
+    assert float(got) == pytest.approx(float(textbook), rel=1e-6)
+    assert torch.count_nonzero(g_got[:, -1]) == 0  # the last position predicts nothing
+    by_hand = sum(-torch.log_softmax(logits[i, t - 1], -1)[labels[i, t]] for i in range(3) for t in range(1, 7) if labels[i, t] != -100)
+    assert float(got) == pytest.approx(float(by_hand), rel=1e-6)

@@ -32,10 +32,13 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     Returns:
         A scalar tensor: the summed loss in nats (0 when nothing is supervised).
     """
-    shift_logits = logits[:, :-1, :].float()
-    shift_labels = labels[:, 1:]
+    # the labels are shifted, not the logits: ``logits[:, :-1]`` is not contiguous and its reshape
+    # copied the whole [batch, seq, vocab] tensor (and its gradient) at every step; the last
+    # position gets IGNORE_INDEX. The same terms (gradients bitwise equal; the summed loss within
+    # fp32 summation order, ~1e-7 relative), as transformers' ``ForCausalLMLoss`` does it.
+    shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
     return F.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        logits.float().reshape(-1, logits.size(-1)), shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
 
 

@@ -23,37 +23,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-#: glibc's mmap threshold fixed in the children, as benchmarks/chunked_loss.py does: otherwise glibc raises it
-#: (up to 32 MiB) each time a large block is freed, freed activations stay in the heap and the high-water
-#: mark after the warm-up keeps them (mallopt(3), M_MMAP_THRESHOLD)
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+from common import MALLOC_ENV, full_rows, smollm2_lora, snips_examples  # benchmarks/common.py
 
 
 def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     import torch
-    from peft import LoraConfig, get_peft_model
 
-    from tuneproof.data.locate import find_data_root
-    from tuneproof.data.sources import load_snips
-    from tuneproof.models.base import load_model, load_tokenizer, resolve_base
     from tuneproof.preflight.memory import measure_step_peak
-    from tuneproof.study import ModelSpec
     from tuneproof.training.loss import token_loss_sum
     from tuneproof.training.speedups import check_bf16_base
 
-    torch.manual_seed(0)
-    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
-    tok = load_tokenizer(ref)
-    model = get_peft_model(load_model(ref, "causal-lm"), LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0))
-    examples, _ = load_snips(find_data_root(None, "snips") / "snips")
-    ids = tok(" ".join(e.text for e in examples[:400]), add_special_tokens=False)["input_ids"]
-    rows = torch.tensor(ids[: micro_batch * max_length]).view(micro_batch, max_length)
-    labels = rows.clone()
-    if loss == "answer_only":
-        labels[:, : max_length * 3 // 4] = -100  # the last quarter of each row supervised, like an answer
-    batch = {"input_ids": rows, "attention_mask": torch.ones_like(rows), "labels": labels}
+    _, tok, model = smollm2_lora()
+    batch = full_rows(tok, [e.text for e in snips_examples()[:400]], micro_batch, max_length, loss)
 
     def autocast():
         return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
@@ -73,7 +54,7 @@ def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     out["trainable_dtypes"] = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad})
     out["frozen_bytes"] = sum(p.numel() * p.element_size() for p in frozen)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    count = int((labels[:, 1:] != -100).sum())
+    count = int((batch["labels"][:, 1:] != -100).sum())
 
     def step():
         l, _ = loss_sum(model, batch)

@@ -20,39 +20,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from common import MALLOC_ENV, full_rows, smollm2_lora, snips_examples  # benchmarks/common.py
 
-#: glibc raises its mmap threshold (up to 32 MiB) each time a large block is freed, so after the
-#: warm-up step the freed activations stay resident in the heap and the next step's high-water mark
-#: is mostly the warm-up's: the reference measured 4.22 GiB that way, 2.95 GiB with the threshold
-#: fixed. A fixed threshold (mallopt(3) M_MMAP_THRESHOLD / M_TRIM_THRESHOLD, set through glibc's
-#: environment tunables) returns every block above 128 KiB to the system when it is freed.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
 def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     import torch
-    from peft import LoraConfig, get_peft_model
 
-    from tuneproof.data.locate import find_data_root
-    from tuneproof.data.sources import load_snips
-    from tuneproof.models.base import load_model, load_tokenizer, resolve_base
     from tuneproof.preflight.memory import measure_step_peak
-    from tuneproof.study import ModelSpec
     from tuneproof.training.loss import check_chunked_loss, chunked_token_loss_sum, token_loss_sum
 
-    torch.manual_seed(0)
-    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
-    tok = load_tokenizer(ref)
-    model = get_peft_model(load_model(ref, "causal-lm"), LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0))
-    examples, _ = load_snips(find_data_root(None, "snips") / "snips")
-    ids = tok(" ".join(e.text for e in examples[:400]), add_special_tokens=False)["input_ids"]
-    rows = torch.tensor(ids[: micro_batch * max_length]).view(micro_batch, max_length)
-    labels = rows.clone()
-    if loss == "answer_only":
-        labels[:, : max_length * 3 // 4] = -100  # the last quarter of each row supervised, like an answer
-    batch = {"input_ids": rows, "attention_mask": torch.ones_like(rows), "labels": labels}
+    _, tok, model = smollm2_lora()
+    batch = full_rows(tok, [e.text for e in snips_examples()[:400]], micro_batch, max_length, loss)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     out = {"mode": mode}
     if mode == "chunked":

@@ -35,40 +35,26 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from common import SNIPS_SYSTEM, full_rows, smollm2_lora, snips_examples  # benchmarks/common.py (puts src/ on sys.path)
+
 MIB = 2**20
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: float, rows: str, steps: int) -> dict:
     import torch
-    from peft import LoraConfig, get_peft_model
 
-    from tuneproof.data.locate import find_data_root
     from tuneproof.data.preprocess import TextPipeline
-    from tuneproof.data.sources import load_snips
-    from tuneproof.models.base import load_model, load_tokenizer, resolve_base
     from tuneproof.preflight.memory import measure_step_peak
     from tuneproof.recipes.preflight import _batch_at_length, _estimate, _Stepper, in_step_bytes
-    from tuneproof.study import ModelSpec, Prompt, Training
+    from tuneproof.study import Prompt, Training
     from tuneproof.training.loss import IGNORE_INDEX
 
-    torch.manual_seed(0)
-    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
-    tok = load_tokenizer(ref)
-    model = get_peft_model(load_model(ref, "causal-lm"), LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, lora_dropout=dropout))
-    examples, _ = load_snips(find_data_root(None, "snips") / "snips")
-    train = [e for e in examples if e.split == "train"][:3000]
+    _, tok, model = smollm2_lora(dropout)
+    train = [e for e in snips_examples() if e.split == "train"][:3000]
     if rows == "full":
-        ids = tok(" ".join(e.text for e in train[:2000]), add_special_tokens=False)["input_ids"]
-        x = torch.tensor(ids[: micro_batch * length]).view(micro_batch, length)
-        labels = x.clone()
-        if loss == "answer_only":
-            labels[:, : length * 3 // 4] = IGNORE_INDEX
-        batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": labels}
+        batch = full_rows(tok, [e.text for e in train[:2000]], micro_batch, length, loss)
     else:
-        pipe = TextPipeline(tok, Prompt(system="Reply with JSON only: the intent and the slots of the request."), length, loss=loss)
+        pipe = TextPipeline(tok, Prompt(system=SNIPS_SYSTEM), length, loss=loss)
         encoded = [e for e in pipe.encode_all(train) if not e.faults]
         batch = _batch_at_length(encoded, micro_batch, length, tok.pad_token_id)
     cfg = Training(micro_batch_size=micro_batch, max_length=length, loss=loss, chunked_loss=chunked, learning_rate=2e-4)

@@ -40,18 +40,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from common import SNIPS_SYSTEM, smollm2_lora, snips_examples  # benchmarks/common.py (puts src/ on sys.path)
 
-from tuneproof.data.locate import find_data_root  # noqa: E402
 from tuneproof.data.preprocess import TextPipeline, collate, collate_packed  # noqa: E402
-from tuneproof.data.sources import load_snips  # noqa: E402
-from tuneproof.models.base import load_model, load_tokenizer, resolve_base  # noqa: E402
-from tuneproof.study import ModelSpec, Prompt  # noqa: E402
+from tuneproof.study import Prompt  # noqa: E402
 from tuneproof.training.distributed import window_at  # noqa: E402
 from tuneproof.training.loop import _micro_loss  # noqa: E402
-
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def main() -> None:
@@ -66,13 +60,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
-
-    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
-    tok = load_tokenizer(ref)
-    examples, _ = load_snips(find_data_root(None, "snips") / "snips")
-    pool = [e for e in examples if e.split == "train"][:4000]
-    pipe = TextPipeline(tok, Prompt(system="Reply with JSON only: the intent and the slots of the request."), a.max_length)
+    _, tok, base = smollm2_lora()
+    pool = [e for e in snips_examples() if e.split == "train"][:4000]
+    pipe = TextPipeline(tok, Prompt(system=SNIPS_SYSTEM), a.max_length)
     enc_pool = pipe.encode_all(pool)
     n = a.steps * a.micro_batch
     g = torch.Generator().manual_seed(0)
@@ -89,8 +79,6 @@ def main() -> None:
             out.append(collate_packed(ex, pad, a.packing_length or a.micro_batch * a.max_length) if "packing" in mode else collate(ex, pad))
         return out
 
-    torch.manual_seed(0)
-    base = get_peft_model(load_model(ref, "causal-lm"), LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, lora_dropout=0.0))
     modes = a.modes.split(",")
     # nothing else changed: at the initial weights, every layout gives the epoch the same per-token loss
     same = {}

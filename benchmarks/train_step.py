@@ -35,26 +35,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from common import SNIPS_SYSTEM, smollm2_lora, snips_examples  # benchmarks/common.py (puts src/ on sys.path)
 
-from tuneproof.data.locate import find_data_root  # noqa: E402
 from tuneproof.data.preprocess import TextPipeline, collate  # noqa: E402
-from tuneproof.data.sources import load_snips  # noqa: E402
-from tuneproof.models.base import load_model, load_tokenizer, resolve_base  # noqa: E402
+from tuneproof.models.base import load_tokenizer, resolve_base  # noqa: E402
 from tuneproof.study import ModelSpec, Prompt, Training  # noqa: E402
 from tuneproof.training.distributed import window_at  # noqa: E402
-
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
-def _peft(ref):
-    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
-
-    model = load_model(ref, "causal-lm")
-    torch.manual_seed(0)
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, lora_dropout=0.0))
-    return model
 
 
 def _tuneproof(model, encoded, cfg, pad_id) -> list[float]:
@@ -126,9 +112,8 @@ def main() -> None:
 
     ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
     tok = load_tokenizer(ref)
-    examples, _ = load_snips(find_data_root(None, "snips") / "snips")
-    train_ex = [e for e in examples if e.split == "train"][:2000]
-    pipe = TextPipeline(tok, Prompt(system="Reply with JSON only: the intent and the slots of the request."), 128)
+    train_ex = [e for e in snips_examples() if e.split == "train"][:2000]
+    pipe = TextPipeline(tok, Prompt(system=SNIPS_SYSTEM), 128)
     encoded = pipe.encode_all(train_ex)
     cfg = Training(max_steps=a.steps, micro_batch_size=a.micro_batch, learning_rate=2e-4, seed=0)
     # the micro-batches tuneproof reads for steps 0..N-1: every mode gets exactly these
@@ -143,7 +128,7 @@ def main() -> None:
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in a.modes.split(","):
-            model = _peft(ref)
+            model = smollm2_lora()[2]  # every mode from the same LoRA initialisation
             if mode == "tuneproof":
                 times, tokens = _tuneproof(model, encoded, cfg, tok.pad_token_id), real
             elif mode.startswith("tuneproof+"):

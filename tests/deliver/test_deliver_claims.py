@@ -174,3 +174,27 @@ def test_an_invalidated_run_with_edited_outputs_no_longer_blocks_the_dossier(cls
     code, out = _run(capsys, "report", "--study", str(study))
     assert code == 0, out
     assert "outputs edited by hand" in (study / "dossier.md").read_text()
+
+
+def test_claims_recount_the_pairs_on_the_success_metrics_rule_as_compare_did(cls_bundle, monkeypatch):
+    """compare counts fixed / broken on the success metric's per-example rule (issue 17); verify
+    must recount them on the same rule. It recounted them on exact match, so a real extraction
+    quickstart (field F1 >= 0.5 per example) failed its own export: 'fixed: manifest claims 12,
+    recomputed 3'."""
+    import tuneproof.evaluation.compare as compare_mod
+    from tuneproof.deliver.claims import check_claims
+
+    seen = []
+    real = compare_mod.paired_compare
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("hypothesis"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare_mod, "paired_compare", spy)
+    b = cls_bundle["bundle"]
+    man = read_json(b / "manifest.json")
+    assert check_claims(b, man) == []
+    metric = man["scoring"]["comparison"]["view"]["success"]["metric"]
+    assert metric == "macro_f1"
+    assert seen and all(h is not None and h.success.metric == metric for h in seen)

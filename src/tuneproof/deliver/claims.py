@@ -121,8 +121,11 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
             sc = scoring.get("comparison") or {}
             sw = sc.get("scored_with") or {}
             ev = _eval(sc.get("eval"), sw.get("format"))
+            # the paired counts follow the judged hypothesis's success metric (its per-example rule), as compare counted them
+            view0 = sc.get("view")
             r = _plain(paired_compare(read_jsonl(base_path), cand, task, required_fields=sw.get("required_fields"), eval_cfg=ev,
-                                      hypothesis=None, iterations=ev.bootstrap_iterations, seed=ev.seed, labels=labels))
+                                      hypothesis=hyp.as_hypothesis(view0) if view0 is not None else None,
+                                      iterations=ev.bootstrap_iterations, seed=ev.seed, labels=labels))
             problems += differences({k: comp.get(k) for k in ("counts", "mcnemar", "metrics")},
                                     {k: r.get(k) for k in ("counts", "mcnemar", "metrics")}, "comparison")
             views = [("", sc.get("view"))]
@@ -134,7 +137,7 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                 if hyp.scoring(view) != sw:  # judged under another scoring: score again for it
                     ev2 = _eval(sc.get("eval"), view.get("format"))
                     r2 = _plain(paired_compare(read_jsonl(base_path), cand, task, required_fields=view.get("required_fields"),
-                                               eval_cfg=ev2, hypothesis=None, iterations=ev2.bootstrap_iterations, seed=ev2.seed,
+                                               eval_cfg=ev2, hypothesis=hyp.as_hypothesis(view), iterations=ev2.bootstrap_iterations, seed=ev2.seed,
                                                labels=labels))
                 else:
                     r2 = r

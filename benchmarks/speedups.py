@@ -44,7 +44,7 @@ from common import SNIPS_SYSTEM, smollm2_lora, snips_examples  # benchmarks/comm
 
 from tuneproof.data.preprocess import TextPipeline, collate, collate_packed  # noqa: E402
 from tuneproof.study import Prompt  # noqa: E402
-from tuneproof.training.distributed import window_at  # noqa: E402
+from tuneproof.training.data_order import window_at  # noqa: E402
 from tuneproof.training.loop import _micro_loss  # noqa: E402
 
 

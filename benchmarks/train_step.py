@@ -8,7 +8,7 @@ One process, real SmolLM2-135M-Instruct (alias smollm2-135m-instruct) + LoRA r16
 on the CPU, SNIPS training examples encoded by tuneproof's own preprocessing (chat template, answer
 -only labels, max_length 128). Every mode starts from the same LoRA initialisation (seed 0) and
 trains on *identical* micro-batches: the ones ``tuneproof.training.loop.train`` reads for steps
-0..N-1 (``training.distributed.window_at``, accumulation 1):
+0..N-1 (``training.data_order.window_at``, accumulation 1):
 
 - ``tuneproof``: ``training.loop.train`` itself (per-micro-batch loss sum / window tokens,
   backward, gradient-norm health check, clipping, AdamW step, scheduler), no registry run;
@@ -40,7 +40,7 @@ from common import SNIPS_SYSTEM, smollm2_lora, snips_examples  # benchmarks/comm
 from tuneproof.data.preprocess import TextPipeline, collate  # noqa: E402
 from tuneproof.models.base import load_tokenizer, resolve_base  # noqa: E402
 from tuneproof.study import ModelSpec, Prompt, Training  # noqa: E402
-from tuneproof.training.distributed import window_at  # noqa: E402
+from tuneproof.training.data_order import window_at  # noqa: E402
 
 
 def _tuneproof(model, encoded, cfg, pad_id) -> list[float]:

@@ -18,7 +18,7 @@ from dist_helpers import SKIP, dist_study, metrics, run_cli, summary
 from tiny_study import adapter_tensors
 from tuneproof.context import StudyContext
 from tuneproof.registry import Registry
-from tuneproof.training.distributed import window_at
+from tuneproof.training.data_order import window_at
 from tuneproof.training.loop import latest_checkpoint, load_checkpoint
 
 STEPS = 4

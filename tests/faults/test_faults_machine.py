@@ -46,7 +46,7 @@ def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(tiny
     from safetensors import SafetensorError
 
     from tiny_study import make_study
-    from tuneproof.training.checkpoint import list_checkpoints
+    from tuneproof.training.resume_state import list_checkpoints
 
     study = make_study(tmp_path / "s", tiny_base)  # r0001 data check, r0002 baseline; 8 steps, a checkpoint every 2
     original = st.save_file

@@ -15,7 +15,7 @@ import torch
 from tiny_study import train_dir
 from tuneproof.cli import main
 from tuneproof.registry import Registry
-from tuneproof.training.checkpoint import (INDEX, decode, encode, list_checkpoints, load_checkpoint, rng_state, save_checkpoint,
+from tuneproof.training.resume_state import (INDEX, decode, encode, list_checkpoints, load_checkpoint, rng_state, save_checkpoint,
                                            set_rng_state)
 
 

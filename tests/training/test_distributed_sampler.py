@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuneproof.training.distributed import distributed_indices, epoch_order, micro_batch_at, steps_per_epoch
+from tuneproof.training.data_order import distributed_indices, epoch_order, micro_batch_at, steps_per_epoch
 from tuneproof.training.loop import micro_batch_indices
 
 

@@ -17,7 +17,7 @@ from tuneproof.errors import TuneproofError
 from tuneproof.recipes.resume import run_resume
 from tuneproof.recipes.train import build_model, run_train
 from tuneproof.study import Training, parse_study
-from tuneproof.training.distributed import epoch_order, optimizer_steps_per_epoch, window_at, window_position
+from tuneproof.training.data_order import epoch_order, optimizer_steps_per_epoch, window_at, window_position
 from tuneproof.training.loop import budget, latest_checkpoint, load_checkpoint
 from tuneproof.training.loss import token_loss_sum
 

@@ -12,7 +12,7 @@ import torch
 
 from tuneproof.data.preprocess import Encoded, collate, collate_packed, pack_rows, packed_padding
 from tuneproof.study import Training
-from tuneproof.training.distributed import (GROUP_MEGABATCH, epoch_micro_batches, epoch_order, micro_batch_at,
+from tuneproof.training.data_order import (GROUP_MEGABATCH, epoch_micro_batches, epoch_order, micro_batch_at,
                                             micro_batches_per_epoch, padding_share, window_at)
 
 

@@ -188,8 +188,8 @@ def check_accumulation(model: nn.Module, micro_batches: list[dict], atol: float 
 def last_window_micro_batches(n: int, micro_batch: int, accumulation: int, world_size: int = 1) -> int:
     """Micro-batches in the last accumulation window of an epoch (per process): ``accumulation``
     when it divides the epoch's micro-batches, else what is left (6 examples, micro-batch 1,
-    accumulation 4: 2). See :func:`tuneproof.training.distributed.window_at`."""
-    from tuneproof.training.distributed import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
+    accumulation 4: 2). See :func:`tuneproof.training.data_order.window_at`."""
+    from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
 
     per_epoch = micro_batches_per_epoch(n, micro_batch, world_size)
     return per_epoch - (optimizer_steps_per_epoch(n, micro_batch, accumulation, world_size) - 1) * accumulation

@@ -89,7 +89,7 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
     from tuneproof.preflight.fsdp import mixed_units  # noqa: PLC0415
     from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.ddp import block_classes, share_report, wrap  # noqa: PLC0415
-    from tuneproof.training.distributed import epoch_order, window_at  # noqa: PLC0415
+    from tuneproof.training.data_order import epoch_order, window_at  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
 
     cfg = ctx.study.training

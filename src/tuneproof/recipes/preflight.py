@@ -245,7 +245,7 @@ def _last_window_probe(encoded: list, cfg, size: int, pad_id: int) -> list[dict]
     examples to keep the probe cheap."""
     from tuneproof.data.preprocess import collate  # noqa: PLC0415
     from tuneproof.preflight.accumulation import last_window_micro_batches  # noqa: PLC0415
-    from tuneproof.training.distributed import optimizer_steps_per_epoch, window_at  # noqa: PLC0415
+    from tuneproof.training.data_order import optimizer_steps_per_epoch, window_at  # noqa: PLC0415
 
     n, mb, accum = len(encoded), cfg.micro_batch_size, cfg.gradient_accumulation_steps
     if last_window_micro_batches(n, mb, accum) == accum:
@@ -965,7 +965,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: _Report) -
     evaluation, save, reload in a fresh process, identical outputs; throughput from those steps.
     Adds the checks ``configured combination``, ``smoke pass`` and ``throughput`` to ``report``."""
     from tuneproof.recipes.common import predict  # noqa: PLC0415
-    from tuneproof.training.distributed import window_at  # noqa: PLC0415
+    from tuneproof.training.data_order import window_at  # noqa: PLC0415
     from tuneproof.training.loop import total_steps, train  # noqa: PLC0415
 
     cfg = ctx.study.training

@@ -2,7 +2,7 @@
 
 Features:
 - continues from the run's latest checkpoint (``runs/<id>/checkpoints/step-NNNNNN/``,
-  safetensors + JSON, see :mod:`tuneproof.training.checkpoint`), or the one named by
+  safetensors + JSON, see :mod:`tuneproof.training.resume_state`), or the one named by
   ``--checkpoint``, into the same run id: status back to ``running``, then completed
   (or interrupted/failed/invalid again); global step, learning-rate schedule, optimizer moments,
   trainable weights, RNG states (Python, NumPy, torch) and data position are restored, so the
@@ -65,7 +65,7 @@ def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
     Raises:
         TuneproofError: no checkpoint (with the step of the first periodic one), or the named one is missing.
     """
-    from tuneproof.training.checkpoint import list_checkpoints  # noqa: PLC0415
+    from tuneproof.training.resume_state import list_checkpoints  # noqa: PLC0415
 
     folder = run_dir / "checkpoints"
     if checkpoint:
@@ -94,7 +94,7 @@ def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[P
         TuneproofError: ``first`` is refused and ``fallback`` is off, or no checkpoint is valid
             (every one is named with its reason).
     """
-    from tuneproof.training.checkpoint import list_checkpoints, load_checkpoint, step_of  # noqa: PLC0415
+    from tuneproof.training.resume_state import list_checkpoints, load_checkpoint, step_of  # noqa: PLC0415
 
     try:
         return first, load_checkpoint(first), []

@@ -17,7 +17,7 @@ and the progress bar; every rank logs to ``runs/<id>/rank-N.log`` (ranks > 0 sen
 stdout/stderr there).
 
 Numbers every rank agrees on. Each rank reads its ``DistributedSampler`` share
-(:mod:`tuneproof.training.distributed`, ``set_epoch`` each epoch); an optimizer step consumes the
+(:mod:`tuneproof.training.data_order`, ``set_epoch`` each epoch); an optimizer step consumes the
 global batch ``micro_batch_size x gradient_accumulation_steps x world_size``. The supervised token
 count of the window is all-reduced (SUM) before the backward pass, so every rank divides its summed
 token loss by the *global* count; DDP and FSDP2 then average the gradients over ranks, so the loss is
@@ -113,7 +113,7 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
         TuneproofError: one line naming the option or study key and what to do.
     """
     from tuneproof.study import STUDY_FILE  # noqa: PLC0415
-    from tuneproof.training.distributed import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
+    from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
 
     where = ctx.study_dir / STUDY_FILE
     d, t = ctx.study.distributed, ctx.study.training

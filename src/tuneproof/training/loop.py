@@ -9,7 +9,7 @@ the run, which is then invalid; CASES C19).
 
 Engines: PyTorch + transformers (model, ``get_scheduler``) + PEFT (adapters). A checkpoint is one
 dict (nanoGPT style) holding everything needed to resume and to explain the run, stored by
-:mod:`tuneproof.training.checkpoint` as safetensors + JSON (loading it runs no code, CASES C21):
+:mod:`tuneproof.training.resume_state` as safetensors + JSON (loading it runs no code, CASES C21):
 
     format, step (global optimizer steps done), total_steps, trainable (every tensor with
     requires_grad: LoRA matrices, modules_to_save, or all weights for full fine-tuning),
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from tuneproof.data.preprocess import Encoded, collate, collate_packed
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.training.checkpoint import (CKPT_FORMAT, CKPT_KEYS, latest_checkpoint, list_checkpoints,  # noqa: F401 (re-exported)
+from tuneproof.training.resume_state import (CKPT_FORMAT, CKPT_KEYS, latest_checkpoint, list_checkpoints,  # noqa: F401 (re-exported)
                                            load_checkpoint, restore_state, rng_state, save_checkpoint, set_rng_state,
                                            trainable_state)
 from tuneproof.training.health import HealthFault, HealthMonitor
@@ -62,7 +62,7 @@ def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
     ``training.max_steps`` and ``training.epochs`` are exclusive; with neither, the budget is
     :data:`tuneproof.study.DEFAULT_EPOCHS` epoch. An epoch is ``steps_per_epoch`` optimizer steps:
     ``ceil(micro-batches per epoch / accumulation)``, its last window holding only the micro-batches
-    left (:func:`tuneproof.training.distributed.window_at`); ``epochs: e`` is ``ceil(e * steps_per_epoch)`` steps.
+    left (:func:`tuneproof.training.data_order.window_at`); ``epochs: e`` is ``ceil(e * steps_per_epoch)`` steps.
 
     Returns:
         ``{"key": "training.max_steps" | "training.epochs" | "default", "value", "total_steps",
@@ -72,7 +72,7 @@ def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
         TuneproofError: both keys set (a config built without validation, e.g. ``model_copy``).
     """
     from tuneproof.study import DEFAULT_EPOCHS  # noqa: PLC0415
-    from tuneproof.training.distributed import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
+    from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
 
     if cfg.max_steps is not None and cfg.epochs is not None:
         raise TuneproofError(f"training.max_steps ({cfg.max_steps}) and training.epochs ({cfg.epochs:g}) are both set",
@@ -101,10 +101,10 @@ def micro_batch_indices(n: int, micro_batch: int, seed: int, index: int) -> list
     """Example indices of global micro-batch number ``index`` (single process).
 
     The order is a permutation of ``range(n)`` per epoch seeded with ``seed + epoch``
-    (:mod:`tuneproof.training.distributed`, ``DistributedSampler`` semantics), so it changes
+    (:mod:`tuneproof.training.data_order`, ``DistributedSampler`` semantics), so it changes
     between epochs and is the same after a resume. The last micro-batch of an epoch may be short.
     """
-    from tuneproof.training.distributed import micro_batch_at  # noqa: PLC0415
+    from tuneproof.training.data_order import micro_batch_at  # noqa: PLC0415
 
     return micro_batch_at(n, micro_batch, seed, index)
 
@@ -266,7 +266,7 @@ def train(
     """
     from transformers import get_scheduler  # noqa: PLC0415
 
-    from tuneproof.training.distributed import GROUP_MEGABATCH, window_at, window_position  # noqa: PLC0415
+    from tuneproof.training.data_order import GROUP_MEGABATCH, window_at, window_position  # noqa: PLC0415
 
     n = len(train_set)
     ws, rank = (world.world_size, world.rank) if world is not None else (1, 0)

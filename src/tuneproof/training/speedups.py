@@ -1,5 +1,5 @@
 """Speed-ups of the training loop that change how micro-batches are laid out, never what is
-computed (issue 15): length grouping (:func:`tuneproof.training.distributed.epoch_micro_batches`)
+computed (issue 15): length grouping (:func:`tuneproof.training.data_order.epoch_micro_batches`)
 and padding-free packing (:func:`tuneproof.data.preprocess.collate_packed`). Packing is used only
 after :func:`tuneproof.preflight.packing.check_packing` passed on real training examples; the run
 summary records it under ``speedups`` and the padding share under ``padding``.
@@ -39,7 +39,7 @@ def padding_report(train_set: list, cfg, world_size: int = 1, rank: int = 0, epo
         "positions_after", "tokens"}``.
     """
     from tuneproof.data.preprocess import packed_padding  # noqa: PLC0415
-    from tuneproof.training.distributed import epoch_micro_batches  # noqa: PLC0415
+    from tuneproof.training.data_order import epoch_micro_batches  # noqa: PLC0415
 
     n, mb = len(train_set), cfg.micro_batch_size
     lengths = [len(e.input_ids) for e in train_set]

@@ -72,7 +72,8 @@ def _ctx(study: Path, data: Optional[Path] = None):
 @app.command()
 def init(
     directory: Path = typer.Argument(..., help="folder to create the study in"),
-    task: str = typer.Option("extraction", "--task", help="classification | multi-label | extraction | format"),
+    task: str = typer.Option("extraction", "--task",
+                             help="classification | multi-label | extraction | format | image-classification"),
     force: bool = typer.Option(False, help="overwrite an existing tuneproof.yaml"),
 ) -> None:
     """Write DIRECTORY/tuneproof.yaml from the template of the task kind."""

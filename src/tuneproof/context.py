@@ -17,6 +17,9 @@ from tuneproof.data.sources import load_source, source_files
 from tuneproof.data.split import build_splits, check_unique_ids, freeze_or_reuse
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
+from tuneproof.models.build import build_model
+from tuneproof.models.device import choose_dtype, detect_device
+from tuneproof.models.identity import study_tokenizer_identity
 from tuneproof.registry import Registry
 from tuneproof.study import STUDY_FILE, Study, load_study, parse_study, resolved_config
 
@@ -158,9 +161,7 @@ class StudyContext:
     def tokenizer_identity(self) -> dict[str, Any]:
         """Class, vocabulary size and hash, special and added tokens, chat template hash, the ids of a
         fixed probe text and of a fixed sample of the evaluation split's inputs and references
-        (:func:`tuneproof.deliver.identity.study_tokenizer_identity`)."""
-        from tuneproof.deliver.identity import study_tokenizer_identity  # noqa: PLC0415
-
+        (:func:`tuneproof.models.identity.study_tokenizer_identity`)."""
         if self.is_image:  # the image processor's class, config and the declared transforms
             return self.pipeline.identity()
         # the whole evaluation split (not the eval.max_examples subset): the sample is data, not eval settings
@@ -225,8 +226,6 @@ class StudyContext:
     @cached_property
     def device_choice(self) -> dict[str, Any]:
         """Device and dtype for this machine and the study's precision (CASES C9: reason recorded)."""
-        from tuneproof.preflight.backend import choose_dtype, detect_device  # noqa: PLC0415
-
         dev = detect_device()
         choice = choose_dtype(self.study.training.precision, dev, bf16_base_weights=self.study.training.bf16_base_weights)
         if not choice["passed"]:
@@ -243,6 +242,15 @@ class StudyContext:
         from tuneproof.models.quant import quantization_record  # noqa: PLC0415
 
         return quantization_record(self.study.method, self.device_choice["dtype"])
+
+    def build_model(self):
+        """The model this study trains, on its device (:func:`tuneproof.models.build.build_model`).
+        Returns ``(model, report)``."""
+        device, _, _ = self.torch_setup()
+        labels = self.head_labels
+        return build_model(self.base, self.model_kind, self.study.method, device=device, labels=labels,
+                           quantization=self.quantization, activation_checkpointing=self.study.training.activation_checkpointing,
+                           tokenizer=self.tokenizer)
 
     def torch_setup(self):
         """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""

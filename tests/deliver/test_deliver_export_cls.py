@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from tuneproof.deliver.bundle import file_hashes, safetensors_keys
-from tuneproof.deliver.identity import combined_weights_hash
+from tuneproof.models.identity import combined_weights_hash
 from tuneproof.deliver.verify import reproduce
 from tuneproof.io import read_json, read_jsonl, sha256_file
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from tuneproof.cli import main
-from tuneproof.deliver.identity import combined_weights_hash
+from tuneproof.models.identity import combined_weights_hash
 from tuneproof.deliver.verify import verify_bundle, verify_in_fresh_process
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, sha256_file

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tuneproof.errors import TuneproofError
-from tuneproof.preflight.backend import DeviceInfo, check_extensions, choose_dtype, detect_device, inspect_extension, scan_binary
+from tuneproof.models.device import DeviceInfo, choose_dtype, detect_device
+from tuneproof.preflight.backend import check_extensions, inspect_extension, scan_binary
 from tuneproof.preflight.envinfo import package_version
 
 T4 = DeviceInfo("cuda", "Tesla T4", (7, 5), bf16_supported=False)

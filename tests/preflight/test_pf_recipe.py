@@ -233,10 +233,9 @@ def test_find_max_micro_batch_is_bounded_by_the_train_split_and_by_the_budget(tm
     import contextlib
 
     from tuneproof.recipes.preflight import check_max_micro_batch
-    from tuneproof.recipes.train import build_model
 
     ctx = StudyContext.open(make_study(tmp_path / "s", tiny_model_dir))
-    model, _ = build_model(ctx)
+    model, _ = ctx.build_model()
     encoded = ctx.pipeline.encode_all(ctx.split("train"))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     big = check_max_micro_batch(model, ctx, encoded, 96, "fp32", parse_memory("20GiB"), contextlib.nullcontext)
@@ -279,10 +278,10 @@ def test_bf16_base_weights_checked_before_the_update_check_and_the_estimate_coun
     """training.bf16_base_weights (issue 15): the check runs after the accumulation and precision checks
     (which compute in fp32 without autocast, on the fp32 weights) and before the update check; the step memory estimate counts frozen elements at 2 bytes;
     every later check, the smoke steps and the fresh-process reload see the base in bf16."""
-    import tuneproof.preflight.backend as backend
+    import tuneproof.models.device as device
     from tuneproof.training.speedups import BF16_BASE_GRAD_COSINE, BF16_BASE_GRAD_REL_L2, BF16_BASE_LOSS_RTOL
 
-    monkeypatch.setattr(backend, "_cpu_bf16_native", lambda: True)  # native here (AVX512-BF16); emulated CPUs compute the same
+    monkeypatch.setattr(device, "_cpu_bf16_native", lambda: True)  # native here (AVX512-BF16); emulated CPUs compute the same
     study = make_study(tmp_path / "s", tiny_model_dir, training__precision="bf16", training__bf16_base_weights=True)
     rid = run_preflight(StudyContext.open(study))  # every check passes (a failed one raises CheckFailed)
     checks = checks_of(study, rid)

@@ -6,7 +6,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
 
-from tuneproof.preflight.targets import check_embedding_size, match_target_modules, trainable_summary
+from tuneproof.models.targets import match_target_modules, trainable_summary
+from tuneproof.preflight.targets import check_embedding_size
 
 
 def tiny_llama(seed=0):
@@ -133,7 +134,7 @@ def test_c5_kind_matches_per_tower_and_a_pattern_in_several_towers_warns():
 
 
 def test_tower_of_module_paths():
-    from tuneproof.preflight.targets import tower_of
+    from tuneproof.models.targets import tower_of
 
     assert tower_of("model.layers.0.self_attn.q_proj") == "model"  # decoder-only: one tower
     assert tower_of("model.encoder.layers.1.self_attn.q_proj") == "encoder"

@@ -14,7 +14,7 @@ import yaml
 
 from tiny_study import make_study, prepare_study
 from tuneproof.cli import main
-from tuneproof.deliver.identity import combined_weights_hash
+from tuneproof.models.identity import combined_weights_hash
 from tuneproof.io import read_json, sha256_file, sha256_file_cached
 
 

@@ -18,9 +18,9 @@ from tuneproof.training.speedups import BF16_BASE_GRAD_COSINE, BF16_BASE_GRAD_RE
 def native_bf16(monkeypatch):
     """This machine's CPU has AVX512-BF16; elsewhere torch emulates bf16 on CPU (correct, slower):
     tests that train with the key read the CPU as native so they run on any CI machine."""
-    import tuneproof.preflight.backend as backend
+    import tuneproof.models.device as device
 
-    monkeypatch.setattr(backend, "_cpu_bf16_native", lambda: True)
+    monkeypatch.setattr(device, "_cpu_bf16_native", lambda: True)
 
 
 def _autocast():
@@ -146,7 +146,7 @@ def test_the_key_is_refused_with_full_fine_tuning_qlora_and_the_chunked_loss(tin
 
 
 def test_refused_where_bf16_is_emulated_or_the_compute_is_fp32():
-    from tuneproof.preflight.backend import DeviceInfo, choose_dtype
+    from tuneproof.models.device import DeviceInfo, choose_dtype
 
     emulated = DeviceInfo("cpu", "an old CPU", None, False)
     c = choose_dtype("bf16", emulated, bf16_base_weights=True)
@@ -166,12 +166,12 @@ def test_refused_where_bf16_is_emulated_or_the_compute_is_fp32():
 
 
 def test_the_study_context_refuses_in_two_lines_naming_the_key(tiny_base, tmp_path, monkeypatch):
-    import tuneproof.preflight.backend as backend
+    import tuneproof.models.device as device
     from tiny_study import make_study
     from tuneproof.context import StudyContext
     from tuneproof.errors import TuneproofError
 
-    monkeypatch.setattr(backend, "_cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(device, "_cpu_bf16_native", lambda: False)
     study = make_study(tmp_path / "s", tiny_base, prepare=False, precision="bf16", bf16_base_weights=True)
     with pytest.raises(TuneproofError) as err:
         StudyContext.open(study).device_choice

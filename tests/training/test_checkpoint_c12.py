@@ -16,7 +16,7 @@ from tiny_study import losses_by_step, make_study, rows
 from tuneproof.cli import main
 from tuneproof.context import StudyContext
 from tuneproof.io import read_json
-from tuneproof.recipes.train import build_model, run_train
+from tuneproof.recipes.train import run_train
 from tuneproof.registry import Registry
 from tuneproof.training.loop import list_checkpoints, load_checkpoint, restore_state, seed_everything
 
@@ -73,7 +73,7 @@ def test_c12_restore_into_fresh_objects_is_exact(stopped):
     ckpt = load_checkpoint(list_checkpoints(run_dir)[-1])
     ctx = StudyContext.open(study, config=ckpt["config"])
     seed_everything(123)  # another initialisation than the run's
-    model, _ = build_model(ctx)
+    model, _ = ctx.build_model()
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert all(not named[n].any() for n in named if ".lora_B." in n)  # a fresh adapter
     params = list(named.values())

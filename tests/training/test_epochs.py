@@ -15,7 +15,7 @@ from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import collate
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.resume import run_resume
-from tuneproof.recipes.train import build_model, run_train
+from tuneproof.recipes.train import run_train
 from tuneproof.study import Training, parse_study
 from tuneproof.training.data_order import epoch_order, optimizer_steps_per_epoch, window_at, window_position
 from tuneproof.training.loop import budget, latest_checkpoint, load_checkpoint
@@ -98,7 +98,7 @@ def test_c18_last_window_holds_the_rest_of_the_epoch(tiny_base, tmp_path):
     seed = ctx.study.training.seed
     idx = [i for mb in window_at(6, 1, 4, seed, 1) for i in mb]
     assert idx == epoch_order(6, seed=seed, epoch=0)[4:]
-    model, _ = build_model(ctx)
+    model, _ = ctx.build_model()
     params = [p for p in model.parameters() if p.requires_grad]
     with torch.no_grad():
         for p, w in zip(params, weights):
@@ -160,7 +160,7 @@ def test_preflight_accumulation_check_covers_the_short_last_window(tiny_base, tm
     (only,) = window_at(10, 2, 2, cfg.seed, 2)
     assert len(last) == 1 and last[0]["input_ids"].shape[0] == 1
     assert last[0]["input_ids"][0].tolist()[: len(encoded[only[0]].input_ids)] == encoded[only[0]].input_ids
-    model, _ = build_model(ctx)
+    model, _ = ctx.build_model()
     first = [collate([encoded[i]], pad) for i in (0, 1)]
     c = check_accumulation_window(model, first, 2, last)
     assert c["passed"], c["message"]

@@ -13,7 +13,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tiny_study import make_study, rows
 from tuneproof.context import StudyContext
-from tuneproof.recipes.train import build_model, run_train
+from tuneproof.recipes.train import run_train
 from tuneproof.training import health as H
 from tuneproof.training.health import HealthFault, HealthMonitor
 from tuneproof.training.loop import seed_everything, train
@@ -34,7 +34,7 @@ def _train(ctx, model, **cfg):
 
 def _model(ctx):
     seed_everything(ctx.study.training.seed)
-    model, _ = build_model(ctx)
+    model, _ = ctx.build_model()
     return model
 
 

@@ -443,7 +443,7 @@ def test_trainable_summary_counts_the_4bit_weights_not_their_storage(qbase):
     """'trainable N of TOTAL parameters' counts a 4-bit weight's values, as for the full-precision model
     (SmolLM2-135M + QLoRA read 'of 81,891,648' for 134,975,808: two values per uint8 element)."""
     from tuneproof.models.base import BaseModelRef, load_model
-    from tuneproof.preflight.targets import trainable_summary
+    from tuneproof.models.targets import trainable_summary
 
     model, report = _qlora_model(qbase)
     full = load_model(BaseModelRef("tiny", qbase, "local", "causal-lm", "local"), "causal-lm")

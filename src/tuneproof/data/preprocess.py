@@ -289,25 +289,6 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def tokenizer_identity(tokenizer) -> dict[str, Any]:
-    """Tokenizer class, vocabulary size, special tokens, added tokens and a hash of the ids of a
-    fixed probe text (two tokenizers that split text differently get different hashes)."""
-    import hashlib
-
-    probe = "tuneproof probe: Héllo, wörld! 12345 {\"key\": [1, 2]} <|im_end|>\n\tend"
-    ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
-    return {
-        "class": type(tokenizer).__name__,
-        "vocab_size": len(tokenizer),
-        "eos_token": tokenizer.eos_token,
-        "pad_token": tokenizer.pad_token,
-        "bos_token": getattr(tokenizer, "bos_token", None),
-        "added_tokens": sorted(str(t) for t in tokenizer.get_added_vocab())[:50],
-        "chat_template_sha256": hashlib.sha256((getattr(tokenizer, "chat_template", None) or "").encode()).hexdigest(),
-        "probe_hash": hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest(),
-    }
-
-
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     """Rows of a padding-free packed micro-batch: first-fit decreasing of the examples (positions
     in ``lengths``) into rows of at most ``max(capacity, max(lengths))`` tokens. Deterministic

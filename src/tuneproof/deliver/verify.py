@@ -57,7 +57,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tuneproof.deliver.bundle import MANIFEST, MANIFEST_SHA, check_files, check_manifest_sha, read_manifest
-from tuneproof.deliver.identity import compare_tokenizer, compare_weights
+from tuneproof.models.identity import compare_tokenizer, compare_weights
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
 
@@ -281,7 +281,7 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
         if not (base_path / "config.json").is_file():
             raise TuneproofError(f"base model not found at {base_path} (the bundle was exported from {bm.get('name')}, revision {bm.get('revision')})",
                                  hint="pass --base PATH to the folder holding that exact base model")
-        from tuneproof.deliver.identity import compare_vocabulary  # noqa: PLC0415
+        from tuneproof.models.identity import compare_vocabulary  # noqa: PLC0415
 
         problems = compare_vocabulary(man.get("vocabulary"), base_path) + compare_weights(bm["weight_files"], base_path)
         if bm.get("config_sha256"):
@@ -306,9 +306,7 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
 
     tok_path = base_path if man["payload"] == "adapter" else bundle / "model"
     tokenizer = load_tokenizer_at(tok_path, man)
-    from tuneproof.data.preprocess import tokenizer_identity  # noqa: PLC0415
-
-    from tuneproof.deliver.identity import vocab_sha256  # noqa: PLC0415
+    from tuneproof.models.identity import tokenizer_identity, vocab_sha256  # noqa: PLC0415
 
     if man["procedure"]["model_kind"] == "image-classification":
         from tuneproof.deliver.image_bundle import compare_processor, processor_identity  # noqa: PLC0415

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneproof.errors import CheckFailed
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.models.quant import quantized_modules
+from tuneproof.models.targets import match_target_modules, trainable_summary
 
 
 def apply_method(model, method, kind: str, quantization: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -32,8 +34,6 @@ def apply_method(model, method, kind: str, quantization: dict[str, Any] | None =
         CheckFailed: a target pattern that matches no module (names the pattern and the counts).
         TuneproofError: qlora on a model that was not loaded in 4-bit.
     """
-    from tuneproof.preflight.targets import match_target_modules, trainable_summary  # noqa: PLC0415
-
     report: dict[str, Any] = {"method": method.kind}
     if method.kind == "full":
         for p in model.parameters():
@@ -44,9 +44,6 @@ def apply_method(model, method, kind: str, quantization: dict[str, Any] | None =
 
     if method.kind == "qlora":
         from peft import prepare_model_for_kbit_training  # noqa: PLC0415
-
-        from tuneproof.errors import TuneproofError  # noqa: PLC0415
-        from tuneproof.models.quant import quantized_modules  # noqa: PLC0415
 
         if not getattr(model, "is_loaded_in_4bit", False) or not quantization:
             raise TuneproofError("method.kind: qlora needs the base loaded in 4-bit (load_model(..., quantization=record))")
@@ -137,8 +134,6 @@ def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
         TuneproofError: ``base_weights`` is neither ``fp32`` nor ``bf16``.
     """
     from peft import PeftModel  # noqa: PLC0415
-
-    from tuneproof.errors import TuneproofError  # noqa: PLC0415
 
     if base_weights not in ("fp32", "bf16"):
         raise TuneproofError(f"base weights dtype {base_weights!r} is not fp32 or bf16")

@@ -87,7 +87,6 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
     """
     from tuneproof.data.preprocess import raise_on_faults  # noqa: PLC0415
     from tuneproof.preflight.fsdp import mixed_units  # noqa: PLC0415
-    from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.ddp import block_classes, share_report, wrap  # noqa: PLC0415
     from tuneproof.training.data_order import epoch_order, window_at  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
@@ -111,7 +110,7 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
     # 2. DDP: 2 steps of the configured loop, then the ranks' trainable weights
     smoke = cfg.model_copy(update={"max_steps": 2, "epochs": None, "warmup_steps": 0, "lr_scheduler": "constant", "checkpoint_every": 10**9})
     seed_everything(cfg.seed)
-    model, _ = build_model(ctx)
+    model, _ = ctx.build_model()
     ddp_world = copy.copy(world)
     ddp_world.strategy = "ddp"
     wrap(model, ddp_world)
@@ -131,7 +130,7 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
     try:
         step1 = smoke.model_copy(update={"max_steps": 1, "max_grad_norm": None})
         seed_everything(cfg.seed)
-        model, _ = build_model(ctx)
+        model, _ = ctx.build_model()
         blocks = block_classes(model)
         units = mixed_units(model, blocks, fsdp_version=2)
         checks.append(_check("fsdp units", bool(units["passed"]), units["message"], units=units["units"], mixed=len(units["mixed"])))
@@ -146,7 +145,7 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
         del model
         if world.is_main:
             seed_everything(cfg.seed)
-            ref, _ = build_model(ctx)
+            ref, _ = ctx.build_model()
             ref_cfg = step1.model_copy(update={"micro_batch_size": len(union), "gradient_accumulation_steps": 1})
             with _GradCapture(ref, gather=False) as rcap:
                 train(ref, [encoded[i] for i in union], ref_cfg, pad_id=pad, device=device, autocast=autocast)

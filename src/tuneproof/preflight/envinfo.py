@@ -22,6 +22,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from tuneproof.models.device import cpu_model
+
 #: Distributions recorded by :func:`environment_snapshot` (``None`` when not installed).
 LIBRARIES = (
     "torch",
@@ -70,17 +72,6 @@ def package_version(name: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _ram_bytes() -> int | None:
@@ -170,7 +161,7 @@ def environment_snapshot() -> dict[str, Any]:
         "python_implementation": platform.python_implementation(),
         "executable": sys.executable,
         "platform": platform.platform(),
-        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable},
+        "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable},
         "ram_bytes": _ram_bytes(),
         "backend": backend,
         "torch": torch.__version__,

@@ -304,7 +304,7 @@ def estimate_step_memory(
     if precision not in BYTES_PER_ELEMENT:
         raise TuneproofError(
             f"estimate_step_memory: precision {precision!r} is not one of {', '.join(BYTES_PER_ELEMENT)}",
-            hint="resolve 'auto' with tuneproof.preflight.backend.choose_dtype first",
+            hint="resolve 'auto' with tuneproof.models.device.choose_dtype first",
         )
     if optimizer not in OPTIMIZER_STATES:
         raise TuneproofError(f"estimate_step_memory: optimizer {optimizer!r} is not one of {', '.join(OPTIMIZER_STATES)}")

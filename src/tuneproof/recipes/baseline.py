@@ -35,7 +35,7 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
     data_check = require_data_check(ctx, "baseline", data_check_override)
     with evaluation_run(ctx, "baseline") as run:
         record_inputs(ctx, run)
-        from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
+        from tuneproof.models.identity import base_hashes  # noqa: PLC0415
 
         run.write_json("base.json", base_hashes(ctx.base))  # compare refuses candidates trained on another base
         run.update_summary(data_check_run=data_check, **({"data_check_override": data_check_override.strip()} if data_check_override else {}))

@@ -127,7 +127,7 @@ def check_base(ctx: StudyContext, train_run_id: str) -> None:
     Raises:
         CheckFailed: names the base folder, the run, and both hashes of each differing file.
     """
-    from tuneproof.deliver.identity import compare_base  # noqa: PLC0415
+    from tuneproof.models.identity import compare_base  # noqa: PLC0415
     from tuneproof.errors import CheckFailed  # noqa: PLC0415
 
     rec = ctx.registry.get(train_run_id)
@@ -150,7 +150,7 @@ def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
     Raises:
         CheckFailed: names the run(s), each differing key with both values (exit 3).
     """
-    from tuneproof.deliver.identity import compare_tokenizer  # noqa: PLC0415
+    from tuneproof.models.identity import compare_tokenizer  # noqa: PLC0415
     from tuneproof.errors import CheckFailed  # noqa: PLC0415
 
     rec = ctx.registry.get(train_run_id)

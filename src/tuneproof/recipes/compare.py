@@ -63,7 +63,7 @@ def check_same_base(ctx: StudyContext, base_rec, rec) -> None:
     Raises:
         TuneproofError: names both runs and both hashes.
     """
-    from tuneproof.deliver.identity import compare_recorded  # noqa: PLC0415
+    from tuneproof.models.identity import compare_recorded  # noqa: PLC0415
     from tuneproof.io import read_json  # noqa: PLC0415
 
     train_id = rec.parent if rec.kind in ("eval", "test") else None

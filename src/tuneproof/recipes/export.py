@@ -157,7 +157,7 @@ def _scoring(ctx: StudyContext, ev, entry: dict | None, judging: hyp.Judging) ->
 def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forced: dict | None, export_run: str,
                  device: str = "cpu", judging: hyp.Judging | None = None) -> dict[str, Any]:
     """Write every file of the bundle into ``tmp`` and return the manifest (also written)."""
-    from tuneproof.deliver.identity import base_identity  # noqa: PLC0415
+    from tuneproof.models.identity import base_identity  # noqa: PLC0415
     from tuneproof.deliver.limits import observed_limits  # noqa: PLC0415
     from tuneproof.deliver.card import model_card  # noqa: PLC0415
 
@@ -195,7 +195,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
             raise CheckFailed("the classification head is not in the saved adapter (modules_to_save is empty)",
                               hint="set method.modules_to_save: [classifier] (the head's module name) and train again")
 
-    from tuneproof.deliver.identity import vocabulary_record  # noqa: PLC0415
+    from tuneproof.models.identity import vocabulary_record  # noqa: PLC0415
 
     # C6 kind: base size before resizing, added tokens (an image classifier has no vocabulary)
     embeddings = None if ctx.is_image else _embeddings(base, tmp, payload)

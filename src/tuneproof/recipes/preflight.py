@@ -25,7 +25,7 @@ Checks, in order (config key or option behind each):
    tolerances, and the peak memory with each; the later checks then run with bf16 frozen weights
    (``gradient accumulation`` and ``precision``, which compute in fp32 without autocast, run
    just before it, on the fp32 weights).
-5. ``update check``: the model built exactly as ``train`` builds it (``recipes.train.build_model``),
+5. ``update check``: the model built exactly as ``train`` builds it (``StudyContext.build_model``),
    real optimizer steps on a real train micro-batch under the configured precision: every
    trainable tensor changed, every frozen tensor bitwise unchanged (C7); the model is restored.
 5b. ``qlora storage`` and ``qlora step`` (only with ``method.kind: qlora``,
@@ -313,7 +313,8 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
     """Check 2: dtype for ``training.precision`` on this device (C9), the extensions the config wants, and
     ``eval.backend`` (vllm: installed, a CUDA GPU, a causal LM; else failed with the two-line error that
     ``baseline``/``eval``/``test`` give, :func:`tuneproof.evaluation.backends.check_backend_available`)."""
-    from tuneproof.preflight.backend import check_extensions, choose_dtype, detect_device  # noqa: PLC0415
+    from tuneproof.models.device import choose_dtype, detect_device  # noqa: PLC0415
+    from tuneproof.preflight.backend import check_extensions  # noqa: PLC0415
 
     device = detect_device()
     choice = choose_dtype(ctx.study.training.precision, device, bf16_base_weights=ctx.study.training.bf16_base_weights)
@@ -381,7 +382,8 @@ def check_training_data(ctx: StudyContext, encoded: list) -> dict[str, Any]:
 
 def _target_checks(ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None) -> list[dict[str, Any]]:
     """Check 4: target modules, trainable parameters, embedding size."""
-    from tuneproof.preflight.targets import check_embedding_size, match_target_modules, trainable_summary  # noqa: PLC0415
+    from tuneproof.models.targets import match_target_modules, trainable_summary  # noqa: PLC0415
+    from tuneproof.preflight.targets import check_embedding_size  # noqa: PLC0415
 
     method = ctx.study.method
     out = []
@@ -815,7 +817,6 @@ def check_precision(model, batch: dict, choice: dict[str, Any], autocast) -> dic
 def check_checkpointing(ctx: StudyContext, model, batch: dict) -> dict[str, Any]:
     """Check 9: activation checkpointing on its own; the configured model and one built with the flag flipped."""
     from tuneproof.preflight.checkpointing import check_activation_checkpointing  # noqa: PLC0415
-    from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything  # noqa: PLC0415
 
     configured = ctx.study.training.activation_checkpointing
@@ -827,7 +828,7 @@ def check_checkpointing(ctx: StudyContext, model, batch: dict) -> dict[str, Any]
         other.study = ctx.study.model_copy(deep=True)
         other.study.training.activation_checkpointing = flag
         seed_everything(ctx.study.training.seed)  # the same initialisation as the configured model
-        built, _ = build_model(other)
+        built, _ = other.build_model()
         if ctx.study.training.bf16_base_weights:  # held as the configured model's are (cast by the bf16 base weights check)
             from tuneproof.models.method import cast_frozen_to_bf16  # noqa: PLC0415
 
@@ -1155,7 +1156,6 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     """Checks 3 to 12 (those after the backend); a check that cannot run is listed as skipped, with why."""
     from tuneproof.preflight.eval_batch import check_study_eval_batch  # noqa: PLC0415
     from tuneproof.preflight.packing import check_study_packing  # noqa: PLC0415
-    from tuneproof.recipes.train import build_model  # noqa: PLC0415
     from tuneproof.training.loop import seed_everything  # noqa: PLC0415
 
     later = ["training data", "target modules", "trainable parameters", "embedding size",
@@ -1185,7 +1185,7 @@ def _model_checks(ctx: StudyContext, run, rep: _Report, choice: dict[str, Any], 
     seed_everything(cfg.seed)  # initialisation follows training.seed, as in run_train
     model = report = failure = None
     try:
-        model, report = build_model(ctx)
+        model, report = ctx.build_model()
     except CheckFailed as err:  # a target pattern that matches nothing (C5)
         failure = str(err).splitlines()[0]
     state["model"] = model

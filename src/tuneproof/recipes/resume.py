@@ -152,7 +152,7 @@ def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> 
     if fp != ckpt["data_fingerprint"]:
         raise TuneproofError(f"the data changed since the checkpoint of {rec.id}: fingerprint {ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
                              hint="restore the data the run was trained on (see runs/<id>/data.json), or start a new run")
-    from tuneproof.deliver.identity import compare_base  # noqa: PLC0415
+    from tuneproof.models.identity import compare_base  # noqa: PLC0415
 
     problems = compare_base(ckpt.get("base") or {}, ctx.base)
     if problems:

@@ -37,50 +37,15 @@ from typing import Any
 from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
 from tuneproof.hypothesis import freeze
+from tuneproof.models.build import save_trained
+from tuneproof.models.identity import base_hashes
 from tuneproof.recipes.common import record_inputs
 from tuneproof.ui import console, progress_bar
-
-
-def build_model(ctx: StudyContext):
-    """Base model + method on the device, activation checkpointing applied. Returns ``(model, report)``."""
-    from tuneproof.models.base import load_model  # noqa: PLC0415
-    from tuneproof.models.method import apply_method  # noqa: PLC0415
-
-    device, _, _ = ctx.torch_setup()
-    labels = ctx.head_labels
-    model = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=ctx.quantization)  # qlora: 4-bit base
-    if ctx.study.training.activation_checkpointing:
-        # non-reentrant checkpointing: gradients reach LoRA weights without input grads (CASES C7)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-    model, report = apply_method(model, ctx.study.method, ctx.model_kind, quantization=ctx.quantization)
-    from tuneproof.deliver.identity import vocabulary_record  # noqa: PLC0415
-
-    if not ctx.is_image:  # an image processor has no vocabulary
-        report["vocabulary"] = vocabulary_record(ctx.base.path, ctx.tokenizer)  # base rows before resizing, added tokens (C6 kind)
-    return model.to(device), report
-
-
-def save_trained(model, run, method_kind: str, tokenizer, base_identity: dict[str, Any], state_dict: dict | None = None) -> Path:
-    """Save the adapter (PEFT layout, revision in its config) or the full model into the run folder.
-    ``state_dict``: whole tensors gathered from the ranks (distributed runs); default the model's own.
-    Returns the folder written."""
-    kw = {"state_dict": state_dict} if state_dict is not None else {}
-    if method_kind == "full":
-        model.save_pretrained(run.path("model"), safe_serialization=True, **kw)
-        tokenizer.save_pretrained(run.path("model"))
-        return run.path("model")
-    model.peft_config["default"].revision = base_identity["revision"]
-    model.save_pretrained(run.path("adapter"), safe_serialization=True, **kw)
-    tokenizer.save_pretrained(run.path("adapter"))
-    return run.path("adapter")
 
 
 def record_start(ctx: StudyContext, run) -> dict[str, Any]:
     """A new train run's inputs: config, environment, data fingerprint, ``base.json`` (the base's
     hashes at train start) and the hypothesis frozen by the first train run. Returns the base hashes."""
-    from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
-
     base = base_hashes(ctx.base)  # at train start; resume, eval, export and verify compare with it
     if ctx.quantization:  # qlora: the unquantized files above, loaded with this 4-bit config
         base["quantization"] = ctx.quantization
@@ -114,8 +79,6 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         order = require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) if run is None and world is None else {}
 
     def body(run) -> str | None:
-        from tuneproof.deliver.identity import base_hashes  # noqa: PLC0415
-
         if resume_from is None and world is None:
             base = record_start(ctx, run)
         else:
@@ -131,7 +94,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         encoded = ctx.pipeline.encode_all(train_set, train=True) if ctx.is_image else ctx.pipeline.encode_all(train_set)
         raise_on_faults(encoded, "train")
         seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
-        model, report = build_model(ctx)
+        model, report = ctx.build_model()
         frozen_before = None
         if world is not None:
             from tuneproof.training.ddp import param_signature, wrap  # noqa: PLC0415
@@ -180,7 +143,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
             if run is None:
                 return None
         else:
-            save_trained(model, run, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
+            save_trained(model, run.dir, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
         run.update_summary(
             steps=result["steps"], example_passes=result["examples"], final_loss=result["losses"][-1] if result["losses"] else None,
             first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 6),

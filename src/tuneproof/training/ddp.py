@@ -447,7 +447,7 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
     from safetensors import safe_open  # noqa: PLC0415
 
     from tuneproof.recipes.preflight import _scores, reload_in_fresh_process  # noqa: PLC0415
-    from tuneproof.recipes.train import save_trained  # noqa: PLC0415
+    from tuneproof.models.build import save_trained  # noqa: PLC0415
 
     full = world.full_state(model)  # rank 0: whole tensors; others: {}
     examples = ctx.eval_examples()[:n_examples]
@@ -460,7 +460,7 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
         state = {k: v for k, v in full.items() if k in names or k in dict(model.named_buffers())}
     else:
         state = full
-    folder = save_trained(model, run, kind, ctx.tokenizer, ctx.base.identity(), state_dict=state)
+    folder = save_trained(model, run.dir, kind, ctx.tokenizer, ctx.base.identity(), state_dict=state)
     file = folder / ("model.safetensors" if kind == "full" else "adapter_model.safetensors")
     problems: list[str] = []
     saved_shapes: dict[str, list[int]] = {}

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from tuneproof.errors import CheckFailed
-from tuneproof.preflight.backend import BF16_BASE_KEY
+from tuneproof.models.device import BF16_BASE_KEY
 
 
 def packing_capacity(cfg) -> int:

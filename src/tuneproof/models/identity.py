@@ -4,7 +4,7 @@ An adapter is a difference to one exact set of base weights. The identity record
 and checked by ``verify`` is: the id or path, the revision, the sha256 of every weight file the
 model is loaded from, one combined hash over them, the sha256 of ``config.json``, and the
 tokenizer (class, vocabulary size, added tokens, chat template hash and the hash of the token ids
-of a fixed probe text, see :func:`tuneproof.data.preprocess.tokenizer_identity`), plus, from
+of a fixed probe text, see :func:`tokenizer_identity`), plus, from
 :func:`study_tokenizer_identity`, the sha256 of the whole token -> id map (``vocab_sha256``) and
 the hash of the token ids of a fixed sample of the study's own evaluation texts
 (``study_probe_hash``): a tokenizer with two ids swapped splits a fixed sentence the same way but
@@ -16,6 +16,7 @@ Pure hashing: nothing here imports torch, so a mismatch is found in a second or 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,23 @@ from tuneproof.models.base import weight_hashes
 # tokenizer fields that must be equal for the adapter's token ids to mean the same thing
 TOKENIZER_KEYS = ("class", "vocab_size", "added_tokens", "eos_token", "pad_token", "chat_template_sha256", "probe_hash", "vocab_sha256")
 PROBE_SAMPLE = 32  # study texts in the probe (evenly spaced over the sorted distinct texts)
+
+
+def tokenizer_identity(tokenizer) -> dict[str, Any]:
+    """Tokenizer class, vocabulary size, special tokens, added tokens and a hash of the ids of a
+    fixed probe text (two tokenizers that split text differently get different hashes)."""
+    probe = "tuneproof probe: Héllo, wörld! 12345 {\"key\": [1, 2]} <|im_end|>\n\tend"
+    ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    return {
+        "class": type(tokenizer).__name__,
+        "vocab_size": len(tokenizer),
+        "eos_token": tokenizer.eos_token,
+        "pad_token": tokenizer.pad_token,
+        "bos_token": getattr(tokenizer, "bos_token", None),
+        "added_tokens": sorted(str(t) for t in tokenizer.get_added_vocab())[:50],
+        "chat_template_sha256": hashlib.sha256((getattr(tokenizer, "chat_template", None) or "").encode()).hexdigest(),
+        "probe_hash": hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest(),
+    }
 
 
 def vocab_sha256(tokenizer) -> str:
@@ -43,12 +61,10 @@ def probe_sample(texts: list[str], n: int = PROBE_SAMPLE) -> list[str]:
 
 
 def study_tokenizer_identity(tokenizer, texts: list[str]) -> dict[str, Any]:
-    """The tokenizer identity of a study: :func:`tuneproof.data.preprocess.tokenizer_identity` plus
+    """The tokenizer identity of a study: :func:`tokenizer_identity` plus
     ``vocab_sha256`` (:func:`vocab_sha256`), ``study_probe_n``, ``study_probe_texts_sha256`` (the
     sampled texts) and ``study_probe_hash`` (sha256 of the JSON list of their token ids, no special
     tokens) over :func:`probe_sample` of ``texts`` (the study passes its evaluation inputs and references)."""
-    from tuneproof.data.preprocess import tokenizer_identity  # noqa: PLC0415
-
     ident = dict(tokenizer_identity(tokenizer))
     sample = probe_sample(texts)
     ids = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in sample]
@@ -142,8 +158,6 @@ def compare_weights(expected: dict[str, str], folder: Path) -> list[str]:
 def base_vocab_size(folder: str | Path) -> int | None:
     """Embedding rows of the base in ``folder`` as its ``config.json`` says (``vocab_size``, or
     ``text_config.vocab_size`` for multimodal models): the size before any resizing."""
-    import json  # noqa: PLC0415
-
     path = Path(folder) / "config.json"
     if not path.is_file():
         return None

@@ -1,0 +1,62 @@
+"""The model a run trains, built the same way by ``train``, ``preflight`` and the distributed
+checks: the base loaded (4-bit for QLoRA), activation checkpointing applied, the method wrapped
+around it; and the trained adapter or model saved into its run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.identity import vocabulary_record
+from tuneproof.models.method import apply_method
+
+
+def build_model(base: BaseModelRef, kind: str, method, *, device, tokenizer, labels: list[str] | None = None,
+                quantization: dict[str, Any] | None = None, activation_checkpointing: bool = False):
+    """Base model + method on ``device``, activation checkpointing applied.
+
+    Args:
+        base: the resolved base (:func:`tuneproof.models.base.resolve_base`).
+        kind: the model kind (:func:`tuneproof.models.base.model_kind`).
+        method: the study's ``method`` section.
+        device: the ``torch.device`` the model is moved to.
+        tokenizer: the tokenizer (its vocabulary is recorded) or, for an image classifier, its image processor.
+        labels: the labels of a classification head, else None.
+        quantization: qlora: the :func:`tuneproof.models.quant.quantization_record` the base is loaded with.
+        activation_checkpointing: ``training.activation_checkpointing``.
+
+    Returns:
+        ``(model, report)``: report as :func:`tuneproof.models.method.apply_method`'s, plus ``vocabulary``
+        (:func:`tuneproof.models.identity.vocabulary_record`) for a text model.
+
+    Raises:
+        CheckFailed: a target pattern that matches no module, an image head not in modules_to_save.
+    """
+    model = load_model(base, kind, labels=labels, quantization=quantization)  # qlora: 4-bit base
+    if activation_checkpointing:
+        # non-reentrant checkpointing: gradients reach LoRA weights without input grads (CASES C7)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    model, report = apply_method(model, method, kind, quantization=quantization)
+    if kind != "image-classification":  # an image processor has no vocabulary
+        report["vocabulary"] = vocabulary_record(base.path, tokenizer)  # base rows before resizing, added tokens (C6 kind)
+    return model.to(device), report
+
+
+def save_trained(model, run_dir: Path, method_kind: str, tokenizer, base_identity: dict[str, Any],
+                 state_dict: dict | None = None) -> Path:
+    """Save the adapter (PEFT layout, revision in its config) into ``run_dir/adapter``, or the full model
+    (``method_kind: full``) into ``run_dir/model``, with the tokenizer beside it.
+    ``state_dict``: whole tensors gathered from the ranks (distributed runs); default the model's own.
+    Returns the folder written."""
+    kw = {"state_dict": state_dict} if state_dict is not None else {}
+    if method_kind == "full":
+        model.save_pretrained(run_dir / "model", safe_serialization=True, **kw)
+        tokenizer.save_pretrained(run_dir / "model")
+        return run_dir / "model"
+    model.peft_config["default"].revision = base_identity["revision"]
+    model.save_pretrained(run_dir / "adapter", safe_serialization=True, **kw)
+    tokenizer.save_pretrained(run_dir / "adapter")
+    return run_dir / "adapter"

@@ -10,11 +10,12 @@ import pytest
 import yaml
 
 from tuneproof.cli import main
+from tuneproof.context import parse_study
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
-from tuneproof.evaluation.metrics import metric_names
 from tuneproof.recipes.init import template_text
-from tuneproof.study import Eval, parse_study
+from tuneproof.study import Eval
+from tuneproof.tasks import metric_names
 
 
 def _cli(*args: str) -> int:

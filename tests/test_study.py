@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from tuneproof.context import load_study
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.init import template_text
-from tuneproof.study import load_study, resolved_config, set_key
+from tuneproof.study import resolved_config, set_key
 
 
 def write(tmp_path, raw) -> object:

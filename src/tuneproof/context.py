@@ -20,8 +20,36 @@ from tuneproof.io import sha256_json
 from tuneproof.models.build import build_model
 from tuneproof.models.device import choose_dtype, detect_device
 from tuneproof.models.identity import study_tokenizer_identity
+from tuneproof.models.quant import require_bitsandbytes
 from tuneproof.registry import Registry
-from tuneproof.study import STUDY_FILE, Study, load_study, parse_study, resolved_config
+from tuneproof.study import STUDY_FILE, Study, read_study, resolved_config, validate_study
+from tuneproof.tasks import check_hypothesis_metrics
+
+
+def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
+    """Validate a parsed YAML mapping as a study: the schema (:func:`tuneproof.study.validate_study`),
+    then every metric the hypothesis names against its task (:func:`tuneproof.tasks.check_hypothesis_metrics`),
+    then, for ``method.kind: qlora``, that bitsandbytes is installed.
+
+    Raises:
+        TuneproofError: naming the file and the key path.
+    """
+    study = validate_study(raw, path)
+    check_hypothesis_metrics(study, path)
+    if study.method.kind == "qlora":
+        require_bitsandbytes(str(path))
+    return study
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate ``tuneproof.yaml`` (or a folder holding it): :func:`tuneproof.study.read_study`,
+    then :func:`parse_study`.
+
+    Raises:
+        TuneproofError: file missing, YAML syntax error (with line), unknown/missing key or bad value (with key path).
+    """
+    raw, path = read_study(path)
+    return parse_study(raw, path)
 
 
 @dataclass

@@ -369,8 +369,14 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
 
 
-def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
-    """Validate a parsed YAML mapping. Raises :class:`TuneproofError` naming file and key path."""
+def validate_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
+    """Validate a parsed YAML mapping against the schema (keys, values, rules over several keys).
+    The rules that need the task kinds or the installed packages are checked on top of it by
+    :func:`tuneproof.context.parse_study`, the loader every command uses.
+
+    Raises:
+        TuneproofError: names the file and the key path.
+    """
     if not isinstance(raw, dict):
         raise TuneproofError(f"{path}: the study file must be a YAML mapping, got {type(raw).__name__}")
     try:
@@ -389,53 +395,16 @@ def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
                 msg = e["msg"].removeprefix("Value error, ")
                 lines.append(f"{path}: {loc}: {msg} (got {e.get('input')!r})")
         raise TuneproofError("\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template") from None
-    check_hypothesis_metrics(study, path)
-    if study.method.kind == "qlora":
-        from tuneproof.models.quant import require_bitsandbytes  # noqa: PLC0415
-
-        require_bitsandbytes(str(path))
     return study
 
 
-def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> None:
-    """Every metric the hypothesis names is one the comparison reports for its task
-    (:func:`tuneproof.evaluation.metrics.metric_names`), and ``classes`` is only set on a
-    per-class guard.
+def read_study(path: str | Path) -> tuple[Any, Path]:
+    """Read ``tuneproof.yaml`` (or a folder holding it): ``(the parsed YAML, the file's path)``;
+    a ``method.bnb_4bit_*`` key without ``method.kind: qlora`` is refused here, before validation
+    (:func:`tuneproof.context.load_study` reads and validates).
 
     Raises:
-        TuneproofError: names the key (``hypothesis.success.metric``, ``hypothesis.guards[i].metric``
-            or ``.classes``) and lists the metrics of the task.
-    """
-    from tuneproof.evaluation.metrics import metric_names  # noqa: PLC0415
-
-    h, e = study.hypothesis, study.eval
-    names = metric_names(h.task, required_fields=h.required_fields, json_schema=e.json_schema, regex=e.regex, grammar=e.grammar)
-    aggregate = names["aggregate"]
-    if h.success.metric not in aggregate:
-        raise TuneproofError(f"{path}: hypothesis.success.metric: '{h.success.metric}' is not a metric of task '{h.task}'"
-                             + _why_missing(h.task, h.success.metric), hint=f"use one of {', '.join(aggregate)}")
-    for i, g in enumerate(h.guards):
-        allowed = aggregate + names["per_class"] + names["per_field"]
-        if g.metric not in allowed:
-            raise TuneproofError(f"{path}: hypothesis.guards[{i}].metric: '{g.metric}' is not a metric of task '{h.task}'"
-                                 + _why_missing(h.task, g.metric), hint=f"use one of {', '.join(allowed)}")
-        if g.classes is not None and not g.metric.startswith("per_class_"):
-            raise TuneproofError(f"{path}: hypothesis.guards[{i}].classes: only a per_class_* guard names classes (metric is '{g.metric}')",
-                                 hint="remove classes, or use a per_class_* metric")
-
-
-def _why_missing(task: str, metric: str) -> str:
-    needs = {"schema_valid_rate": "eval.json_schema", "regex_match_rate": "eval.regex", "required_fields_rate": "hypothesis.required_fields",
-             "json_valid_rate": "eval.json_schema or hypothesis.required_fields", "part_accuracy": "eval.regex has named groups",
-             **dict.fromkeys(("grammar_valid_rate", "function_accuracy", "slot_precision", "slot_recall", "slot_f1"), "eval.grammar")}
-    return f" (a format study reports it only when {needs[metric]} is set)" if task == "format" and metric in needs else ""
-
-
-def load_study(path: str | Path) -> Study:
-    """Read and validate ``tuneproof.yaml`` (or a folder holding it).
-
-    Raises:
-        TuneproofError: file missing, YAML syntax error (with line), unknown/missing key or bad value (with key path).
+        TuneproofError: file missing, YAML syntax error (with line), not UTF-8, a quant key without qlora.
     """
     path = Path(path)
     if path.is_dir():
@@ -451,7 +420,7 @@ def load_study(path: str | Path) -> Study:
     except UnicodeDecodeError as err:
         raise TuneproofError(f"{path}: not UTF-8 at byte offset {err.start}") from None
     _quant_keys_written_need_qlora(raw, path)
-    return parse_study(raw, path)
+    return raw, path
 
 
 def _quant_keys_written_need_qlora(raw: Any, path: Path) -> None:

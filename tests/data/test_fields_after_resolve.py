@@ -7,8 +7,9 @@ import pytest
 
 
 def _both(raw: dict, tmp_path, data_root):
+    from tuneproof.context import parse_study
     from tuneproof.data.sources import load_source
-    from tuneproof.study import parse_study, resolved_config
+    from tuneproof.study import resolved_config
 
     study = parse_study(raw)
     again = parse_study(resolved_config(study))

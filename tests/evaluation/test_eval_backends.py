@@ -270,7 +270,7 @@ def test_vllm_without_cuda_is_a_two_line_error(monkeypatch):
 
 
 def test_study_keys():
-    from tuneproof.study import parse_study
+    from tuneproof.context import parse_study
 
     assert (Eval().backend, Eval().backend_check_examples, Eval().backend_check_min_agreement) == ("transformers", 16, 0.9)
     raw = {"name": "s", "hypothesis": {"behaviour": "b", "task": "extraction", "success": {"metric": "field_f1"}},

@@ -86,8 +86,8 @@ def test_export_binds_the_adapter_and_processor_and_verifies_in_a_fresh_process(
 
 
 def test_init_writes_the_image_template_that_validates(tmp_path):
+    from tuneproof.context import load_study
     from tuneproof.recipes.init import run_init
-    from tuneproof.study import load_study
 
     path = run_init(tmp_path / "pets", "image-classification")
     study = load_study(path)

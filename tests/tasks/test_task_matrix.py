@@ -11,10 +11,11 @@ import random
 import pytest
 import yaml
 
+from tuneproof.context import parse_study
 from tuneproof.data.examples import Example
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.recipes.init import template_text
-from tuneproof.study import Eval, parse_study
+from tuneproof.study import Eval
 from tuneproof.tasks import TASKS, Task, TaskConfig, get_task
 
 

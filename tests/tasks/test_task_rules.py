@@ -237,8 +237,8 @@ def test_zero_support_class_is_neither_weak_nor_regressed_in_the_limits():
 def test_init_format_writes_a_grammar_template_with_named_parts(tmp_path):
     import yaml
 
+    from tuneproof.context import load_study
     from tuneproof.recipes.init import run_init
-    from tuneproof.study import load_study
 
     path = run_init(tmp_path / "mr", "format")
     s = load_study(path)
@@ -270,9 +270,9 @@ def test_init_says_what_the_reader_expects(tmp_path, capsys):
 def test_a_grammar_metric_without_the_grammar_says_which_key_it_needs():
     import yaml
 
+    from tuneproof.context import parse_study
     from tuneproof.errors import TuneproofError
     from tuneproof.recipes.init import template_text
-    from tuneproof.study import parse_study
 
     raw = yaml.safe_load(template_text("format"))
     raw["eval"]["grammar"] = None

@@ -151,7 +151,7 @@ def test_other_trackers_use_the_same_hook_when_installed(tmp_path, base, package
 
 
 def test_the_dossier_goes_to_one_study_level_run(tmp_path, base):
-    from tuneproof.study import load_study
+    from tuneproof.context import load_study
     from tuneproof.tracking import publish_dossier
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -125,8 +125,8 @@ def test_trained_tensors_stay_fp32_and_tied_weights_stay_tied():
 
 def test_the_key_is_refused_with_full_fine_tuning_qlora_and_the_chunked_loss(tiny_base):
     from tiny_study import study_config
+    from tuneproof.context import parse_study
     from tuneproof.errors import TuneproofError
-    from tuneproof.study import parse_study
 
     raw = study_config(tiny_base, precision="bf16", bf16_base_weights=True)
     raw["method"] = {"kind": "full"}
@@ -181,8 +181,9 @@ def test_the_study_context_refuses_in_two_lines_naming_the_key(tiny_base, tmp_pa
 
 def test_the_config_hash_changes_with_the_key(tiny_base):
     from tiny_study import study_config
+    from tuneproof.context import parse_study
     from tuneproof.io import sha256_json
-    from tuneproof.study import parse_study, resolved_config
+    from tuneproof.study import resolved_config
 
     on = resolved_config(parse_study(study_config(tiny_base, precision="bf16", bf16_base_weights=True)))
     off = resolved_config(parse_study(study_config(tiny_base, precision="bf16")))

@@ -12,11 +12,12 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from tiny_study import adapter_tensors, losses_by_step, make_study, rows, study_config
 from tuneproof.context import StudyContext
+from tuneproof.context import parse_study
 from tuneproof.data.preprocess import collate
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.resume import run_resume
 from tuneproof.recipes.train import run_train
-from tuneproof.study import Training, parse_study
+from tuneproof.study import Training
 from tuneproof.training.data_order import epoch_order, optimizer_steps_per_epoch, window_at, window_position
 from tuneproof.training.loop import budget, latest_checkpoint, load_checkpoint
 from tuneproof.training.loss import token_loss_sum

@@ -269,8 +269,8 @@ def test_packing_length_below_max_length_or_without_packing_is_refused_naming_th
     its own row, nothing was packed, and the run still recorded packing as used; refused in the study file."""
     from tiny_study import study_config
 
+    from tuneproof.context import parse_study
     from tuneproof.errors import TuneproofError
-    from tuneproof.study import parse_study
 
     raw = study_config(tiny_base)
     raw["training"].update(max_length=64, micro_batch_size=4, packing=True, packing_length=16)

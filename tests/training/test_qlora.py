@@ -17,10 +17,10 @@ import torch
 import yaml
 
 from tiny_study import make_study, prepare_study
+from tuneproof.context import parse_study
 from tuneproof.errors import TuneproofError
 from tuneproof.models import quant
 from tuneproof.preflight.qlora import check_quant_storage, check_step_values, measure_step
-from tuneproof.study import parse_study
 
 
 def _bnb_4bit_works() -> str | None:
@@ -457,7 +457,8 @@ def test_trainable_summary_counts_the_4bit_weights_not_their_storage(qbase):
 def test_quant_key_at_its_default_in_a_lora_study_file_is_refused(tiny_base, tmp_path):
     """``bnb_4bit_use_double_quant: true`` (the default) under ``method.kind: lora`` passed silently: the
     study file's own keys are checked; a LoRA run's resolved config (every key recorded) still parses."""
-    from tuneproof.study import load_study, resolved_config
+    from tuneproof.context import load_study
+    from tuneproof.study import resolved_config
 
     raw = _raw(tiny_base, kind="lora", bnb_4bit_use_double_quant=True)
     (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(raw))

@@ -30,34 +30,9 @@ HEADLINE_METRICS = {name: list(t.headline) for name, t in _TASKS.items()}
 
 __all__ = [
     "DEFAULT_EXTRACTION_FIELDS", "HEADLINE_METRICS", "INVALID_LABEL", "TASKS", "FormatRule", "check_targets_json",
-    "finite_or_none", "metric_names", "parse_json_output", "reason_kind", "score", "score_classification", "score_extraction",
+    "finite_or_none", "parse_json_output", "reason_kind", "score", "score_classification", "score_extraction",
     "score_format", "score_multilabel",
 ]
-
-
-def metric_names(task: str, *, required_fields: Sequence[str] | None = None, json_schema: Any = None,
-                 regex: str | None = None, grammar: str | None = None) -> dict[str, list[str]]:
-    """The metric names a comparison can report for ``task`` (what ``hypothesis.success.metric`` and
-    ``hypothesis.guards[].metric`` may name); the task kind's ``metric_names`` part.
-
-    A format study reports ``json_valid_rate`` only with a JSON check (``eval.json_schema`` or
-    ``hypothesis.required_fields``), ``schema_valid_rate`` only with ``eval.json_schema``,
-    ``regex_match_rate`` only with ``eval.regex`` (``part_accuracy`` when it has named groups),
-    ``grammar_valid_rate`` / ``function_accuracy`` / ``slot_*`` only with ``eval.grammar``,
-    ``required_fields_rate`` only with required fields. Extraction reports ``intent_accuracy``
-    when references have an intent, and ``intent_micro_f1`` / ``intent_macro_f1`` /
-    ``intent_precision`` / ``intent_recall`` when some reference intent is a list.
-
-    Returns:
-        ``{"aggregate": [...], "per_class": ["per_class_recall", ...], "per_field": [...]}``.
-
-    Raises:
-        TuneproofError: unknown task kind, or an invalid format rule.
-    """
-    from tuneproof.study import Eval  # noqa: PLC0415
-
-    cfg = TaskConfig.make(required_fields, Eval(json_schema=json_schema, regex=regex, grammar=grammar))
-    return get_task(task).metric_names(cfg)
 
 
 def score(

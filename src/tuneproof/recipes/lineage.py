@@ -37,7 +37,7 @@ def success_metric(registry: Registry) -> str | None:
     except Exception:  # noqa: BLE001
         pass
     try:
-        from tuneproof.study import load_study  # noqa: PLC0415
+        from tuneproof.context import load_study  # noqa: PLC0415
 
         return load_study(registry.study_dir).hypothesis.success.metric
     except Exception:  # noqa: BLE001  (the tree must show even when the study file is being edited)

@@ -34,11 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuneproof.context import load_study, parse_study
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json
 from tuneproof.recipes.variants import config_diff, describe
 from tuneproof.registry import Registry, RunRecord
-from tuneproof.study import STUDY_FILE, load_study, parse_study, resolved_config
+from tuneproof.study import STUDY_FILE, resolved_config
 from tuneproof.ui import console
 
 

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tuneproof.context import parse_study
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import flatten_keys, read_json, sha256_json
 from tuneproof.registry import Registry, RunRecord
-from tuneproof.study import parse_study, resolved_config, set_key
+from tuneproof.study import resolved_config, set_key
 from tuneproof.ui import console
 
 # (dotted-key prefix, group); the first match wins, so specific keys come before their section

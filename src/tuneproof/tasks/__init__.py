@@ -7,9 +7,11 @@ one entry in :data:`TASKS`, one template, one row of ``tests/tasks/test_task_mat
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 from tuneproof.errors import TuneproofError
+from tuneproof.study import STUDY_FILE, Eval, Study
 from tuneproof.tasks.base import ExampleRule, Task, TaskConfig
 from tuneproof.tasks.classification import TASK as CLASSIFICATION
 from tuneproof.tasks.extraction import TASK as EXTRACTION
@@ -19,7 +21,7 @@ from tuneproof.tasks.multilabel import TASK as MULTI_LABEL
 
 TASKS: dict[str, Task] = {t.name: t for t in (CLASSIFICATION, MULTI_LABEL, EXTRACTION, FORMAT, IMAGE_CLASSIFICATION)}
 
-__all__ = ["TASKS", "ExampleRule", "Task", "TaskConfig", "get_task", "task_config"]
+__all__ = ["TASKS", "ExampleRule", "Task", "TaskConfig", "check_hypothesis_metrics", "get_task", "metric_names", "task_config"]
 
 
 def get_task(name: str) -> Task:
@@ -42,3 +44,57 @@ def task_config(ctx: Any, *, required_fields: Any = None, eval_cfg: Any = None) 
     labels = kind.label_set(ctx.all_splits["train"]) if kind.has_label_set else None  # other kinds never read the data here
     return TaskConfig.make(ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
                            ctx.study.eval if eval_cfg is None else eval_cfg, labels)
+
+
+def metric_names(task: str, *, required_fields: Sequence[str] | None = None, json_schema: Any = None,
+                 regex: str | None = None, grammar: str | None = None) -> dict[str, list[str]]:
+    """The metric names a comparison can report for ``task`` (what ``hypothesis.success.metric`` and
+    ``hypothesis.guards[].metric`` may name); the task kind's ``metric_names`` part.
+
+    A format study reports ``json_valid_rate`` only with a JSON check (``eval.json_schema`` or
+    ``hypothesis.required_fields``), ``schema_valid_rate`` only with ``eval.json_schema``,
+    ``regex_match_rate`` only with ``eval.regex`` (``part_accuracy`` when it has named groups),
+    ``grammar_valid_rate`` / ``function_accuracy`` / ``slot_*`` only with ``eval.grammar``,
+    ``required_fields_rate`` only with required fields. Extraction reports ``intent_accuracy``
+    when references have an intent, and ``intent_micro_f1`` / ``intent_macro_f1`` /
+    ``intent_precision`` / ``intent_recall`` when some reference intent is a list.
+
+    Returns:
+        ``{"aggregate": [...], "per_class": ["per_class_recall", ...], "per_field": [...]}``.
+
+    Raises:
+        TuneproofError: unknown task kind, or an invalid format rule.
+    """
+    cfg = TaskConfig.make(required_fields, Eval(json_schema=json_schema, regex=regex, grammar=grammar))
+    return get_task(task).metric_names(cfg)
+
+
+def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> None:
+    """Every metric the hypothesis names is one the comparison reports for its task
+    (:func:`metric_names`), and ``classes`` is only set on a per-class guard.
+
+    Raises:
+        TuneproofError: names the key (``hypothesis.success.metric``, ``hypothesis.guards[i].metric``
+            or ``.classes``) and lists the metrics of the task.
+    """
+    h, e = study.hypothesis, study.eval
+    names = metric_names(h.task, required_fields=h.required_fields, json_schema=e.json_schema, regex=e.regex, grammar=e.grammar)
+    aggregate = names["aggregate"]
+    if h.success.metric not in aggregate:
+        raise TuneproofError(f"{path}: hypothesis.success.metric: '{h.success.metric}' is not a metric of task '{h.task}'"
+                             + _why_missing(h.task, h.success.metric), hint=f"use one of {', '.join(aggregate)}")
+    for i, g in enumerate(h.guards):
+        allowed = aggregate + names["per_class"] + names["per_field"]
+        if g.metric not in allowed:
+            raise TuneproofError(f"{path}: hypothesis.guards[{i}].metric: '{g.metric}' is not a metric of task '{h.task}'"
+                                 + _why_missing(h.task, g.metric), hint=f"use one of {', '.join(allowed)}")
+        if g.classes is not None and not g.metric.startswith("per_class_"):
+            raise TuneproofError(f"{path}: hypothesis.guards[{i}].classes: only a per_class_* guard names classes (metric is '{g.metric}')",
+                                 hint="remove classes, or use a per_class_* metric")
+
+
+def _why_missing(task: str, metric: str) -> str:
+    needs = {"schema_valid_rate": "eval.json_schema", "regex_match_rate": "eval.regex", "required_fields_rate": "hypothesis.required_fields",
+             "json_valid_rate": "eval.json_schema or hypothesis.required_fields", "part_accuracy": "eval.regex has named groups",
+             **dict.fromkeys(("grammar_valid_rate", "function_accuracy", "slot_precision", "slot_recall", "slot_f1"), "eval.grammar")}
+    return f" (a format study reports it only when {needs[metric]} is set)" if task == "format" and metric in needs else ""

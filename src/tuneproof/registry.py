@@ -68,6 +68,13 @@ RESERVE_FILE = ".tuneproof.reserve"  # ballast freed on a full disk so that the 
 RESERVE_BYTES = 256 * 1024
 _ID_RE = re.compile(r"^r(\d{4,})(-[A-Za-z0-9_.-]+)?$")
 
+#: summary key -> what ``runs``, the tree and the dossier say about a run that carries it
+OVERRIDES = {
+    "preflight_override": "preflight overridden",
+    "data_check_override": "data check overridden",
+    "baseline_override": "baseline overridden",
+}
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
@@ -105,6 +112,17 @@ def _now() -> float:
 def iso(ts: float | None) -> str:
     """Seconds since the epoch as an ISO-8601 UTC string ('' for None)."""
     return "" if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def override_flags(summary: dict[str, Any], *, with_reason: bool = True) -> list[str]:
+    """``["data check overridden: no time", ...]``: the protocol steps a run skipped (its summary's
+    ``*_override`` keys, :data:`OVERRIDES`), with the recorded reasons."""
+    out = []
+    for key, label in OVERRIDES.items():
+        reason = summary.get(key)
+        if reason:
+            out.append(f"{label}: {reason}" if with_reason and isinstance(reason, str) else label)
+    return out
 
 
 def _proc_start(pid: int) -> str | None:
@@ -495,6 +513,15 @@ class Registry:
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / self.get(run_id).id
+
+    def run_json(self, run_id: str, name: str) -> Any:
+        """The JSON file ``name`` of run ``run_id`` (``runs/<id>/<name>``), or None when the run has none.
+
+        Raises:
+            TuneproofError: no such run (:meth:`get`).
+        """
+        path = self.run_dir(run_id) / name
+        return read_json(path) if path.exists() else None
 
     # ------------------------------------------------------------------ lifecycle
     def _update(self, run_id: str, **fields: Any) -> None:

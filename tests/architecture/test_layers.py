@@ -30,7 +30,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("training/ddp.py", "recipes"), ("training/ddp.py", "preflight"), ("training/speedups.py", "preflight"),
     ("tasks/classification.py", "evaluation"), ("tasks/extraction.py", "evaluation"),
     ("tasks/multilabel.py", "evaluation"), ("tasks/format.py", "evaluation"),
-    ("data/preprocess.py", "training"), ("data/inspect.py", "training"), ("deliver/dossier.py", "recipes"),
+    ("data/preprocess.py", "training"), ("data/inspect.py", "training"),
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from tuneproof.cli import main
-from tuneproof.deliver.plan import SETUP_H, find_number, make_plan, measure
+from tuneproof.deliver.rental_plan import SETUP_H, find_number, make_plan, measure
 from tuneproof.errors import TuneproofError
 from tuneproof.registry import Registry
 
@@ -129,7 +129,7 @@ def test_plan_without_hourly_rate_gives_hours_and_the_cost_is_labelled(cls_study
 def test_a_very_fast_evaluation_still_counts_as_measured(tmp_path):
     """A tiny model on a quiet machine evaluates in milliseconds: the run keeps the time to the
     microsecond, and a time recorded as 0.0 (older runs) is not a measurement of 0 s per example."""
-    from tuneproof.deliver.plan import measure
+    from tuneproof.deliver.rental_plan import measure
     from tuneproof.registry import Registry
 
     reg = Registry(tmp_path)

@@ -19,7 +19,8 @@ ALIAS_HUB_ID = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct", 
 PIPELINE_TAG = {"causal-lm": "text-generation", "sequence-classification": "text-classification"}
 
 
-def _f(x: Any) -> str:
+def _fmt(x: Any) -> str:
+    """A value as the card prints it: 3 decimals for floats, ``-`` for None."""
     return f"{x:.3f}" if isinstance(x, float) else ("-" if x is None else str(x))
 
 
@@ -103,14 +104,14 @@ def model_card(man: dict[str, Any]) -> str:
         lines += ["| metric | baseline | this model | delta | 95% CI |", "|---|---|---|---|---|"]
         for k, v in comp["metrics"].items():
             ci = v.get("ci") or [None, None]
-            lines.append(f"| {k} | {_f(v.get('base'))} | {_f(v.get('cand'))} | {_f(v.get('delta'))} | [{_f(ci[0])}, {_f(ci[1])}] |")
+            lines.append(f"| {k} | {_fmt(v.get('base'))} | {_fmt(v.get('cand'))} | {_fmt(v.get('delta'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] |")
         lines += ["", f"Verdict of the hypothesis and its guards: **{comp.get('verdict')}** ({comp.get('detail')})", ""]
         for v in comp.get("verdicts") or []:
             lines.append(f"- {v['kind']} {v['verdict']}: {v['name']}")
         lines.append("")
         lines += _hypothesis_lines(man.get("hypothesis") or {}, comp)
     elif man.get("metrics"):
-        lines += ["No comparison with the baseline was run.", ""] + [f"- {k}: {_f(v)}" for k, v in man["metrics"].items()] + [""]
+        lines += ["No comparison with the baseline was run.", ""] + [f"- {k}: {_fmt(v)}" for k, v in man["metrics"].items()] + [""]
     else:
         lines += ["Not evaluated.", ""]
     lines += ["## Limits observed", ""]

@@ -28,18 +28,21 @@ from collections import Counter
 from typing import Any
 
 from tuneproof import hypothesis as hyp
-from tuneproof.evaluation.screen import fmt_p
 from tuneproof.deliver.limits import PER_FIELD_METRIC, limits_lines, observed_limits, per_class_metric
-from tuneproof.io import read_jsonl, sha256_json
+from tuneproof.deliver.plots import confusion, loss_curves, memory_throughput, metric_bars, token_lengths
+from tuneproof.deliver.rental_plan import cost_lines, load_plan
 from tuneproof.errors import TuneproofError
-from tuneproof.registry import iso
+from tuneproof.evaluation.screen import fmt_p, guard_lines
+from tuneproof.io import read_jsonl, sha256_json
+from tuneproof.registry import iso, override_flags
 from tuneproof.tasks import get_task
 
 NOT_RUN = "not run yet"
 
 
 # --------------------------------------------------------------------------- small helpers
-def _f(x: Any, nd: int = 3) -> str:
+def _fmt(x: Any, nd: int = 3) -> str:
+    """A value as the dossier prints it: ``nd`` decimals for floats, lower-case booleans, ``-`` for None."""
     if isinstance(x, bool):
         return str(x).lower()
     if isinstance(x, float):
@@ -48,7 +51,7 @@ def _f(x: Any, nd: int = 3) -> str:
 
 
 def _ci(ci: Any) -> str:
-    return "[" + ", ".join(_f(x) for x in (ci or [None, None])) + "]"
+    return "[" + ", ".join(_fmt(x) for x in (ci or [None, None])) + "]"
 
 
 def _dur(rec) -> str:
@@ -70,18 +73,19 @@ def flatten(obj: Any, prefix: str = "", depth: int = 3) -> list[tuple[str, Any]]
                 out += flatten(v, key, depth - 1)
             elif isinstance(v, list):
                 if all(not isinstance(x, (dict, list)) for x in v):
-                    out.append((key, ", ".join(_f(x) for x in v[:12]) + (" ..." if len(v) > 12 else "")))
+                    out.append((key, ", ".join(_fmt(x) for x in v[:12]) + (" ..." if len(v) > 12 else "")))
             else:
                 out.append((key, v))
     return out
 
 
-def _p(text: str) -> dict:
+def _paragraph(text: str) -> dict:
+    """A ``{"type": "p"}`` block."""
     return {"type": "p", "text": text}
 
 
 def _table(cols: list[str], rows: list[list[Any]]) -> dict:
-    return {"type": "table", "cols": cols, "rows": [[_f(v) for v in r] for r in rows]}
+    return {"type": "table", "cols": cols, "rows": [[_fmt(v) for v in r] for r in rows]}
 
 
 def _fig(png: bytes | None, caption: str) -> list[dict]:
@@ -118,12 +122,10 @@ class _Evidence:
         return primary, other
 
     def json(self, run_id: str, name: str) -> Any:
-        from tuneproof.recipes.common import run_json  # noqa: PLC0415
-
         key = (run_id, name)
         if key not in self._json:
             try:
-                self._json[key] = run_json(self.ctx, run_id, name)
+                self._json[key] = self.reg.run_json(run_id, name)
             except Exception:  # noqa: BLE001 - a damaged artifact must not stop the dossier
                 self._json[key] = None
         return self._json[key]
@@ -157,8 +159,6 @@ def _verdict_text(ev: _Evidence, entry: dict | None) -> str | None:
 
 def _summary(ev: _Evidence) -> list[dict]:
     """The first screen: it stands alone; every other section is linked below it (issue 16)."""
-    from tuneproof.evaluation.screen import guard_lines  # noqa: PLC0415
-
     s = ev.ctx.study
     by_status = Counter(r.status for r in ev.runs)
     comp, first, cid = _latest_candidate(ev)
@@ -175,10 +175,10 @@ def _summary(ev: _Evidence) -> list[dict]:
         for v in verdicts:
             shown = guard_lines(v)[0] if v.get("items") else ""
             rows.append([v.get("kind"), v.get("name"), v.get("verdict"), v.get("base"), v.get("cand"),
-                         f"{_f(v.get('delta'))} {_ci(v.get('ci'))}", shown])
+                         f"{_fmt(v.get('delta'))} {_ci(v.get('ci'))}", shown])
         blocks.append(_table(["criterion", "rule", "verdict", "baseline", "candidate", "delta [95% CI]", "note"], rows))
         if judged[1]:
-            blocks.append(_p(f"with the {judged[1][0]} hypothesis instead: {judged[1][1].get('verdict')} ({judged[1][1].get('detail')})"))
+            blocks.append(_paragraph(f"with the {judged[1][0]} hypothesis instead: {judged[1][1].get('verdict')} ({judged[1][1].get('detail')})"))
     elif first:
         blocks.append({"type": "strong", "text": f"verdict: NOT JUDGED: the comparison {comp.id} was {_RESCORE}"})
     else:
@@ -195,8 +195,6 @@ def _summary(ev: _Evidence) -> list[dict]:
         items.append(f"... and {len(bad) - 8} more (section Runs)")
     lim = _observed(ev)
     if lim is not None:
-        from tuneproof.deliver.limits import limits_lines  # noqa: PLC0415
-
         lines = limits_lines(lim[1], 3)
         items.append("limits: " + ("; ".join(lines) if lines else "none observed") + " (section Limits observed)")
     acc = ev.reg.test_accesses()
@@ -228,7 +226,7 @@ def _candidate_change(ev: _Evidence, cid: str) -> str:
     text = (f"{train.id} trained {what}; {budget} of {t.get('micro_batch_size')} x {t.get('gradient_accumulation_steps', 1)} examples, "
             f"learning rate {t.get('learning_rate')}")
     if train.summary.get("final_loss") is not None:
-        text += f"; final loss {_f(train.summary['final_loss'], 4)}"
+        text += f"; final loss {_fmt(train.summary['final_loss'], 4)}"
     if train.parent and (train.summary.get("variant") or {}):
         text += f"; variant of {train.parent}: {_change_of(ev, train)}"
     return text
@@ -258,10 +256,10 @@ def _hypothesis(ev: _Evidence) -> list[dict]:
         return [{"type": "list", "items": _hypothesis_items(j.current)}, {"type": "strong", "text": f"warning: {ev.judging_error}"}]
     if j.frozen is None:
         return [{"type": "list", "items": _hypothesis_items(j.current)},
-                _p("not frozen yet: the first train run fixes it (`tuneproof train`); until then the study file's hypothesis is in force.")]
+                _paragraph("not frozen yet: the first train run fixes it (`tuneproof train`); until then the study file's hypothesis is in force.")]
     first = next((r for r in ev.runs if r.id == j.frozen_run), None)
     when = f", {iso(first.created)} UTC" if first else ""
-    blocks = [_p(f"frozen with the first train run {j.frozen_run}{when}; sha256 {str(j.frozen_hash)[:16]} (from {j.source}):"),
+    blocks = [_paragraph(f"frozen with the first train run {j.frozen_run}{when}; sha256 {str(j.frozen_hash)[:16]} (from {j.source}):"),
               {"type": "list", "items": _hypothesis_items(j.frozen)}]
     if j.changed:
         blocks.append({"type": "strong", "text": f"warning: the study file's hypothesis differs from the frozen one ({len(j.diff)} "
@@ -269,12 +267,12 @@ def _hypothesis(ev: _Evidence) -> list[dict]:
                                                  f"{j.judged_against} hypothesis and the {j.other_name} one's verdict is given next to it"})
         blocks.append(_table(["key", "frozen", "study file now"], [[c["key"], hyp._short(c["old"]), hyp._short(c["new"])] for c in j.diff]))
     else:
-        blocks.append(_p("the study file's hypothesis is unchanged since."))
+        blocks.append(_paragraph("the study file's hypothesis is unchanged since."))
     if j.reason:
         blocks.append({"type": "strong", "text": f"this dossier judges against the EDITED hypothesis (--use-edited-hypothesis): {j.reason}"})
     uses = hyp.overrides(ev.ctx.study_dir)
     if uses:
-        blocks.append(_p(f"--use-edited-hypothesis was used {len(uses)} time(s):"))
+        blocks.append(_paragraph(f"--use-edited-hypothesis was used {len(uses)} time(s):"))
         blocks.append({"type": "list", "items": [f"{iso(u.get('time'))} UTC {u.get('command')}" + (f" {u['run']}" if u.get("run") else "")
                                                  + f": {u.get('reason')}" for u in uses]})
     return blocks
@@ -283,12 +281,12 @@ def _hypothesis(ev: _Evidence) -> list[dict]:
 def _baseline(ev: _Evidence) -> list[dict]:
     b = ev.latest("baseline")
     if not b:
-        return [_p(f"{NOT_RUN} (`tuneproof baseline`)")]
+        return [_paragraph(f"{NOT_RUN} (`tuneproof baseline`)")]
     base = b.summary.get("base") or {}
-    blocks = [_p(f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision {base.get('revision', '-')}) on "
+    blocks = [_paragraph(f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision {base.get('revision', '-')}) on "
                  f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' examples, {b.summary.get('eval_seconds', '?')} s.")]
     metrics = b.summary.get("metrics", {})
-    blocks.append(_table(["metric", "value"], [[k, v] for k, v in metrics.items()]) if metrics else _p("no metrics recorded"))
+    blocks.append(_table(["metric", "value"], [[k, v] for k, v in metrics.items()]) if metrics else _paragraph("no metrics recorded"))
     return blocks
 
 
@@ -296,8 +294,6 @@ def _flags(r, baseline_fp: str | None) -> list[str]:
     flags = []
     if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp and r.kind in ("train", "eval"):
         flags.append("data differs from baseline")
-    from tuneproof.recipes.protocol import override_flags  # noqa: PLC0415
-
     flags += override_flags(r.summary)
     if r.summary.get("multi_change"):
         flags.append("multi-change variant")
@@ -308,23 +304,23 @@ def _flags(r, baseline_fp: str | None) -> list[str]:
 
 def _runs(ev: _Evidence) -> list[dict]:
     if not ev.runs:
-        return [_p(f"{NOT_RUN}")]
+        return [_paragraph(f"{NOT_RUN}")]
     b = ev.latest("baseline")
     bfp = b.data_fingerprint if b else None
     rows = []
     for r in ev.runs:
         m = r.summary.get("metrics") or {}
-        head = " ".join(f"{k}={_f(v)}" for k, v in list(m.items())[:2])
+        head = " ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:2])
         if r.kind == "train" and r.summary.get("final_loss") is not None:
-            head = f"final loss {_f(r.summary['final_loss'], 4)}"
+            head = f"final loss {_fmt(r.summary['final_loss'], 4)}"
         rows.append([r.id, r.kind, r.status, r.reason or "", r.parent or "", iso(r.created), _dur(r), head, "; ".join(_flags(r, bfp))])
     blocks = [_table(["id", "kind", "status", "reason", "parent", "created (UTC)", "duration", "headline", "flags"], rows)]
     bad = [r for r in ev.runs if r.status != "completed"]
     if bad:
-        blocks.append(_p(f"{len(bad)} run(s) did not complete; none is hidden:"))
+        blocks.append(_paragraph(f"{len(bad)} run(s) did not complete; none is hidden:"))
         blocks.append({"type": "list", "items": [f"{r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad]})
     else:
-        blocks.append(_p("every run completed."))
+        blocks.append(_paragraph("every run completed."))
     return blocks
 
 
@@ -333,26 +329,26 @@ def _change_of(ev: _Evidence, r) -> str:
     ch = var.get("change")
     if ch:
         if isinstance(ch, dict):
-            return "; ".join(f"{k}: {_f(v.get('from') if isinstance(v, dict) else v)} -> {_f(v.get('to') if isinstance(v, dict) else '')}"
-                             if isinstance(v, dict) else f"{k}: {_f(v)}" for k, v in ch.items())
+            return "; ".join(f"{k}: {_fmt(v.get('from') if isinstance(v, dict) else v)} -> {_fmt(v.get('to') if isinstance(v, dict) else '')}"
+                             if isinstance(v, dict) else f"{k}: {_fmt(v)}" for k, v in ch.items())
         if isinstance(ch, list):
             return "; ".join(str(x) for x in ch)
         return str(ch)
     a, b = ev.json(r.parent, "config.json") or {}, ev.json(r.id, "config.json") or {}
     da, db = dict(flatten(a, depth=4)), dict(flatten(b, depth=4))
-    diff = [f"{k}: {_f(da.get(k))} -> {_f(db.get(k))}" for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
+    diff = [f"{k}: {_fmt(da.get(k))} -> {_fmt(db.get(k))}" for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
     return "; ".join(diff[:5]) + (" ..." if len(diff) > 5 else "") if diff else "no config change recorded"
 
 
 def _lineage(ev: _Evidence) -> list[dict]:
     trains = {r.id: r for r in ev.runs if r.kind == "train"}
     if not trains:
-        return [_p(f"{NOT_RUN} (no train run)")]
+        return [_paragraph(f"{NOT_RUN} (no train run)")]
     children: dict[str | None, list] = {}
     for r in trains.values():
         children.setdefault(r.parent if r.parent in trains else None, []).append(r)
     if not any(k is not None for k in children):
-        return [_p(f"no variants yet: {len(trains)} train run(s), each from the study file (`tuneproof train --from RUN --set KEY=VALUE` makes one).")]
+        return [_paragraph(f"no variants yet: {len(trains)} train run(s), each from the study file (`tuneproof train --from RUN --set KEY=VALUE` makes one).")]
     # the hypothesis in force (frozen unless --use-edited-hypothesis)
     metric = (ev.judging.primary.get("success") or {}).get("metric") or ev.ctx.study.hypothesis.success.metric
     b = ev.latest("baseline")
@@ -363,7 +359,7 @@ def _lineage(ev: _Evidence) -> list[dict]:
     def walk(r, prefix: str, last: bool, root: bool) -> None:
         e = evals.get(r.id)
         val = (e.summary.get("metrics") or {}).get(metric) if e else None
-        score = f" | {metric} {_f(val)}" + (f" ({val - bval:+.3f} vs baseline)" if isinstance(val, float) and isinstance(bval, float) else "") if val is not None else ""
+        score = f" | {metric} {_fmt(val)}" + (f" ({val - bval:+.3f} vs baseline)" if isinstance(val, float) and isinstance(bval, float) else "") if val is not None else ""
         what = "from the study file" if root else _change_of(ev, r)
         lines.append(f"{prefix}{'' if root else ('`- ' if last else '|- ')}{r.id} [{r.status}] {what}{score}")
         kids = children.get(r.id, [])
@@ -378,22 +374,22 @@ def _lineage(ev: _Evidence) -> list[dict]:
 def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
     r = ev.latest("data-check", any_status=True)
     if not r:
-        return [_p(f"{NOT_RUN} (`tuneproof data check`)")]
+        return [_paragraph(f"{NOT_RUN} (`tuneproof data check`)")]
     s = r.summary
-    blocks = [_p(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_f(s.get('passed'))}" if "passed" in s else "")
+    blocks = [_paragraph(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_fmt(s.get('passed'))}" if "passed" in s else "")
                  + (f"; hard faults: {s.get('hard_faults')}" if "hard_faults" in s else ""))]
     if isinstance(s.get("sizes"), dict):
-        blocks.append(_p("split sizes: " + ", ".join(f"{k} {v}" for k, v in s["sizes"].items())))
+        blocks.append(_paragraph("split sizes: " + ", ".join(f"{k} {v}" for k, v in s["sizes"].items())))
     lengths = s.get("lengths") if isinstance(s.get("lengths"), dict) else {}
     if lengths:
         rows = [[k, v.get("p50"), v.get("p95"), v.get("max"), v.get("truncated_share")] for k, v in lengths.items() if isinstance(v, dict)]
         blocks.append(_table(["split", "p50 tokens", "p95 tokens", "max tokens", "share truncated"], rows))
     if s.get("suggest_max_length"):
-        blocks.append(_p(f"suggested max_length: {s['suggest_max_length']} (configured: {ev.ctx.study.training.max_length})"))
+        blocks.append(_paragraph(f"suggested max_length: {s['suggest_max_length']} (configured: {ev.ctx.study.training.max_length})"))
     rep = ev.json(r.id, "data_check.json") or {}
     dup_rows, examples = _duplicate_rows(rep.get("dedup") if isinstance(rep, dict) else None)
     if dup_rows:
-        blocks.append(_p("duplicates across splits first (the second split's examples that also occur in the first), then inside each split:"))
+        blocks.append(_paragraph("duplicates across splits first (the second split's examples that also occur in the first), then inside each split:"))
         blocks.append(_table(["splits", "where", "examples checked", "exact", "normalised", "near"], dup_rows))
         if examples:
             blocks.append({"type": "details", "summary": f"{len(examples)} cross-split duplicate(s), first listed",
@@ -404,8 +400,6 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
     if other:
         blocks.append(_table(["key", "value"], other[:30]))
     if plots:
-        from tuneproof.deliver.plots import token_lengths  # noqa: PLC0415
-
         raw = _raw_lengths(rep)
         stats = ((rep.get("lengths") or {}).get("splits") if isinstance(rep.get("lengths"), dict) else None) or lengths
         blocks += _fig(token_lengths(raw, stats, ev.ctx.study.training.max_length), "token lengths per split (data check)")
@@ -553,9 +547,9 @@ def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
         name, unit, factor = _plain(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             val = v * factor if factor else v
-            shown = f"{val:.2f}" if unit == "GiB" else (f"{val:,}" if isinstance(val, int) else _f(float(val), 1 if abs(val) >= 100 else 3 if abs(val) >= 0.01 or val == 0 else 5))
+            shown = f"{val:.2f}" if unit == "GiB" else (f"{val:,}" if isinstance(val, int) else _fmt(float(val), 1 if abs(val) >= 100 else 3 if abs(val) >= 0.01 or val == 0 else 5))
         else:
-            shown = _f(v)
+            shown = _fmt(v)
         rows.append([name, shown, unit])
     return mem_rows, rows
 
@@ -563,39 +557,37 @@ def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
 def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
     r = ev.latest("preflight", any_status=True)
     if not r:
-        return [_p(f"{NOT_RUN} (`tuneproof preflight`)")]
+        return [_paragraph(f"{NOT_RUN} (`tuneproof preflight`)")]
     s = r.summary
-    blocks = [_p(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_f(s.get('passed'))}" if "passed" in s else ""))]
+    blocks = [_paragraph(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_fmt(s.get('passed'))}" if "passed" in s else ""))]
     checks = s.get("checks")
     rows = []
     if isinstance(checks, list):
-        rows = [[c.get("name", "?"), _f(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""] for c in checks if isinstance(c, dict)]
+        rows = [[c.get("name", "?"), _fmt(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""] for c in checks if isinstance(c, dict)]
     elif isinstance(checks, dict):
         for name, c in checks.items():
             if isinstance(c, dict):
-                rows.append([name, _f(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""])
+                rows.append([name, _fmt(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""])
             else:
-                rows.append([name, _f(c), ""])
+                rows.append([name, _fmt(c), ""])
     if rows:
         blocks.append(_table(["check", "passed", "detail"], rows))
     mem_rows, rows = preflight_tables(s)
     if mem_rows:
-        blocks.append(_p("step memory at the configured micro-batch, estimate next to measured (GiB; measured: process resident "
+        blocks.append(_paragraph("step memory at the configured micro-batch, estimate next to measured (GiB; measured: process resident "
                          "set on a CPU, peak allocated on a GPU):"))
         blocks.append(_table(["sequence length (tokens)", "step total, estimate", "step total, measured peak",
                               "the step adds, estimate", "the step adds, measured", "the step's tensors, measured",
                               "measured / estimate (tensors vs the step's parts)"], mem_rows))
     bd = s.get("memory_breakdown") if isinstance(s.get("memory_breakdown"), dict) else None
     if bd and bd.get("rows") and bd.get("lengths"):
-        blocks.append(_p(f"step memory estimate itemised, MiB (2**20 bytes), micro-batch {bd.get('micro_batch')}; then the measured "
+        blocks.append(_paragraph(f"step memory estimate itemised, MiB (2**20 bytes), micro-batch {bd.get('micro_batch')}; then the measured "
                          "step (its tensors: the CPU allocator's count or CUDA's peak allocated; the process: resident set on a CPU):"))
         blocks.append(_table(["part", *(f"length {n}" for n in bd["lengths"])],
-                             [[str(r[0]), *("-" if v is None else _f(v) for v in r[1:])] for r in bd["rows"] if isinstance(r, list) and r]))
+                             [[str(r[0]), *("-" if v is None else _fmt(v) for v in r[1:])] for r in bd["rows"] if isinstance(r, list) and r]))
     if rows:
         blocks.append(_table(["quantity", "value", "unit"], rows[:40]))
     if plots:
-        from tuneproof.deliver.plots import memory_throughput  # noqa: PLC0415
-
         nums = [(k, float(v)) for k, v in flatten(s, depth=4) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
         mem = {_label(k): g for k, v in nums if _MEM.search(k) and not _THR.search(k) and "budget" not in k.lower() for g in [_gib(k, v)] if g is not None}
         thr = {_label(k, unit=True): v for k, v in nums if _THR.search(k)}
@@ -619,7 +611,7 @@ def _speedups_cell(summary: dict) -> str:
 def _training(ev: _Evidence, plots: bool) -> list[dict]:
     trains = [r for r in ev.runs if r.kind == "train"]
     if not trains:
-        return [_p(f"{NOT_RUN} (`tuneproof train`)")]
+        return [_paragraph(f"{NOT_RUN} (`tuneproof train`)")]
     rows = []
     series = {}
     for r in trains:
@@ -633,10 +625,8 @@ def _training(ev: _Evidence, plots: bool) -> list[dict]:
                       "speed-ups"], rows)]
     norm = next((r.summary.get("loss_normalisation") for r in trains if r.summary.get("loss_normalisation")), None)
     if norm:
-        blocks.append(_p(f"loss normalisation: {norm}"))
+        blocks.append(_paragraph(f"loss normalisation: {norm}"))
     if plots:
-        from tuneproof.deliver.plots import loss_curves  # noqa: PLC0415
-
         blocks += _fig(loss_curves(series), "training loss curves (runs/<id>/metrics.jsonl)")
     return blocks
 
@@ -644,7 +634,7 @@ def _training(ev: _Evidence, plots: bool) -> list[dict]:
 def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
     compares = [r for r in ev.runs if r.kind == "compare" and r.status == "completed"]
     if not compares:
-        return [_p(f"{NOT_RUN} (`tuneproof compare RUN`)")]
+        return [_paragraph(f"{NOT_RUN} (`tuneproof compare RUN`)")]
     blocks: list[dict] = []
     task = ev.ctx.task
     for c in compares:
@@ -652,7 +642,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
         for cid, r in (data.get("candidates") or {}).items():
             cnt = r.get("counts", {})
             blocks.append({"type": "strong", "text": f"{cid} vs baseline {data.get('baseline')} ({c.id})"})
-            blocks.append(_p(f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
+            blocks.append(_paragraph(f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
                              f"{cnt.get('unchanged_right')}, unchanged wrong {cnt.get('unchanged_wrong')}; McNemar exact p = "
                              f"{fmt_p((r.get('mcnemar') or {}).get('p_value'))}. Intervals: 95% paired bootstrap of the delta."))
             basis, cc = r.get("counts_basis") or {}, r.get("counts_correct")
@@ -660,7 +650,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
                 extra = (f" On the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
                          f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}."
                          if cc and basis.get("rule") != "correct" else "")
-                blocks.append(_p(f"counts basis ({basis.get('metric') or 'correct'}): {basis.get('description')}.{extra}"))
+                blocks.append(_paragraph(f"counts basis ({basis.get('metric') or 'correct'}): {basis.get('description')}.{extra}"))
             if (r.get("dominant") or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the candidate {r['dominant']['detail']}"})
             blocks.append(_table(["metric", "baseline", "candidate", "delta", "95% CI"],
@@ -676,9 +666,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
                                        (v.get(PER_FIELD_METRIC) or {}).get("delta"), _ci((v.get(PER_FIELD_METRIC) or {}).get("ci")),
                                        (v.get(PER_FIELD_METRIC) or {}).get("support")] for k, v in pf.items()]))
             if (r.get("concentration") or {}).get("detail"):
-                blocks.append(_p(f"where the gain comes from: {r['concentration']['detail']}"))
-            from tuneproof.evaluation.screen import guard_lines  # noqa: PLC0415
-
+                blocks.append(_paragraph(f"where the gain comes from: {r['concentration']['detail']}"))
             items, folded = [], []
             for v in r.get("verdicts", []):
                 failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
@@ -730,8 +718,8 @@ def per_class_blocks(pc: dict, metric: str, failing: set[str]) -> list[dict]:
     rest = sorted((k for k in pc if k not in changed), key=key)
     if len(pc) <= FOLD_CLASSES_OVER or not rest:
         return [_table(cols, [row(k) for k in changed + rest])]
-    out = [_p(f"{len(changed)} of {len(pc)} classes changed or fail a guard, sorted by delta (most negative first); "
-              f"the {len(rest)} unchanged are folded below.")]
+    out = [_paragraph(f"{len(changed)} of {len(pc)} classes changed or fail a guard, sorted by delta "
+                      f"(most negative first); the {len(rest)} unchanged are folded below.")]
     if changed:
         out.append(_table(cols, [row(k) for k in changed]))
     out.append({"type": "details", "summary": f"{len(rest)} unchanged classes", "blocks": [_table(cols, [row(k) for k in rest])]})
@@ -759,7 +747,7 @@ def _confusion_summary(ev: _Evidence, base_id: str | None, cid: str, task: str) 
     conf = ((ev.json(cid, "eval.json") or {}).get("metrics") or {}).get("confusion")
     top = top_confusions(conf)
     if not top:
-        return [_p(f"top confusions of {cid}: none (every prediction is its reference class)")] if conf else []
+        return [_paragraph(f"top confusions of {cid}: none (every prediction is its reference class)")] if conf else []
     bconf = ((ev.json(base_id, "eval.json") or {}).get("metrics") or {}).get("confusion") if base_id else None
     bcell = {}
     if bconf and bconf.get("matrix"):
@@ -767,13 +755,11 @@ def _confusion_summary(ev: _Evidence, base_id: str | None, cid: str, task: str) 
             for pred, c in zip(bconf["columns"], counts):
                 bcell[(true, pred)] = int(c)
     rows = [[t, p, c, f"{c / tot:.0%}" if tot else "-", bcell.get((t, p), "-")] for t, p, c, tot in top]
-    return [_p(f"top {len(rows)} confusions of the candidate {cid} (true class predicted as another; the heat maps are below):"),
+    return [_paragraph(f"top {len(rows)} confusions of the candidate {cid} (true class predicted as another; the heat maps are below):"),
             _table(["true class", "predicted as", "examples", "share of the class", f"baseline {base_id}"], rows)]
 
 
 def _comparison_plots(ev: _Evidence, base_id: str | None, cid: str, r: dict, task: str) -> list[dict]:
-    from tuneproof.deliver.plots import confusion, metric_bars  # noqa: PLC0415
-
     out: list[dict] = []
     for section, metric, what in ((r.get("per_class") or {}, per_class_metric(task), "class"),
                                   (r.get("per_field") or {}, PER_FIELD_METRIC, "field")):
@@ -798,12 +784,12 @@ def _comparison_plots(ev: _Evidence, base_id: str | None, cid: str, r: dict, tas
 def _test_log(ev: _Evidence) -> list[dict]:
     acc = ev.reg.test_accesses()
     if not acc:
-        return [_p("the reserved test split has not been read.")]
+        return [_paragraph("the reserved test split has not been read.")]
     rows = []
     for a in acc:
         res = a.get("result") or {}
         m = res.get("metrics") if isinstance(res.get("metrics"), dict) else res
-        text = " ".join(f"{k}={_f(v)}" for k, v in list(m.items())[:3] if not isinstance(v, (dict, list)))
+        text = " ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:3] if not isinstance(v, (dict, list)))
         if res.get("judged_against") == "edited":
             text += f" (scored with the EDITED hypothesis: {res.get('use_edited_reason')})"
         rows.append([a["run"], a["candidate"], iso(a["time"]), text])
@@ -828,7 +814,7 @@ def _latest_candidate(ev: _Evidence) -> tuple[Any, dict | None, str | None]:
 def _verdict(ev: _Evidence) -> list[dict]:
     c, r, cid = _latest_candidate(ev)
     if not r:
-        return [_p(f"{NOT_RUN}: no comparison with the baseline (`tuneproof compare RUN`)")]
+        return [_paragraph(f"{NOT_RUN}: no comparison with the baseline (`tuneproof compare RUN`)")]
     primary, other = ev.judged(r)
     if primary is None:
         return [{"type": "strong", "text": f"NOT JUDGED: the comparison {c.id} was {_RESCORE}"}]
@@ -837,7 +823,7 @@ def _verdict(ev: _Evidence) -> list[dict]:
     blocks = [{"type": "strong", "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} ({cid}, {c.id}; {against} hypothesis)"}]
     blocks.append({"type": "list", "items": [f"{v['kind']} {v['verdict']}: {v['name']}" for v in verdicts]})
     if other:
-        blocks.append(_p(f"with the {other[0]} hypothesis instead: {other[1].get('verdict')} ({other[1].get('detail')})"))
+        blocks.append(_paragraph(f"with the {other[0]} hypothesis instead: {other[1].get('verdict')} ({other[1].get('detail')})"))
     return blocks
 
 
@@ -857,39 +843,36 @@ def _observed(ev: _Evidence) -> tuple[str, dict] | None:
 def _limits(ev: _Evidence) -> list[dict]:
     got = _observed(ev)
     if got is None:
-        return [_p(f"{NOT_RUN}: no evaluated run")]
+        return [_paragraph(f"{NOT_RUN}: no evaluated run")]
     cid, lim = got
-    return [_p(f"of {cid} on the evaluation split (weak: below {lim['weak_below']}):"), {"type": "list", "items": limits_lines(lim, 12) or ["none observed"]}]
+    return [_paragraph(f"of {cid} on the evaluation split (weak: below {lim['weak_below']}):"), {"type": "list", "items": limits_lines(lim, 12) or ["none observed"]}]
 
 
 def _exports(ev: _Evidence) -> list[dict]:
     exps = [r for r in ev.runs if r.kind == "export"]
     if not exps:
-        return [_p(f"{NOT_RUN} (`tuneproof export RUN [--merge]`)")]
-    rows = [[r.id, r.parent, r.status, r.reason or "", r.summary.get("bundle", ""), _f(r.summary.get("verified")),
+        return [_paragraph(f"{NOT_RUN} (`tuneproof export RUN [--merge]`)")]
+    rows = [[r.id, r.parent, r.status, r.reason or "", r.summary.get("bundle", ""), _fmt(r.summary.get("verified")),
              ("forced: " + str((r.summary.get("forced") or {}).get("status"))) if r.summary.get("forced") else "",
-             _f(r.summary.get("merge"))] for r in exps]
+             _fmt(r.summary.get("merge"))] for r in exps]
     return [_table(["export run", "train run", "status", "reason", "bundle", "verified", "forced", "merged"], rows),
-            _p("check a bundle anywhere with `tuneproof verify BUNDLE --base PATH`.")]
+            _paragraph("check a bundle anywhere with `tuneproof verify BUNDLE --base PATH`.")]
 
 
 def _plan(ev: _Evidence) -> list[dict]:
-    from tuneproof.recipes.plan import load_plan  # noqa: PLC0415
-
     try:
         plan = load_plan(ev.ctx.study_dir)
     except Exception:  # noqa: BLE001
         plan = None
     if not plan:
-        return [_p(f"{NOT_RUN} (`tuneproof plan --days 7 --hourly-rate 2.5`)")]
+        return [_paragraph(f"{NOT_RUN} (`tuneproof plan --days 7 --hourly-rate 2.5`)")]
     rows = [[p["phase"], f"{p['hours']:.2f}", p["basis"]] for p in plan["phases"]]
     rows.append(["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented; spare {plan['spare_h']:.1f} h"])
-    from tuneproof.recipes.plan import cost_lines  # noqa: PLC0415
-
     items = [f"variants of the configured budget that fit: {plan['variants_fit']} ({plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
              *cost_lines(plan)]
     items += [f"warning: {w}" for w in plan.get("warnings", [])] + [f"assumption: {a}" for a in plan.get("assumptions", [])]
-    return [_p(f"{plan['days']:g}-day rental, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps:"),
+    head = f"{plan['days']:g}-day rental, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps:"
+    return [_paragraph(head),
             _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]
 
 
@@ -898,8 +881,8 @@ def _environment(ev: _Evidence) -> list[dict]:
         env = ev.json(r.id, "env.json")
         if env:
             rows = [[k, v] for k, v in flatten(env, depth=2) if v not in (None, "", [])]
-            return [_p(f"as recorded by {r.id} ({r.kind}); every run stores its own env.json."), _table(["key", "value"], rows)]
-    return [_p(NOT_RUN)]
+            return [_paragraph(f"as recorded by {r.id} ({r.kind}); every run stores its own env.json."), _table(["key", "value"], rows)]
+    return [_paragraph(NOT_RUN)]
 
 
 def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def trained_base_weights(ctx: StudyContext, train_run_id: str) -> str:
     rec = ctx.registry.get(train_run_id)
     if rec.summary.get("base_weights") in ("fp32", "bf16"):
         return rec.summary["base_weights"]
-    cfg = run_json(ctx, rec.id, "config.json") or {}
+    cfg = ctx.registry.run_json(rec.id, "config.json") or {}
     return "bf16" if ((cfg.get("training") or {}).get("bf16_base_weights")) else "fp32"
 
 
@@ -303,11 +303,6 @@ def load_outputs(ctx: StudyContext, run_id: str) -> tuple[Any, list[dict]]:
     from tuneproof.evaluation.outputs import read_outputs  # noqa: PLC0415
 
     return rec, read_outputs(path, rec)
-
-
-def run_json(ctx: StudyContext, run_id: str, name: str) -> Any:
-    path = ctx.registry.runs_dir / ctx.registry.get(run_id).id / name
-    return read_json(path) if path.exists() else None
 
 
 def say(msg: str) -> None:

@@ -24,7 +24,7 @@ from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.screen import MAX_FAILING_ON_SCREEN, fmt_p, guard_lines  # noqa: F401 (re-exported)
-from tuneproof.recipes.common import load_outputs, run_json
+from tuneproof.recipes.common import load_outputs
 from tuneproof.ui import console, fmt, table
 
 
@@ -94,13 +94,13 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     base_rec, base_out = load_outputs(ctx, against)
     cand_ids = [resolve_candidate(ctx, c) for c in candidates]
-    base_efp = (run_json(ctx, base_rec.id, "eval.json") or {}).get("fingerprint", {})
+    base_efp = (ctx.registry.run_json(base_rec.id, "eval.json") or {}).get("fingerprint", {})
     results: dict[str, Any] = {}
     with ctx.registry.run("compare", parent=base_rec.id) as run:
         for cid in cand_ids:
             rec, out = load_outputs(ctx, cid)
             notes = []
-            efp = (run_json(ctx, rec.id, "eval.json") or {}).get("fingerprint", {})
+            efp = (ctx.registry.run_json(rec.id, "eval.json") or {}).get("fingerprint", {})
             differs = diff_fingerprints(base_efp, efp) if base_efp and efp else ["unknown"]
             if differs:
                 msg = f"{rec.id} was evaluated differently from baseline {base_rec.id} (differs: {', '.join(differs)})"

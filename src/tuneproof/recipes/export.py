@@ -51,7 +51,7 @@ from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_messag
                                       reproduce, verify_in_fresh_process)
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import atomic_write_text, read_json, write_json, write_jsonl
-from tuneproof.recipes.common import record_inputs, run_json
+from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.compare import print_judging
 from tuneproof.ui import console
 
@@ -68,7 +68,7 @@ def _comparison_of(ctx: StudyContext, eval_id: str | None) -> tuple[Any, dict | 
     if eval_id is None:
         return None, None, None
     for c in reversed(ctx.registry.list(kind="compare", status="completed")):
-        data = run_json(ctx, c.id, "compare.json") or {}
+        data = ctx.registry.run_json(c.id, "compare.json") or {}
         if eval_id in (data.get("candidates") or {}):
             return c, data, data["candidates"][eval_id]
     return None, None, None
@@ -145,7 +145,7 @@ def _scoring(ctx: StudyContext, ev, entry: dict | None, judging: hyp.Judging) ->
     """How the claims were computed, so ``verify`` recomputes them the same way: the eval run's
     scoring (required fields and ``eval`` section of its recorded config), and for the comparison
     the scoring it was made with and the hypothesis views its verdicts are judged under."""
-    evcfg = (run_json(ctx, ev.id, "config.json") if ev else None) or ctx.config
+    evcfg = (ctx.registry.run_json(ev.id, "config.json") if ev else None) or ctx.config
     return {
         "task": ctx.task, "labels": ctx.labels if ctx.task == "classification" else None,
         "eval_run": {"required_fields": (evcfg.get("hypothesis") or {}).get("required_fields"), "eval": evcfg.get("eval") or {}},
@@ -203,7 +203,7 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
 
     # evidence: eval, comparison, limits
     ev = _eval_of(ctx, rec.id)
-    eval_json = run_json(ctx, ev.id, "eval.json") if ev else None
+    eval_json = ctx.registry.run_json(ev.id, "eval.json") if ev else None
     from tuneproof.evaluation.outputs import check_outputs, read_outputs  # noqa: PLC0415
 
     outputs = read_outputs(ctx.registry.runs_dir / ev.id / "outputs.jsonl", ev) if ev and (ctx.registry.runs_dir / ev.id / "outputs.jsonl").exists() else []
@@ -300,8 +300,8 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         "train": {k2: train_summary.get(k2) for k2 in ("steps", "first_loss", "final_loss", "train_seconds", "tokens_per_s",
                                                          "trainable", "total_params", "dtype", "loss_normalisation", "base_weights")},
         "config": read_json(src / "config.json") if (src / "config.json").exists() else ctx.config,
-        "environment": run_json(ctx, rec.id, "env.json"),
-        "data_fingerprint": run_json(ctx, rec.id, "data.json") or {"hash": rec.data_fingerprint},
+        "environment": ctx.registry.run_json(rec.id, "env.json"),
+        "data_fingerprint": ctx.registry.run_json(rec.id, "data.json") or {"hash": rec.data_fingerprint},
         "eval_run": ev.id if ev else None,
         "eval_fingerprint": (eval_json or {}).get("fingerprint"),
         "metrics": ev.summary.get("metrics") if ev else None,

@@ -18,8 +18,7 @@ from typing import Any
 from rich.markup import escape
 from rich.tree import Tree
 
-from tuneproof.recipes.protocol import override_flags
-from tuneproof.registry import Registry, RunRecord
+from tuneproof.registry import Registry, RunRecord, override_flags
 from tuneproof.ui import console, fmt
 
 STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}

@@ -9,27 +9,23 @@ Features (option that turns each on):
 - the measurements: the latest preflight, else completed train and eval runs; nothing measured is
   an error (exit 2), never a guess;
 - ``plan.json`` in the study folder (schema-versioned); the dossier shows it.
-The logic is :mod:`tuneproof.deliver.plan`.
+The logic is :mod:`tuneproof.deliver.rental_plan`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from tuneproof.context import StudyContext
-from tuneproof.deliver.plan import check_plan_args, make_plan, measure, require_measured
+from tuneproof.deliver.rental_plan import PLAN_FILE, check_plan_args, cost_lines, make_plan, measure, require_measured
 from tuneproof.io import write_json
-from tuneproof.recipes.common import run_json
 from tuneproof.ui import console, table
-
-PLAN_FILE = "plan.json"
 
 
 def split_sizes(ctx: StudyContext) -> dict[str, int]:
     """Split sizes from the latest recorded ``data.json`` (no data loading), else from the data."""
     for rec in reversed(ctx.registry.list()):
-        data = run_json(ctx, rec.id, "data.json")
+        data = ctx.registry.run_json(rec.id, "data.json")
         if data and data.get("sizes"):
             return dict(data["sizes"])
     return {n: len(v) for n, v in ctx.all_splits.items()}
@@ -41,6 +37,7 @@ def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float | None = None
     Raises:
         TuneproofError: nothing measured yet (exit 2), bad arguments.
     """
+    # lazy: training.loop imports torch, which `tuneproof plan` never needs otherwise
     from tuneproof.training.loop import total_steps  # noqa: PLC0415
 
     check_plan_args(days, hourly_rate, variants)  # before anything is read
@@ -72,21 +69,3 @@ def print_plan(plan: dict[str, Any]) -> None:
         console.print(line, soft_wrap=True)
     for w in plan["warnings"]:
         console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
-
-
-def cost_lines(plan: dict[str, Any]) -> list[str]:
-    """The cost, labelled as money (or that none was computed without ``--hourly-rate``)."""
-    c = plan.get("cost")
-    if not c:
-        return [f"planned {plan['total_h']:.2f} hours of the {plan['available_h']:.0f} rented; no cost computed (pass --hourly-rate RATE)"]
-    return [f"cost at {plan['hourly_rate']:g} per hour: rental of {plan['available_h']:.0f} h {c['rental']:.2f}; "
-            f"cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"]
-
-
-def load_plan(study_dir: Path) -> dict[str, Any] | None:
-    p = Path(study_dir) / PLAN_FILE
-    if not p.exists():
-        return None
-    from tuneproof.io import read_json  # noqa: PLC0415
-
-    return read_json(p)

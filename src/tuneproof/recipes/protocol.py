@@ -16,7 +16,7 @@ Rules:
   missing preflight) and starts no run of the refused kind;
 - an override takes a reason (``--skip-data-check REASON``, ``--skip-baseline REASON``); the run
   records it in its summary (``data_check_override``, ``baseline_override``) and ``runs``,
-  ``runs --tree`` and the dossier show it (:func:`override_flags`).
+  ``runs --tree`` and the dossier show it (:func:`tuneproof.registry.override_flags`).
 """
 
 from __future__ import annotations
@@ -25,24 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.fingerprint import diff_fingerprints
+from tuneproof.io import read_json
+from tuneproof.recipes.data_check import run_data_check
 from tuneproof.ui import console
-
-#: summary key -> what ``runs``, the tree and the dossier say about a run that carries it
-OVERRIDES = {
-    "preflight_override": "preflight overridden",
-    "data_check_override": "data check overridden",
-    "baseline_override": "baseline overridden",
-}
-
-
-def override_flags(summary: dict[str, Any], *, with_reason: bool = True) -> list[str]:
-    """``["data check overridden: no time", ...]``: the protocol steps a run skipped, with the recorded reasons."""
-    out = []
-    for key, label in OVERRIDES.items():
-        reason = summary.get(key)
-        if reason:
-            out.append(f"{label}: {reason}" if with_reason and isinstance(reason, str) else label)
-    return out
 
 
 def _study_opt(ctx) -> str:
@@ -87,8 +73,6 @@ def require_data_check(ctx, command: str, override: str | None = None) -> str | 
     opt = _study_opt(ctx)
     skip = f"`tuneproof {command}{opt} --skip-data-check \"REASON\"` (the override is recorded in the run)"
     if rec is None:
-        from tuneproof.recipes.data_check import run_data_check  # noqa: PLC0415
-
         console.print(f"[yellow]no data check for data fingerprint {fp[:12]}[/]: running `tuneproof data check` first")
         try:
             return run_data_check(ctx)
@@ -101,8 +85,6 @@ def require_data_check(ctx, command: str, override: str | None = None) -> str | 
     first = ""
     rep_path = ctx.registry.runs_dir / rec.id / "data_check.json"
     if rep_path.exists():
-        from tuneproof.io import read_json  # noqa: PLC0415
-
         faults = (read_json(rep_path) or {}).get("hard_faults") or []
         first = f", first: {faults[0]}" if faults else ""
     n = rec.summary.get("hard_faults", "?")
@@ -139,9 +121,6 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
         if last_rev and last_rev != revision:
             diffs.append(f"the base revision ({last_rev[:19]} -> {revision[:19]})")
         if last.eval_fingerprint != efp["hash"]:
-            from tuneproof.evaluation.fingerprint import diff_fingerprints  # noqa: PLC0415
-            from tuneproof.io import read_json  # noqa: PLC0415
-
             path = ctx.registry.runs_dir / last.id / "eval.json"
             recorded = (read_json(path) or {}).get("fingerprint", {}) if path.exists() else {}
             parts = diff_fingerprints(recorded, efp) if recorded.get("parts") else []

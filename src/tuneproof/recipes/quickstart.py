@@ -148,7 +148,6 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
 
 
 def _print_outcome(ctx: StudyContext, out: dict) -> None:
-    from tuneproof.recipes.common import run_json  # noqa: PLC0415
     from tuneproof.ui import fmt, table  # noqa: PLC0415
 
     base = ctx.registry.get(out["runs"]["baseline"]).summary.get("metrics", {})
@@ -157,7 +156,7 @@ def _print_outcome(ctx: StudyContext, out: dict) -> None:
              fmt(float(cand[k]) - float(base[k]) if isinstance(cand.get(k), (int, float)) and isinstance(base.get(k), (int, float)) else None)]
             for k in cand]
     console.print(table("baseline vs candidate (eval split, same procedure)", ["metric", "baseline", "candidate", "delta"], rows))
-    cmp = run_json(ctx, out["runs"]["compare"], "compare.json") or {}
+    cmp = ctx.registry.run_json(out["runs"]["compare"], "compare.json") or {}
     if cmp.get("verdict"):
         console.print(f"verdict: [bold]{cmp['verdict']}[/]")
     console.print(f"dossier: [bold]{out['runs']['report']}[/]")

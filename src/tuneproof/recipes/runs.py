@@ -6,8 +6,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from tuneproof.recipes.protocol import override_flags
-from tuneproof.registry import Registry, iso
+from tuneproof.registry import Registry, iso, override_flags
 from tuneproof.ui import console, fmt, table
 
 STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}

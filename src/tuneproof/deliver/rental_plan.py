@@ -24,16 +24,20 @@ evaluation), resume margin (per variant: one fresh-process reload + the work sin
 checkpoint, ``checkpoint_every`` steps), export (export + its verification). The number of
 variants that fit is the largest N with all phases within ``days x 24`` hours. The plan is in
 hours; with an hourly rate it also gives the cost (rental, planned hours, one variant) as money.
+The plan is saved as :data:`PLAN_FILE` in the study folder (:func:`load_plan` reads it back).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import TuneproofError
+from tuneproof.io import read_json
 
+PLAN_FILE = "plan.json"  # in the study folder
 SETUP_H = 1.0  # provisioning, environment install, copying data and weights (assumed, not measured)
 DEFAULT_RELOAD_S = 300.0  # fresh-process start + model load + checkpoint load, when nothing is measured
 PROCESS_START_S = 30.0  # interpreter start and imports of a fresh process (assumed)
@@ -242,3 +246,18 @@ def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float | Non
         "assumptions": [f"machine setup {SETUP_H:.1f} h", f"checkpoint reload: {measured['reload_source']}",
                         "one interruption per variant", "the rented machine runs at the measured throughput"],
     }
+
+
+def cost_lines(plan: dict[str, Any]) -> list[str]:
+    """The cost, labelled as money (or that none was computed without ``--hourly-rate``)."""
+    c = plan.get("cost")
+    if not c:
+        return [f"planned {plan['total_h']:.2f} hours of the {plan['available_h']:.0f} rented; no cost computed (pass --hourly-rate RATE)"]
+    return [f"cost at {plan['hourly_rate']:g} per hour: rental of {plan['available_h']:.0f} h {c['rental']:.2f}; "
+            f"cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"]
+
+
+def load_plan(study_dir: Path) -> dict[str, Any] | None:
+    """The saved plan (``<study_dir>/plan.json``), or None when none was made."""
+    path = Path(study_dir) / PLAN_FILE
+    return read_json(path) if path.exists() else None

@@ -43,11 +43,10 @@ MIB = 2**20
 def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: float, rows: str, steps: int) -> dict:
     import torch
 
-    from tuneproof.data.preprocess import TextPipeline
+    from tuneproof.data.preprocess import IGNORE_INDEX, TextPipeline
     from tuneproof.preflight.memory import measure_step_peak
     from tuneproof.recipes.preflight import _batch_at_length, _estimate, _Stepper, in_step_bytes
     from tuneproof.study import Prompt, Training
-    from tuneproof.training.loss import IGNORE_INDEX
 
     _, tok, model = smollm2_lora(dropout)
     train = [e for e in snips_examples() if e.split == "train"][:3000]

@@ -327,7 +327,7 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
     """
     import re  # noqa: PLC0415
 
-    from tuneproof.evaluation.metrics import parse_json_output  # noqa: PLC0415
+    from tuneproof.tasks.parsing import parse_json_output  # noqa: PLC0415
 
     h, ev = study.hypothesis, study.eval
     examples = [e for items in splits.values() for e in items]

@@ -28,9 +28,6 @@ LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("context.py", "evaluation"),
     ("training/ddp.py", "recipes"), ("training/ddp.py", "preflight"), ("training/speedups.py", "preflight"),
-    ("tasks/classification.py", "evaluation"), ("tasks/extraction.py", "evaluation"),
-    ("tasks/multilabel.py", "evaluation"), ("tasks/format.py", "evaluation"),
-    ("data/preprocess.py", "training"), ("data/inspect.py", "training"),
 }
 
 

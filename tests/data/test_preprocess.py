@@ -7,10 +7,9 @@ import pytest
 
 from tinymodels import CHATML, make_tokenizer
 from tuneproof.data.examples import Example
-from tuneproof.data.preprocess import TextPipeline, collate, raise_on_faults
+from tuneproof.data.preprocess import IGNORE_INDEX, TextPipeline, collate, raise_on_faults
 from tuneproof.errors import CheckFailed
 from tuneproof.study import Prompt
-from tuneproof.training.loss import IGNORE_INDEX
 
 
 def test_c2_end_token_supervised_when_pad_equals_eos(tiny_tokenizer):

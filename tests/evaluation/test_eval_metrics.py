@@ -15,13 +15,13 @@ from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.metrics import (
     check_targets_json,
-    parse_json_output,
     score,
     score_classification,
     score_extraction,
     score_format,
 )
 from tuneproof.study import Eval
+from tuneproof.tasks.parsing import parse_json_output
 
 REF = json.dumps({"intent": "PlayMusic", "slots": {"artist": "Queen", "genre": ["rock", "pop"]}})
 

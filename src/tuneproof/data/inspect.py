@@ -14,8 +14,7 @@ from collections import defaultdict
 import numpy as np
 
 from tuneproof.data.examples import Example
-from tuneproof.data.preprocess import Encoded, visible
-from tuneproof.training.loss import IGNORE_INDEX
+from tuneproof.data.preprocess import IGNORE_INDEX, Encoded, visible
 
 LEGEND_CAUSAL = ("legend: dim = prompt (not in the loss); green = supervised (in the loss); magenta = special token; '|' between "
                  "tokens; 'scored' lists each supervised position as input token → the target token its logits are scored against")

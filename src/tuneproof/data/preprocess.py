@@ -22,7 +22,10 @@ import torch
 from tuneproof.data.examples import Example
 from tuneproof.errors import CheckFailed
 from tuneproof.study import render_prompt
-from tuneproof.training.loss import IGNORE_INDEX
+
+#: label id of a position the loss does not supervise (the prompt, padding): PyTorch's
+#: ``cross_entropy`` ``ignore_index`` default
+IGNORE_INDEX = -100
 
 
 @dataclass

@@ -30,9 +30,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.parsing import finite_or_none
 from tuneproof.tasks import TaskConfig, get_task
 from tuneproof.tasks.base import Blocks, MetricFn
+from tuneproof.tasks.parsing import finite_or_none
 
 CONFIDENCE = 0.95
 TOP_SHARE = 0.05  # "top 5% of examples" for the concentration flag

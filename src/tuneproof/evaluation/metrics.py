@@ -8,14 +8,13 @@ one flat dict of metrics. Inputs are never modified. Every rate is a fraction in
 The scorers live with their task kinds in :mod:`tuneproof.tasks` (one module per kind:
 classification, multi-label, extraction, format); the names below are re-exported so callers
 keep one import path. JSON parsing (strict RFC 8259, CASES C16) is
-:mod:`tuneproof.evaluation.parsing`.
+:mod:`tuneproof.tasks.parsing`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from tuneproof.evaluation.parsing import finite_or_none, parse_json_output, reason_kind
 from tuneproof.tasks import TASKS as _TASKS
 from tuneproof.tasks import TaskConfig, get_task
 from tuneproof.tasks.classification import INVALID_LABEL, score_classification
@@ -23,6 +22,7 @@ from tuneproof.tasks.extraction import DEFAULT_FIELDS as DEFAULT_EXTRACTION_FIEL
 from tuneproof.tasks.extraction import score_extraction
 from tuneproof.tasks.format import FormatRule, score_format
 from tuneproof.tasks.multilabel import score_multilabel
+from tuneproof.tasks.parsing import parse_json_output
 
 TASKS = tuple(_TASKS)
 # Headline metrics per task: the ones the paired comparison always reports with a CI (those present).
@@ -30,8 +30,7 @@ HEADLINE_METRICS = {name: list(t.headline) for name, t in _TASKS.items()}
 
 __all__ = [
     "DEFAULT_EXTRACTION_FIELDS", "HEADLINE_METRICS", "INVALID_LABEL", "TASKS", "FormatRule", "check_targets_json",
-    "finite_or_none", "parse_json_output", "reason_kind", "score", "score_classification", "score_extraction",
-    "score_format", "score_multilabel",
+    "score", "score_classification", "score_extraction", "score_format", "score_multilabel",
 ]
 
 

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from tuneproof.data.preprocess import IGNORE_INDEX
 from tuneproof.errors import TuneproofError
 from tuneproof.preflight.update_check import is_token_batch, loss_sum_and_count
-from tuneproof.training.loss import IGNORE_INDEX, NORMALISATION, window_losses
+from tuneproof.training.loss import NORMALISATION, window_losses
 
 NORMALISATION_CLASSIFICATION = "per-example mean over the accumulation window (sum of example losses / examples in the window)"
 

@@ -23,8 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from tuneproof.data.preprocess import collate, collate_packed, pack_rows
-from tuneproof.training.loss import IGNORE_INDEX
+from tuneproof.data.preprocess import IGNORE_INDEX, collate, collate_packed, pack_rows
 
 #: Largest |per-token loss packed - alone| accepted, in nats (fp32; the sdpa/eager kernels reorder sums).
 PACKING_ATOL = 1e-4

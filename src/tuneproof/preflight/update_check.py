@@ -23,8 +23,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from tuneproof.data.preprocess import IGNORE_INDEX
 from tuneproof.errors import TuneproofError
-from tuneproof.training.loss import IGNORE_INDEX, supervised_token_count, token_loss_sum
+from tuneproof.training.loss import supervised_token_count, token_loss_sum
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]

@@ -265,7 +265,7 @@ def _batch_at_length(encoded: list, micro_batch: int, length: int, pad_id: int) 
     import torch  # noqa: PLC0415
 
     from tuneproof.data.preprocess import collate  # noqa: PLC0415
-    from tuneproof.training.loss import IGNORE_INDEX  # noqa: PLC0415
+    from tuneproof.data.preprocess import IGNORE_INDEX  # noqa: PLC0415
 
     ranked = sorted(encoded, key=lambda e: (len(e.input_ids) < length, abs(len(e.input_ids) - length), e.id))
     chosen = [ranked[i % len(ranked)] for i in range(micro_batch)]

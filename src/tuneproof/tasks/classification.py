@@ -19,7 +19,6 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.parsing import parse_json_output
 from tuneproof.tasks.base import (
     BootstrapStats,
     ExampleRule,
@@ -36,6 +35,7 @@ from tuneproof.tasks.base import (
     rid,
     text,
 )
+from tuneproof.tasks.parsing import parse_json_output
 
 INVALID_LABEL = "<invalid>"
 

@@ -12,7 +12,7 @@ Rules and where they come from:
   (``"a"`` equals ``["a"]``, ``["a", "b"]`` equals ``["b", "a"]``). A missing, non-string or
   unparseable intent is always wrong, never a match: ``{}`` against ``{"intent": ["a", "b"]}`` is
   wrong (CASES C20). A reference without an intent is not scored on the intent at all.
-- JSON validity is strict RFC 8259 (:func:`tuneproof.evaluation.parsing.parse_json_output`);
+- JSON validity is strict RFC 8259 (:func:`tuneproof.tasks.parsing.parse_json_output`);
   a fenced output is invalid unless ``eval.allow_fenced_json`` (CASES C16).
 """
 
@@ -25,7 +25,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.parsing import parse_json_output, reason_kind
 from tuneproof.tasks.base import (
     PASS_F1,
     BootstrapStats,
@@ -46,6 +45,7 @@ from tuneproof.tasks.base import (
     rid,
     text,
 )
+from tuneproof.tasks.parsing import parse_json_output, reason_kind
 
 DEFAULT_FIELDS = ["intent", "slots"]
 MULTI_INTENT_METRICS = ["intent_precision", "intent_recall", "intent_micro_f1", "intent_macro_f1"]  # when an intent is a list

@@ -31,7 +31,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.parsing import parse_json_output
 from tuneproof.tasks.base import (
     PASS_F1,
     BootstrapStats,
@@ -50,6 +49,7 @@ from tuneproof.tasks.base import (
     ratio,
     text,
 )
+from tuneproof.tasks.parsing import parse_json_output
 
 GRAMMARS = ("function_slots",)
 _FUNC = re.compile(r"\s*(?P<fn>[A-Za-z_][\w.\-]*)\s*\((?P<body>.*)\)\s*", re.DOTALL)

@@ -19,7 +19,6 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.parsing import parse_json_output, reason_kind
 from tuneproof.tasks.base import (
     PASS_F1,
     BootstrapStats,
@@ -40,6 +39,7 @@ from tuneproof.tasks.base import (
     rid,
     text,
 )
+from tuneproof.tasks.parsing import parse_json_output, reason_kind
 
 
 def parse_label_set(value: Any, allow_fenced: bool = False) -> tuple[frozenset | None, str | None]:

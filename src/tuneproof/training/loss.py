@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from tuneproof.data.preprocess import IGNORE_INDEX
+
 NORMALISATION = "per-token mean over the accumulation window (sum of token losses / supervised tokens in the window)"
 
 

@@ -240,16 +240,6 @@ class StudyContext:
         adapter), else ``fp32``."""
         return "bf16" if self.study.training.bf16_base_weights else "fp32"
 
-    def eval_fingerprint(self, examples: list[Example] | None = None, *, base_weights: str | None = None) -> dict[str, Any]:
-        """The evaluation fingerprint of ``examples`` (default the eval examples); ``base_weights``:
-        the dtype the evaluated model's base weights were held in (default :attr:`base_weights`)."""
-        from tuneproof.evaluation.fingerprint import eval_fingerprint  # noqa: PLC0415
-
-        examples = examples if examples is not None else self.eval_examples()
-        return eval_fingerprint([e.id for e in examples], self.study.eval, self.task,
-                                self.study.hypothesis.required_fields, self.tokenizer_identity,
-                                precision=self.device_choice.get("dtype"), base_weights=base_weights or self.base_weights)
-
     # ------------------------------------------------------------------ device
     @cached_property
     def device_choice(self) -> dict[str, Any]:

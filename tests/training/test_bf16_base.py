@@ -222,6 +222,7 @@ def test_a_train_run_records_the_check_saves_fp32_and_evaluates_and_exports_with
     import tuneproof.recipes.train as train_recipe
     from tiny_study import make_study, train_dir
     from tuneproof.context import StudyContext
+    from tuneproof.evaluation.fingerprint import study_eval_fingerprint
     from tuneproof.io import read_json
     from tuneproof.recipes.evaluate import run_eval
     from tuneproof.recipes.export import run_export
@@ -262,7 +263,7 @@ def test_a_train_run_records_the_check_saves_fp32_and_evaluates_and_exports_with
     assert ev.summary["base_weights"] == "bf16"
     assert read_json(study / "runs" / eval_id / "eval.json")["base_weights"] == "bf16"
     assert ev.eval_fingerprint == baseline.eval_fingerprint  # the same procedure, base in bf16 on both sides
-    assert ev.eval_fingerprint != ctx.eval_fingerprint(base_weights="fp32")["hash"]  # never equal to an fp32-base eval
+    assert ev.eval_fingerprint != study_eval_fingerprint(ctx, base_weights="fp32")["hash"]  # never equal to an fp32-base eval
 
     run_export(ctx, run_id, k=3, merge=True)  # its fresh-process verify (adapter and merged/) must pass, else it raises
     man = read_json(study / "exports" / run_id / "manifest.json")

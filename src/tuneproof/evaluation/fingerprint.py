@@ -19,10 +19,15 @@ evaluation has no ``backend`` part, so fingerprints recorded before it existed k
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
+from tuneproof.study import Eval
+
+if TYPE_CHECKING:
+    from tuneproof.context import StudyContext
+    from tuneproof.data.examples import Example
 
 PARTS = ("eval_ids", "prompt", "decoding", "metrics", "tokenizer")
 OPTIONAL_PARTS = ("backend",)  # present only when not the default (transformers): older fingerprints keep their hash
@@ -68,8 +73,6 @@ def eval_fingerprint(
     Raises:
         TuneproofError: duplicate example ids.
     """
-    from tuneproof.study import Eval
-
     cfg = Eval.model_validate(eval_cfg) if isinstance(eval_cfg, dict) else (eval_cfg or Eval())
     ids = sorted(str(i) for i in example_ids)
     dupes = sorted({a for a, b in zip(ids, ids[1:]) if a == b})
@@ -98,6 +101,22 @@ def eval_fingerprint(
     parts = {name: sha256_json(content[name]) for name in names}
     combined = "".join(f"{name}={parts[name]}\n" for name in names)
     return {"hash": hashlib.sha256(combined.encode("utf-8")).hexdigest(), "parts": parts}
+
+
+def study_eval_fingerprint(ctx: StudyContext, examples: list[Example] | None = None, *,
+                           base_weights: str | None = None) -> dict:
+    """:func:`eval_fingerprint` of a study's evaluation of ``examples`` (default its eval examples,
+    :meth:`~tuneproof.context.StudyContext.eval_examples`): its eval section, task, required fields,
+    tokenizer identity and compute dtype; ``base_weights``: the dtype the evaluated model's base
+    weights were held in (default the study's, :attr:`~tuneproof.context.StudyContext.base_weights`).
+
+    Raises:
+        TuneproofError: duplicate example ids, or a precision refused on this machine.
+    """
+    examples = examples if examples is not None else ctx.eval_examples()
+    return eval_fingerprint([e.id for e in examples], ctx.study.eval, ctx.task,
+                            ctx.study.hypothesis.required_fields, ctx.tokenizer_identity,
+                            precision=ctx.device_choice.get("dtype"), base_weights=base_weights or ctx.base_weights)
 
 
 def batch_size_matters(eval_cfg: Any, precision: str | None) -> bool:

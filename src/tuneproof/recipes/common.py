@@ -10,6 +10,7 @@ from typing import Any, Iterator
 from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.fingerprint import study_eval_fingerprint
 from tuneproof.io import read_json, sha256_json, write_jsonl
 from tuneproof.registry import Run
 from tuneproof.ui import console, progress_bar
@@ -260,7 +261,7 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
 
     held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
     base_weights = held if held in ("fp32", "bf16") else "fp32"
-    efp = ctx.eval_fingerprint(examples, base_weights=base_weights)
+    efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights)
     run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics,
                                  "base_weights": base_weights})
     run.set(eval_fingerprint=efp["hash"])

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.evaluation.fingerprint import diff_fingerprints
+from tuneproof.evaluation.fingerprint import diff_fingerprints, study_eval_fingerprint
 from tuneproof.io import read_json
 from tuneproof.recipes.data_check import run_data_check
 from tuneproof.ui import console
@@ -104,7 +104,7 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
     if override is not None:
         console.print(f"[yellow]warning[/]: training without a baseline for this evaluation procedure; recorded override: {override}")
         return None
-    efp = ctx.eval_fingerprint()
+    efp = study_eval_fingerprint(ctx)
     revision = ctx.base.revision
     done = ctx.registry.list(kind="baseline", status="completed")
     for rec in reversed(done):

@@ -9,11 +9,11 @@ q/k/v/o, fp32 on the CPU. Each shape (length x micro-batch) runs in its own fres
 - encodes SNIPS training examples with tuneproof's own preprocessing (chat template, ``--loss``
   answer_only or full_sequence) at ``max_length`` = the length;
 - builds the micro-batch the preflight's ``step memory`` check builds at that length
-  (``recipes.preflight._batch_at_length``: the real examples nearest the length, right-padded to it),
+  (``preflight.step_memory.batch_at_length``: the real examples nearest the length, right-padded to it),
   or with ``--rows full`` rows of real text tokens with no padding (the last quarter of each row
   supervised under answer_only);
-- takes the preflight's estimate (``recipes.preflight._estimate``, itemised) and ``--steps`` complete steps
-  of the preflight's ``_Stepper`` (forward, loss, backward, clipping, AdamW step; ``--chunked``: the
+- takes the preflight's estimate (``preflight.step_memory.step_memory_estimate``, itemised) and ``--steps`` complete steps
+  of the preflight's ``StepRunner`` (forward, loss, backward, clipping, AdamW step; ``--chunked``: the
   chunked loss, as ``training.chunked_loss: true`` trains), each measured by
   ``preflight.memory.measure_step_peak``: the peak of the bytes the step's tensors hold (torch's
   CPU allocator, counted through the profiler's memory events) and the process resident set.
@@ -45,7 +45,8 @@ def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: flo
 
     from tuneproof.data.preprocess import IGNORE_INDEX, TextPipeline
     from tuneproof.preflight.memory import measure_step_peak
-    from tuneproof.recipes.preflight import _batch_at_length, _estimate, _Stepper, in_step_bytes
+    from tuneproof.preflight.memory import in_step_bytes
+    from tuneproof.preflight.step_memory import StepRunner, batch_at_length, step_memory_estimate
     from tuneproof.study import Prompt, Training
 
     _, tok, model = smollm2_lora(dropout)
@@ -55,10 +56,10 @@ def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: flo
     else:
         pipe = TextPipeline(tok, Prompt(system=SNIPS_SYSTEM), length, loss=loss)
         encoded = [e for e in pipe.encode_all(train) if not e.faults]
-        batch = _batch_at_length(encoded, micro_batch, length, tok.pad_token_id)
+        batch = batch_at_length(encoded, micro_batch, length, tok.pad_token_id)
     cfg = Training(micro_batch_size=micro_batch, max_length=length, loss=loss, chunked_loss=chunked, learning_rate=2e-4)
-    est = _estimate(model, micro_batch, length, "fp32", False, None, batch=batch, chunked_loss=chunked)
-    stepper = _Stepper(model, cfg, contextlib.nullcontext)
+    est = step_memory_estimate(model, micro_batch, length, "fp32", False, None, batch=batch, chunked_loss=chunked)
+    stepper = StepRunner(model, cfg, contextlib.nullcontext)
     measured = [measure_step_peak(lambda: stepper.step(batch)) for _ in range(steps)]
     in_step = in_step_bytes(est)
     return {

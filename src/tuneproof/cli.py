@@ -191,7 +191,8 @@ def preflight(
                                            rdzv_endpoint=rdzv_endpoint)
         console.print(f"distributed preflight run [bold]{run_id}[/] passed")
         return
-    from tuneproof.recipes.preflight import parse_memory, run_preflight  # noqa: PLC0415
+    from tuneproof.preflight.environment import parse_memory  # noqa: PLC0415
+    from tuneproof.recipes.preflight import run_preflight  # noqa: PLC0415
 
     budget = parse_memory(memory_budget) if memory_budget is not None else None
     if from_run is not None:

@@ -117,12 +117,12 @@ def test_the_verify_and_reload_children_ask_to_die_with_their_parent(tmp_path, m
 
     import tuneproof.deliver.verify as V
     import tuneproof.procs as P
-    import tuneproof.recipes.preflight as PF
+    import tuneproof.preflight.reload as PF
 
     calls = []
     monkeypatch.setattr(P, "die_with_parent", lambda: calls.append("child") or True)
     V.main([str(tmp_path / "no-bundle"), "--out", str(tmp_path / "r.json")])
-    assert PF._reload_main(["not-reload"]) == 2
+    assert PF.reload_main(["not-reload"]) == 2
     assert calls == ["child", "child"]
     seen = []
 

@@ -190,7 +190,7 @@ def test_issue15_estimate_within_15_percent_of_the_step_tensors_on_a_tiny_llama_
     """Issue 15 item 6: the preflight's estimate of the step's part against the measured step (the bytes
     its tensors held at the peak, counted by torch's CPU allocator) at lengths 64 and 128 and micro-batches
     2 and 8 (answer-only loss; the chunked loss at 2 of these shapes, the full-sequence loss at 1), on the
-    preflight's own path (``_estimate``, ``_Stepper``: forward, loss, backward, clipping, AdamW): a random
+    preflight's own path (``step_memory_estimate``, ``StepRunner``: forward, loss, backward, clipping, AdamW): a random
     Llama (hidden 128, MLP 344, 2 layers, 4 heads, 2 KV heads, vocabulary 2048) + LoRA r16 on q/k/v/o with
     dropout 0.05, fp32, padded micro-batches. The count is deterministic: the same in a fresh process or
     after other steps, whatever else runs on the machine."""
@@ -198,7 +198,7 @@ def test_issue15_estimate_within_15_percent_of_the_step_tensors_on_a_tiny_llama_
 
     from tinymodels import make_llama
     from tuneproof.preflight.memory import in_step_bytes
-    from tuneproof.recipes.preflight import _estimate, _Stepper
+    from tuneproof.preflight.step_memory import StepRunner, step_memory_estimate
     from tuneproof.study import Training
 
     V, h, i = 2048, 128, 344
@@ -211,8 +211,8 @@ def test_issue15_estimate_within_15_percent_of_the_step_tensors_on_a_tiny_llama_
         for s, b in variant_shapes:
             batch = _padded_answer_only_batch(V, b, s, loss)
             cfg = Training(micro_batch_size=b, max_length=s, loss=loss, chunked_loss=chunked)
-            est = _estimate(model, b, s, "fp32", False, None, batch=batch, chunked_loss=chunked)
-            stepper = _Stepper(model, cfg, contextlib.nullcontext)
+            est = step_memory_estimate(model, b, s, "fp32", False, None, batch=batch, chunked_loss=chunked)
+            stepper = StepRunner(model, cfg, contextlib.nullcontext)
             try:
                 measured = measure_step_peak(lambda: stepper.step(batch))
             finally:

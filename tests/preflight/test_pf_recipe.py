@@ -13,7 +13,8 @@ import yaml
 from tuneproof.cli import main
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.recipes.preflight import PREFLIGHT_FILE, parse_memory, require_preflight, run_preflight
+from tuneproof.preflight.environment import parse_memory
+from tuneproof.recipes.preflight import PREFLIGHT_FILE, require_preflight, run_preflight
 from tuneproof.registry import Registry
 
 WORDS = "add the piano bar to my playlist book a table for two in Paris tonight weather Rome tomorrow rate this book".split()
@@ -232,7 +233,7 @@ def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp
 def test_find_max_micro_batch_is_bounded_by_the_train_split_and_by_the_budget(tmp_path, tiny_model_dir):
     import contextlib
 
-    from tuneproof.recipes.preflight import check_max_micro_batch
+    from tuneproof.preflight.step_memory import check_max_micro_batch
 
     ctx = StudyContext.open(make_study(tmp_path / "s", tiny_model_dir))
     model, _ = ctx.build_model()
@@ -325,7 +326,7 @@ def test_chunked_loss_check_fails_on_a_classification_head_naming_the_key():
     from transformers import BertConfig, BertForSequenceClassification
 
     from tuneproof.data.preprocess import Encoded
-    from tuneproof.recipes.preflight import check_study_chunked_loss
+    from tuneproof.preflight.chunked_loss import check_study_chunked_loss
     from tuneproof.study import Training
 
     torch.manual_seed(0)

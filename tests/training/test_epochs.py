@@ -151,13 +151,13 @@ def test_resume_exactly_at_an_epoch_boundary_is_exact(tiny_base, tmp_path):
 
 
 def test_preflight_accumulation_check_covers_the_short_last_window(tiny_base, tmp_path):
-    from tuneproof.recipes.preflight import _last_window_probe, check_accumulation_window
+    from tuneproof.preflight.accumulation import check_accumulation_window, last_window_probe
 
     study = _study(tmp_path / "s", tiny_base, 0.1, n_train=10, max_steps=None, micro_batch_size=2, gradient_accumulation_steps=2)
     ctx = StudyContext.open(study)
     encoded = ctx.pipeline.encode_all(ctx.split("train"))
     cfg, pad = ctx.study.training, ctx.tokenizer.pad_token_id
-    last = _last_window_probe(encoded, cfg, 1, pad)  # epoch of 5 micro-batches: windows 2, 2, 1
+    last = last_window_probe(encoded, cfg, 1, pad)  # epoch of 5 micro-batches: windows 2, 2, 1
     (only,) = window_at(10, 2, 2, cfg.seed, 2)
     assert len(last) == 1 and last[0]["input_ids"].shape[0] == 1
     assert last[0]["input_ids"][0].tolist()[: len(encoded[only[0]].input_ids)] == encoded[only[0]].input_ids
@@ -166,4 +166,4 @@ def test_preflight_accumulation_check_covers_the_short_last_window(tiny_base, tm
     c = check_accumulation_window(model, first, 2, last)
     assert c["passed"], c["message"]
     assert c["numbers"]["last_window_micro_batches"] == 1 and "last window of an epoch (1 micro-batch, " in c["message"]
-    assert _last_window_probe(encoded, cfg.model_copy(update={"micro_batch_size": 5}), 1, pad) is None  # 2 micro-batches: full
+    assert last_window_probe(encoded, cfg.model_copy(update={"micro_batch_size": 5}), 1, pad) is None  # 2 micro-batches: full

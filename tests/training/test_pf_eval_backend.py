@@ -12,7 +12,7 @@ from tuneproof.evaluation import backends as B
 
 def _backend_check(study):
     from tuneproof.context import StudyContext
-    from tuneproof.recipes.preflight import check_backend
+    from tuneproof.preflight.backend import check_backend
 
     ctx = StudyContext.open(study)
     try:

@@ -393,7 +393,7 @@ def test_preflight_of_a_qlora_study_runs_the_qlora_checks(qbase, tmp_path):
 
 def test_preflight_backend_fails_where_4bit_does_not_run(tiny_base, tmp_path, monkeypatch):
     from tuneproof.context import StudyContext
-    from tuneproof.recipes.preflight import check_backend
+    from tuneproof.preflight.backend import check_backend
 
     study = _qlora_study(tmp_path, tiny_base, monkeypatch)
     monkeypatch.setattr("tuneproof.preflight.backend.inspect_extension",
@@ -419,7 +419,7 @@ def test_step_memory_estimate_counts_the_4bit_base_as_stored(qbase):
     import bitsandbytes as bnb
 
     from tuneproof.preflight.memory import estimate_step_memory
-    from tuneproof.recipes.preflight import _estimate
+    from tuneproof.preflight.step_memory import step_memory_estimate
 
     model, _ = _qlora_model(qbase)
     linears = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
@@ -434,7 +434,7 @@ def test_step_memory_estimate_counts_the_4bit_base_as_stored(qbase):
     assert est["autocast_weight_copies_bytes"] == 0
     # the preflight's wrapper (frozen weights stored in fp32 under bf16 autocast) adds 2 bytes to the
     # float frozen elements only: the packed base is not stored in fp32
-    mixed = _estimate(model, 1, 16, "bf16", False, None)
+    mixed = step_memory_estimate(model, 1, 16, "bf16", False, None)
     assert mixed["weights_bytes"] == others * 4 + four_bit_values // 2 + trainable * 4
 
 

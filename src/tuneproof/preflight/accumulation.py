@@ -23,9 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuneproof.data.preprocess import IGNORE_INDEX
+from tuneproof.data.preprocess import IGNORE_INDEX, collate
 from tuneproof.errors import TuneproofError
+from tuneproof.preflight.report import check_result
 from tuneproof.preflight.update_check import is_token_batch, loss_sum_and_count
+from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch, window_at
+from tuneproof.training.loop import micro_batch_indices
 from tuneproof.training.loss import NORMALISATION, window_losses
 
 NORMALISATION_CLASSIFICATION = "per-example mean over the accumulation window (sum of example losses / examples in the window)"
@@ -190,8 +193,6 @@ def last_window_micro_batches(n: int, micro_batch: int, accumulation: int, world
     """Micro-batches in the last accumulation window of an epoch (per process): ``accumulation``
     when it divides the epoch's micro-batches, else what is left (6 examples, micro-batch 1,
     accumulation 4: 2). See :func:`tuneproof.training.data_order.window_at`."""
-    from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
-
     per_epoch = micro_batches_per_epoch(n, micro_batch, world_size)
     return per_epoch - (optimizer_steps_per_epoch(n, micro_batch, accumulation, world_size) - 1) * accumulation
 
@@ -220,3 +221,48 @@ def check_windows(model: nn.Module, first: list[dict], last: list[dict] | None =
     out["message"] = (f"{r['message']}; last window of an epoch ({k} micro-batch{'' if k == 1 else 'es'}, "
                       f"{r_last['window_tokens']} supervised): " + r_last["message"])
     return out
+
+
+# --------------------------------------------------------------------------- the preflight's check
+def training_micro_batch(encoded: list, size: int, seed: int, index: int, pad_id: int) -> dict:
+    """Micro-batch number ``index`` of the training order (``training.loop.micro_batch_indices``) at
+    ``size`` examples, collated (``[B, T]`` tensors)."""
+    idx = micro_batch_indices(len(encoded), size, seed, index)
+    return collate([encoded[i] for i in idx], pad_id)
+
+
+def last_window_probe(encoded: list, cfg, size: int, pad_id: int) -> list[dict] | None:
+    """The short last accumulation window of epoch 0, or None when the epoch's windows are all full:
+    its real micro-batches (the examples training puts there), each cut to its first ``size``
+    examples to keep the probe cheap. ``cfg``: the study's ``training`` section."""
+    n, mb, accum = len(encoded), cfg.micro_batch_size, cfg.gradient_accumulation_steps
+    if last_window_micro_batches(n, mb, accum) == accum:
+        return None
+    window = window_at(n, mb, accum, cfg.seed, optimizer_steps_per_epoch(n, mb, accum) - 1)
+    return [collate([encoded[i] for i in idx[:size]], pad_id) for idx in window]
+
+
+def accumulation_probes(usable: list, cfg, pad: int, probe_micro_batch: int) -> tuple[list[dict], list[dict] | None]:
+    """The micro-batches of the gradient accumulation check: ``max(2, accumulation)`` windows of at
+    most ``probe_micro_batch`` real train examples, and the short last window of an epoch when there
+    is one (C18)."""
+    k = max(2, cfg.gradient_accumulation_steps)
+    size = max(1, min(probe_micro_batch, len(usable) // k))
+    return [training_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)], last_window_probe(usable, cfg, size, pad)
+
+
+def check_accumulation_window(model: nn.Module, micro_batches: list[dict], configured: int,
+                              last_window: list[dict] | None = None) -> dict[str, Any]:
+    """The preflight's ``gradient accumulation`` check: accumulated real micro-batches equal their
+    concatenation (C1), and so does the short last window of an epoch when there is one (C18);
+    the normalisation is stored. ``configured``: ``training.gradient_accumulation_steps``."""
+    r = check_windows(model, micro_batches, last_window)
+    last = r["last_window"]
+    numbers = {"micro_batches": r["micro_batches"], "configured_accumulation": configured,
+               "last_window_micro_batches": last["micro_batches"] if last else None,
+               "last_window_tokens": last["tokens_per_micro_batch"] if last else None,
+               "tokens_per_micro_batch": r["tokens_per_micro_batch"], "loss_accumulated": round(r["loss_accumulated"], 6),
+               "loss_concatenated": round(r["loss_concatenated"], 6), "loss_mean_of_means": round(r["loss_mean_of_means"], 6),
+               "grad_max_abs_diff": r["grad_max_abs_diff"], "atol": r["atol"], "rtol": r["rtol"]}
+    return check_result("gradient accumulation", bool(r["passed"]), r["message"] + f"; normalisation: {r['normalisation']}",
+                        numbers, r, normalisation=r["normalisation"])

@@ -1,5 +1,6 @@
-"""Backend checks: extensions built for the right chain (PROTOCOL.md step 6: "the CUDA chain on
-NVIDIA, the ROCm chain on AMD"). The device and its compute dtype: :mod:`tuneproof.models.device`.
+"""Preflight check ``backend``: the compute dtype for ``training.precision`` on the detected device
+(:mod:`tuneproof.models.device`), extensions built for the right chain (PROTOCOL.md step 6: "the CUDA
+chain on NVIDIA, the ROCm chain on AMD"), and ``eval.backend`` runnable here (:func:`check_backend`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ import sys
 from importlib import metadata
 from typing import Any, Callable
 
+from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
-from tuneproof.models.device import DeviceInfo
+from tuneproof.evaluation.backends import check_backend_available
+from tuneproof.models.device import DeviceInfo, choose_dtype, detect_device
+from tuneproof.models.quant import require_4bit_device
+from tuneproof.preflight.report import check_result
+from tuneproof.study import STUDY_FILE
 
 # --------------------------------------------------------------------------- extensions
 #: Extension name -> (distribution name, import name, install hint).
@@ -186,3 +192,40 @@ def check_extensions(
         results[key] = info
     message = "; ".join(problems) if problems else (f"extensions ok on {device.type}: {', '.join(results)}" if results else "no extensions wanted")
     return {"passed": not problems, "message": message, "backend": device.type, "extensions": results}
+
+# --------------------------------------------------------------------------- the preflight's check
+def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The preflight's ``backend`` check: dtype for ``training.precision`` on this device (C9), the
+    extensions the config wants (bitsandbytes for qlora, built for this backend and importable; a tiny
+    4-bit layer run on the device), and ``eval.backend`` (vllm: installed, a CUDA GPU, a causal LM;
+    else failed with the two-line error that ``baseline``/``eval``/``test`` give,
+    :func:`tuneproof.evaluation.backends.check_backend_available`).
+
+    Returns:
+        ``(check, choice)``: the check record and the dtype choice of :func:`choose_dtype`.
+    """
+    device = detect_device()
+    choice = choose_dtype(ctx.study.training.precision, device, bf16_base_weights=ctx.study.training.bf16_base_weights)
+    wanted = list(getattr(ctx.study.training, "extensions", None) or [])
+    if ctx.study.method.kind == "qlora" and "bitsandbytes" not in wanted:  # the 4-bit base: built for this backend, imports
+        wanted.append("bitsandbytes")
+    ext = check_extensions(device, wanted, try_import=ctx.study.method.kind == "qlora")
+    numbers = {"device": device.type, "device_name": device.name,
+               "capability": list(device.capability) if device.capability else None, "bf16_native": device.bf16_supported,
+               "requested": choice["requested"], "dtype": choice["dtype"], "extensions": wanted}
+    passed = bool(choice["passed"] and ext["passed"])
+    message = f"{choice['message']}; {ext['message']}"
+    if ctx.study.method.kind == "qlora" and ext["passed"]:  # a tiny NF4 layer forward + backward on this device
+        try:
+            numbers["qlora_device"] = require_4bit_device("cuda" if device.type in ("cuda", "rocm") else "cpu")
+            message += f"; bitsandbytes 4-bit layers run on {numbers['qlora_device']}"
+        except TuneproofError as err:
+            passed, message = False, f"{message}; {err.message} -> {err.hint}"
+    numbers["eval_backend"] = ctx.study.eval.backend
+    if ctx.study.eval.backend != "transformers":  # baseline/eval/test would refuse it here: so does the preflight
+        try:
+            check_backend_available(ctx.study.eval, ctx.model_kind, ctx.study_dir / STUDY_FILE)
+            message += f"; eval.backend {ctx.study.eval.backend} can run here"
+        except TuneproofError as err:
+            passed, message = False, f"{message}; {err.message} -> {err.hint}"
+    return check_result("backend", passed, message, numbers, {"dtype": choice, "extensions": ext}), choice

@@ -27,7 +27,9 @@ from typing import Any, Callable
 
 import torch
 
+from tuneproof.context import StudyContext
 from tuneproof.preflight.memory import GIB, measure_step_peak
+from tuneproof.preflight.report import is_out_of_memory
 
 NAME = "eval memory"
 
@@ -173,4 +175,37 @@ def eval_memory_check(measured: dict[str, Any] | None, budget: int, budget_sourc
             "message": f"{body}; fits {_size(budget)} ({budget_source})"}
 
 
-__all__ = ["NAME", "classification_batch", "eval_memory_check", "generation_batch", "kv_cache_bytes", "measure_eval_batch_peak"]
+def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str, autocast: Callable) -> dict[str, Any]:
+    """The preflight's ``eval memory`` check on the study: one evaluation batch at ``eval.batch_size``
+    (generation with the KV cache up to ``eval.max_new_tokens``, or the classification forward) fits
+    ``budget`` bytes (:func:`measure_eval_batch_peak`, :func:`eval_memory_check`); an out-of-memory error fails it."""
+    device, _, _ = ctx.torch_setup()
+    ev, examples = ctx.study.eval, ctx.eval_examples()
+    kind = ctx.model_kind
+    texts = [e.text for e in examples] if kind == "sequence-classification" else [ctx.pipeline.prompt_text(e.text) for e in examples]
+    try:
+        measured = measure_eval_batch_peak(model, ctx.tokenizer, kind=kind, texts=texts, batch_size=ev.batch_size,
+                                           max_new_tokens=ev.max_new_tokens, max_length=ctx.study.training.max_length,
+                                           device=device, autocast=autocast)
+    except Exception as err:  # noqa: BLE001
+        if not is_out_of_memory(err):
+            raise
+        return eval_memory_check(None, budget, budget_source, error=err, batch_size=ev.batch_size)
+    return eval_memory_check(measured, budget, budget_source)
+
+
+def eval_batch_rate(check: dict[str, Any] | None) -> dict[str, Any]:
+    """Seconds per example of the one evaluation batch the ``eval memory`` ``check`` timed at
+    ``eval.batch_size`` (the task kind's own procedure: a classifier's forward pass, or generation up
+    to ``eval.max_new_tokens``), for ``tuneproof plan``; {} when it was not measured."""
+    c = check or {}
+    m = (c.get("details") or {}).get("measured") if isinstance(c.get("details"), dict) else None
+    if not m or not m.get("seconds") or not m.get("batch_size"):
+        return {}
+    what = "classifier forward pass" if m["kind"] == "sequence-classification" else f"generation of {m['new_tokens']} new tokens"
+    return {"eval_batch_s_per_example": round(m["seconds"] / m["batch_size"], 5), "eval_batch_size": m["batch_size"],
+            "eval_batch_procedure": what}
+
+
+__all__ = ["NAME", "check_eval_memory", "classification_batch", "eval_batch_rate", "eval_memory_check", "generation_batch",
+           "kv_cache_bytes", "measure_eval_batch_peak"]

@@ -23,8 +23,15 @@ over measured values so that each rule is tested on any machine.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable
+
+import torch
+
+from tuneproof.context import StudyContext
+from tuneproof.preflight.report import check_result
+from tuneproof.preflight.update_check import batch_loss
 
 STORAGE_KEY = "method.bnb_4bit_quant_storage"
 _ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
@@ -106,12 +113,6 @@ def measure_step(model, batch: dict, autocast: Callable = None) -> dict[str, flo
     Returns:
         ``{"loss", "grad_norm", "trainable_tensors", "tensors_with_grad"}``.
     """
-    import contextlib  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
-    from tuneproof.preflight.update_check import batch_loss  # noqa: PLC0415
-
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
@@ -129,3 +130,27 @@ def measure_step(model, batch: dict, autocast: Callable = None) -> dict[str, flo
         for p in params:
             p.grad = None
         model.train(was_training)
+
+
+# --------------------------------------------------------------------------- the preflight's checks on a study
+def check_qlora_storage(ctx: StudyContext) -> dict[str, Any]:
+    """``qlora storage``: :func:`check_quant_storage` on the study's quantization, unsharded (this single
+    process shards nothing); with ``distributed.strategy: fsdp`` a storage that ``tuneproof train
+    --nproc-per-node N`` would refuse under FSDP is a warning, said now."""
+    q = ctx.quantization
+    fsdp = ctx.study.distributed.strategy == "fsdp"
+    c = check_quant_storage(q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=False)
+    extra = {}
+    if fsdp:
+        under = check_quant_storage(q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=True)
+        if not under["passed"]:
+            extra["warning"] = f"distributed.strategy fsdp with N > 1 processes will be refused: {under['message']}"
+    return check_result(c["name"], c["passed"], c["message"], c["numbers"], {"quantization": q}, **extra)
+
+
+def check_qlora_step(model, batch: dict, autocast: Callable) -> dict[str, Any]:
+    """``qlora step``: loss and LoRA gradient norm of one real step on ``batch`` (:func:`measure_step`)
+    finite and non-zero (:func:`check_step_values`)."""
+    m = measure_step(model, batch, autocast)
+    c = check_step_values(m["loss"], m["grad_norm"])
+    return check_result(c["name"], c["passed"], c["message"], {**c["numbers"], "tensors_with_grad": m["tensors_with_grad"]}, m)

@@ -1,5 +1,6 @@
-"""What is trained (PROTOCOL.md step 4): embedding size vs tokenizer. Target-module matching and
-the trainable parameters: :mod:`tuneproof.models.targets`.
+"""Preflight checks of what is trained (PROTOCOL.md step 4): ``target modules``, ``trainable
+parameters`` and ``embedding size`` (:func:`check_target_modules`). Target-module matching and the
+trainable parameters themselves: :mod:`tuneproof.models.targets`.
 """
 
 from __future__ import annotations
@@ -7,6 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+
+from tuneproof.context import StudyContext
+from tuneproof.models.base import load_model
+from tuneproof.models.targets import match_target_modules, trainable_summary
+from tuneproof.preflight.report import check_result
 
 
 def _rows(module: Any) -> int | None:
@@ -77,3 +83,51 @@ def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | N
         "added_tokens": added_tokens,
         "embedding_trainable_or_saved": saved,
     }
+
+# --------------------------------------------------------------------------- the preflight's checks
+def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None) -> list[dict[str, Any]]:
+    """The preflight's ``target modules`` (matches per pattern of ``method.target_modules``; zero
+    matches fails, C5), ``trainable parameters`` (trainable/total, ``method.modules_to_save``) and
+    ``embedding size`` (embedding rows vs the tokenizer; none for an image classifier) checks.
+
+    Args:
+        model: the model ``build_model`` built, or None when it refused (``failure``: its first line);
+            the matches are then taken on the plain base, and only ``target modules`` is returned.
+        report: ``build_model``'s method report (``targets``, ``modules_to_save``), or None.
+    """
+    method = ctx.study.method
+    out = []
+    if method.kind == "full":
+        out.append(check_result("target modules", True, "method.kind full: every parameter is trained, no target patterns",
+                                {"method": "full"}))
+    else:
+        match = (report or {}).get("targets")
+        if match is None:  # build_model refused (C5): match on the plain base for the numbers
+            base = load_model(ctx.base, ctx.model_kind, labels=ctx.head_labels)
+            match = match_target_modules(base, method.target_modules)
+            del base
+        numbers = {p: v["count"] for p, v in match["patterns"].items()}
+        numbers["unmatched"] = match["unmatched"]
+        extra = {"warning": "; ".join(match["warnings"])} if match.get("warnings") else {}
+        out.append(check_result("target modules", bool(match["passed"]) and failure is None,
+                                match["message"] if match["message"] else failure or "", numbers, match, **extra))
+    if model is None:
+        return out
+    summary = trainable_summary(model)
+    mts = sorted((report or {}).get("modules_to_save") or []) if method.kind in ("lora", "qlora") else []
+    out.append(check_result("trainable parameters", bool(summary["passed"]),
+                            summary["message"] + (f"; modules_to_save: {', '.join(mts)}" if mts else "; modules_to_save: none")
+                            + (f"; LoRA r={method.r}, alpha={method.alpha:g}" if method.kind in ("lora", "qlora") else "")
+                            + (f"; base in 4-bit {method.bnb_4bit_quant_type} (bitsandbytes)" if method.kind == "qlora" else ""),
+                            {"trainable": summary["trainable"], "total": summary["total"],
+                             "percent": round(summary["percent"], 4),
+                             "trainable_tensors": len(summary["trainable_tensors"]), "modules_to_save": mts},
+                            {**{k: v for k, v in summary.items() if k != "trainable_tensors"},
+                             "trainable_tensors": summary["trainable_tensors"]}))
+    if ctx.is_image:  # no token embeddings to match against a vocabulary
+        return out
+    emb = check_embedding_size(model, ctx.tokenizer)
+    out.append(check_result("embedding size", bool(emb["passed"]), emb["message"],
+                            {k: emb[k] for k in ("tokenizer_length", "input_embedding_rows", "output_embedding_rows", "added_tokens")},
+                            emb))
+    return out

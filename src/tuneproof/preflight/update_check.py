@@ -25,6 +25,7 @@ from torch import nn
 
 from tuneproof.data.preprocess import IGNORE_INDEX
 from tuneproof.errors import TuneproofError
+from tuneproof.preflight.report import check_result
 from tuneproof.training.loss import supervised_token_count, token_loss_sum
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
@@ -149,7 +150,8 @@ def diagnose_gradient_flow(model: nn.Module) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the check
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` have the same shape, dtype and bytes (NaNs and signed zeros included)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
@@ -291,8 +293,8 @@ def check_update(
 
     no_grad = [n for n, s in status.items() if s == "none"]
     zero_grad = [n for n, s in status.items() if s == "zero"]
-    not_changed = [n for n, _ in trainable if _same_bits(after[n], snapshot[n])]
-    frozen_changed = [n for n, _ in frozen if not _same_bits(after[n], snapshot[n])]
+    not_changed = [n for n, _ in trainable if same_bits(after[n], snapshot[n])]
+    frozen_changed = [n for n, _ in frozen if not same_bits(after[n], snapshot[n])]
     update_norms = {n: float((after[n].float() - snapshot[n].float()).norm()) for n, _ in trainable}
     n_nonzero = sum(1 for s in status.values() if s == "nonzero")
     diagnosis = diagnose_gradient_flow(model)
@@ -353,14 +355,31 @@ def check_update(
     }
 
 
+def check_update_step(model: nn.Module, batch: dict, autocast: Callable) -> dict[str, Any]:
+    """The preflight's ``update check``: real optimizer steps (:func:`check_update`) on a real
+    micro-batch under ``autocast`` change every trainable tensor and no frozen one (C7); the model is restored."""
+    def loss_fn(m, b):
+        with autocast():
+            return batch_loss(m, b)
+
+    r = check_update(model, batch, loss_fn=loss_fn)
+    numbers = {"trainable_changed": r["trainable_changed"], "trainable_tensors": r["trainable_tensors"],
+               "frozen_unchanged": r["frozen_unchanged"], "frozen_tensors": r["frozen_tensors"], "steps": r["steps"],
+               "first_loss": round(r["losses"][0], 6) if r["losses"] else None, "supervised_tokens": r["supervised_tokens"],
+               "micro_batch": int(batch["labels"].shape[0])}
+    return check_result("update check", bool(r["passed"]), r["message"], numbers, r)
+
+
 __all__ = [
     "IGNORE_INDEX",
     "batch_loss",
     "check_update",
+    "check_update_step",
     "diagnose_gradient_flow",
     "forked_rng",
     "is_token_batch",
     "loss_sum_and_count",
     "model_device",
+    "same_bits",
     "to_device",
 ]

@@ -11,6 +11,7 @@ from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
+from tuneproof.evaluation.predict import predict
 from tuneproof.io import read_json, sha256_json, write_jsonl
 from tuneproof.registry import Run
 from tuneproof.ui import console, progress_bar
@@ -170,23 +171,6 @@ def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
         raise CheckFailed(f"{command} refused: the tokenizer of {ctx.base.path} differs from the one recorded by {named}: "
                           + "; ".join(refs[0][1]),
                           hint="restore the tokenizer files the run was trained with, or run the baseline and train again with this tokenizer")
-
-
-def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> list[str]:
-    """Predictions for ``examples`` by the study's one evaluation procedure, with a progress bar."""
-    from tuneproof.evaluation.generate import classify, generate  # noqa: PLC0415
-
-    device, _, autocast = ctx.torch_setup()
-    with progress_bar(what, len(examples)) as advance:
-        if ctx.is_image:
-            from tuneproof.evaluation.generate import classify_images  # noqa: PLC0415
-
-            return classify_images(model, ctx.pipeline, examples, ctx.labels, batch_size=ctx.study.eval.batch_size,
-                                   device=device, autocast=autocast, progress=advance)
-        if ctx.model_kind == "sequence-classification":
-            return classify(model, ctx.tokenizer, examples, ctx.labels, max_length=ctx.study.training.max_length,
-                            batch_size=ctx.study.eval.batch_size, device=device, autocast=autocast, progress=advance)
-        return generate(model, ctx.tokenizer, ctx.pipeline, examples, ctx.study.eval, device=device, autocast=autocast, progress=advance)
 
 
 def predict_served(ctx: StudyContext, run: Run, model, examples: list[Example], what: str,

@@ -446,12 +446,13 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
     """
     from safetensors import safe_open  # noqa: PLC0415
 
-    from tuneproof.recipes.preflight import _scores, reload_in_fresh_process  # noqa: PLC0415
+    from tuneproof.evaluation.scores import logit_scores  # noqa: PLC0415
+    from tuneproof.preflight.reload import reload_in_fresh_process  # noqa: PLC0415
     from tuneproof.models.build import save_trained  # noqa: PLC0415
 
     full = world.full_state(model)  # rank 0: whole tensors; others: {}
     examples = ctx.eval_examples()[:n_examples]
-    scores = _scores(ctx, world.wrapped if world.strategy == "fsdp" else model, examples) if (world.strategy == "fsdp" or world.is_main) else None
+    scores = logit_scores(ctx, world.wrapped if world.strategy == "fsdp" else model, examples) if (world.strategy == "fsdp" or world.is_main) else None
     if not world.is_main:
         return None
     kind = ctx.study.method.kind

@@ -9,14 +9,20 @@ peak of forward + backward for each, so the trade is visible.
 
 from __future__ import annotations
 
+import copy
 import gc
+import time
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from tuneproof.context import StudyContext
+from tuneproof.models.method import cast_frozen_to_bf16
 from tuneproof.preflight.memory import measure_step_peak
-from tuneproof.preflight.update_check import LossFn, forked_rng, batch_loss, diagnose_gradient_flow, model_device
+from tuneproof.preflight.report import check_result
+from tuneproof.preflight.update_check import LossFn, batch_loss, diagnose_gradient_flow, forked_rng, model_device
+from tuneproof.training.loop import seed_everything
 
 
 def _fingerprint(model: nn.Module) -> dict[str, tuple[float, float]]:
@@ -50,8 +56,6 @@ def _run(model: nn.Module, batch: dict, loss_fn: LossFn, seed: int, measure_memo
     if measure_memory:
         measured = measure_step_peak(fwd_bwd, device)
     else:
-        import time
-
         t0 = time.perf_counter()
         fwd_bwd()
         if device.type == "cuda":
@@ -187,3 +191,32 @@ def check_activation_checkpointing(
         "approximate": approximate,
         "diagnosis": on["diagnosis"],
     }
+
+
+def check_study_checkpointing(ctx: StudyContext, model, batch: dict) -> dict[str, Any]:
+    """The preflight's ``activation checkpointing`` check: :func:`check_activation_checkpointing` on
+    the configured ``model`` and one built the same way with ``training.activation_checkpointing``
+    flipped (same seed, cached base, tokenizer and device choice), on the probe micro-batch ``batch``."""
+    configured = ctx.study.training.activation_checkpointing
+
+    def factory(flag: bool):
+        if flag == configured:
+            return model
+        other = copy.copy(ctx)  # same cached base, tokenizer, device choice; only the flag differs
+        other.study = ctx.study.model_copy(deep=True)
+        other.study.training.activation_checkpointing = flag
+        seed_everything(ctx.study.training.seed)  # the same initialisation as the configured model
+        built, _ = other.build_model()
+        if ctx.study.training.bf16_base_weights:  # held as the configured model's are (cast by the bf16 base weights check)
+            cast_frozen_to_bf16(built)
+        return built
+
+    r = check_activation_checkpointing(factory, batch)
+    saved = r["memory_saved_bytes"]
+    numbers = {"configured": configured, "grad_max_abs_diff": r["grad_max_abs_diff"], "rtol": r["rtol"], "atol": r["atol"],
+               "time_ratio": round(r["time_ratio"], 3) if r["time_ratio"] else None,
+               "seconds_without": round(r["without"]["seconds"], 3), "seconds_with": round(r["with"]["seconds"], 3),
+               "memory_saved_mib": round(saved / 2**20, 1) if saved is not None else None, "approximate": r["approximate"]}
+    return check_result("activation checkpointing", bool(r["passed"]),
+                        r["message"] + f" (configured: {'on' if configured else 'off'})",
+                        numbers, {k: v for k, v in r.items() if k != "diagnosis"} | {"diagnosis": r["diagnosis"]})

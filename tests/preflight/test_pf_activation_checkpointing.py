@@ -6,7 +6,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tuneproof.preflight.checkpointing import check_activation_checkpointing
+from tuneproof.preflight.activation_checkpointing import check_activation_checkpointing
 
 
 def tiny_llama(seed=0):

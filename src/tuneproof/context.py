@@ -12,18 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.data.cleaning import clean, validate
+from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
+from tuneproof.data.preprocess import TextPipeline
 from tuneproof.data.sources import load_source, source_files
-from tuneproof.data.split import build_splits, check_unique_ids, freeze_or_reuse
+from tuneproof.data.split import build_splits, check_unique_ids, freeze_or_reuse, stratified_take
 from tuneproof.errors import TuneproofError
-from tuneproof.io import sha256_json
+from tuneproof.io import sha256_file, sha256_json
+from tuneproof.models.base import load_image_processor, load_tokenizer, model_kind, resolve_base
 from tuneproof.models.build import build_model
 from tuneproof.models.device import choose_dtype, detect_device
 from tuneproof.models.identity import study_tokenizer_identity
-from tuneproof.models.quant import require_bitsandbytes
+from tuneproof.models.quant import quantization_record, require_bitsandbytes
 from tuneproof.registry import Registry
 from tuneproof.study import STUDY_FILE, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
+from tuneproof.tracking import end_hook
 
 
 def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
@@ -70,8 +74,6 @@ class StudyContext:
 
     @cached_property
     def registry(self) -> Registry:
-        from tuneproof.tracking import end_hook  # noqa: PLC0415
-
         registry = Registry(self.study_dir)
         hook = end_hook(self.study, self.study_dir)  # tracking.* / report_to: mirror each run when it ends
         if hook is not None:
@@ -106,8 +108,6 @@ class StudyContext:
             grouping=lambda: self.split_info.get("grouping"))
         self.dedup_dropped: list[str] = []
         if self.study.data.dedup.policy == "drop-from-train":
-            from tuneproof.data.dedup import apply_policy, find_duplicates  # noqa: PLC0415
-
             d = self.study.data.dedup
             report = find_duplicates(splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm)
             splits["train"], self.dedup_dropped = apply_policy(splits, report, d.policy)
@@ -136,8 +136,6 @@ class StudyContext:
 
     def eval_examples(self) -> list[Example]:
         """The evaluation split, capped by ``eval.max_examples`` (a fixed stratified subset)."""
-        from tuneproof.data.split import stratified_take  # noqa: PLC0415
-
         items = self.split(self.study.eval.split)
         if self.study.eval.max_examples:
             items = stratified_take(items, self.study.eval.max_examples, self.study.data.split.seed)
@@ -146,14 +144,10 @@ class StudyContext:
     # ------------------------------------------------------------------ model
     @cached_property
     def base(self):
-        from tuneproof.models.base import resolve_base  # noqa: PLC0415
-
         return resolve_base(self.study.model)
 
     @property
     def model_kind(self) -> str:
-        from tuneproof.models.base import model_kind  # noqa: PLC0415
-
         return model_kind(self.study.model, self.base)
 
     @property
@@ -169,16 +163,12 @@ class StudyContext:
     @cached_property
     def tokenizer(self):
         """The tokenizer, or for an image classifier its image processor (saved beside adapters the same way)."""
-        from tuneproof.models.base import load_image_processor, load_tokenizer  # noqa: PLC0415
-
         return load_image_processor(self.base) if self.is_image else load_tokenizer(self.base)
 
     @cached_property
     def pipeline(self):
-        from tuneproof.data.preprocess import TextPipeline  # noqa: PLC0415
-
         if self.is_image:
-            from tuneproof.data.image_pipeline import ImagePipeline  # noqa: PLC0415
+            from tuneproof.data.image_pipeline import ImagePipeline  # noqa: PLC0415  (imports torch)
 
             return ImagePipeline(self.tokenizer, self.study.data.image, self.labels, self.study.training.seed)
         t = self.study.training
@@ -219,8 +209,6 @@ class StudyContext:
         """Every file the sources read (globs expanded): ``[{"path", "bytes", "sha256"}]``, paths
         relative to the study folder when inside it. Listed in the data fingerprint (not hashed
         into it: the examples' content is)."""
-        from tuneproof.io import sha256_file  # noqa: PLC0415
-
         out = []
         for src in self.study.data.sources:
             for p in source_files(src, self.study_dir, self.data_root, self.study.data.fields):
@@ -257,8 +245,6 @@ class StudyContext:
         precision); None for the other kinds."""
         if self.study.method.kind != "qlora":
             return None
-        from tuneproof.models.quant import quantization_record  # noqa: PLC0415
-
         return quantization_record(self.study.method, self.device_choice["dtype"])
 
     def build_model(self):

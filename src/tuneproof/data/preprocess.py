@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from tuneproof.data.examples import Example
 from tuneproof.errors import CheckFailed
 from tuneproof.study import render_prompt
+
+if TYPE_CHECKING:
+    import torch
 
 #: label id of a position the loss does not supervise (the prompt, padding): PyTorch's
 #: ``cross_entropy`` ``ignore_index`` default
@@ -272,6 +273,8 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     on padding *positions*, or ``[B]`` class indices for sequence classification). Padding is
     masked by position, so an end token equal to the pad token stays supervised (CASES C2).
     """
+    import torch  # noqa: PLC0415  (torch only once a batch is built: importing the study context stays light)
+
     if hasattr(batch[0], "pixel_values"):  # image classification: see tuneproof.data.image_pipeline
         from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
 
@@ -333,6 +336,8 @@ def collate_packed(batch: list[Encoded], pad_id: int, capacity: int) -> dict[str
     Raises:
         ValueError: a classification batch (labels per example, not per token).
     """
+    import torch  # noqa: PLC0415
+
     if batch[0].class_index is not None or not batch[0].labels:
         raise ValueError("packing applies to causal LMs (token labels), not to sequence classification")
     rows = pack_rows([len(e.input_ids) for e in batch], capacity)

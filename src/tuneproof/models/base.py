@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_file_cached, write_json
+from tuneproof.models.quant import bnb_config, keep_training_kernels, require_4bit_device
+from tuneproof.ui import console
 
 MODEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneproof" / "models"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -177,8 +179,6 @@ def resolve_base(spec) -> BaseModelRef:
             sha = sha256_file_cached(gguf)
             dest = MODEL_CACHE / f"{name}-{sha[:12]}"
             if not cache_ready(dest):
-                from tuneproof.ui import console  # noqa: PLC0415
-
                 with console.status(f"converting {a['file']} once into a plain checkpoint in {dest} (about a minute)"):
                     _convert_gguf(pkg, a["file"], dest, sha)
             revision, weights = sha, {a["file"]: sha}
@@ -286,8 +286,6 @@ def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | 
     weights stay in ``dtype``."""
     import torch  # noqa: PLC0415
 
-    from tuneproof.ui import console  # noqa: PLC0415
-
     dtype = dtype or torch.float32
     what = " in 4-bit " + quantization["bnb_4bit_quant_type"] if quantization else ""
     with console.status(f"loading {ref.name} ({ref.revision[:19]}){what}"):
@@ -299,8 +297,6 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
 
     quant: dict[str, Any] = {}
     if quantization:
-        from tuneproof.models.quant import bnb_config, require_4bit_device  # noqa: PLC0415
-
         require_4bit_device()  # 4-bit layers run here (CUDA, or bitsandbytes' CPU kernels), else a two-line error
         quant = {"quantization_config": bnb_config(quantization)}
     if kind == "image-classification":
@@ -313,8 +309,6 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
             ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
             ignore_mismatched_sizes=True, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
         if quantization:
-            from tuneproof.models.quant import keep_training_kernels  # noqa: PLC0415
-
             keep_training_kernels(model)
         return model
     if kind == "sequence-classification":
@@ -328,8 +322,6 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
         model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
     model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
     if quantization:  # evaluation must not switch the 4-bit layers to a kernel without gradients (quant.keep_training_kernels)
-        from tuneproof.models.quant import keep_training_kernels  # noqa: PLC0415
-
         keep_training_kernels(model)
     n_tokens = _tokenizer_length(ref)
     if n_tokens is not None:

@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from tuneproof.data.audit import audit_labels
 from tuneproof.errors import TuneproofError
+from tuneproof.study import Eval
 
 Blocks = dict[str, np.ndarray]
 # metric_fn(sums, n, undefined): sums = {block: [B, m] sums of per-example statistics over a
@@ -50,8 +52,6 @@ class TaskConfig:
 
     @classmethod
     def make(cls, required_fields: Sequence[str] | None = None, eval_cfg: Any = None, labels: Sequence[str] | None = None) -> "TaskConfig":
-        from tuneproof.study import Eval  # noqa: PLC0415
-
         if eval_cfg is None:
             eval_cfg = Eval()
         elif isinstance(eval_cfg, dict):
@@ -152,8 +152,6 @@ class Task:
     # 6. data-check audit
     def audit(self, splits: dict[str, list], cfg: TaskConfig) -> dict[str, Any]:
         """``{"labels": ..., "targets": ..., "hard_faults": [...], "warnings": [...]}``."""
-        from tuneproof.data.audit import audit_labels  # noqa: PLC0415
-
         labels = audit_labels(splits)
         return {"labels": labels, "targets": None, "hard_faults": list(labels["hard_faults"]), "warnings": list(labels["warnings"])}
 

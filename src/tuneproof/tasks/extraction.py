@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tuneproof.data.audit import audit_label_sets, audit_labels, audit_targets, json_list_field
 from tuneproof.errors import TuneproofError
 from tuneproof.tasks.base import (
     PASS_F1,
@@ -452,8 +453,6 @@ class Extraction(Task):
         return "output differs from the reference"
 
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
-        from tuneproof.data.audit import audit_label_sets, audit_labels, audit_targets, json_list_field  # noqa: PLC0415
-
         labels = audit_labels(splits)
         targets = audit_targets([e for v in splits.values() for e in v], list(cfg.required_fields) or None)
         out = {"labels": labels, "targets": targets, "hard_faults": labels["hard_faults"] + targets["hard_faults"],

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tuneproof.data.audit import audit_format_targets, audit_labels
 from tuneproof.errors import TuneproofError
 from tuneproof.tasks.base import (
     PASS_F1,
@@ -459,8 +460,6 @@ class Format(Task):
         return "output differs from the reference"
 
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
-        from tuneproof.data.audit import audit_format_targets, audit_labels  # noqa: PLC0415
-
         labels = audit_labels(splits)
         targets = audit_format_targets([e for v in splits.values() for e in v], FormatRule.from_config(cfg))
         return {"labels": labels, "targets": targets, "hard_faults": labels["hard_faults"] + targets["hard_faults"],

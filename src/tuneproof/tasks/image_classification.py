@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuneproof.data.image_audit import audit_image_study
 from tuneproof.tasks.base import ReaderHints, TaskConfig
 from tuneproof.tasks.classification import Classification
 
@@ -27,8 +28,6 @@ class ImageClassification(Classification):
     def audit(self, splits: dict[str, list], cfg: TaskConfig, pipeline=None) -> dict[str, Any]:
         """The label audit of ``classification`` plus the image audit; ``pipeline`` (the study's
         :class:`~tuneproof.data.image_pipeline.ImagePipeline`) adds the after-transform form."""
-        from tuneproof.data.image_audit import audit_image_study  # noqa: PLC0415
-
         out = super().audit(splits, cfg)
         images = audit_image_study(splits, pipeline)
         out["images"] = images

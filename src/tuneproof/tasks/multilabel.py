@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from tuneproof.data.audit import audit_label_sets
 from tuneproof.errors import TuneproofError
 from tuneproof.tasks.base import (
     PASS_F1,
@@ -246,8 +247,6 @@ class MultiLabel(Task):
         return "wrong labels"
 
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
-        from tuneproof.data.audit import audit_label_sets  # noqa: PLC0415
-
         sets, bad = {}, []
         for name, items in splits.items():
             sets[name] = []

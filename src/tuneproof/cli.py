@@ -120,16 +120,14 @@ def train(
     with training.micro_batch_size x training.gradient_accumulation_steps examples per optimizer step.
     Refuses unless the data check passed, a baseline matches the evaluation procedure and a preflight passed.
     """
-    from tuneproof.recipes.train import run_train  # noqa: PLC0415
+    from tuneproof.recipes.train import TrainOptions, run_train  # noqa: PLC0415
 
     if _distributed(nproc_per_node, nnodes):
         if from_run is not None or set_ or grid:
             raise TuneproofError("--from/--set/--grid with --nproc-per-node is not supported", hint="train the variant in one process, or copy its config into the study file")
-        from tuneproof.recipes.train import run_train_distributed  # noqa: PLC0415
+        from tuneproof.recipes.torchrun import check_launch, run_train_distributed  # noqa: PLC0415
 
         from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
-
-        from tuneproof.training.ddp import check_launch  # noqa: PLC0415
 
         ctx = _ctx(study, data)
         check_launch(ctx, nproc_per_node or 1, nnodes)  # bad input first: one line, nothing run or launched
@@ -157,7 +155,7 @@ def train(
     ctx = _ctx(study, data)
     order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
     order["preflight_run"] = _require_preflight(ctx, skip_preflight)
-    run_id = run_train(ctx, name=name, preflight_override=skip_preflight, order=order)
+    run_id = run_train(ctx, TrainOptions(name=name, preflight_override=skip_preflight, order=order))
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
 
 
@@ -185,7 +183,7 @@ def preflight(
 ) -> None:
     """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""
     if _distributed(nproc_per_node, nnodes):  # the checks only N processes can make (shares, DDP/FSDP2 step, per-rank memory)
-        from tuneproof.recipes.preflight_distributed import run_preflight_distributed  # noqa: PLC0415
+        from tuneproof.recipes.torchrun import run_preflight_distributed  # noqa: PLC0415
 
         run_id = run_preflight_distributed(_ctx(study, data), nproc=nproc_per_node or 1, nnodes=nnodes, node_rank=node_rank,
                                            rdzv_endpoint=rdzv_endpoint)

@@ -13,7 +13,8 @@ from dist_helpers import SKIP, dist_study, run_cli
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.registry import Registry
-from tuneproof.training.ddp import block_classes, check_launch
+from tuneproof.recipes.torchrun import check_launch
+from tuneproof.training.parallel import block_classes
 
 # imported by every Python process started with this folder first on PYTHONPATH; acts on rank 1 only
 FAULT = textwrap.dedent(

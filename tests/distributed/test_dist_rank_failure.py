@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from tuneproof.training.ddp import rank_failure
+from tuneproof.recipes.torchrun import rank_failure
 
 
 def _write(run_dir, rank, type_, message, t, timeout=False):

@@ -10,7 +10,7 @@ import pytest
 from dist_helpers import SKIP, dist_study, run_cli
 from tiny_study import adapter_tensors
 from tuneproof.context import StudyContext
-from tuneproof.recipes.train import run_train_distributed
+from tuneproof.recipes.torchrun import run_train_distributed
 from tuneproof.registry import Registry
 from tuneproof.training.loop import latest_checkpoint, load_checkpoint
 

@@ -28,11 +28,11 @@ STEPS = 4
 def reference(tiny_base, tmp_path_factory):
     """One process, micro-batch 4 x accumulation 2."""
     from tuneproof.context import StudyContext
-    from tuneproof.recipes.train import run_train
+    from tuneproof.recipes.train import TrainOptions, run_train
 
     study = dist_study(tmp_path_factory.mktemp("single") / "s", tiny_base, max_steps=STEPS, micro_batch_size=4, gradient_accumulation_steps=2)
     ctx = StudyContext.open(study)
-    run_dir = ctx.registry.runs_dir / run_train(ctx, data_check_override="test", baseline_override="test")
+    run_dir = ctx.registry.runs_dir / run_train(ctx, TrainOptions(data_check_override="test", baseline_override="test"))
     return {"losses": load_checkpoint(latest_checkpoint(run_dir))["losses"], "metrics": metrics(run_dir), "adapter": adapter_tensors(run_dir)}
 
 

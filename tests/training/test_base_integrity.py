@@ -38,7 +38,7 @@ def _perturb(base):
 
 def test_changed_base_weights_or_config_are_refused_by_resume_eval_and_export(tiny_base, tmp_path, capsys):
     from tuneproof.context import StudyContext
-    from tuneproof.recipes.train import run_train
+    from tuneproof.recipes.train import TrainOptions, run_train
 
     base = shutil.copytree(tiny_base, tmp_path / "base")
     study = make_study(tmp_path / "s", base, prepare=False)
@@ -48,7 +48,7 @@ def test_changed_base_weights_or_config_are_refused_by_resume_eval_and_export(ti
     prepare_study(study)  # data check and baseline of the pinned base
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt):
-        run_train(ctx, stop_after=3)
+        run_train(ctx, TrainOptions(stop_after=3))
     (rec,) = ctx.registry.list(kind="train")
     ctx.registry.close()
     recorded = read_json(study / "runs" / rec.id / "base.json")

@@ -279,7 +279,7 @@ def test_a_resumed_run_holds_the_base_in_bf16_and_continues_exactly(tiny_base, t
     from tuneproof.context import StudyContext
     from tuneproof.io import read_json
     from tuneproof.recipes.resume import run_resume
-    from tuneproof.recipes.train import run_train
+    from tuneproof.recipes.train import TrainOptions, run_train
 
     kw = {"precision": "bf16", "bf16_base_weights": True, "max_steps": 4, "checkpoint_every": 2}
     ref = make_study(tmp_path / "ref", tiny_base, **kw)
@@ -287,7 +287,7 @@ def test_a_resumed_run_holds_the_base_in_bf16_and_continues_exactly(tiny_base, t
     cut = make_study(tmp_path / "cut", tiny_base, **kw)
     ctx = StudyContext.open(cut)
     with pytest.raises(KeyboardInterrupt):
-        run_train(ctx, stop_after=2)
+        run_train(ctx, TrainOptions(stop_after=2))
     (rec,) = [r for r in ctx.registry.list(kind="train")]
     ctx.registry.close()
     run_resume(cut, None, rec.id)
@@ -299,17 +299,17 @@ def test_a_resumed_run_holds_the_base_in_bf16_and_continues_exactly(tiny_base, t
 
 
 def test_a_distributed_launch_with_the_key_is_refused_before_torchrun(tiny_base, tmp_path, native_bf16, monkeypatch):
-    import tuneproof.training.ddp as ddp
+    import tuneproof.recipes.torchrun as torchrun
     from tiny_study import make_study
     from tuneproof.context import StudyContext
     from tuneproof.errors import TuneproofError
 
-    monkeypatch.setattr(ddp, "devices_present", lambda: ("cpu", 2))  # whatever this machine's core count
+    monkeypatch.setattr(torchrun, "devices_present", lambda: ("cpu", 2))  # whatever this machine's core count
     study = make_study(tmp_path / "s", tiny_base, prepare=False, precision="bf16", bf16_base_weights=True)
     ctx = StudyContext.open(study)
     try:
         with pytest.raises(TuneproofError) as err:
-            ddp.check_launch(ctx, 2)
+            torchrun.check_launch(ctx, 2)
         assert err.value.message.endswith("tuneproof.yaml: training.bf16_base_weights is not yet checked under DDP/FSDP "
                                           "(the cast would follow the wrapper)")
         assert err.value.hint == "set training.bf16_base_weights: false for a distributed run"

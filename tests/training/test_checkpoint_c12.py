@@ -16,7 +16,7 @@ from tiny_study import losses_by_step, make_study, rows
 from tuneproof.cli import main
 from tuneproof.context import StudyContext
 from tuneproof.io import read_json
-from tuneproof.recipes.train import run_train
+from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.registry import Registry
 from tuneproof.training.loop import list_checkpoints, load_checkpoint, restore_state, seed_everything
 
@@ -30,7 +30,7 @@ def stopped(tiny_base, tmp_path_factory):
                        learning_rate=LR, checkpoint_every=4, gradient_accumulation_steps=1)
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt):
-        run_train(ctx, stop_after=10)
+        run_train(ctx, TrainOptions(stop_after=10))
     (rec,) = ctx.registry.list(kind="train")
     return study, rec
 

@@ -16,7 +16,7 @@ from tuneproof.context import parse_study
 from tuneproof.data.preprocess import collate
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.resume import run_resume
-from tuneproof.recipes.train import run_train
+from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.study import Training
 from tuneproof.training.data_order import epoch_order, optimizer_steps_per_epoch, window_at, window_position
 from tuneproof.training.loop import budget, latest_checkpoint, load_checkpoint
@@ -133,7 +133,7 @@ def test_resume_exactly_at_an_epoch_boundary_is_exact(tiny_base, tmp_path):
     study = _study(tmp_path / "s", tiny_base, 0.1, **training)
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt):
-        run_train(ctx, stop_after=3)  # the end of epoch 0
+        run_train(ctx, TrainOptions(stop_after=3))  # the end of epoch 0
     (rec,) = ctx.registry.list(kind="train")
     ckpt = load_checkpoint(latest_checkpoint(ctx.registry.runs_dir / rec.id))
     assert (ckpt["step"], ckpt["data"]["epoch"], ckpt["data"]["next_micro_batch"], ckpt["data"]["steps_per_epoch"]) == (3, 1, 5, 3)

@@ -286,7 +286,7 @@ def test_qlora_run_records_quantization_trains_and_reloads(qbase, tmp_path):
     from tuneproof.context import StudyContext
     from tuneproof.recipes.evaluate import run_eval
     from tuneproof.recipes.export import run_export
-    from tuneproof.recipes.train import run_train
+    from tuneproof.recipes.train import TrainOptions, run_train
 
     study = make_study(tmp_path / "s", qbase, prepare=False, max_steps=3, checkpoint_every=3)
     raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
@@ -295,7 +295,7 @@ def test_qlora_run_records_quantization_trains_and_reloads(qbase, tmp_path):
     prepare_study(study)
     ctx = StudyContext.open(study)
     try:
-        rid = run_train(ctx, preflight_override="test: qlora without preflight")
+        rid = run_train(ctx, TrainOptions(preflight_override="test: qlora without preflight"))
         rec = ctx.registry.get(rid)
         assert rec.status == "completed"
         q = rec.summary["quantization"]
@@ -329,7 +329,7 @@ def test_qlora_run_records_quantization_trains_and_reloads(qbase, tmp_path):
 
 def _qlora_study(tmp_path, tiny_base, monkeypatch, **method):
     monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: True)  # the launch rule needs no 4-bit layer
-    monkeypatch.setattr("tuneproof.training.ddp.devices_present", lambda: ("cpu", 8))  # 2 processes fit on any machine
+    monkeypatch.setattr("tuneproof.recipes.torchrun.devices_present", lambda: ("cpu", 8))  # 2 processes fit on any machine
     study = make_study(tmp_path / "s", tiny_base, prepare=False)
     raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
     raw["method"].update(kind="qlora", **method)
@@ -340,7 +340,7 @@ def _qlora_study(tmp_path, tiny_base, monkeypatch, **method):
 
 def test_fsdp_launch_refuses_uint8_quant_storage(tiny_base, tmp_path, monkeypatch):
     from tuneproof.context import StudyContext
-    from tuneproof.training.ddp import check_launch
+    from tuneproof.recipes.torchrun import check_launch
 
     ctx = StudyContext.open(_qlora_study(tmp_path, tiny_base, monkeypatch))
     try:
@@ -355,7 +355,7 @@ def test_fsdp_launch_refuses_uint8_quant_storage(tiny_base, tmp_path, monkeypatc
 
 def test_fsdp_launch_accepts_a_float_storage_equal_to_the_compute_dtype(tiny_base, tmp_path, monkeypatch):
     from tuneproof.context import StudyContext
-    from tuneproof.training.ddp import check_launch
+    from tuneproof.recipes.torchrun import check_launch
 
     ctx = StudyContext.open(_qlora_study(tmp_path, tiny_base, monkeypatch, bnb_4bit_quant_storage="float32"))  # precision fp32
     try:

@@ -119,11 +119,11 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
         from tuneproof.recipes.preflight import run_preflight  # noqa: PLC0415
 
         steps.append(("preflight", lambda: run_preflight(ctx)))
-    from tuneproof.recipes.train import run_train  # noqa: PLC0415
+    from tuneproof.recipes.train import TrainOptions, run_train  # noqa: PLC0415
 
     # without the preflight step the train run says so (recorded like `train --skip-preflight`)
     skipped = None if (fast or preflight) else "quickstart without --preflight (the full preflight adds minutes on a CPU)"
-    steps.append(("train", lambda: run_train(ctx, preflight_override=skipped)))
+    steps.append(("train", lambda: run_train(ctx, TrainOptions(preflight_override=skipped))))
     from tuneproof.recipes.evaluate import run_eval  # noqa: PLC0415
 
     steps.append(("eval", lambda: run_eval(ctx, out["runs"]["train"])))

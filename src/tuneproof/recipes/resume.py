@@ -34,12 +34,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuneproof.context import load_study, parse_study
+from tuneproof.context import StudyContext, load_study, parse_study
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json
+from tuneproof.models.identity import compare_base
+from tuneproof.recipes.torchrun import HealthOnRank, check_launch, launch_ranks
+from tuneproof.recipes.train import run_train
 from tuneproof.recipes.variants import config_diff, describe
 from tuneproof.registry import Registry, RunRecord
 from tuneproof.study import STUDY_FILE, resolved_config
+from tuneproof.training.health import HealthFault
+from tuneproof.training.resume_state import list_checkpoints, load_checkpoint, step_of
 from tuneproof.ui import console
 
 
@@ -66,8 +71,6 @@ def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
     Raises:
         TuneproofError: no checkpoint (with the step of the first periodic one), or the named one is missing.
     """
-    from tuneproof.training.resume_state import list_checkpoints  # noqa: PLC0415
-
     folder = run_dir / "checkpoints"
     if checkpoint:
         path = Path(checkpoint)
@@ -95,8 +98,6 @@ def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[P
         TuneproofError: ``first`` is refused and ``fallback`` is off, or no checkpoint is valid
             (every one is named with its reason).
     """
-    from tuneproof.training.resume_state import list_checkpoints, load_checkpoint, step_of  # noqa: PLC0415
-
     try:
         return first, load_checkpoint(first), []
     except TuneproofError as err:
@@ -153,8 +154,6 @@ def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> 
     if fp != ckpt["data_fingerprint"]:
         raise TuneproofError(f"the data changed since the checkpoint of {rec.id}: fingerprint {ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
                              hint="restore the data the run was trained on (see runs/<id>/data.json), or start a new run")
-    from tuneproof.models.identity import compare_base  # noqa: PLC0415
-
     problems = compare_base(ckpt.get("base") or {}, ctx.base)
     if problems:
         raise TuneproofError(f"the base model {ctx.base.path} changed since the checkpoint of {rec.id}: " + "; ".join(problems),
@@ -175,11 +174,6 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
         TuneproofError: see the module docstring; nothing is written when refused.
         HealthFault: a health rule fired after the resume (the run is marked invalid).
     """
-    from tuneproof.context import StudyContext  # noqa: PLC0415
-    from tuneproof.recipes.train import run_train  # noqa: PLC0415
-    from tuneproof.training.ddp import HealthOnRank  # noqa: PLC0415
-    from tuneproof.training.health import HealthFault  # noqa: PLC0415
-
     study_dir = Path(study_dir).resolve()
     reg = Registry(study_dir)  # marks runs of dead processes interrupted first
     rec = reg.get(run_id)
@@ -201,8 +195,6 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
                              hint=f"resume with the same world size (--nproc-per-node x --nnodes = {saved_ws}): each rank's data order depends on it")
     layout = None
     if world_size > 1:
-        from tuneproof.training.ddp import check_launch  # noqa: PLC0415
-
         layout = check_launch(ctx, int(launch["nproc"]), int(launch["nnodes"]))
     console.print(f"resume [bold]{rec.id}[/] ({rec.status}{': ' + rec.reason if rec.reason else ''}) from {ckpt_path.name}: "
                   f"step {step} of {ckpt['total_steps']}")
@@ -216,8 +208,6 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
                             "previous_reason": rec.reason, "time": round(time.time(), 3)})
             run.update_summary(resumes=resumes)
             if layout is not None:
-                from tuneproof.recipes.train import launch_ranks  # noqa: PLC0415
-
                 launch_ranks(ctx, run, layout, launch, resume_path=ckpt_path)
             else:
                 run_train(ctx, run=run, resume_from=ckpt)

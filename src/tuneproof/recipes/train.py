@@ -25,21 +25,26 @@ Features (config key that turns each on):
 - past one process (``tuneproof train --nproc-per-node N [--nnodes M --node-rank K --rdzv-endpoint H:P]``):
   the same recipe under torchrun, DDP or FSDP2 (``distributed.strategy``, ``distributed.backend``,
   ``distributed.timeout_s``); checks before launch, rank 0 writes, a rank's failure named, the saved
-  adapter gathered whole and checked in a fresh process (:mod:`tuneproof.training.ddp`, C10, C11, C24).
+  adapter gathered whole and checked in a fresh process (:mod:`tuneproof.recipes.torchrun`, C10, C11, C24).
 """
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
 from tuneproof.hypothesis import freeze
 from tuneproof.models.build import save_trained
 from tuneproof.models.identity import base_hashes
+from tuneproof.models.method import base_weights_dtype
 from tuneproof.recipes.common import record_inputs
+from tuneproof.recipes.protocol import require_order
+from tuneproof.training.health import HealthFault
+from tuneproof.training import loop  # loop.train looked up at call time: tests wrap it
+from tuneproof.training.parallel import World, param_signature, wrap
 from tuneproof.ui import console, progress_bar
 
 
@@ -55,50 +60,63 @@ def record_start(ctx: StudyContext, run) -> dict[str, Any]:
     return base
 
 
-def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None = None, resume_from: dict | None = None,
-              run=None, stop_after: int | None = None, preflight_override: str | None = None, on_start=None,
-              data_check_override: str | None = None, baseline_override: str | None = None, order: dict | None = None,
-              world=None) -> str:
-    """Train once; returns the run id. ``resume_from`` continues a checkpoint inside an existing ``run``
-    (the protocol gates were passed when that run started). ``on_start(run)`` is called once the
-    run's inputs are recorded (variants record their diff there). ``order``: the result of
-    :func:`~tuneproof.recipes.protocol.require_order` when the caller already checked it (the CLI
-    checks it before the preflight gate); otherwise it is checked here. ``world``: one rank under
-    torchrun (:func:`tuneproof.training.ddp.worker_main`); rank 0 gets ``run``, the other ranks None;
-    the launcher checked the gates and recorded the inputs (:func:`run_train_distributed`).
+@dataclass
+class TrainOptions:
+    """How a train run is started and recorded (every field optional; the defaults are a plain ``tuneproof train``)."""
+
+    parent: str | None = None  # the train run this one is a variant of (``train --from``)
+    name: str | None = None  # the run's name in the registry
+    stop_after: int | None = None  # stop as if interrupted (with a checkpoint) after this many optimizer steps (tests)
+    preflight_override: str | None = None  # ``--skip-preflight REASON``, recorded in the summary
+    data_check_override: str | None = None  # ``--skip-data-check REASON`` (when the gates are checked here)
+    baseline_override: str | None = None  # ``--skip-baseline REASON`` (when the gates are checked here)
+    order: dict | None = None  # :func:`~tuneproof.recipes.protocol.require_order`'s result when the caller checked it
+    on_start: Callable | None = None  # ``on_start(run)`` once the run's inputs are recorded (variants record their diff)
+
+
+def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=None, resume_from: dict | None = None,
+              world: World | None = None, save_ranks: Callable | None = None) -> str | None:
+    """Train once; returns the run id (None on a rank other than 0).
+
+    Args:
+        options: :class:`TrainOptions`. Without ``options.order`` the protocol gates are checked here
+            (:func:`~tuneproof.recipes.protocol.require_order`; the CLI checks them before the preflight gate).
+        run / resume_from: continue the checkpoint ``resume_from`` inside the existing ``run`` (the protocol
+            gates were passed when that run started).
+        world / save_ranks: one rank under torchrun (:func:`tuneproof.recipes.torchrun.worker_main`); rank 0
+            gets ``run``, the other ranks None; the launcher checked the gates and recorded the inputs. After
+            training every rank calls ``save_ranks(run, model, frozen_before)`` (the collective save and check,
+            :func:`tuneproof.recipes.torchrun.save_and_verify`) instead of saving the model here.
 
     Raises:
         CheckFailed: the data check failed or no baseline matches (exit 3; no train run is started),
             a hard data fault, a target pattern that matches nothing, a failed health check (run invalid).
     """
-    from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
-    from tuneproof.training.health import HealthFault  # noqa: PLC0415
-    from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
-
+    opts = options or TrainOptions()
+    order = opts.order
     if order is None:
-        order = require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) if run is None and world is None else {}
+        order = (require_order(ctx, data_check_override=opts.data_check_override, baseline_override=opts.baseline_override)
+                 if run is None and world is None else {})
 
     def body(run) -> str | None:
         if resume_from is None and world is None:
             base = record_start(ctx, run)
         else:
             base = base_hashes(ctx.base)
-        if on_start is not None:
-            on_start(run)
-        if preflight_override:
-            run.update_summary(preflight_override=preflight_override)
+        if opts.on_start is not None:
+            opts.on_start(run)
+        if opts.preflight_override:
+            run.update_summary(preflight_override=opts.preflight_override)
         if order:
             run.update_summary(**order)
         train_set = ctx.split("train")
         # images: the train-time transforms (data.image.horizontal_flip) apply to the train split only
         encoded = ctx.pipeline.encode_all(train_set, train=True) if ctx.is_image else ctx.pipeline.encode_all(train_set)
         raise_on_faults(encoded, "train")
-        seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
+        loop.seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
         model, report = ctx.build_model()
         frozen_before = None
         if world is not None:
-            from tuneproof.training.ddp import param_signature, wrap  # noqa: PLC0415
-
             frozen_before = param_signature(model)
             wrap(model, world)
         if run is not None:
@@ -117,9 +135,7 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
                           f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
                           f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})"
                           + (f"; {ws} processes, {world.strategy}" if world is not None else ""))
-        from tuneproof.training.loop import budget  # noqa: PLC0415
-
-        plan = budget(cfg, len(encoded), ws)
+        plan = loop.budget(cfg, len(encoded), ws)
         steps = plan["total_steps"]
         if run is not None:
             run.update_summary(budget=plan)  # which key set the budget (training.max_steps, training.epochs or the default)
@@ -131,15 +147,11 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
         with (progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)) as advance:
             if resume_from is not None:
                 advance(int(resume_from["step"]))
-            result = train(model, encoded, cfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0), device=device, autocast=autocast,
-                           run=run, config=ctx.config, extra=extra, resume=resume_from, stop_after=stop_after,
+            result = loop.train(model, encoded, cfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0), device=device, autocast=autocast,
+                           run=run, config=ctx.config, extra=extra, resume=resume_from, stop_after=opts.stop_after,
                            progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"), world=world)
-        from tuneproof.models.method import base_weights_dtype  # noqa: PLC0415
-
         if world is not None:
-            from tuneproof.training.ddp import save_and_verify  # noqa: PLC0415
-
-            save_and_verify(ctx, run, model, world, frozen_before=frozen_before)
+            save_ranks(run, model, frozen_before)
             if run is None:
                 return None
         else:
@@ -160,89 +172,8 @@ def run_train(ctx: StudyContext, *, parent: str | None = None, name: str | None 
     if run is not None or world is not None:
         return body(run)
     try:
-        with ctx.registry.run("train", parent=parent, name=name) as run:
+        with ctx.registry.run("train", parent=opts.parent, name=opts.name) as run:
             return body(run)
     except HealthFault as fault:  # a diverged or stalled run is invalid, not failed (summary["health"] says why)
         ctx.registry.invalidate(run.id, fault.reason)
         raise
-
-
-def run_train_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-                          name: str | None = None, preflight_override: str | None = None, stop_after: int | None = None,
-                          order: dict | None = None) -> str:
-    """``tuneproof train --nproc-per-node N``: check the launch (nothing is created when refused), create
-    the run, record its inputs, and run this recipe under torchrun (:mod:`tuneproof.training.ddp`).
-    On a node other than node 0 (``node_rank > 0``) no run is created: its ranks join node 0's run.
-    ``order``: the protocol gates the caller checked (:func:`~tuneproof.recipes.protocol.require_order`),
-    recorded in the summary.
-
-    Raises:
-        TuneproofError: a launch that cannot work (one line, nothing launched).
-        RankFailed: a rank failed (named with its error) or a collective timed out.
-    """
-    from tuneproof.training.ddp import check_launch  # noqa: PLC0415
-
-    layout = check_launch(ctx, nproc, nnodes)
-    launch_opts = {"nproc": nproc, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint}
-    if node_rank > 0:
-        launch_ranks(ctx, None, layout, launch_opts)
-        return "(joined node 0's run)"
-    from tuneproof.training.ddp import HealthOnRank  # noqa: PLC0415
-
-    try:
-        with ctx.registry.run("train", name=name) as run:
-            record_start(ctx, run)
-            if preflight_override:
-                run.update_summary(preflight_override=preflight_override)
-            if order:
-                run.update_summary(**order)
-            launch_ranks(ctx, run, layout, launch_opts, stop_after=stop_after)
-            return run.id
-    except HealthOnRank as fault:  # a diverged or stalled run is invalid, not failed
-        ctx.registry.invalidate(run.id, fault.reason)
-        raise
-
-
-def launch_ranks(ctx: StudyContext, run, layout: dict[str, Any], opts: dict[str, Any], *, resume_path: Path | None = None,
-                 stop_after: int | None = None) -> None:
-    """Start torchrun with one rank of this recipe per process, wait, and turn a bad end into an error:
-    ``KeyboardInterrupt`` (interrupted: the ranks stopped at a step boundary with a checkpoint),
-    :class:`HealthOnRank` (a health rule fired on a rank: the run is invalid) or :class:`RankFailed`
-    naming the rank."""
-    from tuneproof.training.ddp import HealthOnRank, RankFailed, launch, rank_failure, torchrun_command  # noqa: PLC0415
-
-    worker = ["train", "--study", str(ctx.study_dir)] + (["--data", str(ctx.data_root)] if ctx.data_root else [])
-    if run is not None:
-        worker += ["--run-id", run.id]
-    if resume_path is not None:
-        worker += ["--resume", str(resume_path)]
-    if stop_after is not None:
-        worker += ["--stop-after", str(stop_after)]
-    cmd = torchrun_command(opts["nproc"], opts["nnodes"], opts["node_rank"], opts["rdzv_endpoint"], worker)
-    if run is None:
-        rc = launch(cmd, None)
-        if rc:
-            raise RankFailed(f"torchrun exited with code {rc} on node {opts['node_rank']}", hint="see node 0's run folder and this node's output")
-        return
-    for old in run.dir.glob("rank-*.error.json"):  # a previous attempt's (resume)
-        old.unlink()
-    run.write_json("launch.json", {"command": cmd, "layout": layout, **opts})
-    run.update_summary(world_size=layout["world_size"], strategy=layout["strategy"], backend=layout["backend"],
-                       global_batch=layout["global_batch"], optimizer_steps_per_epoch=layout["optimizer_steps_per_epoch"],
-                       micro_batches_per_process_per_epoch=layout["micro_batches_per_process_per_epoch"])
-    console.print(f"[bold]{run.id}[/] launching {layout['world_size']} processes ({layout['strategy']}, {layout['backend']}): "
-                  f"global batch {layout['global_batch']}, {layout['optimizer_steps_per_epoch']} optimizer steps per epoch; "
-                  f"rank logs in {run.dir}/rank-N.log")
-    try:
-        rc = launch(cmd, run.dir)
-    finally:
-        run.summary = dict(ctx.registry.get(run.id).summary)  # what rank 0 recorded (last_step, losses...)
-    if rc == 0:
-        return
-    kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"])
-    if kind == "interrupted":
-        raise KeyboardInterrupt(message)
-    if kind == "health":
-        h = run.summary.get("health") or {}
-        raise HealthOnRank(message, reason=f"step {h['step']}: {h['rule']}: {h['detail']}" if h else message)
-    raise RankFailed(message)

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tuneproof.context import parse_study
+from tuneproof.context import StudyContext, parse_study
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import flatten_keys, read_json, sha256_json
+from tuneproof.recipes.protocol import require_order
+from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.registry import Registry, RunRecord
 from tuneproof.study import resolved_config, set_key
 from tuneproof.ui import console
@@ -251,8 +253,6 @@ def _on_start(plan: VariantPlan, started: list[str]) -> Callable:
 
 def variant_context(study_dir: Path, data_root: Path | None, plan: VariantPlan):
     """The :class:`StudyContext` of a planned variant (its config instead of the study file's)."""
-    from tuneproof.context import StudyContext  # noqa: PLC0415
-
     return StudyContext.open(study_dir, data_root, config=plan.config)
 
 
@@ -263,11 +263,9 @@ def train_variant(ctx, plan: VariantPlan, *, preflight_override: str | None = No
 
     Raises whatever training raises (the run is recorded failed/interrupted/invalid first).
     """
-    from tuneproof.recipes.train import run_train  # noqa: PLC0415
-
     console.print(f"variant of [bold]{plan.parent.id}[/]: {describe(plan.changes)}" + (" [magenta](multi-change)[/]" if plan.multi_change else ""))
-    return run_train(ctx, parent=plan.parent.id, name=plan.name, stop_after=stop_after, preflight_override=preflight_override,
-                     on_start=_on_start(plan, started if started is not None else []), order=order)
+    return run_train(ctx, TrainOptions(parent=plan.parent.id, name=plan.name, stop_after=stop_after, preflight_override=preflight_override,
+                                       on_start=_on_start(plan, started if started is not None else []), order=order))
 
 
 def _grid_name(name: str | None, key: str, value: str) -> str:
@@ -327,8 +325,6 @@ def run_variants(study_dir: Path, data_root: Path | None, parent: str, *, sets: 
             raise TuneproofError(f"--from {parent}: say what changes with --set KEY=VALUE or --grid KEY=V1,V2")
         plans = [plan_variant(reg, parent, sets, name=name, allow_multi_change=allow_multi_change)]
     contexts = [variant_context(study_dir, data_root, plan) for plan in plans]
-    from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
-
     # every variant is cleared before the first one trains: data check and baseline, then preflight
     orders = [require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) for ctx in contexts]
     if preflight is not None:

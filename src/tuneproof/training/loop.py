@@ -48,6 +48,7 @@ from tuneproof.training.resume_state import (CKPT_FORMAT, CKPT_KEYS, latest_chec
                                            trainable_state)
 from tuneproof.training.health import HealthFault, HealthMonitor
 from tuneproof.training.health import grad_norm as health_grad_norm
+from tuneproof.training.parallel import normalisation, share_report
 from tuneproof.training.loss import NORMALISATION, backbone_and_head, check_chunked_loss, chunked_token_loss_sum, token_loss_sum  # noqa: F401 (NORMALISATION: re-exported)
 
 
@@ -252,7 +253,7 @@ def train(
         resume: a checkpoint dict to continue from (global step, schedule, optimizer moments, RNG, data position).
         stop_after: stop (as if interrupted, saving a checkpoint) after this many global steps; tests use it.
         progress: callback ``(step, total, loss)``.
-        world: a :class:`tuneproof.training.ddp.World` under torchrun (``world.wrapped`` runs the
+        world: a :class:`tuneproof.training.parallel.World` under torchrun (``world.wrapped`` runs the
             forward/backward; every rank calls ``train``, rank 0 alone gets ``run``), else None.
 
     Returns:
@@ -466,8 +467,6 @@ def train(
                 run.note(f"stopped inside the update of step {step + 1}: no checkpoint written; the last one is step {saved_step}")
             run.summary["last_step"] = step
         raise
-    from tuneproof.training.ddp import normalisation, share_report  # noqa: PLC0415
-
     shares = share_report(world, read, n) if world is not None and read else None
     return {"steps": step, "total_steps": steps, "losses": losses, "tokens": tokens_seen, "examples": examples_seen,
             "budget": plan, "seconds": time.perf_counter() - t0, "normalisation": normalisation(world), "world_size": ws,

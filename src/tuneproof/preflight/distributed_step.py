@@ -1,6 +1,6 @@
 """Distributed preflight: a short smoke on the real world size (``tuneproof preflight --nproc-per-node N``).
 
-Runs inside each rank under torchrun (:func:`tuneproof.training.ddp.worker_main`, command
+Runs inside each rank under torchrun (:func:`tuneproof.recipes.torchrun.worker_main`, command
 ``preflight``), through the real training loop (:func:`tuneproof.training.loop.train`):
 
 1. shares: every rank's ``DistributedSampler`` share of epoch 0, gathered; disjoint (apart from the
@@ -29,6 +29,12 @@ import sys
 from typing import Any
 
 import torch
+
+from tuneproof.data.preprocess import raise_on_faults
+from tuneproof.preflight.fsdp import mixed_units
+from tuneproof.training.data_order import epoch_order, window_at
+from tuneproof.training.loop import seed_everything, train
+from tuneproof.training.parallel import block_classes, share_report, wrap
 
 GRAD_RTOL = 1e-5  # fp32: max |g_fsdp - g_ref| / max |g_ref|
 RESULT = "distributed_preflight.json"
@@ -85,12 +91,6 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
     Raises:
         TuneproofError: the data has hard faults or the model cannot be built (as ``train``).
     """
-    from tuneproof.data.preprocess import raise_on_faults  # noqa: PLC0415
-    from tuneproof.preflight.fsdp import mixed_units  # noqa: PLC0415
-    from tuneproof.training.ddp import block_classes, share_report, wrap  # noqa: PLC0415
-    from tuneproof.training.data_order import epoch_order, window_at  # noqa: PLC0415
-    from tuneproof.training.loop import seed_everything, train  # noqa: PLC0415
-
     cfg = ctx.study.training
     encoded = ctx.pipeline.encode_all(ctx.split("train"))
     raise_on_faults(encoded, "train")

@@ -1,11 +1,18 @@
-"""Training past one process: DDP or FSDP2 under torchrun (protocol step 6; CASES C1, C10, C11, C24).
+"""Training and preflight past one process, under torchrun: the launcher side, the worker each rank
+runs, and the save check (protocol step 6; CASES C1, C10, C11, C24).
 
-Engines, none home-made: ``torch.distributed.run`` (torchrun) starts the processes;
-``torch.distributed`` gives the process group and the collectives (``all_reduce``,
-``all_gather_object``, ``broadcast_object_list``); ``DistributedDataParallel`` or FSDP2
-(``torch.distributed.fsdp.fully_shard``, one unit per decoder block + the root) wrap the model;
-``torch.distributed.checkpoint.state_dict`` (``get_model_state_dict`` / ``get_optimizer_state_dict``
-with ``full_state_dict=True, cpu_offload=True``) gathers whole tensors for saving.
+Recipes (features; the study keys ``distributed.strategy``, ``distributed.backend``, ``distributed.timeout_s``):
+- ``tuneproof train --nproc-per-node N [--nnodes M --node-rank K --rdzv-endpoint H:P]``
+  (:func:`run_train_distributed`): :func:`tuneproof.recipes.train.run_train` on every rank, DDP or FSDP2
+  (:mod:`tuneproof.training.parallel`); ``tuneproof resume`` of such a run (:func:`launch_ranks`);
+- ``tuneproof preflight --nproc-per-node N`` (:func:`run_preflight_distributed`): the launch checks,
+  then the checks of :mod:`tuneproof.preflight.distributed_step` (shares, DDP weights agree after 2 steps,
+  FSDP2 gradients equal the single-process reference, FSDP units, per-rank peak memory), recorded in
+  ``distributed_preflight.json`` and the summary; a failed check fails the run (exit 3). It does not
+  replace ``tuneproof preflight`` (the single-process preflight ``train`` requires).
+
+Engines, none home-made: ``torch.distributed.run`` (torchrun) starts the processes; the process
+group, wrappers and collectives are :mod:`tuneproof.training.parallel`'s.
 
 Who writes what. The process the user started (the launcher) checks the launch (bad input: one line,
 nothing launched), creates the run, records its inputs and ``launch.json`` (torchrun command, world
@@ -14,38 +21,46 @@ naming the rank and its error (``runs/<id>/rank-N.error.json``, written by the r
 collective that waits longer than ``distributed.timeout_s`` fails with a message naming the ranks that
 did not answer. Inside, rank 0 alone writes the run folder (metrics, checkpoints, adapter, summary)
 and the progress bar; every rank logs to ``runs/<id>/rank-N.log`` (ranks > 0 send their whole
-stdout/stderr there).
-
-Numbers every rank agrees on. Each rank reads its ``DistributedSampler`` share
-(:mod:`tuneproof.training.data_order`, ``set_epoch`` each epoch); an optimizer step consumes the
-global batch ``micro_batch_size x gradient_accumulation_steps x world_size``. The supervised token
-count of the window is all-reduced (SUM) before the backward pass, so every rank divides its summed
-token loss by the *global* count; DDP and FSDP2 then average the gradients over ranks, so the loss is
-multiplied by the world size first: the result is the gradient of the per-token mean over the global
-window, equal to one process on the concatenated batch (C1 across ranks).
+stdout/stderr there). After training every rank takes part in gathering the adapter whole, and rank 0
+checks it in a fresh process (:func:`save_and_verify`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import datetime
 import json
-import math
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.scores import logit_scores
+from tuneproof.io import read_json, write_json
+from tuneproof.models.build import save_trained
+from tuneproof.preflight.distributed_step import RESULT, run_checks
+from tuneproof.preflight.qlora import check_quant_storage
+from tuneproof.preflight.reload import reload_in_fresh_process
+from tuneproof.recipes.common import record_inputs
+from tuneproof.recipes.train import TrainOptions, record_start, run_train
+from tuneproof.registry import Registry, Run
+from tuneproof.study import STUDY_FILE
+from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch
+from tuneproof.training.parallel import World, block_classes, init_world, resolve_backend
+from tuneproof.training.resume_state import load_checkpoint
+from tuneproof.ui import console, table
 
-WORKER_MODULE = "tuneproof.training.ddp"
+WORKER_MODULE = "tuneproof.recipes.torchrun"
 LOGIT_ATOL = 1e-4  # fp32 logits of the trained model vs the reloaded adapter (fresh process)
 
 
@@ -62,37 +77,13 @@ class HealthOnRank(CheckFailed):
         self.reason = reason
         super().__init__(message, hint="the run is invalid; see runs/<id>/summary.json 'health'")
 
-
 # --------------------------------------------------------------------------- launch checks (launcher side)
-def resolve_backend(backend: str, cuda: bool) -> str:
-    """``auto`` -> ``nccl`` on CUDA GPUs, ``gloo`` on CPU; an explicit choice is kept."""
-    return ("nccl" if cuda else "gloo") if backend == "auto" else backend
-
-
-def block_classes(model) -> list[str]:
-    """Decoder-block class names of a transformers model (its ``_no_split_modules``, the blocks
-    accelerate and transformers never split across devices) that occur in ``model``; PEFT wrappers
-    are looked through. These are the FSDP2 units (one ``fully_shard`` per block, then the root).
-
-    Raises:
-        TuneproofError: the model class declares no block type, or none of its blocks is present.
-    """
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    declared = list(getattr(inner, "_no_split_modules", None) or [])
-    present = {type(m).__name__ for m in inner.modules()}
-    found = [c for c in declared if c in present]
-    if not found:
-        raise TuneproofError(f"distributed.strategy fsdp: the model class {type(inner).__name__} declares no decoder block type "
-                             f"(_no_split_modules: {declared or 'none'}), so FSDP has no units to shard",
-                             hint="use distributed.strategy: ddp for this model")
-    return found
-
-
 def devices_present() -> tuple[str, int]:
     """``("cuda", n GPUs)`` when CUDA GPUs are visible, else ``("cpu", os.cpu_count())``."""
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return "cuda", torch.cuda.device_count()
     return "cpu", os.cpu_count() or 1
+
 
 
 def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
@@ -112,9 +103,6 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
     Raises:
         TuneproofError: one line naming the option or study key and what to do.
     """
-    from tuneproof.study import STUDY_FILE  # noqa: PLC0415
-    from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
-
     where = ctx.study_dir / STUDY_FILE
     d, t = ctx.study.distributed, ctx.study.training
     if nproc < 1 or nnodes < 1:
@@ -135,8 +123,6 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
         raise TuneproofError(f"{where}: training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
                              hint="set training.bf16_base_weights: false for a distributed run")
     if ctx.study.method.kind == "qlora":  # a 4-bit base sharded by FSDP needs a float storage dtype (preflight/qlora.py)
-        from tuneproof.preflight.qlora import check_quant_storage  # noqa: PLC0415
-
         q = ctx.quantization
         c = check_quant_storage(q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=d.strategy == "fsdp" and world > 1)
         if not c["passed"]:
@@ -245,187 +231,125 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float) -> tuple[str,
     return "failed", f"rank {first['rank']} failed: {first['type']}: {first['message']} (log: {run_dir / ('rank-%d.log' % first['rank'])})"
 
 
+# --------------------------------------------------------------------------- the two launches
+def run_train_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+                          name: str | None = None, preflight_override: str | None = None, stop_after: int | None = None,
+                          order: dict | None = None) -> str:
+    """``tuneproof train --nproc-per-node N``: check the launch (nothing is created when refused), create
+    the run, record its inputs, and run :func:`~tuneproof.recipes.train.run_train` on every rank under torchrun.
+    On a node other than node 0 (``node_rank > 0``) no run is created: its ranks join node 0's run.
+    ``order``: the protocol gates the caller checked (:func:`~tuneproof.recipes.protocol.require_order`),
+    recorded in the summary.
+
+    Raises:
+        TuneproofError: a launch that cannot work (one line, nothing launched).
+        RankFailed: a rank failed (named with its error) or a collective timed out.
+    """
+    layout = check_launch(ctx, nproc, nnodes)
+    launch_opts = {"nproc": nproc, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint}
+    if node_rank > 0:
+        launch_ranks(ctx, None, layout, launch_opts)
+        return "(joined node 0's run)"
+    try:
+        with ctx.registry.run("train", name=name) as run:
+            record_start(ctx, run)
+            if preflight_override:
+                run.update_summary(preflight_override=preflight_override)
+            if order:
+                run.update_summary(**order)
+            launch_ranks(ctx, run, layout, launch_opts, stop_after=stop_after)
+            return run.id
+    except HealthOnRank as fault:  # a diverged or stalled run is invalid, not failed
+        ctx.registry.invalidate(run.id, fault.reason)
+        raise
+
+
+def launch_ranks(ctx: StudyContext, run, layout: dict[str, Any], opts: dict[str, Any], *, resume_path: Path | None = None,
+                 stop_after: int | None = None) -> None:
+    """Start torchrun with one rank of this recipe per process, wait, and turn a bad end into an error:
+    ``KeyboardInterrupt`` (interrupted: the ranks stopped at a step boundary with a checkpoint),
+    :class:`HealthOnRank` (a health rule fired on a rank: the run is invalid) or :class:`RankFailed`
+    naming the rank."""
+    worker = ["train", "--study", str(ctx.study_dir)] + (["--data", str(ctx.data_root)] if ctx.data_root else [])
+    if run is not None:
+        worker += ["--run-id", run.id]
+    if resume_path is not None:
+        worker += ["--resume", str(resume_path)]
+    if stop_after is not None:
+        worker += ["--stop-after", str(stop_after)]
+    cmd = torchrun_command(opts["nproc"], opts["nnodes"], opts["node_rank"], opts["rdzv_endpoint"], worker)
+    if run is None:
+        rc = launch(cmd, None)
+        if rc:
+            raise RankFailed(f"torchrun exited with code {rc} on node {opts['node_rank']}", hint="see node 0's run folder and this node's output")
+        return
+    for old in run.dir.glob("rank-*.error.json"):  # a previous attempt's (resume)
+        old.unlink()
+    run.write_json("launch.json", {"command": cmd, "layout": layout, **opts})
+    run.update_summary(world_size=layout["world_size"], strategy=layout["strategy"], backend=layout["backend"],
+                       global_batch=layout["global_batch"], optimizer_steps_per_epoch=layout["optimizer_steps_per_epoch"],
+                       micro_batches_per_process_per_epoch=layout["micro_batches_per_process_per_epoch"])
+    console.print(f"[bold]{run.id}[/] launching {layout['world_size']} processes ({layout['strategy']}, {layout['backend']}): "
+                  f"global batch {layout['global_batch']}, {layout['optimizer_steps_per_epoch']} optimizer steps per epoch; "
+                  f"rank logs in {run.dir}/rank-N.log")
+    try:
+        rc = launch(cmd, run.dir)
+    finally:
+        run.summary = dict(ctx.registry.get(run.id).summary)  # what rank 0 recorded (last_step, losses...)
+    if rc == 0:
+        return
+    kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"])
+    if kind == "interrupted":
+        raise KeyboardInterrupt(message)
+    if kind == "health":
+        h = run.summary.get("health") or {}
+        raise HealthOnRank(message, reason=f"step {h['step']}: {h['rule']}: {h['detail']}" if h else message)
+    raise RankFailed(message)
+
+
+def run_preflight_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1, node_rank: int = 0,
+                              rdzv_endpoint: str | None = None) -> str:
+    """``tuneproof preflight --nproc-per-node N``: the distributed checks on the real world size, before the
+    rental hours of a multi-GPU run are spent (see the module docstring); returns the run id.
+
+    Raises:
+        TuneproofError: a launch that cannot work (nothing launched).
+        RankFailed: a rank failed or a collective timed out (the run is failed, the rank named).
+        CheckFailed: a check failed (exit 3).
+    """
+    layout = check_launch(ctx, nproc, nnodes)
+    worker = ["preflight", "--study", str(ctx.study_dir)] + (["--data", str(ctx.data_root)] if ctx.data_root else [])
+    if node_rank > 0:
+        rc = launch(torchrun_command(nproc, nnodes, node_rank, rdzv_endpoint, worker), None)
+        if rc:
+            raise RankFailed(f"torchrun exited with code {rc} on node {node_rank}", hint="see node 0's run folder")
+        return "(joined node 0's preflight)"
+    with ctx.registry.run("preflight", name="distributed") as run:
+        record_inputs(ctx, run)
+        cmd = torchrun_command(nproc, nnodes, node_rank, rdzv_endpoint, worker + ["--run-id", run.id])
+        run.write_json("launch.json", {"command": cmd, "layout": layout, "nproc": nproc, "nnodes": nnodes,
+                                       "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint})
+        run.update_summary(distributed=True, world_size=layout["world_size"], strategy=layout["strategy"], backend=layout["backend"],
+                           launch=" ".join(cmd))
+        console.print(f"[bold]{run.id}[/] distributed preflight on {layout['world_size']} processes ({layout['backend']})")
+        rc = launch(cmd, run.dir)
+        if rc != 0:
+            kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"])
+            if kind == "interrupted":
+                raise KeyboardInterrupt(message)
+            raise RankFailed(message)
+        checks = read_json(run.dir / RESULT)["checks"]
+        console.print(table(f"distributed preflight {run.id}", ["check", "result", "details"],
+                            [[c["name"], "pass" if c["passed"] else "FAIL", c["message"]] for c in checks]))
+        failed = [c for c in checks if not c["passed"]]
+        run.update_summary(passed=not failed, checks={c["name"]: c["passed"] for c in checks})
+        if failed:
+            raise CheckFailed(f"distributed preflight: {len(failed)} check(s) failed: {failed[0]['name']}: {failed[0]['message']}",
+                              hint=f"see {run.dir / RESULT}")
+        return run.id
+
+
 # --------------------------------------------------------------------------- inside each rank
-@dataclass
-class World:
-    """This process's place in the distributed run, and the few collectives the loop needs.
-
-    ``wrapped`` is the module the forward/backward goes through: the ``DistributedDataParallel``
-    wrapper, or the model itself after FSDP2's in-place ``fully_shard``.
-    """
-
-    rank: int
-    world_size: int
-    local_rank: int
-    backend: str
-    strategy: str
-    timeout_s: float
-    wrapped: Any = None
-    log_path: Path | None = None
-    _log: Any = field(default=None, repr=False)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def comm_device(self) -> torch.device:
-        return torch.device("cuda", self.local_rank) if self.backend == "nccl" else torch.device("cpu")
-
-    def sum(self, *values: float) -> list[float]:
-        """All-reduce (SUM over ranks) of a few numbers, in float64; every rank gets the totals."""
-        import torch.distributed as dist  # noqa: PLC0415
-
-        t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return [float(v) for v in t.cpu()]
-
-    def gather(self, obj: Any) -> list[Any]:
-        """``all_gather_object``: one entry per rank, in rank order."""
-        import torch.distributed as dist  # noqa: PLC0415
-
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (``broadcast_object_list``)."""
-        import torch.distributed as dist  # noqa: PLC0415
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def barrier(self) -> None:
-        import torch.distributed as dist  # noqa: PLC0415
-
-        dist.barrier()
-
-    def no_sync(self, last: bool):
-        """DDP: skip the gradient all-reduce on all but the last micro-batch of a window (same result,
-        less traffic). FSDP2 reduces every micro-batch (correct either way)."""
-        if self.strategy == "ddp" and not last and hasattr(self.wrapped, "no_sync"):
-            return self.wrapped.no_sync()
-        return contextlib.nullcontext()
-
-    # ----------------------------------------------------------------- whole tensors for saving
-    def full_state(self, model) -> dict[str, torch.Tensor]:
-        """Every tensor of the model, whole (un-sharded), on CPU; only rank 0 gets them (the others an
-        empty dict). Collective under FSDP2: every rank must call it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
-
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def trainable_state(self, model) -> dict[str, torch.Tensor]:
-        """The trainable tensors (names as in one process), whole, on CPU; rank 0 only."""
-        names = {n for n, p in model.named_parameters() if p.requires_grad}
-        full = self.full_state(model)
-        return {k: v for k, v in full.items() if k in names}
-
-    def optimizer_state(self, model, optimizer) -> dict[str, Any]:
-        """The optimizer state to checkpoint: DDP's replicas agree, so the local ``state_dict()``;
-        FSDP2's moments are sharded, so the whole state keyed by parameter name (rank 0 only)."""
-        if self.strategy != "fsdp":
-            return optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict  # noqa: PLC0415
-
-        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def restore(self, model, optimizer, scheduler, ckpt: dict[str, Any]) -> None:
-        """Load a checkpoint written by a run of the same world size: weights and optimizer (FSDP2:
-        ``set_model_state_dict``/``set_optimizer_state_dict`` shard the whole tensors), scheduler, and
-        this rank's own RNG states."""
-        from tuneproof.training.loop import restore_state, set_rng_state  # noqa: PLC0415
-
-        if self.strategy != "fsdp":
-            restore_state(model, optimizer, scheduler, ckpt)
-        else:
-            from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
-                StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
-
-            opts = StateDictOptions(full_state_dict=True, strict=False)
-            set_model_state_dict(model, ckpt["trainable"], options=opts)
-            set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-            scheduler.load_state_dict(ckpt["scheduler"])
-        set_rng_state(ckpt["rng_ranks"][self.rank])
-
-    # ----------------------------------------------------------------- logs
-    def log(self, message: str) -> None:
-        """One line in ``runs/<id>/rank-N.log``."""
-        if self._log is not None:
-            self._log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} rank {self.rank}: {message}\n")
-            self._log.flush()
-
-
-def share_report(world: World, read: list[int], n: int) -> dict[str, Any] | None:
-    """What the ranks actually read in the first epoch (C10), gathered on every rank: the example
-    indices of each rank, whether they are disjoint (apart from the repeats ``DistributedSampler``
-    adds to even out the shares: ``ceil(n / world_size) * world_size - n`` of them) and whether
-    together they cover all ``n`` examples (only once a whole epoch was read).
-
-    Returns:
-        ``{"per_rank": [count...], "overlap": k, "padding_repeats": p, "disjoint": bool,
-        "covered": m, "n": n, "epoch_complete": bool}``.
-    """
-    shares = world.gather(sorted(set(read)))
-    sets = [set(x) for x in shares]
-    total = sum(len(x) for x in sets)
-    union = set().union(*sets)
-    pad = math.ceil(n / world.world_size) * world.world_size - n
-    overlap = total - len(union)
-    complete = len(union) == n
-    return {"per_rank": [len(x) for x in sets], "overlap": overlap, "padding_repeats": pad, "disjoint": overlap <= pad,
-            "covered": len(union), "n": n, "epoch_complete": complete}
-
-
-def param_signature(model) -> dict[str, tuple[float, float]]:
-    """Per frozen parameter: (float64 sum, float64 sum of squares), to tell after training that the
-    frozen weights did not change (C11) without keeping a copy of them. Call before wrapping."""
-    out = {}
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                t = p.detach().double()
-                out[name] = (float(t.sum()), float((t * t).sum()))
-    return out
-
-
-def normalisation(world: World | None) -> str:
-    """The loss normalisation a run used, with its world size (recorded in the summary)."""
-    from tuneproof.training.loss import NORMALISATION  # noqa: PLC0415
-
-    if world is None or world.world_size == 1:
-        return NORMALISATION
-    return (f"per-token mean over the global accumulation window: sum of token losses / supervised tokens, both summed over "
-            f"{world.world_size} processes (all_reduce); backward of loss x {world.world_size} because {world.strategy.upper()} "
-            f"averages gradients over the {world.world_size} ranks")
-
-
-def wrap(model, world: World):
-    """Wrap ``model`` (already on its device) for ``world.strategy``; sets and returns ``world.wrapped``.
-
-    ddp: ``DistributedDataParallel`` (rank 0's weights broadcast at construction). fsdp: FSDP2
-    ``fully_shard`` on each decoder block (:func:`block_classes`), then on the root; parameters are
-    sharded one by one, so blocks mixing frozen base weights and LoRA weights are fine (C11).
-    """
-    if world.strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
-
-        ids = [world.local_rank] if world.backend == "nccl" else None
-        world.wrapped = DistributedDataParallel(model, device_ids=ids)
-        return world.wrapped
-    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
-
-    names = set(block_classes(model))
-    units = [m for m in model.modules() if type(m).__name__ in names]
-    for m in units:
-        fully_shard(m)
-    fully_shard(model)
-    world.wrapped = model
-    world.log(f"FSDP2: {len(units)} block units ({', '.join(sorted(names))}) + root")
-    return model
-
-
 def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_before: dict | None = None) -> dict[str, Any] | None:
     """Save the trained adapter (or full model) once, whole, and check it (C24).
 
@@ -435,7 +359,7 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
     every saved tensor has the full shape of the parameter it stores; no ``lora_B`` is all zeros; a
     fresh single process loads base + saved adapter and its top-5 next-token logits on the same
     prompts equal the trained model's (ids equal, values within ``LOGIT_ATOL``); with
-    ``frozen_before`` (:func:`param_signature` before training), no frozen weight changed. The result is
+    ``frozen_before`` (:func:`~tuneproof.training.parallel.param_signature` before training), no frozen weight changed. The result is
     ``runs/<id>/save_check.json`` and the ``save_check`` summary entry.
 
     Returns:
@@ -445,10 +369,6 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
         CheckFailed: a tensor of the wrong shape, an all-zero ``lora_B``, or different logits.
     """
     from safetensors import safe_open  # noqa: PLC0415
-
-    from tuneproof.evaluation.scores import logit_scores  # noqa: PLC0415
-    from tuneproof.preflight.reload import reload_in_fresh_process  # noqa: PLC0415
-    from tuneproof.models.build import save_trained  # noqa: PLC0415
 
     full = world.full_state(model)  # rank 0: whole tensors; others: {}
     examples = ctx.eval_examples()[:n_examples]
@@ -520,20 +440,6 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
     return check
 
 
-def init_world(distributed_cfg, run_dir_for: Any = None) -> World:
-    """``init_process_group`` from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*), with
-    ``distributed.timeout_s``; on nccl the process's GPU is ``cuda:LOCAL_RANK``."""
-    import torch.distributed as dist  # noqa: PLC0415
-
-    rank, ws, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    cuda = torch.cuda.is_available()
-    backend = resolve_backend(distributed_cfg.backend, cuda)
-    if backend == "nccl":
-        torch.cuda.set_device(local)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=distributed_cfg.timeout_s))
-    return World(rank, ws, local, backend, distributed_cfg.strategy, distributed_cfg.timeout_s)
-
-
 def _is_timeout(err: BaseException) -> bool:
     text = f"{type(err).__name__} {err}".lower()
     return "timed out" in text or "timeout" in text or "deadline" in text
@@ -541,8 +447,6 @@ def _is_timeout(err: BaseException) -> bool:
 
 def write_error(run_dir: Path, rank: int, err: BaseException) -> None:
     """``runs/<id>/rank-N.error.json``: what this rank died of (read by the launcher)."""
-    from tuneproof.io import write_json  # noqa: PLC0415
-
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
     write_json(run_dir / f"rank-{rank}.error.json", {
         "rank": rank, "type": type(err).__name__, "message": first[:500], "timeout": _is_timeout(err), "time": time.time(),
@@ -561,13 +465,9 @@ def _open_log(world: World, run_dir: Path) -> None:
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    """``python -m tuneproof.training.ddp train|preflight --study DIR --run-id ID [--data D] [--resume CKPT]
+    """``python -m tuneproof.recipes.torchrun train|preflight --study DIR --run-id ID [--data D] [--resume CKPT]
     [--stop-after K]``: one rank of ``tuneproof train`` (or of the distributed preflight,
-    :mod:`tuneproof.preflight.distributed`) under torchrun, started by the launcher."""
-    import argparse  # noqa: PLC0415
-    import logging  # noqa: PLC0415
-    import warnings  # noqa: PLC0415
-
+    :mod:`tuneproof.preflight.distributed_step`) under torchrun, started by the launcher."""
     ap = argparse.ArgumentParser(prog=WORKER_MODULE)
     ap.add_argument("command", choices=["train", "preflight"])
     ap.add_argument("--study", required=True)
@@ -579,9 +479,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     import torch.distributed as dist  # noqa: PLC0415
-
-    from tuneproof.context import StudyContext  # noqa: PLC0415
-    from tuneproof.registry import Registry, Run  # noqa: PLC0415
 
     study_dir = Path(args.study).resolve()
     rank = int(os.environ.get("RANK", "0"))
@@ -605,20 +502,15 @@ def worker_main(argv: list[str] | None = None) -> int:
             run.summary = dict(reg.get(run_id).summary)
         resume = None
         if args.resume:
-            from tuneproof.training.loop import load_checkpoint  # noqa: PLC0415
-
             resume = world.broadcast(load_checkpoint(Path(args.resume)) if world.is_main else None)
         if args.command == "preflight":
-            from tuneproof.preflight.distributed import RESULT, run_checks  # noqa: PLC0415
-
             checks = run_checks(ctx, world, run)
             if run is not None:
                 run.write_json(RESULT, {"checks": checks, "world_size": world.world_size, "backend": world.backend})
             world.log("end: preflight checks done")
             return 0
-        from tuneproof.recipes.train import run_train  # noqa: PLC0415
-
-        run_train(ctx, run=run, world=world, resume_from=resume, stop_after=args.stop_after)
+        run_train(ctx, TrainOptions(stop_after=args.stop_after), run=run, resume_from=resume, world=world,
+                  save_ranks=lambda run, model, frozen_before: save_and_verify(ctx, run, model, world, frozen_before=frozen_before))
         world.log("end: completed")
         # leave together: no rank tears its process group down while rank 0 still saves and checks the adapter
         with contextlib.suppress(Exception):

@@ -7,7 +7,7 @@ Real SmolLM2-135M-Instruct (alias smollm2-135m-instruct) + LoRA r16 on q/k/v/o, 
 the CPU (needs native bf16: AVX512-BF16 or AMX, as tuneproof requires for the key); SNIPS training
 texts packed to exactly ``--max-length`` tokens so every row is full. Each mode runs in its own
 fresh process (the CPU high-water mark is per process; glibc's mmap threshold fixed, ``MALLOC_ENV``) and measures one whole step (forward, loss,
-backward, AdamW step) after one warm-up step, with ``tuneproof.preflight.memory.measure_step_peak``:
+backward, AdamW step) after one warm-up step, with ``tuneproof.training.memory.measure_step_peak``:
 ``peak`` is the process's peak resident set during the step (the weights included), ``step peak``
 what the step added over the resident set before it. In the bf16 process,
 ``tuneproof.training.speedups.check_bf16_base`` first proves loss and LoRA gradients equal to fp32
@@ -29,7 +29,7 @@ from common import MALLOC_ENV, full_rows, smollm2_lora, snips_examples  # benchm
 def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     import torch
 
-    from tuneproof.preflight.memory import measure_step_peak
+    from tuneproof.training.memory import measure_step_peak
     from tuneproof.training.loss import token_loss_sum
     from tuneproof.training.speedups import check_bf16_base
 

@@ -7,7 +7,7 @@ Real SmolLM2-135M-Instruct (alias smollm2-135m-instruct, vocabulary 49,152) + Lo
 q/k/v/o, fp32 on the CPU; SNIPS training texts packed to exactly ``--max-length`` tokens so every
 row is full. Each mode runs in its own fresh process (the CPU high-water mark is per process) and
 measures one whole step (forward, loss, backward, AdamW step) with
-``tuneproof.preflight.memory.measure_step_peak`` (glibc's mmap threshold fixed, ``MALLOC_ENV``); before that, ``check_chunked_loss`` proves the
+``tuneproof.training.memory.measure_step_peak`` (glibc's mmap threshold fixed, ``MALLOC_ENV``); before that, ``check_chunked_loss`` proves the
 two losses and gradients equal on the same micro-batch.
 """
 
@@ -27,7 +27,7 @@ from common import MALLOC_ENV, full_rows, smollm2_lora, snips_examples  # benchm
 def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     import torch
 
-    from tuneproof.preflight.memory import measure_step_peak
+    from tuneproof.training.memory import measure_step_peak
     from tuneproof.training.loss import check_chunked_loss, chunked_token_loss_sum, token_loss_sum
 
     _, tok, model = smollm2_lora()

@@ -15,7 +15,7 @@ q/k/v/o, fp32 on the CPU. Each shape (length x micro-batch) runs in its own fres
 - takes the preflight's estimate (``preflight.step_memory.step_memory_estimate``, itemised) and ``--steps`` complete steps
   of the preflight's ``StepRunner`` (forward, loss, backward, clipping, AdamW step; ``--chunked``: the
   chunked loss, as ``training.chunked_loss: true`` trains), each measured by
-  ``preflight.memory.measure_step_peak``: the peak of the bytes the step's tensors hold (torch's
+  ``training.memory.measure_step_peak``: the peak of the bytes the step's tensors hold (torch's
   CPU allocator, counted through the profiler's memory events) and the process resident set.
 
 It prints, per shape, the estimate's parts, its in-step sum (gradients + optimizer temporary +
@@ -44,7 +44,7 @@ def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: flo
     import torch
 
     from tuneproof.data.preprocess import IGNORE_INDEX, TextPipeline
-    from tuneproof.preflight.memory import measure_step_peak
+    from tuneproof.training.memory import measure_step_peak
     from tuneproof.preflight.memory import in_step_bytes
     from tuneproof.preflight.step_memory import StepRunner, batch_at_length, step_memory_estimate
     from tuneproof.study import Prompt, Training

@@ -36,10 +36,10 @@ from tuneproof.preflight.memory import (  # noqa: E402
     GIB,
     estimate_step_memory,
     find_max_micro_batch,
-    measure_step_peak,
     memory_between_steps,
     side_by_side,
 )
+from tuneproof.training.memory import measure_step_peak  # noqa: E402
 from tuneproof.preflight.update_check import check_update  # noqa: E402
 from tuneproof.training.loss import token_loss_sum  # noqa: E402
 

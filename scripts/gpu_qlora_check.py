@@ -39,7 +39,8 @@ import torch  # noqa: E402
 from tuneproof.models.base import BaseModelRef, load_model  # noqa: E402
 from tuneproof.models.method import apply_method  # noqa: E402
 from tuneproof.models.quant import bitsandbytes_version, quantization_record  # noqa: E402
-from tuneproof.preflight.memory import GIB, measure_step_peak, memory_between_steps  # noqa: E402
+from tuneproof.preflight.memory import GIB, memory_between_steps  # noqa: E402
+from tuneproof.training.memory import measure_step_peak  # noqa: E402
 from tuneproof.preflight.qlora import check_step_values  # noqa: E402
 from tuneproof.training.loss import supervised_token_count, token_loss_sum  # noqa: E402
 

@@ -11,11 +11,11 @@ from tuneproof.errors import TuneproofError
 from tuneproof.preflight.memory import (
     estimate_step_memory,
     find_max_micro_batch,
-    measure_step_peak,
     memory_between_steps,
     side_by_side,
 )
 from tuneproof.training.loss import token_loss_sum
+from tuneproof.training.memory import measure_step_peak
 
 
 def llama(hidden=32, inter=128, layers=2, heads=4, vocab=128, attn="eager", dtype=torch.float32):

@@ -106,7 +106,7 @@ def tiny_lm():
 
 
 def test_c23_packed_rows_equal_each_example_alone(tiny_lm):
-    from tuneproof.preflight.packing import check_packing
+    from tuneproof.training.packing import check_packing
 
     examples = _dataset(8)
     rep = check_packing(tiny_lm, examples, pad_id=2, capacity=32)
@@ -117,7 +117,7 @@ def test_c23_packed_rows_equal_each_example_alone(tiny_lm):
 
 
 def test_c23_a_row_where_an_example_sees_its_neighbour_fails(tiny_lm):
-    from tuneproof.preflight.packing import check_packing, neighbour_visible_forward
+    from tuneproof.training.packing import check_packing, neighbour_visible_forward
 
     examples = _dataset(8)
     rep = check_packing(tiny_lm, examples, pad_id=2, capacity=32, forward=neighbour_visible_forward)
@@ -223,7 +223,7 @@ def test_padding_report_before_and_after_exact():
 def test_c23_two_examples_in_one_row_and_positions_not_reset(tiny_lm):
     """CASES C23 as written: two examples in one row equal each alone; the same row with positions
     not reset (0..W-1: the mask builder then sees one sequence, the second attends to the first) fails."""
-    from tuneproof.preflight.packing import check_packing
+    from tuneproof.training.packing import check_packing
 
     two = _dataset(2)  # lengths 4 and 11: one row of 15 at capacity 32
     rep = check_packing(tiny_lm, two, pad_id=2, capacity=32)

@@ -19,10 +19,10 @@ from torch import nn
 
 from tuneproof.context import StudyContext
 from tuneproof.models.method import cast_frozen_to_bf16
-from tuneproof.preflight.memory import measure_step_peak
 from tuneproof.preflight.report import check_result
 from tuneproof.preflight.update_check import LossFn, batch_loss, diagnose_gradient_flow, forked_rng, model_device
 from tuneproof.training.loop import seed_everything
+from tuneproof.training.memory import measure_step_peak
 
 
 def _fingerprint(model: nn.Module) -> dict[str, tuple[float, float]]:
@@ -99,7 +99,7 @@ def check_activation_checkpointing(
             repeats the same kernels, so on one device results are usually bitwise equal; the
             defaults leave room for non-deterministic GPU reductions.
         loss_fn: ``(model, batch) -> scalar loss``; default ``update_check.batch_loss``.
-        measure_memory: measure the peak of forward + backward with ``memory.measure_step_peak``:
+        measure_memory: measure the peak of forward + backward with ``training.memory.measure_step_peak``:
             the memory saved is the difference of the step's tensors at their peak (torch's CPU
             allocator, or CUDA's peak allocated), the same at every run; the process's resident set
             (approximate: glibc's heap and the interpreter share it) only when that count is missing.

@@ -14,7 +14,7 @@ worst case:
   ``training.max_length`` as ``classify`` truncates them, one forward pass.
 
 Both under ``torch.inference_mode`` and the study's autocast. The peak is measured by
-:func:`tuneproof.preflight.memory.measure_step_peak`, the method the training step uses (CUDA:
+:func:`tuneproof.training.memory.measure_step_peak`, the method the training step uses (CUDA:
 ``max_memory_allocated`` after ``reset_peak_memory_stats``; CPU: the process's VmHWM after
 resetting it). When the split holds fewer examples than ``eval.batch_size``, the longest ones are
 repeated to fill the batch (stated in ``repeated``). Sizes are bytes; ``*_gib`` are GiB (2**30).
@@ -28,8 +28,9 @@ from typing import Any, Callable
 import torch
 
 from tuneproof.context import StudyContext
-from tuneproof.preflight.memory import GIB, measure_step_peak
+from tuneproof.preflight.memory import GIB
 from tuneproof.preflight.report import is_out_of_memory
+from tuneproof.training.memory import measure_step_peak
 
 NAME = "eval memory"
 
@@ -89,7 +90,7 @@ def measure_eval_batch_peak(model, tokenizer, *, kind: str, texts: list[str], ba
         autocast: the study's autocast context factory (default: none).
 
     Returns:
-        :func:`~tuneproof.preflight.memory.measure_step_peak`'s dict plus ``kind``, ``batch_size``,
+        :func:`~tuneproof.training.memory.measure_step_peak`'s dict plus ``kind``, ``batch_size``,
         ``prompt_tokens`` (padded width), ``new_tokens`` (generated per sequence; 0 for
         classification), ``repeated`` and ``kv_cache_estimate_bytes`` (causal LM, else None).
         The model's train/eval mode is restored.

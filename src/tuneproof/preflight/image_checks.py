@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from tuneproof.preflight.memory import measure_step_peak
+from tuneproof.training.memory import measure_step_peak
 
 
 def _gib(n: int | None) -> float | None:

@@ -20,12 +20,12 @@ from tuneproof.preflight.memory import (
     estimate_step_memory,
     find_max_micro_batch,
     in_step_bytes,
-    measure_step_peak,
     side_by_side,
 )
 from tuneproof.preflight.report import GIB, check_result, is_out_of_memory, to_gib
 from tuneproof.preflight.update_check import loss_sum_and_count, model_device, to_device
 from tuneproof.training.loss import chunked_token_loss_sum, supervised_token_count
+from tuneproof.training.memory import measure_step_peak
 from tuneproof.ui import console, table
 
 FIND_MAX_FACTOR = 4  # --find-max-micro-batch tries at most 4x the largest micro-batch whose estimate fits
@@ -159,7 +159,7 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
     """Complete steps at the configured micro-batch at each representative length (C8).
 
     Each length has its estimate (itemised, :func:`~tuneproof.preflight.memory.estimate_step_memory`)
-    and its measured step (:func:`~tuneproof.preflight.memory.measure_step_peak`): the bytes the
+    and its measured step (:func:`~tuneproof.training.memory.measure_step_peak`): the bytes the
     step's tensors hold at its peak (the CPU allocator's count, or CUDA's peak allocated) next to the
     in-step parts of the estimate, with their ratio, and the process peak (resident set on a CPU),
     which is what the budget (bytes) is judged on, with the estimate's total."""

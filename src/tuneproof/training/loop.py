@@ -49,7 +49,7 @@ from tuneproof.training.resume_state import (CKPT_FORMAT, CKPT_KEYS, latest_chec
 from tuneproof.training.health import HealthFault, HealthMonitor
 from tuneproof.training.health import grad_norm as health_grad_norm
 from tuneproof.training.parallel import normalisation, share_report
-from tuneproof.training.loss import NORMALISATION, backbone_and_head, check_chunked_loss, chunked_token_loss_sum, token_loss_sum  # noqa: F401 (NORMALISATION: re-exported)
+from tuneproof.training.loss import NORMALISATION, backbone_and_head, check_chunked_loss, chunked_token_loss_sum, supervised_count, token_loss_sum  # noqa: F401 (NORMALISATION: re-exported)
 
 
 @dataclass
@@ -166,14 +166,6 @@ class _StopRequest:
         if callable(old):
             old(signum, frame)
         raise KeyboardInterrupt(f"signal {signum}")
-
-
-def supervised_count(batch: dict[str, torch.Tensor]) -> int:
-    """What a micro-batch's loss sum is normalised by: supervised tokens after the causal shift
-    (``labels [B, T]``), or examples for classification (``labels [B]``). The window's count is
-    the sum over its micro-batches (CASES C1)."""
-    labels = batch["labels"]
-    return int((labels[:, 1:] != -100).sum()) if labels.dim() == 2 else int(labels.numel())
 
 
 def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable, chunked: bool = False) -> tuple[torch.Tensor, int]:
@@ -314,7 +306,8 @@ def train(
         if base_weights_dtype(model) == "bf16":  # cast and checked by the caller (the preflight's smoke pass)
             bf16_record: dict[str, Any] = {"cast_before_the_loop": True}
         else:
-            bf16_record = prove_bf16_base(model, train_set, cfg, pad_id, device, autocast, chunked)
+            bf16_record = prove_bf16_base(model, train_set, cfg, pad_id, device,
+                                          lambda m, b: _micro_loss(m, b, autocast, chunked))
         if run is not None:
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "bf16_base_weights": bf16_record})
     if run is not None and train_set and hasattr(train_set[0], "input_ids"):  # token sequences (images have no padding)

@@ -22,6 +22,14 @@ def supervised_token_count(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum().item())
 
 
+def supervised_count(batch: dict[str, torch.Tensor]) -> int:
+    """What a micro-batch's loss sum is normalised by: supervised tokens after the causal shift
+    (``labels [B, T]``), or examples for classification (``labels [B]``). The window's count is
+    the sum over its micro-batches (CASES C1)."""
+    labels = batch["labels"]
+    return int((labels[:, 1:] != -100).sum()) if labels.dim() == 2 else int(labels.numel())
+
+
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum of next-token cross-entropy over supervised positions.
 

@@ -1,7 +1,7 @@
 """Speed-ups of the training loop that change how micro-batches are laid out, never what is
 computed (issue 15): length grouping (:func:`tuneproof.training.data_order.epoch_micro_batches`)
 and padding-free packing (:func:`tuneproof.data.preprocess.collate_packed`). Packing is used only
-after :func:`tuneproof.preflight.packing.check_packing` passed on real training examples; the run
+after :func:`tuneproof.training.packing.check_packing` passed on real training examples; the run
 summary records it under ``speedups`` and the padding share under ``padding``.
 
 Frozen base weights held in bf16 (``training.bf16_base_weights``, :func:`prove_bf16_base`) change
@@ -15,8 +15,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
+from tuneproof.data.preprocess import collate, packed_padding
 from tuneproof.errors import CheckFailed
 from tuneproof.models.device import BF16_BASE_KEY
+from tuneproof.models.method import cast_frozen_to_bf16
+from tuneproof.training.data_order import epoch_micro_batches
+from tuneproof.training.loss import supervised_count
+from tuneproof.training.memory import measure_step_peak
+from tuneproof.training.packing import check_packing, packing_sample
 
 
 def packing_capacity(cfg) -> int:
@@ -38,9 +46,6 @@ def padding_report(train_set: list, cfg, world_size: int = 1, rank: int = 0, epo
         ("padded" | "length_grouping" | "packing" | "length_grouping+packing"), "epoch", "positions_before",
         "positions_after", "tokens"}``.
     """
-    from tuneproof.data.preprocess import packed_padding  # noqa: PLC0415
-    from tuneproof.training.data_order import epoch_micro_batches  # noqa: PLC0415
-
     n, mb = len(train_set), cfg.micro_batch_size
     lengths = [len(e.input_ids) for e in train_set]
     grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
@@ -69,8 +74,6 @@ def prove_packing(model, train_set: list, cfg, pad_id: int, device) -> dict[str,
     Raises:
         CheckFailed: classification examples, or the packed rows differ from the examples alone.
     """
-    from tuneproof.preflight.packing import check_packing, packing_sample  # noqa: PLC0415
-
     if not train_set or train_set[0].class_index is not None or not train_set[0].labels:
         raise CheckFailed("training.packing applies to causal LMs (token labels), not to sequence classification",
                           hint="set training.packing: false")
@@ -105,9 +108,7 @@ BF16_BASE_GRAD_REL_L2 = 0.1
 BF16_BASE_GRAD_COSINE = 0.995
 
 
-def _grad_vector(params: list) -> "Any":
-    import torch  # noqa: PLC0415
-
+def _grad_vector(params: list) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1).cpu() for _, p in params])
 
 
@@ -118,7 +119,7 @@ def check_bf16_base(model, batch: dict, loss_fn, *, device: Any = "cpu", cast=No
 
     Steps, dropout off (``model.eval()``, the same function each time): one forward + backward with
     the frozen weights as they are (fp32; a warm-up, not measured), one more measured with
-    :func:`tuneproof.preflight.memory.measure_step_peak` (the reference: loss and gradients), then
+    :func:`tuneproof.training.memory.measure_step_peak` (the reference: loss and gradients), then
     ``cast(model)`` (default :func:`tuneproof.models.method.cast_frozen_to_bf16`) and one measured
     forward + backward with bf16 frozen weights. The optimizer step is left out of both measured
     steps (it would move the weights; its states belong to the fp32 trained tensors, the same in both).
@@ -140,12 +141,6 @@ def check_bf16_base(model, batch: dict, loss_fn, *, device: Any = "cpu", cast=No
         When it fails, the cast tensors are put back in their dtype (fp32; their values keep the
         bf16 rounding) and the caller must not use the bf16 base.
     """
-    import torch  # noqa: PLC0415
-
-    from tuneproof.models.method import cast_frozen_to_bf16  # noqa: PLC0415
-    from tuneproof.preflight.memory import measure_step_peak  # noqa: PLC0415
-    from tuneproof.training.loop import supervised_count  # noqa: PLC0415
-
     cast = cast or cast_frozen_to_bf16
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     count = max(supervised_count(batch), 1)
@@ -203,9 +198,10 @@ def check_bf16_base(model, batch: dict, loss_fn, *, device: Any = "cpu", cast=No
             "message": message}
 
 
-def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, autocast, chunked: bool = False) -> dict[str, Any]:
+def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, loss_fn) -> dict[str, Any]:
     """Check (:func:`check_bf16_base`) and apply ``training.bf16_base_weights`` on the first real
     micro-batch of ``train_set`` before training uses it; the frozen weights are bf16 afterwards.
+    ``loss_fn``: ``model, batch -> (summed loss, V)``, the loop's own micro-batch loss under its autocast.
 
     Returns:
         what the summary's ``speedups.bf16_base_weights`` records: the check's numbers, tolerances,
@@ -215,13 +211,10 @@ def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, autocast, 
         CheckFailed: the check failed (the run does not train with a bf16 base; its message names
             the numbers and the key), or the model has no trained tensor / no frozen fp32 tensor.
     """
-    from tuneproof.data.preprocess import collate  # noqa: PLC0415
-    from tuneproof.training.loop import _micro_loss  # noqa: PLC0415
-
     if not any(p.requires_grad for p in model.parameters()):
         raise CheckFailed(f"{BF16_BASE_KEY}: the model has no trained tensor", hint=f"set {BF16_BASE_KEY}: false")
     batch = {k: v.to(device) for k, v in collate(train_set[: cfg.micro_batch_size], pad_id).items()}
-    check = check_bf16_base(model, batch, lambda m, b: _micro_loss(m, b, autocast, chunked), device=device)
+    check = check_bf16_base(model, batch, loss_fn, device=device)
     if not check["passed"]:
         raise CheckFailed(f"{BF16_BASE_KEY}: {check['message']}", hint=f"set {BF16_BASE_KEY}: false")
     if not check["cast"].get("cast_tensors"):

@@ -12,8 +12,8 @@ q/k/v/o, fp32 on the CPU. Each shape (length x micro-batch) runs in its own fres
   (``preflight.step_memory.batch_at_length``: the real examples nearest the length, right-padded to it),
   or with ``--rows full`` rows of real text tokens with no padding (the last quarter of each row
   supervised under answer_only);
-- takes the preflight's estimate (``preflight.step_memory.step_memory_estimate``, itemised) and ``--steps`` complete steps
-  of the preflight's ``StepRunner`` (forward, loss, backward, clipping, AdamW step; ``--chunked``: the
+- takes the preflight's estimate (``preflight.step_memory.step_memory_estimate``, itemised) and ``--steps``
+  complete steps of the preflight's ``StepRunner`` (forward, loss, backward, clipping, AdamW step; ``--chunked``: the
   chunked loss, as ``training.chunked_loss: true`` trains), each measured by
   ``training.memory.measure_step_peak``: the peak of the bytes the step's tensors hold (torch's
   CPU allocator, counted through the profiler's memory events) and the process resident set.

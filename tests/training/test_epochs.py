@@ -166,4 +166,5 @@ def test_preflight_accumulation_check_covers_the_short_last_window(tiny_base, tm
     c = check_accumulation_window(model, first, 2, last)
     assert c["passed"], c["message"]
     assert c["numbers"]["last_window_micro_batches"] == 1 and "last window of an epoch (1 micro-batch, " in c["message"]
-    assert last_window_probe(encoded, cfg.model_copy(update={"micro_batch_size": 5}), 1, pad) is None  # 2 micro-batches: full
+    # 2 micro-batches: full
+    assert last_window_probe(encoded, cfg.model_copy(update={"micro_batch_size": 5}), 1, pad) is None

@@ -25,13 +25,14 @@ def logit_scores(ctx: StudyContext, model, examples: list) -> list[list]:
                 out.append([[i, float(v)] for i, v in enumerate(logits.cpu())])
                 continue
             if ctx.model_kind == "sequence-classification":
-                enc = ctx.tokenizer(ex.text, truncation=True, max_length=ctx.study.training.max_length, return_tensors="pt")
+                enc = ctx.tokenizer(ex.text, truncation=True, max_length=ctx.study.training.max_length,
+                                    return_tensors="pt")
                 with autocast():
                     logits = model(**{k: v.to(device) for k, v in enc.items()}).logits[0].float()
                 out.append([[i, float(v)] for i, v in enumerate(logits.cpu())])
                 continue
-            ids = torch.tensor([ctx.tokenizer(ctx.pipeline.prompt_text(ex.text), add_special_tokens=False)["input_ids"]],
-                               device=device)
+            prompt = ctx.tokenizer(ctx.pipeline.prompt_text(ex.text), add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([prompt], device=device)
             with autocast():
                 last = model(input_ids=ids).logits[0, -1].float().cpu()
             top = torch.topk(last, min(5, last.numel()))

@@ -248,7 +248,8 @@ def accumulation_probes(usable: list, cfg, pad: int, probe_micro_batch: int) -> 
     is one (C18)."""
     k = max(2, cfg.gradient_accumulation_steps)
     size = max(1, min(probe_micro_batch, len(usable) // k))
-    return [training_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)], last_window_probe(usable, cfg, size, pad)
+    windows = [training_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)]
+    return windows, last_window_probe(usable, cfg, size, pad)
 
 
 def check_accumulation_window(model: nn.Module, micro_batches: list[dict], configured: int,
@@ -261,8 +262,10 @@ def check_accumulation_window(model: nn.Module, micro_batches: list[dict], confi
     numbers = {"micro_batches": r["micro_batches"], "configured_accumulation": configured,
                "last_window_micro_batches": last["micro_batches"] if last else None,
                "last_window_tokens": last["tokens_per_micro_batch"] if last else None,
-               "tokens_per_micro_batch": r["tokens_per_micro_batch"], "loss_accumulated": round(r["loss_accumulated"], 6),
-               "loss_concatenated": round(r["loss_concatenated"], 6), "loss_mean_of_means": round(r["loss_mean_of_means"], 6),
+               "tokens_per_micro_batch": r["tokens_per_micro_batch"],
+               "loss_accumulated": round(r["loss_accumulated"], 6), "loss_concatenated": round(r["loss_concatenated"], 6),
+               "loss_mean_of_means": round(r["loss_mean_of_means"], 6),
                "grad_max_abs_diff": r["grad_max_abs_diff"], "atol": r["atol"], "rtol": r["rtol"]}
-    return check_result("gradient accumulation", bool(r["passed"]), r["message"] + f"; normalisation: {r['normalisation']}",
-                        numbers, r, normalisation=r["normalisation"])
+    return check_result("gradient accumulation", bool(r["passed"]),
+                        r["message"] + f"; normalisation: {r['normalisation']}", numbers, r,
+                        normalisation=r["normalisation"])

@@ -207,16 +207,18 @@ def check_study_checkpointing(ctx: StudyContext, model, batch: dict) -> dict[str
         other.study.training.activation_checkpointing = flag
         seed_everything(ctx.study.training.seed)  # the same initialisation as the configured model
         built, _ = other.build_model()
-        if ctx.study.training.bf16_base_weights:  # held as the configured model's are (cast by the bf16 base weights check)
+        if ctx.study.training.bf16_base_weights:  # held as the configured model's (cast by the bf16 base weights check)
             cast_frozen_to_bf16(built)
         return built
 
     r = check_activation_checkpointing(factory, batch)
     saved = r["memory_saved_bytes"]
-    numbers = {"configured": configured, "grad_max_abs_diff": r["grad_max_abs_diff"], "rtol": r["rtol"], "atol": r["atol"],
+    numbers = {"configured": configured, "grad_max_abs_diff": r["grad_max_abs_diff"], "rtol": r["rtol"],
+               "atol": r["atol"],
                "time_ratio": round(r["time_ratio"], 3) if r["time_ratio"] else None,
                "seconds_without": round(r["without"]["seconds"], 3), "seconds_with": round(r["with"]["seconds"], 3),
-               "memory_saved_mib": round(saved / 2**20, 1) if saved is not None else None, "approximate": r["approximate"]}
+               "memory_saved_mib": round(saved / 2**20, 1) if saved is not None else None,
+               "approximate": r["approximate"]}
     return check_result("activation checkpointing", bool(r["passed"]),
                         r["message"] + f" (configured: {'on' if configured else 'off'})",
                         numbers, {k: v for k, v in r.items() if k != "diagnosis"} | {"diagnosis": r["diagnosis"]})

@@ -207,11 +207,13 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
     device = detect_device()
     choice = choose_dtype(ctx.study.training.precision, device, bf16_base_weights=ctx.study.training.bf16_base_weights)
     wanted = list(getattr(ctx.study.training, "extensions", None) or [])
-    if ctx.study.method.kind == "qlora" and "bitsandbytes" not in wanted:  # the 4-bit base: built for this backend, imports
+    # the 4-bit base: bitsandbytes built for this backend, and it imports
+    if ctx.study.method.kind == "qlora" and "bitsandbytes" not in wanted:
         wanted.append("bitsandbytes")
     ext = check_extensions(device, wanted, try_import=ctx.study.method.kind == "qlora")
     numbers = {"device": device.type, "device_name": device.name,
-               "capability": list(device.capability) if device.capability else None, "bf16_native": device.bf16_supported,
+               "capability": list(device.capability) if device.capability else None,
+               "bf16_native": device.bf16_supported,
                "requested": choice["requested"], "dtype": choice["dtype"], "extensions": wanted}
     passed = bool(choice["passed"] and ext["passed"])
     message = f"{choice['message']}; {ext['message']}"

@@ -17,7 +17,8 @@ def check_study_chunked_loss(model, encoded: list, cfg, pad_id: int) -> dict[str
     summed loss and every trainable gradient equal to the full-logits loss. A classification head
     (no token labels) fails it, naming the key. ``cfg``: the study's ``training`` section."""
     device = next(model.parameters()).device
-    res = _check_speedup(model, encoded[: cfg.micro_batch_size], pad_id, device, packing_capacity(cfg) if cfg.packing else None)
+    capacity = packing_capacity(cfg) if cfg.packing else None
+    res = _check_speedup(model, encoded[: cfg.micro_batch_size], pad_id, device, capacity)
     numbers = {k: res[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors") if k in res}
     message = res["message"] if res["passed"] else f"training.chunked_loss: {res['message']}; set it to false"
     return check_result("chunked loss", res["passed"], message, numbers)

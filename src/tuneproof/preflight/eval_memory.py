@@ -183,7 +183,10 @@ def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str,
     device, _, _ = ctx.torch_setup()
     ev, examples = ctx.study.eval, ctx.eval_examples()
     kind = ctx.model_kind
-    texts = [e.text for e in examples] if kind == "sequence-classification" else [ctx.pipeline.prompt_text(e.text) for e in examples]
+    if kind == "sequence-classification":
+        texts = [e.text for e in examples]
+    else:
+        texts = [ctx.pipeline.prompt_text(e.text) for e in examples]
     try:
         measured = measure_eval_batch_peak(model, ctx.tokenizer, kind=kind, texts=texts, batch_size=ev.batch_size,
                                            max_new_tokens=ev.max_new_tokens, max_length=ctx.study.training.max_length,
@@ -203,10 +206,13 @@ def eval_batch_rate(check: dict[str, Any] | None) -> dict[str, Any]:
     m = (c.get("details") or {}).get("measured") if isinstance(c.get("details"), dict) else None
     if not m or not m.get("seconds") or not m.get("batch_size"):
         return {}
-    what = "classifier forward pass" if m["kind"] == "sequence-classification" else f"generation of {m['new_tokens']} new tokens"
+    if m["kind"] == "sequence-classification":
+        what = "classifier forward pass"
+    else:
+        what = f"generation of {m['new_tokens']} new tokens"
     return {"eval_batch_s_per_example": round(m["seconds"] / m["batch_size"], 5), "eval_batch_size": m["batch_size"],
             "eval_batch_procedure": what}
 
 
-__all__ = ["NAME", "check_eval_memory", "classification_batch", "eval_batch_rate", "eval_memory_check", "generation_batch",
-           "kv_cache_bytes", "measure_eval_batch_peak"]
+__all__ = ["NAME", "check_eval_memory", "classification_batch", "eval_batch_rate", "eval_memory_check",
+           "generation_batch", "kv_cache_bytes", "measure_eval_batch_peak"]

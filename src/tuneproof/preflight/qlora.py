@@ -153,4 +153,5 @@ def check_qlora_step(model, batch: dict, autocast: Callable) -> dict[str, Any]:
     finite and non-zero (:func:`check_step_values`)."""
     m = measure_step(model, batch, autocast)
     c = check_step_values(m["loss"], m["grad_norm"])
-    return check_result(c["name"], c["passed"], c["message"], {**c["numbers"], "tensors_with_grad": m["tensors_with_grad"]}, m)
+    numbers = {**c["numbers"], "tensors_with_grad": m["tensors_with_grad"]}
+    return check_result(c["name"], c["passed"], c["message"], numbers, m)

@@ -36,7 +36,8 @@ def is_out_of_memory(err: BaseException) -> bool:
     """True for a ``MemoryError``, torch's (or CUDA's) ``OutOfMemoryError``, or an error saying "out of memory"."""
     import torch  # noqa: PLC0415 - torch loads only when a check runs
 
-    oom = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t)
+    oom = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
+                if t)
     return isinstance(err, MemoryError) or bool(oom and isinstance(err, oom)) or "out of memory" in str(err).lower()
 
 
@@ -80,7 +81,8 @@ class PreflightReport:
                 raise
             if is_out_of_memory(err):
                 gc.collect()
-            return self.add(check_result(name, False, error_message(err), details={"traceback": traceback.format_exc()}))
+            return self.add(check_result(name, False, error_message(err),
+                                         details={"traceback": traceback.format_exc()}))
 
     def skip(self, name: str, why: str) -> None:
         self.add(check_result(name, None, f"skipped: {why}"))

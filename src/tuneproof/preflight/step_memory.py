@@ -55,7 +55,8 @@ def batch_at_length(encoded: list, micro_batch: int, length: int, pad_id: int) -
 
 
 def restore_parameters(model, snapshot: dict[str, Any]) -> None:
-    """Copy the tensors of ``snapshot`` (name -> CPU tensor) back into ``model``'s parameters; every gradient is freed."""
+    """Copy the tensors of ``snapshot`` (name -> CPU tensor) back into ``model``'s parameters; every
+    gradient is freed."""
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n in snapshot:
@@ -125,7 +126,8 @@ def step_memory_estimate(model, micro_batch: int, length: int, dtype: str, check
     if bf16_base:
         est["weights_note"] = "frozen weights held in bf16 (training.bf16_base_weights): 2 bytes per frozen element"
     elif dtype != "fp32":  # the component counts frozen weights at the compute dtype; here they are stored in fp32
-        frozen = est["parameters"] - est["trainable_parameters"] - est.get("packed_parameters", 0)  # a 4-bit base stays packed
+        # a 4-bit base stays packed
+        frozen = est["parameters"] - est["trainable_parameters"] - est.get("packed_parameters", 0)
         add = frozen * (4 - est["bytes_per_weight"])
         est["weights_bytes"] += add
         est["total_bytes"] += add
@@ -134,8 +136,10 @@ def step_memory_estimate(model, micro_batch: int, length: int, dtype: str, check
         est["passed"] = budget is None or est["total_bytes"] <= budget
         for part in est.get("parts", []):
             if part["part"] == "weights":
-                part["bytes"], part["formula"] = est["weights_bytes"], part["formula"] + " (frozen stored in fp32: +2 bytes each)"
-        est["weights_note"] = "frozen weights stored in fp32 under autocast (+2 bytes per frozen element vs the compute dtype)"
+                part["bytes"] = est["weights_bytes"]
+                part["formula"] = part["formula"] + " (frozen stored in fp32: +2 bytes each)"
+        est["weights_note"] = ("frozen weights stored in fp32 under autocast "
+                               "(+2 bytes per frozen element vs the compute dtype)")
     return est
 
 
@@ -149,8 +153,9 @@ def format_bytes(n: int | float | None) -> str:
 def estimate_parts(est: dict[str, Any]) -> str:
     """The estimate's breakdown, one line."""
     return (f"weights {format_bytes(est['weights_bytes'])} + gradients {format_bytes(est['gradients_bytes'])} + "
-            f"{est['optimizer_states_count']} optimizer states {format_bytes(est['optimizer_states_bytes'])} + step temporary "
-            f"{format_bytes(est['optimizer_step_temporary_bytes'])} + activations {format_bytes(est['activations_bytes'])} + "
+            f"{est['optimizer_states_count']} optimizer states {format_bytes(est['optimizer_states_bytes'])} + "
+            f"step temporary {format_bytes(est['optimizer_step_temporary_bytes'])} + "
+            f"activations {format_bytes(est['activations_bytes'])} + "
             f"logits {format_bytes(est['logits_bytes'])}")
 
 
@@ -173,7 +178,8 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
         for length in lengths:
             batch = batch_at_length(encoded, mb, length, ctx.tokenizer.pad_token_id)
             est = step_memory_estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget,
-                                       bf16_base=cfg.bf16_base_weights, batch=batch, chunked_loss=chunked, device=device.type)
+                                       bf16_base=cfg.bf16_base_weights, batch=batch, chunked_loss=chunked,
+                                       device=device.type)
             row: dict[str, Any] = {"length": length, "estimate": est}
             try:
                 measured = measure_step_peak(lambda b=batch: stepper.step(b), device)
@@ -215,9 +221,11 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
         if "measured" not in r:
             return f"length {r['length']}: estimate {format_bytes(r['estimate']['total_bytes'])}, out of memory"
         m, ratio = r["measured"], r.get("measured_over_estimate")
-        tensors = (f"the step's tensors {format_bytes(m.get('allocated_step_peak_bytes'))} vs "
-                   f"{format_bytes(r['estimate_in_step_bytes'])} estimated"
-                   + (f" (x{ratio:.3f})" if ratio else "") + ", ") if m.get("allocated_step_peak_bytes") is not None else ""
+        tensors = ""
+        if m.get("allocated_step_peak_bytes") is not None:
+            tensors = (f"the step's tensors {format_bytes(m.get('allocated_step_peak_bytes'))} vs "
+                       f"{format_bytes(r['estimate_in_step_bytes'])} estimated"
+                       + (f" (x{ratio:.3f})" if ratio else "") + ", ")
         return (f"length {r['length']}: {tensors}whole step: estimate {format_bytes(r['estimate']['total_bytes'])}, "
                 f"measured peak {format_bytes(m['peak_bytes'])} (the step adds {format_bytes(m['step_peak_bytes'])}), "
                 f"{m['seconds']:.2f} s")
@@ -226,8 +234,10 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
         message = ("; ".join(problems) + f" (micro-batch {mb}, {where}); lower training.micro_batch_size, raise "
                    "gradient_accumulation_steps or enable activation_checkpointing")
     else:
-        message = f"micro-batch {mb}: {'; '.join(shown(r) for r in rows)} ({where}); fits {format_bytes(budget)} ({budget_source})"
-    details = {"rows": rows, "budget_bytes": budget, "budget_source": budget_source, "breakdown": memory_breakdown(rows)}
+        message = (f"micro-batch {mb}: {'; '.join(shown(r) for r in rows)} ({where}); "
+                   f"fits {format_bytes(budget)} ({budget_source})")
+    details = {"rows": rows, "budget_bytes": budget, "budget_source": budget_source,
+               "breakdown": memory_breakdown(rows)}
     return check_result("step memory", not problems, message, numbers, details)
 
 
@@ -265,19 +275,24 @@ def memory_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
     table_rows.append(["estimate, total (all parts at once)", *(_mib(r["estimate"]["total_bytes"]) for r in rows)])
     table_rows.append(["estimate, the step's peak (weights + optimizer states + the step's part)",
                        *(_mib(r["estimate"].get("peak_bytes")) for r in rows)])
-    table_rows.append(["estimate, the step's part: max(activations + max(loss, forward end), gradients + optimizer temporary)",
+    table_rows.append(["estimate, the step's part: max(activations + max(loss, forward end), "
+                       "gradients + optimizer temporary)",
                        *(_mib(in_step_bytes(r["estimate"])) for r in rows)])
     m = [r.get("measured") or {} for r in rows]
-    table_rows.append(["measured: the step's tensors at the peak", *(_mib(x.get("allocated_step_peak_bytes")) for x in m)])
-    table_rows.append(["measured / estimate (the step's tensors / the step's part)", *(r.get("measured_over_estimate") for r in rows)])
+    table_rows.append(["measured: the step's tensors at the peak",
+                       *(_mib(x.get("allocated_step_peak_bytes")) for x in m)])
+    table_rows.append(["measured / estimate (the step's tensors / the step's part)",
+                       *(r.get("measured_over_estimate") for r in rows)])
     table_rows.append(["measured: process peak", *(_mib(x.get("peak_bytes")) for x in m)])
     table_rows.append(["measured: the step adds to the process", *(_mib(x.get("step_peak_bytes")) for x in m)])
-    return {"lengths": [r["length"] for r in rows], "micro_batch": rows[0]["estimate"].get("micro_batch"), "rows": table_rows}
+    return {"lengths": [r["length"] for r in rows], "micro_batch": rows[0]["estimate"].get("micro_batch"),
+            "rows": table_rows}
 
 
 def print_memory_breakdown(check: dict[str, Any] | None) -> None:
     """The ``step memory`` check's breakdown as a table on the screen (MiB)."""
-    bd = ((check or {}).get("details") or {}).get("breakdown") if isinstance((check or {}).get("details"), dict) else None
+    details = (check or {}).get("details")
+    bd = details.get("breakdown") if isinstance(details, dict) else None
     if not bd or not bd.get("rows"):
         return
     cols = ["step memory, MiB"] + [f"length {L} x {bd['micro_batch']}" for L in bd["lengths"]]
@@ -295,7 +310,8 @@ def print_memory_breakdown(check: dict[str, Any] | None) -> None:
 
 def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, dtype: str, budget: int,
                           autocast: Callable) -> dict[str, Any]:
-    """``--find-max-micro-batch``: the largest micro-batch whose measured step peak fits the budget (bytes) at ``length``.
+    """``--find-max-micro-batch``: the largest micro-batch whose measured step peak fits the budget
+    (bytes) at ``length``.
 
     The search is bounded by the train split's size and by :data:`FIND_MAX_FACTOR` times the
     largest micro-batch whose estimate (a planning upper bound) fits, so a CPU run does not try
@@ -321,7 +337,8 @@ def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, 
     finally:
         stepper.restore()
     numbers = {"max_micro_batch": r["max_micro_batch"], "length": length, "peak_gib": to_gib(r["peak_bytes"]),
-               "budget_gib": to_gib(budget), "limit": limit, "tries": len(r["tries"]), "configured": cfg.micro_batch_size}
+               "budget_gib": to_gib(budget), "limit": limit, "tries": len(r["tries"]),
+               "configured": cfg.micro_batch_size}
     message = r["message"] + f" at length {length} (searched up to {limit})"
     passed = bool(r["passed"]) and r["max_micro_batch"] >= cfg.micro_batch_size
     if r["passed"] and not passed:

@@ -85,7 +85,8 @@ def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | N
     }
 
 # --------------------------------------------------------------------------- the preflight's checks
-def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None) -> list[dict[str, Any]]:
+def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None,
+                         failure: str | None) -> list[dict[str, Any]]:
     """The preflight's ``target modules`` (matches per pattern of ``method.target_modules``; zero
     matches fails, C5), ``trainable parameters`` (trainable/total, ``method.modules_to_save``) and
     ``embedding size`` (embedding rows vs the tokenizer; none for an image classifier) checks.
@@ -98,8 +99,8 @@ def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None
     method = ctx.study.method
     out = []
     if method.kind == "full":
-        out.append(check_result("target modules", True, "method.kind full: every parameter is trained, no target patterns",
-                                {"method": "full"}))
+        out.append(check_result("target modules", True,
+                                "method.kind full: every parameter is trained, no target patterns", {"method": "full"}))
     else:
         match = (report or {}).get("targets")
         if match is None:  # build_model refused (C5): match on the plain base for the numbers
@@ -115,10 +116,12 @@ def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None
         return out
     summary = trainable_summary(model)
     mts = sorted((report or {}).get("modules_to_save") or []) if method.kind in ("lora", "qlora") else []
-    out.append(check_result("trainable parameters", bool(summary["passed"]),
-                            summary["message"] + (f"; modules_to_save: {', '.join(mts)}" if mts else "; modules_to_save: none")
-                            + (f"; LoRA r={method.r}, alpha={method.alpha:g}" if method.kind in ("lora", "qlora") else "")
-                            + (f"; base in 4-bit {method.bnb_4bit_quant_type} (bitsandbytes)" if method.kind == "qlora" else ""),
+    message = summary["message"] + (f"; modules_to_save: {', '.join(mts)}" if mts else "; modules_to_save: none")
+    if method.kind in ("lora", "qlora"):
+        message += f"; LoRA r={method.r}, alpha={method.alpha:g}"
+    if method.kind == "qlora":
+        message += f"; base in 4-bit {method.bnb_4bit_quant_type} (bitsandbytes)"
+    out.append(check_result("trainable parameters", bool(summary["passed"]), message,
                             {"trainable": summary["trainable"], "total": summary["total"],
                              "percent": round(summary["percent"], 4),
                              "trainable_tensors": len(summary["trainable_tensors"]), "modules_to_save": mts},
@@ -128,6 +131,6 @@ def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None
         return out
     emb = check_embedding_size(model, ctx.tokenizer)
     out.append(check_result("embedding size", bool(emb["passed"]), emb["message"],
-                            {k: emb[k] for k in ("tokenizer_length", "input_embedding_rows", "output_embedding_rows", "added_tokens")},
-                            emb))
+                            {k: emb[k] for k in ("tokenizer_length", "input_embedding_rows", "output_embedding_rows",
+                                                 "added_tokens")}, emb))
     return out

@@ -22,7 +22,8 @@ def check_training_data(ctx: StudyContext, encoded: list) -> dict[str, Any]:
         numbers = {"examples": len(encoded), "faulty": len(bad), "tensor_shapes": [list(x) for x in shapes],
                    "flipped": sum(1 for e in encoded if e.flipped)}
         passed = bool(encoded) and not bad and len(shapes) == 1
-        message = (f"{len(encoded)} train images, model input {list(shapes[0]) if shapes else '-'}, {numbers['flipped']} mirrored"
+        message = (f"{len(encoded)} train images, model input {list(shapes[0]) if shapes else '-'}, "
+                   f"{numbers['flipped']} mirrored"
                    if passed else
                    f"{len(bad)} faulty images, tensor shapes {shapes} (one shape needed: set data.image.resize)")
         return check_result("training data", passed, message, numbers,

@@ -365,7 +365,8 @@ def check_update_step(model: nn.Module, batch: dict, autocast: Callable) -> dict
     r = check_update(model, batch, loss_fn=loss_fn)
     numbers = {"trainable_changed": r["trainable_changed"], "trainable_tensors": r["trainable_tensors"],
                "frozen_unchanged": r["frozen_unchanged"], "frozen_tensors": r["frozen_tensors"], "steps": r["steps"],
-               "first_loss": round(r["losses"][0], 6) if r["losses"] else None, "supervised_tokens": r["supervised_tokens"],
+               "first_loss": round(r["losses"][0], 6) if r["losses"] else None,
+               "supervised_tokens": r["supervised_tokens"],
                "micro_batch": int(batch["labels"].shape[0])}
     return check_result("update check", bool(r["passed"]), r["message"], numbers, r)
 

@@ -4,81 +4,85 @@ dict ``{"name", "passed", "numbers", "message", "details"}`` stored in ``runs/<i
 and summarised in the run summary. Any failed check fails the run (exit 3) after the report is
 written; ``train`` refuses to start without a passed preflight for the same resolved config (keys
 that cannot change what it measured left out, :mod:`tuneproof.preflight.scope`), data fingerprint
-and platform (:func:`require_preflight`).
+and platform (:func:`require_preflight`). This module orders the checks; each one lives in the
+``tuneproof.preflight`` module named after it in brackets.
 
 Checks, in order (config key or option behind each):
 
-1. ``environment`` (:mod:`~tuneproof.preflight.environment`): :func:`~tuneproof.preflight.envinfo.environment_snapshot`
-   compared with the
-   ``env.json`` of the latest completed baseline or train run; a platform change is flagged with
-   the checks to redo (a flag, not a failure: the baseline is what must be redone).
-2. ``backend`` (:mod:`~tuneproof.preflight.backend`): dtype for ``training.precision`` on the detected device, with the reason (CASES
-   C9); extensions named by the config (``training.extensions``: not in the study schema yet, so
-   none by default) installed and built for this backend.
-3. ``training data`` (:mod:`~tuneproof.preflight.training_data`): the train split through the trainer's exact preprocessing; no hard fault
-   (what ``train`` refuses); token lengths p50/p95/max after truncation (``training.max_length``).
-4. ``target modules`` (:mod:`~tuneproof.preflight.targets`): matches per pattern of ``method.target_modules`` (zero matches fails, C5),
-   per tower on encoder-decoder and multimodal models (a pattern matching in several towers is a warning);
-   ``trainable parameters``: trainable/total and ``method.modules_to_save``; ``embedding size``:
-   embedding rows vs the tokenizer, added tokens trained and saved.
-4b. ``bf16 base weights`` (:mod:`~tuneproof.preflight.precision`; only with ``training.bf16_base_weights: true``): loss and trained
-   gradients with the frozen weights in bf16 vs fp32 on the configured micro-batch, within stated
-   tolerances, and the peak memory with each; the later checks then run with bf16 frozen weights
-   (``gradient accumulation`` and ``precision``, which compute in fp32 without autocast, run
+1. ``environment`` [environment]: :func:`~tuneproof.preflight.envinfo.environment_snapshot` compared
+   with the ``env.json`` of the latest completed baseline or train run; a platform change is flagged
+   with the checks to redo (a flag, not a failure: the baseline is what must be redone).
+2. ``backend`` [backend]: dtype for ``training.precision`` on the detected device, with the reason
+   (CASES C9); extensions named by the config (``training.extensions``: not in the study schema yet,
+   so none by default) installed and built for this backend.
+3. ``training data`` [training_data]: the train split through the trainer's exact preprocessing; no
+   hard fault (what ``train`` refuses); token lengths p50/p95/max after truncation
+   (``training.max_length``).
+4. ``target modules`` [targets]: matches per pattern of ``method.target_modules`` (zero matches
+   fails, C5), per tower on encoder-decoder and multimodal models (a pattern matching in several
+   towers is a warning); ``trainable parameters``: trainable/total and ``method.modules_to_save``;
+   ``embedding size``: embedding rows vs the tokenizer, added tokens trained and saved.
+4b. ``bf16 base weights`` [precision] (only with ``training.bf16_base_weights: true``): loss and
+   trained gradients with the frozen weights in bf16 vs fp32 on the configured micro-batch, within
+   stated tolerances, and the peak memory with each; the later checks then run with bf16 frozen
+   weights (``gradient accumulation`` and ``precision``, which compute in fp32 without autocast, run
    just before it, on the fp32 weights).
-5. ``update check`` (:mod:`~tuneproof.preflight.update_check`): the model built exactly as ``train`` builds it
-   (``StudyContext.build_model``),
-   real optimizer steps on a real train micro-batch under the configured precision: every
-   trainable tensor changed, every frozen tensor bitwise unchanged (C7); the model is restored.
-5b. ``qlora storage`` and ``qlora step`` (only with ``method.kind: qlora``,
-   :mod:`tuneproof.preflight.qlora`): the 4-bit storage dtype is shardable when
-   ``distributed.strategy`` is fsdp (this single process shards nothing: a warning; ``train
-   --nproc-per-node N`` refuses); one real step on the probe micro-batch has a finite, non-zero
-   loss and LoRA gradient norm (the silent loss 0.0 / grad NaN failure).
-6. ``step memory`` (:mod:`~tuneproof.preflight.step_memory`): complete steps (forward, loss, backward, clipping, AdamW step) at the
-   configured micro-batch (``training.micro_batch_size``) at the p95 train length and at
+5. ``update check`` [update_check]: the model built exactly as ``train`` builds it
+   (``StudyContext.build_model``), real optimizer steps on a real train micro-batch under the
+   configured precision: every trainable tensor changed, every frozen tensor bitwise unchanged (C7);
+   the model is restored.
+5b. ``qlora storage`` and ``qlora step`` [qlora] (only with ``method.kind: qlora``): the 4-bit
+   storage dtype is shardable when ``distributed.strategy`` is fsdp (this single process shards
+   nothing: a warning; ``train --nproc-per-node N`` refuses); one real step on the probe micro-batch
+   has a finite, non-zero loss and LoRA gradient norm (the silent loss 0.0 / grad NaN failure).
+6. ``step memory`` [step_memory]: complete steps (forward, loss, backward, clipping, AdamW step) at
+   the configured micro-batch (``training.micro_batch_size``) at the p95 train length and at
    ``training.max_length``: estimate next to the measured peak (C8); fails when either exceeds
    the budget (``--memory-budget``, default the device's memory, or RAM on CPU).
-   ``max micro-batch`` (``--find-max-micro-batch``): the largest micro-batch whose measured peak
-   fits the budget at the p95 length.
-   ``eval memory`` (:mod:`~tuneproof.preflight.eval_memory`): one evaluation batch at ``eval.batch_size`` (the longest prompts, generation
-   with the KV cache for ``eval.max_new_tokens`` new tokens; or the classification forward pass),
-   measured the same way; fails when its peak exceeds the budget, naming ``eval.batch_size``.
-7. ``gradient accumulation`` (:mod:`~tuneproof.preflight.accumulation`): ``max(2, training.gradient_accumulation_steps)`` real micro-batches
-   vs their concatenation: same loss and gradients, per-token normalisation stored (C1); when an
-   epoch's micro-batches are not a multiple of the accumulation, the short last window of the
-   epoch (the micro-batches training puts there) vs its concatenation too (C18).
-8. ``precision`` (:mod:`~tuneproof.preflight.precision`): the chosen dtype alone vs fp32 on one real micro-batch (loss and gradient
-   direction within stated tolerances; fp32 is the reference and needs no comparison).
-9. ``activation checkpointing`` (:mod:`~tuneproof.preflight.activation_checkpointing`): gradients equal with and without it
+   ``max micro-batch`` [step_memory] (``--find-max-micro-batch``): the largest micro-batch whose
+   measured peak fits the budget at the p95 length.
+   ``eval memory`` [eval_memory]: one evaluation batch at ``eval.batch_size`` (the longest prompts,
+   generation with the KV cache for ``eval.max_new_tokens`` new tokens; or the classification
+   forward pass), measured the same way; fails when its peak exceeds the budget, naming
+   ``eval.batch_size``.
+7. ``gradient accumulation`` [accumulation]: ``max(2, training.gradient_accumulation_steps)`` real
+   micro-batches vs their concatenation: same loss and gradients, per-token normalisation stored
+   (C1); when an epoch's micro-batches are not a multiple of the accumulation, the short last window
+   of the epoch (the micro-batches training puts there) vs its concatenation too (C18).
+8. ``precision`` [precision]: the chosen dtype alone vs fp32 on one real micro-batch (loss and
+   gradient direction within stated tolerances; fp32 is the reference and needs no comparison).
+9. ``activation checkpointing`` [activation_checkpointing]: gradients equal with and without it
    (``training.activation_checkpointing`` flipped on a second model built the same way), with the
    change in step time and memory.
-9b. ``eval batch size``: greedy outputs of a length-spread sample of evaluation examples at batch
-    size 1 and at ``eval.batch_size`` are identical; fails naming the first differing example
-    (CASES C22, :mod:`tuneproof.preflight.eval_batch`).
-9c. ``packing`` (only with ``training.packing: true``): per-token losses of packed rows of the
-    shortest training examples equal those of each example alone, and the same rows with the
-    neighbours visible differ (CASES C23, :mod:`tuneproof.preflight.packing`).
-9d. ``chunked loss`` (:mod:`~tuneproof.preflight.chunked_loss`; only with ``training.chunked_loss: true``): the check train runs before it uses
-    the chunked loss, on the first micro-batch (packed when packing is on): loss and gradients equal
-    the full-logits loss; a classification head fails it naming the key.
-10. ``configured combination`` (:mod:`~tuneproof.preflight.smoke`, as 11 and 12): two real optimizer steps of ``training.loop.train`` with every
-    configured option together (micro-batch, accumulation, checkpointing, precision); losses
+9b. ``eval batch size`` [eval_batch]: greedy outputs of a length-spread sample of evaluation
+    examples at batch size 1 and at ``eval.batch_size`` are identical; fails naming the first
+    differing example (CASES C22).
+9c. ``packing`` [packing] (only with ``training.packing: true``): per-token losses of packed rows of
+    the shortest training examples equal those of each example alone, and the same rows with the
+    neighbours visible differ (CASES C23).
+9d. ``chunked loss`` [chunked_loss] (only with ``training.chunked_loss: true``): the check train
+    runs before it uses the chunked loss, on the first micro-batch (packed when packing is on): loss
+    and gradients equal the full-logits loss; a classification head fails it naming the key.
+10. ``configured combination`` [smoke]: two real optimizer steps of ``training.loop.train`` with
+    every configured option together (micro-batch, accumulation, checkpointing, precision); losses
     finite, every trainable tensor changed, frozen ones bitwise unchanged.
-11. ``smoke pass``: those steps, an evaluation of ``SMOKE_EVAL_EXAMPLES`` evaluation examples
-    by the study's procedure (``evaluation.predict.predict``), the adapter saved with
-    ``save_pretrained`` into ``runs/<id>/smoke/``, reloaded onto the base in a fresh process
-    (:mod:`~tuneproof.preflight.reload`: ``python -m tuneproof.preflight.reload reload``) that predicts the
-    same examples: identical predictions and next-token logits within ``LOGIT_ATOL`` (fp32).
-12. ``throughput``: tokens/s and s/step at the configured micro-batch (from the smoke steps after
-    the first), the time of the configured budget (``training.max_steps`` or ``epochs``) and of one
-    evaluation (``eval.max_examples``); stored as ``s_per_step``, ``tokens_per_s``,
+11. ``smoke pass`` [smoke, reload]: those steps, an evaluation of ``SMOKE_EVAL_EXAMPLES``
+    evaluation examples by the study's procedure (``evaluation.predict.predict``), the adapter
+    saved with ``save_pretrained`` into ``runs/<id>/smoke/``, reloaded onto the base in a fresh
+    process (``python -m tuneproof.preflight.reload reload``) that predicts the same examples:
+    identical predictions and next-token logits within ``LOGIT_ATOL`` (fp32).
+12. ``throughput`` [smoke]: tokens/s and s/step at the configured micro-batch (from the smoke steps
+    after the first), the time of the configured budget (``training.max_steps`` or ``epochs``) and
+    of one evaluation (``eval.max_examples``); stored as ``s_per_step``, ``tokens_per_s``,
     ``eval_s_per_example``, ``budget_seconds`` (read by ``tuneproof plan``).
 
-Every check's record is a :func:`~tuneproof.preflight.report.check_result` collected by a
-:class:`~tuneproof.preflight.report.PreflightReport`. Checks 10 to 12 are skipped when ``step memory`` failed (the configured steps would not fit), and
-every check after a failed ``backend`` or ``target modules`` (no model to check); a check that
-raises is recorded as failed with the error and its traceback, and the others still run.
+An image classifier measures ``step memory``, ``eval memory`` and ``eval batch size`` on images
+(:mod:`tuneproof.preflight.image_checks`) and has no ``embedding size``. Every check's record is a
+:func:`~tuneproof.preflight.report.check_result` collected by a
+:class:`~tuneproof.preflight.report.PreflightReport`. Checks 10 to 12 are skipped
+when ``step memory`` failed (the configured steps would not fit), and every check after a failed
+``backend`` or ``target modules`` (no model to check); a check that raises is recorded as failed
+with the error and its traceback, and the others still run.
 
 Probes (update check, accumulation, precision, checkpointing) use micro-batches of
 :data:`PROBE_MICRO_BATCH` real train examples (the first of the training order) to stay cheap;
@@ -132,7 +136,8 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
     """Run every preflight check as a registry run of kind ``preflight``; returns its id.
 
     Args:
-        memory_budget: bytes one training step may use (``--memory-budget``, see :func:`tuneproof.preflight.environment.parse_memory`);
+        memory_budget: bytes one training step may use (``--memory-budget``, see
+            :func:`tuneproof.preflight.environment.parse_memory`);
             default: the GPU's memory, or the physical RAM on CPU.
         find_max_micro_batch: also search the largest micro-batch under the budget.
 
@@ -155,7 +160,10 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
             fp = ctx.data_fingerprint()
             run.write_json("data.json", fp)
             run.set(config_hash=sha256_json(ctx.config), data_fingerprint=fp["hash"])
-        budget, budget_source = (memory_budget, "--memory-budget") if memory_budget else default_memory_budget(choice, snapshot)
+        if memory_budget:
+            budget, budget_source = memory_budget, "--memory-budget"
+        else:
+            budget, budget_source = default_memory_budget(choice, snapshot)
         state: dict[str, Any] = {}
         try:
             _model_checks(ctx, run, rep, choice, budget, budget_source, find_max_micro_batch, state)
@@ -166,8 +174,10 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
         _print_table(rep, run.id, seconds)
         if rep.failed:
             first = rep.failed[0]
-            raise CheckFailed(f"preflight {run.id}: {len(rep.failed)} of {len(rep.checks)} checks failed; {first['name']}: {first['message']}",
-                              hint=f"see {run.path(PREFLIGHT_FILE)}; fix the study file and run `tuneproof preflight` again")
+            raise CheckFailed(f"preflight {run.id}: {len(rep.failed)} of {len(rep.checks)} checks failed; "
+                              f"{first['name']}: {first['message']}",
+                              hint=f"see {run.path(PREFLIGHT_FILE)}; fix the study file and run `tuneproof preflight` "
+                                   "again")
         return run.id
 
 
@@ -175,8 +185,9 @@ def _model_checks(ctx: StudyContext, run, rep: PreflightReport, choice: dict[str
                   find_max: bool, state: dict[str, Any]) -> None:
     """Checks 3 to 12 (those after the backend); a check that cannot run is listed as skipped, with why."""
     later = ["training data", "target modules", "trainable parameters", "embedding size",
-             *(["bf16 base weights"] if ctx.study.training.bf16_base_weights else []), "update check", "step memory", "eval memory",
-             "gradient accumulation", "precision", "activation checkpointing", "eval batch size", *SMOKE_CHECKS]
+             *(["bf16 base weights"] if ctx.study.training.bf16_base_weights else []), "update check", "step memory",
+             "eval memory", "gradient accumulation", "precision", "activation checkpointing", "eval batch size",
+             *SMOKE_CHECKS]
     if ctx.study.training.packing:
         later.insert(later.index("eval batch size") + 1, "packing")
     if ctx.study.training.chunked_loss:
@@ -217,7 +228,8 @@ def _model_checks(ctx: StudyContext, run, rep: PreflightReport, choice: dict[str
         # the precision and accumulation checks compare in fp32 compute (no autocast), which needs fp32
         # weights: before the cast (the accumulation rule, C1/C18, does not depend on the weights' dtype)
         windows, last = accumulation_probes(usable, cfg, pad, PROBE_MICRO_BATCH)
-        rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+        rep.run("gradient accumulation",
+                lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
         rep.run("bf16 base weights", lambda: check_bf16_base_weights(ctx, model, usable, pad, autocast))
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
@@ -228,49 +240,57 @@ def _model_checks(ctx: StudyContext, run, rep: PreflightReport, choice: dict[str
         _image_checks(ctx, rep, model, usable, probe, choice, budget, autocast)
     else:
         _text_checks(ctx, rep, model, usable, probe, pad, data_check, choice, budget, budget_source, find_max, autocast)
-    if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would run out of memory
+    if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would not fit
         return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
     _smoke(ctx, run, rep, model, usable, skip_rest)
 
 
-def _text_checks(ctx: StudyContext, rep: PreflightReport, model, usable: list, probe: dict, pad: int, data_check: dict, choice: dict[str, Any],
-                 budget: int, budget_source: str, find_max: bool, autocast) -> None:
+def _text_checks(ctx: StudyContext, rep: PreflightReport, model, usable: list, probe: dict, pad: int, data_check: dict,
+                 choice: dict[str, Any], budget: int, budget_source: str, find_max: bool, autocast) -> None:
     """A causal LM's or text classifier's checks after the update check (step memory at two lengths...)."""
     cfg = ctx.study.training
     lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
     dtype = choice["dtype"]
-    print_memory_breakdown(rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast)))
+    print_memory_breakdown(rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget,
+                                                                            budget_source, autocast)))
     rep.run("eval memory", lambda: check_eval_memory(model, ctx, budget, budget_source, autocast))
     if find_max:
-        rep.run("max micro-batch", lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast))
+        rep.run("max micro-batch",
+                lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast))
     if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
         windows, last = accumulation_probes(usable, cfg, pad, PROBE_MICRO_BATCH)
-        rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+        rep.run("gradient accumulation",
+                lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
     if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_study_checkpointing(ctx, model, probe))
-    rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))  # C22: outputs do not depend on eval.batch_size
+    # C22: outputs do not depend on eval.batch_size
+    rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))
     if cfg.packing:  # C23: packed rows give each example's own per-token losses (issue 15)
         rep.run("packing", lambda: check_study_packing(model, usable, cfg, pad))
     if cfg.chunked_loss:  # the check train runs before using it, here before the hours are spent
         rep.run("chunked loss", lambda: check_study_chunked_loss(model, usable, cfg, pad))
 
 
-def _image_checks(ctx: StudyContext, rep: PreflightReport, model, usable: list, probe: dict, choice: dict[str, Any], budget: int,
-                  autocast) -> None:
+def _image_checks(ctx: StudyContext, rep: PreflightReport, model, usable: list, probe: dict, choice: dict[str, Any],
+                  budget: int, autocast) -> None:
     """An image classifier's checks after the update check: step and eval memory on real images,
     accumulation, precision, activation checkpointing, C22 for a forward pass (the smoke pass follows,
     as for text)."""
     cfg = ctx.study.training
     device, _, _ = ctx.torch_setup()
     step_batch = {k: v.to(device) for k, v in collate_images(usable[: cfg.micro_batch_size]).items()}
-    rep.run("step memory", lambda: check_result("step memory", **image_checks.check_image_step_memory(model, step_batch, budget, autocast)))
+    rep.run("step memory", lambda: check_result(
+        "step memory", **image_checks.check_image_step_memory(model, step_batch, budget, autocast)))
     evals = ctx.eval_examples()
-    eval_batch = {k: v.to(device) for k, v in collate_images(ctx.pipeline.encode_all(evals[: ctx.study.eval.batch_size])).items()}
-    rep.run("eval memory", lambda: check_result("eval memory", **image_checks.check_image_eval_memory(model, eval_batch, budget, autocast)))
+    eval_images = collate_images(ctx.pipeline.encode_all(evals[: ctx.study.eval.batch_size]))
+    eval_batch = {k: v.to(device) for k, v in eval_images.items()}
+    rep.run("eval memory", lambda: check_result(
+        "eval memory", **image_checks.check_image_eval_memory(model, eval_batch, budget, autocast)))
     if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
         windows, last = accumulation_probes(usable, cfg, 0, PROBE_MICRO_BATCH)
-        rep.run("gradient accumulation", lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+        rep.run("gradient accumulation",
+                lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
     if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_study_checkpointing(ctx, model, probe))
@@ -295,8 +315,8 @@ def _smoke(ctx: StudyContext, run, rep: PreflightReport, model, usable: list, sk
 
 
 # --------------------------------------------------------------------------- the run record and the screen
-def _write(ctx: StudyContext, run, rep: PreflightReport, snapshot: dict[str, Any], key: str, choice: dict[str, Any], budget: int,
-           budget_source: str, seconds: float) -> None:
+def _write(ctx: StudyContext, run, rep: PreflightReport, snapshot: dict[str, Any], key: str, choice: dict[str, Any],
+           budget: int, budget_source: str, seconds: float) -> None:
     """``preflight.json`` (every check in full) and the run summary (each check's verdict and the key numbers)."""
     def num(name: str, field: str) -> Any:
         c = rep.get(name)
@@ -309,8 +329,11 @@ def _write(ctx: StudyContext, run, rep: PreflightReport, snapshot: dict[str, Any
         "checks": rep.checks,
     })
     mem = rep.get("step memory")
-    memory = {k: v for k, v in (mem or {}).get("numbers", {}).items() if k.endswith(("_gib", "_measured_over_estimate"))}
-    memory.update({f"eval_{k}": v for k, v in (rep.get("eval memory") or {}).get("numbers", {}).items() if k.endswith("_gib")})
+    memory = {k: v for k, v in (mem or {}).get("numbers", {}).items()
+              if k.endswith(("_gib", "_measured_over_estimate"))}
+    memory.update({f"eval_{k}": v for k, v in (rep.get("eval memory") or {}).get("numbers", {}).items()
+                   if k.endswith("_gib")})
+    mem_details = (mem or {}).get("details")
     acc = rep.get("gradient accumulation")
     run.update_summary(
         passed=passed, failed=[c["name"] for c in rep.failed],
@@ -320,7 +343,7 @@ def _write(ctx: StudyContext, run, rep: PreflightReport, snapshot: dict[str, Any
         eval_s_per_example=num("throughput", "eval_s_per_example"), budget_seconds=num("throughput", "budget_seconds"),
         eval_seconds_estimate=num("throughput", "eval_seconds_estimate"), total_steps=num("throughput", "total_steps"),
         reload_seconds=num("smoke pass", "reload_seconds"), memory=memory, budget_gib=to_gib(budget),
-        memory_breakdown=((mem or {}).get("details") or {}).get("breakdown") if isinstance((mem or {}).get("details"), dict) else None,
+        memory_breakdown=mem_details.get("breakdown") if isinstance(mem_details, dict) else None,
         max_micro_batch=num("max micro-batch", "max_micro_batch"),
         loss_normalisation=(acc or {}).get("normalisation"),
         trainable=num("trainable parameters", "trainable"), total_params=num("trainable parameters", "total"),
@@ -340,17 +363,19 @@ def _short(numbers: dict[str, Any], limit: int = 6) -> str:
 
 
 def _print_table(rep: PreflightReport, run_id: str, seconds: float) -> None:
-    rows = [[c["name"], {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}[c["passed"]], escape(_short(c["numbers"], 4)),
+    tags = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}
+    rows = [[c["name"], tags[c["passed"]], escape(_short(c["numbers"], 4)),
              escape(c["message"][:240] + ("..." if len(c["message"]) > 240 else ""))] for c in rep.checks]
     # a number folded across two lines reads as another number (trainable_tensors=24 / 0): the numbers
     # are whole or left out (narrow terminals, logs: they are in preflight.json)
     drop = ("numbers",) if console.width < NUMBERS_FROM_COLUMNS else ()
     if drop:
         rows = [[r[0], r[1], r[3]] for r in rows]
-    console.print(table(f"preflight {run_id} ({seconds:.0f} s)", ["check", "result", "message"] if drop else ["check", "result", "numbers", "message"],
-                        rows, keep=("check", "numbers")))
+    columns = ["check", "result", "message"] if drop else ["check", "result", "numbers", "message"]
+    console.print(table(f"preflight {run_id} ({seconds:.0f} s)", columns, rows, keep=("check", "numbers")))
     if drop:
-        console.print(f"[dim]each check's numbers: runs/{run_id}/preflight.json (a terminal of {NUMBERS_FROM_COLUMNS} columns shows them here)[/]")
+        console.print(f"[dim]each check's numbers: runs/{run_id}/preflight.json "
+                      f"(a terminal of {NUMBERS_FROM_COLUMNS} columns shows them here)[/]")
     if rep.failed:
         console.print(f"[red]preflight failed: {', '.join(c['name'] for c in rep.failed)}[/]")
     else:
@@ -373,7 +398,8 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
     """
     if override is not None:
         if not override.strip():
-            raise TuneproofError("--skip-preflight needs a reason, e.g. --skip-preflight \"preflight r0004 passed on this machine yesterday\"")
+            raise TuneproofError("--skip-preflight needs a reason, e.g. "
+                                 "--skip-preflight \"preflight r0004 passed on this machine yesterday\"")
         console.print(f"[yellow]warning[/]: training without a matching preflight; recorded override: {override}")
         return None
     config = ctx.config
@@ -407,8 +433,10 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
             diffs.append("the data fingerprint")
         if last.summary.get("platform_key") != key:
             diffs.append(f"the platform ({last.summary.get('platform_key')} -> {key})")
-        why = f"the latest passed preflight {last.id} was for another configuration: {'; '.join(diffs) or 'unknown'} changed"
+        why = (f"the latest passed preflight {last.id} was for another configuration: "
+               f"{'; '.join(diffs) or 'unknown'} changed")
     raise CheckFailed(f"train refused: {why}",
-                      hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or `tuneproof train --skip-preflight \"REASON\"` "
-                           "(the override is recorded in the run); changes of training.max_steps/epochs/checkpoint_every, "
+                      hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or "
+                           "`tuneproof train --skip-preflight \"REASON\"` (the override is recorded in the run); "
+                           "changes of training.max_steps/epochs/checkpoint_every, "
                            "eval scoring settings, name or hypothesis keep a preflight valid")

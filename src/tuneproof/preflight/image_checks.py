@@ -8,11 +8,8 @@ from typing import Any, Callable
 
 import torch
 
+from tuneproof.preflight.report import to_gib
 from tuneproof.training.memory import measure_step_peak
-
-
-def _gib(n: int | None) -> float | None:
-    return None if n is None else round(n / 2**30, 4)
 
 
 def check_image_step_memory(model, batch: dict[str, torch.Tensor], budget: int, autocast: Callable) -> dict[str, Any]:
@@ -41,7 +38,7 @@ def check_image_step_memory(model, batch: dict[str, torch.Tensor], budget: int, 
     passed = peak <= budget
     return {"passed": passed, "message": f"one step at micro-batch {shape[0]} of {shape[1:]} images: {peak / 2**30:.3f} GiB measured"
             f" ({m['method'].split(' (')[0]}), budget {budget / 2**30:.1f} GiB" + ("" if passed else ": lower training.micro_batch_size"),
-            "numbers": {"micro_batch": shape[0], "image_shape": shape[1:], "step_peak_gib": _gib(peak), "budget_gib": _gib(budget)}}
+            "numbers": {"micro_batch": shape[0], "image_shape": shape[1:], "step_peak_gib": to_gib(peak), "budget_gib": to_gib(budget)}}
 
 
 def check_image_eval_memory(model, batch: dict[str, torch.Tensor], budget: int, autocast: Callable) -> dict[str, Any]:
@@ -62,7 +59,7 @@ def check_image_eval_memory(model, batch: dict[str, torch.Tensor], budget: int, 
     passed = peak <= budget
     return {"passed": passed, "message": f"one evaluation batch of {n} images (eval.batch_size): {peak / 2**30:.3f} GiB measured, "
             f"budget {budget / 2**30:.1f} GiB" + ("" if passed else ": lower eval.batch_size"),
-            "numbers": {"batch_size": n, "eval_peak_gib": _gib(peak), "budget_gib": _gib(budget)}}
+            "numbers": {"batch_size": n, "eval_peak_gib": to_gib(peak), "budget_gib": to_gib(budget)}}
 
 
 def check_image_eval_batch(model, pipeline, examples: list, labels: list[str], batch_size: int, device, autocast) -> dict[str, Any]:

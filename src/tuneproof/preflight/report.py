@@ -55,6 +55,7 @@ class PreflightReport:
         self._mark = time.perf_counter()
 
     def add(self, check: dict[str, Any]) -> dict[str, Any]:
+        """Record ``check`` (with ``seconds`` since the previous one, unless set), print it; returns it."""
         now = time.perf_counter()
         check.setdefault("seconds", round(now - self._mark, 2))  # wall-clock since the previous check
         self._mark = now
@@ -85,11 +86,14 @@ class PreflightReport:
                                          details={"traceback": traceback.format_exc()}))
 
     def skip(self, name: str, why: str) -> None:
+        """Record ``name`` as skipped (``passed`` None) because of ``why``."""
         self.add(check_result(name, None, f"skipped: {why}"))
 
     def get(self, name: str) -> dict[str, Any] | None:
+        """The recorded check called ``name``, or None."""
         return next((c for c in self.checks if c["name"] == name), None)
 
     @property
     def failed(self) -> list[dict[str, Any]]:
+        """The checks that failed (``passed`` False), in order."""
         return [c for c in self.checks if c["passed"] is False]

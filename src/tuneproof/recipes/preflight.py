@@ -351,7 +351,8 @@ def _write(ctx: StudyContext, run, rep: PreflightReport, snapshot: dict[str, Any
     )
 
 
-def _short(numbers: dict[str, Any], limit: int = 6) -> str:
+def _numbers_text(numbers: dict[str, Any], limit: int = 6) -> str:
+    """The first ``limit`` numbers of a check as ``key=value; ...`` (floats to 4 digits, lists cut to 4 items)."""
     parts = []
     for k, v in list(numbers.items())[:limit]:
         if isinstance(v, float):
@@ -364,7 +365,7 @@ def _short(numbers: dict[str, Any], limit: int = 6) -> str:
 
 def _print_table(rep: PreflightReport, run_id: str, seconds: float) -> None:
     tags = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}
-    rows = [[c["name"], tags[c["passed"]], escape(_short(c["numbers"], 4)),
+    rows = [[c["name"], tags[c["passed"]], escape(_numbers_text(c["numbers"], 4)),
              escape(c["message"][:240] + ("..." if len(c["message"]) > 240 else ""))] for c in rep.checks]
     # a number folded across two lines reads as another number (trainable_tensors=24 / 0): the numbers
     # are whole or left out (narrow terminals, logs: they are in preflight.json)

@@ -352,7 +352,7 @@ def _write(ctx: StudyContext, run, rep: PreflightReport, snapshot: dict[str, Any
 
 
 def _numbers_text(numbers: dict[str, Any], limit: int = 6) -> str:
-    """The first ``limit`` numbers of a check as ``key=value; ...`` (floats to 4 digits, lists cut to 4 items)."""
+    """The first ``limit`` numbers of a check as ``key=value; ...`` (floats as ``:.4g``, lists cut to 4 items)."""
     parts = []
     for k, v in list(numbers.items())[:limit]:
         if isinstance(v, float):

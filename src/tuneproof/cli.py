@@ -513,7 +513,7 @@ class _PipeSafe:
 
 
 def _on_sigterm(signum, frame):  # noqa: ARG001
-    from tuneproof.registry import Terminated  # noqa: PLC0415
+    from tuneproof.errors import Terminated  # noqa: PLC0415
 
     raise Terminated(f"signal {signum}")
 
@@ -540,7 +540,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     import signal  # noqa: PLC0415
     import warnings  # noqa: PLC0415
 
-    from tuneproof.registry import Terminated  # noqa: PLC0415
+    from tuneproof.errors import Terminated  # noqa: PLC0415
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -28,3 +28,7 @@ class CheckFailed(TuneproofError):
     """A protocol check failed (data, preflight, guard): the command refuses to go on."""
 
     exit_code = 3
+
+
+class Terminated(BaseException):
+    """Raised inside a run by SIGTERM so that it is recorded as interrupted (the CLI exits 143)."""

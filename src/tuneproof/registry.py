@@ -54,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import Terminated, TuneproofError
 from tuneproof.io import append_jsonl, fault_cause, fault_message, read_json, remove_temps, write_json
 
 KINDS = ("baseline", "train", "eval", "test", "export", "preflight", "data-check", "compare", "report")
@@ -218,10 +218,6 @@ class Run:
         self.summary.update(values)
         self.registry._update(self.id, summary=json.dumps(self.summary, default=str))
         self.write_json("summary.json", {"run": self.id, "kind": self.kind, **self.summary})
-
-
-class Terminated(BaseException):
-    """Raised inside a run by SIGTERM so that it is recorded as interrupted (the CLI exits 143)."""
 
 
 _Terminated = Terminated  # former private name

@@ -12,7 +12,7 @@ from tiny_study import adapter_tensors
 from tuneproof.context import StudyContext
 from tuneproof.recipes.torchrun import run_train_distributed
 from tuneproof.registry import Registry
-from tuneproof.training.loop import latest_checkpoint, load_checkpoint
+from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 
 STEPS = 6
 

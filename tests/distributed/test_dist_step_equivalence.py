@@ -19,7 +19,7 @@ from tiny_study import adapter_tensors
 from tuneproof.context import StudyContext
 from tuneproof.registry import Registry
 from tuneproof.training.data_order import window_at
-from tuneproof.training.loop import latest_checkpoint, load_checkpoint
+from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 
 STEPS = 4
 

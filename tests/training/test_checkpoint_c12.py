@@ -18,7 +18,8 @@ from tuneproof.context import StudyContext
 from tuneproof.io import read_json
 from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.registry import Registry
-from tuneproof.training.loop import list_checkpoints, load_checkpoint, restore_state, seed_everything
+from tuneproof.training.loop import seed_everything
+from tuneproof.training.resume_state import list_checkpoints, load_checkpoint, restore_state
 
 LR, WARMUP, TOTAL = 0.05, 5, 16
 

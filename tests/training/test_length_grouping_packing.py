@@ -178,7 +178,8 @@ def test_packing_gives_the_losses_of_the_padded_run(tmp_path):
 
 
 def test_length_grouping_trains_on_the_grouped_order_and_resumes_exactly(tmp_path):
-    from tuneproof.training.loop import latest_checkpoint, load_checkpoint, train
+    from tuneproof.training.loop import train
+    from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 
     examples = _dataset(24)
     full, model_full, run, cfg = _train(0, examples, tmp_path / "full", length_grouping=True)

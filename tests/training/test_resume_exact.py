@@ -17,7 +17,7 @@ import torch
 from tiny_study import adapter_tensors, cli, losses_by_step, make_study, rows, train_dir
 from tuneproof.cli import main
 from tuneproof.registry import Registry
-from tuneproof.training.loop import latest_checkpoint, list_checkpoints, load_checkpoint
+from tuneproof.training.resume_state import latest_checkpoint, list_checkpoints, load_checkpoint
 
 STEPS = 8
 

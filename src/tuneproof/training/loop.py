@@ -30,31 +30,42 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
+import signal
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from tuneproof.data.preprocess import Encoded, collate, collate_packed
-from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.training.resume_state import (CKPT_FORMAT, CKPT_KEYS, latest_checkpoint, list_checkpoints,  # noqa: F401 (re-exported)
-                                           load_checkpoint, restore_state, rng_state, save_checkpoint, set_rng_state,
-                                           trainable_state)
+from tuneproof.errors import CheckFailed, Terminated, TuneproofError
+from tuneproof.models.method import base_weights_dtype
+from tuneproof.study import DEFAULT_EPOCHS
+from tuneproof.training.data_order import (
+    GROUP_MEGABATCH,
+    micro_batch_at,
+    micro_batches_per_epoch,
+    optimizer_steps_per_epoch,
+    window_at,
+    window_position,
+)
 from tuneproof.training.health import HealthFault, HealthMonitor
 from tuneproof.training.health import grad_norm as health_grad_norm
+from tuneproof.training.loss import (
+    backbone_and_head,
+    check_chunked_loss,
+    chunked_token_loss_sum,
+    supervised_count,
+    token_loss_sum,
+)
 from tuneproof.training.parallel import normalisation, share_report
-from tuneproof.training.loss import NORMALISATION, backbone_and_head, check_chunked_loss, chunked_token_loss_sum, supervised_count, token_loss_sum  # noqa: F401 (NORMALISATION: re-exported)
-
-
-@dataclass
-class LoopState:
-    step: int = 0  # optimizer steps done
+from tuneproof.training.resume_state import CKPT_FORMAT, restore_state, rng_state, save_checkpoint, trainable_state
+from tuneproof.training.speedups import packing_capacity, padding_report, prove_bf16_base, prove_packing
 
 
 def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
@@ -72,9 +83,6 @@ def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
     Raises:
         TuneproofError: both keys set (a config built without validation, e.g. ``model_copy``).
     """
-    from tuneproof.study import DEFAULT_EPOCHS  # noqa: PLC0415
-    from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch  # noqa: PLC0415
-
     if cfg.max_steps is not None and cfg.epochs is not None:
         raise TuneproofError(f"training.max_steps ({cfg.max_steps}) and training.epochs ({cfg.epochs:g}) are both set",
                              hint="the step budget comes from one of them; remove the other")
@@ -105,8 +113,6 @@ def micro_batch_indices(n: int, micro_batch: int, seed: int, index: int) -> list
     (:mod:`tuneproof.training.data_order`, ``DistributedSampler`` semantics), so it changes
     between epochs and is the same after a resume. The last micro-batch of an epoch may be short.
     """
-    from tuneproof.training.data_order import micro_batch_at  # noqa: PLC0415
-
     return micro_batch_at(n, micro_batch, seed, index)
 
 
@@ -130,8 +136,6 @@ class _StopRequest:
         self.old: dict[int, Any] = {}
 
     def __enter__(self) -> "_StopRequest":
-        import signal  # noqa: PLC0415
-
         for name in self.SIGNALS:
             sig = getattr(signal, name)
             if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
@@ -143,8 +147,6 @@ class _StopRequest:
         return self
 
     def __exit__(self, *exc) -> None:
-        import signal  # noqa: PLC0415
-
         for sig, old in self.old.items():
             signal.signal(sig, old)
         self.old.clear()
@@ -153,10 +155,6 @@ class _StopRequest:
         if self.signum is not None:  # second signal: stop now
             self.reraise(signum, frame)
         self.signum = signum
-        import sys  # noqa: PLC0415
-
-        import signal  # noqa: PLC0415
-
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         sys.stderr.write(f"\n{name}: stopping after this step with a checkpoint (send it again to stop now)\n")
 
@@ -217,6 +215,244 @@ def _record_fault(run, fault: HealthFault, row: dict[str, Any]) -> None:
     run.update_summary(health=fault.record(), last_step=fault.step - 1)
 
 
+class RunLog(Protocol):
+    """What the loop records into, on the process that writes (rank 0 under torchrun): the run folder
+    (checkpoints go to ``dir / "checkpoints"``), its summary, one metrics row per step and notes.
+    The recipe passes its registry run; training knows no registry."""
+
+    dir: Path
+    summary: dict[str, Any]
+
+    def metric(self, **row: Any) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+    def update_summary(self, **values: Any) -> None: ...
+
+
+@dataclass
+class LoopState:
+    """Where the loop is: what a checkpoint records and a resume restores."""
+
+    step: int = 0  # optimizer steps done
+    losses: list[float] = field(default_factory=list)  # per-step loss
+    tokens_seen: int = 0
+    examples_seen: int = 0  # example passes (forward/backward of one example) so far
+    boundary_rng: dict[str, Any] | None = None  # RNG states at the start of the current step
+    in_update: bool = False  # True while the weights are between two steps (not checkpointable)
+
+    @classmethod
+    def resumed(cls, ckpt: dict[str, Any]) -> "LoopState":
+        return cls(step=int(ckpt["step"]), losses=list(ckpt["losses"]), tokens_seen=int(ckpt.get("tokens_seen", 0)),
+                   examples_seen=int(ckpt.get("examples_seen", 0)))
+
+
+@dataclass
+class Layout:
+    """How the micro-batches are laid out and their loss computed (the speed-ups, issue 15); never what is computed."""
+
+    pad_id: int
+    device: torch.device
+    chunked: bool  # training.chunked_loss
+    grouping: bool  # training.length_grouping
+    packing: bool  # training.packing
+    capacity: int  # row capacity of a packed micro-batch, tokens
+    lengths: list[int] | None  # example lengths, when length-grouped
+
+    def batches(self, train_set: list[Encoded], window_idx: list[list[int]]) -> list[dict[str, torch.Tensor]]:
+        """The window's micro-batches on the device (packed rows, or padded to their longest example)."""
+        out = []
+        for idx in window_idx:
+            examples = [train_set[i] for i in idx]
+            if self.packing:
+                batch = collate_packed(examples, self.pad_id, self.capacity)
+            else:
+                batch = collate(examples, self.pad_id)
+            out.append({k: v.to(self.device) for k, v in batch.items()})
+        return out
+
+
+def use_speedups(model, train_set: list[Encoded], cfg, *, pad_id: int, device, autocast: Callable, run: RunLog | None,
+                 world_size: int, rank: int) -> Layout:
+    """Prove each configured speed-up on real training examples before it is used (issue 15) and record
+    the proof, the padding share and the layout in ``run``'s summary; returns the layout.
+
+    Raises:
+        CheckFailed: a speed-up does not compute the same here, or is not yet checked under DDP/FSDP.
+    """
+    chunked = bool(getattr(cfg, "chunked_loss", False))
+    grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
+    capacity = packing_capacity(cfg)
+    if chunked:
+        if world_size > 1:
+            raise CheckFailed("training.chunked_loss is not yet checked under DDP/FSDP "
+                              "(it calls the decoder past the wrapper)",
+                              hint="set training.chunked_loss: false for a distributed run")
+        # on the layout training uses: packed rows when packing is on (the decoder then gets position ids)
+        check = _check_speedup(model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None)
+        if not check["passed"]:
+            raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")
+        if run is not None:
+            proof = {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}
+            run.update_summary(speedups={"chunked_loss": proof})
+    lengths = [len(e.input_ids) for e in train_set] if grouping else None
+    if packing:  # per-token losses packed == alone
+        packed_check = prove_packing(model, train_set, cfg, pad_id, device)
+        if run is not None:
+            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "packing": packed_check})
+    if getattr(cfg, "bf16_base_weights", False):  # frozen weights in bf16
+        if world_size > 1:
+            raise CheckFailed("training.bf16_base_weights is not yet checked under DDP/FSDP "
+                              "(the cast would follow the wrapper)",
+                              hint="set training.bf16_base_weights: false for a distributed run")
+        if base_weights_dtype(model) == "bf16":  # cast and checked by the caller (the preflight's smoke pass)
+            bf16_record: dict[str, Any] = {"cast_before_the_loop": True}
+        else:
+            bf16_record = prove_bf16_base(model, train_set, cfg, pad_id, device,
+                                          lambda m, b: _micro_loss(m, b, autocast, chunked))
+        if run is not None:
+            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "bf16_base_weights": bf16_record})
+    if run is not None and train_set and hasattr(train_set[0], "input_ids"):  # token sequences (images have no padding)
+        pad = padding_report(train_set, cfg, world_size, rank)
+        run.update_summary(padding=pad)
+        if packing and pad["after"] > pad["before"]:  # rows too short to hold two examples: packing adds padding
+            run.note(f"training.packing raised the padding share from {pad['before']:.1%} to {pad['after']:.1%} "
+                     f"with rows of {capacity} tokens: raise training.packing_length, or use training.length_grouping")
+        if grouping:
+            grouped = {"padding_before": pad["before"], "padding_after": pad["after"]}
+            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "length_grouping": grouped})
+    return Layout(pad_id, device, chunked, grouping, packing, capacity, lengths)
+
+
+def data_order_rule(world_size: int, grouping: bool) -> str:
+    """The data order a run reads, as its checkpoints record it (a resume must read the same)."""
+    rule = DATA_ORDER_RULE if world_size == 1 else DATA_ORDER_RULE.replace("world_size 1", f"world_size {world_size}")
+    if grouping:
+        rule += (f"; length-grouped (megabatches of {GROUP_MEGABATCH} micro-batches sorted by length, micro-batches "
+                 "shuffled with seed + epoch)")
+    return rule
+
+
+def check_resume(ckpt: dict[str, Any], *, total_steps: int, order_rule: str, n_examples: int, world_size: int) -> None:
+    """Refuse a checkpoint this run would not continue exactly.
+
+    Raises:
+        TuneproofError: another step budget, data order, number of examples or world size.
+    """
+    if int(ckpt.get("total_steps", total_steps)) != total_steps:
+        raise TuneproofError(f"the checkpoint's budget is {ckpt['total_steps']} steps, this run's {total_steps}",
+                             hint="the config or the training data changed since the checkpoint")
+    if ckpt["data"].get("order") != order_rule:
+        raise TuneproofError(f"the checkpoint's data order is '{ckpt['data'].get('order')}', this run's '{order_rule}'",
+                             hint="a resume would not see the data the run would have seen; train again")
+    if int(ckpt["data"]["n_examples"]) != n_examples:
+        raise TuneproofError(f"the checkpoint was trained on {ckpt['data']['n_examples']} examples, "
+                             f"this run has {n_examples}", hint="the training data changed since the checkpoint")
+    if int(ckpt["data"].get("world_size", 1)) != world_size:
+        raise TuneproofError(f"the checkpoint was trained by {ckpt['data'].get('world_size', 1)} processes, "
+                             f"this run has {world_size}",
+                             hint="resume with the same --nproc-per-node x --nnodes "
+                                  "(the data order depends on the world size)")
+
+
+class Checkpoints:
+    """The run's resumable checkpoints: one dict each (nanoGPT style) with the trained tensors, optimizer,
+    scheduler, RNG states, data position, losses and config, stored under ``run.dir / "checkpoints"``
+    (:func:`tuneproof.training.resume_state.save_checkpoint`). Under torchrun every rank takes part
+    (whole tensors and every rank's RNG states are gathered) and rank 0 writes; without a run or a world
+    (unit tests) nothing is saved."""
+
+    def __init__(self, run: RunLog | None, world, model, optimizer, scheduler, *, cfg, plan: dict[str, Any],
+                 order_rule: str, n_examples: int, config: dict[str, Any] | None, extra: dict[str, Any] | None,
+                 saved_step: int) -> None:
+        self.run, self.world, self.model, self.optimizer, self.scheduler = run, world, model, optimizer, scheduler
+        self.cfg, self.plan, self.order_rule, self.n = cfg, plan, order_rule, n_examples
+        self.config, self.extra = config, extra
+        self.saved_step = saved_step  # the step of the last checkpoint (or of the resumed one)
+
+    @property
+    def active(self) -> bool:
+        return self.run is not None or self.world is not None
+
+    def due(self, step: int) -> bool:
+        """A periodic checkpoint (``training.checkpoint_every``) or the final one is due after ``step``."""
+        return self.active and (step % self.cfg.checkpoint_every == 0 or step == self.plan["total_steps"])
+
+    def save(self, state: LoopState, reason: str) -> Path | None:
+        """Checkpoint at ``state.step`` with the RNG states of that step boundary; ``reason``: interval,
+        interrupt or final. Returns the folder written (None on ranks other than 0, or when inactive)."""
+        self.saved_step = state.step
+        if not self.active:
+            return None
+        cfg, ws, rng = self.cfg, self.world.world_size if self.world is not None else 1, state.boundary_rng
+        extra_world: dict[str, Any] = {}
+        if self.world is not None:  # collectives: every rank takes part, rank 0 (run is not None) writes
+            world = self.world
+            trainable, optim = world.trainable_state(self.model), world.optimizer_state(self.model, self.optimizer)
+            extra_world = {"rng_ranks": world.gather(rng),
+                           "world": {"world_size": ws, "strategy": world.strategy, "backend": world.backend}}
+            if self.run is None:
+                return None
+        else:
+            trainable, optim = trainable_state(self.model), self.optimizer.state_dict()
+        # where the next step reads
+        pos = window_position(self.n, cfg.micro_batch_size, cfg.gradient_accumulation_steps, state.step, ws)
+        payload = {
+            "format": CKPT_FORMAT, "step": state.step, "total_steps": self.plan["total_steps"], "trainable": trainable,
+            "optimizer": optim, "scheduler": self.scheduler.state_dict(), "rng": rng, **extra_world,
+            "data": {"n_examples": self.n, "micro_batch": cfg.micro_batch_size,
+                     "accumulation": cfg.gradient_accumulation_steps, "seed": cfg.seed,
+                     "next_micro_batch": pos["first_micro_batch"], "epoch": pos["epoch"],
+                     "steps_per_epoch": self.plan["steps_per_epoch"], "order": self.order_rule, "world_size": ws},
+            "losses": list(state.losses), "tokens_seen": state.tokens_seen, "examples_seen": state.examples_seen,
+            "budget": self.plan,
+            "config": self.config or {}, "reason": reason,
+            "saved_at": time.time(), **(self.extra or {}),
+        }
+        # safetensors + JSON, sha256 indexed, 2 kept
+        return save_checkpoint(self.run.dir / "checkpoints", state.step, payload)
+
+    def on_signal(self, state: LoopState) -> None:
+        """A stop that could not wait for the step boundary (a second signal): checkpoint if the weights are
+        between two steps, else note where the last checkpoint stands; ``last_step`` in the summary."""
+        run = self.run
+        if self.world is not None:  # a checkpoint is collective: the ranks cannot meet here; the last one stands
+            if state.step > self.saved_step:
+                run.note(f"stopped at once (second signal) after step {state.step}: "
+                         f"the last checkpoint is step {self.saved_step}")
+        elif state.step > self.saved_step and not state.in_update:
+            self.save(state, "interrupt")
+        elif state.in_update:
+            run.note(f"stopped inside the update of step {state.step + 1}: no checkpoint written; "
+                     f"the last one is step {self.saved_step}")
+        run.summary["last_step"] = state.step
+
+
+def backward_window(fwd, batches: list[dict[str, torch.Tensor]], window: int, *, autocast: Callable, chunked: bool,
+                    world=None) -> tuple[float, int, int]:
+    """Forward and backward of every micro-batch of one accumulation window (gradients summed in ``.grad``).
+
+    Args:
+        fwd: the module the forward goes through (the model, or its DDP/FSDP2 wrapper).
+        window: supervised tokens of the whole window (of every rank under torchrun).
+
+    Returns:
+        ``(summed loss of this rank's window, tokens read, V)`` (``V``: the model's output size).
+    """
+    ws = world.world_size if world is not None else 1
+    total, tokens, vocab = 0.0, 0, 0
+    for j, b in enumerate(batches):
+        with (world.no_sync(last=j == len(batches) - 1) if world is not None else contextlib.nullcontext()):
+            loss_sum, vocab = _micro_loss(fwd, b, autocast, chunked)
+            # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
+            # a short last window of an epoch is divided by its own count, so it equals its concatenation;
+            # x world size: DDP/FSDP average gradients over ranks, the global window already counts them all
+            (loss_sum * ws / window).backward()
+        total += loss_sum.item()
+        tokens += int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["labels"].numel())
+    return total, tokens, vocab
+
+
 def train(
     model,
     train_set: list[Encoded],
@@ -225,7 +461,7 @@ def train(
     pad_id: int,
     device: torch.device,
     autocast: Callable,
-    run=None,
+    run: RunLog | None = None,
     config: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     resume: dict[str, Any] | None = None,
@@ -240,7 +476,7 @@ def train(
         train_set: encoded examples (see :mod:`tuneproof.data.preprocess`).
         cfg: the study's ``training`` section.
         autocast: a zero-argument context manager factory (``torch.autocast`` for bf16/fp16, or a null context).
-        run: the registry run (metrics.jsonl, checkpoints); None in unit tests.
+        run: where the run is recorded (:class:`RunLog`: metrics.jsonl, summary, checkpoints); None in unit tests.
         config / extra: stored in checkpoints (resolved config; data fingerprint, base revision...).
         resume: a checkpoint dict to continue from (global step, schedule, optimizer moments, RNG, data position).
         stop_after: stop (as if interrupted, saving a checkpoint) after this many global steps; tests use it.
@@ -259,160 +495,63 @@ def train(
     """
     from transformers import get_scheduler  # noqa: PLC0415
 
-    from tuneproof.training.data_order import GROUP_MEGABATCH, window_at, window_position  # noqa: PLC0415
-
     n = len(train_set)
     ws, rank = (world.world_size, world.rank) if world is not None else (1, 0)
     fwd = world.wrapped if world is not None else model  # DDP wrapper / FSDP2 module / the model
     plan = budget(cfg, n, ws)
     steps = plan["total_steps"]
-    accum = cfg.gradient_accumulation_steps
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise CheckFailed("no trainable parameters: the method froze everything", hint="check method.target_modules")
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=steps)
-    losses: list[float] = []
-    start_step = 0
-    tokens_seen = 0
-    examples_seen = 0  # example passes (forward/backward of one example) so far
-    from tuneproof.training.speedups import packing_capacity, padding_report, prove_packing  # noqa: PLC0415
-
-    chunked = bool(getattr(cfg, "chunked_loss", False))
-    grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
-    capacity = packing_capacity(cfg)
-    if chunked:  # a speed-up is used only after it is proven equal on a real micro-batch (issue 15)
-        if ws > 1:
-            raise CheckFailed("training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
-                              hint="set training.chunked_loss: false for a distributed run")
-        # on the layout training uses: packed rows when packing is on (the decoder then gets position ids)
-        check = _check_speedup(model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None)
-        if not check["passed"]:
-            raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")
-        if run is not None:
-            run.update_summary(speedups={"chunked_loss": {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}})
-    lengths = [len(e.input_ids) for e in train_set] if grouping else None
-    if packing:  # proven on real examples before it is used (per-token losses packed == alone)
-        packed_check = prove_packing(model, train_set, cfg, pad_id, device)
-        if run is not None:
-            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "packing": packed_check})
-    if getattr(cfg, "bf16_base_weights", False):  # frozen weights in bf16, after they are proven to compute the same (issue 15)
-        from tuneproof.models.method import base_weights_dtype  # noqa: PLC0415
-        from tuneproof.training.speedups import prove_bf16_base  # noqa: PLC0415
-
-        if ws > 1:
-            raise CheckFailed("training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
-                              hint="set training.bf16_base_weights: false for a distributed run")
-        if base_weights_dtype(model) == "bf16":  # cast and checked by the caller (the preflight's smoke pass)
-            bf16_record: dict[str, Any] = {"cast_before_the_loop": True}
-        else:
-            bf16_record = prove_bf16_base(model, train_set, cfg, pad_id, device,
-                                          lambda m, b: _micro_loss(m, b, autocast, chunked))
-        if run is not None:
-            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "bf16_base_weights": bf16_record})
-    if run is not None and train_set and hasattr(train_set[0], "input_ids"):  # token sequences (images have no padding)
-        pad = padding_report(train_set, cfg, ws, rank)
-        run.update_summary(padding=pad)
-        if packing and pad["after"] > pad["before"]:  # rows too short to hold two examples: packing adds padding
-            run.note(f"training.packing raised the padding share from {pad['before']:.1%} to {pad['after']:.1%} with rows of "
-                     f"{capacity} tokens: raise training.packing_length, or use training.length_grouping")
-        if grouping:
-            run.update_summary(speedups={**(run.summary.get("speedups") or {}), "length_grouping": {"padding_before": pad["before"], "padding_after": pad["after"]}})
+    layout = use_speedups(model, train_set, cfg, pad_id=pad_id, device=device, autocast=autocast, run=run,
+                          world_size=ws, rank=rank)
     seed_everything(cfg.seed)
-    order_rule = DATA_ORDER_RULE if ws == 1 else DATA_ORDER_RULE.replace("world_size 1", f"world_size {ws}")
-    if grouping:
-        order_rule += f"; length-grouped (megabatches of {GROUP_MEGABATCH} micro-batches sorted by length, micro-batches shuffled with seed + epoch)"
+    order_rule = data_order_rule(ws, layout.grouping)
+    state = LoopState()
     if resume is not None:
-        if int(resume.get("total_steps", steps)) != steps:
-            raise TuneproofError(f"the checkpoint's budget is {resume['total_steps']} steps, this run's {steps}",
-                                 hint="the config or the training data changed since the checkpoint")
-        if resume["data"].get("order") != order_rule:
-            raise TuneproofError(f"the checkpoint's data order is '{resume['data'].get('order')}', this run's '{order_rule}'",
-                                 hint="a resume would not see the data the run would have seen; train again")
-        if int(resume["data"]["n_examples"]) != n:
-            raise TuneproofError(f"the checkpoint was trained on {resume['data']['n_examples']} examples, this run has {n}",
-                                 hint="the training data changed since the checkpoint")
-        if int(resume["data"].get("world_size", 1)) != ws:
-            raise TuneproofError(f"the checkpoint was trained by {resume['data'].get('world_size', 1)} processes, this run has {ws}",
-                                 hint="resume with the same --nproc-per-node x --nnodes (the data order depends on the world size)")
+        check_resume(resume, total_steps=steps, order_rule=order_rule, n_examples=n, world_size=ws)
         if world is not None:
             world.restore(model, optimizer, scheduler, resume)
         else:
             restore_state(model, optimizer, scheduler, resume)
-        start_step = int(resume["step"])
-        losses = list(resume["losses"])
-        tokens_seen = int(resume.get("tokens_seen", 0))
-        examples_seen = int(resume.get("examples_seen", 0))
-
-    def checkpoint(step: int, rng: dict[str, Any], reason: str) -> Path | None:
-        if run is None and world is None:
-            return None
-        extra_world: dict[str, Any] = {}
-        if world is not None:  # collectives: every rank takes part, rank 0 (run is not None) writes
-            trainable, optim = world.trainable_state(model), world.optimizer_state(model, optimizer)
-            extra_world = {"rng_ranks": world.gather(rng), "world": {"world_size": ws, "strategy": world.strategy, "backend": world.backend}}
-            if run is None:
-                return None
-        else:
-            trainable, optim = trainable_state(model), optimizer.state_dict()
-        pos = window_position(n, cfg.micro_batch_size, accum, step, ws)  # where the next step reads
-        payload = {
-            "format": CKPT_FORMAT, "step": step, "total_steps": steps, "trainable": trainable,
-            "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng, **extra_world,
-            "data": {"n_examples": n, "micro_batch": cfg.micro_batch_size, "accumulation": accum, "seed": cfg.seed,
-                     "next_micro_batch": pos["first_micro_batch"], "epoch": pos["epoch"],
-                     "steps_per_epoch": plan["steps_per_epoch"], "order": order_rule, "world_size": ws},
-            "losses": list(losses), "tokens_seen": tokens_seen, "examples_seen": examples_seen, "budget": plan,
-            "config": config or {}, "reason": reason,
-            "saved_at": time.time(), **(extra or {}),
-        }
-        return save_checkpoint(run.dir / "checkpoints", step, payload)  # safetensors + JSON, sha256 indexed, 2 kept
-
+        state = LoopState.resumed(resume)
+    checkpoints = Checkpoints(run, world, model, optimizer, scheduler, cfg=cfg, plan=plan, order_rule=order_rule,
+                              n_examples=n, config=config, extra=extra, saved_step=state.step)
     read: list[int] = []  # what this rank reads in the first epoch (C10, gathered at the end)
     # FSDP2: the health rules look at this rank's shard of each tensor (DTensor.to_local)
     health = HealthMonitor([(name, p.to_local() if hasattr(p, "to_local") else p) for name, p in model.named_parameters() if p.requires_grad])
     model.train()
     t0 = time.perf_counter()
-    step = start_step
-    saved_step = start_step
-    boundary_rng = rng_state()  # RNG states at the start of the current step
-    in_update = False  # True while the weights are between two steps (not checkpointable)
+    state.boundary_rng = rng_state()
     stop = _StopRequest()
     try:
         with stop:
-            while step < steps:
+            while state.step < steps:
+                step = state.step
                 stopping = stop.signum is not None or (stop_after is not None and step >= stop_after)
                 ts = time.perf_counter()
                 # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
-                window_idx = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step, world_size=ws, rank=rank, lengths=lengths)
-                batches = [{k: v.to(device) for k, v in (collate_packed([train_set[i] for i in idx], pad_id, capacity) if packing
-                                                         else collate([train_set[i] for i in idx], pad_id)).items()} for idx in window_idx]
+                window_idx = window_at(n, cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.seed, step,
+                                       world_size=ws, rank=rank, lengths=layout.lengths)
+                batches = layout.batches(train_set, window_idx)
                 window = sum(supervised_count(b) for b in batches)
                 if world is not None:  # the global window: supervised tokens of every rank; a stop on any rank stops all
                     if step < plan["steps_per_epoch"]:
                         read.extend(i for idx in window_idx for i in idx)
                     window_f, stops = world.sum(window, float(stopping))
                     window, stopping = int(window_f), stops > 0
-                if stopping:
-                    if step > saved_step:
-                        checkpoint(step, boundary_rng, "interrupt")
-                        saved_step = step
+                if stopping:  # at the step boundary: checkpoint, then hand the signal on
+                    if step > checkpoints.saved_step:
+                        checkpoints.save(state, "interrupt")
                     if stop.signum is not None:
                         stop.reraise(stop.signum)
                     raise KeyboardInterrupt(f"stop_after={stop_after}" if stop_after is not None and step >= stop_after else "stopped with another rank")
                 if window == 0:
                     raise CheckFailed(f"step {step + 1}: 0 supervised tokens in the accumulation window")
-                total = 0.0
-                step_tokens = 0
-                for j, b in enumerate(batches):
-                    with (world.no_sync(last=j == len(batches) - 1) if world is not None else contextlib.nullcontext()):
-                        loss_sum, outputs = _micro_loss(fwd, b, autocast, chunked)
-                        # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
-                        # a short last window of an epoch is divided by its own count, so it equals its concatenation;
-                        # x world size: DDP/FSDP average gradients over ranks, the global window already counts them all
-                        (loss_sum * ws / window).backward()
-                    total += loss_sum.item()
-                    step_tokens += int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["labels"].numel())
+                total, step_tokens, vocab = backward_window(fwd, batches, window, autocast=autocast,
+                                                            chunked=layout.chunked, world=world)
                 step_examples = sum(len(idx) for idx in window_idx)
                 if world is not None:
                     total, step_tokens_f, step_examples_f = world.sum(total, step_tokens, step_examples)
@@ -423,9 +562,9 @@ def train(
                 row = {"step": step + 1, "epoch": step // plan["steps_per_epoch"], "loss": round(loss, 6), "lr": lr,
                        "grad_norm": grad_norm, "supervised_tokens": window, "micro_batches": len(batches),
                        "examples": step_examples}
-                try:
-                    health.before_update(step + 1, loss, grad_norm, outputs)
-                    in_update = True
+                try:  # the health rules before and after the update (C19)
+                    health.before_update(step + 1, loss, grad_norm, vocab)
+                    state.in_update = True
                     optimizer.step()
                     row["max_abs"] = health.after_update(step + 1)
                 except HealthFault as fault:
@@ -433,34 +572,24 @@ def train(
                     raise
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                step += 1
-                losses.append(loss)
-                tokens_seen += step_tokens
-                examples_seen += row["examples"]
-                boundary_rng = rng_state()
-                in_update = False
+                state.step += 1
+                state.losses.append(loss)
+                state.tokens_seen += step_tokens
+                state.examples_seen += row["examples"]
+                state.boundary_rng = rng_state()
+                state.in_update = False
                 if run is not None:
                     run.metric(**row, step_seconds=round(time.perf_counter() - ts, 4))
-                    run.summary["last_step"] = step
-                if (run is not None or world is not None) and (step % cfg.checkpoint_every == 0 or step == steps):
-                    checkpoint(step, boundary_rng, "final" if step == steps else "interval")
-                    saved_step = step
+                    run.summary["last_step"] = state.step
+                if checkpoints.due(state.step):
+                    checkpoints.save(state, "final" if state.step == steps else "interval")
                 if progress:
-                    progress(step, steps, loss)
-    except BaseException as err:
-        from tuneproof.registry import Terminated  # noqa: PLC0415
-
-        if isinstance(err, (KeyboardInterrupt, Terminated)) and run is not None:
-            if world is not None:  # a checkpoint is collective: the ranks cannot meet here; the last one stands
-                if step > saved_step:
-                    run.note(f"stopped at once (second signal) after step {step}: the last checkpoint is step {saved_step}")
-            elif step > saved_step and not in_update:
-                checkpoint(step, boundary_rng, "interrupt")
-            elif in_update:
-                run.note(f"stopped inside the update of step {step + 1}: no checkpoint written; the last one is step {saved_step}")
-            run.summary["last_step"] = step
+                    progress(state.step, steps, loss)
+    except (KeyboardInterrupt, Terminated):
+        if run is not None:
+            checkpoints.on_signal(state)
         raise
     shares = share_report(world, read, n) if world is not None and read else None
-    return {"steps": step, "total_steps": steps, "losses": losses, "tokens": tokens_seen, "examples": examples_seen,
-            "budget": plan, "seconds": time.perf_counter() - t0, "normalisation": normalisation(world), "world_size": ws,
-            "shares": shares}
+    return {"steps": state.step, "total_steps": steps, "losses": state.losses, "tokens": state.tokens_seen,
+            "examples": state.examples_seen, "budget": plan, "seconds": time.perf_counter() - t0,
+            "normalisation": normalisation(world), "world_size": ws, "shares": shares}

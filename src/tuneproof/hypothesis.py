@@ -26,7 +26,11 @@ from typing import Any
 
 from tuneproof import SCHEMA_VERSION
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.compare import judge, overall_verdict
 from tuneproof.io import append_jsonl, read_json, read_jsonl, sha256_json
+from tuneproof.study import Hypothesis
+from tuneproof.tasks import get_task
+from tuneproof.tasks.parsing import parse_json_output
 
 FROZEN_FILE = "hypothesis.frozen.json"
 OVERRIDES_FILE = "hypothesis.overrides.jsonl"
@@ -37,8 +41,6 @@ FORMAT_KEYS = {"json_schema": None, "regex": None, "grammar": None, "allow_fence
 
 # --------------------------------------------------------------------------- the frozen part
 def _normalise(hyp: dict[str, Any], eval_section: dict[str, Any]) -> dict[str, Any]:
-    from tuneproof.study import Hypothesis  # noqa: PLC0415
-
     try:
         h = Hypothesis.model_validate(hyp).model_dump(mode="json")  # defaults filled: old records compare key by key
     except Exception:  # noqa: BLE001 - a record from an older schema is kept as it was
@@ -164,8 +166,6 @@ def change_lines(diff: list[dict[str, Any]]) -> list[str]:
 # --------------------------------------------------------------------------- what a command judges against
 def as_hypothesis(view: dict[str, Any]):
     """The :class:`tuneproof.study.Hypothesis` of a view."""
-    from tuneproof.study import Hypothesis  # noqa: PLC0415
-
     return Hypothesis.model_validate({k: v for k, v in view.items() if k != "format"})
 
 
@@ -288,8 +288,6 @@ def rejudge(entry: dict[str, Any], view: dict[str, Any]) -> tuple[list[dict], di
     :func:`tuneproof.evaluation.compare.judge` on its recorded metrics when the scoring (required
     fields, format rule) is the one it was scored with; None when it needs re-scoring
     (``tuneproof compare``)."""
-    from tuneproof.evaluation.compare import judge, overall_verdict  # noqa: PLC0415
-
     h = view_hash(view)
     for block in (entry, entry.get("alternative") or {}):
         if block.get("hypothesis_hash") == h and block.get("verdicts") is not None:
@@ -327,13 +325,9 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
     """
     import re  # noqa: PLC0415
 
-    from tuneproof.tasks.parsing import parse_json_output  # noqa: PLC0415
-
     h, ev = study.hypothesis, study.eval
     examples = [e for items in splits.values() for e in items]
     known = {str(e.label) for e in examples if e.label is not None}
-    from tuneproof.tasks import get_task  # noqa: PLC0415
-
     known |= set(get_task(h.task).label_set(examples) or [])  # e.g. the labels of multi-label targets
     if h.task == "extraction":
         for e in examples:

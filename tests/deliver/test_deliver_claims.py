@@ -13,7 +13,7 @@ import pytest
 
 from tuneproof.cli import main
 from tuneproof.deliver.bundle import write_manifest_sha
-from tuneproof.deliver.verify import verify_bundle
+from tuneproof.deliver.bundle_verification import verify_bundle
 from tuneproof.io import read_json, sha256_file
 from tuneproof.registry import Registry
 
@@ -181,17 +181,17 @@ def test_claims_recount_the_pairs_on_the_success_metrics_rule_as_compare_did(cls
     must recount them on the same rule. It recounted them on exact match, so a real extraction
     quickstart (field F1 >= 0.5 per example) failed its own export: 'fixed: manifest claims 12,
     recomputed 3'."""
-    import tuneproof.evaluation.compare as compare_mod
+    import tuneproof.deliver.claims as claims_mod
     from tuneproof.deliver.claims import check_claims
 
     seen = []
-    real = compare_mod.paired_compare
+    real = claims_mod.paired_compare
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("hypothesis"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(compare_mod, "paired_compare", spy)
+    monkeypatch.setattr(claims_mod, "paired_compare", spy)
     b = cls_bundle["bundle"]
     man = read_json(b / "manifest.json")
     assert check_claims(b, man) == []

@@ -11,7 +11,7 @@ import yaml
 
 from tuneproof.deliver.bundle import file_hashes, safetensors_keys
 from tuneproof.models.identity import combined_weights_hash
-from tuneproof.deliver.verify import reproduce
+from tuneproof.deliver.bundle_verification import reproduce
 from tuneproof.io import read_json, read_jsonl, sha256_file
 
 
@@ -26,7 +26,7 @@ def test_c6_logits_before_saving_equal_logits_after_reload_in_a_new_process(cls_
     assert [c["name"] for c in report["checks"]] == ["manifest", "files", "claims", "base weights", "adapter config", "tokenizer", "reload", "predictions", "merged"]
     fresh = {e["id"]: e["logits"] for e in report["examples"]}
     # the trained model as it was in memory before save_pretrained, same inputs, same batch
-    from tuneproof.deliver.verify import load_tokenizer_at
+    from tuneproof.deliver.bundle_verification import load_tokenizer_at
 
     tok = load_tokenizer_at(cls_bundle["base"], man)
     before = reproduce(cls_bundle["model_before_save"], tok, stored, man["procedure"])
@@ -64,7 +64,7 @@ def test_standard_peft_layout_loads_unchanged_and_carries_the_revision(cls_bundl
     base = AutoModelForSequenceClassification.from_pretrained(cls_bundle["base"], num_labels=2)
     model = PeftModel.from_pretrained(base, bundle / "adapter").eval()
     stored = read_jsonl(bundle / "verify" / "examples.jsonl")
-    from tuneproof.deliver.verify import load_tokenizer_at
+    from tuneproof.deliver.bundle_verification import load_tokenizer_at
 
     out = reproduce(model, load_tokenizer_at(cls_bundle["base"], man), stored, man["procedure"])
     assert [o["logits"] for o in out] == [s["logits"] for s in stored]

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tuneproof.recipes.compare import MAX_FAILING_ON_SCREEN, guard_lines
+from tuneproof.evaluation.screen import MAX_FAILING_ON_SCREEN, guard_lines
 
 
 def _main(args, capsys):

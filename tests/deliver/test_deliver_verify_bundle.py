@@ -9,7 +9,7 @@ import pytest
 
 from tuneproof.cli import main
 from tuneproof.models.identity import combined_weights_hash
-from tuneproof.deliver.verify import verify_bundle, verify_in_fresh_process
+from tuneproof.deliver.bundle_verification import verify_bundle, verify_in_fresh_process
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, sha256_file
 

@@ -115,6 +115,7 @@ def test_a_child_dies_when_its_parent_is_killed_9(tmp_path):
 def test_the_verify_and_reload_children_ask_to_die_with_their_parent(tmp_path, monkeypatch):
     import subprocess as sp
 
+    import tuneproof.deliver.bundle_verification as BV
     import tuneproof.deliver.verify as V
     import tuneproof.procs as P
     import tuneproof.preflight.reload as PF
@@ -130,10 +131,10 @@ def test_the_verify_and_reload_children_ask_to_die_with_their_parent(tmp_path, m
         seen.append(kw["env"])
         raise sp.TimeoutExpired(cmd, 1)
 
-    monkeypatch.setattr(V.subprocess, "run", fake_run)
+    monkeypatch.setattr(BV.subprocess, "run", fake_run)
     monkeypatch.setattr(PF.subprocess, "run", fake_run)
     with pytest.raises(sp.TimeoutExpired):
-        V.verify_in_fresh_process(tmp_path)
+        BV.verify_in_fresh_process(tmp_path)
     ctx = types.SimpleNamespace(study_dir=tmp_path, data_root=None, config={})
     with pytest.raises(sp.TimeoutExpired):
         PF.reload_in_fresh_process(ctx, tmp_path, tmp_path / "adapter", "adapter", [])

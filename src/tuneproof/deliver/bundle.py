@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.io import read_json, sha256_file
+from tuneproof.io import atomic_write_text, read_json, sha256_file
 
 MANIFEST = "manifest.json"
 MANIFEST_SHA = "manifest.sha256"  # "<sha256>  manifest.json" (sha256sum format), beside the manifest
@@ -41,8 +41,6 @@ def file_hashes(folder: Path) -> dict[str, str]:
 
 def write_manifest_sha(bundle: Path) -> str:
     """Write ``manifest.sha256`` (``sha256sum -c`` checks it) beside the manifest, atomically; returns the hash."""
-    from tuneproof.io import atomic_write_text  # noqa: PLC0415
-
     digest = sha256_file(Path(bundle) / MANIFEST)
     atomic_write_text(Path(bundle) / MANIFEST_SHA, f"{digest}  {MANIFEST}\n")
     return digest

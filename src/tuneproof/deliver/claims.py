@@ -23,7 +23,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tuneproof import hypothesis as hyp
+from tuneproof.deliver.limits import observed_limits
+from tuneproof.evaluation.compare import judge, overall_verdict, paired_compare
+from tuneproof.evaluation.metrics import score
 from tuneproof.io import read_json, read_jsonl
+from tuneproof.study import Eval
 
 OUTPUTS = "results/outputs.jsonl"
 BASELINE_OUTPUTS = "results/baseline_outputs.jsonl"
@@ -69,8 +74,6 @@ def differences(claimed: Any, recomputed: Any, path: str, *, rel: float = REL_TO
 
 
 def _eval(section: dict[str, Any], fmt: dict[str, Any] | None = None):
-    from tuneproof.study import Eval  # noqa: PLC0415
-
     return Eval.model_validate({**(section or {}), **(fmt or {})})
 
 
@@ -85,10 +88,6 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
     ``comparison.verdict``, ``train.final_loss``...) with the claimed and the recomputed value;
     empty when every claim holds.
     """
-    from tuneproof import hypothesis as hyp  # noqa: PLC0415
-    from tuneproof.evaluation.compare import judge, overall_verdict, paired_compare  # noqa: PLC0415
-    from tuneproof.evaluation.metrics import score  # noqa: PLC0415
-
     bundle = Path(bundle)
     problems: list[str] = []
     scoring = man.get("scoring")
@@ -148,8 +147,6 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                 if not suffix:
                     problems += differences(comp.get("verdicts"), verdicts, "comparison.verdicts")
     if man.get("limits") is not None and (m is not None or not man.get("metrics")) and (r is not None or not comp):
-        from tuneproof.deliver.limits import observed_limits  # noqa: PLC0415
-
         cmp_json = read_json(bundle / "results" / "compare.json") if (bundle / "results" / "compare.json").is_file() else {}
         recorded = ((cmp_json or {}).get("candidates") or {}).get(man.get("eval_run")) or {}
         again = observed_limits(task, eval_metrics=m, outputs=cand or [], comparison={**r, "notes": recorded.get("notes") or []} if r else None,

@@ -10,13 +10,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tuneproof.data.examples import Example
+from tuneproof.study import ImageTransforms
+
 IMAGES_DIR = "verify/images"
 
 
 def pipeline_for(processor, procedure: dict[str, Any]):
     """The study's image pipeline rebuilt from the bundle: the processor + the declared transforms."""
-    from tuneproof.data.image_pipeline import ImagePipeline  # noqa: PLC0415
-    from tuneproof.study import ImageTransforms  # noqa: PLC0415
+    from tuneproof.data.image_pipeline import ImagePipeline  # noqa: PLC0415 - imports torch
 
     return ImagePipeline(processor, ImageTransforms(**(procedure.get("image_transforms") or {})), procedure.get("labels"))
 
@@ -48,8 +50,7 @@ def reproduce_images(model, processor, examples: list[dict[str, Any]], procedure
     """Predicted label and logits (one per label) of each stored image, one batch, fp32."""
     import torch  # noqa: PLC0415
 
-    from tuneproof.data.examples import Example  # noqa: PLC0415
-    from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
+    from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415 - imports torch
 
     pipe = pipeline_for(processor, procedure)
     device = torch.device(procedure.get("device", "cpu"))

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from tuneproof.tasks import TASKS
+
 WEAK_BELOW = 0.5  # a class/field whose candidate value is below this is listed as weak
 MAX_IDS = 5  # example ids kept per failure kind
 
@@ -27,16 +29,12 @@ PER_FIELD_METRIC = "f1"
 
 def per_class_metric(task: str) -> str:
     """The metric per category used for "regressed" and "weak" (the task kind's own)."""
-    from tuneproof.tasks import TASKS  # noqa: PLC0415
-
     kind = TASKS.get(task)
     return kind.per_class_metric if kind is not None else "recall"
 
 
 def failure_kind(task: str, rec: dict[str, Any]) -> str:
     """A short name for why an output record (``outputs.jsonl`` row) is wrong (the task kind decides)."""
-    from tuneproof.tasks import TASKS  # noqa: PLC0415
-
     kind = TASKS.get(task)
     return kind.failure_kind(rec) if kind is not None else "output differs from the reference"
 

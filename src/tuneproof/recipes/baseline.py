@@ -13,7 +13,13 @@ Features:
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
+from tuneproof.hypothesis import check_against_data
+from tuneproof.models.base import load_model
+from tuneproof.models.identity import base_hashes
+from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import evaluate_into, evaluation_run, print_metrics, record_inputs, require_backend
+from tuneproof.recipes.protocol import require_data_check
+from tuneproof.study import STUDY_FILE
 from tuneproof.ui import console
 
 
@@ -25,26 +31,17 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         CheckFailed: the data check of the current data failed (exit 3; no baseline run is started), or the
             backend check refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
     """
-    from tuneproof.hypothesis import check_against_data  # noqa: PLC0415
-    from tuneproof.models.base import load_model  # noqa: PLC0415
-    from tuneproof.recipes.protocol import require_data_check  # noqa: PLC0415
-    from tuneproof.study import STUDY_FILE  # noqa: PLC0415
-
     check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
     require_backend(ctx)  # eval.backend vllm without vllm or CUDA: exit 2 before any run
     data_check = require_data_check(ctx, "baseline", data_check_override)
     with evaluation_run(ctx, "baseline") as run:
         record_inputs(ctx, run)
-        from tuneproof.models.identity import base_hashes  # noqa: PLC0415
-
         run.write_json("base.json", base_hashes(ctx.base))  # compare refuses candidates trained on another base
         run.update_summary(data_check_run=data_check, **({"data_check_override": data_check_override.strip()} if data_check_override else {}))
         examples = ctx.eval_examples()
         device, _, _ = ctx.torch_setup()
         console.print(f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples")
         labels = ctx.head_labels
-        from tuneproof.models.method import cast_base_for_inference  # noqa: PLC0415
-
         # training.bf16_base_weights: the base evaluated as the candidate's will be, its weights in bf16
         model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(device)
         if labels is not None:

@@ -9,13 +9,30 @@ from typing import Any, Iterator
 
 from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.backends import (
+    BackendCheckFailed,
+    TransformersBackend,
+    VllmBackend,
+    backend_check_sample,
+    check_backend_available,
+    check_backends,
+    check_summary,
+    lora_rank,
+)
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
+from tuneproof.evaluation.outputs import read_outputs, record_outputs_hash
 from tuneproof.evaluation.predict import predict
+from tuneproof.evaluation.screen import screen_lines
 from tuneproof.io import read_json, sha256_json, write_jsonl
+from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.identity import compare_base, compare_tokenizer
+from tuneproof.models.method import base_weights_dtype, load_adapter_onto
+from tuneproof.preflight.envinfo import environment_snapshot
 from tuneproof.registry import Run
+from tuneproof.study import STUDY_FILE
+from tuneproof.tasks import get_task, task_config
 from tuneproof.ui import console, progress_bar
-
 
 TOKENIZER_FILE = "tokenizer_identity.json"
 
@@ -23,8 +40,6 @@ TOKENIZER_FILE = "tokenizer_identity.json"
 def record_inputs(ctx: StudyContext, run: Run, *, with_data: bool = True) -> dict[str, Any]:
     """Write ``config.json``, ``env.json`` and ``data.json`` (and ``tokenizer_identity.json``, what
     ``eval`` and ``export`` compare the tokenizer with) into the run and index the hashes."""
-    from tuneproof.preflight.envinfo import environment_snapshot  # noqa: PLC0415
-
     run.write_json("config.json", ctx.config)
     env = environment_snapshot()
     env["device_choice"] = ctx.device_choice
@@ -54,9 +69,6 @@ def served_paths(ctx: StudyContext, train_run_id: str | None) -> tuple[Path, Pat
 def require_backend(ctx: StudyContext) -> None:
     """Refuse an evaluation whose ``eval.backend`` cannot run here (before any run is created; exit 2,
     :func:`tuneproof.evaluation.backends.check_backend_available`)."""
-    from tuneproof.evaluation.backends import check_backend_available  # noqa: PLC0415
-    from tuneproof.study import STUDY_FILE  # noqa: PLC0415
-
     if ctx.study.eval.backend != "transformers":
         check_backend_available(ctx.study.eval, ctx.model_kind, ctx.study_dir / STUDY_FILE)
 
@@ -66,8 +78,6 @@ def evaluation_run(ctx: StudyContext, kind: str, *, parent: str | None = None) -
     """``ctx.registry.run(kind)`` for an evaluation-like run (baseline, eval, test): a refused backend
     check (:class:`~tuneproof.evaluation.backends.BackendCheckFailed`) leaves the run ``invalid`` with
     the check's one-line reason (not ``failed``), and is re-raised (exit 3)."""
-    from tuneproof.evaluation.backends import BackendCheckFailed  # noqa: PLC0415
-
     run = None
     try:
         with ctx.registry.run(kind, parent=parent) as run:
@@ -103,19 +113,13 @@ def load_trained(ctx: StudyContext, train_run_id: str):
     check_tokenizer(ctx, rec.id, f"loading train run {rec.id}")
     device, _, _ = ctx.torch_setup()
     model_dir = run_dir / "model"
-    from tuneproof.models.base import load_model  # noqa: PLC0415
-
     labels = ctx.head_labels
     if (model_dir / "config.json").exists():  # full fine-tuning
-        from tuneproof.models.base import BaseModelRef  # noqa: PLC0415
-
         ref = BaseModelRef(ctx.base.name, model_dir, ctx.base.revision, ctx.model_kind, "run", trust_remote_code=ctx.base.trust_remote_code)
         return load_model(ref, ctx.model_kind, labels=labels).to(device)
     adapter = run_dir / "adapter"
     if not (adapter / "adapter_config.json").exists():
         raise TuneproofError(f"{adapter}: no adapter_config.json", hint="the train run saved no adapter")
-    from tuneproof.models.method import load_adapter_onto  # noqa: PLC0415
-
     # qlora: the base in 4-bit with the config the run trained on (its summary), not the study's current one
     base = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=rec.summary.get("quantization"))
     # training.bf16_base_weights: the base's weights in bf16 as training held them, the adapter in fp32
@@ -129,9 +133,6 @@ def check_base(ctx: StudyContext, train_run_id: str) -> None:
     Raises:
         CheckFailed: names the base folder, the run, and both hashes of each differing file.
     """
-    from tuneproof.models.identity import compare_base  # noqa: PLC0415
-    from tuneproof.errors import CheckFailed  # noqa: PLC0415
-
     rec = ctx.registry.get(train_run_id)
     path = ctx.registry.runs_dir / rec.id / "base.json"
     if not path.exists():  # a run trained before base.json was recorded
@@ -152,9 +153,6 @@ def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
     Raises:
         CheckFailed: names the run(s), each differing key with both values (exit 3).
     """
-    from tuneproof.models.identity import compare_tokenizer  # noqa: PLC0415
-    from tuneproof.errors import CheckFailed  # noqa: PLC0415
-
     rec = ctx.registry.get(train_run_id)
     base_id = rec.summary.get("baseline_run")
     baseline = ctx.registry.get(base_id) if base_id else ctx.registry.latest("baseline")
@@ -185,9 +183,6 @@ def predict_served(ctx: StudyContext, run: Run, model, examples: list[Example], 
     Raises:
         BackendCheckFailed: the check refused the backend (no prediction is made).
     """
-    from tuneproof.evaluation.backends import (  # noqa: PLC0415
-        BackendCheckFailed, TransformersBackend, VllmBackend, backend_check_sample, check_backends, check_summary, lora_rank)
-
     ev = ctx.study.eval
     device, _, autocast = ctx.torch_setup()
     model_path, adapter = served
@@ -221,8 +216,6 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
     ``served``: what a serving backend loads (:func:`served_paths`; default the base model); used
     with ``eval.backend: vllm``, whose check runs first on a sample of ``check_examples`` (default
     ``examples``; :func:`predict_served`)."""
-    from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
-
     t0 = time.perf_counter()
     if ctx.study.eval.backend == "vllm":
         preds = predict_served(ctx, run, model, examples, what, served or served_paths(ctx, None), check_examples)
@@ -238,11 +231,7 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
     ]
     records, metrics = get_task(ctx.task).score(records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg))
     write_jsonl(run.path("outputs.jsonl"), records)
-    from tuneproof.evaluation.outputs import record_outputs_hash  # noqa: PLC0415
-
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change
-    from tuneproof.models.method import base_weights_dtype  # noqa: PLC0415
-
     held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
     base_weights = held if held in ("fp32", "bf16") else "fp32"
     efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights)
@@ -259,17 +248,12 @@ def print_metrics(ctx: StudyContext, metrics: dict[str, Any]) -> None:
     averages with their names (:func:`tuneproof.evaluation.screen.screen_lines`)."""
     from rich.markup import escape  # noqa: PLC0415
 
-    from tuneproof.evaluation.screen import screen_lines  # noqa: PLC0415
-    from tuneproof.tasks import get_task  # noqa: PLC0415
-
     for line in screen_lines(get_task(ctx.task), metrics):
         console.print(escape(line), soft_wrap=True)
 
 
 def headline(task: str, metrics: dict[str, Any]) -> dict[str, float]:
     """The task's headline metrics (scalars only) for summaries and tables."""
-    from tuneproof.tasks import get_task  # noqa: PLC0415
-
     return get_task(task).summary_for(metrics)
 
 
@@ -285,8 +269,6 @@ def load_outputs(ctx: StudyContext, run_id: str) -> tuple[Any, list[dict]]:
     if not path.exists():
         raise TuneproofError(f"run {rec.id} ({rec.kind}, {rec.status}) has no per-example outputs ({path})",
                              hint="compare needs baseline/eval runs; for a train run, run `tuneproof eval` first")
-    from tuneproof.evaluation.outputs import read_outputs  # noqa: PLC0415
-
     return rec, read_outputs(path, rec)
 
 

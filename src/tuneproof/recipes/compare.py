@@ -23,8 +23,13 @@ from rich.markup import escape
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.screen import MAX_FAILING_ON_SCREEN, fmt_p, guard_lines  # noqa: F401 (re-exported)
+from tuneproof.evaluation.compare import paired_compare
+from tuneproof.evaluation.fingerprint import diff_fingerprints
+from tuneproof.evaluation.screen import fmt_p, guard_lines
+from tuneproof.io import read_json
+from tuneproof.models.identity import compare_recorded
 from tuneproof.recipes.common import load_outputs
+from tuneproof.tasks import task_config
 from tuneproof.ui import console, fmt, table
 
 
@@ -43,9 +48,6 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
 
 def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
     """The paired comparison scored and judged under one hypothesis view (frozen or edited)."""
-    from tuneproof.evaluation.compare import paired_compare  # noqa: PLC0415
-    from tuneproof.tasks import task_config  # noqa: PLC0415
-
     result = paired_compare(
         base_out, out, ctx.task, required_fields=view["required_fields"], eval_cfg=hyp.eval_for(view, ctx.study.eval),
         hypothesis=hyp.as_hypothesis(view), iterations=ctx.study.eval.bootstrap_iterations, seed=ctx.study.eval.seed,
@@ -63,9 +65,6 @@ def check_same_base(ctx: StudyContext, base_rec, rec) -> None:
     Raises:
         TuneproofError: names both runs and both hashes.
     """
-    from tuneproof.models.identity import compare_recorded  # noqa: PLC0415
-    from tuneproof.io import read_json  # noqa: PLC0415
-
     train_id = rec.parent if rec.kind in ("eval", "test") else None
     paths = [ctx.registry.runs_dir / base_rec.id / "base.json", ctx.registry.runs_dir / (train_id or "") / "base.json"]
     if train_id is None or not all(p.is_file() for p in paths):
@@ -84,8 +83,6 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
     Raises:
         TuneproofError: see :func:`tuneproof.hypothesis.resolve` (empty reason, task changed after training).
     """
-    from tuneproof.evaluation.fingerprint import diff_fingerprints  # noqa: PLC0415
-
     if against is None:
         latest = ctx.registry.latest("baseline")
         if latest is None:

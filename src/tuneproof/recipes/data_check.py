@@ -27,11 +27,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneproof.context import StudyContext
-from tuneproof.errors import CheckFailed
-from tuneproof.recipes.common import record_inputs
 from rich.markup import escape
 
+from tuneproof.context import StudyContext
+from tuneproof.data import checks
+from tuneproof.data.checks import audit_lines
+from tuneproof.data.cleaning import dropped_summary
+from tuneproof.data.dedup import find_duplicates
+from tuneproof.data.lengths import length_stats
+from tuneproof.errors import CheckFailed
+from tuneproof.hypothesis import check_against_data
+from tuneproof.recipes.common import record_inputs
+from tuneproof.study import STUDY_FILE
+from tuneproof.tasks import get_task, task_config
 from tuneproof.ui import console, fmt, progress_bar, table
 
 #: examples encoded between two progress updates of the data check
@@ -40,10 +48,6 @@ ENCODE_CHUNK = 256
 
 def data_report(ctx: StudyContext) -> dict[str, Any]:
     """Build the data check report (JSON-safe); no registry side effects."""
-    from tuneproof.data.dedup import find_duplicates  # noqa: PLC0415
-    from tuneproof.data.lengths import length_stats  # noqa: PLC0415
-    from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
-
     s = ctx.study
     splits = ctx.all_splits
     d = s.data.dedup
@@ -71,8 +75,6 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     lengths = length_stats({name: [e.full_length for e in items] for name, items in encoded.items()}, s.training.max_length,
                            keep_whole={n: [e.full_length for e in v] for n, v in encoded.items()} if generative else None)
     checks = _checks(ctx, dedup, encoded, generative)
-    from tuneproof.data.checks import audit_lines  # noqa: PLC0415
-
     t = audit.get("targets")
     json_targets = t if t and "parsed" in t and "rule" not in t else None  # format rules and label sets have their own lines
     checks["lines"] += audit_lines(audit.get("labels") or {}, json_targets, faults, lengths)
@@ -93,9 +95,6 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
 
 
 def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[str, Any]:
-    from tuneproof.data import checks  # noqa: PLC0415
-    from tuneproof.data.cleaning import dropped_summary  # noqa: PLC0415
-
     s = ctx.study
     small = checks.small_classes(ctx.all_splits, s.eval.split, s.data.min_class_examples)
     cut = checks.cut_answers(encoded, s.training.max_length) if generative else None
@@ -108,9 +107,6 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
 
 def run_data_check(ctx: StudyContext) -> str:
     """Run the data check as a registry run; raises :class:`CheckFailed` (exit 3) on hard faults."""
-    from tuneproof.hypothesis import check_against_data  # noqa: PLC0415
-    from tuneproof.study import STUDY_FILE  # noqa: PLC0415
-
     notes = check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
     with ctx.registry.run("data-check") as run:
         record_inputs(ctx, run)
@@ -197,7 +193,7 @@ def _print_images(images: dict[str, Any]) -> None:
 
 def _print_prefix_diff(ex_id: str, d: dict[str, Any]) -> None:
     """Training prefix vs inference prompt (CASES C3 kind): both strings and the character diff."""
-    from tuneproof.data.preprocess import visible  # noqa: PLC0415
+    from tuneproof.data.preprocess import visible  # noqa: PLC0415 - imports torch
 
     console.print(f"[red]training prefix differs from the inference prompt[/] ({ex_id}, first difference at character "
                   f"{d['first_difference']}):", soft_wrap=True)

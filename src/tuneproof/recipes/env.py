@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tuneproof.preflight.envinfo import environment_snapshot, platform_key
 from tuneproof.ui import console, table
 
 
 def run_env(as_json: bool = False) -> dict[str, Any]:
     """Print the environment snapshot (table, or JSON with ``as_json``) and return it."""
-    from tuneproof.preflight.envinfo import environment_snapshot, platform_key  # noqa: PLC0415
-
     snap = environment_snapshot()
     snap["platform_key"] = platform_key(snap)
     if as_json:

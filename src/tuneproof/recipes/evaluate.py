@@ -11,8 +11,16 @@ With ``eval.backend: vllm`` the run's adapter is served by vLLM once the backend
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.recipes.common import (check_tokenizer, evaluate_into, evaluation_run, load_trained, print_metrics, record_inputs,
-                                     require_backend, served_paths)
+from tuneproof.recipes.common import (
+    check_tokenizer,
+    evaluate_into,
+    evaluation_run,
+    load_trained,
+    print_metrics,
+    record_inputs,
+    require_backend,
+    served_paths,
+)
 from tuneproof.ui import console
 
 

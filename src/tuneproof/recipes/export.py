@@ -46,12 +46,32 @@ from typing import Any
 from tuneproof import SCHEMA_VERSION
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
-from tuneproof.deliver.bundle import BUNDLE_KIND, MANIFEST, file_hashes, saved_modules, write_manifest_sha
-from tuneproof.deliver.verify import (DEVICE_ATOL, EXAMPLES_FILE, failure_message, load_bundle_model, load_tokenizer_at, procedure_atol,
-                                      reproduce, verify_in_fresh_process)
+from tuneproof.deliver.bundle import (
+    BUNDLE_KIND,
+    MANIFEST,
+    file_hashes,
+    safetensors_keys,
+    saved_modules,
+    write_manifest_sha,
+)
+from tuneproof.deliver.bundle_verification import (
+    DEVICE_ATOL,
+    EXAMPLES_FILE,
+    failure_message,
+    load_bundle_model,
+    load_tokenizer_at,
+    procedure_atol,
+    reproduce,
+    verify_in_fresh_process,
+)
+from tuneproof.deliver.card import model_card
+from tuneproof.deliver.image_bundle import copy_images
+from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.outputs import check_outputs, read_outputs
 from tuneproof.io import atomic_write_text, read_json, write_json, write_jsonl
-from tuneproof.recipes.common import record_inputs
+from tuneproof.models.identity import base_identity, vocabulary_record
+from tuneproof.recipes.common import check_base, check_tokenizer, record_inputs, trained_base_weights
 from tuneproof.recipes.compare import print_judging
 from tuneproof.ui import console
 
@@ -91,8 +111,6 @@ def pick_examples(outputs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]
 def _check_base_unchanged(ctx: StudyContext, rec) -> None:
     """Refuse when the study's base model differs from the one the run was trained on (C13): the
     weight and ``config.json`` sha256 recorded at train start, the weight hashes and the revision."""
-    from tuneproof.recipes.common import check_base  # noqa: PLC0415
-
     check_base(ctx, rec.id)
     trained = rec.summary.get("base") or {}
     now = ctx.base.identity()
@@ -109,8 +127,6 @@ def _check_base_unchanged(ctx: StudyContext, rec) -> None:
 def _embeddings(base: dict[str, Any], tmp: Path, payload: str) -> dict[str, Any]:
     """Embedding rows of the base vs tokens of the tokenizer, and the embedding tensors the adapter
     saves. Added tokens without saved embeddings would be random after a reload: refused."""
-    from tuneproof.deliver.bundle import safetensors_keys  # noqa: PLC0415
-
     cfg = read_json(Path(base["path"]) / "config.json")
     rows = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
     size = base["tokenizer"].get("vocab_size")
@@ -157,10 +173,6 @@ def _scoring(ctx: StudyContext, ev, entry: dict | None, judging: hyp.Judging) ->
 def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forced: dict | None, export_run: str,
                  device: str = "cpu", judging: hyp.Judging | None = None) -> dict[str, Any]:
     """Write every file of the bundle into ``tmp`` and return the manifest (also written)."""
-    from tuneproof.models.identity import base_identity  # noqa: PLC0415
-    from tuneproof.deliver.limits import observed_limits  # noqa: PLC0415
-    from tuneproof.deliver.card import model_card  # noqa: PLC0415
-
     if judging is None:
         judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry)
     src = ctx.registry.runs_dir / rec.id
@@ -195,8 +207,6 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
             raise CheckFailed("the classification head is not in the saved adapter (modules_to_save is empty)",
                               hint="set method.modules_to_save: [classifier] (the head's module name) and train again")
 
-    from tuneproof.models.identity import vocabulary_record  # noqa: PLC0415
-
     # C6 kind: base size before resizing, added tokens (an image classifier has no vocabulary)
     embeddings = None if ctx.is_image else _embeddings(base, tmp, payload)
     vocabulary = None if ctx.is_image else vocabulary_record(base["path"], ctx.tokenizer)
@@ -204,8 +214,6 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
     # evidence: eval, comparison, limits
     ev = _eval_of(ctx, rec.id)
     eval_json = ctx.registry.run_json(ev.id, "eval.json") if ev else None
-    from tuneproof.evaluation.outputs import check_outputs, read_outputs  # noqa: PLC0415
-
     outputs = read_outputs(ctx.registry.runs_dir / ev.id / "outputs.jsonl", ev) if ev and (ctx.registry.runs_dir / ev.id / "outputs.jsonl").exists() else []
     crec, compare_json, entry = _comparison_of(ctx, ev.id if ev else None)
     limits = observed_limits(ctx.task, eval_metrics=(eval_json or {}).get("metrics"), outputs=outputs, comparison=entry,
@@ -238,18 +246,15 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
                 for e in ctx.eval_examples()]
         chosen = pick_examples(rows, k)
     if ctx.is_image:  # the images themselves travel with the bundle
-        from tuneproof.deliver.image_bundle import copy_images  # noqa: PLC0415
-
         copy_images(chosen, {e.id: e for e in ctx.all_splits[ctx.study.eval.split]}, tmp)
     elif kind != "sequence-classification":
         for c in chosen:
             c["prompt"] = ctx.pipeline.prompt_text(c["input"])
-    from tuneproof.recipes.common import trained_base_weights  # noqa: PLC0415
-
     held = trained_base_weights(ctx, rec.id)  # training.bf16_base_weights: trained and evaluated with the base in bf16
     procedure = {"model_kind": kind, "task": ctx.task, "labels": labels, "max_length": ctx.study.training.max_length,
                  "max_new_tokens": ctx.study.eval.max_new_tokens, "decoding": "greedy", "device": device,
                  "dtype": "bf16" if held == "bf16" else "fp32", "base_weights": held, "k": len(chosen)}
+    # the entry module of the fresh-process verification (deliver/verify.py), named in every bundle
     procedure["tolerance"] = f"predictions identical; logits within {procedure_atol(procedure, device)} (see tuneproof.deliver.verify)"
     if ctx.is_image:
         procedure["image_transforms"] = ctx.study.data.image.model_dump(mode="json")
@@ -360,8 +365,6 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
     if dest.exists():
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
     _check_base_unchanged(ctx, rec)
-    from tuneproof.recipes.common import check_tokenizer  # noqa: PLC0415
-
     check_tokenizer(ctx, rec.id, "export")
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     with ctx.registry.run("export", parent=rec.id) as run:

@@ -8,11 +8,11 @@ from pathlib import Path
 from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
 from tuneproof.study import STUDY_FILE
+from tuneproof.tasks import TASKS, get_task
+
 
 def template_text(task: str) -> str:
     """The commented study file template of a task kind (the kind's ``template`` part)."""
-    from tuneproof.tasks import TASKS  # noqa: PLC0415
-
     if task not in TASKS:
         raise TuneproofError(f"unknown task kind '{task}'", hint=f"use one of: {', '.join(TASKS)}")
     return resources.files("tuneproof.templates").joinpath(TASKS[task].template).read_text(encoding="utf-8")
@@ -29,7 +29,5 @@ def run_init(directory: Path, task: str, *, force: bool = False) -> Path:
 
 def reader_lines(task: str) -> list[str]:
     """What the task kind expects from the data (its ``reader`` part), for the init screen."""
-    from tuneproof.tasks import get_task  # noqa: PLC0415
-
     r = get_task(task).reader
     return [f"  {task}: label: {r.label}", f"  {task}: target: {r.target}", f"  {task}: model heads: {', '.join(r.model_kinds)}"]

@@ -40,7 +40,7 @@ def run_inspect(ctx: StudyContext, n: int = 3, split: str = "train", html_path: 
 
 def _inspect_images(ctx: StudyContext, examples, n: int, split: str, html_path: Path | None) -> Path | None:
     """Per class: the original image and the tensor the model receives (train split: with the train-time flip)."""
-    from tuneproof.data import image_inspect  # noqa: PLC0415
+    from tuneproof.data import image_inspect  # noqa: PLC0415 - imports PIL
 
     encoded = ctx.pipeline.encode_all(examples, train=split == "train")
     chosen = choose_examples(examples, encoded, n, seed=ctx.study.data.split.seed)

@@ -18,6 +18,8 @@ from typing import Any
 from rich.markup import escape
 from rich.tree import Tree
 
+from tuneproof.context import load_study
+from tuneproof.hypothesis import frozen_record
 from tuneproof.registry import Registry, RunRecord, override_flags
 from tuneproof.ui import console, fmt
 
@@ -28,16 +30,12 @@ def success_metric(registry: Registry) -> str | None:
     """The success metric (``hypothesis.success.metric``) of the hypothesis frozen with the first
     train run, else the study file's; None when neither is readable."""
     try:
-        from tuneproof.hypothesis import frozen_record  # noqa: PLC0415
-
         rec = frozen_record(registry.study_dir, registry)
         if rec and (rec.get("hypothesis") or {}).get("success", {}).get("metric"):
             return rec["hypothesis"]["success"]["metric"]
     except Exception:  # noqa: BLE001
         pass
     try:
-        from tuneproof.context import load_study  # noqa: PLC0415
-
         return load_study(registry.study_dir).hypothesis.success.metric
     except Exception:  # noqa: BLE001  (the tree must show even when the study file is being edited)
         return None

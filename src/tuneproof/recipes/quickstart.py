@@ -15,12 +15,23 @@ from typing import Optional
 import yaml
 
 from tuneproof.context import StudyContext
+from tuneproof.data.digits import write_digits_folder
 from tuneproof.data.locate import find_data_root
 from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
+from tuneproof.models.base import MODEL_CACHE
+from tuneproof.models.vision import build_init_vit
+from tuneproof.recipes.baseline import run_baseline
+from tuneproof.recipes.compare import run_compare
+from tuneproof.recipes.data_check import run_data_check
+from tuneproof.recipes.evaluate import run_eval
+from tuneproof.recipes.export import run_export
 from tuneproof.recipes.init import template_text
+from tuneproof.recipes.preflight import run_preflight
+from tuneproof.recipes.report import run_report
+from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.study import STUDY_FILE
-from tuneproof.ui import console
+from tuneproof.ui import console, fmt, table
 
 FAST_OVERRIDES = {
     "data": {"split": {"max_examples": {"train": 48, "validation": 14}}},
@@ -61,10 +72,6 @@ def write_image_quickstart_study(directory: Path, *, fast: bool) -> Path:
     """The image quickstart: scikit-learn's 8x8 digits as ``images/<digit>/*.png`` (1,797 real images,
     10 classes, split 70/15/15 by tuneproof), a seeded ViT (hidden 64, 4 layers, 16x16 input)
     built from a config in the cache, fully fine-tuned."""
-    from tuneproof.data.digits import write_digits_folder  # noqa: PLC0415
-    from tuneproof.models.base import MODEL_CACHE  # noqa: PLC0415
-    from tuneproof.models.vision import build_init_vit  # noqa: PLC0415
-
     directory.mkdir(parents=True, exist_ok=True)
     write_digits_folder(directory / "images")
     base = build_init_vit(MODEL_CACHE / "vit-digits-init-s0", num_labels=10, seed=0)
@@ -107,34 +114,18 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
 
     steps = []
     try:
-        from tuneproof.recipes.data_check import run_data_check  # noqa: PLC0415
-
         steps.append(("data-check", lambda: run_data_check(ctx)))
     except ImportError:
         pass
-    from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
-
     steps.append(("baseline", lambda: run_baseline(ctx)))
     if fast or preflight:
-        from tuneproof.recipes.preflight import run_preflight  # noqa: PLC0415
-
         steps.append(("preflight", lambda: run_preflight(ctx)))
-    from tuneproof.recipes.train import TrainOptions, run_train  # noqa: PLC0415
-
     # without the preflight step the train run says so (recorded like `train --skip-preflight`)
     skipped = None if (fast or preflight) else "quickstart without --preflight (the full preflight adds minutes on a CPU)"
     steps.append(("train", lambda: run_train(ctx, TrainOptions(preflight_override=skipped))))
-    from tuneproof.recipes.evaluate import run_eval  # noqa: PLC0415
-
     steps.append(("eval", lambda: run_eval(ctx, out["runs"]["train"])))
-    from tuneproof.recipes.compare import run_compare  # noqa: PLC0415
-
     steps.append(("compare", lambda: run_compare(ctx, [out["runs"]["eval"]], against=out["runs"]["baseline"])))
-    from tuneproof.recipes.export import run_export  # noqa: PLC0415
-
     steps.append(("export", lambda: run_export(ctx, out["runs"]["train"])))
-    from tuneproof.recipes.report import run_report  # noqa: PLC0415
-
     steps.append(("report", lambda: run_report(ctx)))
 
     for name, fn in steps:
@@ -148,8 +139,6 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
 
 
 def _print_outcome(ctx: StudyContext, out: dict) -> None:
-    from tuneproof.ui import fmt, table  # noqa: PLC0415
-
     base = ctx.registry.get(out["runs"]["baseline"]).summary.get("metrics", {})
     cand = ctx.registry.get(out["runs"]["eval"]).summary.get("metrics", {})
     rows = [[k, fmt(base.get(k)), fmt(cand.get(k)),

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.deliver.dossier import collect, to_html, to_markdown
+from tuneproof.evaluation.outputs import check_all
 from tuneproof.io import atomic_write_text
 from tuneproof.tracking import publish_dossier
 
@@ -39,9 +41,6 @@ def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: 
     The verdicts follow the hypothesis frozen with the first train run; ``use_edited_hypothesis``
     (a reason) judges against the study file's instead, recorded in the dossier and
     ``hypothesis.overrides.jsonl``."""
-    from tuneproof import hypothesis as hyp  # noqa: PLC0415
-    from tuneproof.evaluation.outputs import check_all  # noqa: PLC0415
-
     check_all(ctx.registry)  # a dossier is built only from per-example outputs as their runs recorded them
 
     if use_edited_hypothesis is not None:  # recorded first, so the dossier lists this use too

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from tuneproof.recipes.lineage import print_tree
 from tuneproof.registry import Registry, iso, override_flags
 from tuneproof.ui import console, fmt, table
 
@@ -58,8 +59,6 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
             r.parent or "", iso(r.created)[5:16], escape(" ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2])),
         ])
     if tree:
-        from tuneproof.recipes.lineage import print_tree  # noqa: PLC0415
-
         print_tree(reg, runs)
         return
     # the id (with a variant's overrides below it) and the parent identify a run: never cut, nor is a

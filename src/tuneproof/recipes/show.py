@@ -4,10 +4,12 @@ paired counts), by class, or by field."""
 
 from __future__ import annotations
 
+from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.common import load_outputs
 from tuneproof.recipes.compare import resolve_candidate
+from tuneproof.tasks import get_task, task_config
 from tuneproof.ui import console, table
 
 
@@ -48,9 +50,6 @@ def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: 
         _, base = load_outputs(ctx, bid)
     passing, basis = None, None
     if regressed or fixed:  # the rule of the paired counts of `compare`: the success metric's per-example rule
-        from tuneproof import hypothesis as hyp  # noqa: PLC0415
-        from tuneproof.tasks import get_task, task_config  # noqa: PLC0415
-
         kind, cfg = get_task(ctx.task), task_config(ctx)
         view = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, None).primary  # the frozen hypothesis, as compare judges
         rule = kind.example_rule((view.get("success") or {}).get("metric"))

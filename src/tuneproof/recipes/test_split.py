@@ -17,10 +17,24 @@ from rich.markup import escape
 
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
+from tuneproof.evaluation.metrics import score
+from tuneproof.evaluation.screen import reuse_line
 from tuneproof.io import read_jsonl
-from tuneproof.recipes.common import (evaluate_into, evaluation_run, headline, load_trained, print_metrics, record_inputs,
-                                     require_backend, served_paths)
+from tuneproof.models.base import load_model
+from tuneproof.models.method import cast_base_for_inference
+from tuneproof.recipes.common import (
+    evaluate_into,
+    evaluation_run,
+    headline,
+    load_trained,
+    print_metrics,
+    record_inputs,
+    require_backend,
+    served_paths,
+)
+from tuneproof.recipes.compare import print_judging
 from tuneproof.registry import iso
+from tuneproof.tasks import task_config
 from tuneproof.ui import console
 
 
@@ -43,11 +57,6 @@ def test_reuse(ctx: StudyContext, candidate: str) -> list[str]:
 
 def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | None = None) -> str:
     """Evaluate ``candidate`` (train run id or ``base``) on the reserved test split; returns the test run id."""
-    from tuneproof.evaluation.metrics import score  # noqa: PLC0415
-    from tuneproof.tasks import task_config  # noqa: PLC0415
-    from tuneproof.models.base import load_model  # noqa: PLC0415
-    from tuneproof.recipes.compare import print_judging  # noqa: PLC0415
-
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
 
     cand = "base" if candidate == "base" else ctx.registry.get(candidate).id
@@ -61,14 +70,10 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         device, _, _ = ctx.torch_setup()
         if cand == "base":
             labels = ctx.head_labels
-            from tuneproof.models.method import cast_base_for_inference  # noqa: PLC0415
-
             model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(device)
         else:
             model = load_trained(ctx, cand)
         console.print(f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)")
-        from tuneproof.evaluation.screen import reuse_line  # noqa: PLC0415
-
         console.print(escape(reuse_line(reasons)).replace("REUSE", "[bold yellow]REUSE[/]"), soft_wrap=True)
         view = judging.primary
         metrics = evaluate_into(ctx, run, model, examples, f"test {cand}", required_fields=view["required_fields"],

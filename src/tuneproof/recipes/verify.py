@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuneproof.deliver.verify import failure_message, verify_in_fresh_process
+from tuneproof.deliver.bundle_verification import failure_message, verify_in_fresh_process
 from tuneproof.errors import CheckFailed
 from tuneproof.io import write_json
 from tuneproof.ui import console
-
 
 #: what to do after the first failed check: the bundle itself changed, or the base it is checked against
 _BUNDLE_CHANGED = "the bundle was changed after export: do not use it; export the run again (tuneproof export RUN)"

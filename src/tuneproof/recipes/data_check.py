@@ -35,6 +35,7 @@ from tuneproof.data.checks import audit_lines
 from tuneproof.data.cleaning import dropped_summary
 from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.lengths import length_stats
+from tuneproof.data.preprocess import visible
 from tuneproof.errors import CheckFailed
 from tuneproof.hypothesis import check_against_data
 from tuneproof.recipes.common import record_inputs
@@ -193,8 +194,6 @@ def _print_images(images: dict[str, Any]) -> None:
 
 def _print_prefix_diff(ex_id: str, d: dict[str, Any]) -> None:
     """Training prefix vs inference prompt (CASES C3 kind): both strings and the character diff."""
-    from tuneproof.data.preprocess import visible  # noqa: PLC0415 - imports torch
-
     console.print(f"[red]training prefix differs from the inference prompt[/] ({ex_id}, first difference at character "
                   f"{d['first_difference']}):", soft_wrap=True)
     console.print(f"  inference prompt: {visible(d['prompt'])}", soft_wrap=True, markup=False, highlight=False)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
@@ -478,8 +479,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    import torch.distributed as dist  # noqa: PLC0415
-
     study_dir = Path(args.study).resolve()
     rank = int(os.environ.get("RANK", "0"))
     run_dir: Path | None = (study_dir / "runs" / args.run) if args.run else None

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from tuneproof.errors import TuneproofError
 from tuneproof.training.loss import NORMALISATION
@@ -87,31 +88,23 @@ class World:
 
     def sum(self, *values: float) -> list[float]:
         """All-reduce (SUM over ranks) of a few numbers, in float64; every rank gets the totals."""
-        import torch.distributed as dist  # noqa: PLC0415
-
         t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return [float(v) for v in t.cpu()]
 
     def gather(self, obj: Any) -> list[Any]:
         """``all_gather_object``: one entry per rank, in rank order."""
-        import torch.distributed as dist  # noqa: PLC0415
-
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (``broadcast_object_list``)."""
-        import torch.distributed as dist  # noqa: PLC0415
-
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def barrier(self) -> None:
-        import torch.distributed as dist  # noqa: PLC0415
-
         dist.barrier()
 
     def no_sync(self, last: bool):
@@ -239,8 +232,6 @@ def wrap(model, world: World):
 def init_world(distributed_cfg) -> World:
     """``init_process_group`` from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*), with
     ``distributed.timeout_s``; on nccl the process's GPU is ``cuda:LOCAL_RANK``."""
-    import torch.distributed as dist  # noqa: PLC0415
-
     rank, ws, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available()
     backend = resolve_backend(distributed_cfg.backend, cuda)

@@ -15,8 +15,8 @@ import torch
 from tiny_study import train_dir
 from tuneproof.cli import main
 from tuneproof.registry import Registry
-from tuneproof.training.resume_state import (INDEX, decode, encode, list_checkpoints, load_checkpoint, rng_state, save_checkpoint,
-                                           set_rng_state)
+from tuneproof.training.resume_state import (INDEX, decode, encode, list_checkpoints, load_checkpoint, rng_state,
+                                             save_checkpoint, set_rng_state)
 
 
 class Payload:

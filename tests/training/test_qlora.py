@@ -329,7 +329,7 @@ def test_qlora_run_records_quantization_trains_and_reloads(qbase, tmp_path):
 
 def _qlora_study(tmp_path, tiny_base, monkeypatch, **method):
     monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: True)  # the launch rule needs no 4-bit layer
-    monkeypatch.setattr("tuneproof.recipes.torchrun.devices_present", lambda: ("cpu", 8))  # 2 processes fit on any machine
+    monkeypatch.setattr("tuneproof.recipes.torchrun.devices_present", lambda: ("cpu", 8))  # 2 processes fit anywhere
     study = make_study(tmp_path / "s", tiny_base, prepare=False)
     raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
     raw["method"].update(kind="qlora", **method)

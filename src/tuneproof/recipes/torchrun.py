@@ -360,8 +360,8 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
     every saved tensor has the full shape of the parameter it stores; no ``lora_B`` is all zeros; a
     fresh single process loads base + saved adapter and its top-5 next-token logits on the same
     prompts equal the trained model's (ids equal, values within ``LOGIT_ATOL``); with
-    ``frozen_before`` (:func:`~tuneproof.training.parallel.param_signature` before training), no frozen weight changed. The result is
-    ``runs/<id>/save_check.json`` and the ``save_check`` summary entry.
+    ``frozen_before`` (:func:`~tuneproof.training.parallel.param_signature` before training), no frozen
+    weight changed. The result is ``runs/<id>/save_check.json`` and the ``save_check`` summary entry.
 
     Returns:
         The check on rank 0, None on the other ranks.
@@ -373,7 +373,8 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
 
     full = world.full_state(model)  # rank 0: whole tensors; others: {}
     examples = ctx.eval_examples()[:n_examples]
-    scores = logit_scores(ctx, world.wrapped if world.strategy == "fsdp" else model, examples) if (world.strategy == "fsdp" or world.is_main) else None
+    fsdp = world.strategy == "fsdp"
+    scores = logit_scores(ctx, world.wrapped if fsdp else model, examples) if (fsdp or world.is_main) else None
     if not world.is_main:
         return None
     kind = ctx.study.method.kind
@@ -508,8 +509,11 @@ def worker_main(argv: list[str] | None = None) -> int:
                 run.write_json(RESULT, {"checks": checks, "world_size": world.world_size, "backend": world.backend})
             world.log("end: preflight checks done")
             return 0
+        def save_ranks(run, model, frozen_before):
+            return save_and_verify(ctx, run, model, world, frozen_before=frozen_before)
+
         run_train(ctx, TrainOptions(stop_after=args.stop_after), run=run, resume_from=resume, world=world,
-                  save_ranks=lambda run, model, frozen_before: save_and_verify(ctx, run, model, world, frozen_before=frozen_before))
+                  save_ranks=save_ranks)
         world.log("end: completed")
         # leave together: no rank tears its process group down while rank 0 still saves and checks the adapter
         with contextlib.suppress(Exception):

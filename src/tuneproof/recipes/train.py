@@ -71,7 +71,7 @@ class TrainOptions:
     data_check_override: str | None = None  # ``--skip-data-check REASON`` (when the gates are checked here)
     baseline_override: str | None = None  # ``--skip-baseline REASON`` (when the gates are checked here)
     order: dict | None = None  # :func:`~tuneproof.recipes.protocol.require_order`'s result when the caller checked it
-    on_start: Callable | None = None  # ``on_start(run)`` once the run's inputs are recorded (variants record their diff)
+    on_start: Callable | None = None  # ``on_start(run)`` once the run's inputs are recorded (variants: their diff)
 
 
 def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=None, resume_from: dict | None = None,
@@ -94,9 +94,10 @@ def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=Non
     """
     opts = options or TrainOptions()
     order = opts.order
-    if order is None:
-        order = (require_order(ctx, data_check_override=opts.data_check_override, baseline_override=opts.baseline_override)
-                 if run is None and world is None else {})
+    if order is None and run is None and world is None:  # the protocol gates, unless the caller checked them
+        order = require_order(ctx, data_check_override=opts.data_check_override, baseline_override=opts.baseline_override)
+    elif order is None:  # resumed or a rank: the gates were passed when the run started
+        order = {}
 
     def body(run) -> str | None:
         if resume_from is None and world is None:
@@ -147,9 +148,10 @@ def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=Non
         with (progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)) as advance:
             if resume_from is not None:
                 advance(int(resume_from["step"]))
-            result = loop.train(model, encoded, cfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0), device=device, autocast=autocast,
-                           run=run, config=ctx.config, extra=extra, resume=resume_from, stop_after=opts.stop_after,
-                           progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"), world=world)
+            result = loop.train(model, encoded, cfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0), device=device,
+                                autocast=autocast, run=run, config=ctx.config, extra=extra, resume=resume_from,
+                                stop_after=opts.stop_after,
+                                progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"), world=world)
         if world is not None:
             save_ranks(run, model, frozen_before)
             if run is None:

@@ -264,8 +264,9 @@ def train_variant(ctx, plan: VariantPlan, *, preflight_override: str | None = No
     Raises whatever training raises (the run is recorded failed/interrupted/invalid first).
     """
     console.print(f"variant of [bold]{plan.parent.id}[/]: {describe(plan.changes)}" + (" [magenta](multi-change)[/]" if plan.multi_change else ""))
-    return run_train(ctx, TrainOptions(parent=plan.parent.id, name=plan.name, stop_after=stop_after, preflight_override=preflight_override,
-                                       on_start=_on_start(plan, started if started is not None else []), order=order))
+    options = TrainOptions(parent=plan.parent.id, name=plan.name, stop_after=stop_after,
+                           preflight_override=preflight_override, on_start=_on_start(plan, started if started is not None else []), order=order)
+    return run_train(ctx, options)
 
 
 def _grid_name(name: str | None, key: str, value: str) -> str:

@@ -173,9 +173,9 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu", *, alloca
       deadlocks in torch's CPU kernels, and a spawned child must reload the model.
     * CPU, with ``allocations`` (default): the bytes torch's CPU allocator holds for the step at its
       peak, over those held before (:func:`allocated_step_peak`): ``allocated_step_peak_bytes``.
-      This is what the step's tensors need, the quantity :func:`~tuneproof.preflight.memory.estimate_step_memory` models, and
-      unlike the resident set it is the same to the byte in a fresh process, after other steps and
-      at the first step. The resident-set increment adds what glibc's malloc does with the freed
+      This is what the step's tensors need, the quantity
+      :func:`~tuneproof.preflight.memory.estimate_step_memory` models, and unlike the resident set it
+      is the same to the byte in a fresh process, after other steps and at the first step. The resident-set increment adds what glibc's malloc does with the freed
       blocks: 1.13-1.29 x the tensor bytes on a random 2-layer Llama, varying by up to 0.1 from run
       to run and with what ran before; 1.00-1.02 x with a fixed mmap threshold
       (``MALLOC_MMAP_THRESHOLD_=65536``: every block of 64 KiB or more mapped alone and returned at

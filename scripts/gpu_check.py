@@ -29,8 +29,8 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from tuneproof.models.device import choose_dtype, detect_device  # noqa: E402
-from tuneproof.preflight.backend import check_extensions  # noqa: E402
 from tuneproof.preflight.activation_checkpointing import check_activation_checkpointing  # noqa: E402
+from tuneproof.preflight.backend import check_extensions  # noqa: E402
 from tuneproof.preflight.envinfo import environment_snapshot, platform_key  # noqa: E402
 from tuneproof.preflight.memory import (  # noqa: E402
     GIB,

@@ -9,8 +9,7 @@ import json
 import yaml
 
 from tuneproof import hypothesis as hyp
-from tuneproof.context import StudyContext
-from tuneproof.context import parse_study
+from tuneproof.context import StudyContext, parse_study
 from tuneproof.io import write_json, write_jsonl
 from tuneproof.recipes.compare import run_compare
 from tuneproof.registry import Registry

@@ -253,8 +253,8 @@ class StudyContext:
         device, _, _ = self.torch_setup()
         labels = self.head_labels
         return build_model(self.base, self.model_kind, self.study.method, device=device, labels=labels,
-                           quantization=self.quantization, activation_checkpointing=self.study.training.activation_checkpointing,
-                           tokenizer=self.tokenizer)
+                           quantization=self.quantization, tokenizer=self.tokenizer,
+                           activation_checkpointing=self.study.training.activation_checkpointing)
 
     def torch_setup(self):
         """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""

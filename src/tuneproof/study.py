@@ -5,6 +5,7 @@ a typo must never be silently ignored), and every error names the file and the k
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -447,8 +448,6 @@ def set_key(config: dict[str, Any], dotted: str, value: str, path: str = "--set"
     Raises:
         TuneproofError: the key does not exist in the resolved config.
     """
-    import copy
-
     out = copy.deepcopy(config)
     node = out
     parts = dotted.split(".")

@@ -14,8 +14,8 @@ import yaml
 
 from tiny_study import make_study, prepare_study
 from tuneproof.cli import main
-from tuneproof.models.identity import combined_weights_hash
 from tuneproof.io import read_json, sha256_file, sha256_file_cached
+from tuneproof.models.identity import combined_weights_hash
 
 
 def _run(capsys, *argv) -> tuple[int, str]:

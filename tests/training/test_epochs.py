@@ -11,8 +11,7 @@ import yaml
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from tiny_study import adapter_tensors, losses_by_step, make_study, rows, study_config
-from tuneproof.context import StudyContext
-from tuneproof.context import parse_study
+from tuneproof.context import StudyContext, parse_study
 from tuneproof.data.preprocess import collate
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.resume import run_resume

@@ -13,8 +13,8 @@ import pytest
 from tiny_study import make_study
 from tuneproof.cli import main
 from tuneproof.context import StudyContext
-from tuneproof.models.identity import compare_tokenizer, probe_sample, study_tokenizer_identity
 from tuneproof.io import read_json
+from tuneproof.models.identity import compare_tokenizer, probe_sample, study_tokenizer_identity
 from tuneproof.registry import Registry
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuneproof.errors import TuneproofError
-from tuneproof.io import sha256_file, sha256_file_cached, write_json
+from tuneproof.io import sha256_file_cached, write_json
 from tuneproof.models.quant import bnb_config, keep_training_kernels, require_4bit_device
 from tuneproof.ui import console
 

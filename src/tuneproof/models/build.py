@@ -41,7 +41,8 @@ def build_model(base: BaseModelRef, kind: str, method, *, device, tokenizer, lab
         model.config.use_cache = False
     model, report = apply_method(model, method, kind, quantization=quantization)
     if kind != "image-classification":  # an image processor has no vocabulary
-        report["vocabulary"] = vocabulary_record(base.path, tokenizer)  # base rows before resizing, added tokens (C6 kind)
+        # base rows before resizing, added tokens (C6 kind)
+        report["vocabulary"] = vocabulary_record(base.path, tokenizer)
     return model.to(device), report
 
 

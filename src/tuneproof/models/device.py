@@ -92,7 +92,7 @@ def _cpu_bf16_native() -> bool:
 
 def detect_device(index: int = 0) -> DeviceInfo:
     """The device torch will use: GPU ``index`` when one is visible, else the CPU."""
-    import torch
+    import torch  # noqa: PLC0415
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(index)

@@ -21,7 +21,8 @@ from tuneproof.tasks.multilabel import TASK as MULTI_LABEL
 
 TASKS: dict[str, Task] = {t.name: t for t in (CLASSIFICATION, MULTI_LABEL, EXTRACTION, FORMAT, IMAGE_CLASSIFICATION)}
 
-__all__ = ["TASKS", "ExampleRule", "Task", "TaskConfig", "check_hypothesis_metrics", "get_task", "metric_names", "task_config"]
+__all__ = ["TASKS", "ExampleRule", "Task", "TaskConfig", "check_hypothesis_metrics", "get_task", "metric_names",
+           "task_config"]
 
 
 def get_task(name: str) -> Task:

@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from common import MALLOC_ENV, full_rows, smollm2_lora, snips_examples  # benchmarks/common.py
 
@@ -29,8 +28,8 @@ from common import MALLOC_ENV, full_rows, smollm2_lora, snips_examples  # benchm
 def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     import torch
 
-    from tuneproof.training.memory import measure_step_peak
     from tuneproof.training.loss import token_loss_sum
+    from tuneproof.training.memory import measure_step_peak
     from tuneproof.training.speedups import check_bf16_base
 
     _, tok, model = smollm2_lora()
@@ -41,12 +40,17 @@ def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
 
     def loss_sum(m, b):
         with autocast():
-            return token_loss_sum(m(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"]), 0
+            return token_loss_sum(
+                m(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"]
+            ), 0
 
     out = {"mode": mode}
     if mode == "bf16":
         check = check_bf16_base(model, batch, loss_sum)
-        out["check"] = {k: check[k] for k in ("passed", "loss_fp32", "loss_bf16", "loss_rel_diff", "grad_rel_l2", "grad_cosine", "tensors")}
+        out["check"] = {
+            k: check[k]
+            for k in ("passed", "loss_fp32", "loss_bf16", "loss_rel_diff", "grad_rel_l2", "grad_cosine", "tensors")
+        }
         out["cast"] = check["cast"]
         out["check_memory"] = check["memory"]
     frozen = [p for p in model.parameters() if not p.requires_grad]
@@ -57,15 +61,20 @@ def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     count = int((batch["labels"][:, 1:] != -100).sum())
 
     def step():
-        l, _ = loss_sum(model, batch)
-        (l / count).backward()
+        loss, _ = loss_sum(model, batch)
+        (loss / count).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     step()  # warm-up: optimizer state allocated, kernels chosen
     m = measure_step_peak(step)
-    out.update(peak_gib=m["peak_bytes"] / 2**30, step_peak_gib=m["step_peak_bytes"] / 2**30, baseline_gib=m["baseline_bytes"] / 2**30,
-               seconds=m["seconds"], method=m["method"])
+    out.update(
+        peak_gib=m["peak_bytes"] / 2**30,
+        step_peak_gib=m["step_peak_bytes"] / 2**30,
+        baseline_gib=m["baseline_bytes"] / 2**30,
+        seconds=m["seconds"],
+        method=m["method"],
+    )
     return out
 
 
@@ -81,18 +90,37 @@ def main() -> None:
         return
     res = {}
     for mode in ("fp32", "bf16"):
-        proc = subprocess.run([sys.executable, __file__, "--child", mode, "--max-length", str(a.max_length),
-                               "--micro-batch", str(a.micro_batch), "--loss", a.loss], capture_output=True, text=True, check=True,
-                              env={**os.environ, **MALLOC_ENV})
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--max-length",
+                str(a.max_length),
+                "--micro-batch",
+                str(a.micro_batch),
+                "--loss",
+                a.loss,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **MALLOC_ENV},
+        )
         res[mode] = r = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{mode} frozen: peak {r['peak_gib']:.3f} GiB, step peak {r['step_peak_gib']:.3f} GiB (resident before the step "
-              f"{r['baseline_gib']:.3f} GiB); frozen weights {r['frozen_bytes'] / 2**20:.1f} MiB {r['frozen_dtypes']}, trained "
-              f"{r['trainable_dtypes']} ({r['method']})" + (f"\n  check {r['check']}" if "check" in r else ""))
+        print(
+            f"{mode} frozen: peak {r['peak_gib']:.3f} GiB, step peak {r['step_peak_gib']:.3f} GiB (resident before the step "
+            f"{r['baseline_gib']:.3f} GiB); frozen weights {r['frozen_bytes'] / 2**20:.1f} MiB {r['frozen_dtypes']}, trained "
+            f"{r['trainable_dtypes']} ({r['method']})" + (f"\n  check {r['check']}" if "check" in r else "")
+        )
     drop = res["fp32"]["peak_gib"] - res["bf16"]["peak_gib"]
     saved = (res["fp32"]["frozen_bytes"] - res["bf16"]["frozen_bytes"]) / 2**30
-    print(f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: peak {drop:.3f} GiB lower with bf16 frozen weights "
-          f"({100 * drop / res['fp32']['peak_gib']:.1f}%; the frozen weights alone hold {saved:.3f} GiB less); step peak "
-          f"{res['fp32']['step_peak_gib']:.3f} -> {res['bf16']['step_peak_gib']:.3f} GiB")
+    print(
+        f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: peak {drop:.3f} GiB lower with bf16 frozen weights "
+        f"({100 * drop / res['fp32']['peak_gib']:.1f}%; the frozen weights alone hold {saved:.3f} GiB less); step peak "
+        f"{res['fp32']['step_peak_gib']:.3f} -> {res['bf16']['step_peak_gib']:.3f} GiB"
+    )
 
 
 if __name__ == "__main__":

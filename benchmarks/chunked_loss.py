@@ -18,17 +18,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from common import MALLOC_ENV, full_rows, smollm2_lora, snips_examples  # benchmarks/common.py
-
 
 
 def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
     import torch
 
-    from tuneproof.training.memory import measure_step_peak
     from tuneproof.training.loss import check_chunked_loss, chunked_token_loss_sum, token_loss_sum
+    from tuneproof.training.memory import measure_step_peak
 
     _, tok, model = smollm2_lora()
     batch = full_rows(tok, [e.text for e in snips_examples()[:400]], micro_batch, max_length, loss)
@@ -40,10 +38,12 @@ def _one(mode: str, max_length: int, micro_batch: int, loss: str) -> dict:
 
     def step():
         if mode == "chunked":
-            l = chunked_token_loss_sum(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+            loss = chunked_token_loss_sum(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
         else:
-            l = token_loss_sum(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"])
-        l.backward()
+            loss = token_loss_sum(
+                model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+            )
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -65,14 +65,33 @@ def main() -> None:
         return
     res = {}
     for mode in ("reference", "chunked"):
-        proc = subprocess.run([sys.executable, __file__, "--child", mode, "--max-length", str(a.max_length),
-                               "--micro-batch", str(a.micro_batch), "--loss", a.loss], capture_output=True, text=True, check=True,
-                              env={**os.environ, **MALLOC_ENV})
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--max-length",
+                str(a.max_length),
+                "--micro-batch",
+                str(a.micro_batch),
+                "--loss",
+                a.loss,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **MALLOC_ENV},
+        )
         res[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{mode:9s}: step peak {res[mode]['step_peak_gib']:.3f} GiB ({res[mode]['method']})"
-              + (f"; check {res[mode]['check']}" if "check" in res[mode] else ""))
+        print(
+            f"{mode:9s}: step peak {res[mode]['step_peak_gib']:.3f} GiB ({res[mode]['method']})"
+            + (f"; check {res[mode]['check']}" if "check" in res[mode] else "")
+        )
     drop = 1 - res["chunked"]["step_peak_gib"] / res["reference"]["step_peak_gib"]
-    print(f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: peak step memory {100 * drop:.1f}% lower with the chunked loss")
+    print(
+        f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: peak step memory {100 * drop:.1f}% lower with the chunked loss"
+    )
 
 
 if __name__ == "__main__":

@@ -30,16 +30,24 @@ def smollm2_lora(dropout: float = 0.0):
     ``smollm2-135m-instruct``) wrapped in LoRA r16 / alpha 32 on :data:`TARGETS`, the LoRA
     initialised under ``torch.manual_seed(0)``."""
     import torch
-
-    from tuneproof.models.base import load_model, load_tokenizer, resolve_base  # first: tuneproof quiets bitsandbytes' logger
-    from tuneproof.study import ModelSpec
     from peft import LoraConfig, get_peft_model  # noqa: I001
+
+    from tuneproof.models.base import (
+        load_model,
+        load_tokenizer,
+        resolve_base,
+    )  # first: tuneproof quiets bitsandbytes' logger
+    from tuneproof.study import ModelSpec
 
     ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
     tok = load_tokenizer(ref)
     model = load_model(ref, "causal-lm")
     torch.manual_seed(0)
-    return ref, tok, get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, lora_dropout=dropout))
+    return (
+        ref,
+        tok,
+        get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, lora_dropout=dropout)),
+    )
 
 
 def snips_examples() -> list:

@@ -46,10 +46,19 @@ def build(folder: Path, hidden: int, layers: int) -> Path:
 
     tok = AutoTokenizer.from_pretrained(base)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 4, num_hidden_layers=layers,
-                      num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
-                      max_position_embeddings=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=None, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 4,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 128),
+        max_position_embeddings=128,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     for f in base.glob("model*.safetensors"):
         f.unlink()
     LlamaForCausalLM(cfg).save_pretrained(base, safe_serialization=True)
@@ -61,8 +70,17 @@ def study(folder: Path, base: Path, steps: int, micro: int, strategy: str) -> Pa
 
     from tiny_study import make_study
 
-    s = make_study(folder, base, n_train=64, prepare=False, max_steps=steps, micro_batch_size=micro,
-                   gradient_accumulation_steps=2, checkpoint_every=10**6, warmup_steps=0)
+    s = make_study(
+        folder,
+        base,
+        n_train=64,
+        prepare=False,
+        max_steps=steps,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=2,
+        checkpoint_every=10**6,
+        warmup_steps=0,
+    )
     cfg = yaml.safe_load((s / "tuneproof.yaml").read_text())
     cfg["method"]["dropout"] = 0.0
     cfg["distributed"] = {"strategy": strategy, "backend": "gloo"}
@@ -71,10 +89,27 @@ def study(folder: Path, base: Path, steps: int, micro: int, strategy: str) -> Pa
 
 
 def train(s: Path, nproc: int, threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-c", "from tuneproof.cli import main; main()", "train", "--study", str(s),
-           "--skip-preflight", "benchmark", "--skip-data-check", "benchmark", "--skip-baseline", "benchmark"]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        CUDA_VISIBLE_DEVICES="",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        "from tuneproof.cli import main; main()",
+        "train",
+        "--study",
+        str(s),
+        "--skip-preflight",
+        "benchmark",
+        "--skip-data-check",
+        "benchmark",
+        "--skip-baseline",
+        "benchmark",
+    ]
     if nproc > 1:
         cmd += ["--nproc-per-node", str(nproc)]
     t0 = time.perf_counter()
@@ -82,10 +117,19 @@ def train(s: Path, nproc: int, threads: int) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(proc.stdout[-2000:] + proc.stderr[-2000:])
-    run_dir = next(p for p in (s / "runs").iterdir() if (p / "summary.json").exists() and json.loads((p / "summary.json").read_text()).get("kind") == "train")
+    run_dir = next(
+        p
+        for p in (s / "runs").iterdir()
+        if (p / "summary.json").exists() and json.loads((p / "summary.json").read_text()).get("kind") == "train"
+    )
     summ = json.loads((run_dir / "summary.json").read_text())
     losses = [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
-    return {"tokens_per_s": summ["tokens_per_s"], "train_seconds": summ["train_seconds"], "wall_s": round(wall, 1), "losses": losses}
+    return {
+        "tokens_per_s": summ["tokens_per_s"],
+        "train_seconds": summ["train_seconds"],
+        "wall_s": round(wall, 1),
+        "losses": losses,
+    }
 
 
 def main() -> None:
@@ -104,11 +148,19 @@ def main() -> None:
     one = train(study(root / "w1", base, a.steps, 8, a.strategy), 1, a.threads)
     two = train(study(root / "w2", base, a.steps, 4, a.strategy), 2, a.threads)
     diff = max(abs(x - y) for x, y in zip(one["losses"], two["losses"]))
-    print(f"random Llama hidden {a.hidden}, {a.layers} layers, LoRA r=4 on q/v, {a.steps} steps, global batch 16, "
-          f"{a.threads} thread(s) per process, {cores} CPU cores, load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}")
-    print(f"world size 1: {one['tokens_per_s']:.0f} tokens/s (loop {one['train_seconds']} s, command {one['wall_s']} s)")
-    print(f"world size 2 ({a.strategy}, gloo): {two['tokens_per_s']:.0f} tokens/s (loop {two['train_seconds']} s, command {two['wall_s']} s)")
-    print(f"ratio world 2 / world 1: x{two['tokens_per_s'] / one['tokens_per_s']:.2f}; largest per-step loss difference {diff:.1e}")
+    print(
+        f"random Llama hidden {a.hidden}, {a.layers} layers, LoRA r=4 on q/v, {a.steps} steps, global batch 16, "
+        f"{a.threads} thread(s) per process, {cores} CPU cores, load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"world size 1: {one['tokens_per_s']:.0f} tokens/s (loop {one['train_seconds']} s, command {one['wall_s']} s)"
+    )
+    print(
+        f"world size 2 ({a.strategy}, gloo): {two['tokens_per_s']:.0f} tokens/s (loop {two['train_seconds']} s, command {two['wall_s']} s)"
+    )
+    print(
+        f"ratio world 2 / world 1: x{two['tokens_per_s'] / one['tokens_per_s']:.2f}; largest per-step loss difference {diff:.1e}"
+    )
 
 
 if __name__ == "__main__":

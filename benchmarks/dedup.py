@@ -96,7 +96,7 @@ def main() -> None:
     test_words = make_texts(rng, vocab, n_test - args.pairs)
     sources = rng.choice(n_train, args.pairs, replace=False)
     planted, kinds, true_j = set(), {}, []
-    for k, src in enumerate(sources):
+    for src in sources:
         kind, words = edit(rng, vocab, train_words[src])
         kinds[kind] = kinds.get(kind, 0) + 1
         test_words.append(words)
@@ -118,7 +118,9 @@ def main() -> None:
 
     tj = np.array(true_j)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"texts: {len(train)} train + {len(test)} test; planted pairs: {args.pairs} {kinds}; templated: {args.templated}")
+    print(
+        f"texts: {len(train)} train + {len(test)} test; planted pairs: {args.pairs} {kinds}; templated: {args.templated}"
+    )
     print(
         "true word-3-gram Jaccard of planted pairs: "
         f"min {tj.min():.3f}, p5 {np.percentile(tj, 5):.3f}, median {np.median(tj):.3f}, max {tj.max():.3f}; "

@@ -41,7 +41,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=32, help="examples")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--padding-only", action="store_true", help="print the padding of sorted vs unsorted batches, load no model")
+    ap.add_argument(
+        "--padding-only", action="store_true", help="print the padding of sorted vs unsorted batches, load no model"
+    )
     args = ap.parse_args()
     examples, _ = load_snips(find_data_root(None, "snips") / "snips")
     examples = stratified_take([e for e in examples if e.split == "validation"], args.n, 0)
@@ -51,30 +53,49 @@ def main() -> None:
     lengths = [len(tok(pipe.prompt_text(e.text), add_special_tokens=False)["input_ids"]) for e in examples]
     for sort in (False, True):
         pad = padded_positions(lengths, length_sorted_batches(lengths, args.batch, sort))
-        print(f"batch {args.batch} {'sorted by length' if sort else 'in split order'}: {pad} padded of {pad + sum(lengths)} prompt "
-              f"positions ({pad / (pad + sum(lengths)):.1%})")
+        print(
+            f"batch {args.batch} {'sorted by length' if sort else 'in split order'}: {pad} padded of {pad + sum(lengths)} prompt "
+            f"positions ({pad / (pad + sum(lengths)):.1%})"
+        )
     if args.padding_only:
         return
     model = load_model(ref, "causal-lm")
     results = {}
     for bs in (1, args.batch):
         cfg = Eval(batch_size=bs, max_new_tokens=args.max_new_tokens)
-        generate(model, tok, pipe, examples[:2], cfg, device=torch.device("cpu"), autocast=contextlib.nullcontext)  # warm-up
+        generate(
+            model, tok, pipe, examples[:2], cfg, device=torch.device("cpu"), autocast=contextlib.nullcontext
+        )  # warm-up
         t = time.perf_counter()
         outs = generate(model, tok, pipe, examples, cfg, device=torch.device("cpu"), autocast=contextlib.nullcontext)
         results[bs] = (time.perf_counter() - t, outs)
-        print(f"batch {bs:3d}: {results[bs][0]:7.1f} s for {len(examples)} examples = {len(examples) / results[bs][0]:.2f} examples/s")
+        print(
+            f"batch {bs:3d}: {results[bs][0]:7.1f} s for {len(examples)} examples = {len(examples) / results[bs][0]:.2f} examples/s"
+        )
     (t1, o1), (tb, ob) = results[1], results[args.batch]
     same = sum(a == b for a, b in zip(o1, ob))
-    print(f"speed-up batch {args.batch} vs 1: x{t1 / tb:.2f}; identical outputs {same}/{len(o1)}; "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"speed-up batch {args.batch} vs 1: x{t1 / tb:.2f}; identical outputs {same}/{len(o1)}; "
+        f"torch threads {torch.get_num_threads()}"
+    )
     cfg = Eval(batch_size=args.batch, max_new_tokens=args.max_new_tokens)
     t = time.perf_counter()
-    unsorted = generate(model, tok, pipe, examples, cfg, device=torch.device("cpu"), autocast=contextlib.nullcontext, sort_by_length=False)
+    unsorted = generate(
+        model,
+        tok,
+        pipe,
+        examples,
+        cfg,
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        sort_by_length=False,
+    )
     tu = time.perf_counter() - t
     same = sum(a == b for a, b in zip(unsorted, ob))
-    print(f"batch {args.batch} in split order: {tu:7.1f} s; sorted by length: {tb:7.1f} s (x{tu / tb:.2f}); "
-          f"identical outputs {same}/{len(ob)}")
+    print(
+        f"batch {args.batch} in split order: {tu:7.1f} s; sorted by length: {tb:7.1f} s (x{tu / tb:.2f}); "
+        f"identical outputs {same}/{len(ob)}"
+    )
 
 
 if __name__ == "__main__":

@@ -44,10 +44,10 @@ def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: flo
     import torch
 
     from tuneproof.data.preprocess import IGNORE_INDEX, TextPipeline
-    from tuneproof.training.memory import measure_step_peak
     from tuneproof.preflight.memory import in_step_bytes
     from tuneproof.preflight.step_memory import StepRunner, batch_at_length, step_memory_estimate
     from tuneproof.study import Prompt, Training
+    from tuneproof.training.memory import measure_step_peak
 
     _, tok, model = smollm2_lora(dropout)
     train = [e for e in snips_examples() if e.split == "train"][:3000]
@@ -63,13 +63,28 @@ def _child(length: int, micro_batch: int, loss: str, chunked: bool, dropout: flo
     measured = [measure_step_peak(lambda: stepper.step(batch)) for _ in range(steps)]
     in_step = in_step_bytes(est)
     return {
-        "length": length, "micro_batch": micro_batch, "loss": loss, "chunked": chunked, "dropout": dropout, "rows": rows,
-        "padded_positions": int((batch["attention_mask"] == 0).sum()), "supervised": int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()),
-        "parts": [[p["part"], p["bytes"]] for p in est["parts"]], "estimate_total": est["total_bytes"], "estimate_in_step": in_step,
+        "length": length,
+        "micro_batch": micro_batch,
+        "loss": loss,
+        "chunked": chunked,
+        "dropout": dropout,
+        "rows": rows,
+        "padded_positions": int((batch["attention_mask"] == 0).sum()),
+        "supervised": int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()),
+        "parts": [[p["part"], p["bytes"]] for p in est["parts"]],
+        "estimate_total": est["total_bytes"],
+        "estimate_in_step": in_step,
         "forward_end_extra": est.get("forward_end_extra_bytes"),
-        "measured": [{k: m[k] for k in ("allocated_step_peak_bytes", "step_peak_bytes", "peak_bytes", "baseline_bytes", "seconds")} for m in measured],
+        "measured": [
+            {
+                k: m[k]
+                for k in ("allocated_step_peak_bytes", "step_peak_bytes", "peak_bytes", "baseline_bytes", "seconds")
+            }
+            for m in measured
+        ],
         "ratio": [m["allocated_step_peak_bytes"] / in_step for m in measured],
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
     }
 
 
@@ -78,8 +93,20 @@ def run_all(a: argparse.Namespace) -> list[dict]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     for length in (int(x) for x in a.lengths.split(",")):
         for mb in (int(x) for x in a.micro_batches.split(",")):
-            cmd = [sys.executable, __file__, "--child", f"{length}x{mb}", "--loss", a.loss, "--dropout", str(a.dropout), "--rows", a.rows,
-                   "--steps", str(a.steps)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                f"{length}x{mb}",
+                "--loss",
+                a.loss,
+                "--dropout",
+                str(a.dropout),
+                "--rows",
+                a.rows,
+                "--steps",
+                str(a.steps),
+            ]
             if a.chunked:
                 cmd.append("--chunked")
             t0 = time.perf_counter()
@@ -91,9 +118,12 @@ def run_all(a: argparse.Namespace) -> list[dict]:
             r["wall_seconds"] = round(time.perf_counter() - t0, 1)
             out.append(r)
             m = r["measured"][-1]
-            print(f"length {length} x micro-batch {mb}: estimate in-step {r['estimate_in_step'] / MIB:,.1f} MiB, measured step tensors "
-                  f"{m['allocated_step_peak_bytes'] / MIB:,.1f} MiB (x{r['ratio'][-1]:.3f}; first step x{r['ratio'][0]:.3f}), "
-                  f"process peak {m['peak_bytes'] / MIB:,.1f} MiB (step adds {m['step_peak_bytes'] / MIB:,.1f}), {r['wall_seconds']} s", flush=True)
+            print(
+                f"length {length} x micro-batch {mb}: estimate in-step {r['estimate_in_step'] / MIB:,.1f} MiB, measured step tensors "
+                f"{m['allocated_step_peak_bytes'] / MIB:,.1f} MiB (x{r['ratio'][-1]:.3f}; first step x{r['ratio'][0]:.3f}), "
+                f"process peak {m['peak_bytes'] / MIB:,.1f} MiB (step adds {m['step_peak_bytes'] / MIB:,.1f}), {r['wall_seconds']} s",
+                flush=True,
+            )
     return out
 
 
@@ -119,16 +149,28 @@ def table(results: list[dict]) -> str:
     last = lambda xs, f: f"{f(xs[-1])}; {f(xs[0])}" if two else f(xs[-1])  # noqa: E731
     when = " (last step; first step)" if two else ""
     if any(r.get("forward_end_extra") for r in results):
-        row("forward end instead of the loss: KV cache k/v before repetition + last MLP product",
-            [f"{(r.get('forward_end_extra') or 0) / MIB:,.1f}" for r in results])
+        row(
+            "forward end instead of the loss: KV cache k/v before repetition + last MLP product",
+            [f"{(r.get('forward_end_extra') or 0) / MIB:,.1f}" for r in results],
+        )
     row("**estimate, total** (all parts at once)", [f"{r['estimate_total'] / MIB:,.1f}" for r in results])
-    row("**estimate, the step's part**: max(activations + max(loss, forward end), gradients + optimizer temporary)",
-        [f"**{r['estimate_in_step'] / MIB:,.1f}**" for r in results])
-    row("**measured: the step's tensors at the peak** (CPU allocator)" + when,
-        [last(r["measured"], lambda m: f"**{m['allocated_step_peak_bytes'] / MIB:,.1f}**") for r in results])
+    row(
+        "**estimate, the step's part**: max(activations + max(loss, forward end), gradients + optimizer temporary)",
+        [f"**{r['estimate_in_step'] / MIB:,.1f}**" for r in results],
+    )
+    row(
+        "**measured: the step's tensors at the peak** (CPU allocator)" + when,
+        [last(r["measured"], lambda m: f"**{m['allocated_step_peak_bytes'] / MIB:,.1f}**") for r in results],
+    )
     row("**measured / estimate**" + when, [last(r["ratio"], lambda x: f"**{x:.3f}**") for r in results])
-    row("measured: process peak RSS" + when, [last(r["measured"], lambda m: f"{m['peak_bytes'] / MIB:,.1f}") for r in results])
-    row("measured: RSS increment of the step" + when, [last(r["measured"], lambda m: f"{m['step_peak_bytes'] / MIB:,.1f}") for r in results])
+    row(
+        "measured: process peak RSS" + when,
+        [last(r["measured"], lambda m: f"{m['peak_bytes'] / MIB:,.1f}") for r in results],
+    )
+    row(
+        "measured: RSS increment of the step" + when,
+        [last(r["measured"], lambda m: f"{m['step_peak_bytes'] / MIB:,.1f}") for r in results],
+    )
     row("padded positions / supervised tokens", [f"{r['padded_positions']} / {r['supervised']}" for r in results])
     row("seconds per step (profiled)", [f"{r['measured'][-1]['seconds']:.1f}" for r in results])
     return "\n".join(lines)
@@ -141,9 +183,15 @@ def main() -> None:
     ap.add_argument("--loss", choices=["answer_only", "full_sequence"], default="answer_only")
     ap.add_argument("--chunked", action="store_true", help="training.chunked_loss: true")
     ap.add_argument("--dropout", type=float, default=0.05, help="LoRA dropout (the study default 0.05)")
-    ap.add_argument("--rows", choices=["padded", "full"], default="padded",
-                    help="padded: the preflight's micro-batch at that length; full: rows of real text, no padding")
-    ap.add_argument("--steps", type=int, default=1, help="measured steps per shape (the allocator count is the same at every step)")
+    ap.add_argument(
+        "--rows",
+        choices=["padded", "full"],
+        default="padded",
+        help="padded: the preflight's micro-batch at that length; full: rows of real text, no padding",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=1, help="measured steps per shape (the allocator count is the same at every step)"
+    )
     ap.add_argument("--doc", default=None, help="append the table to this Markdown file")
     ap.add_argument("--json", default=None, help="write the raw results to this JSON file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -169,12 +217,14 @@ def main() -> None:
                 continue
             argv.append(x)
         cmd = "python benchmarks/memory_estimate.py " + " ".join(argv)
-        head = (f"\n## {time.strftime('%Y-%m-%d %H:%M')} UTC: memory estimate vs measured step, {a.loss}"
-                f"{', chunked loss' if a.chunked else ''}, LoRA dropout {a.dropout:g}, {a.rows} rows\n\n"
-                f"`{cmd}`: {platform.machine()}, {os.cpu_count()} cores, Python "
-                f"{platform.python_version()}, torch {torch.__version__}, CPU fp32, torch threads {results[0]['threads']}; "
-                f"SmolLM2-135M-Instruct + LoRA r16 on q/k/v/o; one fresh process per shape; load average {load[0]:.1f} at the start; "
-                f"{time.perf_counter() - t0:.0f} s in all.\n\n")
+        head = (
+            f"\n## {time.strftime('%Y-%m-%d %H:%M')} UTC: memory estimate vs measured step, {a.loss}"
+            f"{', chunked loss' if a.chunked else ''}, LoRA dropout {a.dropout:g}, {a.rows} rows\n\n"
+            f"`{cmd}`: {platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}, torch {torch.__version__}, CPU fp32, torch threads {results[0]['threads']}; "
+            f"SmolLM2-135M-Instruct + LoRA r16 on q/k/v/o; one fresh process per shape; load average {load[0]:.1f} at the start; "
+            f"{time.perf_counter() - t0:.0f} s in all.\n\n"
+        )
         with open(a.doc, "a", encoding="utf-8") as fh:
             fh.write(head + md + "\n")
         print(f"appended to {a.doc}")

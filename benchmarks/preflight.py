@@ -57,14 +57,33 @@ def memory_rows(checks: dict) -> list[dict]:
         est, m = r["estimate"], r["measured"]
         cuda = str(m.get("device", "")).startswith("cuda")
         in_step = r["estimate_in_step_bytes"]
-        row = {"length": r["length"], "micro_batch": est["micro_batch"], "estimate_total": est["total_bytes"],
-               "estimate_in_step": in_step, "peak": m["peak_bytes"], "step_peak": m["step_peak_bytes"],
-               "seconds": m["seconds"], "device": m.get("device"), "parts": {k: est[k] for k in (
-                   "weights_bytes", "gradients_bytes", "optimizer_states_bytes", "optimizer_step_temporary_bytes",
-                   "activations_bytes", "logits_bytes")}}
-        row["error_total_vs_peak"] = (est["total_bytes"] - m["peak_bytes"]) / m["peak_bytes"] if m["peak_bytes"] else None
-        row["error_in_step_vs_step_peak"] = ((in_step - m["step_peak_bytes"]) / m["step_peak_bytes"]
-                                             if m.get("step_peak_bytes") else None)
+        row = {
+            "length": r["length"],
+            "micro_batch": est["micro_batch"],
+            "estimate_total": est["total_bytes"],
+            "estimate_in_step": in_step,
+            "peak": m["peak_bytes"],
+            "step_peak": m["step_peak_bytes"],
+            "seconds": m["seconds"],
+            "device": m.get("device"),
+            "parts": {
+                k: est[k]
+                for k in (
+                    "weights_bytes",
+                    "gradients_bytes",
+                    "optimizer_states_bytes",
+                    "optimizer_step_temporary_bytes",
+                    "activations_bytes",
+                    "logits_bytes",
+                )
+            },
+        }
+        row["error_total_vs_peak"] = (
+            (est["total_bytes"] - m["peak_bytes"]) / m["peak_bytes"] if m["peak_bytes"] else None
+        )
+        row["error_in_step_vs_step_peak"] = (
+            (in_step - m["step_peak_bytes"]) / m["step_peak_bytes"] if m.get("step_peak_bytes") else None
+        )
         row["compared"] = "total vs peak allocated" if cuda else "in-step parts vs step peak (RSS)"
         row["tensors"] = m.get("allocated_step_peak_bytes")  # the step's tensors at their peak (CPU allocator / CUDA)
         row["tensors_over_estimate"] = r.get("measured_over_estimate")  # over the estimate's step part (in_step_bytes)
@@ -86,8 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     cpu0, t0 = children_cpu(), time.perf_counter()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", COLUMNS="160")
-    proc = subprocess.run([sys.executable, "-c", "from tuneproof.cli import main; main()", "preflight", "--study", str(study),
-                           "--data", a.data], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tuneproof.cli import main; main()",
+            "preflight",
+            "--study",
+            str(study),
+            "--data",
+            a.data,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     load_after = os.getloadavg()
     if proc.returncode not in (0, 3):
@@ -114,34 +147,50 @@ def collect(study: Path, fast: bool, exit_code: int, wall: float, cpu: float, lo
     checks = {c["name"]: c for c in report["checks"]}
     return {
         "study": "quickstart --fast" if fast else "default extraction template (tuneproof init --task extraction)",
-        "run": rec.id, "status": rec.status, "exit_code": exit_code, "wall_seconds": round(wall, 1),
-        "cpu_seconds": round(cpu, 1), "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in load_after], "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"),
+        "run": rec.id,
+        "status": rec.status,
+        "exit_code": exit_code,
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(cpu, 1),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in load_after],
+        "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}",
         "checks": [(c["name"], c["passed"], c.get("seconds")) for c in report["checks"]],
         "smoke": (checks.get("smoke pass") or {}).get("details") or {},
-        "memory": memory_rows(checks), "throughput": (checks.get("throughput") or {}).get("numbers", {}),
+        "memory": memory_rows(checks),
+        "throughput": (checks.get("throughput") or {}).get("numbers", {}),
         "config": json.loads((study / "runs" / rec.id / "config.json").read_text())["training"],
     }
 
 
 def print_result(r: dict) -> None:
-    print(f"preflight {r['run']}: {r['status']} (exit {r['exit_code']}) in {r['wall_seconds']:.1f} s wall, {r['cpu_seconds']:.1f} s CPU; "
-          f"load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after, on {r['cores']} cores")
+    print(
+        f"preflight {r['run']}: {r['status']} (exit {r['exit_code']}) in {r['wall_seconds']:.1f} s wall, {r['cpu_seconds']:.1f} s CPU; "
+        f"load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after, on {r['cores']} cores"
+    )
     for name, ok, secs in r["checks"]:
         print(f"  {name:26s} {str(ok):5s} {secs:7.1f} s")
     for m in r["memory"]:
         e2 = m["error_in_step_vs_step_peak"]
-        print(f"  memory L{m['length']} x{m['micro_batch']}: estimate {m['estimate_total'] / GIB:.3f} GiB (in-step parts "
-              f"{m['estimate_in_step'] / GIB:.3f}), measured peak {m['peak'] / GIB:.3f} GiB (step adds "
-              f"{(m['step_peak'] or 0) / GIB:.3f}); error total/peak {m['error_total_vs_peak']:+.1%}, in-step/step-peak "
-              + (f"{e2:+.1%}" if e2 is not None else "n/a")
-              + (f"; the step's tensors {m['tensors'] / GIB:.3f} GiB, x{m['tensors_over_estimate']:.3f} of the estimate's step part"
-                 if m.get("tensors") and m.get("tensors_over_estimate") else ""))
+        print(
+            f"  memory L{m['length']} x{m['micro_batch']}: estimate {m['estimate_total'] / GIB:.3f} GiB (in-step parts "
+            f"{m['estimate_in_step'] / GIB:.3f}), measured peak {m['peak'] / GIB:.3f} GiB (step adds "
+            f"{(m['step_peak'] or 0) / GIB:.3f}); error total/peak {m['error_total_vs_peak']:+.1%}, in-step/step-peak "
+            + (f"{e2:+.1%}" if e2 is not None else "n/a")
+            + (
+                f"; the step's tensors {m['tensors'] / GIB:.3f} GiB, x{m['tensors_over_estimate']:.3f} of the estimate's step part"
+                if m.get("tensors") and m.get("tensors_over_estimate")
+                else ""
+            )
+        )
     th = r["throughput"]
     if th:
-        print(f"  throughput: {th.get('s_per_step')} s/step, {th.get('tokens_per_s')} tokens/s, budget {th.get('total_steps')} steps "
-              f"= {th.get('budget_seconds')} s; eval {th.get('eval_s_per_example')} s/example x {th.get('eval_examples')}")
+        print(
+            f"  throughput: {th.get('s_per_step')} s/step, {th.get('tokens_per_s')} tokens/s, budget {th.get('total_steps')} steps "
+            f"= {th.get('budget_seconds')} s; eval {th.get('eval_s_per_example')} s/example x {th.get('eval_examples')}"
+        )
 
 
 HEADER = """# Benchmark: `tuneproof preflight`
@@ -177,9 +226,13 @@ def append_doc(path: Path, r: dict) -> None:
         "",
         f"**{r['wall_seconds']:.0f} s wall**, {r['cpu_seconds']:.0f} s CPU; run {r['run']} {r['status']} (exit {r['exit_code']}). "
         f"Load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after, on {r['cores']} cores"
-        + (": **the machine was shared with other jobs** (other engineers' test suites); under contention torch's "
-           "2 OpenMP threads wait on each other in every small kernel, so generation and small probes slow down far more "
-           "than the load average suggests." if shared else " (quiet machine)."),
+        + (
+            ": **the machine was shared with other jobs** (other engineers' test suites); under contention torch's "
+            "2 OpenMP threads wait on each other in every small kernel, so generation and small probes slow down far more "
+            "than the load average suggests."
+            if shared
+            else " (quiet machine)."
+        ),
         "",
         "| check | passed | wall seconds |",
         "|---|---|---:|",
@@ -187,26 +240,41 @@ def append_doc(path: Path, r: dict) -> None:
     lines += [f"| {n} | {ok} | {s:.1f} |" for n, ok, s in r["checks"]]
     sm = r.get("smoke") or {}
     if sm.get("child_load_seconds") is not None:
-        lines += ["", f"Fresh-process reload: {sm['child_load_seconds']:.1f} s to import and load base + adapter, "
-                      f"{sm['child_predict_seconds']:.1f} s to predict the 2 smoke examples again."]
+        lines += [
+            "",
+            f"Fresh-process reload: {sm['child_load_seconds']:.1f} s to import and load base + adapter, "
+            f"{sm['child_predict_seconds']:.1f} s to predict the 2 smoke examples again.",
+        ]
     if r["memory"]:
-        lines += ["", "| length x micro-batch | estimate (sum of parts) | estimate, the step's part | measured: the step's tensors | "
-                  "tensors / the step's part | measured peak (RSS) | measured step increment (RSS) | error: total vs peak |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "| length x micro-batch | estimate (sum of parts) | estimate, the step's part | measured: the step's tensors | "
+            "tensors / the step's part | measured peak (RSS) | measured step increment (RSS) | error: total vs peak |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for m in r["memory"]:
             t, q = m.get("tensors"), m.get("tensors_over_estimate")
-            lines.append(f"| {m['length']} x {m['micro_batch']} | {m['estimate_total'] / GIB:.3f} GiB | {m['estimate_in_step'] / GIB:.3f} GiB | "
-                         + (f"{t / GIB:.3f} GiB | {q:.3f} | " if t and q else "- | - | ")
-                         + f"{m['peak'] / GIB:.3f} GiB | {(m['step_peak'] or 0) / GIB:.3f} GiB | {m['error_total_vs_peak']:+.0%} |")
+            lines.append(
+                f"| {m['length']} x {m['micro_batch']} | {m['estimate_total'] / GIB:.3f} GiB | {m['estimate_in_step'] / GIB:.3f} GiB | "
+                + (f"{t / GIB:.3f} GiB | {q:.3f} | " if t and q else "- | - | ")
+                + f"{m['peak'] / GIB:.3f} GiB | {(m['step_peak'] or 0) / GIB:.3f} GiB | {m['error_total_vs_peak']:+.0%} |"
+            )
         parts = r["memory"][0]["parts"]
-        lines += ["", "Estimate parts at the first length (GiB): " + ", ".join(
-            f"{k.removesuffix('_bytes').replace('_', ' ')} {v / GIB:.3f}" for k, v in parts.items()) + "."]
+        lines += [
+            "",
+            "Estimate parts at the first length (GiB): "
+            + ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {v / GIB:.3f}" for k, v in parts.items())
+            + ".",
+        ]
     th = r["throughput"]
     if th:
-        lines += ["", f"Throughput measured by the preflight: {th.get('s_per_step')} s per optimizer step, {th.get('tokens_per_s')} "
-                      f"tokens/s at micro-batch {th.get('micro_batch')} x {th.get('accumulation')}; the configured budget of "
-                      f"{th.get('total_steps')} steps {th.get('budget_seconds')} s; evaluation {th.get('eval_s_per_example')} s per "
-                      f"example (measured on 2), {th.get('eval_seconds_estimate')} s for {th.get('eval_examples')} examples."]
+        lines += [
+            "",
+            f"Throughput measured by the preflight: {th.get('s_per_step')} s per optimizer step, {th.get('tokens_per_s')} "
+            f"tokens/s at micro-batch {th.get('micro_batch')} x {th.get('accumulation')}; the configured budget of "
+            f"{th.get('total_steps')} steps {th.get('budget_seconds')} s; evaluation {th.get('eval_s_per_example')} s per "
+            f"example (measured on 2), {th.get('eval_seconds_estimate')} s for {th.get('eval_examples')} examples.",
+        ]
     text = path.read_text() if path.exists() else HEADER
     path.write_text(text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
 

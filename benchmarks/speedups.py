@@ -34,14 +34,12 @@ import contextlib
 import copy
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from common import SNIPS_SYSTEM, smollm2_lora, snips_examples  # benchmarks/common.py (puts src/ on sys.path)
-
 from tuneproof.data.preprocess import TextPipeline, collate, collate_packed  # noqa: E402
 from tuneproof.study import Prompt  # noqa: E402
 from tuneproof.training.data_order import window_at  # noqa: E402
@@ -50,10 +48,18 @@ from tuneproof.training.loop import _micro_loss  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=24, help="steps per mode (one epoch of steps x micro-batch examples; the first is a warm-up)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=24,
+        help="steps per mode (one epoch of steps x micro-batch examples; the first is a warm-up)",
+    )
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--modes", default="reference,length_grouping,packing,chunked_loss,length_grouping+chunked_loss,packing+chunked_loss")
+    ap.add_argument(
+        "--modes",
+        default="reference,length_grouping,packing,chunked_loss,length_grouping+chunked_loss,packing+chunked_loss",
+    )
     ap.add_argument("--packing-length", type=int, default=0, help="tokens per packed row (0: micro-batch x max-length)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -76,7 +82,11 @@ def main() -> None:
         for s in range(a.steps):
             idx = window_at(n, a.micro_batch, 1, 0, s, lengths=lengths if grouped else None)[0]
             ex = [subset[i] for i in idx]
-            out.append(collate_packed(ex, pad, a.packing_length or a.micro_batch * a.max_length) if "packing" in mode else collate(ex, pad))
+            out.append(
+                collate_packed(ex, pad, a.packing_length or a.micro_batch * a.max_length)
+                if "packing" in mode
+                else collate(ex, pad)
+            )
         return out
 
     modes = a.modes.split(",")
@@ -90,26 +100,40 @@ def main() -> None:
                 total += float(loss_sum)
                 tokens += int((b["labels"][:, 1:] != -100).sum())
             same[m] = total / tokens
-    print("per-token loss of the epoch at the initial weights: " + ", ".join(
-        f"{m} {v:.7f} (diff {v - same[modes[0]]:+.1e})" for m, v in same.items()), flush=True)
+    print(
+        "per-token loss of the epoch at the initial weights: "
+        + ", ".join(f"{m} {v:.7f} (diff {v - same[modes[0]]:+.1e})" for m, v in same.items()),
+        flush=True,
+    )
     state = {}
     for m in modes:
         model = copy.deepcopy(base)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        state[m] = {"model": model, "params": params, "opt": torch.optim.AdamW(params, lr=2e-4, weight_decay=0.0),
-                    "batches": batches_for(m), "times": [], "losses": []}
+        state[m] = {
+            "model": model,
+            "params": params,
+            "opt": torch.optim.AdamW(params, lr=2e-4, weight_decay=0.0),
+            "batches": batches_for(m),
+            "times": [],
+            "losses": [],
+        }
     del base
     real = sum(lengths)
     for m in modes:
         bs = state[m]["batches"]
         pos = sum(int(b["input_ids"].numel()) for b in bs)
         state[m]["positions"] = pos
-        print(f"{m:32s} positions {pos:6d}  padding {100 * (1 - real / pos):5.1f} %  rows {sum(b['input_ids'].shape[0] for b in bs)}")
-    print(f"SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, fp32 CPU, torch threads {torch.get_num_threads()}, {a.steps} steps x "
-          f"micro-batch {a.micro_batch}, {real} real tokens; rounds interleaved", flush=True)
+        print(
+            f"{m:32s} positions {pos:6d}  padding {100 * (1 - real / pos):5.1f} %  rows {sum(b['input_ids'].shape[0] for b in bs)}"
+        )
+    print(
+        f"SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, fp32 CPU, torch threads {torch.get_num_threads()}, {a.steps} steps x "
+        f"micro-batch {a.micro_batch}, {real} real tokens; rounds interleaved",
+        flush=True,
+    )
     for s in range(a.steps):
-        order = modes[s % len(modes):] + modes[: s % len(modes)]
+        order = modes[s % len(modes) :] + modes[: s % len(modes)]
         for m in order:
             st = state[m]
             b = st["batches"][s]
@@ -125,21 +149,28 @@ def main() -> None:
         if s == 0 or (s + 1) % 6 == 0:
             print(f"round {s + 1}/{a.steps} done", flush=True)
     res = {}
-    t_ref = sum(state[modes[0]]["times"][1:])
     for m in modes:
         st = state[m]
         real_counted = sum(int(b["attention_mask"].sum()) for b in st["batches"][1:])
         tt = sum(st["times"][1:])
-        res[m] = {"s_per_step_median": statistics.median(st["times"][1:]), "tokens_per_s": real_counted / tt,
-                  "padding_share": 1 - real / st["positions"], "loss_step1": st["losses"][0],
-                  "loss_mean": statistics.fmean(st["losses"]), "time_s": tt,
-                  "epoch_loss_at_init": same[m], "epoch_loss_at_init_diff": same[m] - same[modes[0]]}
+        res[m] = {
+            "s_per_step_median": statistics.median(st["times"][1:]),
+            "tokens_per_s": real_counted / tt,
+            "padding_share": 1 - real / st["positions"],
+            "loss_step1": st["losses"][0],
+            "loss_mean": statistics.fmean(st["losses"]),
+            "time_s": tt,
+            "epoch_loss_at_init": same[m],
+            "epoch_loss_at_init_diff": same[m] - same[modes[0]],
+        }
     ref_tps = res[modes[0]]["tokens_per_s"]
     print(f"{'mode':32s} {'s/step':>7s} {'tokens/s':>9s} {'ratio':>6s} {'padding':>8s} {'loss step 1':>12s}")
     for m, r in res.items():
         r["ratio_vs_reference"] = r["tokens_per_s"] / ref_tps
-        print(f"{m:32s} {r['s_per_step_median']:7.3f} {r['tokens_per_s']:9.1f} x{r['ratio_vs_reference']:5.2f} "
-              f"{100 * r['padding_share']:7.1f}% {r['loss_step1']:12.6f}")
+        print(
+            f"{m:32s} {r['s_per_step_median']:7.3f} {r['tokens_per_s']:9.1f} x{r['ratio_vs_reference']:5.2f} "
+            f"{100 * r['padding_share']:7.1f}% {r['loss_step1']:12.6f}"
+        )
     if a.json:
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "results": res}, indent=1))
 

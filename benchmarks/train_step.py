@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from common import SNIPS_SYSTEM, smollm2_lora, snips_examples  # benchmarks/common.py (puts src/ on sys.path)
-
 from tuneproof.data.preprocess import TextPipeline, collate  # noqa: E402
 from tuneproof.models.base import load_tokenizer, resolve_base  # noqa: E402
 from tuneproof.study import ModelSpec, Prompt, Training  # noqa: E402
@@ -47,8 +45,15 @@ def _tuneproof(model, encoded, cfg, pad_id) -> list[float]:
     from tuneproof.training.loop import train  # noqa: PLC0415
 
     stamps = [time.perf_counter()]
-    train(model, encoded, cfg, pad_id=pad_id, device=torch.device("cpu"), autocast=contextlib.nullcontext,
-          progress=lambda step, total, loss: stamps.append(time.perf_counter()))
+    train(
+        model,
+        encoded,
+        cfg,
+        pad_id=pad_id,
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        progress=lambda step, total, loss: stamps.append(time.perf_counter()),
+    )
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
@@ -91,11 +96,27 @@ def _trainer(model, batches, lr, tmp: Path) -> list[float]:
         def on_step_end(self, args, state, control, **kw):
             stamps[-1] = time.perf_counter() - stamps[-1]
 
-    args = TrainingArguments(output_dir=str(tmp), max_steps=len(batches), per_device_train_batch_size=1, learning_rate=lr,
-                             lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-                             save_strategy="no", report_to=[], logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
-                             remove_unused_columns=False, disable_tqdm=True, seed=0)
-    InOrder(model=model, args=args, train_dataset=Pre(), data_collator=lambda items: items[0], callbacks=[Clock()]).train()
+    args = TrainingArguments(
+        output_dir=str(tmp),
+        max_steps=len(batches),
+        per_device_train_batch_size=1,
+        learning_rate=lr,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        save_strategy="no",
+        report_to=[],
+        logging_strategy="no",
+        use_cpu=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+        seed=0,
+    )
+    InOrder(
+        model=model, args=args, train_dataset=Pre(), data_collator=lambda items: items[0], callbacks=[Clock()]
+    ).train()
     return stamps
 
 
@@ -122,9 +143,11 @@ def main() -> None:
     subset = [encoded[i] for ix in idx for i in ix]  # the same examples, for the grouping/packing modes
     real = [int(b["attention_mask"].sum()) for b in batches]
     padded = sum(b["attention_mask"].numel() for b in batches)
-    print(f"SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, fp32 CPU, torch threads {torch.get_num_threads()}, "
-          f"{a.steps} steps x micro-batch {a.micro_batch} (first step not counted); "
-          f"real tokens {sum(real)}, padded positions {padded - sum(real)} ({100 * (1 - sum(real) / padded):.1f}% padding)")
+    print(
+        f"SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, fp32 CPU, torch threads {torch.get_num_threads()}, "
+        f"{a.steps} steps x micro-batch {a.micro_batch} (first step not counted); "
+        f"real tokens {sum(real)}, padded positions {padded - sum(real)} ({100 * (1 - sum(real) / padded):.1f}% padding)"
+    )
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in a.modes.split(","):
@@ -137,8 +160,13 @@ def main() -> None:
                 c = cfg.model_copy(update={key: True, "max_steps": None, "epochs": 1.0})
                 times = _tuneproof(model, subset, c, tok.pad_token_id)
                 lens = [len(e.input_ids) for e in subset] if key == "length_grouping" else None
-                tokens = [sum(len(subset[i].input_ids) for i in window_at(len(subset), a.micro_batch, 1, 0, s, lengths=lens)[0])
-                          for s in range(len(times))]
+                tokens = [
+                    sum(
+                        len(subset[i].input_ids)
+                        for i in window_at(len(subset), a.micro_batch, 1, 0, s, lengths=lens)[0]
+                    )
+                    for s in range(len(times))
+                ]
             elif mode == "plain":
                 times, tokens = _plain(model, batches, cfg.learning_rate), real
             elif mode == "trainer":
@@ -152,7 +180,9 @@ def main() -> None:
     ref_tps = res.get("tuneproof", next(iter(res.values())))[1]
     print("ratios (tokens/s, vs tuneproof):")
     for mode, (med, tps, n) in res.items():
-        print(f"{mode:28s} {med:7.3f} s/step  {tps:8.1f} tokens/s  x{tps / ref_tps:.2f} tokens/s vs tuneproof  ({n} steps)")
+        print(
+            f"{mode:28s} {med:7.3f} s/step  {tps:8.1f} tokens/s  x{tps / ref_tps:.2f} tokens/s vs tuneproof  ({n} steps)"
+        )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ from tuneproof.preflight.memory import (  # noqa: E402
     memory_between_steps,
     side_by_side,
 )
-from tuneproof.training.memory import measure_step_peak  # noqa: E402
 from tuneproof.preflight.update_check import check_update  # noqa: E402
 from tuneproof.training.loss import token_loss_sum  # noqa: E402
+from tuneproof.training.memory import measure_step_peak  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 DRY = not torch.cuda.is_available()
@@ -69,8 +69,15 @@ def llama(hidden, inter, layers, heads, vocab, dtype=torch.float32):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=heads, vocab_size=vocab, max_position_embeddings=4096)
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        vocab_size=vocab,
+        max_position_embeddings=4096,
+    )
     return LlamaForCausalLM(cfg).to(device=DEV, dtype=dtype)
 
 
@@ -118,7 +125,15 @@ def memory_probe(dtype, precision, autocast=False):
     lower = est["weights_bytes"] + est["gradients_bytes"] + est["optimizer_states_bytes"]
     result = {
         "parameters": n,
-        "config": {"hidden": hidden, "intermediate": inter, "layers": layers, "heads": heads, "vocab": vocab, "micro_batch": b, "seq_len": s},
+        "config": {
+            "hidden": hidden,
+            "intermediate": inter,
+            "layers": layers,
+            "heads": heads,
+            "vocab": vocab,
+            "micro_batch": b,
+            "seq_len": s,
+        },
         "between_load": between_load,
         "between_steps": between_steps,
         "estimate": est,
@@ -126,8 +141,16 @@ def memory_probe(dtype, precision, autocast=False):
         "measured_step2": m2,
         "side_by_side_step1": side_by_side(est, m1),
         "side_by_side_step2": side_by_side(est, m2),
-        "c8_peak_ge_weights_grads_states": {"lower_bound_bytes": lower, "step1": m1["peak_bytes"] >= lower, "step2": m2["peak_bytes"] >= lower},
-        "peak_over_estimate_gib": {"estimate": est["total_gib"], "step1": m1["peak_bytes"] / GIB, "step2": m2["peak_bytes"] / GIB},
+        "c8_peak_ge_weights_grads_states": {
+            "lower_bound_bytes": lower,
+            "step1": m1["peak_bytes"] >= lower,
+            "step2": m2["peak_bytes"] >= lower,
+        },
+        "peak_over_estimate_gib": {
+            "estimate": est["total_gib"],
+            "step1": m1["peak_bytes"] / GIB,
+            "step2": m2["peak_bytes"] / GIB,
+        },
     }
     del model, opt
     return result
@@ -168,7 +191,9 @@ def _maxmb():
             opt.zero_grad(set_to_none=True)
 
     r = find_max_micro_batch(try_fn, budget_bytes=budget, start=1, limit=8 if DRY else 64)
-    r["estimate_at_max"] = estimate_step_memory(model, max(r["max_micro_batch"], 1), s, "bf16", device=DEV.type)["total_bytes"]
+    r["estimate_at_max"] = estimate_step_memory(model, max(r["max_micro_batch"], 1), s, "bf16", device=DEV.type)[
+        "total_bytes"
+    ]
     return r
 
 
@@ -176,10 +201,13 @@ def lora_factory(checkpointing):
     from peft import LoraConfig, get_peft_model
 
     base = llama(32, 64, 2, 4, 128) if DRY else llama(256, 704, 4, 4, 4096)
-    model = get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, init_lora_weights="gaussian"))
+    model = get_peft_model(
+        base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, init_lora_weights="gaussian")
+    )
     if checkpointing:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True}) if hasattr(
-            base, "activation_checkpointing_enable") else base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+            base, "activation_checkpointing_enable"
+        ) else base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
         model.enable_input_require_grads()
     return model
 

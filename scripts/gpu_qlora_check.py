@@ -40,9 +40,9 @@ from tuneproof.models.base import BaseModelRef, load_model  # noqa: E402
 from tuneproof.models.method import apply_method  # noqa: E402
 from tuneproof.models.quant import bitsandbytes_version, quantization_record  # noqa: E402
 from tuneproof.preflight.memory import GIB, memory_between_steps  # noqa: E402
-from tuneproof.training.memory import measure_step_peak  # noqa: E402
 from tuneproof.preflight.qlora import check_step_values  # noqa: E402
 from tuneproof.training.loss import supervised_token_count, token_loss_sum  # noqa: E402
+from tuneproof.training.memory import measure_step_peak  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda", 0) if CUDA else torch.device("cpu")
@@ -61,15 +61,32 @@ def base_folder(out: Path, smollm2: bool) -> tuple[Path, str]:
     folder = out / "random-llama"
     if not (folder / "config.json").is_file():
         torch.manual_seed(0)
-        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
-                          num_key_value_heads=heads, vocab_size=vocab, max_position_embeddings=1024, tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            vocab_size=vocab,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+        )
         LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
     return folder, f"random Llama hidden {hidden} x {layers} layers, vocab {vocab}"
 
 
 def one_step(folder: Path, kind: str) -> dict:
-    method = SimpleNamespace(kind=kind, r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                             modules_to_save=[], bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_quant_storage="uint8")
+    method = SimpleNamespace(
+        kind=kind,
+        r=16,
+        alpha=32,
+        dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        modules_to_save=[],
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_quant_storage="uint8",
+    )
     ref = BaseModelRef(folder.name, folder, "local", "causal-lm", "local")
     quant = quantization_record(method, "bf16") if kind == "qlora" else None
     if CUDA:
@@ -103,12 +120,23 @@ def one_step(folder: Path, kind: str) -> dict:
 
     peak = measure_step_peak(step, DEV)
     verdict = check_step_values(seen["loss"], seen["grad_norm"])
-    out = {"kind": kind, "load_seconds": round(load_s, 2), "loss": seen["loss"], "grad_norm": seen["grad_norm"],
-           "ln_vocab": math.log(vocab), "qlora_step_check": {k: verdict[k] for k in ("passed", "message")},
-           "step_peak_gib": peak["peak_bytes"] / GIB, "step_reserved_peak_gib": (peak.get("reserved_peak_bytes") or 0) / GIB,
-           "step_seconds": peak["seconds"], "between_steps_after_load_gib": loaded["total_gib"],
-           "trainable": report.get("trainable"), "quantization": report.get("quantization"), "quantized": report.get("quantized"),
-           "micro_batch": b, "seq_len": s}
+    out = {
+        "kind": kind,
+        "load_seconds": round(load_s, 2),
+        "loss": seen["loss"],
+        "grad_norm": seen["grad_norm"],
+        "ln_vocab": math.log(vocab),
+        "qlora_step_check": {k: verdict[k] for k in ("passed", "message")},
+        "step_peak_gib": peak["peak_bytes"] / GIB,
+        "step_reserved_peak_gib": (peak.get("reserved_peak_bytes") or 0) / GIB,
+        "step_seconds": peak["seconds"],
+        "between_steps_after_load_gib": loaded["total_gib"],
+        "trainable": report.get("trainable"),
+        "quantization": report.get("quantization"),
+        "quantized": report.get("quantized"),
+        "micro_batch": b,
+        "seq_len": s,
+    }
     del model, opt
     if CUDA:
         torch.cuda.empty_cache()
@@ -120,8 +148,12 @@ def main(argv: list[str]) -> dict:
     out = Path(args[0] if args else os.environ.get("OUT") or tempfile.mkdtemp(prefix="qlora-check-"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    result: dict = {"device": torch.cuda.get_device_name(0) if CUDA else "cpu (dry run of the script)", "torch": torch.__version__,
-                    "bitsandbytes": bitsandbytes_version(), "dry_run_on_cpu": not CUDA}
+    result: dict = {
+        "device": torch.cuda.get_device_name(0) if CUDA else "cpu (dry run of the script)",
+        "torch": torch.__version__,
+        "bitsandbytes": bitsandbytes_version(),
+        "dry_run_on_cpu": not CUDA,
+    }
     folder, what = base_folder(out, "--smollm2" in argv)
     result["model"] = what
     for kind in ("lora", "qlora"):

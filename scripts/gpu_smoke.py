@@ -7,7 +7,6 @@ Run from the repository root on a GPU machine:  python scripts/gpu_smoke.py OUT_
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,8 +27,13 @@ def main(out: Path) -> dict:
     tok.save_pretrained(model_dir)
     study = out / "study"
     study.mkdir()
-    rows = [{"text": f"play song number {i} by artist {i % 7}", "target": json.dumps({"intent": "PlayMusic", "slots": {"n": str(i)}})}
-            for i in range(64)]
+    rows = [
+        {
+            "text": f"play song number {i} by artist {i % 7}",
+            "target": json.dumps({"intent": "PlayMusic", "slots": {"n": str(i)}}),
+        }
+        for i in range(64)
+    ]
     (study / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     from tuneproof.recipes.init import template_text
 
@@ -42,8 +46,15 @@ def main(out: Path) -> dict:
 
     timings = {}
     # protocol order: data check r0001, baseline r0002, train r0003, eval r0004, compare r0005, export
-    for args in (["data", "check"], ["baseline"], ["train", "--skip-preflight", "gpu smoke"], ["eval", "r0003"], ["compare", "r0004"],
-                 ["export", "r0003"], ["report"]):
+    for args in (
+        ["data", "check"],
+        ["baseline"],
+        ["train", "--skip-preflight", "gpu smoke"],
+        ["eval", "r0003"],
+        ["compare", "r0004"],
+        ["export", "r0003"],
+        ["report"],
+    ):
         t = time.time()
         try:
             cli(args + ["--study", str(study)])
@@ -53,8 +64,12 @@ def main(out: Path) -> dict:
 
     reg = Registry(study)
     env = json.loads((study / "runs" / "r0003" / "env.json").read_text())
-    return {"timings": timings, "runs": [(r.id, r.kind, r.status, r.reason) for r in reg.list()],
-            "device_choice": env.get("device_choice"), "train_summary": reg.get("r0003").summary}
+    return {
+        "timings": timings,
+        "runs": [(r.id, r.kind, r.status, r.reason) for r in reg.list()],
+        "device_choice": env.get("device_choice"),
+        "train_summary": reg.get("r0003").summary,
+    }
 
 
 if __name__ == "__main__":

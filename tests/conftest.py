@@ -12,7 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ["TUNEPROOF_DATA"]) if os.environ.get("TUNEPROOF_DATA") else REPO.parent / "shared" / "data"
+SHARED_DATA = (
+    Path(os.environ["TUNEPROOF_DATA"]) if os.environ.get("TUNEPROOF_DATA") else REPO.parent / "shared" / "data"
+)
 
 from tinymodels import CHATML, CORPUS, make_llama, make_tokenizer  # noqa: E402,F401
 

@@ -46,7 +46,10 @@ def test_runs_json_lists_every_run_with_status_and_reason(tmp_path, capsys):
     code, out = _main(["runs", "--json", "--study", str(tmp_path)], capsys)
     assert code == 0
     rows = json.loads(out)
-    assert [(r["id"], r["kind"], r["status"]) for r in rows] == [("r0001", "eval", "completed"), ("r0002-lr-big", "train", "failed")]
+    assert [(r["id"], r["kind"], r["status"]) for r in rows] == [
+        ("r0001", "eval", "completed"),
+        ("r0002-lr-big", "train", "failed"),
+    ]
     assert rows[1]["reason"] == "RuntimeError: loss exploded"
     assert rows[0]["summary"]["metrics"] == {"accuracy": 0.5}
 
@@ -89,10 +92,19 @@ def test_tables_at_80_columns_keep_the_cells_that_identify_a_row_whole():
     from tuneproof.ui import table
 
     label = "card_payment_wrong_exchange_rate"  # a BANKING77 intent, 32 characters in one word
-    rows = [["train", label, 112, "8x8", "L 112", "pixel_values float32 [3, 16, 16]"],
-            ["validation", "Refund_not_showing_up", 24, "8x8", "L 24", "pixel_values float32 [3, 16, 16]"]]
-    out = _render(table("images per class (median size, PIL modes, model input)", ["split", "class", "n", "size", "modes", "model input"],
-                        rows, keep=("split", "class"), width=80))
+    rows = [
+        ["train", label, 112, "8x8", "L 112", "pixel_values float32 [3, 16, 16]"],
+        ["validation", "Refund_not_showing_up", 24, "8x8", "L 24", "pixel_values float32 [3, 16, 16]"],
+    ]
+    out = _render(
+        table(
+            "images per class (median size, PIL modes, model input)",
+            ["split", "class", "n", "size", "modes", "model input"],
+            rows,
+            keep=("split", "class"),
+            width=80,
+        )
+    )
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert any(label in line for line in lines) and any("Refund_not_showing_up" in line for line in lines), out
@@ -101,9 +113,17 @@ def test_tables_at_80_columns_keep_the_cells_that_identify_a_row_whole():
     ex_id = "SearchCreativeWork/validation/0012"  # a SNIPS id, 34 characters
     text = "I want to see the television show called The Last Kingdom of the north"
     ref = '{"intent": "SearchCreativeWork", "slots": {"object_type": "television show", "object_name": "The Last Kingdom"}}'
-    out = _render(table("r0007: 1 examples", ["id", "category", "input", "reference", "baseline", "candidate"],
-                        [[ex_id, "SearchCreativeWork", text, ref, "```json", ref]], keep=("id",), drop=("category",),
-                        more="`tuneproof show --json` has every field", width=80))
+    out = _render(
+        table(
+            "r0007: 1 examples",
+            ["id", "category", "input", "reference", "baseline", "candidate"],
+            [[ex_id, "SearchCreativeWork", text, ref, "```json", ref]],
+            keep=("id",),
+            drop=("category",),
+            more="`tuneproof show --json` has every field",
+            width=80,
+        )
+    )
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert any(ex_id in line for line in lines), out
@@ -114,10 +134,27 @@ def test_a_table_that_cannot_fit_leaves_out_the_least_important_columns_and_says
     from tuneproof.ui import table
 
     ids = ["r0012-learning_rate0.00012345", "r0013-learning_rate0.00054321"]
-    rows = [[f"{i}\ntraining.learning_rate={v}", "train", "completed", "", "r0004-lora", "12-01 11:52", "accuracy=0.43 macro_f1=0.35"]
-            for i, v in zip(ids, ("0.00012345", "0.00054321"))]
-    t = table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics"], rows,
-              keep=("id", "parent", "metrics"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field", width=80)
+    rows = [
+        [
+            f"{i}\ntraining.learning_rate={v}",
+            "train",
+            "completed",
+            "",
+            "r0004-lora",
+            "12-01 11:52",
+            "accuracy=0.43 macro_f1=0.35",
+        ]
+        for i, v in zip(ids, ("0.00012345", "0.00054321"))
+    ]
+    t = table(
+        "runs",
+        ["id", "kind", "status", "reason", "parent", "created", "metrics"],
+        rows,
+        keep=("id", "parent", "metrics"),
+        drop=("created", "metrics", "parent"),
+        more="`tuneproof runs --json` has every field",
+        width=80,
+    )
     out = _render(t)
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -125,9 +162,20 @@ def test_a_table_that_cannot_fit_leaves_out_the_least_important_columns_and_says
     assert any("training.learning_rate=0.00054321" in line for line in lines)
     assert any("r0004-lora" in line for line in lines)  # the parent is kept: dropping created and metrics was enough
     assert "12-01" not in out and "accuracy" not in out
-    assert "not shown at 80 columns: created, metrics (`tuneproof runs --json` has every field)" in " ".join(out.split())
-    wide = _render(table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics"], rows,
-                         keep=("id", "parent", "metrics"), drop=("created", "metrics", "parent"), width=200), width=200)
+    assert "not shown at 80 columns: created, metrics (`tuneproof runs --json` has every field)" in " ".join(
+        out.split()
+    )
+    wide = _render(
+        table(
+            "runs",
+            ["id", "kind", "status", "reason", "parent", "created", "metrics"],
+            rows,
+            keep=("id", "parent", "metrics"),
+            drop=("created", "metrics", "parent"),
+            width=200,
+        ),
+        width=200,
+    )
     assert "not shown" not in wide and "12-01 11:52" in wide and "accuracy=0.43 macro_f1=0.35" in wide
 
 
@@ -138,11 +186,25 @@ def test_preflight_table_never_cuts_a_number(monkeypatch, capsys):
     from tuneproof.ui import console
 
     class Rep:
-        checks = [{"name": "update check", "passed": True, "numbers": {"trainable_changed": 240, "trainable_tensors": 240,
-                                                                      "frozen_unchanged": 272, "frozen_tensors": 272},
-                   "message": "240 of 240 trainable tensors got a non-zero gradient and changed in 2 step(s)"},
-                  {"name": "embedding size", "passed": True, "numbers": {"tokenizer_length": 49152, "input_embedding_rows": 49152},
-                   "message": "embedding rows 49152 >= tokenizer length 49152"}]
+        checks = [
+            {
+                "name": "update check",
+                "passed": True,
+                "numbers": {
+                    "trainable_changed": 240,
+                    "trainable_tensors": 240,
+                    "frozen_unchanged": 272,
+                    "frozen_tensors": 272,
+                },
+                "message": "240 of 240 trainable tensors got a non-zero gradient and changed in 2 step(s)",
+            },
+            {
+                "name": "embedding size",
+                "passed": True,
+                "numbers": {"tokenizer_length": 49152, "input_embedding_rows": 49152},
+                "message": "embedding rows 49152 >= tokenizer length 49152",
+            },
+        ]
         failed: list = []
 
     monkeypatch.setattr(console, "_width", 80)
@@ -154,7 +216,12 @@ def test_preflight_table_never_cuts_a_number(monkeypatch, capsys):
     monkeypatch.setattr(console, "_width", 160)
     _print_table(Rep(), "r0003", 103.0)
     lines = capsys.readouterr().out.splitlines()
-    for token in ("trainable_tensors=240;", "frozen_unchanged=272;", "tokenizer_length=49152;", "input_embedding_rows=49152"):
+    for token in (
+        "trainable_tensors=240;",
+        "frozen_unchanged=272;",
+        "tokenizer_length=49152;",
+        "input_embedding_rows=49152",
+    ):
         assert any(token in line for line in lines), token
 
 
@@ -165,9 +232,11 @@ def test_the_bitsandbytes_import_warning_is_not_shown(tmp_path):
     import sys
 
     pytest.importorskip("bitsandbytes")
-    script = ("import sys\nfrom tuneproof.cli import app, main\n"
-              "@app.command('probe-import')\ndef probe() -> None:\n    import peft.tuners.lora  # noqa: F401\n    import bitsandbytes  # noqa: F401\n"
-              "main(['probe-import'])\n")
+    script = (
+        "import sys\nfrom tuneproof.cli import app, main\n"
+        "@app.command('probe-import')\ndef probe() -> None:\n    import peft.tuners.lora  # noqa: F401\n    import bitsandbytes  # noqa: F401\n"
+        "main(['probe-import'])\n"
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "gemm_4bit_forward" not in proc.stderr + proc.stdout and "pip install kernels" not in proc.stderr
@@ -189,6 +258,11 @@ def test_runs_at_80_columns_cuts_no_metric_and_wraps_no_short_cell(tmp_path, cap
     code, out = _main(["runs", "--study", str(tmp_path)], capsys)
     lines = out.splitlines()
     assert code == 0 and max(len(line) for line in lines) <= 80
-    assert sum("json_valid_rate=0.00" in line for line in lines) == 2 and sum("required_fields_rate=0.00" in line for line in lines) == 2
+    assert (
+        sum("json_valid_rate=0.00" in line for line in lines) == 2
+        and sum("required_fields_rate=0.00" in line for line in lines) == 2
+    )
     assert "json_valid_rat " not in out and "completed" in out and "data-check" in out
-    assert all(time for time in re.findall(r"\b\d\d-\d\d\b( \d\d:\d\d)?", out))  # a creation time is never split from its date
+    assert all(
+        time for time in re.findall(r"\b\d\d-\d\d\b( \d\d:\d\d)?", out)
+    )  # a creation time is never split from its date

@@ -18,16 +18,30 @@ REF = json.dumps({"intent": "A", "slots": {"x": "1"}})
 
 
 def _cfg(required: list[str]) -> dict:
-    return {"name": "rescoring", "model": {"base": "smollm2-135m-instruct"},
-            "hypothesis": {"behaviour": "extract", "task": "extraction", "success": {"metric": "field_f1", "min_gain": 0.0},
-                           "guards": [{"metric": "required_fields_rate", "max_drop": None, "floor": 0.9}], "required_fields": required},
-            "data": {"sources": [{"path": "d.jsonl", "format": "jsonl"}]}, "eval": {"bootstrap_iterations": 200}}
+    return {
+        "name": "rescoring",
+        "model": {"base": "smollm2-135m-instruct"},
+        "hypothesis": {
+            "behaviour": "extract",
+            "task": "extraction",
+            "success": {"metric": "field_f1", "min_gain": 0.0},
+            "guards": [{"metric": "required_fields_rate", "max_drop": None, "floor": 0.9}],
+            "required_fields": required,
+        },
+        "data": {"sources": [{"path": "d.jsonl", "format": "jsonl"}]},
+        "eval": {"bootstrap_iterations": 200},
+    }
 
 
 def _eval_run(reg: Registry, kind: str, preds: list[str], parent: str | None = None) -> str:
     with reg.run(kind, parent=parent) as r:
-        write_jsonl(r.path("outputs.jsonl"), [{"id": f"e{i}", "category": "A", "input": "t", "reference": REF, "prediction": p}
-                                              for i, p in enumerate(preds)])
+        write_jsonl(
+            r.path("outputs.jsonl"),
+            [
+                {"id": f"e{i}", "category": "A", "input": "t", "reference": REF, "prediction": p}
+                for i, p in enumerate(preds)
+            ],
+        )
         write_json(r.path("eval.json"), {"fingerprint": {"hash": "same", "parts": {"procedure": "p"}}})
         return r.id
 
@@ -52,4 +66,6 @@ def test_edited_required_fields_are_scored_again_for_the_second_verdict(tmp_path
     assert cj["verdict_edited"] == "fail"  # edited: 5 of 10 have both keys, 0.5 < 0.9
     guard = next(v for v in c["alternative"]["verdicts"] if v["kind"] == "guard")
     assert guard["cand"] == 0.5 and "below floor 0.9" in guard["detail"]
-    assert cj["hypothesis"]["changes"] == [{"key": "hypothesis.required_fields", "old": ["intent"], "new": ["intent", "slots"]}]
+    assert cj["hypothesis"]["changes"] == [
+        {"key": "hypothesis.required_fields", "old": ["intent"], "new": ["intent", "slots"]}
+    ]

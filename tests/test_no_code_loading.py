@@ -93,8 +93,13 @@ def test_the_package_never_loads_code():
 def test_every_from_pretrained_of_the_base_passes_the_study_setting():
     """transformers' loaders in models/base.py get ``trust_remote_code`` from ``model.trust_remote_code``."""
     tree = ast.parse((SRC / "models" / "base.py").read_text())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _dotted(n.func).endswith("from_pretrained")
-             and not any(k.arg == "gguf_file" for k in n.keywords)]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and _dotted(n.func).endswith("from_pretrained")
+        and not any(k.arg == "gguf_file" for k in n.keywords)
+    ]
     assert len(calls) >= 3  # tokenizer, sequence classification, causal LM (and any later one)
     assert all(_dotted(_kw(c, "trust_remote_code")) == "ref.trust_remote_code" for c in calls)
 
@@ -106,26 +111,31 @@ def test_study_key_trust_remote_code_defaults_to_false_and_is_recorded():
     assert ModelSpec(base="x", trust_remote_code=True).model_dump()["trust_remote_code"] is True
 
 
-@pytest.mark.parametrize("snippet, expected", [
-    ("import pickle", "import pickle"),
-    ("from joblib import load", "from joblib import ..."),
-    ("import torch\ntorch.load(p)", "torch.load without weights_only=True"),
-    ("import torch\ntorch.load(p, weights_only=False)", "torch.load without weights_only=True"),
-    ("x = eval('1')", "eval()"),
-    ("exec(code)", "exec()"),
-    ("import yaml\nyaml.load(t, Loader=yaml.Loader)", "yaml.load"),
-    ("import yaml as y\ny.unsafe_load(t)", "yaml.unsafe_load"),
-    ("from yaml import FullLoader", "from yaml import FullLoader"),
-    ("AutoModel.from_pretrained(p, trust_remote_code=True)", "trust_remote_code=True"),
-    ("import numpy as np\nnp.load(p, allow_pickle=True)", "numpy.load(allow_pickle=True)"),
-    ("import pandas as pd\npd.read_pickle(p)", "read_pickle"),
-])
+@pytest.mark.parametrize(
+    "snippet, expected",
+    [
+        ("import pickle", "import pickle"),
+        ("from joblib import load", "from joblib import ..."),
+        ("import torch\ntorch.load(p)", "torch.load without weights_only=True"),
+        ("import torch\ntorch.load(p, weights_only=False)", "torch.load without weights_only=True"),
+        ("x = eval('1')", "eval()"),
+        ("exec(code)", "exec()"),
+        ("import yaml\nyaml.load(t, Loader=yaml.Loader)", "yaml.load"),
+        ("import yaml as y\ny.unsafe_load(t)", "yaml.unsafe_load"),
+        ("from yaml import FullLoader", "from yaml import FullLoader"),
+        ("AutoModel.from_pretrained(p, trust_remote_code=True)", "trust_remote_code=True"),
+        ("import numpy as np\nnp.load(p, allow_pickle=True)", "numpy.load(allow_pickle=True)"),
+        ("import pandas as pd\npd.read_pickle(p)", "read_pickle"),
+    ],
+)
 def test_the_rule_catches_each_kind(snippet, expected):
     found = violations(snippet)
     assert len(found) >= 1 and any(f.endswith(": " + expected) for f in found), found
 
 
 def test_allowed_forms_pass():
-    ok = ("import torch, yaml\ntorch.load(p, weights_only=True)\nyaml.safe_load(t)\nmodel.eval()\n"
-          "AutoModel.from_pretrained(p, trust_remote_code=ref.trust_remote_code)\n")
+    ok = (
+        "import torch, yaml\ntorch.load(p, weights_only=True)\nyaml.safe_load(t)\nmodel.eval()\n"
+        "AutoModel.from_pretrained(p, trust_remote_code=ref.trust_remote_code)\n"
+    )
     assert violations(ok) == []

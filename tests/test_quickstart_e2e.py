@@ -35,7 +35,10 @@ def test_quickstart_fast_runs_the_whole_protocol(tmp_path, shared_data):
     # the export names the exact base: the GGUF file's sha256 is the revision
     manifest = json.loads((study / "exports" / runs["train"].id / "manifest.json").read_text())
     base = manifest["base_model"]
-    assert base["revision"] == base["source_weight_sha256"]["SmolLM2-135M-Instruct.Q4_1.gguf"] and len(base["revision"]) == 64
+    assert (
+        base["revision"] == base["source_weight_sha256"]["SmolLM2-135M-Instruct.Q4_1.gguf"]
+        and len(base["revision"]) == 64
+    )
     assert set(base["weight_files"]) == {"model.safetensors"} and len(base["weight_files"]["model.safetensors"]) == 64
     # the data version records the CESU-8 repair of SNIPS PlayMusic (C17)
     data = json.loads((study / "runs" / runs["baseline"].id / "data.json").read_text())

@@ -28,7 +28,12 @@ def test_a_slow_run_prints_a_line_every_n_seconds_between_deciles():
         now[0] = float(step)  # 1 step per second: a decile every 100 s
         p.advance()
     assert [line.split(" | ")[0] for line in lines[:5]] == [
-        "train: 30/1000 (3%)", "train: 60/1000 (6%)", "train: 90/1000 (9%)", "train: 100/1000 (10%)", "train: 130/1000 (13%)"]
+        "train: 30/1000 (3%)",
+        "train: 60/1000 (6%)",
+        "train: 90/1000 (9%)",
+        "train: 100/1000 (10%)",
+        "train: 130/1000 (13%)",
+    ]
     assert len(lines) == 40
     assert lines[0].endswith("| 1.00 it/s | elapsed 0:00:30 | ETA 0:16:10")
 

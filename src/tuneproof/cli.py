@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 import typer.core
@@ -20,8 +19,28 @@ from tuneproof.errors import TuneproofError
 from tuneproof.ui import console
 
 #: `tuneproof --help` lists commands in the order of the protocol (PROTOCOL.md steps), tools last
-PROTOCOL_ORDER = ("init", "data", "baseline", "env", "preflight", "train", "resume", "eval", "compare", "show", "test",
-                  "export", "verify", "report", "plan", "runs", "registry", "invalidate", "track", "quickstart")
+PROTOCOL_ORDER = (
+    "init",
+    "data",
+    "baseline",
+    "env",
+    "preflight",
+    "train",
+    "resume",
+    "eval",
+    "compare",
+    "show",
+    "test",
+    "export",
+    "verify",
+    "report",
+    "plan",
+    "runs",
+    "registry",
+    "invalidate",
+    "track",
+    "quickstart",
+)
 
 
 class _ProtocolOrder(typer.core.TyperGroup):
@@ -30,32 +49,62 @@ class _ProtocolOrder(typer.core.TyperGroup):
         return sorted(self.commands, key=lambda name: (rank.get(name, len(rank)), name))
 
 
-app = typer.Typer(cls=_ProtocolOrder, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Make a fine-tuning experiment provably sound: baseline, data checks, preflight, runs, paired comparison, bound export, dossier.")
-data_app = typer.Typer(no_args_is_help=True, help="Data protocol: versions, splits, duplicates, audits, token-level inspection.")
+app = typer.Typer(
+    cls=_ProtocolOrder,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Make a fine-tuning experiment provably sound: baseline, data checks, preflight, runs, paired comparison, bound export, dossier.",
+)
+data_app = typer.Typer(
+    no_args_is_help=True, help="Data protocol: versions, splits, duplicates, audits, token-level inspection."
+)
 app.add_typer(data_app, name="data")
-runs_app = typer.Typer(invoke_without_command=True, help="Every run, failed, interrupted and invalid ones included; `runs mark-interrupted`.")
+runs_app = typer.Typer(
+    invoke_without_command=True,
+    help="Every run, failed, interrupted and invalid ones included; `runs mark-interrupted`.",
+)
 app.add_typer(runs_app, name="runs")
-registry_app = typer.Typer(no_args_is_help=True, help="The run registry (tuneproof.sqlite): rebuild it from the run folders.")
+registry_app = typer.Typer(
+    no_args_is_help=True, help="The run registry (tuneproof.sqlite): rebuild it from the run folders."
+)
 app.add_typer(registry_app, name="registry")
 
 StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)")
-EditedHypothesisOpt = typer.Option(None, "--use-edited-hypothesis", metavar="REASON",
-                                   help="judge against the study file's edited hypothesis instead of the one frozen with the first "
-                                        "train run; the reason is recorded (compare.json, dossier, export bundle)")
-DataOpt = typer.Option(None, "--data", help="data root holding banking77/ and snips/ (else $TUNEPROOF_DATA, ../shared/data, cache, download)")
-NprocOpt = typer.Option(None, "--nproc-per-node", help="processes on this machine (GPUs, or CPU cores with gloo): train under torchrun with distributed.strategy")
+EditedHypothesisOpt = typer.Option(
+    None,
+    "--use-edited-hypothesis",
+    metavar="REASON",
+    help="judge against the study file's edited hypothesis instead of the one frozen with the first "
+    "train run; the reason is recorded (compare.json, dossier, export bundle)",
+)
+DataOpt = typer.Option(
+    None,
+    "--data",
+    help="data root holding banking77/ and snips/ (else $TUNEPROOF_DATA, ../shared/data, cache, download)",
+)
+NprocOpt = typer.Option(
+    None,
+    "--nproc-per-node",
+    help="processes on this machine (GPUs, or CPU cores with gloo): train under torchrun with distributed.strategy",
+)
 NnodesOpt = typer.Option(1, "--nnodes", help="machines taking part (each runs the same command with its --node-rank)")
 NodeRankOpt = typer.Option(0, "--node-rank", help="this machine's rank among --nnodes (0 creates and records the run)")
 RdzvOpt = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of node 0 for --nnodes > 1 (torchrun rendezvous)")
 
 
-def _distributed(nproc: Optional[int], nnodes: int) -> bool:
+def _distributed(nproc: int | None, nnodes: int) -> bool:
     return (nproc is not None and nproc > 1) or nnodes > 1
 
 
 @app.callback()
-def _global(rehash: bool = typer.Option(False, "--rehash", help="recompute the sha256 of base model files instead of using the hash cache (by path, size, mtime)")) -> None:
+def _global(
+    rehash: bool = typer.Option(
+        False,
+        "--rehash",
+        help="recompute the sha256 of base model files instead of using the hash cache (by path, size, mtime)",
+    ),
+) -> None:
     """Global options (before the command: tuneproof --rehash resume r0003)."""
     if rehash:
         import os  # noqa: PLC0415
@@ -63,7 +112,7 @@ def _global(rehash: bool = typer.Option(False, "--rehash", help="recompute the s
         os.environ["TUNEPROOF_REHASH"] = "1"  # inherited by the fresh verify process
 
 
-def _ctx(study: Path, data: Optional[Path] = None):
+def _ctx(study: Path, data: Path | None = None):
     from tuneproof.context import StudyContext  # noqa: PLC0415
 
     return StudyContext.open(study, data)
@@ -72,8 +121,9 @@ def _ctx(study: Path, data: Optional[Path] = None):
 @app.command()
 def init(
     directory: Path = typer.Argument(..., help="folder to create the study in"),
-    task: str = typer.Option("extraction", "--task",
-                             help="classification | multi-label | extraction | format | image-classification"),
+    task: str = typer.Option(
+        "extraction", "--task", help="classification | multi-label | extraction | format | image-classification"
+    ),
     force: bool = typer.Option(False, help="overwrite an existing tuneproof.yaml"),
 ) -> None:
     """Write DIRECTORY/tuneproof.yaml from the template of the task kind."""
@@ -85,11 +135,15 @@ def init(
         console.print(escape(line), soft_wrap=True)
 
 
-SkipDataCheckOpt = typer.Option(None, "--skip-data-check", help="go on without a passed data check for this data; give the reason (recorded)")
+SkipDataCheckOpt = typer.Option(
+    None, "--skip-data-check", help="go on without a passed data check for this data; give the reason (recorded)"
+)
 
 
 @app.command()
-def baseline(study: Path = StudyOpt, data: Optional[Path] = DataOpt, skip_data_check: Optional[str] = SkipDataCheckOpt) -> None:
+def baseline(
+    study: Path = StudyOpt, data: Path | None = DataOpt, skip_data_check: str | None = SkipDataCheckOpt
+) -> None:
     """Evaluate the base model on the evaluation split and keep its per-example outputs; refuses when the data check failed."""
     from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
 
@@ -100,19 +154,33 @@ def baseline(study: Path = StudyOpt, data: Optional[Path] = DataOpt, skip_data_c
 @app.command()
 def train(
     study: Path = StudyOpt,
-    data: Optional[Path] = DataOpt,
-    name: Optional[str] = typer.Option(None, help="suffix of the run id, e.g. lora-r16"),
-    skip_preflight: Optional[str] = typer.Option(None, "--skip-preflight", help="train without a passed preflight; give the reason (recorded)"),
-    skip_data_check: Optional[str] = SkipDataCheckOpt,
-    skip_baseline: Optional[str] = typer.Option(None, "--skip-baseline", help="train without a baseline for this evaluation procedure; give the reason (recorded)"),
-    from_run: Optional[str] = typer.Option(None, "--from", help="make a variant of this train run (its resolved config + --set/--grid)"),
-    set_: List[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change (YAML value), e.g. method.r=16; repeatable"),
-    grid: Optional[str] = typer.Option(None, "--grid", help="with --from: KEY=V1,V2,... one variant per value, run in sequence"),
-    allow_multi_change: bool = typer.Option(False, "--allow-multi-change", help="with --from: allow a variant that changes more than one group (flagged)"),
-    nproc_per_node: Optional[int] = NprocOpt,
+    data: Path | None = DataOpt,
+    name: str | None = typer.Option(None, help="suffix of the run id, e.g. lora-r16"),
+    skip_preflight: str | None = typer.Option(
+        None, "--skip-preflight", help="train without a passed preflight; give the reason (recorded)"
+    ),
+    skip_data_check: str | None = SkipDataCheckOpt,
+    skip_baseline: str | None = typer.Option(
+        None,
+        "--skip-baseline",
+        help="train without a baseline for this evaluation procedure; give the reason (recorded)",
+    ),
+    from_run: str | None = typer.Option(
+        None, "--from", help="make a variant of this train run (its resolved config + --set/--grid)"
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="with --from: KEY=VALUE change (YAML value), e.g. method.r=16; repeatable"
+    ),
+    grid: str | None = typer.Option(
+        None, "--grid", help="with --from: KEY=V1,V2,... one variant per value, run in sequence"
+    ),
+    allow_multi_change: bool = typer.Option(
+        False, "--allow-multi-change", help="with --from: allow a variant that changes more than one group (flagged)"
+    ),
+    nproc_per_node: int | None = NprocOpt,
     nnodes: int = NnodesOpt,
     node_rank: int = NodeRankOpt,
-    rdzv_endpoint: Optional[str] = RdzvOpt,
+    rdzv_endpoint: str | None = RdzvOpt,
 ) -> None:
     """Train with the study's method (LoRA by default) and record the run; with --from, a variant of a train run.
 
@@ -124,10 +192,12 @@ def train(
 
     if _distributed(nproc_per_node, nnodes):
         if from_run is not None or set_ or grid:
-            raise TuneproofError("--from/--set/--grid with --nproc-per-node is not supported", hint="train the variant in one process, or copy its config into the study file")
-        from tuneproof.recipes.torchrun import check_launch, run_train_distributed  # noqa: PLC0415
-
+            raise TuneproofError(
+                "--from/--set/--grid with --nproc-per-node is not supported",
+                hint="train the variant in one process, or copy its config into the study file",
+            )
         from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
+        from tuneproof.recipes.torchrun import check_launch, run_train_distributed  # noqa: PLC0415
 
         ctx = _ctx(study, data)
         check_launch(ctx, nproc_per_node or 1, nnodes)  # bad input first: one line, nothing run or launched
@@ -135,21 +205,42 @@ def train(
         if node_rank == 0:  # node 0 records the run: the protocol gates are checked there
             order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
             order["preflight_run"] = _require_preflight(ctx, skip_preflight)
-        run_id = run_train_distributed(ctx, nproc=nproc_per_node or 1, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                                       name=name, preflight_override=skip_preflight, order=order)
+        run_id = run_train_distributed(
+            ctx,
+            nproc=nproc_per_node or 1,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+            name=name,
+            preflight_override=skip_preflight,
+            order=order,
+        )
         console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
         return
     if from_run is not None:
         from tuneproof.recipes.variants import run_variants  # noqa: PLC0415
 
-        done = run_variants(study, data, from_run, sets=set_, grid=grid, name=name, allow_multi_change=allow_multi_change,
-                            preflight=_require_preflight, preflight_override=skip_preflight,
-                            data_check_override=skip_data_check, baseline_override=skip_baseline)
+        done = run_variants(
+            study,
+            data,
+            from_run,
+            sets=set_,
+            grid=grid,
+            name=name,
+            allow_multi_change=allow_multi_change,
+            preflight=_require_preflight,
+            preflight_override=skip_preflight,
+            data_check_override=skip_data_check,
+            baseline_override=skip_baseline,
+        )
         for r in done:
             console.print(f"variant [bold]{r['run']}[/] {r['status']} ({r['change']})")
         return
     if set_ or grid or allow_multi_change:
-        raise TuneproofError("--set, --grid and --allow-multi-change make a variant: they need --from RUN", hint="e.g. tuneproof train --from r0004 --set method.r=16")
+        raise TuneproofError(
+            "--set, --grid and --allow-multi-change make a variant: they need --from RUN",
+            hint="e.g. tuneproof train --from r0004 --set method.r=16",
+        )
     from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
 
     ctx = _ctx(study, data)
@@ -159,7 +250,7 @@ def train(
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
 
 
-def _require_preflight(ctx, override: Optional[str]) -> Optional[str]:
+def _require_preflight(ctx, override: str | None) -> str | None:
     try:
         from tuneproof.recipes.preflight import require_preflight  # noqa: PLC0415
     except ImportError:
@@ -170,23 +261,42 @@ def _require_preflight(ctx, override: Optional[str]) -> Optional[str]:
 @app.command()
 def preflight(
     study: Path = StudyOpt,
-    data: Optional[Path] = DataOpt,
-    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="memory one training step may use, e.g. 80GiB, 512MiB, 16GB (default: the GPU's memory, RAM on CPU)"),
-    find_max_micro_batch: bool = typer.Option(False, "--find-max-micro-batch", help="also find the largest micro-batch whose measured step fits the budget"),
-    from_run: Optional[str] = typer.Option(None, "--from", help="preflight the variant of this train run given by --set (what `train --from ... --set ...` will check)"),
-    set_: List[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change, repeatable"),
-    allow_multi_change: bool = typer.Option(False, "--allow-multi-change", help="with --from: allow a change of more than one group"),
-    nproc_per_node: Optional[int] = NprocOpt,
+    data: Path | None = DataOpt,
+    memory_budget: str | None = typer.Option(
+        None,
+        "--memory-budget",
+        help="memory one training step may use, e.g. 80GiB, 512MiB, 16GB (default: the GPU's memory, RAM on CPU)",
+    ),
+    find_max_micro_batch: bool = typer.Option(
+        False, "--find-max-micro-batch", help="also find the largest micro-batch whose measured step fits the budget"
+    ),
+    from_run: str | None = typer.Option(
+        None,
+        "--from",
+        help="preflight the variant of this train run given by --set (what `train --from ... --set ...` will check)",
+    ),
+    set_: list[str] = typer.Option([], "--set", help="with --from: KEY=VALUE change, repeatable"),
+    allow_multi_change: bool = typer.Option(
+        False, "--allow-multi-change", help="with --from: allow a change of more than one group"
+    ),
+    nproc_per_node: int | None = NprocOpt,
     nnodes: int = NnodesOpt,
     node_rank: int = NodeRankOpt,
-    rdzv_endpoint: Optional[str] = RdzvOpt,
+    rdzv_endpoint: str | None = RdzvOpt,
 ) -> None:
     """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""
-    if _distributed(nproc_per_node, nnodes):  # the checks only N processes can make (shares, DDP/FSDP2 step, per-rank memory)
+    if _distributed(
+        nproc_per_node, nnodes
+    ):  # the checks only N processes can make (shares, DDP/FSDP2 step, per-rank memory)
         from tuneproof.recipes.torchrun import run_preflight_distributed  # noqa: PLC0415
 
-        run_id = run_preflight_distributed(_ctx(study, data), nproc=nproc_per_node or 1, nnodes=nnodes, node_rank=node_rank,
-                                           rdzv_endpoint=rdzv_endpoint)
+        run_id = run_preflight_distributed(
+            _ctx(study, data),
+            nproc=nproc_per_node or 1,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+        )
         console.print(f"distributed preflight run [bold]{run_id}[/] passed")
         return
     from tuneproof.preflight.environment import parse_memory  # noqa: PLC0415
@@ -216,7 +326,9 @@ def env(json_: bool = typer.Option(False, "--json", help="print the snapshot as 
 
 
 @app.command("eval")
-def eval_(run: str = typer.Argument(..., help="a completed train run"), study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
+def eval_(
+    run: str = typer.Argument(..., help="a completed train run"), study: Path = StudyOpt, data: Path | None = DataOpt
+) -> None:
     """Evaluate a trained run with the baseline's exact procedure."""
     from tuneproof.recipes.evaluate import run_eval  # noqa: PLC0415
 
@@ -225,8 +337,12 @@ def eval_(run: str = typer.Argument(..., help="a completed train run"), study: P
 
 
 @runs_app.callback()
-def runs(ctx: typer.Context, study: Path = StudyOpt, tree: bool = typer.Option(False, "--tree", help="show lineage as a tree"),
-         json_: bool = typer.Option(False, "--json", help="print every run record as JSON (for scripts)")) -> None:
+def runs(
+    ctx: typer.Context,
+    study: Path = StudyOpt,
+    tree: bool = typer.Option(False, "--tree", help="show lineage as a tree"),
+    json_: bool = typer.Option(False, "--json", help="print every run record as JSON (for scripts)"),
+) -> None:
     """Every run, failed, interrupted and invalid ones included."""
     if ctx.invoked_subcommand is not None:
         return
@@ -237,7 +353,9 @@ def runs(ctx: typer.Context, study: Path = StudyOpt, tree: bool = typer.Option(F
 
 @runs_app.command("mark-interrupted")
 def runs_mark_interrupted(
-    run: str = typer.Argument(..., help="a run shown as running whose process is gone (e.g. its machine was restarted)"),
+    run: str = typer.Argument(
+        ..., help="a run shown as running whose process is gone (e.g. its machine was restarted)"
+    ),
     why: str = typer.Option(..., "--why", help="the reason, recorded with the last heartbeat, host and pid"),
     study: Path = StudyOpt,
 ) -> None:
@@ -245,7 +363,10 @@ def runs_mark_interrupted(
     from tuneproof.registry import Registry  # noqa: PLC0415
 
     rec = Registry(study).mark_interrupted(run, why)
-    console.print(f"{rec.id}: interrupted ({rec.reason})" + (f"; next: tuneproof resume {rec.id}" if rec.kind == "train" else ""), soft_wrap=True)
+    console.print(
+        f"{rec.id}: interrupted ({rec.reason})" + (f"; next: tuneproof resume {rec.id}" if rec.kind == "train" else ""),
+        soft_wrap=True,
+    )
 
 
 @registry_app.command("rebuild")
@@ -254,11 +375,17 @@ def registry_rebuild(study: Path = StudyOpt) -> None:
     from tuneproof.registry import Registry  # noqa: PLC0415
 
     out = Registry.rebuild(study)
-    console.print(f"rebuilt {study / 'tuneproof.sqlite'} from {len(out['runs'])} run folder(s)"
-                  + (f", {out['test_accesses']} test-split read(s)" if out["test_accesses"] else "")
-                  + (f"; old index kept as {out['kept']}" if out["kept"] else ""), soft_wrap=True)
+    console.print(
+        f"rebuilt {study / 'tuneproof.sqlite'} from {len(out['runs'])} run folder(s)"
+        + (f", {out['test_accesses']} test-split read(s)" if out["test_accesses"] else "")
+        + (f"; old index kept as {out['kept']}" if out["kept"] else ""),
+        soft_wrap=True,
+    )
     if out["lost"]:
-        console.print(f"[yellow]warning[/]: {len(out['lost'])} folder(s) had no readable run.json, listed as invalid: {', '.join(out['lost'])}", soft_wrap=True)
+        console.print(
+            f"[yellow]warning[/]: {len(out['lost'])} folder(s) had no readable run.json, listed as invalid: {', '.join(out['lost'])}",
+            soft_wrap=True,
+        )
     if out["stale"]:
         console.print(f"found stale and marked interrupted: {', '.join(out['stale'])}")
 
@@ -267,13 +394,19 @@ def registry_rebuild(study: Path = StudyOpt) -> None:
 def resume(
     run: str = typer.Argument(..., help="an interrupted (or failed) train run"),
     study: Path = StudyOpt,
-    data: Optional[Path] = DataOpt,
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="a checkpoint in runs/RUN/checkpoints/ (step-NNNNNN) or a path (default: the latest)"),
-    fallback: bool = typer.Option(False, "--fallback", help="if the checkpoint is refused (sha256 differs, damaged, not a checkpoint folder), continue from the newest valid older one"),
-    nproc_per_node: Optional[int] = NprocOpt,
+    data: Path | None = DataOpt,
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="a checkpoint in runs/RUN/checkpoints/ (step-NNNNNN) or a path (default: the latest)"
+    ),
+    fallback: bool = typer.Option(
+        False,
+        "--fallback",
+        help="if the checkpoint is refused (sha256 differs, damaged, not a checkpoint folder), continue from the newest valid older one",
+    ),
+    nproc_per_node: int | None = NprocOpt,
     nnodes: int = NnodesOpt,
     node_rank: int = NodeRankOpt,
-    rdzv_endpoint: Optional[str] = RdzvOpt,
+    rdzv_endpoint: str | None = RdzvOpt,
 ) -> None:
     """Continue an interrupted train run from its checkpoint, in this process, into the same run id."""
     from tuneproof.recipes.resume import run_resume  # noqa: PLC0415
@@ -284,7 +417,11 @@ def resume(
 
 
 @app.command()
-def invalidate(run: str, why: str = typer.Option(..., "--why", help="the reason, shown in runs and the dossier"), study: Path = StudyOpt) -> None:
+def invalidate(
+    run: str,
+    why: str = typer.Option(..., "--why", help="the reason, shown in runs and the dossier"),
+    study: Path = StudyOpt,
+) -> None:
     """Mark a run invalid (it stays listed, with the reason)."""
     from tuneproof.registry import Registry  # noqa: PLC0415
 
@@ -294,12 +431,18 @@ def invalidate(run: str, why: str = typer.Option(..., "--why", help="the reason,
 
 @app.command()
 def compare(
-    runs: List[str] = typer.Argument(..., help="candidate eval runs (or train runs with an eval)"),
-    against: Optional[str] = typer.Option(None, "--against", help="baseline run (default: the latest completed baseline)"),
-    allow_different_procedure: bool = typer.Option(False, "--allow-different-procedure", help="compare anyway (marked in the result)"),
-    use_edited_hypothesis: Optional[str] = EditedHypothesisOpt,
+    runs: list[str] = typer.Argument(..., help="candidate eval runs (or train runs with an eval)"),
+    against: str | None = typer.Option(None, "--against", help="baseline run (default: the latest completed baseline)"),
+    allow_different_procedure: bool = typer.Option(
+        False, "--allow-different-procedure", help="compare anyway (marked in the result)"
+    ),
+    use_edited_hypothesis: str | None = EditedHypothesisOpt,
     study: Path = StudyOpt,
-    json_: bool = typer.Option(False, "--json", help="print the comparison (compare.json with the run id) as JSON instead of the screen (for scripts)"),
+    json_: bool = typer.Option(
+        False,
+        "--json",
+        help="print the comparison (compare.json with the run id) as JSON instead of the screen (for scripts)",
+    ),
 ) -> None:
     """Candidates vs the baseline, paired per example; guards and success criterion judged (frozen hypothesis)."""
     from tuneproof.recipes.compare import run_compare  # noqa: PLC0415
@@ -308,8 +451,13 @@ def compare(
     quiet = console.quiet
     console.quiet = quiet or json_  # stdout carries only the JSON
     try:
-        run_id = run_compare(ctx, runs, against=against, allow_different_procedure=allow_different_procedure,
-                             use_edited_hypothesis=use_edited_hypothesis)
+        run_id = run_compare(
+            ctx,
+            runs,
+            against=against,
+            allow_different_procedure=allow_different_procedure,
+            use_edited_hypothesis=use_edited_hypothesis,
+        )
     finally:
         console.quiet = quiet
     verdict = ctx.registry.get(run_id).summary.get("verdict")
@@ -327,8 +475,12 @@ def compare(
 
 
 @app.command("test")
-def test_(run: str = typer.Argument(..., help="a completed train run, or 'base'"), study: Path = StudyOpt, data: Optional[Path] = DataOpt,
-          use_edited_hypothesis: Optional[str] = EditedHypothesisOpt) -> None:
+def test_(
+    run: str = typer.Argument(..., help="a completed train run, or 'base'"),
+    study: Path = StudyOpt,
+    data: Path | None = DataOpt,
+    use_edited_hypothesis: str | None = EditedHypothesisOpt,
+) -> None:
     """Evaluate on the reserved test split; every access is logged and reuse is stated."""
     from tuneproof.recipes.test_split import run_test  # noqa: PLC0415
 
@@ -338,11 +490,15 @@ def test_(run: str = typer.Argument(..., help="a completed train run, or 'base'"
 @app.command()
 def show(
     run: str,
-    regressed: bool = typer.Option(False, "--regressed", help="examples the candidate broke (right in the baseline, wrong now)"),
+    regressed: bool = typer.Option(
+        False, "--regressed", help="examples the candidate broke (right in the baseline, wrong now)"
+    ),
     fixed: bool = typer.Option(False, "--fixed", help="examples the candidate fixed"),
-    category: Optional[str] = typer.Option(None, "--class", help="only this class / intent"),
-    field: Optional[str] = typer.Option(None, "--field", help="only examples whose reference or prediction has this field"),
-    against: Optional[str] = typer.Option(None, "--against", help="baseline run"),
+    category: str | None = typer.Option(None, "--class", help="only this class / intent"),
+    field: str | None = typer.Option(
+        None, "--field", help="only examples whose reference or prediction has this field"
+    ),
+    against: str | None = typer.Option(None, "--against", help="baseline run"),
     limit: int = typer.Option(20, help="rows to show"),
     study: Path = StudyOpt,
     json_: bool = typer.Option(False, "--json", help="print the selected examples as JSON (for scripts)"),
@@ -350,12 +506,21 @@ def show(
     """Per-example outputs of an evaluation run, filtered."""
     from tuneproof.recipes.show import run_show  # noqa: PLC0415
 
-    run_show(_ctx(study), run, regressed=regressed, fixed=fixed, category=category, field=field, against=against, limit=limit,
-             as_json=json_)
+    run_show(
+        _ctx(study),
+        run,
+        regressed=regressed,
+        fixed=fixed,
+        category=category,
+        field=field,
+        against=against,
+        limit=limit,
+        as_json=json_,
+    )
 
 
 @data_app.command("check")
-def data_check(study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
+def data_check(study: Path = StudyOpt, data: Path | None = DataOpt) -> None:
     """Versions, splits, duplicates, label/field audits, lengths; exits 3 on hard faults."""
     from tuneproof.recipes.data_check import run_data_check  # noqa: PLC0415
 
@@ -365,11 +530,16 @@ def data_check(study: Path = StudyOpt, data: Optional[Path] = DataOpt) -> None:
 @data_app.command("inspect")
 def data_inspect(
     study: Path = StudyOpt,
-    data: Optional[Path] = DataOpt,
-    n: int = typer.Option(3, "-n", min=1, help="examples per category (in total when the examples have no category); the longest is one of them"),
+    data: Path | None = DataOpt,
+    n: int = typer.Option(
+        3,
+        "-n",
+        min=1,
+        help="examples per category (in total when the examples have no category); the longest is one of them",
+    ),
     split: str = typer.Option("train", help="split to inspect (not the reserved test split)"),
     html: bool = typer.Option(False, "--html", help="write one self-contained HTML page instead"),
-    out: Optional[Path] = typer.Option(None, help="HTML path (default: STUDY/inspect.html)"),
+    out: Path | None = typer.Option(None, help="HTML path (default: STUDY/inspect.html)"),
 ) -> None:
     """Examples per category after the exact preprocessing: tokens, ids, supervised positions, truncation."""
     from tuneproof.recipes.inspect import run_inspect  # noqa: PLC0415
@@ -382,27 +552,47 @@ def data_inspect(
 def export(
     run: str = typer.Argument(..., help="a completed train run"),
     study: Path = StudyOpt,
-    data: Optional[Path] = DataOpt,
-    merge: bool = typer.Option(False, "--merge", help="also write merged/: the base with the adapter merged in (safetensors)"),
-    force: bool = typer.Option(False, "--force", help="export a failed, interrupted or invalid run anyway (recorded in the manifest and model card)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="bundle folder (default: exports/RUN in the study)"),
-    verify_examples: int = typer.Option(8, "--verify-examples", help="K evaluation examples stored with their predictions for verify"),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the stored predictions are made (verify must use the same)"),
-    use_edited_hypothesis: Optional[str] = EditedHypothesisOpt,
+    data: Path | None = DataOpt,
+    merge: bool = typer.Option(
+        False, "--merge", help="also write merged/: the base with the adapter merged in (safetensors)"
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="export a failed, interrupted or invalid run anyway (recorded in the manifest and model card)",
+    ),
+    out: Path | None = typer.Option(None, "--out", help="bundle folder (default: exports/RUN in the study)"),
+    verify_examples: int = typer.Option(
+        8, "--verify-examples", help="K evaluation examples stored with their predictions for verify"
+    ),
+    device: str = typer.Option(
+        "cpu", "--device", help="cpu | cuda: where the stored predictions are made (verify must use the same)"
+    ),
+    use_edited_hypothesis: str | None = EditedHypothesisOpt,
 ) -> None:
     """Export a train run as a bundle bound to its exact base model, verified in a fresh process."""
     from tuneproof.recipes.export import run_export  # noqa: PLC0415
 
-    run_export(_ctx(study, data), run, force=force, out_dir=out, merge=merge, k=verify_examples, device=device,
-               use_edited_hypothesis=use_edited_hypothesis)
+    run_export(
+        _ctx(study, data),
+        run,
+        force=force,
+        out_dir=out,
+        merge=merge,
+        k=verify_examples,
+        device=device,
+        use_edited_hypothesis=use_edited_hypothesis,
+    )
 
 
 @app.command()
 def verify(
     bundle: Path = typer.Argument(..., help="an export bundle folder (exports/RUN)"),
-    base: Optional[Path] = typer.Option(None, "--base", help="the base model folder to check and load (default: the path recorded at export)"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the full report to this JSON file"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default: the device the export recorded)"),
+    base: Path | None = typer.Option(
+        None, "--base", help="the base model folder to check and load (default: the path recorded at export)"
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="write the full report to this JSON file"),
+    device: str | None = typer.Option(None, "--device", help="cpu | cuda (default: the device the export recorded)"),
 ) -> None:
     """Check a bundle in a fresh process: file hashes, base weights and tokenizer, reload, predictions."""
     from tuneproof.recipes.verify import run_verify  # noqa: PLC0415
@@ -414,7 +604,7 @@ def verify(
 def report(
     study: Path = StudyOpt,
     html: bool = typer.Option(False, "--html", help="also write dossier.html: one self-contained page with plots"),
-    use_edited_hypothesis: Optional[str] = EditedHypothesisOpt,
+    use_edited_hypothesis: str | None = EditedHypothesisOpt,
 ) -> None:
     """Write the dossier (dossier.md, and dossier.html with --html) from the recorded evidence."""
     from tuneproof.recipes.report import HTML_FILE, run_report  # noqa: PLC0415
@@ -426,8 +616,10 @@ def report(
 @app.command()
 def plan(
     days: float = typer.Option(..., "--days", help="rental length in days (3, 7 or 30 usually)"),
-    hourly_rate: Optional[float] = typer.Option(None, "--hourly-rate", help="price of one hour of the machine (adds the cost; without it: hours only)"),
-    variants: Optional[int] = typer.Option(None, "--variants", help="variants to plan for (default: as many as fit)"),
+    hourly_rate: float | None = typer.Option(
+        None, "--hourly-rate", help="price of one hour of the machine (adds the cost; without it: hours only)"
+    ),
+    variants: int | None = typer.Option(None, "--variants", help="variants to plan for (default: as many as fit)"),
     study: Path = StudyOpt,
 ) -> None:
     """The rental plan from this study's measured throughput: phases, variants that fit, cost."""
@@ -439,10 +631,14 @@ def plan(
 @app.command()
 def quickstart(
     directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),
-    data: Optional[Path] = DataOpt,
+    data: Path | None = DataOpt,
     fast: bool = typer.Option(False, "--fast", help="tiny subset and few steps (for tests; no real gain expected)"),
-    preflight: bool = typer.Option(False, "--preflight", help="also run the full preflight before training (adds minutes on a CPU)"),
-    task: str = typer.Option("extraction", "--task", help="extraction (SNIPS + SmolLM2 + LoRA) or image-classification (digits + ViT)"),
+    preflight: bool = typer.Option(
+        False, "--preflight", help="also run the full preflight before training (adds minutes on a CPU)"
+    ),
+    task: str = typer.Option(
+        "extraction", "--task", help="extraction (SNIPS + SmolLM2 + LoRA) or image-classification (digits + ViT)"
+    ),
 ) -> None:
     """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA, or
     (--task image-classification) handwritten digits with a small ViT."""
@@ -451,22 +647,32 @@ def quickstart(
     run_quickstart(directory, data, fast=fast, preflight=preflight, task=task)
 
 
-track_app = typer.Typer(no_args_is_help=True, help="Experiment trackers (tracking.* / report_to in the study): MLflow, W&B, Trackio.")
+track_app = typer.Typer(
+    no_args_is_help=True, help="Experiment trackers (tracking.* / report_to in the study): MLflow, W&B, Trackio."
+)
 app.add_typer(track_app, name="track")
 
 
 @track_app.command("sync")
-def track_sync(study: Path = StudyOpt, all_: bool = typer.Option(False, "--all", help="mirror every ended run again, not only pending ones")) -> None:
+def track_sync(
+    study: Path = StudyOpt,
+    all_: bool = typer.Option(False, "--all", help="mirror every ended run again, not only pending ones"),
+) -> None:
     """Mirror the runs the trackers have not received yet (a tracker was down) to every tracker."""
     from tuneproof.tracking import sync, trackers_for  # noqa: PLC0415
 
     ctx = _ctx(study)
     trackers = trackers_for(ctx.study, ctx.study_dir)
     if not trackers:
-        raise TuneproofError(f"{ctx.study_dir / 'tuneproof.yaml'}: no tracker set", hint="add tracking: {mlflow: {uri: sqlite:///mlflow.db}} or report_to: [mlflow]")
+        raise TuneproofError(
+            f"{ctx.study_dir / 'tuneproof.yaml'}: no tracker set",
+            hint="add tracking: {mlflow: {uri: sqlite:///mlflow.db}} or report_to: [mlflow]",
+        )
     done = sync(trackers, ctx.registry, only_pending=not all_)
-    console.print(f"mirrored {len(done['mirrored'])} run(s) to {', '.join(t.name for t in trackers)}"
-                  + (f"; still pending: {', '.join(done['pending'])}" if done["pending"] else ""))
+    console.print(
+        f"mirrored {len(done['mirrored'])} run(s) to {', '.join(t.name for t in trackers)}"
+        + (f"; still pending: {', '.join(done['pending'])}" if done["pending"] else "")
+    )
     if done["pending"]:
         sys.exit(2)
 
@@ -518,7 +724,7 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
     raise Terminated(f"signal {signum}")
 
 
-def _machine_fault(err: BaseException) -> "TuneproofError | None":
+def _machine_fault(err: BaseException) -> TuneproofError | None:
     """A one-line error for a fault of the machine or a damaged index met outside a run."""
     import sqlite3  # noqa: PLC0415
 
@@ -526,14 +732,18 @@ def _machine_fault(err: BaseException) -> "TuneproofError | None":
 
     cause = fault_cause(err)
     if cause is not None:
-        return TuneproofError(fault_message(err, cause), hint="free space or make the folder writable, then run the command again")
+        return TuneproofError(
+            fault_message(err, cause), hint="free space or make the folder writable, then run the command again"
+        )
     if isinstance(err, sqlite3.DatabaseError) and not isinstance(err, sqlite3.OperationalError):
-        return TuneproofError(f"the run registry (tuneproof.sqlite in the study folder) is damaged ({err})",
-                              hint="rebuild it from the run folders: tuneproof registry rebuild")
+        return TuneproofError(
+            f"the run registry (tuneproof.sqlite in the study folder) is damaged ({err})",
+            hint="rebuild it from the run folders: tuneproof registry rebuild",
+        )
     return None
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app and turns user errors into short messages + exit codes."""
     import logging  # noqa: PLC0415
     import os  # noqa: PLC0415
@@ -577,7 +787,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.exit(code)
 
 
-def _say_stopped(argv: Optional[List[str]], fallback: str) -> None:
+def _say_stopped(argv: list[str] | None, fallback: str) -> None:
     """One line on stderr per run a signal stopped in this command: the run, the signal, the step and
     how to go on (``run r0003 interrupted by SIGTERM at step 3; resume with: tuneproof resume r0003``)."""
     import shlex  # noqa: PLC0415
@@ -590,7 +800,7 @@ def _say_stopped(argv: Optional[List[str]], fallback: str) -> None:
         err_console.print(line, markup=False, soft_wrap=True)
 
 
-def _main(argv: Optional[List[str]], Terminated) -> int:  # noqa: N803
+def _main(argv: list[str] | None, Terminated) -> int:  # noqa: N803
     from tuneproof import registry  # noqa: PLC0415
 
     registry.STOPPED.clear()
@@ -601,7 +811,9 @@ def _main(argv: Optional[List[str]], Terminated) -> int:  # noqa: N803
                 _say_stopped(argv, "interrupted by Ctrl-C; no run was in progress")
             return rv
     except TuneproofError as err:
-        console.print(f"[bold red]error[/]: {escape(str(err))}", soft_wrap=True)  # messages quote data: [..] is not markup
+        console.print(
+            f"[bold red]error[/]: {escape(str(err))}", soft_wrap=True
+        )  # messages quote data: [..] is not markup
         return err.exit_code
     except Terminated:
         _say_stopped(argv, "terminated by SIGTERM; no run was in progress")

@@ -66,7 +66,9 @@ class StudyContext:
     repairs: list[str] = field(default_factory=list)
 
     @classmethod
-    def open(cls, study_dir: str | Path = ".", data_root: str | Path | None = None, config: dict | None = None) -> "StudyContext":
+    def open(
+        cls, study_dir: str | Path = ".", data_root: str | Path | None = None, config: dict | None = None
+    ) -> StudyContext:
         """Open the study in ``study_dir``; ``config`` (a resolved dict) overrides the file (variants)."""
         study_dir = Path(study_dir).resolve()
         study = parse_study(config, study_dir / STUDY_FILE) if config is not None else load_study(study_dir)
@@ -104,15 +106,22 @@ class StudyContext:
         check_unique_ids(examples)
         self.split_info: dict[str, Any] = {}
         splits, self.manifest_created = freeze_or_reuse(
-            self.study_dir, lambda: build_splits(examples, data.split, data.test_split, data.dedup, self.split_info), examples,
-            grouping=lambda: self.split_info.get("grouping"))
+            self.study_dir,
+            lambda: build_splits(examples, data.split, data.test_split, data.dedup, self.split_info),
+            examples,
+            grouping=lambda: self.split_info.get("grouping"),
+        )
         self.dedup_dropped: list[str] = []
         if self.study.data.dedup.policy == "drop-from-train":
             d = self.study.data.dedup
-            report = find_duplicates(splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm)
+            report = find_duplicates(
+                splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm
+            )
             splits["train"], self.dedup_dropped = apply_policy(splits, report, d.policy)
         if self.study.eval.split not in splits:
-            raise TuneproofError(f"{self.study_dir / STUDY_FILE}: eval.split '{self.study.eval.split}' does not exist (splits: {sorted(splits)})")
+            raise TuneproofError(
+                f"{self.study_dir / STUDY_FILE}: eval.split '{self.study.eval.split}' does not exist (splits: {sorted(splits)})"
+            )
         if "train" not in splits:
             raise TuneproofError(f"{self.study_dir / STUDY_FILE}: no 'train' split (splits: {sorted(splits)})")
         return splits
@@ -124,7 +133,10 @@ class StudyContext:
             TuneproofError: the test split asked for without ``allow_test``, or an unknown split.
         """
         if name == self.study.data.test_split and not allow_test:
-            raise TuneproofError(f"split '{name}' is the reserved test split", hint="only `tuneproof test RUN` reads it, and every read is logged")
+            raise TuneproofError(
+                f"split '{name}' is the reserved test split",
+                hint="only `tuneproof test RUN` reads it, and every read is logged",
+            )
         if name not in self.all_splits:
             raise TuneproofError(f"split '{name}' does not exist (splits: {sorted(self.all_splits)})")
         return self.all_splits[name]
@@ -192,17 +204,33 @@ class StudyContext:
         preprocessing config (prompt, tokenizer identity, max_length, loss). Stored in every run."""
         parts = {
             # image examples add the sha256 of the image bytes: a changed pixel changes the fingerprint
-            "examples": sha256_json({n: [[e.id, e.text, e.label, e.target] + ([e.meta["image_sha256"]] if e.meta.get("image_sha256") else [])
-                                         for e in v] for n, v in sorted(self.all_splits.items())}),
+            "examples": sha256_json(
+                {
+                    n: [
+                        [e.id, e.text, e.label, e.target]
+                        + ([e.meta["image_sha256"]] if e.meta.get("image_sha256") else [])
+                        for e in v
+                    ]
+                    for n, v in sorted(self.all_splits.items())
+                }
+            ),
             "cleaning": sha256_json(self.study.data.cleaning),
-            "preprocessing": sha256_json({
-                "prompt": self.study.eval.prompt.model_dump(), "max_length": self.study.training.max_length,
-                "loss": self.study.training.loss, "tokenizer": self.tokenizer_identity,
-            }),
+            "preprocessing": sha256_json(
+                {
+                    "prompt": self.study.eval.prompt.model_dump(),
+                    "max_length": self.study.training.max_length,
+                    "loss": self.study.training.loss,
+                    "tokenizer": self.tokenizer_identity,
+                }
+            ),
         }
-        return {"hash": sha256_json(parts), "parts": parts,
-                "sizes": {n: len(v) for n, v in sorted(self.all_splits.items())}, "repairs": self.repairs,
-                "files": self.source_files}
+        return {
+            "hash": sha256_json(parts),
+            "parts": parts,
+            "sizes": {n: len(v) for n, v in sorted(self.all_splits.items())},
+            "repairs": self.repairs,
+            "files": self.source_files,
+        }
 
     @cached_property
     def source_files(self) -> list[dict[str, Any]]:
@@ -233,7 +261,9 @@ class StudyContext:
     def device_choice(self) -> dict[str, Any]:
         """Device and dtype for this machine and the study's precision (CASES C9: reason recorded)."""
         dev = detect_device()
-        choice = choose_dtype(self.study.training.precision, dev, bf16_base_weights=self.study.training.bf16_base_weights)
+        choice = choose_dtype(
+            self.study.training.precision, dev, bf16_base_weights=self.study.training.bf16_base_weights
+        )
         if not choice["passed"]:
             raise TuneproofError(choice["message"], hint=choice.get("hint") or "set training.precision to auto or fp32")
         return {**choice, "torch_device": "cuda" if dev.type in ("cuda", "rocm") else "cpu"}
@@ -252,9 +282,16 @@ class StudyContext:
         Returns ``(model, report)``."""
         device, _, _ = self.torch_setup()
         labels = self.head_labels
-        return build_model(self.base, self.model_kind, self.study.method, device=device, labels=labels,
-                           quantization=self.quantization, tokenizer=self.tokenizer,
-                           activation_checkpointing=self.study.training.activation_checkpointing)
+        return build_model(
+            self.base,
+            self.model_kind,
+            self.study.method,
+            device=device,
+            labels=labels,
+            quantization=self.quantization,
+            tokenizer=self.tokenizer,
+            activation_checkpointing=self.study.training.activation_checkpointing,
+        )
 
     def torch_setup(self):
         """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""

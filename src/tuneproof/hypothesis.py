@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneproof import SCHEMA_VERSION
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import judge, overall_verdict
-from tuneproof.io import append_jsonl, read_json, read_jsonl, sha256_json
+from tuneproof.io import SCHEMA_VERSION, append_jsonl, read_json, read_jsonl, sha256_json
 from tuneproof.study import Hypothesis
 from tuneproof.tasks import get_task
 from tuneproof.tasks.parsing import parse_json_output
@@ -76,8 +75,13 @@ def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
     if path.exists():
         return read_json(path)
     view = hypothesis_view(study)
-    record = {"schema_version": SCHEMA_VERSION, "hash": view_hash(view), "run": run_id, "frozen_at": round(time.time(), 3),
-              "hypothesis": view}
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "hash": view_hash(view),
+        "run": run_id,
+        "frozen_at": round(time.time(), 3),
+        "hypothesis": view,
+    }
     fd, tmp = tempfile.mkstemp(prefix=".hypothesis.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -110,8 +114,10 @@ def frozen_record(study_dir: str | Path, registry: Any = None) -> dict[str, Any]
         try:
             rec = read_json(path)
         except Exception as err:  # noqa: BLE001
-            raise TuneproofError(f"{path}: the frozen hypothesis is unreadable ({err})",
-                                 hint="restore it from a backup; it records the hypothesis fixed before training") from None
+            raise TuneproofError(
+                f"{path}: the frozen hypothesis is unreadable ({err})",
+                hint="restore it from a backup; it records the hypothesis fixed before training",
+            ) from None
         return {**rec, "source": FROZEN_FILE}
     if registry is None:
         return None
@@ -120,8 +126,13 @@ def frozen_record(study_dir: str | Path, registry: Any = None) -> dict[str, Any]
         cfg_path = registry.runs_dir / rec.id / "config.json"
         if cfg_path.exists():
             view = view_from_config(read_json(cfg_path))
-            return {"hash": view_hash(view), "run": rec.id, "frozen_at": rec.created, "hypothesis": view,
-                    "source": f"runs/{rec.id}/config.json"}
+            return {
+                "hash": view_hash(view),
+                "run": rec.id,
+                "frozen_at": rec.created,
+                "hypothesis": view,
+                "source": f"runs/{rec.id}/config.json",
+            }
     return None
 
 
@@ -148,7 +159,7 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for k in sorted(set(a) | set(b)):
         if a.get(k, "(absent)") != b.get(k, "(absent)") or (k in a) != (k in b):
-            name = "eval." + k[len("format."):] if k.startswith("format.") else "hypothesis." + k
+            name = "eval." + k[len("format.") :] if k.startswith("format.") else "hypothesis." + k
             out.append({"key": name, "old": a.get(k, "(absent)"), "new": b.get(k, "(absent)")})
     return out
 
@@ -221,22 +232,35 @@ class Judging:
         return "frozen" if self.reason else "edited"
 
     def to_json(self) -> dict[str, Any]:
-        return {"judged_against": self.judged_against, "frozen_hash": self.frozen_hash, "frozen_run": self.frozen_run,
-                "frozen_source": self.source, "study_hash": view_hash(self.current), "changed": self.changed,
-                "changes": self.diff, "use_edited_reason": self.reason}
+        return {
+            "judged_against": self.judged_against,
+            "frozen_hash": self.frozen_hash,
+            "frozen_run": self.frozen_run,
+            "frozen_source": self.source,
+            "study_hash": view_hash(self.current),
+            "changed": self.changed,
+            "changes": self.diff,
+            "use_edited_reason": self.reason,
+        }
 
     def lines(self) -> list[str]:
         """What to print before a verdict: the change key by key, and which one is judged."""
         if not self.changed:
             return []
-        out = [f"the study file's hypothesis differs from the one frozen with the first train run {self.frozen_run} "
-               f"({len(self.diff)} change{'s' if len(self.diff) != 1 else ''}, frozen -> study file):"]
+        out = [
+            f"the study file's hypothesis differs from the one frozen with the first train run {self.frozen_run} "
+            f"({len(self.diff)} change{'s' if len(self.diff) != 1 else ''}, frozen -> study file):"
+        ]
         out += ["  " + line for line in change_lines(self.diff)]
         if self.reason:
-            out.append(f"judged against the EDITED hypothesis ({FLAG}: {self.reason}); the frozen one's verdict is shown too")
+            out.append(
+                f"judged against the EDITED hypothesis ({FLAG}: {self.reason}); the frozen one's verdict is shown too"
+            )
         else:
-            out.append(f"judged against the FROZEN hypothesis; the edited one's verdict is shown too "
-                       f"(judging against the edited one alone: {FLAG} REASON)")
+            out.append(
+                f"judged against the FROZEN hypothesis; the edited one's verdict is shown too "
+                f"(judging against the edited one alone: {FLAG} REASON)"
+            )
         return out
 
 
@@ -248,7 +272,9 @@ def resolve(study_dir: str | Path, study: Any, registry: Any = None, use_edited:
             changed after the first train run (runs of one task cannot be judged as another).
     """
     if use_edited is not None and not use_edited.strip():
-        raise TuneproofError(f"{FLAG} needs a reason", hint=f'e.g. {FLAG} "floor agreed with the product owner on 2026-12-01"')
+        raise TuneproofError(
+            f"{FLAG} needs a reason", hint=f'e.g. {FLAG} "floor agreed with the product owner on 2026-12-01"'
+        )
     current = hypothesis_view(study)
     rec = frozen_record(study_dir, registry)
     if rec is None:
@@ -256,21 +282,40 @@ def resolve(study_dir: str | Path, study: Any, registry: Any = None, use_edited:
     frozen = rec["hypothesis"]
     diff = changes(frozen, current)
     if frozen.get("task") != current.get("task"):
-        raise TuneproofError(f"{Path(study_dir) / 'tuneproof.yaml'}: hypothesis.task changed from '{frozen.get('task')}' to "
-                             f"'{current.get('task')}' after the first train run {rec.get('run')}",
-                             hint="runs of one task cannot be judged as another: restore the task, or start a new study")
+        raise TuneproofError(
+            f"{Path(study_dir) / 'tuneproof.yaml'}: hypothesis.task changed from '{frozen.get('task')}' to "
+            f"'{current.get('task')}' after the first train run {rec.get('run')}",
+            hint="runs of one task cannot be judged as another: restore the task, or start a new study",
+        )
     reason = use_edited.strip() if (use_edited is not None and diff) else None
-    return Judging(current=current, frozen=frozen, frozen_hash=rec.get("hash"), frozen_run=rec.get("run"), source=rec.get("source"),
-                   reason=reason, diff=diff)
+    return Judging(
+        current=current,
+        frozen=frozen,
+        frozen_hash=rec.get("hash"),
+        frozen_run=rec.get("run"),
+        source=rec.get("source"),
+        reason=reason,
+        diff=diff,
+    )
 
 
 def record_override(study_dir: str | Path, judging: Judging, command: str, run_id: str | None) -> None:
     """Append one use of ``--use-edited-hypothesis`` to ``hypothesis.overrides.jsonl``."""
     if not judging.reason:
         return
-    append_jsonl(Path(study_dir) / OVERRIDES_FILE, {
-        "schema_version": SCHEMA_VERSION, "time": round(time.time(), 3), "command": command, "run": run_id, "reason": judging.reason,
-        "frozen_hash": judging.frozen_hash, "study_hash": view_hash(judging.current), "changes": judging.diff})
+    append_jsonl(
+        Path(study_dir) / OVERRIDES_FILE,
+        {
+            "schema_version": SCHEMA_VERSION,
+            "time": round(time.time(), 3),
+            "command": command,
+            "run": run_id,
+            "reason": judging.reason,
+            "frozen_hash": judging.frozen_hash,
+            "study_hash": view_hash(judging.current),
+            "changes": judging.diff,
+        },
+    )
 
 
 def overrides(study_dir: str | Path) -> list[dict[str, Any]]:
@@ -339,9 +384,11 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
         missing = [c for c in (g.classes or []) if c not in known]
         if missing:
             shown = ", ".join(sorted(known)[:20]) + (" ..." if len(known) > 20 else "")
-            raise TuneproofError(f"{path}: hypothesis.guards[{i}].classes: {', '.join(repr(c) for c in missing)} "
-                                 f"{'is' if len(missing) == 1 else 'are'} not a label of the data",
-                                 hint=f"labels: {shown or 'none (no label column: data.fields.label)'}")
+            raise TuneproofError(
+                f"{path}: hypothesis.guards[{i}].classes: {', '.join(repr(c) for c in missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not a label of the data",
+                hint=f"labels: {shown or 'none (no label column: data.fields.label)'}",
+            )
     notes: list[str] = []
     if h.task != "format":
         return notes
@@ -351,8 +398,10 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
 
     def judge_rule(key: str, ok: int) -> None:
         if ok == 0:
-            raise TuneproofError(f"{path}: {key} matches none of the {len(targets)} gold targets (first: {targets[0][:60]!r})",
-                                 hint=f"the gold answers must satisfy the format rule: fix {key} (or the targets)")
+            raise TuneproofError(
+                f"{path}: {key} matches none of the {len(targets)} gold targets (first: {targets[0][:60]!r})",
+                hint=f"the gold answers must satisfy the format rule: fix {key} (or the targets)",
+            )
         if ok < len(targets):
             notes.append(f"{key} matches {ok} of {len(targets)} gold targets")
 

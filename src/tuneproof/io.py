@@ -13,11 +13,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from tuneproof import SCHEMA_VERSION
 from tuneproof.errors import TuneproofError
+
+#: version of every JSON artifact tuneproof writes (the ``schema_version`` key)
+SCHEMA_VERSION = 1
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -110,8 +113,11 @@ def fault_cause(err: BaseException) -> str | None:
 
 _TEXT_CAUSES = (  # messages of libraries that wrap the OS error in their own exception (safetensors' Rust writer:
     # "I/O error: No space left on device (os error 28)")
-    (os.strerror(errno.ENOSPC), "disk full"), ("os error 28", "disk full"), (os.strerror(getattr(errno, "EDQUOT", errno.ENOSPC)), "disk full"),
-    (os.strerror(errno.EROFS), "read-only"), ("os error 30", "read-only"),
+    (os.strerror(errno.ENOSPC), "disk full"),
+    ("os error 28", "disk full"),
+    (os.strerror(getattr(errno, "EDQUOT", errno.ENOSPC)), "disk full"),
+    (os.strerror(errno.EROFS), "read-only"),
+    ("os error 30", "read-only"),
 )
 
 
@@ -238,7 +244,7 @@ def read_text(path: str | os.PathLike) -> tuple[str, list[str]]:
         text = raw.decode("utf-8", "surrogatepass").encode("utf-16", "surrogatepass").decode("utf-16")
     except UnicodeError:
         raise TuneproofError(
-            f"{path}: not UTF-8 at byte offset {first_bad} (bytes {raw[first_bad:first_bad + 4].hex(' ')})",
+            f"{path}: not UTF-8 at byte offset {first_bad} (bytes {raw[first_bad : first_bad + 4].hex(' ')})",
             hint="re-save the file as UTF-8",
         ) from None
     repairs = []
@@ -311,7 +317,9 @@ def sha256_file_cached(path: str | os.PathLike, *, min_bytes: int = HASH_CACHE_M
 
 def sha256_json(obj: Any) -> str:
     """Hex sha256 of the canonical JSON of ``obj`` (sorted keys, no whitespace)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    ).hexdigest()
 
 
 def flatten_keys(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -49,10 +49,11 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from tuneproof.errors import Terminated, TuneproofError
 from tuneproof.io import append_jsonl, fault_cause, fault_message, read_json, remove_temps, write_json
@@ -165,19 +166,28 @@ class RunRecord:
     summary: dict[str, Any]
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> "RunRecord":
+    def from_row(cls, row: sqlite3.Row) -> RunRecord:
         return cls(
-            id=row["id"], seq=row["seq"], kind=row["kind"], status=row["status"], reason=row["reason"],
-            parent=row["parent"], name=row["name"], created=row["created"], ended=row["ended"],
-            config_hash=row["config_hash"], data_fingerprint=row["data_fingerprint"],
-            eval_fingerprint=row["eval_fingerprint"], summary=json.loads(row["summary"] or "{}"),
+            id=row["id"],
+            seq=row["seq"],
+            kind=row["kind"],
+            status=row["status"],
+            reason=row["reason"],
+            parent=row["parent"],
+            name=row["name"],
+            created=row["created"],
+            ended=row["ended"],
+            config_hash=row["config_hash"],
+            data_fingerprint=row["data_fingerprint"],
+            eval_fingerprint=row["eval_fingerprint"],
+            summary=json.loads(row["summary"] or "{}"),
         )
 
 
 class Run:
     """A run in progress: its id, folder and helpers to record evidence into it."""
 
-    def __init__(self, registry: "Registry", record: RunRecord):
+    def __init__(self, registry: Registry, record: RunRecord):
         self.registry = registry
         self.id = record.id
         self.kind = record.kind
@@ -248,7 +258,9 @@ class Stop:
             return f"{head}; recorded as interrupted, run the command again{again}"
         if not self.checkpoint:
             return f"{head}, before its first checkpoint: nothing to resume, start it again{again}"
-        study = "" if Path.cwd().resolve() == self.study_dir.resolve() else f" --study {shlex.quote(str(self.study_dir))}"
+        study = (
+            "" if Path.cwd().resolve() == self.study_dir.resolve() else f" --study {shlex.quote(str(self.study_dir))}"
+        )
         nproc = f" --nproc-per-node {self.world_size}" if self.world_size > 1 else ""
         return f"{head}; resume with: tuneproof resume {self.run_id}{nproc}{study}"
 
@@ -292,8 +304,10 @@ class Registry:
             self._make_reserve()
             if missing and self._record_folders():
                 self.rebuilt = self._load_folders()
-                print(f"note: {self.db_path} was missing: rebuilt from {len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
-                      file=sys.stderr)
+                print(
+                    f"note: {self.db_path} was missing: rebuilt from {len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
+                    file=sys.stderr,
+                )
             self.mark_stale()
         except sqlite3.DatabaseError as err:
             raise self._db_error(err) from None
@@ -301,17 +315,25 @@ class Registry:
             cause = fault_cause(err)
             if cause is None:
                 raise
-            raise _fault_error(err, cause, self.study_dir, "free space or make the study folder writable, then run the command again") from None
+            raise _fault_error(
+                err, cause, self.study_dir, "free space or make the study folder writable, then run the command again"
+            ) from None
 
     def _db_error(self, err: sqlite3.DatabaseError) -> TuneproofError:
         cause = fault_cause(err)
         if cause is not None:
-            return TuneproofError(f"{self.db_path}: {cause} ({err})",
-                                  hint="free space or make the study folder writable, then run the command again")
+            return TuneproofError(
+                f"{self.db_path}: {cause} ({err})",
+                hint="free space or make the study folder writable, then run the command again",
+            )
         if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
-            return TuneproofError(f"{self.db_path}: locked by another process for 30 s ({err})", hint="run the command again")
-        return TuneproofError(f"{self.db_path}: the run registry is damaged ({err})",
-                              hint="rebuild it from the run folders: tuneproof registry rebuild")
+            return TuneproofError(
+                f"{self.db_path}: locked by another process for 30 s ({err})", hint="run the command again"
+            )
+        return TuneproofError(
+            f"{self.db_path}: the run registry is damaged ({err})",
+            hint="rebuild it from the run folders: tuneproof registry rebuild",
+        )
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
@@ -401,9 +423,15 @@ class Registry:
                 except TuneproofError:
                     pass
                 created = min((p.stat().st_mtime for p in d.iterdir()), default=d.stat().st_mtime)
-                rec = {"id": d.name, "seq": seq, "kind": summary.get("kind", "unknown") if isinstance(summary, dict) else "unknown",
-                       "status": "invalid", "reason": f"record lost: rebuilt from the folder without a readable {RECORD_FILE}",
-                       "created": created, "summary": summary if isinstance(summary, dict) else {}}
+                rec = {
+                    "id": d.name,
+                    "seq": seq,
+                    "kind": summary.get("kind", "unknown") if isinstance(summary, dict) else "unknown",
+                    "status": "invalid",
+                    "reason": f"record lost: rebuilt from the folder without a readable {RECORD_FILE}",
+                    "created": created,
+                    "summary": summary if isinstance(summary, dict) else {},
+                }
                 lost.append(d.name)
             if seq in taken:  # two folders with one number: the second keeps its folder, the index a free number
                 lost.append(d.name)
@@ -413,7 +441,9 @@ class Registry:
             rec["seq"] = seq
             row = {k: v for k, v in rec.items() if k in cols}
             row["summary"] = json.dumps(row.get("summary") or {}, default=str)
-            self._conn.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+            self._conn.execute(
+                f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
+            )
             restored.append(d.name)
             if (d / TEST_ACCESS_FILE).exists():
                 try:
@@ -422,8 +452,10 @@ class Registry:
                 except (TuneproofError, AttributeError):
                     pass
         for a in sorted(accesses, key=lambda a: a.get("time", 0)):
-            self._conn.execute("INSERT INTO test_access (run, candidate, time, result) VALUES (?, ?, ?, ?)",
-                               (a["run"], a["candidate"], a["time"], json.dumps(a.get("result", {}), default=str)))
+            self._conn.execute(
+                "INSERT INTO test_access (run, candidate, time, result) VALUES (?, ?, ?, ?)",
+                (a["run"], a["candidate"], a["time"], json.dumps(a.get("result", {}), default=str)),
+            )
         for rid in lost:
             self._sync(rid)
         return {"runs": restored, "lost": lost, "test_accesses": len(accesses)}
@@ -451,7 +483,13 @@ class Registry:
                 if side.exists():
                     os.replace(side, kept.with_name(kept.name + ext))
         reg = cls.__new__(cls)
-        reg.study_dir, reg.runs_dir, reg.db_path, reg._lock, reg.rebuilt = study_dir, study_dir / "runs", db, threading.RLock(), None
+        reg.study_dir, reg.runs_dir, reg.db_path, reg._lock, reg.rebuilt = (
+            study_dir,
+            study_dir / "runs",
+            db,
+            threading.RLock(),
+            None,
+        )
         reg.end_hooks = []
         try:
             reg._conn = cls._connect(db)
@@ -571,10 +609,16 @@ class Registry:
                 raise
             if run_id is not None:
                 if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
-                    self._finish_quietly(run_id, "failed", f"{cause}: {fault_message(err, cause, self.runs_dir / run_id)}")
+                    self._finish_quietly(
+                        run_id, "failed", f"{cause}: {fault_message(err, cause, self.runs_dir / run_id)}"
+                    )
                 remove_temps(self.runs_dir / run_id)
-            raise _fault_error(err, cause, self.runs_dir if run_id is None else self.runs_dir / run_id,
-                               "free space or make the study folder writable, then run the command again") from None
+            raise _fault_error(
+                err,
+                cause,
+                self.runs_dir if run_id is None else self.runs_dir / run_id,
+                "free space or make the study folder writable, then run the command again",
+            ) from None
         return Run(self, self.get(run_id))
 
     def finish(self, run_id: str, status: str, reason: str | None = None) -> None:
@@ -590,7 +634,9 @@ class Registry:
             self._release_reserve()
         try:
             with self._lock:
-                self._conn.execute("UPDATE runs SET status = ?, reason = ?, ended = ? WHERE id = ?", (status, reason, _now(), run_id))
+                self._conn.execute(
+                    "UPDATE runs SET status = ?, reason = ?, ended = ? WHERE id = ?", (status, reason, _now(), run_id)
+                )
         except sqlite3.Error:
             pass
         try:
@@ -617,7 +663,9 @@ class Registry:
             try:
                 hook(self, self.get(run_id))
             except Exception as err:  # noqa: BLE001
-                logging.getLogger("tuneproof").warning("end hook %s failed for %s: %s", getattr(hook, "__name__", hook), run_id, err)
+                logging.getLogger("tuneproof").warning(
+                    "end hook %s failed for %s: %s", getattr(hook, "__name__", hook), run_id, err
+                )
 
     def _liveness(self, row: Any, now: float) -> tuple[bool, str]:
         """``(stale, reason)`` of a ``running`` row (see the module docstring)."""
@@ -628,8 +676,10 @@ class Registry:
                 return True, "process died without recording an end (found stale)"
             return False, f"live process pid {row['pid']} on this host"
         if age > STALE_AFTER_S:
-            return True, (f"no heartbeat for {age / 60:.0f} min (host {row['host']}, pid {row['pid']}; "
-                          f"stale after {STALE_AFTER_S / 60:.0f} min): found stale")
+            return True, (
+                f"no heartbeat for {age / 60:.0f} min (host {row['host']}, pid {row['pid']}; "
+                f"stale after {STALE_AFTER_S / 60:.0f} min): found stale"
+            )
         return False, f"pid {row['pid']} on host {row['host']}, last heartbeat {age:.0f} s ago"
 
     def mark_stale(self) -> list[str]:
@@ -637,7 +687,9 @@ class Registry:
         :data:`STALE_AFTER_S` whatever the host, as interrupted. Returns their ids."""
         stale = []
         now = _now()
-        for row in self._conn.execute("SELECT id, pid, host, proc_start, created, heartbeat FROM runs WHERE status = 'running'").fetchall():
+        for row in self._conn.execute(
+            "SELECT id, pid, host, proc_start, created, heartbeat FROM runs WHERE status = 'running'"
+        ).fetchall():
             dead, reason = self._liveness(row, now)
             if dead:
                 stale.append((row["id"], reason))
@@ -660,14 +712,22 @@ class Registry:
         if not why.strip():
             raise TuneproofError("mark-interrupted needs a reason (--why)")
         if rec.status != "running":
-            raise TuneproofError(f"run {rec.id} is {rec.status}, not running" + (f" ({rec.reason})" if rec.reason else ""),
-                                 hint="only a running run is marked interrupted")
+            raise TuneproofError(
+                f"run {rec.id} is {rec.status}, not running" + (f" ({rec.reason})" if rec.reason else ""),
+                hint="only a running run is marked interrupted",
+            )
         row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (rec.id,)).fetchone()
         if row["host"] == socket.gethostname() and row["pid"] is not None and _alive(row["pid"], row["proc_start"]):
-            raise TuneproofError(f"run {rec.id} runs in the live process {row['pid']} on this host",
-                                 hint=f"stop it instead: Ctrl-C in its terminal or `kill -TERM {row['pid']}` (a train run writes a checkpoint)")
+            raise TuneproofError(
+                f"run {rec.id} runs in the live process {row['pid']} on this host",
+                hint=f"stop it instead: Ctrl-C in its terminal or `kill -TERM {row['pid']}` (a train run writes a checkpoint)",
+            )
         seen = row["heartbeat"] or row["created"]
-        self.finish(rec.id, "interrupted", f"marked interrupted: {why.strip()} (last heartbeat {iso(seen)} UTC, host {row['host']}, pid {row['pid']})")
+        self.finish(
+            rec.id,
+            "interrupted",
+            f"marked interrupted: {why.strip()} (last heartbeat {iso(seen)} UTC, host {row['host']}, pid {row['pid']})",
+        )
         self._ended(rec.id)
         return self.get(rec.id)
 
@@ -715,10 +775,15 @@ class Registry:
     def _note_cleanup(self, run: Run, kind: str) -> None:
         removed = self.clean_stale_temps(kind)
         if removed:
-            shown = ", ".join(str(p.relative_to(self.study_dir)) if p.is_relative_to(self.study_dir) else str(p) for p in removed[:5])
+            shown = ", ".join(
+                str(p.relative_to(self.study_dir)) if p.is_relative_to(self.study_dir) else str(p) for p in removed[:5]
+            )
             more = f" and {len(removed) - 5} more" if len(removed) > 5 else ""
             run.note(f"removed {len(removed)} stale temporary file(s) left by a killed process: {shown}{more}")
-            print(f"note: removed {len(removed)} stale temporary file(s) left by a killed process: {shown}{more}", file=sys.stderr)
+            print(
+                f"note: removed {len(removed)} stale temporary file(s) left by a killed process: {shown}{more}",
+                file=sys.stderr,
+            )
 
     @contextlib.contextmanager
     def reopen(self, run_id: str, *, note: str = "resume") -> Iterator[Run]:
@@ -730,11 +795,21 @@ class Registry:
         """
         rec = self.get(run_id)
         if rec.status not in ("interrupted", "failed"):
-            raise TuneproofError(f"run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
-                                 hint="only an interrupted or failed run can be continued")
+            raise TuneproofError(
+                f"run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
+                hint="only an interrupted or failed run can be continued",
+            )
         pid = os.getpid()
-        self._update(rec.id, status="running", reason=None, ended=None, pid=pid, host=socket.gethostname(),
-                     proc_start=_proc_start(pid), heartbeat=_now())
+        self._update(
+            rec.id,
+            status="running",
+            reason=None,
+            ended=None,
+            pid=pid,
+            host=socket.gethostname(),
+            proc_start=_proc_start(pid),
+            heartbeat=_now(),
+        )
         run = Run(self, self.get(rec.id))
         run.summary = dict(rec.summary)
         with self._lifecycle(run):
@@ -754,7 +829,9 @@ class Registry:
             while not stop.wait(every):
                 try:
                     with self._lock:
-                        cur = conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (_now(), run_id))
+                        cur = conn.execute(
+                            "UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (_now(), run_id)
+                        )
                         if cur.rowcount:
                             self._sync(run_id, conn)
                 except (sqlite3.Error, OSError):
@@ -776,7 +853,9 @@ class Registry:
         except ValueError:  # not the main thread
             old = None
         stop = threading.Event()
-        beat = threading.Thread(target=self._beat, args=(run.id, stop, HEARTBEAT_S), name=f"heartbeat-{run.id}", daemon=True)
+        beat = threading.Thread(
+            target=self._beat, args=(run.id, stop, HEARTBEAT_S), name=f"heartbeat-{run.id}", daemon=True
+        )
         beat.start()
         try:
             yield run
@@ -794,12 +873,18 @@ class Registry:
             except (OSError, sqlite3.Error):
                 self._finish_quietly(run.id, "interrupted", reason)
             words = str(err).strip()
-            how = "SIGTERM" if isinstance(err, Terminated) else ("Ctrl-C" if words in ("", f"signal {int(signal.SIGINT)}") else words)
+            how = (
+                "SIGTERM"
+                if isinstance(err, Terminated)
+                else ("Ctrl-C" if words in ("", f"signal {int(signal.SIGINT)}") else words)
+            )
             try:
                 ckpt = any(p.is_dir() for p in (run.dir / "checkpoints").glob("step-*"))
             except OSError:
                 ckpt = False
-            STOPPED.append(Stop(run.id, run.kind, how, last, ckpt, int(run.summary.get("world_size") or 1), self.study_dir))
+            STOPPED.append(
+                Stop(run.id, run.kind, how, last, ckpt, int(run.summary.get("world_size") or 1), self.study_dir)
+            )
             if isinstance(err, Terminated):
                 raise Terminated(reason) from None
             raise KeyboardInterrupt(reason) from None
@@ -808,8 +893,11 @@ class Registry:
             if cause is not None:
                 msg = fault_message(err, cause, run.dir)
                 self._finish_quietly(run.id, "failed", f"{cause}: {msg}"[:500])
-                hint = (f"free space (or make the folder writable), then continue it: tuneproof resume {run.id}" if run.kind == "train"
-                        else "free space (or make the folder writable), then run the command again")
+                hint = (
+                    f"free space (or make the folder writable), then continue it: tuneproof resume {run.id}"
+                    if run.kind == "train"
+                    else "free space (or make the folder writable), then run the command again"
+                )
                 raise TuneproofError(f"run {run.id} failed: {msg}", hint=hint) from None
             text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             try:
@@ -847,4 +935,7 @@ class Registry:
 
     def test_accesses(self) -> list[dict[str, Any]]:
         rows = self._conn.execute("SELECT * FROM test_access ORDER BY seq").fetchall()
-        return [{"run": r["run"], "candidate": r["candidate"], "time": r["time"], "result": json.loads(r["result"] or "{}")} for r in rows]
+        return [
+            {"run": r["run"], "candidate": r["candidate"], "time": r["time"], "result": json.loads(r["result"] or "{}")}
+            for r in rows
+        ]

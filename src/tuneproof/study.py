@@ -33,15 +33,20 @@ class Guard(_Strict):
     ``per_class_f1`` / ``per_field_f1`` to apply the rule to every category or field."""
 
     metric: str = Field(description="metric (or per_class_* / per_field_*) that must not regress")
-    max_drop: float | None = Field(None, description="largest allowed drop vs the baseline (absolute); unset: no drop rule")
+    max_drop: float | None = Field(
+        None, description="largest allowed drop vs the baseline (absolute); unset: no drop rule"
+    )
     floor: float | None = Field(None, description="absolute minimum value for the candidate; unset: no floor")
     classes: list[str] | None = Field(
-        None, description="per_class_* guards: only these classes (default: every class); each must be a label of the data"
+        None,
+        description="per_class_* guards: only these classes (default: every class); each must be a label of the data",
     )
-    min_support: int = Field(1, ge=1, description="per_class_* / per_field_*: examples a class/field needs in the split to be judged")
+    min_support: int = Field(
+        1, ge=1, description="per_class_* / per_field_*: examples a class/field needs in the split to be judged"
+    )
 
     @model_validator(mode="after")
-    def _has_a_rule(self) -> "Guard":
+    def _has_a_rule(self) -> Guard:
         if self.max_drop is None and self.floor is None:
             raise ValueError(f"guard on '{self.metric}' sets neither max_drop nor floor: write the condition it checks")
         return self
@@ -52,18 +57,28 @@ class Hypothesis(_Strict):
     task: TaskKind = Field(description="classification | multi-label | extraction | format")
     success: Criterion = Field(description="metric and minimum gain over the baseline")
     guards: list[Guard] = Field(default_factory=list, description="what must not get worse")
-    required_fields: list[str] = Field(default_factory=list, description="extraction/format: top-level JSON keys every output must have")
+    required_fields: list[str] = Field(
+        default_factory=list, description="extraction/format: top-level JSON keys every output must have"
+    )
 
 
 # --------------------------------------------------------------------------- data
 class Source(_Strict):
-    path: str = Field(description="file or folder, or a glob pattern (folds/fold*.json); relative paths are resolved from the "
-                                  "study folder; '$DATA/...' from the data root")
-    format: Literal["csv", "json", "jsonl", "lines", "hf", "snips", "banking77", "imagefolder", "image-csv", "image-jsonl"] = Field(
+    path: str = Field(
+        description="file or folder, or a glob pattern (folds/fold*.json); relative paths are resolved from the "
+        "study folder; '$DATA/...' from the data root"
+    )
+    format: Literal[
+        "csv", "json", "jsonl", "lines", "hf", "snips", "banking77", "imagefolder", "image-csv", "image-jsonl"
+    ] = Field(
         description="file format or a built-in dataset reader; lines: a split folder of line-aligned files (seq.in, label); "
-                    "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows")
-    split: str | None = Field(None, description="the split this file holds (train, validation, test), or None to split it "
-                                                "(format lines: default the folder's name)")
+        "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows"
+    )
+    split: str | None = Field(
+        None,
+        description="the split this file holds (train, validation, test), or None to split it "
+        "(format lines: default the folder's name)",
+    )
 
 
 class FieldMap(_Strict):
@@ -71,12 +86,20 @@ class FieldMap(_Strict):
     JSON objects; ``target`` may be a mapping ``{out_key: column}`` building a JSON object."""
 
     text: str = Field("text", description="column holding the input text (format lines: the text file, default seq.in)")
-    label: str | None = Field(None, description="column holding the class label / category (format lines: default label)")
+    label: str | None = Field(
+        None, description="column holding the class label / category (format lines: default label)"
+    )
     target: str | dict[str, str] | None = Field(
-        None, description="column holding the expected output (extraction/format), or a mapping {key: column} building a JSON object")
+        None,
+        description="column holding the expected output (extraction/format), or a mapping {key: column} building a JSON object",
+    )
     id: str | None = Field(None, description="column holding a stable id (default: file and line)")
-    image: str | None = Field(None, description="image-csv / image-jsonl: column holding the image path (default 'path')")
-    optional: list[str] = Field(default_factory=list, description="columns (or target keys) that may be absent: null, counted by data check")
+    image: str | None = Field(
+        None, description="image-csv / image-jsonl: column holding the image path (default 'path')"
+    )
+    optional: list[str] = Field(
+        default_factory=list, description="columns (or target keys) that may be absent: null, counted by data check"
+    )
 
 
 class SplitPolicy(_Strict):
@@ -85,9 +108,12 @@ class SplitPolicy(_Strict):
         default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1},
         description="fractions for sources without a given split (stratified by label)",
     )
-    max_examples: dict[str, int] = Field(default_factory=dict, description="cap per split (stratified subset), e.g. {validation: 70}")
+    max_examples: dict[str, int] = Field(
+        default_factory=dict, description="cap per split (stratified subset), e.g. {validation: 70}"
+    )
     carve_from: str | None = Field(
-        None, description="splits named in fractions that the sources do not give are carved out of this split (stratified)"
+        None,
+        description="splits named in fractions that the sources do not give are carved out of this split (stratified)",
     )
 
     @field_validator("fractions")
@@ -96,8 +122,10 @@ class SplitPolicy(_Strict):
         """Each fraction in [0, 1] and all of them summing to 1 (within 1e-6); the keys at fault are named."""
         bad = [f"{k} = {x:g}" for k, x in v.items() if not 0.0 <= x <= 1.0]
         if bad:
-            raise ValueError(f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} outside [0, 1]; each split's fraction is "
-                             "a share of the examples, e.g. {train: 0.8, validation: 0.1, test: 0.1}")
+            raise ValueError(
+                f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} outside [0, 1]; each split's fraction is "
+                "a share of the examples, e.g. {train: 0.8, validation: 0.1, test: 0.1}"
+            )
         total = sum(v.values())
         if v and abs(total - 1.0) > 1e-6:
             parts = " + ".join(f"{k} {x:g}" for k, x in v.items())
@@ -114,7 +142,9 @@ class SplitPolicy(_Strict):
 
 
 class Dedup(_Strict):
-    policy: Literal["report", "drop-from-train"] = Field("report", description="what to do with train examples that collide with another split")
+    policy: Literal["report", "drop-from-train"] = Field(
+        "report", description="what to do with train examples that collide with another split"
+    )
     threshold: float = Field(0.8, ge=0.0, le=1.0, description="Jaccard threshold of near-duplicates (MinHash LSH)")
     shingles: Literal["word", "char"] = Field("word", description="shingle kind for MinHash")
     ngram: int = Field(3, ge=1, description="shingle size (words or characters)")
@@ -126,9 +156,15 @@ class ImageTransforms(_Strict):
     size unless ``resize`` is set, rescale, normalisation with its mean/std)."""
 
     mode: Literal["RGB", "L"] = Field("RGB", description="PIL mode every image is converted to before the processor")
-    resize: int | None = Field(None, ge=1, description="square size in pixels the processor resizes to (default: the processor's own size)")
-    center_crop: int | None = Field(None, ge=1, description="square centre crop in pixels after resizing (default: none)")
-    horizontal_flip: bool = Field(False, description="train split only: mirror a fixed, seeded half of the images (training.seed)")
+    resize: int | None = Field(
+        None, ge=1, description="square size in pixels the processor resizes to (default: the processor's own size)"
+    )
+    center_crop: int | None = Field(
+        None, ge=1, description="square centre crop in pixels after resizing (default: none)"
+    )
+    horizontal_flip: bool = Field(
+        False, description="train split only: mirror a fixed, seeded half of the images (training.seed)"
+    )
 
 
 class Data(_Strict):
@@ -140,43 +176,71 @@ class Data(_Strict):
     split: SplitPolicy = Field(default_factory=SplitPolicy, description="split policy")
     test_split: str = Field("test", description="the reserved split; only `tuneproof test` reads it")
     dedup: Dedup = Field(default_factory=Dedup, description="cross-split duplicate detection")
-    image: ImageTransforms = Field(default_factory=ImageTransforms, description="image-classification: declared transforms")
-    max_chars: int = Field(100_000, ge=1, description="longest text or target accepted, in characters (checked before tokenising)")
-    min_class_examples: int = Field(10, ge=1, description="data check warns about classes with fewer examples in train or eval.split")
+    image: ImageTransforms = Field(
+        default_factory=ImageTransforms, description="image-classification: declared transforms"
+    )
+    max_chars: int = Field(
+        100_000, ge=1, description="longest text or target accepted, in characters (checked before tokenising)"
+    )
+    min_class_examples: int = Field(
+        10, ge=1, description="data check warns about classes with fewer examples in train or eval.split"
+    )
 
 
 # --------------------------------------------------------------------------- model & method
 class ModelSpec(_Strict):
     base: str = Field(description="built-in alias (smollm2-135m-instruct, minilm-l6), local folder, or hub id")
-    revision: str | None = Field(None, description="exact revision (commit sha) for a hub id; checked against the local copy")
+    revision: str | None = Field(
+        None, description="exact revision (commit sha) for a hub id; checked against the local copy"
+    )
     kind: Literal["auto", "causal-lm", "sequence-classification", "image-classification"] = Field(
-        "auto", description="model head; auto: from the alias or the model's config")
-    trust_remote_code: bool = Field(False, description="let transformers run Python code shipped with the model (recorded in every run's config)")
+        "auto", description="model head; auto: from the alias or the model's config"
+    )
+    trust_remote_code: bool = Field(
+        False, description="let transformers run Python code shipped with the model (recorded in every run's config)"
+    )
 
 
 class Method(_Strict):
     kind: Literal["lora", "full", "qlora"] = Field(
-        "lora", description="full fine-tuning, LoRA, or QLoRA (LoRA on a base loaded in 4-bit by bitsandbytes: pip install 'tuneproof[qlora]')")
+        "lora",
+        description="full fine-tuning, LoRA, or QLoRA (LoRA on a base loaded in 4-bit by bitsandbytes: pip install 'tuneproof[qlora]')",
+    )
     r: int = Field(8, ge=1, description="LoRA rank")
     alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout")
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"], description="module name patterns (suffix match, as PEFT); each must match"
+        default_factory=lambda: ["q_proj", "v_proj"],
+        description="module name patterns (suffix match, as PEFT); each must match",
     )
-    modules_to_save: list[str] = Field(default_factory=list, description="extra modules trained and saved in full (e.g. classifier)")
+    modules_to_save: list[str] = Field(
+        default_factory=list, description="extra modules trained and saved in full (e.g. classifier)"
+    )
     # qlora only; names as in transformers' BitsAndBytesConfig (tuneproof.models.quant)
-    bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field("nf4", description="qlora: 4-bit data type (NF4, QLoRA's NormalFloat, or FP4)")
-    bnb_4bit_use_double_quant: bool = Field(True, description="qlora: quantize the quantization constants again (QLoRA's double quantization)")
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field(
+        "nf4", description="qlora: 4-bit data type (NF4, QLoRA's NormalFloat, or FP4)"
+    )
+    bnb_4bit_use_double_quant: bool = Field(
+        True, description="qlora: quantize the quantization constants again (QLoRA's double quantization)"
+    )
     bnb_4bit_quant_storage: Literal["uint8", "int8", "bfloat16", "float16", "float32"] = Field(
-        "uint8", description="qlora: dtype the packed 4-bit values are stored in; FSDP needs a float dtype equal to the compute dtype")
+        "uint8",
+        description="qlora: dtype the packed 4-bit values are stored in; FSDP needs a float dtype equal to the compute dtype",
+    )
 
     @model_validator(mode="after")
-    def _quant_keys_need_qlora(self) -> "Method":
+    def _quant_keys_need_qlora(self) -> Method:
         if self.kind != "qlora":
-            for key, default in (("bnb_4bit_quant_type", "nf4"), ("bnb_4bit_use_double_quant", True), ("bnb_4bit_quant_storage", "uint8")):
+            for key, default in (
+                ("bnb_4bit_quant_type", "nf4"),
+                ("bnb_4bit_use_double_quant", True),
+                ("bnb_4bit_quant_storage", "uint8"),
+            ):
                 if getattr(self, key) != default:
-                    raise ValueError(f"method.{key} applies to method.kind: qlora only (kind is {self.kind!r}); "
-                                     "remove it or set method.kind: qlora")
+                    raise ValueError(
+                        f"method.{key} applies to method.kind: qlora only (kind is {self.kind!r}); "
+                        "remove it or set method.kind: qlora"
+                    )
         return self
 
 
@@ -187,55 +251,90 @@ DEFAULT_EPOCHS = 1
 class Training(_Strict):
     seed: int = Field(0, description="seed of initialisation, data order and dropout")
     max_steps: int | None = Field(None, ge=1, description="optimizer steps of the run; exclusive with epochs")
-    epochs: float | None = Field(None, gt=0, description=f"passes over train (an optimizer step never spans two epochs); "
-                                                         f"exclusive with max_steps; neither set: {DEFAULT_EPOCHS} epoch")
+    epochs: float | None = Field(
+        None,
+        gt=0,
+        description=f"passes over train (an optimizer step never spans two epochs); "
+        f"exclusive with max_steps; neither set: {DEFAULT_EPOCHS} epoch",
+    )
     micro_batch_size: int = Field(8, ge=1, description="examples per forward/backward pass, per process")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    learning_rate: float = Field(2e-4, gt=0, lt=3.4e38, allow_inf_nan=False,
-                                 description="peak learning rate (below fp32's largest value, the largest step AdamW can apply)")
-    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("linear", description="schedule (transformers.get_scheduler)")
+    learning_rate: float = Field(
+        2e-4,
+        gt=0,
+        lt=3.4e38,
+        allow_inf_nan=False,
+        description="peak learning rate (below fp32's largest value, the largest step AdamW can apply)",
+    )
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="schedule (transformers.get_scheduler)"
+    )
     warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     max_grad_norm: float | None = Field(1.0, description="gradient clipping (None: off)")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="compute dtype; auto: bf16 where native, else fp32")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="compute dtype; auto: bf16 where native, else fp32"
+    )
     activation_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
-    chunked_loss: bool = Field(False, description="causal LM: loss over chunks of supervised positions without the full logits; "
-                                                   "used only after it matches the reference loss and gradients on a micro-batch")
-    length_grouping: bool = Field(False, description="micro-batches of examples of similar length (less padding); a seeded "
-                                                      "order within each process's DistributedSampler share, resumable")
-    packing: bool = Field(False, description="causal LM: several examples per row, position ids restarting per example, no "
-                                             "attention across examples; used only after the packing check passes")
-    packing_length: int | None = Field(None, ge=8, description="tokens per packed row (training.packing); None: "
-                                                                "micro_batch_size x max_length, one row per micro-batch")
-    bf16_base_weights: bool = Field(False, description="LoRA: the frozen base weights held in bf16 (2 bytes per element instead of 4), "
-                                                        "trainable ones in fp32; needs native bf16 and training.precision bf16; used "
-                                                        "only after the loss and LoRA gradients match fp32 frozen weights on a micro-batch")
+    chunked_loss: bool = Field(
+        False,
+        description="causal LM: loss over chunks of supervised positions without the full logits; "
+        "used only after it matches the reference loss and gradients on a micro-batch",
+    )
+    length_grouping: bool = Field(
+        False,
+        description="micro-batches of examples of similar length (less padding); a seeded "
+        "order within each process's DistributedSampler share, resumable",
+    )
+    packing: bool = Field(
+        False,
+        description="causal LM: several examples per row, position ids restarting per example, no "
+        "attention across examples; used only after the packing check passes",
+    )
+    packing_length: int | None = Field(
+        None,
+        ge=8,
+        description="tokens per packed row (training.packing); None: "
+        "micro_batch_size x max_length, one row per micro-batch",
+    )
+    bf16_base_weights: bool = Field(
+        False,
+        description="LoRA: the frozen base weights held in bf16 (2 bytes per element instead of 4), "
+        "trainable ones in fp32; needs native bf16 and training.precision bf16; used "
+        "only after the loss and LoRA gradients match fp32 frozen weights on a micro-batch",
+    )
     max_length: int = Field(128, ge=8, description="tokens per example after truncation")
     loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")
     eval_every: int | None = Field(None, description="evaluation loss every N steps (None: at the end only)")
 
     @model_validator(mode="after")
-    def _one_budget(self) -> "Training":
+    def _one_budget(self) -> Training:
         if self.max_steps is not None and self.epochs is not None:
-            raise ValueError(f"training.max_steps ({self.max_steps}) and training.epochs ({self.epochs:g}) are both set: "
-                             "the step budget comes from one of them; remove one (or set it to null)")
+            raise ValueError(
+                f"training.max_steps ({self.max_steps}) and training.epochs ({self.epochs:g}) are both set: "
+                "the step budget comes from one of them; remove one (or set it to null)"
+            )
         return self
 
     @model_validator(mode="after")
-    def _packing_rows(self) -> "Training":
+    def _packing_rows(self) -> Training:
         # a row shorter than max_length cannot hold an example of max_length tokens: the rows would be
         # widened to the longest example, and with rows shorter than every example nothing is packed
         # while the run records packing as used
         if self.packing_length is None:
             return self
         if not self.packing:
-            raise ValueError(f"training.packing_length ({self.packing_length}) applies to training.packing: true; "
-                             "remove it or set training.packing: true")
+            raise ValueError(
+                f"training.packing_length ({self.packing_length}) applies to training.packing: true; "
+                "remove it or set training.packing: true"
+            )
         if self.packing_length < self.max_length:
-            raise ValueError(f"training.packing_length {self.packing_length} is below training.max_length {self.max_length}: "
-                             f"a packed row must hold an example of max_length tokens; set it to at least {self.max_length} "
-                             f"(unset: micro_batch_size x max_length = {self.micro_batch_size * self.max_length}, one row per micro-batch)")
+            raise ValueError(
+                f"training.packing_length {self.packing_length} is below training.max_length {self.max_length}: "
+                f"a packed row must hold an example of max_length tokens; set it to at least {self.max_length} "
+                f"(unset: micro_batch_size x max_length = {self.micro_batch_size * self.max_length}, one row per micro-batch)"
+            )
         return self
 
 
@@ -244,9 +343,15 @@ class Distributed(_Strict):
     """How ``tuneproof train --nproc-per-node N`` (N > 1, or --nnodes > 1) trains under torchrun."""
 
     strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="ddp: DistributedDataParallel (weights replicated); fsdp: FSDP2 fully_shard, one unit per decoder block + root")
-    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="process-group backend; auto: nccl on CUDA GPUs, gloo on CPU")
-    timeout_s: float = Field(600.0, gt=0, description="seconds a rank waits in a collective before the run fails (a hung rank)")
+        "ddp",
+        description="ddp: DistributedDataParallel (weights replicated); fsdp: FSDP2 fully_shard, one unit per decoder block + root",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="process-group backend; auto: nccl on CUDA GPUs, gloo on CPU"
+    )
+    timeout_s: float = Field(
+        600.0, gt=0, description="seconds a rank waits in a collective before the run fails (a hung rank)"
+    )
 
 
 # --------------------------------------------------------------------------- eval
@@ -264,14 +369,18 @@ def render_prompt(template: str, text: str) -> str:
 
 
 class Prompt(_Strict):
-    system: str | None = Field(None, description="system message (None: none is sent, the chat template may add its default)")
+    system: str | None = Field(
+        None, description="system message (None: none is sent, the chat template may add its default)"
+    )
     template: str = Field("{text}", description="user message; {text} is the example's input, other braces are literal")
 
     @field_validator("template")
     @classmethod
     def _has_text(cls, v: str) -> str:
         if "{text}" not in v:
-            raise ValueError("has no {text}: every example would get the same prompt; put {text} where the example's input goes")
+            raise ValueError(
+                "has no {text}: every example would get the same prompt; put {text} where the example's input goes"
+            )
         return v
 
 
@@ -285,30 +394,45 @@ class Eval(_Strict):
     max_examples: int | None = Field(None, ge=1, description="evaluate a fixed stratified subset of this size")
     allow_fenced_json: bool = Field(False, description="accept ```json fenced output as valid JSON")
     json_schema: dict[str, Any] | None = Field(None, description="format: JSON Schema every output must satisfy")
-    regex: str | None = Field(None, description="format: regular expression every output must fully match; named groups are scored parts")
+    regex: str | None = Field(
+        None, description="format: regular expression every output must fully match; named groups are scored parts"
+    )
     grammar: Literal["function_slots"] | None = Field(
         None, description="format: a meaning-representation grammar, function_slots = name(slot[value], slot[v1, v2])"
     )
     bootstrap_iterations: int = Field(1000, ge=100, description="paired bootstrap iterations")
     seed: int = Field(0, description="seed of the bootstrap (and of the backend check's sample)")
     backend: Literal["transformers", "vllm"] = Field(
-        "transformers", description="generation backend of baseline/eval/test: transformers, or vllm (CUDA, installed separately; "
-                                    "its outputs are checked against transformers' on a sample before its numbers are used)")
-    backend_check_examples: int = Field(16, ge=1, description="eval.backend vllm: examples of the seeded sample generated by both backends")
+        "transformers",
+        description="generation backend of baseline/eval/test: transformers, or vllm (CUDA, installed separately; "
+        "its outputs are checked against transformers' on a sample before its numbers are used)",
+    )
+    backend_check_examples: int = Field(
+        16, ge=1, description="eval.backend vllm: examples of the seeded sample generated by both backends"
+    )
     backend_check_min_agreement: float = Field(
-        0.9, ge=0.0, le=1.0, description="eval.backend vllm: least share of sampled greedy outputs that must be identical in both backends")
+        0.9,
+        ge=0.0,
+        le=1.0,
+        description="eval.backend vllm: least share of sampled greedy outputs that must be identical in both backends",
+    )
 
     @model_validator(mode="after")
-    def _backend_greedy(self) -> "Eval":
+    def _backend_greedy(self) -> Eval:
         if self.backend == "vllm" and self.do_sample:
-            raise ValueError("eval.backend vllm needs greedy decoding (eval.do_sample: false): its check compares greedy outputs "
-                             "with transformers' before the numbers are used")
+            raise ValueError(
+                "eval.backend vllm needs greedy decoding (eval.do_sample: false): its check compares greedy outputs "
+                "with transformers' before the numbers are used"
+            )
         return self
 
 
 # --------------------------------------------------------------------------- tracking
 class MlflowTracking(_Strict):
-    uri: str | None = Field(None, description="MLflow tracking URI, e.g. sqlite:///mlflow.db or http://host:5000 (default $MLFLOW_TRACKING_URI)")
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI, e.g. sqlite:///mlflow.db or http://host:5000 (default $MLFLOW_TRACKING_URI)",
+    )
     experiment: str | None = Field(None, description="MLflow experiment (default: the study name)")
 
 
@@ -341,28 +465,38 @@ class Study(_Strict):
     eval: Eval = Field(default_factory=Eval)
     tracking: Tracking = Field(default_factory=Tracking)
     report_to: list[Literal["mlflow", "wandb", "trackio"]] = Field(
-        default_factory=list, description="shorthand for tracking.<name> with its defaults (transformers' report_to names)")
+        default_factory=list,
+        description="shorthand for tracking.<name> with its defaults (transformers' report_to names)",
+    )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Study":
+    def _consistent(self) -> Study:
         if self.eval.split == self.data.test_split:
             raise ValueError(
                 f"eval.split is the reserved test split '{self.data.test_split}': baseline/eval must use another split"
             )
         if self.method.kind == "qlora" and self.eval.backend == "vllm":
-            raise ValueError("eval.backend vllm with method.kind qlora: vLLM would serve the adapter on the unquantized base, "
-                             "not the 4-bit base it was trained on (not checked yet); set eval.backend: transformers")
+            raise ValueError(
+                "eval.backend vllm with method.kind qlora: vLLM would serve the adapter on the unquantized base, "
+                "not the 4-bit base it was trained on (not checked yet); set eval.backend: transformers"
+            )
         if self.training.bf16_base_weights and self.method.kind == "full":
-            raise ValueError("training.bf16_base_weights holds the frozen base weights in bf16, and method.kind full freezes none: "
-                             "every weight is trained and keeps fp32 master weights; set training.bf16_base_weights: false "
-                             "(or method.kind: lora)")
+            raise ValueError(
+                "training.bf16_base_weights holds the frozen base weights in bf16, and method.kind full freezes none: "
+                "every weight is trained and keeps fp32 master weights; set training.bf16_base_weights: false "
+                "(or method.kind: lora)"
+            )
         if self.training.bf16_base_weights and self.method.kind == "qlora":
-            raise ValueError("training.bf16_base_weights with method.kind qlora: the frozen base is already held in 4 bits "
-                             "(its other tensors as prepare_model_for_kbit_training sets them); set training.bf16_base_weights: false")
+            raise ValueError(
+                "training.bf16_base_weights with method.kind qlora: the frozen base is already held in 4 bits "
+                "(its other tensors as prepare_model_for_kbit_training sets them); set training.bf16_base_weights: false"
+            )
         if self.training.bf16_base_weights and (self.training.chunked_loss or self.training.packing):
             other = "chunked_loss" if self.training.chunked_loss else "packing"
-            raise ValueError(f"training.bf16_base_weights together with training.{other} is not checked yet (each is proven "
-                             f"against fp32 frozen weights alone); set one of them to false")
+            raise ValueError(
+                f"training.bf16_base_weights together with training.{other} is not checked yet (each is proven "
+                f"against fp32 frozen weights alone); set one of them to false"
+            )
         return self
 
 
@@ -395,7 +529,9 @@ def validate_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
             else:
                 msg = e["msg"].removeprefix("Value error, ")
                 lines.append(f"{path}: {loc}: {msg} (got {e.get('input')!r})")
-        raise TuneproofError("\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template") from None
+        raise TuneproofError(
+            "\n".join(lines), hint="fix the study file; `tuneproof init` writes a commented template"
+        ) from None
     return study
 
 
@@ -411,7 +547,9 @@ def read_study(path: str | Path) -> tuple[Any, Path]:
     if path.is_dir():
         path = path / STUDY_FILE
     if not path.exists():
-        raise TuneproofError(f"{path}: study file not found", hint="run `tuneproof init DIR --task ...` or pass --study")
+        raise TuneproofError(
+            f"{path}: study file not found", hint="run `tuneproof init DIR --task ...` or pass --study"
+        )
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
@@ -433,8 +571,11 @@ def _quant_keys_written_need_qlora(raw: Any, path: Path) -> None:
         return
     written = [k for k in method if isinstance(k, str) and k.startswith("bnb_4bit_")]
     if written:
-        raise TuneproofError(f"{path}: method: method.{written[0]} applies to method.kind: qlora only (kind is {method.get('kind', 'lora')!r}); "
-                             "remove it or set method.kind: qlora", hint="fix the study file; `tuneproof init` writes a commented template")
+        raise TuneproofError(
+            f"{path}: method: method.{written[0]} applies to method.kind: qlora only (kind is {method.get('kind', 'lora')!r}); "
+            "remove it or set method.kind: qlora",
+            hint="fix the study file; `tuneproof init` writes a commented template",
+        )
 
 
 def resolved_config(study: Study) -> dict[str, Any]:
@@ -453,7 +594,9 @@ def set_key(config: dict[str, Any], dotted: str, value: str, path: str = "--set"
     parts = dotted.split(".")
     for i, p in enumerate(parts[:-1]):
         if not isinstance(node, dict) or p not in node:
-            raise TuneproofError(f"{path}: unknown key '{'.'.join(parts[: i + 1])}'", hint="see `tuneproof init` for the keys")
+            raise TuneproofError(
+                f"{path}: unknown key '{'.'.join(parts[: i + 1])}'", hint="see `tuneproof init` for the keys"
+            )
         node = node[p]
     if not isinstance(node, dict) or parts[-1] not in node:
         raise TuneproofError(f"{path}: unknown key '{dotted}'", hint="see `tuneproof init` for the keys")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -29,7 +29,9 @@ class LineProgress:
 
     def __init__(self, description: str, total: int, *, every_s: float | None = None, out=None, clock=time.monotonic):
         self.description, self.total, self.done = description, max(int(total), 0), 0
-        self.every_s = float(os.environ.get("TUNEPROOF_PROGRESS_EVERY", PROGRESS_EVERY_S)) if every_s is None else every_s
+        self.every_s = (
+            float(os.environ.get("TUNEPROOF_PROGRESS_EVERY", PROGRESS_EVERY_S)) if every_s is None else every_s
+        )
         self.out = out or (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
         self.clock = clock
         self.start = self.last = clock()
@@ -45,8 +47,11 @@ class LineProgress:
         rate = self.done / elapsed if elapsed > 0 else 0.0
         pct = f" ({100 * self.done // self.total}%)" if self.total else ""
         eta = self._hms((self.total - self.done) / rate) if rate > 0 and self.total else "?"
-        return (f"{self.description}: {self.done}/{self.total}{pct}" + (f" {info}" if info else "")
-                + f" | {rate:.2f} it/s | elapsed {self._hms(elapsed)} | ETA {eta}")
+        return (
+            f"{self.description}: {self.done}/{self.total}{pct}"
+            + (f" {info}" if info else "")
+            + f" | {rate:.2f} it/s | elapsed {self._hms(elapsed)} | ETA {eta}"
+        )
 
     def advance(self, n: int = 1, info: str = "") -> None:
         self.done += n
@@ -65,8 +70,14 @@ def progress_bar(description: str, total: int) -> Iterator:
         yield LineProgress(description, total).advance
         return
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
     ) as prog:
         task = prog.add_task(description, total=total, info="")
 
@@ -132,8 +143,16 @@ def _fill(mins: list[int], maxs: list[int], budget: int) -> list[int]:
     return widths
 
 
-def table(title: str, columns: list[str], rows: list[list], *, keep: tuple[str, ...] | list[str] | None = None,
-          drop: tuple[str, ...] | list[str] = (), more: str | None = None, width: int | None = None) -> Table:
+def table(
+    title: str,
+    columns: list[str],
+    rows: list[list],
+    *,
+    keep: tuple[str, ...] | list[str] | None = None,
+    drop: tuple[str, ...] | list[str] = (),
+    more: str | None = None,
+    width: int | None = None,
+) -> Table:
     """A Rich table that fits ``width`` (default the console's: 80 columns when stdout is not a
     terminal and ``$COLUMNS`` is unset) without cutting the cells that identify a row.
 
@@ -158,11 +177,18 @@ def table(title: str, columns: list[str], rows: list[list], *, keep: tuple[str, 
 
     # a cell of up to 14 characters is not wrapped (a date, a short status), a longer one wraps between
     # its words, a word up to 14 characters is never cut (any length in a kept column)
-    mins = {i: max(_longest_word(texts(i), None if columns[i] in keep else MAX_UNBROKEN_WORD),
-                   min(_longest_line(texts(i)), MAX_UNBROKEN_WORD)) for i in cols}
+    mins = {
+        i: max(
+            _longest_word(texts(i), None if columns[i] in keep else MAX_UNBROKEN_WORD),
+            min(_longest_line(texts(i)), MAX_UNBROKEN_WORD),
+        )
+        for i in cols
+    }
     maxs = {i: max(_longest_line(texts(i)), mins[i], 1) for i in cols}
 
-    def overhead(n: int, compact: bool) -> int:  # borders and padding (Rich: HEAVY_HEAD, padding 1 | SIMPLE_HEAD, no edge)
+    def overhead(
+        n: int, compact: bool
+    ) -> int:  # borders and padding (Rich: HEAVY_HEAD, padding 1 | SIMPLE_HEAD, no edge)
         return 2 * n - 2 if compact else 3 * n + 1
 
     compact, dropped = False, []

@@ -51,8 +51,13 @@ def imports_of(path: Path, root: Path = SRC) -> list[tuple[str, int]]:
             if len(module) > 1:
                 found.append((module[1], node.lineno))
             else:
-                found += [(a.name if (root / a.name).is_dir() or (root / f"{a.name}.py").is_file() else "__init__", node.lineno)
-                          for a in node.names]
+                found += [
+                    (
+                        a.name if (root / a.name).is_dir() or (root / f"{a.name}.py").is_file() else "__init__",
+                        node.lineno,
+                    )
+                    for a in node.names
+                ]
     return found
 
 
@@ -115,6 +120,77 @@ def test_no_import_climbs_a_layer():
     assert sorted(KNOWN_UPWARD - upward) == [], "fixed: remove these from KNOWN_UPWARD"
 
 
+#: imports a lower unit may not make either: the training engine knows nothing of the study
+#: context or the run registry (recipes hand it plain collaborators)
+FORBIDDEN: dict[str, set[str]] = {"training": {"context", "registry", "tracking"}}
+
+
+def test_training_knows_no_context_or_registry():
+    _, rows = graph()
+    found = sorted((f, t, line) for f, t, line in rows if t in FORBIDDEN.get(_unit(Path(f)), set()))
+    assert found == []
+
+
+#: ``file: module`` tuneproof imports still inside a function (each imports torch or PIL, or breaks a
+#: module cycle inside its package); an entry fixed must be removed, so the list only shrinks
+KNOWN_INNER: set[str] = {
+    "context.py: tuneproof.data.image_pipeline",
+    "data/image_audit.py: tuneproof.data.image_sources",
+    "data/image_audit.py: tuneproof.data.images",
+    "data/image_pipeline.py: tuneproof.data.image_sources",
+    "data/images.py: tuneproof.data.sources",
+    "data/preprocess.py: tuneproof.data.image_pipeline",
+    "data/sources.py: tuneproof.study",
+    "data/sources.py: tuneproof.data.image_sources",
+    "data/sources.py: tuneproof.data.locate",
+    "data/split.py: tuneproof.data.dedup",
+    "data/split.py: tuneproof.study",
+    "deliver/bundle_verification.py: tuneproof.evaluation.generate",
+    "deliver/image_bundle.py: tuneproof.data.image_pipeline",
+    "evaluation/backends.py: tuneproof.evaluation.generate",
+    "evaluation/generate.py: tuneproof.data.image_pipeline",
+    "preflight/eval_batch.py: tuneproof.evaluation.generate",
+    "preflight/image_checks.py: tuneproof.evaluation.generate",
+    "preflight/memory.py: tuneproof.training.loss",
+    "preflight/scope.py: tuneproof.study",
+    "recipes/inspect.py: tuneproof.data",
+    "recipes/plan.py: tuneproof.training.loop",
+    "tracking/__init__.py: tuneproof.tracking.mlflow",
+    "tracking/__init__.py: tuneproof.tracking.others",
+}
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under a module-level ``if TYPE_CHECKING:`` (never run)."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            out |= {id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return out
+
+
+def inner_imports() -> set[str]:
+    """``file: module`` for every tuneproof import below the module's top level (cli.py excepted:
+    its lazy recipe imports keep `tuneproof --help` fast)."""
+    inner = set()
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "cli.py" and path.parent == SRC:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = set(map(id, tree.body)) | _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                inner |= {f"{path.relative_to(SRC).as_posix()}: {n}" for n in names if n.startswith("tuneproof")}
+    return inner
+
+
+def test_imports_are_at_the_top():
+    found = inner_imports()
+    assert sorted(found - KNOWN_INNER) == [], "import it at the top of the module (docs/ARCHITECTURE.md)"
+    assert sorted(KNOWN_INNER - found) == [], "fixed: remove these from KNOWN_INNER"
+
+
 def test_no_cycle_between_packages():
     edges, _ = graph()
     allowed = {(f.split("/")[0].removesuffix(".py"), t) for f, t in KNOWN_UPWARD}
@@ -128,9 +204,15 @@ def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
     (tmp_path / "training" / "x.py").write_text(
         "from tuneproof import SCHEMA_VERSION, recipes\n"
         "def f():\n    from tuneproof.recipes.train import build_model\n"
-        "    from ..preflight import memory\n    import tuneproof.deliver.card\n")
+        "    from ..preflight import memory\n    import tuneproof.deliver.card\n"
+    )
     assert sorted(imports_of(tmp_path / "training" / "x.py", tmp_path)) == [
-        ("__init__", 1), ("deliver", 5), ("preflight", 4), ("recipes", 1), ("recipes", 3)]
+        ("__init__", 1),
+        ("deliver", 5),
+        ("preflight", 4),
+        ("recipes", 1),
+        ("recipes", 3),
+    ]
 
 
 def test_cycles_are_found():

@@ -23,11 +23,17 @@ def test_a_class_never_in_train_names_its_rows():
     """7 validation rows whose label train never shows (a typo of the label set): the hard fault
     counts them and names the first five file:line, so all are fixed in one pass."""
     lines = (4, 7, 8, 11, 15, 20, 23)
-    splits = {"train": [_ex(f"tr{i}", f"text {i}", "card" if i % 2 else "lost") for i in range(6)],
-              "validation": [_ex(f"va{i}", f"other {i}", "crad" if i in lines else "card", source=f"valid.csv:{i}") for i in range(2, 25)]}
+    splits = {
+        "train": [_ex(f"tr{i}", f"text {i}", "card" if i % 2 else "lost") for i in range(6)],
+        "validation": [
+            _ex(f"va{i}", f"other {i}", "crad" if i in lines else "card", source=f"valid.csv:{i}") for i in range(2, 25)
+        ],
+    }
     r = audit_labels(splits)
-    assert r["hard_faults"] == ["class 'crad' is in validation (7 examples: valid.csv:4, valid.csv:7, valid.csv:8, valid.csv:11, "
-                                "valid.csv:15 and 2 more) but never in train: the model cannot learn it"]
+    assert r["hard_faults"] == [
+        "class 'crad' is in validation (7 examples: valid.csv:4, valid.csv:7, valid.csv:8, valid.csv:11, "
+        "valid.csv:15 and 2 more) but never in train: the model cannot learn it"
+    ]
 
 
 def test_audit_labels_counts_missing_conflicts_and_empty():
@@ -78,7 +84,9 @@ def test_audit_labels_imbalance_warning_and_unlabelled_data():
     train = [_ex(f"a{i}", f"text a {i}", "a") for i in range(11)] + [_ex("b0", "text b", "b")]
     r = audit_labels({"train": train})
     assert r["imbalance_ratio"]["train"] == 11.0
-    assert r["warnings"] == ["train: class imbalance 11.0x ('a' 11 vs 'b' 1): report per-class recall, not only accuracy"]
+    assert r["warnings"] == [
+        "train: class imbalance 11.0x ('a' 11 vs 'b' 1): report per-class recall, not only accuracy"
+    ]
     unlabelled = audit_labels({"train": [_ex("x", "text"), _ex("y", "other")]})
     assert unlabelled["class_counts"] == {"train": {}} and unlabelled["imbalance_ratio"] == {"train": None}
     assert unlabelled["empty_labels"] == [] and unlabelled["hard_faults"] == [] and unlabelled["warnings"] == []
@@ -106,13 +114,25 @@ def test_audit_labels_banking77():
 # --------------------------------------------------------------------------- targets (C16)
 def test_c16_python_dict_target_gives_parse_rate_50_and_is_named():
     examples = [
-        _ex("snips/0", "play jazz", "PlayMusic", "{'intent': 'PlayMusic', 'slots': {'genre': 'jazz'}, 'ok': True}", "train.jsonl:1"),
-        _ex("snips/1", "play rock", "PlayMusic", '{"intent": "PlayMusic", "slots": {"genre": "rock"}}', "train.jsonl:2"),
+        _ex(
+            "snips/0",
+            "play jazz",
+            "PlayMusic",
+            "{'intent': 'PlayMusic', 'slots': {'genre': 'jazz'}, 'ok': True}",
+            "train.jsonl:1",
+        ),
+        _ex(
+            "snips/1", "play rock", "PlayMusic", '{"intent": "PlayMusic", "slots": {"genre": "rock"}}', "train.jsonl:2"
+        ),
     ]
     r = audit_targets(examples, ["intent", "slots"])
     assert r["n"] == 2 and r["parsed"] == 1 and r["parse_rate"] == 0.5
     assert r["invalid"] == [
-        {"id": "snips/0", "source": "train.jsonl:1", "error": "line 1 column 2: Expecting property name enclosed in double quotes"}
+        {
+            "id": "snips/0",
+            "source": "train.jsonl:1",
+            "error": "line 1 column 2: Expecting property name enclosed in double quotes",
+        }
     ]
     assert r["missing_fields"] == []
     assert r["hard_faults"] == [
@@ -140,7 +160,10 @@ def test_targets_missing_fields_non_objects_nan_and_absent_targets():
         {"id": "a", "source": "f.jsonl:1", "missing": ["slots"]},
         {"id": "b", "source": "f.jsonl:2", "missing": ["intent", "slots"]},
     ]
-    assert r["hard_faults"][1] == "2 of 3 parsed targets lack required fields: f.jsonl:1 (missing slots), f.jsonl:2 (missing intent, slots)"
+    assert (
+        r["hard_faults"][1]
+        == "2 of 3 parsed targets lack required fields: f.jsonl:1 (missing slots), f.jsonl:2 (missing intent, slots)"
+    )
     # without required fields only strictness counts; the default is docs/CONTRACTS.md's ["intent", "slots"]
     assert audit_targets(examples, [])["missing_fields"] == []
     assert audit_targets(examples)["required_fields"] == ["intent", "slots"]
@@ -167,6 +190,8 @@ def test_labels_differing_only_in_case_or_spaces_are_named():
     train = [Example(id=f"t{i}", text=f"text {i}", label=lab) for i, lab in enumerate(labels)]
     rep = audit_labels({"train": train})
     assert rep["near_identical_labels"] == [["Sport ", "sport", "sport "]]
-    assert "labels 'Sport ', 'sport', 'sport ' differ only in case or spaces: they are 3 separate classes" in " ".join(rep["warnings"])
+    assert "labels 'Sport ', 'sport', 'sport ' differ only in case or spaces: they are 3 separate classes" in " ".join(
+        rep["warnings"]
+    )
     clean = audit_labels({"train": [Example(id="a", text="x", label="sport"), Example(id="b", text="y", label="news")]})
     assert clean["near_identical_labels"] == []

@@ -16,36 +16,54 @@ from tuneproof.study import Prompt
 
 
 def _ex(split, label, n, start=0):
-    return [Example(id=f"{split}-{label}-{i}", text=f"t {label} {i}", label=label, split=split) for i in range(start, start + n)]
+    return [
+        Example(id=f"{split}-{label}-{i}", text=f"t {label} {i}", label=label, split=split)
+        for i in range(start, start + n)
+    ]
 
 
 def test_classes_under_the_threshold_are_named_with_counts():
-    splits = {"train": _ex("train", "a", 12) + _ex("train", "b", 3) + _ex("train", "c", 9),
-              "validation": _ex("validation", "a", 10) + _ex("validation", "b", 2) + _ex("validation", "c", 11),
-              "test": _ex("test", "a", 1)}
+    splits = {
+        "train": _ex("train", "a", 12) + _ex("train", "b", 3) + _ex("train", "c", 9),
+        "validation": _ex("validation", "a", 10) + _ex("validation", "b", 2) + _ex("validation", "c", 11),
+        "test": _ex("test", "a", 1),
+    }
     r = small_classes(splits, "validation", 10)
     assert r["small"] == {"train": {"b": 3, "c": 9}, "validation": {"b": 2}}
-    assert r["warnings"] == ["train: 2 of 3 classes have fewer than 10 examples: 'b' 3, 'c' 9",
-                             "validation: 1 of 3 classes have fewer than 10 examples: 'b' 2"]
+    assert r["warnings"] == [
+        "train: 2 of 3 classes have fewer than 10 examples: 'b' 3, 'c' 9",
+        "validation: 1 of 3 classes have fewer than 10 examples: 'b' 2",
+    ]
     ok = small_classes({"train": _ex("train", "a", 10), "validation": _ex("validation", "a", 10)}, "validation", 10)
     assert ok["warnings"] == [] and ok["line"] == "classes under 10 examples: none in train/validation"
     assert small_classes({"train": [Example("x", "t")]}, "validation")["line"] is None
 
 
 def test_answers_cut_by_max_length_are_counted_and_a_cut_end_token_is_a_hard_fault(tiny_tokenizer):
-    ex = Example("long", "hello world", target="add the piano bar to my Cindy Wilson playlist rate this book five out of six")
+    ex = Example(
+        "long", "hello world", target="add the piano bar to my Cindy Wilson playlist rate this book five out of six"
+    )
     whole = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=512).encode(ex)
     assert whole.answer_lost == 0 and not whole.end_cut and whole.faults == []
     cut_at = whole.full_length - 5
     enc = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=cut_at).encode(ex)
     assert (enc.answer_lost, enc.end_cut, enc.n_supervised) == (5, True, whole.n_supervised - 5)
-    assert enc.faults == [f"the answer is cut by max_length {cut_at}: 5 of {whole.answer_tokens} answer tokens lost, "
-                          "the end token '<|im_end|>' among them (the model would never learn to stop)"]
-    short = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=cut_at).encode(Example("short", "hello", target="a b c"))
+    assert enc.faults == [
+        f"the answer is cut by max_length {cut_at}: 5 of {whole.answer_tokens} answer tokens lost, "
+        "the end token '<|im_end|>' among them (the model would never learn to stop)"
+    ]
+    short = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=cut_at).encode(
+        Example("short", "hello", target="a b c")
+    )
     r = cut_answers({"train": [enc, short]}, cut_at)
     assert (r["count"], r["tokens_lost"]) == (1, 5)
-    assert r["examples"] == [{"split": "train", "id": "long", "answer_tokens": whole.answer_tokens, "tokens_lost": 5, "end_cut": True}]
-    assert r["line"] == f"answers cut by max_length {cut_at}: 1 of 2 examples lose 5 answer tokens, 1 their end token: train/long (-5)"
+    assert r["examples"] == [
+        {"split": "train", "id": "long", "answer_tokens": whole.answer_tokens, "tokens_lost": 5, "end_cut": True}
+    ]
+    assert (
+        r["line"]
+        == f"answers cut by max_length {cut_at}: 1 of 2 examples lose 5 answer tokens, 1 their end token: train/long (-5)"
+    )
     assert cut_answers({"train": [short]}, cut_at)["line"] == f"answers cut by max_length {cut_at}: none"
 
 
@@ -55,32 +73,56 @@ def test_suggested_max_length_never_cuts_an_answer():
     assert plain["suggest_max_length"] == 40 and plain["whole_answers"] is None  # p99 = 34.7 -> 40
     r = length_stats(lengths, 128, keep_whole=lengths)
     assert r["whole_answers"] == 616 and r["suggest_max_length"] == 616  # longest 610 rounded up to a multiple of 8
-    assert r["suggest_rule"].endswith("raised to 616 tokens so that every answer stays whole (longest example, rounded up)")
+    assert r["suggest_rule"].endswith(
+        "raised to 616 tokens so that every answer stays whole (longest example, rounded up)"
+    )
 
 
 def test_data_check_states_every_result_when_it_finds_nothing(tmp_path, tiny_model_dir):
-    rows = ["text,label"] + [f"sentence {i} about the topic {'rain sun'.split()[i % 2]} number {i * 7}," + "ab"[i % 2] for i in range(44)]
+    rows = ["text,label"] + [
+        f"sentence {i} about the topic {'rain sun'.split()[i % 2]} number {i * 7}," + "ab"[i % 2] for i in range(44)
+    ]
     (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
-    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump({
-        "name": "c", "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
-        "data": {"sources": [{"path": "d.csv", "format": "csv"}], "fields": {"label": "label"},
-                 "split": {"fractions": {"train": 0.5, "validation": 0.5}}},
-        "model": {"base": str(tiny_model_dir), "kind": "causal-lm"}, "training": {"max_length": 128}}))
+    (tmp_path / "tuneproof.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "c",
+                "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
+                "data": {
+                    "sources": [{"path": "d.csv", "format": "csv"}],
+                    "fields": {"label": "label"},
+                    "split": {"fractions": {"train": 0.5, "validation": 0.5}},
+                },
+                "model": {"base": str(tiny_model_dir), "kind": "causal-lm"},
+                "training": {"max_length": 128},
+            }
+        )
+    )
     from tuneproof.recipes.data_check import data_report  # noqa: PLC0415
 
     rep = data_report(StudyContext.open(tmp_path))
     assert rep["sizes"] == {"train": 22, "validation": 22}
-    assert rep["checks"] == ["empty texts dropped: none", "duplicates: none across train/validation",
-                             "classes under 10 examples: none in train/validation", "answers cut by max_length 128: none",
-                             "classes missing from a split: none", "texts with different labels: none",
-                             "encoding faults (0 supervised tokens, end token, prompt prefix): none", "longer than max_length 128: none"]
+    assert rep["checks"] == [
+        "empty texts dropped: none",
+        "duplicates: none across train/validation",
+        "classes under 10 examples: none in train/validation",
+        "answers cut by max_length 128: none",
+        "classes missing from a split: none",
+        "texts with different labels: none",
+        "encoding faults (0 supervised tokens, end token, prompt prefix): none",
+        "longer than max_length 128: none",
+    ]
     assert rep["passed"] is True
 
 
 def test_optional_keys_absent_are_counted():
     from tuneproof.data.checks import absent_optional
 
-    ex = [Example("a", "t", meta={"absent": ["slots"]}), Example("b", "t"), Example("c", "t", meta={"absent": ["slots", "topic"]})]
+    ex = [
+        Example("a", "t", meta={"absent": ["slots"]}),
+        Example("b", "t"),
+        Example("c", "t", meta={"absent": ["slots", "topic"]}),
+    ]
     r = absent_optional({"train": ex[:2], "validation": ex[2:]}, ["slots", "topic"])
     assert r["counts"] == {"slots": 2, "topic": 1}
     assert r["line"] == "optional keys (null when absent): slots absent in 2 of 3, topic absent in 1 of 3"
@@ -92,10 +134,22 @@ def test_the_data_check_screen_says_a_warned_check_once(capsys):
     same text again as two warnings: a check line made of warnings is said once, as the warnings."""
     from tuneproof.recipes.data_check import _print
 
-    warnings = ["train: 2 of 3 classes have fewer than 10 examples: 'b' 3, 'c' 9", "validation: 1 of 3 classes have fewer than 10 examples: 'b' 2"]
-    rep = {"fingerprint": {"hash": "0" * 64}, "sizes": {"train": 24, "validation": 13}, "repairs": [], "images": None,
-           "lengths": {"max_length": 64, "suggest_max_length": 32, "splits": {}}, "encoding_faults": [], "hard_faults": [],
-           "checks": ["duplicates: none across train/validation", "; ".join(warnings)], "warnings": warnings, "passed": True}
+    warnings = [
+        "train: 2 of 3 classes have fewer than 10 examples: 'b' 3, 'c' 9",
+        "validation: 1 of 3 classes have fewer than 10 examples: 'b' 2",
+    ]
+    rep = {
+        "fingerprint": {"hash": "0" * 64},
+        "sizes": {"train": 24, "validation": 13},
+        "repairs": [],
+        "images": None,
+        "lengths": {"max_length": 64, "suggest_max_length": 32, "splits": {}},
+        "encoding_faults": [],
+        "hard_faults": [],
+        "checks": ["duplicates: none across train/validation", "; ".join(warnings)],
+        "warnings": warnings,
+        "passed": True,
+    }
     _print(rep)
     out = capsys.readouterr().out
     assert out.count("'b' 3, 'c' 9") == 1 and out.count("validation: 1 of 3 classes") == 1

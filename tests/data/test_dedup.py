@@ -34,7 +34,10 @@ def _split(name: str, texts: list[str]) -> list[Example]:
 
 
 def _c14() -> dict[str, list[Example]]:
-    return {"train": _split("train", ["a b c", "hello world ", "x"]), "test": _split("test", ["hello world", "a b c", "zzz"])}
+    return {
+        "train": _split("train", ["a b c", "hello world ", "x"]),
+        "test": _split("test", ["hello world", "a b c", "zzz"]),
+    }
 
 
 # --------------------------------------------------------------------------- normalise / shingles
@@ -70,7 +73,12 @@ def test_shingle_set_word_char_and_short_texts():
 def test_c14_exact_and_normalised_overlap_with_ids():
     report = find_duplicates(_c14())
     p = report.pair("train", "test")
-    assert p.counts["exact"] == {"pairs": 1, "first_colliding": 1, "second_colliding": 1, "fraction": pytest.approx(1 / 3)}
+    assert p.counts["exact"] == {
+        "pairs": 1,
+        "first_colliding": 1,
+        "second_colliding": 1,
+        "fraction": pytest.approx(1 / 3),
+    }
     assert p.counts["normalised"]["second_colliding"] == 2
     assert p.counts["normalised"]["fraction"] == pytest.approx(2 / 3)
     assert p.counts["near"]["fraction"] == pytest.approx(2 / 3)
@@ -141,7 +149,12 @@ def test_many_copies_across_splits_are_star_linked_not_multiplied():
     splits = {"train": train, "test": test}
     p = find_duplicates(splits).pair("train", "test")
     assert len(p.collisions) == 50 + 32 - 1  # not 50 * 32
-    assert p.counts["exact"] == {"pairs": 51, "first_colliding": 50, "second_colliding": 2, "fraction": pytest.approx(2 / 32)}
+    assert p.counts["exact"] == {
+        "pairs": 51,
+        "first_colliding": 50,
+        "second_colliding": 2,
+        "fraction": pytest.approx(2 / 32),
+    }
     assert p.counts["normalised"]["first_colliding"] == 50 and p.counts["normalised"]["second_colliding"] == 32
     assert ("normalised", "train/0", "test/0") == (p.collisions[0].kind, p.collisions[0].id_a, p.collisions[0].id_b)
     within = find_duplicates(splits).pair("train", "train")
@@ -158,7 +171,12 @@ def test_three_splits_every_pair_and_policy_uses_validation_too():
     }
     report = find_duplicates(splits)
     assert list(report.pairs) == [
-        "train/train", "train/validation", "train/test", "validation/validation", "validation/test", "test/test",
+        "train/train",
+        "train/validation",
+        "train/test",
+        "validation/validation",
+        "validation/test",
+        "test/test",
     ]
     assert report.pair("train", "validation").counts["normalised"]["second_colliding"] == 2
     assert [(c.kind, c.id_a, c.id_b) for c in report.pair("validation", "test").collisions] == [
@@ -194,7 +212,9 @@ def test_bad_inputs_are_user_errors():
     with pytest.raises(TuneproofError, match="non-empty dict"):
         find_duplicates({})
     twice = {"train": _split("train", ["a"]), "test": [Example(id="train/0", text="b", source="test.csv:2")]}
-    with pytest.raises(TuneproofError, match=r"test.csv:2: example id 'train/0' occurs twice \(splits 'train' and 'test'\)"):
+    with pytest.raises(
+        TuneproofError, match=r"test.csv:2: example id 'train/0' occurs twice \(splits 'train' and 'test'\)"
+    ):
         find_duplicates(twice)
     with pytest.raises(TuneproofError, match="split 'train' must be a list of Example, got NoneType"):
         find_duplicates({"train": None})  # type: ignore[dict-item]
@@ -258,7 +278,9 @@ def test_lsh_candidates_equal_datasketch_minhashlsh():
 def _read_banking77(name: str) -> list[Example]:
     with open(BANKING77 / f"{name}.csv", encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    return [Example(id=f"{name}.csv:{i + 2}", text=r["text"], label=r["category"], split=name) for i, r in enumerate(rows)]
+    return [
+        Example(id=f"{name}.csv:{i + 2}", text=r["text"], label=r["category"], split=name) for i, r in enumerate(rows)
+    ]
 
 
 @pytest.mark.skipif(not BANKING77.is_dir(), reason="../shared/data/banking77 not present")
@@ -314,8 +336,12 @@ def test_large_buckets_are_filtered_blockwise(monkeypatch):
 def test_duplicates_inside_one_split_are_said_plainly():
     """The data check's line for copies inside a split (the quickstart printed "test/test: of 140
     test examples duplicate an earlier one: ..."): the split once, the count of examples first."""
-    splits = {"train": [Example(id=f"train/{i}", text=t) for i, t in enumerate(["a b c d", "e f g h", "a b c d", "i j k l"])],
-              "test": [Example(id="test/0", text="m n o p")]}
+    splits = {
+        "train": [Example(id=f"train/{i}", text=t) for i, t in enumerate(["a b c d", "e f g h", "a b c d", "i j k l"])],
+        "test": [Example(id="test/0", text="m n o p")],
+    }
     lines = find_duplicates(splits).summary_lines()
-    assert "train (inside the split): 1 of 4 examples repeat an earlier one: 1 (25.0%) exact, 1 (25.0%) normalised, " \
-           "1 (25.0%) near (Jaccard >= 0.8)" in lines
+    assert (
+        "train (inside the split): 1 of 4 examples repeat an earlier one: 1 (25.0%) exact, 1 (25.0%) normalised, "
+        "1 (25.0%) near (Jaccard >= 0.8)" in lines
+    )

@@ -17,8 +17,12 @@ def _both(raw: dict, tmp_path, data_root):
 
 
 def _raw(source: dict, **fields) -> dict:
-    raw = {"name": "x", "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
-           "data": {"sources": [source]}, "model": {"base": "minilm-l6"}}
+    raw = {
+        "name": "x",
+        "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
+        "data": {"sources": [source]},
+        "model": {"base": "minilm-l6"},
+    }
     if fields:
         raw["data"]["fields"] = fields
     return raw
@@ -37,7 +41,11 @@ def test_lines_default_files_survive_a_resolved_config(tmp_path):
     (folder / "seq.in").write_text("play jazz\nwill it rain\n")
     (folder / "label").write_text("PlayMusic\nGetWeather\n")
     first, again = _both(_raw({"path": str(folder), "format": "lines"}), tmp_path, None)
-    assert [(e.text, e.label) for e in first] == [(e.text, e.label) for e in again] == [("play jazz", "PlayMusic"), ("will it rain", "GetWeather")]
+    assert (
+        [(e.text, e.label) for e in first]
+        == [(e.text, e.label) for e in again]
+        == [("play jazz", "PlayMusic"), ("will it rain", "GetWeather")]
+    )
 
 
 def test_snips_still_refuses_fields_the_study_sets(tmp_path, shared_data):

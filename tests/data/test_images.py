@@ -44,7 +44,7 @@ def to_chw(img: Image.Image) -> np.ndarray:
 def test_load_image_folder_lists_every_class(digits_root):
     items = load_image_folder(digits_root)
     assert len(items) == 10 * PER_CLASS
-    assert [label for _, label in items[:: PER_CLASS]] == [str(d) for d in range(10)]
+    assert [label for _, label in items[::PER_CLASS]] == [str(d) for d in range(10)]
     assert items[0][0].endswith("0/01.png")
 
 
@@ -153,7 +153,9 @@ def test_truncated_image_and_failing_transform_name_the_file(tmp_path):
         audit_images([(good, "a"), (cut, "b")])
     with pytest.raises(TuneproofError, match=r"good.png: the transform failed \(ZeroDivisionError"):
         audit_images([(good, "a")], transform=lambda im: 1 / 0)
-    with pytest.raises(TuneproofError, match=r"good.png: transform output of type str is neither a PIL image nor an array"):
+    with pytest.raises(
+        TuneproofError, match=r"good.png: transform output of type str is neither a PIL image nor an array"
+    ):
         audit_images([(good, "a")], transform=lambda im: "x")
     with pytest.raises(TuneproofError, match="no images"):
         audit_images([])

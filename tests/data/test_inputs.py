@@ -27,12 +27,18 @@ def _write_lines(folder, texts, labels=None, **extra):
 
 
 def test_lines_format_reads_seq_in_beside_label(tmp_path):
-    _write_lines(tmp_path / "train", ["book a flight to boston", "weather in rome", "play abba"], ["flight", "weather", "music"],
-                 seq_out=["O O O O B-city", "O O B-city", "O B-artist"])
+    _write_lines(
+        tmp_path / "train",
+        ["book a flight to boston", "weather in rome", "play abba"],
+        ["flight", "weather", "music"],
+        seq_out=["O O O O B-city", "O O B-city", "O B-artist"],
+    )
     ex, rep = load_lines(tmp_path / "train", FieldMap())
     assert [(e.id, e.text, e.label, e.split) for e in ex] == [
-        ("train:1", "book a flight to boston", "flight", "train"), ("train:2", "weather in rome", "weather", "train"),
-        ("train:3", "play abba", "music", "train")]
+        ("train:1", "book a flight to boston", "flight", "train"),
+        ("train:2", "weather in rome", "weather", "train"),
+        ("train:3", "play abba", "music", "train"),
+    ]
     assert ex[1].source == f"{tmp_path / 'train' / 'seq.in'}:2" and rep == []
     # fields name the files; target as a mapping builds one JSON object per line
     ex, _ = load_lines(tmp_path / "train", FieldMap(target={"intent": "label", "tags": "seq.out"}), split="validation")
@@ -53,15 +59,26 @@ def test_glob_sources_load_every_match_and_list_files_in_fingerprint(tmp_path, t
         rows = [{"text": f"clause {k} number {i} about rent", "label": "rent" if i % 2 else "tax"} for i in range(4)]
         (folds / f"fold{k}.json").write_text(json.dumps(rows))
     (folds / "notes.txt").write_text("not data")
-    ex, _ = load_source(Source(path="folds/fold*.json", format="json", split="train"), FieldMap(label="label"), tmp_path)
+    ex, _ = load_source(
+        Source(path="folds/fold*.json", format="json", split="train"), FieldMap(label="label"), tmp_path
+    )
     assert len(ex) == 12 and ex[0].id == "fold1:0" and ex[-1].id == "fold3:3"
     with pytest.raises(TuneproofError, match=r"folds/nope\*\.json: the pattern matches no file"):
         load_source(Source(path="folds/nope*.json", format="json"), FieldMap(), tmp_path)
-    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump({
-        "name": "g", "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
-        "data": {"sources": [{"path": "folds/fold*.json", "format": "json"}], "fields": {"label": "label"},
-                 "split": {"fractions": {"train": 0.5, "validation": 0.5}}},
-        "model": {"base": str(tiny_model_dir), "kind": "causal-lm"}}))
+    (tmp_path / "tuneproof.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "g",
+                "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
+                "data": {
+                    "sources": [{"path": "folds/fold*.json", "format": "json"}],
+                    "fields": {"label": "label"},
+                    "split": {"fractions": {"train": 0.5, "validation": 0.5}},
+                },
+                "model": {"base": str(tiny_model_dir), "kind": "causal-lm"},
+            }
+        )
+    )
     ctx = StudyContext.open(tmp_path)
     files = ctx.data_fingerprint()["files"]
     assert [f["path"] for f in files] == ["folds/fold1.json", "folds/fold2.json", "folds/fold3.json"]
@@ -70,9 +87,11 @@ def test_glob_sources_load_every_match_and_list_files_in_fingerprint(tmp_path, t
 
 def test_target_mapping_dotted_paths_and_optional_keys(tmp_path):
     p = tmp_path / "d.jsonl"
-    rows = [{"utt": {"text": "wake me at 7"}, "ann": {"intents": ["alarm"], "slots": {"time": "7"}}},
-            {"utt": {"text": "stop"}, "ann": {"intents": ["stop"]}},
-            {"utt": {"text": "louder please"}, "ann": {"intents": ["volume_up"]}}]
+    rows = [
+        {"utt": {"text": "wake me at 7"}, "ann": {"intents": ["alarm"], "slots": {"time": "7"}}},
+        {"utt": {"text": "stop"}, "ann": {"intents": ["stop"]}},
+        {"utt": {"text": "louder please"}, "ann": {"intents": ["volume_up"]}},
+    ]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     fields = FieldMap(text="utt.text", target={"intent": "ann.intents", "slots": "ann.slots"}, optional=["slots"])
     ex, _ = load_json_records(p, fields, "train", lines=True)
@@ -80,17 +99,31 @@ def test_target_mapping_dotted_paths_and_optional_keys(tmp_path):
     assert json.loads(ex[0].target) == {"intent": ["alarm"], "slots": {"time": "7"}}
     assert json.loads(ex[1].target) == {"intent": ["stop"], "slots": None}
     assert [e.meta.get("absent") for e in ex] == [None, ["slots"], ["slots"]]
-    with pytest.raises(TuneproofError, match=r"d.jsonl: 2 rows refused: .*d.jsonl:2, .*d.jsonl:3: column 'ann.slots' not found"):
-        load_json_records(p, FieldMap(text="utt.text", target={"intent": "ann.intents", "slots": "ann.slots"}), lines=True)
+    with pytest.raises(
+        TuneproofError, match=r"d.jsonl: 2 rows refused: .*d.jsonl:2, .*d.jsonl:3: column 'ann.slots' not found"
+    ):
+        load_json_records(
+            p, FieldMap(text="utt.text", target={"intent": "ann.intents", "slots": "ann.slots"}), lines=True
+        )
 
 
 def _cls_study(tmp_path, model_dir, data_rows, **data):
     (tmp_path / "train.csv").write_text(data_rows)
-    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump({
-        "name": "c", "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
-        "data": {"sources": [{"path": "train.csv", "format": "csv"}], "fields": {"label": "label"},
-                 "split": {"fractions": {"train": 0.5, "validation": 0.5}}, **data},
-        "model": {"base": str(model_dir), "kind": "causal-lm"}}))
+    (tmp_path / "tuneproof.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "c",
+                "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
+                "data": {
+                    "sources": [{"path": "train.csv", "format": "csv"}],
+                    "fields": {"label": "label"},
+                    "split": {"fractions": {"train": 0.5, "validation": 0.5}},
+                    **data,
+                },
+                "model": {"base": str(model_dir), "kind": "causal-lm"},
+            }
+        )
+    )
     return StudyContext.open(tmp_path)
 
 
@@ -124,10 +157,12 @@ def test_missing_value_labels_are_refused(tmp_path, value):
 
 def test_json_null_and_nan_labels_and_non_string_texts_are_refused(tmp_path):
     p = tmp_path / "d.jsonl"
-    for rec, msg in (({"text": "a b", "label": None}, r"d.jsonl:1: empty label"),
-                     ({"text": "a b", "label": float("nan")}, r"d.jsonl:1: nan label"),
-                     ({"text": 12345, "label": "x"}, r"d.jsonl:1: text in column 'text' is int 12345, not a string"),
-                     ({"text": ["a"], "label": "x"}, r"d.jsonl:1: text in column 'text' is list \[\"a\"\], not a string")):
+    for rec, msg in (
+        ({"text": "a b", "label": None}, r"d.jsonl:1: empty label"),
+        ({"text": "a b", "label": float("nan")}, r"d.jsonl:1: nan label"),
+        ({"text": 12345, "label": "x"}, r"d.jsonl:1: text in column 'text' is int 12345, not a string"),
+        ({"text": ["a"], "label": "x"}, r"d.jsonl:1: text in column 'text' is list \[\"a\"\], not a string"),
+    ):
         p.write_text(json.dumps(rec) + "\n")
         with pytest.raises(TuneproofError, match=msg):
             load_json_records(p, FieldMap(label="label"), lines=True)
@@ -138,7 +173,10 @@ BAD_LINES = (3, 5, 6, 9, 12, 14, 17)  # the file lines of the 7 missing-value la
 
 def _rows_with_bad_labels(n_lines: int = 18) -> list[tuple[str, str]]:
     values = iter(["NaN", "", "None", "null", "nan", "  ", "NULL"])
-    return [(f"row {i} text", next(values) if i in BAD_LINES else ("greet" if i % 2 else "bye")) for i in range(2, n_lines + 1)]
+    return [
+        (f"row {i} text", next(values) if i in BAD_LINES else ("greet" if i % 2 else "bye"))
+        for i in range(2, n_lines + 1)
+    ]
 
 
 def _assert_seven_named(message: str, path) -> None:
@@ -166,19 +204,22 @@ def test_every_bad_row_of_a_jsonl_file_is_named_in_file_order(tmp_path):
     """Missing-value labels, a line that is not JSON and a text that is not a string: one error, in file order."""
     p = tmp_path / "d.jsonl"
     lines = []
-    for i, (t, lab) in enumerate(_rows_with_bad_labels(), start=2):
+    for t, lab in _rows_with_bad_labels():
         lines.append(json.dumps({"text": t, "label": None if lab in ("null", "None") else lab}))
     lines.insert(0, json.dumps({"text": "first", "label": "greet"}))
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(TuneproofError) as err:
         load_json_records(p, FieldMap(label="label"), lines=True)
     _assert_seven_named(str(err.value), p)
-    p.write_text('{"text": "ok", "label": "a"}\n{"text": 12, "label": "b"}\nnot json\n{"text": "fine", "label": "nan"}\n')
+    p.write_text(
+        '{"text": "ok", "label": "a"}\n{"text": 12, "label": "b"}\nnot json\n{"text": "fine", "label": "nan"}\n'
+    )
     with pytest.raises(TuneproofError) as err:
         load_json_records(p, FieldMap(label="label"), lines=True)
     assert str(err.value).splitlines()[0] == (
         f"{p}: 3 rows refused: {p}:2: text in column 'text' is int 12, not a string; {p}:3: invalid JSON line (Expecting value); "
-        f"{p}:4: 'nan' label in column 'label' (a missing value, not a class)")
+        f"{p}:4: 'nan' label in column 'label' (a missing value, not a class)"
+    )
 
 
 def test_every_bad_label_of_a_label_file_and_every_duplicate_id_is_named(tmp_path):
@@ -190,8 +231,10 @@ def test_every_bad_label_of_a_label_file_and_every_duplicate_id_is_named(tmp_pat
         load_lines(tmp_path / "train", FieldMap())
     seq = tmp_path / "train" / "seq.in"
     first = str(err.value).splitlines()[0]
-    assert first == (f"{seq}: 7 rows refused: {seq}:2, {seq}:4, {seq}:5, {seq}:8, {seq}:11: 'nan' label in file 'label' "
-                     "(a missing value, not a class); and 2 more")
+    assert first == (
+        f"{seq}: 7 rows refused: {seq}:2, {seq}:4, {seq}:5, {seq}:8, {seq}:11: 'nan' label in file 'label' "
+        "(a missing value, not a class); and 2 more"
+    )
 
     from tuneproof.data.examples import Example
     from tuneproof.data.split import check_unique_ids
@@ -199,8 +242,10 @@ def test_every_bad_label_of_a_label_file_and_every_duplicate_id_is_named(tmp_pat
     exs = [Example(id=f"x{i % 4}", text="t", source=f"d.csv:{i + 2}") for i in range(10)]
     with pytest.raises(TuneproofError) as err:
         check_unique_ids(exs)
-    assert str(err.value).splitlines()[0] == ("6 duplicate example ids: 'x0' (d.csv:2 and d.csv:6), 'x1' (d.csv:3 and d.csv:7), "
-                                              "'x2' (d.csv:4 and d.csv:8), 'x3' (d.csv:5 and d.csv:9), 'x0' (d.csv:2 and d.csv:10) and 1 more")
+    assert str(err.value).splitlines()[0] == (
+        "6 duplicate example ids: 'x0' (d.csv:2 and d.csv:6), 'x1' (d.csv:3 and d.csv:7), "
+        "'x2' (d.csv:4 and d.csv:8), 'x3' (d.csv:5 and d.csv:9), 'x0' (d.csv:2 and d.csv:10) and 1 more"
+    )
 
 
 def test_a_50mb_line_is_refused_by_the_character_limit_before_tokenising(tmp_path):
@@ -209,7 +254,9 @@ def test_a_50mb_line_is_refused_by_the_character_limit_before_tokenising(tmp_pat
     t0 = time.perf_counter()
     with pytest.raises(TuneproofError) as err:
         load_csv(p, FieldMap(label="label"))
-    assert "big.csv:3: the text in column 'text' is 50,000,000 characters, over data.max_chars 100,000" in str(err.value)
+    assert "big.csv:3: the text in column 'text' is 50,000,000 characters, over data.max_chars 100,000" in str(
+        err.value
+    )
     assert "raise data.max_chars" in str(err.value)
     assert time.perf_counter() - t0 < 60  # bounded, not the minutes of tokenising it (not a speed target)
     ex, _ = load_csv(p, FieldMap(label="label"), max_chars=60_000_000)
@@ -217,10 +264,12 @@ def test_a_50mb_line_is_refused_by_the_character_limit_before_tokenising(tmp_pat
 
 
 def test_empty_files_and_header_only_csv_are_named(tmp_path):
-    for name, body, fmt, msg in (("e.csv", "", "csv", "e.csv: empty file, no header and no examples"),
-                                 ("h.csv", "text,label\n", "csv", "h.csv: header only, no examples (columns: text, label)"),
-                                 ("e.jsonl", "\n", "jsonl", "e.jsonl: empty file, no examples"),
-                                 ("e.json", "[]", "json", "e.json: no records, no examples")):
+    for name, body, fmt, msg in (
+        ("e.csv", "", "csv", "e.csv: empty file, no header and no examples"),
+        ("h.csv", "text,label\n", "csv", "h.csv: header only, no examples (columns: text, label)"),
+        ("e.jsonl", "\n", "jsonl", "e.jsonl: empty file, no examples"),
+        ("e.json", "[]", "json", "e.json: no records, no examples"),
+    ):
         (tmp_path / name).write_text(body)
         with pytest.raises(TuneproofError) as err:
             load_source(Source(path=name, format=fmt, split="train"), FieldMap(label="label"), tmp_path)

@@ -31,17 +31,26 @@ def test_sequence_classification_shows_class_index_and_name(tiny_tokenizer):
     assert "answer 0 tokens" not in out and "supervised" not in out
     assert "class K = name" in LEGEND_CLS and "no token is scored" in LEGEND_CLS
     page = render_html([(enc, token_rows(enc, tiny_tokenizer))], "t", pipe.labels)
-    assert "class 2 = &#x27;weather&#x27; (of 3)" in page and "no token is scored" in page and "green: supervised" not in page
+    assert (
+        "class 2 = &#x27;weather&#x27; (of 3)" in page
+        and "no token is scored" in page
+        and "green: supervised" not in page
+    )
 
 
 def test_terminal_shows_which_token_each_supervised_position_is_scored_against(tiny_tokenizer):
-    enc = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=128).encode(Example("e", "hello world", target="a b c"))
+    enc = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=128).encode(
+        Example("e", "hello world", target="a b c")
+    )
     rows = token_rows(enc, tiny_tokenizer)
     pairs = scored_pairs(rows)
     assert len(pairs) == enc.n_supervised
     first_sup = next(t for t, lab in enumerate(enc.labels) if lab != -100)
     # the first scored position is the last prompt token, scored against the first answer token
-    assert pairs[0] == f"{first_sup - 1}:{visible(rows[first_sup - 1]['text'])}→{visible(tiny_tokenizer.decode([enc.input_ids[first_sup]]))}"
+    assert (
+        pairs[0]
+        == f"{first_sup - 1}:{visible(rows[first_sup - 1]['text'])}→{visible(tiny_tokenizer.decode([enc.input_ids[first_sup]]))}"
+    )
     assert "".join(p.split("→", 1)[1] for p in pairs) == "a·b·c<|im_end|>"  # targets read as the answer + end token
     last = len(enc.input_ids) - 2
     assert pairs[-1] == f"{last}:{visible(rows[last]['text'])}→<|im_end|>"
@@ -68,7 +77,11 @@ def test_training_prefix_vs_inference_prompt_diff_from_the_template():
 
 def test_n_means_k_per_category_and_k_in_total_without_categories(tiny_tokenizer):
     pipe = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=256)
-    labelled = [Example(f"{c}{i}", "hello " * (i + 1), label=c, target="a") for c, n in (("a", 5), ("b", 6), ("c", 2)) for i in range(n)]
+    labelled = [
+        Example(f"{c}{i}", "hello " * (i + 1), label=c, target="a")
+        for c, n in (("a", 5), ("b", 6), ("c", 2))
+        for i in range(n)
+    ]
     enc = pipe.encode_all(labelled)
     chosen = choose_examples(labelled, enc, 3, seed=0)
     assert Counter(labelled[i].label for i in chosen) == {"a": 3, "b": 3, "c": 2}
@@ -93,11 +106,25 @@ def test_data_check_and_inspect_print_the_prefix_diff_in_the_terminal(tmp_path, 
     tok.save_pretrained(base)
     rows = [{"text": f"hello world {i}", "target": json.dumps({"intent": "greet"})} for i in range(4)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump({
-        "name": "c3", "hypothesis": {"behaviour": "b", "task": "extraction", "success": {"metric": "field_f1"}, "required_fields": ["intent"]},
-        "data": {"sources": [{"path": "d.jsonl", "format": "jsonl"}], "fields": {"target": "target"},
-                 "split": {"fractions": {"train": 0.5, "validation": 0.5}}},
-        "model": {"base": str(base)}}))
+    (tmp_path / "tuneproof.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "c3",
+                "hypothesis": {
+                    "behaviour": "b",
+                    "task": "extraction",
+                    "success": {"metric": "field_f1"},
+                    "required_fields": ["intent"],
+                },
+                "data": {
+                    "sources": [{"path": "d.jsonl", "format": "jsonl"}],
+                    "fields": {"target": "target"},
+                    "split": {"fractions": {"train": 0.5, "validation": 0.5}},
+                },
+                "model": {"base": str(base)},
+            }
+        )
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["data", "check", "--study", str(tmp_path)])
     out = capsys.readouterr().out

@@ -41,13 +41,21 @@ def test_suggest_max_length_rule():
     assert suggest_max_length([17] * 10) == 24
     assert suggest_max_length([1, 2, 3]) == 8  # at least 8
     assert suggest_max_length(np.arange(1000, dtype=np.int32)) == 992  # p99 = 989.01 -> 992
-    assert suggest_max_length([30] * 99 + [500]) == 40  # p99 = 30 + 0.01 * 470 = 34.7: one outlier in 100 barely moves it
+    assert (
+        suggest_max_length([30] * 99 + [500]) == 40
+    )  # p99 = 30 + 0.01 * 470 = 34.7: one outlier in 100 barely moves it
 
 
 def test_empty_and_missing_train_split():
     r = length_stats({"validation": [], "test": [3]}, max_length=8)
     assert r["splits"]["validation"] == {
-        "n": 0, "p50": None, "p95": None, "p99": None, "max": None, "truncated": 0, "truncated_share": 0.0,
+        "n": 0,
+        "p50": None,
+        "p95": None,
+        "p99": None,
+        "max": None,
+        "truncated": 0,
+        "truncated_share": 0.0,
     }
     assert r["suggest_max_length"] is None and r["warnings"] == []
 

@@ -36,10 +36,14 @@ def _char_bpe(template: str, merges: list[tuple[str, str]]):
     from transformers import PreTrainedTokenizerFast
 
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + chars + [a + b for a, b in merges])}
+    vocab = {
+        t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + chars + [a + b for a, b in merges])
+    }
     raw = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<|endoftext|>"))
     raw.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|im_end|>", unk_token="<|endoftext|>"
+    )
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
     tok.chat_template = template
     return tok
@@ -48,8 +52,10 @@ def _char_bpe(template: str, merges: list[tuple[str, str]]):
 def test_c3_boundary_merge_is_found_by_offsets_and_answer_supervised():
     # the generation prompt ends in ':' and the answer starts with '{': the tokenizer merges ':{'
     # when the whole text is tokenised in one pass, so the marker tokenises differently in context
-    template = ("{% for m in messages %}{% if m['role'] == 'assistant' %}Answer:{{ m['content'] }}<|im_end|>"
-                "{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}Answer:{% endif %}")
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}Answer:{{ m['content'] }}<|im_end|>"
+        "{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}Answer:{% endif %}"
+    )
     tok = _char_bpe(template, [(":", "{")])
     pipe = TextPipeline(tok, Prompt(system=None), max_length=128)
     enc = pipe.encode(Example("c3", "hi", target='{"x"}'))

@@ -20,7 +20,7 @@ def test_snips_counts_slots_and_cesu8_repair(shared_data):
     assert len({e.label for e in examples}) == 7
     # C17: the PlayMusic file holds one emoji as a CESU-8 surrogate pair; it is repaired and recorded
     assert len(repairs) == 1 and "train_PlayMusic_full.json: byte" in repairs[0] and "U+1F355" in repairs[0]
-    pizza = [e for e in examples if "\U0001F355" in e.text]
+    pizza = [e for e in examples if "\U0001f355" in e.text]
     assert len(pizza) == 1 and pizza[0].label == "PlayMusic"
     pizza[0].text.encode("utf-8")  # no lone surrogates left
     rate = next(e for e in train if e.label == "RateBook" and "slots" in e.target)
@@ -39,7 +39,7 @@ def test_cesu8_bytes_are_repaired_and_bad_bytes_named(tmp_path):
     good = tmp_path / "a.json"
     good.write_bytes(b'{"t": "x \xed\xa0\xbc\xed\xbd\x95 y"}')
     text, repairs = read_text(good)
-    assert json.loads(text)["t"] == "x \U0001F355 y"
+    assert json.loads(text)["t"] == "x \U0001f355 y"
     assert repairs == [f"{good}: byte 9: CESU-8 surrogate pair repaired to U+1F355"]
     bad = tmp_path / "b.csv"
     bad.write_bytes(b"text,label\nabc\xff,x\n")

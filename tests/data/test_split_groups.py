@@ -14,8 +14,10 @@ from tuneproof.data.split import build_splits, duplicate_groups, freeze_or_reuse
 from tuneproof.errors import TuneproofError
 from tuneproof.study import Dedup, SplitPolicy
 
-WORDS = ("rent tax lease deposit tenant landlord notice clause court payment damage repair term renewal "
-         "breach penalty insurance utility parking pet").split()
+WORDS = (
+    "rent tax lease deposit tenant landlord notice clause court payment damage repair term renewal "
+    "breach penalty insurance utility parking pet"
+).split()
 
 
 def _pool(n_unique=120, groups=15):
@@ -43,14 +45,19 @@ def test_planted_duplicate_groups_never_cross_splits():
     assert all(len({gid[i] for i in ids}) == 1 for ids in planted)  # each planted group found whole
     assert len(set(groups)) == 120 + 15
     info: dict = {}
-    splits = build_splits(pool, SplitPolicy(seed=13, fractions={"train": 0.6, "validation": 0.2, "test": 0.2}), "test", Dedup(), info)
+    splits = build_splits(
+        pool, SplitPolicy(seed=13, fractions={"train": 0.6, "validation": 0.2, "test": 0.2}), "test", Dedup(), info
+    )
     where = {ex.id: name for name, items in splits.items() for ex in items}
     crossing = [ids for ids in planted if len({where[i] for i in ids}) > 1]
     assert crossing == []
     assert sum(len(v) for v in splits.values()) == 180
     report = find_duplicates(splits)
     assert {k: p.counts["near"]["pairs"] for k, p in report.pairs.items() if p.first != p.second} == {
-        "train/validation": 0, "train/test": 0, "validation/test": 0}
+        "train/validation": 0,
+        "train/test": 0,
+        "validation/test": 0,
+    }
     assert info["groups_kept_whole"] == 15 and info["grouping"]["threshold"] == 0.8
     # without grouping the same seed puts planted copies in different splits (the leak this prevents)
     plain = stratified_split(pool, {"train": 0.6, "validation": 0.2, "test": 0.2}, 13)
@@ -60,29 +67,45 @@ def test_planted_duplicate_groups_never_cross_splits():
 
 def test_carve_from_keeps_groups_whole_and_manifest_records_rule(tmp_path):
     pool, planted = _pool(60, 8)
-    given = [Example(id=f"v{i}", text=f"validation sentence {i} unique words here", label="ab"[i % 2], split="validation")
-             for i in range(10)]
+    given = [
+        Example(id=f"v{i}", text=f"validation sentence {i} unique words here", label="ab"[i % 2], split="validation")
+        for i in range(10)
+    ]
     train = [ex.__class__(**{**ex.__dict__, "split": "train"}) for ex in pool]
     policy = SplitPolicy(seed=5, fractions={"train": 0.75, "validation": 0.0, "test": 0.25}, carve_from="train")
     info: dict = {}
-    splits, created = freeze_or_reuse(tmp_path, lambda: build_splits(train + given, policy, "test", Dedup(), info),
-                                      train + given, grouping=lambda: info.get("grouping"))
+    splits, created = freeze_or_reuse(
+        tmp_path,
+        lambda: build_splits(train + given, policy, "test", Dedup(), info),
+        train + given,
+        grouping=lambda: info.get("grouping"),
+    )
     assert created and sorted(splits) == ["test", "train", "validation"]
     where = {ex.id: name for name, items in splits.items() for ex in items}
     assert [ids for ids in planted if len({where[i] for i in ids}) > 1] == []
     assert len(splits["test"]) + len(splits["train"]) == 92 and len(splits["validation"]) == 10
     manifest = json.loads((tmp_path / "splits.json").read_text())
-    assert manifest["grouping"] == {"rule": "exact, normalised and near-duplicate texts (data.dedup settings) are kept in one split",
-                                    "threshold": 0.8, "shingles": "word", "ngram": 3, "num_perm": 128}
+    assert manifest["grouping"] == {
+        "rule": "exact, normalised and near-duplicate texts (data.dedup settings) are kept in one split",
+        "threshold": 0.8,
+        "shingles": "word",
+        "ngram": 3,
+        "num_perm": 128,
+    }
 
 
 def test_without_duplicates_the_split_is_unchanged_and_bad_fractions_named():
-    items = [Example(id=f"e{i:03d}", text=f"completely different text number {i} " + "x" * i, label="abc"[i % 3]) for i in range(90)]
+    items = [
+        Example(id=f"e{i:03d}", text=f"completely different text number {i} " + "x" * i, label="abc"[i % 3])
+        for i in range(90)
+    ]
     grouped = stratified_split(items, {"train": 0.8, "validation": 0.1, "test": 0.1}, 3, duplicate_groups(items))
     plain = stratified_split(items, {"train": 0.8, "validation": 0.1, "test": 0.1}, 3)
     assert {k: [e.id for e in v] for k, v in grouped.items()} == {k: [e.id for e in v] for k, v in plain.items()}
     assert [len(v) for v in plain.values()] == [72, 9, 9]
-    with pytest.raises(TuneproofError, match=r"data.split.fractions.train is 1.5: each fraction must be between 0 and 1"):
+    with pytest.raises(
+        TuneproofError, match=r"data.split.fractions.train is 1.5: each fraction must be between 0 and 1"
+    ):
         stratified_split(items, {"train": 1.5, "test": -0.5}, 3)
 
 

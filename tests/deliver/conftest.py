@@ -24,13 +24,12 @@ def bert_base(tmp_path_factory) -> Path:
 def cls_study(tmp_path_factory, bert_base) -> dict:
     """The classification study after baseline, train, eval and compare (shared, do not modify;
     copy it with :func:`copy_study` to change it)."""
+    import tuneproof.recipes.train as train_recipe
     from tuneproof.context import StudyContext
     from tuneproof.recipes.baseline import run_baseline
     from tuneproof.recipes.compare import run_compare
     from tuneproof.recipes.evaluate import run_eval
     from tuneproof.recipes.train import run_train
-
-    import tuneproof.recipes.train as train_recipe
 
     d = make_cls_study(tmp_path_factory.mktemp("cls-study"), bert_base)
     ctx = StudyContext.open(d)
@@ -73,7 +72,6 @@ def dossier_study(cls_bundle, tmp_path_factory) -> dict:
     import shutil
 
     from tuneproof.cli import main
-    from tuneproof.io import write_json
     from tuneproof.registry import Registry
 
     d = tmp_path_factory.mktemp("dossier") / "study"
@@ -81,38 +79,107 @@ def dossier_study(cls_bundle, tmp_path_factory) -> dict:
     reg = Registry(d)
     train_id = cls_bundle["ids"]["train"]
     with reg.run("data-check") as r:
-        r.update_summary(passed=True, hard_faults=0, sizes={"train": 32, "validation": 12, "test": 6},
-                         lengths={"train": {"p50": 5.0, "p95": 7.0, "max": 8, "truncated_share": 0.0},
-                                  "validation": {"p50": 5.0, "p95": 12.5, "max": 18, "truncated_share": 0.083}},
-                         suggest_max_length=8, duplicates=["train/test: 0 exact, 0 near-duplicates"])
-        counts = {lv: {"pairs": k, "first_colliding": k, "second_colliding": k, "fraction": k / 6} for lv, k in (("exact", 1), ("normalised", 1), ("near", 2))}
-        none = {lv: {"pairs": 0, "first_colliding": 0, "second_colliding": 0, "fraction": 0.0} for lv in ("exact", "normalised", "near")}
-        r.write_json("data_check.json", {"lengths": {"splits": {"train": {"p50": 5.0, "p95": 7.0, "p99": 8.0, "max": 8},
-                                                                "validation": {"p50": 5.0, "p95": 12.5, "p99": 17.0, "max": 18}}},
-                                         "dedup": {"settings": {"threshold": 0.8}, "split_sizes": {"train": 32, "validation": 12, "test": 6},
-                                                   "pairs": {"train/train": {"first": "train", "second": "train", "n_first": 32, "n_second": 32,
-                                                                             "counts": none, "collisions": []},
-                                                             "train/test": {"first": "train", "second": "test", "n_first": 32, "n_second": 6,
-                                                                            "counts": counts, "collisions": [
-                                                                                {"kind": "exact", "id_a": "train:c001", "id_b": "test:c201", "text_a": "x",
-                                                                                 "text_b": "good film", "similarity": 1.0, "minhash_estimate": 1.0}]}}}})
+        r.update_summary(
+            passed=True,
+            hard_faults=0,
+            sizes={"train": 32, "validation": 12, "test": 6},
+            lengths={
+                "train": {"p50": 5.0, "p95": 7.0, "max": 8, "truncated_share": 0.0},
+                "validation": {"p50": 5.0, "p95": 12.5, "max": 18, "truncated_share": 0.083},
+            },
+            suggest_max_length=8,
+            duplicates=["train/test: 0 exact, 0 near-duplicates"],
+        )
+        counts = {
+            lv: {"pairs": k, "first_colliding": k, "second_colliding": k, "fraction": k / 6}
+            for lv, k in (("exact", 1), ("normalised", 1), ("near", 2))
+        }
+        none = {
+            lv: {"pairs": 0, "first_colliding": 0, "second_colliding": 0, "fraction": 0.0}
+            for lv in ("exact", "normalised", "near")
+        }
+        r.write_json(
+            "data_check.json",
+            {
+                "lengths": {
+                    "splits": {
+                        "train": {"p50": 5.0, "p95": 7.0, "p99": 8.0, "max": 8},
+                        "validation": {"p50": 5.0, "p95": 12.5, "p99": 17.0, "max": 18},
+                    }
+                },
+                "dedup": {
+                    "settings": {"threshold": 0.8},
+                    "split_sizes": {"train": 32, "validation": 12, "test": 6},
+                    "pairs": {
+                        "train/train": {
+                            "first": "train",
+                            "second": "train",
+                            "n_first": 32,
+                            "n_second": 32,
+                            "counts": none,
+                            "collisions": [],
+                        },
+                        "train/test": {
+                            "first": "train",
+                            "second": "test",
+                            "n_first": 32,
+                            "n_second": 6,
+                            "counts": counts,
+                            "collisions": [
+                                {
+                                    "kind": "exact",
+                                    "id_a": "train:c001",
+                                    "id_b": "test:c201",
+                                    "text_a": "x",
+                                    "text_b": "good film",
+                                    "similarity": 1.0,
+                                    "minhash_estimate": 1.0,
+                                }
+                            ],
+                        },
+                    },
+                },
+            },
+        )
     with reg.run("preflight") as r:
-        r.update_summary(passed=True, checks=[{"name": "update check", "passed": True, "detail": "4 of 4 LoRA tensors changed"},
-                                              {"name": "accumulation", "passed": True, "detail": "max |grad diff| 1e-7"}],
-                         memory={"peak_bytes": 3_200_000_000, "estimate": {"weights_bytes": 1_100_000_000, "optimizer_bytes": 900_000_000},
-                                 "L37_estimate_gib": 1.5, "L37_peak_gib": 1.25, "L37_step_peak_gib": 0.4, "L37_estimate_in_step_gib": 0.5,
-                                 "L37_allocated_step_peak_gib": 0.49, "L37_measured_over_estimate": 0.98},
-                         memory_breakdown={"lengths": [37], "micro_batch": 4, "rows": [
-                             ["weights", 1049.0], ["activations: MLP gate, silu, up (3i per block)", 120.5],
-                             ["measured: the step's tensors at the peak", 501.8], ["measured / estimate (the step's tensors / the step's part)", 0.98]]},
-                         throughput={"s_per_step": 0.5, "tokens_per_s": 1200.0}, smoke={"eval_seconds": 2.0, "n_eval": 8})
+        r.update_summary(
+            passed=True,
+            checks=[
+                {"name": "update check", "passed": True, "detail": "4 of 4 LoRA tensors changed"},
+                {"name": "accumulation", "passed": True, "detail": "max |grad diff| 1e-7"},
+            ],
+            memory={
+                "peak_bytes": 3_200_000_000,
+                "estimate": {"weights_bytes": 1_100_000_000, "optimizer_bytes": 900_000_000},
+                "L37_estimate_gib": 1.5,
+                "L37_peak_gib": 1.25,
+                "L37_step_peak_gib": 0.4,
+                "L37_estimate_in_step_gib": 0.5,
+                "L37_allocated_step_peak_gib": 0.49,
+                "L37_measured_over_estimate": 0.98,
+            },
+            memory_breakdown={
+                "lengths": [37],
+                "micro_batch": 4,
+                "rows": [
+                    ["weights", 1049.0],
+                    ["activations: MLP gate, silu, up (3i per block)", 120.5],
+                    ["measured: the step's tensors at the peak", 501.8],
+                    ["measured / estimate (the step's tensors / the step's part)", 0.98],
+                ],
+            },
+            throughput={"s_per_step": 0.5, "tokens_per_s": 1200.0},
+            smoke={"eval_seconds": 2.0, "n_eval": 8},
+        )
     with pytest.raises(RuntimeError):
         with reg.run("train", name="oom") as failed:
             raise RuntimeError("CUDA out of memory while allocating 2.00 GiB")
     variant = reg.create("train", parent=train_id, name="lora-r8")
     cfg = (d / "runs" / train_id / "config.json").read_text().replace('"r": 4', '"r": 8')
     (d / "runs" / variant.id / "config.json").write_text(cfg)
-    variant.update_summary(variant={"parent": train_id, "change": {"method.r": {"from": 4, "to": 8}}}, steps=12, final_loss=0.6)
+    variant.update_summary(
+        variant={"parent": train_id, "change": {"method.r": {"from": 4, "to": 8}}}, steps=12, final_loss=0.6
+    )
     reg.finish(variant.id, "completed")
     reg.invalidate(variant.id, "evaluated on the wrong split")
     reg.log_test_access(cls_bundle["ids"]["eval"], train_id, {"metrics": {"accuracy": 0.5, "macro_f1": 0.4}})
@@ -124,5 +191,12 @@ def dossier_study(cls_bundle, tmp_path_factory) -> dict:
     with pytest.raises(SystemExit) as e:
         main(["report", "--html", "--study", str(d)])
     assert e.value.code == 0
-    return {"dir": d, "train": train_id, "variant": variant.id, "failed": failed.id, "md": (d / "dossier.md").read_text(),
-            "html_path": d / "dossier.html", "html": (d / "dossier.html").read_text()}
+    return {
+        "dir": d,
+        "train": train_id,
+        "variant": variant.id,
+        "failed": failed.id,
+        "md": (d / "dossier.md").read_text(),
+        "html_path": d / "dossier.html",
+        "html": (d / "dossier.html").read_text(),
+    }

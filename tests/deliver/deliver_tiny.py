@@ -39,29 +39,77 @@ def build_bert_base(folder: Path) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<", ">", "/", "'", "(", ")", "&", "script", "alert", "x", "b", "bold"]
+    vocab = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "<",
+        ">",
+        "/",
+        "'",
+        "(",
+        ")",
+        "&",
+        "script",
+        "alert",
+        "x",
+        "b",
+        "bold",
+    ]
     vocab += sorted(set(GOOD + BAD + FILL))
     tok = BertTokenizer(vocab={w: i for i, w in enumerate(vocab)})
     tok.save_pretrained(folder)
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                     max_position_embeddings=64, initializer_range=0.3)
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+    )
     BertModel(cfg).save_pretrained(folder, safe_serialization=True)
     return folder
 
 
 def cls_config(base: Path) -> dict:
     return {
-        "schema_version": 1, "name": "tiny-cls",
-        "hypothesis": {"behaviour": "tell positive from negative reviews " + HOSTILE, "task": "classification",
-                       "success": {"metric": "macro_f1", "min_gain": 0.0},
-                       "guards": [{"metric": "per_class_recall", "max_drop": 0.5}]},
-        "data": {"sources": [{"path": f"data/{s}.jsonl", "format": "jsonl", "split": s} for s in ("train", "validation", "test")],
-                 "fields": {"text": "text", "label": "label", "id": "id"}},
+        "schema_version": 1,
+        "name": "tiny-cls",
+        "hypothesis": {
+            "behaviour": "tell positive from negative reviews " + HOSTILE,
+            "task": "classification",
+            "success": {"metric": "macro_f1", "min_gain": 0.0},
+            "guards": [{"metric": "per_class_recall", "max_drop": 0.5}],
+        },
+        "data": {
+            "sources": [
+                {"path": f"data/{s}.jsonl", "format": "jsonl", "split": s} for s in ("train", "validation", "test")
+            ],
+            "fields": {"text": "text", "label": "label", "id": "id"},
+        },
         "model": {"base": str(base), "kind": "sequence-classification"},
-        "method": {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"], "modules_to_save": ["classifier"]},
-        "training": {"seed": 1, "max_steps": 12, "micro_batch_size": 8, "learning_rate": 0.05, "precision": "fp32", "max_length": 16,
-                     "checkpoint_every": 12, "warmup_steps": 0},
+        "method": {
+            "kind": "lora",
+            "r": 4,
+            "alpha": 8,
+            "dropout": 0.0,
+            "target_modules": ["query", "value"],
+            "modules_to_save": ["classifier"],
+        },
+        "training": {
+            "seed": 1,
+            "max_steps": 12,
+            "micro_batch_size": 8,
+            "learning_rate": 0.05,
+            "precision": "fp32",
+            "max_length": 16,
+            "checkpoint_every": 12,
+            "warmup_steps": 0,
+        },
         "eval": {"split": "validation", "batch_size": 16, "bootstrap_iterations": 100},
     }
 
@@ -89,8 +137,14 @@ def _ext_rows(n: int, offset: int) -> list[dict]:
     for i in range(n):
         k = i + offset
         words = [WORDS[(k * 7 + j * 3) % len(WORDS)] for j in range(2 + k % 3)]
-        out.append({"id": f"e{k:03d}", "text": " ".join(words), "label": INTENTS[k % 2],
-                    "target": json.dumps({"intent": INTENTS[k % 2], "slots": {"thing": words[0]} if k % 2 else {}})})
+        out.append(
+            {
+                "id": f"e{k:03d}",
+                "text": " ".join(words),
+                "label": INTENTS[k % 2],
+                "target": json.dumps({"intent": INTENTS[k % 2], "slots": {"thing": words[0]} if k % 2 else {}}),
+            }
+        )
     return out
 
 
@@ -106,31 +160,68 @@ def build_llama_base(folder: Path, seed: int = 0) -> Path:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     corpus = [r["text"] + " " + r["target"] for r in _ext_rows(40, 0)] + [" ".join(WORDS), "Extract JSON"]
     tok.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=specials))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="<|end|>",
-                                   additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        eos_token="<|end|>",
+        additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"],
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, eos_token_id=fast.eos_token_id,
-                      pad_token_id=fast.pad_token_id, bos_token_id=None, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
     return folder
 
 
 def ext_config(base: Path) -> dict:
     return {
-        "schema_version": 1, "name": "tiny-ext",
-        "hypothesis": {"behaviour": "answer in JSON", "task": "extraction", "success": {"metric": "field_f1", "min_gain": 0.0},
-                       "guards": [{"metric": "json_valid_rate", "max_drop": 0.0}], "required_fields": ["intent", "slots"]},
-        "data": {"sources": [{"path": f"data/{s}.jsonl", "format": "jsonl", "split": s} for s in ("train", "validation", "test")],
-                 "fields": {"text": "text", "target": "target", "label": "label", "id": "id"}},
+        "schema_version": 1,
+        "name": "tiny-ext",
+        "hypothesis": {
+            "behaviour": "answer in JSON",
+            "task": "extraction",
+            "success": {"metric": "field_f1", "min_gain": 0.0},
+            "guards": [{"metric": "json_valid_rate", "max_drop": 0.0}],
+            "required_fields": ["intent", "slots"],
+        },
+        "data": {
+            "sources": [
+                {"path": f"data/{s}.jsonl", "format": "jsonl", "split": s} for s in ("train", "validation", "test")
+            ],
+            "fields": {"text": "text", "target": "target", "label": "label", "id": "id"},
+        },
         "model": {"base": str(base)},
         "method": {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "training": {"seed": 3, "max_steps": 3, "micro_batch_size": 4, "learning_rate": 0.01, "precision": "fp32", "max_length": 48,
-                     "checkpoint_every": 3},
-        "eval": {"split": "validation", "max_new_tokens": 6, "batch_size": 4, "bootstrap_iterations": 100,
-                 "prompt": {"system": None, "template": "Extract JSON {text}"}},
+        "training": {
+            "seed": 3,
+            "max_steps": 3,
+            "micro_batch_size": 4,
+            "learning_rate": 0.01,
+            "precision": "fp32",
+            "max_length": 48,
+            "checkpoint_every": 3,
+        },
+        "eval": {
+            "split": "validation",
+            "max_new_tokens": 6,
+            "batch_size": 4,
+            "bootstrap_iterations": 100,
+            "prompt": {"system": None, "template": "Extract JSON {text}"},
+        },
     }
 
 

@@ -32,7 +32,9 @@ def test_edited_baseline_outputs_are_refused_by_compare_show_report_and_export(c
     base_rec, eval_rec = reg.get(ids["baseline"]), reg.get(ids["eval"])
     path = study / "runs" / base_rec.id / "outputs.jsonl"
     recorded = base_rec.summary["outputs_sha256"]
-    assert recorded == sha256_file(path) and eval_rec.summary["outputs_sha256"] == sha256_file(study / "runs" / eval_rec.id / "outputs.jsonl")
+    assert recorded == sha256_file(path) and eval_rec.summary["outputs_sha256"] == sha256_file(
+        study / "runs" / eval_rec.id / "outputs.jsonl"
+    )
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     rows[0]["prediction"] = rows[0]["reference"]  # one baseline answer made right by hand
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -88,7 +90,10 @@ def test_the_bundle_ships_the_evidence_and_its_claims_hold(cls_bundle):
     assert (b / "manifest.sha256").read_text() == f"{sha256_file(b / 'manifest.json')}  manifest.json\n"
     assert man["files"]["results/outputs.jsonl"] == sha256_file(b / "results" / "outputs.jsonl")
     reg = Registry(cls_bundle["dir"])
-    assert sha256_file(b / "results" / "baseline_outputs.jsonl") == reg.get(cls_bundle["ids"]["baseline"]).summary["outputs_sha256"]
+    assert (
+        sha256_file(b / "results" / "baseline_outputs.jsonl")
+        == reg.get(cls_bundle["ids"]["baseline"]).summary["outputs_sha256"]
+    )
     report = read_json(cls_bundle["dir"] / "runs" / cls_bundle["export"] / "verify.json")
     claims = [c for c in report["checks"] if c["name"] == "claims"][0]
     assert claims["passed"] and claims["problems"] == []
@@ -101,7 +106,11 @@ def test_edited_verdict_is_named(bundle, capsys):
     problems = _claims(verify_bundle(bundle))
     assert problems == [f"comparison.verdict: manifest claims {new!r}, recomputed {old!r}"]
     code, out = _run(capsys, "verify", str(bundle))  # the command, in a fresh process
-    assert code == 3 and f"check 'claims' failed" in out and f"comparison.verdict: manifest claims {new!r}, recomputed {old!r}" in out
+    assert (
+        code == 3
+        and "check 'claims' failed" in out
+        and f"comparison.verdict: manifest claims {new!r}, recomputed {old!r}" in out
+    )
 
 
 def test_edited_metric_is_named(bundle):
@@ -110,10 +119,17 @@ def test_edited_metric_is_named(bundle):
     _forge(bundle, lambda m: m["metrics"].__setitem__("accuracy", acc + 0.25))
     assert _claims(verify_bundle(bundle)) == [f"metrics.accuracy: manifest claims {acc + 0.25!r}, recomputed {acc!r}"]
     # a claimed delta of the comparison too
-    _forge(bundle, lambda m: (m["metrics"].__setitem__("accuracy", acc),
-                              m["comparison"]["metrics"]["accuracy"].__setitem__("delta", 0.99)))
+    _forge(
+        bundle,
+        lambda m: (
+            m["metrics"].__setitem__("accuracy", acc),
+            m["comparison"]["metrics"]["accuracy"].__setitem__("delta", 0.99),
+        ),
+    )
     problems = _claims(verify_bundle(bundle))
-    assert len(problems) == 1 and problems[0].startswith("comparison.metrics.accuracy.delta: manifest claims 0.99, recomputed ")
+    assert len(problems) == 1 and problems[0].startswith(
+        "comparison.metrics.accuracy.delta: manifest claims 0.99, recomputed "
+    )
 
 
 def test_edited_final_loss_is_named(bundle):
@@ -122,7 +138,9 @@ def test_edited_final_loss_is_named(bundle):
     _forge(bundle, lambda m: m["train"].__setitem__("final_loss", loss / 2))
     problems = _claims(verify_bundle(bundle))
     assert problems[0].startswith(f"train.final_loss: manifest claims {loss / 2!r}, recomputed ")
-    assert f"train.final_loss: manifest claims {loss / 2!r}, recomputed {loss!r}" in problems  # vs results/train_summary.json
+    assert (
+        f"train.final_loss: manifest claims {loss / 2!r}, recomputed {loss!r}" in problems
+    )  # vs results/train_summary.json
 
 
 def test_edited_manifest_without_its_hash_is_named_first(bundle):
@@ -131,7 +149,8 @@ def test_edited_manifest_without_its_hash_is_named_first(bundle):
     report = verify_bundle(bundle)
     assert [c["name"] for c in report["checks"]] == ["manifest"] and not report["passed"]
     assert report["checks"][0]["problems"] == [
-        f"manifest.json: sha256 {sha256_file(bundle / 'manifest.json')} differs from {want} in manifest.sha256"]
+        f"manifest.json: sha256 {sha256_file(bundle / 'manifest.json')} differs from {want} in manifest.sha256"
+    ]
 
 
 def test_candidate_trained_on_another_base_than_the_baseline_is_refused(cls_study, tmp_path, capsys):
@@ -149,14 +168,23 @@ def test_candidate_trained_on_another_base_than_the_baseline_is_refused(cls_stud
     write_json(study / "runs" / ids["baseline"] / "base.json", {**b, "weights_sha256": other})
     code, out = _run(capsys, "compare", ids["eval"], "--against", ids["baseline"], "--study", str(study))
     assert code == 2
-    assert (f"baseline {ids['baseline']} evaluated another base model than the one {ids['train']} (candidate {ids['eval']}) "
-            f"was trained on: combined weights sha256 {other} vs {t['weights_sha256']}") in out
+    assert (
+        f"baseline {ids['baseline']} evaluated another base model than the one {ids['train']} (candidate {ids['eval']}) "
+        f"was trained on: combined weights sha256 {other} vs {t['weights_sha256']}"
+    ) in out
 
 
 def test_edited_limits_are_named(bundle):
     man = read_json(bundle / "manifest.json")
     assert "limits" in man and man["limits"]["test_set"]
-    _forge(bundle, lambda m: m["limits"].__setitem__("broken", []) if m["limits"]["broken"] else m["limits"].__setitem__("broken", ["c999"]))
+    _forge(
+        bundle,
+        lambda m: (
+            m["limits"].__setitem__("broken", [])
+            if m["limits"]["broken"]
+            else m["limits"].__setitem__("broken", ["c999"])
+        ),
+    )
     problems = _claims(verify_bundle(bundle))
     assert len(problems) == 1 and problems[0].startswith("limits.broken: manifest claims ")
 

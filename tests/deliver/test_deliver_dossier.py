@@ -11,15 +11,31 @@ from deliver_tiny import HOSTILE, NEG
 from tuneproof.context import StudyContext
 from tuneproof.recipes.report import build_markdown
 
-SECTIONS = ["Summary", "Hypothesis and guards", "Baseline", "Runs (all of them)", "Variants (lineage)", "Data check", "Preflight",
-            "Training", "Comparisons with the baseline", "Test split access log", "Verdict", "Limits observed", "Exports",
-            "Rental plan", "Environment"]
+SECTIONS = [
+    "Summary",
+    "Hypothesis and guards",
+    "Baseline",
+    "Runs (all of them)",
+    "Variants (lineage)",
+    "Data check",
+    "Preflight",
+    "Training",
+    "Comparisons with the baseline",
+    "Test split access log",
+    "Verdict",
+    "Limits observed",
+    "Exports",
+    "Rental plan",
+    "Environment",
+]
 
 
 def test_parts_not_run_say_so(cls_bundle):
     md = build_markdown(StudyContext.open(cls_bundle["dir"]))
     assert [line[3:] for line in md.splitlines() if line.startswith("## ")] == SECTIONS
-    assert "## Data check\n\nr0001: completed; passed: true; hard faults: 0" in md  # run inline by the baseline (protocol order)
+    assert (
+        "## Data check\n\nr0001: completed; passed: true; hard faults: 0" in md
+    )  # run inline by the baseline (protocol order)
     assert "## Preflight\n\nnot run yet (`tuneproof preflight`)" in md
     assert "## Rental plan\n\nnot run yet (`tuneproof plan --days 7 --hourly-rate 2.5`)" in md
     assert "the reserved test split has not been read." in md
@@ -35,10 +51,18 @@ def test_markdown_holds_every_run_and_the_evidence(dossier_study):
     assert f"{v} (train) invalid: evaluated on the wrong split (was completed)" in md
     assert f"`- {v} [invalid] method.r: 4 -> 8" in md  # lineage with the change the variant made
     assert "| train | 5.000 | 7.000 | 8 | 0.000 |" in md and "suggested max_length: 8 (configured: 16)" in md
-    assert "| update check | true | 4 of 4 LoRA tensors changed |" in md and "| time per optimizer step | 0.500 | s |" in md
-    assert "| 37 | 1.50 | 1.25 | 0.50 | 0.40 | 0.49 | 0.98 |" in md  # step memory: estimate next to measured, GiB, and their ratio
+    assert (
+        "| update check | true | 4 of 4 LoRA tensors changed |" in md
+        and "| time per optimizer step | 0.500 | s |" in md
+    )
+    assert (
+        "| 37 | 1.50 | 1.25 | 0.50 | 0.40 | 0.49 | 0.98 |" in md
+    )  # step memory: estimate next to measured, GiB, and their ratio
     # issue 15: the estimate itemised (MiB) next to the measured step
-    assert "| activations: MLP gate, silu, up (3i per block) | 120.500 |" in md and "| measured / estimate (the step's tensors / the step's part) | 0.980 |" in md
+    assert (
+        "| activations: MLP gate, silu, up (3i per block) | 120.500 |" in md
+        and "| measured / estimate (the step's tensors / the step's part) | 0.980 |" in md
+    )
     assert "micro-batch 4" in md.split("## Preflight")[1].split("## Training")[0]
     assert "| measured peak memory | 2.98 | GiB |" in md and "| training throughput | 1200.0 | tokens/s |" in md
     assert "L37_" not in md.split("## Preflight")[1].split("## Training")[0]  # no raw keys
@@ -49,7 +73,9 @@ def test_markdown_holds_every_run_and_the_evidence(dossier_study):
     assert "the test split was read 2 times" in md and f"| {t} |" in md
     assert "| experiment |" in md and "variants of the configured budget that fit:" in md
     assert re.search(r"\| accuracy \| 0\.\d{3} \| 0\.\d{3} \| -?0\.\d{3} \| \[-?\d\.\d{3}, -?\d\.\d{3}\] \|", md)
-    assert NEG not in md and "| \\<i>neg\\</i>& | 0.833 | 0.333 | -0.500 |" in md  # a '<' that could open a tag is escaped
+    assert (
+        NEG not in md and "| \\<i>neg\\</i>& | 0.833 | 0.333 | -0.500 |" in md
+    )  # a '<' that could open a tag is escaped
     assert "typical failure:" in md and "## Verdict\n\n**" in md
     assert "exports/" + t in md and "| libraries.torch |" in md
 
@@ -64,8 +90,14 @@ def test_html_is_self_contained_escaped_and_has_the_plots(dossier_study):
     for _, data in imgs:
         assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
     alts = " | ".join(a for a, _ in imgs)
-    for what in ("training loss curves", "per-class recall", "confusion matrix of the baseline", "confusion matrix of the candidate",
-                 "token lengths per split", "step memory and throughput"):
+    for what in (
+        "training loss curves",
+        "per-class recall",
+        "confusion matrix of the baseline",
+        "confusion matrix of the candidate",
+        "token lengths per split",
+        "step memory and throughput",
+    ):
         assert what in alts
 
 
@@ -81,11 +113,22 @@ def test_first_screen_stands_alone(dossier_study):
     succ = next(v for v in cand["verdicts"] if v["kind"] == "success")
     assert first.lstrip().startswith(f"**verdict (frozen hypothesis): {data['verdict'].upper()} (")
     lo, hi = succ["ci"]
-    assert f"| success | success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | {succ['cand']:.3f} | {succ['delta']:.3f} [{lo:.3f}, {hi:.3f}] |" in first
-    assert (f"- the candidate changed against the baseline: {t} trained lora r 4, alpha 8.0 on query, value (also trains classifier); "
-            "12 optimizer steps of 8 x 1 examples, learning rate 0.05; final loss ") in first
-    assert f"- did not complete: {dossier_study['failed']} (train) failed: RuntimeError: CUDA out of memory while allocating 2.00 GiB" in first
-    assert f"- did not complete: {dossier_study['variant']} (train) invalid: evaluated on the wrong split (was completed)" in first
+    assert (
+        f"| success | success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | {succ['cand']:.3f} | {succ['delta']:.3f} [{lo:.3f}, {hi:.3f}] |"
+        in first
+    )
+    assert (
+        f"- the candidate changed against the baseline: {t} trained lora r 4, alpha 8.0 on query, value (also trains classifier); "
+        "12 optimizer steps of 8 x 1 examples, learning rate 0.05; final loss "
+    ) in first
+    assert (
+        f"- did not complete: {dossier_study['failed']} (train) failed: RuntimeError: CUDA out of memory while allocating 2.00 GiB"
+        in first
+    )
+    assert (
+        f"- did not complete: {dossier_study['variant']} (train) invalid: evaluated on the wrong split (was completed)"
+        in first
+    )
     assert "- limits: regressed: class " in first
     assert "- test split: read 2 time(s) (" in first and "wears out its value as a control" in first
     assert "details: [Hypothesis and guards](#hypothesis) · [Baseline](#baseline)" in first
@@ -97,20 +140,31 @@ def test_first_screen_stands_alone(dossier_study):
 def test_many_classes_changed_first_rest_folded_and_top_confusions():
     from tuneproof.deliver.dossier import _md_blocks, per_class_blocks, top_confusions
 
-    pc = {f"c{i:02d}": {"recall": {"base": 0.5, "cand": 0.5 + d, "delta": d, "ci": [d - 0.1, d + 0.1], "support": 10}}
-          for i, d in enumerate([0.0] * 70 + [-0.3, 0.2, -0.1, 0.4, 0.1, 0.0, 0.0])}
+    pc = {
+        f"c{i:02d}": {"recall": {"base": 0.5, "cand": 0.5 + d, "delta": d, "ci": [d - 0.1, d + 0.1], "support": 10}}
+        for i, d in enumerate([0.0] * 70 + [-0.3, 0.2, -0.1, 0.4, 0.1, 0.0, 0.0])
+    }
     blocks = per_class_blocks(pc, "recall", failing={"c75"})
-    assert blocks[0]["text"] == ("6 of 77 classes changed or fail a guard, sorted by delta (most negative first); "
-                                 "the 71 unchanged are folded below.")
+    assert blocks[0]["text"] == (
+        "6 of 77 classes changed or fail a guard, sorted by delta (most negative first); "
+        "the 71 unchanged are folded below."
+    )
     assert [r[0] for r in blocks[1]["rows"]] == ["c70", "c72", "c75", "c74", "c71", "c73"]
     assert blocks[1]["rows"][2][-1] == "fails a guard"
-    assert blocks[2]["type"] == "details" and blocks[2]["summary"] == "71 unchanged classes" and len(blocks[2]["blocks"][0]["rows"]) == 71
+    assert (
+        blocks[2]["type"] == "details"
+        and blocks[2]["summary"] == "71 unchanged classes"
+        and len(blocks[2]["blocks"][0]["rows"]) == 71
+    )
     md = "\n".join(_md_blocks(blocks))
     assert "<details><summary>71 unchanged classes</summary>" in md and md.rstrip().endswith("</details>")
     small = per_class_blocks({k: pc[k] for k in ("c00", "c70")}, "recall", set())
     assert len(small) == 1 and [r[0] for r in small[0]["rows"]] == ["c70", "c00"]  # few classes: one table
-    conf = {"labels": ["a", "b", "c"], "columns": ["a", "b", "c", "<invalid>"],
-            "matrix": [[5, 3, 0, 1], [4, 2, 4, 0], [0, 0, 9, 0]]}
+    conf = {
+        "labels": ["a", "b", "c"],
+        "columns": ["a", "b", "c", "<invalid>"],
+        "matrix": [[5, 3, 0, 1], [4, 2, 4, 0], [0, 0, 9, 0]],
+    }
     assert top_confusions(conf, 3) == [("b", "a", 4, 10), ("b", "c", 4, 10), ("a", "b", 3, 9)]
 
 
@@ -119,14 +173,22 @@ def test_hypothesis_section_states_each_guard_rule_as_written():
     (only the conditions written apply), so the dossier says what each guard does hold."""
     from tuneproof.deliver.dossier import _hypothesis_items
 
-    h = {"behaviour": "b", "task": "classification", "success": {"metric": "accuracy", "min_gain": 0.05},
-         "guards": [{"metric": "per_class_recall", "floor": 0.0, "max_drop": None},
-                    {"metric": "macro_f1", "max_drop": 0.02, "floor": None},
-                    {"metric": "per_class_recall", "max_drop": 0.1, "floor": 0.5, "classes": ["bug", "feature"]}]}
+    h = {
+        "behaviour": "b",
+        "task": "classification",
+        "success": {"metric": "accuracy", "min_gain": 0.05},
+        "guards": [
+            {"metric": "per_class_recall", "floor": 0.0, "max_drop": None},
+            {"metric": "macro_f1", "max_drop": 0.02, "floor": None},
+            {"metric": "per_class_recall", "max_drop": 0.1, "floor": 0.5, "classes": ["bug", "feature"]},
+        ],
+    }
     items = _hypothesis_items(h)
-    assert items[3:6] == ["guard: per_class_recall must stay at or above 0.0",
-                          "guard: macro_f1 must not drop by more than 0.02 vs the baseline",
-                          "guard: per_class_recall for bug, feature must not drop by more than 0.1 vs the baseline and must stay at or above 0.5"]
+    assert items[3:6] == [
+        "guard: per_class_recall must stay at or above 0.0",
+        "guard: macro_f1 must not drop by more than 0.02 vs the baseline",
+        "guard: per_class_recall for bug, feature must not drop by more than 0.1 vs the baseline and must stay at or above 0.5",
+    ]
 
 
 def test_training_table_names_the_speedups_each_run_used():
@@ -136,12 +198,30 @@ def test_training_table_names_the_speedups_each_run_used():
 
     from tuneproof.deliver.dossier import _training
 
-    runs = [SimpleNamespace(id="r0004", kind="train", status="completed", summary={
-                "steps": 4, "speedups": {"chunked_loss": {}, "packing": {}, "length_grouping": {}},
-                "padding": {"before": 0.040026, "after": 0.0}}),
-            SimpleNamespace(id="r0005", kind="train", status="completed", summary={"steps": 3, "padding": {"before": 0.04, "after": 0.04}}),
-            SimpleNamespace(id="r0006", kind="train", status="interrupted", summary={})]
+    runs = [
+        SimpleNamespace(
+            id="r0004",
+            kind="train",
+            status="completed",
+            summary={
+                "steps": 4,
+                "speedups": {"chunked_loss": {}, "packing": {}, "length_grouping": {}},
+                "padding": {"before": 0.040026, "after": 0.0},
+            },
+        ),
+        SimpleNamespace(
+            id="r0005",
+            kind="train",
+            status="completed",
+            summary={"steps": 3, "padding": {"before": 0.04, "after": 0.04}},
+        ),
+        SimpleNamespace(id="r0006", kind="train", status="interrupted", summary={}),
+    ]
     ev = SimpleNamespace(runs=runs, rows=lambda run_id, name: [])
     table = _training(ev, plots=False)[0]
     assert table["cols"][-1] == "speed-ups"
-    assert [r[-1] for r in table["rows"]] == ["chunked_loss, packing, length_grouping (padding 4.0% -> 0.0%)", "none", "-"]
+    assert [r[-1] for r in table["rows"]] == [
+        "chunked_loss, packing, length_grouping (padding 4.0% -> 0.0%)",
+        "none",
+        "-",
+    ]

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium not found at /usr/bin/chromium (apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="headless Chromium not found at /usr/bin/chromium (apt-get install -y chromium)"
+)
 
 # appended to a copy of the page: the dossier itself has no script
 HARNESS = """<script>
@@ -32,9 +34,22 @@ def test_dossier_renders_in_headless_chromium(dossier_study, tmp_path):
     page = tmp_path / "dossier.html"
     page.write_text(dossier_study["html"].replace("</body>", HARNESS + "</body>"))
     shot = tmp_path / "shot.png"
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-           "--v=0", "--window-size=1200,3000", f"--screenshot={shot}", page.as_uri()]
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--window-size=1200,3000",
+        f"--screenshot={shot}",
+        page.as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
     counts = [re.search(r"TUNEPROOF-IMAGES (\d+) (\d+)", line) for line in console]
@@ -77,9 +92,22 @@ window.addEventListener('load', function () {
 def _render(page_html: str, tmp_path: Path, size: str, harness: str) -> list[str]:
     page = tmp_path / f"page-{size.replace(',', 'x')}.html"
     page.write_text(page_html.replace("</body>", harness + "</body>"))
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / ('profile-' + size.replace(',', 'x'))}",
-           "--enable-logging=stderr", "--v=0", f"--window-size={size}", f"--screenshot={tmp_path / 'shot.png'}", page.as_uri()]
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / ('profile-' + size.replace(',', 'x'))}",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--window-size={size}",
+        f"--screenshot={tmp_path / 'shot.png'}",
+        page.as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
 
@@ -89,7 +117,11 @@ def test_first_screen_shows_the_verdict_and_nothing_overflows(dossier_study, tmp
     import json
 
     console = _render(dossier_study["html"], tmp_path, size, LAYOUT)
-    got = [json.loads(line.split("TUNEPROOF-LAYOUT ", 1)[1].rsplit('", source', 1)[0]) for line in console if "TUNEPROOF-LAYOUT" in line]
+    got = [
+        json.loads(line.split("TUNEPROOF-LAYOUT ", 1)[1].rsplit('", source', 1)[0])
+        for line in console
+        if "TUNEPROOF-LAYOUT" in line
+    ]
     assert got, "no layout output:\n" + "\n".join(console[-5:])
     lay = got[0]
     assert int(size.split(",")[0]) - 20 <= lay["vw"] <= int(size.split(",")[0])  # less a scroll bar

@@ -10,9 +10,9 @@ import torch
 import yaml
 
 from tuneproof.deliver.bundle import file_hashes, safetensors_keys
-from tuneproof.models.identity import combined_weights_hash
 from tuneproof.deliver.bundle_verification import reproduce
 from tuneproof.io import read_json, read_jsonl, sha256_file
+from tuneproof.models.identity import combined_weights_hash
 
 
 def test_c6_logits_before_saving_equal_logits_after_reload_in_a_new_process(cls_bundle):
@@ -23,7 +23,17 @@ def test_c6_logits_before_saving_equal_logits_after_reload_in_a_new_process(cls_
     # the fresh process that export started (tuneproof.deliver.verify in a subprocess)
     report = read_json(cls_bundle["dir"] / "runs" / cls_bundle["export"] / "verify.json")
     assert report["passed"] is True
-    assert [c["name"] for c in report["checks"]] == ["manifest", "files", "claims", "base weights", "adapter config", "tokenizer", "reload", "predictions", "merged"]
+    assert [c["name"] for c in report["checks"]] == [
+        "manifest",
+        "files",
+        "claims",
+        "base weights",
+        "adapter config",
+        "tokenizer",
+        "reload",
+        "predictions",
+        "merged",
+    ]
     fresh = {e["id"]: e["logits"] for e in report["examples"]}
     # the trained model as it was in memory before save_pretrained, same inputs, same batch
     from tuneproof.deliver.bundle_verification import load_tokenizer_at
@@ -43,7 +53,9 @@ def test_c6_saved_files_contain_the_trained_head(cls_bundle):
     keys = safetensors_keys(bundle / "adapter" / "adapter_model.safetensors")
     assert "base_model.model.classifier.weight" in keys and "base_model.model.classifier.bias" in keys
     man = read_json(bundle / "manifest.json")
-    assert man["modules_to_save"] == {"classifier": ["base_model.model.classifier.bias", "base_model.model.classifier.weight"]}
+    assert man["modules_to_save"] == {
+        "classifier": ["base_model.model.classifier.bias", "base_model.model.classifier.weight"]
+    }
     from safetensors.torch import load_file
 
     saved = load_file(str(bundle / "adapter" / "adapter_model.safetensors"))
@@ -60,7 +72,10 @@ def test_standard_peft_layout_loads_unchanged_and_carries_the_revision(cls_bundl
     man = read_json(bundle / "manifest.json")
     cfg = json.loads((bundle / "adapter" / "adapter_config.json").read_text())
     assert cfg["revision"] == man["base_model"]["revision"] and cfg["revision"].startswith("sha256:")
-    assert sorted(set(cfg["modules_to_save"])) == ["classifier", "score"]  # PEFT's SEQ_CLS defaults; classifier is the one saved
+    assert sorted(set(cfg["modules_to_save"])) == [
+        "classifier",
+        "score",
+    ]  # PEFT's SEQ_CLS defaults; classifier is the one saved
     base = AutoModelForSequenceClassification.from_pretrained(cls_bundle["base"], num_labels=2)
     model = PeftModel.from_pretrained(base, bundle / "adapter").eval()
     stored = read_jsonl(bundle / "verify" / "examples.jsonl")
@@ -81,8 +96,16 @@ def test_manifest_binds_the_exact_base_and_lists_every_file(cls_bundle):
     t = man["tokenizer"]
     assert t["class"] == "BertTokenizer" and t["vocab_size"] == 41 and len(t["probe_hash"]) == 64
     assert man["files"] == file_hashes(bundle)  # every file but the manifest, with its sha256
-    assert {"README.md", "adapter/adapter_model.safetensors", "adapter/adapter_config.json", "merged/model.safetensors",
-            "results/compare.json", "results/eval.json", "results/limits.json", "verify/examples.jsonl"} <= set(man["files"])
+    assert {
+        "README.md",
+        "adapter/adapter_model.safetensors",
+        "adapter/adapter_config.json",
+        "merged/model.safetensors",
+        "results/compare.json",
+        "results/eval.json",
+        "results/limits.json",
+        "verify/examples.jsonl",
+    } <= set(man["files"])
     ids = cls_bundle["ids"]
     assert man["run"] == ids["train"] and man["eval_run"] == ids["eval"]
     assert man["comparison"]["compare_run"] == ids["compare"] and man["comparison"]["baseline_run"] == ids["baseline"]
@@ -105,10 +128,12 @@ def test_model_card_has_the_hugging_face_header(cls_bundle):
     assert text.startswith("---\n")
     meta = yaml.safe_load(text.split("---\n")[1])
     assert meta["library_name"] == "peft" and meta["base_model"] == str(cls_bundle["base"])
-    assert {"tuneproof", "classification", "peft", "lora"} <= set(meta["tags"]) and meta["pipeline_tag"] == "text-classification"
+    assert {"tuneproof", "classification", "peft", "lora"} <= set(meta["tags"]) and meta[
+        "pipeline_tag"
+    ] == "text-classification"
     man = read_json(cls_bundle["bundle"] / "manifest.json")
     assert man["base_model"]["revision"] in text and man["base_model"]["weights_sha256"] in text
-    assert "PeftModel.from_pretrained(base, \"adapter\")" in text and "## Limits observed" in text
+    assert 'PeftModel.from_pretrained(base, "adapter")' in text and "## Limits observed" in text
 
 
 def test_merged_model_reproduces_its_predictions(cls_bundle):

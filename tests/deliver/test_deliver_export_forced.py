@@ -32,7 +32,11 @@ def test_forced_export_of_an_invalid_generative_run(tmp_path, capsys):
     assert _exit_code(["export", train_id, "--study", str(study)]) == 2
     out = capsys.readouterr().out
     assert f"train run {train_id} is invalid (wrong split used (was completed))" in out and "--force" in out
-    assert not (study / "exports").exists() and [r.kind for r in Registry(study).list()] == ["data-check", "baseline", "train"]
+    assert not (study / "exports").exists() and [r.kind for r in Registry(study).list()] == [
+        "data-check",
+        "baseline",
+        "train",
+    ]
 
     assert _exit_code(["export", train_id, "--study", str(study), "--force", "--verify-examples", "3"]) == 0
     bundle = study / "exports" / train_id
@@ -42,14 +46,20 @@ def test_forced_export_of_an_invalid_generative_run(tmp_path, capsys):
     exp = Registry(study).latest("export")
     assert exp.parent == train_id and exp.summary["forced"]["status"] == "invalid" and exp.summary["verified"] is True
     assert f"forced export of the invalid run {train_id}" in (study / "runs" / exp.id / "log.txt").read_text()
-    assert "exported with --force although the run is invalid (wrong split used (was completed))" in man["limits"]["notes"]
+    assert (
+        "exported with --force although the run is invalid (wrong split used (was completed))" in man["limits"]["notes"]
+    )
     assert man["eval_run"] is None and man["comparison"] is None  # no eval: examples come from the eval split
 
     stored = read_jsonl(bundle / "verify" / "examples.jsonl")
     assert len(stored) == 3 and all(s["prompt"].startswith("<|user|> Extract JSON ") for s in stored)
     assert all(len(s["next_token"]) == 5 and isinstance(s["prediction"], str) for s in stored)
     report = read_json(study / "runs" / exp.id / "verify.json")
-    assert report["passed"] and report["predictions"]["identical"] == 3 and report["predictions"]["max_abs_logit_diff"] == 0.0
+    assert (
+        report["passed"]
+        and report["predictions"]["identical"] == 3
+        and report["predictions"]["max_abs_logit_diff"] == 0.0
+    )
     assert [e["prediction"] for e in report["examples"]] == [s["prediction"] for s in stored]
     meta = (bundle / "README.md").read_text().split("---\n")[1]
     assert "library_name: peft" in meta and "pipeline_tag: text-generation" in meta

@@ -23,15 +23,27 @@ OUTPUTS = [
     {"id": "x3", "correct": False, "scores": {"json_valid": False, "parse_error": "not_json: Expecting value"}},
     {"id": "x4", "correct": False, "scores": {"json_valid": False, "parse_error": "not_json: Unterminated string"}},
     {"id": "x5", "correct": False, "scores": {"json_valid": True, "required_present": True, "intent_correct": False}},
-    {"id": "x6", "correct": False, "scores": {"json_valid": True, "required_present": True, "intent_correct": True, "fp": 1, "fn": 0}},
+    {
+        "id": "x6",
+        "correct": False,
+        "scores": {"json_valid": True, "required_present": True, "intent_correct": True, "fp": 1, "fn": 0},
+    },
 ]
 
 
 def test_regressed_weak_failures_and_test_reuse():
-    lim = observed_limits("extraction", eval_metrics=None, outputs=OUTPUTS, comparison=COMPARISON,
-                          test_accesses=[{"candidate": "r2"}, {"candidate": "r2"}, {"candidate": "r5"}])
+    lim = observed_limits(
+        "extraction",
+        eval_metrics=None,
+        outputs=OUTPUTS,
+        comparison=COMPARISON,
+        test_accesses=[{"candidate": "r2"}, {"candidate": "r2"}, {"candidate": "r5"}],
+    )
     assert [(r["kind"], r["name"], r["delta"], r["significant"]) for r in lim["regressed"]] == [
-        ("class", "A", -0.3, True), ("field", "city", -0.3, False), ("class", "C", -0.05, False)]
+        ("class", "A", -0.3, True),
+        ("field", "city", -0.3, False),
+        ("class", "C", -0.05, False),
+    ]
     assert [(r["kind"], r["name"], r["cand"]) for r in lim["weak"]] == [("class", "B", 0.3), ("field", "city", 0.4)]
     assert lim["failures"] == [
         {"kind": "not_json", "count": 2, "share": 2 / 6, "example_ids": ["x3", "x4"]},
@@ -40,7 +52,11 @@ def test_regressed_weak_failures_and_test_reuse():
         {"kind": "wrong or missing slot values", "count": 1, "share": 1 / 6, "example_ids": ["x6"]},
     ]
     assert lim["broken"] == ["x3", "x9"]
-    assert lim["test_set"]["reads"] == 3 and lim["test_set"]["reused"] and lim["test_set"]["candidates"] == {"r2": 2, "r5": 1}
+    assert (
+        lim["test_set"]["reads"] == 3
+        and lim["test_set"]["reused"]
+        and lim["test_set"]["candidates"] == {"r2": 2, "r5": 1}
+    )
     assert lim["notes"] == ["gain concentrated: 2 examples carry 80% of the gain"]
     lines = limits_lines(lim)
     assert lines[0] == "regressed: class A: recall 0.900 -> 0.600 (-0.300, 95% CI [-0.500, -0.100], significant)"
@@ -48,13 +64,20 @@ def test_regressed_weak_failures_and_test_reuse():
 
 
 def test_without_comparison_weak_comes_from_the_eval_metrics():
-    lim = observed_limits("classification", eval_metrics={"per_class": {"a": {"recall": 0.2, "support": 3}, "b": {"recall": 0.9}}},
-                          outputs=[{"id": "1", "correct": False, "reference": "a", "prediction": "b", "scores": {"valid_label": True}}],
-                          comparison=None, test_accesses=[], forced={"status": "failed", "reason": "OOM"})
+    lim = observed_limits(
+        "classification",
+        eval_metrics={"per_class": {"a": {"recall": 0.2, "support": 3}, "b": {"recall": 0.9}}},
+        outputs=[{"id": "1", "correct": False, "reference": "a", "prediction": "b", "scores": {"valid_label": True}}],
+        comparison=None,
+        test_accesses=[],
+        forced={"status": "failed", "reason": "OOM"},
+    )
     assert [(r["name"], r["cand"]) for r in lim["weak"]] == [("a", 0.2)] and lim["regressed"] == []
     assert lim["failures"][0]["kind"] == "a predicted as b"
-    assert lim["notes"] == ["no comparison with the baseline was run: regressions cannot be judged",
-                            "exported with --force although the run is failed (OOM)"]
+    assert lim["notes"] == [
+        "no comparison with the baseline was run: regressions cannot be judged",
+        "exported with --force although the run is failed (OOM)",
+    ]
     assert reserved_split_use([])["note"].startswith("the reserved test split has not been read")
 
 

@@ -11,12 +11,22 @@ from tuneproof.deliver.rental_plan import SETUP_H, find_number, make_plan, measu
 from tuneproof.errors import TuneproofError
 from tuneproof.registry import Registry
 
-MEASURED = {"s_per_step": 2.0, "step_source": "preflight r0003", "eval_s_per_example": 0.5, "eval_source": "preflight r0003",
-            "tokens_per_s": 900.0, "reload_s": 120.0, "reload_source": "preflight r0003", "durations": {}}
+MEASURED = {
+    "s_per_step": 2.0,
+    "step_source": "preflight r0003",
+    "eval_s_per_example": 0.5,
+    "eval_source": "preflight r0003",
+    "tokens_per_s": 900.0,
+    "reload_s": 120.0,
+    "reload_source": "preflight r0003",
+    "durations": {},
+}
 
 
 def test_phases_variants_and_cost_from_measured_rates():
-    p = make_plan(MEASURED, days=3, hourly_rate=2.5, steps=1000, checkpoint_every=100, n_eval=200, n_test=100, k_verify=8)
+    p = make_plan(
+        MEASURED, days=3, hourly_rate=2.5, steps=1000, checkpoint_every=100, n_eval=200, n_test=100, k_verify=8
+    )
     train_h, eval_h, resume_h = 2000 / 3600, 100 / 3600, (120 + 200) / 3600
     assert p["per_variant_h"] == pytest.approx(train_h + eval_h + resume_h)
     initial = SETUP_H + (60 + (20 * 2 + 16 * 0.5 + 120) + (200 * 0.5 + 120)) / 3600
@@ -39,14 +49,24 @@ def test_warns_when_one_variant_does_not_fit():
     p = make_plan(MEASURED, days=3, hourly_rate=4.0, steps=200_000, checkpoint_every=500, n_eval=200, n_test=100)
     assert p["variants_fit"] == 0 and p["variants"] == 1 and not p["fits"]
     assert p["warnings"][0].startswith("does not fit: one variant needs 111.5 h")
-    p7 = make_plan(MEASURED, days=7, hourly_rate=4.0, steps=200_000, checkpoint_every=500, n_eval=200, n_test=100, variants=3)
+    p7 = make_plan(
+        MEASURED, days=7, hourly_rate=4.0, steps=200_000, checkpoint_every=500, n_eval=200, n_test=100, variants=3
+    )
     assert p7["variants_fit"] == 1 and not p7["fits"]
     assert p7["warnings"][0].startswith("3 variants do not fit") and "at most 1 fit" in p7["warnings"][0]
 
 
 def test_nothing_measured_is_a_clear_error():
     with pytest.raises(TuneproofError, match="no the time of a training step"):
-        make_plan({"s_per_step": None, "eval_s_per_example": 0.3}, days=7, hourly_rate=1, steps=10, checkpoint_every=5, n_eval=1, n_test=1)
+        make_plan(
+            {"s_per_step": None, "eval_s_per_example": 0.3},
+            days=7,
+            hourly_rate=1,
+            steps=10,
+            checkpoint_every=5,
+            n_eval=1,
+            n_test=1,
+        )
 
 
 def test_measure_prefers_the_preflight_and_reads_any_layout(tmp_path):
@@ -59,7 +79,11 @@ def test_measure_prefers_the_preflight_and_reads_any_layout(tmp_path):
     assert m["s_per_step"] == 10.0 and m["step_source"] == "median of 1 completed train run(s)"
     assert m["eval_s_per_example"] == 0.5 and m["reload_source"].startswith("assumed")
     with reg.run("preflight") as r:
-        r.update_summary(throughput={"s_per_step": 1.5, "tokens_per_s": 900}, smoke={"eval_seconds": 4.0, "n_eval": 8}, reload_seconds=42)
+        r.update_summary(
+            throughput={"s_per_step": 1.5, "tokens_per_s": 900},
+            smoke={"eval_seconds": 4.0, "n_eval": 8},
+            reload_seconds=42,
+        )
     m = measure(reg)
     assert (m["s_per_step"], m["eval_s_per_example"], m["reload_s"]) == (1.5, 0.5, 42.0)
     assert m["step_source"].startswith("preflight r0003") and m["tokens_per_s"] == 900
@@ -84,8 +108,14 @@ def test_evaluation_rate_is_the_task_kinds_measured_one(tmp_path):
     evaluation (1.41 s/example, one-off costs included) must not plan 106 hours of evaluation."""
     reg = Registry(tmp_path)
     with reg.run("preflight") as r:
-        r.update_summary(s_per_step=0.5, eval_s_per_example=1.41, eval_batch_s_per_example=0.0625, eval_batch_size=16,
-                         eval_batch_procedure="classifier forward pass", reload_seconds=20)
+        r.update_summary(
+            s_per_step=0.5,
+            eval_s_per_example=1.41,
+            eval_batch_s_per_example=0.0625,
+            eval_batch_size=16,
+            eval_batch_procedure="classifier forward pass",
+            reload_seconds=20,
+        )
     m = measure(reg)
     assert m["eval_s_per_example"] == 0.0625
     assert m["eval_source"] == "one evaluation batch of 16 (classifier forward pass) in preflight r0001"
@@ -99,7 +129,10 @@ def test_evaluation_rate_is_the_task_kinds_measured_one(tmp_path):
     with reg2.run("preflight") as r:
         r.update_summary(s_per_step=0.5, eval_s_per_example=1.41)
     m2 = measure(reg2)
-    assert m2["eval_s_per_example"] == 1.41 and m2["eval_source"] == "smoke evaluation of a few examples in preflight r0001 (an upper bound)"
+    assert (
+        m2["eval_s_per_example"] == 1.41
+        and m2["eval_source"] == "smoke evaluation of a few examples in preflight r0001 (an upper bound)"
+    )
 
 
 def test_plan_without_hourly_rate_gives_hours_and_the_cost_is_labelled(cls_study, tmp_path, capsys):
@@ -116,14 +149,20 @@ def test_plan_without_hourly_rate_gives_hours_and_the_cost_is_labelled(cls_study
     assert e.value.code == 0
     out = capsys.readouterr().out
     plan = json.loads((d / "plan.json").read_text())
-    assert plan["cost"] is None and f"planned {plan['total_h']:.2f} hours of the 168 rented; no cost computed (pass --hourly-rate RATE)" in out
+    assert (
+        plan["cost"] is None
+        and f"planned {plan['total_h']:.2f} hours of the 168 rented; no cost computed (pass --hourly-rate RATE)" in out
+    )
     with pytest.raises(SystemExit) as e:
         main(["plan", "--days", "7", "--hourly-rate", "2.5", "--study", str(d)])
     out = capsys.readouterr().out
     plan = json.loads((d / "plan.json").read_text())
     c = plan["cost"]
     assert c["rental"] == pytest.approx(420.0) and c["planned_hours"] == pytest.approx(plan["total_h"] * 2.5)
-    assert f"cost at 2.5 per hour: rental of 168 h 420.00; cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}" in out
+    assert (
+        f"cost at 2.5 per hour: rental of 168 h 420.00; cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}"
+        in out
+    )
 
 
 def test_a_very_fast_evaluation_still_counts_as_measured(tmp_path):

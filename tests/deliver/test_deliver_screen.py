@@ -65,11 +65,33 @@ def test_compare_and_show_json(study, capsys):
 
 
 def test_failing_per_class_guard_is_one_line_per_class_at_most_10():
-    items = [{"name": f"class_{i:02d}", "base": 0.9, "cand": 0.1 + i / 100, "delta": -0.8 + i / 100, "ci": [-0.9, -0.7],
-              "support": 5, "verdict": "fail", "why": "below floor 0.2"} for i in range(15)]
-    items.append({"name": "fine", "base": 0.5, "cand": 0.6, "delta": 0.1, "ci": [0.0, 0.2], "support": 5, "verdict": "pass"})
-    items.append({"name": "rare", "base": 0.0, "cand": 0.0, "delta": 0.0, "ci": None, "support": 1, "verdict": "not measurable"})
-    v = {"kind": "guard", "metric": "per_class_recall", "min_support": 5, "verdict": "fail", "detail": "x" * 6000, "items": items}
+    items = [
+        {
+            "name": f"class_{i:02d}",
+            "base": 0.9,
+            "cand": 0.1 + i / 100,
+            "delta": -0.8 + i / 100,
+            "ci": [-0.9, -0.7],
+            "support": 5,
+            "verdict": "fail",
+            "why": "below floor 0.2",
+        }
+        for i in range(15)
+    ]
+    items.append(
+        {"name": "fine", "base": 0.5, "cand": 0.6, "delta": 0.1, "ci": [0.0, 0.2], "support": 5, "verdict": "pass"}
+    )
+    items.append(
+        {"name": "rare", "base": 0.0, "cand": 0.0, "delta": 0.0, "ci": None, "support": 1, "verdict": "not measurable"}
+    )
+    v = {
+        "kind": "guard",
+        "metric": "per_class_recall",
+        "min_support": 5,
+        "verdict": "fail",
+        "detail": "x" * 6000,
+        "items": items,
+    }
     lines = guard_lines(v, "runs/r0009/compare.json")
     assert MAX_FAILING_ON_SCREEN == 10
     assert len(lines) == 1 + 10 + 1
@@ -89,5 +111,8 @@ def test_data_check_shows_progress(study, capsys):
     assert rep["sizes"] == {"train": 32, "validation": 12, "test": 6}
     lines = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("data check: ")]
     # duplicates over all 50 examples, then the trainer's encoding of train and validation (44): 94 steps
-    assert lines == ["data check: 50/94 (53%) duplicates done", "data check: 82/94 (87%) encoding train",
-                     "data check: 94/94 (100%) encoding validation"]
+    assert lines == [
+        "data check: 50/94 (53%) duplicates done",
+        "data check: 82/94 (87%) encoding train",
+        "data check: 94/94 (100%) encoding validation",
+    ]

@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from tuneproof.cli import main
-from tuneproof.models.identity import combined_weights_hash
 from tuneproof.deliver.bundle_verification import verify_bundle, verify_in_fresh_process
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, sha256_file
+from tuneproof.models.identity import combined_weights_hash
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -39,7 +39,9 @@ def test_altered_file_is_named_with_both_hashes(bundle_copy, capsys):
     assert [c["name"] for c in report["checks"]] == ["manifest", "files"]  # nothing was loaded
     files = report["checks"][1]
     assert files["name"] == "files" and not files["passed"]
-    assert files["problems"] == [f"altered file: adapter/adapter_model.safetensors (expected sha256 {expected}, found {found})"]
+    assert files["problems"] == [
+        f"altered file: adapter/adapter_model.safetensors (expected sha256 {expected}, found {found})"
+    ]
     assert _exit_code(["verify", str(bundle_copy)]) == 3
     out, err = capsys.readouterr()
     assert "adapter/adapter_model.safetensors" in out and expected in out.replace("\n", "")
@@ -80,12 +82,16 @@ def test_c13_base_with_different_weights_is_refused_naming_both_hashes(cls_bundl
     check = report["checks"][-1]
     assert not report["passed"] and check["name"] == "base weights" and not check["passed"]
     assert check["problems"][0] == f"weight file model.safetensors: expected sha256 {expected}, found {found}"
-    assert check["problems"][1] == (f"combined weights hash: expected {man['base_model']['weights_sha256']}, "
-                                    f"found {combined_weights_hash({'model.safetensors': found})}")
+    assert check["problems"][1] == (
+        f"combined weights hash: expected {man['base_model']['weights_sha256']}, "
+        f"found {combined_weights_hash({'model.safetensors': found})}"
+    )
     assert "examples" not in report or report["examples"] == []  # refused before loading the adapter
     from tuneproof.recipes.verify import failure_hint
 
-    assert failure_hint(report).startswith("do not use this bundle with this base: pass the base it was exported from (--base PATH)")
+    assert failure_hint(report).startswith(
+        "do not use this bundle with this base: pass the base it was exported from (--base PATH)"
+    )
     assert _exit_code(["verify", str(cls_bundle["bundle"]), "--base", str(other)]) == 3
 
 
@@ -111,6 +117,8 @@ def test_missing_base_or_bundle_is_a_user_error(cls_bundle, tmp_path):
 
 def test_verification_uses_the_recorded_device(cls_bundle):
     man = read_json(cls_bundle["bundle"] / "manifest.json")
-    assert man["procedure"]["device"] == "cpu" and man["procedure"]["tolerance"].startswith("predictions identical; logits within 0.0001")
+    assert man["procedure"]["device"] == "cpu" and man["procedure"]["tolerance"].startswith(
+        "predictions identical; logits within 0.0001"
+    )
     with pytest.raises(TuneproofError, match="were made on cpu; verification compares on the same device"):
         verify_bundle(cls_bundle["bundle"], device="cuda")

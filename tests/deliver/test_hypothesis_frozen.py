@@ -44,9 +44,18 @@ def test_first_train_run_freezes_the_hypothesis_with_its_hash(cls_study):
     d, train = cls_study["dir"], cls_study["ids"]["train"]
     rec = json.loads((d / hyp.FROZEN_FILE).read_text())
     assert rec["run"] == train and rec["schema_version"] >= 1
-    assert rec["hash"] == sha256_json(rec["hypothesis"]) == hyp.view_hash(hyp.hypothesis_view(StudyContext.open(d).study))
-    assert rec["hypothesis"]["guards"] == [{"metric": "per_class_recall", "max_drop": 0.5, "floor": None, "classes": None, "min_support": 1}]
-    assert rec["hypothesis"]["format"] == {"json_schema": None, "regex": None, "grammar": None, "allow_fenced_json": False}
+    assert (
+        rec["hash"] == sha256_json(rec["hypothesis"]) == hyp.view_hash(hyp.hypothesis_view(StudyContext.open(d).study))
+    )
+    assert rec["hypothesis"]["guards"] == [
+        {"metric": "per_class_recall", "max_drop": 0.5, "floor": None, "classes": None, "min_support": 1}
+    ]
+    assert rec["hypothesis"]["format"] == {
+        "json_schema": None,
+        "regex": None,
+        "grammar": None,
+        "allow_fenced_json": False,
+    }
     # a second freeze (another train run) never replaces the record
     ctx = StudyContext.open(d)
     assert hyp.freeze(d, ctx.study.model_copy(update={"name": "other"}), "r9999")["run"] == train
@@ -58,7 +67,9 @@ def test_edited_guard_floor_is_judged_with_the_frozen_one_and_both_verdicts_show
     assert before["verdict"] != "fail"  # the frozen hypothesis holds on this study (max drop 0.5)
     _edit(d, floor=1.01)  # after training: a floor no class can reach
     capsys.readouterr()
-    assert _cli("compare", cls_study["ids"]["eval"], "--study", str(d)) == 0  # judged with the frozen one: not a failure
+    assert (
+        _cli("compare", cls_study["ids"]["eval"], "--study", str(d)) == 0
+    )  # judged with the frozen one: not a failure
     out = capsys.readouterr().out
     assert "differs from the one frozen with the first train run " + cls_study["ids"]["train"] in out
     assert "hypothesis.guards[0].floor: null -> 1.01" in out
@@ -66,7 +77,9 @@ def test_edited_guard_floor_is_judged_with_the_frozen_one_and_both_verdicts_show
     cj = _latest_compare(d)
     assert cj["verdict"] == before["verdict"] and cj["verdict_edited"] == "fail"
     h = cj["hypothesis"]
-    assert h["judged_against"] == "frozen" and h["changes"] == [{"key": "hypothesis.guards[0].floor", "old": None, "new": 1.01}]
+    assert h["judged_against"] == "frozen" and h["changes"] == [
+        {"key": "hypothesis.guards[0].floor", "old": None, "new": 1.01}
+    ]
     assert h["use_edited_reason"] is None and h["frozen_hash"] == json.loads((d / hyp.FROZEN_FILE).read_text())["hash"]
     cand = next(iter(cj["candidates"].values()))
     assert cand["alternative"]["hypothesis"] == "edited" and cand["alternative"]["overall"]["verdict"] == "fail"
@@ -86,7 +99,9 @@ def test_use_edited_hypothesis_needs_a_reason_and_records_it(cls_study, tmp_path
     assert _cli("compare", cls_study["ids"]["eval"], "--study", str(d), "--use-edited-hypothesis", "  ") == 2
     assert "--use-edited-hypothesis needs a reason" in capsys.readouterr().out
     reason = "floor agreed with the product owner on 2026-12-01"
-    assert _cli("compare", cls_study["ids"]["eval"], "--study", str(d), "--use-edited-hypothesis", reason) == 3  # edited: fail
+    assert (
+        _cli("compare", cls_study["ids"]["eval"], "--study", str(d), "--use-edited-hypothesis", reason) == 3
+    )  # edited: fail
     cj = _latest_compare(d)
     assert cj["verdict"] == "fail" and cj["verdict_frozen"] == before
     assert cj["hypothesis"]["judged_against"] == "edited" and cj["hypothesis"]["use_edited_reason"] == reason
@@ -111,14 +126,18 @@ def test_export_manifest_and_card_follow_the_frozen_hypothesis(cls_study, tmp_pa
     entry = next(iter(before["candidates"].values()))
     j = hyp.resolve(d, ctx.study, ctx.registry)
     comp = _comparison(crec, before, entry, j)
-    assert comp["judged_against"] == "frozen" and comp["verdict"] == before["verdict"] and comp["verdict_edited"] == "fail"
+    assert (
+        comp["judged_against"] == "frozen" and comp["verdict"] == before["verdict"] and comp["verdict_edited"] == "fail"
+    )
     card = "\n".join(_hypothesis_lines({**j.to_json(), "frozen": j.frozen}, comp))
     assert "Judged against the frozen hypothesis" in card and "- `hypothesis.guards[0].floor`: None -> 1.01" in card
     assert "Verdict with the edited hypothesis: **fail**" in card
     j2 = hyp.resolve(d, ctx.study, ctx.registry, "agreed floor")
     comp2 = _comparison(crec, before, entry, j2)
     assert comp2["verdict"] == "fail" and comp2["verdict_frozen"] == before["verdict"]
-    assert "at the user's request (--use-edited-hypothesis): agreed floor" in "\n".join(_hypothesis_lines(j2.to_json(), comp2))
+    assert "at the user's request (--use-edited-hypothesis): agreed floor" in "\n".join(
+        _hypothesis_lines(j2.to_json(), comp2)
+    )
 
 
 def test_changing_the_task_after_training_is_refused(cls_study, tmp_path):
@@ -134,11 +153,18 @@ def test_exported_bundle_states_the_frozen_hypothesis(cls_bundle):
     man = json.loads((cls_bundle["bundle"] / "manifest.json").read_text())
     frozen = json.loads((cls_bundle["dir"] / hyp.FROZEN_FILE).read_text())
     h = man["hypothesis"]
-    assert h["judged_against"] == "frozen" and h["frozen_hash"] == frozen["hash"] and h["frozen_run"] == cls_bundle["ids"]["train"]
+    assert (
+        h["judged_against"] == "frozen"
+        and h["frozen_hash"] == frozen["hash"]
+        and h["frozen_run"] == cls_bundle["ids"]["train"]
+    )
     assert h["changed"] is False and h["use_edited_reason"] is None and h["frozen"] == frozen["hypothesis"]
     assert man["comparison"]["judged_against"] == "frozen"
     card = (cls_bundle["bundle"] / "README.md").read_text()
-    assert f"Judged against the frozen hypothesis; the hypothesis was frozen with the first train run {cls_bundle['ids']['train']}" in card
+    assert (
+        f"Judged against the frozen hypothesis; the hypothesis was frozen with the first train run {cls_bundle['ids']['train']}"
+        in card
+    )
 
 
 def test_test_split_read_records_the_hypothesis_it_was_scored_with(cls_study, tmp_path):

@@ -18,4 +18,7 @@ def test_show_matches_the_compare_counts(cls_study, capsys):
         assert run_show(ctx, ids["eval"], fixed=True, against=ids["baseline"]) == entry["counts"]["fixed"]
     finally:
         ctx.registry.close()
-    assert "fixed / regressed by the success metric's rule: an example passes when its predicted class is the reference class" in capsys.readouterr().out
+    assert (
+        "fixed / regressed by the success metric's rule: an example passes when its predicted class is the reference class"
+        in capsys.readouterr().out
+    )

@@ -12,8 +12,8 @@ import torch
 from dist_helpers import SKIP, dist_study, run_cli
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
-from tuneproof.registry import Registry
 from tuneproof.recipes.torchrun import check_launch
+from tuneproof.registry import Registry
 from tuneproof.training.parallel import block_classes
 
 # imported by every Python process started with this folder first on PYTHONPATH; acts on rank 1 only
@@ -34,11 +34,23 @@ FAULT = textwrap.dedent(
 
 
 def test_a_rank_that_raises_fails_the_run_naming_the_rank(tiny_base, tmp_path):
-    study = dist_study(tmp_path / "s", tiny_base, max_steps=4, micro_batch_size=2, gradient_accumulation_steps=2, timeout_s=60)
+    study = dist_study(
+        tmp_path / "s", tiny_base, max_steps=4, micro_batch_size=2, gradient_accumulation_steps=2, timeout_s=60
+    )
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(FAULT)
-    proc = run_cli("train", "--study", str(study), "--skip-preflight", "fault test", *SKIP, "--nproc-per-node", "2", extra_path=hook)
+    proc = run_cli(
+        "train",
+        "--study",
+        str(study),
+        "--skip-preflight",
+        "fault test",
+        *SKIP,
+        "--nproc-per-node",
+        "2",
+        extra_path=hook,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "rank 1 failed: ValueError: injected fault on rank 1" in " ".join(proc.stdout.split())
@@ -70,7 +82,9 @@ def test_nccl_without_gpus_is_refused(ctx):
 
 def test_global_batch_larger_than_the_training_set_is_refused(ctx):
     ctx.study.training.micro_batch_size = 8  # 8 x 2 x 2 = 32 > 24
-    with pytest.raises(TuneproofError, match=r"global batch 8 .* x 2 .* x 2 processes = 32 exceeds the 24 training examples"):
+    with pytest.raises(
+        TuneproofError, match=r"global batch 8 .* x 2 .* x 2 processes = 32 exceeds the 24 training examples"
+    ):
         check_launch(ctx, 2)
 
 
@@ -84,7 +98,16 @@ def test_fsdp_needs_a_known_block_type(ctx):
 
 
 def test_cli_refusal_is_one_line_and_creates_no_run(ctx):
-    proc = run_cli("train", "--study", str(ctx.study_dir), "--skip-preflight", "x", *SKIP, "--nproc-per-node", str((os.cpu_count() or 1) + 1))
+    proc = run_cli(
+        "train",
+        "--study",
+        str(ctx.study_dir),
+        "--skip-preflight",
+        "x",
+        *SKIP,
+        "--nproc-per-node",
+        str((os.cpu_count() or 1) + 1),
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "this machine has" in proc.stdout
     assert Registry(ctx.study_dir).list() == []

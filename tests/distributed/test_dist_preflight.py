@@ -12,7 +12,9 @@ from tuneproof.registry import Registry
 
 
 def test_distributed_preflight_passes_with_its_numbers(tiny_base, tmp_path):
-    study = dist_study(tmp_path / "s", tiny_base, strategy="fsdp", dropout=0.1, micro_batch_size=2, gradient_accumulation_steps=2)
+    study = dist_study(
+        tmp_path / "s", tiny_base, strategy="fsdp", dropout=0.1, micro_batch_size=2, gradient_accumulation_steps=2
+    )
     proc = run_cli("preflight", "--study", str(study), "--nproc-per-node", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (rec,) = Registry(study).list(kind="preflight")
@@ -26,7 +28,10 @@ def test_distributed_preflight_passes_with_its_numbers(tiny_base, tmp_path):
     assert len(checks["ddp weights agree"]["numbers"]["losses"]) == 2
     g = checks["fsdp2 gradients"]["numbers"]
     assert g["examples"] == 8 and g["tensors"] == 8 and g["relative"] <= 1e-5
-    assert checks["fsdp units"]["numbers"] == {"units": 3, "mixed": 2}  # 2 decoder blocks mix frozen + LoRA; remedy: FSDP2
+    assert checks["fsdp units"]["numbers"] == {
+        "units": 3,
+        "mixed": 2,
+    }  # 2 decoder blocks mix frozen + LoRA; remedy: FSDP2
     mem = checks["per-rank peak memory"]["numbers"]
     assert len(mem["bytes"]) == 2 and all(b > 2**20 for b in mem["bytes"])
     launch = json.loads((run_dir / "launch.json").read_text())

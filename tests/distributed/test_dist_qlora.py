@@ -15,8 +15,10 @@ import yaml
 from dist_helpers import SKIP, dist_study, metrics, run_cli, summary
 from tuneproof.models import quant
 
-pytestmark = pytest.mark.skipif(not quant.bitsandbytes_installed() or quant._probe_4bit("cpu") is not None,
-                                reason="bitsandbytes' 4-bit layers do not run on this CPU (pip install 'tuneproof[qlora]')")
+pytestmark = pytest.mark.skipif(
+    not quant.bitsandbytes_installed() or quant._probe_4bit("cpu") is not None,
+    reason="bitsandbytes' 4-bit layers do not run on this CPU (pip install 'tuneproof[qlora]')",
+)
 
 
 def test_fsdp2_trains_a_4bit_base_with_float_storage(tiny_base, tmp_path):
@@ -27,7 +29,9 @@ def test_fsdp2_trains_a_4bit_base_with_float_storage(tiny_base, tmp_path):
     cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
     cfg["method"].update(kind="qlora", bnb_4bit_quant_storage="float32")
     (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    proc = run_cli("train", "--study", str(study), "--nproc-per-node", "2", *SKIP, "--skip-preflight", "tiny test study")
+    proc = run_cli(
+        "train", "--study", str(study), "--nproc-per-node", "2", *SKIP, "--skip-preflight", "tiny test study"
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = study / "runs" / "r0001"
     s = summary(run_dir)

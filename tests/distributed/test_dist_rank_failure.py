@@ -12,8 +12,9 @@ from tuneproof.recipes.torchrun import rank_failure
 
 
 def _write(run_dir, rank, type_, message, t, timeout=False):
-    (run_dir / f"rank-{rank}.error.json").write_text(json.dumps(
-        {"rank": rank, "type": type_, "message": message, "timeout": timeout, "time": t}))
+    (run_dir / f"rank-{rank}.error.json").write_text(
+        json.dumps({"rank": rank, "type": type_, "message": message, "timeout": timeout, "time": t})
+    )
 
 
 def test_first_rank_to_fail_is_named_not_the_ones_that_died_of_it(tmp_path):
@@ -28,7 +29,9 @@ def test_a_hung_rank_is_named_after_the_timeout(tmp_path):
     _write(tmp_path, 0, "RuntimeError", "Timed out waiting 8000ms for send operation to complete", 100.0, timeout=True)
     kind, msg = rank_failure(tmp_path, 2, 8)
     assert kind == "timeout"
-    assert msg.startswith("rank 0 waited 8 s (distributed.timeout_s) in a collective and gave up: rank 1 did not answer (hung or killed)")
+    assert msg.startswith(
+        "rank 0 waited 8 s (distributed.timeout_s) in a collective and gave up: rank 1 did not answer (hung or killed)"
+    )
 
 
 def test_every_rank_stopped_is_an_interruption_and_health_is_its_own_kind(tmp_path):

@@ -18,8 +18,16 @@ STEPS = 6
 
 
 def _study(folder, base):
-    return dist_study(folder, base, strategy="fsdp", dropout=0.1, max_steps=STEPS, micro_batch_size=2, gradient_accumulation_steps=2,
-                      checkpoint_every=2)
+    return dist_study(
+        folder,
+        base,
+        strategy="fsdp",
+        dropout=0.1,
+        max_steps=STEPS,
+        micro_batch_size=2,
+        gradient_accumulation_steps=2,
+        checkpoint_every=2,
+    )
 
 
 def test_fsdp_resume_same_world_size_is_exact_and_other_world_size_refused(tiny_base, tmp_path):
@@ -34,7 +42,9 @@ def test_fsdp_resume_same_world_size_is_exact_and_other_world_size_refused(tiny_
     study = _study(tmp_path / "s", tiny_base)
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt, match=r"stop_after=3"):
-        run_train_distributed(ctx, nproc=2, stop_after=3, order={"data_check_override": "test", "baseline_override": "test"})
+        run_train_distributed(
+            ctx, nproc=2, stop_after=3, order={"data_check_override": "test", "baseline_override": "test"}
+        )
     (rec,) = Registry(study).list(kind="train")
     assert rec.status == "interrupted" and rec.reason == "interrupted (stop_after=3) at step 3"
     run_dir = Registry(study).runs_dir / rec.id
@@ -43,7 +53,9 @@ def test_fsdp_resume_same_world_size_is_exact_and_other_world_size_refused(tiny_
     assert ckpt["losses"] == want[:3]
 
     one = run_cli("resume", rec.id, "--study", str(study))  # one process: refused, nothing written
-    assert one.returncode == 2 and "was trained by 2 process(es); this resume asks for 1" in " ".join(one.stdout.split())
+    assert one.returncode == 2 and "was trained by 2 process(es); this resume asks for 1" in " ".join(
+        one.stdout.split()
+    )
     assert Registry(study).get(rec.id).status == "interrupted"
 
     two = run_cli("resume", rec.id, "--study", str(study), "--nproc-per-node", "2")

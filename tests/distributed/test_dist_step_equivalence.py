@@ -30,15 +30,29 @@ def reference(tiny_base, tmp_path_factory):
     from tuneproof.context import StudyContext
     from tuneproof.recipes.train import TrainOptions, run_train
 
-    study = dist_study(tmp_path_factory.mktemp("single") / "s", tiny_base, max_steps=STEPS, micro_batch_size=4, gradient_accumulation_steps=2)
+    study = dist_study(
+        tmp_path_factory.mktemp("single") / "s",
+        tiny_base,
+        max_steps=STEPS,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+    )
     ctx = StudyContext.open(study)
     run_dir = ctx.registry.runs_dir / run_train(ctx, TrainOptions(data_check_override="test", baseline_override="test"))
-    return {"losses": load_checkpoint(latest_checkpoint(run_dir))["losses"], "metrics": metrics(run_dir), "adapter": adapter_tensors(run_dir)}
+    return {
+        "losses": load_checkpoint(latest_checkpoint(run_dir))["losses"],
+        "metrics": metrics(run_dir),
+        "adapter": adapter_tensors(run_dir),
+    }
 
 
 def _distributed(tiny_base, folder, strategy):
-    study = dist_study(folder, tiny_base, strategy=strategy, max_steps=STEPS, micro_batch_size=2, gradient_accumulation_steps=2)
-    proc = run_cli("train", "--study", str(study), "--skip-preflight", "distributed test", *SKIP, "--nproc-per-node", "2")
+    study = dist_study(
+        folder, tiny_base, strategy=strategy, max_steps=STEPS, micro_batch_size=2, gradient_accumulation_steps=2
+    )
+    proc = run_cli(
+        "train", "--study", str(study), "--skip-preflight", "distributed test", *SKIP, "--nproc-per-node", "2"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     reg = Registry(study)
     (rec,) = reg.list(kind="train")
@@ -66,11 +80,21 @@ def _assert_equivalent(run_dir, reference, strategy):
         assert torch.allclose(got[name], tensor, atol=1e-5), (name, float((got[name] - tensor).abs().max()))
     s = summary(run_dir)
     assert (s["world_size"], s["strategy"], s["backend"], s["global_batch"]) == (2, strategy, "gloo", 8)
-    assert (s["optimizer_steps_per_epoch"], s["micro_batches_per_process_per_epoch"]) == (3, 6)  # 24 examples / 8 per step
+    assert (s["optimizer_steps_per_epoch"], s["micro_batches_per_process_per_epoch"]) == (
+        3,
+        6,
+    )  # 24 examples / 8 per step
     assert "2 processes" in s["loss_normalisation"] and "x 2" in s["loss_normalisation"]
     # C10: what the two ranks actually read in the first epoch: 12 each, disjoint, all 24 covered
-    assert s["shares"] == {"per_rank": [12, 12], "overlap": 0, "padding_repeats": 0, "disjoint": True, "covered": 24, "n": 24,
-                           "epoch_complete": True}
+    assert s["shares"] == {
+        "per_rank": [12, 12],
+        "overlap": 0,
+        "padding_repeats": 0,
+        "disjoint": True,
+        "covered": 24,
+        "n": 24,
+        "epoch_complete": True,
+    }
     check = s["save_check"]
     assert check["passed"] and check["tensors"] == 8 and check["lora_B"] == 4 and check["lora_B_all_zero"] == 0
     assert check["max_abs_logit_diff"] <= 1e-4 and check["top5_ids_equal"] and check["examples"] == 4
@@ -88,7 +112,9 @@ def test_ddp_step_equals_single_process_on_the_concatenated_batch(reference, tin
     # mean averaged by DDP would differ from the per-token mean over the global window; it does not
     ctx = StudyContext.open(run_dir.parents[1])
     enc = ctx.pipeline.encode_all(ctx.split("train"))
-    counts = [sum(enc[i].n_supervised for idx in window_at(24, 2, 2, 3, 0, world_size=2, rank=r) for i in idx) for r in (0, 1)]
+    counts = [
+        sum(enc[i].n_supervised for idx in window_at(24, 2, 2, 3, 0, world_size=2, rank=r) for i in idx) for r in (0, 1)
+    ]
     assert counts[0] != counts[1]
     assert sum(counts) == metrics(run_dir)[1]["supervised_tokens"]
 

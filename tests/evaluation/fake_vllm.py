@@ -22,7 +22,12 @@ from types import SimpleNamespace
 
 class SamplingParams:
     def __init__(self, temperature: float = 1.0, max_tokens: int = 16, stop_token_ids=None, **kw):
-        self.temperature, self.max_tokens, self.stop_token_ids, self.extra = temperature, max_tokens, list(stop_token_ids or []), kw
+        self.temperature, self.max_tokens, self.stop_token_ids, self.extra = (
+            temperature,
+            max_tokens,
+            list(stop_token_ids or []),
+            kw,
+        )
 
 
 class LoRARequest:
@@ -31,16 +36,35 @@ class LoRARequest:
 
 
 class LLM:
-    instances: list["LLM"] = []
+    instances: list[LLM] = []
     drop_lora = False
 
-    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", seed: int = 0, trust_remote_code: bool = False,
-                 enable_lora: bool = False, max_loras: int = 1, max_lora_rank: int = 16, **kw):
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        seed: int = 0,
+        trust_remote_code: bool = False,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        **kw,
+    ):
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.kwargs = {"model": model, "tokenizer": tokenizer, "dtype": dtype, "seed": seed, "trust_remote_code": trust_remote_code,
-                       "enable_lora": enable_lora, "max_loras": max_loras, "max_lora_rank": max_lora_rank, **kw}
+        self.kwargs = {
+            "model": model,
+            "tokenizer": tokenizer,
+            "dtype": dtype,
+            "seed": seed,
+            "trust_remote_code": trust_remote_code,
+            "enable_lora": enable_lora,
+            "max_loras": max_loras,
+            "max_lora_rank": max_lora_rank,
+            **kw,
+        }
         self.base = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()
         self.peft = None
         self.lora_ids: dict[int, str] = {}
@@ -68,7 +92,9 @@ class LLM:
             return self.peft, self.peft.disable_adapter()
         return self.base, contextlib.nullcontext()
 
-    def generate(self, prompts, sampling_params: SamplingParams, lora_request: LoRARequest | None = None, use_tqdm: bool = True):
+    def generate(
+        self, prompts, sampling_params: SamplingParams, lora_request: LoRARequest | None = None, use_tqdm: bool = True
+    ):
         import torch
 
         assert sampling_params.temperature == 0.0, "the fake serves greedy decoding only"
@@ -78,10 +104,18 @@ class LLM:
         with mode, torch.inference_mode():
             for p in prompts:
                 ids = torch.tensor([p["prompt_token_ids"]])
-                gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=sampling_params.max_tokens,
-                                     do_sample=False, temperature=None, top_p=None, top_k=None,
-                                     eos_token_id=sampling_params.stop_token_ids or None, pad_token_id=self.base.config.pad_token_id)
-                new = gen[0, ids.shape[1]:].tolist()
+                gen = model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=sampling_params.max_tokens,
+                    do_sample=False,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
+                    eos_token_id=sampling_params.stop_token_ids or None,
+                    pad_token_id=self.base.config.pad_token_id,
+                )
+                new = gen[0, ids.shape[1] :].tolist()
                 out.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=new, text=None)]))
         return out
 

@@ -60,8 +60,10 @@ def adapter(tok, tmp_path_factory) -> Path:
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(11)
-    peft = get_peft_model(make_llama(len(tok), seed=3), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                                                                   init_lora_weights=False))
+    peft = get_peft_model(
+        make_llama(len(tok), seed=3),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     with torch.no_grad():
         for name, param in peft.named_parameters():
             if "lora_B" in name:
@@ -80,7 +82,9 @@ def model_dir(tok, tmp_path_factory) -> Path:
 
 
 def transformers_backend(tok, seed: int = 3) -> B.TransformersBackend:
-    return B.TransformersBackend(make_llama(len(tok), seed=seed), tok, EVAL, device=CPU, autocast=contextlib.nullcontext)
+    return B.TransformersBackend(
+        make_llama(len(tok), seed=seed), tok, EVAL, device=CPU, autocast=contextlib.nullcontext
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +96,9 @@ def direct(tok, prompts, adapter):
 
     run = dict(device=CPU, autocast=contextlib.nullcontext)
     base = generate_prompts(make_llama(len(tok), seed=3), tok, prompts, EVAL, **run)
-    adapted = generate_prompts(PeftModel.from_pretrained(make_llama(len(tok), seed=3), str(adapter)), tok, prompts, EVAL, **run)
+    adapted = generate_prompts(
+        PeftModel.from_pretrained(make_llama(len(tok), seed=3), str(adapter)), tok, prompts, EVAL, **run
+    )
     changed = sum(a != b for a, b in zip(base, adapted))
     return {"base": base, "adapted": adapted, "changed": changed}
 
@@ -129,7 +135,9 @@ class Disagrees(Delegating):
 
 
 def check(reference, candidate, prompts, adapter, **kw):
-    return B.check_backends(reference, candidate, prompts, IDS, max_new_tokens=EVAL.max_new_tokens, adapter_dir=adapter, **kw)
+    return B.check_backends(
+        reference, candidate, prompts, IDS, max_new_tokens=EVAL.max_new_tokens, adapter_dir=adapter, **kw
+    )
 
 
 # --------------------------------------------------------------------------- the transformers backend
@@ -148,20 +156,30 @@ def test_transformers_backend_is_the_study_procedure(tok, prompts, adapter, dire
 def test_check_passes_for_a_backend_serving_model_and_adapter(tok, prompts, adapter, direct):
     res = check(transformers_backend(tok), Delegating(tok), prompts, adapter)
     assert res["passed"] is True and res["reason"] is None
-    assert res["numbers"] == {"sample": 16, "agreeing": 16, "agreement": 1.0, "min_agreement": 0.9,
-                              "adapter_changed_reference": direct["changed"], "adapter_changed_candidate": direct["changed"]}
+    assert res["numbers"] == {
+        "sample": 16,
+        "agreeing": 16,
+        "agreement": 1.0,
+        "min_agreement": 0.9,
+        "adapter_changed_reference": direct["changed"],
+        "adapter_changed_candidate": direct["changed"],
+    }
     assert res["first_disagreement"] is None and res["adapter_effect"] == "checked"
     assert res["outputs"]["reference"] == res["outputs"]["candidate"] == direct["adapted"]
     assert res["outputs"]["reference_base"] == direct["base"]
-    assert res["message"] == (f"vllm agrees with transformers on 16 of 16 sampled examples (agreement 1.000 >= 0.9); "
-                              f"the adapter changes {direct['changed']} answers in vllm, {direct['changed']} in transformers")
+    assert res["message"] == (
+        f"vllm agrees with transformers on 16 of 16 sampled examples (agreement 1.000 >= 0.9); "
+        f"the adapter changes {direct['changed']} answers in vllm, {direct['changed']} in transformers"
+    )
 
 
 def test_check_refuses_a_served_adapter_without_effect(tok, prompts, adapter, direct):
     res = check(transformers_backend(tok), DropsAdapter(tok), prompts, adapter)
     assert res["passed"] is False
-    assert res["reason"] == ("the served adapter had no effect: vllm gives the same answers with and without it on all 16 "
-                             f"sampled examples, transformers different ones on {direct['changed']}")
+    assert res["reason"] == (
+        "the served adapter had no effect: vllm gives the same answers with and without it on all 16 "
+        f"sampled examples, transformers different ones on {direct['changed']}"
+    )
     assert res["numbers"]["adapter_changed_candidate"] == 0
     assert res["numbers"]["agreeing"] == 16 - direct["changed"]  # its answers are the base's
     assert res["numbers"]["agreement"] == (16 - direct["changed"]) / 16
@@ -174,16 +192,26 @@ def test_check_refuses_a_backend_that_disagrees(tok, prompts, adapter, direct):
     res = check(transformers_backend(tok), Disagrees(tok, at=(2, 7, 11)), prompts, adapter)
     assert res["passed"] is False
     assert res["numbers"]["agreeing"] == 13 and res["numbers"]["agreement"] == 0.8125
-    assert res["first_disagreement"] == {"id": "ex02", "reference": direct["adapted"][2], "candidate": direct["adapted"][2] + " !"}
-    assert res["reason"] == (f"vllm agrees with transformers on 13 of 16 sampled examples (agreement 0.812 < "
-                             f"eval.backend_check_min_agreement 0.9); first: ex02: {direct['adapted'][2]!r} vs {direct['adapted'][2] + ' !'!r}")
+    assert res["first_disagreement"] == {
+        "id": "ex02",
+        "reference": direct["adapted"][2],
+        "candidate": direct["adapted"][2] + " !",
+    }
+    assert res["reason"] == (
+        f"vllm agrees with transformers on 13 of 16 sampled examples (agreement 0.812 < "
+        f"eval.backend_check_min_agreement 0.9); first: ex02: {direct['adapted'][2]!r} vs {direct['adapted'][2] + ' !'!r}"
+    )
     assert res["adapter_effect"] == "checked" and res["numbers"]["adapter_changed_candidate"] == direct["changed"]
     assert "\n" not in res["reason"]  # one line
     # one answer in 16 apart: 0.9375 passes the default 0.9 (the first disagreement is still recorded), not 1.0
     one = check(transformers_backend(tok), Disagrees(tok, at=(5,)), prompts, adapter)
     assert one["passed"] is True and one["numbers"]["agreement"] == 0.9375 and one["first_disagreement"]["id"] == "ex05"
     strict = check(transformers_backend(tok), Disagrees(tok, at=(5,)), prompts, adapter, min_agreement=1.0)
-    assert strict["passed"] is False and "15 of 16" in strict["reason"] and "< eval.backend_check_min_agreement 1)" in strict["reason"]
+    assert (
+        strict["passed"] is False
+        and "15 of 16" in strict["reason"]
+        and "< eval.backend_check_min_agreement 1)" in strict["reason"]
+    )
 
 
 def test_check_without_adapter_compares_the_base(tok, prompts, direct):
@@ -194,7 +222,9 @@ def test_check_without_adapter_compares_the_base(tok, prompts, direct):
     expected = sum(a == b for a, b in zip(direct["base"], other.generate(prompts, 6)))
     res = check(transformers_backend(tok), other, prompts, None)
     assert res["numbers"]["agreeing"] == expected and expected <= 8
-    assert res["passed"] is False and res["reason"].startswith(f"transformers agrees with transformers on {expected} of 16")
+    assert res["passed"] is False and res["reason"].startswith(
+        f"transformers agrees with transformers on {expected} of 16"
+    )
 
 
 def test_check_sample_is_seeded_and_in_order():
@@ -215,17 +245,29 @@ def test_vllm_backend_serves_adapter_through_lora_request(monkeypatch, tok, prom
     assert llm.kwargs["enable_lora"] is True and llm.kwargs["max_lora_rank"] == 16 and llm.kwargs["dtype"] == "float32"
     assert llm.kwargs["model"] == str(model_dir) and llm.kwargs["seed"] == 7
     assert [(r.lora_int_id, r.lora_path) if r else None for r in llm.requests] == [(1, str(adapter.resolve())), None]
-    assert backend.identity() == {"name": "vllm", "version": "0.0.0+fake", "dtype": "float32", "model_path": str(model_dir),
-                                  "max_lora_rank": 4}
-    res = check(transformers_backend(tok), B.VllmBackend(model_dir, tok, dtype="fp32", max_lora_rank=4), prompts, adapter)
+    assert backend.identity() == {
+        "name": "vllm",
+        "version": "0.0.0+fake",
+        "dtype": "float32",
+        "model_path": str(model_dir),
+        "max_lora_rank": 4,
+    }
+    res = check(
+        transformers_backend(tok), B.VllmBackend(model_dir, tok, dtype="fp32", max_lora_rank=4), prompts, adapter
+    )
     assert res["passed"] is True and res["numbers"]["agreement"] == 1.0
 
 
 def test_vllm_backend_dropping_the_adapter_is_refused(monkeypatch, tok, prompts, model_dir, adapter, direct):
     fake_vllm.install(monkeypatch, drop_lora=True)
-    res = check(transformers_backend(tok), B.VllmBackend(model_dir, tok, dtype="fp32", max_lora_rank=4), prompts, adapter)
+    res = check(
+        transformers_backend(tok), B.VllmBackend(model_dir, tok, dtype="fp32", max_lora_rank=4), prompts, adapter
+    )
     assert res["passed"] is False and res["reason"].startswith("the served adapter had no effect")
-    assert res["numbers"]["adapter_changed_candidate"] == 0 and res["numbers"]["adapter_changed_reference"] == direct["changed"]
+    assert (
+        res["numbers"]["adapter_changed_candidate"] == 0
+        and res["numbers"]["adapter_changed_reference"] == direct["changed"]
+    )
 
 
 def test_lora_rank_limit_is_a_power_of_two_at_least_16(monkeypatch, tok, model_dir):
@@ -263,7 +305,10 @@ def test_vllm_without_cuda_is_a_two_line_error(monkeypatch):
         B.check_backend_available(Eval(backend="vllm"), "causal-lm", "s/tuneproof.yaml")
     lines = str(e.value).splitlines()
     assert len(lines) == 2
-    assert lines[0] == "s/tuneproof.yaml: eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)"
+    assert (
+        lines[0]
+        == "s/tuneproof.yaml: eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)"
+    )
     assert "eval.backend: transformers" in lines[1]
     with pytest.raises(TuneproofError, match="serves generative"):
         B.check_backend_available(Eval(backend="vllm"), "sequence-classification")
@@ -272,12 +317,24 @@ def test_vllm_without_cuda_is_a_two_line_error(monkeypatch):
 def test_study_keys():
     from tuneproof.context import parse_study
 
-    assert (Eval().backend, Eval().backend_check_examples, Eval().backend_check_min_agreement) == ("transformers", 16, 0.9)
-    raw = {"name": "s", "hypothesis": {"behaviour": "b", "task": "extraction", "success": {"metric": "field_f1"}},
-           "data": {"sources": [{"path": "d.jsonl", "format": "jsonl"}]}, "model": {"base": "x"}}
+    assert (Eval().backend, Eval().backend_check_examples, Eval().backend_check_min_agreement) == (
+        "transformers",
+        16,
+        0.9,
+    )
+    raw = {
+        "name": "s",
+        "hypothesis": {"behaviour": "b", "task": "extraction", "success": {"metric": "field_f1"}},
+        "data": {"sources": [{"path": "d.jsonl", "format": "jsonl"}]},
+        "model": {"base": "x"},
+    }
     with pytest.raises(TuneproofError) as e:
         parse_study({**raw, "eval": {"backend": "vllm", "do_sample": True}}, "s.yaml")
-    assert str(e.value).splitlines()[0].startswith("s.yaml: eval: eval.backend vllm needs greedy decoding (eval.do_sample: false)")
+    assert (
+        str(e.value)
+        .splitlines()[0]
+        .startswith("s.yaml: eval: eval.backend vllm needs greedy decoding (eval.do_sample: false)")
+    )
     with pytest.raises(TuneproofError, match="eval.backend"):
         parse_study({**raw, "eval": {"backend": "sglang"}}, "s.yaml")
     with pytest.raises(TuneproofError, match="eval.backend_check_min_agreement"):
@@ -288,11 +345,18 @@ def test_study_keys():
 def test_fingerprint_separates_backends_and_keeps_old_hashes():
     from tuneproof.evaluation.fingerprint import PARTS, diff_fingerprints, eval_fingerprint
 
-    old_cfg = {k: v for k, v in Eval().model_dump().items() if not k.startswith("backend")}  # as recorded before the key existed
+    old_cfg = {
+        k: v for k, v in Eval().model_dump().items() if not k.startswith("backend")
+    }  # as recorded before the key existed
     tf = eval_fingerprint(["a", "b"], Eval(), "extraction", None, {"v": 1})
     assert eval_fingerprint(["a", "b"], old_cfg, "extraction", None, {"v": 1}) == tf and tuple(tf["parts"]) == PARTS
     # the check settings do not change the outputs
-    assert eval_fingerprint(["a", "b"], Eval(backend_check_examples=4, backend_check_min_agreement=1.0), "extraction", None, {"v": 1}) == tf
+    assert (
+        eval_fingerprint(
+            ["a", "b"], Eval(backend_check_examples=4, backend_check_min_agreement=1.0), "extraction", None, {"v": 1}
+        )
+        == tf
+    )
     vl = eval_fingerprint(["a", "b"], Eval(backend="vllm"), "extraction", None, {"v": 1})
     assert tuple(vl["parts"]) == PARTS + ("backend",) and vl["hash"] != tf["hash"]
     assert diff_fingerprints(tf, vl) == ["backend"]
@@ -312,7 +376,6 @@ def test_backend_keys_keep_a_passed_preflight():
 def trained(tmp_path_factory):
     """The tiny extraction study (data check, transformers baseline r0002) and one LoRA train run."""
     from tiny_study import build_base, make_study
-
     from tuneproof.context import StudyContext
     from tuneproof.recipes.train import run_train
 
@@ -357,12 +420,21 @@ def test_eval_with_vllm_passes_check_and_is_another_procedure(monkeypatch, train
     reg = Registry(study)
     rec = reg.latest("eval")
     s = rec.summary
-    assert rec.status == "completed" and s["eval_backend"]["name"] == "vllm" and s["eval_backend"]["version"] == "0.0.0+fake"
+    assert (
+        rec.status == "completed"
+        and s["eval_backend"]["name"] == "vllm"
+        and s["eval_backend"]["version"] == "0.0.0+fake"
+    )
     bc = s["backend_check"]
-    assert bc["passed"] is True and bc["numbers"]["sample"] == 6 and bc["numbers"]["agreement"] == 1.0  # the 6 validation examples
+    assert (
+        bc["passed"] is True and bc["numbers"]["sample"] == 6 and bc["numbers"]["agreement"] == 1.0
+    )  # the 6 validation examples
     detail = read_json(study / "runs" / rec.id / "backend_check.json")
     assert detail["numbers"] == bc["numbers"] and len(detail["outputs"]["candidate"]) == 6
-    assert bc["adapter_effect"] == "checked" and bc["numbers"]["adapter_changed_candidate"] == bc["numbers"]["adapter_changed_reference"] > 0
+    assert (
+        bc["adapter_effect"] == "checked"
+        and bc["numbers"]["adapter_changed_candidate"] == bc["numbers"]["adapter_changed_reference"] > 0
+    )
     preds = [json.loads(x)["prediction"] for x in (study / "runs" / rec.id / "outputs.jsonl").read_text().splitlines()]
     assert preds == detail["outputs"]["candidate"]  # the whole split is the sample here: the same answers
     assert len(fake_vllm.LLM.instances) == 1  # one engine for the check and the run
@@ -372,7 +444,9 @@ def test_eval_with_vllm_passes_check_and_is_another_procedure(monkeypatch, train
     reg.close()
     # a vLLM candidate is not silently paired with the transformers baseline, even after a passed check
     code, out = _cli(capsys, study, "compare", rec.id)
-    assert code == 2 and f"{rec.id} was evaluated differently from baseline r0002 (differs: backend)" in " ".join(out.split())
+    assert code == 2 and f"{rec.id} was evaluated differently from baseline r0002 (differs: backend)" in " ".join(
+        out.split()
+    )
     # and train wants a baseline evaluated by the same backend
     from tuneproof.context import StudyContext
     from tuneproof.recipes.protocol import require_baseline
@@ -394,7 +468,9 @@ def test_test_split_with_vllm_checks_on_the_eval_split(monkeypatch, trained, tmp
     rec = reg.latest("test")
     detail = read_json(study / "runs" / rec.id / "backend_check.json")
     assert detail["numbers"]["sample"] == 4 and detail["adapter_effect"] == "no adapter" and detail["passed"] is True
-    assert all(i.startswith("ex1") for i in detail["ids"])  # validation ids ex100..ex105; the test split is ex200..ex203
+    assert all(
+        i.startswith("ex1") for i in detail["ids"]
+    )  # validation ids ex100..ex105; the test split is ex200..ex203
     assert len((study / "runs" / rec.id / "outputs.jsonl").read_text().splitlines()) == 4
     reg.close()
 
@@ -409,10 +485,15 @@ def test_eval_refused_when_served_adapter_has_no_effect(monkeypatch, trained, tm
     assert code == 3, out
     reg = Registry(study)
     rec = reg.latest("eval", status="invalid")
-    assert rec is not None and rec.reason.startswith("backend check: the served adapter had no effect: vllm gives the same answers with and without it")
+    assert rec is not None and rec.reason.startswith(
+        "backend check: the served adapter had no effect: vllm gives the same answers with and without it"
+    )
     assert "(was failed" not in rec.reason  # said once
     assert "metrics" not in rec.summary and not (study / "runs" / rec.id / "outputs.jsonl").exists()  # no numbers
-    assert rec.summary["backend_check"]["passed"] is False and rec.summary["backend_check"]["numbers"]["adapter_changed_candidate"] == 0
+    assert (
+        rec.summary["backend_check"]["passed"] is False
+        and rec.summary["backend_check"]["numbers"]["adapter_changed_candidate"] == 0
+    )
     assert "the served adapter had no effect" in out and f"runs/{rec.id}/backend_check.json" in out
     reg.close()
 
@@ -450,7 +531,10 @@ def test_baseline_with_vllm_is_the_baseline_train_wants(monkeypatch, trained, tm
     # the same answers as the transformers baseline r0002 on the same examples (greedy fp32, same weights)
     rows = lambda rid: [json.loads(x) for x in (study / "runs" / rid / "outputs.jsonl").read_text().splitlines()]  # noqa: E731
     assert [r["prediction"] for r in rows(rec.id)] == [r["prediction"] for r in rows("r0002")]
-    assert read_json(study / "runs" / rec.id / "eval.json")["fingerprint"]["hash"] != read_json(study / "runs" / "r0002" / "eval.json")["fingerprint"]["hash"]
+    assert (
+        read_json(study / "runs" / rec.id / "eval.json")["fingerprint"]["hash"]
+        != read_json(study / "runs" / "r0002" / "eval.json")["fingerprint"]["hash"]
+    )
     reg.close()
     assert require_baseline(StudyContext.open(study)) == rec.id  # train now finds a baseline of its procedure
 

@@ -49,8 +49,15 @@ def test_mcnemar_exact_hand_computed():
 
 
 def test_counts_and_mcnemar_in_comparison():
-    base, cand = _cls_pair([("A", 10, False, True), ("A", 2, True, False), ("A", 30, True, True),
-                            ("B", 5, False, False), ("B", 13, True, True)])
+    base, cand = _cls_pair(
+        [
+            ("A", 10, False, True),
+            ("A", 2, True, False),
+            ("A", 30, True, True),
+            ("B", 5, False, False),
+            ("B", 13, True, True),
+        ]
+    )
     r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=EVAL, hypothesis=None, iterations=200)
     assert r["counts"] == {"fixed": 10, "broken": 2, "unchanged_right": 43, "unchanged_wrong": 5}
     assert r["fixed_ids"] == [f"x{i:04d}" for i in range(10)]
@@ -69,13 +76,17 @@ def test_paired_bootstrap_ci_contains_true_delta():
     n = 600
     labels = ["a", "b", "c"]
     refs = [labels[i % 3] for i in range(n)]
+
     # the candidate is right with probability 0.75, the baseline 0.60, independently: true delta 0.15
     def preds(p):
         return [r if rng.random() < p else labels[(labels.index(r) + 1) % 3] for r in refs]
+
     bp, cp = preds(0.60), preds(0.75)
     base = [{"id": str(i), "reference": refs[i], "prediction": bp[i]} for i in range(n)]
     cand = [{"id": str(i), "reference": refs[i], "prediction": cp[i]} for i in range(n)]
-    r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=EVAL, hypothesis=None, iterations=1000, seed=3)
+    r = paired_compare(
+        base, cand, "classification", required_fields=[], eval_cfg=EVAL, hypothesis=None, iterations=1000, seed=3
+    )
     acc = r["metrics"]["accuracy"]
     lo, hi = acc["ci"]
     assert lo < 0.15 < hi
@@ -102,8 +113,14 @@ def test_identical_runs_give_zero_width_ci():
 def test_refuses_different_id_sets():
     base, cand = _cls_pair([("A", 10, True, True)])
     with pytest.raises(TuneproofError, match="2 baseline ids missing from the candidate.*1 candidate ids missing"):
-        paired_compare(base, cand[2:] + [{"id": "new", "reference": "A", "prediction": "A"}], "classification",
-                       required_fields=[], eval_cfg=EVAL, hypothesis=None)
+        paired_compare(
+            base,
+            cand[2:] + [{"id": "new", "reference": "A", "prediction": "A"}],
+            "classification",
+            required_fields=[],
+            eval_cfg=EVAL,
+            hypothesis=None,
+        )
     with pytest.raises(TuneproofError, match="twice"):
         paired_compare(base + base[:1], cand, "classification", required_fields=[], eval_cfg=EVAL)
     changed = [dict(c) for c in cand]
@@ -122,7 +139,9 @@ def test_per_class_recall_guard_fails_when_one_class_collapses_while_macro_f1_ri
             wrong_c = "A" if cls == "C" else wrong_b
             base.append({"id": f"{cls}{i}", "reference": cls, "prediction": cls if i < b_right else wrong_b})
             cand.append({"id": f"{cls}{i}", "reference": cls, "prediction": cls if i < c_right else wrong_c})
-    hyp = _hyp("macro_f1", 0.0, [{"metric": "per_class_recall", "max_drop": 0.05}, {"metric": "macro_f1", "max_drop": 0.05}])
+    hyp = _hyp(
+        "macro_f1", 0.0, [{"metric": "per_class_recall", "max_drop": 0.05}, {"metric": "macro_f1", "max_drop": 0.05}]
+    )
     r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=EVAL, hypothesis=hyp, iterations=500)
     assert r["metrics"]["macro_f1"]["delta"] > 0.02  # the global average rises
     guard = r["verdicts"][1]
@@ -145,16 +164,22 @@ def _e(base, cand, lo, hi):
     return {"base": base, "cand": cand, "delta": cand - base, "ci": [lo, hi]}
 
 
-@pytest.mark.parametrize("ci, expected", [((0.03, 0.10), "pass"), ((-0.05, 0.01), "fail"), ((0.0, 0.05), "inconclusive")])
+@pytest.mark.parametrize(
+    "ci, expected", [((0.03, 0.10), "pass"), ((-0.05, 0.01), "fail"), ((0.0, 0.05), "inconclusive")]
+)
 def test_success_rule(ci, expected):
     v = judge(_hyp("accuracy", 0.02), _fake({"accuracy": _e(0.5, 0.55, *ci)}))
     assert v[0]["verdict"] == expected and v[0]["threshold"] == 0.02 and v[0]["ci"] == list(ci)
 
 
-@pytest.mark.parametrize("ci, expected", [((-0.05, -0.02), "fail"), ((-0.005, 0.02), "pass"), ((-0.03, 0.01), "inconclusive")])
+@pytest.mark.parametrize(
+    "ci, expected", [((-0.05, -0.02), "fail"), ((-0.005, 0.02), "pass"), ((-0.03, 0.01), "inconclusive")]
+)
 def test_guard_max_drop_rule(ci, expected):
-    v = judge(_hyp("accuracy", 0.0, [{"metric": "macro_f1", "max_drop": 0.01}]),
-              _fake({"accuracy": _e(0.5, 0.6, 0.05, 0.15), "macro_f1": _e(0.5, 0.49, *ci)}))
+    v = judge(
+        _hyp("accuracy", 0.0, [{"metric": "macro_f1", "max_drop": 0.01}]),
+        _fake({"accuracy": _e(0.5, 0.6, 0.05, 0.15), "macro_f1": _e(0.5, 0.49, *ci)}),
+    )
     assert v[1]["verdict"] == expected and v[1]["threshold"] == -0.01
 
 
@@ -194,7 +219,9 @@ def test_concentration_flags_a_handful_of_examples():
 
 
 def test_concentration_not_flagged_for_broad_gain():
-    base, cand = _cls_pair([("A", 20, False, True), ("A", 30, True, True), ("B", 20, False, True), ("B", 30, True, True)])
+    base, cand = _cls_pair(
+        [("A", 20, False, True), ("A", 30, True, True), ("B", 20, False, True), ("B", 30, True, True)]
+    )
     c = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=EVAL, iterations=100)["concentration"]
     assert c["net_gain"] == 40 and c["by_class"] == {"A": 20.0, "B": 20.0}
     assert c["flagged"] is False and c["detail"] == "gain not concentrated"
@@ -216,8 +243,15 @@ def test_extraction_comparison_per_field_and_guards():
         cand_pred = ref if intent == "PlayMusic" else _x(intent, city="Paris")
         base.append({"id": f"e{i:02d}", "category": intent, "reference": ref, "prediction": base_pred})
         cand.append({"id": f"e{i:02d}", "category": intent, "reference": ref, "prediction": cand_pred})
-    hyp = _hyp("json_valid_rate", 0.1, [{"metric": "per_field_f1", "max_drop": 0.1}, {"metric": "required_fields_rate", "max_drop": 0.0}], task="extraction")
-    r = paired_compare(base, cand, "extraction", required_fields=["intent", "slots"], eval_cfg=EVAL, hypothesis=hyp, iterations=300)
+    hyp = _hyp(
+        "json_valid_rate",
+        0.1,
+        [{"metric": "per_field_f1", "max_drop": 0.1}, {"metric": "required_fields_rate", "max_drop": 0.0}],
+        task="extraction",
+    )
+    r = paired_compare(
+        base, cand, "extraction", required_fields=["intent", "slots"], eval_cfg=EVAL, hypothesis=hyp, iterations=300
+    )
     m = r["metrics"]
     assert m["json_valid_rate"]["base"] == 0.5 and m["json_valid_rate"]["cand"] == 1.0
     assert r["base_metrics"]["parse_errors"] == {"code_fence": 20} and r["cand_metrics"]["parse_errors"] == {}
@@ -233,7 +267,11 @@ def test_extraction_comparison_per_field_and_guards():
     assert verdicts["json_valid_rate"]["verdict"] == "pass"
     assert verdicts["per_field_f1"]["verdict"] == "fail"
     assert verdicts["per_field_f1"]["detail"].startswith("failing fields: when ")
-    assert {it["name"]: it["verdict"] for it in verdicts["per_field_f1"]["items"]} == {"artist": "pass", "city": "pass", "when": "fail"}
+    assert {it["name"]: it["verdict"] for it in verdicts["per_field_f1"]["items"]} == {
+        "artist": "pass",
+        "city": "pass",
+        "when": "fail",
+    }
     assert verdicts["required_fields_rate"]["verdict"] == "pass"
     assert r["overall"]["verdict"] == "fail"
     # paired counts follow the success metric (json_valid_rate): the 20 fenced outputs became valid
@@ -248,8 +286,15 @@ def test_extraction_comparison_per_field_and_guards():
 def test_format_comparison():
     base = [{"id": str(i), "reference": "A: 1", "prediction": "a: 1" if i < 8 else "A: 1"} for i in range(20)]
     cand = [{"id": str(i), "reference": "A: 1", "prediction": "A: 1"} for i in range(20)]
-    r = paired_compare(base, cand, "format", required_fields=[], eval_cfg=Eval(regex=r"[A-Z]: \d+"),
-                       hypothesis=_hyp("compliance_rate", 0.1, task="format"), iterations=300)
+    r = paired_compare(
+        base,
+        cand,
+        "format",
+        required_fields=[],
+        eval_cfg=Eval(regex=r"[A-Z]: \d+"),
+        hypothesis=_hyp("compliance_rate", 0.1, task="format"),
+        iterations=300,
+    )
     assert r["headline"] == ["compliance_rate", "regex_match_rate", "exact_match"]
     assert r["metrics"]["compliance_rate"]["delta"] == pytest.approx(0.4)
     assert r["counts"]["fixed"] == 8 and r["mcnemar"]["p_value"] == pytest.approx(2 / 256)
@@ -258,14 +303,40 @@ def test_format_comparison():
 
 def test_extraction_targets_without_intent_group_by_category():
     ref = json.dumps({"slots": {"city": "Paris"}})
-    base = [{"id": str(i), "category": "weather" if i < 6 else "travel", "reference": ref, "prediction": "{}" if i < 3 else ref} for i in range(10)]
-    cand = [{"id": str(i), "category": "weather" if i < 6 else "travel", "reference": ref, "prediction": ref} for i in range(10)]
-    r = paired_compare(base, cand, "extraction", required_fields=["slots"], eval_cfg=EVAL,
-                       hypothesis=_hyp("field_f1", 0.0, [{"metric": "per_class_exact_match", "max_drop": 0.0}], task="extraction"), iterations=200)
-    assert "intent_accuracy" not in r["metrics"]  # no reference has an intent: not scored on it (a missing value never matches)
-    assert r["per_class"]["weather"]["exact_match"]["base"] == 0.5 and r["per_class"]["weather"]["exact_match"]["cand"] == 1.0
+    base = [
+        {
+            "id": str(i),
+            "category": "weather" if i < 6 else "travel",
+            "reference": ref,
+            "prediction": "{}" if i < 3 else ref,
+        }
+        for i in range(10)
+    ]
+    cand = [
+        {"id": str(i), "category": "weather" if i < 6 else "travel", "reference": ref, "prediction": ref}
+        for i in range(10)
+    ]
+    r = paired_compare(
+        base,
+        cand,
+        "extraction",
+        required_fields=["slots"],
+        eval_cfg=EVAL,
+        hypothesis=_hyp("field_f1", 0.0, [{"metric": "per_class_exact_match", "max_drop": 0.0}], task="extraction"),
+        iterations=200,
+    )
+    assert (
+        "intent_accuracy" not in r["metrics"]
+    )  # no reference has an intent: not scored on it (a missing value never matches)
+    assert (
+        r["per_class"]["weather"]["exact_match"]["base"] == 0.5
+        and r["per_class"]["weather"]["exact_match"]["cand"] == 1.0
+    )
     assert r["metrics"]["field_f1"]["base"] == pytest.approx(2 * 7 / (2 * 7 + 3))
-    assert r["concentration"]["basis"] == "field_f1" and r["concentration"]["by_class"] == {"weather": 3.0, "travel": 0.0}
+    assert r["concentration"]["basis"] == "field_f1" and r["concentration"]["by_class"] == {
+        "weather": 3.0,
+        "travel": 0.0,
+    }
     assert r["concentration"]["flag_class"] is True
     assert [v["verdict"] for v in r["verdicts"]] == ["pass", "pass"]
 
@@ -273,7 +344,9 @@ def test_extraction_targets_without_intent_group_by_category():
 def test_explicit_label_set_keeps_predictions_of_absent_classes_valid():
     base = [{"id": str(i), "reference": "A", "prediction": "C"} for i in range(4)]
     cand = [{"id": str(i), "reference": "A", "prediction": "A" if i else "C"} for i in range(4)]
-    r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=EVAL, iterations=100, labels=["A", "B", "C"])
+    r = paired_compare(
+        base, cand, "classification", required_fields=[], eval_cfg=EVAL, iterations=100, labels=["A", "B", "C"]
+    )
     assert r["base_metrics"]["n_invalid"] == 0 and r["base_metrics"]["labels"] == ["A", "B", "C"]
     assert r["metrics"]["accuracy"]["cand"] == 0.75 and r["counts"]["fixed"] == 3
     r2 = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=EVAL, iterations=100)

@@ -36,7 +36,9 @@ def test_fingerprint_shape_and_values():
 def test_same_procedure_same_hash_regardless_of_id_order():
     a, b = _fp(ids=("c", "a", "b")), _fp(ids=("a", "b", "c"))
     assert a == b and diff_fingerprints(a, b) == []
-    assert eval_fingerprint(["a"], Eval().model_dump(), "extraction", ["intent", "slots"], TOK) == eval_fingerprint(["a"], Eval(), "extraction", ["intent", "slots"], TOK)
+    assert eval_fingerprint(["a"], Eval().model_dump(), "extraction", ["intent", "slots"], TOK) == eval_fingerprint(
+        ["a"], Eval(), "extraction", ["intent", "slots"], TOK
+    )
 
 
 @pytest.mark.parametrize(

@@ -33,8 +33,14 @@ def test_parse_json_output_strict():
     obj, why = parse_json_output("{'intent': 'X', 'ok': True}")
     assert obj is None and why.startswith("python_literal:")
     assert "line 1 column 2" in why
-    for bad, kind in [("", "empty"), ("   ", "empty"), ("NaN", "not_json"), ('{"a": Infinity}', "not_json"),
-                      ('Here it is: {"a": 1}', "not_json"), ('{"a": 1', "not_json")]:
+    for bad, kind in [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("NaN", "not_json"),
+        ('{"a": Infinity}', "not_json"),
+        ('Here it is: {"a": 1}', "not_json"),
+        ('{"a": 1', "not_json"),
+    ]:
         obj, why = parse_json_output(bad)
         assert obj is None and why.split(":")[0] == kind, (bad, why)
 
@@ -44,7 +50,7 @@ def test_code_fence_is_invalid_unless_allowed():
     obj, why = parse_json_output(fenced)
     assert obj is None and why.startswith("code_fence:")
     assert parse_json_output(fenced, allow_fenced=True) == ({"intent": "X", "slots": {}}, None)
-    assert parse_json_output('```\n[1]\n```', allow_fenced=True) == ([1], None)
+    assert parse_json_output("```\n[1]\n```", allow_fenced=True) == ([1], None)
     assert parse_json_output('```json\n{"a": 1}', allow_fenced=True)[1].startswith("code_fence:")
 
 
@@ -65,7 +71,11 @@ def test_c15_majority_class_metrics():
     assert m["weighted_f1"] == pytest.approx(50 / 68 * 100 / 118)
     assert list(m["per_class"]["0"])[0] == "recall"  # per-class recall shown first (C15)
     assert "macro over 2 of 2 labels present" in m["averaging"]["macro_f1"]
-    assert m["confusion"] == {"labels": ["0", "1"], "columns": ["0", "1", "<invalid>"], "matrix": [[50, 0, 0], [18, 0, 0]]}
+    assert m["confusion"] == {
+        "labels": ["0", "1"],
+        "columns": ["0", "1", "<invalid>"],
+        "matrix": [[50, 0, 0], [18, 0, 0]],
+    }
     assert sum(r["correct"] for r in recs) == 50
 
 
@@ -94,18 +104,30 @@ def test_classification_label_errors():
         score_classification([])
     # a class of the label set with support 0 in the split is left out of the macro average (issue 10)
     _, m = score_classification([{"id": "a", "reference": "x", "prediction": "x"}], labels=["x", "y"])
-    assert m["macro_f1"] == 1.0 and m["labels_present"] == 1 and m["macro_over"] == "macro over 1 of 2 labels present (support > 0)"
+    assert (
+        m["macro_f1"] == 1.0
+        and m["labels_present"] == 1
+        and m["macro_over"] == "macro over 1 of 2 labels present (support > 0)"
+    )
 
 
 # --------------------------------------------------------------------------- extraction
 def _extraction_records():
     return [
         # exact after normalisation: case, whitespace, order of a repeated slot's values
-        {"id": "a", "category": "PlayMusic", "reference": REF,
-         "prediction": '{"intent": "PlayMusic", "slots": {"artist": " queen", "genre": ["POP", "rock"]}}'},
+        {
+            "id": "a",
+            "category": "PlayMusic",
+            "reference": REF,
+            "prediction": '{"intent": "PlayMusic", "slots": {"artist": " queen", "genre": ["POP", "rock"]}}',
+        },
         # one right pair, one hallucinated slot, genre missing
-        {"id": "b", "category": "PlayMusic", "reference": REF,
-         "prediction": '{"intent": "PlayMusic", "slots": {"artist": "Queen", "album": "x"}}'},
+        {
+            "id": "b",
+            "category": "PlayMusic",
+            "reference": REF,
+            "prediction": '{"intent": "PlayMusic", "slots": {"artist": "Queen", "album": "x"}}',
+        },
         # Python-dict style: invalid, every reference pair is a false negative
         {"id": "c", "category": "PlayMusic", "reference": REF, "prediction": "{'intent': 'PlayMusic', 'slots': {}}"},
     ]
@@ -122,7 +144,9 @@ def test_extraction_hand_computed():
     assert m["field_precision"] == pytest.approx(4 / 5)
     assert m["field_recall"] == pytest.approx(4 / 9)
     assert m["field_f1"] == pytest.approx(8 / 14)
-    assert m["per_field"]["artist"] == pytest.approx({"precision": 1.0, "recall": 2 / 3, "f1": 0.8, "support": 3, "exact_match_rate": 2 / 3})
+    assert m["per_field"]["artist"] == pytest.approx(
+        {"precision": 1.0, "recall": 2 / 3, "f1": 0.8, "support": 3, "exact_match_rate": 2 / 3}
+    )
     assert m["per_field"]["genre"]["recall"] == pytest.approx(2 / 6)
     assert m["per_field"]["genre"]["support"] == 6
     assert m["unknown_predicted_fields"] == {"album": 1}
@@ -176,8 +200,10 @@ def test_format_schema_and_regex():
     assert m["json_valid_rate"] == 0.75 and m["schema_valid_rate"] == 0.5 and m["compliance_rate"] == 0.5
     assert m["exact_match"] == 0.25
     assert out[1]["scores"]["schema_error"] == "'4' is not of type 'integer'"
-    assert m["per_class"] == {"q": {"support": 2, "compliance_rate": 0.5, "exact_match": 0.5},
-                              "r": {"support": 2, "compliance_rate": 0.5, "exact_match": 0.0}}
+    assert m["per_class"] == {
+        "q": {"support": 2, "compliance_rate": 0.5, "exact_match": 0.5},
+        "r": {"support": 2, "compliance_rate": 0.5, "exact_match": 0.0},
+    }
     _, m2 = score("format", recs, required_fields=None, eval_cfg=Eval(regex=r'\{"answer": \d+\}'))
     assert m2["regex_match_rate"] == 0.25 and m2["compliance_rate"] == 0.25 and "json_valid_rate" not in m2
 
@@ -195,7 +221,13 @@ def test_format_config_errors():
 # --------------------------------------------------------------------------- data check (C16)
 def test_check_targets_json_c16():
     examples = [
-        Example(id="t1", text="play queen", label="PlayMusic", target="{'intent': 'PlayMusic', 'slots': {'artist': 'queen'}, 'ok': True}", source="train.jsonl:1"),
+        Example(
+            id="t1",
+            text="play queen",
+            label="PlayMusic",
+            target="{'intent': 'PlayMusic', 'slots': {'artist': 'queen'}, 'ok': True}",
+            source="train.jsonl:1",
+        ),
         Example(id="t2", text="play abba", label="PlayMusic", target=REF, source="train.jsonl:2"),
     ]
     rep = check_targets_json(examples)
@@ -211,9 +243,13 @@ def test_check_targets_json_c16():
 
 
 def test_references_outside_the_label_set_are_counted_and_the_first_five_named():
-    recs = [{"id": f"valid:{i}", "reference": "crad" if i in (3, 5, 6, 9, 12, 14, 17) else "card", "prediction": "card"}
-            for i in range(2, 19)]
+    recs = [
+        {"id": f"valid:{i}", "reference": "crad" if i in (3, 5, 6, 9, 12, 14, 17) else "card", "prediction": "card"}
+        for i in range(2, 19)
+    ]
     with pytest.raises(TuneproofError) as err:
         score_classification(recs, labels=["card", "lost"])
-    assert str(err.value).splitlines()[0] == ("7 reference labels not in the label set (2 labels): valid:3 'crad', valid:5 'crad', "
-                                              "valid:6 'crad', valid:9 'crad', valid:12 'crad' and 2 more")
+    assert str(err.value).splitlines()[0] == (
+        "7 reference labels not in the label set (2 labels): valid:3 'crad', valid:5 'crad', "
+        "valid:6 'crad', valid:9 'crad', valid:12 'crad' and 2 more"
+    )

@@ -47,23 +47,32 @@ def test_ties_at_the_worst_value_are_counted():
     _, m = score_classification(recs)
     lines = screen_lines(get_task("classification"), m, worst=3)
     assert lines[0] == "worst 3 of 8 classes by recall (7 at 0.000):"
-    assert lines[1:4] == ["  l1: recall 0.000, precision 0.000, f1 0.000 (support 2)",
-                          "  l2: recall 0.000, precision 0.000, f1 0.000 (support 2)",
-                          "  l3: recall 0.000, precision 0.000, f1 0.000 (support 2)"]
+    assert lines[1:4] == [
+        "  l1: recall 0.000, precision 0.000, f1 0.000 (support 2)",
+        "  l2: recall 0.000, precision 0.000, f1 0.000 (support 2)",
+        "  l3: recall 0.000, precision 0.000, f1 0.000 (support 2)",
+    ]
     assert metric_name("macro_f1", m) == "macro-F1 (unweighted over 8 of 8 labels present)"
 
 
 def test_extraction_screen_lists_worst_fields_by_f1():
     from tuneproof.tasks.extraction import score_extraction
 
-    recs = [{"id": "1", "reference": '{"intent": "A", "slots": {"city": "Paris", "day": "mon"}}',
-             "prediction": '{"intent": "A", "slots": {"city": "Paris", "day": "tue"}}'},
-            {"id": "2", "reference": '{"intent": "B", "slots": {"city": "Rome"}}', "prediction": "not json"}]
+    recs = [
+        {
+            "id": "1",
+            "reference": '{"intent": "A", "slots": {"city": "Paris", "day": "mon"}}',
+            "prediction": '{"intent": "A", "slots": {"city": "Paris", "day": "tue"}}',
+        },
+        {"id": "2", "reference": '{"intent": "B", "slots": {"city": "Rome"}}', "prediction": "not json"},
+    ]
     _, m = score_extraction(recs, required_fields=["intent"])
     lines = screen_lines(get_task("extraction"), m)
-    fields = lines[lines.index("worst 2 of 2 fields by F1:") + 1:][:2]
-    assert fields == ["  day: f1 0.000, precision 0.000, recall 0.000 (support 1)",
-                      "  city: f1 0.667, precision 1.000, recall 0.500 (support 2)"]
+    fields = lines[lines.index("worst 2 of 2 fields by F1:") + 1 :][:2]
+    assert fields == [
+        "  day: f1 0.000, precision 0.000, recall 0.000 (support 1)",
+        "  city: f1 0.667, precision 1.000, recall 0.500 (support 2)",
+    ]
     assert "strict JSON validity: 0.500" in lines
     assert "field F1 (micro over slot/value pairs): 0.400" in lines
 
@@ -71,7 +80,8 @@ def test_extraction_screen_lists_worst_fields_by_f1():
 def test_test_split_use_is_stated():
     assert reuse_line([]) == "test split: first use (not a reuse)"
     assert reuse_line(["the test split was already used for r0003"]) == (
-        "test split: REUSE - the test split was already used for r0003 (the result no longer is a clean control)")
+        "test split: REUSE - the test split was already used for r0003 (the result no longer is a clean control)"
+    )
 
 
 def test_concentration_over_a_small_net_gain_is_explained():
@@ -86,7 +96,8 @@ def test_concentration_over_a_small_net_gain_is_explained():
         "so the net is 3: a share above 100% means the rest gives back part of this gain); "
         "class 'a' carries 333% of the net gain of 3 (this class gains 10; the other examples lose 7 in total, so the net is 3: "
         "a share above 100% means the rest gives back part of this gain); "
-        "the net gain is small (3 of 100 examples: 20 gained, 17 lost), so its shares swing with a few examples")
+        "the net gain is small (3 of 100 examples: 20 gained, 17 lost), so its shares swing with a few examples"
+    )
 
 
 def test_no_net_gain_says_what_was_gained_and_lost():

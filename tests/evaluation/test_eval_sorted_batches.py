@@ -14,8 +14,16 @@ from tuneproof.data.preprocess import TextPipeline
 from tuneproof.evaluation.generate import generate, length_sorted_batches, padded_positions
 from tuneproof.study import Eval, Prompt
 
-TEXTS = ["hello world", "add the piano bar to my Cindy Wilson playlist", "a b c", "book a table for two in Paris tonight",
-         "what is the weather in Rome tomorrow", "x y z", "rate this book five out of six", "hello"]
+TEXTS = [
+    "hello world",
+    "add the piano bar to my Cindy Wilson playlist",
+    "a b c",
+    "book a table for two in Paris tonight",
+    "what is the weather in Rome tomorrow",
+    "x y z",
+    "rate this book five out of six",
+    "hello",
+]
 
 
 def test_length_sorted_batches_exact():
@@ -35,16 +43,36 @@ def test_sorted_generation_outputs_equal_unsorted_and_one_at_a_time():
     examples = [Example(id=f"ex{i}", text=t) for i, t in enumerate(TEXTS)]
 
     def run(bs, sort):
-        return generate(model, tok, pipe, examples, Eval(max_new_tokens=5, batch_size=bs), device=torch.device("cpu"),
-                        autocast=contextlib.nullcontext, sort_by_length=sort)
+        return generate(
+            model,
+            tok,
+            pipe,
+            examples,
+            Eval(max_new_tokens=5, batch_size=bs),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext,
+            sort_by_length=sort,
+        )
 
-    alone = [generate(model, tok, pipe, [e], Eval(max_new_tokens=5, batch_size=1), device=torch.device("cpu"),
-                      autocast=contextlib.nullcontext)[0] for e in examples]
+    alone = [
+        generate(
+            model,
+            tok,
+            pipe,
+            [e],
+            Eval(max_new_tokens=5, batch_size=1),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext,
+        )[0]
+        for e in examples
+    ]
     sorted_out, unsorted_out = run(3, True), run(3, False)
     assert sorted_out == unsorted_out == alone
     assert len(set(alone)) > 1  # the outputs differ between examples: a permuted order would be seen
     lengths = [len(tok(pipe.prompt_text(t), add_special_tokens=False)["input_ids"]) for t in TEXTS]
-    assert padded_positions(lengths, length_sorted_batches(lengths, 3)) < padded_positions(lengths, length_sorted_batches(lengths, 3, sort=False))
+    assert padded_positions(lengths, length_sorted_batches(lengths, 3)) < padded_positions(
+        lengths, length_sorted_batches(lengths, 3, sort=False)
+    )
 
 
 def test_sorted_classification_keeps_each_prediction_with_its_example():
@@ -55,14 +83,32 @@ def test_sorted_classification_keeps_each_prediction_with_its_example():
     tok = make_tokenizer(chat_template=None)
     tok.pad_token = "<|endoftext|>"
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                     intermediate_size=64, num_labels=4, pad_token_id=tok.pad_token_id))
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=4,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
     examples = [Example(id=f"ex{i}", text=t) for i, t in enumerate(TEXTS)]
     labels = ["a", "b", "c", "d"]
 
     def run(bs, sort, items=examples):
-        return classify(model, tok, items, labels, max_length=64, batch_size=bs, device=torch.device("cpu"),
-                        autocast=contextlib.nullcontext, sort_by_length=sort)
+        return classify(
+            model,
+            tok,
+            items,
+            labels,
+            max_length=64,
+            batch_size=bs,
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext,
+            sort_by_length=sort,
+        )
 
     alone = [run(1, False, [e])[0] for e in examples]
     assert run(3, True) == run(3, False) == alone

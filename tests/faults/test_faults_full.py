@@ -94,7 +94,9 @@ def _hooked(mode: str, at: int, *args: str, env=None) -> subprocess.CompletedPro
 
     e = cli_env()
     e.update(env or {})
-    return subprocess.run([sys.executable, "-c", HOOKED, mode, str(at), *args], capture_output=True, text=True, env=e, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", HOOKED, mode, str(at), *args], capture_output=True, text=True, env=e, timeout=600
+    )
 
 
 def _train(study, mode, at, env=None):
@@ -130,8 +132,13 @@ def _no_temps(study):
     return [str(p) for p in study.rglob("*") if is_temp_name(p.name)]
 
 
-MOMENTS = [("SIGKILL", k) for k in range(1, 8)] + [("kill-in-checkpoint", 4), ("kill-in-record", 8),
-                                                  ("SIGTERM", 3), ("SIGTERM", 6), ("SIGINT", 5)]
+MOMENTS = [("SIGKILL", k) for k in range(1, 8)] + [
+    ("kill-in-checkpoint", 4),
+    ("kill-in-record", 8),
+    ("SIGTERM", 3),
+    ("SIGTERM", 6),
+    ("SIGINT", 5),
+]
 
 
 @pytest.mark.fault("full: kill/signal at a moment, then resume")
@@ -167,7 +174,11 @@ def test_a_really_full_disk_mid_run(tiny_base, tmpfs, reference):
     proc = _train(study, "fill", 3, env={"FILLER": str(filler)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert f"run r0003 failed: {study / 'runs' / 'r0003'}" in out and ": disk full (" in out and "No space left on device" in out
+    assert (
+        f"run r0003 failed: {study / 'runs' / 'r0003'}" in out
+        and ": disk full (" in out
+        and "No space left on device" in out
+    )
     assert "tuneproof resume r0003" in out and "Traceback" not in out
     rec = Registry(study).get("r0003")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")

@@ -35,7 +35,9 @@ def _study(tmp_path, tiny_base, edit):
 
 @pytest.mark.fault("input: prompt template")
 def test_literal_braces_in_the_template_are_kept_and_only_text_is_substituted(tiny_base, tmp_path, capsys, one_thread):
-    assert render_prompt(JSON_TEMPLATE, "play jazz {loud}") == 'Reply as {"intent": ..., "slots": {}} for play jazz {loud}'
+    assert (
+        render_prompt(JSON_TEMPLATE, "play jazz {loud}") == 'Reply as {"intent": ..., "slots": {}} for play jazz {loud}'
+    )
     assert render_prompt("{{text}} {text}", "x") == "{x} x"  # not str.format: doubled braces are not escapes
     from tuneproof.context import StudyContext
 
@@ -53,17 +55,26 @@ def test_a_template_without_text_is_refused_naming_the_key(tiny_base, tmp_path, 
     study = _study(tmp_path, tiny_base, lambda raw: raw["eval"]["prompt"].update(template="Extract the JSON"))
     code, out = cli(["baseline", "--study", str(study)], capsys)
     assert code == 2
-    assert f"{study / 'tuneproof.yaml'}: eval.prompt.template: has no {{text}}: every example would get the same prompt" in out
+    assert (
+        f"{study / 'tuneproof.yaml'}: eval.prompt.template: has no {{text}}: every example would get the same prompt"
+        in out
+    )
     assert "Traceback" not in out and "Value error" not in out
     assert not (study / "runs").exists() or Registry(study).list() == []
 
 
 @pytest.mark.fault("input: split fractions")
-@pytest.mark.parametrize("fractions,message", [
-    ({"train": 1.5, "test": -0.5}, "data.split.fractions: train = 1.5 and test = -0.5 are outside [0, 1]"),
-    ({"train": 0.8, "test": 1.2}, "data.split.fractions: test = 1.2 is outside [0, 1]"),
-    ({"train": 0.8, "test": 0.1}, "data.split.fractions: train 0.8 + test 0.1 = 0.9, not 1; make the fractions sum to 1"),
-])
+@pytest.mark.parametrize(
+    "fractions,message",
+    [
+        ({"train": 1.5, "test": -0.5}, "data.split.fractions: train = 1.5 and test = -0.5 are outside [0, 1]"),
+        ({"train": 0.8, "test": 1.2}, "data.split.fractions: test = 1.2 is outside [0, 1]"),
+        (
+            {"train": 0.8, "test": 0.1},
+            "data.split.fractions: train 0.8 + test 0.1 = 0.9, not 1; make the fractions sum to 1",
+        ),
+    ],
+)
 def test_split_fractions_outside_0_1_or_not_summing_to_1_name_the_keys(tiny_base, tmp_path, capsys, fractions, message):
     def edit(raw):
         raw["data"]["split"] = {"fractions": fractions}
@@ -83,14 +94,19 @@ def test_a_split_cap_below_1_names_the_key(tiny_base, tmp_path, capsys):
 
 
 @pytest.mark.fault("input: plan options")
-@pytest.mark.parametrize("args,message", [
-    (["--days", "-3", "--hourly-rate", "-1"],
-     "--days -3: the rental length must be a number of days > 0; --hourly-rate -1: the price of one hour must be >= 0"),
-    (["--days", "0", "--hourly-rate", "2"], "--days 0: the rental length must be a number of days > 0"),
-    (["--days", "nan", "--hourly-rate", "2"], "--days nan: the rental length must be a number of days > 0"),
-    (["--days", "7", "--hourly-rate", "inf"], "--hourly-rate inf: the price of one hour must be >= 0"),
-    (["--days", "7", "--hourly-rate", "2", "--variants", "0"], "--variants 0: plan for at least 1 variant"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--days", "-3", "--hourly-rate", "-1"],
+            "--days -3: the rental length must be a number of days > 0; --hourly-rate -1: the price of one hour must be >= 0",
+        ),
+        (["--days", "0", "--hourly-rate", "2"], "--days 0: the rental length must be a number of days > 0"),
+        (["--days", "nan", "--hourly-rate", "2"], "--days nan: the rental length must be a number of days > 0"),
+        (["--days", "7", "--hourly-rate", "inf"], "--hourly-rate inf: the price of one hour must be >= 0"),
+        (["--days", "7", "--hourly-rate", "2", "--variants", "0"], "--variants 0: plan for at least 1 variant"),
+    ],
+)
 def test_plan_refuses_impossible_options_naming_them(tmp_path, capsys, args, message):
     from tuneproof.recipes.init import template_text
 

@@ -42,7 +42,7 @@ def test_stale_temp_files_are_removed_at_the_next_start(tmp_path, capsys):
     (tmp_path / "runs" / dead.id / ".outputs.jsonl.k3j2a.tmp").write_text('{"id": 1')
     (tmp_path / "runs" / dead.id / "checkpoints").mkdir()
     (tmp_path / "runs" / dead.id / "checkpoints" / ".step-000004.pt.tmp").write_bytes(b"\0" * 100)
-    reg._update(dead.id, pid=2 ** 22 + 7, proc_start="gone")  # its process is gone
+    reg._update(dead.id, pid=2**22 + 7, proc_start="gone")  # its process is gone
     live = reg.create("eval")  # still running in this process: its temp file is being written
     (tmp_path / "runs" / live.id / ".outputs.jsonl.live1.tmp").write_text("{")
     (tmp_path / "exports").mkdir()
@@ -117,8 +117,8 @@ def test_the_verify_and_reload_children_ask_to_die_with_their_parent(tmp_path, m
 
     import tuneproof.deliver.bundle_verification as BV
     import tuneproof.deliver.verify as V
-    import tuneproof.procs as P
     import tuneproof.preflight.reload as PF
+    import tuneproof.procs as P
 
     calls = []
     monkeypatch.setattr(P, "die_with_parent", lambda: calls.append("child") or True)
@@ -164,13 +164,19 @@ def test_two_first_time_conversions_at_once_the_second_waits_and_reuses(tmp_path
     dest, log = tmp_path / "cache" / "smollm2-abc", tmp_path / "conversions.log"
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / ".smollm2-abc.dead12").mkdir()  # a builder killed earlier
-    first = subprocess.Popen([sys.executable, "-c", BUILDER, str(dest), str(log)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=_env())
+    first = subprocess.Popen(
+        [sys.executable, "-c", BUILDER, str(dest), str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     deadline = time.monotonic() + 60
     while not (tmp_path / "started").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    second = subprocess.run([sys.executable, "-c", BUILDER, str(dest), str(log)], capture_output=True, text=True, env=_env(),
-                            timeout=120)
+    second = subprocess.run(
+        [sys.executable, "-c", BUILDER, str(dest), str(log)], capture_output=True, text=True, env=_env(), timeout=120
+    )
     out1, err1 = first.communicate(timeout=120)
     assert first.returncode == 0 and second.returncode == 0, err1 + second.stderr
     assert out1.split() == ["built", "weights"] and second.stdout.split() == ["reused", "weights"]

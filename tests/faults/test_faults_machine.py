@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -40,7 +39,9 @@ def _enospc(path):
 
 
 @pytest.mark.fault("machine: disk full mid-run")
-def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(tiny_base, tmp_path, capsys, monkeypatch, one_thread):
+def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(
+    tiny_base, tmp_path, capsys, monkeypatch, one_thread
+):
     """The checkpoint writer (safetensors' Rust writer) hits a full disk at step 4, as it reports it."""
     import safetensors.torch as st
     from safetensors import SafetensorError
@@ -62,7 +63,10 @@ def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(tiny
     code, out = cli(["train", "--study", str(study), "--skip-preflight", "fault test"], capsys)
     run_dir = study / "runs" / "r0003"
     assert code == 2, out
-    assert f"run r0003 failed: {run_dir}: disk full (Error while serializing: I/O error: No space left on device (os error 28))" in out
+    assert (
+        f"run r0003 failed: {run_dir}: disk full (Error while serializing: I/O error: No space left on device (os error 28))"
+        in out
+    )
     assert "tuneproof resume r0003" in out and "Traceback" not in out
     rec = Registry(study).get("r0003")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")
@@ -96,7 +100,7 @@ def test_disk_full_at_start_one_line_run_failed_nothing_left(tiny_base, tmp_path
     code, out = cli(["train", "--study", str(study), "--skip-preflight", "fault test"], capsys)
     assert code == 2, out
     assert f"{study / 'runs' / 'r0003'}: disk full (No space left on device) writing .run.json.x1y2.tmp" in out
-    assert "Traceback" not in out and len(out[out.index("error: "):].strip().splitlines()) == 2
+    assert "Traceback" not in out and len(out[out.index("error: ") :].strip().splitlines()) == 2
     monkeypatch.undo()
     rec = Registry(study).get("r0003")
     assert rec.status == "failed" and rec.reason.startswith("disk full: ")
@@ -104,9 +108,14 @@ def test_disk_full_at_start_one_line_run_failed_nothing_left(tiny_base, tmp_path
 
 
 @pytest.mark.fault("machine: disk full at start")
-@pytest.mark.parametrize("message,cause", [("database or disk is full", "disk full"),
-                                           ("attempt to write a readonly database", "read-only"),
-                                           ("unable to open database file", "read-only")])
+@pytest.mark.parametrize(
+    "message,cause",
+    [
+        ("database or disk is full", "disk full"),
+        ("attempt to write a readonly database", "read-only"),
+        ("unable to open database file", "read-only"),
+    ],
+)
 def test_the_index_cannot_be_written_one_line_exit_2(tmp_path, capsys, monkeypatch, message, cause):
     from tuneproof.recipes.init import template_text
 
@@ -141,13 +150,17 @@ def test_read_only_study_folder_mid_command(tmp_path, capsys, monkeypatch):
     with pytest.raises(Exception) as err, reg.run("eval") as run:
         io.write_jsonl(run.path("outputs.jsonl"), [{"id": 1}])
     assert type(err.value).__name__ == "TuneproofError" and err.value.exit_code == 2
-    assert str(err.value).startswith(f"run r0002 failed: {tmp_path / 'runs' / 'r0002'}: read-only (Read-only file system) writing outputs.jsonl")
+    assert str(err.value).startswith(
+        f"run r0002 failed: {tmp_path / 'runs' / 'r0002'}: read-only (Read-only file system) writing outputs.jsonl"
+    )
     rec = reg.get("r0002")
     assert rec.status == "failed" and rec.reason.startswith("read-only: ")
 
 
 @pytest.mark.fault("machine: read-only study folder")
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a chmod 555 folder; the full set mounts a read-only tmpfs")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes into a chmod 555 folder; the full set mounts a read-only tmpfs"
+)
 def test_read_only_study_folder_real_chmod(tmp_path, capsys):
     reg = Registry(tmp_path)
     reg.close()
@@ -188,19 +201,30 @@ def _env():
 
 @pytest.mark.fault("machine: SIGTERM")
 def test_sigterm_exits_143_with_the_run_interrupted(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", PROBE, "fault-probe", str(tmp_path), "--term"], capture_output=True, text=True,
-                          env=_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "fault-probe", str(tmp_path), "--term"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
     assert proc.returncode == 143, proc.stdout + proc.stderr
-    assert (f"run r0001 (compare) interrupted by SIGTERM; recorded as interrupted, run the command again: "
-            f"tuneproof fault-probe {tmp_path} --term") in proc.stderr.splitlines()
+    assert (
+        f"run r0001 (compare) interrupted by SIGTERM; recorded as interrupted, run the command again: "
+        f"tuneproof fault-probe {tmp_path} --term"
+    ) in proc.stderr.splitlines()
     rec = Registry(tmp_path).get("r0001")
     assert (rec.status, rec.reason) == ("interrupted", "terminated (signal 15)")
 
 
 @pytest.mark.fault("machine: broken pipe")
 def test_a_closed_stdout_pipe_never_fails_a_completed_run(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", PROBE, "fault-probe", str(tmp_path), "--lines", "5000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE, "fault-probe", str(tmp_path), "--lines", "5000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
     first = proc.stdout.readline()  # `| head -1`
     proc.stdout.close()
     err = proc.stderr.read().decode()
@@ -221,4 +245,6 @@ def test_runs_into_head_exits_0(tmp_path):
     shell = f"set -o pipefail; {sys.executable} -c 'from tuneproof.cli import main; main()' runs --study {tmp_path} | head -1"
     proc = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert len(proc.stdout.splitlines()) == 1 and "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        len(proc.stdout.splitlines()) == 1 and "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr
+    )

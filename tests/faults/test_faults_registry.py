@@ -57,13 +57,39 @@ def test_each_run_folder_holds_its_record_in_sync_with_the_index(tmp_path):
         rec = json.loads((tmp_path / "runs" / rid / "run.json").read_text())
         row = reg.row(rid)
         assert rec["schema_version"] == 1
-        for key in ("id", "seq", "kind", "status", "reason", "parent", "created", "ended", "host", "pid", "config_hash",
-                    "data_fingerprint", "eval_fingerprint", "summary", "heartbeat"):
+        for key in (
+            "id",
+            "seq",
+            "kind",
+            "status",
+            "reason",
+            "parent",
+            "created",
+            "ended",
+            "host",
+            "pid",
+            "config_hash",
+            "data_fingerprint",
+            "eval_fingerprint",
+            "summary",
+            "heartbeat",
+        ):
             assert rec[key] == row[key], key
     rec = json.loads((tmp_path / "runs" / a / "run.json").read_text())
-    assert (rec["id"], rec["kind"], rec["status"], rec["config_hash"], rec["summary"]) == (a, "baseline", "completed", "c" * 64, {"metrics": {"accuracy": 0.5}})
+    assert (rec["id"], rec["kind"], rec["status"], rec["config_hash"], rec["summary"]) == (
+        a,
+        "baseline",
+        "completed",
+        "c" * 64,
+        {"metrics": {"accuracy": 0.5}},
+    )
     rec = json.loads((tmp_path / "runs" / b / "run.json").read_text())
-    assert (rec["id"], rec["status"], rec["reason"], rec["parent"]) == ("r0002-lora", "failed", "ValueError: boom", "r0001")
+    assert (rec["id"], rec["status"], rec["reason"], rec["parent"]) == (
+        "r0002-lora",
+        "failed",
+        "ValueError: boom",
+        "r0001",
+    )
     assert not list((tmp_path / "runs").rglob(".*.tmp"))
 
 
@@ -77,7 +103,10 @@ def test_a_deleted_index_is_rebuilt_from_the_run_folders_with_a_note(tmp_path, c
     assert f"note: {tmp_path / 'tuneproof.sqlite'} was missing: rebuilt from 3 run folder(s)" in out
     reg = Registry(tmp_path)
     assert [(r.id, r.status, r.reason) for r in reg.list()] == [
-        (a, "completed", None), (b, "failed", "ValueError: boom"), (c, "completed", None)]
+        (a, "completed", None),
+        (b, "failed", "ValueError: boom"),
+        (c, "completed", None),
+    ]
     assert reg.get(a).summary == {"metrics": {"accuracy": 0.5}} and reg.get(a).data_fingerprint == "d" * 64
     assert [t["candidate"] for t in reg.test_accesses()] == ["base"]  # the sealed split's read log survives
     with reg.run("eval") as new:
@@ -112,7 +141,11 @@ def test_a_damaged_index_is_one_line_then_rebuilt_with_one_command(tmp_path, cap
     kept = list(tmp_path.glob("tuneproof.sqlite.damaged-*"))
     assert len(kept) == 1 and kept[0].name in out.replace("\n", "")
     reg = Registry(tmp_path)
-    assert [(r.id, r.kind, r.status) for r in reg.list()] == [(a, "baseline", "completed"), (b, "train", "failed"), (c, "test", "completed")]
+    assert [(r.id, r.kind, r.status) for r in reg.list()] == [
+        (a, "baseline", "completed"),
+        (b, "train", "failed"),
+        (c, "test", "completed"),
+    ]
 
 
 @pytest.mark.fault("registry: folder reuse")
@@ -173,14 +206,20 @@ def test_mark_interrupted_by_hand(tmp_path, capsys):
     live = reg.create("eval")  # this very process, on this host
     with reg.run("baseline") as done:
         pass
-    code, out = cli(["runs", "mark-interrupted", gone.id, "--why", "container restarted", "--study", str(tmp_path)], capsys)
+    code, out = cli(
+        ["runs", "mark-interrupted", gone.id, "--why", "container restarted", "--study", str(tmp_path)], capsys
+    )
     assert code == 0 and f"{gone.id}: interrupted" in out and f"next: tuneproof resume {gone.id}" in out
     rec = Registry(tmp_path).get(gone.id)
     assert rec.status == "interrupted"
     assert rec.reason.startswith("marked interrupted: container restarted (last heartbeat ")
     assert rec.reason.endswith(" UTC, host old-container-7f3a, pid 4242)")
     code, out = cli(["runs", "mark-interrupted", live.id, "--why", "x", "--study", str(tmp_path)], capsys)
-    assert code == 2 and f"runs in the live process {os.getpid()} on this host" in out and f"kill -TERM {os.getpid()}" in out
+    assert (
+        code == 2
+        and f"runs in the live process {os.getpid()} on this host" in out
+        and f"kill -TERM {os.getpid()}" in out
+    )
     assert Registry(tmp_path).get(live.id).status == "running"
     code, out = cli(["runs", "mark-interrupted", done.id, "--why", "x", "--study", str(tmp_path)], capsys)
     assert code == 2 and f"run {done.id} is completed, not running" in out

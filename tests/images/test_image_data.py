@@ -3,9 +3,6 @@ image bytes and transforms, the one pipeline, duplicates across splits, shortcut
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import yaml

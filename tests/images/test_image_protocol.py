@@ -68,7 +68,10 @@ def test_export_binds_the_adapter_and_processor_and_verifies_in_a_fresh_process(
     bundle = trained / "exports" / "r0003"
     man = json.loads((bundle / "manifest.json").read_text())
     assert man["procedure"]["model_kind"] == "image-classification" and man["labels"] == ["0", "1", "7"]
-    assert man["tokenizer"]["class"].startswith("ViTImageProcessor") and man["procedure"]["image_transforms"]["mode"] == "RGB"
+    assert (
+        man["tokenizer"]["class"].startswith("ViTImageProcessor")
+        and man["procedure"]["image_transforms"]["mode"] == "RGB"
+    )
     assert (bundle / "adapter" / "preprocessor_config.json").is_file()
     assert len(list((bundle / "verify" / "images").glob("*.png"))) == man["procedure"]["k"]
     assert "pass predictions: 8 of 8 predictions identical on cpu; max |logit diff| 0" in " ".join(out.split())
@@ -105,8 +108,16 @@ def test_preflight_runs_the_image_checks_and_passes(tmp_path, tiny_vit, capsys):
 
     rep = read_json(study / "runs" / "r0003" / "preflight.json")
     status = {c["name"]: c["passed"] for c in rep["checks"]}
-    for name in ("training data", "target modules", "update check", "step memory", "eval memory", "gradient accumulation",
-                 "activation checkpointing", "eval batch size"):
+    for name in (
+        "training data",
+        "target modules",
+        "update check",
+        "step memory",
+        "eval memory",
+        "gradient accumulation",
+        "activation checkpointing",
+        "eval batch size",
+    ):
         assert status[name] is True, name
     assert status["smoke pass"] is True and status["configured combination"] is True  # reloaded in a fresh process
     assert status["embedding size"] is None  # skipped, with the reason, not passed

@@ -16,7 +16,9 @@ def test_image_quickstart_fast_runs_every_step(tmp_path):
     out = run_quickstart(tmp_path / "qs", task="image-classification", fast=True)
     assert list(out["runs"]) == ["data-check", "baseline", "preflight", "train", "eval", "compare", "export", "report"]
     reg = Registry(tmp_path / "qs")
-    assert all(reg.get(out["runs"][k]).status == "completed" for k in ("data-check", "baseline", "preflight", "train", "eval"))
+    assert all(
+        reg.get(out["runs"][k]).status == "completed" for k in ("data-check", "baseline", "preflight", "train", "eval")
+    )
     counts = {p.name: len(list(p.glob("*.png"))) for p in (tmp_path / "qs" / "images").iterdir() if p.is_dir()}
     assert sum(counts.values()) == 1797 and sorted(counts) == [str(d) for d in range(10)]
     assert reg.get(out["runs"]["train"]).summary["budget"]["total_steps"] == 20

@@ -29,9 +29,16 @@ class TableLM(nn.Module):
 
 
 def c1_window():
-    a = {"input_ids": torch.tensor([[1, 0]]), "attention_mask": torch.tensor([[1, 1]]), "labels": torch.tensor([[-100, 0]])}
-    b = {"input_ids": torch.tensor([[2, 2, 2, 0]]), "attention_mask": torch.ones(1, 4, dtype=torch.long),
-         "labels": torch.tensor([[-100, 0, 0, 0]])}
+    a = {
+        "input_ids": torch.tensor([[1, 0]]),
+        "attention_mask": torch.tensor([[1, 1]]),
+        "labels": torch.tensor([[-100, 0]]),
+    }
+    b = {
+        "input_ids": torch.tensor([[2, 2, 2, 0]]),
+        "attention_mask": torch.ones(1, 4, dtype=torch.long),
+        "labels": torch.tensor([[-100, 0, 0, 0]]),
+    }
     return [a, b]
 
 
@@ -62,8 +69,16 @@ def test_concatenation_right_pads_with_ignored_labels():
 
 def test_tiny_llama_accumulated_grads_equal_concatenated_batch():
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, vocab_size=128))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+        )
+    )
     g = torch.Generator().manual_seed(3)
     a_ids = torch.randint(0, 128, (1, 6), generator=g)
     a_lab = torch.full_like(a_ids, -100)
@@ -71,8 +86,10 @@ def test_tiny_llama_accumulated_grads_equal_concatenated_batch():
     b_ids = torch.randint(0, 128, (2, 9), generator=g)
     b_lab = torch.full_like(b_ids, -100)
     b_lab[:, 6:] = b_ids[:, 6:]  # 6 supervised tokens
-    mbs = [{"input_ids": a_ids, "attention_mask": torch.ones_like(a_ids), "labels": a_lab},
-           {"input_ids": b_ids, "attention_mask": torch.ones_like(b_ids), "labels": b_lab}]
+    mbs = [
+        {"input_ids": a_ids, "attention_mask": torch.ones_like(a_ids), "labels": a_lab},
+        {"input_ids": b_ids, "attention_mask": torch.ones_like(b_ids), "labels": b_lab},
+    ]
     model.train()
     r = check_accumulation(model, mbs)
     assert r["passed"], r["message"]
@@ -86,11 +103,29 @@ def test_tiny_llama_accumulated_grads_equal_concatenated_batch():
 
 def test_classifier_window_normalises_per_example():
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                     num_attention_heads=4, vocab_size=100, max_position_embeddings=64,
-                                                     num_labels=2))
-    mbs = [{"input_ids": torch.randint(1, 100, (1, 5)), "attention_mask": torch.ones(1, 5, dtype=torch.long), "labels": torch.tensor([1])},
-           {"input_ids": torch.randint(1, 100, (3, 8)), "attention_mask": torch.ones(3, 8, dtype=torch.long), "labels": torch.tensor([0, 1, 0])}]
+    model = BertForSequenceClassification(
+        BertConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=100,
+            max_position_embeddings=64,
+            num_labels=2,
+        )
+    )
+    mbs = [
+        {
+            "input_ids": torch.randint(1, 100, (1, 5)),
+            "attention_mask": torch.ones(1, 5, dtype=torch.long),
+            "labels": torch.tensor([1]),
+        },
+        {
+            "input_ids": torch.randint(1, 100, (3, 8)),
+            "attention_mask": torch.ones(3, 8, dtype=torch.long),
+            "labels": torch.tensor([0, 1, 0]),
+        },
+    ]
     r = check_accumulation(model, mbs)
     assert r["passed"], r["message"]
     assert r["tokens_per_micro_batch"] == [1, 3] and r["normalisation"].startswith("per-example mean")
@@ -117,14 +152,22 @@ def test_check_windows_covers_a_short_last_window():
     from tuneproof.preflight.accumulation import check_windows
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, vocab_size=128))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+        )
+    )
     g = torch.Generator().manual_seed(5)
 
     def mb(b, t, supervised):
         ids = torch.randint(0, 128, (b, t), generator=g)
         lab = torch.full_like(ids, -100)
-        lab[:, t - supervised:] = ids[:, t - supervised:]
+        lab[:, t - supervised :] = ids[:, t - supervised :]
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
 
     first = [mb(1, 6, 2), mb(1, 8, 3), mb(1, 5, 1), mb(1, 7, 4)]
@@ -137,4 +180,6 @@ def test_check_windows_covers_a_short_last_window():
     assert r["last_window"]["grad_max_abs_diff"] < 1e-5
     assert "last window of an epoch (2 micro-batches, 6 supervised)" in r["message"]
     full = check_windows(model, first)
-    assert full["passed"] and full["last_window"] is None and full["message"].endswith("every window of an epoch is full")
+    assert (
+        full["passed"] and full["last_window"] is None and full["message"].endswith("every window of an epoch is full")
+    )

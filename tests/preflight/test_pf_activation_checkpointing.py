@@ -11,16 +11,23 @@ from tuneproof.preflight.activation_checkpointing import check_activation_checkp
 
 def tiny_llama(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
     return LlamaForCausalLM(cfg)
 
 
 def lora_factory(remedy):
     def build(checkpointing):
         base = tiny_llama()
-        model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1,
-                                                init_lora_weights="gaussian"))
+        model = get_peft_model(
+            base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, init_lora_weights="gaussian")
+        )
         if checkpointing:
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
             base.disable_input_require_grads()  # transformers >= 5 adds the hook itself
@@ -49,7 +56,11 @@ def test_c7_lora_reentrant_with_remedy_has_the_same_gradients():
     assert r["with"]["seconds"] > 0 and r["without"]["seconds"] > 0 and r["time_ratio"] > 0
     # the memory saved: the step's tensors at their peak (CPU allocator), without minus with checkpointing, exact
     assert r["with"]["step_peak_bytes"] is not None and r["approximate"] is False
-    assert r["memory_saved_bytes"] == r["without"]["allocated_step_peak_bytes"] - r["with"]["allocated_step_peak_bytes"] > 0
+    assert (
+        r["memory_saved_bytes"]
+        == r["without"]["allocated_step_peak_bytes"] - r["with"]["allocated_step_peak_bytes"]
+        > 0
+    )
     assert r["diagnosis"]["use_reentrant"] is True and r["diagnosis"]["input_require_grads_hook"] is True
 
 

@@ -19,7 +19,9 @@ def _snap(**over):
         "cudnn": 90100,
         "driver": "550.54",
         "cpu": {"model": "AMD EPYC"},
-        "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "total_memory_bytes": 85 << 30}],
+        "devices": [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "total_memory_bytes": 85 << 30}
+        ],
         "libraries": {"transformers": "4.56.0", "peft": "0.17.0", "tokenizers": "0.21.0", "numpy": "2.1.0"},
     }
     s.update(over)
@@ -35,8 +37,20 @@ def test_snapshot_records_this_process_and_is_json_safe():
     assert s["libraries"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert s["cpu"]["logical_cores"] >= 1 and s["ram_bytes"] > 0
     assert s["backend"] == ("cpu" if not torch.cuda.is_available() else ("rocm" if torch.version.hip else "cuda"))
-    assert set(s["libraries"]) >= {"transformers", "peft", "accelerate", "datasets", "safetensors", "tokenizers",
-                                   "numpy", "scikit-learn", "datasketch", "bitsandbytes", "flash-attn", "deepspeed"}
+    assert set(s["libraries"]) >= {
+        "transformers",
+        "peft",
+        "accelerate",
+        "datasets",
+        "safetensors",
+        "tokenizers",
+        "numpy",
+        "scikit-learn",
+        "datasketch",
+        "bitsandbytes",
+        "flash-attn",
+        "deepspeed",
+    }
     assert package_version("surely-not-an-installed-distribution-xyz") is None
 
 
@@ -53,8 +67,12 @@ def test_same_environment_passes():
 
 
 def test_device_change_is_a_platform_change_redo_preflight_and_baseline():
-    b = _snap(devices=[{"index": 0, "name": "AMD Instinct MI300X", "capability": [9, 4], "total_memory_bytes": 192 << 30}],
-              backend="rocm", cuda=None, hip="6.2")
+    b = _snap(
+        devices=[{"index": 0, "name": "AMD Instinct MI300X", "capability": [9, 4], "total_memory_bytes": 192 << 30}],
+        backend="rocm",
+        cuda=None,
+        hip="6.2",
+    )
     r = compare_environments(_snap(), b)
     assert not r["passed"] and not r["same_platform"]
     assert set(r["redo"]) == {"preflight", "baseline"}

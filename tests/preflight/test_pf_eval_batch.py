@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 
 from tinymodels import make_llama, make_tokenizer
@@ -16,8 +15,14 @@ from tuneproof.evaluation.generate import generate
 from tuneproof.preflight.eval_batch import check_batch_invariance, length_spread_sample
 from tuneproof.study import Eval, Prompt
 
-TEXTS = ["hello world", "add the piano bar to my Cindy Wilson playlist", "a b c", "book a table for two in Paris tonight",
-         "what is the weather in Rome tomorrow", "x y z"]
+TEXTS = [
+    "hello world",
+    "add the piano bar to my Cindy Wilson playlist",
+    "a b c",
+    "book a table for two in Paris tonight",
+    "what is the weather in Rome tomorrow",
+    "x y z",
+]
 
 
 def _examples():
@@ -31,9 +36,13 @@ def test_component_names_the_first_differing_example():
     r = check_batch_invariance(predict, _examples(), 4)
     assert r["passed"] is False and r["numbers"] == {"sample": 6, "batch_size": 4, "differing": 2}
     assert r["details"]["first"] == {"id": "ex3", "batch_1": "ex3-ok", "batch_n": "ex3-padded"}
-    assert r["message"].startswith("greedy outputs differ between batch size 1 and eval.batch_size 4 on 2 of 6 examples; first: ex3: 'ex3-ok' vs 'ex3-padded'")
+    assert r["message"].startswith(
+        "greedy outputs differ between batch size 1 and eval.batch_size 4 on 2 of 6 examples; first: ex3: 'ex3-ok' vs 'ex3-padded'"
+    )
     ok = check_batch_invariance(lambda items, bs: [e.id for e in items], _examples(), 4)
-    assert ok["passed"] and ok["message"] == "greedy outputs identical at batch size 1 and eval.batch_size 4 on 6 examples"
+    assert (
+        ok["passed"] and ok["message"] == "greedy outputs identical at batch size 1 and eval.batch_size 4 on 6 examples"
+    )
     assert check_batch_invariance(predict, _examples(), 4, do_sample=True)["passed"] is True
 
 
@@ -69,8 +78,15 @@ def _predictor(model, tok):
     cfg = Eval(max_new_tokens=5)
 
     def predict(items, bs):
-        return generate(model, tok, pipe, items, cfg.model_copy(update={"batch_size": bs}), device=torch.device("cpu"),
-                        autocast=contextlib.nullcontext)
+        return generate(
+            model,
+            tok,
+            pipe,
+            items,
+            cfg.model_copy(update={"batch_size": bs}),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext,
+        )
 
     return predict
 
@@ -85,7 +101,9 @@ def test_real_generation_is_batch_invariant_and_a_padding_leak_is_caught():
     bad = check_batch_invariance(_predictor(_IgnoresMask(model), tok), _examples(), 6)
     assert bad["passed"] is False and bad["numbers"]["differing"] >= 1
     assert bad["details"]["first"]["id"] == bad["details"]["differing_ids"][0]
-    assert bad["message"].startswith(f"greedy outputs differ between batch size 1 and eval.batch_size 6 on {bad['numbers']['differing']} of 6 examples; first: {bad['details']['first']['id']}")
+    assert bad["message"].startswith(
+        f"greedy outputs differ between batch size 1 and eval.batch_size 6 on {bad['numbers']['differing']} of 6 examples; first: {bad['details']['first']['id']}"
+    )
 
 
 def test_batch_size_is_in_the_fingerprint_only_where_it_can_change_outputs():

@@ -24,9 +24,15 @@ def test_generation_batch_peak_is_measured_at_the_full_new_token_budget(lm):
     assert model.training is True
     assert m["peak_bytes"] > 0 and m["device"] == "cpu" and m["batch_size"] == 8 and m["repeated"] == 3
     longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
-    assert m["prompt_tokens"] == longest and m["new_tokens"] == 12  # min_new_tokens: an early EOS cannot shorten the cache
+    assert (
+        m["prompt_tokens"] == longest and m["new_tokens"] == 12
+    )  # min_new_tokens: an early EOS cannot shorten the cache
     # Llama, 2 layers, 2 kv heads x head_dim 8, fp32: 2 * 2 * 8 * (longest + 12) * 2 * 8 * 4 bytes
-    assert m["kv_cache_estimate_bytes"] == 2 * 2 * 8 * (longest + 12) * 2 * 8 * 4 == kv_cache_bytes(model.config, 8, longest + 12, 4)
+    assert (
+        m["kv_cache_estimate_bytes"]
+        == 2 * 2 * 8 * (longest + 12) * 2 * 8 * 4
+        == kv_cache_bytes(model.config, 8, longest + 12, 4)
+    )
     ok = eval_memory_check(m, 64 * 2**30, "--memory-budget")
     assert ok["passed"] is True and ok["numbers"]["peak_gib"] > 0 and "eval.batch_size 8" in ok["message"]
 
@@ -36,10 +42,18 @@ def test_tiny_budget_fails_naming_eval_batch_size(lm):
     m = measure_eval_batch_peak(model, tok, kind="causal-lm", texts=CORPUS, batch_size=4, max_new_tokens=4)
     bad = eval_memory_check(m, 2**20, "--memory-budget")
     assert bad["passed"] is False and bad["name"] == "eval memory"
-    assert bad["message"].startswith("eval.batch_size 4: measured peak ") and "exceeds the budget 1.0 MiB (--memory-budget)" in bad["message"]
+    assert (
+        bad["message"].startswith("eval.batch_size 4: measured peak ")
+        and "exceeds the budget 1.0 MiB (--memory-budget)" in bad["message"]
+    )
     assert "lower eval.batch_size" in bad["message"]
-    oom = eval_memory_check(None, 2**20, "--memory-budget", error=torch.OutOfMemoryError("CUDA out of memory"), batch_size=64)
-    assert oom["passed"] is False and "eval.batch_size 64: out of memory in one evaluation batch (OutOfMemoryError)" in oom["message"]
+    oom = eval_memory_check(
+        None, 2**20, "--memory-budget", error=torch.OutOfMemoryError("CUDA out of memory"), batch_size=64
+    )
+    assert (
+        oom["passed"] is False
+        and "eval.batch_size 64: out of memory in one evaluation batch (OutOfMemoryError)" in oom["message"]
+    )
 
 
 def test_classification_forward_batch():
@@ -47,8 +61,23 @@ def test_classification_forward_batch():
 
     tok = make_tokenizer()
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                     intermediate_size=64, max_position_embeddings=64, num_labels=3, pad_token_id=2))
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            num_labels=3,
+            pad_token_id=2,
+        )
+    )
     m = measure_eval_batch_peak(model, tok, kind="sequence-classification", texts=CORPUS, batch_size=16, max_length=8)
-    assert m["peak_bytes"] > 0 and m["prompt_tokens"] == 8 and m["new_tokens"] == 0 and m["kv_cache_estimate_bytes"] is None
+    assert (
+        m["peak_bytes"] > 0
+        and m["prompt_tokens"] == 8
+        and m["new_tokens"] == 0
+        and m["kv_cache_estimate_bytes"] is None
+    )
     assert m["repeated"] == 16 - len(CORPUS)

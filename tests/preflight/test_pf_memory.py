@@ -20,8 +20,15 @@ from tuneproof.training.memory import measure_step_peak
 
 def llama(hidden=32, inter=128, layers=2, heads=4, vocab=128, attn="eager", dtype=torch.float32):
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=heads, vocab_size=vocab, attn_implementation=attn)
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        vocab_size=vocab,
+        attn_implementation=attn,
+    )
     return LlamaForCausalLM(cfg).to(dtype)
 
 
@@ -42,22 +49,36 @@ def test_c8_estimate_breakdown_full_fine_tuning_fp32():
     r = estimate_step_memory(m, micro_batch=b, seq_len=s, precision="fp32")
     assert r["weights_bytes"] == 4 * n and r["gradients_bytes"] == 4 * n
     assert r["optimizer_states_count"] == 2 and r["optimizer_states_bytes"] == 2 * 4 * n
-    assert r["optimizer_step_temporary_bytes"] == 4 * 128 * 32  # CPU: one tensor at a time, the largest (embedding, head, MLP)
+    assert (
+        r["optimizer_step_temporary_bytes"] == 4 * 128 * 32
+    )  # CPU: one tensor at a time, the largest (embedding, head, MLP)
     acts = r["activation_parts"]
     assert acts["norm inputs (2h per block)"] == L * t * 2 * h * 4
-    assert acts["attention q/k/v"] == L * t * 3 * h * 4 and acts["attention probabilities (eager)"] == L * a * s * s * b * 4
+    assert (
+        acts["attention q/k/v"] == L * t * 3 * h * 4
+        and acts["attention probabilities (eager)"] == L * a * s * s * b * 4
+    )
     assert acts["MLP gate, silu, up (3i per block)"] == L * t * 3 * i * 4
     # trained weights keep their inputs: q/k/v share one (h), o (h, eager copies it), gate/up share one (h), down (i);
     # the head (h); the 2 norms per block and the final one keep their normed input (h each)
     assert acts["trained linears' inputs (0 LoRA modules)"] == t * (L * (3 * h + i) + h + (2 * L + 1) * h) * 4
     assert acts["final norm input, RoPE cos/sin"] == t * h * 4 + 2 * s * (h // a) * 4
     assert r["activations_bytes"] == sum(acts.values())
-    assert r["logits_bytes"] == s * b * V * 12  # logits, shifted copy, log-softmax; then the log-softmax and 2 gradients
+    assert (
+        r["logits_bytes"] == s * b * V * 12
+    )  # logits, shifted copy, log-softmax; then the log-softmax and 2 gradients
     parts = r["weights_bytes"] + r["gradients_bytes"] + r["optimizer_states_bytes"] + r["activations_bytes"]
     assert r["total_bytes"] == parts + r["optimizer_step_temporary_bytes"] + r["logits_bytes"]
     assert r["peak_bytes"] == r["weights_bytes"] + r["optimizer_states_bytes"] + max(
-        r["activations_bytes"] + r["logits_bytes"], r["gradients_bytes"] + r["optimizer_step_temporary_bytes"])
-    assert [p["part"] for p in r["parts"]][:5] == ["weights", "autocast weight copies", "gradients", "optimizer states (2)", "optimizer step temporary"]
+        r["activations_bytes"] + r["logits_bytes"], r["gradients_bytes"] + r["optimizer_step_temporary_bytes"]
+    )
+    assert [p["part"] for p in r["parts"]][:5] == [
+        "weights",
+        "autocast weight copies",
+        "gradients",
+        "optimizer states (2)",
+        "optimizer step temporary",
+    ]
     assert sum(p["bytes"] for p in r["parts"]) == r["total_bytes"]
     assert "saved_tensors_hooks" in r["source"]
     assert "Korthikanti" in estimate_step_memory(llama_gelu(), 2, 16, "fp32")["source"]  # blocks without a gated MLP
@@ -77,20 +98,31 @@ def test_estimate_lora_bf16_checkpointing_and_budget():
     t_ = sum(p.numel() for p in m.parameters() if p.requires_grad)
     r = estimate_step_memory(m, 4, 32, "bf16", trainable_dtype="fp32", activation_checkpointing=True, budget_bytes=1)
     assert r["trainable_parameters"] == t_
-    assert r["weights_bytes"] == 2 * (n - t_) + 4 * t_ and r["gradients_bytes"] == 4 * t_ and r["optimizer_states_bytes"] == 8 * t_
+    assert (
+        r["weights_bytes"] == 2 * (n - t_) + 4 * t_
+        and r["gradients_bytes"] == 4 * t_
+        and r["optimizer_states_bytes"] == 8 * t_
+    )
     assert r["attention_scores_stored"] is False
     s, b, h, i, L = 32, 4, 32, 128, 2
     t = s * b
     # one block in bf16 (2 bytes): norm inputs 2h, SDPA q/k/v/output 4h (+ 4 bytes log-sum-exp per head), MLP 3i,
     # the q/v LoRA modules' shared input h and their ranks 2 x 4; the final norm input and cos/sin are not recomputed
     one_layer = t * ((2 * h + 4 * h + 3 * i + h + 2 * 4) * 2 + 4 * 4)
-    assert r["activation_parts"] == {"checkpointed block inputs (h per block)": L * t * h * 2, "one block recomputed": one_layer}
-    assert r["logits_bytes"] == s * b * 128 * 12  # bf16 logits (2) + fp32 copy (4) + log-softmax (4) < 3 fp32 buffers in the backward
+    assert r["activation_parts"] == {
+        "checkpointed block inputs (h per block)": L * t * h * 2,
+        "one block recomputed": one_layer,
+    }
+    assert (
+        r["logits_bytes"] == s * b * 128 * 12
+    )  # bf16 logits (2) + fp32 copy (4) + log-softmax (4) < 3 fp32 buffers in the backward
     assert r["passed"] is False and "exceeds the budget" in r["message"]
     mixed = estimate_step_memory(m, 4, 32, "bf16", weights_dtype="fp32")  # autocast: fp32 weights, bf16 compute
     assert mixed["weights_bytes"] == 4 * n and mixed["gradients_bytes"] == 4 * t_ and mixed["bytes_per_weight"] == 4
     assert mixed["autocast_weight_copies_bytes"] == 2 * n and r["autocast_weight_copies_bytes"] == 0
-    assert mixed["activations_bytes"] == L * one_layer + t * h * 2 + 2 * s * 8 * 2  # no checkpointing: every block, final norm, cos/sin
+    assert (
+        mixed["activations_bytes"] == L * one_layer + t * h * 2 + 2 * s * 8 * 2
+    )  # no checkpointing: every block, final norm, cos/sin
     with pytest.raises(TuneproofError, match="resolve 'auto'"):
         estimate_step_memory(m, 1, 8, "auto")
 
@@ -116,9 +148,19 @@ def test_c8_measured_peak_of_a_whole_step_is_shown_next_to_the_estimate():
     est = estimate_step_memory(m, 2, 32, "fp32")
     view = side_by_side(est, measured)
     json.dumps([measured, between, est, view])
-    assert [row[0] for row in view["rows"]] == ["weights", "autocast_weight_copies", "gradients", "optimizer_states", "optimizer_step_temporary",
-                                                 "activations", "logits"]
-    assert view["estimate_total_bytes"] == est["total_bytes"] and view["measured_step_peak_bytes"] == measured["step_peak_bytes"]
+    assert [row[0] for row in view["rows"]] == [
+        "weights",
+        "autocast_weight_copies",
+        "gradients",
+        "optimizer_states",
+        "optimizer_step_temporary",
+        "activations",
+        "logits",
+    ]
+    assert (
+        view["estimate_total_bytes"] == est["total_bytes"]
+        and view["measured_step_peak_bytes"] == measured["step_peak_bytes"]
+    )
 
 
 def test_find_max_micro_batch_doubles_then_bisects():
@@ -202,10 +244,16 @@ def test_issue15_estimate_within_15_percent_of_the_step_tensors_on_a_tiny_llama_
     from tuneproof.study import Training
 
     V, h, i = 2048, 128, 344
-    model = get_peft_model(make_llama(V, hidden=h, intermediate=i, layers=2, heads=4, kv_heads=2, max_positions=512),
-                           LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.05))
+    model = get_peft_model(
+        make_llama(V, hidden=h, intermediate=i, layers=2, heads=4, kv_heads=2, max_positions=512),
+        LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.05),
+    )
     ratios = {}
-    shapes = {"answer_only": [(64, 2), (64, 8), (128, 2), (128, 8)], "chunked": [(64, 8), (128, 2)], "full_sequence": [(128, 8)]}
+    shapes = {
+        "answer_only": [(64, 2), (64, 8), (128, 2), (128, 8)],
+        "chunked": [(64, 8), (128, 2)],
+        "full_sequence": [(128, 8)],
+    }
     for variant, variant_shapes in shapes.items():
         loss, chunked = ("full_sequence" if variant == "full_sequence" else "answer_only"), variant == "chunked"
         for s, b in variant_shapes:
@@ -214,11 +262,14 @@ def test_issue15_estimate_within_15_percent_of_the_step_tensors_on_a_tiny_llama_
             est = step_memory_estimate(model, b, s, "fp32", False, None, batch=batch, chunked_loss=chunked)
             stepper = StepRunner(model, cfg, contextlib.nullcontext)
             try:
-                measured = measure_step_peak(lambda: stepper.step(batch))
+                measured = measure_step_peak(lambda stepper=stepper, batch=batch: stepper.step(batch))
             finally:
                 stepper.restore()
             ratios[(variant, s, b)] = measured["allocated_step_peak_bytes"] / in_step_bytes(est)
-            t, acts = s * b, est["activation_parts"]  # the parts from the config: 2 blocks x tokens x elements x 4 bytes
+            t, acts = (
+                s * b,
+                est["activation_parts"],
+            )  # the parts from the config: 2 blocks x tokens x elements x 4 bytes
             assert acts["MLP gate, silu, up (3i per block)"] == 2 * t * 3 * i * 4
             assert acts["attention mask (additive, per block)"] == 2 * b * s * s * 4
             # 8 LoRA modules: each keeps its dropped input (h) and its rank (16); the dropout noise (h, fp32 on a CPU)
@@ -226,8 +277,12 @@ def test_issue15_estimate_within_15_percent_of_the_step_tensors_on_a_tiny_llama_
             assert acts["trained linears' inputs (8 LoRA modules, dropout 0.05)"] == t * (8 * (h + 16) + 5 * h) * 4
             if chunked:
                 n_sup = int((batch["labels"][:, 1:] != -100).sum())
-                assert est["logits_bytes"] == 12 * n_sup * V + (t + n_sup) * h * 4  # 3 fp32 copies of one chunk + the hidden states
+                assert (
+                    est["logits_bytes"] == 12 * n_sup * V + (t + n_sup) * h * 4
+                )  # 3 fp32 copies of one chunk + the hidden states
             else:
-                assert est["logits_bytes"] == 12 * t * V  # logits, their shifted copy / the log-softmax and its gradients
+                assert (
+                    est["logits_bytes"] == 12 * t * V
+                )  # logits, their shifted copy / the log-softmax and its gradients
     # measured / estimate: 0.98-0.99 (answer_only, full_sequence), 0.97 (chunked); the issue's bound is 15 %
     assert len(ratios) == 7 and all(0.85 <= v <= 1.15 for v in ratios.values()), ratios

@@ -25,7 +25,9 @@ def _rows(n: int, offset: int) -> list[dict]:
     rows = []
     for i in range(n):
         k = i + offset
-        words = [WORDS[(k * 5 + j * 3) % len(WORDS)] for j in range(2 + k % 5)]  # lengths differ: C1 needs unequal windows
+        words = [
+            WORDS[(k * 5 + j * 3) % len(WORDS)] for j in range(2 + k % 5)
+        ]  # lengths differ: C1 needs unequal windows
         slots = {"artist": words[0]} if k % 2 else {}
         rows.append({"text": " ".join(words), "target": json.dumps({"intent": INTENTS[k % 3], "slots": slots})})
     return rows
@@ -37,17 +39,41 @@ def make_study(folder: Path, base: Path, **changes) -> Path:
     for name, n, off in (("train", 16, 0), ("validation", 4, 100), ("test", 4, 200)):
         (folder / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(n, off)))
     cfg = {
-        "schema_version": 1, "name": "tiny-preflight",
-        "hypothesis": {"behaviour": "answer in JSON", "task": "extraction", "success": {"metric": "field_f1", "min_gain": 0.0},
-                       "guards": [{"metric": "json_valid_rate", "max_drop": 0.0}], "required_fields": ["intent", "slots"]},
-        "data": {"sources": [{"path": f"data/{s}.jsonl", "format": "jsonl", "split": s} for s in ("train", "validation", "test")],
-                 "fields": {"text": "text", "target": "target"}},
+        "schema_version": 1,
+        "name": "tiny-preflight",
+        "hypothesis": {
+            "behaviour": "answer in JSON",
+            "task": "extraction",
+            "success": {"metric": "field_f1", "min_gain": 0.0},
+            "guards": [{"metric": "json_valid_rate", "max_drop": 0.0}],
+            "required_fields": ["intent", "slots"],
+        },
+        "data": {
+            "sources": [
+                {"path": f"data/{s}.jsonl", "format": "jsonl", "split": s} for s in ("train", "validation", "test")
+            ],
+            "fields": {"text": "text", "target": "target"},
+        },
         "model": {"base": str(base)},
         "method": {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]},
-        "training": {"seed": 1, "max_steps": 3, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "learning_rate": 0.01,
-                     "warmup_steps": 1, "precision": "fp32", "max_length": 128, "checkpoint_every": 2},
-        "eval": {"split": "validation", "max_new_tokens": 6, "batch_size": 4, "bootstrap_iterations": 100,
-                 "prompt": {"system": None, "template": "Extract JSON: {text}"}},
+        "training": {
+            "seed": 1,
+            "max_steps": 3,
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "learning_rate": 0.01,
+            "warmup_steps": 1,
+            "precision": "fp32",
+            "max_length": 128,
+            "checkpoint_every": 2,
+        },
+        "eval": {
+            "split": "validation",
+            "max_new_tokens": 6,
+            "batch_size": 4,
+            "bootstrap_iterations": 100,
+            "prompt": {"system": None, "template": "Extract JSON: {text}"},
+        },
     }
     for dotted, value in changes.items():
         node = cfg
@@ -92,11 +118,27 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     rec = Registry(study).get(run_id)
     assert rec.kind == "preflight" and rec.status == "completed"
     checks = checks_of(study, run_id)
-    assert list(checks) == ["environment", "backend", "training data", "target modules", "trainable parameters", "embedding size",
-                            "update check", "step memory", "eval memory", "gradient accumulation", "precision", "activation checkpointing",
-                            "eval batch size", "configured combination", "smoke pass", "throughput"]
-    assert all(c["passed"] is True and c["numbers"] and c["message"] for c in checks.values()), \
-        [(n, c["passed"], c["message"]) for n, c in checks.items() if c["passed"] is not True]
+    assert list(checks) == [
+        "environment",
+        "backend",
+        "training data",
+        "target modules",
+        "trainable parameters",
+        "embedding size",
+        "update check",
+        "step memory",
+        "eval memory",
+        "gradient accumulation",
+        "precision",
+        "activation checkpointing",
+        "eval batch size",
+        "configured combination",
+        "smoke pass",
+        "throughput",
+    ]
+    assert all(c["passed"] is True and c["numbers"] and c["message"] for c in checks.values()), [
+        (n, c["passed"], c["message"]) for n, c in checks.items() if c["passed"] is not True
+    ]
     # C9: the dtype and its reason
     assert checks["backend"]["numbers"]["dtype"] == "fp32" and checks["backend"]["numbers"]["device"] == "cpu"
     # C5: matches per pattern on the 2-layer Llama; LoRA r=4: q_proj 32->32 and v_proj 32->16 (2 kv heads x 8)
@@ -110,13 +152,21 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     # C8: estimate next to the measured peak at p95 and at max_length, configured micro-batch
     mem = checks["step memory"]
     p95 = checks["training data"]["numbers"]["p95"]
-    assert p95 < 128 and mem["numbers"]["micro_batch"] == 4 and [r["length"] for r in mem["details"]["rows"]] == [p95, 128]
+    assert (
+        p95 < 128 and mem["numbers"]["micro_batch"] == 4 and [r["length"] for r in mem["details"]["rows"]] == [p95, 128]
+    )
     for row in mem["details"]["rows"]:
         est = row["estimate"]
-        assert est["weights_bytes"] == 4 * est["parameters"] and est["optimizer_states_bytes"] == 2 * 4 * est["trainable_parameters"]
+        assert (
+            est["weights_bytes"] == 4 * est["parameters"]
+            and est["optimizer_states_bytes"] == 2 * 4 * est["trainable_parameters"]
+        )
         assert row["measured"]["peak_bytes"] > 0 and row["side_by_side"]["rows"][0][0] == "weights"
         # issue 15: the step's tensors (CPU allocator count) next to the estimate of the step's part, with their ratio
-        assert row["measured"]["allocated_step_peak_bytes"] > 0 and mem["numbers"][f"L{row['length']}_measured_over_estimate"] == row["measured_over_estimate"]
+        assert (
+            row["measured"]["allocated_step_peak_bytes"] > 0
+            and mem["numbers"][f"L{row['length']}_measured_over_estimate"] == row["measured_over_estimate"]
+        )
         assert 0.85 <= row["measured_over_estimate"] <= 1.15, row["measured_over_estimate"]
     bd = mem["details"]["breakdown"]  # the estimate itemised per length (MiB), then the measured step
     assert bd["lengths"] == [p95, 128] and bd["micro_batch"] == 4
@@ -130,7 +180,9 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     acc = checks["gradient accumulation"]["numbers"]
     assert acc["micro_batches"] == 2 and acc["configured_accumulation"] == 2
     assert acc["loss_accumulated"] == pytest.approx(acc["loss_concatenated"], rel=1e-5)
-    assert len(set(acc["tokens_per_micro_batch"])) == 2 and acc["loss_mean_of_means"] != pytest.approx(acc["loss_accumulated"], rel=1e-6)
+    assert len(set(acc["tokens_per_micro_batch"])) == 2 and acc["loss_mean_of_means"] != pytest.approx(
+        acc["loss_accumulated"], rel=1e-6
+    )
     assert "per-token mean over the accumulation window" in checks["gradient accumulation"]["normalisation"]
     ck = checks["activation checkpointing"]["numbers"]
     assert ck["grad_max_abs_diff"] <= 1e-6 and ck["seconds_with"] > 0 and ck["configured"] is False
@@ -142,18 +194,34 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     # smoke pass: saved adapter, reloaded in a fresh process, identical predictions and logits
     sm = checks["smoke pass"]["numbers"]
     assert sm["eval_examples"] == 2 and sm["identical_after_reload"] == 2 and sm["max_abs_logit_diff"] <= 1e-4
-    assert sm["adapter_effect_max_abs_logit"] > sm["max_abs_logit_diff"]  # the reload comparison can tell the adapter apart
+    assert (
+        sm["adapter_effect_max_abs_logit"] > sm["max_abs_logit_diff"]
+    )  # the reload comparison can tell the adapter apart
     assert (study / "runs" / run_id / "smoke" / "adapter" / "adapter_model.safetensors").exists()
     th = checks["throughput"]["numbers"]
     assert th["s_per_step"] > 0 and th["tokens_per_s"] > 0 and th["total_steps"] == 3
     assert th["budget_seconds"] == pytest.approx(3 * th["s_per_step"], rel=1e-3, abs=0.1)
-    assert th["eval_examples"] == 4 and th["eval_seconds_estimate"] == pytest.approx(4 * th["eval_s_per_example"], abs=0.1)
+    assert th["eval_examples"] == 4 and th["eval_seconds_estimate"] == pytest.approx(
+        4 * th["eval_s_per_example"], abs=0.1
+    )
     # the summary carries what `tuneproof plan` and the dossier read
     s = rec.summary
-    assert s["passed"] is True and s["s_per_step"] == th["s_per_step"] and s["eval_s_per_example"] == th["eval_s_per_example"]
-    assert s["budget_seconds"] == th["budget_seconds"] and s["tokens_per_s"] == th["tokens_per_s"] and s["reload_seconds"] > 0
+    assert (
+        s["passed"] is True
+        and s["s_per_step"] == th["s_per_step"]
+        and s["eval_s_per_example"] == th["eval_s_per_example"]
+    )
+    assert (
+        s["budget_seconds"] == th["budget_seconds"]
+        and s["tokens_per_s"] == th["tokens_per_s"]
+        and s["reload_seconds"] > 0
+    )
     # tuneproof plan reads the evaluation rate of one batch at eval.batch_size (the task kind's procedure)
-    assert s["eval_batch_size"] == 4 and s["eval_batch_procedure"] == "generation of 6 new tokens" and s["eval_batch_s_per_example"] > 0
+    assert (
+        s["eval_batch_size"] == 4
+        and s["eval_batch_procedure"] == "generation of 6 new tokens"
+        and s["eval_batch_s_per_example"] > 0
+    )
     assert th["eval_s_per_example"] == pytest.approx(s["eval_batch_s_per_example"], abs=1e-4)
     assert len(s["checks"]) == 16 and s["platform_key"].startswith("cpu |")
 
@@ -165,7 +233,12 @@ def test_unmatched_target_pattern_fails_naming_it_exit_3(tmp_path, tiny_model_di
     assert rec is not None and "ff.0" in rec.reason and "target modules" in rec.reason
     checks = checks_of(study, rec.id)
     t = checks["target modules"]
-    assert t["passed"] is False and t["numbers"]["q_proj"] == 2 and t["numbers"]["ff.0"] == 0 and t["numbers"]["unmatched"] == ["ff.0"]
+    assert (
+        t["passed"] is False
+        and t["numbers"]["q_proj"] == 2
+        and t["numbers"]["ff.0"] == 0
+        and t["numbers"]["unmatched"] == ["ff.0"]
+    )
     assert checks["update check"]["passed"] is None and "skipped" in checks["update check"]["message"]
     assert rec.summary["failed"] == ["target modules"]
 
@@ -181,7 +254,11 @@ def test_memory_budget_too_small_fails_with_the_numbers(tmp_path, tiny_model_dir
     key = [k for k in mem["numbers"] if k.endswith("_estimate_gib")][0]
     assert mem["numbers"][key] * 2**30 > 2**20  # the estimate exceeds 1 MiB and is stated
     em = checks_of(study, rec.id)["eval memory"]  # one evaluation batch does not fit either: named by its key
-    assert em["passed"] is False and em["numbers"]["peak_gib"] > 0 and em["message"].startswith("eval.batch_size 4: measured peak")
+    assert (
+        em["passed"] is False
+        and em["numbers"]["peak_gib"] > 0
+        and em["message"].startswith("eval.batch_size 4: measured peak")
+    )
     assert "exceeds the budget 1.0 MiB (--memory-budget)" in em["message"]
     assert rec.summary["failed"] == ["step memory", "eval memory"] and "step memory" in rec.reason
 
@@ -209,16 +286,26 @@ def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp
     study, run_id = passed
     assert require_preflight(StudyContext.open(study), None) == run_id
     cfg = StudyContext.open(study).config
-    changed = StudyContext.open(study, config={**cfg, "method": {**cfg["method"], "r": 8},
-                                               "training": {**cfg["training"], "learning_rate": 0.02}})
+    changed = StudyContext.open(
+        study,
+        config={**cfg, "method": {**cfg["method"], "r": 8}, "training": {**cfg["training"], "learning_rate": 0.02}},
+    )
     with pytest.raises(CheckFailed) as err:
         require_preflight(changed, None)
-    assert (f"the latest passed preflight {run_id} was for another configuration: "
-            "config method.r: 4 -> 8, training.learning_rate: 0.01 -> 0.02 changed") in str(err.value)
+    assert (
+        f"the latest passed preflight {run_id} was for another configuration: "
+        "config method.r: 4 -> 8, training.learning_rate: 0.01 -> 0.02 changed"
+    ) in str(err.value)
     # keys that cannot change what the preflight measured keep it valid
-    same = StudyContext.open(study, config={**cfg, "name": "renamed",
-                                            "training": {**cfg["training"], "max_steps": 50, "checkpoint_every": 7},
-                                            "eval": {**cfg["eval"], "bootstrap_iterations": 2000, "max_examples": 3}})
+    same = StudyContext.open(
+        study,
+        config={
+            **cfg,
+            "name": "renamed",
+            "training": {**cfg["training"], "max_steps": 50, "checkpoint_every": 7},
+            "eval": {**cfg["eval"], "bootstrap_iterations": 2000, "max_examples": 3},
+        },
+    )
     assert require_preflight(same, None) == run_id
     # an eval key the smoke pass uses invalidates it
     batch = StudyContext.open(study, config={**cfg, "eval": {**cfg["eval"], "batch_size": 2}})
@@ -240,7 +327,9 @@ def test_find_max_micro_batch_is_bounded_by_the_train_split_and_by_the_budget(tm
     encoded = ctx.pipeline.encode_all(ctx.split("train"))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     big = check_max_micro_batch(model, ctx, encoded, 96, "fp32", parse_memory("20GiB"), contextlib.nullcontext)
-    assert big["passed"] is True and big["numbers"]["max_micro_batch"] == 16 == big["numbers"]["limit"]  # 16 train examples
+    assert (
+        big["passed"] is True and big["numbers"]["max_micro_batch"] == 16 == big["numbers"]["limit"]
+    )  # 16 train examples
     assert [t["micro_batch"] for t in big["details"]["tries"]] == [1, 2, 4, 8, 16]
     assert all(torch_equal(before[n], p) for n, p in model.named_parameters())  # the probe steps were undone
     small = check_max_micro_batch(model, ctx, encoded, 96, "fp32", parse_memory("1MiB"), contextlib.nullcontext)
@@ -275,14 +364,18 @@ def test_packing_check_runs_only_with_training_packing_and_passes_on_the_tiny_ll
     assert chk["numbers"]["control_max_abs_diff"] > 1e-4  # the neighbour-visible rows differ
 
 
-def test_bf16_base_weights_checked_before_the_update_check_and_the_estimate_counts_2_bytes(tmp_path, tiny_model_dir, monkeypatch):
+def test_bf16_base_weights_checked_before_the_update_check_and_the_estimate_counts_2_bytes(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     """training.bf16_base_weights (issue 15): the check runs after the accumulation and precision checks
     (which compute in fp32 without autocast, on the fp32 weights) and before the update check; the step memory estimate counts frozen elements at 2 bytes;
     every later check, the smoke steps and the fresh-process reload see the base in bf16."""
     import tuneproof.models.device as device
     from tuneproof.training.speedups import BF16_BASE_GRAD_COSINE, BF16_BASE_GRAD_REL_L2, BF16_BASE_LOSS_RTOL
 
-    monkeypatch.setattr(device, "_cpu_bf16_native", lambda: True)  # native here (AVX512-BF16); emulated CPUs compute the same
+    monkeypatch.setattr(
+        device, "_cpu_bf16_native", lambda: True
+    )  # native here (AVX512-BF16); emulated CPUs compute the same
     study = make_study(tmp_path / "s", tiny_model_dir, training__precision="bf16", training__bf16_base_weights=True)
     rid = run_preflight(StudyContext.open(study))  # every check passes (a failed one raises CheckFailed)
     checks = checks_of(study, rid)
@@ -318,7 +411,10 @@ def test_chunked_loss_check_listed_after_packing_and_passes_on_the_tiny_llama(tm
     chk = checks["chunked loss"]
     trainable = checks["update check"]["numbers"]["trainable_tensors"]
     assert chk["passed"] is True and chk["numbers"]["tensors"] == trainable > 0
-    assert chk["numbers"]["loss_rel_diff"] <= CHUNKED_LOSS_RTOL and chk["numbers"]["grad_max_rel_diff"] <= CHUNKED_GRAD_RTOL
+    assert (
+        chk["numbers"]["loss_rel_diff"] <= CHUNKED_LOSS_RTOL
+        and chk["numbers"]["grad_max_rel_diff"] <= CHUNKED_GRAD_RTOL
+    )
 
 
 def test_chunked_loss_check_fails_on_a_classification_head_naming_the_key():
@@ -330,11 +426,37 @@ def test_chunked_loss_check_fails_on_a_classification_head_naming_the_key():
     from tuneproof.study import Training
 
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                     intermediate_size=64, max_position_embeddings=32, num_labels=3))
-    examples = [Encoded(id=f"ex{i}", category=None, input_ids=[1, 5 + i, 7, 2], labels=[], prompt_tokens=4, answer_tokens=0,
-                        full_length=4, n_supervised=0, truncated=False, text="", boundary_char=0, class_index=i % 3) for i in range(4)]
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=40,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            num_labels=3,
+        )
+    )
+    examples = [
+        Encoded(
+            id=f"ex{i}",
+            category=None,
+            input_ids=[1, 5 + i, 7, 2],
+            labels=[],
+            prompt_tokens=4,
+            answer_tokens=0,
+            full_length=4,
+            n_supervised=0,
+            truncated=False,
+            text="",
+            boundary_char=0,
+            class_index=i % 3,
+        )
+        for i in range(4)
+    ]
     chk = check_study_chunked_loss(model, examples, Training(micro_batch_size=4, max_length=16, chunked_loss=True), 0)
     assert chk["name"] == "chunked loss" and chk["passed"] is False
-    assert chk["message"] == ("training.chunked_loss: the chunked loss applies to causal LMs (token labels), not to a classification head; "
-                              "set it to false")
+    assert chk["message"] == (
+        "training.chunked_loss: the chunked loss applies to causal LMs (token labels), not to a classification head; "
+        "set it to false"
+    )

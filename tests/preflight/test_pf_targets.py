@@ -12,15 +12,28 @@ from tuneproof.preflight.targets import check_embedding_size
 
 def tiny_llama(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
     return LlamaForCausalLM(cfg)
 
 
 def tiny_bert(seed=0):
     torch.manual_seed(seed)
-    cfg = BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     vocab_size=100, max_position_embeddings=64, num_labels=2)
+    cfg = BertConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=100,
+        max_position_embeddings=64,
+        num_labels=2,
+    )
     return BertForSequenceClassification(cfg)
 
 
@@ -78,8 +91,10 @@ def test_trainable_summary_counts_lora_elements():
 
 
 def test_c6_modules_to_save_is_reported():
-    model = get_peft_model(tiny_bert(), LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"],
-                                                  modules_to_save=["classifier"]))
+    model = get_peft_model(
+        tiny_bert(),
+        LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"], modules_to_save=["classifier"]),
+    )
     s = trainable_summary(model)
     assert any(n.endswith("classifier") for n in s["modules_to_save"])
     assert any("classifier.modules_to_save.default.weight" in n for n in s["trainable_tensors"])
@@ -93,7 +108,9 @@ def test_embedding_size_against_tokenizer():
     frozen = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"]))
     r = check_embedding_size(frozen, 128, added_tokens=2)
     assert r["passed"] is False and "modules_to_save" in r["message"]
-    saved = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"]))
+    saved = get_peft_model(
+        tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"])
+    )
     r = check_embedding_size(saved, 128, added_tokens=2)
     assert r["passed"] and r["embedding_trainable_or_saved"]
 
@@ -102,8 +119,9 @@ def tiny_t5(seed=0):
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    return T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2,
-                                               num_heads=2))
+    return T5ForConditionalGeneration(
+        T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2)
+    )
 
 
 def test_c5_kind_matches_per_tower_and_a_pattern_in_several_towers_warns():
@@ -123,8 +141,11 @@ def test_c5_kind_matches_per_tower_and_a_pattern_in_several_towers_warns():
         "e.g. 'encoder.block.0.layer.1.DenseReluDense.wi' for the encoder",
     ]
     # what PEFT wraps is exactly what was counted, in every tower
-    wrapped = {n.removeprefix("base_model.model.") for n, m in get_peft_model(tiny_t5(), LoraConfig(r=2, target_modules=["q"])).named_modules()
-               if hasattr(m, "lora_A")}
+    wrapped = {
+        n.removeprefix("base_model.model.")
+        for n, m in get_peft_model(tiny_t5(), LoraConfig(r=2, target_modules=["q"])).named_modules()
+        if hasattr(m, "lora_A")
+    }
     assert wrapped == set(r["patterns"]["q"]["matches"])
     # one tower only: the cross-attention by its suffix, the encoder by full names; no warning
     one = match_target_modules(model, ["EncDecAttention.q"])
@@ -141,7 +162,9 @@ def test_tower_of_module_paths():
     assert tower_of("model.decoder.layers.1.self_attn.q_proj") == "decoder"
     assert tower_of("model.decoder.layers.1.encoder_attn.q_proj") == "cross-attention"  # BART, Whisper, Marian
     assert tower_of("bert.encoder.layer.0.crossattention.self.query") == "cross-attention"
-    assert tower_of("vision_tower.vision_model.encoder.layers.0.self_attn.q_proj") == "vision"  # Llava: vision before encoder
+    assert (
+        tower_of("vision_tower.vision_model.encoder.layers.0.self_attn.q_proj") == "vision"
+    )  # Llava: vision before encoder
     assert tower_of("model.visual.blocks.0.attn.qkv") == "vision"  # Qwen2-VL
     assert tower_of("language_model.model.layers.0.self_attn.q_proj") == "language model"
     assert tower_of("multi_modal_projector.linear_1") == "projector"
@@ -152,5 +175,8 @@ def test_tower_of_module_paths():
 
 def test_an_encoder_only_model_with_a_head_is_one_tower():
     r = match_target_modules(tiny_bert(), ["query", "dense"])
-    assert r["patterns"]["dense"]["towers"] == {"encoder": 6, "model": 1}  # attention.output, intermediate, output x 2 layers; pooler
+    assert r["patterns"]["dense"]["towers"] == {
+        "encoder": 6,
+        "model": 1,
+    }  # attention.output, intermediate, output x 2 layers; pooler
     assert r["warnings"] == [] and "query: 2, dense: 7" in r["message"]

@@ -16,8 +16,14 @@ from tuneproof.training.loss import token_loss_sum
 
 def tiny_llama(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -98,13 +104,23 @@ def test_causal_lm_loss_is_token_loss_sum_over_supervised_tokens():
 
 def test_full_fine_tuning_of_a_classifier_uses_the_model_loss():
     torch.manual_seed(0)
-    cfg = BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     vocab_size=100, max_position_embeddings=64, num_labels=2)
+    cfg = BertConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=100,
+        max_position_embeddings=64,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(cfg)
     for p in model.bert.embeddings.parameters():
         p.requires_grad_(False)
-    batch = {"input_ids": torch.randint(0, 100, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long),
-             "labels": torch.tensor([0, 1, 1, 0])}
+    batch = {
+        "input_ids": torch.randint(0, 100, (4, 12)),
+        "attention_mask": torch.ones(4, 12, dtype=torch.long),
+        "labels": torch.tensor([0, 1, 1, 0]),
+    }
     r = check_update(model, batch)
     assert r["passed"], r["message"]
     assert r["loss_kind"] == "model loss"

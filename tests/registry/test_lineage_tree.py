@@ -43,8 +43,15 @@ def test_tree_shows_lineage_changes_and_metric_vs_baseline(tmp_path):
     _run(reg, "eval", parent=parent, eval_fp="E1", metrics={"json_valid_rate": 1.0, "field_f1": 0.35})
     v1 = _run(reg, "train", parent=parent, variant={"parent": parent, "change": "method.r: 4 -> 8"}, multi_change=False)
     _run(reg, "eval", parent=v1, eval_fp="E1", metrics={"field_f1": 0.25})
-    _run(reg, "train", parent=parent, status="interrupted", reason="terminated (signal 15) at step 5",
-         variant={"parent": parent, "change": "method.r: 4 -> 8; training.seed: 3 -> 5"}, multi_change=True)
+    _run(
+        reg,
+        "train",
+        parent=parent,
+        status="interrupted",
+        reason="terminated (signal 15) at step 5",
+        variant={"parent": parent, "change": "method.r: 4 -> 8; training.seed: 3 -> 5"},
+        multi_change=True,
+    )
     v3 = _run(reg, "train", parent=parent, variant={"parent": parent, "change": "eval.max_new_tokens: 8 -> 16"})
     _run(reg, "eval", parent=v3, eval_fp="E2", metrics={"field_f1": 0.5})
     lines = _render(reg)
@@ -53,8 +60,10 @@ def test_tree_shows_lineage_changes_and_metric_vs_baseline(tmp_path):
     assert f"{base} baseline completed · field_f1 0.300" in text
     assert f"{parent} train completed · field_f1 0.350 (+0.050 vs r0001, eval r0003)" in text
     assert f"{v1} train completed method.r: 4 -> 8 · field_f1 0.250 (-0.050 vs r0001, eval r0005)" in text
-    assert ("r0006 train interrupted (terminated (signal 15) at step 5) method.r: 4 -> 8; training.seed: 3 -> 5 "
-            "multi-change · not evaluated") in text
+    assert (
+        "r0006 train interrupted (terminated (signal 15) at step 5) method.r: 4 -> 8; training.seed: 3 -> 5 "
+        "multi-change · not evaluated"
+    ) in text
     assert "field_f1 0.500 (eval procedure differs from r0001: not comparable)" in text
     # nesting: baseline and parent are roots; variants under the parent; each eval under its train run
     ids = [re.search(r"r\d{4}", line) for line in _render(reg, raw=True)[1:]]

@@ -30,7 +30,9 @@ SCRIPT = textwrap.dedent(
 
 def _child(study, signal_name: str) -> subprocess.CompletedProcess:
     """A process that starts a run, reaches step 7 and sends itself ``signal_name``."""
-    return subprocess.run([sys.executable, "-c", SCRIPT, str(study), signal_name], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(study), signal_name], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_sigkill_leaves_a_running_run_that_is_found_stale(tmp_path):
@@ -105,7 +107,10 @@ def test_reopen_continues_an_interrupted_run_in_this_process(tmp_path):
     with pytest.raises(TuneproofError, match="is completed"):
         with reg.reopen(rec.id):
             pass
-    assert "resume (was interrupted: interrupted (stop_after=3) at step 3)" in (tmp_path / "runs" / rec.id / "log.txt").read_text()
+    assert (
+        "resume (was interrupted: interrupted (stop_after=3) at step 3)"
+        in (tmp_path / "runs" / rec.id / "log.txt").read_text()
+    )
 
 
 def test_no_status_is_hidden_from_runs(tmp_path, capsys):
@@ -129,8 +134,18 @@ def test_no_status_is_hidden_from_runs(tmp_path, capsys):
                 main([*args, "--study", str(tmp_path)])
             out = capsys.readouterr().out
             assert exit_.value.code == 0
-            for text in ("invalid", "wrong split used (was completed)", "interrupted by Ctrl-C", "failed",
-                         "RuntimeError: out of memory", "running", "r0001", "r0002", "r0003", "r0004"):
+            for text in (
+                "invalid",
+                "wrong split used (was completed)",
+                "interrupted by Ctrl-C",
+                "failed",
+                "RuntimeError: out of memory",
+                "running",
+                "r0001",
+                "r0002",
+                "r0003",
+                "r0004",
+            ):
                 assert text in out, (args, text)
     finally:
         console._width = old

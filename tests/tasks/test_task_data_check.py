@@ -21,19 +21,37 @@ def _cli(*args: str) -> int:
 def _study(folder: Path, base: Path, task: str, rows: list[dict], success: str, ev: dict, fields: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = {"name": f"tiny-{task}", "hypothesis": {"behaviour": "b", "task": task, "success": {"metric": success, "min_gain": 0.0}},
-           "data": {"sources": [{"path": "data.jsonl", "format": "jsonl"}], "fields": fields, "cleaning": ["strip"]},
-           "model": {"base": str(base)}, "training": {"max_length": 240}, "eval": {"split": "validation", **ev}}
+    cfg = {
+        "name": f"tiny-{task}",
+        "hypothesis": {"behaviour": "b", "task": task, "success": {"metric": success, "min_gain": 0.0}},
+        "data": {"sources": [{"path": "data.jsonl", "format": "jsonl"}], "fields": fields, "cleaning": ["strip"]},
+        "model": {"base": str(base)},
+        "training": {"max_length": 240},
+        "eval": {"split": "validation", **ev},
+    }
     (folder / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return folder
 
 
-MR_ROWS = [{"text": f"game {i} came out in {2000 + i}", "target": f"inform(name[Game {i}], release_year[{2000 + i}], genres[puzzle, sport])"}
-           for i in range(30)]
+MR_ROWS = [
+    {
+        "text": f"game {i} came out in {2000 + i}",
+        "target": f"inform(name[Game {i}], release_year[{2000 + i}], genres[puzzle, sport])",
+    }
+    for i in range(30)
+]
 
 
 def test_grammar_targets_are_checked_against_the_rule_not_json(tmp_path, tiny_model_dir, capsys):
-    d = _study(tmp_path / "mr", tiny_model_dir, "format", MR_ROWS, "slot_f1", {"grammar": "function_slots"}, {"text": "text", "target": "target"})
+    d = _study(
+        tmp_path / "mr",
+        tiny_model_dir,
+        "format",
+        MR_ROWS,
+        "slot_f1",
+        {"grammar": "function_slots"},
+        {"text": "text", "target": "target"},
+    )
     assert _cli("data", "check", "--study", str(d)) == 0
     out = capsys.readouterr().out
     assert "targets: 30 of 30 follow eval.grammar function_slots (parse rate 100.0%); none fails" in out
@@ -41,7 +59,15 @@ def test_grammar_targets_are_checked_against_the_rule_not_json(tmp_path, tiny_mo
 
     rows = [dict(r) for r in MR_ROWS]
     rows[7]["target"] = "inform(name[Game 7], release_year[2007]"  # the closing parenthesis is missing
-    d = _study(tmp_path / "mr2", tiny_model_dir, "format", rows, "slot_f1", {"grammar": "function_slots"}, {"text": "text", "target": "target"})
+    d = _study(
+        tmp_path / "mr2",
+        tiny_model_dir,
+        "format",
+        rows,
+        "slot_f1",
+        {"grammar": "function_slots"},
+        {"text": "text", "target": "target"},
+    )
     assert _cli("data", "check", "--study", str(d)) == 3
     out = capsys.readouterr().out
     assert "1 of 30 gold targets fail the format rule (eval.grammar function_slots; parse rate 96.7%)" in out
@@ -51,7 +77,9 @@ def test_grammar_targets_are_checked_against_the_rule_not_json(tmp_path, tiny_mo
 def test_multilabel_data_check_audits_each_label(tmp_path, tiny_model_dir, capsys):
     sets = [["card", "refund"], ["card"], ["refund"], ["card", "fees", "refund"]]
     rows = [{"text": f"message number {i}", "labels": sets[i % 4]} for i in range(40)]
-    d = _study(tmp_path / "ml", tiny_model_dir, "multi-label", rows, "micro_f1", {}, {"text": "text", "target": "labels"})
+    d = _study(
+        tmp_path / "ml", tiny_model_dir, "multi-label", rows, "micro_f1", {}, {"text": "text", "target": "labels"}
+    )
     assert _cli("data", "check", "--study", str(d)) == 0
     out = capsys.readouterr().out
     rep = json.loads(next((d / "runs").glob("*/data_check.json")).read_text())

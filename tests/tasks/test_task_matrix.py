@@ -20,31 +20,83 @@ from tuneproof.tasks import TASKS, Task, TaskConfig, get_task
 
 
 def _ex(refs, preds, cats=None):
-    return [{"id": f"e{i}", "category": (cats[i] if cats else None), "reference": r, "prediction": p} for i, (r, p) in enumerate(zip(refs, preds))]
+    return [
+        {"id": f"e{i}", "category": (cats[i] if cats else None), "reference": r, "prediction": p}
+        for i, (r, p) in enumerate(zip(refs, preds))
+    ]
 
 
 def _x(intent, **slots):
     return json.dumps({"intent": intent, "slots": slots})
 
 
-MR = ["inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport])",
-      "request(specifier[exciting], genres[puzzle])", "inform(name[Tetris], genres[puzzle])", "confirm(name[Halo])"]
+MR = [
+    "inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport])",
+    "request(specifier[exciting], genres[puzzle])",
+    "inform(name[Tetris], genres[puzzle])",
+    "confirm(name[Halo])",
+]
 
 # name -> (task, refs, the same answers rewritten in another order, config, success metric, categories)
 CASES = {
-    "classification": ("classification", ["a", "b", "c", "a", "b", "a"], None, TaskConfig.make(labels=["a", "b", "c"]), "macro_f1", None),
-    "image-classification": ("image-classification", ["cat", "dog", "cat", "bird", "dog", "cat"], None,
-                             TaskConfig.make(labels=["bird", "cat", "dog"]), "macro_f1", None),
-    "multi-label": ("multi-label", ['["a", "b"]', '["c"]', '["a"]', '["b", "c"]', "[]", '["a", "c"]'],
-                    ['["b", "a"]', '["c", "c"]', '["a"]', '["c", "b"]', "[]", '["c", "a"]'], TaskConfig.make(), "micro_f1", None),
-    "extraction": ("extraction", [_x(["a", "b"]), _x("c", city="Paris"), _x("a", city="Rome", when="today"), _x("b", artist=["x", "y"])],
-                   [_x(["b", "a"]), _x("c", city="paris "), json.dumps({"slots": {"when": "today", "city": "Rome"}, "intent": "a"}),
-                    _x("b", artist=["y", "x"])], TaskConfig.make(["intent", "slots"]), "field_f1", None),
-    "format-grammar": ("format", MR, ["inform(genres[sport, driving/racing], release_year[2012], name[Dirt: Showdown])",
-                                      "request(genres[puzzle], specifier[exciting])", "inform(genres[puzzle], name[Tetris])", "confirm(name[halo])"],
-                       TaskConfig.make(eval_cfg=Eval(grammar="function_slots")), "slot_f1", None),
-    "format-regex": ("format", ["A: 1", "B: 22", "A: 3"], None, TaskConfig.make(eval_cfg=Eval(regex=r"(?P<key>[A-Z]): (?P<value>\d+)")),
-                     "part_accuracy", ["x", "y", "x"]),
+    "classification": (
+        "classification",
+        ["a", "b", "c", "a", "b", "a"],
+        None,
+        TaskConfig.make(labels=["a", "b", "c"]),
+        "macro_f1",
+        None,
+    ),
+    "image-classification": (
+        "image-classification",
+        ["cat", "dog", "cat", "bird", "dog", "cat"],
+        None,
+        TaskConfig.make(labels=["bird", "cat", "dog"]),
+        "macro_f1",
+        None,
+    ),
+    "multi-label": (
+        "multi-label",
+        ['["a", "b"]', '["c"]', '["a"]', '["b", "c"]', "[]", '["a", "c"]'],
+        ['["b", "a"]', '["c", "c"]', '["a"]', '["c", "b"]', "[]", '["c", "a"]'],
+        TaskConfig.make(),
+        "micro_f1",
+        None,
+    ),
+    "extraction": (
+        "extraction",
+        [_x(["a", "b"]), _x("c", city="Paris"), _x("a", city="Rome", when="today"), _x("b", artist=["x", "y"])],
+        [
+            _x(["b", "a"]),
+            _x("c", city="paris "),
+            json.dumps({"slots": {"when": "today", "city": "Rome"}, "intent": "a"}),
+            _x("b", artist=["y", "x"]),
+        ],
+        TaskConfig.make(["intent", "slots"]),
+        "field_f1",
+        None,
+    ),
+    "format-grammar": (
+        "format",
+        MR,
+        [
+            "inform(genres[sport, driving/racing], release_year[2012], name[Dirt: Showdown])",
+            "request(genres[puzzle], specifier[exciting])",
+            "inform(genres[puzzle], name[Tetris])",
+            "confirm(name[halo])",
+        ],
+        TaskConfig.make(eval_cfg=Eval(grammar="function_slots")),
+        "slot_f1",
+        None,
+    ),
+    "format-regex": (
+        "format",
+        ["A: 1", "B: 22", "A: 3"],
+        None,
+        TaskConfig.make(eval_cfg=Eval(regex=r"(?P<key>[A-Z]): (?P<value>\d+)")),
+        "part_accuracy",
+        ["x", "y", "x"],
+    ),
 }
 IDS = list(CASES)
 
@@ -64,7 +116,9 @@ def test_every_kind_has_a_case_and_a_template():
         study = parse_study(yaml.safe_load(template_text(name)))
         assert study.hypothesis.task == name
         assert kind.template.endswith(".yaml") and kind.reader.target and kind.headline
-        assert kind.has_label_set == (type(kind).label_set is not Task.label_set)  # task_config reads the data only for these
+        assert kind.has_label_set == (
+            type(kind).label_set is not Task.label_set
+        )  # task_config reads the data only for these
 
 
 @pytest.mark.parametrize("case", IDS)
@@ -128,7 +182,9 @@ def test_per_example_statistics_sum_to_the_aggregate(case):
 def test_identical_runs_compare_as_unchanged(case):
     task, refs, _, cfg, success, cats = CASES[case]
     recs = _ex(refs, ["", *refs[1:]], cats)
-    r = paired_compare(recs, recs, task, required_fields=cfg.required_fields, eval_cfg=cfg.eval, labels=cfg.labels, iterations=100)
+    r = paired_compare(
+        recs, recs, task, required_fields=cfg.required_fields, eval_cfg=cfg.eval, labels=cfg.labels, iterations=100
+    )
     assert r["counts"]["fixed"] == 0 and r["counts"]["broken"] == 0 and r["mcnemar"]["p_value"] == 1.0
     assert all(v["delta"] in (0.0, None) for v in r["metrics"].values())
     assert set(r["headline"]) <= set(r["metrics"])
@@ -136,8 +192,14 @@ def test_identical_runs_compare_as_unchanged(case):
 
 def _examples(task, refs):
     if task == "classification":
-        return [Example(id=f"t{i}", text=f"text {i}", label=r, target=r, source=f"d.jsonl:{i + 1}") for i, r in enumerate(refs)]
-    return [Example(id=f"t{i}", text=f"text {i}", label=None, target=r, source=f"d.jsonl:{i + 1}") for i, r in enumerate(refs)]
+        return [
+            Example(id=f"t{i}", text=f"text {i}", label=r, target=r, source=f"d.jsonl:{i + 1}")
+            for i, r in enumerate(refs)
+        ]
+    return [
+        Example(id=f"t{i}", text=f"text {i}", label=None, target=r, source=f"d.jsonl:{i + 1}")
+        for i, r in enumerate(refs)
+    ]
 
 
 @pytest.mark.parametrize("case", IDS)

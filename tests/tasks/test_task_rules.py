@@ -32,11 +32,17 @@ def test_c20_extraction_list_intent_exactly_one_right():
     # set-valued intent: per-label P/R/F1, micro and macro over the intent labels
     assert m["intent_micro_f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 6))  # tp 2, fp 1 (c), fn 6
     assert m["per_class"]["a"]["recall"] == 0.25 and m["per_class"]["a"]["precision"] == 1.0
-    assert m["intent_macro_f1"] == pytest.approx(0.4) and m["intent_macro_over"] == "macro over 2 of 2 intent labels present (support > 0)"
+    assert (
+        m["intent_macro_f1"] == pytest.approx(0.4)
+        and m["intent_macro_over"] == "macro over 2 of 2 intent labels present (support > 0)"
+    )
 
 
 def test_c20_multilabel_exactly_one_right():
-    recs = [{"id": str(i), "reference": '["a", "b"]', "prediction": p} for i, p in enumerate(['{}', '{"slots": {}}', '["c"]', '["b", "a"]'])]
+    recs = [
+        {"id": str(i), "reference": '["a", "b"]', "prediction": p}
+        for i, p in enumerate(["{}", '{"slots": {}}', '["c"]', '["b", "a"]'])
+    ]
     out, m = score_multilabel(recs)
     assert [r["correct"] for r in out] == [False, False, False, True]
     assert m["exact_set_match"] == 0.25 and m["json_valid_rate"] == 0.5
@@ -46,9 +52,16 @@ def test_c20_multilabel_exactly_one_right():
 def test_multilabel_per_label_micro_macro_hand_computed():
     refs = ['["a", "b"]', '["a"]', '["c"]']
     preds = ['["a"]', '["c", "a"]', "[]"]
-    out, m = score_multilabel([{"id": str(i), "reference": r, "prediction": p} for i, (r, p) in enumerate(zip(refs, preds))], labels=["a", "b", "c", "d"])
+    out, m = score_multilabel(
+        [{"id": str(i), "reference": r, "prediction": p} for i, (r, p) in enumerate(zip(refs, preds))],
+        labels=["a", "b", "c", "d"],
+    )
     assert m["per_class"]["a"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 2}
-    assert m["per_class"]["b"]["f1"] == 0.0 and m["per_class"]["c"]["precision"] == 0.0 and m["per_class"]["d"]["support"] == 0
+    assert (
+        m["per_class"]["b"]["f1"] == 0.0
+        and m["per_class"]["c"]["precision"] == 0.0
+        and m["per_class"]["d"]["support"] == 0
+    )
     assert m["micro_precision"] == pytest.approx(2 / 3) and m["micro_recall"] == pytest.approx(0.5)
     assert m["micro_f1"] == pytest.approx(4 / 7)
     assert m["macro_f1"] == pytest.approx(1 / 3) and m["macro_over"] == "macro over 3 of 4 labels present (support > 0)"
@@ -60,13 +73,18 @@ def test_multilabel_audit_support_per_label_and_cardinality():
     def ex(i, labs):
         return Example(id=f"x{i}", text=f"t{i}", target=json.dumps(labs), source=f"d.jsonl:{i}")
 
-    splits = {"train": [ex(1, ["a", "b"]), ex(2, ["a"]), ex(3, ["b", "c", "a"])], "validation": [ex(4, ["a"]), ex(5, ["d"]), ex(6, [])]}
+    splits = {
+        "train": [ex(1, ["a", "b"]), ex(2, ["a"]), ex(3, ["b", "c", "a"])],
+        "validation": [ex(4, ["a"]), ex(5, ["d"]), ex(6, [])],
+    }
     rep = get_task("multi-label").audit(splits, TaskConfig.make())
     ls = rep["label_sets"]
     assert ls["support"] == {"train": {"a": 3, "b": 2, "c": 1}, "validation": {"a": 1, "d": 1}}
     assert ls["cardinality"]["train"] == {"mean": 2.0, "min": 1, "max": 3, "histogram": {"1": 1, "2": 1, "3": 1}}
     assert ls["cardinality"]["validation"]["histogram"] == {"0": 1, "1": 2}
-    assert rep["hard_faults"] == ["label 'd' is in validation (1 example: d.jsonl:5) but never in train: the model cannot learn it"]
+    assert rep["hard_faults"] == [
+        "label 'd' is in validation (1 example: d.jsonl:5) but never in train: the model cannot learn it"
+    ]
     assert "label 'b' is in train but not in validation: it is never measured there (support 0)" in rep["warnings"]
     assert "validation: 1 example(s) have an empty label set" in rep["warnings"]
 
@@ -76,7 +94,16 @@ def test_multilabel_paired_comparison_and_per_label_guard():
     base = [{"id": str(i), "reference": r, "prediction": r if i < 6 else '["a"]'} for i, r in enumerate(refs)]
     cand = [{"id": str(i), "reference": r, "prediction": '["a"]' if i < 6 else r} for i, r in enumerate(refs)]
     hyp = _hyp("micro_f1", 0.0, [{"metric": "per_class_f1", "max_drop": 0.1}], task="multi-label")
-    r = paired_compare(base, cand, "multi-label", required_fields=[], eval_cfg=Eval(), hypothesis=hyp, iterations=200, labels=["a", "b", "c"])
+    r = paired_compare(
+        base,
+        cand,
+        "multi-label",
+        required_fields=[],
+        eval_cfg=Eval(),
+        hypothesis=hyp,
+        iterations=200,
+        labels=["a", "b", "c"],
+    )
     assert r["per_class"]["b"]["f1"]["base"] == 1.0 and r["per_class"]["b"]["f1"]["cand"] == 0.0
     assert r["per_class"]["c"]["f1"]["delta"] == 1.0
     g = r["verdicts"][1]
@@ -97,11 +124,25 @@ def _cls(table):
 def test_zero_support_class_is_left_out_of_macro_and_not_measurable_in_guards():
     base, cand = _cls([("A", 10, "A", "A"), ("B", 10, "A", "B")])
     hyp = _hyp("macro_f1", 0.0, [{"metric": "per_class_recall", "max_drop": 0.0}])
-    r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp, iterations=200, labels=["A", "B", "C"])
-    assert r["cand_metrics"]["macro_f1"] == 1.0 and r["cand_metrics"]["macro_over"] == "macro over 2 of 3 labels present (support > 0)"
+    r = paired_compare(
+        base,
+        cand,
+        "classification",
+        required_fields=[],
+        eval_cfg=Eval(),
+        hypothesis=hyp,
+        iterations=200,
+        labels=["A", "B", "C"],
+    )
+    assert (
+        r["cand_metrics"]["macro_f1"] == 1.0
+        and r["cand_metrics"]["macro_over"] == "macro over 2 of 3 labels present (support > 0)"
+    )
     g = r["verdicts"][1]
     items = {it["name"]: it for it in g["items"]}
-    assert items["C"]["verdict"] == "not measurable" and items["C"]["detail"] == "not measurable (support 0, needs >= 1)"
+    assert (
+        items["C"]["verdict"] == "not measurable" and items["C"]["detail"] == "not measurable (support 0, needs >= 1)"
+    )
     assert g["verdict"] == "pass" and "judged on classes with support >= 1" in g["detail"]
     assert g["detail"].endswith("not measurable (support < 1): C (support 0)")
     assert "macro_f1: macro over 2 of 3 labels present (support > 0)" in "\n".join(summary_lines("r2", "r1", r))
@@ -110,17 +151,30 @@ def test_zero_support_class_is_left_out_of_macro_and_not_measurable_in_guards():
 def test_guard_states_the_minimum_support_it_needs():
     base, cand = _cls([("A", 12, "A", "A"), ("B", 3, "A", "A")])
     hyp = _hyp("accuracy", 0.0, [{"metric": "per_class_recall", "floor": 0.5, "min_support": 5}])
-    g = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp, iterations=100)["verdicts"][1]
+    g = paired_compare(
+        base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp, iterations=100
+    )["verdicts"][1]
     assert {it["name"]: it["verdict"] for it in g["items"]} == {"A": "pass", "B": "not measurable"}
-    assert g["min_support"] == 5 and "judged on classes with support >= 5" in g["detail"] and "B (support 3)" in g["detail"]
+    assert (
+        g["min_support"] == 5
+        and "judged on classes with support >= 5" in g["detail"]
+        and "B (support 3)" in g["detail"]
+    )
     hyp2 = _hyp("accuracy", 0.0, [{"metric": "per_class_recall", "floor": 0.5, "min_support": 50}])
-    g2 = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp2, iterations=100)["verdicts"][1]
+    g2 = paired_compare(
+        base, cand, "classification", required_fields=[], eval_cfg=Eval(), hypothesis=hyp2, iterations=100
+    )["verdicts"][1]
     assert g2["verdict"] == "not measurable" and g2["detail"].startswith("not measurable: no class has support >= 50")
 
 
 def test_floor_alone_does_not_demand_no_drop():
-    res = {"task": "classification", "metrics": {"accuracy": {"base": 0.5, "cand": 0.6, "delta": 0.1, "ci": [0.05, 0.15]},
-                                                 "macro_f1": {"base": 0.8, "cand": 0.5, "delta": -0.3, "ci": [-0.4, -0.2]}}}
+    res = {
+        "task": "classification",
+        "metrics": {
+            "accuracy": {"base": 0.5, "cand": 0.6, "delta": 0.1, "ci": [0.05, 0.15]},
+            "macro_f1": {"base": 0.8, "cand": 0.5, "delta": -0.3, "ci": [-0.4, -0.2]},
+        },
+    }
     v = judge(_hyp("accuracy", 0.0, [{"metric": "macro_f1", "floor": 0.2}]), res)
     assert v[1]["verdict"] == "pass" and v[1]["threshold"] is None and v[1]["name"] == "guard: macro_f1 >= 0.2"
     v = judge(_hyp("accuracy", 0.0, [{"metric": "macro_f1", "floor": 0.2, "max_drop": 0.1}]), res)
@@ -143,23 +197,36 @@ def test_paired_counts_follow_field_f1_when_exact_match_stays_zero():
     base, cand = [], []
     for i in range(35):
         ref = json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen", "album": "jazz", "year": str(1970 + i)}})
-        base.append({"id": f"e{i}", "reference": ref, "prediction": "{'intent': 'PlayMusic'}"})  # Python literal: invalid
+        base.append(
+            {"id": f"e{i}", "reference": ref, "prediction": "{'intent': 'PlayMusic'}"}
+        )  # Python literal: invalid
         # candidate: strict JSON, right intent, 2 of 3 slots (F1 0.8) for 20 examples, 1 of 3 (F1 0.5) for 5, none for 10
         k = 2 if i < 20 else 1 if i < 25 else 0
         slots = dict(list({"artist": "queen", "album": "jazz"}.items())[:k])
-        cand.append({"id": f"e{i}", "reference": ref, "prediction": json.dumps({"intent": "PlayMusic", "slots": slots})})
+        cand.append(
+            {"id": f"e{i}", "reference": ref, "prediction": json.dumps({"intent": "PlayMusic", "slots": slots})}
+        )
     hyp = _hyp("field_f1", 0.05, task="extraction")
-    r = paired_compare(base, cand, "extraction", required_fields=["intent", "slots"], eval_cfg=Eval(), hypothesis=hyp, iterations=300)
+    r = paired_compare(
+        base, cand, "extraction", required_fields=["intent", "slots"], eval_cfg=Eval(), hypothesis=hyp, iterations=300
+    )
     assert r["metrics"]["exact_match"]["base"] == 0.0 and r["metrics"]["exact_match"]["cand"] == 0.0
-    assert r["counts_basis"] == {"metric": "field_f1", "rule": "field_f1",
-                                 "description": "an example passes when its field F1 (slot/value pairs) is >= 0.5"}
+    assert r["counts_basis"] == {
+        "metric": "field_f1",
+        "rule": "field_f1",
+        "description": "an example passes when its field F1 (slot/value pairs) is >= 0.5",
+    }
     assert r["counts"] == {"fixed": 25, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 10}
     assert r["mcnemar"]["p_value"] == pytest.approx(2 / 2**25)
     assert r["counts_correct"] == {"fixed": 0, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 35}
     lines = summary_lines("r0004", "r0002", r)
-    assert lines[0].startswith("r0004 vs baseline r0002 on 35 paired examples: fixed 25, broken 0, unchanged right 0, unchanged wrong 10")
+    assert lines[0].startswith(
+        "r0004 vs baseline r0002 on 35 paired examples: fixed 25, broken 0, unchanged right 0, unchanged wrong 10"
+    )
     assert lines[1] == "  basis: field_f1: an example passes when its field F1 (slot/value pairs) is >= 0.5"
-    assert lines[2].startswith("  on the per-example `correct` (exact match / right class): fixed 0, broken 0, unchanged right 0, unchanged wrong 35")
+    assert lines[2].startswith(
+        "  on the per-example `correct` (exact match / right class): fixed 0, broken 0, unchanged right 0, unchanged wrong 35"
+    )
 
 
 # --------------------------------------------------------------------------- format with a grammar
@@ -192,10 +259,12 @@ def test_grammar_parts_slot_f1_and_valid_but_wrong_outputs():
 
 def test_regex_named_groups_give_per_part_accuracy_per_category():
     rx = r"(?P<act>\w+)\((?P<arg>[^)]*)\)"
-    recs = [{"id": "1", "category": "q", "reference": "ask(time)", "prediction": "ask(time)"},
-            {"id": "2", "category": "q", "reference": "ask(date)", "prediction": "ask(time)"},
-            {"id": "3", "category": "r", "reference": "tell(date)", "prediction": "say(date)"},
-            {"id": "4", "category": "r", "reference": "tell(now)", "prediction": "tell now"}]
+    recs = [
+        {"id": "1", "category": "q", "reference": "ask(time)", "prediction": "ask(time)"},
+        {"id": "2", "category": "q", "reference": "ask(date)", "prediction": "ask(time)"},
+        {"id": "3", "category": "r", "reference": "tell(date)", "prediction": "say(date)"},
+        {"id": "4", "category": "r", "reference": "tell(now)", "prediction": "tell now"},
+    ]
     out, m = score_format(recs, regex=rx)
     assert m["per_field"] == {"act": {"accuracy": 0.5, "support": 4}, "arg": {"accuracy": 0.5, "support": 4}}
     assert m["part_accuracy"] == 0.5 and m["regex_match_rate"] == 0.75 and m["exact_match"] == 0.25
@@ -215,22 +284,30 @@ def test_data_check_validates_gold_targets_against_the_grammar_not_json():
     mixed = _mr_examples([MR_REF, "request(specifier[exciting]", "confirm(name[Halo])"])
     rep = get_task("format").audit({"train": mixed}, cfg)
     assert rep["targets"]["parsed"] == 2 and rep["targets"]["parse_rate"] == pytest.approx(2 / 3)
-    assert rep["hard_faults"] == ["1 of 3 gold targets fail the format rule (eval.grammar function_slots; parse rate 66.7%): "
-                                  "viggo.jsonl:2 (grammar: expected name(slot[value], ...))"]
+    assert rep["hard_faults"] == [
+        "1 of 3 gold targets fail the format rule (eval.grammar function_slots; parse rate 66.7%): "
+        "viggo.jsonl:2 (grammar: expected name(slot[value], ...))"
+    ]
     rx = TaskConfig.make(eval_cfg=Eval(regex=r"\{.*\}"))
     rep = get_task("format").audit({"train": good}, rx)
-    assert rep["hard_faults"][0].startswith("the format rule (eval.regex '\\\\{.*\\\\}') matches none of the 3 gold targets: viggo.jsonl:1")
+    assert rep["hard_faults"][0].startswith(
+        "the format rule (eval.regex '\\\\{.*\\\\}') matches none of the 3 gold targets: viggo.jsonl:1"
+    )
 
 
 def test_zero_support_class_is_neither_weak_nor_regressed_in_the_limits():
     from tuneproof.deliver.limits import observed_limits
 
     base, cand = _cls([("A", 10, "A", "A"), ("B", 10, "B", "A")])
-    r = paired_compare(base, cand, "classification", required_fields=[], eval_cfg=Eval(), iterations=100, labels=["A", "B", "C"])
+    r = paired_compare(
+        base, cand, "classification", required_fields=[], eval_cfg=Eval(), iterations=100, labels=["A", "B", "C"]
+    )
     lim = observed_limits("classification", eval_metrics=r["cand_metrics"], outputs=[], comparison=r, test_accesses=[])
     assert [(x["name"], x["cand"]) for x in lim["weak"]] == [("B", 0.0)]  # C (support 0) is not listed
     assert [x["name"] for x in lim["regressed"]] == ["B"]
-    lim2 = observed_limits("classification", eval_metrics=r["cand_metrics"], outputs=[], comparison=None, test_accesses=[])
+    lim2 = observed_limits(
+        "classification", eval_metrics=r["cand_metrics"], outputs=[], comparison=None, test_accesses=[]
+    )
     assert [x["name"] for x in lim2["weak"]] == ["B"]
 
 
@@ -243,7 +320,11 @@ def test_init_format_writes_a_grammar_template_with_named_parts(tmp_path):
     path = run_init(tmp_path / "mr", "format")
     s = load_study(path)
     assert s.eval.grammar == "function_slots" and s.hypothesis.success.metric == "slot_f1"
-    assert [g.metric for g in s.hypothesis.guards] == ["grammar_valid_rate", "per_class_exact_match", "function_accuracy"]
+    assert [g.metric for g in s.hypothesis.guards] == [
+        "grammar_valid_rate",
+        "per_class_exact_match",
+        "function_accuracy",
+    ]
     assert s.hypothesis.guards[2].max_drop is None and s.hypothesis.guards[2].floor == 0.5  # floor alone: no drop rule
     text = path.read_text()
     assert "# regex: '(?P<act>\\w+)\\((?P<slots>.*)\\)'" in text and "min_support: 10" in text
@@ -251,10 +332,15 @@ def test_init_format_writes_a_grammar_template_with_named_parts(tmp_path):
 
 
 def test_a_list_valued_label_in_a_classification_study_names_the_multi_label_task():
-    ex = [Example(id=f"x{i}", text=f"t{i}", label=json.dumps(["a", "b"]) if i == 2 else "a", source=f"d.jsonl:{i + 1}") for i in range(4)]
+    ex = [
+        Example(id=f"x{i}", text=f"t{i}", label=json.dumps(["a", "b"]) if i == 2 else "a", source=f"d.jsonl:{i + 1}")
+        for i in range(4)
+    ]
     rep = get_task("classification").audit({"train": ex}, TaskConfig.make())
-    assert rep["hard_faults"][0] == ("1 label(s) are lists, e.g. d.jsonl:3: a set of labels per example is a multi-label task "
-                                     "(set hypothesis.task: multi-label)")
+    assert rep["hard_faults"][0] == (
+        "1 label(s) are lists, e.g. d.jsonl:3: a set of labels per example is a multi-label task "
+        "(set hypothesis.task: multi-label)"
+    )
 
 
 def test_init_says_what_the_reader_expects(tmp_path, capsys):
@@ -264,7 +350,10 @@ def test_init_says_what_the_reader_expects(tmp_path, capsys):
         main(["init", str(tmp_path / "ml"), "--task", "multi-label"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "multi-label: target: data.fields.target: a list of labels (a JSON array, or a list in JSON/JSONL sources)" in out
+    assert (
+        "multi-label: target: data.fields.target: a list of labels (a JSON array, or a list in JSON/JSONL sources)"
+        in out
+    )
 
 
 def test_a_grammar_metric_without_the_grammar_says_which_key_it_needs():
@@ -277,8 +366,11 @@ def test_a_grammar_metric_without_the_grammar_says_which_key_it_needs():
     raw = yaml.safe_load(template_text("format"))
     raw["eval"]["grammar"] = None
     raw["eval"]["regex"] = r"(?P<act>\w+)\((?P<slots>.*)\)"
-    with pytest.raises(TuneproofError, match=r"hypothesis.success.metric: 'slot_f1' is not a metric of task 'format' "
-                                             r"\(a format study reports it only when eval.grammar is set\)"):
+    with pytest.raises(
+        TuneproofError,
+        match=r"hypothesis.success.metric: 'slot_f1' is not a metric of task 'format' "
+        r"\(a format study reports it only when eval.grammar is set\)",
+    ):
         parse_study(raw)
     raw["hypothesis"]["success"]["metric"] = "part_accuracy"
     raw["hypothesis"]["guards"] = [{"metric": "per_field_accuracy", "max_drop": 0.1}]
@@ -290,11 +382,20 @@ def test_show_fixed_follows_the_success_metric_rule():
 
     ref = json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen", "album": "jazz"}})
     base = [{"id": f"e{i}", "reference": ref, "prediction": "not json"} for i in range(3)]
-    cand = [{"id": f"e{i}", "reference": ref, "prediction": json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen"} if i else {}})}
-            for i in range(3)]
+    cand = [
+        {
+            "id": f"e{i}",
+            "reference": ref,
+            "prediction": json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen"} if i else {}}),
+        }
+        for i in range(3)
+    ]
     kind, cfg = get_task("extraction"), TaskConfig.make(["intent", "slots"])
     base, _ = kind.score(base, cfg)
     cand, _ = kind.score(cand, cfg)
     assert select(base, cand, fixed=True) == []  # exact match stays 0: nothing "fixed" on `correct`
     rule = kind.example_rule("field_f1")
-    assert [r["id"] for _, r in select(base, cand, fixed=True, passing=rule.passing)] == ["e1", "e2"]  # field F1 0.667 >= 0.5
+    assert [r["id"] for _, r in select(base, cand, fixed=True, passing=rule.passing)] == [
+        "e1",
+        "e2",
+    ]  # field F1 0.667 >= 0.5

@@ -61,7 +61,9 @@ def test_export_records_base_size_and_added_tokens_and_another_base_size_is_name
     prepare_study(study)
     code, out = cli(capsys, "train", "--study", str(study), "--skip-preflight", "added-token test")
     assert code == 0, out
-    train_id = next(p.name for p in sorted((study / "runs").iterdir()) if read_json(p / "summary.json").get("kind") == "train")
+    train_id = next(
+        p.name for p in sorted((study / "runs").iterdir()) if read_json(p / "summary.json").get("kind") == "train"
+    )
     method = read_json(study / "runs" / train_id / "method.json")
     assert method["vocabulary"]["base_vocab_size"] == v0 and method["vocabulary"]["tokenizer_size"] == v0 + 3
 
@@ -81,5 +83,7 @@ def test_export_records_base_size_and_added_tokens_and_another_base_size_is_name
     model.save_pretrained(other, safe_serialization=True)
     code, out = cli(capsys, "verify", str(bundle), "--base", str(other))
     assert code == 3, out
-    assert (f"base vocabulary size: the export was trained on a base with {v0} embedding rows (before resizing, resized to "
-            f"{v0 + 3} for 2 added token(s)), {other} has {v0 + 5}") in out
+    assert (
+        f"base vocabulary size: the export was trained on a base with {v0} embedding rows (before resizing, resized to "
+        f"{v0 + 3} for 2 added token(s)), {other} has {v0 + 5}"
+    ) in out

@@ -63,8 +63,10 @@ def test_changed_base_weights_or_config_are_refused_by_resume_eval_and_export(ti
     assert code == 2
     assert f"the base model {base} changed since the checkpoint of {rec.id}" in out
     assert f"weight file model.safetensors: sha256 {w_before} -> {w_after}" in out
-    assert (f"combined weights sha256 {combined_weights_hash({'model.safetensors': w_before})} -> "
-            f"{combined_weights_hash({'model.safetensors': w_after})}") in out
+    assert (
+        f"combined weights sha256 {combined_weights_hash({'model.safetensors': w_before})} -> "
+        f"{combined_weights_hash({'model.safetensors': w_after})}"
+    ) in out
     restore()
 
     # config.json changed (weights equal)
@@ -84,7 +86,10 @@ def test_changed_base_weights_or_config_are_refused_by_resume_eval_and_export(ti
     restore = _perturb(base)
     code, out = _run(capsys, "eval", rec.id, "--study", str(study))
     assert code == 3
-    assert f"differs from the one run {rec.id} was trained on: weight file model.safetensors: sha256 {w_before} -> {w_after}" in out
+    assert (
+        f"differs from the one run {rec.id} was trained on: weight file model.safetensors: sha256 {w_before} -> {w_after}"
+        in out
+    )
     code, out = _run(capsys, "export", rec.id, "--study", str(study))
     assert code == 3 and f"weight file model.safetensors: sha256 {w_before} -> {w_after}" in out
     restore()

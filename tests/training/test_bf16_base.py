@@ -31,10 +31,10 @@ def _batch(vocab: int, rows: int = 3, length: int = 12):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (rows, length), generator=g)
     mask = torch.ones_like(ids)
-    mask[-1, length - 3:] = 0
+    mask[-1, length - 3 :] = 0
     labels = ids.clone()
     labels[:, :5] = -100  # prompt not supervised
-    labels[-1, length - 3:] = -100  # padding
+    labels[-1, length - 3 :] = -100  # padding
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -47,7 +47,9 @@ def _loss_fn(model, batch):
 def _lora(model, **kw):
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, **kw))
+    return get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, **kw)
+    )
 
 
 @pytest.fixture()
@@ -132,7 +134,9 @@ def test_the_key_is_refused_with_full_fine_tuning_qlora_and_the_chunked_loss(tin
     raw["method"] = {"kind": "full"}
     with pytest.raises(TuneproofError) as err:
         parse_study(raw, "tuneproof.yaml")
-    assert "tuneproof.yaml: <root>: training.bf16_base_weights" in str(err.value) and "method.kind full" in str(err.value)
+    assert "tuneproof.yaml: <root>: training.bf16_base_weights" in str(err.value) and "method.kind full" in str(
+        err.value
+    )
     raw["method"] = {"kind": "qlora", "target_modules": ["q_proj"]}
     with pytest.raises(TuneproofError) as err:
         parse_study(raw, "tuneproof.yaml")
@@ -158,7 +162,11 @@ def test_refused_where_bf16_is_emulated_or_the_compute_is_fp32():
     assert choose_dtype("auto", t4, bf16_base_weights=True)["passed"] is False  # capability 7.5: emulated
     native = DeviceInfo("cpu", "a CPU with AVX512-BF16", None, True)
     c = choose_dtype("fp32", native, bf16_base_weights=True)
-    assert c["passed"] is False and "compute dtype is fp32" in c["message"] and c["hint"].startswith("set training.precision: bf16")
+    assert (
+        c["passed"] is False
+        and "compute dtype is fp32" in c["message"]
+        and c["hint"].startswith("set training.precision: bf16")
+    )
     c = choose_dtype("bf16", native, bf16_base_weights=True)
     assert c["passed"] is True and c["base_weights"] == "bf16"
     h100 = DeviceInfo("cuda", "H100", (9, 0), True)
@@ -204,8 +212,18 @@ def test_peak_memory_drops_by_at_least_60_percent_of_the_frozen_bytes_saved():
     from tuneproof.training.speedups import check_bf16_base
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                      vocab_size=4096, max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=2, pad_token_id=2)
+    cfg = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=4096,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     model = _lora(LlamaForCausalLM(cfg))
     r = check_bf16_base(model, _batch(4096, rows=2, length=32), _loss_fn)
     assert r["passed"] is True, r["message"]
@@ -216,7 +234,9 @@ def test_peak_memory_drops_by_at_least_60_percent_of_the_frozen_bytes_saved():
     assert mem["peak_drop_bytes"] >= 0.6 * saved, mem
 
 
-def test_a_train_run_records_the_check_saves_fp32_and_evaluates_and_exports_with_a_bf16_base(tiny_base, tmp_path, native_bf16):
+def test_a_train_run_records_the_check_saves_fp32_and_evaluates_and_exports_with_a_bf16_base(
+    tiny_base, tmp_path, native_bf16
+):
     from safetensors.torch import load_file
 
     import tuneproof.recipes.train as train_recipe
@@ -263,7 +283,9 @@ def test_a_train_run_records_the_check_saves_fp32_and_evaluates_and_exports_with
     assert ev.summary["base_weights"] == "bf16"
     assert read_json(study / "runs" / eval_id / "eval.json")["base_weights"] == "bf16"
     assert ev.eval_fingerprint == baseline.eval_fingerprint  # the same procedure, base in bf16 on both sides
-    assert ev.eval_fingerprint != study_eval_fingerprint(ctx, base_weights="fp32")["hash"]  # never equal to an fp32-base eval
+    assert (
+        ev.eval_fingerprint != study_eval_fingerprint(ctx, base_weights="fp32")["hash"]
+    )  # never equal to an fp32-base eval
 
     run_export(ctx, run_id, k=3, merge=True)  # its fresh-process verify (adapter and merged/) must pass, else it raises
     man = read_json(study / "exports" / run_id / "manifest.json")
@@ -310,8 +332,10 @@ def test_a_distributed_launch_with_the_key_is_refused_before_torchrun(tiny_base,
     try:
         with pytest.raises(TuneproofError) as err:
             torchrun.check_launch(ctx, 2)
-        assert err.value.message.endswith("tuneproof.yaml: training.bf16_base_weights is not yet checked under DDP/FSDP "
-                                          "(the cast would follow the wrapper)")
+        assert err.value.message.endswith(
+            "tuneproof.yaml: training.bf16_base_weights is not yet checked under DDP/FSDP "
+            "(the cast would follow the wrapper)"
+        )
         assert err.value.hint == "set training.bf16_base_weights: false for a distributed run"
     finally:
         ctx.registry.close()
@@ -327,10 +351,26 @@ def test_the_check_passes_on_an_encoder_classifier_whose_head_is_trained_in_fp32
     from tuneproof.training.speedups import check_bf16_base
 
     torch.manual_seed(0)
-    base = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                    intermediate_size=64, num_labels=3))
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"],
-                                            task_type=TaskType.SEQ_CLS))
+    base = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            num_labels=3,
+        )
+    )
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["query", "value"],
+            modules_to_save=["classifier"],
+            task_type=TaskType.SEQ_CLS,
+        ),
+    )
     ids = torch.randint(3, 100, (4, 10), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 2, 1])}
     r = check_bf16_base(model, batch, _loss_fn)
@@ -373,10 +413,24 @@ def test_the_check_passes_on_an_image_classifier():
     from tuneproof.training.speedups import check_bf16_base
 
     torch.manual_seed(0)
-    base = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                               image_size=16, patch_size=4, num_labels=3))
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["classifier"]))
-    batch = {"pixel_values": torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0)), "labels": torch.tensor([0, 1, 2, 1])}
+    base = ViTForImageClassification(
+        ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=4,
+            num_labels=3,
+        )
+    )
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["classifier"])
+    )
+    batch = {
+        "pixel_values": torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0)),
+        "labels": torch.tensor([0, 1, 2, 1]),
+    }
     r = check_bf16_base(model, batch, _loss_fn)
     assert r["passed"] is True, r["message"]
     assert r["tensors"] == 10 and r["grad_rel_l2"] <= 0.05 and r["grad_cosine"] >= 0.999

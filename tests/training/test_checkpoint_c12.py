@@ -27,8 +27,15 @@ LR, WARMUP, TOTAL = 0.05, 5, 16
 @pytest.fixture(scope="module")
 def stopped(tiny_base, tmp_path_factory):
     """Trained 10 of 16 steps (warmup 5, linear decay) and stopped as if interrupted."""
-    study = make_study(tmp_path_factory.mktemp("c12") / "s", tiny_base, max_steps=TOTAL, warmup_steps=WARMUP,
-                       learning_rate=LR, checkpoint_every=4, gradient_accumulation_steps=1)
+    study = make_study(
+        tmp_path_factory.mktemp("c12") / "s",
+        tiny_base,
+        max_steps=TOTAL,
+        warmup_steps=WARMUP,
+        learning_rate=LR,
+        checkpoint_every=4,
+        gradient_accumulation_steps=1,
+    )
     ctx = StudyContext.open(study)
     with pytest.raises(KeyboardInterrupt):
         run_train(ctx, TrainOptions(stop_after=10))
@@ -55,15 +62,28 @@ def test_checkpoint_holds_everything_to_resume_and_explain(stopped):
     names = sorted(ckpt["trainable"])
     assert len(names) == 8 and all(".lora_A." in n or ".lora_B." in n for n in names)  # adapter only, no base weight
     state = ckpt["optimizer"]["state"]
-    assert len(state) == 8 and all(int(s["step"]) == 10 and "exp_avg" in s and "exp_avg_sq" in s for s in state.values())
+    assert len(state) == 8 and all(
+        int(s["step"]) == 10 and "exp_avg" in s and "exp_avg_sq" in s for s in state.values()
+    )
     assert ckpt["scheduler"]["last_epoch"] == 10
     assert set(ckpt["rng"]) >= {"python", "numpy", "torch"}
-    assert ckpt["data"] == {"n_examples": 24, "micro_batch": 4, "accumulation": 1, "seed": 3, "next_micro_batch": 10,
-                            "epoch": 1, "steps_per_epoch": 6, "order": ckpt["data"]["order"], "world_size": 1}
+    assert ckpt["data"] == {
+        "n_examples": 24,
+        "micro_batch": 4,
+        "accumulation": 1,
+        "seed": 3,
+        "next_micro_batch": 10,
+        "epoch": 1,
+        "steps_per_epoch": 6,
+        "order": ckpt["data"]["order"],
+        "world_size": 1,
+    }
     assert ckpt["config"] == read_json(run_dir / "config.json")
     assert ckpt["data_fingerprint"] == rec.data_fingerprint
     assert ckpt["base_revision"].startswith("sha256:")
-    assert len(ckpt["losses"]) == 10 and ckpt["losses"] == pytest.approx(list(losses_by_step(run_dir).values()), abs=1e-6)
+    assert len(ckpt["losses"]) == 10 and ckpt["losses"] == pytest.approx(
+        list(losses_by_step(run_dir).values()), abs=1e-6
+    )
 
 
 def test_c12_restore_into_fresh_objects_is_exact(stopped):
@@ -88,7 +108,9 @@ def test_c12_restore_into_fresh_objects_is_exact(stopped):
     saved = ckpt["optimizer"]["state"]
     restored = optimizer.state_dict()["state"]
     for i, s in saved.items():
-        assert torch.equal(restored[i]["exp_avg"], s["exp_avg"]) and torch.equal(restored[i]["exp_avg_sq"], s["exp_avg_sq"])
+        assert torch.equal(restored[i]["exp_avg"], s["exp_avg"]) and torch.equal(
+            restored[i]["exp_avg_sq"], s["exp_avg_sq"]
+        )
         assert int(restored[i]["step"]) == 10
     assert scheduler.last_epoch == 10
     # the learning rate of step 11 (0-based index 10): 0.05 * (16 - 10) / (16 - 5)

@@ -15,8 +15,16 @@ import torch
 from tiny_study import train_dir
 from tuneproof.cli import main
 from tuneproof.registry import Registry
-from tuneproof.training.resume_state import (INDEX, decode, encode, list_checkpoints, load_checkpoint, rng_state,
-                                             save_checkpoint, set_rng_state)
+from tuneproof.training.resume_state import (
+    INDEX,
+    decode,
+    encode,
+    list_checkpoints,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 
 
 class Payload:
@@ -110,15 +118,24 @@ def test_checkpoint_round_trip_is_exact_and_indexed(tmp_path):
     opt = torch.optim.AdamW([p], lr=0.1)
     p.grad = torch.randn(3, 2)
     opt.step()
-    payload = {"step": 1, "total_steps": 2, "trainable": {"w": p.detach().clone()}, "optimizer": opt.state_dict(),
-               "scheduler": {"last_epoch": 1, "_last_lr": [0.1 / 3]}, "rng": rng_state(), "data": {"n_examples": 3},
-               "losses": [0.1 + 0.2, 1e-300, float("inf")], "config": {"a": [1, "x", None, True]}}
+    payload = {
+        "step": 1,
+        "total_steps": 2,
+        "trainable": {"w": p.detach().clone()},
+        "optimizer": opt.state_dict(),
+        "scheduler": {"last_epoch": 1, "_last_lr": [0.1 / 3]},
+        "rng": rng_state(),
+        "data": {"n_examples": 3},
+        "losses": [0.1 + 0.2, 1e-300, float("inf")],
+        "config": {"a": [1, "x", None, True]},
+    }
     folder = save_checkpoint(tmp_path / "checkpoints", 1, payload)
     assert sorted(f.name for f in folder.iterdir()) == ["state.json", "tensors.safetensors"]
     assert not [f for f in (tmp_path / "checkpoints").iterdir() if f.name.startswith(".")]
     idx = json.loads((tmp_path / "checkpoints" / INDEX).read_text())
-    assert idx["checkpoints"]["step-000001"]["files"] == {f: hashlib.sha256((folder / f).read_bytes()).hexdigest()
-                                                          for f in ("state.json", "tensors.safetensors")}
+    assert idx["checkpoints"]["step-000001"]["files"] == {
+        f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in ("state.json", "tensors.safetensors")
+    }
     back = load_checkpoint(folder)
     cuda_like = [torch.get_rng_state(), torch.arange(16, dtype=torch.uint8)]  # shape of get_rng_state_all() on 2 GPUs
     tensors: dict = {}
@@ -138,7 +155,10 @@ def test_checkpoint_round_trip_is_exact_and_indexed(tmp_path):
     for step in (1, 2, 3):
         save_checkpoint(tmp_path / "checkpoints", step, payload)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000002", "step-000003"]
-    assert sorted(json.loads((tmp_path / "checkpoints" / INDEX).read_text())["checkpoints"]) == ["step-000002", "step-000003"]
+    assert sorted(json.loads((tmp_path / "checkpoints" / INDEX).read_text())["checkpoints"]) == [
+        "step-000002",
+        "step-000003",
+    ]
 
 
 def test_encode_refuses_objects_that_would_need_code(tmp_path):

@@ -33,8 +33,12 @@ def test_chunked_loss_equals_the_reference_loss_and_gradients(lora_llama):
     from tuneproof.training.loss import check_chunked_loss, chunked_token_loss_sum, token_loss_sum
 
     batch = _batch(64)
-    ref = token_loss_sum(lora_llama(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"])
-    got = chunked_token_loss_sum(lora_llama, batch["input_ids"], batch["attention_mask"], batch["labels"], chunk_tokens=4)
+    ref = token_loss_sum(
+        lora_llama(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+    )
+    got = chunked_token_loss_sum(
+        lora_llama, batch["input_ids"], batch["attention_mask"], batch["labels"], chunk_tokens=4
+    )
     assert float(got) == pytest.approx(float(ref), rel=1e-6)
     rep = check_chunked_loss(lora_llama, batch, chunk_tokens=4)  # 18 supervised positions in chunks of 4
     assert rep["passed"] is True and rep["tensors"] == 8  # q and v LoRA A/B in 2 layers
@@ -91,12 +95,19 @@ def test_token_loss_sum_shifts_the_labels_not_the_logits_and_gives_the_textbook_
     labels = torch.randint(0, 11, (3, 7), generator=g)
     labels[:, :3] = -100
     labels[1, 5] = -100
-    textbook = F.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    textbook = F.cross_entropy(
+        logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+    )
     (g_ref,) = torch.autograd.grad(textbook, logits)
     got = token_loss_sum(logits, labels)
     (g_got,) = torch.autograd.grad(got, logits)
     assert torch.equal(g_got, g_ref)
     assert float(got) == pytest.approx(float(textbook), rel=1e-6)
     assert torch.count_nonzero(g_got[:, -1]) == 0  # the last position predicts nothing
-    by_hand = sum(-torch.log_softmax(logits[i, t - 1], -1)[labels[i, t]] for i in range(3) for t in range(1, 7) if labels[i, t] != -100)
+    by_hand = sum(
+        -torch.log_softmax(logits[i, t - 1], -1)[labels[i, t]]
+        for i in range(3)
+        for t in range(1, 7)
+        if labels[i, t] != -100
+    )
     assert float(got) == pytest.approx(float(by_hand), rel=1e-6)

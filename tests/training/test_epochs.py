@@ -28,8 +28,10 @@ def test_max_steps_and_epochs_are_exclusive(tiny_base):
     with pytest.raises(TuneproofError) as err:
         parse_study(raw, "s/tuneproof.yaml")
     first = str(err.value).splitlines()[0]
-    assert first == ("s/tuneproof.yaml: training: training.max_steps (4) and training.epochs (1) are both set: "
-                     "the step budget comes from one of them; remove one (or set it to null)")
+    assert first == (
+        "s/tuneproof.yaml: training: training.max_steps (4) and training.epochs (1) are both set: "
+        "the step budget comes from one of them; remove one (or set it to null)"
+    )
     with pytest.raises(TuneproofError, match="training.max_steps .3. and training.epochs .2. are both set"):
         budget(Training().model_copy(update={"max_steps": 3, "epochs": 2}), 10)  # built without validation
 
@@ -37,8 +39,14 @@ def test_max_steps_and_epochs_are_exclusive(tiny_base):
 def test_budget_says_which_key_set_it():
     # 10 examples, micro-batch 2 -> 5 micro-batches per epoch; accumulation 2 -> windows of 2, 2, 1: 3 steps per epoch
     base = {"micro_batch_size": 2, "gradient_accumulation_steps": 2}
-    assert budget(Training(**base), 10) == {"key": "default", "value": 1, "total_steps": 3, "steps_per_epoch": 3,
-                                             "micro_batches_per_epoch": 5, "examples_per_epoch": 10}
+    assert budget(Training(**base), 10) == {
+        "key": "default",
+        "value": 1,
+        "total_steps": 3,
+        "steps_per_epoch": 3,
+        "micro_batches_per_epoch": 5,
+        "examples_per_epoch": 10,
+    }
     assert Training().max_steps is None and Training().epochs is None  # no silent 100-step default
     b = budget(Training(**base, epochs=2), 10)
     assert (b["key"], b["value"], b["total_steps"]) == ("training.epochs", 2, 6)
@@ -72,8 +80,18 @@ def _study(folder, base, dropout: float, **training):
 
 
 def test_c18_last_window_holds_the_rest_of_the_epoch(tiny_base, tmp_path):
-    study = _study(tmp_path / "s", tiny_base, 0.0, n_train=6, max_steps=None, epochs=1, micro_batch_size=1,
-                   gradient_accumulation_steps=4, warmup_steps=0, max_grad_norm=None)
+    study = _study(
+        tmp_path / "s",
+        tiny_base,
+        0.0,
+        n_train=6,
+        max_steps=None,
+        epochs=1,
+        micro_batch_size=1,
+        gradient_accumulation_steps=4,
+        warmup_steps=0,
+        max_grad_norm=None,
+    )
     ctx = StudyContext.open(study)
     seen = []  # per optimizer step: (weights before the update, gradients of the update)
 
@@ -121,8 +139,15 @@ def test_c18_last_window_holds_the_rest_of_the_epoch(tiny_base, tmp_path):
 
 def test_resume_exactly_at_an_epoch_boundary_is_exact(tiny_base, tmp_path):
     # 10 examples, micro-batch 2, accumulation 2: windows of 2, 2, 1 -> 3 steps per epoch, 2 epochs; dropout on
-    training = dict(n_train=10, max_steps=None, epochs=2, micro_batch_size=2, gradient_accumulation_steps=2,
-                    warmup_steps=1, checkpoint_every=2)
+    training = dict(
+        n_train=10,
+        max_steps=None,
+        epochs=2,
+        micro_batch_size=2,
+        gradient_accumulation_steps=2,
+        warmup_steps=1,
+        checkpoint_every=2,
+    )
     ref_study = _study(tmp_path / "ref", tiny_base, 0.1, **training)
     ref_ctx = StudyContext.open(ref_study)
     ref_id = run_train(ref_ctx)
@@ -136,7 +161,12 @@ def test_resume_exactly_at_an_epoch_boundary_is_exact(tiny_base, tmp_path):
         run_train(ctx, TrainOptions(stop_after=3))  # the end of epoch 0
     (rec,) = ctx.registry.list(kind="train")
     ckpt = load_checkpoint(latest_checkpoint(ctx.registry.runs_dir / rec.id))
-    assert (ckpt["step"], ckpt["data"]["epoch"], ckpt["data"]["next_micro_batch"], ckpt["data"]["steps_per_epoch"]) == (3, 1, 5, 3)
+    assert (ckpt["step"], ckpt["data"]["epoch"], ckpt["data"]["next_micro_batch"], ckpt["data"]["steps_per_epoch"]) == (
+        3,
+        1,
+        5,
+        3,
+    )
     assert ckpt["examples_seen"] == 10
     ctx.registry.close()
     run_resume(study, None, rec.id)
@@ -153,7 +183,9 @@ def test_resume_exactly_at_an_epoch_boundary_is_exact(tiny_base, tmp_path):
 def test_preflight_accumulation_check_covers_the_short_last_window(tiny_base, tmp_path):
     from tuneproof.preflight.accumulation import check_accumulation_window, last_window_probe
 
-    study = _study(tmp_path / "s", tiny_base, 0.1, n_train=10, max_steps=None, micro_batch_size=2, gradient_accumulation_steps=2)
+    study = _study(
+        tmp_path / "s", tiny_base, 0.1, n_train=10, max_steps=None, micro_batch_size=2, gradient_accumulation_steps=2
+    )
     ctx = StudyContext.open(study)
     encoded = ctx.pipeline.encode_all(ctx.split("train"))
     cfg, pad = ctx.study.training, ctx.tokenizer.pad_token_id

@@ -124,7 +124,9 @@ def test_c19_lr_1e30_run_is_invalid_with_rule_and_step(tiny_base, tmp_path):
     h = rec.summary["health"]
     assert (h["rule"], h["step"]) == ("exploded_tensor", 1) and h["thresholds"]["explode_max_abs"] == 1e4
     assert "lora_B" in h["tensor"] and h["max_abs"] == pytest.approx(1e30, rel=1e-3)
-    assert json.loads((c.registry.runs_dir / rec.id / "summary.json").read_text())["health"]["rule"] == "exploded_tensor"
+    assert (
+        json.loads((c.registry.runs_dir / rec.id / "summary.json").read_text())["health"]["rule"] == "exploded_tensor"
+    )
     (row,) = [r for r in rows(c.registry.runs_dir / rec.id) if "loss" in r]
     assert row["step"] == 1 and row["health"] == "exploded_tensor"
     assert row["max_abs"] == pytest.approx(1e30, rel=1e-3)  # the adapter values C19 saw: ~1e30, the loss still finite
@@ -151,7 +153,10 @@ def test_monitor_rules_on_numbers():
     assert m.after_update(8) == 1000.0
     with torch.no_grad():
         b[0] = 2e4
-    with pytest.raises(HealthFault, match=r"step 9: exploded_tensor: max \|value\| 2e\+04 > limit 1e\+04 after the update in trainable tensor b"):
+    with pytest.raises(
+        HealthFault,
+        match=r"step 9: exploded_tensor: max \|value\| 2e\+04 > limit 1e\+04 after the update in trainable tensor b",
+    ):
         m.after_update(9)
     with torch.no_grad():
         w[0, 0] = 5e4  # under its own limit 1e5

@@ -12,15 +12,32 @@ import torch
 
 from tuneproof.data.preprocess import Encoded, collate, collate_packed, pack_rows, packed_padding
 from tuneproof.study import Training
-from tuneproof.training.data_order import (GROUP_MEGABATCH, epoch_micro_batches, epoch_order, micro_batch_at,
-                                            micro_batches_per_epoch, padding_share, window_at)
+from tuneproof.training.data_order import (
+    GROUP_MEGABATCH,
+    epoch_micro_batches,
+    epoch_order,
+    micro_batch_at,
+    micro_batches_per_epoch,
+    padding_share,
+    window_at,
+)
 
 
 def _enc(i: int, ids: list[int], supervised_from: int) -> Encoded:
     labels = [-100] * supervised_from + ids[supervised_from:]
-    return Encoded(id=f"ex{i}", category=None, input_ids=ids, labels=labels, prompt_tokens=supervised_from,
-                   answer_tokens=len(ids) - supervised_from, full_length=len(ids), n_supervised=len(ids) - supervised_from,
-                   truncated=False, text="", boundary_char=0)
+    return Encoded(
+        id=f"ex{i}",
+        category=None,
+        input_ids=ids,
+        labels=labels,
+        prompt_tokens=supervised_from,
+        answer_tokens=len(ids) - supervised_from,
+        full_length=len(ids),
+        n_supervised=len(ids) - supervised_from,
+        truncated=False,
+        text="",
+        boundary_char=0,
+    )
 
 
 def _dataset(n: int = 24, vocab: int = 64, seed: int = 0) -> list[Encoded]:
@@ -54,9 +71,13 @@ def test_grouped_order_keeps_sampler_shares_per_rank_and_changes_per_epoch():
         for rank in range(world):
             batches = epoch_micro_batches(n, mb, 5, epoch, world_size=world, rank=rank, lengths=lengths)
             assert len(batches) == micro_batches_per_epoch(n, mb, world) == 84  # ceil(334 / 4)
-            assert sorted(len(b) for b in batches)[0] == 2 and sum(len(b) < mb for b in batches) == 1  # 334 = 83 x 4 + 2
+            assert (
+                sorted(len(b) for b in batches)[0] == 2 and sum(len(b) < mb for b in batches) == 1
+            )  # 334 = 83 x 4 + 2
             flat = [i for b in batches for i in b]
-            assert sorted(flat) == sorted(epoch_order(n, world_size=world, rank=rank, seed=5, epoch=epoch))  # same share
+            assert sorted(flat) == sorted(
+                epoch_order(n, world_size=world, rank=rank, seed=5, epoch=epoch)
+            )  # same share
             shares.append(set(flat))
         assert shares[0].isdisjoint(shares[1]) and shares[1].isdisjoint(shares[2]) or n % world  # padded share repeats
         assert set().union(*shares) == set(range(n))
@@ -111,7 +132,9 @@ def test_c23_packed_rows_equal_each_example_alone(tiny_lm):
     examples = _dataset(8)
     rep = check_packing(tiny_lm, examples, pad_id=2, capacity=32)
     assert rep["passed"] is True, rep["message"]
-    assert rep["examples"] == 8 and rep["rows"] == 3 and rep["tokens"] == 38  # sum of L - L//2 over lengths 4, 11, 5, 12, 6, 13, 7, 14
+    assert (
+        rep["examples"] == 8 and rep["rows"] == 3 and rep["tokens"] == 38
+    )  # sum of L - L//2 over lengths 4, 11, 5, 12, 6, 13, 7, 14
     assert rep["max_abs_diff"] <= 1e-4
     assert rep["control_max_abs_diff"] > 1e-2  # the neighbour-visible row differs: the check can see contamination
 
@@ -142,8 +165,13 @@ def _train(model_seed: int, examples, tmp=None, resume=None, stop_after=None, **
     from tinymodels import make_llama
     from tuneproof.training.loop import train
 
-    model = get_peft_model(make_llama(64, seed=model_seed), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
-    cfg = Training(micro_batch_size=4, gradient_accumulation_steps=2, epochs=2, learning_rate=1e-2, max_length=32, **over)
+    model = get_peft_model(
+        make_llama(64, seed=model_seed),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    cfg = Training(
+        micro_batch_size=4, gradient_accumulation_steps=2, epochs=2, learning_rate=1e-2, max_length=32, **over
+    )
 
     class Run:  # what train() uses of a registry run
         def __init__(self):
@@ -159,8 +187,17 @@ def _train(model_seed: int, examples, tmp=None, resume=None, stop_after=None, **
             pass
 
     run = Run() if tmp is not None else None
-    out = train(model, examples, cfg, pad_id=2, device=torch.device("cpu"), autocast=contextlib.nullcontext, run=run,
-                resume=resume, stop_after=stop_after)
+    out = train(
+        model,
+        examples,
+        cfg,
+        pad_id=2,
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        run=run,
+        resume=resume,
+        stop_after=stop_after,
+    )
     return out, model, run, cfg
 
 
@@ -178,13 +215,14 @@ def test_packing_gives_the_losses_of_the_padded_run(tmp_path):
 
 
 def test_length_grouping_trains_on_the_grouped_order_and_resumes_exactly(tmp_path):
-    from tuneproof.training.loop import train
     from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 
     examples = _dataset(24)
     full, model_full, run, cfg = _train(0, examples, tmp_path / "full", length_grouping=True)
-    assert run.summary["speedups"]["length_grouping"] == {"padding_before": run.summary["padding"]["before"],
-                                                          "padding_after": run.summary["padding"]["after"]}
+    assert run.summary["speedups"]["length_grouping"] == {
+        "padding_before": run.summary["padding"]["before"],
+        "padding_after": run.summary["padding"]["after"],
+    }
     assert run.summary["padding"]["after"] < run.summary["padding"]["before"]
     plain, _, _, _ = _train(0, examples)
     assert full["losses"] != plain["losses"]  # another order of the same examples
@@ -215,8 +253,9 @@ def test_padding_report_before_and_after_exact():
     assert rep["positions_before"] == positions and rep["before"] == round(1 - 234 / positions, 6)
     grouped = padding_report(examples, plain.model_copy(update={"length_grouping": True}))
     assert grouped["after"] < grouped["before"] and grouped["layout"] == "length_grouping"
-    assert grouped["positions_after"] == sum(len(b) * max(lengths[i] for i in b)
-                                             for b in epoch_micro_batches(24, 4, 0, 0, lengths=lengths))
+    assert grouped["positions_after"] == sum(
+        len(b) * max(lengths[i] for i in b) for b in epoch_micro_batches(24, 4, 0, 0, lengths=lengths)
+    )
     packed = padding_report(examples, plain.model_copy(update={"packing": True}))
     assert packed["after"] < grouped["before"] and packed["layout"] == "packing"
 
@@ -249,7 +288,11 @@ def test_packing_rows_default_to_one_per_micro_batch_and_short_rows_add_padding(
     cfg = Training(micro_batch_size=8, max_length=40, packing=True)
     assert packing_capacity(cfg) == 320
     default = padding_report(examples, cfg)
-    assert default["positions_before"] == 192 and default["after"] == 0.0 and default["positions_after"] == default["tokens"] == 167
+    assert (
+        default["positions_before"] == 192
+        and default["after"] == 0.0
+        and default["positions_after"] == default["tokens"] == 167
+    )
     # rows of 40: 24 | 23 | 22+18 | 21+19 | 20+20, each padded to 40 -> 200 positions, more than unpacked
     short = padding_report(examples, cfg.model_copy(update={"packing_length": 40}))
     assert short["positions_after"] == 200 and short["after"] == round(1 - 167 / 200, 6) > short["before"]
@@ -269,7 +312,6 @@ def test_packing_length_below_max_length_or_without_packing_is_refused_naming_th
     """A row of training.packing_length 16 held none of 35-38-token examples (max_length 64): each was
     its own row, nothing was packed, and the run still recorded packing as used; refused in the study file."""
     from tiny_study import study_config
-
     from tuneproof.context import parse_study
     from tuneproof.errors import TuneproofError
 
@@ -279,7 +321,8 @@ def test_packing_length_below_max_length_or_without_packing_is_refused_naming_th
         parse_study(raw, "s/tuneproof.yaml")
     assert str(e.value).splitlines()[0] == (
         "s/tuneproof.yaml: training: training.packing_length 16 is below training.max_length 64: a packed row must hold an "
-        "example of max_length tokens; set it to at least 64 (unset: micro_batch_size x max_length = 256, one row per micro-batch)")
+        "example of max_length tokens; set it to at least 64 (unset: micro_batch_size x max_length = 256, one row per micro-batch)"
+    )
     raw["training"].update(packing=False, packing_length=128)
     with pytest.raises(TuneproofError, match=r"training.packing_length \(128\) applies to training.packing: true"):
         parse_study(raw, "s/tuneproof.yaml")

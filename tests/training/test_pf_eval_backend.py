@@ -33,8 +33,10 @@ def test_vllm_not_installed_fails_the_backend_check(tiny_base, tmp_path, monkeyp
     monkeypatch.setattr(B, "vllm_installed", lambda: False)
     check = _backend_check(_with_backend(tmp_path, tiny_base, "vllm"))
     assert check["passed"] is False and check["numbers"]["eval_backend"] == "vllm"
-    assert (f"{tmp_path / 's' / 'tuneproof.yaml'}: eval.backend: vllm, but the package vllm is not installed in this environment "
-            "-> on a CUDA machine: pip install -e '.[vllm]'") in check["message"]
+    assert (
+        f"{tmp_path / 's' / 'tuneproof.yaml'}: eval.backend: vllm, but the package vllm is not installed in this environment "
+        "-> on a CUDA machine: pip install -e '.[vllm]'"
+    ) in check["message"]
 
 
 def test_vllm_without_cuda_fails_the_backend_check(tiny_base, tmp_path, monkeypatch):
@@ -42,7 +44,10 @@ def test_vllm_without_cuda_fails_the_backend_check(tiny_base, tmp_path, monkeypa
     monkeypatch.setattr(B, "cuda_available", lambda: False)
     check = _backend_check(_with_backend(tmp_path, tiny_base, "vllm"))
     assert check["passed"] is False
-    assert "eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)" in check["message"]
+    assert (
+        "eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)"
+        in check["message"]
+    )
 
 
 def test_vllm_where_it_runs_and_transformers_pass(tiny_base, tmp_path, monkeypatch):

@@ -47,7 +47,10 @@ def test_failed_data_check_stops_baseline_and_train(tiny_base, tmp_path, capsys)
 
     code, out = cli(capsys, study, "baseline")
     assert code == 3, out
-    assert "baseline refused: the data check r0001 of this data" in out and "failed with 1 hard fault, first: 1 of 34 targets are not strict JSON" in out
+    assert (
+        "baseline refused: the data check r0001 of this data" in out
+        and "failed with 1 hard fault, first: 1 of 34 targets are not strict JSON" in out
+    )
     assert "tuneproof data check" in out and "--skip-data-check" in out
     code, out = cli(capsys, study, "train", "--skip-preflight", "tiny study")
     assert code == 3 and "train refused: the data check r0001 of this data" in out
@@ -56,12 +59,18 @@ def test_failed_data_check_stops_baseline_and_train(tiny_base, tmp_path, capsys)
 
     # the data fixed: a new fingerprint, no data check for it yet -> run inline, then the baseline
     path = study / "data" / "train.jsonl"
-    path.write_text(path.read_text().replace('"{intent: Weather"', json.dumps(json.dumps({"intent": "Weather", "slots": {}}))))
+    path.write_text(
+        path.read_text().replace('"{intent: Weather"', json.dumps(json.dumps({"intent": "Weather", "slots": {}})))
+    )
     code, out = cli(capsys, study, "baseline")
     assert code == 0, out
     assert "running `tuneproof data check` first" in out
     runs = Registry(study).list()
-    assert [(r.kind, r.status) for r in runs] == [("data-check", "failed"), ("data-check", "completed"), ("baseline", "completed")]
+    assert [(r.kind, r.status) for r in runs] == [
+        ("data-check", "failed"),
+        ("data-check", "completed"),
+        ("baseline", "completed"),
+    ]
     assert runs[2].summary["data_check_run"] == runs[1].id and runs[1].data_fingerprint == runs[2].data_fingerprint
 
 
@@ -91,7 +100,9 @@ def test_a_baseline_of_another_evaluation_procedure_does_not_count(tiny_base, tm
     cfg.write_text(cfg.read_text().replace("max_new_tokens: 8", "max_new_tokens: 12"))
     code, out = cli(capsys, study, "train", "--skip-preflight", "tiny study")
     assert code == 3, out
-    assert "train refused: the latest baseline r0002 does not match: the evaluation fingerprint (decoding differ)" in out
+    assert (
+        "train refused: the latest baseline r0002 does not match: the evaluation fingerprint (decoding differ)" in out
+    )
     cfg.write_text(cfg.read_text().replace("template: Extract JSON {text}", "template: 'Extract: {text}'"))
     code, out = cli(capsys, study, "train", "--skip-preflight", "tiny study")
     assert code == 3 and "the evaluation fingerprint (prompt, decoding differ)" in out
@@ -112,8 +123,17 @@ def test_overrides_need_a_reason_and_are_recorded_and_shown(tiny_base, tmp_path,
     base = Registry(study).latest("baseline")
     assert base.summary["data_check_override"] == "the broken row is not in the eval split"
     assert base.summary["data_check_run"] is None
-    code, out = cli(capsys, study, "train", "--skip-preflight", "tiny study", "--skip-data-check", "known bad row 2",
-                    "--skip-baseline", "baseline of the base model is not needed for a wiring test")
+    code, out = cli(
+        capsys,
+        study,
+        "train",
+        "--skip-preflight",
+        "tiny study",
+        "--skip-data-check",
+        "known bad row 2",
+        "--skip-baseline",
+        "baseline of the base model is not needed for a wiring test",
+    )
     assert code == 0, out
     rec = Registry(study).latest("train")
     assert rec.summary["data_check_override"] == "known bad row 2"
@@ -126,9 +146,14 @@ def test_overrides_need_a_reason_and_are_recorded_and_shown(tiny_base, tmp_path,
     assert "data check overridden: the broken row is not in the eval split" in out
     code, out = cli(capsys, study, "runs", "--tree")
     assert code == 0
-    assert f"{rec.id} train completed preflight overridden: tiny study data check overridden: known bad row 2 baseline overridden:" in out
+    assert (
+        f"{rec.id} train completed preflight overridden: tiny study data check overridden: known bad row 2 baseline overridden:"
+        in out
+    )
     code, out = cli(capsys, study, "report")
     assert code == 0
     md = (study / "dossier.md").read_text()
-    assert ("preflight overridden: tiny study; data check overridden: known bad row 2; "
-            "baseline overridden: baseline of the base model is not needed for a wiring test") in md
+    assert (
+        "preflight overridden: tiny study; data check overridden: known bad row 2; "
+        "baseline overridden: baseline of the base model is not needed for a wiring test"
+    ) in md

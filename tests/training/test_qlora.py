@@ -57,7 +57,11 @@ def test_step_values_loss_zero_and_nan_grad_fail_naming_both():
 
 def test_step_values_each_fault_alone():
     c = check_step_values(float("inf"), 0.8)
-    assert not c["passed"] and "loss inf is not finite" in c["message"] and "gradient norm" not in c["message"].split("(")[0]
+    assert (
+        not c["passed"]
+        and "loss inf is not finite" in c["message"]
+        and "gradient norm" not in c["message"].split("(")[0]
+    )
     c = check_step_values(2.5, 0.0)
     assert not c["passed"] and "LoRA gradient norm 0.0 is zero" in c["message"] and "loss 2.5" not in c["message"]
 
@@ -79,8 +83,11 @@ def test_quant_storage_int8_under_fsdp_fails_naming_the_key():
 
 def test_quant_storage_float_matching_compute_passes_and_a_mismatch_fails():
     assert check_quant_storage("bfloat16", "bf16", sharded=True)["passed"] is True
-    assert check_quant_storage("bf16", "bfloat16", sharded=True)["numbers"] == {"quant_storage": "bfloat16", "compute_dtype": "bfloat16",
-                                                                                 "sharded": True}
+    assert check_quant_storage("bf16", "bfloat16", sharded=True)["numbers"] == {
+        "quant_storage": "bfloat16",
+        "compute_dtype": "bfloat16",
+        "sharded": True,
+    }
     c = check_quant_storage("float16", "bf16", sharded=True)
     assert c["passed"] is False and "is float16 but the compute dtype is bfloat16" in c["message"]
     # not sharded: any storage is fine (uint8 is bitsandbytes' default)
@@ -116,15 +123,29 @@ def _raw(base, **method):
 
 
 def test_qlora_keys_default_and_record(tiny_base, monkeypatch):
-    monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: True)  # the study file rules, whether or not it is installed here
+    monkeypatch.setattr(
+        quant, "bitsandbytes_installed", lambda: True
+    )  # the study file rules, whether or not it is installed here
     study = parse_study(_raw(tiny_base, kind="qlora"), "s/tuneproof.yaml")
     m = study.method
     assert (m.bnb_4bit_quant_type, m.bnb_4bit_use_double_quant, m.bnb_4bit_quant_storage) == ("nf4", True, "uint8")
     rec = quant.quantization_record(m, "bf16")
-    assert {k: rec[k] for k in ("load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype",
-                                "bnb_4bit_quant_storage")} == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-                                                               "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "bfloat16",
-                                                               "bnb_4bit_quant_storage": "uint8"}
+    assert {
+        k: rec[k]
+        for k in (
+            "load_in_4bit",
+            "bnb_4bit_quant_type",
+            "bnb_4bit_use_double_quant",
+            "bnb_4bit_compute_dtype",
+            "bnb_4bit_quant_storage",
+        )
+    } == {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "bnb_4bit_quant_storage": "uint8",
+    }
     assert quant.quantization_record(m, "fp32")["bnb_4bit_compute_dtype"] == "float32"
     assert rec["llm_int8_skip_modules"] is None  # transformers' default: the output embedding stays unquantized
     head = m.model_copy(update={"modules_to_save": ["classifier"]})
@@ -134,8 +155,10 @@ def test_qlora_keys_default_and_record(tiny_base, monkeypatch):
 def test_quant_key_without_qlora_is_refused(tiny_base):
     with pytest.raises(TuneproofError) as err:
         parse_study(_raw(tiny_base, kind="lora", bnb_4bit_quant_storage="bfloat16"), "s/tuneproof.yaml")
-    assert str(err.value).splitlines()[0] == ("s/tuneproof.yaml: method: method.bnb_4bit_quant_storage applies to method.kind: qlora "
-                                              "only (kind is 'lora'); remove it or set method.kind: qlora")
+    assert str(err.value).splitlines()[0] == (
+        "s/tuneproof.yaml: method: method.bnb_4bit_quant_storage applies to method.kind: qlora "
+        "only (kind is 'lora'); remove it or set method.kind: qlora"
+    )
 
 
 def test_qlora_with_the_vllm_backend_is_refused(tiny_base, monkeypatch):
@@ -144,9 +167,11 @@ def test_qlora_with_the_vllm_backend_is_refused(tiny_base, monkeypatch):
     raw["eval"]["backend"] = "vllm"
     with pytest.raises(TuneproofError) as err:
         parse_study(raw, "s/tuneproof.yaml")
-    assert str(err.value).splitlines()[0] == ("s/tuneproof.yaml: <root>: eval.backend vllm with method.kind qlora: vLLM would serve "
-                                              "the adapter on the unquantized base, not the 4-bit base it was trained on (not checked "
-                                              "yet); set eval.backend: transformers")
+    assert str(err.value).splitlines()[0] == (
+        "s/tuneproof.yaml: <root>: eval.backend vllm with method.kind qlora: vLLM would serve "
+        "the adapter on the unquantized base, not the 4-bit base it was trained on (not checked "
+        "yet); set eval.backend: transformers"
+    )
 
 
 def test_qlora_without_bitsandbytes_is_a_two_line_error(tiny_base, monkeypatch):
@@ -155,7 +180,10 @@ def test_qlora_without_bitsandbytes_is_a_two_line_error(tiny_base, monkeypatch):
         parse_study(_raw(tiny_base, kind="qlora"), "s/tuneproof.yaml")
     lines = str(err.value).splitlines()
     assert len(lines) == 2
-    assert lines[0] == "s/tuneproof.yaml: method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed"
+    assert (
+        lines[0]
+        == "s/tuneproof.yaml: method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed"
+    )
     assert lines[1] == "  -> pip install 'tuneproof[qlora]' (installs bitsandbytes==0.50.2)"
 
 
@@ -185,16 +213,27 @@ def test_a_device_where_4bit_does_not_run_is_a_two_line_error(tiny_base, monkeyp
 
     monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: True)
     monkeypatch.setattr(quant, "bitsandbytes_version", lambda: "0.50.2")
-    monkeypatch.setattr(quant, "_probe_4bit", lambda device: "RuntimeError: no kernel for bitsandbytes::quantize_4bit on cpu")
-    rec = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-           "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_storage": "uint8", "llm_int8_skip_modules": None}
+    monkeypatch.setattr(
+        quant, "_probe_4bit", lambda device: "RuntimeError: no kernel for bitsandbytes::quantize_4bit on cpu"
+    )
+    rec = {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "float32",
+        "bnb_4bit_quant_storage": "uint8",
+        "llm_int8_skip_modules": None,
+    }
     with pytest.raises(TuneproofError) as err:
         load_model(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"), "causal-lm", quantization=rec)
     lines = str(err.value).splitlines()
     assert len(lines) == 2
-    assert lines[0] == ("method.kind: qlora: bitsandbytes 0.50.2 cannot run 4-bit layers on "
-                        + ("cuda" if torch.cuda.is_available() else "cpu")
-                        + " (RuntimeError: no kernel for bitsandbytes::quantize_4bit on cpu)")
+    assert lines[0] == (
+        "method.kind: qlora: bitsandbytes 0.50.2 cannot run 4-bit layers on "
+        + ("cuda" if torch.cuda.is_available() else "cpu")
+        + " (RuntimeError: no kernel for bitsandbytes::quantize_4bit on cpu)"
+    )
     assert lines[1].startswith("  -> QLoRA needs a CUDA device here")
 
 
@@ -205,8 +244,17 @@ def _qlora_model(tiny_base, compute="fp32"):
     from tuneproof.models.base import BaseModelRef, load_model
     from tuneproof.models.method import apply_method
 
-    method = SimpleNamespace(kind="qlora", r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"], modules_to_save=[],
-                             bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_quant_storage="uint8")
+    method = SimpleNamespace(
+        kind="qlora",
+        r=4,
+        alpha=8,
+        dropout=0.0,
+        target_modules=["q_proj", "v_proj"],
+        modules_to_save=[],
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_quant_storage="uint8",
+    )
     ref = BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local")
     rec = quant.quantization_record(method, compute)
     model = load_model(ref, "causal-lm", quantization=rec)
@@ -271,7 +319,9 @@ def test_an_evaluation_does_not_change_the_next_training_step(qbase):
     before = measure_step(model, batch)
     model.eval()
     with torch.no_grad():
-        model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=3, do_sample=False)
+        model.generate(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=3, do_sample=False
+        )
     model.train()
     after = measure_step(model, batch)
     assert after["loss"] == before["loss"] and after["grad_norm"] == before["grad_norm"]
@@ -306,7 +356,9 @@ def test_qlora_run_records_quantization_trains_and_reloads(qbase, tmp_path):
         assert base["quantization"] == q and base["weights_sha256"]  # the unquantized files' hash + the 4-bit config
         method = json.loads((run_dir / "method.json").read_text())
         assert method["quantized"]["linear4bit"] == 14 and method["quantization"] == q
-        losses = [r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+        losses = [
+            r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+        ]
         assert len(losses) == 3 and all(math.isfinite(x) and x > 0 for x in losses)
         eid = run_eval(ctx, rid)
         assert ctx.registry.get(eid).status == "completed"
@@ -347,8 +399,10 @@ def test_fsdp_launch_refuses_uint8_quant_storage(tiny_base, tmp_path, monkeypatc
         with pytest.raises(TuneproofError) as err:
             check_launch(ctx, 2)
         first = str(err.value).splitlines()[0]
-        assert first.endswith("tuneproof.yaml: method.bnb_4bit_quant_storage is uint8: FSDP shards only float tensors, so the 4-bit "
-                              "base cannot be sharded; set method.bnb_4bit_quant_storage: float32 (the compute dtype)")
+        assert first.endswith(
+            "tuneproof.yaml: method.bnb_4bit_quant_storage is uint8: FSDP shards only float tensors, so the 4-bit "
+            "base cannot be sharded; set method.bnb_4bit_quant_storage: float32 (the compute dtype)"
+        )
     finally:
         ctx.registry.close()
 
@@ -357,7 +411,9 @@ def test_fsdp_launch_accepts_a_float_storage_equal_to_the_compute_dtype(tiny_bas
     from tuneproof.context import StudyContext
     from tuneproof.recipes.torchrun import check_launch
 
-    ctx = StudyContext.open(_qlora_study(tmp_path, tiny_base, monkeypatch, bnb_4bit_quant_storage="float32"))  # precision fp32
+    ctx = StudyContext.open(
+        _qlora_study(tmp_path, tiny_base, monkeypatch, bnb_4bit_quant_storage="float32")
+    )  # precision fp32
     try:
         layout = check_launch(ctx, 2)
         assert (layout["world_size"], layout["strategy"], layout["fsdp_units"]) == (2, "fsdp", ["LlamaDecoderLayer"])
@@ -383,7 +439,11 @@ def test_preflight_of_a_qlora_study_runs_the_qlora_checks(qbase, tmp_path):
     checks = {c["name"]: c for c in report["checks"]}
     assert report["passed"] is True, [(c["name"], c["message"]) for c in report["checks"] if c["passed"] is False]
     st = checks["qlora storage"]
-    assert st["passed"] is True and st["numbers"] == {"quant_storage": "uint8", "compute_dtype": "float32", "sharded": False}
+    assert st["passed"] is True and st["numbers"] == {
+        "quant_storage": "uint8",
+        "compute_dtype": "float32",
+        "sharded": False,
+    }
     assert "distributed.strategy fsdp" not in (st.get("warning") or "")
     step = checks["qlora step"]
     assert step["passed"] is True and step["numbers"]["tensors_with_grad"] == 8
@@ -396,8 +456,10 @@ def test_preflight_backend_fails_where_4bit_does_not_run(tiny_base, tmp_path, mo
     from tuneproof.preflight.backend import check_backend
 
     study = _qlora_study(tmp_path, tiny_base, monkeypatch)
-    monkeypatch.setattr("tuneproof.preflight.backend.inspect_extension",
-                        lambda name: {"name": name, "installed": True, "version": "0.50.2", "built_for": [], "evidence": []})
+    monkeypatch.setattr(
+        "tuneproof.preflight.backend.inspect_extension",
+        lambda name: {"name": name, "installed": True, "version": "0.50.2", "built_for": [], "evidence": []},
+    )
     monkeypatch.setattr("tuneproof.preflight.backend._try_import", lambda module: None)
     monkeypatch.setattr(quant, "_probe_4bit", lambda device: "RuntimeError: no 4-bit kernel")
     ctx = StudyContext.open(study)
@@ -408,7 +470,10 @@ def test_preflight_backend_fails_where_4bit_does_not_run(tiny_base, tmp_path, mo
     assert check["passed"] is False
     assert check["numbers"]["extensions"] == ["bitsandbytes"]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    assert f"cannot run 4-bit layers on {dev} (RuntimeError: no 4-bit kernel) -> QLoRA needs a CUDA device here" in check["message"]
+    assert (
+        f"cannot run 4-bit layers on {dev} (RuntimeError: no 4-bit kernel) -> QLoRA needs a CUDA device here"
+        in check["message"]
+    )
 
 
 @needs_4bit
@@ -464,8 +529,10 @@ def test_quant_key_at_its_default_in_a_lora_study_file_is_refused(tiny_base, tmp
     (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(TuneproofError) as err:
         load_study(tmp_path)
-    assert str(err.value).splitlines()[0] == (f"{tmp_path / 'tuneproof.yaml'}: method: method.bnb_4bit_use_double_quant applies to "
-                                              "method.kind: qlora only (kind is 'lora'); remove it or set method.kind: qlora")
+    assert str(err.value).splitlines()[0] == (
+        f"{tmp_path / 'tuneproof.yaml'}: method: method.bnb_4bit_use_double_quant applies to "
+        "method.kind: qlora only (kind is 'lora'); remove it or set method.kind: qlora"
+    )
     del raw["method"]["bnb_4bit_use_double_quant"]
     (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(raw))
     recorded = resolved_config(load_study(tmp_path))

@@ -75,7 +75,10 @@ def test_sigterm_names_the_run_its_step_and_the_resume_command(interrupted_proc)
     (rec,) = Registry(study).list(kind="train")
     assert (rec.id, rec.status, rec.reason) == ("r0003", "interrupted", "terminated (signal 15) at step 5")
     assert proc.returncode == 143
-    assert f"run r0003 interrupted by SIGTERM at step 5; resume with: tuneproof resume r0003 --study {study}" in proc.stderr.splitlines()
+    assert (
+        f"run r0003 interrupted by SIGTERM at step 5; resume with: tuneproof resume r0003 --study {study}"
+        in proc.stderr.splitlines()
+    )
     assert "SIGTERM: stopping after this step with a checkpoint (send it again to stop now)" in proc.stderr.splitlines()
     assert "Traceback" not in proc.stdout + proc.stderr
 
@@ -91,32 +94,59 @@ def test_ctrl_c_names_the_run_too_and_a_run_without_checkpoint_is_not_offered_a_
     from tiny_study import SELF_SIGNAL, cli_env
 
     study = make_study(tmp_path / "s", tiny_base)
-    script = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + SELF_SIGNAL  # a background pytest ignores SIGINT
-    proc = subprocess.run([sys.executable, "-c", script, "3", "SIGINT", "train", "--skip-preflight", "tiny test study"],
-                          capture_output=True, text=True, env=cli_env(), timeout=300, cwd=study)
+    script = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + SELF_SIGNAL
+    )  # a background pytest ignores SIGINT
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "3", "SIGINT", "train", "--skip-preflight", "tiny test study"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+        cwd=study,
+    )
     assert proc.returncode == 130, proc.stdout + proc.stderr
     rec = Registry(study).get("r0003")
     assert (rec.status, rec.reason) == ("interrupted", "interrupted by Ctrl-C at step 3")
     assert "run r0003 interrupted by Ctrl-C at step 3; resume with: tuneproof resume r0003" in proc.stderr.splitlines()
     assert "Ctrl-C: stopping after this step with a checkpoint (send it again to stop now)" in proc.stderr.splitlines()
 
-    stop_early = ("import os, signal, sys\nimport tuneproof.training.loop as L\nfrom tuneproof.cli import main\n"
-                  "L.train = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\nmain(sys.argv[1:])\n")
-    proc = subprocess.run([sys.executable, "-c", stop_early, "train", "--skip-preflight", "tiny test study"],
-                          capture_output=True, text=True, env=cli_env(), timeout=300, cwd=study)
+    stop_early = (
+        "import os, signal, sys\nimport tuneproof.training.loop as L\nfrom tuneproof.cli import main\n"
+        "L.train = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\nmain(sys.argv[1:])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", stop_early, "train", "--skip-preflight", "tiny test study"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+        cwd=study,
+    )
     assert proc.returncode == 143, proc.stdout + proc.stderr
     assert Registry(study).get("r0004").status == "interrupted"
-    assert ("run r0004 interrupted by SIGTERM, before its first checkpoint: nothing to resume, start it again: "
-            "tuneproof train --skip-preflight 'tiny test study'") in proc.stderr.splitlines()
+    assert (
+        "run r0004 interrupted by SIGTERM, before its first checkpoint: nothing to resume, start it again: "
+        "tuneproof train --skip-preflight 'tiny test study'"
+    ) in proc.stderr.splitlines()
 
-    stop_baseline = ("import os, signal, sys\nimport tuneproof.recipes.common as C\nfrom tuneproof.cli import main\n"
-                     "C.predict = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\nmain(sys.argv[1:])\n")
-    proc = subprocess.run([sys.executable, "-c", stop_baseline, "baseline", "--study", str(study)],
-                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    stop_baseline = (
+        "import os, signal, sys\nimport tuneproof.recipes.common as C\nfrom tuneproof.cli import main\n"
+        "C.predict = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\nmain(sys.argv[1:])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", stop_baseline, "baseline", "--study", str(study)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+    )
     assert proc.returncode == 143, proc.stdout + proc.stderr
     assert Registry(study).get("r0005").status == "interrupted"
-    assert (f"run r0005 (baseline) interrupted by SIGTERM; recorded as interrupted, run the command again: "
-            f"tuneproof baseline --study {study}") in proc.stderr.splitlines()
+    assert (
+        f"run r0005 (baseline) interrupted by SIGTERM; recorded as interrupted, run the command again: "
+        f"tuneproof baseline --study {study}"
+    ) in proc.stderr.splitlines()
 
 
 def test_sigterm_at_step_5_then_resume_in_new_process_is_exact(reference, interrupted, tmp_path):

@@ -19,8 +19,11 @@ from tuneproof.registry import Registry
 def _files(study) -> dict[str, str]:
     """Every file of the study except the SQLite index (whose pages change when it is read) and its
     mirror runs/<id>/run.json (the status it records is checked by ``unchanged``)."""
-    return {str(p.relative_to(study)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(study.rglob("*")) if p.is_file() and "tuneproof.sqlite" not in p.name and p.name != "run.json"}
+    return {
+        str(p.relative_to(study)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(study.rglob("*"))
+        if p.is_file() and "tuneproof.sqlite" not in p.name and p.name != "run.json"
+    }
 
 
 def _resume(capsys, study, *extra) -> str:
@@ -81,7 +84,10 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
         out = _resume(capsys, study)
     finally:
         marker.unlink()
-    assert f"the base model changed since the checkpoint of {rec.id}: revision sha256:" in out and "-> another-revision" in out
+    assert (
+        f"the base model changed since the checkpoint of {rec.id}: revision sha256:" in out
+        and "-> another-revision" in out
+    )
     unchanged()
 
     # the latest checkpoint is damaged (truncated): its sha256 differs from the one recorded when
@@ -93,19 +99,25 @@ def test_resume_refuses_and_overwrites_nothing(interrupted, tiny_base, tmp_path,
     tensors.write_bytes(good[: len(good) // 2])
     out = _resume(capsys, study)
     found = hashlib.sha256(good[: len(good) // 2]).hexdigest()
-    assert f"step-000005/tensors.safetensors: sha256 {found} differs from {recorded} recorded when it was written" in out
+    assert (
+        f"step-000005/tensors.safetensors: sha256 {found} differs from {recorded} recorded when it was written" in out
+    )
     assert "resume from an older one with --fallback" in out
     assert len(tensors.read_bytes()) == len(good) // 2  # not overwritten
 
     def reindex():  # a damaged file whose hash was recorded as is: the loader itself must refuse it
         idx = json.loads(good_index)
-        idx["checkpoints"]["step-000005"]["files"] = {f: hashlib.sha256((latest / f).read_bytes()).hexdigest()
-                                                      for f in ("state.json", "tensors.safetensors")}
+        idx["checkpoints"]["step-000005"]["files"] = {
+            f: hashlib.sha256((latest / f).read_bytes()).hexdigest() for f in ("state.json", "tensors.safetensors")
+        }
         index.write_text(json.dumps(idx))
 
     reindex()
     out = _resume(capsys, study)
-    assert "step-000005/tensors.safetensors: unreadable checkpoint" in out and "resume from an older one with --checkpoint" in out
+    assert (
+        "step-000005/tensors.safetensors: unreadable checkpoint" in out
+        and "resume from an older one with --checkpoint" in out
+    )
     tensors.write_bytes(good)
     index.write_bytes(good_index)
     unchanged()
@@ -155,6 +167,8 @@ def test_variant_run_is_checked_against_its_own_config_not_the_study_file(interr
     cfg["training"]["learning_rate"] = 0.03
     (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg))
     # passes the config check, then stops on the data check (proving the study file was not compared)
-    (study / "data" / "train.jsonl").write_text((study / "data" / "train.jsonl").read_text().replace('"text": "alpha ', '"text": "omega ', 1))
+    (study / "data" / "train.jsonl").write_text(
+        (study / "data" / "train.jsonl").read_text().replace('"text": "alpha ', '"text": "omega ', 1)
+    )
     out = _resume(capsys, study)
     assert "the data changed since the checkpoint" in out

@@ -61,17 +61,25 @@ def test_two_swapped_ids_are_refused_by_eval_and_export(tiny_base, tmp_path, cap
     # the fixed probe sentence, the class and the size cannot tell; the vocabulary map and the study probe can
     assert swapped["probe_hash"] == recorded["probe_hash"] and swapped["vocab_size"] == recorded["vocab_size"]
     problems = compare_tokenizer(recorded, swapped)
-    assert [p.split(":")[0] for p in problems] == ["tokenizer vocab_sha256", "tokenizer study_probe_hash (token ids of 12 of the study's evaluation texts)"]
+    assert [p.split(":")[0] for p in problems] == [
+        "tokenizer vocab_sha256",
+        "tokenizer study_probe_hash (token ids of 12 of the study's evaluation texts)",
+    ]
     assert f"expected {recorded['study_probe_hash']!r}, found {swapped['study_probe_hash']!r}" in problems[1]
 
     code, out = cli(capsys, "eval", train_id, "--study", str(study))
     assert code == 3, out
-    assert (f"eval refused: the tokenizer of {base} differs from the one recorded by train run {train_id} and baseline run r0002: "
-            f"tokenizer vocab_sha256: expected '{recorded['vocab_sha256']}', found '{swapped['vocab_sha256']}'") in out
+    assert (
+        f"eval refused: the tokenizer of {base} differs from the one recorded by train run {train_id} and baseline run r0002: "
+        f"tokenizer vocab_sha256: expected '{recorded['vocab_sha256']}', found '{swapped['vocab_sha256']}'"
+    ) in out
     assert f"found '{swapped['study_probe_hash']}'" in out
     assert Registry(study).list(kind="eval") == []  # refused before any eval run
     code, out = cli(capsys, "export", train_id, "--study", str(study))
-    assert code == 3 and f"export refused: the tokenizer of {base} differs from the one recorded by train run {train_id}" in out
+    assert (
+        code == 3
+        and f"export refused: the tokenizer of {base} differs from the one recorded by train run {train_id}" in out
+    )
     assert Registry(study).list(kind="export") == [] and not (study / "exports").exists()
 
     undo()

@@ -19,7 +19,9 @@ from tuneproof.registry import Registry
 
 @pytest.fixture(scope="module")
 def parent(tiny_base, tmp_path_factory):
-    study = make_study(tmp_path_factory.mktemp("variants") / "s", tiny_base, max_steps=4, warmup_steps=0, checkpoint_every=4)
+    study = make_study(
+        tmp_path_factory.mktemp("variants") / "s", tiny_base, max_steps=4, warmup_steps=0, checkpoint_every=4
+    )
     rid = run_train(StudyContext.open(study))
     return study, rid
 
@@ -44,12 +46,42 @@ def cli(capsys, study, *args) -> tuple[int, str]:
 
 
 def test_groups_and_diff():
-    assert [group_of(k) for k in ("method.r", "training.learning_rate", "training.seed", "training.max_steps", "training.epochs",
-                                  "training.max_length", "eval.prompt.system", "eval.max_new_tokens", "data.cleaning", "model.base",
-                                  "training.checkpoint_every", "training.micro_batch_size", "hypothesis.guards")] == [
-        "method", "optimisation", "seed", "budget", "budget", "data", "data", "eval", "data", "model", "bookkeeping", "optimisation", "hypothesis"]
+    assert [
+        group_of(k)
+        for k in (
+            "method.r",
+            "training.learning_rate",
+            "training.seed",
+            "training.max_steps",
+            "training.epochs",
+            "training.max_length",
+            "eval.prompt.system",
+            "eval.max_new_tokens",
+            "data.cleaning",
+            "model.base",
+            "training.checkpoint_every",
+            "training.micro_batch_size",
+            "hypothesis.guards",
+        )
+    ] == [
+        "method",
+        "optimisation",
+        "seed",
+        "budget",
+        "budget",
+        "data",
+        "data",
+        "eval",
+        "data",
+        "model",
+        "bookkeeping",
+        "optimisation",
+        "hypothesis",
+    ]
     assert config_diff({"a": {"b": 1, "c": [1, 2]}}, {"a": {"b": 2, "c": [1, 2], "d": 3}}) == [
-        {"key": "a.b", "group": "other", "from": 1, "to": 2}, {"key": "a.d", "group": "other", "from": None, "to": 3}]
+        {"key": "a.b", "group": "other", "from": 1, "to": 2},
+        {"key": "a.d", "group": "other", "from": None, "to": 3},
+    ]
     assert split_values("8,16, 32") == ["8", "16", "32"]
     assert split_values("[q_proj,v_proj],[q_proj]") == ["[q_proj,v_proj]", "[q_proj]"]
 
@@ -67,9 +99,15 @@ def test_variant_records_the_exact_diff(parent, capsys):
     assert v["inherited"]["seed"] == 3 and v["inherited"]["budget"] == {"max_steps": 4, "epochs": None}
     assert v["inherited"]["data_fingerprint"] == reg.get(pid).data_fingerprint == rec.data_fingerprint
     assert v["statements"] == []
-    assert config_diff(read_json(reg.runs_dir / pid / "config.json"), read_json(reg.runs_dir / rec.id / "config.json")) == v["changes"]
+    assert (
+        config_diff(read_json(reg.runs_dir / pid / "config.json"), read_json(reg.runs_dir / rec.id / "config.json"))
+        == v["changes"]
+    )
     assert rec.summary["variant"]["change"] == "method.r: 4 -> 8" and rec.summary["multi_change"] is False
-    assert read_json(reg.runs_dir / rec.id / "method.json")["trainable"] == 2 * read_json(reg.runs_dir / pid / "method.json")["trainable"]
+    assert (
+        read_json(reg.runs_dir / rec.id / "method.json")["trainable"]
+        == 2 * read_json(reg.runs_dir / pid / "method.json")["trainable"]
+    )
 
 
 def test_bad_variants_stop_before_any_run(parent, capsys):
@@ -82,8 +120,10 @@ def test_bad_variants_stop_before_any_run(parent, capsys):
         (["--set", "method.r"], "expected KEY=VALUE"),
         (["--set", "method.r=4"], "the variant equals its parent"),
         (["--set", "hypothesis.behaviour=other"], "'hypothesis.behaviour' is fixed for the whole study"),
-        (["--set", "method.r=8", "--set", "training.learning_rate=0.02"],
-         "the variant changes 2 groups (method: method.r; optimisation: training.learning_rate)"),
+        (
+            ["--set", "method.r=8", "--set", "training.learning_rate=0.02"],
+            "the variant changes 2 groups (method: method.r; optimisation: training.learning_rate)",
+        ),
         ([], "say what changes with --set"),
         (["--grid", "method.r=4"], "every value equals the parent's"),
         (["--grid", "method.r=8,x"], "--set method.r=x: method.r: Input should be a valid integer"),
@@ -103,14 +143,18 @@ def test_bad_variants_stop_before_any_run(parent, capsys):
 
 def test_multi_change_and_inherited_changes_are_stated(parent, capsys):
     study, pid = parent
-    code, out = cli(capsys, study, "train", "--from", pid, "--set", "method.r=8", "--set", "training.seed=5", "--allow-multi-change")
+    code, out = cli(
+        capsys, study, "train", "--from", pid, "--set", "method.r=8", "--set", "training.seed=5", "--allow-multi-change"
+    )
     assert code == 0, out
     reg = Registry(study)
     rec = reg.list()[-1]
     v = read_json(reg.runs_dir / rec.id / "variant.json")
     assert v["multi_change"] is True and v["groups"] == ["method", "seed"]
-    assert v["statements"] == [f"seed not inherited from {pid}: training.seed 3 -> 5",
-                               "multi-change variant: 2 groups changed (method, seed); its effect cannot be attributed to one change"]
+    assert v["statements"] == [
+        f"seed not inherited from {pid}: training.seed 3 -> 5",
+        "multi-change variant: 2 groups changed (method, seed); its effect cannot be attributed to one change",
+    ]
     assert rec.summary["multi_change"] is True
     code, out = cli(capsys, study, "runs")
     assert code == 0 and "multi-change variant" in out
@@ -129,7 +173,9 @@ def test_grid_makes_one_single_change_variant_per_value_and_a_diverged_one_is_in
     bad, good = new
     # lr 1e6, no warmup: AdamW moves each LoRA B element by ~1e6 on step 1, past the 1e4 limit, on any CPU
     # (a NaN loss, if it comes at all, comes later and depends on the CPU's kernels)
-    assert bad.status == "invalid" and bad.reason.startswith("step 1: exploded_tensor: max |value| 1e+06 > limit 1e+04")  # the sweep went on
+    assert bad.status == "invalid" and bad.reason.startswith(
+        "step 1: exploded_tensor: max |value| 1e+06 > limit 1e+04"
+    )  # the sweep went on
     assert bad.summary["health"]["rule"] == "exploded_tensor" and bad.summary["health"]["step"] == 1
     assert good.status == "completed"
     for r, value in ((bad, 1e6), (good, 0.02)):
@@ -168,9 +214,14 @@ def test_runs_at_80_columns_without_a_terminal_cuts_no_run_id_or_override(parent
     assert max(len(line) for line in lines) <= 80
     reg = Registry(study)
     variants = reg.list()[-2:]
-    assert [r.id for r in variants] == [f"r{variants[0].seq:04d}-learning_rate0.00012345", f"r{variants[1].seq:04d}-learning_rate0.00054321"]
-    assert [r.summary["variant"]["overrides"] for r in variants] == [["training.learning_rate=0.00012345"],
-                                                                      ["training.learning_rate=0.00054321"]]
+    assert [r.id for r in variants] == [
+        f"r{variants[0].seq:04d}-learning_rate0.00012345",
+        f"r{variants[1].seq:04d}-learning_rate0.00054321",
+    ]
+    assert [r.summary["variant"]["overrides"] for r in variants] == [
+        ["training.learning_rate=0.00012345"],
+        ["training.learning_rate=0.00054321"],
+    ]
     for rec in reg.list():  # each id whole on one line (29 characters for the variants), its override on the next
         assert any(rec.id in line for line in lines), (rec.id, out)
     for override in ("training.learning_rate=0.00012345", "training.learning_rate=0.00054321"):

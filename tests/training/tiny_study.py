@@ -31,8 +31,9 @@ def _examples(n: int, offset: int) -> list[dict]:
         words = [WORDS[(k * 7 + j * 3) % len(WORDS)] for j in range(3 + k % 4)]
         intent = INTENTS[k % len(INTENTS)]
         slots = {"thing": words[0]} if k % 2 else {}
-        out.append({"id": f"ex{k:03d}", "text": " ".join(words),
-                    "target": json.dumps({"intent": intent, "slots": slots})})
+        out.append(
+            {"id": f"ex{k:03d}", "text": " ".join(words), "target": json.dumps({"intent": intent, "slots": slots})}
+        )
     return out
 
 
@@ -48,14 +49,29 @@ def build_base(folder: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     corpus = [e["text"] + " " + e["target"] for e in _examples(64, 0)] + [" ".join(WORDS), "Extract JSON"]
     tok.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=specials))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="<|end|>",
-                                   additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        eos_token="<|end|>",
+        additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"],
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, eos_token_id=fast.eos_token_id,
-                      pad_token_id=fast.pad_token_id, bos_token_id=None, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
@@ -63,22 +79,47 @@ def build_base(folder: Path) -> Path:
 
 def study_config(base: Path, **training) -> dict:
     """The resolved-config-like study mapping (paths relative to the study folder)."""
-    t = {"seed": 3, "max_steps": 8, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "learning_rate": 0.01,
-         "lr_scheduler": "linear", "warmup_steps": 2, "precision": "fp32", "max_length": 48, "checkpoint_every": 2}
+    t = {
+        "seed": 3,
+        "max_steps": 8,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "learning_rate": 0.01,
+        "lr_scheduler": "linear",
+        "warmup_steps": 2,
+        "precision": "fp32",
+        "max_length": 48,
+        "checkpoint_every": 2,
+    }
     t.update(training)
     return {
-        "schema_version": 1, "name": "tiny",
-        "hypothesis": {"behaviour": "answer in JSON", "task": "extraction", "success": {"metric": "field_f1", "min_gain": 0.0},
-                       "guards": [{"metric": "json_valid_rate", "max_drop": 0.0}], "required_fields": ["intent", "slots"]},
-        "data": {"sources": [{"path": "data/train.jsonl", "format": "jsonl", "split": "train"},
-                             {"path": "data/validation.jsonl", "format": "jsonl", "split": "validation"},
-                             {"path": "data/test.jsonl", "format": "jsonl", "split": "test"}],
-                 "fields": {"text": "text", "target": "target", "id": "id"}},
+        "schema_version": 1,
+        "name": "tiny",
+        "hypothesis": {
+            "behaviour": "answer in JSON",
+            "task": "extraction",
+            "success": {"metric": "field_f1", "min_gain": 0.0},
+            "guards": [{"metric": "json_valid_rate", "max_drop": 0.0}],
+            "required_fields": ["intent", "slots"],
+        },
+        "data": {
+            "sources": [
+                {"path": "data/train.jsonl", "format": "jsonl", "split": "train"},
+                {"path": "data/validation.jsonl", "format": "jsonl", "split": "validation"},
+                {"path": "data/test.jsonl", "format": "jsonl", "split": "test"},
+            ],
+            "fields": {"text": "text", "target": "target", "id": "id"},
+        },
         "model": {"base": str(base)},
         "method": {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]},
         "training": t,
-        "eval": {"split": "validation", "max_new_tokens": 8, "batch_size": 4, "bootstrap_iterations": 100,
-                 "prompt": {"system": None, "template": "Extract JSON {text}"}},
+        "eval": {
+            "split": "validation",
+            "max_new_tokens": 8,
+            "batch_size": 4,
+            "bootstrap_iterations": 100,
+            "prompt": {"system": None, "template": "Extract JSON {text}"},
+        },
     }
 
 
@@ -172,22 +213,50 @@ SELF_SIGNAL = textwrap.dedent(
 
 def cli_env() -> dict:
     env = dict(os.environ)
-    env.update({"CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "200",
-                "OMP_NUM_THREADS": "1"})
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": "",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "COLUMNS": "200",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     return env
 
 
 def train_with_signal(study: Path, at_step: int, signal_name: str, *args: str) -> subprocess.CompletedProcess:
     """``tuneproof train`` in a new process that sends itself ``signal_name`` after step ``at_step``."""
-    return subprocess.run([sys.executable, "-c", SELF_SIGNAL, str(at_step), signal_name, "train", "--study", str(study),
-                           "--skip-preflight", "tiny test study", *args],
-                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SELF_SIGNAL,
+            str(at_step),
+            signal_name,
+            "train",
+            "--study",
+            str(study),
+            "--skip-preflight",
+            "tiny test study",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+    )
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     """The ``tuneproof`` command line in a new process."""
-    return subprocess.run([sys.executable, "-c", "from tuneproof.cli import main; main()", *args],
-                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", "from tuneproof.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+    )
 
 
 def build_wide_base(folder: Path, tiny_base: Path) -> Path:
@@ -200,8 +269,18 @@ def build_wide_base(folder: Path, tiny_base: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(tiny_base)
     tok.save_pretrained(folder)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, max_position_embeddings=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=None, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
     return folder

@@ -89,9 +89,16 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
         if absent:
             missing.append({"label": lab, "present_in": present, "absent_from": absent})
             if "train" in absent:  # each of its rows named (count, the first 5 file:line), to fix them in one pass
-                rows = [ex.source or ex.id for s in present for ex in splits[s] if not _is_empty(ex.label) and str(ex.label) == lab]
-                hard.append(f"class '{lab}' is in {', '.join(present)} ({len(rows)} example{'s' if len(rows) != 1 else ''}: "
-                            f"{_listing(rows)}) but never in train: the model cannot learn it")
+                rows = [
+                    ex.source or ex.id
+                    for s in present
+                    for ex in splits[s]
+                    if not _is_empty(ex.label) and str(ex.label) == lab
+                ]
+                hard.append(
+                    f"class '{lab}' is in {', '.join(present)} ({len(rows)} example{'s' if len(rows) != 1 else ''}: "
+                    f"{_listing(rows)}) but never in train: the model cannot learn it"
+                )
             else:
                 warn.append(f"class '{lab}' is in train but not in {', '.join(absent)}: it is never measured there")
 
@@ -132,8 +139,10 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
         variants[" ".join(lab.split()).casefold()].append(lab)
     near_labels = [sorted(v) for v in variants.values() if len(v) > 1]
     for group in near_labels:
-        warn.append(f"labels {', '.join(repr(x) for x in group)} differ only in case or spaces: they are {len(group)} separate "
-                    "classes to the model; fix the label column if they are one class")
+        warn.append(
+            f"labels {', '.join(repr(x) for x in group)} differ only in case or spaces: they are {len(group)} separate "
+            "classes to the model; fix the label column if they are one class"
+        )
 
     return {
         "class_counts": class_counts,
@@ -197,7 +206,9 @@ def audit_targets(
         try:
             value = _strict_json(ex.target)
         except json.JSONDecodeError as err:
-            invalid.append({"id": ex.id, "source": _where(ex), "error": f"line {err.lineno} column {err.colno}: {err.msg}"})
+            invalid.append(
+                {"id": ex.id, "source": _where(ex), "error": f"line {err.lineno} column {err.colno}: {err.msg}"}
+            )
             continue
         except ValueError as err:
             invalid.append({"id": ex.id, "source": _where(ex), "error": str(err)})
@@ -240,8 +251,9 @@ def json_list_field(target: str | None, key: str) -> list | None:
     return value if isinstance(value, list) else None
 
 
-def audit_label_sets(sets: dict[str, list[list[str] | None]], what: str = "label",
-                     sources: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def audit_label_sets(
+    sets: dict[str, list[list[str] | None]], what: str = "label", sources: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     """Per-label audit of a multi-label field (issue 12): support per label, label-set cardinality.
 
     Args:
@@ -272,9 +284,12 @@ def audit_label_sets(sets: dict[str, list[list[str] | None]], what: str = "label
             sizes[len(uniq)] += 1
         support[s] = dict(sorted(c.items()))
         total = sum(sizes.values())
-        card[s] = {"mean": (sum(k * v for k, v in sizes.items()) / total) if total else None,
-                   "min": min(sizes) if sizes else None, "max": max(sizes) if sizes else None,
-                   "histogram": {str(k): v for k, v in sorted(sizes.items())}}
+        card[s] = {
+            "mean": (sum(k * v for k, v in sizes.items()) / total) if total else None,
+            "min": min(sizes) if sizes else None,
+            "max": max(sizes) if sizes else None,
+            "histogram": {str(k): v for k, v in sorted(sizes.items())},
+        }
         if sizes.get(0):
             warn.append(f"{s}: {sizes[0]} example(s) have an empty {what} set")
     labels = sorted({lab for c in support.values() for lab in c})
@@ -283,12 +298,20 @@ def audit_label_sets(sets: dict[str, list[list[str] | None]], what: str = "label
         absent = [s for s in names if lab not in support[s]]
         present = [s for s in names if lab in support[s]]
         if "train" in support and lab not in train:
-            rows = [src for sp in present for labs, src in zip(sets[sp], (sources or {}).get(sp, []))
-                    if lab in {str(x).strip() for x in labs or []}]
+            rows = [
+                src
+                for sp in present
+                for labs, src in zip(sets[sp], (sources or {}).get(sp, []))
+                if lab in {str(x).strip() for x in labs or []}
+            ]
             where = f" ({len(rows)} example{'s' if len(rows) != 1 else ''}: {_listing(rows)})" if rows else ""
-            hard.append(f"{what} '{lab}' is in {', '.join(present)}{where} but never in train: the model cannot learn it")
+            hard.append(
+                f"{what} '{lab}' is in {', '.join(present)}{where} but never in train: the model cannot learn it"
+            )
         elif absent:
-            warn.append(f"{what} '{lab}' is in train but not in {', '.join(absent)}: it is never measured there (support 0)")
+            warn.append(
+                f"{what} '{lab}' is in train but not in {', '.join(absent)}: it is never measured there (support 0)"
+            )
     return {"labels": labels, "support": support, "cardinality": card, "hard_faults": hard, "warnings": warn}
 
 
@@ -323,8 +346,20 @@ def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
     if invalid:
         shown = [f"{i['source']} ({i['error']})" for i in invalid]
         if parsed == 0:
-            hard.append(f"the format rule ({rule.describe()}) matches none of the {n} gold targets: {_listing(shown)}; "
-                        "fix eval.regex / eval.json_schema / eval.grammar")
+            hard.append(
+                f"the format rule ({rule.describe()}) matches none of the {n} gold targets: {_listing(shown)}; "
+                "fix eval.regex / eval.json_schema / eval.grammar"
+            )
         else:
-            hard.append(f"{len(invalid)} of {n} gold targets fail the format rule ({rule.describe()}; parse rate {rate:.1%}): {_listing(shown)}")
-    return {"rule": rule.describe(), "n": n, "parsed": parsed, "parse_rate": rate, "invalid": invalid, "hard_faults": hard, "warnings": []}
+            hard.append(
+                f"{len(invalid)} of {n} gold targets fail the format rule ({rule.describe()}; parse rate {rate:.1%}): {_listing(shown)}"
+            )
+    return {
+        "rule": rule.describe(),
+        "n": n,
+        "parsed": parsed,
+        "parse_rate": rate,
+        "invalid": invalid,
+        "hard_faults": hard,
+        "warnings": [],
+    }

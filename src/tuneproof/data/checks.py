@@ -42,8 +42,10 @@ def small_classes(splits: dict[str, list[Example]], eval_split: str, threshold: 
         few = {lab: c for lab, c in sorted(counts.items(), key=lambda kv: (kv[1], kv[0])) if c < threshold}
         small[s] = few
         if few:
-            warnings.append(f"{s}: {len(few)} of {len(counts)} classes have fewer than {threshold} examples: "
-                            + _listing([f"'{lab}' {c}" for lab, c in few.items()]))
+            warnings.append(
+                f"{s}: {len(few)} of {len(counts)} classes have fewer than {threshold} examples: "
+                + _listing([f"'{lab}' {c}" for lab, c in few.items()])
+            )
     if not labelled:
         line = None
     elif warnings:
@@ -62,13 +64,20 @@ def cut_answers(encoded: dict[str, list], max_length: int) -> dict[str, Any]:
     the encoding faults); ``line`` states the count, ids and tokens lost, or ``"answers cut by
     max_length 128: none"``.
     """
-    rows = [{"split": s, "id": e.id, "answer_tokens": e.answer_tokens, "tokens_lost": e.answer_lost, "end_cut": e.end_cut}
-            for s in _ordered(encoded) for e in encoded[s] if getattr(e, "answer_lost", 0) > 0]
+    rows = [
+        {"split": s, "id": e.id, "answer_tokens": e.answer_tokens, "tokens_lost": e.answer_lost, "end_cut": e.end_cut}
+        for s in _ordered(encoded)
+        for e in encoded[s]
+        if getattr(e, "answer_lost", 0) > 0
+    ]
     lost = sum(r["tokens_lost"] for r in rows)
     total = sum(len(v) for v in encoded.values())
     if rows:
-        line = (f"answers cut by max_length {max_length}: {len(rows)} of {total} examples lose {lost} answer tokens, "
-                f"{sum(r['end_cut'] for r in rows)} their end token: " + _listing([f"{r['split']}/{r['id']} (-{r['tokens_lost']})" for r in rows]))
+        line = (
+            f"answers cut by max_length {max_length}: {len(rows)} of {total} examples lose {lost} answer tokens, "
+            f"{sum(r['end_cut'] for r in rows)} their end token: "
+            + _listing([f"{r['split']}/{r['id']} (-{r['tokens_lost']})" for r in rows])
+        )
     else:
         line = f"answers cut by max_length {max_length}: none"
     return {"count": len(rows), "examples": rows, "tokens_lost": lost, "line": line}
@@ -84,7 +93,11 @@ def absent_optional(splits: dict[str, list[Example]], optional: list[str]) -> di
     if not optional:
         return {"counts": {}, "n": n, "line": None}
     parts = [f"{k} absent in {counts.get(k, 0)} of {n}" for k in optional]
-    return {"counts": {k: counts.get(k, 0) for k in optional}, "n": n, "line": "optional keys (null when absent): " + ", ".join(parts)}
+    return {
+        "counts": {k: counts.get(k, 0) for k in optional},
+        "n": n,
+        "line": "optional keys (null when absent): " + ", ".join(parts),
+    }
 
 
 def duplicates_line(dedup_report) -> str:
@@ -94,28 +107,47 @@ def duplicates_line(dedup_report) -> str:
     names = _ordered(dedup_report.split_sizes)
     hits = [p for p in cross if p.counts["near"]["pairs"]]
     if not hits:
-        return f"duplicates: none across {'/'.join(names)}" if len(names) > 1 else f"duplicates: only one split ({names[0]})"
+        return (
+            f"duplicates: none across {'/'.join(names)}"
+            if len(names) > 1
+            else f"duplicates: only one split ({names[0]})"
+        )
     return "duplicates across splits: " + ", ".join(
-        f"{p.first}/{p.second} {p.counts['near']['second_colliding']} of {p.n_second}" for p in hits)
+        f"{p.first}/{p.second} {p.counts['near']['second_colliding']} of {p.n_second}" for p in hits
+    )
 
 
-def audit_lines(labels: dict[str, Any], targets: dict[str, Any] | None, faults: list[dict], lengths: dict[str, Any]) -> list[str]:
+def audit_lines(
+    labels: dict[str, Any], targets: dict[str, Any] | None, faults: list[dict], lengths: dict[str, Any]
+) -> list[str]:
     """One statement per audit of the data check, also when it finds nothing: classes missing
     from a split, texts with different labels (labelled data only), strict-JSON targets
     (generative tasks), encoding faults, examples longer than ``max_length``."""
     out = []
     if any(labels.get("class_counts", {}).values()):
         missing = labels.get("missing_classes", [])
-        out.append("classes missing from a split: none" if not missing else
-                   f"classes missing from a split: {len(missing)} (" + _listing([f"'{m['label']}' not in {', '.join(m['absent_from'])}" for m in missing], 5) + ")")
+        out.append(
+            "classes missing from a split: none"
+            if not missing
+            else f"classes missing from a split: {len(missing)} ("
+            + _listing([f"'{m['label']}' not in {', '.join(m['absent_from'])}" for m in missing], 5)
+            + ")"
+        )
         conflicts = labels.get("conflicting_labels", [])
-        out.append("texts with different labels: none" if not conflicts else f"texts with different labels: {len(conflicts)}")
+        out.append(
+            "texts with different labels: none" if not conflicts else f"texts with different labels: {len(conflicts)}"
+        )
     if targets is not None:
         out.append(f"targets that are strict JSON: {targets['parsed']} of {targets['n']} ({targets['parse_rate']:.1%})")
     bad = sorted({(f["split"], f["id"]) for f in faults})
-    out.append("encoding faults (0 supervised tokens, end token, prompt prefix): none" if not bad else
-               f"encoding faults: {len(bad)} examples (" + _listing([f"{s}/{i}" for s, i in bad], 5) + ")")
+    out.append(
+        "encoding faults (0 supervised tokens, end token, prompt prefix): none"
+        if not bad
+        else f"encoding faults: {len(bad)} examples (" + _listing([f"{s}/{i}" for s, i in bad], 5) + ")"
+    )
     cut = {s: v for s, v in lengths.get("splits", {}).items() if v.get("truncated")}
-    out.append(f"longer than max_length {lengths.get('max_length')}: " + (
-        "none" if not cut else ", ".join(f"{s} {v['truncated']} of {v['n']}" for s, v in cut.items())))
+    out.append(
+        f"longer than max_length {lengths.get('max_length')}: "
+        + ("none" if not cut else ", ".join(f"{s} {v['truncated']} of {v['n']}" for s, v in cut.items()))
+    )
     return out

@@ -55,7 +55,9 @@ def validate(examples: list[Example]) -> None:
     empty = [ex.source or ex.id for ex in examples if not ex.text.strip()]
     if empty:
         shown = ", ".join(empty[:_LISTED]) + (f" and {len(empty) - _LISTED} more" if len(empty) > _LISTED else "")
-        raise TuneproofError(f"{len(empty)} empty text(s): {shown}", hint="add drop_empty to data.cleaning, or fix the data")
+        raise TuneproofError(
+            f"{len(empty)} empty text(s): {shown}", hint="add drop_empty to data.cleaning, or fix the data"
+        )
 
 
 def dropped_summary(dropped: list[dict[str, str]]) -> str:

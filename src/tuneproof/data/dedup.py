@@ -40,8 +40,9 @@ import sys
 import unicodedata
 from array import array
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import numpy as np
 from datasketch import MinHash
@@ -217,7 +218,9 @@ def _keep(signatures: np.ndarray, x: np.ndarray, y: np.ndarray, min_equal: float
     return keep
 
 
-def _bucket_pairs(signatures: np.ndarray, members: np.ndarray, min_equal: float | None) -> tuple[np.ndarray, np.ndarray]:
+def _bucket_pairs(
+    signatures: np.ndarray, members: np.ndarray, min_equal: float | None
+) -> tuple[np.ndarray, np.ndarray]:
     """All pairs i < j of one bucket (``members`` sorted), filtered by equal slots, row-block by
     row-block so a bucket of m rows never holds m^2 comparisons in memory at once."""
     m = members.size
@@ -372,11 +375,17 @@ class DedupReport:
                 continue
             parts = ", ".join(
                 f"{c[lv]['second_colliding']} ({100 * c[lv]['fraction']:.1f}%) {label}"
-                for lv, label in (("exact", "exact"), ("normalised", "normalised"), ("near", f"near (Jaccard >= {t:g})"))
+                for lv, label in (
+                    ("exact", "exact"),
+                    ("normalised", "normalised"),
+                    ("near", f"near (Jaccard >= {t:g})"),
+                )
             )
             if p.first == p.second:  # "test (inside the split): 3 of 140 examples repeat an earlier one: ..."
-                lines.append(f"{p.first} (inside the split): {c['near']['second_colliding']} of {p.n_second} examples "
-                             f"repeat an earlier one: {parts}")
+                lines.append(
+                    f"{p.first} (inside the split): {c['near']['second_colliding']} of {p.n_second} examples "
+                    f"repeat an earlier one: {parts}"
+                )
             else:
                 lines.append(f"{p.first}/{p.second}: of {p.n_second} {p.second} examples also in {p.first}: {parts}")
         return lines
@@ -393,7 +402,9 @@ def _check_inputs(splits, threshold, shingles, ngram, num_perm) -> None:
     if not isinstance(splits, dict) or not splits:
         raise TuneproofError("find_duplicates: splits must be a non-empty dict {split name: [Example, ...]}")
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not (0.0 < threshold <= 1.0):
-        raise TuneproofError(f"dedup: threshold must be in (0, 1], got {threshold!r}", hint="set data.dedup.threshold, e.g. 0.8")
+        raise TuneproofError(
+            f"dedup: threshold must be in (0, 1], got {threshold!r}", hint="set data.dedup.threshold, e.g. 0.8"
+        )
     if shingles not in ("word", "char"):
         raise TuneproofError(f"dedup: shingles must be 'word' or 'char', got {shingles!r}")
     if not isinstance(ngram, int) or ngram < 1:
@@ -403,11 +414,15 @@ def _check_inputs(splits, threshold, shingles, ngram, num_perm) -> None:
     seen: dict[str, str] = {}
     for split, examples in splits.items():
         if not isinstance(examples, (list, tuple)):
-            raise TuneproofError(f"find_duplicates: split '{split}' must be a list of Example, got {type(examples).__name__}")
+            raise TuneproofError(
+                f"find_duplicates: split '{split}' must be a list of Example, got {type(examples).__name__}"
+            )
         for ex in examples:
             if not isinstance(getattr(ex, "text", None), str):
                 where = getattr(ex, "source", "") or getattr(ex, "id", "?")
-                raise TuneproofError(f"{where}: example {getattr(ex, 'id', '?')!r} in split '{split}' has no text string")
+                raise TuneproofError(
+                    f"{where}: example {getattr(ex, 'id', '?')!r} in split '{split}' has no text string"
+                )
             if ex.id in seen:
                 raise TuneproofError(
                     f"{ex.source or ex.id}: example id {ex.id!r} occurs twice (splits '{seen[ex.id]}' and '{split}')",

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-ATTRIBUTION = ("UCI Optical Recognition of Handwritten Digits (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0), "
-               "the copy bundled with scikit-learn (sklearn.datasets.load_digits)")
+ATTRIBUTION = (
+    "UCI Optical Recognition of Handwritten Digits (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0), "
+    "the copy bundled with scikit-learn (sklearn.datasets.load_digits)"
+)
 
 
 def write_digits_folder(root: Path, *, scale: int = 2) -> dict[str, int]:

@@ -35,7 +35,7 @@ class Example:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Example":
+    def from_dict(cls, d: dict[str, Any]) -> Example:
         return cls(**d)
 
     def target_json(self) -> Any:

@@ -23,7 +23,13 @@ from tuneproof.data.examples import Example
 
 NEAR_DISTANCE = 4  # of 64 pHash bits; ImageHash's README treats small distances (< ~5) as the same picture
 SHORTCUT_MARGIN = 0.25  # cross-validated accuracy of the form-only tree minus the majority-class rate
-FORM_FEATURES = ("width", "height", "aspect_ratio", "mode", "format")  # not the file size: PNG/JPEG bytes follow the content
+FORM_FEATURES = (
+    "width",
+    "height",
+    "aspect_ratio",
+    "mode",
+    "format",
+)  # not the file size: PNG/JPEG bytes follow the content
 
 
 def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_DISTANCE) -> dict[str, Any]:
@@ -39,8 +45,11 @@ def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_
 
     hashes: dict[str, list[tuple[str, str, Any]]] = {}
     for name, items in splits.items():
-        hashes[name] = [(e.id, e.meta.get("image_sha256", ""), imagehash.phash(open_image(e.meta["image"]).convert("RGB")))
-                        for e in items if e.meta.get("image")]
+        hashes[name] = [
+            (e.id, e.meta.get("image_sha256", ""), imagehash.phash(open_image(e.meta["image"]).convert("RGB")))
+            for e in items
+            if e.meta.get("image")
+        ]
     pairs: dict[str, dict[str, list]] = {}
     n_exact = n_near = 0
     for a, b in combinations(sorted(hashes), 2):
@@ -58,10 +67,18 @@ def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_
         pairs[f"{a}/{b}"] = {"exact": exact, "near": near}
         n_exact += len(exact)
         n_near += len(near)
-    summary = (f"image duplicates across splits: {n_exact} exact, {n_near} near" if n_exact or n_near
-               else f"image duplicates: none across {'/'.join(sorted(hashes))}")
-    return {"pairs": pairs, "n_exact": n_exact, "n_near": n_near, "summary": summary,
-            "rule": f"exact: same sha256 of the file; near: pHash (imagehash) Hamming distance <= {max_distance} of 64 bits"}
+    summary = (
+        f"image duplicates across splits: {n_exact} exact, {n_near} near"
+        if n_exact or n_near
+        else f"image duplicates: none across {'/'.join(sorted(hashes))}"
+    )
+    return {
+        "pairs": pairs,
+        "n_exact": n_exact,
+        "n_near": n_near,
+        "summary": summary,
+        "rule": f"exact: same sha256 of the file; near: pHash (imagehash) Hamming distance <= {max_distance} of 64 bits",
+    }
 
 
 def _form_matrix(items: list[Example]) -> tuple[np.ndarray, list[str]]:
@@ -71,7 +88,15 @@ def _form_matrix(items: list[Example]) -> tuple[np.ndarray, list[str]]:
     for e in items:
         m = e.meta
         w, h = float(m.get("width", 0)), float(m.get("height", 0))
-        rows.append([w, h, w / h if h else 0.0, float(modes.index(m.get("mode", ""))), float(formats.index(m.get("format", "")))])
+        rows.append(
+            [
+                w,
+                h,
+                w / h if h else 0.0,
+                float(modes.index(m.get("mode", ""))),
+                float(formats.index(m.get("format", ""))),
+            ]
+        )
     return np.asarray(rows, dtype=np.float64), [e.label for e in items]
 
 
@@ -104,11 +129,22 @@ def shortcut_check(items: list[Example], margin: float = SHORTCUT_MARGIN, seed: 
     chance = max(counts.values()) / len(y)
     feature = max(per_feature, key=lambda k: per_feature[k])
     flag = overall - chance >= margin
-    message = (f"shortcut: image {feature} alone predicts the class (form-only tree {overall:.2f} vs chance {chance:.2f}, "
-               f"{folds}-fold CV); the model may learn the {feature} instead of the content" if flag else
-               f"shortcut check: none (form-only tree {overall:.2f} vs chance {chance:.2f}, {folds}-fold CV)")
-    return {"cv_accuracy": round(overall, 4), "chance": round(chance, 4), "margin": margin, "flag": flag, "feature": feature,
-            "per_feature": per_feature, "folds": folds, "message": message}
+    message = (
+        f"shortcut: image {feature} alone predicts the class (form-only tree {overall:.2f} vs chance {chance:.2f}, "
+        f"{folds}-fold CV); the model may learn the {feature} instead of the content"
+        if flag
+        else f"shortcut check: none (form-only tree {overall:.2f} vs chance {chance:.2f}, {folds}-fold CV)"
+    )
+    return {
+        "cv_accuracy": round(overall, 4),
+        "chance": round(chance, 4),
+        "margin": margin,
+        "flag": flag,
+        "feature": feature,
+        "per_feature": per_feature,
+        "folds": folds,
+        "message": message,
+    }
 
 
 def audit_image_study(splits: dict[str, list[Example]], pipeline=None) -> dict[str, Any]:
@@ -128,8 +164,12 @@ def audit_image_study(splits: dict[str, list[Example]], pipeline=None) -> dict[s
             continue
         transform = None
         if pipeline is not None:
+
             def transform(im, _p=pipeline):
-                return _p.processor(images=im.convert(_p.transforms.mode), return_tensors="np", **_p.kwargs)["pixel_values"][0]
+                return _p.processor(images=im.convert(_p.transforms.mode), return_tensors="np", **_p.kwargs)[
+                    "pixel_values"
+                ][0]
+
         rep = audit_images([(e.meta["image"], e.label) for e in items], transform)
         form[name] = rep
         warnings += [f"{name}: {w}" for w in rep["warnings"]]

@@ -81,9 +81,11 @@ class ImagePipeline:
     def identity(self) -> dict[str, Any]:
         """Processor class + its config hash + the declared transforms (part of the data fingerprint)."""
         cfg = self.processor.to_dict() if hasattr(self.processor, "to_dict") else {}
-        return {"class": type(self.processor).__name__,
-                "config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest(),
-                "transforms": self.transforms.model_dump()}
+        return {
+            "class": type(self.processor).__name__,
+            "config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest(),
+            "transforms": self.transforms.model_dump(),
+        }
 
     def image(self, example: Example, *, train: bool = False):
         """The PIL image the processor receives (after mode conversion and the train-time flip)."""
@@ -91,7 +93,10 @@ class ImagePipeline:
 
         path = example.meta.get("image") if example.meta else None
         if not path:
-            raise TuneproofError(f"{example.id}: not an image example (no image path)", hint="use format imagefolder, image-csv or image-jsonl")
+            raise TuneproofError(
+                f"{example.id}: not an image example (no image path)",
+                hint="use format imagefolder, image-csv or image-jsonl",
+            )
         im = open_image(path)
         original = (im.width, im.height, im.mode)
         im = im.convert(self.transforms.mode)
@@ -105,11 +110,20 @@ class ImagePipeline:
         try:
             out = self.processor(images=im, return_tensors="pt", **self.kwargs)
         except Exception as err:  # noqa: BLE001 - the processor's own message, named
-            raise TuneproofError(f"{example.meta.get('image')}: the image processor failed ({type(err).__name__}: {str(err)[:160]})",
-                                 hint="check data.image (mode, resize, center_crop)") from None
+            raise TuneproofError(
+                f"{example.meta.get('image')}: the image processor failed ({type(err).__name__}: {str(err)[:160]})",
+                hint="check data.image (mode, resize, center_crop)",
+            ) from None
         pixels = out["pixel_values"][0].to(torch.float32)
-        enc = ImageEncoded(example.id, example.label, pixels, self.label_index.get(example.label) if example.label is not None else None,
-                           flipped, (w, h), mode)
+        enc = ImageEncoded(
+            example.id,
+            example.label,
+            pixels,
+            self.label_index.get(example.label) if example.label is not None else None,
+            flipped,
+            (w, h),
+            mode,
+        )
         if example.label is not None and enc.class_index is None and self.labels:
             enc.faults.append(f"label '{example.label}' is not among the {len(self.labels)} train labels")
         crop = self.transforms.center_crop

@@ -61,14 +61,23 @@ def open_image(path: str | Path) -> Image.Image:
 def _describe(path: Path, root: Path) -> dict[str, Any]:
     data = path.read_bytes()
     im = open_image(path)
-    return {"image": str(path.resolve()), "image_sha256": hashlib.sha256(data).hexdigest(), "width": im.width,
-            "height": im.height, "mode": im.mode, "format": im.format or path.suffix.lstrip(".").upper(),
-            "bytes": len(data), "relpath": str(path.relative_to(root)) if path.is_relative_to(root) else str(path)}
+    return {
+        "image": str(path.resolve()),
+        "image_sha256": hashlib.sha256(data).hexdigest(),
+        "width": im.width,
+        "height": im.height,
+        "mode": im.mode,
+        "format": im.format or path.suffix.lstrip(".").upper(),
+        "bytes": len(data),
+        "relpath": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
+    }
 
 
 def _example(path: Path, root: Path, label: str, split: str | None, where: str) -> Example:
     meta = _describe(path, root)
-    return Example(id=meta["relpath"], text=meta["relpath"], label=label, target=label, source=where, split=split, meta=meta)
+    return Example(
+        id=meta["relpath"], text=meta["relpath"], label=label, target=label, source=where, split=split, meta=meta
+    )
 
 
 def _class_folders(folder: Path) -> list[Path]:
@@ -82,7 +91,9 @@ def load_imagefolder(root: Path, split: str | None) -> tuple[list[Example], list
         TuneproofError: root missing, no class folder, or a class folder without images.
     """
     if not root.is_dir():
-        raise TuneproofError(f"{root}: image folder not found", hint="check data.sources[].path (a folder with one sub-folder per class)")
+        raise TuneproofError(
+            f"{root}: image folder not found", hint="check data.sources[].path (a folder with one sub-folder per class)"
+        )
     subdirs = _class_folders(root)
     if not subdirs:
         raise TuneproofError(f"{root}: no class sub-folders (expected {root}/<class>/<image>.png)")
@@ -99,8 +110,10 @@ def load_imagefolder(root: Path, split: str | None) -> tuple[list[Example], list
         for cls in classes:
             files = sorted(p for p in cls.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
             if not files:
-                raise TuneproofError(f"{cls}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})",
-                                     hint="add its images or remove the folder")
+                raise TuneproofError(
+                    f"{cls}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})",
+                    hint="add its images or remove the folder",
+                )
             for f in files:
                 try:
                     examples.append(_example(f, root, cls.name, split_name, str(f)))
@@ -109,7 +122,9 @@ def load_imagefolder(root: Path, split: str | None) -> tuple[list[Example], list
     return examples, notes
 
 
-def load_image_table(path: Path, fmt: str, image_key: str, label_key: str, split: str | None) -> tuple[list[Example], list[str]]:
+def load_image_table(
+    path: Path, fmt: str, image_key: str, label_key: str, split: str | None
+) -> tuple[list[Example], list[str]]:
     """Examples of a CSV (header row) or JSONL file naming one image and its label per row.
 
     Raises:
@@ -122,8 +137,10 @@ def load_image_table(path: Path, fmt: str, image_key: str, label_key: str, split
     if fmt == "image-csv":
         reader = csv.DictReader(io.StringIO(text))
         if not reader.fieldnames or image_key not in reader.fieldnames or label_key not in reader.fieldnames:
-            raise TuneproofError(f"{path}:1: the header must name the columns '{image_key}' and '{label_key}' (got {reader.fieldnames})",
-                                 hint="set data.fields.image / data.fields.label to the column names")
+            raise TuneproofError(
+                f"{path}:1: the header must name the columns '{image_key}' and '{label_key}' (got {reader.fieldnames})",
+                hint="set data.fields.image / data.fields.label to the column names",
+            )
         rows = [(reader.line_num, row) for row in reader]
     else:
         for i, line in enumerate(text.splitlines(), start=1):
@@ -152,7 +169,10 @@ def load_image_table(path: Path, fmt: str, image_key: str, label_key: str, split
             continue
         image_path = Path(image) if Path(image).is_absolute() else path.parent / image
         if not image_path.is_file():
-            bad.add(f"{path}:{line}", TuneproofError(f"{path}:{line}: image not found: {image_path}", hint="fix the path or remove the row"))
+            bad.add(
+                f"{path}:{line}",
+                TuneproofError(f"{path}:{line}: image not found: {image_path}", hint="fix the path or remove the row"),
+            )
             continue
         try:
             examples.append(_example(image_path, path.parent, label, split, f"{path}:{line}"))

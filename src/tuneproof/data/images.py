@@ -13,8 +13,9 @@ from __future__ import annotations
 import csv
 import io
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -52,7 +53,9 @@ def load_image_folder(root: str | Path) -> list[tuple[str, str]]:
     for d in class_dirs:
         files = sorted(p for p in d.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
         if not files:
-            raise TuneproofError(f"{d}: class folder has no {'/'.join(IMAGE_EXTENSIONS)} images", hint="remove it or add its images")
+            raise TuneproofError(
+                f"{d}: class folder has no {'/'.join(IMAGE_EXTENSIONS)} images", hint="remove it or add its images"
+            )
         for f in files:
             _check_header(f)
             items.append((str(f), d.name))
@@ -123,9 +126,13 @@ def _describe_output(out: Any, path: str) -> tuple[str, float | None]:
     try:
         arr = np.asarray(out)
     except Exception as err:  # noqa: BLE001 - any failure to convert is the user's transform
-        raise TuneproofError(f"{path}: transform output of type {type(out).__name__} is neither a PIL image nor an array ({err})") from None
+        raise TuneproofError(
+            f"{path}: transform output of type {type(out).__name__} is neither a PIL image nor an array ({err})"
+        ) from None
     if arr.dtype == object or arr.ndim == 0:
-        raise TuneproofError(f"{path}: transform output of type {type(out).__name__} is neither a PIL image nor an array")
+        raise TuneproofError(
+            f"{path}: transform output of type {type(out).__name__} is neither a PIL image nor an array"
+        )
     scale = float(np.abs(arr).max()) if arr.size and np.issubdtype(arr.dtype, np.number) else None
     return f"array {arr.dtype} {'x'.join(str(d) for d in arr.shape)}", scale
 
@@ -201,7 +208,9 @@ def audit_images(
     raw: dict[str, dict[str, list]] = {}
     for path, label in items:
         im = _open(path)
-        rec = raw.setdefault(label, {"w": [], "h": [], "mode": [], "channels": [], "format": [], "sig": [], "scale": []})
+        rec = raw.setdefault(
+            label, {"w": [], "h": [], "mode": [], "channels": [], "format": [], "sig": [], "scale": []}
+        )
         rec["w"].append(im.width)
         rec["h"].append(im.height)
         rec["mode"].append(im.mode)
@@ -255,7 +264,12 @@ def audit_images(
             p, q = Counter(mine[key]), Counter(others[key])
             d = _tv_distance(p, q)
             if d > DISTRIBUTION_DISTANCE_FLAG:
-                flag(label, kind, "warning", f"{kind}s {dict(p.most_common())} vs the other categories {dict(q.most_common())} (distance {d:.2f})")
+                flag(
+                    label,
+                    kind,
+                    "warning",
+                    f"{kind}s {dict(p.most_common())} vs the other categories {dict(q.most_common())} (distance {d:.2f})",
+                )
         mine_ar = [w / h for w, h in zip(mine["w"], mine["h"])]
         other_ar = [w / h for w, h in zip(others["w"], others["h"])]
         for kind, a, b, unit in (
@@ -265,7 +279,12 @@ def audit_images(
         ):
             ma, mb = float(np.median(a)), float(np.median(b))
             if _ratio(ma, mb) > SIZE_RATIO_FLAG:
-                flag(label, kind, "warning", f"median {kind} {ma:g}{unit} vs {mb:g}{unit} in the other categories ({_ratio(ma, mb):.2f}x)")
+                flag(
+                    label,
+                    kind,
+                    "warning",
+                    f"median {kind} {ma:g}{unit} vs {mb:g}{unit} in the other categories ({_ratio(ma, mb):.2f}x)",
+                )
         if transform is not None:
             sa, sb = _dominant(Counter(mine["sig"])), _dominant(Counter(others["sig"]))
             if sa != sb:
@@ -273,11 +292,21 @@ def audit_images(
             if mine["scale"] and others["scale"]:
                 va, vb = float(np.median(mine["scale"])), float(np.median(others["scale"]))
                 if _ratio(va, vb) > VALUE_SCALE_FLAG:
-                    flag(label, "value_scale", "hard", f"median largest |value| after the transform {va:g} vs {vb:g} in the other categories")
+                    flag(
+                        label,
+                        "value_scale",
+                        "hard",
+                        f"median largest |value| after the transform {va:g} vs {vb:g} in the other categories",
+                    )
     if transform is not None and not any(f["kind"] == "transform_output" for f in flags):
         all_sigs = Counter(s for label in labels for s in raw[label]["sig"])
         if len(all_sigs) > 1:
-            flag("*", "transform_output", "warning", f"transform outputs are not all alike: {dict(all_sigs.most_common(5))}")
+            flag(
+                "*",
+                "transform_output",
+                "warning",
+                f"transform outputs are not all alike: {dict(all_sigs.most_common(5))}",
+            )
 
     def line(f: dict[str, str]) -> str:
         return f"category '{f['category']}': {f['detail']}" if f["category"] != "*" else f["detail"]

@@ -16,10 +16,14 @@ import numpy as np
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import IGNORE_INDEX, Encoded, visible
 
-LEGEND_CAUSAL = ("legend: dim = prompt (not in the loss); green = supervised (in the loss); magenta = special token; '|' between "
-                 "tokens; 'scored' lists each supervised position as input token → the target token its logits are scored against")
-LEGEND_CLS = ("legend: every token is input (dim; no token is scored); the classification head is trained on the class index "
-              "shown as 'class K = name'; magenta = special token; '|' between tokens")
+LEGEND_CAUSAL = (
+    "legend: dim = prompt (not in the loss); green = supervised (in the loss); magenta = special token; '|' between "
+    "tokens; 'scored' lists each supervised position as input token → the target token its logits are scored against"
+)
+LEGEND_CLS = (
+    "legend: every token is input (dim; no token is scored); the classification head is trained on the class index "
+    "shown as 'class K = name'; magenta = special token; '|' between tokens"
+)
 
 
 def choose_examples(examples: list[Example], encoded: list[Encoded], per_category: int, seed: int = 0) -> list[int]:
@@ -52,18 +56,27 @@ def token_rows(enc: Encoded, tokenizer) -> list[dict]:
     rows = []
     for t, tid in enumerate(enc.input_ids):
         nxt = enc.labels[t + 1] if t + 1 < len(enc.labels) else IGNORE_INDEX
-        rows.append({
-            "pos": t, "id": tid, "text": tokenizer.convert_ids_to_tokens(tid) if tid in special else tokenizer.decode([tid]),
-            "special": tid in special, "supervised": bool(enc.labels) and enc.labels[t] != IGNORE_INDEX,
-            "scored_against": None if nxt == IGNORE_INDEX else tokenizer.decode([nxt]),
-        })
+        rows.append(
+            {
+                "pos": t,
+                "id": tid,
+                "text": tokenizer.convert_ids_to_tokens(tid) if tid in special else tokenizer.decode([tid]),
+                "special": tid in special,
+                "supervised": bool(enc.labels) and enc.labels[t] != IGNORE_INDEX,
+                "scored_against": None if nxt == IGNORE_INDEX else tokenizer.decode([nxt]),
+            }
+        )
     return rows
 
 
 def scored_pairs(rows: list[dict]) -> list[str]:
     """``"pos:input→target"`` for each position whose logits are scored (CASES C2 kind: a shifted
     alignment shows as pairs that do not read as "this token, then the next")."""
-    return [f"{r['pos']}:{visible(r['text'])}→{visible(r['scored_against'])}" for r in rows if r["scored_against"] is not None]
+    return [
+        f"{r['pos']}:{visible(r['text'])}→{visible(r['scored_against'])}"
+        for r in rows
+        if r["scored_against"] is not None
+    ]
 
 
 def _visible(text: str) -> str:
@@ -82,10 +95,14 @@ def header(enc: Encoded, classes: list[str] | None = None) -> str:
     """The one-line summary of an example."""
     kept = len(enc.input_ids)
     if enc.class_index is not None or not enc.labels:
-        return (f"{enc.id} [{enc.category}] sequence classification: {enc.full_length} tokens ({kept} kept); "
-                f"the head is trained on {class_line(enc, classes)}")
-    return (f"{enc.id} [{enc.category}] prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
-            f"{enc.n_supervised} supervised; length {enc.full_length}/{kept} kept")
+        return (
+            f"{enc.id} [{enc.category}] sequence classification: {enc.full_length} tokens ({kept} kept); "
+            f"the head is trained on {class_line(enc, classes)}"
+        )
+    return (
+        f"{enc.id} [{enc.category}] prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
+        f"{enc.n_supervised} supervised; length {enc.full_length}/{kept} kept"
+    )
 
 
 def prefix_diff_lines(enc: Encoded) -> list[str]:
@@ -94,10 +111,12 @@ def prefix_diff_lines(enc: Encoded) -> list[str]:
     d = enc.prefix_diff
     if not d:
         return []
-    return [f"training prefix differs from the inference prompt (first difference at character {d['first_difference']}):",
-            f"  inference prompt: {visible(d['prompt'])}",
-            f"  training prefix:  {visible(d['training_prefix'])}",
-            f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}"]
+    return [
+        f"training prefix differs from the inference prompt (first difference at character {d['first_difference']}):",
+        f"  inference prompt: {visible(d['prompt'])}",
+        f"  training prefix:  {visible(d['training_prefix'])}",
+        f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}",
+    ]
 
 
 def render_rich(enc: Encoded, tokenizer, classes: list[str] | None = None):
@@ -130,22 +149,33 @@ def render_rich(enc: Encoded, tokenizer, classes: list[str] | None = None):
 
 def render_html(items: list[tuple[Encoded, list[dict]]], title: str, classes: list[str] | None = None) -> str:
     """One self-contained HTML page (no external resources); every data text is escaped."""
-    css = ("body{font-family:sans-serif;margin:2em} .tok{font-family:monospace;border:1px solid #ccc;margin:1px;padding:1px 2px;"
-           "display:inline-block} .sup{background:#c8f7c5} .pro{color:#777} .spe{color:#a0a;font-weight:bold}"
-           " .cut{color:#c00;font-weight:bold} .fault{color:#c00} .cls{background:#c8f7c5;font-weight:bold} h2{font-size:1em;margin-top:2em}")
+    css = (
+        "body{font-family:sans-serif;margin:2em} .tok{font-family:monospace;border:1px solid #ccc;margin:1px;padding:1px 2px;"
+        "display:inline-block} .sup{background:#c8f7c5} .pro{color:#777} .spe{color:#a0a;font-weight:bold}"
+        " .cut{color:#c00;font-weight:bold} .fault{color:#c00} .cls{background:#c8f7c5;font-weight:bold} h2{font-size:1em;margin-top:2em}"
+    )
     is_cls = bool(items) and (items[0][0].class_index is not None or not items[0][0].labels)
-    legend = ("every token is input (grey; no token is scored); the classification head is trained on the class index shown "
-              "as 'class K = name' (green); purple: special tokens. Hover a token for its id." if is_cls else
-              "green: supervised (loss computed); grey: prompt (ignored); purple: special tokens. "
-              "Hover a token for its id and the token it is scored against.")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{css}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1><p>{html.escape(legend)}</p>"]
+    legend = (
+        "every token is input (grey; no token is scored); the classification head is trained on the class index shown "
+        "as 'class K = name' (green); purple: special tokens. Hover a token for its id."
+        if is_cls
+        else "green: supervised (loss computed); grey: prompt (ignored); purple: special tokens. "
+        "Hover a token for its id and the token it is scored against."
+    )
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{css}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1><p>{html.escape(legend)}</p>",
+    ]
     for enc, rows in items:
         parts.append(f"<h2>{html.escape(header(enc, classes))}</h2><div>")
         for r in rows:
             cls = "tok " + ("sup" if r["supervised"] else "pro") + (" spe" if r["special"] else "")
-            tip = f"pos {r['pos']} id {r['id']}" + (f" → scored against {r['scored_against']!r}" if r["scored_against"] is not None else "")
-            parts.append(f"<span class='{cls}' title='{html.escape(tip, quote=True)}'>{html.escape(_visible(r['text']))}</span>")
+            tip = f"pos {r['pos']} id {r['id']}" + (
+                f" → scored against {r['scored_against']!r}" if r["scored_against"] is not None else ""
+            )
+            parts.append(
+                f"<span class='{cls}' title='{html.escape(tip, quote=True)}'>{html.escape(_visible(r['text']))}</span>"
+            )
         if enc.truncated:
             parts.append(f"<span class='cut'>✂ truncated: {enc.full_length - len(enc.input_ids)} tokens cut</span>")
         parts.append("</div>")

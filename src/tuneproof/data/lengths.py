@@ -41,7 +41,9 @@ def suggest_max_length(train_lengths: list[int]) -> int:
 
 def _as_lengths(split: str, values: Any) -> np.ndarray:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TuneproofError(f"token lengths of split '{split}' must be a list of integers, got {type(values).__name__}")
+        raise TuneproofError(
+            f"token lengths of split '{split}' must be a list of integers, got {type(values).__name__}"
+        )
     values = list(values)
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
@@ -54,7 +56,9 @@ def round_up(tokens: int) -> int:
     return max(SUGGEST_MULTIPLE, math.ceil(tokens / SUGGEST_MULTIPLE) * SUGGEST_MULTIPLE)
 
 
-def length_stats(lengths_by_split: dict[str, list[int]], max_length: int, keep_whole: dict[str, list[int]] | None = None) -> dict[str, Any]:
+def length_stats(
+    lengths_by_split: dict[str, list[int]], max_length: int, keep_whole: dict[str, list[int]] | None = None
+) -> dict[str, Any]:
     """Per-split token-length percentiles and the share truncated at ``max_length``.
 
     Args:
@@ -93,7 +97,15 @@ def length_stats(lengths_by_split: dict[str, list[int]], max_length: int, keep_w
     for split, values in lengths_by_split.items():
         arr = _as_lengths(split, values)
         if arr.size == 0:
-            splits[split] = {"n": 0, "p50": None, "p95": None, "p99": None, "max": None, "truncated": 0, "truncated_share": 0.0}
+            splits[split] = {
+                "n": 0,
+                "p50": None,
+                "p95": None,
+                "p99": None,
+                "max": None,
+                "truncated": 0,
+                "truncated_share": 0.0,
+            }
             continue
         p50, p95, p99 = (float(v) for v in np.percentile(arr, [50, 95, 99], method=PERCENTILE_METHOD))
         truncated = int((arr > max_length).sum())

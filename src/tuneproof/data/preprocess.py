@@ -169,9 +169,11 @@ class TextPipeline:
             prefix = full[:t_pos] if t_pos >= 0 else full[: len(prompt)]
             first, marked = char_diff(prompt, prefix)
             prefix_diff = {"prompt": prompt, "training_prefix": prefix, "first_difference": first, "diff": marked}
-            faults.append("the training text does not start with the inference prompt (the chat template changes the prompt "
-                          f"when an answer follows; first difference at character {first}); the model would be trained on a "
-                          "prefix it never sees at inference")
+            faults.append(
+                "the training text does not start with the inference prompt (the chat template changes the prompt "
+                f"when an answer follows; first difference at character {first}); the model would be trained on a "
+                "prefix it never sees at inference"
+            )
             start = len(prompt)
             full = prompt + target + (self.end_token or "")
             end = len(full)
@@ -184,7 +186,9 @@ class TextPipeline:
         a_ids = list(a_enc["input_ids"])
         a_off = [(a + start, b + start) for a, b in a_enc["offset_mapping"]]
         if self.loss == "answer_only":
-            a_labels = [tid if (a >= start and b <= end and b > a) else IGNORE_INDEX for tid, (a, b) in zip(a_ids, a_off)]
+            a_labels = [
+                tid if (a >= start and b <= end and b > a) else IGNORE_INDEX for tid, (a, b) in zip(a_ids, a_off)
+            ]
             labels = [IGNORE_INDEX] * len(p_ids) + a_labels
         else:
             labels = p_ids + a_ids
@@ -193,18 +197,25 @@ class TextPipeline:
             k = next((i for i, (a, b) in enumerate(joint["offset_mapping"]) if a < start < b), None)
             if k is not None:
                 a, b = joint["offset_mapping"][k]
-                notes.append(f"in one pass the tokenizer merges across the answer boundary ({full[a:b]!r}); prompt and answer "
-                             f"are tokenised separately: ... {full[max(0, start - 12):start]!r} | {full[start:start + 12]!r} ...")
+                notes.append(
+                    f"in one pass the tokenizer merges across the answer boundary ({full[a:b]!r}); prompt and answer "
+                    f"are tokenised separately: ... {full[max(0, start - 12) : start]!r} | {full[start : start + 12]!r} ..."
+                )
         ids = p_ids + a_ids
-        offsets = [tuple(o) for o in self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]] + a_off
+        offsets = [
+            tuple(o) for o in self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        ] + a_off
         prompt_tokens = len(p_ids)
         answer_tokens = sum(1 for lab in labels if lab != IGNORE_INDEX) if self.loss == "answer_only" else len(a_ids)
         full_len = len(ids)
         truncated = full_len > self.max_length
-        cut = labels[self.max_length:]
+        cut = labels[self.max_length :]
         # tokens of the answer (incl. its end token, the last one) that truncation removes
-        answer_lost = (sum(1 for lab in cut if lab != IGNORE_INDEX) if self.loss == "answer_only"
-                       else max(0, full_len - max(self.max_length, prompt_tokens)))
+        answer_lost = (
+            sum(1 for lab in cut if lab != IGNORE_INDEX)
+            if self.loss == "answer_only"
+            else max(0, full_len - max(self.max_length, prompt_tokens))
+        )
         end_cut = answer_lost > 0
         ids, labels, offsets = ids[: self.max_length], labels[: self.max_length], offsets[: self.max_length]
         # position 0 is never a prediction target (nothing precedes it), see loss.token_loss_sum
@@ -214,20 +225,37 @@ class TextPipeline:
                 f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer {answer_tokens} tokens > max_length {self.max_length})"
             )
         elif end_cut and self.end_token is not None:
-            faults.append(f"the answer is cut by max_length {self.max_length}: {answer_lost} of {answer_tokens} answer tokens lost, "
-                          f"the end token {self.end_token!r} among them (the model would never learn to stop)")
+            faults.append(
+                f"the answer is cut by max_length {self.max_length}: {answer_lost} of {answer_tokens} answer tokens lost, "
+                f"the end token {self.end_token!r} among them (the model would never learn to stop)"
+            )
         elif not truncated and self.end_token is not None:
             end_id = self.tok.convert_tokens_to_ids(self.end_token)
             sup = [lab for lab in labels if lab != IGNORE_INDEX]
             if sup and sup[-1] != end_id:
-                faults.append(f"the end token {self.end_token!r} is not supervised (the model would never learn to stop)")
+                faults.append(
+                    f"the end token {self.end_token!r} is not supervised (the model would never learn to stop)"
+                )
         if self.loss == "answer_only" and any(lab != IGNORE_INDEX for lab in labels[:prompt_tokens]):
             faults.append("prompt tokens are supervised although training.loss is answer_only")
         return Encoded(
-            id=ex.id, category=ex.label, input_ids=ids, labels=labels, prompt_tokens=prompt_tokens,
-            answer_tokens=answer_tokens, full_length=full_len, n_supervised=n_sup, truncated=truncated,
-            text=full, boundary_char=start, offsets=offsets, faults=faults, notes=notes,
-            answer_lost=answer_lost, end_cut=end_cut, prefix_diff=prefix_diff,
+            id=ex.id,
+            category=ex.label,
+            input_ids=ids,
+            labels=labels,
+            prompt_tokens=prompt_tokens,
+            answer_tokens=answer_tokens,
+            full_length=full_len,
+            n_supervised=n_sup,
+            truncated=truncated,
+            text=full,
+            boundary_char=start,
+            offsets=offsets,
+            faults=faults,
+            notes=notes,
+            answer_lost=answer_lost,
+            end_cut=end_cut,
+            prefix_diff=prefix_diff,
         )
 
     def _encode_cls(self, ex: Example) -> Encoded:
@@ -241,10 +269,20 @@ class TextPipeline:
         if truncated:  # keep the final [SEP]-like token
             ids = ids[: self.max_length - 1] + ids[-1:]
         return Encoded(
-            id=ex.id, category=ex.label, input_ids=ids, labels=[], prompt_tokens=full_len, answer_tokens=0,
-            full_length=full_len, n_supervised=1, truncated=truncated, text=ex.text, boundary_char=0,
+            id=ex.id,
+            category=ex.label,
+            input_ids=ids,
+            labels=[],
+            prompt_tokens=full_len,
+            answer_tokens=0,
+            full_length=full_len,
+            n_supervised=1,
+            truncated=truncated,
+            text=ex.text,
+            boundary_char=0,
             offsets=[tuple(o) for o in enc["offset_mapping"]][: len(ids)],
-            class_index=self.labels.index(ex.label) if ex.label in self.labels else None, faults=faults,
+            class_index=self.labels.index(ex.label) if ex.label in self.labels else None,
+            faults=faults,
         )
 
     def encode_all(self, examples: list[Example]) -> list[Encoded]:
@@ -291,7 +329,11 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
         if not cls:
             labels[i, :n] = torch.tensor(e.labels)
     if cls:
-        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([e.class_index for e in batch], dtype=torch.long)}
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "labels": torch.tensor([e.class_index for e in batch], dtype=torch.long),
+        }
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 

@@ -36,7 +36,13 @@ from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
 
 SNIPS_INTENTS = (
-    "AddToPlaylist", "BookRestaurant", "GetWeather", "PlayMusic", "RateBook", "SearchCreativeWork", "SearchScreeningEvent",
+    "AddToPlaylist",
+    "BookRestaurant",
+    "GetWeather",
+    "PlayMusic",
+    "RateBook",
+    "SearchCreativeWork",
+    "SearchScreeningEvent",
 )
 
 #: default of ``data.max_chars``: characters per text (or target) accepted before tokenising.
@@ -71,7 +77,7 @@ class BadRows:
     def add(self, where: str, err: TuneproofError) -> None:
         self.count += 1
         if len(self.first) < LISTED_ROWS:
-            reason = err.message[len(where) + 2:] if err.message.startswith(f"{where}: ") else err.message
+            reason = err.message[len(where) + 2 :] if err.message.startswith(f"{where}: ") else err.message
             self.first.append((where, reason, err.hint))
 
     def check(self) -> None:
@@ -93,8 +99,12 @@ class BadRows:
                 groups.append(([where], reason))
         more = self.count - len(self.first)
         hints = list(dict.fromkeys(h for _, _, h in self.first if h))
-        raise TuneproofError(f"{self.path}: {self.count} rows refused: " + "; ".join(f"{', '.join(w)}: {r}" for w, r in groups)
-                             + (f"; and {more} more" if more else ""), hint="; ".join(hints) or None)
+        raise TuneproofError(
+            f"{self.path}: {self.count} rows refused: "
+            + "; ".join(f"{', '.join(w)}: {r}" for w, r in groups)
+            + (f"; and {more} more" if more else ""),
+            hint="; ".join(hints) or None,
+        )
 
 
 def _lookup(row: Any, name: str) -> Any:
@@ -123,11 +133,16 @@ class _Mapper:
         self.optional = set(getattr(fields, "optional", None) or [])
         self.max_chars = max_chars
         known = {fields.text, fields.label, fields.id, "text", "label", "id", "target"}
-        known |= set(fields.target) | set(fields.target.values()) if isinstance(fields.target, dict) else {fields.target}
+        known |= (
+            set(fields.target) | set(fields.target.values()) if isinstance(fields.target, dict) else {fields.target}
+        )
         unknown = sorted(self.optional - known)
         if unknown:
-            raise TuneproofError(f"data.fields.optional: '{unknown[0]}' names no field or target key "
-                                 f"(fields: {', '.join(sorted(str(k) for k in known if k))})", hint="fix data.fields.optional in tuneproof.yaml")
+            raise TuneproofError(
+                f"data.fields.optional: '{unknown[0]}' names no field or target key "
+                f"(fields: {', '.join(sorted(str(k) for k in known if k))})",
+                hint="fix data.fields.optional in tuneproof.yaml",
+            )
 
     def _get(self, row, name: str, out_key: str, where: str, available: list[str], absent: list[str]) -> Any:
         value = _lookup(row, name)
@@ -148,16 +163,25 @@ class _Mapper:
                 hint="fix the line, or raise data.max_chars in tuneproof.yaml",
             )
 
-    def example(self, row: dict[str, Any], where: str, default_id: str, split: str | None, available: list[str],
-                meta: dict[str, Any] | None = None) -> Example:
+    def example(
+        self,
+        row: dict[str, Any],
+        where: str,
+        default_id: str,
+        split: str | None,
+        available: list[str],
+        meta: dict[str, Any] | None = None,
+    ) -> Example:
         f = self.fields
         absent: list[str] = []
         text = self._get(row, f.text, "text", where, available, absent)
         if text is None:
             text = ""
         if not isinstance(text, str):
-            raise TuneproofError(f"{where}: text in {self.kind} '{f.text}' is {type(text).__name__} {_short(text)}, not a string",
-                                 hint="texts must be strings; quote the value or fix data.fields.text")
+            raise TuneproofError(
+                f"{where}: text in {self.kind} '{f.text}' is {type(text).__name__} {_short(text)}, not a string",
+                hint="texts must be strings; quote the value or fix data.fields.text",
+            )
         self._check_chars(text, f"the text in {self.kind} '{f.text}'", where)
         label = None
         if f.label is not None:
@@ -166,8 +190,10 @@ class _Mapper:
                 pass
             elif _missing_label(label):
                 shown = "empty" if label is None or (isinstance(label, str) and not label.strip()) else repr(label)
-                raise TuneproofError(f"{where}: {shown} label in {self.kind} '{f.label}' (a missing value, not a class)",
-                                     hint="fill or drop the row")
+                raise TuneproofError(
+                    f"{where}: {shown} label in {self.kind} '{f.label}' (a missing value, not a class)",
+                    hint="fill or drop the row",
+                )
             else:
                 # a list (multi-label) is kept as its JSON text, so it can be parsed back exactly
                 label = json.dumps(label, ensure_ascii=False) if isinstance(label, list) else str(label)
@@ -221,8 +247,9 @@ def _columns(fields) -> list[str]:
     return [n for n in names if n is not None and n not in optional]
 
 
-def load_csv(path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS,
-             id_prefix: str | None = None) -> tuple[list[Example], list[str]]:
+def load_csv(
+    path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS, id_prefix: str | None = None
+) -> tuple[list[Example], list[str]]:
     """Read a CSV with a header row. Returns ``(examples, repairs)``.
 
     Raises:
@@ -242,7 +269,10 @@ def load_csv(path: Path, fields, split: str | None = None, *, max_chars: int = D
         raise TuneproofError(f"{path}:1: malformed CSV header ({err})") from None
     for col in _columns(fields):
         if col not in header:
-            raise TuneproofError(f"{path}:1: column '{col}' not found (columns: {', '.join(header)})", hint="fix data.fields in tuneproof.yaml")
+            raise TuneproofError(
+                f"{path}:1: column '{col}' not found (columns: {', '.join(header)})",
+                hint="fix data.fields in tuneproof.yaml",
+            )
     mapper = _Mapper(fields, max_chars)
     prefix = id_prefix or path.stem
     out = []
@@ -254,15 +284,23 @@ def load_csv(path: Path, fields, split: str | None = None, *, max_chars: int = D
             break
         except csv.Error as err:  # the parser cannot go on: what was refused before, and this
             where = f"{path}:{reader.line_num}"
-            bad.add(where, TuneproofError(f"{where}: malformed CSV ({err})", hint="quote fields that contain quotes or newlines"))
+            bad.add(
+                where,
+                TuneproofError(f"{where}: malformed CSV ({err})", hint="quote fields that contain quotes or newlines"),
+            )
             break
         line = reader.line_num
         if not row:
             continue
         where = f"{path}:{line}"
         if len(row) != len(header):
-            bad.add(where, TuneproofError(f"{where}: {len(row)} fields, header has {len(header)} ({', '.join(header)})",
-                                          hint="quote fields that contain commas"))
+            bad.add(
+                where,
+                TuneproofError(
+                    f"{where}: {len(row)} fields, header has {len(header)} ({', '.join(header)})",
+                    hint="quote fields that contain commas",
+                ),
+            )
             continue
         rec = dict(zip(header, row))
         try:
@@ -271,12 +309,21 @@ def load_csv(path: Path, fields, split: str | None = None, *, max_chars: int = D
             bad.add(where, err)
     bad.check()
     if not out:
-        raise TuneproofError(f"{path}: header only, no examples (columns: {', '.join(header)})", hint="fix data.sources[].path")
+        raise TuneproofError(
+            f"{path}: header only, no examples (columns: {', '.join(header)})", hint="fix data.sources[].path"
+        )
     return out, repairs
 
 
-def load_json_records(path: Path, fields, split: str | None = None, *, lines: bool, max_chars: int = DEFAULT_MAX_CHARS,
-                      id_prefix: str | None = None) -> tuple[list[Example], list[str]]:
+def load_json_records(
+    path: Path,
+    fields,
+    split: str | None = None,
+    *,
+    lines: bool,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    id_prefix: str | None = None,
+) -> tuple[list[Example], list[str]]:
     """Read a JSON list of objects (``lines=False``) or JSON Lines (``lines=True``).
 
     Raises:
@@ -307,7 +354,9 @@ def load_json_records(path: Path, fields, split: str | None = None, *, lines: bo
             raise TuneproofError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
         records = [(f"{path}#{i}", r) for i, r in enumerate(data)]
     if not records:
-        raise TuneproofError(f"{path}: {'empty file' if not text.strip() else 'no records'}, no examples", hint="fix data.sources[].path")
+        raise TuneproofError(
+            f"{path}: {'empty file' if not text.strip() else 'no records'}, no examples", hint="fix data.sources[].path"
+        )
     mapper = _Mapper(fields, max_chars)
     prefix = id_prefix or path.stem
     out = []
@@ -355,7 +404,9 @@ def lines_files(folder: Path, fields) -> dict[str, str]:
     return files
 
 
-def load_lines(folder: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
+def load_lines(
+    folder: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS
+) -> tuple[list[Example], list[str]]:
     """Read line-aligned files in one split folder: line *i* of each file is example *i*
     (e.g. ``train/seq.in`` beside ``train/label``). ``data.fields`` entries name the files.
 
@@ -366,8 +417,10 @@ def load_lines(folder: Path, fields, split: str | None = None, *, max_chars: int
             both files and counts), and the per-value errors of the other loaders.
     """
     if not folder.is_dir():
-        raise TuneproofError(f"{folder}: folder not found (format 'lines' reads a split folder holding {LINES_TEXT} and {LINES_LABEL})",
-                             hint="fix data.sources[].path")
+        raise TuneproofError(
+            f"{folder}: folder not found (format 'lines' reads a split folder holding {LINES_TEXT} and {LINES_LABEL})",
+            hint="fix data.sources[].path",
+        )
     names = lines_files(folder, fields)
     optional = set(getattr(fields, "optional", None) or [])
     columns: dict[str, list[str]] = {}
@@ -385,22 +438,35 @@ def load_lines(folder: Path, fields, split: str | None = None, *, max_chars: int
         raise TuneproofError(f"{folder / text_file}: empty file, no examples", hint="fix data.sources[].path")
     for name, rows in columns.items():
         if len(rows) != n:
-            raise TuneproofError(f"{folder / text_file} has {n} lines but {folder / name} has {len(rows)}: line-aligned files must have "
-                                 "the same number of lines", hint="line i of every file is example i; fix the shorter file")
-    mapper = _Mapper(fields.model_copy(update={"text": text_file, "label": names.get("label"), "id": names.get("id")}), max_chars, kind="file")
+            raise TuneproofError(
+                f"{folder / text_file} has {n} lines but {folder / name} has {len(rows)}: line-aligned files must have "
+                "the same number of lines",
+                hint="line i of every file is example i; fix the shorter file",
+            )
+    mapper = _Mapper(
+        fields.model_copy(update={"text": text_file, "label": names.get("label"), "id": names.get("id")}),
+        max_chars,
+        kind="file",
+    )
     split = split or folder.name
     out, bad = [], BadRows(folder / text_file)
     for i in range(n):
         where = f"{folder / text_file}:{i + 1}"
         try:
-            out.append(mapper.example({k: v[i] for k, v in columns.items()}, where, f"{folder.name}:{i + 1}", split, list(columns)))
+            out.append(
+                mapper.example(
+                    {k: v[i] for k, v in columns.items()}, where, f"{folder.name}:{i + 1}", split, list(columns)
+                )
+            )
         except TuneproofError as err:
             bad.add(where, err)
     bad.check()
     return out, repairs
 
 
-def load_hf_dir(path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
+def load_hf_dir(
+    path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS
+) -> tuple[list[Example], list[str]]:
     """Read a local folder written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``).
 
     Each split of a DatasetDict becomes that split; a single Dataset takes ``split``.
@@ -475,8 +541,13 @@ def load_snips(root: Path) -> tuple[list[Example], list[str]]:
                 utter = "".join(p["text"] for p in pieces)
                 out.append(
                     Example(
-                        id=f"{intent}/{split}/{i:04d}", text=utter, label=intent, target=snips_target(intent, pieces),
-                        source=f"{path}#{i}", split=split, meta={"pieces": pieces},
+                        id=f"{intent}/{split}/{i:04d}",
+                        text=utter,
+                        label=intent,
+                        target=snips_target(intent, pieces),
+                        source=f"{path}#{i}",
+                        split=split,
+                        meta={"pieces": pieces},
                     )
                 )
     return out, repairs
@@ -494,7 +565,9 @@ def load_banking77(root: Path, fields=None, *, max_chars: int = DEFAULT_MAX_CHAR
     given = explicit_fields(fields)
     fields = FieldMap(**{"text": "text", "label": "category", **given})
     if not root.is_dir():
-        raise TuneproofError(f"{root}: BANKING77 folder not found", hint="pass --data DIR holding banking77/ (see README)")
+        raise TuneproofError(
+            f"{root}: BANKING77 folder not found", hint="pass --data DIR holding banking77/ (see README)"
+        )
     out, repairs = [], []
     for split in ("train", "test"):
         ex, rep = load_csv(root / f"{split}.csv", fields, split=split, max_chars=max_chars)
@@ -518,7 +591,7 @@ def resolve_path(raw: str, base_dir: Path, data_root: Path | None = None) -> Pat
             from tuneproof.data.locate import find_data_root  # noqa: PLC0415
 
             data_root = find_data_root()
-        return data_root / raw[len("$DATA/"):]
+        return data_root / raw[len("$DATA/") :]
     path = Path(raw).expanduser()
     return path if path.is_absolute() else base_dir / path
 
@@ -539,8 +612,10 @@ def expand(src, base_dir: Path, data_root: Path | None = None) -> list[Path]:
     else:
         matches = [p for p in matches if p.is_file()]
     if not matches:
-        raise TuneproofError(f"{path}: the pattern matches no {'folder' if src.format in ('lines', 'hf') else 'file'}",
-                             hint="fix data.sources[].path in tuneproof.yaml")
+        raise TuneproofError(
+            f"{path}: the pattern matches no {'folder' if src.format in ('lines', 'hf') else 'file'}",
+            hint="fix data.sources[].path in tuneproof.yaml",
+        )
     return matches
 
 
@@ -566,8 +641,9 @@ def _glob_root(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path(".")
 
 
-def load_source(src, fields, base_dir: Path, data_root: Path | None = None, *,
-                max_chars: int = DEFAULT_MAX_CHARS) -> tuple[list[Example], list[str]]:
+def load_source(
+    src, fields, base_dir: Path, data_root: Path | None = None, *, max_chars: int = DEFAULT_MAX_CHARS
+) -> tuple[list[Example], list[str]]:
     """Load one ``data.sources`` entry of the study file. ``$DATA/`` in a path means the data root;
     a glob pattern loads every match (sorted) as one source, ids prefixed by the match's path
     below the pattern's fixed folder (``folds/fold*.json`` -> ``fold1:0``, ``fold2:0``).
@@ -595,8 +671,11 @@ def _load_one(src, path: Path, fields, max_chars: int, prefix: str | None) -> tu
         return load_image_source(src, fields, path)
     if src.format == "snips":
         if explicit_fields(fields):
-            raise TuneproofError(f"data.fields ({', '.join(sorted(explicit_fields(fields)))}) does not apply to format 'snips': its "
-                                 "text, label (intent) and target (intent + slots) are fixed", hint="remove data.fields from tuneproof.yaml")
+            raise TuneproofError(
+                f"data.fields ({', '.join(sorted(explicit_fields(fields)))}) does not apply to format 'snips': its "
+                "text, label (intent) and target (intent + slots) are fixed",
+                hint="remove data.fields from tuneproof.yaml",
+            )
         return load_snips(path)
     if src.format == "banking77":
         return load_banking77(path, fields, max_chars=max_chars)
@@ -608,4 +687,6 @@ def _load_one(src, path: Path, fields, max_chars: int, prefix: str | None) -> tu
         raise TuneproofError(f"{path}: file not found", hint="fix data.sources[].path in tuneproof.yaml")
     if src.format == "csv":
         return load_csv(path, fields, src.split, max_chars=max_chars, id_prefix=prefix)
-    return load_json_records(path, fields, src.split, lines=src.format == "jsonl", max_chars=max_chars, id_prefix=prefix)
+    return load_json_records(
+        path, fields, src.split, lines=src.format == "jsonl", max_chars=max_chars, id_prefix=prefix
+    )

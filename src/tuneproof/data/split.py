@@ -62,7 +62,16 @@ def duplicate_groups(examples: list[Example], dedup=None) -> list[int]:
 
     if not examples:
         return []
-    kw = {} if dedup is None else {"threshold": dedup.threshold, "shingles": dedup.shingles, "ngram": dedup.ngram, "num_perm": dedup.num_perm}
+    kw = (
+        {}
+        if dedup is None
+        else {
+            "threshold": dedup.threshold,
+            "shingles": dedup.shingles,
+            "ngram": dedup.ngram,
+            "num_perm": dedup.num_perm,
+        }
+    )
     report = find_duplicates({"pool": list(examples)}, **kw)
     index = {ex.id: i for i, ex in enumerate(examples)}
     parent = list(range(len(examples)))
@@ -87,23 +96,33 @@ def grouping_rule(dedup=None) -> dict:
     from tuneproof.study import Dedup  # noqa: PLC0415
 
     d = dedup or Dedup()
-    return {"rule": "exact, normalised and near-duplicate texts (data.dedup settings) are kept in one split",
-            "threshold": d.threshold, "shingles": d.shingles, "ngram": d.ngram, "num_perm": d.num_perm}
+    return {
+        "rule": "exact, normalised and near-duplicate texts (data.dedup settings) are kept in one split",
+        "threshold": d.threshold,
+        "shingles": d.shingles,
+        "ngram": d.ngram,
+        "num_perm": d.num_perm,
+    }
 
 
 def _check_fractions(fractions: dict[str, float]) -> None:
     bad = {k: v for k, v in fractions.items() if not (0.0 <= v <= 1.0)}
     if bad:
         k, v = next(iter(bad.items()))
-        raise TuneproofError(f"data.split.fractions.{k} is {v:g}: each fraction must be between 0 and 1",
-                             hint="e.g. {train: 0.8, validation: 0.1, test: 0.1}")
+        raise TuneproofError(
+            f"data.split.fractions.{k} is {v:g}: each fraction must be between 0 and 1",
+            hint="e.g. {train: 0.8, validation: 0.1, test: 0.1}",
+        )
     total = sum(fractions.values())
     if abs(total - 1.0) > 1e-6:
-        raise TuneproofError(f"data.split.fractions sum to {total:.4f}, not 1", hint="e.g. {train: 0.8, validation: 0.1, test: 0.1}")
+        raise TuneproofError(
+            f"data.split.fractions sum to {total:.4f}, not 1", hint="e.g. {train: 0.8, validation: 0.1, test: 0.1}"
+        )
 
 
-def stratified_split(examples: list[Example], fractions: dict[str, float], seed: int,
-                     groups: list[int] | None = None) -> dict[str, list[Example]]:
+def stratified_split(
+    examples: list[Example], fractions: dict[str, float], seed: int, groups: list[int] | None = None
+) -> dict[str, list[Example]]:
     """Split by label with the given fractions (each in [0, 1], summing to 1 within 1e-6).
 
     For each label the examples are shuffled with ``seed`` and cut by cumulative fractions, so each
@@ -155,11 +174,17 @@ def check_unique_ids(examples: list[Example]) -> None:
     if len(dups) == 1:
         raise TuneproofError(f"duplicate example id {dups[0]}", hint="set data.fields.id to a unique column")
     if dups:
-        raise TuneproofError(f"{len(dups)} duplicate example ids: " + ", ".join(dups[:5]) + (f" and {len(dups) - 5} more" if len(dups) > 5 else ""),
-                             hint="set data.fields.id to a unique column")
+        raise TuneproofError(
+            f"{len(dups)} duplicate example ids: "
+            + ", ".join(dups[:5])
+            + (f" and {len(dups) - 5} more" if len(dups) > 5 else ""),
+            hint="set data.fields.id to a unique column",
+        )
 
 
-def build_splits(examples: list[Example], policy, test_split: str, dedup=None, info: dict | None = None) -> dict[str, list[Example]]:
+def build_splits(
+    examples: list[Example], policy, test_split: str, dedup=None, info: dict | None = None
+) -> dict[str, list[Example]]:
     """Assign every example to a split.
 
     Examples whose source gives a split keep it; the rest are split by ``policy.fractions``. When no
@@ -194,12 +219,16 @@ def build_splits(examples: list[Example], policy, test_split: str, dedup=None, i
             splits[name] += items
     if policy.carve_from:
         if policy.carve_from not in splits:
-            raise TuneproofError(f"data.split.carve_from: split '{policy.carve_from}' does not exist (have {sorted(splits)})")
+            raise TuneproofError(
+                f"data.split.carve_from: split '{policy.carve_from}' does not exist (have {sorted(splits)})"
+            )
         missing = {n: f for n, f in policy.fractions.items() if n not in splits and n != policy.carve_from}
         if missing:
             rest = 1.0 - sum(missing.values())
             if rest <= 0:
-                raise TuneproofError(f"data.split.fractions of the carved splits {sorted(missing)} leave nothing in '{policy.carve_from}'")
+                raise TuneproofError(
+                    f"data.split.fractions of the carved splits {sorted(missing)} leave nothing in '{policy.carve_from}'"
+                )
             parts = cut(splits[policy.carve_from], {policy.carve_from: rest, **missing})
             splits.update(parts)
     for name, cap in policy.max_examples.items():
@@ -218,8 +247,10 @@ def build_splits(examples: list[Example], policy, test_split: str, dedup=None, i
 
 def manifest_of(splits: dict[str, list[Example]], grouping: dict | None = None) -> dict:
     """The manifest: example ids per split, their hash, and (when tuneproof cut splits) the grouping rule."""
-    out = {"splits": {name: [e.id for e in items] for name, items in sorted(splits.items())},
-           "hash": sha256_json({n: [e.id for e in v] for n, v in sorted(splits.items())})}
+    out = {
+        "splits": {name: [e.id for e in items] for name, items in sorted(splits.items())},
+        "hash": sha256_json({n: [e.id for e in v] for n, v in sorted(splits.items())}),
+    }
     if grouping is not None:
         out["grouping"] = grouping
     return out

@@ -35,8 +35,11 @@ BUNDLE_SCHEMA = 1
 def file_hashes(folder: Path) -> dict[str, str]:
     """``{relative posix path: sha256}`` of every file under ``folder`` except ``manifest.json`` and ``manifest.sha256``."""
     folder = Path(folder)
-    return {p.relative_to(folder).as_posix(): sha256_file(p)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).as_posix() not in (MANIFEST, MANIFEST_SHA)}
+    return {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.relative_to(folder).as_posix() not in (MANIFEST, MANIFEST_SHA)
+    }
 
 
 def write_manifest_sha(bundle: Path) -> str:
@@ -69,8 +72,11 @@ def check_files(folder: Path, expected: dict[str, str]) -> dict[str, Any]:
     found = file_hashes(folder)
     return {
         "missing": sorted(set(expected) - set(found)),
-        "altered": [{"path": p, "expected": expected[p], "found": found[p]} for p in sorted(set(expected) & set(found))
-                    if expected[p] != found[p]],
+        "altered": [
+            {"path": p, "expected": expected[p], "found": found[p]}
+            for p in sorted(set(expected) & set(found))
+            if expected[p] != found[p]
+        ],
         "extra": sorted(set(found) - set(expected)),
     }
 
@@ -83,15 +89,21 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
     """
     bundle = Path(bundle)
     if not bundle.is_dir():
-        raise TuneproofError(f"{bundle}: no such bundle folder", hint="pass the folder written by `tuneproof export` (exports/<run>)")
+        raise TuneproofError(
+            f"{bundle}: no such bundle folder", hint="pass the folder written by `tuneproof export` (exports/<run>)"
+        )
     if not (bundle / MANIFEST).is_file():
         raise CheckFailed(f"{bundle}: manifest.json is missing", hint="the bundle is incomplete; export it again")
     man = read_json(bundle / MANIFEST)
     if not isinstance(man, dict) or man.get("kind") != BUNDLE_KIND:
-        raise TuneproofError(f"{bundle / MANIFEST}: not a tuneproof export manifest (kind {man.get('kind') if isinstance(man, dict) else None!r})")
+        raise TuneproofError(
+            f"{bundle / MANIFEST}: not a tuneproof export manifest (kind {man.get('kind') if isinstance(man, dict) else None!r})"
+        )
     if int(man.get("schema_version", 0)) > BUNDLE_SCHEMA:
-        raise TuneproofError(f"{bundle / MANIFEST}: schema_version {man['schema_version']} is newer than this tuneproof reads ({BUNDLE_SCHEMA})",
-                             hint="upgrade tuneproof")
+        raise TuneproofError(
+            f"{bundle / MANIFEST}: schema_version {man['schema_version']} is newer than this tuneproof reads ({BUNDLE_SCHEMA})",
+            hint="upgrade tuneproof",
+        )
     return man
 
 

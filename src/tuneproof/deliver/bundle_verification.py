@@ -82,9 +82,17 @@ ENTRY_MODULE = "tuneproof.deliver.verify"  # ``python -m`` entry of the fresh pr
 # --------------------------------------------------------------------------- loading
 def _ref(path: Path, manifest: dict[str, Any]):
     b = manifest["base_model"]
-    trust = bool(((manifest.get("config") or {}).get("model") or {}).get("trust_remote_code", False))  # as the study set it
-    return BaseModelRef(b.get("name", str(path)), Path(path), b.get("revision", ""), manifest["procedure"]["model_kind"], "bundle",
-                        trust_remote_code=trust)
+    trust = bool(
+        ((manifest.get("config") or {}).get("model") or {}).get("trust_remote_code", False)
+    )  # as the study set it
+    return BaseModelRef(
+        b.get("name", str(path)),
+        Path(path),
+        b.get("revision", ""),
+        manifest["procedure"]["model_kind"],
+        "bundle",
+        trust_remote_code=trust,
+    )
 
 
 def load_tokenizer_at(path: Path, manifest: dict[str, Any]):
@@ -112,14 +120,20 @@ def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, w
     """
     proc = manifest["procedure"]
     held = proc.get("base_weights", "fp32")
-    labels = manifest.get("labels") if proc["model_kind"] in ("sequence-classification", "image-classification") else None
+    labels = (
+        manifest.get("labels") if proc["model_kind"] in ("sequence-classification", "image-classification") else None
+    )
     if which == "merged":
-        model = cast_base_for_inference(load_model(_ref(bundle / "merged", manifest), proc["model_kind"], labels=labels), held)
+        model = cast_base_for_inference(
+            load_model(_ref(bundle / "merged", manifest), proc["model_kind"], labels=labels), held
+        )
     elif manifest["payload"] == "model":
         model = load_model(_ref(bundle / "model", manifest), proc["model_kind"], labels=labels)
     else:
         # qlora: the unquantized base quantized to 4-bit with the recorded config, as it was trained and evaluated
-        base = load_model(_ref(base_path, manifest), proc["model_kind"], labels=labels, quantization=manifest.get("quantization"))
+        base = load_model(
+            _ref(base_path, manifest), proc["model_kind"], labels=labels, quantization=manifest.get("quantization")
+        )
         model = load_adapter_onto(base, bundle / "adapter", held)
     return model.to(proc.get("device", "cpu")).eval()
 
@@ -147,7 +161,9 @@ class _StoredPrompts:
         return self.prompts[text]
 
 
-def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[str, Any], root: Path | None = None) -> list[dict[str, Any]]:
+def reproduce(
+    model, tokenizer, examples: list[dict[str, Any]], procedure: dict[str, Any], root: Path | None = None
+) -> list[dict[str, Any]]:
     """Predict the stored examples by the stored procedure (fp32, or bf16 autocast when
     ``procedure["dtype"]`` is ``bf16``; greedy, one batch of K, on ``procedure["device"]``: ``cpu``
     or ``cuda``, TF32 off).
@@ -170,8 +186,13 @@ def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[
             return reproduce_images(model, tokenizer, examples, procedure, Path(root))
     with torch.inference_mode():
         if procedure["model_kind"] == "sequence-classification":
-            enc = tokenizer([e["input"] for e in examples], padding=True, truncation=True, max_length=procedure["max_length"],
-                            return_tensors="pt")
+            enc = tokenizer(
+                [e["input"] for e in examples],
+                padding=True,
+                truncation=True,
+                max_length=procedure["max_length"],
+                return_tensors="pt",
+            )
             with autocast():
                 logits = model(**{k: v.to(device) for k, v in enc.items()}).logits.float().cpu()
             labels = procedure["labels"]
@@ -181,9 +202,18 @@ def reproduce(model, tokenizer, examples: list[dict[str, Any]], procedure: dict[
         from tuneproof.evaluation.generate import generate  # noqa: PLC0415 - imports torch (checks 0-4 run without it)
 
         exs = [Example(id=e["id"], text=e["input"]) for e in examples]
-        cfg = SimpleNamespace(batch_size=max(1, len(exs)), max_new_tokens=procedure["max_new_tokens"], do_sample=False, temperature=1.0)
-        preds = generate(model, tokenizer, _StoredPrompts({e["input"]: e["prompt"] for e in examples}), exs, cfg,
-                         device=device, autocast=autocast)
+        cfg = SimpleNamespace(
+            batch_size=max(1, len(exs)), max_new_tokens=procedure["max_new_tokens"], do_sample=False, temperature=1.0
+        )
+        preds = generate(
+            model,
+            tokenizer,
+            _StoredPrompts({e["input"]: e["prompt"] for e in examples}),
+            exs,
+            cfg,
+            device=device,
+            autocast=autocast,
+        )
         for e, p in zip(examples, preds):
             ids = torch.tensor([tokenizer(e["prompt"], add_special_tokens=False)["input_ids"]], device=device)
             with autocast():
@@ -199,8 +229,14 @@ def _scores(rec: dict[str, Any]) -> list[float]:
     return [v for _, v in rec.get("next_token", [])]
 
 
-def compare_outputs(stored: list[dict[str, Any]], fresh: list[dict[str, Any]], *, key: str = "prediction",
-                    scores_key: str = "", atol: float = LOGIT_ATOL) -> dict[str, Any]:
+def compare_outputs(
+    stored: list[dict[str, Any]],
+    fresh: list[dict[str, Any]],
+    *,
+    key: str = "prediction",
+    scores_key: str = "",
+    atol: float = LOGIT_ATOL,
+) -> dict[str, Any]:
     """Compare fresh outputs with the stored ones.
 
     Returns ``{"passed", "n", "identical", "mismatches": [{"id", "expected", "found"}],
@@ -223,8 +259,15 @@ def compare_outputs(stored: list[dict[str, Any]], fresh: list[dict[str, Any]], *
             else:
                 worst = float("inf")
     passed = not mism and not ids_differ and worst <= atol
-    return {"passed": passed, "n": len(stored), "identical": len(stored) - len(mism), "mismatches": mism,
-            "next_token_ids_differ": ids_differ, "max_abs_logit_diff": worst, "tolerance": atol}
+    return {
+        "passed": passed,
+        "n": len(stored),
+        "identical": len(stored) - len(mism),
+        "mismatches": mism,
+        "next_token_ids_differ": ids_differ,
+        "max_abs_logit_diff": worst,
+        "tolerance": atol,
+    }
 
 
 # --------------------------------------------------------------------------- the checks
@@ -250,26 +293,56 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     bundle = Path(bundle)
     man = read_manifest(bundle)
     dev = _device(man, device)
-    report: dict[str, Any] = {"bundle": str(bundle), "run": man.get("run"), "checks": [], "examples": [], "passed": False}
+    report: dict[str, Any] = {
+        "bundle": str(bundle),
+        "run": man.get("run"),
+        "checks": [],
+        "examples": [],
+        "passed": False,
+    }
 
     problems = check_manifest_sha(bundle)
-    if not _check(report, "manifest", not problems, f"{MANIFEST} sha256 " + ("matches" if not problems else "differs from") + f" {MANIFEST_SHA}",
-                  problems):
+    if not _check(
+        report,
+        "manifest",
+        not problems,
+        f"{MANIFEST} sha256 " + ("matches" if not problems else "differs from") + f" {MANIFEST_SHA}",
+        problems,
+    ):
         return _done(report, t0)
 
     files = check_files(bundle, man.get("files", {}))
     problems = [f"missing file: {p}" for p in files["missing"]]
-    problems += [f"altered file: {a['path']} (expected sha256 {a['expected']}, found {a['found']})" for a in files["altered"]]
-    if not _check(report, "files", not problems,
-                  f"{len(man.get('files', {}))} files listed, {len(files['missing'])} missing, {len(files['altered'])} altered"
-                  + (f"; {len(files['extra'])} extra file(s) not in the manifest: {', '.join(files['extra'][:5])}" if files["extra"] else ""),
-                  problems):
+    problems += [
+        f"altered file: {a['path']} (expected sha256 {a['expected']}, found {a['found']})" for a in files["altered"]
+    ]
+    if not _check(
+        report,
+        "files",
+        not problems,
+        f"{len(man.get('files', {}))} files listed, {len(files['missing'])} missing, {len(files['altered'])} altered"
+        + (
+            f"; {len(files['extra'])} extra file(s) not in the manifest: {', '.join(files['extra'][:5])}"
+            if files["extra"]
+            else ""
+        ),
+        problems,
+    ):
         return _done(report, t0)
 
     problems = check_claims(bundle, man)
-    if not _check(report, "claims", not problems,
-                  "metrics, comparison and training claims " + ("recomputed from the shipped outputs and log: all match" if not problems
-                                                               else "do not match the shipped evidence"), problems):
+    if not _check(
+        report,
+        "claims",
+        not problems,
+        "metrics, comparison and training claims "
+        + (
+            "recomputed from the shipped outputs and log: all match"
+            if not problems
+            else "do not match the shipped evidence"
+        ),
+        problems,
+    ):
         return _done(report, t0)
 
     bm = man["base_model"]
@@ -277,40 +350,71 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     report["base_path"] = str(base_path)
     if man["payload"] == "adapter" or base is not None:
         if not (base_path / "config.json").is_file():
-            raise TuneproofError(f"base model not found at {base_path} (the bundle was exported from {bm.get('name')}, revision {bm.get('revision')})",
-                                 hint="pass --base PATH to the folder holding that exact base model")
+            raise TuneproofError(
+                f"base model not found at {base_path} (the bundle was exported from {bm.get('name')}, revision {bm.get('revision')})",
+                hint="pass --base PATH to the folder holding that exact base model",
+            )
         problems = compare_vocabulary(man.get("vocabulary"), base_path) + compare_weights(bm["weight_files"], base_path)
         if bm.get("config_sha256"):
             found_cfg = sha256_file(base_path / "config.json")
             if found_cfg != bm["config_sha256"]:
                 problems.append(f"config.json of {base_path}: expected sha256 {bm['config_sha256']}, found {found_cfg}")
-        if not _check(report, "base weights", not problems,
-                      f"{len(bm['weight_files'])} weight file(s) and config.json of {base_path}"
-                      + (" identical" if not problems else " differ from the export's base"),
-                      problems):
+        if not _check(
+            report,
+            "base weights",
+            not problems,
+            f"{len(bm['weight_files'])} weight file(s) and config.json of {base_path}"
+            + (" identical" if not problems else " differ from the export's base"),
+            problems,
+        ):
             return _done(report, t0)
     else:
-        _check(report, "base weights", True, "full model: the base is not needed to load it (pass --base to check it too)")
+        _check(
+            report, "base weights", True, "full model: the base is not needed to load it (pass --base to check it too)"
+        )
 
     if man["payload"] == "adapter":
         cfg = read_json(bundle / "adapter" / "adapter_config.json")
         rev_ok = cfg.get("revision") == bm.get("revision")
-        if not _check(report, "adapter config", rev_ok,
-                      f"adapter_config.json revision {cfg.get('revision')!r}" + (" = " if rev_ok else " != ") + f"base revision {bm.get('revision')!r}",
-                      [] if rev_ok else [f"adapter_config.json revision: expected {bm.get('revision')!r}, found {cfg.get('revision')!r}"]):
+        if not _check(
+            report,
+            "adapter config",
+            rev_ok,
+            f"adapter_config.json revision {cfg.get('revision')!r}"
+            + (" = " if rev_ok else " != ")
+            + f"base revision {bm.get('revision')!r}",
+            []
+            if rev_ok
+            else [f"adapter_config.json revision: expected {bm.get('revision')!r}, found {cfg.get('revision')!r}"],
+        ):
             return _done(report, t0)
 
     tok_path = base_path if man["payload"] == "adapter" else bundle / "model"
     tokenizer = load_tokenizer_at(tok_path, man)
     if man["procedure"]["model_kind"] == "image-classification":
         problems = compare_processor(man["tokenizer"], processor_identity(tokenizer, man["procedure"]))
-        ok = _check(report, "image processor", not problems, f"{man['tokenizer'].get('class')}, config sha256 "
-                    f"{str(man['tokenizer'].get('config_sha256'))[:16]}" + (" identical" if not problems else " differs"), problems)
+        ok = _check(
+            report,
+            "image processor",
+            not problems,
+            f"{man['tokenizer'].get('class')}, config sha256 "
+            f"{str(man['tokenizer'].get('config_sha256'))[:16]}" + (" identical" if not problems else " differs"),
+            problems,
+        )
         if not ok:
             return _done(report, t0)
-    elif not _check(report, "tokenizer", not (problems := compare_tokenizer(man["tokenizer"], {**tokenizer_identity(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)})),
-                  f"{man['tokenizer'].get('class')}, vocabulary {man['tokenizer'].get('vocab_size')}, probe hash "
-                  f"{str(man['tokenizer'].get('probe_hash'))[:16]}" + (" identical" if not problems else " differs"), problems):
+    elif not _check(
+        report,
+        "tokenizer",
+        not (
+            problems := compare_tokenizer(
+                man["tokenizer"], {**tokenizer_identity(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)}
+            )
+        ),
+        f"{man['tokenizer'].get('class')}, vocabulary {man['tokenizer'].get('vocab_size')}, probe hash "
+        f"{str(man['tokenizer'].get('probe_hash'))[:16]}" + (" identical" if not problems else " differs"),
+        problems,
+    ):
         return _done(report, t0)
 
     stored = read_jsonl(bundle / EXAMPLES_FILE)
@@ -332,12 +436,20 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     held = man["procedure"].get("base_weights", "fp32")
     cmp = compare_outputs(stored, fresh, atol=atol)
     report["predictions"] = cmp
-    if not _check(report, "predictions", cmp["passed"],
-                  f"{cmp['identical']} of {cmp['n']} predictions identical on {dev}; max |logit diff| {cmp['max_abs_logit_diff']:.3g} "
-                  f"(tolerance {atol})" + (" with the base weights in bf16 and bf16 autocast, as the run was trained and evaluated"
-                                           if held == "bf16" else ""),
-                  [f"{m['id']}: expected {m['expected']!r}, found {m['found']!r}" for m in cmp["mismatches"]]
-                  + [f"{i}: next-token ranking differs" for i in cmp["next_token_ids_differ"]]):
+    if not _check(
+        report,
+        "predictions",
+        cmp["passed"],
+        f"{cmp['identical']} of {cmp['n']} predictions identical on {dev}; max |logit diff| {cmp['max_abs_logit_diff']:.3g} "
+        f"(tolerance {atol})"
+        + (
+            " with the base weights in bf16 and bf16 autocast, as the run was trained and evaluated"
+            if held == "bf16"
+            else ""
+        ),
+        [f"{m['id']}: expected {m['expected']!r}, found {m['found']!r}" for m in cmp["mismatches"]]
+        + [f"{i}: next-token ranking differs" for i in cmp["next_token_ids_differ"]],
+    ):
         return _done(report, t0)
 
     if man.get("merged"):
@@ -345,15 +457,26 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
         fresh_m = reproduce(merged, tokenizer, stored, man["procedure"], root=bundle)
         del merged
         report["merged_examples"] = [{"id": s["id"], **f} for s, f in zip(stored, fresh_m)]
-        ms = [{"id": s["id"], "prediction": s.get("merged_prediction"), "logits": s.get("merged_logits"),
-               "next_token": s.get("merged_next_token")} for s in stored]
+        ms = [
+            {
+                "id": s["id"],
+                "prediction": s.get("merged_prediction"),
+                "logits": s.get("merged_logits"),
+                "next_token": s.get("merged_next_token"),
+            }
+            for s in stored
+        ]
         ms = [{k: v for k, v in m.items() if v is not None} for m in ms]
         cmp_m = compare_outputs(ms, fresh_m, atol=atol)
         report["merged"] = cmp_m
-        _check(report, "merged", cmp_m["passed"],
-               f"merged/: {cmp_m['identical']} of {cmp_m['n']} predictions identical to those recorded at export; "
-               f"max |logit diff| {cmp_m['max_abs_logit_diff']:.3g}",
-               [f"{m['id']}: expected {m['expected']!r}, found {m['found']!r}" for m in cmp_m["mismatches"]])
+        _check(
+            report,
+            "merged",
+            cmp_m["passed"],
+            f"merged/: {cmp_m['identical']} of {cmp_m['n']} predictions identical to those recorded at export; "
+            f"max |logit diff| {cmp_m['max_abs_logit_diff']:.3g}",
+            [f"{m['id']}: expected {m['expected']!r}, found {m['found']!r}" for m in cmp_m["mismatches"]],
+        )
     return _done(report, t0)
 
 
@@ -363,14 +486,18 @@ def _device(man: dict[str, Any], asked: str | None) -> str:
     if dev not in DEVICE_ATOL:
         raise TuneproofError(f"manifest.json: procedure.device {dev!r} is not one of {sorted(DEVICE_ATOL)}")
     if asked is not None and asked != dev:
-        raise TuneproofError(f"the stored predictions of this bundle were made on {dev}; verification compares on the same device",
-                             hint=f"verify with --device {dev}, or re-export with --device {asked}")
+        raise TuneproofError(
+            f"the stored predictions of this bundle were made on {dev}; verification compares on the same device",
+            hint=f"verify with --device {dev}, or re-export with --device {asked}",
+        )
     if dev == "cuda":
         import torch  # noqa: PLC0415
 
         if not torch.cuda.is_available():
-            raise TuneproofError("this bundle's stored predictions were made on cuda and no CUDA GPU is visible",
-                                 hint="verify on a machine with a GPU, or re-export with --device cpu")
+            raise TuneproofError(
+                "this bundle's stored predictions were made on cuda and no CUDA GPU is visible",
+                hint="verify on a machine with a GPU, or re-export with --device cpu",
+            )
     return dev
 
 
@@ -392,8 +519,9 @@ def failure_message(report: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- the fresh process
-def verify_in_fresh_process(bundle: str | Path, base: str | Path | None = None, timeout: float | None = None,
-                            device: str | None = None) -> dict[str, Any]:
+def verify_in_fresh_process(
+    bundle: str | Path, base: str | Path | None = None, timeout: float | None = None, device: str | None = None
+) -> dict[str, Any]:
     """Run :func:`verify_bundle` in a new Python process (nothing of this process's memory is
     reused: the adapter must load from the files alone) and return its report.
 
@@ -408,7 +536,9 @@ def verify_in_fresh_process(bundle: str | Path, base: str | Path | None = None, 
             cmd += ["--base", str(Path(base).resolve())]
         if device is not None:
             cmd += ["--device", device]
-        env = dict(os.environ, TUNEPROOF_PARENT_PID=str(os.getpid()), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        env = dict(
+            os.environ, TUNEPROOF_PARENT_PID=str(os.getpid()), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+        )
         if device != "cuda" and _recorded_device(bundle) != "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU verification never initialises a GPU
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

@@ -62,8 +62,17 @@ def differences(claimed: Any, recomputed: Any, path: str, *, rel: float = REL_TO
             for i, (x, y) in enumerate(zip(a, b)):
                 walk(x, y, f"{p}[{i}]")
             return
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
-            if a == b or (math.isnan(float(a)) and math.isnan(float(b))) or math.isclose(a, b, rel_tol=rel, abs_tol=1e-12):
+        if (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+        ):
+            if (
+                a == b
+                or (math.isnan(float(a)) and math.isnan(float(b)))
+                or math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+            ):
                 return
         elif a == b:
             return
@@ -105,7 +114,9 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
             problems.append(f"metrics: claimed, but the bundle ships no {OUTPUTS} to recompute them from")
         else:
             er = scoring.get("eval_run") or {}
-            _, m = score(task, cand, required_fields=er.get("required_fields"), eval_cfg=_eval(er.get("eval")), labels=labels)
+            _, m = score(
+                task, cand, required_fields=er.get("required_fields"), eval_cfg=_eval(er.get("eval")), labels=labels
+            )
             problems += differences(man["metrics"], {k: m.get(k) for k in man["metrics"]}, "metrics")
             ej = bundle / "results" / "eval.json"
             if ej.is_file():
@@ -115,18 +126,33 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
     if comp:
         base_path = bundle / BASELINE_OUTPUTS
         if cand is None or not base_path.is_file():
-            problems.append(f"comparison: claimed, but the bundle ships no {OUTPUTS} and {BASELINE_OUTPUTS} to recompute it from")
+            problems.append(
+                f"comparison: claimed, but the bundle ships no {OUTPUTS} and {BASELINE_OUTPUTS} to recompute it from"
+            )
         else:
             sc = scoring.get("comparison") or {}
             sw = sc.get("scored_with") or {}
             ev = _eval(sc.get("eval"), sw.get("format"))
             # the paired counts follow the judged hypothesis's success metric (its per-example rule), as compare counted them
             view0 = sc.get("view")
-            r = _plain(paired_compare(read_jsonl(base_path), cand, task, required_fields=sw.get("required_fields"), eval_cfg=ev,
-                                      hypothesis=hyp.as_hypothesis(view0) if view0 is not None else None,
-                                      iterations=ev.bootstrap_iterations, seed=ev.seed, labels=labels))
-            problems += differences({k: comp.get(k) for k in ("counts", "mcnemar", "metrics")},
-                                    {k: r.get(k) for k in ("counts", "mcnemar", "metrics")}, "comparison")
+            r = _plain(
+                paired_compare(
+                    read_jsonl(base_path),
+                    cand,
+                    task,
+                    required_fields=sw.get("required_fields"),
+                    eval_cfg=ev,
+                    hypothesis=hyp.as_hypothesis(view0) if view0 is not None else None,
+                    iterations=ev.bootstrap_iterations,
+                    seed=ev.seed,
+                    labels=labels,
+                )
+            )
+            problems += differences(
+                {k: comp.get(k) for k in ("counts", "mcnemar", "metrics")},
+                {k: r.get(k) for k in ("counts", "mcnemar", "metrics")},
+                "comparison",
+            )
             views = [("", sc.get("view"))]
             if sc.get("other_view") is not None:
                 views.append((f"_{sc.get('other_name')}", sc["other_view"]))
@@ -135,9 +161,19 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                     continue
                 if hyp.scoring(view) != sw:  # judged under another scoring: score again for it
                     ev2 = _eval(sc.get("eval"), view.get("format"))
-                    r2 = _plain(paired_compare(read_jsonl(base_path), cand, task, required_fields=view.get("required_fields"),
-                                               eval_cfg=ev2, hypothesis=hyp.as_hypothesis(view), iterations=ev2.bootstrap_iterations, seed=ev2.seed,
-                                               labels=labels))
+                    r2 = _plain(
+                        paired_compare(
+                            read_jsonl(base_path),
+                            cand,
+                            task,
+                            required_fields=view.get("required_fields"),
+                            eval_cfg=ev2,
+                            hypothesis=hyp.as_hypothesis(view),
+                            iterations=ev2.bootstrap_iterations,
+                            seed=ev2.seed,
+                            labels=labels,
+                        )
+                    )
                 else:
                     r2 = r
                 verdicts = _plain(judge(hyp.as_hypothesis(view), r2))
@@ -147,14 +183,25 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                 if not suffix:
                     problems += differences(comp.get("verdicts"), verdicts, "comparison.verdicts")
     if man.get("limits") is not None and (m is not None or not man.get("metrics")) and (r is not None or not comp):
-        cmp_json = read_json(bundle / "results" / "compare.json") if (bundle / "results" / "compare.json").is_file() else {}
+        cmp_json = (
+            read_json(bundle / "results" / "compare.json") if (bundle / "results" / "compare.json").is_file() else {}
+        )
         recorded = ((cmp_json or {}).get("candidates") or {}).get(man.get("eval_run")) or {}
-        again = observed_limits(task, eval_metrics=m, outputs=cand or [], comparison={**r, "notes": recorded.get("notes") or []} if r else None,
-                                test_accesses=man.get("test_accesses") or [], forced=man.get("forced"))
+        again = observed_limits(
+            task,
+            eval_metrics=m,
+            outputs=cand or [],
+            comparison={**r, "notes": recorded.get("notes") or []} if r else None,
+            test_accesses=man.get("test_accesses") or [],
+            forced=man.get("forced"),
+        )
         problems += differences(man["limits"], again, "limits")
         if r is not None and recorded:
-            problems += differences({k: recorded.get(k) for k in ("counts", "mcnemar", "metrics")},
-                                    {k: r.get(k) for k in ("counts", "mcnemar", "metrics")}, "results/compare.json")
+            problems += differences(
+                {k: recorded.get(k) for k in ("counts", "mcnemar", "metrics")},
+                {k: r.get(k) for k in ("counts", "mcnemar", "metrics")},
+                "results/compare.json",
+            )
 
     train = man.get("train") or {}
     if train.get("steps") is not None or train.get("final_loss") is not None:
@@ -170,10 +217,19 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                 last = max(by_step)
                 problems += differences(train.get("steps"), last, "train.steps")
                 if train.get("final_loss") is not None:
-                    problems += differences(train["final_loss"], by_step[last], "train.final_loss", rel=0) if not math.isclose(
-                        train["final_loss"], by_step[last], abs_tol=LOG_TOL) else []
-                if train.get("first_loss") is not None and 1 in by_step and not math.isclose(train["first_loss"], by_step[1], abs_tol=LOG_TOL):
-                    problems.append(f"train.first_loss: manifest claims {train['first_loss']!r}, {TRAIN_METRICS} step 1 has {by_step[1]!r}")
+                    problems += (
+                        differences(train["final_loss"], by_step[last], "train.final_loss", rel=0)
+                        if not math.isclose(train["final_loss"], by_step[last], abs_tol=LOG_TOL)
+                        else []
+                    )
+                if (
+                    train.get("first_loss") is not None
+                    and 1 in by_step
+                    and not math.isclose(train["first_loss"], by_step[1], abs_tol=LOG_TOL)
+                ):
+                    problems.append(
+                        f"train.first_loss: manifest claims {train['first_loss']!r}, {TRAIN_METRICS} step 1 has {by_step[1]!r}"
+                    )
             ts = bundle / "results" / "train_summary.json"
             if ts.is_file():
                 summary = read_json(ts) or {}

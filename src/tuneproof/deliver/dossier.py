@@ -106,7 +106,10 @@ class _Evidence:
         except TuneproofError as err:  # e.g. the task changed after training: say so, still render
             if use_edited is not None and not use_edited.strip():
                 raise
-            self.judging, self.judging_error = hyp.Judging(current=hyp.hypothesis_view(ctx.study)), str(err).splitlines()[0]
+            self.judging, self.judging_error = (
+                hyp.Judging(current=hyp.hypothesis_view(ctx.study)),
+                str(err).splitlines()[0],
+            )
 
     def judged(self, entry: dict) -> tuple[tuple[list, dict] | None, tuple[str, dict] | None]:
         """A recorded comparison entry judged against the hypothesis in force, and (when the study
@@ -169,27 +172,54 @@ def _summary(ev: _Evidence) -> list[dict]:
     judged = ev.judged(first) if first else None
     if first and judged and judged[0] is not None:
         verdicts, o = judged[0]
-        blocks.append({"type": "strong", "text": f"verdict ({ev.judging.judged_against} hypothesis): {str(o.get('verdict', '?')).upper()} "
-                                                 f"({o.get('detail', '')}); {cid} vs baseline {(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})"})
+        blocks.append(
+            {
+                "type": "strong",
+                "text": f"verdict ({ev.judging.judged_against} hypothesis): {str(o.get('verdict', '?')).upper()} "
+                f"({o.get('detail', '')}); {cid} vs baseline {(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})",
+            }
+        )
         rows = []
         for v in verdicts:
             shown = guard_lines(v)[0] if v.get("items") else ""
-            rows.append([v.get("kind"), v.get("name"), v.get("verdict"), v.get("base"), v.get("cand"),
-                         f"{_fmt(v.get('delta'))} {_ci(v.get('ci'))}", shown])
+            rows.append(
+                [
+                    v.get("kind"),
+                    v.get("name"),
+                    v.get("verdict"),
+                    v.get("base"),
+                    v.get("cand"),
+                    f"{_fmt(v.get('delta'))} {_ci(v.get('ci'))}",
+                    shown,
+                ]
+            )
         blocks.append(_table(["criterion", "rule", "verdict", "baseline", "candidate", "delta [95% CI]", "note"], rows))
         if judged[1]:
-            blocks.append(_paragraph(f"with the {judged[1][0]} hypothesis instead: {judged[1][1].get('verdict')} ({judged[1][1].get('detail')})"))
+            blocks.append(
+                _paragraph(
+                    f"with the {judged[1][0]} hypothesis instead: {judged[1][1].get('verdict')} ({judged[1][1].get('detail')})"
+                )
+            )
     elif first:
         blocks.append({"type": "strong", "text": f"verdict: NOT JUDGED: the comparison {comp.id} was {_RESCORE}"})
     else:
-        blocks.append({"type": "strong", "text": "verdict: none yet: no comparison with the baseline (`tuneproof compare RUN`)"})
-    items = [f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains at least {succ.get('min_gain')} over the baseline "
-             f"(95% CI lower bound); {len(h.get('guards') or [])} guard(s)",
-             f"study: {s.name} ({s.hypothesis.task}); base model: {s.model.base}" + (f" @ {s.model.revision}" if s.model.revision else "")]
+        blocks.append(
+            {"type": "strong", "text": "verdict: none yet: no comparison with the baseline (`tuneproof compare RUN`)"}
+        )
+    items = [
+        f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains at least {succ.get('min_gain')} over the baseline "
+        f"(95% CI lower bound); {len(h.get('guards') or [])} guard(s)",
+        f"study: {s.name} ({s.hypothesis.task}); base model: {s.model.base}"
+        + (f" @ {s.model.revision}" if s.model.revision else ""),
+    ]
     if cid:
         items.append(f"the candidate changed against the baseline: {_candidate_change(ev, cid)}")
     bad = [r for r in ev.runs if r.status != "completed"]
-    items.append(f"runs: {len(ev.runs)} (" + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())) + ")" if ev.runs else "runs: none yet")
+    items.append(
+        f"runs: {len(ev.runs)} (" + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())) + ")"
+        if ev.runs
+        else "runs: none yet"
+    )
     items += [f"did not complete: {r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad[:8]]
     if len(bad) > 8:
         items.append(f"... and {len(bad) - 8} more (section Runs)")
@@ -202,10 +232,18 @@ def _summary(ev: _Evidence) -> list[dict]:
         items.append("test split: not read")
     else:
         reused = [a for a in acc if (a.get("result") or {}).get("test_reuse")]
-        items.append(f"test split: read {len(acc)} time(s) (" + ", ".join(f"{a['run']} for {a['candidate']}" for a in acc[:5]) + ")"
-                     + (f"; {len(reused)} read(s) recorded as reuse" if reused else "")
-                     + ("; reading it more than once wears out its value as a control" if len(acc) > 1 else ""))
-    items.append(f"export: {exp.summary.get('bundle')} (verified in a fresh process)" if exp else "export: not run yet (`tuneproof export RUN`)")
+        items.append(
+            f"test split: read {len(acc)} time(s) ("
+            + ", ".join(f"{a['run']} for {a['candidate']}" for a in acc[:5])
+            + ")"
+            + (f"; {len(reused)} read(s) recorded as reuse" if reused else "")
+            + ("; reading it more than once wears out its value as a control" if len(acc) > 1 else "")
+        )
+    items.append(
+        f"export: {exp.summary.get('bundle')} (verified in a fresh process)"
+        if exp
+        else "export: not run yet (`tuneproof export RUN`)"
+    )
     blocks.append({"type": "list", "items": items})
     return blocks
 
@@ -219,12 +257,24 @@ def _candidate_change(ev: _Evidence, cid: str) -> str:
     cfg = ev.json(train.id, "config.json") or {}
     m, t = cfg.get("method") or {}, cfg.get("training") or {}
     kind = m.get("kind", "?")
-    what = f"{kind}" + (f" r {m.get('r')}, alpha {m.get('alpha')} on {', '.join(m.get('target_modules') or [])}" if kind in ("lora", "qlora", "dora") else "")
+    what = f"{kind}" + (
+        f" r {m.get('r')}, alpha {m.get('alpha')} on {', '.join(m.get('target_modules') or [])}"
+        if kind in ("lora", "qlora", "dora")
+        else ""
+    )
     if m.get("modules_to_save"):
         what += f" (also trains {', '.join(m['modules_to_save'])})"
-    budget = f"{t.get('max_steps')} optimizer steps" if t.get("max_steps") else f"{t.get('epochs')} epoch(s)" if t.get("epochs") else "1 epoch"
-    text = (f"{train.id} trained {what}; {budget} of {t.get('micro_batch_size')} x {t.get('gradient_accumulation_steps', 1)} examples, "
-            f"learning rate {t.get('learning_rate')}")
+    budget = (
+        f"{t.get('max_steps')} optimizer steps"
+        if t.get("max_steps")
+        else f"{t.get('epochs')} epoch(s)"
+        if t.get("epochs")
+        else "1 epoch"
+    )
+    text = (
+        f"{train.id} trained {what}; {budget} of {t.get('micro_batch_size')} x {t.get('gradient_accumulation_steps', 1)} examples, "
+        f"learning rate {t.get('learning_rate')}"
+    )
     if train.summary.get("final_loss") is not None:
         text += f"; final loss {_fmt(train.summary['final_loss'], 4)}"
     if train.parent and (train.summary.get("variant") or {}):
@@ -233,48 +283,97 @@ def _candidate_change(ev: _Evidence, cid: str) -> str:
 
 
 def _hypothesis_items(h: dict) -> list[str]:
-    items = [f"behaviour: {h.get('behaviour')}", f"task: {h.get('task')}",
-             f"success: {(h.get('success') or {}).get('metric')} gains at least {(h.get('success') or {}).get('min_gain')} over the baseline"]
+    items = [
+        f"behaviour: {h.get('behaviour')}",
+        f"task: {h.get('task')}",
+        f"success: {(h.get('success') or {}).get('metric')} gains at least {(h.get('success') or {}).get('min_gain')} over the baseline",
+    ]
     for g in h.get("guards") or []:
         # only the conditions written apply (a floor alone allows any drop above it)
-        rule = " and ".join(x for x in [f"must not drop by more than {g['max_drop']} vs the baseline" if g.get("max_drop") is not None else "",
-                                        f"must stay at or above {g['floor']}" if g.get("floor") is not None else ""] if x)
+        rule = " and ".join(
+            x
+            for x in [
+                f"must not drop by more than {g['max_drop']} vs the baseline" if g.get("max_drop") is not None else "",
+                f"must stay at or above {g['floor']}" if g.get("floor") is not None else "",
+            ]
+            if x
+        )
         only = f" for {', '.join(g['classes'])}" if g.get("classes") else ""
         items.append(f"guard: {g.get('metric')}{only} {rule or 'has no condition'}")
     if h.get("required_fields"):
         items.append(f"required fields: {', '.join(h['required_fields'])}")
     fmt = {k: v for k, v in (h.get("format") or {}).items() if v not in (None, False)}
     if fmt:
-        items.append("format rule: " + "; ".join(f"eval.{k} = {v if isinstance(v, str) else sha256_json(v)[:12] if isinstance(v, dict) else v}"
-                                                  for k, v in fmt.items()))
+        items.append(
+            "format rule: "
+            + "; ".join(
+                f"eval.{k} = {v if isinstance(v, str) else sha256_json(v)[:12] if isinstance(v, dict) else v}"
+                for k, v in fmt.items()
+            )
+        )
     return items
 
 
 def _hypothesis(ev: _Evidence) -> list[dict]:
     j = ev.judging
     if ev.judging_error:
-        return [{"type": "list", "items": _hypothesis_items(j.current)}, {"type": "strong", "text": f"warning: {ev.judging_error}"}]
+        return [
+            {"type": "list", "items": _hypothesis_items(j.current)},
+            {"type": "strong", "text": f"warning: {ev.judging_error}"},
+        ]
     if j.frozen is None:
-        return [{"type": "list", "items": _hypothesis_items(j.current)},
-                _paragraph("not frozen yet: the first train run fixes it (`tuneproof train`); until then the study file's hypothesis is in force.")]
+        return [
+            {"type": "list", "items": _hypothesis_items(j.current)},
+            _paragraph(
+                "not frozen yet: the first train run fixes it (`tuneproof train`); until then the study file's hypothesis is in force."
+            ),
+        ]
     first = next((r for r in ev.runs if r.id == j.frozen_run), None)
     when = f", {iso(first.created)} UTC" if first else ""
-    blocks = [_paragraph(f"frozen with the first train run {j.frozen_run}{when}; sha256 {str(j.frozen_hash)[:16]} (from {j.source}):"),
-              {"type": "list", "items": _hypothesis_items(j.frozen)}]
+    blocks = [
+        _paragraph(
+            f"frozen with the first train run {j.frozen_run}{when}; sha256 {str(j.frozen_hash)[:16]} (from {j.source}):"
+        ),
+        {"type": "list", "items": _hypothesis_items(j.frozen)},
+    ]
     if j.changed:
-        blocks.append({"type": "strong", "text": f"warning: the study file's hypothesis differs from the frozen one ({len(j.diff)} "
-                                                 f"change{'s' if len(j.diff) != 1 else ''}); the verdicts below are judged against the "
-                                                 f"{j.judged_against} hypothesis and the {j.other_name} one's verdict is given next to it"})
-        blocks.append(_table(["key", "frozen", "study file now"], [[c["key"], hyp._short(c["old"]), hyp._short(c["new"])] for c in j.diff]))
+        blocks.append(
+            {
+                "type": "strong",
+                "text": f"warning: the study file's hypothesis differs from the frozen one ({len(j.diff)} "
+                f"change{'s' if len(j.diff) != 1 else ''}); the verdicts below are judged against the "
+                f"{j.judged_against} hypothesis and the {j.other_name} one's verdict is given next to it",
+            }
+        )
+        blocks.append(
+            _table(
+                ["key", "frozen", "study file now"],
+                [[c["key"], hyp._short(c["old"]), hyp._short(c["new"])] for c in j.diff],
+            )
+        )
     else:
         blocks.append(_paragraph("the study file's hypothesis is unchanged since."))
     if j.reason:
-        blocks.append({"type": "strong", "text": f"this dossier judges against the EDITED hypothesis (--use-edited-hypothesis): {j.reason}"})
+        blocks.append(
+            {
+                "type": "strong",
+                "text": f"this dossier judges against the EDITED hypothesis (--use-edited-hypothesis): {j.reason}",
+            }
+        )
     uses = hyp.overrides(ev.ctx.study_dir)
     if uses:
         blocks.append(_paragraph(f"--use-edited-hypothesis was used {len(uses)} time(s):"))
-        blocks.append({"type": "list", "items": [f"{iso(u.get('time'))} UTC {u.get('command')}" + (f" {u['run']}" if u.get("run") else "")
-                                                 + f": {u.get('reason')}" for u in uses]})
+        blocks.append(
+            {
+                "type": "list",
+                "items": [
+                    f"{iso(u.get('time'))} UTC {u.get('command')}"
+                    + (f" {u['run']}" if u.get("run") else "")
+                    + f": {u.get('reason')}"
+                    for u in uses
+                ],
+            }
+        )
     return blocks
 
 
@@ -283,10 +382,18 @@ def _baseline(ev: _Evidence) -> list[dict]:
     if not b:
         return [_paragraph(f"{NOT_RUN} (`tuneproof baseline`)")]
     base = b.summary.get("base") or {}
-    blocks = [_paragraph(f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision {base.get('revision', '-')}) on "
-                 f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' examples, {b.summary.get('eval_seconds', '?')} s.")]
+    blocks = [
+        _paragraph(
+            f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision {base.get('revision', '-')}) on "
+            f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' examples, {b.summary.get('eval_seconds', '?')} s."
+        )
+    ]
     metrics = b.summary.get("metrics", {})
-    blocks.append(_table(["metric", "value"], [[k, v] for k, v in metrics.items()]) if metrics else _paragraph("no metrics recorded"))
+    blocks.append(
+        _table(["metric", "value"], [[k, v] for k, v in metrics.items()])
+        if metrics
+        else _paragraph("no metrics recorded")
+    )
     return blocks
 
 
@@ -313,12 +420,31 @@ def _runs(ev: _Evidence) -> list[dict]:
         head = " ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:2])
         if r.kind == "train" and r.summary.get("final_loss") is not None:
             head = f"final loss {_fmt(r.summary['final_loss'], 4)}"
-        rows.append([r.id, r.kind, r.status, r.reason or "", r.parent or "", iso(r.created), _dur(r), head, "; ".join(_flags(r, bfp))])
-    blocks = [_table(["id", "kind", "status", "reason", "parent", "created (UTC)", "duration", "headline", "flags"], rows)]
+        rows.append(
+            [
+                r.id,
+                r.kind,
+                r.status,
+                r.reason or "",
+                r.parent or "",
+                iso(r.created),
+                _dur(r),
+                head,
+                "; ".join(_flags(r, bfp)),
+            ]
+        )
+    blocks = [
+        _table(["id", "kind", "status", "reason", "parent", "created (UTC)", "duration", "headline", "flags"], rows)
+    ]
     bad = [r for r in ev.runs if r.status != "completed"]
     if bad:
         blocks.append(_paragraph(f"{len(bad)} run(s) did not complete; none is hidden:"))
-        blocks.append({"type": "list", "items": [f"{r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad]})
+        blocks.append(
+            {
+                "type": "list",
+                "items": [f"{r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad],
+            }
+        )
     else:
         blocks.append(_paragraph("every run completed."))
     return blocks
@@ -329,8 +455,12 @@ def _change_of(ev: _Evidence, r) -> str:
     ch = var.get("change")
     if ch:
         if isinstance(ch, dict):
-            return "; ".join(f"{k}: {_fmt(v.get('from') if isinstance(v, dict) else v)} -> {_fmt(v.get('to') if isinstance(v, dict) else '')}"
-                             if isinstance(v, dict) else f"{k}: {_fmt(v)}" for k, v in ch.items())
+            return "; ".join(
+                f"{k}: {_fmt(v.get('from') if isinstance(v, dict) else v)} -> {_fmt(v.get('to') if isinstance(v, dict) else '')}"
+                if isinstance(v, dict)
+                else f"{k}: {_fmt(v)}"
+                for k, v in ch.items()
+            )
         if isinstance(ch, list):
             return "; ".join(str(x) for x in ch)
         return str(ch)
@@ -348,7 +478,11 @@ def _lineage(ev: _Evidence) -> list[dict]:
     for r in trains.values():
         children.setdefault(r.parent if r.parent in trains else None, []).append(r)
     if not any(k is not None for k in children):
-        return [_paragraph(f"no variants yet: {len(trains)} train run(s), each from the study file (`tuneproof train --from RUN --set KEY=VALUE` makes one).")]
+        return [
+            _paragraph(
+                f"no variants yet: {len(trains)} train run(s), each from the study file (`tuneproof train --from RUN --set KEY=VALUE` makes one)."
+            )
+        ]
     # the hypothesis in force (frozen unless --use-edited-hypothesis)
     metric = (ev.judging.primary.get("success") or {}).get("metric") or ev.ctx.study.hypothesis.success.metric
     b = ev.latest("baseline")
@@ -359,7 +493,12 @@ def _lineage(ev: _Evidence) -> list[dict]:
     def walk(r, prefix: str, last: bool, root: bool) -> None:
         e = evals.get(r.id)
         val = (e.summary.get("metrics") or {}).get(metric) if e else None
-        score = f" | {metric} {_fmt(val)}" + (f" ({val - bval:+.3f} vs baseline)" if isinstance(val, float) and isinstance(bval, float) else "") if val is not None else ""
+        score = (
+            f" | {metric} {_fmt(val)}"
+            + (f" ({val - bval:+.3f} vs baseline)" if isinstance(val, float) and isinstance(bval, float) else "")
+            if val is not None
+            else ""
+        )
         what = "from the study file" if root else _change_of(ev, r)
         lines.append(f"{prefix}{'' if root else ('`- ' if last else '|- ')}{r.id} [{r.status}] {what}{score}")
         kids = children.get(r.id, [])
@@ -376,33 +515,62 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
     if not r:
         return [_paragraph(f"{NOT_RUN} (`tuneproof data check`)")]
     s = r.summary
-    blocks = [_paragraph(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_fmt(s.get('passed'))}" if "passed" in s else "")
-                 + (f"; hard faults: {s.get('hard_faults')}" if "hard_faults" in s else ""))]
+    blocks = [
+        _paragraph(
+            f"{r.id}: {r.status}"
+            + (f" ({r.reason})" if r.reason else "")
+            + (f"; passed: {_fmt(s.get('passed'))}" if "passed" in s else "")
+            + (f"; hard faults: {s.get('hard_faults')}" if "hard_faults" in s else "")
+        )
+    ]
     if isinstance(s.get("sizes"), dict):
         blocks.append(_paragraph("split sizes: " + ", ".join(f"{k} {v}" for k, v in s["sizes"].items())))
     lengths = s.get("lengths") if isinstance(s.get("lengths"), dict) else {}
     if lengths:
-        rows = [[k, v.get("p50"), v.get("p95"), v.get("max"), v.get("truncated_share")] for k, v in lengths.items() if isinstance(v, dict)]
+        rows = [
+            [k, v.get("p50"), v.get("p95"), v.get("max"), v.get("truncated_share")]
+            for k, v in lengths.items()
+            if isinstance(v, dict)
+        ]
         blocks.append(_table(["split", "p50 tokens", "p95 tokens", "max tokens", "share truncated"], rows))
     if s.get("suggest_max_length"):
-        blocks.append(_paragraph(f"suggested max_length: {s['suggest_max_length']} (configured: {ev.ctx.study.training.max_length})"))
+        blocks.append(
+            _paragraph(
+                f"suggested max_length: {s['suggest_max_length']} (configured: {ev.ctx.study.training.max_length})"
+            )
+        )
     rep = ev.json(r.id, "data_check.json") or {}
     dup_rows, examples = _duplicate_rows(rep.get("dedup") if isinstance(rep, dict) else None)
     if dup_rows:
-        blocks.append(_paragraph("duplicates across splits first (the second split's examples that also occur in the first), then inside each split:"))
+        blocks.append(
+            _paragraph(
+                "duplicates across splits first (the second split's examples that also occur in the first), then inside each split:"
+            )
+        )
         blocks.append(_table(["splits", "where", "examples checked", "exact", "normalised", "near"], dup_rows))
         if examples:
-            blocks.append({"type": "details", "summary": f"{len(examples)} cross-split duplicate(s), first listed",
-                           "blocks": [_table(["kind", "first", "second", "similarity", "text (second)"], examples)]})
+            blocks.append(
+                {
+                    "type": "details",
+                    "summary": f"{len(examples)} cross-split duplicate(s), first listed",
+                    "blocks": [_table(["kind", "first", "second", "similarity", "text (second)"], examples)],
+                }
+            )
     elif s.get("duplicates"):
         blocks.append({"type": "list", "items": [str(x) for x in s["duplicates"]]})
-    other = [(k, v) for k, v in flatten(s) if k.split(".")[0] not in ("sizes", "lengths", "duplicates", "passed", "hard_faults", "suggest_max_length")]
+    other = [
+        (k, v)
+        for k, v in flatten(s)
+        if k.split(".")[0] not in ("sizes", "lengths", "duplicates", "passed", "hard_faults", "suggest_max_length")
+    ]
     if other:
         blocks.append(_table(["key", "value"], other[:30]))
     if plots:
         raw = _raw_lengths(rep)
         stats = ((rep.get("lengths") or {}).get("splits") if isinstance(rep.get("lengths"), dict) else None) or lengths
-        blocks += _fig(token_lengths(raw, stats, ev.ctx.study.training.max_length), "token lengths per split (data check)")
+        blocks += _fig(
+            token_lengths(raw, stats, ev.ctx.study.training.max_length), "token lengths per split (data check)"
+        )
     return blocks
 
 
@@ -417,22 +585,38 @@ def _duplicate_rows(dedup: dict | None) -> tuple[list[list], list[list]]:
     pairs = (dedup or {}).get("pairs") if isinstance(dedup, dict) else None
     if not isinstance(pairs, dict) or not pairs:
         return [], []
-    t = ((dedup.get("settings") or {}).get("threshold"))
+    t = (dedup.get("settings") or {}).get("threshold")
     rows, examples = [], []
     for p in sorted(pairs.values(), key=lambda p: p.get("first") == p.get("second")):
         c, n = p.get("counts") or {}, p.get("n_second") or 0
 
-        def cell(level: str) -> str:
+        def cell(level: str, c: dict = c, n: int = n) -> str:
             k = (c.get(level) or {}).get("second_colliding", 0)
             return f"{k} ({100 * k / n:.1f}%)" if n else str(k)
 
         cross = p.get("first") != p.get("second")
-        rows.append([f"{p.get('first')}/{p.get('second')}", "across splits" if cross else "inside the split", n, cell("exact"),
-                     cell("normalised"), cell("near") + (f" (Jaccard >= {t:g})" if isinstance(t, (int, float)) else "")])
+        rows.append(
+            [
+                f"{p.get('first')}/{p.get('second')}",
+                "across splits" if cross else "inside the split",
+                n,
+                cell("exact"),
+                cell("normalised"),
+                cell("near") + (f" (Jaccard >= {t:g})" if isinstance(t, (int, float)) else ""),
+            ]
+        )
         if cross:
             for col in p.get("collisions") or []:
                 if len(examples) < DUPLICATES_LISTED:
-                    examples.append([col.get("kind"), col.get("id_a"), col.get("id_b"), col.get("similarity"), str(col.get("text_b", ""))[:120]])
+                    examples.append(
+                        [
+                            col.get("kind"),
+                            col.get("id_a"),
+                            col.get("id_b"),
+                            col.get("similarity"),
+                            str(col.get("text_b", ""))[:120],
+                        ]
+                    )
     return rows, examples
 
 
@@ -490,7 +674,9 @@ PREFLIGHT_NAMES: dict[str, tuple[str, str]] = {
     "eval_kv_cache_estimate_gib": ("evaluation KV cache, estimate", "GiB"),
     "eval_budget_gib": ("evaluation memory budget", "GiB"),
 }
-_STEP_MEM = re.compile(r"^L(\d+)_(estimate|peak|step_peak|estimate_in_step|allocated_step_peak)_gib$|^L(\d+)_(measured_over_estimate)$")
+_STEP_MEM = re.compile(
+    r"^L(\d+)_(estimate|peak|step_peak|estimate_in_step|allocated_step_peak)_gib$|^L(\d+)_(measured_over_estimate)$"
+)
 
 
 def _plain(key: str) -> tuple[str, str, float | None]:
@@ -505,7 +691,12 @@ def _plain(key: str) -> tuple[str, str, float | None]:
             name += f" ({' '.join(ctx[1:])})"
         return name, unit, 1 / 2**30 if last.endswith("_bytes") else None
     words = key.replace(".", " ").replace("_", " ")
-    for suffix, unit, factor in ((" bytes", "GiB", 1 / 2**30), (" gib", "GiB", None), (" seconds", "s", None), (" per s", "/s", None)):
+    for suffix, unit, factor in (
+        (" bytes", "GiB", 1 / 2**30),
+        (" gib", "GiB", None),
+        (" seconds", "s", None),
+        (" per s", "/s", None),
+    ):
         if words.endswith(suffix):
             return words[: -len(suffix)].strip(), unit, factor
     return words, "", None
@@ -515,9 +706,14 @@ def _label(key: str, unit: bool = False) -> str:
     """A plot label for a preflight key: its plain name (with the unit when ``unit``)."""
     m = _STEP_MEM.match(key.split(".")[-1])
     if m:
-        what = {"estimate": "step total, estimate", "peak": "step total, measured", "estimate_in_step": "step adds, estimate",
-                "step_peak": "step adds, measured", "allocated_step_peak": "step's tensors, measured",
-                "measured_over_estimate": "measured / estimate"}[m.group(2) or m.group(4)]
+        what = {
+            "estimate": "step total, estimate",
+            "peak": "step total, measured",
+            "estimate_in_step": "step adds, estimate",
+            "step_peak": "step adds, measured",
+            "allocated_step_peak": "step's tensors, measured",
+            "measured_over_estimate": "measured / estimate",
+        }[m.group(2) or m.group(4)]
         return f"L{m.group(1) or m.group(3)}: {what}"
     name, u, _ = _plain(key)
     return f"{name} ({u})" if unit and u else name
@@ -535,9 +731,23 @@ def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
         m = _STEP_MEM.match(str(k))
         if m and isinstance(v, (int, float)):
             by_len.setdefault(int(m.group(1) or m.group(3)), {})[m.group(2) or m.group(4)] = float(v)
-    mem_rows = [[length, *(f"{d[k]:.2f}" if k in d else "-" for k in ("estimate", "peak", "estimate_in_step", "step_peak",
-                                                                      "allocated_step_peak", "measured_over_estimate"))]
-                for length, d in sorted(by_len.items())]
+    mem_rows = [
+        [
+            length,
+            *(
+                f"{d[k]:.2f}" if k in d else "-"
+                for k in (
+                    "estimate",
+                    "peak",
+                    "estimate_in_step",
+                    "step_peak",
+                    "allocated_step_peak",
+                    "measured_over_estimate",
+                )
+            ),
+        ]
+        for length, d in sorted(by_len.items())
+    ]
     rest = {k: v for k, v in summary.items() if k not in ("checks", "passed", "failed", "memory_breakdown")}
     rest["memory"] = {k: v for k, v in memory.items() if not _STEP_MEM.match(str(k))}
     rows = []
@@ -547,7 +757,15 @@ def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
         name, unit, factor = _plain(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             val = v * factor if factor else v
-            shown = f"{val:.2f}" if unit == "GiB" else (f"{val:,}" if isinstance(val, int) else _fmt(float(val), 1 if abs(val) >= 100 else 3 if abs(val) >= 0.01 or val == 0 else 5))
+            shown = (
+                f"{val:.2f}"
+                if unit == "GiB"
+                else (
+                    f"{val:,}"
+                    if isinstance(val, int)
+                    else _fmt(float(val), 1 if abs(val) >= 100 else 3 if abs(val) >= 0.01 or val == 0 else 5)
+                )
+            )
         else:
             shown = _fmt(v)
         rows.append([name, shown, unit])
@@ -559,11 +777,21 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
     if not r:
         return [_paragraph(f"{NOT_RUN} (`tuneproof preflight`)")]
     s = r.summary
-    blocks = [_paragraph(f"{r.id}: {r.status}" + (f" ({r.reason})" if r.reason else "") + (f"; passed: {_fmt(s.get('passed'))}" if "passed" in s else ""))]
+    blocks = [
+        _paragraph(
+            f"{r.id}: {r.status}"
+            + (f" ({r.reason})" if r.reason else "")
+            + (f"; passed: {_fmt(s.get('passed'))}" if "passed" in s else "")
+        )
+    ]
     checks = s.get("checks")
     rows = []
     if isinstance(checks, list):
-        rows = [[c.get("name", "?"), _fmt(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""] for c in checks if isinstance(c, dict)]
+        rows = [
+            [c.get("name", "?"), _fmt(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""]
+            for c in checks
+            if isinstance(c, dict)
+        ]
     elif isinstance(checks, dict):
         for name, c in checks.items():
             if isinstance(c, dict):
@@ -574,22 +802,59 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
         blocks.append(_table(["check", "passed", "detail"], rows))
     mem_rows, rows = preflight_tables(s)
     if mem_rows:
-        blocks.append(_paragraph("step memory at the configured micro-batch, estimate next to measured (GiB; measured: process resident "
-                         "set on a CPU, peak allocated on a GPU):"))
-        blocks.append(_table(["sequence length (tokens)", "step total, estimate", "step total, measured peak",
-                              "the step adds, estimate", "the step adds, measured", "the step's tensors, measured",
-                              "measured / estimate (tensors vs the step's parts)"], mem_rows))
+        blocks.append(
+            _paragraph(
+                "step memory at the configured micro-batch, estimate next to measured (GiB; measured: process resident "
+                "set on a CPU, peak allocated on a GPU):"
+            )
+        )
+        blocks.append(
+            _table(
+                [
+                    "sequence length (tokens)",
+                    "step total, estimate",
+                    "step total, measured peak",
+                    "the step adds, estimate",
+                    "the step adds, measured",
+                    "the step's tensors, measured",
+                    "measured / estimate (tensors vs the step's parts)",
+                ],
+                mem_rows,
+            )
+        )
     bd = s.get("memory_breakdown") if isinstance(s.get("memory_breakdown"), dict) else None
     if bd and bd.get("rows") and bd.get("lengths"):
-        blocks.append(_paragraph(f"step memory estimate itemised, MiB (2**20 bytes), micro-batch {bd.get('micro_batch')}; then the measured "
-                         "step (its tensors: the CPU allocator's count or CUDA's peak allocated; the process: resident set on a CPU):"))
-        blocks.append(_table(["part", *(f"length {n}" for n in bd["lengths"])],
-                             [[str(r[0]), *("-" if v is None else _fmt(v) for v in r[1:])] for r in bd["rows"] if isinstance(r, list) and r]))
+        blocks.append(
+            _paragraph(
+                f"step memory estimate itemised, MiB (2**20 bytes), micro-batch {bd.get('micro_batch')}; then the measured "
+                "step (its tensors: the CPU allocator's count or CUDA's peak allocated; the process: resident set on a CPU):"
+            )
+        )
+        blocks.append(
+            _table(
+                ["part", *(f"length {n}" for n in bd["lengths"])],
+                [
+                    [str(r[0]), *("-" if v is None else _fmt(v) for v in r[1:])]
+                    for r in bd["rows"]
+                    if isinstance(r, list) and r
+                ],
+            )
+        )
     if rows:
         blocks.append(_table(["quantity", "value", "unit"], rows[:40]))
     if plots:
-        nums = [(k, float(v)) for k, v in flatten(s, depth=4) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
-        mem = {_label(k): g for k, v in nums if _MEM.search(k) and not _THR.search(k) and "budget" not in k.lower() for g in [_gib(k, v)] if g is not None}
+        nums = [
+            (k, float(v))
+            for k, v in flatten(s, depth=4)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        ]
+        mem = {
+            _label(k): g
+            for k, v in nums
+            if _MEM.search(k) and not _THR.search(k) and "budget" not in k.lower()
+            for g in [_gib(k, v)]
+            if g is not None
+        }
         thr = {_label(k, unit=True): v for k, v in nums if _THR.search(k)}
         blocks += _fig(memory_throughput(mem, thr), "step memory and throughput (preflight)")
     return blocks
@@ -616,13 +881,44 @@ def _training(ev: _Evidence, plots: bool) -> list[dict]:
     series = {}
     for r in trains:
         s = r.summary
-        rows.append([r.id, r.status, s.get("steps", s.get("last_step")), s.get("first_loss"), s.get("final_loss"), s.get("train_seconds"),
-                     s.get("tokens_per_s"), s.get("trainable"), s.get("dtype"), _speedups_cell(s)])
-        pts = [(int(m["step"]), float(m["loss"])) for m in ev.rows(r.id, "metrics.jsonl") if "step" in m and isinstance(m.get("loss"), (int, float))]
+        rows.append(
+            [
+                r.id,
+                r.status,
+                s.get("steps", s.get("last_step")),
+                s.get("first_loss"),
+                s.get("final_loss"),
+                s.get("train_seconds"),
+                s.get("tokens_per_s"),
+                s.get("trainable"),
+                s.get("dtype"),
+                _speedups_cell(s),
+            ]
+        )
+        pts = [
+            (int(m["step"]), float(m["loss"]))
+            for m in ev.rows(r.id, "metrics.jsonl")
+            if "step" in m and isinstance(m.get("loss"), (int, float))
+        ]
         if pts:
             series[r.id] = list(dict(pts).items())  # a resumed step logged twice: the last row wins
-    blocks = [_table(["run", "status", "steps", "first loss", "final loss", "seconds", "tokens/s", "trainable params", "dtype",
-                      "speed-ups"], rows)]
+    blocks = [
+        _table(
+            [
+                "run",
+                "status",
+                "steps",
+                "first loss",
+                "final loss",
+                "seconds",
+                "tokens/s",
+                "trainable params",
+                "dtype",
+                "speed-ups",
+            ],
+            rows,
+        )
+    ]
     norm = next((r.summary.get("loss_normalisation") for r in trains if r.summary.get("loss_normalisation")), None)
     if norm:
         blocks.append(_paragraph(f"loss normalisation: {norm}"))
@@ -642,40 +938,96 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
         for cid, r in (data.get("candidates") or {}).items():
             cnt = r.get("counts", {})
             blocks.append({"type": "strong", "text": f"{cid} vs baseline {data.get('baseline')} ({c.id})"})
-            blocks.append(_paragraph(f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
-                             f"{cnt.get('unchanged_right')}, unchanged wrong {cnt.get('unchanged_wrong')}; McNemar exact p = "
-                             f"{fmt_p((r.get('mcnemar') or {}).get('p_value'))}. Intervals: 95% paired bootstrap of the delta."))
+            blocks.append(
+                _paragraph(
+                    f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
+                    f"{cnt.get('unchanged_right')}, unchanged wrong {cnt.get('unchanged_wrong')}; McNemar exact p = "
+                    f"{fmt_p((r.get('mcnemar') or {}).get('p_value'))}. Intervals: 95% paired bootstrap of the delta."
+                )
+            )
             basis, cc = r.get("counts_basis") or {}, r.get("counts_correct")
             if basis:  # issue 17: the counts follow the success metric's per-example rule
-                extra = (f" On the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
-                         f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}."
-                         if cc and basis.get("rule") != "correct" else "")
-                blocks.append(_paragraph(f"counts basis ({basis.get('metric') or 'correct'}): {basis.get('description')}.{extra}"))
+                extra = (
+                    f" On the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
+                    f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}."
+                    if cc and basis.get("rule") != "correct"
+                    else ""
+                )
+                blocks.append(
+                    _paragraph(f"counts basis ({basis.get('metric') or 'correct'}): {basis.get('description')}.{extra}")
+                )
             if (r.get("dominant") or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the candidate {r['dominant']['detail']}"})
-            blocks.append(_table(["metric", "baseline", "candidate", "delta", "95% CI"],
-                                 [[m, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci"))] for m, v in (r.get("metrics") or {}).items()]))
+            blocks.append(
+                _table(
+                    ["metric", "baseline", "candidate", "delta", "95% CI"],
+                    [
+                        [m, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci"))]
+                        for m, v in (r.get("metrics") or {}).items()
+                    ],
+                )
+            )
             pc, pf = r.get("per_class") or {}, r.get("per_field") or {}
             cm = per_class_metric(task)
             if pc:
                 blocks += per_class_blocks(pc, cm, _failing_items(r, "per_class"))
                 blocks += _confusion_summary(ev, data.get("baseline"), cid, task)
             if pf:
-                blocks.append(_table(["field", f"{PER_FIELD_METRIC} baseline", f"{PER_FIELD_METRIC} candidate", "delta", "95% CI", "support"],
-                                     [[k, (v.get(PER_FIELD_METRIC) or {}).get("base"), (v.get(PER_FIELD_METRIC) or {}).get("cand"),
-                                       (v.get(PER_FIELD_METRIC) or {}).get("delta"), _ci((v.get(PER_FIELD_METRIC) or {}).get("ci")),
-                                       (v.get(PER_FIELD_METRIC) or {}).get("support")] for k, v in pf.items()]))
+                blocks.append(
+                    _table(
+                        [
+                            "field",
+                            f"{PER_FIELD_METRIC} baseline",
+                            f"{PER_FIELD_METRIC} candidate",
+                            "delta",
+                            "95% CI",
+                            "support",
+                        ],
+                        [
+                            [
+                                k,
+                                (v.get(PER_FIELD_METRIC) or {}).get("base"),
+                                (v.get(PER_FIELD_METRIC) or {}).get("cand"),
+                                (v.get(PER_FIELD_METRIC) or {}).get("delta"),
+                                _ci((v.get(PER_FIELD_METRIC) or {}).get("ci")),
+                                (v.get(PER_FIELD_METRIC) or {}).get("support"),
+                            ]
+                            for k, v in pf.items()
+                        ],
+                    )
+                )
             if (r.get("concentration") or {}).get("detail"):
                 blocks.append(_paragraph(f"where the gain comes from: {r['concentration']['detail']}"))
             items, folded = [], []
             for v in r.get("verdicts", []):
                 failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
-                items.append(f"{v['kind']} {v['verdict']}: {v['name']}: {guard_lines(v)[0] if failing else v.get('detail', '')}")
+                items.append(
+                    f"{v['kind']} {v['verdict']}: {v['name']}: {guard_lines(v)[0] if failing else v.get('detail', '')}"
+                )
                 if failing:  # one row per failing class / field, all of them (the screen shows 10)
-                    folded.append({"type": "details", "summary": f"{len(failing)} failing: {v['name']}",
-                                   "blocks": [_table(["name", "baseline", "candidate", "delta", "95% CI", "support", "why"],
-                                                     [[it["name"], it.get("base"), it.get("cand"), it.get("delta"), _ci(it.get("ci")),
-                                                       it.get("support"), it.get("why", "")] for it in failing])]})
+                    folded.append(
+                        {
+                            "type": "details",
+                            "summary": f"{len(failing)} failing: {v['name']}",
+                            "blocks": [
+                                _table(
+                                    ["name", "baseline", "candidate", "delta", "95% CI", "support", "why"],
+                                    [
+                                        [
+                                            it["name"],
+                                            it.get("base"),
+                                            it.get("cand"),
+                                            it.get("delta"),
+                                            _ci(it.get("ci")),
+                                            it.get("support"),
+                                            it.get("why", ""),
+                                        ]
+                                        for it in failing
+                                    ],
+                                )
+                            ],
+                        }
+                    )
             items += [f"note: {n}" for n in r.get("notes", [])]
             if r.get("fixed_ids"):
                 items.append("fixed (wrong before, right after): " + ", ".join(map(str, r["fixed_ids"][:10])))
@@ -697,17 +1049,31 @@ FOLD_HEATMAP_OVER = 15
 
 
 def _failing_items(r: dict, group: str) -> set[str]:
-    return {it["name"] for v in r.get("verdicts") or [] if str(v.get("metric", "")).startswith(group)
-            for it in v.get("items") or [] if it.get("verdict") == "fail"}
+    return {
+        it["name"]
+        for v in r.get("verdicts") or []
+        if str(v.get("metric", "")).startswith(group)
+        for it in v.get("items") or []
+        if it.get("verdict") == "fail"
+    }
 
 
 def per_class_blocks(pc: dict, metric: str, failing: set[str]) -> list[dict]:
     """The per-class table sorted by delta (most negative first): classes that fail a guard or whose
     metric changed come first; with more than :data:`FOLD_CLASSES_OVER` classes the unchanged
     rest is folded (``details``)."""
+
     def row(k: str) -> list:
         v = pc[k].get(metric) or {}
-        return [k, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci")), v.get("support"), "fails a guard" if k in failing else ""]
+        return [
+            k,
+            v.get("base"),
+            v.get("cand"),
+            v.get("delta"),
+            _ci(v.get("ci")),
+            v.get("support"),
+            "fails a guard" if k in failing else "",
+        ]
 
     def key(k: str):
         d = (pc[k].get(metric) or {}).get("delta")
@@ -718,11 +1084,21 @@ def per_class_blocks(pc: dict, metric: str, failing: set[str]) -> list[dict]:
     rest = sorted((k for k in pc if k not in changed), key=key)
     if len(pc) <= FOLD_CLASSES_OVER or not rest:
         return [_table(cols, [row(k) for k in changed + rest])]
-    out = [_paragraph(f"{len(changed)} of {len(pc)} classes changed or fail a guard, sorted by delta "
-                      f"(most negative first); the {len(rest)} unchanged are folded below.")]
+    out = [
+        _paragraph(
+            f"{len(changed)} of {len(pc)} classes changed or fail a guard, sorted by delta "
+            f"(most negative first); the {len(rest)} unchanged are folded below."
+        )
+    ]
     if changed:
         out.append(_table(cols, [row(k) for k in changed]))
-    out.append({"type": "details", "summary": f"{len(rest)} unchanged classes", "blocks": [_table(cols, [row(k) for k in rest])]})
+    out.append(
+        {
+            "type": "details",
+            "summary": f"{len(rest)} unchanged classes",
+            "blocks": [_table(cols, [row(k) for k in rest])],
+        }
+    )
     return out
 
 
@@ -732,7 +1108,7 @@ def top_confusions(conf: dict | None, n: int = TOP_CONFUSIONS) -> list[tuple[str
     if not conf or not conf.get("matrix"):
         return []
     cells = []
-    for i, (true, counts) in enumerate(zip(conf["labels"], conf["matrix"])):
+    for true, counts in zip(conf["labels"], conf["matrix"]):
         total = sum(counts)
         for j, c in enumerate(counts):
             pred = conf["columns"][j]
@@ -755,28 +1131,51 @@ def _confusion_summary(ev: _Evidence, base_id: str | None, cid: str, task: str) 
             for pred, c in zip(bconf["columns"], counts):
                 bcell[(true, pred)] = int(c)
     rows = [[t, p, c, f"{c / tot:.0%}" if tot else "-", bcell.get((t, p), "-")] for t, p, c, tot in top]
-    return [_paragraph(f"top {len(rows)} confusions of the candidate {cid} (true class predicted as another; the heat maps are below):"),
-            _table(["true class", "predicted as", "examples", "share of the class", f"baseline {base_id}"], rows)]
+    return [
+        _paragraph(
+            f"top {len(rows)} confusions of the candidate {cid} (true class predicted as another; the heat maps are below):"
+        ),
+        _table(["true class", "predicted as", "examples", "share of the class", f"baseline {base_id}"], rows),
+    ]
 
 
 def _comparison_plots(ev: _Evidence, base_id: str | None, cid: str, r: dict, task: str) -> list[dict]:
     out: list[dict] = []
-    for section, metric, what in ((r.get("per_class") or {}, per_class_metric(task), "class"),
-                                  (r.get("per_field") or {}, PER_FIELD_METRIC, "field")):
+    for section, metric, what in (
+        (r.get("per_class") or {}, per_class_metric(task), "class"),
+        (r.get("per_field") or {}, PER_FIELD_METRIC, "field"),
+    ):
         names = [k for k, v in section.items() if isinstance(v.get(metric), dict)]
         if names:
-            png = metric_bars(names, [section[k][metric].get("base") for k in names], [section[k][metric].get("cand") for k in names],
-                              metric=metric, title=f"{metric} per {what}: baseline {base_id} vs {cid}", cand_label=cid, base_label=f"baseline {base_id}",
-                              what=what)
+            png = metric_bars(
+                names,
+                [section[k][metric].get("base") for k in names],
+                [section[k][metric].get("cand") for k in names],
+                metric=metric,
+                title=f"{metric} per {what}: baseline {base_id} vs {cid}",
+                cand_label=cid,
+                base_label=f"baseline {base_id}",
+                what=what,
+            )
             out += _fig(png, f"per-{what} {metric}, baseline vs candidate {cid}")
     if get_task(task).has_confusion:
         for rid, who in ((base_id, "baseline"), (cid, "candidate")):
             conf = ((ev.json(rid, "eval.json") or {}).get("metrics") or {}).get("confusion") if rid else None
             if conf and conf.get("matrix"):
-                fig = _fig(confusion(conf["matrix"], conf["labels"], conf["columns"], title=f"confusion matrix, {who} {rid}"),
-                           f"confusion matrix of the {who} {rid} (rows: true class, columns: predicted)")
-                if len(conf["labels"]) > FOLD_HEATMAP_OVER and fig:  # unreadable at a glance: the top confusions table says it
-                    fig = [{"type": "details", "summary": f"confusion heat map of the {who} {rid} ({len(conf['labels'])} classes)", "blocks": fig}]
+                fig = _fig(
+                    confusion(conf["matrix"], conf["labels"], conf["columns"], title=f"confusion matrix, {who} {rid}"),
+                    f"confusion matrix of the {who} {rid} (rows: true class, columns: predicted)",
+                )
+                if (
+                    len(conf["labels"]) > FOLD_HEATMAP_OVER and fig
+                ):  # unreadable at a glance: the top confusions table says it
+                    fig = [
+                        {
+                            "type": "details",
+                            "summary": f"confusion heat map of the {who} {rid} ({len(conf['labels'])} classes)",
+                            "blocks": fig,
+                        }
+                    ]
                 out += fig
     return out
 
@@ -795,7 +1194,12 @@ def _test_log(ev: _Evidence) -> list[dict]:
         rows.append([a["run"], a["candidate"], iso(a["time"]), text])
     blocks = [_table(["run", "candidate", "time (UTC)", "result"], rows)]
     if len(acc) > 1:
-        blocks.append({"type": "strong", "text": f"the test split was read {len(acc)} times: choosing among candidates on it wears out its value as a control"})
+        blocks.append(
+            {
+                "type": "strong",
+                "text": f"the test split was read {len(acc)} times: choosing among candidates on it wears out its value as a control",
+            }
+        )
     return blocks
 
 
@@ -820,10 +1224,17 @@ def _verdict(ev: _Evidence) -> list[dict]:
         return [{"type": "strong", "text": f"NOT JUDGED: the comparison {c.id} was {_RESCORE}"}]
     verdicts, o = primary
     against = ev.judging.judged_against
-    blocks = [{"type": "strong", "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} ({cid}, {c.id}; {against} hypothesis)"}]
+    blocks = [
+        {
+            "type": "strong",
+            "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} ({cid}, {c.id}; {against} hypothesis)",
+        }
+    ]
     blocks.append({"type": "list", "items": [f"{v['kind']} {v['verdict']}: {v['name']}" for v in verdicts]})
     if other:
-        blocks.append(_paragraph(f"with the {other[0]} hypothesis instead: {other[1].get('verdict')} ({other[1].get('detail')})"))
+        blocks.append(
+            _paragraph(f"with the {other[0]} hypothesis instead: {other[1].get('verdict')} ({other[1].get('detail')})")
+        )
     return blocks
 
 
@@ -836,8 +1247,13 @@ def _observed(ev: _Evidence) -> tuple[str, dict] | None:
             return None
         cid, r = e.id, None
     em = (ev.json(cid, "eval.json") or {}).get("metrics")
-    return cid, observed_limits(ev.ctx.task, eval_metrics=em, outputs=ev.rows(cid, "outputs.jsonl"), comparison=r,
-                                test_accesses=ev.reg.test_accesses())
+    return cid, observed_limits(
+        ev.ctx.task,
+        eval_metrics=em,
+        outputs=ev.rows(cid, "outputs.jsonl"),
+        comparison=r,
+        test_accesses=ev.reg.test_accesses(),
+    )
 
 
 def _limits(ev: _Evidence) -> list[dict]:
@@ -845,18 +1261,33 @@ def _limits(ev: _Evidence) -> list[dict]:
     if got is None:
         return [_paragraph(f"{NOT_RUN}: no evaluated run")]
     cid, lim = got
-    return [_paragraph(f"of {cid} on the evaluation split (weak: below {lim['weak_below']}):"), {"type": "list", "items": limits_lines(lim, 12) or ["none observed"]}]
+    return [
+        _paragraph(f"of {cid} on the evaluation split (weak: below {lim['weak_below']}):"),
+        {"type": "list", "items": limits_lines(lim, 12) or ["none observed"]},
+    ]
 
 
 def _exports(ev: _Evidence) -> list[dict]:
     exps = [r for r in ev.runs if r.kind == "export"]
     if not exps:
         return [_paragraph(f"{NOT_RUN} (`tuneproof export RUN [--merge]`)")]
-    rows = [[r.id, r.parent, r.status, r.reason or "", r.summary.get("bundle", ""), _fmt(r.summary.get("verified")),
-             ("forced: " + str((r.summary.get("forced") or {}).get("status"))) if r.summary.get("forced") else "",
-             _fmt(r.summary.get("merge"))] for r in exps]
-    return [_table(["export run", "train run", "status", "reason", "bundle", "verified", "forced", "merged"], rows),
-            _paragraph("check a bundle anywhere with `tuneproof verify BUNDLE --base PATH`.")]
+    rows = [
+        [
+            r.id,
+            r.parent,
+            r.status,
+            r.reason or "",
+            r.summary.get("bundle", ""),
+            _fmt(r.summary.get("verified")),
+            ("forced: " + str((r.summary.get("forced") or {}).get("status"))) if r.summary.get("forced") else "",
+            _fmt(r.summary.get("merge")),
+        ]
+        for r in exps
+    ]
+    return [
+        _table(["export run", "train run", "status", "reason", "bundle", "verified", "forced", "merged"], rows),
+        _paragraph("check a bundle anywhere with `tuneproof verify BUNDLE --base PATH`."),
+    ]
 
 
 def _plan(ev: _Evidence) -> list[dict]:
@@ -867,13 +1298,18 @@ def _plan(ev: _Evidence) -> list[dict]:
     if not plan:
         return [_paragraph(f"{NOT_RUN} (`tuneproof plan --days 7 --hourly-rate 2.5`)")]
     rows = [[p["phase"], f"{p['hours']:.2f}", p["basis"]] for p in plan["phases"]]
-    rows.append(["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented; spare {plan['spare_h']:.1f} h"])
-    items = [f"variants of the configured budget that fit: {plan['variants_fit']} ({plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
-             *cost_lines(plan)]
-    items += [f"warning: {w}" for w in plan.get("warnings", [])] + [f"assumption: {a}" for a in plan.get("assumptions", [])]
+    rows.append(
+        ["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented; spare {plan['spare_h']:.1f} h"]
+    )
+    items = [
+        f"variants of the configured budget that fit: {plan['variants_fit']} ({plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
+        *cost_lines(plan),
+    ]
+    items += [f"warning: {w}" for w in plan.get("warnings", [])] + [
+        f"assumption: {a}" for a in plan.get("assumptions", [])
+    ]
     head = f"{plan['days']:g}-day rental, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps:"
-    return [_paragraph(head),
-            _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]
+    return [_paragraph(head), _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]
 
 
 def _environment(ev: _Evidence) -> list[dict]:
@@ -881,7 +1317,10 @@ def _environment(ev: _Evidence) -> list[dict]:
         env = ev.json(r.id, "env.json")
         if env:
             rows = [[k, v] for k, v in flatten(env, depth=2) if v not in (None, "", [])]
-            return [_paragraph(f"as recorded by {r.id} ({r.kind}); every run stores its own env.json."), _table(["key", "value"], rows)]
+            return [
+                _paragraph(f"as recorded by {r.id} ({r.kind}); every run stores its own env.json."),
+                _table(["key", "value"], rows),
+            ]
     return [_paragraph(NOT_RUN)]
 
 
@@ -907,7 +1346,10 @@ def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[s
         ("plan", "Rental plan", _plan(ev)),
         ("environment", "Environment", _environment(ev)),
     ]
-    return {"title": f"Dossier: {ctx.study.name}", "sections": [{"id": i, "title": t, "blocks": b} for i, t, b in sections]}
+    return {
+        "title": f"Dossier: {ctx.study.name}",
+        "sections": [{"id": i, "title": t, "blocks": b} for i, t, b in sections],
+    }
 
 
 # --------------------------------------------------------------------------- renderers
@@ -942,7 +1384,11 @@ def _md_blocks(blocks: list[dict]) -> list[str]:
         elif t == "figure":
             out += [f"_(plot in dossier.html: {b['caption']})_", ""]
         elif t == "details":  # GitHub Markdown folds it; the summary is escaped like HTML text
-            out += [f"<details><summary>{html.escape(str(b['summary']))}</summary>", ""] + _md_blocks(b["blocks"]) + ["</details>", ""]
+            out += (
+                [f"<details><summary>{html.escape(str(b['summary']))}</summary>", ""]
+                + _md_blocks(b["blocks"])
+                + ["</details>", ""]
+            )
     return out
 
 
@@ -951,7 +1397,7 @@ def to_markdown(d: dict[str, Any]) -> str:
     (the first screen) ends with links to every other section."""
     out = [f"# {_md_text(d['title'])}", ""]
     for i, s in enumerate(d["sections"]):
-        out += [f"<a id=\"{html.escape(s['id'])}\"></a>", "", f"## {s['title']}", ""] + _md_blocks(s["blocks"])
+        out += [f'<a id="{html.escape(s["id"])}"></a>', "", f"## {s['title']}", ""] + _md_blocks(s["blocks"])
         if i == 0 and len(d["sections"]) > 1:
             out += ["details: " + " · ".join(f"[{x['title']}](#{x['id']})" for x in d["sections"][1:]), ""]
     return "\n".join(out).rstrip() + "\n"
@@ -976,20 +1422,31 @@ def _html_blocks(blocks: list[dict]) -> list[str]:
         if t == "p":
             out.append(f"<p>{e(b['text'])}</p>")
         elif t == "strong":
-            out.append(f"<p class=\"strong\">{e(b['text'])}</p>")
+            out.append(f'<p class="strong">{e(b["text"])}</p>')
         elif t == "list":
             out.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in b["items"]) + "</ul>")
         elif t == "pre":
             out.append(f"<pre>{e(b['text'])}</pre>")
         elif t == "table":
-            out.append("<table><thead><tr>" + "".join(f"<th>{e(str(c))}</th>" for c in b["cols"]) + "</tr></thead><tbody>"
-                       + "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in b["rows"]) + "</tbody></table>")
+            out.append(
+                "<table><thead><tr>"
+                + "".join(f"<th>{e(str(c))}</th>" for c in b["cols"])
+                + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in b["rows"])
+                + "</tbody></table>"
+            )
         elif t == "figure":
             data = base64.b64encode(b["png"]).decode("ascii")
-            out.append(f"<figure><img alt=\"{e(b['caption'])}\" src=\"data:image/png;base64,{data}\">"
-                       f"<figcaption>{e(b['caption'])}</figcaption></figure>")
+            out.append(
+                f'<figure><img alt="{e(b["caption"])}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{e(b['caption'])}</figcaption></figure>"
+            )
         elif t == "details":
-            out.append(f"<details><summary>{e(str(b['summary']))}</summary>" + "".join(_html_blocks(b["blocks"])) + "</details>")
+            out.append(
+                f"<details><summary>{e(str(b['summary']))}</summary>"
+                + "".join(_html_blocks(b["blocks"]))
+                + "</details>"
+            )
     return out
 
 
@@ -998,12 +1455,18 @@ def to_html(d: dict[str, Any]) -> str:
     fetched); every text is escaped with ``html.escape``. The first section is the first screen;
     the links to every section follow it."""
     e = html.escape
-    out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
-           f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(d['title'])}</title>",
-           f"<style>{CSS}</style></head><body>", f"<h1>{e(d['title'])}</h1>"]
-    nav = "<nav>details: " + "".join(f"<a href=\"#{e(s['id'])}\">{e(s['title'])}</a>" for s in d["sections"][1:]) + "</nav>"
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{e(d["title"])}</title>',
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{e(d['title'])}</h1>",
+    ]
+    nav = (
+        "<nav>details: " + "".join(f'<a href="#{e(s["id"])}">{e(s["title"])}</a>' for s in d["sections"][1:]) + "</nav>"
+    )
     for i, s in enumerate(d["sections"]):
-        out.append(f"<section id=\"{e(s['id'])}\"><h2>{e(s['title'])}</h2>")
+        out.append(f'<section id="{e(s["id"])}"><h2>{e(s["title"])}</h2>')
         out += _html_blocks(s["blocks"])
         out.append("</section>")
         if i == 0:

@@ -20,7 +20,9 @@ def pipeline_for(processor, procedure: dict[str, Any]):
     """The study's image pipeline rebuilt from the bundle: the processor + the declared transforms."""
     from tuneproof.data.image_pipeline import ImagePipeline  # noqa: PLC0415 - imports torch
 
-    return ImagePipeline(processor, ImageTransforms(**(procedure.get("image_transforms") or {})), procedure.get("labels"))
+    return ImagePipeline(
+        processor, ImageTransforms(**(procedure.get("image_transforms") or {})), procedure.get("labels")
+    )
 
 
 def processor_identity(processor, procedure: dict[str, Any]) -> dict[str, Any]:
@@ -30,8 +32,11 @@ def processor_identity(processor, procedure: dict[str, Any]) -> dict[str, Any]:
 
 def compare_processor(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
     """Problems between two image-processor identities, one per differing key, naming both values."""
-    return [f"image processor {k}: expected {expected.get(k)!r}, found {found.get(k)!r}"
-            for k in ("class", "config_sha256", "transforms") if k in expected and expected.get(k) != found.get(k)]
+    return [
+        f"image processor {k}: expected {expected.get(k)!r}, found {found.get(k)!r}"
+        for k in ("class", "config_sha256", "transforms")
+        if k in expected and expected.get(k) != found.get(k)
+    ]
 
 
 def copy_images(chosen: list[dict[str, Any]], examples: dict[str, Any], bundle: Path) -> None:
@@ -46,7 +51,9 @@ def copy_images(chosen: list[dict[str, Any]], examples: dict[str, Any], bundle: 
         c["image"] = dest.relative_to(bundle).as_posix()
 
 
-def reproduce_images(model, processor, examples: list[dict[str, Any]], procedure: dict[str, Any], root: Path) -> list[dict[str, Any]]:
+def reproduce_images(
+    model, processor, examples: list[dict[str, Any]], procedure: dict[str, Any], root: Path
+) -> list[dict[str, Any]]:
     """Predicted label and logits (one per label) of each stored image, one batch, fp32."""
     import torch  # noqa: PLC0415
 
@@ -54,7 +61,10 @@ def reproduce_images(model, processor, examples: list[dict[str, Any]], procedure
 
     pipe = pipeline_for(processor, procedure)
     device = torch.device(procedure.get("device", "cpu"))
-    encoded = [pipe.encode(Example(id=e["id"], text=e["image"], meta={"image": str(Path(root) / e["image"])})) for e in examples]
+    encoded = [
+        pipe.encode(Example(id=e["id"], text=e["image"], meta={"image": str(Path(root) / e["image"])}))
+        for e in examples
+    ]
     with torch.inference_mode():
         logits = model(pixel_values=collate_images(encoded)["pixel_values"].to(device)).logits.float().cpu()
     labels = procedure["labels"]

@@ -60,8 +60,16 @@ def _deltas(section: dict[str, Any], kind: str, metric: str) -> tuple[list[dict]
         if m.get("support") == 0:  # not in the evaluated split: not measurable, neither weak nor regressed
             continue
         base, cand, delta, ci = m.get("base"), m.get("cand"), m.get("delta"), m.get("ci")
-        row = {"kind": kind, "name": name, "metric": metric, "base": base, "cand": cand, "delta": delta, "ci": ci,
-               "support": m.get("support")}
+        row = {
+            "kind": kind,
+            "name": name,
+            "metric": metric,
+            "base": base,
+            "cand": cand,
+            "delta": delta,
+            "ci": ci,
+            "support": m.get("support"),
+        }
         if isinstance(delta, (int, float)) and delta < 0:
             regressed.append({**row, "significant": bool(ci and ci[1] is not None and ci[1] < 0)})
         if isinstance(cand, (int, float)) and cand < WEAK_BELOW:
@@ -75,12 +83,36 @@ def _weak_from_metrics(metrics: dict[str, Any], task: str) -> list[dict]:
     cm = per_class_metric(task)
     for name, v in sorted((metrics.get("per_class") or {}).items()):
         if isinstance(v, dict) and v.get("support") != 0 and isinstance(v.get(cm), (int, float)) and v[cm] < WEAK_BELOW:
-            out.append({"kind": "class", "name": name, "metric": cm, "base": None, "cand": v[cm], "delta": None, "ci": None,
-                        "support": v.get("support")})
+            out.append(
+                {
+                    "kind": "class",
+                    "name": name,
+                    "metric": cm,
+                    "base": None,
+                    "cand": v[cm],
+                    "delta": None,
+                    "ci": None,
+                    "support": v.get("support"),
+                }
+            )
     for name, v in sorted((metrics.get("per_field") or {}).items()):
-        if isinstance(v, dict) and isinstance(v.get(PER_FIELD_METRIC), (int, float)) and v[PER_FIELD_METRIC] < WEAK_BELOW:
-            out.append({"kind": "field", "name": name, "metric": PER_FIELD_METRIC, "base": None, "cand": v[PER_FIELD_METRIC],
-                        "delta": None, "ci": None, "support": v.get("support")})
+        if (
+            isinstance(v, dict)
+            and isinstance(v.get(PER_FIELD_METRIC), (int, float))
+            and v[PER_FIELD_METRIC] < WEAK_BELOW
+        ):
+            out.append(
+                {
+                    "kind": "field",
+                    "name": name,
+                    "metric": PER_FIELD_METRIC,
+                    "base": None,
+                    "cand": v[PER_FIELD_METRIC],
+                    "delta": None,
+                    "ci": None,
+                    "support": v.get("support"),
+                }
+            )
     return out
 
 
@@ -91,16 +123,24 @@ def reserved_split_use(accesses: list[dict[str, Any]]) -> dict[str, Any]:
     if not accesses:
         note = "the reserved test split has not been read: the results above are on the evaluation split only"
     elif reused:
-        note = (f"the test split was read {len(accesses)} times for {len(cands)} candidate(s): choosing among them on it "
-                "wears out its value as an independent control")
+        note = (
+            f"the test split was read {len(accesses)} times for {len(cands)} candidate(s): choosing among them on it "
+            "wears out its value as an independent control"
+        )
     else:
         note = "the test split was read once"
     return {"reads": len(accesses), "candidates": dict(cands), "reused": reused, "note": note}
 
 
-def observed_limits(task: str, *, eval_metrics: dict[str, Any] | None, outputs: list[dict[str, Any]],
-                    comparison: dict[str, Any] | None, test_accesses: list[dict[str, Any]],
-                    forced: dict[str, Any] | None = None) -> dict[str, Any]:
+def observed_limits(
+    task: str,
+    *,
+    eval_metrics: dict[str, Any] | None,
+    outputs: list[dict[str, Any]],
+    comparison: dict[str, Any] | None,
+    test_accesses: list[dict[str, Any]],
+    forced: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Collect the limits (see the module docstring).
 
     Args:
@@ -127,8 +167,10 @@ def observed_limits(task: str, *, eval_metrics: dict[str, Any] | None, outputs: 
     else:
         notes.append("no evaluation of this run: nothing is known of its quality")
     if forced:
-        notes.append(f"exported with --force although the run is {forced.get('status')}"
-                     + (f" ({forced.get('reason')})" if forced.get("reason") else ""))
+        notes.append(
+            f"exported with --force although the run is {forced.get('status')}"
+            + (f" ({forced.get('reason')})" if forced.get("reason") else "")
+        )
     return {
         "weak_below": WEAK_BELOW,
         "regressed": sorted(regressed, key=lambda r: r["delta"]),
@@ -146,13 +188,20 @@ def limits_lines(limits: dict[str, Any], max_rows: int = 8) -> list[str]:
     for r in limits.get("regressed", [])[:max_rows]:
         ci = r.get("ci")
         ci_s = f", 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci and None not in ci else ""
-        out.append(f"regressed: {r['kind']} {r['name']}: {r['metric']} {r['base']:.3f} -> {r['cand']:.3f} "
-                   f"({r['delta']:+.3f}{ci_s}{', significant' if r.get('significant') else ''})")
+        out.append(
+            f"regressed: {r['kind']} {r['name']}: {r['metric']} {r['base']:.3f} -> {r['cand']:.3f} "
+            f"({r['delta']:+.3f}{ci_s}{', significant' if r.get('significant') else ''})"
+        )
     for r in limits.get("weak", [])[:max_rows]:
-        out.append(f"weak: {r['kind']} {r['name']}: {r['metric']} {r['cand']:.3f} (below {limits.get('weak_below', WEAK_BELOW)}"
-                   + (f", support {r['support']}" if r.get("support") is not None else "") + ")")
+        out.append(
+            f"weak: {r['kind']} {r['name']}: {r['metric']} {r['cand']:.3f} (below {limits.get('weak_below', WEAK_BELOW)}"
+            + (f", support {r['support']}" if r.get("support") is not None else "")
+            + ")"
+        )
     for f in limits.get("failures", [])[:max_rows]:
-        out.append(f"typical failure: {f['kind']}: {f['count']} example(s) ({f['share']:.0%}), e.g. {', '.join(f['example_ids'][:3])}")
+        out.append(
+            f"typical failure: {f['kind']}: {f['count']} example(s) ({f['share']:.0%}), e.g. {', '.join(f['example_ids'][:3])}"
+        )
     if limits.get("broken"):
         out.append(f"right before, wrong after fine-tuning: {', '.join(limits['broken'][:10])}")
     ts = limits.get("test_set") or {}

@@ -60,7 +60,13 @@ def loss_curves(series: dict[str, list[tuple[int, float]]]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for run, pts in series.items():
         pts = sorted(pts)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None, markersize=3, label=_safe(run))
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker="o" if len(pts) < 30 else None,
+            markersize=3,
+            label=_safe(run),
+        )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (per supervised token)")
     ax.set_title("training loss per run")
@@ -69,8 +75,17 @@ def loss_curves(series: dict[str, list[tuple[int, float]]]) -> bytes | None:
     return _png(fig)
 
 
-def metric_bars(names: list[str], base: list[float | None], cand: list[float | None], *, metric: str, title: str,
-                base_label: str = "baseline", cand_label: str = "candidate", what: str = "class") -> bytes | None:
+def metric_bars(
+    names: list[str],
+    base: list[float | None],
+    cand: list[float | None],
+    *,
+    metric: str,
+    title: str,
+    base_label: str = "baseline",
+    cand_label: str = "candidate",
+    what: str = "class",
+) -> bytes | None:
     """Horizontal bars of ``metric`` per class or field (``what``, the y-axis label), baseline next to candidate."""
     if not names:
         return None
@@ -120,7 +135,9 @@ def confusion(matrix: list[list[int]], rows: list[str], cols: list[str], *, titl
     return _png(fig)
 
 
-def token_lengths(lengths: dict[str, list[int]] | None, stats: dict[str, dict[str, Any]] | None, max_length: int | None) -> bytes | None:
+def token_lengths(
+    lengths: dict[str, list[int]] | None, stats: dict[str, dict[str, Any]] | None, max_length: int | None
+) -> bytes | None:
     """Token lengths per split: a histogram when the raw lengths were stored, else bars of the
     stored percentiles (p50, p95, p99, max); ``max_length`` drawn as a vertical/horizontal line."""
     plt = _plt()
@@ -162,7 +179,14 @@ def memory_throughput(memory_gib: dict[str, float], throughput: dict[str, float]
     if not memory_gib and not throughput:
         return None
     plt = _plt()
-    panels = [(t, d, x) for t, d, x in (("step memory (GiB)", memory_gib, "GiB"), ("throughput", throughput, "value (unit in the name)")) if d]
+    panels = [
+        (t, d, x)
+        for t, d, x in (
+            ("step memory (GiB)", memory_gib, "GiB"),
+            ("throughput", throughput, "value (unit in the name)"),
+        )
+        if d
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 9, 3.4), squeeze=False)
     for ax, (title, data, xlabel) in zip(axes[0], panels):
         ax.set_xlabel(xlabel)

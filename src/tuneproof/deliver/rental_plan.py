@@ -81,8 +81,16 @@ def measure(registry) -> dict[str, Any]:
     """
     pre = registry.latest("preflight")
     pre_sum = pre.summary if pre else {}
-    out: dict[str, Any] = {"s_per_step": None, "step_source": None, "eval_s_per_example": None, "eval_source": None,
-                           "tokens_per_s": None, "reload_s": None, "reload_source": None, "durations": {}}
+    out: dict[str, Any] = {
+        "s_per_step": None,
+        "step_source": None,
+        "eval_s_per_example": None,
+        "eval_source": None,
+        "tokens_per_s": None,
+        "reload_s": None,
+        "reload_source": None,
+        "durations": {},
+    }
     sps = find_number(pre_sum, STEP_KEYS)
     if sps is None and pre_sum:
         tps, tok_step = find_number(pre_sum, TOKENS_KEYS), find_number(pre_sum, ("tokens_per_step",))
@@ -91,40 +99,66 @@ def measure(registry) -> dict[str, Any]:
     if sps is not None:
         out.update(s_per_step=sps, step_source=f"preflight {pre.id}")
     else:
-        rates = [r.summary["train_seconds"] / r.summary["steps"] for r in registry.list(kind="train", status="completed")
-                 if isinstance(r.summary.get("train_seconds"), (int, float)) and r.summary["train_seconds"] > 0 and r.summary.get("steps")]
+        rates = [
+            r.summary["train_seconds"] / r.summary["steps"]
+            for r in registry.list(kind="train", status="completed")
+            if isinstance(r.summary.get("train_seconds"), (int, float))
+            and r.summary["train_seconds"] > 0
+            and r.summary.get("steps")
+        ]
         if rates:
-            out.update(s_per_step=statistics.median(rates), step_source=f"median of {len(rates)} completed train run(s)")
-    out["tokens_per_s"] = find_number(pre_sum, TOKENS_KEYS) or _median([r.summary.get("tokens_per_s") for r in registry.list(kind="train", status="completed")])
+            out.update(
+                s_per_step=statistics.median(rates), step_source=f"median of {len(rates)} completed train run(s)"
+            )
+    out["tokens_per_s"] = find_number(pre_sum, TOKENS_KEYS) or _median(
+        [r.summary.get("tokens_per_s") for r in registry.list(kind="train", status="completed")]
+    )
 
-    rates = [r.summary["eval_seconds"] / r.summary["n_eval"] for k in ("baseline", "eval")
-             for r in registry.list(kind=k, status="completed")
-             if isinstance(r.summary.get("eval_seconds"), (int, float)) and r.summary["eval_seconds"] > 0 and r.summary.get("n_eval")]
+    rates = [
+        r.summary["eval_seconds"] / r.summary["n_eval"]
+        for k in ("baseline", "eval")
+        for r in registry.list(kind=k, status="completed")
+        if isinstance(r.summary.get("eval_seconds"), (int, float))
+        and r.summary["eval_seconds"] > 0
+        and r.summary.get("n_eval")
+    ]
     batch = find_number(pre_sum, ("eval_batch_s_per_example",))
     if rates:
-        out.update(eval_s_per_example=statistics.median(rates),
-                   eval_source=f"median of {len(rates)} completed baseline/eval run(s) (the full evaluation as it ran)")
+        out.update(
+            eval_s_per_example=statistics.median(rates),
+            eval_source=f"median of {len(rates)} completed baseline/eval run(s) (the full evaluation as it ran)",
+        )
     elif batch is not None:
         what = pre_sum.get("eval_batch_procedure") or "the study's evaluation procedure"
-        out.update(eval_s_per_example=batch,
-                   eval_source=f"one evaluation batch of {pre_sum.get('eval_batch_size')} ({what}) in preflight {pre.id}")
+        out.update(
+            eval_s_per_example=batch,
+            eval_source=f"one evaluation batch of {pre_sum.get('eval_batch_size')} ({what}) in preflight {pre.id}",
+        )
     else:
         per_ex = find_number(pre_sum, EVAL_PER_EX_KEYS)
         if per_ex is None:
             es, en = find_number(pre_sum, EVAL_KEYS), find_number(pre_sum, EVAL_N_KEYS)
             per_ex = es / en if es and en else None
         if per_ex is not None:
-            out.update(eval_s_per_example=per_ex, eval_source=f"smoke evaluation of a few examples in preflight {pre.id} (an upper bound)")
+            out.update(
+                eval_s_per_example=per_ex,
+                eval_source=f"smoke evaluation of a few examples in preflight {pre.id} (an upper bound)",
+            )
     reload_s = find_number(pre_sum, RELOAD_KEYS)
     if reload_s:
         out.update(reload_s=reload_s, reload_source=f"preflight {pre.id}")
     else:
         # an eval run loads base + adapter in its process: its duration minus the evaluation itself
-        loads = [_duration(r) - r.summary["eval_seconds"] for r in registry.list(kind="eval", status="completed")
-                 if _duration(r) and isinstance(r.summary.get("eval_seconds"), (int, float))]
+        loads = [
+            _duration(r) - r.summary["eval_seconds"]
+            for r in registry.list(kind="eval", status="completed")
+            if _duration(r) and isinstance(r.summary.get("eval_seconds"), (int, float))
+        ]
         if loads:
-            out.update(reload_s=PROCESS_START_S + statistics.median(loads),
-                       reload_source=f"model load measured in {len(loads)} eval run(s) + {PROCESS_START_S:.0f} s process start (assumed)")
+            out.update(
+                reload_s=PROCESS_START_S + statistics.median(loads),
+                reload_source=f"model load measured in {len(loads)} eval run(s) + {PROCESS_START_S:.0f} s process start (assumed)",
+            )
         else:
             out.update(reload_s=DEFAULT_RELOAD_S, reload_source=f"assumed {DEFAULT_RELOAD_S:.0f} s (not measured)")
     for kind in ("data-check", "preflight", "baseline", "export"):
@@ -151,8 +185,10 @@ def require_measured(measured: dict[str, Any]) -> None:
     if not measured.get("eval_s_per_example"):
         missing.append("the evaluation time (run `tuneproof preflight`, or `tuneproof baseline`)")
     if missing:
-        raise TuneproofError("nothing measured to plan from: no " + " and no ".join(missing),
-                             hint="the plan uses this study's measured throughput only, never a guess")
+        raise TuneproofError(
+            "nothing measured to plan from: no " + " and no ".join(missing),
+            hint="the plan uses this study's measured throughput only, never a guess",
+        )
 
 
 def check_plan_args(days: float, hourly_rate: float | None = None, variants: int | None = None) -> None:
@@ -173,8 +209,18 @@ def check_plan_args(days: float, hourly_rate: float | None = None, variants: int
         raise TuneproofError("; ".join(bad), hint="e.g. tuneproof plan --days 7 --hourly-rate 2.5")
 
 
-def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float | None = None, steps: int, checkpoint_every: int, n_eval: int,
-              n_test: int, k_verify: int = 8, variants: int | None = None) -> dict[str, Any]:
+def make_plan(
+    measured: dict[str, Any],
+    *,
+    days: float,
+    hourly_rate: float | None = None,
+    steps: int,
+    checkpoint_every: int,
+    n_eval: int,
+    n_test: int,
+    k_verify: int = 8,
+    variants: int | None = None,
+) -> dict[str, Any]:
     """The plan for a rental of ``days`` days (at ``hourly_rate`` per hour: None plans hours only).
 
     Args:
@@ -218,33 +264,66 @@ def make_plan(measured: dict[str, Any], *, days: float, hourly_rate: float | Non
     if n < 1:
         raise TuneproofError(f"--variants must be at least 1 (got {n})")
     phases = [
-        {"phase": "initial check", "hours": initial_h,
-         "basis": f"setup {SETUP_H:.1f} h (assumed) + data check {dc_h:.2f} h ({dc_b}) + preflight {pf_h:.2f} h ({pf_b}) + baseline {bl_h:.2f} h ({bl_b})"},
+        {
+            "phase": "initial check",
+            "hours": initial_h,
+            "basis": f"setup {SETUP_H:.1f} h (assumed) + data check {dc_h:.2f} h ({dc_b}) + preflight {pf_h:.2f} h ({pf_b}) + baseline {bl_h:.2f} h ({bl_b})",
+        },
         {"phase": "experiment", "hours": n * train_h, "basis": f"{n} variant(s) x {steps} steps x {sps:.3g} s/step"},
-        {"phase": "evaluation", "hours": n * eval_h + test_h,
-         "basis": f"{n} x {n_eval} examples + final test {n_test} examples, x {epx:.3g} s/example"},
-        {"phase": "resume margin", "hours": n * resume_h,
-         "basis": f"{n} x (reload in a fresh process {reload_s:.0f} s + up to {min(checkpoint_every, steps)} steps since the last checkpoint)"},
+        {
+            "phase": "evaluation",
+            "hours": n * eval_h + test_h,
+            "basis": f"{n} x {n_eval} examples + final test {n_test} examples, x {epx:.3g} s/example",
+        },
+        {
+            "phase": "resume margin",
+            "hours": n * resume_h,
+            "basis": f"{n} x (reload in a fresh process {reload_s:.0f} s + up to {min(checkpoint_every, steps)} steps since the last checkpoint)",
+        },
         {"phase": "export", "hours": ex_h, "basis": f"export + verification in a fresh process ({ex_b})"},
     ]
     total = sum(p["hours"] for p in phases)
     warnings = []
     if fit < 1:
-        warnings.append(f"does not fit: one variant needs {per_variant:.1f} h on top of {fixed:.1f} h of fixed phases, "
-                        f"the rental has {available:.0f} h; shorten training.max_steps, evaluate fewer examples, or rent longer")
+        warnings.append(
+            f"does not fit: one variant needs {per_variant:.1f} h on top of {fixed:.1f} h of fixed phases, "
+            f"the rental has {available:.0f} h; shorten training.max_steps, evaluate fewer examples, or rent longer"
+        )
     elif total > available:
         warnings.append(f"{n} variants do not fit: {total:.1f} h planned, {available:.0f} h rented; at most {fit} fit")
     if "preflight" not in (measured.get("step_source") or ""):
-        warnings.append("no preflight measured the step time on this configuration: the rates come from earlier train/eval runs")
+        warnings.append(
+            "no preflight measured the step time on this configuration: the rates come from earlier train/eval runs"
+        )
     return {
-        "days": days, "hourly_rate": hourly_rate, "available_h": available, "steps_per_variant": steps,
-        "per_variant_h": per_variant, "variants_fit": fit, "variants": n, "phases": phases, "total_h": total,
-        "spare_h": available - total, "fits": total <= available and fit >= 1,
-        "cost": (None if hourly_rate is None else
-                 {"rental": available * hourly_rate, "planned_hours": total * hourly_rate, "per_variant": per_variant * hourly_rate}),
-        "warnings": warnings, "measured": measured,
-        "assumptions": [f"machine setup {SETUP_H:.1f} h", f"checkpoint reload: {measured['reload_source']}",
-                        "one interruption per variant", "the rented machine runs at the measured throughput"],
+        "days": days,
+        "hourly_rate": hourly_rate,
+        "available_h": available,
+        "steps_per_variant": steps,
+        "per_variant_h": per_variant,
+        "variants_fit": fit,
+        "variants": n,
+        "phases": phases,
+        "total_h": total,
+        "spare_h": available - total,
+        "fits": total <= available and fit >= 1,
+        "cost": (
+            None
+            if hourly_rate is None
+            else {
+                "rental": available * hourly_rate,
+                "planned_hours": total * hourly_rate,
+                "per_variant": per_variant * hourly_rate,
+            }
+        ),
+        "warnings": warnings,
+        "measured": measured,
+        "assumptions": [
+            f"machine setup {SETUP_H:.1f} h",
+            f"checkpoint reload: {measured['reload_source']}",
+            "one interruption per variant",
+            "the rented machine runs at the measured throughput",
+        ],
     }
 
 
@@ -252,9 +331,13 @@ def cost_lines(plan: dict[str, Any]) -> list[str]:
     """The cost, labelled as money (or that none was computed without ``--hourly-rate``)."""
     c = plan.get("cost")
     if not c:
-        return [f"planned {plan['total_h']:.2f} hours of the {plan['available_h']:.0f} rented; no cost computed (pass --hourly-rate RATE)"]
-    return [f"cost at {plan['hourly_rate']:g} per hour: rental of {plan['available_h']:.0f} h {c['rental']:.2f}; "
-            f"cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"]
+        return [
+            f"planned {plan['total_h']:.2f} hours of the {plan['available_h']:.0f} rented; no cost computed (pass --hourly-rate RATE)"
+        ]
+    return [
+        f"cost at {plan['hourly_rate']:g} per hour: rental of {plan['available_h']:.0f} h {c['rental']:.2f}; "
+        f"cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"
+    ]
 
 
 def load_plan(study_dir: Path) -> dict[str, Any] | None:

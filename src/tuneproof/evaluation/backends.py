@@ -39,8 +39,9 @@ import importlib
 import json
 import random
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from tuneproof.errors import CheckFailed, TuneproofError
 
@@ -54,8 +55,14 @@ class GenerationBackend(Protocol):
 
     name: str
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, adapter_dir: str | Path | None = None, *,
-                 progress: Callable[[int], None] | None = None) -> list[str]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int,
+        adapter_dir: str | Path | None = None,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[str]:
         """One answer per prompt (special tokens removed, surrounding whitespace stripped), in the order of ``prompts``."""
         ...
 
@@ -69,8 +76,11 @@ class BackendCheckFailed(CheckFailed):
 
     def __init__(self, reason: str, run_id: str = "<id>"):
         self.reason = f"backend check: {reason}"  # the one-line reason the invalid run records
-        super().__init__(self.reason, hint=f"runs/{run_id}/backend_check.json holds both backends' sampled answers; fix the serving "
-                                           "setup, or evaluate with eval.backend: transformers")
+        super().__init__(
+            self.reason,
+            hint=f"runs/{run_id}/backend_check.json holds both backends' sampled answers; fix the serving "
+            "setup, or evaluate with eval.backend: transformers",
+        )
 
 
 def _resolved(adapter_dir: str | Path | None) -> Path | None:
@@ -106,8 +116,14 @@ class TransformersBackend:
         self.device, self.autocast = device, autocast
         self.adapter_dir = _resolved(adapter_dir) if _is_peft(model) else None
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, adapter_dir: str | Path | None = None, *,
-                 progress: Callable[[int], None] | None = None) -> list[str]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int,
+        adapter_dir: str | Path | None = None,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[str]:
         from tuneproof.evaluation.generate import generate_prompts  # noqa: PLC0415
 
         want = _resolved(adapter_dir)
@@ -121,8 +137,15 @@ class TransformersBackend:
             self.adapter_dir = want
         off = self.model.disable_adapter() if want is None and _is_peft(self.model) else contextlib.nullcontext()
         with off:
-            return generate_prompts(self.model, self.tokenizer, list(prompts), cfg, device=self.device, autocast=self.autocast,
-                                    progress=progress)
+            return generate_prompts(
+                self.model,
+                self.tokenizer,
+                list(prompts),
+                cfg,
+                device=self.device,
+                autocast=self.autocast,
+                progress=progress,
+            )
 
     def identity(self) -> dict[str, Any]:
         import transformers  # noqa: PLC0415
@@ -166,15 +189,21 @@ def check_backend_available(eval_cfg, model_kind: str, path: str | Path = "tunep
     if backend != "vllm":
         return
     if model_kind != "causal-lm":
-        raise TuneproofError(f"{path}: eval.backend: vllm serves generative (causal-lm) models; this model is {model_kind}",
-                             hint="set eval.backend: transformers")
+        raise TuneproofError(
+            f"{path}: eval.backend: vllm serves generative (causal-lm) models; this model is {model_kind}",
+            hint="set eval.backend: transformers",
+        )
     if not vllm_installed():
-        raise TuneproofError(f"{path}: eval.backend: vllm, but the package vllm is not installed in this environment",
-                             hint="on a CUDA machine: pip install -e '.[vllm]' from the clone, or pip install vllm (it pins its own torch build); "
-                                  "or set eval.backend: transformers")
+        raise TuneproofError(
+            f"{path}: eval.backend: vllm, but the package vllm is not installed in this environment",
+            hint="on a CUDA machine: pip install -e '.[vllm]' from the clone, or pip install vllm (it pins its own torch build); "
+            "or set eval.backend: transformers",
+        )
     if not cuda_available():
-        raise TuneproofError(f"{path}: eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)",
-                             hint="run the evaluation on a CUDA machine, or set eval.backend: transformers")
+        raise TuneproofError(
+            f"{path}: eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)",
+            hint="run the evaluation on a CUDA machine, or set eval.backend: transformers",
+        )
 
 
 def lora_rank(adapter_dir: str | Path | None) -> int | None:
@@ -208,8 +237,18 @@ class VllmBackend:
 
     name = "vllm"
 
-    def __init__(self, model_path: str | Path, tokenizer, *, tokenizer_path: str | Path | None = None, dtype: str = "auto",
-                 max_lora_rank: int | None = None, seed: int = 0, trust_remote_code: bool = False, llm_kwargs: dict | None = None):
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer,
+        *,
+        tokenizer_path: str | Path | None = None,
+        dtype: str = "auto",
+        max_lora_rank: int | None = None,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+        llm_kwargs: dict | None = None,
+    ):
         self.model_path, self.tokenizer = Path(model_path), tokenizer
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else self.model_path
         self.dtype = VLLM_DTYPES.get(dtype, dtype)
@@ -224,8 +263,10 @@ class VllmBackend:
             try:
                 self._vllm = importlib.import_module("vllm")
             except ImportError as err:
-                raise TuneproofError(f"eval.backend: vllm, but vllm cannot be imported ({err})",
-                                     hint="pip install vllm on a CUDA machine, or set eval.backend: transformers") from None
+                raise TuneproofError(
+                    f"eval.backend: vllm, but vllm cannot be imported ({err})",
+                    hint="pip install vllm on a CUDA machine, or set eval.backend: transformers",
+                ) from None
         return self._vllm
 
     @property
@@ -233,11 +274,20 @@ class VllmBackend:
         """The ``vllm.LLM`` engine, started on first use."""
         if self._llm is None:
             vllm = self._module()
-            kw: dict[str, Any] = {"model": str(self.model_path), "tokenizer": str(self.tokenizer_path), "dtype": self.dtype,
-                                  "seed": self.seed, "trust_remote_code": self.trust_remote_code}
+            kw: dict[str, Any] = {
+                "model": str(self.model_path),
+                "tokenizer": str(self.tokenizer_path),
+                "dtype": self.dtype,
+                "seed": self.seed,
+                "trust_remote_code": self.trust_remote_code,
+            }
             if self.max_lora_rank is not None:
                 # vLLM accepts a fixed set of rank limits; the next power of two >= r (at least 16) is one of them
-                kw.update(enable_lora=True, max_loras=1, max_lora_rank=max(16, 1 << (int(self.max_lora_rank) - 1).bit_length()))
+                kw.update(
+                    enable_lora=True,
+                    max_loras=1,
+                    max_lora_rank=max(16, 1 << (int(self.max_lora_rank) - 1).bit_length()),
+                )
             kw.update(self.llm_kwargs)
             self._llm = vllm.LLM(**kw)
         return self._llm
@@ -246,19 +296,29 @@ class VllmBackend:
         if adapter_dir is None:
             return None
         if self.max_lora_rank is None:
-            raise ValueError("this vLLM engine was started without LoRA (max_lora_rank None); it cannot serve an adapter")
+            raise ValueError(
+                "this vLLM engine was started without LoRA (max_lora_rank None); it cannot serve an adapter"
+            )
         from vllm.lora.request import LoRARequest  # noqa: PLC0415
 
         lora_id = self._lora_ids.setdefault(adapter_dir, len(self._lora_ids) + 1)  # a unique positive int per adapter
         return LoRARequest(f"adapter-{lora_id}", lora_id, str(adapter_dir))
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, adapter_dir: str | Path | None = None, *,
-                 progress: Callable[[int], None] | None = None, chunk: int = 256) -> list[str]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int,
+        adapter_dir: str | Path | None = None,
+        *,
+        progress: Callable[[int], None] | None = None,
+        chunk: int = 256,
+    ) -> list[str]:
         vllm = self._module()
         llm = self.llm
         eos = self.tokenizer.eos_token_id
-        params = vllm.SamplingParams(temperature=0.0, max_tokens=int(max_new_tokens),
-                                     stop_token_ids=[eos] if eos is not None else None)
+        params = vllm.SamplingParams(
+            temperature=0.0, max_tokens=int(max_new_tokens), stop_token_ids=[eos] if eos is not None else None
+        )
         request = self._lora_request(_resolved(adapter_dir))
         out: list[str] = []
         prompts = list(prompts)
@@ -268,15 +328,22 @@ class VllmBackend:
             results = llm.generate(inputs, params, lora_request=request, use_tqdm=False)
             if len(results) != len(part):
                 raise RuntimeError(f"vllm returned {len(results)} outputs for {len(part)} prompts")
-            out += [self.tokenizer.decode(list(r.outputs[0].token_ids), skip_special_tokens=True).strip() for r in results]
+            out += [
+                self.tokenizer.decode(list(r.outputs[0].token_ids), skip_special_tokens=True).strip() for r in results
+            ]
             if progress:
                 progress(len(part))
         return out
 
     def identity(self) -> dict[str, Any]:
         vllm = self._module()
-        return {"name": self.name, "version": getattr(vllm, "__version__", None), "dtype": self.dtype,
-                "model_path": str(self.model_path), "max_lora_rank": self.max_lora_rank}
+        return {
+            "name": self.name,
+            "version": getattr(vllm, "__version__", None),
+            "dtype": self.dtype,
+            "model_path": str(self.model_path),
+            "max_lora_rank": self.max_lora_rank,
+        }
 
 
 def backend_check_sample(examples: Sequence[Any], k: int, seed: int) -> list[Any]:
@@ -294,9 +361,17 @@ def _first(ids: Sequence[str], a: Sequence[str], b: Sequence[str], names: tuple[
     return None
 
 
-def check_backends(reference: GenerationBackend, candidate: GenerationBackend, prompts: Sequence[str], ids: Sequence[str], *,
-                   max_new_tokens: int, adapter_dir: str | Path | None = None, min_agreement: float = 0.9,
-                   between: Callable[[], None] | None = None) -> dict[str, Any]:
+def check_backends(
+    reference: GenerationBackend,
+    candidate: GenerationBackend,
+    prompts: Sequence[str],
+    ids: Sequence[str],
+    *,
+    max_new_tokens: int,
+    adapter_dir: str | Path | None = None,
+    min_agreement: float = 0.9,
+    between: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """The backend check: the candidate's greedy outputs on the sample against the reference's.
 
     Args:
@@ -343,28 +418,61 @@ def check_backends(reference: GenerationBackend, candidate: GenerationBackend, p
     else:
         effect = "checked"
         if changed_cand == 0:
-            reason = (f"the served adapter had no effect: {c_name} gives the same answers with and without it on all {n} "
-                      f"sampled examples, {r_name} different ones on {changed_ref}")
+            reason = (
+                f"the served adapter had no effect: {c_name} gives the same answers with and without it on all {n} "
+                f"sampled examples, {r_name} different ones on {changed_ref}"
+            )
     agree_text = f"{c_name} agrees with {r_name} on {agreeing} of {n} sampled examples (agreement {agreement:.3f}"
     if reason is None and agreement < min_agreement:
-        shown = f"; first: {first['id']}: {first['reference'][:SHOWN]!r} vs {first['candidate'][:SHOWN]!r}" if first else ""
+        shown = (
+            f"; first: {first['id']}: {first['reference'][:SHOWN]!r} vs {first['candidate'][:SHOWN]!r}" if first else ""
+        )
         reason = f"{agree_text} < eval.backend_check_min_agreement {min_agreement:g}){shown}"
     if reason is None:
-        message = f"{agree_text} >= {min_agreement:g})" + {
-            "checked": f"; the adapter changes {changed_cand} answers in {c_name}, {changed_ref} in {r_name}",
-            "not testable": f"; the adapter changes no sampled answer in {r_name}, so its effect could not be checked",
-            "no adapter": ""}[effect]
+        message = (
+            f"{agree_text} >= {min_agreement:g})"
+            + {
+                "checked": f"; the adapter changes {changed_cand} answers in {c_name}, {changed_ref} in {r_name}",
+                "not testable": f"; the adapter changes no sampled answer in {r_name}, so its effect could not be checked",
+                "no adapter": "",
+            }[effect]
+        )
     else:
         message = reason
-    return {"name": CHECK_NAME, "reference": r_name, "candidate": c_name, "passed": reason is None, "reason": reason,
-            "message": message,
-            "numbers": {"sample": n, "agreeing": agreeing, "agreement": agreement, "min_agreement": float(min_agreement),
-                        "adapter_changed_reference": changed_ref, "adapter_changed_candidate": changed_cand},
-            "first_disagreement": first, "adapter_effect": effect, "ids": ids,
-            "outputs": {"reference": ref, "candidate": cand, "reference_base": ref_base, "candidate_base": cand_base}}
+    return {
+        "name": CHECK_NAME,
+        "reference": r_name,
+        "candidate": c_name,
+        "passed": reason is None,
+        "reason": reason,
+        "message": message,
+        "numbers": {
+            "sample": n,
+            "agreeing": agreeing,
+            "agreement": agreement,
+            "min_agreement": float(min_agreement),
+            "adapter_changed_reference": changed_ref,
+            "adapter_changed_candidate": changed_cand,
+        },
+        "first_disagreement": first,
+        "adapter_effect": effect,
+        "ids": ids,
+        "outputs": {"reference": ref, "candidate": cand, "reference_base": ref_base, "candidate_base": cand_base},
+    }
 
 
 def check_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The part of a check result kept in the run summary (the outputs stay in ``backend_check.json``)."""
-    return {k: result[k] for k in ("passed", "reason", "message", "reference", "candidate", "numbers", "first_disagreement",
-                                   "adapter_effect")}
+    return {
+        k: result[k]
+        for k in (
+            "passed",
+            "reason",
+            "message",
+            "reference",
+            "candidate",
+            "numbers",
+            "first_disagreement",
+            "adapter_effect",
+        )
+    }

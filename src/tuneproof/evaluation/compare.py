@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,10 +49,14 @@ def _pair(base_records: Sequence[dict], cand_records: Sequence[dict]) -> tuple[l
         out: dict = {}
         for i, r in enumerate(recs):
             if "id" not in r:
-                raise TuneproofError(f"{side} output record #{i} has no 'id'", hint="outputs.jsonl rows need an id (CONTRACTS.md)")
+                raise TuneproofError(
+                    f"{side} output record #{i} has no 'id'", hint="outputs.jsonl rows need an id (CONTRACTS.md)"
+                )
             rid = str(r["id"])
             if rid in out:
-                raise TuneproofError(f"{side} outputs hold id '{rid}' twice", hint="each example must be evaluated once")
+                raise TuneproofError(
+                    f"{side} outputs hold id '{rid}' twice", hint="each example must be evaluated once"
+                )
             out[rid] = r
         return out
 
@@ -117,7 +122,12 @@ def _ci(delta: np.ndarray | None) -> list | None:
 
 
 def _entry(base: float, cand: float, delta_samples: np.ndarray | None) -> dict:
-    return {"base": finite_or_none(base), "cand": finite_or_none(cand), "delta": finite_or_none(cand - base), "ci": _ci(delta_samples)}
+    return {
+        "base": finite_or_none(base),
+        "cand": finite_or_none(cand),
+        "delta": finite_or_none(cand - base),
+        "ci": _ci(delta_samples),
+    }
 
 
 # --------------------------------------------------------------------------- concentration
@@ -140,12 +150,19 @@ def _concentration(ids: list[str], classes: list[str | None], gains: np.ndarray,
     gained, lost = float(gains[gains > 0].sum()), float(-gains[gains < 0].sum())
     parts = []
     if flag_examples:
-        parts.append(f"{len(top)} example(s) (top {TOP_SHARE:.0%}) carry {top_sum / net:.0%} of the net gain of {net:g}"
-                     + _over_net(top_sum, net, "these examples gain"))
+        parts.append(
+            f"{len(top)} example(s) (top {TOP_SHARE:.0%}) carry {top_sum / net:.0%} of the net gain of {net:g}"
+            + _over_net(top_sum, net, "these examples gain")
+        )
     if flag_class:
-        parts.append(f"class '{top_class}' carries {class_sum / net:.0%} of the net gain of {net:g}" + _over_net(class_sum, net, "this class gains"))
+        parts.append(
+            f"class '{top_class}' carries {class_sum / net:.0%} of the net gain of {net:g}"
+            + _over_net(class_sum, net, "this class gains")
+        )
     if parts and net < max(5.0, 0.02 * n):
-        parts.append(f"the net gain is small ({net:g} of {n} examples: {gained:g} gained, {lost:g} lost), so its shares swing with a few examples")
+        parts.append(
+            f"the net gain is small ({net:g} of {n} examples: {gained:g} gained, {lost:g} lost), so its shares swing with a few examples"
+        )
     return {
         "basis": basis,
         "net_gain": net,
@@ -160,7 +177,10 @@ def _concentration(ids: list[str], classes: list[str | None], gains: np.ndarray,
         "flagged": bool(flag_examples or flag_class),
         "gained": gained,
         "lost": lost,
-        "detail": "; ".join(parts) if parts else "gain not concentrated" if net > 0
+        "detail": "; ".join(parts)
+        if parts
+        else "gain not concentrated"
+        if net > 0
         else f"no net gain ({gained:g} gained, {lost:g} lost over {n} examples: net {net:g})",
     }
 
@@ -169,8 +189,10 @@ def _over_net(part: float, net: float, who: str) -> str:
     """Why a share can exceed 100%: the rest of the examples lose part of what ``who`` gain."""
     if part <= net + 1e-12:
         return ""
-    return (f" ({who} {part:g}; the other examples lose {part - net:g} in total, so the net is {net:g}: "
-            f"a share above 100% means the rest gives back part of this gain)")
+    return (
+        f" ({who} {part:g}; the other examples lose {part - net:g} in total, so the net is {net:g}: "
+        f"a share above 100% means the rest gives back part of this gain)"
+    )
 
 
 # --------------------------------------------------------------------------- comparison
@@ -180,7 +202,7 @@ def mcnemar_exact(fixed: int, broken: int) -> float:
     McNemar (1947); exact form as ``scipy.stats.binomtest(..., alternative="two-sided")``.
     Returns 1.0 when there are no discordant pairs. Example: fixed 10, broken 2 -> 0.03857421875.
     """
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # noqa: PLC0415 (lazy: scipy.stats costs ~1 s of start-up)
 
     if fixed + broken == 0:
         return 1.0
@@ -207,17 +229,36 @@ def dominant_prediction(pred_keys: Sequence[str | None], ref_keys: Sequence[str 
     ref_share = sum(1 for r in refs if r == top) / max(1, len(refs))
     share = count / n
     flagged = share >= DOMINANT_SHARE and share > ref_share + 1e-12
-    return {"class": top, "count": count, "n": n, "share": share, "reference_share": ref_share, "flagged": bool(flagged),
-            "detail": f"predicts '{top}' for {count} of {n} examples ({share:.0%}; {ref_share:.1%} of the references)"}
+    return {
+        "class": top,
+        "count": count,
+        "n": n,
+        "share": share,
+        "reference_share": ref_share,
+        "flagged": bool(flagged),
+        "detail": f"predicts '{top}' for {count} of {n} examples ({share:.0%}; {ref_share:.1%} of the references)",
+    }
 
 
 def _paired_counts(base_ok: np.ndarray, cand_ok: np.ndarray) -> dict:
     fixed, broken = ~base_ok & cand_ok, base_ok & ~cand_ok
-    counts = {"fixed": int(fixed.sum()), "broken": int(broken.sum()), "unchanged_right": int((base_ok & cand_ok).sum()),
-              "unchanged_wrong": int((~base_ok & ~cand_ok).sum())}
-    return {"counts": counts, "fixed": fixed, "broken": broken,
-            "mcnemar": {"fixed": counts["fixed"], "broken": counts["broken"], "p_value": mcnemar_exact(counts["fixed"], counts["broken"]),
-                        "test": "McNemar (1947) exact: two-sided binomial test on discordant pairs, p=0.5"}}
+    counts = {
+        "fixed": int(fixed.sum()),
+        "broken": int(broken.sum()),
+        "unchanged_right": int((base_ok & cand_ok).sum()),
+        "unchanged_wrong": int((~base_ok & ~cand_ok).sum()),
+    }
+    return {
+        "counts": counts,
+        "fixed": fixed,
+        "broken": broken,
+        "mcnemar": {
+            "fixed": counts["fixed"],
+            "broken": counts["broken"],
+            "p_value": mcnemar_exact(counts["fixed"], counts["broken"]),
+            "test": "McNemar (1947) exact: two-sided binomial test on discordant pairs, p=0.5",
+        },
+    }
 
 
 def paired_compare(
@@ -303,8 +344,13 @@ def paired_compare(
     ids = [str(r["id"]) for r in base]
     success_metric = getattr(getattr(hypothesis, "success", None), "metric", None)
     rule = kind.example_rule(success_metric)
-    on_rule = _paired_counts(np.array([rule.passing(r) for r in base], dtype=bool), np.array([rule.passing(r) for r in cand], dtype=bool))
-    on_correct = _paired_counts(np.array([bool(r["correct"]) for r in base], dtype=bool), np.array([bool(r["correct"]) for r in cand], dtype=bool))
+    on_rule = _paired_counts(
+        np.array([rule.passing(r) for r in base], dtype=bool), np.array([rule.passing(r) for r in cand], dtype=bool)
+    )
+    on_correct = _paired_counts(
+        np.array([bool(r["correct"]) for r in base], dtype=bool),
+        np.array([bool(r["correct"]) for r in cand], dtype=bool),
+    )
     gains = np.array([rule.score(c) - rule.score(b) for b, c in zip(base, cand)])
 
     result = {
@@ -330,7 +376,9 @@ def paired_compare(
         "per_field": per["per_field"],
         "concentration": _concentration(ids, st.example_class, gains, rule.name),
         "dominant": dominant_prediction([kind.predicted_key(r) for r in cand], [kind.reference_key(r) for r in cand]),
-        "dominant_baseline": dominant_prediction([kind.predicted_key(r) for r in base], [kind.reference_key(r) for r in base]),
+        "dominant_baseline": dominant_prediction(
+            [kind.predicted_key(r) for r in base], [kind.reference_key(r) for r in base]
+        ),
         "base_metrics": base_m,
         "cand_metrics": cand_m,
     }
@@ -431,39 +479,46 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
     succ = hypothesis.success
     e = _metric_entry(compare_result, succ.metric, "hypothesis.success.metric")
     v = _ci_rule(e["ci"], e["delta"], succ.min_gain) if e["ci"] is not None else "inconclusive"
-    out.append({
-        "name": f"success: {succ.metric} gain >= {succ.min_gain:g}",
-        "kind": "success",
-        "metric": succ.metric,
-        **{k: e[k] for k in ("base", "cand", "delta", "ci")},
-        "threshold": succ.min_gain,
-        "floor": None,
-        "verdict": v,
-        "detail": f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {succ.min_gain:g}",
-    })
+    out.append(
+        {
+            "name": f"success: {succ.metric} gain >= {succ.min_gain:g}",
+            "kind": "success",
+            "metric": succ.metric,
+            **{k: e[k] for k in ("base", "cand", "delta", "ci")},
+            "threshold": succ.min_gain,
+            "floor": None,
+            "verdict": v,
+            "detail": f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {succ.min_gain:g}",
+        }
+    )
 
     for gi, guard in enumerate(hypothesis.guards):
         key = f"hypothesis.guards[{gi}]"
         if guard.max_drop is None and guard.floor is None:
-            raise TuneproofError(f"{key}: guard on '{guard.metric}' has neither max_drop nor floor", hint="set max_drop and/or floor")
+            raise TuneproofError(
+                f"{key}: guard on '{guard.metric}' has neither max_drop nor floor", hint="set max_drop and/or floor"
+            )
         threshold = None if guard.max_drop is None else 0.0 - guard.max_drop
         rule = " and ".join(
-            ([f"drop <= {guard.max_drop:g}"] if guard.max_drop is not None else []) + ([f">= {guard.floor:g}"] if guard.floor is not None else [])
+            ([f"drop <= {guard.max_drop:g}"] if guard.max_drop is not None else [])
+            + ([f">= {guard.floor:g}"] if guard.floor is not None else [])
         )
         group = next((g for g in ("per_class", "per_field") if guard.metric.startswith(g + "_")), None)
         if group is None:
             e = _metric_entry(compare_result, guard.metric, f"{key}.metric")
             verdict, why = _guard_item(e, guard.max_drop, guard.floor)
-            out.append({
-                "name": f"guard: {guard.metric} {rule}",
-                "kind": "guard",
-                "metric": guard.metric,
-                **{k: e[k] for k in ("base", "cand", "delta", "ci")},
-                "threshold": threshold,
-                "floor": guard.floor,
-                "verdict": verdict,
-                "detail": "; ".join(why) if why else f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])}",
-            })
+            out.append(
+                {
+                    "name": f"guard: {guard.metric} {rule}",
+                    "kind": "guard",
+                    "metric": guard.metric,
+                    **{k: e[k] for k in ("base", "cand", "delta", "ci")},
+                    "threshold": threshold,
+                    "floor": guard.floor,
+                    "verdict": verdict,
+                    "detail": "; ".join(why) if why else f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])}",
+                }
+            )
             continue
         sub = guard.metric[len(group) + 1 :]
         items_src = {name: m[sub] for name, m in compare_result.get(group, {}).items() if sub in m}
@@ -471,8 +526,10 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
         if only is not None and group == "per_class":
             missing = [c for c in only if c not in compare_result.get(group, {})]
             if missing:
-                raise TuneproofError(f"{key}.classes: {', '.join(repr(c) for c in missing)} not among the compared classes",
-                                     hint=f"classes: {', '.join(sorted(compare_result.get(group, {})))}")
+                raise TuneproofError(
+                    f"{key}.classes: {', '.join(repr(c) for c in missing)} not among the compared classes",
+                    hint=f"classes: {', '.join(sorted(compare_result.get(group, {})))}",
+                )
             items_src = {name: e for name, e in items_src.items() if name in only}
         if not items_src:
             available = sorted({f"{group}_{s}" for m in compare_result.get(group, {}).values() for s in m})
@@ -486,13 +543,27 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
         for name, e in items_src.items():
             support = e.get("support")
             if support is not None and support < min_support:  # cannot be judged: neither pass nor fail
-                items.append({"name": name, **{k: e[k] for k in ("base", "cand", "delta", "ci")}, "support": support,
-                              "verdict": "not measurable", "detail": f"not measurable (support {support}, needs >= {min_support})"})
+                items.append(
+                    {
+                        "name": name,
+                        **{k: e[k] for k in ("base", "cand", "delta", "ci")},
+                        "support": support,
+                        "verdict": "not measurable",
+                        "detail": f"not measurable (support {support}, needs >= {min_support})",
+                    }
+                )
                 unmeasurable.append(f"{name} (support {support})")
                 continue
             verdict, why = _guard_item(e, guard.max_drop, guard.floor)
-            items.append({"name": name, **{k: e[k] for k in ("base", "cand", "delta", "ci")}, "support": support, "verdict": verdict,
-                          **({"why": "; ".join(why)} if verdict == "fail" else {})})
+            items.append(
+                {
+                    "name": name,
+                    **{k: e[k] for k in ("base", "cand", "delta", "ci")},
+                    "support": support,
+                    "verdict": verdict,
+                    **({"why": "; ".join(why)} if verdict == "fail" else {}),
+                }
+            )
             if verdict == "fail":
                 failing.append(f"{name} ({sub} {_r(e['base'])} -> {_r(e['cand'])}: {'; '.join(why)})")
             elif verdict == "inconclusive":
@@ -518,18 +589,20 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             detail += f" ({stated})"
         if unmeasurable:
             detail += f"; not measurable (support < {min_support}): {', '.join(unmeasurable)}"
-        out.append({
-            "name": f"guard: {guard.metric}{' for ' + ', '.join(only) if only else ''} {rule}",
-            "kind": "guard",
-            "metric": guard.metric,
-            **{k: worst[k] for k in ("base", "cand", "delta", "ci")},
-            "threshold": threshold,
-            "floor": guard.floor,
-            "min_support": min_support,
-            "verdict": verdict,
-            "detail": detail,
-            "items": items,
-        })
+        out.append(
+            {
+                "name": f"guard: {guard.metric}{' for ' + ', '.join(only) if only else ''} {rule}",
+                "kind": "guard",
+                "metric": guard.metric,
+                **{k: worst[k] for k in ("base", "cand", "delta", "ci")},
+                "threshold": threshold,
+                "floor": guard.floor,
+                "min_support": min_support,
+                "verdict": verdict,
+                "detail": detail,
+                "items": items,
+            }
+        )
     return out
 
 

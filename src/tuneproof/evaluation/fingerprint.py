@@ -19,7 +19,8 @@ evaluation has no ``backend`` part, so fingerprints recorded before it existed k
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
@@ -77,13 +78,19 @@ def eval_fingerprint(
     ids = sorted(str(i) for i in example_ids)
     dupes = sorted({a for a, b in zip(ids, ids[1:]) if a == b})
     if dupes:
-        raise TuneproofError(f"the eval split holds duplicate example ids: {dupes[:5]}", hint="ids must be unique within a study")
+        raise TuneproofError(
+            f"the eval split holds duplicate example ids: {dupes[:5]}", hint="ids must be unique within a study"
+        )
     content = {
         "eval_ids": ids,
         "prompt": {"template": cfg.prompt.template, "system": cfg.prompt.system},
-        "decoding": {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.do_sample, "temperature": cfg.temperature,
-                     **({"batch_size": cfg.batch_size} if batch_size_matters(cfg, precision) else {}),
-                     **({"base_weights": base_weights} if base_weights not in (None, "fp32") else {})},
+        "decoding": {
+            "max_new_tokens": cfg.max_new_tokens,
+            "do_sample": cfg.do_sample,
+            "temperature": cfg.temperature,
+            **({"batch_size": cfg.batch_size} if batch_size_matters(cfg, precision) else {}),
+            **({"base_weights": base_weights} if base_weights not in (None, "fp32") else {}),
+        },
         "metrics": {
             "task": task,
             "required_fields": list(required_fields or []),
@@ -103,8 +110,9 @@ def eval_fingerprint(
     return {"hash": hashlib.sha256(combined.encode("utf-8")).hexdigest(), "parts": parts}
 
 
-def study_eval_fingerprint(ctx: StudyContext, examples: list[Example] | None = None, *,
-                           base_weights: str | None = None) -> dict:
+def study_eval_fingerprint(
+    ctx: StudyContext, examples: list[Example] | None = None, *, base_weights: str | None = None
+) -> dict:
     """:func:`eval_fingerprint` of a study's evaluation of ``examples`` (default its eval examples,
     :meth:`~tuneproof.context.StudyContext.eval_examples`): its eval section, task, required fields,
     tokenizer identity and compute dtype; ``base_weights``: the dtype the evaluated model's base
@@ -114,9 +122,15 @@ def study_eval_fingerprint(ctx: StudyContext, examples: list[Example] | None = N
         TuneproofError: duplicate example ids, or a precision refused on this machine.
     """
     examples = examples if examples is not None else ctx.eval_examples()
-    return eval_fingerprint([e.id for e in examples], ctx.study.eval, ctx.task,
-                            ctx.study.hypothesis.required_fields, ctx.tokenizer_identity,
-                            precision=ctx.device_choice.get("dtype"), base_weights=base_weights or ctx.base_weights)
+    return eval_fingerprint(
+        [e.id for e in examples],
+        ctx.study.eval,
+        ctx.task,
+        ctx.study.hypothesis.required_fields,
+        ctx.tokenizer_identity,
+        precision=ctx.device_choice.get("dtype"),
+        base_weights=base_weights or ctx.base_weights,
+    )
 
 
 def batch_size_matters(eval_cfg: Any, precision: str | None) -> bool:

@@ -11,7 +11,7 @@ generation backend; ``evaluation/backends.py`` puts it and vLLM behind one inter
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -30,8 +30,18 @@ def padded_positions(lengths: list[int], batches: list[list[int]]) -> int:
     return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches if b)
 
 
-def generate(model, tokenizer, pipeline, examples: list[Example], eval_cfg, *, device, autocast,
-             progress: Callable[[int], None] | None = None, sort_by_length: bool = True) -> list[str]:
+def generate(
+    model,
+    tokenizer,
+    pipeline,
+    examples: list[Example],
+    eval_cfg,
+    *,
+    device,
+    autocast,
+    progress: Callable[[int], None] | None = None,
+    sort_by_length: bool = True,
+) -> list[str]:
     """Generated answers (special tokens removed, surrounding whitespace stripped), one per example.
 
     Args:
@@ -41,13 +51,30 @@ def generate(model, tokenizer, pipeline, examples: list[Example], eval_cfg, *, d
         sort_by_length: batch the prompts in length order (less padding; the outputs are returned
             in the order of ``examples`` either way).
     """
-    return generate_prompts(model, tokenizer, [pipeline.prompt_text(ex.text) for ex in examples], eval_cfg, device=device,
-                            autocast=autocast, progress=progress, sort_by_length=sort_by_length)
+    return generate_prompts(
+        model,
+        tokenizer,
+        [pipeline.prompt_text(ex.text) for ex in examples],
+        eval_cfg,
+        device=device,
+        autocast=autocast,
+        progress=progress,
+        sort_by_length=sort_by_length,
+    )
 
 
 @torch.inference_mode()
-def generate_prompts(model, tokenizer, prompts: list[str], eval_cfg, *, device, autocast,
-                     progress: Callable[[int], None] | None = None, sort_by_length: bool = True) -> list[str]:
+def generate_prompts(
+    model,
+    tokenizer,
+    prompts: list[str],
+    eval_cfg,
+    *,
+    device,
+    autocast,
+    progress: Callable[[int], None] | None = None,
+    sort_by_length: bool = True,
+) -> list[str]:
     """:func:`generate` on prompt texts already rendered (``pipeline.prompt_text``): each prompt is
     tokenized without added special tokens (the chat template holds them), batches of
     ``eval_cfg.batch_size`` are left-padded; returns one decoded answer per prompt, in their order."""
@@ -60,10 +87,15 @@ def generate_prompts(model, tokenizer, prompts: list[str], eval_cfg, *, device, 
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
         for r, i in enumerate(idx):  # left padding: the generated tokens follow every prompt directly
-            ids[r, width - len(enc[i]):] = torch.tensor(enc[i])
-            mask[r, width - len(enc[i]):] = 1
-        kwargs = dict(max_new_tokens=eval_cfg.max_new_tokens, do_sample=eval_cfg.do_sample, pad_token_id=pad,
-                      eos_token_id=tokenizer.eos_token_id, use_cache=True)
+            ids[r, width - len(enc[i]) :] = torch.tensor(enc[i])
+            mask[r, width - len(enc[i]) :] = 1
+        kwargs = dict(
+            max_new_tokens=eval_cfg.max_new_tokens,
+            do_sample=eval_cfg.do_sample,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+            use_cache=True,
+        )
         if eval_cfg.do_sample:
             kwargs["temperature"] = eval_cfg.temperature
         else:
@@ -78,15 +110,30 @@ def generate_prompts(model, tokenizer, prompts: list[str], eval_cfg, *, device, 
 
 
 @torch.inference_mode()
-def classify(model, tokenizer, examples: list[Example], labels: list[str], *, max_length: int, batch_size: int, device,
-             autocast, progress: Callable[[int], None] | None = None, sort_by_length: bool = True) -> list[str]:
+def classify(
+    model,
+    tokenizer,
+    examples: list[Example],
+    labels: list[str],
+    *,
+    max_length: int,
+    batch_size: int,
+    device,
+    autocast,
+    progress: Callable[[int], None] | None = None,
+    sort_by_length: bool = True,
+) -> list[str]:
     """Predicted label names from a sequence-classification head (argmax of the logits), in the
     order of ``examples``; batched in length order unless ``sort_by_length`` is False."""
     model.eval()
-    lengths = [len(ids) for ids in tokenizer([e.text for e in examples], truncation=True, max_length=max_length)["input_ids"]]
+    lengths = [
+        len(ids) for ids in tokenizer([e.text for e in examples], truncation=True, max_length=max_length)["input_ids"]
+    ]
     out: list[str] = [""] * len(examples)
     for idx in length_sorted_batches(lengths, batch_size, sort_by_length):
-        enc = tokenizer([examples[i].text for i in idx], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        enc = tokenizer(
+            [examples[i].text for i in idx], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+        )
         with autocast():
             logits = model(**{k: v.to(device) for k, v in enc.items()}).logits
         for i, k in zip(idx, logits.argmax(-1).tolist()):
@@ -97,8 +144,17 @@ def classify(model, tokenizer, examples: list[Example], labels: list[str], *, ma
 
 
 @torch.inference_mode()
-def classify_images(model, pipeline, examples: list[Example], labels: list[str], *, batch_size: int, device, autocast,
-                    progress: Callable[[int], None] | None = None) -> list[str]:
+def classify_images(
+    model,
+    pipeline,
+    examples: list[Example],
+    labels: list[str],
+    *,
+    batch_size: int,
+    device,
+    autocast,
+    progress: Callable[[int], None] | None = None,
+) -> list[str]:
     """Predicted label names of an image classifier (argmax of the logits), on the pipeline's
     evaluation tensors (no train-time flip): ``pixel_values [B, C, H, W]`` per batch."""
     from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415

@@ -13,7 +13,8 @@ keep one import path. JSON parsing (strict RFC 8259, CASES C16) is
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tuneproof.tasks import TASKS as _TASKS
 from tuneproof.tasks import TaskConfig, get_task
@@ -29,8 +30,17 @@ TASKS = tuple(_TASKS)
 HEADLINE_METRICS = {name: list(t.headline) for name, t in _TASKS.items()}
 
 __all__ = [
-    "DEFAULT_EXTRACTION_FIELDS", "HEADLINE_METRICS", "INVALID_LABEL", "TASKS", "FormatRule", "check_targets_json",
-    "score", "score_classification", "score_extraction", "score_format", "score_multilabel",
+    "DEFAULT_EXTRACTION_FIELDS",
+    "HEADLINE_METRICS",
+    "INVALID_LABEL",
+    "TASKS",
+    "FormatRule",
+    "check_targets_json",
+    "score",
+    "score_classification",
+    "score_extraction",
+    "score_format",
+    "score_multilabel",
 ]
 
 

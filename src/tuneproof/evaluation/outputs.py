@@ -38,10 +38,12 @@ def check_outputs(path: Path, rec) -> str | None:
         return None
     found = sha256_file(path)
     if found != want:
-        raise TuneproofError(f"{path}: sha256 {found} differs from {want} recorded when run {rec.id} wrote it",
-                             hint=f"the per-example outputs were edited after the run; restore them, or mark the run invalid "
-                                  f"(`tuneproof invalidate {rec.id} --why ...`) and evaluate again: a verdict is computed only from "
-                                  "the outputs a run recorded")
+        raise TuneproofError(
+            f"{path}: sha256 {found} differs from {want} recorded when run {rec.id} wrote it",
+            hint=f"the per-example outputs were edited after the run; restore them, or mark the run invalid "
+            f"(`tuneproof invalidate {rec.id} --why ...`) and evaluate again: a verdict is computed only from "
+            "the outputs a run recorded",
+        )
     return want
 
 

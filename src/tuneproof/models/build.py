@@ -13,8 +13,17 @@ from tuneproof.models.identity import vocabulary_record
 from tuneproof.models.method import apply_method
 
 
-def build_model(base: BaseModelRef, kind: str, method, *, device, tokenizer, labels: list[str] | None = None,
-                quantization: dict[str, Any] | None = None, activation_checkpointing: bool = False):
+def build_model(
+    base: BaseModelRef,
+    kind: str,
+    method,
+    *,
+    device,
+    tokenizer,
+    labels: list[str] | None = None,
+    quantization: dict[str, Any] | None = None,
+    activation_checkpointing: bool = False,
+):
     """Base model + method on ``device``, activation checkpointing applied.
 
     Args:
@@ -46,8 +55,9 @@ def build_model(base: BaseModelRef, kind: str, method, *, device, tokenizer, lab
     return model.to(device), report
 
 
-def save_trained(model, run_dir: Path, method_kind: str, tokenizer, base_identity: dict[str, Any],
-                 state_dict: dict | None = None) -> Path:
+def save_trained(
+    model, run_dir: Path, method_kind: str, tokenizer, base_identity: dict[str, Any], state_dict: dict | None = None
+) -> Path:
     """Save the adapter (PEFT layout, revision in its config) into ``run_dir/adapter``, or the full model
     (``method_kind: full``) into ``run_dir/model``, with the tokenizer beside it.
     ``state_dict``: whole tensors gathered from the ranks (distributed runs); default the model's own.

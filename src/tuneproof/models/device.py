@@ -99,7 +99,9 @@ def detect_device(index: int = 0) -> DeviceInfo:
         cap = tuple(torch.cuda.get_device_capability(index))
         if getattr(torch.version, "hip", None):
             arch = getattr(props, "gcnArchName", None) or ""
-            return DeviceInfo("rocm", props.name, cap, arch.startswith(ROCM_BF16_ARCHS), arch or None, int(props.total_memory))
+            return DeviceInfo(
+                "rocm", props.name, cap, arch.startswith(ROCM_BF16_ARCHS), arch or None, int(props.total_memory)
+            )
         try:
             native = bool(torch.cuda.is_bf16_supported(including_emulation=False))
         except TypeError:  # torch < 2.3 has no including_emulation
@@ -114,14 +116,26 @@ def _bf16_native(device: DeviceInfo) -> tuple[bool, str]:
             cap = f"{device.capability[0]}.{device.capability[1]}"
             if tuple(device.capability) >= (8, 0):
                 return True, f"{device.name} has compute capability {cap} >= 8.0: native bf16"
-            return False, f"{device.name} has compute capability {cap} < 8.0: bf16 is only emulated there (slow, not native)"
-        return device.bf16_supported, f"{device.name}: bf16 {'native' if device.bf16_supported else 'not native'} (capability unknown)"
+            return (
+                False,
+                f"{device.name} has compute capability {cap} < 8.0: bf16 is only emulated there (slow, not native)",
+            )
+        return (
+            device.bf16_supported,
+            f"{device.name}: bf16 {'native' if device.bf16_supported else 'not native'} (capability unknown)",
+        )
     if device.type == "rocm":
         arch = device.arch or "unknown arch"
         native = device.bf16_supported or bool(device.arch and device.arch.startswith(ROCM_BF16_ARCHS))
-        return native, f"{device.name} ({arch}): bf16 {'native' if native else 'not native (needs gfx908/MI100 or later, or RDNA3)'}"
+        return (
+            native,
+            f"{device.name} ({arch}): bf16 {'native' if native else 'not native (needs gfx908/MI100 or later, or RDNA3)'}",
+        )
     native = device.bf16_supported
-    return native, f"CPU {device.name}: bf16 {'native (AVX512-BF16/AMX)' if native else 'emulated through fp32 (no AVX512-BF16/AMX), slower than fp32'}"
+    return (
+        native,
+        f"CPU {device.name}: bf16 {'native (AVX512-BF16/AMX)' if native else 'emulated through fp32 (no AVX512-BF16/AMX), slower than fp32'}",
+    )
 
 
 BF16_BASE_KEY = "training.bf16_base_weights"
@@ -133,11 +147,15 @@ def bf16_base_rule(dtype: str | None, device: DeviceInfo) -> tuple[bool, str]:
     as ``auto``) and bf16 compute. Returns ``(allowed, why)``; ``why`` names the key and what to set."""
     native, why = _bf16_native(device)
     if not native:
-        return False, (f"{BF16_BASE_KEY}: bf16 is not native here ({why}); frozen weights held in bf16 would be converted "
-                       "on every use; set training.bf16_base_weights: false, or run on a device with native bf16")
+        return False, (
+            f"{BF16_BASE_KEY}: bf16 is not native here ({why}); frozen weights held in bf16 would be converted "
+            "on every use; set training.bf16_base_weights: false, or run on a device with native bf16"
+        )
     if dtype != "bf16":
-        return False, (f"{BF16_BASE_KEY}: the compute dtype is {dtype} (training.precision resolved to it), and bf16 frozen "
-                       "weights need bf16 compute under autocast; set training.precision: bf16, or training.bf16_base_weights: false")
+        return False, (
+            f"{BF16_BASE_KEY}: the compute dtype is {dtype} (training.precision resolved to it), and bf16 frozen "
+            "weights need bf16 compute under autocast; set training.precision: bf16, or training.bf16_base_weights: false"
+        )
     return True, f"{BF16_BASE_KEY}: frozen base weights in bf16 ({why})"
 
 
@@ -173,7 +191,9 @@ def choose_dtype(requested: str, device: DeviceInfo, *, bf16_base_weights: bool 
             dtype, reason = "bf16", f"auto: {why}"
         else:
             dtype = "fp32"
-            reason = f"auto: {why}; fp32 chosen" + (" (fp16 is possible but only when asked for: it needs loss scaling)" if device.type != "cpu" else "")
+            reason = f"auto: {why}; fp32 chosen" + (
+                " (fp16 is possible but only when asked for: it needs loss scaling)" if device.type != "cpu" else ""
+            )
     elif requested == "bf16":
         if native or device.type == "cpu":
             dtype, reason = "bf16", f"bf16 requested: {why}"
@@ -200,5 +220,13 @@ def choose_dtype(requested: str, device: DeviceInfo, *, bf16_base_weights: bool 
             else:
                 head, _, tail = why.partition("; set ")
                 dtype, passed, message, hint = None, False, f"refused: {head}", "set " + tail
-    return {"requested": requested, "dtype": dtype, "reason": reason, "passed": passed, "message": message, "device": device.as_dict(),
-            "base_weights": "bf16" if (bf16_base_weights and passed) else "fp32", "hint": hint}
+    return {
+        "requested": requested,
+        "dtype": dtype,
+        "reason": reason,
+        "passed": passed,
+        "message": message,
+        "device": device.as_dict(),
+        "base_weights": "bf16" if (bf16_base_weights and passed) else "fp32",
+        "hint": hint,
+    }

@@ -24,14 +24,23 @@ from tuneproof.io import sha256_file, sha256_json
 from tuneproof.models.base import weight_hashes
 
 # tokenizer fields that must be equal for the adapter's token ids to mean the same thing
-TOKENIZER_KEYS = ("class", "vocab_size", "added_tokens", "eos_token", "pad_token", "chat_template_sha256", "probe_hash", "vocab_sha256")
+TOKENIZER_KEYS = (
+    "class",
+    "vocab_size",
+    "added_tokens",
+    "eos_token",
+    "pad_token",
+    "chat_template_sha256",
+    "probe_hash",
+    "vocab_sha256",
+)
 PROBE_SAMPLE = 32  # study texts in the probe (evenly spaced over the sorted distinct texts)
 
 
 def tokenizer_identity(tokenizer) -> dict[str, Any]:
     """Tokenizer class, vocabulary size, special tokens, added tokens and a hash of the ids of a
     fixed probe text (two tokenizers that split text differently get different hashes)."""
-    probe = "tuneproof probe: Héllo, wörld! 12345 {\"key\": [1, 2]} <|im_end|>\n\tend"
+    probe = 'tuneproof probe: Héllo, wörld! 12345 {"key": [1, 2]} <|im_end|>\n\tend'
     ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
     return {
         "class": type(tokenizer).__name__,
@@ -68,8 +77,12 @@ def study_tokenizer_identity(tokenizer, texts: list[str]) -> dict[str, Any]:
     ident = dict(tokenizer_identity(tokenizer))
     sample = probe_sample(texts)
     ids = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in sample]
-    ident.update(vocab_sha256=vocab_sha256(tokenizer), study_probe_n=len(sample), study_probe_texts_sha256=sha256_json(sample),
-                 study_probe_hash=sha256_json(ids))
+    ident.update(
+        vocab_sha256=vocab_sha256(tokenizer),
+        study_probe_n=len(sample),
+        study_probe_texts_sha256=sha256_json(sample),
+        study_probe_hash=sha256_json(ids),
+    )
     return ident
 
 
@@ -85,8 +98,13 @@ def base_hashes(ref) -> dict[str, Any]:
     Weight hashes are cached by path, size and mtime (``tuneproof --rehash`` recomputes them)."""
     path = Path(ref.path)
     weights = weight_hashes(path)
-    return {"path": str(path), "revision": ref.revision, "weight_files": weights, "weights_sha256": combined_weights_hash(weights),
-            "config_sha256": sha256_file(path / "config.json") if (path / "config.json").is_file() else None}
+    return {
+        "path": str(path),
+        "revision": ref.revision,
+        "weight_files": weights,
+        "weights_sha256": combined_weights_hash(weights),
+        "config_sha256": sha256_file(path / "config.json") if (path / "config.json").is_file() else None,
+    }
 
 
 def compare_base(recorded: dict[str, Any], ref) -> list[str]:
@@ -98,7 +116,9 @@ def compare_base(recorded: dict[str, Any], ref) -> list[str]:
         rec_files, now_files = recorded.get("weight_files") or {}, now["weight_files"]
         for name in sorted(set(rec_files) | set(now_files)):
             if rec_files.get(name) != now_files.get(name):
-                problems.append(f"weight file {name}: sha256 {rec_files.get(name) or '(absent)'} -> {now_files.get(name) or '(absent)'}")
+                problems.append(
+                    f"weight file {name}: sha256 {rec_files.get(name) or '(absent)'} -> {now_files.get(name) or '(absent)'}"
+                )
         problems.append(f"combined weights sha256 {recorded['weights_sha256']} -> {now['weights_sha256']}")
     if "config_sha256" in recorded and recorded["config_sha256"] != now["config_sha256"]:
         problems.append(f"config.json sha256 {recorded['config_sha256']} -> {now['config_sha256']}")
@@ -125,9 +145,15 @@ def base_identity(ref, tokenizer_id: dict[str, Any]) -> dict[str, Any]:
     """
     h = base_hashes(ref)
     return {
-        "name": ref.name, "path": h["path"], "revision": ref.revision, "kind": ref.kind, "source": ref.source,
-        "source_weight_sha256": dict(ref.weight_sha256), "weight_files": h["weight_files"],
-        "weights_sha256": h["weights_sha256"], "config_sha256": h["config_sha256"],
+        "name": ref.name,
+        "path": h["path"],
+        "revision": ref.revision,
+        "kind": ref.kind,
+        "source": ref.source,
+        "source_weight_sha256": dict(ref.weight_sha256),
+        "weight_files": h["weight_files"],
+        "weights_sha256": h["weights_sha256"],
+        "config_sha256": h["config_sha256"],
         "tokenizer": dict(tokenizer_id),
     }
 
@@ -151,7 +177,9 @@ def compare_weights(expected: dict[str, str], folder: Path) -> list[str]:
         else:
             problems.append(f"weight file {name}: expected sha256 {e}, found {f}")
     if problems:
-        problems.append(f"combined weights hash: expected {combined_weights_hash(expected)}, found {combined_weights_hash(found)}")
+        problems.append(
+            f"combined weights hash: expected {combined_weights_hash(expected)}, found {combined_weights_hash(found)}"
+        )
     return problems
 
 
@@ -177,8 +205,13 @@ def vocabulary_record(base_folder: str | Path, tokenizer) -> dict[str, Any]:
     added = {str(t.content): int(i) for i, t in sorted(decoder.items()) if not getattr(t, "special", False)}
     special = {str(t.content): int(i) for i, t in sorted(decoder.items()) if getattr(t, "special", False)}
     size = len(tokenizer)
-    return {"base_vocab_size": rows, "tokenizer_size": size, "resized": bool(rows is not None and size > rows),
-            "added_tokens": added, "added_special_tokens": special}
+    return {
+        "base_vocab_size": rows,
+        "tokenizer_size": size,
+        "resized": bool(rows is not None and size > rows),
+        "added_tokens": added,
+        "added_special_tokens": special,
+    }
 
 
 def compare_vocabulary(recorded: dict[str, Any] | None, base_folder: str | Path) -> list[str]:
@@ -189,10 +222,15 @@ def compare_vocabulary(recorded: dict[str, Any] | None, base_folder: str | Path)
     found = base_vocab_size(base_folder)
     if found == recorded["base_vocab_size"]:
         return []
-    resized = (f", resized to {recorded['tokenizer_size']} for {len(recorded.get('added_tokens') or {})} added token(s)"
-               if recorded.get("resized") else "")
-    return [f"base vocabulary size: the export was trained on a base with {recorded['base_vocab_size']} embedding rows "
-            f"(before resizing{resized}), {Path(base_folder)} has {found}"]
+    resized = (
+        f", resized to {recorded['tokenizer_size']} for {len(recorded.get('added_tokens') or {})} added token(s)"
+        if recorded.get("resized")
+        else ""
+    )
+    return [
+        f"base vocabulary size: the export was trained on a base with {recorded['base_vocab_size']} embedding rows "
+        f"(before resizing{resized}), {Path(base_folder)} has {found}"
+    ]
 
 
 def compare_tokenizer(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
@@ -203,8 +241,13 @@ def compare_tokenizer(expected: dict[str, Any], found: dict[str, Any]) -> list[s
     for key in TOKENIZER_KEYS:
         if key in expected and expected.get(key) != found.get(key):
             out.append(f"tokenizer {key}: expected {expected.get(key)!r}, found {found.get(key)!r}")
-    if ("study_probe_hash" in expected and expected.get("study_probe_texts_sha256") == found.get("study_probe_texts_sha256")
-            and expected["study_probe_hash"] != found.get("study_probe_hash")):
-        out.append(f"tokenizer study_probe_hash (token ids of {expected.get('study_probe_n')} of the study's evaluation texts): "
-                   f"expected {expected['study_probe_hash']!r}, found {found.get('study_probe_hash')!r}")
+    if (
+        "study_probe_hash" in expected
+        and expected.get("study_probe_texts_sha256") == found.get("study_probe_texts_sha256")
+        and expected["study_probe_hash"] != found.get("study_probe_hash")
+    ):
+        out.append(
+            f"tokenizer study_probe_hash (token ids of {expected.get('study_probe_n')} of the study's evaluation texts): "
+            f"expected {expected['study_probe_hash']!r}, found {found.get('study_probe_hash')!r}"
+        )
     return out

@@ -46,7 +46,9 @@ def apply_method(model, method, kind: str, quantization: dict[str, Any] | None =
         from peft import prepare_model_for_kbit_training  # noqa: PLC0415
 
         if not getattr(model, "is_loaded_in_4bit", False) or not quantization:
-            raise TuneproofError("method.kind: qlora needs the base loaded in 4-bit (load_model(..., quantization=record))")
+            raise TuneproofError(
+                "method.kind: qlora needs the base loaded in 4-bit (load_model(..., quantization=record))"
+            )
         # freezes the base, casts 16-bit non-quantized weights (norms, embeddings) to fp32; activation
         # checkpointing stays as the trainer set it (non-reentrant, before this call)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -60,13 +62,21 @@ def apply_method(model, method, kind: str, quantization: dict[str, Any] | None =
     modules_to_save = list(method.modules_to_save)
     if kind == "image-classification" and not modules_to_save:
         head = "classifier" if hasattr(model, "classifier") else None
-        raise CheckFailed("the image classifier's new head would stay at its random initialisation: method.modules_to_save is empty",
-                          hint=f"set method.modules_to_save: [{head or 'the head module name'}] (CASES C6)")
+        raise CheckFailed(
+            "the image classifier's new head would stay at its random initialisation: method.modules_to_save is empty",
+            hint=f"set method.modules_to_save: [{head or 'the head module name'}] (CASES C6)",
+        )
     # image classifiers have no PEFT task type: the PeftModel passes pixel_values through
-    task_type = {"sequence-classification": TaskType.SEQ_CLS, "image-classification": None}.get(kind, TaskType.CAUSAL_LM)
+    task_type = {"sequence-classification": TaskType.SEQ_CLS, "image-classification": None}.get(
+        kind, TaskType.CAUSAL_LM
+    )
     cfg = LoraConfig(
-        r=method.r, lora_alpha=method.alpha, lora_dropout=method.dropout, target_modules=list(method.target_modules),
-        modules_to_save=modules_to_save or None, task_type=task_type,
+        r=method.r,
+        lora_alpha=method.alpha,
+        lora_dropout=method.dropout,
+        target_modules=list(method.target_modules),
+        modules_to_save=modules_to_save or None,
+        task_type=task_type,
     )
     model = get_peft_model(model, cfg)
     summary = trainable_summary(model)
@@ -105,8 +115,13 @@ def cast_frozen_to_bf16(model) -> dict[str, Any]:
         p.data = p.data.to(torch.bfloat16)
         tensors += 1
         elements += p.numel()
-    return {"cast_tensors": tensors, "cast_elements": elements, "bytes_saved": saved, "trainable_tensors": len(trainable),
-            "trainable_dtypes": sorted(set(trainable))}
+    return {
+        "cast_tensors": tensors,
+        "cast_elements": elements,
+        "bytes_saved": saved,
+        "trainable_tensors": len(trainable),
+        "trainable_dtypes": sorted(set(trainable)),
+    }
 
 
 #: parameter-name parts of a PEFT adapter's own tensors (LoRA matrices, trained copies of modules_to_save)
@@ -119,8 +134,11 @@ def base_weights_dtype(model) -> str:
     records it. An adapter's own tensors (:data:`ADAPTER_PARAM_MARKERS`; frozen too once loaded for
     inference) are not base weights and are left out."""
     names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
-    found = {names.get(str(p.dtype), str(p.dtype)) for n, p in model.named_parameters()
-             if not p.requires_grad and p.is_floating_point() and not any(m in n for m in ADAPTER_PARAM_MARKERS)}
+    found = {
+        names.get(str(p.dtype), str(p.dtype))
+        for n, p in model.named_parameters()
+        if not p.requires_grad and p.is_floating_point() and not any(m in n for m in ADAPTER_PARAM_MARKERS)
+    }
     return found.pop() if len(found) == 1 else ("none" if not found else "mixed")
 
 

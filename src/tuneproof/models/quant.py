@@ -58,8 +58,10 @@ def require_bitsandbytes(path: str = "tuneproof.yaml") -> None:
         TuneproofError: two lines, naming ``method.kind`` and the install command.
     """
     if not bitsandbytes_installed():
-        raise TuneproofError(f"{path}: method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed",
-                             hint=INSTALL_HINT)
+        raise TuneproofError(
+            f"{path}: method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed",
+            hint=INSTALL_HINT,
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -96,9 +98,11 @@ def require_4bit_device(device: str | None = None) -> str:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     err = _probe_4bit(device)
     if err is not None:
-        raise TuneproofError(f"method.kind: qlora: bitsandbytes {bitsandbytes_version()} cannot run 4-bit layers on {device} ({err})",
-                             hint="QLoRA needs a CUDA device here (bitsandbytes' CPU 4-bit kernels do not run on this machine); "
-                                  "run on a GPU, or set method.kind: lora")
+        raise TuneproofError(
+            f"method.kind: qlora: bitsandbytes {bitsandbytes_version()} cannot run 4-bit layers on {device} ({err})",
+            hint="QLoRA needs a CUDA device here (bitsandbytes' CPU 4-bit kernels do not run on this machine); "
+            "run on a GPU, or set method.kind: lora",
+        )
     return device
 
 
@@ -120,14 +124,23 @@ def quantization_record(method, dtype: str) -> dict[str, Any]:
         TuneproofError: ``dtype`` is not one of fp32, bf16, fp16.
     """
     if dtype not in COMPUTE_DTYPES:
-        raise TuneproofError(f"method.kind: qlora: no compute dtype for precision {dtype!r}", hint="set training.precision to fp32, bf16 or fp16")
+        raise TuneproofError(
+            f"method.kind: qlora: no compute dtype for precision {dtype!r}",
+            hint="set training.precision to fp32, bf16 or fp16",
+        )
     # modules trained in full (a classifier head) must stay unquantized; transformers' own default (the
     # output embedding, lm_head) applies only when the list is unset, so lm_head is kept in it
     skip = sorted(set(method.modules_to_save) | {"lm_head"}) if method.modules_to_save else None
-    return {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": method.bnb_4bit_quant_type,
-            "bnb_4bit_use_double_quant": bool(method.bnb_4bit_use_double_quant), "bnb_4bit_compute_dtype": COMPUTE_DTYPES[dtype],
-            "bnb_4bit_quant_storage": method.bnb_4bit_quant_storage, "llm_int8_skip_modules": skip,
-            "bitsandbytes_version": bitsandbytes_version()}
+    return {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": method.bnb_4bit_quant_type,
+        "bnb_4bit_use_double_quant": bool(method.bnb_4bit_use_double_quant),
+        "bnb_4bit_compute_dtype": COMPUTE_DTYPES[dtype],
+        "bnb_4bit_quant_storage": method.bnb_4bit_quant_storage,
+        "llm_int8_skip_modules": skip,
+        "bitsandbytes_version": bitsandbytes_version(),
+    }
 
 
 def bnb_config(record: dict[str, Any]):
@@ -140,11 +153,14 @@ def bnb_config(record: dict[str, Any]):
     from transformers import BitsAndBytesConfig  # noqa: PLC0415
 
     require_bitsandbytes("the run's quantization config")
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=record["bnb_4bit_quant_type"],
-                              bnb_4bit_use_double_quant=bool(record["bnb_4bit_use_double_quant"]),
-                              bnb_4bit_compute_dtype=getattr(torch, record["bnb_4bit_compute_dtype"]),
-                              bnb_4bit_quant_storage=getattr(torch, record["bnb_4bit_quant_storage"]),
-                              llm_int8_skip_modules=record.get("llm_int8_skip_modules"))
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=record["bnb_4bit_quant_type"],
+        bnb_4bit_use_double_quant=bool(record["bnb_4bit_use_double_quant"]),
+        bnb_4bit_compute_dtype=getattr(torch, record["bnb_4bit_compute_dtype"]),
+        bnb_4bit_quant_storage=getattr(torch, record["bnb_4bit_quant_storage"]),
+        llm_int8_skip_modules=record.get("llm_int8_skip_modules"),
+    )
 
 
 def keep_training_kernels(model) -> int:
@@ -190,5 +206,10 @@ def quantized_modules(model) -> dict[str, Any]:
             qtypes.add(str(getattr(w, "quant_type", None)))
             storages.add(str(w.dtype).removeprefix("torch."))
             repack |= bool(getattr(module, "support_avx512bf16_for_cpu", False))
-    return {"linear4bit": len(names), "quant_types": sorted(qtypes), "storage_dtypes": sorted(storages),
-            "cpu_inference_repacking": repack, "examples": names[:3]}
+    return {
+        "linear4bit": len(names),
+        "quant_types": sorted(qtypes),
+        "storage_dtypes": sorted(storages),
+        "cpu_inference_repacking": repack,
+        "examples": names[:3],
+    }

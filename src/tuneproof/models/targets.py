@@ -50,14 +50,20 @@ def _supported_types() -> tuple[type, ...]:
 
 
 def _is_supported(module: nn.Module) -> bool:
-    return isinstance(module, _supported_types()) or type(module).__name__ in _SUPPORTED_NAMES or hasattr(module, "base_layer")
+    return (
+        isinstance(module, _supported_types())
+        or type(module).__name__ in _SUPPORTED_NAMES
+        or hasattr(module, "base_layer")
+    )
 
 
 def _is_linear(module: nn.Module) -> bool:
     from torch import nn  # noqa: PLC0415
 
-    return isinstance(module, nn.Linear) or type(module).__name__ in _SUPPORTED_NAMES or (
-        hasattr(module, "base_layer") and "Linear" in type(module).__name__
+    return (
+        isinstance(module, nn.Linear)
+        or type(module).__name__ in _SUPPORTED_NAMES
+        or (hasattr(module, "base_layer") and "Linear" in type(module).__name__)
     )
 
 
@@ -107,9 +113,11 @@ def _tower_warning(pattern: str, entry: dict[str, Any]) -> str:
     per = ", ".join(f"{t}: {c}" for t, c in entry["towers"].items())
     first = next(iter(entry["towers"]))
     example = next(n for n in entry["matches"] if tower_of(n) == first)
-    return (f"target_modules pattern {pattern!r} matches in {len(entry['towers'])} towers ({per}): LoRA adapts all of them; "
-            f"to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only "
-            f"itself), e.g. {example!r} for the {first}")
+    return (
+        f"target_modules pattern {pattern!r} matches in {len(entry['towers'])} towers ({per}): LoRA adapts all of them; "
+        f"to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only "
+        f"itself), e.g. {example!r} for the {first}"
+    )
 
 
 def _output_layer_name(model: nn.Module) -> str | None:
@@ -147,7 +155,9 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
     """
     named = [(n, m) for n, m in model.named_modules() if n]
     output_name = _output_layer_name(model)
-    available = sorted({n.rsplit(".", 1)[-1] for n, m in named if _is_supported(m) and not re.fullmatch(r"\d+", n.rsplit(".", 1)[-1])})
+    available = sorted(
+        {n.rsplit(".", 1)[-1] for n, m in named if _is_supported(m) and not re.fullmatch(r"\d+", n.rsplit(".", 1)[-1])}
+    )
     if isinstance(patterns, str):
         plist, as_regex = [patterns], patterns.lower() != "all-linear"
     else:
@@ -157,7 +167,11 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
     unmatched: list[str] = []
     for pattern in plist:
         if isinstance(patterns, str) and pattern.lower() == "all-linear":
-            hits = [(n, m) for n, m in named if _is_linear(m) and n != output_name and ".lora_" not in n and not n.endswith("base_layer")]
+            hits = [
+                (n, m)
+                for n, m in named
+                if _is_linear(m) and n != output_name and ".lora_" not in n and not n.endswith("base_layer")
+            ]
         else:
             hits = [(n, m) for n, m in named if _matches(pattern, n, as_regex)]
         unsupported = [n for n, m in hits if not _is_supported(m)]
@@ -188,7 +202,9 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
 
     def counts(v: dict[str, Any]) -> str:
         per_tower = v["towers"]
-        return f"{v['count']}" + (f" ({', '.join(f'{t} {c}' for t, c in per_tower.items())})" if multi and per_tower else "")
+        return f"{v['count']}" + (
+            f" ({', '.join(f'{t} {c}' for t, c in per_tower.items())})" if multi and per_tower else ""
+        )
 
     warnings = [_tower_warning(p, v) for p, v in per.items() if len(_named_towers(v["towers"])) > 1]
     summary = ", ".join(f"{p}: {counts(v)}" for p, v in per.items())

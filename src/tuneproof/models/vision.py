@@ -12,8 +12,15 @@ from pathlib import Path
 
 from tuneproof.io import write_json
 
-INIT_VIT = {"image_size": 16, "patch_size": 4, "num_channels": 3, "hidden_size": 64, "num_hidden_layers": 4,
-            "num_attention_heads": 4, "intermediate_size": 128}
+INIT_VIT = {
+    "image_size": 16,
+    "patch_size": 4,
+    "num_channels": 3,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+}
 
 
 def build_init_vit(folder: Path, *, num_labels: int = 10, seed: int = 0, **config) -> Path:
@@ -48,5 +55,7 @@ def _write_vit(tmp: Path, num_labels: int, seed: int, cfg: dict) -> None:
     torch.manual_seed(seed)
     ViTForImageClassification(ViTConfig(num_labels=num_labels, **cfg)).save_pretrained(tmp, safe_serialization=True)
     size = cfg["image_size"]
-    ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(tmp)
+    ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
+        tmp
+    )
     write_json(tmp / "INIT.json", {"seed": seed, "config": cfg, "note": "randomly initialised, not pretrained"})

@@ -31,7 +31,9 @@ from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_ste
 from tuneproof.training.loop import micro_batch_indices
 from tuneproof.training.loss import NORMALISATION, window_losses
 
-NORMALISATION_CLASSIFICATION = "per-example mean over the accumulation window (sum of example losses / examples in the window)"
+NORMALISATION_CLASSIFICATION = (
+    "per-example mean over the accumulation window (sum of example losses / examples in the window)"
+)
 
 #: Value used to right-pad each key when micro-batches are concatenated.
 _PAD = {"labels": IGNORE_INDEX, "attention_mask": 0}
@@ -63,7 +65,9 @@ def concat_micro_batches(micro_batches: list[dict]) -> dict:
             if t is None and key == "attention_mask":
                 t = torch.ones_like(mb["input_ids"])
             if t.dim() >= 2 and t.shape[1] < width:
-                pad = torch.full((t.shape[0], width - t.shape[1], *t.shape[2:]), _PAD.get(key, 0), dtype=t.dtype, device=t.device)
+                pad = torch.full(
+                    (t.shape[0], width - t.shape[1], *t.shape[2:]), _PAD.get(key, 0), dtype=t.dtype, device=t.device
+                )
                 t = torch.cat([t, pad], dim=1)
             parts.append(t)
         out[key] = torch.cat(parts, dim=0)
@@ -74,7 +78,9 @@ def _grads(params: list[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor | N
     return {n: (None if p.grad is None else p.grad.detach().float().cpu().clone()) for n, p in params}
 
 
-def check_accumulation(model: nn.Module, micro_batches: list[dict], atol: float = 1e-5, rtol: float = 1e-4) -> dict[str, Any]:
+def check_accumulation(
+    model: nn.Module, micro_batches: list[dict], atol: float = 1e-5, rtol: float = 1e-4
+) -> dict[str, Any]:
     """Accumulated window vs concatenated batch: equal loss and gradients within tolerance.
 
     The model runs in eval mode (dropout off, so both passes compute the same function); its
@@ -102,7 +108,9 @@ def check_accumulation(model: nn.Module, micro_batches: list[dict], atol: float 
         raise TuneproofError("check_accumulation: no micro-batches given")
     kinds = {is_token_batch(mb) for mb in micro_batches}
     if len(kinds) != 1:
-        raise TuneproofError("check_accumulation: micro-batches mix causal-LM labels [B, T] and classification labels [B]")
+        raise TuneproofError(
+            "check_accumulation: micro-batches mix causal-LM labels [B, T] and classification labels [B]"
+        )
     token = kinds.pop()
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     prior = {n: p.grad for n, p in params}
@@ -167,7 +175,9 @@ def check_accumulation(model: nn.Module, micro_batches: list[dict], atol: float 
         if loss_diff > atol + rtol * abs(loss_cat):
             what.append(f"loss accumulated {loss_acc:.6g} vs concatenated {loss_cat:.6g}")
         if mismatches:
-            what.append(f"{len(mismatches)} gradient tensors differ (max abs diff {max_diff:.2e}): {', '.join(mismatches[:5])}")
+            what.append(
+                f"{len(mismatches)} gradient tensors differ (max abs diff {max_diff:.2e}): {', '.join(mismatches[:5])}"
+            )
         message = "accumulation differs from the concatenated batch: " + "; ".join(what)
     return {
         "passed": passed,
@@ -197,7 +207,9 @@ def last_window_micro_batches(n: int, micro_batch: int, accumulation: int, world
     return per_epoch - (optimizer_steps_per_epoch(n, micro_batch, accumulation, world_size) - 1) * accumulation
 
 
-def check_windows(model: nn.Module, first: list[dict], last: list[dict] | None = None, **tolerances: float) -> dict[str, Any]:
+def check_windows(
+    model: nn.Module, first: list[dict], last: list[dict] | None = None, **tolerances: float
+) -> dict[str, Any]:
     """:func:`check_accumulation` on the first full window and, when an epoch ends in a short
     window, on that last window too (its own per-token normalisation, CASES C18).
 
@@ -218,8 +230,10 @@ def check_windows(model: nn.Module, first: list[dict], last: list[dict] | None =
         return out
     out["passed"] = bool(r["passed"] and r_last["passed"])
     k = r_last["micro_batches"]
-    out["message"] = (f"{r['message']}; last window of an epoch ({k} micro-batch{'' if k == 1 else 'es'}, "
-                      f"{r_last['window_tokens']} supervised): " + r_last["message"])
+    out["message"] = (
+        f"{r['message']}; last window of an epoch ({k} micro-batch{'' if k == 1 else 'es'}, "
+        f"{r_last['window_tokens']} supervised): " + r_last["message"]
+    )
     return out
 
 
@@ -252,20 +266,32 @@ def accumulation_probes(usable: list, cfg, pad: int, probe_micro_batch: int) -> 
     return windows, last_window_probe(usable, cfg, size, pad)
 
 
-def check_accumulation_window(model: nn.Module, micro_batches: list[dict], configured: int,
-                              last_window: list[dict] | None = None) -> dict[str, Any]:
+def check_accumulation_window(
+    model: nn.Module, micro_batches: list[dict], configured: int, last_window: list[dict] | None = None
+) -> dict[str, Any]:
     """The preflight's ``gradient accumulation`` check: accumulated real micro-batches equal their
     concatenation (C1), and so does the short last window of an epoch when there is one (C18);
     the normalisation is stored. ``configured``: ``training.gradient_accumulation_steps``."""
     r = check_windows(model, micro_batches, last_window)
     last = r["last_window"]
-    numbers = {"micro_batches": r["micro_batches"], "configured_accumulation": configured,
-               "last_window_micro_batches": last["micro_batches"] if last else None,
-               "last_window_tokens": last["tokens_per_micro_batch"] if last else None,
-               "tokens_per_micro_batch": r["tokens_per_micro_batch"],
-               "loss_accumulated": round(r["loss_accumulated"], 6), "loss_concatenated": round(r["loss_concatenated"], 6),
-               "loss_mean_of_means": round(r["loss_mean_of_means"], 6),
-               "grad_max_abs_diff": r["grad_max_abs_diff"], "atol": r["atol"], "rtol": r["rtol"]}
-    return check_result("gradient accumulation", bool(r["passed"]),
-                        r["message"] + f"; normalisation: {r['normalisation']}", numbers, r,
-                        normalisation=r["normalisation"])
+    numbers = {
+        "micro_batches": r["micro_batches"],
+        "configured_accumulation": configured,
+        "last_window_micro_batches": last["micro_batches"] if last else None,
+        "last_window_tokens": last["tokens_per_micro_batch"] if last else None,
+        "tokens_per_micro_batch": r["tokens_per_micro_batch"],
+        "loss_accumulated": round(r["loss_accumulated"], 6),
+        "loss_concatenated": round(r["loss_concatenated"], 6),
+        "loss_mean_of_means": round(r["loss_mean_of_means"], 6),
+        "grad_max_abs_diff": r["grad_max_abs_diff"],
+        "atol": r["atol"],
+        "rtol": r["rtol"],
+    }
+    return check_result(
+        "gradient accumulation",
+        bool(r["passed"]),
+        r["message"] + f"; normalisation: {r['normalisation']}",
+        numbers,
+        r,
+        normalisation=r["normalisation"],
+    )

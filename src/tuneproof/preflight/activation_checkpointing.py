@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import gc
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,13 @@ def _run(model: nn.Module, batch: dict, loss_fn: LossFn, seed: int, measure_memo
         fwd_bwd()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        measured = {"seconds": time.perf_counter() - t0, "peak_bytes": None, "step_peak_bytes": None, "method": None, "approximate": None}
+        measured = {
+            "seconds": time.perf_counter() - t0,
+            "peak_bytes": None,
+            "step_peak_bytes": None,
+            "method": None,
+            "approximate": None,
+        }
     for _, p in trainable:
         p.grad = None
     return {
@@ -133,12 +140,16 @@ def check_activation_checkpointing(
         problems.append("model_factory(False) returned a model with activation checkpointing enabled")
     weights_identical = off["fingerprint"] == on["fingerprint"]
     if not weights_identical:
-        problems.append("the two models built by model_factory have different weights; seed the factory or load the same checkpoint")
+        problems.append(
+            "the two models built by model_factory have different weights; seed the factory or load the same checkpoint"
+        )
     missing = [n for n, g in on["grads"].items() if g is None and off["grads"].get(n) is not None]
     if missing:
         d = on["diagnosis"]
         cause = f"; cause: {d['cause']}; remedy: {d['remedy']}" if d["cause"] else ""
-        problems.append(f"with checkpointing {len(missing)} of {len(on['grads'])} trainable tensors get no gradient: {', '.join(missing[:5])}{cause}")
+        problems.append(
+            f"with checkpointing {len(missing)} of {len(on['grads'])} trainable tensors get no gradient: {', '.join(missing[:5])}{cause}"
+        )
     mismatches, max_diff = [], 0.0
     for n, a in off["grads"].items():
         b = on["grads"].get(n)
@@ -148,13 +159,17 @@ def check_activation_checkpointing(
         if not torch.allclose(a, b, rtol=rtol, atol=atol):
             mismatches.append(n)
     if mismatches:
-        problems.append(f"{len(mismatches)} gradient tensors differ beyond rtol={rtol:g}, atol={atol:g} (max abs diff {max_diff:.2e}): {', '.join(mismatches[:5])}")
+        problems.append(
+            f"{len(mismatches)} gradient tensors differ beyond rtol={rtol:g}, atol={atol:g} (max abs diff {max_diff:.2e}): {', '.join(mismatches[:5])}"
+        )
     loss_ok = abs(off["loss"] - on["loss"]) <= atol + rtol * abs(off["loss"])
     if not loss_ok:
         problems.append(f"loss differs: {off['loss']:.8g} without, {on['loss']:.8g} with checkpointing")
     saved = None
     tensors = off.get("allocated_step_peak_bytes") is not None and on.get("allocated_step_peak_bytes") is not None
-    if tensors:  # the step's tensors (CPU allocator / CUDA peak allocated): the same at every run, unlike the resident set
+    if (
+        tensors
+    ):  # the step's tensors (CPU allocator / CUDA peak allocated): the same at every run, unlike the resident set
         saved = off["allocated_step_peak_bytes"] - on["allocated_step_peak_bytes"]
     elif off["step_peak_bytes"] is not None and on["step_peak_bytes"] is not None:
         saved = off["step_peak_bytes"] - on["step_peak_bytes"]
@@ -166,11 +181,14 @@ def check_activation_checkpointing(
         mem = f", forward+backward peak {saved / 2**20:+.1f} MiB saved" if saved is not None else ""
         message = (
             f"gradients equal with and without activation checkpointing ({len(off['grads'])} tensors, max abs diff {max_diff:.2e}); "
-            f"time x{time_ratio:.2f}{mem}" + (" (CPU memory reading is approximate)" if approximate and saved is not None else "")
+            f"time x{time_ratio:.2f}{mem}"
+            + (" (CPU memory reading is approximate)" if approximate and saved is not None else "")
         )
 
     def public(r: dict[str, Any]) -> dict[str, Any]:
-        return {k: r.get(k) for k in ("seconds", "peak_bytes", "step_peak_bytes", "allocated_step_peak_bytes", "method")}
+        return {
+            k: r.get(k) for k in ("seconds", "peak_bytes", "step_peak_bytes", "allocated_step_peak_bytes", "method")
+        }
 
     return {
         "passed": not problems,
@@ -213,12 +231,21 @@ def check_study_checkpointing(ctx: StudyContext, model, batch: dict) -> dict[str
 
     r = check_activation_checkpointing(factory, batch)
     saved = r["memory_saved_bytes"]
-    numbers = {"configured": configured, "grad_max_abs_diff": r["grad_max_abs_diff"], "rtol": r["rtol"],
-               "atol": r["atol"],
-               "time_ratio": round(r["time_ratio"], 3) if r["time_ratio"] else None,
-               "seconds_without": round(r["without"]["seconds"], 3), "seconds_with": round(r["with"]["seconds"], 3),
-               "memory_saved_mib": round(saved / 2**20, 1) if saved is not None else None,
-               "approximate": r["approximate"]}
-    return check_result("activation checkpointing", bool(r["passed"]),
-                        r["message"] + f" (configured: {'on' if configured else 'off'})",
-                        numbers, {k: v for k, v in r.items() if k != "diagnosis"} | {"diagnosis": r["diagnosis"]})
+    numbers = {
+        "configured": configured,
+        "grad_max_abs_diff": r["grad_max_abs_diff"],
+        "rtol": r["rtol"],
+        "atol": r["atol"],
+        "time_ratio": round(r["time_ratio"], 3) if r["time_ratio"] else None,
+        "seconds_without": round(r["without"]["seconds"], 3),
+        "seconds_with": round(r["with"]["seconds"], 3),
+        "memory_saved_mib": round(saved / 2**20, 1) if saved is not None else None,
+        "approximate": r["approximate"],
+    }
+    return check_result(
+        "activation checkpointing",
+        bool(r["passed"]),
+        r["message"] + f" (configured: {'on' if configured else 'off'})",
+        numbers,
+        {k: v for k, v in r.items() if k != "diagnosis"} | {"diagnosis": r["diagnosis"]},
+    )

@@ -9,8 +9,9 @@ import ast
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
@@ -23,7 +24,11 @@ from tuneproof.study import STUDY_FILE
 # --------------------------------------------------------------------------- extensions
 #: Extension name -> (distribution name, import name, install hint).
 EXTENSIONS = {
-    "flash-attn": ("flash-attn", "flash_attn", "pip install flash-attn --no-build-isolation (ROCm: build ROCm/flash-attention)"),
+    "flash-attn": (
+        "flash-attn",
+        "flash_attn",
+        "pip install flash-attn --no-build-isolation (ROCm: build ROCm/flash-attention)",
+    ),
     "bitsandbytes": ("bitsandbytes", "bitsandbytes", "pip install bitsandbytes (ROCm: a ROCm build of bitsandbytes)"),
     "deepspeed": ("deepspeed", "deepspeed", "pip install deepspeed (built against the installed torch)"),
 }
@@ -128,7 +133,9 @@ def inspect_extension(name: str) -> dict[str, Any]:
 def _try_import(module: str, timeout_s: float = 120.0) -> str | None:
     """Import ``module`` in a fresh interpreter; the last line of the error, or None when it imports."""
     try:
-        out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=timeout_s, check=False)
+        out = subprocess.run(
+            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired:
         return f"import {module} took more than {timeout_s:.0f} s"
     if out.returncode == 0:
@@ -186,12 +193,19 @@ def check_extensions(
             if err:
                 msg = f"{key} {info.get('version')} is installed but does not import: {err}"
         info["passed"] = not msg
-        info["message"] = msg or f"{key} {info.get('version')} ok" + (f" (built for {', '.join(sorted(built))})" if built else "")
+        info["message"] = msg or f"{key} {info.get('version')} ok" + (
+            f" (built for {', '.join(sorted(built))})" if built else ""
+        )
         if msg:
             problems.append(msg)
         results[key] = info
-    message = "; ".join(problems) if problems else (f"extensions ok on {device.type}: {', '.join(results)}" if results else "no extensions wanted")
+    message = (
+        "; ".join(problems)
+        if problems
+        else (f"extensions ok on {device.type}: {', '.join(results)}" if results else "no extensions wanted")
+    )
     return {"passed": not problems, "message": message, "backend": device.type, "extensions": results}
+
 
 # --------------------------------------------------------------------------- the preflight's check
 def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -211,10 +225,15 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
     if ctx.study.method.kind == "qlora" and "bitsandbytes" not in wanted:
         wanted.append("bitsandbytes")
     ext = check_extensions(device, wanted, try_import=ctx.study.method.kind == "qlora")
-    numbers = {"device": device.type, "device_name": device.name,
-               "capability": list(device.capability) if device.capability else None,
-               "bf16_native": device.bf16_supported,
-               "requested": choice["requested"], "dtype": choice["dtype"], "extensions": wanted}
+    numbers = {
+        "device": device.type,
+        "device_name": device.name,
+        "capability": list(device.capability) if device.capability else None,
+        "bf16_native": device.bf16_supported,
+        "requested": choice["requested"],
+        "dtype": choice["dtype"],
+        "extensions": wanted,
+    }
     passed = bool(choice["passed"] and ext["passed"])
     message = f"{choice['message']}; {ext['message']}"
     if ctx.study.method.kind == "qlora" and ext["passed"]:  # a tiny NF4 layer forward + backward on this device

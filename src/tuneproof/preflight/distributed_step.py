@@ -100,15 +100,34 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
     checks: list[dict[str, Any]] = []
 
     # 1. shares of epoch 0
-    shares = share_report(world, epoch_order(n, world_size=world.world_size, rank=world.rank, seed=cfg.seed, epoch=0), n)
-    checks.append(_check("shares", shares["disjoint"] and shares["epoch_complete"],
-                         f"{world.world_size} shares of {shares['per_rank'][0]} examples, "
-                         f"{'disjoint' if shares['disjoint'] else 'OVERLAPPING'}, cover {shares['covered']} of {n}"
-                         + (f" ({shares['padding_repeats']} repeated to even the shares, as DistributedSampler does)" if shares["padding_repeats"] else ""),
-                         **shares))
+    shares = share_report(
+        world, epoch_order(n, world_size=world.world_size, rank=world.rank, seed=cfg.seed, epoch=0), n
+    )
+    checks.append(
+        _check(
+            "shares",
+            shares["disjoint"] and shares["epoch_complete"],
+            f"{world.world_size} shares of {shares['per_rank'][0]} examples, "
+            f"{'disjoint' if shares['disjoint'] else 'OVERLAPPING'}, cover {shares['covered']} of {n}"
+            + (
+                f" ({shares['padding_repeats']} repeated to even the shares, as DistributedSampler does)"
+                if shares["padding_repeats"]
+                else ""
+            ),
+            **shares,
+        )
+    )
 
     # 2. DDP: 2 steps of the configured loop, then the ranks' trainable weights
-    smoke = cfg.model_copy(update={"max_steps": 2, "epochs": None, "warmup_steps": 0, "lr_scheduler": "constant", "checkpoint_every": 10**9})
+    smoke = cfg.model_copy(
+        update={
+            "max_steps": 2,
+            "epochs": None,
+            "warmup_steps": 0,
+            "lr_scheduler": "constant",
+            "checkpoint_every": 10**9,
+        }
+    )
     seed_everything(cfg.seed)
     model, _ = ctx.build_model()
     ddp_world = copy.copy(world)
@@ -117,10 +136,16 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
     result = train(model, encoded, smoke, pad_id=pad, device=device, autocast=autocast, world=ddp_world)
     digests = world.gather(_digest(model))
     same = len(set(digests)) == 1
-    checks.append(_check("ddp weights agree", same,
-                         f"after {result['steps']} DDP steps the trainable weights of the {world.world_size} ranks are "
-                         + ("the same bits" if same else f"DIFFERENT ({len(set(digests))} distinct)"),
-                         losses=[round(x, 6) for x in result["losses"]], sha256=digests[0][:16]))
+    checks.append(
+        _check(
+            "ddp weights agree",
+            same,
+            f"after {result['steps']} DDP steps the trainable weights of the {world.world_size} ranks are "
+            + ("the same bits" if same else f"DIFFERENT ({len(set(digests))} distinct)"),
+            losses=[round(x, 6) for x in result["losses"]],
+            sha256=digests[0][:16],
+        )
+    )
     del model, ddp_world
 
     # 3. FSDP2: one step, whole gradients vs one process on the concatenated window
@@ -133,14 +158,29 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
         model, _ = ctx.build_model()
         blocks = block_classes(model)
         units = mixed_units(model, blocks, fsdp_version=2)
-        checks.append(_check("fsdp units", bool(units["passed"]), units["message"], units=units["units"], mixed=len(units["mixed"])))
+        checks.append(
+            _check(
+                "fsdp units", bool(units["passed"]), units["message"], units=units["units"], mixed=len(units["mixed"])
+            )
+        )
         fsdp_world = copy.copy(world)
         fsdp_world.strategy = "fsdp"
         wrap(model, fsdp_world)
         with _GradCapture(model, gather=True) as cap:
             train(model, encoded, step1, pad_id=pad, device=device, autocast=autocast, world=fsdp_world)
-        mine = [i for idx in window_at(n, cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.seed, 0,
-                                       world_size=world.world_size, rank=world.rank) for i in idx]
+        mine = [
+            i
+            for idx in window_at(
+                n,
+                cfg.micro_batch_size,
+                cfg.gradient_accumulation_steps,
+                cfg.seed,
+                0,
+                world_size=world.world_size,
+                rank=world.rank,
+            )
+            for i in idx
+        ]
         union = [i for part in world.gather(mine) for i in part]
         del model
         if world.is_main:
@@ -157,17 +197,31 @@ def run_checks(ctx, world, run) -> list[dict[str, Any]] | None:
                     scale = max(scale, float(g.abs().max()))
             rel = worst / scale if scale else float("inf")
             ok = not missing and rel <= GRAD_RTOL
-            checks.append(_check("fsdp2 gradients", ok,
-                                 f"FSDP2 step gradients vs one process on the concatenated window of {len(union)} examples: "
-                                 f"max |diff| {worst:.2e} = {rel:.2e} of the largest gradient (limit {GRAD_RTOL:g})"
-                                 + (f"; tensors only on one side: {missing[:2]}" if missing else ""),
-                                 max_abs_diff=worst, relative=rel, tensors=len(rcap.grads), examples=len(union)))
+            checks.append(
+                _check(
+                    "fsdp2 gradients",
+                    ok,
+                    f"FSDP2 step gradients vs one process on the concatenated window of {len(union)} examples: "
+                    f"max |diff| {worst:.2e} = {rel:.2e} of the largest gradient (limit {GRAD_RTOL:g})"
+                    + (f"; tensors only on one side: {missing[:2]}" if missing else ""),
+                    max_abs_diff=worst,
+                    relative=rel,
+                    tensors=len(rcap.grads),
+                    examples=len(union),
+                )
+            )
     finally:
         method.dropout = dropout
 
     # 4. per-rank peak memory
     peaks = world.gather(peak_memory_bytes())
-    checks.append(_check("per-rank peak memory", True,
-                         ", ".join(f"rank {r}: {b / 2**20:.0f} MiB" for r, (b, _) in enumerate(peaks)) + f" ({peaks[0][1]})",
-                         bytes=[b for b, _ in peaks], source=peaks[0][1]))
+    checks.append(
+        _check(
+            "per-rank peak memory",
+            True,
+            ", ".join(f"rank {r}: {b / 2**20:.0f} MiB" for r, (b, _) in enumerate(peaks)) + f" ({peaks[0][1]})",
+            bytes=[b for b, _ in peaks],
+            source=peaks[0][1],
+        )
+    )
     return checks if world.is_main else None

@@ -79,10 +79,10 @@ def _ram_bytes() -> int | None:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         try:
-            import psutil  # optional
+            import psutil  # noqa: PLC0415 (optional dependency)
 
             return int(psutil.virtual_memory().total)
-        except Exception:
+        except Exception:  # noqa: BLE001 (psutil missing or failing: no reading)
             return None
 
 
@@ -142,7 +142,7 @@ def environment_snapshot() -> dict[str, Any]:
 
     Raises nothing for a missing tool or library: the field is ``None``.
     """
-    import torch
+    import torch  # noqa: PLC0415 (lazy: `tuneproof env` without torch still reports the rest)
 
     hip = getattr(torch.version, "hip", None)
     cuda = getattr(torch.version, "cuda", None)
@@ -150,7 +150,7 @@ def environment_snapshot() -> dict[str, Any]:
     backend = "cpu" if not devices else ("rocm" if hip else "cuda")
     try:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    except Exception:
+    except Exception:  # noqa: BLE001 (a broken cuDNN install is reported as absent)
         cudnn = None
     try:
         usable = len(os.sched_getaffinity(0))
@@ -222,7 +222,10 @@ def compare_environments(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]
             redo.setdefault(check, []).append(f"{field}: {va} -> {vb}")
 
     def device_view(s: dict[str, Any]) -> list[tuple]:
-        return [(d.get("name"), tuple(d.get("capability") or ()), d.get("total_memory_bytes")) for d in s.get("devices") or []]
+        return [
+            (d.get("name"), tuple(d.get("capability") or ()), d.get("total_memory_bytes"))
+            for d in s.get("devices") or []
+        ]
 
     key_a, key_b = platform_key(a), platform_key(b)
     for field in PLATFORM_FIELDS:
@@ -230,8 +233,12 @@ def compare_environments(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]
         if va != vb:
             shown = (platform_key(a), platform_key(b)) if field == "devices" else (va, vb)
             add(field, *shown, ("preflight", "baseline"))
-    if a.get("backend") == "cpu" == b.get("backend") and (a.get("cpu") or {}).get("model") != (b.get("cpu") or {}).get("model"):
-        add("cpu.model", (a.get("cpu") or {}).get("model"), (b.get("cpu") or {}).get("model"), ("preflight", "baseline"))
+    if a.get("backend") == "cpu" == b.get("backend") and (a.get("cpu") or {}).get("model") != (b.get("cpu") or {}).get(
+        "model"
+    ):
+        add(
+            "cpu.model", (a.get("cpu") or {}).get("model"), (b.get("cpu") or {}).get("model"), ("preflight", "baseline")
+        )
     if a.get("python") != b.get("python"):
         add("python", a.get("python"), b.get("python"), ("preflight",))
     libs_a, libs_b = a.get("libraries") or {}, b.get("libraries") or {}

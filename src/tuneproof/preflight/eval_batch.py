@@ -9,7 +9,8 @@ in batches of ``eval.batch_size`` and fails naming the first example whose outpu
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 DEFAULT_SAMPLE = 16  # evaluation examples compared (at most; a full batch at the default eval.batch_size)
 
@@ -24,8 +25,15 @@ def length_spread_sample(examples: Sequence[Any], k: int, key: Callable[[Any], i
     return [examples[i] for i in picks]
 
 
-def check_batch_invariance(predict: Callable[[list, int], list[str]], examples: Sequence[Any], batch_size: int, *,
-                           do_sample: bool = False, sample: int = DEFAULT_SAMPLE, ids: Sequence[str] | None = None) -> dict[str, Any]:
+def check_batch_invariance(
+    predict: Callable[[list, int], list[str]],
+    examples: Sequence[Any],
+    batch_size: int,
+    *,
+    do_sample: bool = False,
+    sample: int = DEFAULT_SAMPLE,
+    ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Compare predictions at batch size 1 with predictions at ``batch_size``.
 
     Args:
@@ -47,24 +55,41 @@ def check_batch_invariance(predict: Callable[[list, int], list[str]], examples: 
     names = [str(i) for i in ids] if ids is not None else [str(getattr(e, "id", i)) for i, e in enumerate(items)]
     numbers = {"sample": len(items), "batch_size": int(batch_size), "differing": 0}
     if do_sample:
-        return {"name": "eval batch size", "passed": True, "numbers": numbers, "details": {"first": None, "differing_ids": []},
-                "message": "eval.do_sample: sampled outputs are not compared; the batch size is part of the eval fingerprint"}
+        return {
+            "name": "eval batch size",
+            "passed": True,
+            "numbers": numbers,
+            "details": {"first": None, "differing_ids": []},
+            "message": "eval.do_sample: sampled outputs are not compared; the batch size is part of the eval fingerprint",
+        }
     if batch_size <= 1 or len(items) <= 1:
-        return {"name": "eval batch size", "passed": True, "numbers": numbers, "details": {"first": None, "differing_ids": []},
-                "message": f"eval.batch_size {batch_size} on {len(items)} example(s): nothing is batched"}
+        return {
+            "name": "eval batch size",
+            "passed": True,
+            "numbers": numbers,
+            "details": {"first": None, "differing_ids": []},
+            "message": f"eval.batch_size {batch_size} on {len(items)} example(s): nothing is batched",
+        }
     single = [predict([e], 1)[0] for e in items]
     batched = predict(items, batch_size)
     diff = [i for i, (a, b) in enumerate(zip(single, batched)) if a != b]
     numbers["differing"] = len(diff)
     first = None if not diff else {"id": names[diff[0]], "batch_1": single[diff[0]], "batch_n": batched[diff[0]]}
     if diff:
-        msg = (f"greedy outputs differ between batch size 1 and eval.batch_size {batch_size} on {len(diff)} of {len(items)} examples; "
-               f"first: {first['id']}: {first['batch_1'][:80]!r} vs {first['batch_n'][:80]!r} "
-               "(padding changes the outputs: scores would depend on the batch size)")
+        msg = (
+            f"greedy outputs differ between batch size 1 and eval.batch_size {batch_size} on {len(diff)} of {len(items)} examples; "
+            f"first: {first['id']}: {first['batch_1'][:80]!r} vs {first['batch_n'][:80]!r} "
+            "(padding changes the outputs: scores would depend on the batch size)"
+        )
     else:
         msg = f"greedy outputs identical at batch size 1 and eval.batch_size {batch_size} on {len(items)} examples"
-    return {"name": "eval batch size", "passed": not diff, "numbers": numbers, "message": msg,
-            "details": {"first": first, "differing_ids": [names[i] for i in diff]}}
+    return {
+        "name": "eval batch size",
+        "passed": not diff,
+        "numbers": numbers,
+        "message": msg,
+        "details": {"first": first, "differing_ids": [names[i] for i in diff]},
+    }
 
 
 def check_study_eval_batch(ctx: Any, model, sample: int = DEFAULT_SAMPLE) -> dict[str, Any]:
@@ -77,17 +102,36 @@ def check_study_eval_batch(ctx: Any, model, sample: int = DEFAULT_SAMPLE) -> dic
     device, _, autocast = ctx.torch_setup()
     k = max(2, min(sample, ev.batch_size))
     if ctx.model_kind == "sequence-classification":
+
         def predict(items: list, bs: int) -> list[str]:
-            return classify(model, ctx.tokenizer, items, ctx.labels, max_length=ctx.study.training.max_length, batch_size=bs,
-                            device=device, autocast=autocast)
+            return classify(
+                model,
+                ctx.tokenizer,
+                items,
+                ctx.labels,
+                max_length=ctx.study.training.max_length,
+                batch_size=bs,
+                device=device,
+                autocast=autocast,
+            )
 
         def length(e: Any) -> int:
             return len(ctx.tokenizer(e.text)["input_ids"])
     else:
+
         def predict(items: list, bs: int) -> list[str]:
-            return generate(model, ctx.tokenizer, ctx.pipeline, items, ev.model_copy(update={"batch_size": bs}), device=device, autocast=autocast)
+            return generate(
+                model,
+                ctx.tokenizer,
+                ctx.pipeline,
+                items,
+                ev.model_copy(update={"batch_size": bs}),
+                device=device,
+                autocast=autocast,
+            )
 
         def length(e: Any) -> int:
             return len(ctx.tokenizer(ctx.pipeline.prompt_text(e.text), add_special_tokens=False)["input_ids"])
+
     examples = length_spread_sample(ctx.eval_examples(), k, length)
     return check_batch_invariance(predict, examples, ev.batch_size, do_sample=ev.do_sample, sample=k)

@@ -23,7 +23,8 @@ repeated to fill the batch (stated in ``repeated``). Sizes are bytes; ``*_gib`` 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -65,21 +66,35 @@ def generation_batch(tokenizer, prompts: list[str], batch_size: int) -> tuple[di
     ids = torch.full((batch_size, width), pad, dtype=torch.long)
     mask = torch.zeros((batch_size, width), dtype=torch.long)
     for r, e in enumerate(chosen):
-        ids[r, width - len(e):] = torch.tensor(e, dtype=torch.long)
-        mask[r, width - len(e):] = 1
+        ids[r, width - len(e) :] = torch.tensor(e, dtype=torch.long)
+        mask[r, width - len(e) :] = 1
     return {"input_ids": ids, "attention_mask": mask}, {"prompt_tokens": width, "repeated": repeated}
 
 
-def classification_batch(tokenizer, texts: list[str], batch_size: int, max_length: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def classification_batch(
+    tokenizer, texts: list[str], batch_size: int, max_length: int
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The ``batch_size`` longest texts, padded and truncated as ``evaluation.generate.classify`` does."""
-    longest = sorted(texts, key=lambda t: len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]), reverse=True)
+    longest = sorted(
+        texts, key=lambda t: len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]), reverse=True
+    )
     chosen, repeated = _fill(longest, batch_size)
     enc = tokenizer(chosen, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     return dict(enc), {"prompt_tokens": int(enc["input_ids"].shape[1]), "repeated": repeated}
 
 
-def measure_eval_batch_peak(model, tokenizer, *, kind: str, texts: list[str], batch_size: int, max_new_tokens: int = 0,
-                            max_length: int = 512, device: Any = "cpu", autocast: Callable[[], Any] | None = None) -> dict[str, Any]:
+def measure_eval_batch_peak(
+    model,
+    tokenizer,
+    *,
+    kind: str,
+    texts: list[str],
+    batch_size: int,
+    max_new_tokens: int = 0,
+    max_length: int = 512,
+    device: Any = "cpu",
+    autocast: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
     """Measure the peak memory of one evaluation batch (see the module docstring).
 
     Args:
@@ -113,14 +128,23 @@ def measure_eval_batch_peak(model, tokenizer, *, kind: str, texts: list[str], ba
     out: dict[str, Any] = {}
 
     def run_batch() -> None:
-        with torch.inference_mode(), (autocast() if autocast is not None else contextlib.nullcontext()):
+        with torch.inference_mode(), autocast() if autocast is not None else contextlib.nullcontext():
             if kind == "sequence-classification":
                 out["shape"] = list(model(**batch).logits.shape)
             else:
                 pad = tokenizer.pad_token_id
-                gen = model.generate(**batch, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-                                     temperature=None, top_p=None, top_k=None, pad_token_id=pad,
-                                     eos_token_id=tokenizer.eos_token_id, use_cache=True)
+                gen = model.generate(
+                    **batch,
+                    max_new_tokens=max_new_tokens,
+                    min_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
+                    pad_token_id=pad,
+                    eos_token_id=tokenizer.eos_token_id,
+                    use_cache=True,
+                )
                 out["shape"] = list(gen.shape)
 
     try:
@@ -133,8 +157,16 @@ def measure_eval_batch_peak(model, tokenizer, *, kind: str, texts: list[str], ba
         kv = kv_cache_bytes(model.config, batch_size, info["prompt_tokens"] + generated, element)
     else:
         generated, kv = 0, None
-    return {**measured, "kind": kind, "batch_size": batch_size, "prompt_tokens": info["prompt_tokens"], "new_tokens": generated,
-            "max_new_tokens": new_tokens, "repeated": info["repeated"], "kv_cache_estimate_bytes": kv}
+    return {
+        **measured,
+        "kind": kind,
+        "batch_size": batch_size,
+        "prompt_tokens": info["prompt_tokens"],
+        "new_tokens": generated,
+        "max_new_tokens": new_tokens,
+        "repeated": info["repeated"],
+        "kv_cache_estimate_bytes": kv,
+    }
 
 
 def _size(n: int | float | None) -> str:
@@ -143,8 +175,14 @@ def _size(n: int | float | None) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 4 else f"{n / 2**20:.1f} MiB"
 
 
-def eval_memory_check(measured: dict[str, Any] | None, budget: int, budget_source: str, *, error: BaseException | None = None,
-                      batch_size: int | None = None) -> dict[str, Any]:
+def eval_memory_check(
+    measured: dict[str, Any] | None,
+    budget: int,
+    budget_source: str,
+    *,
+    error: BaseException | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
     """The preflight check ``eval memory`` from a measurement (or the out-of-memory ``error``):
     fails when the measured peak exceeds ``budget`` bytes, naming ``eval.batch_size``.
 
@@ -153,27 +191,61 @@ def eval_memory_check(measured: dict[str, Any] | None, budget: int, budget_sourc
     """
     fix = "lower eval.batch_size (or eval.max_new_tokens), or raise --memory-budget"
     if measured is None:
-        return {"name": NAME, "passed": False, "numbers": {"batch_size": batch_size, "budget_gib": round(budget / GIB, 4)},
-                "message": f"eval.batch_size {batch_size}: out of memory in one evaluation batch ({type(error).__name__}); {fix}",
-                "details": {"error": str(error)[:500]}}
+        return {
+            "name": NAME,
+            "passed": False,
+            "numbers": {"batch_size": batch_size, "budget_gib": round(budget / GIB, 4)},
+            "message": f"eval.batch_size {batch_size}: out of memory in one evaluation batch ({type(error).__name__}); {fix}",
+            "details": {"error": str(error)[:500]},
+        }
     mb = measured["batch_size"]
-    what = (f"generation of {measured['new_tokens']} new tokens (eval.max_new_tokens) with the KV cache after prompts of "
-            f"{measured['prompt_tokens']} tokens" if measured["kind"] != "sequence-classification"
-            else f"the classification forward pass at {measured['prompt_tokens']} tokens")
-    numbers = {"batch_size": mb, "prompt_tokens": measured["prompt_tokens"], "new_tokens": measured["new_tokens"],
-               "peak_gib": round(measured["peak_bytes"] / GIB, 4) if measured.get("peak_bytes") is not None else None,
-               "batch_peak_gib": round(measured["step_peak_bytes"] / GIB, 4) if measured.get("step_peak_bytes") is not None else None,
-               "kv_cache_estimate_gib": round(measured["kv_cache_estimate_bytes"] / GIB, 6) if measured.get("kv_cache_estimate_bytes") else None,
-               "seconds": round(measured["seconds"], 3), "budget_gib": round(budget / GIB, 4), "budget_source": budget_source}
+    what = (
+        f"generation of {measured['new_tokens']} new tokens (eval.max_new_tokens) with the KV cache after prompts of "
+        f"{measured['prompt_tokens']} tokens"
+        if measured["kind"] != "sequence-classification"
+        else f"the classification forward pass at {measured['prompt_tokens']} tokens"
+    )
+    numbers = {
+        "batch_size": mb,
+        "prompt_tokens": measured["prompt_tokens"],
+        "new_tokens": measured["new_tokens"],
+        "peak_gib": round(measured["peak_bytes"] / GIB, 4) if measured.get("peak_bytes") is not None else None,
+        "batch_peak_gib": round(measured["step_peak_bytes"] / GIB, 4)
+        if measured.get("step_peak_bytes") is not None
+        else None,
+        "kv_cache_estimate_gib": round(measured["kv_cache_estimate_bytes"] / GIB, 6)
+        if measured.get("kv_cache_estimate_bytes")
+        else None,
+        "seconds": round(measured["seconds"], 3),
+        "budget_gib": round(budget / GIB, 4),
+        "budget_source": budget_source,
+    }
     where = "process resident set (CPU)" if measured["device"] == "cpu" else "peak allocated (CUDA)"
     peak = measured.get("peak_bytes")
-    body = (f"eval.batch_size {mb}: measured peak {_size(peak)} (the batch adds {_size(measured.get('step_peak_bytes'))}; {where}) "
-            f"for {what}" + (f"; {measured['repeated']} of the {mb} examples repeated (the split is smaller)" if measured["repeated"] else ""))
+    body = (
+        f"eval.batch_size {mb}: measured peak {_size(peak)} (the batch adds {_size(measured.get('step_peak_bytes'))}; {where}) "
+        f"for {what}"
+        + (
+            f"; {measured['repeated']} of the {mb} examples repeated (the split is smaller)"
+            if measured["repeated"]
+            else ""
+        )
+    )
     if peak is not None and peak > budget:
-        return {"name": NAME, "passed": False, "numbers": numbers, "details": {"measured": measured},
-                "message": f"{body} exceeds the budget {_size(budget)} ({budget_source}); {fix}"}
-    return {"name": NAME, "passed": True, "numbers": numbers, "details": {"measured": measured},
-            "message": f"{body}; fits {_size(budget)} ({budget_source})"}
+        return {
+            "name": NAME,
+            "passed": False,
+            "numbers": numbers,
+            "details": {"measured": measured},
+            "message": f"{body} exceeds the budget {_size(budget)} ({budget_source}); {fix}",
+        }
+    return {
+        "name": NAME,
+        "passed": True,
+        "numbers": numbers,
+        "details": {"measured": measured},
+        "message": f"{body}; fits {_size(budget)} ({budget_source})",
+    }
 
 
 def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str, autocast: Callable) -> dict[str, Any]:
@@ -188,9 +260,17 @@ def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str,
     else:
         texts = [ctx.pipeline.prompt_text(e.text) for e in examples]
     try:
-        measured = measure_eval_batch_peak(model, ctx.tokenizer, kind=kind, texts=texts, batch_size=ev.batch_size,
-                                           max_new_tokens=ev.max_new_tokens, max_length=ctx.study.training.max_length,
-                                           device=device, autocast=autocast)
+        measured = measure_eval_batch_peak(
+            model,
+            ctx.tokenizer,
+            kind=kind,
+            texts=texts,
+            batch_size=ev.batch_size,
+            max_new_tokens=ev.max_new_tokens,
+            max_length=ctx.study.training.max_length,
+            device=device,
+            autocast=autocast,
+        )
     except Exception as err:  # noqa: BLE001
         if not is_out_of_memory(err):
             raise
@@ -210,9 +290,20 @@ def eval_batch_rate(check: dict[str, Any] | None) -> dict[str, Any]:
         what = "classifier forward pass"
     else:
         what = f"generation of {m['new_tokens']} new tokens"
-    return {"eval_batch_s_per_example": round(m["seconds"] / m["batch_size"], 5), "eval_batch_size": m["batch_size"],
-            "eval_batch_procedure": what}
+    return {
+        "eval_batch_s_per_example": round(m["seconds"] / m["batch_size"], 5),
+        "eval_batch_size": m["batch_size"],
+        "eval_batch_procedure": what,
+    }
 
 
-__all__ = ["NAME", "check_eval_memory", "classification_batch", "eval_batch_rate", "eval_memory_check",
-           "generation_batch", "kv_cache_bytes", "measure_eval_batch_peak"]
+__all__ = [
+    "NAME",
+    "check_eval_memory",
+    "classification_batch",
+    "eval_batch_rate",
+    "eval_memory_check",
+    "generation_batch",
+    "kv_cache_bytes",
+    "measure_eval_batch_peak",
+]

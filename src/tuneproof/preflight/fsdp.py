@@ -11,12 +11,15 @@ parameter on its own. This check names every mixed unit before launch.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from torch import nn
 
-REMEDY = ("FSDP1: FullyShardedDataParallel(..., use_orig_params=True); or FSDP2: fully_shard(block) per block "
-          "(per-parameter sharding); accelerate: fsdp_use_orig_params: true")
+REMEDY = (
+    "FSDP1: FullyShardedDataParallel(..., use_orig_params=True); or FSDP2: fully_shard(block) per block "
+    "(per-parameter sharding); accelerate: fsdp_use_orig_params: true"
+)
 
 
 def wrap_units(model: nn.Module, layer_classes: Iterable[type | str]) -> list[str]:
@@ -26,8 +29,9 @@ def wrap_units(model: nn.Module, layer_classes: Iterable[type | str]) -> list[st
     return [n for n, m in model.named_modules() if type(m).__name__ in names]
 
 
-def mixed_units(model: nn.Module, layer_classes: Iterable[type | str], *, use_orig_params: bool = False,
-                fsdp_version: int = 1) -> dict[str, Any]:
+def mixed_units(
+    model: nn.Module, layer_classes: Iterable[type | str], *, use_orig_params: bool = False, fsdp_version: int = 1
+) -> dict[str, Any]:
     """Name each wrap unit whose own parameters mix ``requires_grad`` True and False.
 
     Args:
@@ -59,6 +63,7 @@ def mixed_units(model: nn.Module, layer_classes: Iterable[type | str], *, use_or
         message = f"{len(units)} wrap units, none mixes frozen and trainable parameters"
     else:
         names = ", ".join(m["unit"] for m in mixed[:4]) + (f" and {len(mixed) - 4} more" if len(mixed) > 4 else "")
-        message = (f"{len(mixed)} of {len(owned)} FSDP units mix frozen and trainable parameters ({names}); "
-                   + ("remedy applied" if remedied else f"required: {REMEDY}"))
+        message = f"{len(mixed)} of {len(owned)} FSDP units mix frozen and trainable parameters ({names}); " + (
+            "remedy applied" if remedied else f"required: {REMEDY}"
+        )
     return {"passed": passed, "message": message, "remedy": REMEDY, "units": len(owned), "mixed": mixed}

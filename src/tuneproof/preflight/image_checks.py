@@ -4,7 +4,8 @@ predictions do not depend on the evaluation batch size (CASES C22, for a forward
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,9 +37,18 @@ def check_image_step_memory(model, batch: dict[str, torch.Tensor], budget: int, 
     peak = int(m.get("step_peak_bytes") or 0)
     shape = list(batch["pixel_values"].shape)
     passed = peak <= budget
-    return {"passed": passed, "message": f"one step at micro-batch {shape[0]} of {shape[1:]} images: {peak / 2**30:.3f} GiB measured"
-            f" ({m['method'].split(' (')[0]}), budget {budget / 2**30:.1f} GiB" + ("" if passed else ": lower training.micro_batch_size"),
-            "numbers": {"micro_batch": shape[0], "image_shape": shape[1:], "step_peak_gib": to_gib(peak), "budget_gib": to_gib(budget)}}
+    return {
+        "passed": passed,
+        "message": f"one step at micro-batch {shape[0]} of {shape[1:]} images: {peak / 2**30:.3f} GiB measured"
+        f" ({m['method'].split(' (')[0]}), budget {budget / 2**30:.1f} GiB"
+        + ("" if passed else ": lower training.micro_batch_size"),
+        "numbers": {
+            "micro_batch": shape[0],
+            "image_shape": shape[1:],
+            "step_peak_gib": to_gib(peak),
+            "budget_gib": to_gib(budget),
+        },
+    }
 
 
 def check_image_eval_memory(model, batch: dict[str, torch.Tensor], budget: int, autocast: Callable) -> dict[str, Any]:
@@ -57,12 +67,17 @@ def check_image_eval_memory(model, batch: dict[str, torch.Tensor], budget: int, 
     peak = int(m.get("step_peak_bytes") or 0)
     n = int(batch["pixel_values"].shape[0])
     passed = peak <= budget
-    return {"passed": passed, "message": f"one evaluation batch of {n} images (eval.batch_size): {peak / 2**30:.3f} GiB measured, "
-            f"budget {budget / 2**30:.1f} GiB" + ("" if passed else ": lower eval.batch_size"),
-            "numbers": {"batch_size": n, "eval_peak_gib": to_gib(peak), "budget_gib": to_gib(budget)}}
+    return {
+        "passed": passed,
+        "message": f"one evaluation batch of {n} images (eval.batch_size): {peak / 2**30:.3f} GiB measured, "
+        f"budget {budget / 2**30:.1f} GiB" + ("" if passed else ": lower eval.batch_size"),
+        "numbers": {"batch_size": n, "eval_peak_gib": to_gib(peak), "budget_gib": to_gib(budget)},
+    }
 
 
-def check_image_eval_batch(model, pipeline, examples: list, labels: list[str], batch_size: int, device, autocast) -> dict[str, Any]:
+def check_image_eval_batch(
+    model, pipeline, examples: list, labels: list[str], batch_size: int, device, autocast
+) -> dict[str, Any]:
     """CASES C22 for images: predictions at ``eval.batch_size`` equal those one image at a time;
     names the first differing example."""
     from tuneproof.evaluation.generate import classify_images  # noqa: PLC0415
@@ -71,7 +86,13 @@ def check_image_eval_batch(model, pipeline, examples: list, labels: list[str], b
     many = classify_images(model, pipeline, examples, labels, batch_size=batch_size, device=device, autocast=autocast)
     diff = [e.id for e, a, b in zip(examples, one, many) if a != b]
     passed = not diff
-    return {"passed": passed, "message": (f"{len(examples)} images: predictions at eval.batch_size {batch_size} equal those at batch "
-                                          f"size 1" if passed else f"predictions differ at eval.batch_size {batch_size} from batch size "
-                                          f"1 on {len(diff)} of {len(examples)} images, first {diff[0]}"),
-            "numbers": {"n": len(examples), "batch_size": batch_size, "differ": len(diff)}}
+    return {
+        "passed": passed,
+        "message": (
+            f"{len(examples)} images: predictions at eval.batch_size {batch_size} equal those at batch size 1"
+            if passed
+            else f"predictions differ at eval.batch_size {batch_size} from batch size "
+            f"1 on {len(diff)} of {len(examples)} images, first {diff[0]}"
+        ),
+        "numbers": {"n": len(examples), "batch_size": batch_size, "differ": len(diff)},
+    }

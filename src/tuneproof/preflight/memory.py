@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import gc
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,8 +48,18 @@ GATED_ACTIVATION_SOURCE = (
     "gradient that needs it)"
 )
 #: the roles of a decoder block's linears by name: linears of one role read the same input tensor
-_INPUT_ROLES = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in", "qkv_proj": "attn_in", "query_key_value": "attn_in",
-                "o_proj": "attn_out", "gate_proj": "mlp_in", "up_proj": "mlp_in", "gate_up_proj": "mlp_in", "down_proj": "mlp_mid"}
+_INPUT_ROLES = {
+    "q_proj": "attn_in",
+    "k_proj": "attn_in",
+    "v_proj": "attn_in",
+    "qkv_proj": "attn_in",
+    "query_key_value": "attn_in",
+    "o_proj": "attn_out",
+    "gate_proj": "mlp_in",
+    "up_proj": "mlp_in",
+    "gate_up_proj": "mlp_in",
+    "down_proj": "mlp_mid",
+}
 
 
 def _block_index(name: str) -> int | None:
@@ -123,10 +134,19 @@ def _trained_linear_inputs(model: nn.Module, *, sdpa: bool = True, mask_bytes: i
             if ".lora_" in f".{name}":  # LoRA's own A/B linears: counted above
                 continue
             keep_shared(name, int(module.in_features))
-        elif type(module).__name__.endswith(("RMSNorm", "LayerNorm")) and isinstance(getattr(module, "weight", None), torch.Tensor) \
-                and module.weight.requires_grad:
+        elif (
+            type(module).__name__.endswith(("RMSNorm", "LayerNorm"))
+            and isinstance(getattr(module, "weight", None), torch.Tensor)
+            and module.weight.requires_grad
+        ):
             norms += module.weight.numel()  # weight * normed keeps the normed input for the weight's gradient
-    return {"inputs": float(sum(shared.values())) + copies + norms, "masks": masks, "ranks": ranks, "modules": n_lora, "dropout": top_p}
+    return {
+        "inputs": float(sum(shared.values())) + copies + norms,
+        "masks": masks,
+        "ranks": ranks,
+        "modules": n_lora,
+        "dropout": top_p,
+    }
 
 
 def _gated_mlp(model: nn.Module) -> bool:
@@ -302,7 +322,9 @@ def estimate_step_memory(
             hint="resolve 'auto' with tuneproof.models.device.choose_dtype first",
         )
     if optimizer not in OPTIMIZER_STATES:
-        raise TuneproofError(f"estimate_step_memory: optimizer {optimizer!r} is not one of {', '.join(OPTIMIZER_STATES)}")
+        raise TuneproofError(
+            f"estimate_step_memory: optimizer {optimizer!r} is not one of {', '.join(OPTIMIZER_STATES)}"
+        )
     wdtype = weights_dtype or precision
     tdtype = trainable_dtype or wdtype
     for key, value in (("weights_dtype", wdtype), ("trainable_dtype", tdtype)):
@@ -365,21 +387,32 @@ def estimate_step_memory(
             if padded:  # SDPA turns the boolean padding mask into an additive one at each call and keeps it
                 blocks["attention mask (additive, per block)"] = layers * b * s * s * e
         blocks["MLP gate, silu, up (3i per block)"] = layers * tokens * 3 * inter * e
-        blocks[f"trained linears' inputs ({lin['modules']} LoRA modules" + (f", dropout {lin['dropout']:g}" if lin["dropout"] else "") + ")"] = int(
-            tokens * ((lin["inputs"] + lin["ranks"]) * e + lin["masks"]))
-        blocks["final norm input, RoPE cos/sin"] = tokens * h * e + 2 * s * head_dim * e  # cos/sin: one row of positions, all examples
+        blocks[
+            f"trained linears' inputs ({lin['modules']} LoRA modules"
+            + (f", dropout {lin['dropout']:g}" if lin["dropout"] else "")
+            + ")"
+        ] = int(tokens * ((lin["inputs"] + lin["ranks"]) * e + lin["masks"]))
+        blocks["final norm input, RoPE cos/sin"] = (
+            tokens * h * e + 2 * s * head_dim * e
+        )  # cos/sin: one row of positions, all examples
         full = sum(blocks.values())
         # at the end of the forward pass, before the loss: transformers' KV cache (use_cache) still holds each block's
         # k/v before they were repeated (a tensor of their own only when repeated), and the last block's gate x up
         # product is alive for the down projection
         use_cache = bool(getattr(config, "use_cache", False))
-        forward_extra = (layers * tokens * 2 * kv_dim * e if (repeated and use_cache and not activation_checkpointing) else 0) + tokens * inter * e
+        forward_extra = (
+            layers * tokens * 2 * kv_dim * e if (repeated and use_cache and not activation_checkpointing) else 0
+        ) + tokens * inter * e
         if activation_checkpointing:  # each block keeps its input; one block is recomputed at a time
-            blocks = {"checkpointed block inputs (h per block)": layers * tokens * h * e,
-                      "one block recomputed": int((full - blocks["final norm input, RoPE cos/sin"]) / layers)}
+            blocks = {
+                "checkpointed block inputs (h per block)": layers * tokens * h * e,
+                "one block recomputed": int((full - blocks["final norm input, RoPE cos/sin"]) / layers),
+            }
         activations = int(sum(blocks.values()))
     else:
-        per_layer_units = s * b * h * (15 + 19 * inter / (4 * h)) + (5 * heads * s * s * b if attention_scores_stored else 0)
+        per_layer_units = s * b * h * (15 + 19 * inter / (4 * h)) + (
+            5 * heads * s * s * b if attention_scores_stored else 0
+        )
         if activation_checkpointing:
             activations = int(scale * (layers * 2 * s * b * h + per_layer_units))
         else:
@@ -404,26 +437,58 @@ def estimate_step_memory(
     logits = int(sum(loss_parts.values()))
     total = weights + autocast_copies + grads + states + temp + activations + logits
     passed = budget_bytes is None or total <= budget_bytes
-    breakdown = [{"part": "weights", "bytes": weights, "formula": f"frozen x {ew} + trainable x {et} bytes"
-                  + (f" + {packed_n} packed 4-bit storage elements x their own size" if packed_n else "")},
-                 {"part": "autocast weight copies", "bytes": autocast_copies, "formula": f"all elements x {e} bytes when stored wider than computed"},
-                 {"part": "gradients", "bytes": grads, "formula": f"trainable x {et} bytes"},
-                 {"part": f"optimizer states ({n_states})", "bytes": states, "formula": f"{n_states} x trainable x {et} bytes"},
-                 {"part": "optimizer step temporary", "bytes": temp, "formula": (
-                     "none" if not temp else f"the largest trainable tensor x {et} bytes (one tensor at a time on a CPU)"
-                     if device == "cpu" else f"trainable x {et} bytes (foreach)")}]
-    notes = {"attention q/k/v + output (SDPA)": "k/v repeated to every head (padding mask)" if repeated else "k/v at their own width (GQA in SDPA)",
-             "attention q/k/v": "k/v repeated to every head" if repeated else "",
-             "chunk logits: 3 fp32 copies of one chunk x V": f"chunk of {chunk} positions"}
-    breakdown += [{"part": f"activations: {k}", "bytes": int(v), "formula": notes.get(k, "")} for k, v in blocks.items()]
+    breakdown = [
+        {
+            "part": "weights",
+            "bytes": weights,
+            "formula": f"frozen x {ew} + trainable x {et} bytes"
+            + (f" + {packed_n} packed 4-bit storage elements x their own size" if packed_n else ""),
+        },
+        {
+            "part": "autocast weight copies",
+            "bytes": autocast_copies,
+            "formula": f"all elements x {e} bytes when stored wider than computed",
+        },
+        {"part": "gradients", "bytes": grads, "formula": f"trainable x {et} bytes"},
+        {"part": f"optimizer states ({n_states})", "bytes": states, "formula": f"{n_states} x trainable x {et} bytes"},
+        {
+            "part": "optimizer step temporary",
+            "bytes": temp,
+            "formula": (
+                "none"
+                if not temp
+                else f"the largest trainable tensor x {et} bytes (one tensor at a time on a CPU)"
+                if device == "cpu"
+                else f"trainable x {et} bytes (foreach)"
+            ),
+        },
+    ]
+    notes = {
+        "attention q/k/v + output (SDPA)": "k/v repeated to every head (padding mask)"
+        if repeated
+        else "k/v at their own width (GQA in SDPA)",
+        "attention q/k/v": "k/v repeated to every head" if repeated else "",
+        "chunk logits: 3 fp32 copies of one chunk x V": f"chunk of {chunk} positions",
+    }
+    breakdown += [
+        {"part": f"activations: {k}", "bytes": int(v), "formula": notes.get(k, "")} for k, v in blocks.items()
+    ]
     breakdown += [{"part": f"loss: {k}", "bytes": int(v), "formula": notes.get(k, "")} for k, v in loss_parts.items()]
     parts = (
         f"weights {weights / GIB:.3f} + autocast copies {autocast_copies / GIB:.3f} + grads {grads / GIB:.3f} + {n_states} optimizer states {states / GIB:.3f} + "
         f"step temp {temp / GIB:.3f} + activations {activations / GIB:.3f} + logits {logits / GIB:.3f} = {total / GIB:.3f} GiB"
     )
-    message = parts if budget_bytes is None else (
-        f"{parts} {'fits' if passed else 'exceeds'} the budget {budget_bytes / GIB:.3f} GiB"
-        + ("" if passed else "; lower training.micro_batch_size, raise gradient_accumulation_steps, or enable activation_checkpointing")
+    message = (
+        parts
+        if budget_bytes is None
+        else (
+            f"{parts} {'fits' if passed else 'exceeds'} the budget {budget_bytes / GIB:.3f} GiB"
+            + (
+                ""
+                if passed
+                else "; lower training.micro_batch_size, raise gradient_accumulation_steps, or enable activation_checkpointing"
+            )
+        )
     )
     return {
         "passed": passed,
@@ -461,8 +526,11 @@ def estimate_step_memory(
         "budget_bytes": budget_bytes,
         "activation_checkpointing": activation_checkpointing,
         "attention_scores_stored": attention_scores_stored,
-        "formula": ("Llama-style blocks counted op by op (activation_parts)" if gated else
-                    "per layer (16-bit units) s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b, times e/2; checkpointed: 2sbh per layer + one layer"),
+        "formula": (
+            "Llama-style blocks counted op by op (activation_parts)"
+            if gated
+            else "per layer (16-bit units) s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b, times e/2; checkpointed: 2sbh per layer + one layer"
+        ),
         "source": GATED_ACTIVATION_SOURCE if gated else ACTIVATION_SOURCE,
     }
 
@@ -478,8 +546,12 @@ def in_step_bytes(estimate: dict[str, Any]) -> int:
     (``forward_end_extra_bytes``; measured on SmolLM2 at 512 x 8, chunked: the peak inside a linear of the forward). With gradient accumulation
     the micro-batches after the first also hold the gradients: ``total_bytes`` (every part at once)
     bounds that. The measured step's ``allocated_step_peak_bytes`` is compared with this."""
-    return int(max(estimate["activations_bytes"] + max(estimate["logits_bytes"], estimate.get("forward_end_extra_bytes", 0)),
-                   estimate["gradients_bytes"] + estimate["optimizer_step_temporary_bytes"]))
+    return int(
+        max(
+            estimate["activations_bytes"] + max(estimate["logits_bytes"], estimate.get("forward_end_extra_bytes", 0)),
+            estimate["gradients_bytes"] + estimate["optimizer_step_temporary_bytes"],
+        )
+    )
 
 
 def side_by_side(estimate: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
@@ -496,7 +568,15 @@ def side_by_side(estimate: dict[str, Any], measured: dict[str, Any]) -> dict[str
         over the estimate's in-step parts (gradients, optimizer temporary, activations, logits), on
         any device; None when not measured.
     """
-    parts = ("weights_bytes", "autocast_weight_copies_bytes", "gradients_bytes", "optimizer_states_bytes", "optimizer_step_temporary_bytes", "activations_bytes", "logits_bytes")
+    parts = (
+        "weights_bytes",
+        "autocast_weight_copies_bytes",
+        "gradients_bytes",
+        "optimizer_states_bytes",
+        "optimizer_step_temporary_bytes",
+        "activations_bytes",
+        "logits_bytes",
+    )
     rows = [[p.removesuffix("_bytes"), int(estimate[p])] for p in parts]
     cuda = str(measured.get("device", "")).startswith("cuda")
     peak = measured.get("peak_bytes")
@@ -516,14 +596,20 @@ def side_by_side(estimate: dict[str, Any], measured: dict[str, Any]) -> dict[str
         "method": measured.get("method"),
         "note": (
             "estimate total = sum of parts (all live at once); measured = peak of one whole step"
-            + ("" if cuda else "; CPU peak is the process RSS, compare step_peak_bytes with the parts created in the step")
+            + (
+                ""
+                if cuda
+                else "; CPU peak is the process RSS, compare step_peak_bytes with the parts created in the step"
+            )
         ),
     }
 
 
 # --------------------------------------------------------------------------- search
 def _is_oom(err: BaseException) -> bool:
-    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t)
+    oom_types = tuple(
+        t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
+    )
     if isinstance(err, MemoryError) or (oom_types and isinstance(err, oom_types)):
         return True
     return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()

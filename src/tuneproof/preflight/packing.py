@@ -14,8 +14,13 @@ def check_study_packing(model, encoded: list, cfg, pad_id: int) -> dict[str, Any
     """The preflight's "packing" check (listed only when ``training.packing`` is on): :func:`check_packing`
     on :func:`packing_sample` of the study's training examples at ``training.max_length``."""
     if not encoded or encoded[0].class_index is not None or not encoded[0].labels:
-        return {"name": "packing", "passed": False, "numbers": {}, "details": None,
-                "message": "training.packing applies to causal LMs (token labels), not to sequence classification; set it to false"}
+        return {
+            "name": "packing",
+            "passed": False,
+            "numbers": {},
+            "details": None,
+            "message": "training.packing applies to causal LMs (token labels), not to sequence classification; set it to false",
+        }
     sample = packing_sample(encoded, cfg.micro_batch_size)
     rep = check_packing(model, sample, pad_id, packing_capacity(cfg))
     numbers = {k: rep[k] for k in ("max_abs_diff", "control_max_abs_diff", "tokens", "rows", "examples", "atol")}

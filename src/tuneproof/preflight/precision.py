@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,9 +31,12 @@ def check_precision(model, batch: dict, choice: dict[str, Any], autocast: Callab
     on one real micro-batch ``batch``, without dropout; fp32 is the reference and needs no comparison."""
     dtype = choice["dtype"]
     if dtype == "fp32":
-        return check_result("precision", True,
-                            f"fp32 (the reference precision): nothing to compare; {choice['reason']}",
-                            {"dtype": "fp32"})
+        return check_result(
+            "precision",
+            True,
+            f"fp32 (the reference precision): nothing to compare; {choice['reason']}",
+            {"dtype": "fp32"},
+        )
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     was_training = model.training
     runs = {}
@@ -56,11 +60,20 @@ def check_precision(model, batch: dict, choice: dict[str, Any], autocast: Callab
     rel = abs(llp - l32) / max(abs(l32), 1e-12)
     cos = float(torch.nn.functional.cosine_similarity(g32, glp, dim=0)) if finite else float("nan")
     passed = finite and rel <= PRECISION_LOSS_RTOL and cos >= PRECISION_GRAD_COSINE
-    numbers = {"dtype": dtype, "loss_fp32": round(l32, 6), f"loss_{dtype}": round(llp, 6), "loss_rel_diff": rel,
-               "grad_cosine": cos, "loss_rtol": PRECISION_LOSS_RTOL, "min_cosine": PRECISION_GRAD_COSINE}
-    message = (f"{dtype} vs fp32 on {int(batch['input_ids'].shape[0])} examples: loss {llp:.5g} vs {l32:.5g} "
-               f"(rel. diff {rel:.2e}, limit {PRECISION_LOSS_RTOL}), gradient cosine {cos:.5f} "
-               f"(min {PRECISION_GRAD_COSINE})")
+    numbers = {
+        "dtype": dtype,
+        "loss_fp32": round(l32, 6),
+        f"loss_{dtype}": round(llp, 6),
+        "loss_rel_diff": rel,
+        "grad_cosine": cos,
+        "loss_rtol": PRECISION_LOSS_RTOL,
+        "min_cosine": PRECISION_GRAD_COSINE,
+    }
+    message = (
+        f"{dtype} vs fp32 on {int(batch['input_ids'].shape[0])} examples: loss {llp:.5g} vs {l32:.5g} "
+        f"(rel. diff {rel:.2e}, limit {PRECISION_LOSS_RTOL}), gradient cosine {cos:.5f} "
+        f"(min {PRECISION_GRAD_COSINE})"
+    )
     if not finite:
         message = f"{dtype}: non-finite loss or gradients ({llp}); set training.precision to fp32 or bf16"
     return check_result("precision", passed, message, numbers)
@@ -77,11 +90,17 @@ def check_bf16_base_weights(ctx: StudyContext, model, usable: list, pad: int, au
     batch = {k: v.to(device) for k, v in collate(usable[: cfg.micro_batch_size], pad).items()}
     r = check_bf16_base(model, batch, lambda m, b: _micro_loss(m, b, autocast, cfg.chunked_loss), device=device)
     mem = r["memory"]
-    numbers = {"loss_fp32": round(r["loss_fp32"], 6), "loss_bf16": round(r["loss_bf16"], 6),
-               "loss_rel_diff": r["loss_rel_diff"], "grad_rel_l2": r["grad_rel_l2"], "grad_cosine": r["grad_cosine"],
-               "tensors": r["tensors"], "cast_tensors": r["cast"].get("cast_tensors"),
-               "bytes_saved_mib": round(r["cast"].get("bytes_saved", 0) / 2**20, 2),
-               "fp32_frozen_peak_gib": to_gib(mem["fp32_frozen_peak_bytes"]),
-               "bf16_frozen_peak_gib": to_gib(mem["bf16_frozen_peak_bytes"]),
-               **{f"limit_{k}": v for k, v in r["tolerance"].items()}}
+    numbers = {
+        "loss_fp32": round(r["loss_fp32"], 6),
+        "loss_bf16": round(r["loss_bf16"], 6),
+        "loss_rel_diff": r["loss_rel_diff"],
+        "grad_rel_l2": r["grad_rel_l2"],
+        "grad_cosine": r["grad_cosine"],
+        "tensors": r["tensors"],
+        "cast_tensors": r["cast"].get("cast_tensors"),
+        "bytes_saved_mib": round(r["cast"].get("bytes_saved", 0) / 2**20, 2),
+        "fp32_frozen_peak_gib": to_gib(mem["fp32_frozen_peak_bytes"]),
+        "bf16_frozen_peak_gib": to_gib(mem["bf16_frozen_peak_bytes"]),
+        **{f"limit_{k}": v for k, v in r["tolerance"].items()},
+    }
     return check_result("bf16 base weights", bool(r["passed"]), r["message"], numbers, r)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -61,18 +62,34 @@ def check_quant_storage(quant_storage: str, compute_dtype: str, *, sharded: bool
     storage, compute = _dtype_name(quant_storage), _dtype_name(compute_dtype)
     numbers = {"quant_storage": storage, "compute_dtype": compute, "sharded": bool(sharded)}
     if not sharded:
-        return {"name": "qlora storage", "passed": True, "numbers": numbers,
-                "message": f"not sharded: 4-bit values stored as {storage} (FSDP would need {compute})"}
+        return {
+            "name": "qlora storage",
+            "passed": True,
+            "numbers": numbers,
+            "message": f"not sharded: 4-bit values stored as {storage} (FSDP would need {compute})",
+        }
     if storage not in FLOAT_DTYPES:
-        return {"name": "qlora storage", "passed": False, "numbers": numbers,
-                "message": f"{STORAGE_KEY} is {storage}: FSDP shards only float tensors, so the 4-bit base cannot be sharded; "
-                           f"set {STORAGE_KEY}: {compute} (the compute dtype)"}
+        return {
+            "name": "qlora storage",
+            "passed": False,
+            "numbers": numbers,
+            "message": f"{STORAGE_KEY} is {storage}: FSDP shards only float tensors, so the 4-bit base cannot be sharded; "
+            f"set {STORAGE_KEY}: {compute} (the compute dtype)",
+        }
     if storage != compute:
-        return {"name": "qlora storage", "passed": False, "numbers": numbers,
-                "message": f"{STORAGE_KEY} is {storage} but the compute dtype is {compute}: FSDP flattens one dtype per unit, "
-                           f"the 4-bit layers would not shard with the rest; set {STORAGE_KEY}: {compute}"}
-    return {"name": "qlora storage", "passed": True, "numbers": numbers,
-            "message": f"sharded: 4-bit values stored as {storage}, the compute dtype"}
+        return {
+            "name": "qlora storage",
+            "passed": False,
+            "numbers": numbers,
+            "message": f"{STORAGE_KEY} is {storage} but the compute dtype is {compute}: FSDP flattens one dtype per unit, "
+            f"the 4-bit layers would not shard with the rest; set {STORAGE_KEY}: {compute}",
+        }
+    return {
+        "name": "qlora storage",
+        "passed": True,
+        "numbers": numbers,
+        "message": f"sharded: 4-bit values stored as {storage}, the compute dtype",
+    }
 
 
 def check_step_values(loss: float, grad_norm: float) -> dict[str, Any]:
@@ -95,12 +112,20 @@ def check_step_values(loss: float, grad_norm: float) -> dict[str, Any]:
         elif v == 0.0:
             wrong.append(f"{what} {v} is zero")
     if wrong:
-        return {"name": "qlora step", "passed": False, "numbers": numbers,
-                "message": f"after one training step on the 4-bit base: {'; '.join(wrong)} (the silent QLoRA failure: "
-                           "loss 0.0 / grad norm NaN trains nothing); check training.precision (the compute dtype: bf16 rather than fp16) "
-                           "and that the training examples have supervised answer tokens"}
-    return {"name": "qlora step", "passed": True, "numbers": numbers,
-            "message": f"one training step on the 4-bit base: loss {loss:.6g}, LoRA gradient norm {grad_norm:.6g} (finite, non-zero)"}
+        return {
+            "name": "qlora step",
+            "passed": False,
+            "numbers": numbers,
+            "message": f"after one training step on the 4-bit base: {'; '.join(wrong)} (the silent QLoRA failure: "
+            "loss 0.0 / grad norm NaN trains nothing); check training.precision (the compute dtype: bf16 rather than fp16) "
+            "and that the training examples have supervised answer tokens",
+        }
+    return {
+        "name": "qlora step",
+        "passed": True,
+        "numbers": numbers,
+        "message": f"one training step on the 4-bit base: loss {loss:.6g}, LoRA gradient norm {grad_norm:.6g} (finite, non-zero)",
+    }
 
 
 def measure_step(model, batch: dict, autocast: Callable = None) -> dict[str, float]:
@@ -123,9 +148,17 @@ def measure_step(model, batch: dict, autocast: Callable = None) -> dict[str, flo
             loss = batch_loss(model, batch)
         loss.backward()
         grads = [p.grad.detach().float() for p in params if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else torch.tensor(0.0)
-        return {"loss": float(loss.detach().float()), "grad_norm": float(norm), "trainable_tensors": len(params),
-                "tensors_with_grad": len(grads)}
+        norm = (
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            if grads
+            else torch.tensor(0.0)
+        )
+        return {
+            "loss": float(loss.detach().float()),
+            "grad_norm": float(norm),
+            "trainable_tensors": len(params),
+            "tensors_with_grad": len(grads),
+        }
     finally:
         for p in params:
             p.grad = None

@@ -38,15 +38,22 @@ def load_saved(ctx: StudyContext, payload: Path, payload_kind: str):
     device, _, _ = ctx.torch_setup()
     labels = ctx.head_labels
     if payload_kind == "model":
-        ref = BaseModelRef(ctx.base.name, payload, ctx.base.revision, ctx.model_kind, "preflight-smoke",
-                           trust_remote_code=ctx.base.trust_remote_code)
+        ref = BaseModelRef(
+            ctx.base.name,
+            payload,
+            ctx.base.revision,
+            ctx.model_kind,
+            "preflight-smoke",
+            trust_remote_code=ctx.base.trust_remote_code,
+        )
         return load_model(ref, ctx.model_kind, labels=labels).to(device)
     base = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=ctx.quantization)
     return load_adapter_onto(base, payload, ctx.base_weights).to(device)
 
 
-def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, payload_kind: str,
-                            examples: list) -> dict[str, Any]:
+def reload_in_fresh_process(
+    ctx: StudyContext, smoke_dir: Path, payload: Path, payload_kind: str, examples: list
+) -> dict[str, Any]:
     """Load base + saved adapter (or the saved full model) in a new Python process and predict ``examples``.
 
     Returns the child's ``{"predictions", "scores", "load_seconds", "predict_seconds"}`` plus
@@ -55,18 +62,37 @@ def reload_in_fresh_process(ctx: StudyContext, smoke_dir: Path, payload: Path, p
     Raises:
         TuneproofError: the child failed (its last lines of output are shown).
     """
-    spec = {"study_dir": str(ctx.study_dir), "data_root": str(ctx.data_root) if ctx.data_root else None,
-            "config": ctx.config, "payload": str(payload), "payload_kind": payload_kind,
-            "examples": [{"id": e.id, "text": e.text, "label": e.label, "target": e.target,
-                          **({"image": e.meta["image"]} if e.meta.get("image") else {})} for e in examples]}
+    spec = {
+        "study_dir": str(ctx.study_dir),
+        "data_root": str(ctx.data_root) if ctx.data_root else None,
+        "config": ctx.config,
+        "payload": str(payload),
+        "payload_kind": payload_kind,
+        "examples": [
+            {
+                "id": e.id,
+                "text": e.text,
+                "label": e.label,
+                "target": e.target,
+                **({"image": e.meta["image"]} if e.meta.get("image") else {}),
+            }
+            for e in examples
+        ],
+    }
     spec_path, out_path = smoke_dir / "reload_spec.json", smoke_dir / "reload_outputs.json"
     write_json(spec_path, spec)
     if out_path.exists():
         out_path.unlink()
     env = dict(os.environ, TUNEPROOF_PARENT_PID=str(os.getpid()), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "tuneproof.preflight.reload", "reload", str(spec_path), str(out_path)],
-                          capture_output=True, text=True, env=env, timeout=RELOAD_TIMEOUT_S, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuneproof.preflight.reload", "reload", str(spec_path), str(out_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=RELOAD_TIMEOUT_S,
+        check=False,
+    )
     seconds = time.perf_counter() - t0
     if not out_path.exists():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
@@ -94,12 +120,27 @@ def reload_main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         model = load_saved(ctx, Path(spec["payload"]), spec["payload_kind"])
         t1 = time.perf_counter()
-        examples = [Example(id=e["id"], text=e["text"], label=e["label"], target=e["target"],
-                            meta={"image": e["image"]} if e.get("image") else {}) for e in spec["examples"]]
+        examples = [
+            Example(
+                id=e["id"],
+                text=e["text"],
+                label=e["label"],
+                target=e["target"],
+                meta={"image": e["image"]} if e.get("image") else {},
+            )
+            for e in spec["examples"]
+        ]
         preds = predict(ctx, model, examples, "reload")
         scores = logit_scores(ctx, model, examples)
-        write_json(out, {"predictions": preds, "scores": scores, "load_seconds": t1 - t0,
-                         "predict_seconds": time.perf_counter() - t1})
+        write_json(
+            out,
+            {
+                "predictions": preds,
+                "scores": scores,
+                "load_seconds": t1 - t0,
+                "predict_seconds": time.perf_counter() - t1,
+            },
+        )
     except Exception as err:  # noqa: BLE001 - reported to the parent
         write_json(out, {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
     return 0

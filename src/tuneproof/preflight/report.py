@@ -11,7 +11,8 @@ from __future__ import annotations
 import gc
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tuneproof.io import fault_cause
 from tuneproof.ui import console
@@ -19,8 +20,14 @@ from tuneproof.ui import console
 GIB = 2**30
 
 
-def check_result(name: str, passed: bool | None, message: str, numbers: dict[str, Any] | None = None,
-                 details: Any = None, **extra: Any) -> dict[str, Any]:
+def check_result(
+    name: str,
+    passed: bool | None,
+    message: str,
+    numbers: dict[str, Any] | None = None,
+    details: Any = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """One check record: ``passed`` True/False/None (skipped), ``numbers`` (flat key -> value, shown in the
     table and the summary), ``details`` (anything JSON, kept in ``preflight.json``); ``extra`` keys
     (``warning``, ``normalisation``) are stored alongside."""
@@ -36,8 +43,9 @@ def is_out_of_memory(err: BaseException) -> bool:
     """True for a ``MemoryError``, torch's (or CUDA's) ``OutOfMemoryError``, or an error saying "out of memory"."""
     import torch  # noqa: PLC0415 - torch loads only when a check runs
 
-    oom = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
-                if t)
+    oom = tuple(
+        t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
+    )
     return isinstance(err, MemoryError) or bool(oom and isinstance(err, oom)) or "out of memory" in str(err).lower()
 
 
@@ -82,8 +90,9 @@ class PreflightReport:
                 raise
             if is_out_of_memory(err):
                 gc.collect()
-            return self.add(check_result(name, False, error_message(err),
-                                         details={"traceback": traceback.format_exc()}))
+            return self.add(
+                check_result(name, False, error_message(err), details={"traceback": traceback.format_exc()})
+            )
 
     def skip(self, name: str, why: str) -> None:
         """Record ``name`` as skipped (``passed`` None) because of ``why``."""

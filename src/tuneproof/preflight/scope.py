@@ -33,13 +33,22 @@ from typing import Any
 from tuneproof.io import flatten_keys
 
 EXEMPT: tuple[str, ...] = (
-    "name", "hypothesis",
-    "training.max_steps", "training.epochs", "training.checkpoint_every", "training.eval_every",
-    "eval.max_examples", "eval.allow_fenced_json", "eval.json_schema", "eval.regex", "eval.bootstrap_iterations", "eval.seed",
-    "eval.backend", "eval.backend_check_examples", "eval.backend_check_min_agreement",
+    "name",
+    "hypothesis",
+    "training.max_steps",
+    "training.epochs",
+    "training.checkpoint_every",
+    "training.eval_every",
+    "eval.max_examples",
+    "eval.allow_fenced_json",
+    "eval.json_schema",
+    "eval.regex",
+    "eval.bootstrap_iterations",
+    "eval.seed",
+    "eval.backend",
+    "eval.backend_check_examples",
+    "eval.backend_check_min_agreement",
 )
-
-
 
 
 def is_exempt(key: str) -> bool:
@@ -70,6 +79,7 @@ def schema_defaults() -> dict[str, Any]:
             elif not field.is_required():
                 value = field.get_default(call_default_factory=True)
                 out[key] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
     walk(Study, "")
     return out
 
@@ -98,5 +108,8 @@ def preflight_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list
 
 def describe_changes(changes: list[dict[str, Any]], limit: int = 6) -> str:
     """``method.r: 4 -> 8, training.learning_rate: 0.01 -> 0.02`` (at most ``limit``, then ``and N more``)."""
-    text = ", ".join(f"{c['key']}: {json.dumps(c['from'], default=str)} -> {json.dumps(c['to'], default=str)}" for c in changes[:limit])
+    text = ", ".join(
+        f"{c['key']}: {json.dumps(c['from'], default=str)} -> {json.dumps(c['to'], default=str)}"
+        for c in changes[:limit]
+    )
     return text + (f" and {len(changes) - limit} more" if len(changes) > limit else "")

@@ -10,7 +10,8 @@ The estimate itself is :func:`tuneproof.preflight.memory.estimate_step_memory`; 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -105,9 +106,19 @@ class StepRunner:
         self.optimizer.state.clear()
 
 
-def step_memory_estimate(model, micro_batch: int, length: int, dtype: str, checkpointing: bool, budget: int | None, *,
-                         bf16_base: bool = False, batch: dict | None = None, chunked_loss: bool = False,
-                         device: str = "cpu") -> dict[str, Any]:
+def step_memory_estimate(
+    model,
+    micro_batch: int,
+    length: int,
+    dtype: str,
+    checkpointing: bool,
+    budget: int | None,
+    *,
+    bf16_base: bool = False,
+    batch: dict | None = None,
+    chunked_loss: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """``estimate_step_memory`` for this project's mixed precision: weights stay fp32 and bf16/fp16
     run under autocast (``StudyContext.torch_setup``), so frozen weights are counted at 4 bytes;
     with ``training.bf16_base_weights`` (``bf16_base``) they are held in bf16: 2 bytes per frozen
@@ -120,9 +131,21 @@ def step_memory_estimate(model, micro_batch: int, length: int, dtype: str, check
         labels = batch.get("labels")
         if labels is not None and labels.dim() == 2:
             supervised = supervised_token_count(labels)
-    est = estimate_step_memory(model, micro_batch, length, dtype, "adamw", activation_checkpointing=checkpointing,
-                               trainable_dtype="fp32", weights_dtype="bf16" if bf16_base else None, budget_bytes=budget,
-                               padded=padded, chunked_loss=chunked_loss, supervised_tokens=supervised, device=device)
+    est = estimate_step_memory(
+        model,
+        micro_batch,
+        length,
+        dtype,
+        "adamw",
+        activation_checkpointing=checkpointing,
+        trainable_dtype="fp32",
+        weights_dtype="bf16" if bf16_base else None,
+        budget_bytes=budget,
+        padded=padded,
+        chunked_loss=chunked_loss,
+        supervised_tokens=supervised,
+        device=device,
+    )
     if bf16_base:
         est["weights_note"] = "frozen weights held in bf16 (training.bf16_base_weights): 2 bytes per frozen element"
     elif dtype != "fp32":  # the component counts frozen weights at the compute dtype; here they are stored in fp32
@@ -138,8 +161,9 @@ def step_memory_estimate(model, micro_batch: int, length: int, dtype: str, check
             if part["part"] == "weights":
                 part["bytes"] = est["weights_bytes"]
                 part["formula"] = part["formula"] + " (frozen stored in fp32: +2 bytes each)"
-        est["weights_note"] = ("frozen weights stored in fp32 under autocast "
-                               "(+2 bytes per frozen element vs the compute dtype)")
+        est["weights_note"] = (
+            "frozen weights stored in fp32 under autocast (+2 bytes per frozen element vs the compute dtype)"
+        )
     return est
 
 
@@ -152,15 +176,25 @@ def format_bytes(n: int | float | None) -> str:
 
 def estimate_parts(est: dict[str, Any]) -> str:
     """The estimate's breakdown, one line."""
-    return (f"weights {format_bytes(est['weights_bytes'])} + gradients {format_bytes(est['gradients_bytes'])} + "
-            f"{est['optimizer_states_count']} optimizer states {format_bytes(est['optimizer_states_bytes'])} + "
-            f"step temporary {format_bytes(est['optimizer_step_temporary_bytes'])} + "
-            f"activations {format_bytes(est['activations_bytes'])} + "
-            f"logits {format_bytes(est['logits_bytes'])}")
+    return (
+        f"weights {format_bytes(est['weights_bytes'])} + gradients {format_bytes(est['gradients_bytes'])} + "
+        f"{est['optimizer_states_count']} optimizer states {format_bytes(est['optimizer_states_bytes'])} + "
+        f"step temporary {format_bytes(est['optimizer_step_temporary_bytes'])} + "
+        f"activations {format_bytes(est['activations_bytes'])} + "
+        f"logits {format_bytes(est['logits_bytes'])}"
+    )
 
 
-def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int], dtype: str, budget: int,
-                      budget_source: str, autocast: Callable) -> dict[str, Any]:
+def check_step_memory(
+    model,
+    ctx: StudyContext,
+    encoded: list,
+    lengths: list[int],
+    dtype: str,
+    budget: int,
+    budget_source: str,
+    autocast: Callable,
+) -> dict[str, Any]:
     """Complete steps at the configured micro-batch at each representative length (C8).
 
     Each length has its estimate (itemised, :func:`~tuneproof.preflight.memory.estimate_step_memory`)
@@ -177,17 +211,28 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
     try:
         for length in lengths:
             batch = batch_at_length(encoded, mb, length, ctx.tokenizer.pad_token_id)
-            est = step_memory_estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget,
-                                       bf16_base=cfg.bf16_base_weights, batch=batch, chunked_loss=chunked,
-                                       device=device.type)
+            est = step_memory_estimate(
+                model,
+                mb,
+                length,
+                dtype,
+                cfg.activation_checkpointing,
+                budget,
+                bf16_base=cfg.bf16_base_weights,
+                batch=batch,
+                chunked_loss=chunked,
+                device=device.type,
+            )
             row: dict[str, Any] = {"length": length, "estimate": est}
             try:
                 measured = measure_step_peak(lambda b=batch: stepper.step(b), device)
             except Exception as err:  # noqa: BLE001
                 if not is_out_of_memory(err):
                     raise
-                problems.append(f"length {length}: out of memory at micro-batch {mb} ({type(err).__name__}); "
-                                f"the estimate was {format_bytes(est['total_bytes'])}")
+                problems.append(
+                    f"length {length}: out of memory at micro-batch {mb} ({type(err).__name__}); "
+                    f"the estimate was {format_bytes(est['total_bytes'])}"
+                )
                 rows.append(row)
                 continue
             row["measured"] = measured
@@ -211,8 +256,10 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
             if measured["peak_bytes"] is not None and measured["peak_bytes"] > budget:
                 over.append(f"measured peak {format_bytes(measured['peak_bytes'])}")
             if over:
-                problems.append(f"length {length}: {' and '.join(over)} exceed{'s' if len(over) == 1 else ''} "
-                                f"the budget {format_bytes(budget)}")
+                problems.append(
+                    f"length {length}: {' and '.join(over)} exceed{'s' if len(over) == 1 else ''} "
+                    f"the budget {format_bytes(budget)}"
+                )
     finally:
         stepper.restore()
     where = "process resident set (CPU)" if device.type == "cpu" else "peak allocated (CUDA)"
@@ -223,21 +270,32 @@ def check_step_memory(model, ctx: StudyContext, encoded: list, lengths: list[int
         m, ratio = r["measured"], r.get("measured_over_estimate")
         tensors = ""
         if m.get("allocated_step_peak_bytes") is not None:
-            tensors = (f"the step's tensors {format_bytes(m.get('allocated_step_peak_bytes'))} vs "
-                       f"{format_bytes(r['estimate_in_step_bytes'])} estimated"
-                       + (f" (x{ratio:.3f})" if ratio else "") + ", ")
-        return (f"length {r['length']}: {tensors}whole step: estimate {format_bytes(r['estimate']['total_bytes'])}, "
-                f"measured peak {format_bytes(m['peak_bytes'])} (the step adds {format_bytes(m['step_peak_bytes'])}), "
-                f"{m['seconds']:.2f} s")
+            tensors = (
+                f"the step's tensors {format_bytes(m.get('allocated_step_peak_bytes'))} vs "
+                f"{format_bytes(r['estimate_in_step_bytes'])} estimated" + (f" (x{ratio:.3f})" if ratio else "") + ", "
+            )
+        return (
+            f"length {r['length']}: {tensors}whole step: estimate {format_bytes(r['estimate']['total_bytes'])}, "
+            f"measured peak {format_bytes(m['peak_bytes'])} (the step adds {format_bytes(m['step_peak_bytes'])}), "
+            f"{m['seconds']:.2f} s"
+        )
 
     if problems:
-        message = ("; ".join(problems) + f" (micro-batch {mb}, {where}); lower training.micro_batch_size, raise "
-                   "gradient_accumulation_steps or enable activation_checkpointing")
+        message = (
+            "; ".join(problems) + f" (micro-batch {mb}, {where}); lower training.micro_batch_size, raise "
+            "gradient_accumulation_steps or enable activation_checkpointing"
+        )
     else:
-        message = (f"micro-batch {mb}: {'; '.join(shown(r) for r in rows)} ({where}); "
-                   f"fits {format_bytes(budget)} ({budget_source})")
-    details = {"rows": rows, "budget_bytes": budget, "budget_source": budget_source,
-               "breakdown": memory_breakdown(rows)}
+        message = (
+            f"micro-batch {mb}: {'; '.join(shown(r) for r in rows)} ({where}); "
+            f"fits {format_bytes(budget)} ({budget_source})"
+        )
+    details = {
+        "rows": rows,
+        "budget_bytes": budget,
+        "budget_source": budget_source,
+        "breakdown": memory_breakdown(rows),
+    }
     return check_result("step memory", not problems, message, numbers, details)
 
 
@@ -270,23 +328,39 @@ def memory_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [next((p["bytes"] for p in r["estimate"].get("parts", []) if p["part"] == name), 0) for r in rows]
         if any(vals):
             table_rows.append([name, *(_mib(v) for v in vals)])
-    table_rows.append(["forward end instead of the loss: KV cache k/v before repetition + last MLP product",
-                       *(_mib(r["estimate"].get("forward_end_extra_bytes")) for r in rows)])
+    table_rows.append(
+        [
+            "forward end instead of the loss: KV cache k/v before repetition + last MLP product",
+            *(_mib(r["estimate"].get("forward_end_extra_bytes")) for r in rows),
+        ]
+    )
     table_rows.append(["estimate, total (all parts at once)", *(_mib(r["estimate"]["total_bytes"]) for r in rows)])
-    table_rows.append(["estimate, the step's peak (weights + optimizer states + the step's part)",
-                       *(_mib(r["estimate"].get("peak_bytes")) for r in rows)])
-    table_rows.append(["estimate, the step's part: max(activations + max(loss, forward end), "
-                       "gradients + optimizer temporary)",
-                       *(_mib(in_step_bytes(r["estimate"])) for r in rows)])
+    table_rows.append(
+        [
+            "estimate, the step's peak (weights + optimizer states + the step's part)",
+            *(_mib(r["estimate"].get("peak_bytes")) for r in rows),
+        ]
+    )
+    table_rows.append(
+        [
+            "estimate, the step's part: max(activations + max(loss, forward end), gradients + optimizer temporary)",
+            *(_mib(in_step_bytes(r["estimate"])) for r in rows),
+        ]
+    )
     m = [r.get("measured") or {} for r in rows]
-    table_rows.append(["measured: the step's tensors at the peak",
-                       *(_mib(x.get("allocated_step_peak_bytes")) for x in m)])
-    table_rows.append(["measured / estimate (the step's tensors / the step's part)",
-                       *(r.get("measured_over_estimate") for r in rows)])
+    table_rows.append(
+        ["measured: the step's tensors at the peak", *(_mib(x.get("allocated_step_peak_bytes")) for x in m)]
+    )
+    table_rows.append(
+        ["measured / estimate (the step's tensors / the step's part)", *(r.get("measured_over_estimate") for r in rows)]
+    )
     table_rows.append(["measured: process peak", *(_mib(x.get("peak_bytes")) for x in m)])
     table_rows.append(["measured: the step adds to the process", *(_mib(x.get("step_peak_bytes")) for x in m)])
-    return {"lengths": [r["length"] for r in rows], "micro_batch": rows[0]["estimate"].get("micro_batch"),
-            "rows": table_rows}
+    return {
+        "lengths": [r["length"] for r in rows],
+        "micro_batch": rows[0]["estimate"].get("micro_batch"),
+        "rows": table_rows,
+    }
 
 
 def print_memory_breakdown(check: dict[str, Any] | None) -> None:
@@ -304,12 +378,18 @@ def print_memory_breakdown(check: dict[str, Any] | None) -> None:
             return f"{v:.3f}"
         return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
 
-    console.print(table("step memory: the estimate itemised, next to the measured step", cols,
-                        [[r[0], *(cell(v) for v in r[1:])] for r in bd["rows"]]))
+    console.print(
+        table(
+            "step memory: the estimate itemised, next to the measured step",
+            cols,
+            [[r[0], *(cell(v) for v in r[1:])] for r in bd["rows"]],
+        )
+    )
 
 
-def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, dtype: str, budget: int,
-                          autocast: Callable) -> dict[str, Any]:
+def check_max_micro_batch(
+    model, ctx: StudyContext, encoded: list, length: int, dtype: str, budget: int, autocast: Callable
+) -> dict[str, Any]:
     """``--find-max-micro-batch``: the largest micro-batch whose measured step peak fits the budget
     (bytes) at ``length``.
 
@@ -321,14 +401,25 @@ def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, 
     device, _, _ = ctx.torch_setup()
     est_fit = 0
     mb = 1
-    while mb <= 1024 and step_memory_estimate(model, mb, length, dtype, cfg.activation_checkpointing, budget,
-                                              bf16_base=cfg.bf16_base_weights,
-                                              chunked_loss=bool(getattr(cfg, "chunked_loss", False)),
-                                              device=device.type)["passed"]:
+    while (
+        mb <= 1024
+        and step_memory_estimate(
+            model,
+            mb,
+            length,
+            dtype,
+            cfg.activation_checkpointing,
+            budget,
+            bf16_base=cfg.bf16_base_weights,
+            chunked_loss=bool(getattr(cfg, "chunked_loss", False)),
+            device=device.type,
+        )["passed"]
+    ):
         est_fit, mb = mb, mb * 2
     limit = max(1, min(1024, len(encoded), FIND_MAX_FACTOR * max(est_fit, 1)))
     stepper = StepRunner(model, cfg, autocast)
     try:
+
         def try_fn(n: int) -> dict[str, Any]:
             batch = batch_at_length(encoded, n, length, ctx.tokenizer.pad_token_id)
             return measure_step_peak(lambda: stepper.step(batch), device)
@@ -336,9 +427,15 @@ def check_max_micro_batch(model, ctx: StudyContext, encoded: list, length: int, 
         r = find_max_micro_batch(try_fn, budget, start=1, limit=limit)
     finally:
         stepper.restore()
-    numbers = {"max_micro_batch": r["max_micro_batch"], "length": length, "peak_gib": to_gib(r["peak_bytes"]),
-               "budget_gib": to_gib(budget), "limit": limit, "tries": len(r["tries"]),
-               "configured": cfg.micro_batch_size}
+    numbers = {
+        "max_micro_batch": r["max_micro_batch"],
+        "length": length,
+        "peak_gib": to_gib(r["peak_bytes"]),
+        "budget_gib": to_gib(budget),
+        "limit": limit,
+        "tries": len(r["tries"]),
+        "configured": cfg.micro_batch_size,
+    }
     message = r["message"] + f" at length {length} (searched up to {limit})"
     passed = bool(r["passed"]) and r["max_micro_batch"] >= cfg.micro_batch_size
     if r["passed"] and not passed:

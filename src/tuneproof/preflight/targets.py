@@ -26,7 +26,9 @@ def _trainable_or_saved(model: nn.Module, module: nn.Module) -> bool:
     name = next((n for n, m in model.named_modules() if m is module), None)
     if name is None:
         return False
-    wrappers = {n for n, m in model.named_modules() if type(m).__name__ in ("ModulesToSaveWrapper", "TrainableTokensWrapper")}
+    wrappers = {
+        n for n, m in model.named_modules() if type(m).__name__ in ("ModulesToSaveWrapper", "TrainableTokensWrapper")
+    }
     return any(name == w or name.startswith(w + ".") for w in wrappers)
 
 
@@ -67,7 +69,9 @@ def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | N
             f"call model.resize_token_embeddings(len(tokenizer)) before adding the adapter"
         )
     if out_rows is not None and n_tok > out_rows:
-        problems.append(f"tokenizer has {n_tok} tokens but the output layer has {out_rows} rows: resize_token_embeddings")
+        problems.append(
+            f"tokenizer has {n_tok} tokens but the output layer has {out_rows} rows: resize_token_embeddings"
+        )
     if added_tokens > 0 and not saved:
         problems.append(
             f"{added_tokens} added token(s) have freshly initialised embedding rows, but the embedding is frozen and not in "
@@ -84,9 +88,11 @@ def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | N
         "embedding_trainable_or_saved": saved,
     }
 
+
 # --------------------------------------------------------------------------- the preflight's checks
-def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None,
-                         failure: str | None) -> list[dict[str, Any]]:
+def check_target_modules(
+    ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None
+) -> list[dict[str, Any]]:
     """The preflight's ``target modules`` (matches per pattern of ``method.target_modules``; zero
     matches fails, C5), ``trainable parameters`` (trainable/total, ``method.modules_to_save``) and
     ``embedding size`` (embedding rows vs the tokenizer; none for an image classifier) checks.
@@ -99,8 +105,14 @@ def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None
     method = ctx.study.method
     out = []
     if method.kind == "full":
-        out.append(check_result("target modules", True,
-                                "method.kind full: every parameter is trained, no target patterns", {"method": "full"}))
+        out.append(
+            check_result(
+                "target modules",
+                True,
+                "method.kind full: every parameter is trained, no target patterns",
+                {"method": "full"},
+            )
+        )
     else:
         match = (report or {}).get("targets")
         if match is None:  # build_model refused (C5): match on the plain base for the numbers
@@ -110,8 +122,16 @@ def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None
         numbers = {p: v["count"] for p, v in match["patterns"].items()}
         numbers["unmatched"] = match["unmatched"]
         extra = {"warning": "; ".join(match["warnings"])} if match.get("warnings") else {}
-        out.append(check_result("target modules", bool(match["passed"]) and failure is None,
-                                match["message"] if match["message"] else failure or "", numbers, match, **extra))
+        out.append(
+            check_result(
+                "target modules",
+                bool(match["passed"]) and failure is None,
+                match["message"] if match["message"] else failure or "",
+                numbers,
+                match,
+                **extra,
+            )
+        )
     if model is None:
         return out
     summary = trainable_summary(model)
@@ -121,16 +141,34 @@ def check_target_modules(ctx: StudyContext, model, report: dict[str, Any] | None
         message += f"; LoRA r={method.r}, alpha={method.alpha:g}"
     if method.kind == "qlora":
         message += f"; base in 4-bit {method.bnb_4bit_quant_type} (bitsandbytes)"
-    out.append(check_result("trainable parameters", bool(summary["passed"]), message,
-                            {"trainable": summary["trainable"], "total": summary["total"],
-                             "percent": round(summary["percent"], 4),
-                             "trainable_tensors": len(summary["trainable_tensors"]), "modules_to_save": mts},
-                            {**{k: v for k, v in summary.items() if k != "trainable_tensors"},
-                             "trainable_tensors": summary["trainable_tensors"]}))
+    out.append(
+        check_result(
+            "trainable parameters",
+            bool(summary["passed"]),
+            message,
+            {
+                "trainable": summary["trainable"],
+                "total": summary["total"],
+                "percent": round(summary["percent"], 4),
+                "trainable_tensors": len(summary["trainable_tensors"]),
+                "modules_to_save": mts,
+            },
+            {
+                **{k: v for k, v in summary.items() if k != "trainable_tensors"},
+                "trainable_tensors": summary["trainable_tensors"],
+            },
+        )
+    )
     if ctx.is_image:  # no token embeddings to match against a vocabulary
         return out
     emb = check_embedding_size(model, ctx.tokenizer)
-    out.append(check_result("embedding size", bool(emb["passed"]), emb["message"],
-                            {k: emb[k] for k in ("tokenizer_length", "input_embedding_rows", "output_embedding_rows",
-                                                 "added_tokens")}, emb))
+    out.append(
+        check_result(
+            "embedding size",
+            bool(emb["passed"]),
+            emb["message"],
+            {k: emb[k] for k in ("tokenizer_length", "input_embedding_rows", "output_embedding_rows", "added_tokens")},
+            emb,
+        )
+    )
     return out

@@ -18,7 +18,8 @@ would move a tensor whose gradient is zero and hide the fault).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,7 +54,12 @@ def to_device(batch: dict, device: torch.device) -> dict:
 def is_token_batch(batch: dict) -> bool:
     """Causal-LM batch: ``labels`` ``[B, T]`` with the shape of ``input_ids`` (docs/CONTRACTS.md)."""
     labels, ids = batch.get("labels"), batch.get("input_ids")
-    return isinstance(labels, torch.Tensor) and isinstance(ids, torch.Tensor) and labels.dim() == 2 and labels.shape == ids.shape
+    return (
+        isinstance(labels, torch.Tensor)
+        and isinstance(ids, torch.Tensor)
+        and labels.dim() == 2
+        and labels.shape == ids.shape
+    )
 
 
 def loss_sum_and_count(model: nn.Module, batch: dict) -> tuple[torch.Tensor, int]:
@@ -125,7 +131,10 @@ def diagnose_gradient_flow(model: nn.Module) -> dict[str, Any]:
         transformers ``PreTrainedModel.enable_input_require_grads``.
     """
     enabled, reentrant = _checkpoint_settings(model)
-    hook = any(bool(getattr(m, "_require_grads_hooks", None)) or getattr(m, "_require_grads_hook", None) is not None for m in model.modules())
+    hook = any(
+        bool(getattr(m, "_require_grads_hooks", None)) or getattr(m, "_require_grads_hook", None) is not None
+        for m in model.modules()
+    )
     try:
         emb = model.get_input_embeddings()  # type: ignore[operator]
         emb_trainable = emb is not None and any(p.requires_grad for p in emb.parameters())
@@ -232,15 +241,32 @@ def check_update(
         return {
             "passed": False,
             "message": f"no trainable parameters in {type(model).__name__}: nothing would be updated",
-            "steps": 0, "extra_steps": 0, "losses": [], "loss_kind": "causal-lm per token" if token_batch else "model loss",
-            "supervised_tokens": supervised, "optimizer": None, "trainable_tensors": 0, "trainable_changed": 0,
-            "trainable_nonzero_grad": 0, "no_grad": [], "zero_grad": [], "nonfinite_grad": [], "not_changed": [],
-            "frozen_tensors": len(frozen), "frozen_unchanged": len(frozen), "frozen_changed": [], "grad_norms": {},
-            "update_norms": {}, "diagnosis": diagnose_gradient_flow(model), "restored": True,
+            "steps": 0,
+            "extra_steps": 0,
+            "losses": [],
+            "loss_kind": "causal-lm per token" if token_batch else "model loss",
+            "supervised_tokens": supervised,
+            "optimizer": None,
+            "trainable_tensors": 0,
+            "trainable_changed": 0,
+            "trainable_nonzero_grad": 0,
+            "no_grad": [],
+            "zero_grad": [],
+            "nonfinite_grad": [],
+            "not_changed": [],
+            "frozen_tensors": len(frozen),
+            "frozen_unchanged": len(frozen),
+            "frozen_changed": [],
+            "grad_norms": {},
+            "update_norms": {},
+            "diagnosis": diagnose_gradient_flow(model),
+            "restored": True,
         }
 
     params = [p for _, p in trainable]
-    optimizer = optimizer_factory(params) if optimizer_factory else torch.optim.AdamW(params, lr=DEFAULT_LR, weight_decay=0.0)
+    optimizer = (
+        optimizer_factory(params) if optimizer_factory else torch.optim.AdamW(params, lr=DEFAULT_LR, weight_decay=0.0)
+    )
     opt_name = type(optimizer).__name__ if optimizer_factory else f"AdamW(lr={DEFAULT_LR:g}, weight_decay=0)"
     status = {n: "none" for n, _ in trainable}  # best seen: none < zero < nonzero
     nonfinite: set[str] = set()
@@ -308,7 +334,9 @@ def check_update(
     if no_grad:
         problems.append(f"{len(no_grad)} of {len(trainable)} trainable tensors got no gradient: {_names(no_grad)}")
     if zero_grad:
-        problems.append(f"{len(zero_grad)} of {len(trainable)} trainable tensors got only all-zero gradients in {taken} steps: {_names(zero_grad)}")
+        problems.append(
+            f"{len(zero_grad)} of {len(trainable)} trainable tensors got only all-zero gradients in {taken} steps: {_names(zero_grad)}"
+        )
     if nonfinite:
         problems.append(f"non-finite gradients in {_names(sorted(nonfinite))}")
     unexplained = [n for n in not_changed if n not in set(no_grad) | set(zero_grad)]
@@ -358,16 +386,22 @@ def check_update(
 def check_update_step(model: nn.Module, batch: dict, autocast: Callable) -> dict[str, Any]:
     """The preflight's ``update check``: real optimizer steps (:func:`check_update`) on a real
     micro-batch under ``autocast`` change every trainable tensor and no frozen one (C7); the model is restored."""
+
     def loss_fn(m, b):
         with autocast():
             return batch_loss(m, b)
 
     r = check_update(model, batch, loss_fn=loss_fn)
-    numbers = {"trainable_changed": r["trainable_changed"], "trainable_tensors": r["trainable_tensors"],
-               "frozen_unchanged": r["frozen_unchanged"], "frozen_tensors": r["frozen_tensors"], "steps": r["steps"],
-               "first_loss": round(r["losses"][0], 6) if r["losses"] else None,
-               "supervised_tokens": r["supervised_tokens"],
-               "micro_batch": int(batch["labels"].shape[0])}
+    numbers = {
+        "trainable_changed": r["trainable_changed"],
+        "trainable_tensors": r["trainable_tensors"],
+        "frozen_unchanged": r["frozen_unchanged"],
+        "frozen_tensors": r["frozen_tensors"],
+        "steps": r["steps"],
+        "first_loss": round(r["losses"][0], 6) if r["losses"] else None,
+        "supervised_tokens": r["supervised_tokens"],
+        "micro_batch": int(batch["labels"].shape[0]),
+    }
     return check_result("update check", bool(r["passed"]), r["message"], numbers, r)
 
 

@@ -37,15 +37,24 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
     with evaluation_run(ctx, "baseline") as run:
         record_inputs(ctx, run)
         run.write_json("base.json", base_hashes(ctx.base))  # compare refuses candidates trained on another base
-        run.update_summary(data_check_run=data_check, **({"data_check_override": data_check_override.strip()} if data_check_override else {}))
+        run.update_summary(
+            data_check_run=data_check,
+            **({"data_check_override": data_check_override.strip()} if data_check_override else {}),
+        )
         examples = ctx.eval_examples()
         device, _, _ = ctx.torch_setup()
-        console.print(f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples")
+        console.print(
+            f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples"
+        )
         labels = ctx.head_labels
         # training.bf16_base_weights: the base evaluated as the candidate's will be, its weights in bf16
-        model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(device)
+        model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(
+            device
+        )
         if labels is not None:
-            console.print("[yellow]note[/]: an encoder's classification head is untrained before fine-tuning; its baseline is chance level")
+            console.print(
+                "[yellow]note[/]: an encoder's classification head is untrained before fine-tuning; its baseline is chance level"
+            )
         print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline"))
         run.update_summary(base=ctx.base.identity())
         return run.id

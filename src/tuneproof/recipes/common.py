@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
@@ -106,8 +107,10 @@ def load_trained(ctx: StudyContext, train_run_id: str):
     if rec.kind != "train":
         raise TuneproofError(f"run {rec.id} is a {rec.kind} run, not a train run")
     if rec.status not in ("completed",):
-        raise TuneproofError(f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
-                             hint=f"resume it (`tuneproof resume {rec.id}`) or pick a completed run")
+        raise TuneproofError(
+            f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
+            hint=f"resume it (`tuneproof resume {rec.id}`) or pick a completed run",
+        )
     run_dir = ctx.registry.runs_dir / rec.id
     check_base(ctx, rec.id)
     check_tokenizer(ctx, rec.id, f"loading train run {rec.id}")
@@ -115,7 +118,14 @@ def load_trained(ctx: StudyContext, train_run_id: str):
     model_dir = run_dir / "model"
     labels = ctx.head_labels
     if (model_dir / "config.json").exists():  # full fine-tuning
-        ref = BaseModelRef(ctx.base.name, model_dir, ctx.base.revision, ctx.model_kind, "run", trust_remote_code=ctx.base.trust_remote_code)
+        ref = BaseModelRef(
+            ctx.base.name,
+            model_dir,
+            ctx.base.revision,
+            ctx.model_kind,
+            "run",
+            trust_remote_code=ctx.base.trust_remote_code,
+        )
         return load_model(ref, ctx.model_kind, labels=labels).to(device)
     adapter = run_dir / "adapter"
     if not (adapter / "adapter_config.json").exists():
@@ -139,8 +149,10 @@ def check_base(ctx: StudyContext, train_run_id: str) -> None:
         return
     problems = compare_base(read_json(path), ctx.base)
     if problems:
-        raise CheckFailed(f"the base model {ctx.base.path} differs from the one run {rec.id} was trained on: " + "; ".join(problems),
-                          hint="point model.base at the exact base the run was trained on (tuneproof --rehash ... if the hash cache is stale)")
+        raise CheckFailed(
+            f"the base model {ctx.base.path} differs from the one run {rec.id} was trained on: " + "; ".join(problems),
+            hint="point model.base at the exact base the run was trained on (tuneproof --rehash ... if the hash cache is stale)",
+        )
 
 
 def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
@@ -166,13 +178,22 @@ def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
                 refs.append((r, problems))
     if refs:
         named = " and ".join(f"{r.kind} run {r.id}" for r, _ in refs)
-        raise CheckFailed(f"{command} refused: the tokenizer of {ctx.base.path} differs from the one recorded by {named}: "
-                          + "; ".join(refs[0][1]),
-                          hint="restore the tokenizer files the run was trained with, or run the baseline and train again with this tokenizer")
+        raise CheckFailed(
+            f"{command} refused: the tokenizer of {ctx.base.path} differs from the one recorded by {named}: "
+            + "; ".join(refs[0][1]),
+            hint="restore the tokenizer files the run was trained with, or run the baseline and train again with this tokenizer",
+        )
 
 
-def predict_served(ctx: StudyContext, run: Run, model, examples: list[Example], what: str,
-                   served: tuple[Path, Path | None], check_examples: list[Example] | None = None) -> list[str]:
+def predict_served(
+    ctx: StudyContext,
+    run: Run,
+    model,
+    examples: list[Example],
+    what: str,
+    served: tuple[Path, Path | None],
+    check_examples: list[Example] | None = None,
+) -> list[str]:
     """Predictions by ``eval.backend: vllm`` after its backend check passed
     (:func:`tuneproof.evaluation.backends.check_backends` on the seeded sample, against the
     transformers ``model``). The check's result goes to ``backend_check.json`` and the summary's
@@ -187,28 +208,58 @@ def predict_served(ctx: StudyContext, run: Run, model, examples: list[Example], 
     device, _, autocast = ctx.torch_setup()
     model_path, adapter = served
     reference = TransformersBackend(model, ctx.tokenizer, ev, device=device, autocast=autocast, adapter_dir=adapter)
-    candidate = VllmBackend(model_path, ctx.tokenizer, tokenizer_path=ctx.base.path, dtype=ctx.device_choice.get("dtype") or "auto",
-                            max_lora_rank=lora_rank(adapter), seed=ctx.study.training.seed, trust_remote_code=ctx.base.trust_remote_code)
-    sample = backend_check_sample(examples if check_examples is None else check_examples, ev.backend_check_examples, ev.seed)
+    candidate = VllmBackend(
+        model_path,
+        ctx.tokenizer,
+        tokenizer_path=ctx.base.path,
+        dtype=ctx.device_choice.get("dtype") or "auto",
+        max_lora_rank=lora_rank(adapter),
+        seed=ctx.study.training.seed,
+        trust_remote_code=ctx.base.trust_remote_code,
+    )
+    sample = backend_check_sample(
+        examples if check_examples is None else check_examples, ev.backend_check_examples, ev.seed
+    )
     t0 = time.perf_counter()
     with progress_bar(f"{what}: backend check", len(sample)) as advance:
-        result = check_backends(reference, candidate, [ctx.pipeline.prompt_text(e.text) for e in sample], [e.id for e in sample],
-                                max_new_tokens=ev.max_new_tokens, adapter_dir=adapter, min_agreement=ev.backend_check_min_agreement,
-                                between=reference.release)
+        result = check_backends(
+            reference,
+            candidate,
+            [ctx.pipeline.prompt_text(e.text) for e in sample],
+            [e.id for e in sample],
+            max_new_tokens=ev.max_new_tokens,
+            adapter_dir=adapter,
+            min_agreement=ev.backend_check_min_agreement,
+            between=reference.release,
+        )
         advance(len(sample))
     run.write_json("backend_check.json", result)
-    run.update_summary(eval_backend=candidate.identity(), backend_check=check_summary(result),
-                       backend_check_seconds=round(time.perf_counter() - t0, 6))
+    run.update_summary(
+        eval_backend=candidate.identity(),
+        backend_check=check_summary(result),
+        backend_check_seconds=round(time.perf_counter() - t0, 6),
+    )
     if not result["passed"]:
         raise BackendCheckFailed(result["reason"], run.id)
     console.print(f"[dim]{result['name']}: {result['message']}[/]")
     with progress_bar(what, len(examples)) as advance:
-        return candidate.generate([ctx.pipeline.prompt_text(e.text) for e in examples], ev.max_new_tokens, adapter, progress=advance)
+        return candidate.generate(
+            [ctx.pipeline.prompt_text(e.text) for e in examples], ev.max_new_tokens, adapter, progress=advance
+        )
 
 
-def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], what: str, *,
-                  required_fields: list[str] | None = None, eval_cfg: Any = None,
-                  served: tuple[Path, Path | None] | None = None, check_examples: list[Example] | None = None) -> dict[str, Any]:
+def evaluate_into(
+    ctx: StudyContext,
+    run: Run,
+    model,
+    examples: list[Example],
+    what: str,
+    *,
+    required_fields: list[str] | None = None,
+    eval_cfg: Any = None,
+    served: tuple[Path, Path | None] | None = None,
+    check_examples: list[Example] | None = None,
+) -> dict[str, Any]:
     """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary.
 
     ``required_fields`` / ``eval_cfg`` score with another definition than the study file's
@@ -229,17 +280,32 @@ def evaluate_into(ctx: StudyContext, run: Run, model, examples: list[Example], w
         {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
         for e, p in zip(examples, preds)
     ]
-    records, metrics = get_task(ctx.task).score(records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg))
+    records, metrics = get_task(ctx.task).score(
+        records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg)
+    )
     write_jsonl(run.path("outputs.jsonl"), records)
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change
     held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
     base_weights = held if held in ("fp32", "bf16") else "fp32"
     efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights)
-    run.write_json("eval.json", {"fingerprint": efp, "split": ctx.study.eval.split, "n": len(examples), "metrics": metrics,
-                                 "base_weights": base_weights})
+    run.write_json(
+        "eval.json",
+        {
+            "fingerprint": efp,
+            "split": ctx.study.eval.split,
+            "n": len(examples),
+            "metrics": metrics,
+            "base_weights": base_weights,
+        },
+    )
     run.set(eval_fingerprint=efp["hash"])
-    run.update_summary(metrics=headline(ctx.task, metrics), eval_seconds=round(seconds, 6), n_eval=len(examples),
-                       eval_examples_per_s=round(len(examples) / max(seconds, 1e-9), 3), base_weights=base_weights)
+    run.update_summary(
+        metrics=headline(ctx.task, metrics),
+        eval_seconds=round(seconds, 6),
+        n_eval=len(examples),
+        eval_examples_per_s=round(len(examples) / max(seconds, 1e-9), 3),
+        base_weights=base_weights,
+    )
     return metrics
 
 
@@ -267,8 +333,10 @@ def load_outputs(ctx: StudyContext, run_id: str) -> tuple[Any, list[dict]]:
     rec = ctx.registry.get(run_id)
     path = ctx.registry.runs_dir / rec.id / "outputs.jsonl"
     if not path.exists():
-        raise TuneproofError(f"run {rec.id} ({rec.kind}, {rec.status}) has no per-example outputs ({path})",
-                             hint="compare needs baseline/eval runs; for a train run, run `tuneproof eval` first")
+        raise TuneproofError(
+            f"run {rec.id} ({rec.kind}, {rec.status}) has no per-example outputs ({path})",
+            hint="compare needs baseline/eval runs; for a train run, run `tuneproof eval` first",
+        )
     return rec, read_outputs(path, rec)
 
 

@@ -41,16 +41,26 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
     if rec.kind == "train":
         evals = [r for r in ctx.registry.list(kind="eval", status="completed") if r.parent == rec.id]
         if not evals:
-            raise TuneproofError(f"train run {rec.id} has no completed eval run", hint=f"run `tuneproof eval {rec.id}` first")
+            raise TuneproofError(
+                f"train run {rec.id} has no completed eval run", hint=f"run `tuneproof eval {rec.id}` first"
+            )
         return evals[-1].id
-    raise TuneproofError(f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)")
+    raise TuneproofError(
+        f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)"
+    )
 
 
 def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
     """The paired comparison scored and judged under one hypothesis view (frozen or edited)."""
     result = paired_compare(
-        base_out, out, ctx.task, required_fields=view["required_fields"], eval_cfg=hyp.eval_for(view, ctx.study.eval),
-        hypothesis=hyp.as_hypothesis(view), iterations=ctx.study.eval.bootstrap_iterations, seed=ctx.study.eval.seed,
+        base_out,
+        out,
+        ctx.task,
+        required_fields=view["required_fields"],
+        eval_cfg=hyp.eval_for(view, ctx.study.eval),
+        hypothesis=hyp.as_hypothesis(view),
+        iterations=ctx.study.eval.bootstrap_iterations,
+        seed=ctx.study.eval.seed,
         labels=task_config(ctx).labels,
     )
     result["hypothesis_hash"], result["scoring"] = hyp.view_hash(view), hyp.scoring(view)
@@ -71,13 +81,21 @@ def check_same_base(ctx: StudyContext, base_rec, rec) -> None:
         return
     problems = compare_recorded(read_json(paths[0]), read_json(paths[1]))
     if problems:
-        raise TuneproofError(f"baseline {base_rec.id} evaluated another base model than the one {train_id} (candidate {rec.id}) "
-                             f"was trained on: " + "; ".join(problems),
-                             hint="run `tuneproof baseline` again on the base the candidate was trained on, then compare")
+        raise TuneproofError(
+            f"baseline {base_rec.id} evaluated another base model than the one {train_id} (candidate {rec.id}) "
+            f"was trained on: " + "; ".join(problems),
+            hint="run `tuneproof baseline` again on the base the candidate was trained on, then compare",
+        )
 
 
-def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None = None,
-                allow_different_procedure: bool = False, use_edited_hypothesis: str | None = None) -> str:
+def run_compare(
+    ctx: StudyContext,
+    candidates: list[str],
+    *,
+    against: str | None = None,
+    allow_different_procedure: bool = False,
+    use_edited_hypothesis: str | None = None,
+) -> str:
     """Compare each candidate with the baseline; returns the compare run id (``compare.json`` in it).
 
     Raises:
@@ -102,7 +120,10 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
             if differs:
                 msg = f"{rec.id} was evaluated differently from baseline {base_rec.id} (differs: {', '.join(differs)})"
                 if not allow_different_procedure:
-                    raise TuneproofError(msg, hint="re-run `tuneproof eval` with the study's procedure, or pass --allow-different-procedure (recorded)")
+                    raise TuneproofError(
+                        msg,
+                        hint="re-run `tuneproof eval` with the study's procedure, or pass --allow-different-procedure (recorded)",
+                    )
                 notes.append("DIFFERENT PROCEDURE: " + msg)
             check_same_base(ctx, base_rec, rec)
             if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
@@ -113,8 +134,12 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
                 if alt is None:  # required fields or format rule changed: score again
                     other = _paired(ctx, base_out, out, judging.other)
                     alt = (other["verdicts"], other["overall"])
-                result["alternative"] = {"hypothesis": judging.other_name, "hypothesis_hash": hyp.view_hash(judging.other),
-                                         "verdicts": alt[0], "overall": alt[1]}
+                result["alternative"] = {
+                    "hypothesis": judging.other_name,
+                    "hypothesis_hash": hyp.view_hash(judging.other),
+                    "verdicts": alt[0],
+                    "overall": alt[1],
+                }
             result["judged_against"] = judging.judged_against
             result["notes"] = notes
             results[rec.id] = result
@@ -124,13 +149,32 @@ def run_compare(ctx: StudyContext, candidates: list[str], *, against: str | None
         first = results[cand_ids[0]]
         overall = first.get("overall", {})
         alt = (first.get("alternative") or {}).get("overall") or {}
-        both = {f"verdict_{judging.other_name}": alt.get("verdict"), f"detail_{judging.other_name}": alt.get("detail")} if alt else {}
-        run.write_json("compare.json", {"baseline": base_rec.id, "candidates": results, "hypothesis": judging.to_json(),
-                                        "verdict": overall.get("verdict"), "detail": overall.get("detail"), **both})
-        run.update_summary(baseline=base_rec.id, candidates=cand_ids, verdict=overall.get("verdict"),
-                           verdicts={cid: r.get("overall", {}).get("verdict") for cid, r in results.items()},
-                           judged_against=judging.judged_against, hypothesis_changed=judging.changed,
-                           use_edited_hypothesis=judging.reason, **{k: v for k, v in both.items() if k.startswith("verdict_")})
+        both = (
+            {f"verdict_{judging.other_name}": alt.get("verdict"), f"detail_{judging.other_name}": alt.get("detail")}
+            if alt
+            else {}
+        )
+        run.write_json(
+            "compare.json",
+            {
+                "baseline": base_rec.id,
+                "candidates": results,
+                "hypothesis": judging.to_json(),
+                "verdict": overall.get("verdict"),
+                "detail": overall.get("detail"),
+                **both,
+            },
+        )
+        run.update_summary(
+            baseline=base_rec.id,
+            candidates=cand_ids,
+            verdict=overall.get("verdict"),
+            verdicts={cid: r.get("overall", {}).get("verdict") for cid, r in results.items()},
+            judged_against=judging.judged_against,
+            hypothesis_changed=judging.changed,
+            use_edited_hypothesis=judging.reason,
+            **{k: v for k, v in both.items() if k.startswith("verdict_")},
+        )
         hyp.record_override(ctx.study_dir, judging, "compare", run.id)
         return run.id
 
@@ -146,16 +190,20 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
     success metric's per-example rule (its basis named), the exact-match counts as a second line,
     and a candidate that predicts one class for most examples."""
     c, basis = r["counts"], r.get("counts_basis") or {}
-    lines = [f"{cid} vs baseline {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
-             f"unchanged right {c['unchanged_right']}, unchanged wrong {c['unchanged_wrong']}; "
-             f"McNemar exact p = {fmt_p(r['mcnemar']['p_value'])}"]
+    lines = [
+        f"{cid} vs baseline {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
+        f"unchanged right {c['unchanged_right']}, unchanged wrong {c['unchanged_wrong']}; "
+        f"McNemar exact p = {fmt_p(r['mcnemar']['p_value'])}"
+    ]
     if basis:
         lines.append(f"  basis: {basis.get('metric') or 'per-example correct'}: {basis.get('description')}")
     cc = r.get("counts_correct")
     if cc and basis.get("rule") != "correct":
-        lines.append(f"  on the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
-                     f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}; "
-                     f"McNemar exact p = {fmt_p(r['mcnemar_correct']['p_value'])}")
+        lines.append(
+            f"  on the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
+            f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}; "
+            f"McNemar exact p = {fmt_p(r['mcnemar_correct']['p_value'])}"
+        )
     for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):
         d = r.get(key)
         if d and d.get("flagged"):
@@ -170,24 +218,42 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
 def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
     for line in summary_lines(cid, bid, r):
         console.print(escape(line).replace("WARNING", "[yellow]WARNING[/]"), soft_wrap=True)
-    rows = [[m, fmt(v["base"]), fmt(v["cand"]), fmt(v["delta"]), "[" + ", ".join(fmt(x) for x in (v.get("ci") or [None, None])) + "]"]
-            for m, v in r["metrics"].items()]
-    console.print(table("metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows))
+    rows = [
+        [
+            m,
+            fmt(v["base"]),
+            fmt(v["cand"]),
+            fmt(v["delta"]),
+            "[" + ", ".join(fmt(x) for x in (v.get("ci") or [None, None])) + "]",
+        ]
+        for m, v in r["metrics"].items()
+    ]
+    console.print(
+        table(
+            "metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows
+        )
+    )
     for v in r.get("verdicts", []):
         color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
         lines = guard_lines(v, where)
-        console.print(f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(lines[0])}", soft_wrap=True)
+        console.print(
+            f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(lines[0])}", soft_wrap=True
+        )
         for line in lines[1:]:
             console.print(escape(line), soft_wrap=True)
     if r.get("overall"):
         against = r.get("judged_against", "")
-        console.print(f"  overall{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "
-                      f"[bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})")
+        console.print(
+            f"  overall{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "
+            f"[bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})"
+        )
     alt = r.get("alternative")
     if alt:
         console.print(f"  with the {alt['hypothesis']} hypothesis instead:")
         for v in alt["verdicts"]:
             console.print(f"    {v['kind']:7s} {v['verdict']:12s} {v['name']}")
-        console.print(f"  overall ({alt['hypothesis']} hypothesis): [bold]{alt['overall']['verdict']}[/] ({alt['overall']['detail']})")
+        console.print(
+            f"  overall ({alt['hypothesis']} hypothesis): [bold]{alt['overall']['verdict']}[/] ({alt['overall']['detail']})"
+        )
     for n in r.get("notes", []):
         console.print(f"  [yellow]note[/]: {n}")

@@ -57,41 +57,76 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     # progress over the two long parts on a large set: duplicates (all splits, one step) and the trainer's encoding
     with progress_bar("data check", n_all + sum(len(v) for v in to_encode.values())) as advance:
         # text duplicates (an image study's are found by the image audit, on the pixels, not the paths)
-        dedup = find_duplicates({n: [] for n in splits} if ctx.is_image else splits, threshold=d.threshold, shingles=d.shingles,
-                                ngram=d.ngram, num_perm=d.num_perm)
+        dedup = find_duplicates(
+            {n: [] for n in splits} if ctx.is_image else splits,
+            threshold=d.threshold,
+            shingles=d.shingles,
+            ngram=d.ngram,
+            num_perm=d.num_perm,
+        )
         advance(n_all, "duplicates done")
         encoded = {}
         for name, items in to_encode.items():
             out = encoded[name] = []
             for i in range(0, len(items), ENCODE_CHUNK):
-                out += ctx.pipeline.encode_all(items[i:i + ENCODE_CHUNK])
-                advance(len(items[i:i + ENCODE_CHUNK]), f"encoding {name}")
+                out += ctx.pipeline.encode_all(items[i : i + ENCODE_CHUNK])
+                advance(len(items[i : i + ENCODE_CHUNK]), f"encoding {name}")
     kind = get_task(ctx.task)
     # the task kind's own audit (labels, targets, label sets; images: form, duplicates, shortcuts)
     audit = kind.audit(splits, task_config(ctx), ctx.pipeline) if ctx.is_image else kind.audit(splits, task_config(ctx))
-    faults = [{"id": e.id, "split": name, "prompt_tokens": e.prompt_tokens, "answer_tokens": e.answer_tokens, "fault": f,
-               **({"prefix_diff": e.prefix_diff} if e.prefix_diff and "inference prompt" in f else {})}
-              for name, items in encoded.items() for e in items for f in e.faults]
+    faults = [
+        {
+            "id": e.id,
+            "split": name,
+            "prompt_tokens": e.prompt_tokens,
+            "answer_tokens": e.answer_tokens,
+            "fault": f,
+            **({"prefix_diff": e.prefix_diff} if e.prefix_diff and "inference prompt" in f else {}),
+        }
+        for name, items in encoded.items()
+        for e in items
+        for f in e.faults
+    ]
     generative = ctx.pipeline.labels is None
-    lengths = length_stats({name: [e.full_length for e in items] for name, items in encoded.items()}, s.training.max_length,
-                           keep_whole={n: [e.full_length for e in v] for n, v in encoded.items()} if generative else None)
+    lengths = length_stats(
+        {name: [e.full_length for e in items] for name, items in encoded.items()},
+        s.training.max_length,
+        keep_whole={n: [e.full_length for e in v] for n, v in encoded.items()} if generative else None,
+    )
     checks = _checks(ctx, dedup, encoded, generative)
     t = audit.get("targets")
-    json_targets = t if t and "parsed" in t and "rule" not in t else None  # format rules and label sets have their own lines
+    json_targets = (
+        t if t and "parsed" in t and "rule" not in t else None
+    )  # format rules and label sets have their own lines
     checks["lines"] += audit_lines(audit.get("labels") or {}, json_targets, faults, lengths)
-    hard = list(audit["hard_faults"]) + [
-        f"{f['split']}/{f['id']}: {f['fault']}" for f in faults]
-    warnings = list(audit["warnings"]) + lengths.get("warnings", []) + [
-        line for line in dedup.summary_lines() if "no duplicates" not in line] + checks["warnings"]
+    hard = list(audit["hard_faults"]) + [f"{f['split']}/{f['id']}: {f['fault']}" for f in faults]
+    warnings = (
+        list(audit["warnings"])
+        + lengths.get("warnings", [])
+        + [line for line in dedup.summary_lines() if "no duplicates" not in line]
+        + checks["warnings"]
+    )
     return {
-        "fingerprint": ctx.data_fingerprint(), "manifest_created": getattr(ctx, "manifest_created", None),
-        "sizes": {n: len(v) for n, v in splits.items()}, "repairs": ctx.repairs,
+        "fingerprint": ctx.data_fingerprint(),
+        "manifest_created": getattr(ctx, "manifest_created", None),
+        "sizes": {n: len(v) for n, v in splits.items()},
+        "repairs": ctx.repairs,
         "dropped_by_dedup": getattr(ctx, "dedup_dropped", []),
-        "dedup": dedup.to_dict(), "labels": audit.get("labels"), "targets": audit.get("targets"),
-        "label_sets": audit.get("label_sets"), "images": audit.get("images"), "encoding_faults": faults,
-        "lengths": lengths, "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
-        "small_classes": checks["small_classes"], "cut_answers": checks["cut_answers"], "optional_absent": checks["optional_absent"],
-        "checks": checks["lines"], "hard_faults": hard, "warnings": warnings, "passed": not hard,
+        "dedup": dedup.to_dict(),
+        "labels": audit.get("labels"),
+        "targets": audit.get("targets"),
+        "label_sets": audit.get("label_sets"),
+        "images": audit.get("images"),
+        "encoding_faults": faults,
+        "lengths": lengths,
+        "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
+        "small_classes": checks["small_classes"],
+        "cut_answers": checks["cut_answers"],
+        "optional_absent": checks["optional_absent"],
+        "checks": checks["lines"],
+        "hard_faults": hard,
+        "warnings": warnings,
+        "passed": not hard,
     }
 
 
@@ -102,28 +137,44 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
     absent = checks.absent_optional(ctx.all_splits, s.data.fields.optional)
     lines = [dropped_summary(getattr(ctx, "dropped_empty", [])), checks.duplicates_line(dedup)]
     lines += [x for x in (small["line"], cut and cut["line"], absent["line"]) if x]
-    return {"lines": lines, "warnings": small["warnings"] + ([cut["line"]] if cut and cut["count"] else []),
-            "small_classes": small, "cut_answers": cut, "optional_absent": absent}
+    return {
+        "lines": lines,
+        "warnings": small["warnings"] + ([cut["line"]] if cut and cut["count"] else []),
+        "small_classes": small,
+        "cut_answers": cut,
+        "optional_absent": absent,
+    }
 
 
 def run_data_check(ctx: StudyContext) -> str:
     """Run the data check as a registry run; raises :class:`CheckFailed` (exit 3) on hard faults."""
-    notes = check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
+    notes = check_against_data(
+        ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE
+    )  # bad input: exit 2 before any run
     with ctx.registry.run("data-check") as run:
         record_inputs(ctx, run)
         rep = data_report(ctx)
         rep["hypothesis_notes"] = notes
         rep["warnings"] += notes
         run.write_json("data_check.json", rep)
-        run.update_summary(passed=rep["passed"], hard_faults=len(rep["hard_faults"]), sizes=rep["sizes"],
-                           lengths={k: {m: v.get(m) for m in ("p50", "p95", "max", "truncated_share")} for k, v in rep["lengths"]["splits"].items()},
-                           suggest_max_length=rep["lengths"].get("suggest_max_length"),
-                           duplicates=[line for line in rep["warnings"] if "overlap" in line or "duplicate" in line][:6],
-                           checks=rep["checks"])
+        run.update_summary(
+            passed=rep["passed"],
+            hard_faults=len(rep["hard_faults"]),
+            sizes=rep["sizes"],
+            lengths={
+                k: {m: v.get(m) for m in ("p50", "p95", "max", "truncated_share")}
+                for k, v in rep["lengths"]["splits"].items()
+            },
+            suggest_max_length=rep["lengths"].get("suggest_max_length"),
+            duplicates=[line for line in rep["warnings"] if "overlap" in line or "duplicate" in line][:6],
+            checks=rep["checks"],
+        )
         _print(rep)
         if not rep["passed"]:
-            raise CheckFailed(f"data check {run.id}: {len(rep['hard_faults'])} hard faults, first: {rep['hard_faults'][0]}",
-                              hint=f"see {run.path('data_check.json')}")
+            raise CheckFailed(
+                f"data check {run.id}: {len(rep['hard_faults'])} hard faults, first: {rep['hard_faults'][0]}",
+                hint=f"see {run.path('data_check.json')}",
+            )
         return run.id
 
 
@@ -134,36 +185,59 @@ def target_lines(rep: dict[str, Any]) -> list[str]:
     t = rep.get("targets") or {}
     if "rule" in t:  # a format study: gold targets under the study's own rule (strict-JSON targets: see the checks)
         rule = t["rule"]
-        out.append(f"targets: {t.get('parsed')} of {t.get('n')} follow {rule} (parse rate {t['parse_rate']:.1%})"
-                   + ("" if t.get("invalid") else "; none fails"))
+        out.append(
+            f"targets: {t.get('parsed')} of {t.get('n')} follow {rule} (parse rate {t['parse_rate']:.1%})"
+            + ("" if t.get("invalid") else "; none fails")
+        )
     ls = rep.get("label_sets")
     if ls:
         for split, sup in ls["support"].items():
             c = ls["cardinality"][split]
             mean = "n/a" if c["mean"] is None else f"{c['mean']:.2f}"
-            out.append(f"label sets {split}: {len(sup)} labels, labels per example mean {mean} (min {c['min']}, max {c['max']}); "
-                       "support: " + ", ".join(f"{k} {v}" for k, v in list(sup.items())[:12]) + (" ..." if len(sup) > 12 else ""))
+            out.append(
+                f"label sets {split}: {len(sup)} labels, labels per example mean {mean} (min {c['min']}, max {c['max']}); "
+                "support: "
+                + ", ".join(f"{k} {v}" for k, v in list(sup.items())[:12])
+                + (" ..." if len(sup) > 12 else "")
+            )
     return out
 
 
 def _print(rep: dict[str, Any]) -> None:
-    console.print(f"data fingerprint {rep['fingerprint']['hash'][:16]}; splits " +
-                  ", ".join(f"{k} {v}" for k, v in rep["sizes"].items()))
+    console.print(
+        f"data fingerprint {rep['fingerprint']['hash'][:16]}; splits "
+        + ", ".join(f"{k} {v}" for k, v in rep["sizes"].items())
+    )
     for r in rep["repairs"]:
         if r.startswith("skipped "):  # an unreadable image: left out and counted, not repaired
-            console.print(f"[yellow]skipped[/] {escape(r[len('skipped '):])}", soft_wrap=True)
+            console.print(f"[yellow]skipped[/] {escape(r[len('skipped ') :])}", soft_wrap=True)
         else:
             console.print(f"[yellow]repaired[/] {escape(r)}", soft_wrap=True)
     if rep.get("images"):
         _print_images(rep["images"])
     else:
-        rows = [[k, fmt(v.get("p50"), 0), fmt(v.get("p95"), 0), v.get("max"), fmt(v.get("truncated_share"))]
-                for k, v in rep["lengths"]["splits"].items()]
-        console.print(table(f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
-                            ["split", "p50", "p95", "max", "truncated share"], rows))
-    text_only = ("duplicates", "empty texts", "texts with different labels", "encoding faults", "longer than max_length")
+        rows = [
+            [k, fmt(v.get("p50"), 0), fmt(v.get("p95"), 0), v.get("max"), fmt(v.get("truncated_share"))]
+            for k, v in rep["lengths"]["splits"].items()
+        ]
+        console.print(
+            table(
+                f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
+                ["split", "p50", "p95", "max", "truncated share"],
+                rows,
+            )
+        )
+    text_only = (
+        "duplicates",
+        "empty texts",
+        "texts with different labels",
+        "encoding faults",
+        "longer than max_length",
+    )
     warned = set(rep["warnings"])
-    for c in target_lines(rep) + [c for c in rep.get("checks", []) if not (rep.get("images") and c.startswith(text_only))]:
+    for c in target_lines(rep) + [
+        c for c in rep.get("checks", []) if not (rep.get("images") and c.startswith(text_only))
+    ]:
         if c in warned or all(part in warned for part in c.split("; ")):  # said once, as the warning(s) below
             continue
         console.print("[cyan]check[/] " + escape(c), soft_wrap=True)
@@ -174,7 +248,11 @@ def _print(rep: dict[str, Any]) -> None:
         _print_prefix_diff(diff["id"], diff["prefix_diff"])
     for h in rep["hard_faults"][:20]:
         console.print(f"[red]fault[/] {escape(h)}", soft_wrap=True)
-    console.print("[green]data check passed[/]" if rep["passed"] else f"[red]data check failed: {len(rep['hard_faults'])} hard faults[/]")
+    console.print(
+        "[green]data check passed[/]"
+        if rep["passed"]
+        else f"[red]data check failed: {len(rep['hard_faults'])} hard faults[/]"
+    )
 
 
 def _print_images(images: dict[str, Any]) -> None:
@@ -184,18 +262,40 @@ def _print_images(images: dict[str, Any]) -> None:
     for split, form in images["form"].items():
         for label, c in form["categories"].items():
             after = (c.get("after_transform") or {}).get("outputs") or {}
-            rows.append([split, label, c["n"], f"{c['width']['median']:g}x{c['height']['median']:g}",
-                         ", ".join(f"{m} {n}" for m, n in c["modes"].items()), ", ".join(after)])
-    console.print(table("images per class (median size, PIL modes, model input)", ["split", "class", "n", "size", "modes", "model input"], rows,
-                        keep=("split", "class")))
-    console.print("[cyan]check[/] " + escape(images["duplicates"]["summary"]) + f" ({images['duplicates']['rule']})", soft_wrap=True)
+            rows.append(
+                [
+                    split,
+                    label,
+                    c["n"],
+                    f"{c['width']['median']:g}x{c['height']['median']:g}",
+                    ", ".join(f"{m} {n}" for m, n in c["modes"].items()),
+                    ", ".join(after),
+                ]
+            )
+    console.print(
+        table(
+            "images per class (median size, PIL modes, model input)",
+            ["split", "class", "n", "size", "modes", "model input"],
+            rows,
+            keep=("split", "class"),
+        )
+    )
+    console.print(
+        "[cyan]check[/] " + escape(images["duplicates"]["summary"]) + f" ({images['duplicates']['rule']})",
+        soft_wrap=True,
+    )
     console.print("[cyan]check[/] " + escape(images["shortcut"]["message"]), soft_wrap=True)
 
 
 def _print_prefix_diff(ex_id: str, d: dict[str, Any]) -> None:
     """Training prefix vs inference prompt (CASES C3 kind): both strings and the character diff."""
-    console.print(f"[red]training prefix differs from the inference prompt[/] ({ex_id}, first difference at character "
-                  f"{d['first_difference']}):", soft_wrap=True)
+    console.print(
+        f"[red]training prefix differs from the inference prompt[/] ({ex_id}, first difference at character "
+        f"{d['first_difference']}):",
+        soft_wrap=True,
+    )
     console.print(f"  inference prompt: {visible(d['prompt'])}", soft_wrap=True, markup=False, highlight=False)
     console.print(f"  training prefix:  {visible(d['training_prefix'])}", soft_wrap=True, markup=False, highlight=False)
-    console.print(f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}", soft_wrap=True, markup=False, highlight=False)
+    console.print(
+        f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}", soft_wrap=True, markup=False, highlight=False
+    )

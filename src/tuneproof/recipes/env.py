@@ -41,9 +41,15 @@ def run_env(as_json: bool = False) -> dict[str, Any]:
     ]
     for d in snap.get("devices") or []:
         cap = d.get("capability")
-        rows.append([f"device {d.get('index')}", f"{d.get('name')}" + (f", capability {cap[0]}.{cap[1]}" if cap else "")
-                     + (f", {d['arch']}" if d.get("arch") else "")
-                     + (f", {d['total_memory_bytes'] / gib:.1f} GiB" if d.get("total_memory_bytes") else "")])
+        rows.append(
+            [
+                f"device {d.get('index')}",
+                f"{d.get('name')}"
+                + (f", capability {cap[0]}.{cap[1]}" if cap else "")
+                + (f", {d['arch']}" if d.get("arch") else "")
+                + (f", {d['total_memory_bytes'] / gib:.1f} GiB" if d.get("total_memory_bytes") else ""),
+            ]
+        )
     if not snap.get("devices"):
         rows.append(["devices", "none (CPU only)"])
     for name, version in (snap.get("libraries") or {}).items():

@@ -43,7 +43,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tuneproof import SCHEMA_VERSION
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.deliver.bundle import (
@@ -69,7 +68,7 @@ from tuneproof.deliver.image_bundle import copy_images
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.outputs import check_outputs, read_outputs
-from tuneproof.io import atomic_write_text, read_json, write_json, write_jsonl
+from tuneproof.io import SCHEMA_VERSION, atomic_write_text, read_json, write_json, write_jsonl
 from tuneproof.models.identity import base_identity, vocabulary_record
 from tuneproof.recipes.common import check_base, check_tokenizer, record_inputs, trained_base_weights
 from tuneproof.recipes.compare import print_judging
@@ -118,10 +117,13 @@ def _check_base_unchanged(ctx: StudyContext, rec) -> None:
         raise CheckFailed(
             f"run {rec.id} was trained on base weights {json.dumps(trained['weight_sha256'])} but the study's base "
             f"{now['path']} now has {json.dumps(now['weight_sha256'])}",
-            hint="point model.base at the exact base the run was trained on")
+            hint="point model.base at the exact base the run was trained on",
+        )
     if trained.get("revision") and trained["revision"] != now["revision"]:
-        raise CheckFailed(f"run {rec.id} was trained on base revision {trained['revision']}, the study's base is now {now['revision']}",
-                          hint="point model.base at the exact base the run was trained on")
+        raise CheckFailed(
+            f"run {rec.id} was trained on base revision {trained['revision']}, the study's base is now {now['revision']}",
+            hint="point model.base at the exact base the run was trained on",
+        )
 
 
 def _embeddings(base: dict[str, Any], tmp: Path, payload: str) -> dict[str, Any]:
@@ -132,28 +134,50 @@ def _embeddings(base: dict[str, Any], tmp: Path, payload: str) -> dict[str, Any]
     size = base["tokenizer"].get("vocab_size")
     saved = []
     if payload == "adapter":
-        saved = [k for k in safetensors_keys(tmp / "adapter" / "adapter_model.safetensors")
-                 if any(x in k for x in ("embed_tokens", "word_embeddings", "lm_head", "trainable_tokens")) and "lora_" not in k]
-    rec = {"base_rows": rows, "tokenizer_size": size, "resized": bool(rows and size and size > rows), "saved_tensors": saved}
+        saved = [
+            k
+            for k in safetensors_keys(tmp / "adapter" / "adapter_model.safetensors")
+            if any(x in k for x in ("embed_tokens", "word_embeddings", "lm_head", "trainable_tokens"))
+            and "lora_" not in k
+        ]
+    rec = {
+        "base_rows": rows,
+        "tokenizer_size": size,
+        "resized": bool(rows and size and size > rows),
+        "saved_tensors": saved,
+    }
     if rec["resized"] and payload == "adapter" and not saved:
-        raise CheckFailed(f"the tokenizer has {size} tokens but the base embeddings have {rows} rows, and the adapter saves no embedding tensor",
-                          hint="the added tokens would be random after a reload; add the embedding layer to method.modules_to_save")
+        raise CheckFailed(
+            f"the tokenizer has {size} tokens but the base embeddings have {rows} rows, and the adapter saves no embedding tensor",
+            hint="the added tokens would be random after a reload; add the embedding layer to method.modules_to_save",
+        )
     return rec
 
 
 def _comparison(crec, compare_json: dict, entry: dict, judging: hyp.Judging) -> dict[str, Any]:
     """The manifest's ``comparison``: the recorded comparison judged against the hypothesis in force
     (:attr:`Judging.primary`) and, when the study file's differs, the other one's verdict too."""
-    out = {"compare_run": crec.id, "baseline_run": compare_json.get("baseline"), "counts": entry.get("counts"),
-           "mcnemar": entry.get("mcnemar"), "metrics": entry.get("metrics"), "judged_against": judging.judged_against}
-    stale = "the recorded comparison was scored with other required fields or format rule; run `tuneproof compare` again"
+    out = {
+        "compare_run": crec.id,
+        "baseline_run": compare_json.get("baseline"),
+        "counts": entry.get("counts"),
+        "mcnemar": entry.get("mcnemar"),
+        "metrics": entry.get("metrics"),
+        "judged_against": judging.judged_against,
+    }
+    stale = (
+        "the recorded comparison was scored with other required fields or format rule; run `tuneproof compare` again"
+    )
     got = hyp.rejudge(entry, judging.primary)
     verdicts, overall = got if got else (None, {"verdict": None, "detail": stale})
     out.update(verdict=overall.get("verdict"), detail=overall.get("detail"), verdicts=verdicts)
     if judging.other is not None:
         got = hyp.rejudge(entry, judging.other)
         other = got[1] if got else {"verdict": None, "detail": stale}
-        out[f"verdict_{judging.other_name}"], out[f"detail_{judging.other_name}"] = other.get("verdict"), other.get("detail")
+        out[f"verdict_{judging.other_name}"], out[f"detail_{judging.other_name}"] = (
+            other.get("verdict"),
+            other.get("detail"),
+        )
     return out
 
 
@@ -163,22 +187,44 @@ def _scoring(ctx: StudyContext, ev, entry: dict | None, judging: hyp.Judging) ->
     the scoring it was made with and the hypothesis views its verdicts are judged under."""
     evcfg = (ctx.registry.run_json(ev.id, "config.json") if ev else None) or ctx.config
     return {
-        "task": ctx.task, "labels": ctx.labels if ctx.task == "classification" else None,
-        "eval_run": {"required_fields": (evcfg.get("hypothesis") or {}).get("required_fields"), "eval": evcfg.get("eval") or {}},
-        "comparison": {"eval": ctx.study.eval.model_dump(mode="json"), "scored_with": (entry or {}).get("scoring") or hyp.scoring(judging.primary),
-                       "view": judging.primary, "other_view": judging.other, "other_name": judging.other_name},
+        "task": ctx.task,
+        "labels": ctx.labels if ctx.task == "classification" else None,
+        "eval_run": {
+            "required_fields": (evcfg.get("hypothesis") or {}).get("required_fields"),
+            "eval": evcfg.get("eval") or {},
+        },
+        "comparison": {
+            "eval": ctx.study.eval.model_dump(mode="json"),
+            "scored_with": (entry or {}).get("scoring") or hyp.scoring(judging.primary),
+            "view": judging.primary,
+            "other_view": judging.other,
+            "other_name": judging.other_name,
+        },
     }
 
 
-def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forced: dict | None, export_run: str,
-                 device: str = "cpu", judging: hyp.Judging | None = None) -> dict[str, Any]:
+def build_bundle(
+    ctx: StudyContext,
+    rec,
+    tmp: Path,
+    *,
+    merge: bool,
+    k: int,
+    forced: dict | None,
+    export_run: str,
+    device: str = "cpu",
+    judging: hyp.Judging | None = None,
+) -> dict[str, Any]:
     """Write every file of the bundle into ``tmp`` and return the manifest (also written)."""
     if judging is None:
         judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry)
     src = ctx.registry.runs_dir / rec.id
     payload = "adapter" if (src / "adapter" / "adapter_config.json").exists() else "model"
     if not (src / payload).exists():
-        raise TuneproofError(f"{src}: the run saved neither adapter/ nor model/", hint="only a train run that finished saving can be exported")
+        raise TuneproofError(
+            f"{src}: the run saved neither adapter/ nor model/",
+            hint="only a train run that finished saving can be exported",
+        )
     if merge and payload != "adapter":
         raise TuneproofError("--merge applies to a LoRA adapter; this run saved a full model (model/)")
     quantization = rec.summary.get("quantization")  # qlora: the 4-bit config the run trained on
@@ -201,11 +247,15 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         mts = {m: keys for m, keys in found.items() if keys}
         empty = [m for m in requested if not found.get(m)]
         if empty:
-            raise CheckFailed(f"modules_to_save {empty} have no tensor in {src / 'adapter' / 'adapter_model.safetensors'}",
-                              hint="the trained module would be lost on reload; check method.modules_to_save")
+            raise CheckFailed(
+                f"modules_to_save {empty} have no tensor in {src / 'adapter' / 'adapter_model.safetensors'}",
+                hint="the trained module would be lost on reload; check method.modules_to_save",
+            )
         if kind in ("sequence-classification", "image-classification") and not mts:
-            raise CheckFailed("the classification head is not in the saved adapter (modules_to_save is empty)",
-                              hint="set method.modules_to_save: [classifier] (the head's module name) and train again")
+            raise CheckFailed(
+                "the classification head is not in the saved adapter (modules_to_save is empty)",
+                hint="set method.modules_to_save: [classifier] (the head's module name) and train again",
+            )
 
     # C6 kind: base size before resizing, added tokens (an image classifier has no vocabulary)
     embeddings = None if ctx.is_image else _embeddings(base, tmp, payload)
@@ -214,10 +264,20 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
     # evidence: eval, comparison, limits
     ev = _eval_of(ctx, rec.id)
     eval_json = ctx.registry.run_json(ev.id, "eval.json") if ev else None
-    outputs = read_outputs(ctx.registry.runs_dir / ev.id / "outputs.jsonl", ev) if ev and (ctx.registry.runs_dir / ev.id / "outputs.jsonl").exists() else []
+    outputs = (
+        read_outputs(ctx.registry.runs_dir / ev.id / "outputs.jsonl", ev)
+        if ev and (ctx.registry.runs_dir / ev.id / "outputs.jsonl").exists()
+        else []
+    )
     crec, compare_json, entry = _comparison_of(ctx, ev.id if ev else None)
-    limits = observed_limits(ctx.task, eval_metrics=(eval_json or {}).get("metrics"), outputs=outputs, comparison=entry,
-                             test_accesses=ctx.registry.test_accesses(), forced=forced)
+    limits = observed_limits(
+        ctx.task,
+        eval_metrics=(eval_json or {}).get("metrics"),
+        outputs=outputs,
+        comparison=entry,
+        test_accesses=ctx.registry.test_accesses(),
+        forced=forced,
+    )
     results = tmp / "results"
     if compare_json:
         write_json(results / "compare.json", compare_json)
@@ -239,11 +299,21 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
 
     # the K stored examples and the bundle's own predictions on them (CPU, fp32, greedy)
     if outputs:
-        chosen = [{"id": r["id"], "category": r.get("category"), "input": r["input"], "reference": r.get("reference"),
-                   "eval_prediction": r.get("prediction")} for r in pick_examples(outputs, k)]
+        chosen = [
+            {
+                "id": r["id"],
+                "category": r.get("category"),
+                "input": r["input"],
+                "reference": r.get("reference"),
+                "eval_prediction": r.get("prediction"),
+            }
+            for r in pick_examples(outputs, k)
+        ]
     else:
-        rows = [{"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "eval_prediction": None}
-                for e in ctx.eval_examples()]
+        rows = [
+            {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "eval_prediction": None}
+            for e in ctx.eval_examples()
+        ]
         chosen = pick_examples(rows, k)
     if ctx.is_image:  # the images themselves travel with the bundle
         copy_images(chosen, {e.id: e for e in ctx.all_splits[ctx.study.eval.split]}, tmp)
@@ -251,17 +321,38 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         for c in chosen:
             c["prompt"] = ctx.pipeline.prompt_text(c["input"])
     held = trained_base_weights(ctx, rec.id)  # training.bf16_base_weights: trained and evaluated with the base in bf16
-    procedure = {"model_kind": kind, "task": ctx.task, "labels": labels, "max_length": ctx.study.training.max_length,
-                 "max_new_tokens": ctx.study.eval.max_new_tokens, "decoding": "greedy", "device": device,
-                 "dtype": "bf16" if held == "bf16" else "fp32", "base_weights": held, "k": len(chosen)}
+    procedure = {
+        "model_kind": kind,
+        "task": ctx.task,
+        "labels": labels,
+        "max_length": ctx.study.training.max_length,
+        "max_new_tokens": ctx.study.eval.max_new_tokens,
+        "decoding": "greedy",
+        "device": device,
+        "dtype": "bf16" if held == "bf16" else "fp32",
+        "base_weights": held,
+        "k": len(chosen),
+    }
     # the entry module of the fresh-process verification (deliver/verify.py), named in every bundle
-    procedure["tolerance"] = f"predictions identical; logits within {procedure_atol(procedure, device)} (see tuneproof.deliver.verify)"
+    procedure["tolerance"] = (
+        f"predictions identical; logits within {procedure_atol(procedure, device)} (see tuneproof.deliver.verify)"
+    )
     if ctx.is_image:
         procedure["image_transforms"] = ctx.study.data.image.model_dump(mode="json")
-    man: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": BUNDLE_KIND, "created": time.time(), "run": rec.id,
-                           "export_run": export_run, "payload": payload, "merged": bool(merge), "procedure": procedure,
-                           "base_model": base, "tokenizer": base["tokenizer"], "labels": labels,
-                           "quantization": quantization}
+    man: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": BUNDLE_KIND,
+        "created": time.time(),
+        "run": rec.id,
+        "export_run": export_run,
+        "payload": payload,
+        "merged": bool(merge),
+        "procedure": procedure,
+        "base_model": base,
+        "tokenizer": base["tokenizer"],
+        "labels": labels,
+        "quantization": quantization,
+    }
     t0 = time.perf_counter()
     model = load_bundle_model(tmp, man, Path(base["path"]))
     tok = load_tokenizer_at(Path(base["path"]) if payload == "adapter" else tmp / "model", man)
@@ -275,7 +366,9 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
         merged.save_pretrained(tmp / "merged", safe_serialization=True)
         tok.save_pretrained(tmp / "merged")
         del merged, model
-        mref = reproduce(load_bundle_model(tmp, man, Path(base["path"]), which="merged"), tok, chosen, procedure, root=tmp)
+        mref = reproduce(
+            load_bundle_model(tmp, man, Path(base["path"]), which="merged"), tok, chosen, procedure, root=tmp
+        )
         diff = 0.0
         for c, r in zip(chosen, mref):
             c["merged_prediction"] = r["prediction"]
@@ -285,40 +378,82 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
             else:
                 c["merged_next_token"] = r["next_token"]
                 diff = max([diff] + [abs(a[1] - b[1]) for a, b in zip(c["next_token"], r["next_token"])])
-        merge_info = {"agree_with_adapter": sum(c["merged_prediction"] == c["prediction"] for c in chosen), "n": len(chosen),
-                      "max_abs_logit_diff_vs_adapter": diff,
-                      "note": "merging sums W + scale*B@A once, so logits can differ from the adapter's in the last bits"}
+        merge_info = {
+            "agree_with_adapter": sum(c["merged_prediction"] == c["prediction"] for c in chosen),
+            "n": len(chosen),
+            "max_abs_logit_diff_vs_adapter": diff,
+            "note": "merging sums W + scale*B@A once, so logits can differ from the adapter's in the last bits",
+        }
     else:
         del model
     write_jsonl(tmp / EXAMPLES_FILE, chosen)
     procedure["reference_seconds"] = round(time.perf_counter() - t0, 2)
 
     train_summary = dict(rec.summary)
-    man.update({
-        "forced": forced,
-        "modules_to_save": mts,
-        "embeddings": embeddings,
-        "vocabulary": vocabulary,
-        "adapter": ({k2: v for k2, v in read_json(tmp / "adapter" / "adapter_config.json").items()
-                     if k2 in ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "revision",
-                               "base_model_name_or_path", "task_type")} if payload == "adapter" else None),
-        "train": {k2: train_summary.get(k2) for k2 in ("steps", "first_loss", "final_loss", "train_seconds", "tokens_per_s",
-                                                         "trainable", "total_params", "dtype", "loss_normalisation", "base_weights")},
-        "config": read_json(src / "config.json") if (src / "config.json").exists() else ctx.config,
-        "environment": ctx.registry.run_json(rec.id, "env.json"),
-        "data_fingerprint": ctx.registry.run_json(rec.id, "data.json") or {"hash": rec.data_fingerprint},
-        "eval_run": ev.id if ev else None,
-        "eval_fingerprint": (eval_json or {}).get("fingerprint"),
-        "metrics": ev.summary.get("metrics") if ev else None,
-        "comparison": _comparison(crec, compare_json, entry, judging) if entry else None,
-        "hypothesis": {**judging.to_json(), "frozen": judging.frozen},
-        "limits": limits,
-        "reference": {"eval_predictions_agree": agree, "n": len(chosen), "merge": merge_info, "base_weights": held,
-                      # the dtype the eval behind the claims held the base in: a different one is said, not hidden
-                      "eval_base_weights": (eval_json or {}).get("base_weights", "fp32") if eval_json else None},
-        "test_accesses": ctx.registry.test_accesses(),
-        "scoring": _scoring(ctx, ev, entry, judging),  # what `verify` recomputes the claims with (deliver/claims.py)
-    })
+    man.update(
+        {
+            "forced": forced,
+            "modules_to_save": mts,
+            "embeddings": embeddings,
+            "vocabulary": vocabulary,
+            "adapter": (
+                {
+                    k2: v
+                    for k2, v in read_json(tmp / "adapter" / "adapter_config.json").items()
+                    if k2
+                    in (
+                        "peft_type",
+                        "r",
+                        "lora_alpha",
+                        "lora_dropout",
+                        "target_modules",
+                        "modules_to_save",
+                        "revision",
+                        "base_model_name_or_path",
+                        "task_type",
+                    )
+                }
+                if payload == "adapter"
+                else None
+            ),
+            "train": {
+                k2: train_summary.get(k2)
+                for k2 in (
+                    "steps",
+                    "first_loss",
+                    "final_loss",
+                    "train_seconds",
+                    "tokens_per_s",
+                    "trainable",
+                    "total_params",
+                    "dtype",
+                    "loss_normalisation",
+                    "base_weights",
+                )
+            },
+            "config": read_json(src / "config.json") if (src / "config.json").exists() else ctx.config,
+            "environment": ctx.registry.run_json(rec.id, "env.json"),
+            "data_fingerprint": ctx.registry.run_json(rec.id, "data.json") or {"hash": rec.data_fingerprint},
+            "eval_run": ev.id if ev else None,
+            "eval_fingerprint": (eval_json or {}).get("fingerprint"),
+            "metrics": ev.summary.get("metrics") if ev else None,
+            "comparison": _comparison(crec, compare_json, entry, judging) if entry else None,
+            "hypothesis": {**judging.to_json(), "frozen": judging.frozen},
+            "limits": limits,
+            "reference": {
+                "eval_predictions_agree": agree,
+                "n": len(chosen),
+                "merge": merge_info,
+                "base_weights": held,
+                # the dtype the eval behind the claims held the base in: a different one is said, not hidden
+                "eval_base_weights": (eval_json or {}).get("base_weights", "fp32") if eval_json else None,
+            },
+            "test_accesses": ctx.registry.test_accesses(),
+            "scoring": _scoring(
+                ctx, ev, entry, judging
+            ),  # what `verify` recomputes the claims with (deliver/claims.py)
+        }
+    )
     atomic_write_text(tmp / "README.md", model_card(man))
     man["files"] = file_hashes(tmp)
     write_json(tmp / MANIFEST, man)
@@ -326,8 +461,17 @@ def build_bundle(ctx: StudyContext, rec, tmp: Path, *, merge: bool, k: int, forc
     return man
 
 
-def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_dir: Path | None = None, merge: bool = False,
-               k: int = DEFAULT_K, device: str = "cpu", use_edited_hypothesis: str | None = None) -> str:
+def run_export(
+    ctx: StudyContext,
+    train_run: str,
+    *,
+    force: bool = False,
+    out_dir: Path | None = None,
+    merge: bool = False,
+    k: int = DEFAULT_K,
+    device: str = "cpu",
+    use_edited_hypothesis: str | None = None,
+) -> str:
     """Export a train run as a verified bundle; returns the export run id.
 
     Raises:
@@ -342,8 +486,10 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
     forced = None
     if rec.status != "completed":
         if not force:
-            raise TuneproofError(f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
-                                 hint="export a completed run, or pass --force (recorded in the manifest and the model card)")
+            raise TuneproofError(
+                f"train run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
+                hint="export a completed run, or pass --force (recorded in the manifest and the model card)",
+            )
         forced = {"status": rec.status, "reason": rec.reason}
     if k < 1:
         raise TuneproofError(f"--verify-examples must be at least 1 (got {k})")
@@ -356,11 +502,16 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
             raise TuneproofError("--device cuda: no CUDA GPU is visible", hint="export with --device cpu (the default)")
     src = ctx.registry.runs_dir / rec.id
     if merge and not (src / "adapter" / "adapter_config.json").exists():
-        raise TuneproofError(f"--merge applies to a LoRA adapter; run {rec.id} saved " + ("a full model (model/)" if (src / "model").exists() else "no adapter"))
+        raise TuneproofError(
+            f"--merge applies to a LoRA adapter; run {rec.id} saved "
+            + ("a full model (model/)" if (src / "model").exists() else "no adapter")
+        )
     if merge and rec.summary.get("quantization"):  # refused before any run or folder is made
-        raise TuneproofError(f"--merge: run {rec.id} is QLoRA (method.kind: qlora, its base in 4-bit); merging into the 4-bit "
-                             "weights would round the adapter away",
-                             hint="export without --merge: the adapter binds to the unquantized base + its recorded 4-bit config")
+        raise TuneproofError(
+            f"--merge: run {rec.id} is QLoRA (method.kind: qlora, its base in 4-bit); merging into the 4-bit "
+            "weights would round the adapter away",
+            hint="export without --merge: the adapter binds to the unquantized base + its recorded 4-bit config",
+        )
     dest = Path(out_dir) if out_dir else ctx.study_dir / "exports" / rec.id
     if dest.exists():
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
@@ -377,20 +528,33 @@ def run_export(ctx: StudyContext, train_run: str, *, force: bool = False, out_di
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
         try:
             print_judging(judging)
-            man = build_bundle(ctx, rec, tmp, merge=merge, k=k, forced=forced, export_run=run.id, device=device, judging=judging)
-            console.print(f"[bold]{run.id}[/] bundle of {rec.id} written ({len(man['files'])} files); verifying in a fresh process")
+            man = build_bundle(
+                ctx, rec, tmp, merge=merge, k=k, forced=forced, export_run=run.id, device=device, judging=judging
+            )
+            console.print(
+                f"[bold]{run.id}[/] bundle of {rec.id} written ({len(man['files'])} files); verifying in a fresh process"
+            )
             report = verify_in_fresh_process(tmp)
             run.write_json("verify.json", report)
             if not report["passed"]:
-                raise CheckFailed(failure_message(report), hint="the bundle was not kept; see " + str(run.path("verify.json")))
+                raise CheckFailed(
+                    failure_message(report), hint="the bundle was not kept; see " + str(run.path("verify.json"))
+                )
             os.replace(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        run.update_summary(bundle=str(dest), verified=True, verify_seconds=report["seconds"], files=len(man["files"]),
-                           payload=man["payload"], eval_run=man["eval_run"],
-                           verdict=(man.get("comparison") or {}).get("verdict"), judged_against=judging.judged_against,
-                           use_edited_hypothesis=judging.reason)
+        run.update_summary(
+            bundle=str(dest),
+            verified=True,
+            verify_seconds=report["seconds"],
+            files=len(man["files"]),
+            payload=man["payload"],
+            eval_run=man["eval_run"],
+            verdict=(man.get("comparison") or {}).get("verdict"),
+            judged_against=judging.judged_against,
+            use_edited_hypothesis=judging.reason,
+        )
         hyp.record_override(ctx.study_dir, judging, "export", run.id)
         for c in report["checks"]:
             console.print(f"  [green]pass[/] {c['name']}: {c['detail']}")

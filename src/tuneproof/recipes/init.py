@@ -30,4 +30,8 @@ def run_init(directory: Path, task: str, *, force: bool = False) -> Path:
 def reader_lines(task: str) -> list[str]:
     """What the task kind expects from the data (its ``reader`` part), for the init screen."""
     r = get_task(task).reader
-    return [f"  {task}: label: {r.label}", f"  {task}: target: {r.target}", f"  {task}: model heads: {', '.join(r.model_kinds)}"]
+    return [
+        f"  {task}: label: {r.label}",
+        f"  {task}: target: {r.target}",
+        f"  {task}: model heads: {', '.join(r.model_kinds)}",
+    ]

@@ -47,7 +47,9 @@ def _inspect_images(ctx: StudyContext, examples, n: int, split: str, html_path: 
     classes = ctx.pipeline.labels
     if html_path is not None:
         items = [(examples[i], encoded[i], ctx.pipeline.image(examples[i], train=split == "train")[0]) for i in chosen]
-        atomic_write_text(html_path, image_inspect.render_html(items, f"{ctx.study.name}: {split} after preprocessing", classes))
+        atomic_write_text(
+            html_path, image_inspect.render_html(items, f"{ctx.study.name}: {split} after preprocessing", classes)
+        )
         console.print(f"wrote {html_path}")
         return html_path
     for i in chosen:

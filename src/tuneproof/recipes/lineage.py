@@ -128,4 +128,3 @@ def build_tree(registry: Registry, runs: list[RunRecord]) -> Tree:
 def print_tree(registry: Registry, runs: list[RunRecord]) -> None:
     """Print the lineage tree (``tuneproof runs --tree``)."""
     console.print(build_tree(registry, runs))
-

@@ -31,7 +31,9 @@ def split_sizes(ctx: StudyContext) -> dict[str, int]:
     return {n: len(v) for n, v in ctx.all_splits.items()}
 
 
-def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float | None = None, variants: int | None = None) -> dict[str, Any]:
+def run_plan(
+    ctx: StudyContext, *, days: float, hourly_rate: float | None = None, variants: int | None = None
+) -> dict[str, Any]:
     """Compute, print and save the plan; returns it.
 
     Raises:
@@ -48,9 +50,16 @@ def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float | None = None
     n_eval = sizes.get(s.eval.split, 0)
     if s.eval.max_examples:
         n_eval = min(n_eval, s.eval.max_examples)
-    plan = make_plan(measured, days=days, hourly_rate=hourly_rate, steps=total_steps(s.training, sizes.get("train", 0)),
-                     checkpoint_every=s.training.checkpoint_every, n_eval=n_eval, n_test=sizes.get(s.data.test_split, 0),
-                     variants=variants)
+    plan = make_plan(
+        measured,
+        days=days,
+        hourly_rate=hourly_rate,
+        steps=total_steps(s.training, sizes.get("train", 0)),
+        checkpoint_every=s.training.checkpoint_every,
+        n_eval=n_eval,
+        n_test=sizes.get(s.data.test_split, 0),
+        variants=variants,
+    )
     write_json(ctx.study_dir / PLAN_FILE, plan)
     print_plan(plan)
     return plan
@@ -58,13 +67,29 @@ def run_plan(ctx: StudyContext, *, days: float, hourly_rate: float | None = None
 
 def print_plan(plan: dict[str, Any]) -> None:
     rows = [[p["phase"], f"{p['hours']:.2f}", p["basis"]] for p in plan["phases"]]
-    rows.append(["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented ({plan['days']:g} days); spare {plan['spare_h']:.1f} h"])
-    console.print(table(f"rental plan: {plan['days']:g} days, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps",
-                        ["phase", "hours", "basis"], rows))
+    rows.append(
+        [
+            "total",
+            f"{plan['total_h']:.2f}",
+            f"of {plan['available_h']:.0f} h rented ({plan['days']:g} days); spare {plan['spare_h']:.1f} h",
+        ]
+    )
+    console.print(
+        table(
+            f"rental plan: {plan['days']:g} days, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps",
+            ["phase", "hours", "basis"],
+            rows,
+        )
+    )
     m = plan["measured"]
-    console.print(f"measured: {m['s_per_step']:.3g} s/step ({m['step_source']}), {m['eval_s_per_example']:.3g} s per evaluated example "
-                  f"({m['eval_source']}); reload {m['reload_source']}", soft_wrap=True)
-    console.print(f"variants of the configured budget that fit: [bold]{plan['variants_fit']}[/] ({plan['per_variant_h']:.2f} h each)")
+    console.print(
+        f"measured: {m['s_per_step']:.3g} s/step ({m['step_source']}), {m['eval_s_per_example']:.3g} s per evaluated example "
+        f"({m['eval_source']}); reload {m['reload_source']}",
+        soft_wrap=True,
+    )
+    console.print(
+        f"variants of the configured budget that fit: [bold]{plan['variants_fit']}[/] ({plan['per_variant_h']:.2f} h each)"
+    )
     for line in cost_lines(plan):
         console.print(line, soft_wrap=True)
     for w in plan["warnings"]:

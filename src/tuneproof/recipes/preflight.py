@@ -174,26 +174,46 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
         _print_table(rep, run.id, seconds)
         if rep.failed:
             first = rep.failed[0]
-            raise CheckFailed(f"preflight {run.id}: {len(rep.failed)} of {len(rep.checks)} checks failed; "
-                              f"{first['name']}: {first['message']}",
-                              hint=f"see {run.path(PREFLIGHT_FILE)}; fix the study file and run `tuneproof preflight` "
-                                   "again")
+            raise CheckFailed(
+                f"preflight {run.id}: {len(rep.failed)} of {len(rep.checks)} checks failed; "
+                f"{first['name']}: {first['message']}",
+                hint=f"see {run.path(PREFLIGHT_FILE)}; fix the study file and run `tuneproof preflight` again",
+            )
         return run.id
 
 
-def _model_checks(ctx: StudyContext, run, rep: PreflightReport, choice: dict[str, Any], budget: int, budget_source: str,
-                  find_max: bool, state: dict[str, Any]) -> None:
+def _model_checks(
+    ctx: StudyContext,
+    run,
+    rep: PreflightReport,
+    choice: dict[str, Any],
+    budget: int,
+    budget_source: str,
+    find_max: bool,
+    state: dict[str, Any],
+) -> None:
     """Checks 3 to 12 (those after the backend); a check that cannot run is listed as skipped, with why."""
-    later = ["training data", "target modules", "trainable parameters", "embedding size",
-             *(["bf16 base weights"] if ctx.study.training.bf16_base_weights else []), "update check", "step memory",
-             "eval memory", "gradient accumulation", "precision", "activation checkpointing", "eval batch size",
-             *SMOKE_CHECKS]
+    later = [
+        "training data",
+        "target modules",
+        "trainable parameters",
+        "embedding size",
+        *(["bf16 base weights"] if ctx.study.training.bf16_base_weights else []),
+        "update check",
+        "step memory",
+        "eval memory",
+        "gradient accumulation",
+        "precision",
+        "activation checkpointing",
+        "eval batch size",
+        *SMOKE_CHECKS,
+    ]
     if ctx.study.training.packing:
         later.insert(later.index("eval batch size") + 1, "packing")
     if ctx.study.training.chunked_loss:
         later.insert(later.index("eval batch size") + 1 + int(ctx.study.training.packing), "chunked loss")
     if ctx.study.method.kind == "qlora":
-        later[later.index("update check") + 1:later.index("update check") + 1] = ["qlora storage", "qlora step"]
+        later[later.index("update check") + 1 : later.index("update check") + 1] = ["qlora storage", "qlora step"]
 
     def skip_rest(why: str) -> None:
         seen = {c["name"] for c in rep.checks}
@@ -228,8 +248,10 @@ def _model_checks(ctx: StudyContext, run, rep: PreflightReport, choice: dict[str
         # the precision and accumulation checks compare in fp32 compute (no autocast), which needs fp32
         # weights: before the cast (the accumulation rule, C1/C18, does not depend on the weights' dtype)
         windows, last = accumulation_probes(usable, cfg, pad, PROBE_MICRO_BATCH)
-        rep.run("gradient accumulation",
-                lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+        rep.run(
+            "gradient accumulation",
+            lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last),
+        )
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
         rep.run("bf16 base weights", lambda: check_bf16_base_weights(ctx, model, usable, pad, autocast))
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
@@ -245,22 +267,41 @@ def _model_checks(ctx: StudyContext, run, rep: PreflightReport, choice: dict[str
     _smoke(ctx, run, rep, model, usable, skip_rest)
 
 
-def _text_checks(ctx: StudyContext, rep: PreflightReport, model, usable: list, probe: dict, pad: int, data_check: dict,
-                 choice: dict[str, Any], budget: int, budget_source: str, find_max: bool, autocast) -> None:
+def _text_checks(
+    ctx: StudyContext,
+    rep: PreflightReport,
+    model,
+    usable: list,
+    probe: dict,
+    pad: int,
+    data_check: dict,
+    choice: dict[str, Any],
+    budget: int,
+    budget_source: str,
+    find_max: bool,
+    autocast,
+) -> None:
     """A causal LM's or text classifier's checks after the update check (step memory at two lengths...)."""
     cfg = ctx.study.training
     lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
     dtype = choice["dtype"]
-    print_memory_breakdown(rep.run("step memory", lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget,
-                                                                            budget_source, autocast)))
+    print_memory_breakdown(
+        rep.run(
+            "step memory",
+            lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast),
+        )
+    )
     rep.run("eval memory", lambda: check_eval_memory(model, ctx, budget, budget_source, autocast))
     if find_max:
-        rep.run("max micro-batch",
-                lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast))
+        rep.run(
+            "max micro-batch", lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast)
+        )
     if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
         windows, last = accumulation_probes(usable, cfg, pad, PROBE_MICRO_BATCH)
-        rep.run("gradient accumulation",
-                lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+        rep.run(
+            "gradient accumulation",
+            lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last),
+        )
     if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_study_checkpointing(ctx, model, probe))
@@ -272,31 +313,56 @@ def _text_checks(ctx: StudyContext, rep: PreflightReport, model, usable: list, p
         rep.run("chunked loss", lambda: check_study_chunked_loss(model, usable, cfg, pad))
 
 
-def _image_checks(ctx: StudyContext, rep: PreflightReport, model, usable: list, probe: dict, choice: dict[str, Any],
-                  budget: int, autocast) -> None:
+def _image_checks(
+    ctx: StudyContext,
+    rep: PreflightReport,
+    model,
+    usable: list,
+    probe: dict,
+    choice: dict[str, Any],
+    budget: int,
+    autocast,
+) -> None:
     """An image classifier's checks after the update check: step and eval memory on real images,
     accumulation, precision, activation checkpointing, C22 for a forward pass (the smoke pass follows,
     as for text)."""
     cfg = ctx.study.training
     device, _, _ = ctx.torch_setup()
     step_batch = {k: v.to(device) for k, v in collate_images(usable[: cfg.micro_batch_size]).items()}
-    rep.run("step memory", lambda: check_result(
-        "step memory", **image_checks.check_image_step_memory(model, step_batch, budget, autocast)))
+    rep.run(
+        "step memory",
+        lambda: check_result(
+            "step memory", **image_checks.check_image_step_memory(model, step_batch, budget, autocast)
+        ),
+    )
     evals = ctx.eval_examples()
     eval_images = collate_images(ctx.pipeline.encode_all(evals[: ctx.study.eval.batch_size]))
     eval_batch = {k: v.to(device) for k, v in eval_images.items()}
-    rep.run("eval memory", lambda: check_result(
-        "eval memory", **image_checks.check_image_eval_memory(model, eval_batch, budget, autocast)))
+    rep.run(
+        "eval memory",
+        lambda: check_result(
+            "eval memory", **image_checks.check_image_eval_memory(model, eval_batch, budget, autocast)
+        ),
+    )
     if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
         windows, last = accumulation_probes(usable, cfg, 0, PROBE_MICRO_BATCH)
-        rep.run("gradient accumulation",
-                lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last))
+        rep.run(
+            "gradient accumulation",
+            lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last),
+        )
     if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_study_checkpointing(ctx, model, probe))
     sample = evals[: max(2, min(len(evals), 2 * ctx.study.eval.batch_size))]
-    rep.run("eval batch size", lambda: check_result("eval batch size", **image_checks.check_image_eval_batch(
-        model, ctx.pipeline, sample, ctx.labels, ctx.study.eval.batch_size, device, autocast)))
+    rep.run(
+        "eval batch size",
+        lambda: check_result(
+            "eval batch size",
+            **image_checks.check_image_eval_batch(
+                model, ctx.pipeline, sample, ctx.labels, ctx.study.eval.batch_size, device, autocast
+            ),
+        ),
+    )
     rep.skip("embedding size", "an image classifier has no token embeddings")
 
 
@@ -315,39 +381,70 @@ def _smoke(ctx: StudyContext, run, rep: PreflightReport, model, usable: list, sk
 
 
 # --------------------------------------------------------------------------- the run record and the screen
-def _write(ctx: StudyContext, run, rep: PreflightReport, snapshot: dict[str, Any], key: str, choice: dict[str, Any],
-           budget: int, budget_source: str, seconds: float) -> None:
+def _write(
+    ctx: StudyContext,
+    run,
+    rep: PreflightReport,
+    snapshot: dict[str, Any],
+    key: str,
+    choice: dict[str, Any],
+    budget: int,
+    budget_source: str,
+    seconds: float,
+) -> None:
     """``preflight.json`` (every check in full) and the run summary (each check's verdict and the key numbers)."""
+
     def num(name: str, field: str) -> Any:
         c = rep.get(name)
         return (c or {}).get("numbers", {}).get(field)
 
     passed = not rep.failed
-    run.write_json(PREFLIGHT_FILE, {
-        "run": run.id, "passed": passed, "failed": [c["name"] for c in rep.failed], "platform_key": key,
-        "dtype": choice, "budget_bytes": budget, "budget_source": budget_source, "seconds": round(seconds, 2),
-        "checks": rep.checks,
-    })
+    run.write_json(
+        PREFLIGHT_FILE,
+        {
+            "run": run.id,
+            "passed": passed,
+            "failed": [c["name"] for c in rep.failed],
+            "platform_key": key,
+            "dtype": choice,
+            "budget_bytes": budget,
+            "budget_source": budget_source,
+            "seconds": round(seconds, 2),
+            "checks": rep.checks,
+        },
+    )
     mem = rep.get("step memory")
-    memory = {k: v for k, v in (mem or {}).get("numbers", {}).items()
-              if k.endswith(("_gib", "_measured_over_estimate"))}
-    memory.update({f"eval_{k}": v for k, v in (rep.get("eval memory") or {}).get("numbers", {}).items()
-                   if k.endswith("_gib")})
+    memory = {
+        k: v for k, v in (mem or {}).get("numbers", {}).items() if k.endswith(("_gib", "_measured_over_estimate"))
+    }
+    memory.update(
+        {f"eval_{k}": v for k, v in (rep.get("eval memory") or {}).get("numbers", {}).items() if k.endswith("_gib")}
+    )
     mem_details = (mem or {}).get("details")
     acc = rep.get("gradient accumulation")
     run.update_summary(
-        passed=passed, failed=[c["name"] for c in rep.failed],
+        passed=passed,
+        failed=[c["name"] for c in rep.failed],
         checks=[{"name": c["name"], "passed": c["passed"], "message": c["message"][:400]} for c in rep.checks],
-        platform_key=key, dtype=choice.get("dtype"), dtype_reason=choice.get("reason"),
-        s_per_step=num("throughput", "s_per_step"), tokens_per_s=num("throughput", "tokens_per_s"),
-        eval_s_per_example=num("throughput", "eval_s_per_example"), budget_seconds=num("throughput", "budget_seconds"),
-        eval_seconds_estimate=num("throughput", "eval_seconds_estimate"), total_steps=num("throughput", "total_steps"),
-        reload_seconds=num("smoke pass", "reload_seconds"), memory=memory, budget_gib=to_gib(budget),
+        platform_key=key,
+        dtype=choice.get("dtype"),
+        dtype_reason=choice.get("reason"),
+        s_per_step=num("throughput", "s_per_step"),
+        tokens_per_s=num("throughput", "tokens_per_s"),
+        eval_s_per_example=num("throughput", "eval_s_per_example"),
+        budget_seconds=num("throughput", "budget_seconds"),
+        eval_seconds_estimate=num("throughput", "eval_seconds_estimate"),
+        total_steps=num("throughput", "total_steps"),
+        reload_seconds=num("smoke pass", "reload_seconds"),
+        memory=memory,
+        budget_gib=to_gib(budget),
         memory_breakdown=mem_details.get("breakdown") if isinstance(mem_details, dict) else None,
         max_micro_batch=num("max micro-batch", "max_micro_batch"),
         loss_normalisation=(acc or {}).get("normalisation"),
-        trainable=num("trainable parameters", "trainable"), total_params=num("trainable parameters", "total"),
-        preflight_seconds=round(seconds, 1), **eval_batch_rate(rep.get("eval memory")),
+        trainable=num("trainable parameters", "trainable"),
+        total_params=num("trainable parameters", "total"),
+        preflight_seconds=round(seconds, 1),
+        **eval_batch_rate(rep.get("eval memory")),
     )
 
 
@@ -365,8 +462,15 @@ def _numbers_text(numbers: dict[str, Any], limit: int = 6) -> str:
 
 def _print_table(rep: PreflightReport, run_id: str, seconds: float) -> None:
     tags = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}
-    rows = [[c["name"], tags[c["passed"]], escape(_numbers_text(c["numbers"], 4)),
-             escape(c["message"][:240] + ("..." if len(c["message"]) > 240 else ""))] for c in rep.checks]
+    rows = [
+        [
+            c["name"],
+            tags[c["passed"]],
+            escape(_numbers_text(c["numbers"], 4)),
+            escape(c["message"][:240] + ("..." if len(c["message"]) > 240 else "")),
+        ]
+        for c in rep.checks
+    ]
     # a number folded across two lines reads as another number (trainable_tensors=24 / 0): the numbers
     # are whole or left out (narrow terminals, logs: they are in preflight.json)
     drop = ("numbers",) if console.width < NUMBERS_FROM_COLUMNS else ()
@@ -375,8 +479,10 @@ def _print_table(rep: PreflightReport, run_id: str, seconds: float) -> None:
     columns = ["check", "result", "message"] if drop else ["check", "result", "numbers", "message"]
     console.print(table(f"preflight {run_id} ({seconds:.0f} s)", columns, rows, keep=("check", "numbers")))
     if drop:
-        console.print(f"[dim]each check's numbers: runs/{run_id}/preflight.json "
-                      f"(a terminal of {NUMBERS_FROM_COLUMNS} columns shows them here)[/]")
+        console.print(
+            f"[dim]each check's numbers: runs/{run_id}/preflight.json "
+            f"(a terminal of {NUMBERS_FROM_COLUMNS} columns shows them here)[/]"
+        )
     if rep.failed:
         console.print(f"[red]preflight failed: {', '.join(c['name'] for c in rep.failed)}[/]")
     else:
@@ -399,8 +505,10 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
     """
     if override is not None:
         if not override.strip():
-            raise TuneproofError("--skip-preflight needs a reason, e.g. "
-                                 "--skip-preflight \"preflight r0004 passed on this machine yesterday\"")
+            raise TuneproofError(
+                "--skip-preflight needs a reason, e.g. "
+                '--skip-preflight "preflight r0004 passed on this machine yesterday"'
+            )
         console.print(f"[yellow]warning[/]: training without a matching preflight; recorded override: {override}")
         return None
     config = ctx.config
@@ -434,10 +542,14 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
             diffs.append("the data fingerprint")
         if last.summary.get("platform_key") != key:
             diffs.append(f"the platform ({last.summary.get('platform_key')} -> {key})")
-        why = (f"the latest passed preflight {last.id} was for another configuration: "
-               f"{'; '.join(diffs) or 'unknown'} changed")
-    raise CheckFailed(f"train refused: {why}",
-                      hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or "
-                           "`tuneproof train --skip-preflight \"REASON\"` (the override is recorded in the run); "
-                           "changes of training.max_steps/epochs/checkpoint_every, "
-                           "eval scoring settings, name or hypothesis keep a preflight valid")
+        why = (
+            f"the latest passed preflight {last.id} was for another configuration: "
+            f"{'; '.join(diffs) or 'unknown'} changed"
+        )
+    raise CheckFailed(
+        f"train refused: {why}",
+        hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or "
+        '`tuneproof train --skip-preflight "REASON"` (the override is recorded in the run); '
+        "changes of training.max_steps/epochs/checkpoint_every, "
+        "eval scoring settings, name or hypothesis keep a preflight valid",
+    )

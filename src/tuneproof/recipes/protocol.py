@@ -44,14 +44,19 @@ def check_reason(flag: str, reason: str | None) -> str | None:
     if reason is None:
         return None
     if not reason.strip():
-        raise TuneproofError(f"{flag} needs a reason, e.g. {flag} \"the data check r0003 was run on a copy of this data\"")
+        raise TuneproofError(
+            f'{flag} needs a reason, e.g. {flag} "the data check r0003 was run on a copy of this data"'
+        )
     return reason.strip()
 
 
 def latest_data_check(ctx, fingerprint: str):
     """The latest data-check run of ``fingerprint`` that reached a verdict, or None."""
-    done = [r for r in ctx.registry.list(kind="data-check")
-            if r.data_fingerprint == fingerprint and r.status in ("completed", "failed") and "passed" in r.summary]
+    done = [
+        r
+        for r in ctx.registry.list(kind="data-check")
+        if r.data_fingerprint == fingerprint and r.status in ("completed", "failed") and "passed" in r.summary
+    ]
     return done[-1] if done else None
 
 
@@ -71,14 +76,16 @@ def require_data_check(ctx, command: str, override: str | None = None) -> str | 
     fp = ctx.data_fingerprint()["hash"]
     rec = latest_data_check(ctx, fp)
     opt = _study_opt(ctx)
-    skip = f"`tuneproof {command}{opt} --skip-data-check \"REASON\"` (the override is recorded in the run)"
+    skip = f'`tuneproof {command}{opt} --skip-data-check "REASON"` (the override is recorded in the run)'
     if rec is None:
         console.print(f"[yellow]no data check for data fingerprint {fp[:12]}[/]: running `tuneproof data check` first")
         try:
             return run_data_check(ctx)
         except CheckFailed as err:
-            raise CheckFailed(f"{command} refused: {err.message}",
-                              hint=f"fix the data or the study file and run `tuneproof data check{opt}`, or {skip}") from None
+            raise CheckFailed(
+                f"{command} refused: {err.message}",
+                hint=f"fix the data or the study file and run `tuneproof data check{opt}`, or {skip}",
+            ) from None
     if rec.summary.get("passed"):
         console.print(f"[dim]data check {rec.id} passed for this data ({fp[:12]})[/]")
         return rec.id
@@ -88,8 +95,10 @@ def require_data_check(ctx, command: str, override: str | None = None) -> str | 
         faults = (read_json(rep_path) or {}).get("hard_faults") or []
         first = f", first: {faults[0]}" if faults else ""
     n = rec.summary.get("hard_faults", "?")
-    raise CheckFailed(f"{command} refused: the data check {rec.id} of this data ({fp[:12]}) failed with {n} hard fault{'' if n == 1 else 's'}{first}",
-                      hint=f"fix the data or the study file and run `tuneproof data check{opt}`, or {skip}")
+    raise CheckFailed(
+        f"{command} refused: the data check {rec.id} of this data ({fp[:12]}) failed with {n} hard fault{'' if n == 1 else 's'}{first}",
+        hint=f"fix the data or the study file and run `tuneproof data check{opt}`, or {skip}",
+    )
 
 
 def require_baseline(ctx, override: str | None = None) -> str | None:
@@ -102,13 +111,18 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
     """
     override = check_reason("--skip-baseline", override)
     if override is not None:
-        console.print(f"[yellow]warning[/]: training without a baseline for this evaluation procedure; recorded override: {override}")
+        console.print(
+            f"[yellow]warning[/]: training without a baseline for this evaluation procedure; recorded override: {override}"
+        )
         return None
     efp = study_eval_fingerprint(ctx)
     revision = ctx.base.revision
     done = ctx.registry.list(kind="baseline", status="completed")
     for rec in reversed(done):
-        if rec.eval_fingerprint == efp["hash"] and (rec.summary.get("base") or {}).get("revision", revision) == revision:
+        if (
+            rec.eval_fingerprint == efp["hash"]
+            and (rec.summary.get("base") or {}).get("revision", revision) == revision
+        ):
             console.print(f"[dim]baseline {rec.id} matches this evaluation procedure ({efp['hash'][:12]})[/]")
             return rec.id
     opt = _study_opt(ctx)
@@ -129,16 +143,22 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
             if held != ctx.base_weights:  # a bf16-base candidate is never judged against an fp32-base baseline unsaid
                 diffs.append(f"the base weights dtype ({held} -> {ctx.base_weights}, training.bf16_base_weights)")
         why = f"the latest baseline {last.id} does not match: {', '.join(diffs)}"
-    raise CheckFailed(f"train refused: {why}",
-                      hint=f"run `tuneproof baseline{opt}` first (protocol step 2), or `tuneproof train{opt} --skip-baseline \"REASON\"` "
-                           "(the override is recorded in the run)")
+    raise CheckFailed(
+        f"train refused: {why}",
+        hint=f'run `tuneproof baseline{opt}` first (protocol step 2), or `tuneproof train{opt} --skip-baseline "REASON"` '
+        "(the override is recorded in the run)",
+    )
 
 
-def require_order(ctx, *, data_check_override: str | None = None, baseline_override: str | None = None) -> dict[str, Any]:
+def require_order(
+    ctx, *, data_check_override: str | None = None, baseline_override: str | None = None
+) -> dict[str, Any]:
     """Both gates of ``train`` (data check, then baseline). Returns the summary fields the train run
     records: ``data_check_run`` and ``baseline_run`` (run ids or None) and any ``*_override`` reason."""
-    fields: dict[str, Any] = {"data_check_run": require_data_check(ctx, "train", data_check_override),
-                              "baseline_run": require_baseline(ctx, baseline_override)}
+    fields: dict[str, Any] = {
+        "data_check_run": require_data_check(ctx, "train", data_check_override),
+        "baseline_run": require_baseline(ctx, baseline_override),
+    }
     if data_check_override:
         fields["data_check_override"] = data_check_override.strip()
     if baseline_override:

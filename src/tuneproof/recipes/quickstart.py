@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -55,17 +54,29 @@ def write_quickstart_study(directory: Path, *, fast: bool) -> Path:
     if fast:
         raw = _merge(yaml.safe_load(text), FAST_OVERRIDES)
         raw["name"] = "snips-extraction-fast"
-        text = "# quickstart --fast: tiny subset and few steps (a wiring test, not a quality result)\n" + yaml.safe_dump(raw, sort_keys=False)
+        text = (
+            "# quickstart --fast: tiny subset and few steps (a wiring test, not a quality result)\n"
+            + yaml.safe_dump(raw, sort_keys=False)
+        )
     return atomic_write_text(directory / STUDY_FILE, text)
 
 
 IMAGE_OVERRIDES = {  # a ViT initialised from a config learns the digits from scratch: full fine-tuning, more steps
     "method": {"kind": "full"},
-    "training": {"max_steps": 600, "micro_batch_size": 32, "learning_rate": 0.002, "warmup_steps": 30, "lr_scheduler": "cosine",
-                 "checkpoint_every": 200},
+    "training": {
+        "max_steps": 600,
+        "micro_batch_size": 32,
+        "learning_rate": 0.002,
+        "warmup_steps": 30,
+        "lr_scheduler": "cosine",
+        "checkpoint_every": 200,
+    },
     "eval": {"batch_size": 64},
 }
-IMAGE_FAST = {"training": {"max_steps": 20, "checkpoint_every": 10}, "data": {"split": {"max_examples": {"train": 200, "validation": 60}}}}
+IMAGE_FAST = {
+    "training": {"max_steps": 20, "checkpoint_every": 10},
+    "data": {"split": {"max_examples": {"train": 200, "validation": 60}}},
+}
 
 
 def write_image_quickstart_study(directory: Path, *, fast: bool) -> Path:
@@ -81,13 +92,21 @@ def write_image_quickstart_study(directory: Path, *, fast: bool) -> Path:
     if fast:
         _merge(raw, IMAGE_FAST)
         raw["name"] = "digits-image-classification-fast"
-    head = ("# tuneproof quickstart --task image-classification: real 8x8 digits (scikit-learn's copy of the UCI set), a ViT\n"
-            "# initialised from a config (not pretrained: its baseline is chance), fully fine-tuned on the CPU\n")
+    head = (
+        "# tuneproof quickstart --task image-classification: real 8x8 digits (scikit-learn's copy of the UCI set), a ViT\n"
+        "# initialised from a config (not pretrained: its baseline is chance), fully fine-tuned on the CPU\n"
+    )
     return atomic_write_text(directory / STUDY_FILE, head + yaml.safe_dump(raw, sort_keys=False))
 
 
-def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool = False, preflight: bool = False,
-                   task: str = "extraction") -> dict:
+def run_quickstart(
+    directory: Path,
+    data: Path | None = None,
+    *,
+    fast: bool = False,
+    preflight: bool = False,
+    task: str = "extraction",
+) -> dict:
     """Run every step (the preflight with ``--fast`` or ``--preflight``: on a 2-core CPU it adds minutes; always for
     ``task="image-classification"``, where it takes seconds); returns ``{"runs": {...}, "compare": ..., "dossier": path, "seconds": s}``.
 
@@ -97,7 +116,9 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
     t0 = time.perf_counter()
     directory = Path(directory)
     if task not in ("extraction", "image-classification"):
-        raise TuneproofError(f"--task {task}: the quickstarts are 'extraction' (SNIPS + SmolLM2) and 'image-classification' (digits + ViT)")
+        raise TuneproofError(
+            f"--task {task}: the quickstarts are 'extraction' (SNIPS + SmolLM2) and 'image-classification' (digits + ViT)"
+        )
     if (directory / STUDY_FILE).exists() and any((directory / "runs").glob("*")):
         raise TuneproofError(f"{directory} already holds a study with runs", hint="pass another --dir or delete it")
     if task == "image-classification":
@@ -121,7 +142,9 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
     if fast or preflight:
         steps.append(("preflight", lambda: run_preflight(ctx)))
     # without the preflight step the train run says so (recorded like `train --skip-preflight`)
-    skipped = None if (fast or preflight) else "quickstart without --preflight (the full preflight adds minutes on a CPU)"
+    skipped = (
+        None if (fast or preflight) else "quickstart without --preflight (the full preflight adds minutes on a CPU)"
+    )
     steps.append(("train", lambda: run_train(ctx, TrainOptions(preflight_override=skipped))))
     steps.append(("eval", lambda: run_eval(ctx, out["runs"]["train"])))
     steps.append(("compare", lambda: run_compare(ctx, [out["runs"]["eval"]], against=out["runs"]["baseline"])))
@@ -141,10 +164,22 @@ def run_quickstart(directory: Path, data: Optional[Path] = None, *, fast: bool =
 def _print_outcome(ctx: StudyContext, out: dict) -> None:
     base = ctx.registry.get(out["runs"]["baseline"]).summary.get("metrics", {})
     cand = ctx.registry.get(out["runs"]["eval"]).summary.get("metrics", {})
-    rows = [[k, fmt(base.get(k)), fmt(cand.get(k)),
-             fmt(float(cand[k]) - float(base[k]) if isinstance(cand.get(k), (int, float)) and isinstance(base.get(k), (int, float)) else None)]
-            for k in cand]
-    console.print(table("baseline vs candidate (eval split, same procedure)", ["metric", "baseline", "candidate", "delta"], rows))
+    rows = [
+        [
+            k,
+            fmt(base.get(k)),
+            fmt(cand.get(k)),
+            fmt(
+                float(cand[k]) - float(base[k])
+                if isinstance(cand.get(k), (int, float)) and isinstance(base.get(k), (int, float))
+                else None
+            ),
+        ]
+        for k in cand
+    ]
+    console.print(
+        table("baseline vs candidate (eval split, same procedure)", ["metric", "baseline", "candidate", "delta"], rows)
+    )
     cmp = ctx.registry.run_json(out["runs"]["compare"], "compare.json") or {}
     if cmp.get("verdict"):
         console.print(f"verdict: [bold]{cmp['verdict']}[/]")

@@ -44,7 +44,9 @@ def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: 
     check_all(ctx.registry)  # a dossier is built only from per-example outputs as their runs recorded them
 
     if use_edited_hypothesis is not None:  # recorded first, so the dossier lists this use too
-        hyp.record_override(ctx.study_dir, hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis), "report", None)
+        hyp.record_override(
+            ctx.study_dir, hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis), "report", None
+        )
     d = collect(ctx, plots=html, use_edited=use_edited_hypothesis)
     path = ctx.study_dir / MD_FILE
     atomic_write_text(path, to_markdown(d))

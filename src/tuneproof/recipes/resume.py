@@ -52,16 +52,22 @@ def _refuse_status(rec: RunRecord, reg: Registry | None = None) -> None:
     if rec.kind != "train":
         raise TuneproofError(f"run {rec.id} is a {rec.kind} run: only train runs are resumed")
     if rec.status == "completed":
-        raise TuneproofError(f"run {rec.id} is completed: there is nothing to resume",
-                             hint=f"to train longer, make a variant: tuneproof train --from {rec.id} --set training.max_steps=N")
+        raise TuneproofError(
+            f"run {rec.id} is completed: there is nothing to resume",
+            hint=f"to train longer, make a variant: tuneproof train --from {rec.id} --set training.max_steps=N",
+        )
     if rec.status == "invalid":
-        raise TuneproofError(f"run {rec.id} is invalid ({rec.reason}): an invalid run is not continued",
-                             hint="start a new run (or a variant with --from) once the cause is fixed")
+        raise TuneproofError(
+            f"run {rec.id} is invalid ({rec.reason}): an invalid run is not continued",
+            hint="start a new run (or a variant with --from) once the cause is fixed",
+        )
     if rec.status == "running":
         where = f" ({reg.where_running(rec.id)})" if reg is not None else " in a live process"
-        raise TuneproofError(f"run {rec.id} is still running{where}",
-                             hint=f"stop it first (Ctrl-C or SIGTERM writes a checkpoint); if its machine is gone: "
-                                  f"tuneproof runs mark-interrupted {rec.id} --why '...'")
+        raise TuneproofError(
+            f"run {rec.id} is still running{where}",
+            hint=f"stop it first (Ctrl-C or SIGTERM writes a checkpoint); if its machine is gone: "
+            f"tuneproof runs mark-interrupted {rec.id} --why '...'",
+        )
 
 
 def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
@@ -82,8 +88,10 @@ def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
         return path
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
-        raise TuneproofError(f"{folder}: no checkpoint (step-*) to resume from",
-                             hint="the run stopped before its first checkpoint (training.checkpoint_every); start it again")
+        raise TuneproofError(
+            f"{folder}: no checkpoint (step-*) to resume from",
+            hint="the run stopped before its first checkpoint (training.checkpoint_every); start it again",
+        )
     return ckpts[-1]
 
 
@@ -102,8 +110,12 @@ def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[P
         return first, load_checkpoint(first), []
     except TuneproofError as err:
         if not fallback:
-            raise TuneproofError(err.message, hint=(err.hint or "") + ("; " if err.hint else "")
-                                 + "`tuneproof resume RUN --fallback` continues from the newest valid older checkpoint") from None
+            raise TuneproofError(
+                err.message,
+                hint=(err.hint or "")
+                + ("; " if err.hint else "")
+                + "`tuneproof resume RUN --fallback` continues from the newest valid older checkpoint",
+            ) from None
         skipped = [f"{first.name}: {err.message}"]
     limit = step_of(first)
     for path in reversed(list_checkpoints(run_dir)):
@@ -113,8 +125,9 @@ def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[P
             return path, load_checkpoint(path), skipped
         except TuneproofError as err:
             skipped.append(f"{path.name}: {err.message}")
-    raise TuneproofError("no valid checkpoint to fall back to:\n  " + "\n  ".join(skipped),
-                         hint="start the run again (tuneproof train)")
+    raise TuneproofError(
+        "no valid checkpoint to fall back to:\n  " + "\n  ".join(skipped), hint="start the run again (tuneproof train)"
+    )
 
 
 def check_config(study_dir: Path, rec: RunRecord, run_dir: Path, ckpt: dict[str, Any], ckpt_path: Path) -> None:
@@ -129,15 +142,19 @@ def check_config(study_dir: Path, rec: RunRecord, run_dir: Path, ckpt: dict[str,
     recorded = resolved_config(parse_study(read_json(run_dir / "config.json"), run_dir / "config.json"))
     diff = config_diff(saved, recorded)
     if diff:
-        raise TuneproofError(f"{run_dir / 'config.json'} differs from the config of {ckpt_path.name}: {describe(diff)}",
-                             hint="the run folder was edited or the checkpoint belongs to another run; restore it")
+        raise TuneproofError(
+            f"{run_dir / 'config.json'} differs from the config of {ckpt_path.name}: {describe(diff)}",
+            hint="the run folder was edited or the checkpoint belongs to another run; restore it",
+        )
     if not (run_dir / "variant.json").exists():
         current = resolved_config(load_study(study_dir))
         diff = config_diff(saved, current)
         if diff:
-            raise TuneproofError(f"{study_dir / STUDY_FILE} changed since the checkpoint of {rec.id}: {describe(diff)}",
-                                 hint=f"resume continues the recorded config exactly: revert the change, or train a variant "
-                                      f"(tuneproof train --from {rec.id} --set KEY=VALUE)")
+            raise TuneproofError(
+                f"{study_dir / STUDY_FILE} changed since the checkpoint of {rec.id}: {describe(diff)}",
+                hint=f"resume continues the recorded config exactly: revert the change, or train a variant "
+                f"(tuneproof train --from {rec.id} --set KEY=VALUE)",
+            )
 
 
 def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> None:
@@ -149,22 +166,37 @@ def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> 
     """
     for key in ("data_fingerprint", "base_revision"):
         if key not in ckpt:
-            raise TuneproofError(f"{ckpt_path}: checkpoint has no '{key}'", hint="it is damaged or was not written by `tuneproof train`")
+            raise TuneproofError(
+                f"{ckpt_path}: checkpoint has no '{key}'", hint="it is damaged or was not written by `tuneproof train`"
+            )
     fp = ctx.data_fingerprint()["hash"]
     if fp != ckpt["data_fingerprint"]:
-        raise TuneproofError(f"the data changed since the checkpoint of {rec.id}: fingerprint {ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
-                             hint="restore the data the run was trained on (see runs/<id>/data.json), or start a new run")
+        raise TuneproofError(
+            f"the data changed since the checkpoint of {rec.id}: fingerprint {ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
+            hint="restore the data the run was trained on (see runs/<id>/data.json), or start a new run",
+        )
     problems = compare_base(ckpt.get("base") or {}, ctx.base)
     if problems:
-        raise TuneproofError(f"the base model {ctx.base.path} changed since the checkpoint of {rec.id}: " + "; ".join(problems),
-                             hint="restore the exact base weights the run started from (or `tuneproof --rehash resume` if the hash cache is stale)")
+        raise TuneproofError(
+            f"the base model {ctx.base.path} changed since the checkpoint of {rec.id}: " + "; ".join(problems),
+            hint="restore the exact base weights the run started from (or `tuneproof --rehash resume` if the hash cache is stale)",
+        )
     if ctx.base.revision != ckpt["base_revision"]:
-        raise TuneproofError(f"the base model changed since the checkpoint of {rec.id}: revision {ckpt['base_revision']} -> {ctx.base.revision}",
-                             hint=f"point model.base at the revision the run started from ({ckpt['base_revision']})")
+        raise TuneproofError(
+            f"the base model changed since the checkpoint of {rec.id}: revision {ckpt['base_revision']} -> {ctx.base.revision}",
+            hint=f"point model.base at the revision the run started from ({ckpt['base_revision']})",
+        )
 
 
-def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str, *, checkpoint: str | None = None,
-               fallback: bool = False, launch: dict[str, Any] | None = None) -> str:
+def run_resume(
+    study_dir: str | Path,
+    data_root: str | Path | None,
+    run_id: str,
+    *,
+    checkpoint: str | None = None,
+    fallback: bool = False,
+    launch: dict[str, Any] | None = None,
+) -> str:
     """Continue ``run_id`` from its checkpoint; returns the run id. ``fallback``: when the
     checkpoint is refused (altered, damaged, not a checkpoint folder), use the newest valid older one.
     ``launch``: ``{"nproc", "nnodes", "node_rank", "rdzv_endpoint"}`` (default one process); the
@@ -191,21 +223,33 @@ def run_resume(study_dir: str | Path, data_root: str | Path | None, run_id: str,
     world_size = int(launch["nproc"]) * int(launch["nnodes"])
     saved_ws = int(ckpt["data"].get("world_size", 1))
     if saved_ws != world_size:
-        raise TuneproofError(f"{ckpt_path.name} of {rec.id} was trained by {saved_ws} process(es); this resume asks for {world_size}",
-                             hint=f"resume with the same world size (--nproc-per-node x --nnodes = {saved_ws}): each rank's data order depends on it")
+        raise TuneproofError(
+            f"{ckpt_path.name} of {rec.id} was trained by {saved_ws} process(es); this resume asks for {world_size}",
+            hint=f"resume with the same world size (--nproc-per-node x --nnodes = {saved_ws}): each rank's data order depends on it",
+        )
     layout = None
     if world_size > 1:
         layout = check_launch(ctx, int(launch["nproc"]), int(launch["nnodes"]))
-    console.print(f"resume [bold]{rec.id}[/] ({rec.status}{': ' + rec.reason if rec.reason else ''}) from {ckpt_path.name}: "
-                  f"step {step} of {ckpt['total_steps']}")
+    console.print(
+        f"resume [bold]{rec.id}[/] ({rec.status}{': ' + rec.reason if rec.reason else ''}) from {ckpt_path.name}: "
+        f"step {step} of {ckpt['total_steps']}"
+    )
     try:
         with reg.reopen(rec.id, note=f"resume from {ckpt_path.name} (step {step})") as run:
             for line in skipped:
                 run.note(f"resume --fallback skipped {line}")
             run.metric(event="resume", from_step=step, checkpoint=ckpt_path.name)
             resumes = list(run.summary.get("resumes", []))
-            resumes.append({"from_step": step, "checkpoint": ckpt_path.name, "skipped": skipped, "previous_status": rec.status,
-                            "previous_reason": rec.reason, "time": round(time.time(), 3)})
+            resumes.append(
+                {
+                    "from_step": step,
+                    "checkpoint": ckpt_path.name,
+                    "skipped": skipped,
+                    "previous_status": rec.status,
+                    "previous_reason": rec.reason,
+                    "time": round(time.time(), 3),
+                }
+            )
             run.update_summary(resumes=resumes)
             if layout is not None:
                 launch_ranks(ctx, run, layout, launch, resume_path=ckpt_path)

@@ -15,10 +15,23 @@ STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "inter
 
 def runs_json(reg: Registry) -> list[dict]:
     """Every run record as plain JSON values (times as ISO 8601 UTC), oldest first."""
-    return [{"id": r.id, "kind": r.kind, "status": r.status, "reason": r.reason, "parent": r.parent, "name": r.name,
-             "created": iso(r.created), "ended": iso(r.ended) if r.ended else None, "config_hash": r.config_hash,
-             "data_fingerprint": r.data_fingerprint, "eval_fingerprint": r.eval_fingerprint, "summary": r.summary}
-            for r in reg.list()]
+    return [
+        {
+            "id": r.id,
+            "kind": r.kind,
+            "status": r.status,
+            "reason": r.reason,
+            "parent": r.parent,
+            "name": r.name,
+            "created": iso(r.created),
+            "ended": iso(r.ended) if r.ended else None,
+            "config_hash": r.config_hash,
+            "data_fingerprint": r.data_fingerprint,
+            "eval_fingerprint": r.eval_fingerprint,
+            "summary": r.summary,
+        }
+        for r in reg.list()
+    ]
 
 
 def run_overrides(summary: dict) -> list[str]:
@@ -54,10 +67,17 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
             flags.append("multi-change variant")
         style = STATUS_STYLE.get(r.status, "")
         ident = "\n".join([r.id] + [f"[cyan]{escape(o)}[/]" for o in run_overrides(r.summary)])
-        rows.append([
-            ident, r.kind, f"[{style}]{r.status}[/]", "\n".join(escape(t) for t in [r.reason or ""] + flags if t),
-            r.parent or "", iso(r.created)[5:16], escape(" ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2])),
-        ])
+        rows.append(
+            [
+                ident,
+                r.kind,
+                f"[{style}]{r.status}[/]",
+                "\n".join(escape(t) for t in [r.reason or ""] + flags if t),
+                r.parent or "",
+                iso(r.created)[5:16],
+                escape(" ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2])),
+            ]
+        )
     if tree:
         print_tree(reg, runs)
         return
@@ -65,5 +85,13 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
     # metric (json_valid_rate=0.00 folded reads as another number); the reason column also holds the
     # flags; at 80 columns without a terminal the creation time, then the metrics, then the parent make
     # room (`runs --tree` shows the parents)
-    console.print(table("runs", ["id", "kind", "status", "reason", "parent", "created", "metrics"], rows,
-                        keep=("id", "parent", "metrics"), drop=("created", "metrics", "parent"), more="`tuneproof runs --json` has every field"))
+    console.print(
+        table(
+            "runs",
+            ["id", "kind", "status", "reason", "parent", "created", "metrics"],
+            rows,
+            keep=("id", "parent", "metrics"),
+            drop=("created", "metrics", "parent"),
+            more="`tuneproof runs --json` has every field",
+        )
+    )

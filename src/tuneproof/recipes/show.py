@@ -13,8 +13,16 @@ from tuneproof.tasks import get_task, task_config
 from tuneproof.ui import console, table
 
 
-def select(base: list[dict], cand: list[dict], *, regressed: bool = False, fixed: bool = False,
-           category: str | None = None, field: str | None = None, passing=None) -> list[tuple[dict | None, dict]]:
+def select(
+    base: list[dict],
+    cand: list[dict],
+    *,
+    regressed: bool = False,
+    fixed: bool = False,
+    category: str | None = None,
+    field: str | None = None,
+    passing=None,
+) -> list[tuple[dict | None, dict]]:
     """Pairs ``(baseline record, candidate record)`` that pass the filters, in candidate order.
 
     ``passing(record) -> bool`` is the per-example rule behind fixed / regressed (the success
@@ -36,8 +44,18 @@ def select(base: list[dict], cand: list[dict], *, regressed: bool = False, fixed
     return out
 
 
-def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: bool = False, category: str | None = None,
-             field: str | None = None, against: str | None = None, limit: int = 20, as_json: bool = False) -> int:
+def run_show(
+    ctx: StudyContext,
+    run_id: str,
+    *,
+    regressed: bool = False,
+    fixed: bool = False,
+    category: str | None = None,
+    field: str | None = None,
+    against: str | None = None,
+    limit: int = 20,
+    as_json: bool = False,
+) -> int:
     """Print the selected examples (``as_json``: one JSON object on stdout, see :func:`show_json`); returns how many matched."""
     cid = resolve_candidate(ctx, run_id)
     _, cand = load_outputs(ctx, cid)
@@ -51,7 +69,9 @@ def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: 
     passing, basis = None, None
     if regressed or fixed:  # the rule of the paired counts of `compare`: the success metric's per-example rule
         kind, cfg = get_task(ctx.task), task_config(ctx)
-        view = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, None).primary  # the frozen hypothesis, as compare judges
+        view = hyp.resolve(
+            ctx.study_dir, ctx.study, ctx.registry, None
+        ).primary  # the frozen hypothesis, as compare judges
         rule = kind.example_rule((view.get("success") or {}).get("metric"))
         base, _ = kind.score(base, cfg)  # re-scored: the rule reads this version's per-example scores
         cand, _ = kind.score(cand, cfg)
@@ -64,19 +84,43 @@ def run_show(ctx: StudyContext, run_id: str, *, regressed: bool = False, fixed: 
         import json  # noqa: PLC0415
         import sys  # noqa: PLC0415
 
-        sys.stdout.write(json.dumps({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis}, indent=2, default=str) + "\n")
+        sys.stdout.write(
+            json.dumps({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis}, indent=2, default=str)
+            + "\n"
+        )
         return len(pairs)
     from rich.markup import escape  # noqa: PLC0415  (texts and outputs quote data: [..] is not markup)
 
-    rows = [[escape("" if v is None else str(v)) for v in
-             (r["id"], r.get("category"), r.get("input"), r.get("reference"), (b or {}).get("prediction", ""), r.get("prediction"))]
-            for b, r in pairs[:limit]]
-    console.print(table(f"{cid}: {len(pairs)} examples", ["id", "category", "input", "reference", "baseline", "candidate"], rows,
-                        keep=("id",), drop=("category",), more="`tuneproof show --json` has every field"))
+    rows = [
+        [
+            escape("" if v is None else str(v))
+            for v in (
+                r["id"],
+                r.get("category"),
+                r.get("input"),
+                r.get("reference"),
+                (b or {}).get("prediction", ""),
+                r.get("prediction"),
+            )
+        ]
+        for b, r in pairs[:limit]
+    ]
+    console.print(
+        table(
+            f"{cid}: {len(pairs)} examples",
+            ["id", "category", "input", "reference", "baseline", "candidate"],
+            rows,
+            keep=("id",),
+            drop=("category",),
+            more="`tuneproof show --json` has every field",
+        )
+    )
     return len(pairs)
 
 
-def show_json(run_id: str, baseline_id: str | None, pairs: list[tuple[dict | None, dict]], limit: int, passing=None) -> dict:
+def show_json(
+    run_id: str, baseline_id: str | None, pairs: list[tuple[dict | None, dict]], limit: int, passing=None
+) -> dict:
     """``{"run", "baseline", "matched", "shown", "examples": [{"id", "category", "input", "reference",
     "candidate", "candidate_correct", "baseline", "baseline_correct"}]}`` for scripts (``show --json``);
     ``baseline*`` are null without --regressed/--fixed/--against; ``run_show`` adds ``basis``, the
@@ -84,8 +128,21 @@ def show_json(run_id: str, baseline_id: str | None, pairs: list[tuple[dict | Non
     each example also has ``candidate_passes`` / ``baseline_passes``."""
     rows = []
     for b, r in pairs[:limit]:
-        rows.append({"id": r["id"], "category": r.get("category"), "input": r.get("input"), "reference": r.get("reference"),
-                     "candidate": r.get("prediction"), "candidate_correct": r.get("correct"),
-                     "baseline": None if b is None else b.get("prediction"), "baseline_correct": None if b is None else b.get("correct"),
-                     **({"candidate_passes": bool(passing(r)), "baseline_passes": None if b is None else bool(passing(b))} if passing else {})})
+        rows.append(
+            {
+                "id": r["id"],
+                "category": r.get("category"),
+                "input": r.get("input"),
+                "reference": r.get("reference"),
+                "candidate": r.get("prediction"),
+                "candidate_correct": r.get("correct"),
+                "baseline": None if b is None else b.get("prediction"),
+                "baseline_correct": None if b is None else b.get("correct"),
+                **(
+                    {"candidate_passes": bool(passing(r)), "baseline_passes": None if b is None else bool(passing(b))}
+                    if passing
+                    else {}
+                ),
+            }
+        )
     return {"run": run_id, "baseline": baseline_id or None, "matched": len(pairs), "shown": len(rows), "examples": rows}

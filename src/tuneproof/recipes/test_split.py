@@ -70,29 +70,64 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         device, _, _ = ctx.torch_setup()
         if cand == "base":
             labels = ctx.head_labels
-            model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(device)
+            model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(
+                device
+            )
         else:
             model = load_trained(ctx, cand)
-        console.print(f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)")
+        console.print(
+            f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)"
+        )
         console.print(escape(reuse_line(reasons)).replace("REUSE", "[bold yellow]REUSE[/]"), soft_wrap=True)
         view = judging.primary
-        metrics = evaluate_into(ctx, run, model, examples, f"test {cand}", required_fields=view["required_fields"],
-                                eval_cfg=hyp.eval_for(view, ctx.study.eval), served=served_paths(ctx, None if cand == "base" else cand),
-                                check_examples=ctx.eval_examples())  # the backend check never reads the test split
+        metrics = evaluate_into(
+            ctx,
+            run,
+            model,
+            examples,
+            f"test {cand}",
+            required_fields=view["required_fields"],
+            eval_cfg=hyp.eval_for(view, ctx.study.eval),
+            served=served_paths(ctx, None if cand == "base" else cand),
+            check_examples=ctx.eval_examples(),
+        )  # the backend check never reads the test split
         extra: dict = {}
         if judging.other is not None and hyp.scoring(judging.other) != hyp.scoring(view):
             other = judging.other
-            rows = [{k: r.get(k) for k in ("id", "category", "reference", "prediction")} for r in read_jsonl(run.path("outputs.jsonl"))]
-            _, m2 = score(ctx.task, rows, required_fields=other["required_fields"], eval_cfg=hyp.eval_for(other, ctx.study.eval),
-                          labels=task_config(ctx).labels)
+            rows = [
+                {k: r.get(k) for k in ("id", "category", "reference", "prediction")}
+                for r in read_jsonl(run.path("outputs.jsonl"))
+            ]
+            _, m2 = score(
+                ctx.task,
+                rows,
+                required_fields=other["required_fields"],
+                eval_cfg=hyp.eval_for(other, ctx.study.eval),
+                labels=task_config(ctx).labels,
+            )
             extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
         print_metrics(ctx, metrics)
         print_judging(judging)
         console.print(f"  scored with the {judging.judged_against} hypothesis: {headline(ctx.task, metrics)}")
         for k, v in extra.items():
             console.print(f"  scored with the {k.removeprefix('metrics_')} hypothesis: {v}")
-        run.update_summary(candidate=cand, test_reuse=reasons, judged_against=judging.judged_against, hypothesis=judging.to_json(), **extra)
-        ctx.registry.log_test_access(run.id, cand, {"metrics": headline(ctx.task, metrics), "test_reuse": reasons,
-                                                    "judged_against": judging.judged_against, "use_edited_reason": judging.reason, **extra})
+        run.update_summary(
+            candidate=cand,
+            test_reuse=reasons,
+            judged_against=judging.judged_against,
+            hypothesis=judging.to_json(),
+            **extra,
+        )
+        ctx.registry.log_test_access(
+            run.id,
+            cand,
+            {
+                "metrics": headline(ctx.task, metrics),
+                "test_reuse": reasons,
+                "judged_against": judging.judged_against,
+                "use_edited_reason": judging.reason,
+                **extra,
+            },
+        )
         hyp.record_override(ctx.study_dir, judging, "test", run.id)
         return run.id

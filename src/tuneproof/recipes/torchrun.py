@@ -78,13 +78,13 @@ class HealthOnRank(CheckFailed):
         self.reason = reason
         super().__init__(message, hint="the run is invalid; see runs/<id>/summary.json 'health'")
 
+
 # --------------------------------------------------------------------------- launch checks (launcher side)
 def devices_present() -> tuple[str, int]:
     """``("cuda", n GPUs)`` when CUDA GPUs are visible, else ``("cpu", os.cpu_count())``."""
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return "cuda", torch.cuda.device_count()
     return "cpu", os.cpu_count() or 1
-
 
 
 def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
@@ -110,40 +110,71 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
         raise TuneproofError(f"--nproc-per-node {nproc} / --nnodes {nnodes}: both must be >= 1")
     kind, present = devices_present()
     if nproc > present:
-        what = f"{present} CUDA GPU(s)" if kind == "cuda" else f"{present} CPU cores (one gloo process per core at most)"
-        raise TuneproofError(f"--nproc-per-node {nproc}: this machine has {what}", hint=f"use --nproc-per-node {present} or fewer")
+        what = (
+            f"{present} CUDA GPU(s)" if kind == "cuda" else f"{present} CPU cores (one gloo process per core at most)"
+        )
+        raise TuneproofError(
+            f"--nproc-per-node {nproc}: this machine has {what}", hint=f"use --nproc-per-node {present} or fewer"
+        )
     backend = resolve_backend(d.backend, kind == "cuda")
     if backend == "nccl" and kind != "cuda":
-        raise TuneproofError(f"{where}: distributed.backend nccl needs CUDA GPUs and this machine has none",
-                             hint="set distributed.backend: gloo (or auto)")
+        raise TuneproofError(
+            f"{where}: distributed.backend nccl needs CUDA GPUs and this machine has none",
+            hint="set distributed.backend: gloo (or auto)",
+        )
     if d.strategy == "fsdp" and kind == "cuda" and backend != "nccl":
-        raise TuneproofError(f"{where}: distributed.strategy fsdp on GPUs needs distributed.backend nccl (gloo has no GPU reduce-scatter)",
-                             hint="set distributed.backend: nccl (or auto), or distributed.strategy: ddp")
+        raise TuneproofError(
+            f"{where}: distributed.strategy fsdp on GPUs needs distributed.backend nccl (gloo has no GPU reduce-scatter)",
+            hint="set distributed.backend: nccl (or auto), or distributed.strategy: ddp",
+        )
     world = nproc * nnodes
     if t.bf16_base_weights and world > 1:  # the rank's loop would refuse it after the launch: refuse before
-        raise TuneproofError(f"{where}: training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
-                             hint="set training.bf16_base_weights: false for a distributed run")
-    if ctx.study.method.kind == "qlora":  # a 4-bit base sharded by FSDP needs a float storage dtype (preflight/qlora.py)
+        raise TuneproofError(
+            f"{where}: training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
+            hint="set training.bf16_base_weights: false for a distributed run",
+        )
+    if (
+        ctx.study.method.kind == "qlora"
+    ):  # a 4-bit base sharded by FSDP needs a float storage dtype (preflight/qlora.py)
         q = ctx.quantization
-        c = check_quant_storage(q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=d.strategy == "fsdp" and world > 1)
+        c = check_quant_storage(
+            q["bnb_4bit_quant_storage"], q["bnb_4bit_compute_dtype"], sharded=d.strategy == "fsdp" and world > 1
+        )
         if not c["passed"]:
-            raise TuneproofError(f"{where}: {c['message']}", hint="QLoRA under FSDP: bnb_4bit_quant_storage = the compute dtype "
-                                                                   "(training.precision), or distributed.strategy: ddp")
+            raise TuneproofError(
+                f"{where}: {c['message']}",
+                hint="QLoRA under FSDP: bnb_4bit_quant_storage = the compute dtype "
+                "(training.precision), or distributed.strategy: ddp",
+            )
     units: list[str] = []
     if d.strategy == "fsdp":
         units = block_classes(meta_model(ctx))
     n = len(ctx.split("train"))
     global_batch = t.micro_batch_size * t.gradient_accumulation_steps * world
     if global_batch > n:
-        raise TuneproofError(f"{where}: global batch {t.micro_batch_size} (training.micro_batch_size) x {t.gradient_accumulation_steps} "
-                             f"(gradient_accumulation_steps) x {world} processes = {global_batch} exceeds the {n} training examples",
-                             hint="lower training.micro_batch_size or gradient_accumulation_steps, or use fewer processes")
+        raise TuneproofError(
+            f"{where}: global batch {t.micro_batch_size} (training.micro_batch_size) x {t.gradient_accumulation_steps} "
+            f"(gradient_accumulation_steps) x {world} processes = {global_batch} exceeds the {n} training examples",
+            hint="lower training.micro_batch_size or gradient_accumulation_steps, or use fewer processes",
+        )
     per_process = micro_batches_per_epoch(n, t.micro_batch_size, world)
-    return {"world_size": world, "nproc_per_node": nproc, "nnodes": nnodes, "backend": backend, "strategy": d.strategy,
-            "device": kind, "devices_present": present, "timeout_s": d.timeout_s, "global_batch": global_batch, "n_train": n,
-            "micro_batches_per_process_per_epoch": per_process,
-            "optimizer_steps_per_epoch": optimizer_steps_per_epoch(n, t.micro_batch_size, t.gradient_accumulation_steps, world),
-            "fsdp_units": units}
+    return {
+        "world_size": world,
+        "nproc_per_node": nproc,
+        "nnodes": nnodes,
+        "backend": backend,
+        "strategy": d.strategy,
+        "device": kind,
+        "devices_present": present,
+        "timeout_s": d.timeout_s,
+        "global_batch": global_batch,
+        "n_train": n,
+        "micro_batches_per_process_per_epoch": per_process,
+        "optimizer_steps_per_epoch": optimizer_steps_per_epoch(
+            n, t.micro_batch_size, t.gradient_accumulation_steps, world
+        ),
+        "fsdp_units": units,
+    }
 
 
 def meta_model(ctx):
@@ -156,10 +187,22 @@ def meta_model(ctx):
         return auto.from_config(cfg)
 
 
-def torchrun_command(nproc: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None, worker_args: list[str]) -> list[str]:
+def torchrun_command(
+    nproc: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None, worker_args: list[str]
+) -> list[str]:
     """The ``python -m torch.distributed.run`` command line: ``--standalone`` on one node without an
     endpoint (a free local port), else static rendezvous at ``rdzv_endpoint`` with ``--node-rank``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", str(nnodes), "--max-restarts", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--nnodes",
+        str(nnodes),
+        "--max-restarts",
+        "0",
+    ]
     if nnodes == 1 and not rdzv_endpoint:
         cmd.append("--standalone")
     else:
@@ -215,7 +258,11 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float) -> tuple[str,
     if not errors:
         tail = ""
         with contextlib.suppress(OSError):
-            lines = [x for x in (run_dir / "launcher.log").read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]
+            lines = [
+                x
+                for x in (run_dir / "launcher.log").read_text(encoding="utf-8", errors="replace").splitlines()
+                if x.strip()
+            ]
             tail = ("; last launcher line: " + lines[-1][:300]) if lines else ""
         return "failed", f"torchrun failed before any rank reported an error (see {run_dir / 'launcher.log'}){tail}"
     if all(e["type"] in ("KeyboardInterrupt", "Terminated") for e in errors):
@@ -226,16 +273,30 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float) -> tuple[str,
     if first["type"] == "HealthFault":
         return "health", f"rank {first['rank']}: {first['message']}"
     if first.get("timeout"):
-        hung = f"rank {', '.join(map(str, silent))} did not answer (hung or killed)" if silent else "a rank did not answer"
-        return "timeout", (f"rank {first['rank']} waited {timeout_s:g} s (distributed.timeout_s) in a collective and gave up: {hung}; "
-                           f"see {run_dir}/rank-N.log")
-    return "failed", f"rank {first['rank']} failed: {first['type']}: {first['message']} (log: {run_dir / ('rank-%d.log' % first['rank'])})"
+        hung = (
+            f"rank {', '.join(map(str, silent))} did not answer (hung or killed)" if silent else "a rank did not answer"
+        )
+        return "timeout", (
+            f"rank {first['rank']} waited {timeout_s:g} s (distributed.timeout_s) in a collective and gave up: {hung}; "
+            f"see {run_dir}/rank-N.log"
+        )
+    log = run_dir / f"rank-{first['rank']}.log"
+    return "failed", f"rank {first['rank']} failed: {first['type']}: {first['message']} (log: {log})"
 
 
 # --------------------------------------------------------------------------- the two launches
-def run_train_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-                          name: str | None = None, preflight_override: str | None = None, stop_after: int | None = None,
-                          order: dict | None = None) -> str:
+def run_train_distributed(
+    ctx: StudyContext,
+    *,
+    nproc: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    name: str | None = None,
+    preflight_override: str | None = None,
+    stop_after: int | None = None,
+    order: dict | None = None,
+) -> str:
     """``tuneproof train --nproc-per-node N``: check the launch (nothing is created when refused), create
     the run, record its inputs, and run :func:`~tuneproof.recipes.train.run_train` on every rank under torchrun.
     On a node other than node 0 (``node_rank > 0``) no run is created: its ranks join node 0's run.
@@ -265,8 +326,15 @@ def run_train_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1, nod
         raise
 
 
-def launch_ranks(ctx: StudyContext, run, layout: dict[str, Any], opts: dict[str, Any], *, resume_path: Path | None = None,
-                 stop_after: int | None = None) -> None:
+def launch_ranks(
+    ctx: StudyContext,
+    run,
+    layout: dict[str, Any],
+    opts: dict[str, Any],
+    *,
+    resume_path: Path | None = None,
+    stop_after: int | None = None,
+) -> None:
     """Start torchrun with one rank of this recipe per process, wait, and turn a bad end into an error:
     ``KeyboardInterrupt`` (interrupted: the ranks stopped at a step boundary with a checkpoint),
     :class:`HealthOnRank` (a health rule fired on a rank: the run is invalid) or :class:`RankFailed`
@@ -282,17 +350,27 @@ def launch_ranks(ctx: StudyContext, run, layout: dict[str, Any], opts: dict[str,
     if run is None:
         rc = launch(cmd, None)
         if rc:
-            raise RankFailed(f"torchrun exited with code {rc} on node {opts['node_rank']}", hint="see node 0's run folder and this node's output")
+            raise RankFailed(
+                f"torchrun exited with code {rc} on node {opts['node_rank']}",
+                hint="see node 0's run folder and this node's output",
+            )
         return
     for old in run.dir.glob("rank-*.error.json"):  # a previous attempt's (resume)
         old.unlink()
     run.write_json("launch.json", {"command": cmd, "layout": layout, **opts})
-    run.update_summary(world_size=layout["world_size"], strategy=layout["strategy"], backend=layout["backend"],
-                       global_batch=layout["global_batch"], optimizer_steps_per_epoch=layout["optimizer_steps_per_epoch"],
-                       micro_batches_per_process_per_epoch=layout["micro_batches_per_process_per_epoch"])
-    console.print(f"[bold]{run.id}[/] launching {layout['world_size']} processes ({layout['strategy']}, {layout['backend']}): "
-                  f"global batch {layout['global_batch']}, {layout['optimizer_steps_per_epoch']} optimizer steps per epoch; "
-                  f"rank logs in {run.dir}/rank-N.log")
+    run.update_summary(
+        world_size=layout["world_size"],
+        strategy=layout["strategy"],
+        backend=layout["backend"],
+        global_batch=layout["global_batch"],
+        optimizer_steps_per_epoch=layout["optimizer_steps_per_epoch"],
+        micro_batches_per_process_per_epoch=layout["micro_batches_per_process_per_epoch"],
+    )
+    console.print(
+        f"[bold]{run.id}[/] launching {layout['world_size']} processes ({layout['strategy']}, {layout['backend']}): "
+        f"global batch {layout['global_batch']}, {layout['optimizer_steps_per_epoch']} optimizer steps per epoch; "
+        f"rank logs in {run.dir}/rank-N.log"
+    )
     try:
         rc = launch(cmd, run.dir)
     finally:
@@ -308,8 +386,9 @@ def launch_ranks(ctx: StudyContext, run, layout: dict[str, Any], opts: dict[str,
     raise RankFailed(message)
 
 
-def run_preflight_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1, node_rank: int = 0,
-                              rdzv_endpoint: str | None = None) -> str:
+def run_preflight_distributed(
+    ctx: StudyContext, *, nproc: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None
+) -> str:
     """``tuneproof preflight --nproc-per-node N``: the distributed checks on the real world size, before the
     rental hours of a multi-GPU run are spent (see the module docstring); returns the run id.
 
@@ -328,11 +407,27 @@ def run_preflight_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1,
     with ctx.registry.run("preflight", name="distributed") as run:
         record_inputs(ctx, run)
         cmd = torchrun_command(nproc, nnodes, node_rank, rdzv_endpoint, worker + ["--run-id", run.id])
-        run.write_json("launch.json", {"command": cmd, "layout": layout, "nproc": nproc, "nnodes": nnodes,
-                                       "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint})
-        run.update_summary(distributed=True, world_size=layout["world_size"], strategy=layout["strategy"], backend=layout["backend"],
-                           launch=" ".join(cmd))
-        console.print(f"[bold]{run.id}[/] distributed preflight on {layout['world_size']} processes ({layout['backend']})")
+        run.write_json(
+            "launch.json",
+            {
+                "command": cmd,
+                "layout": layout,
+                "nproc": nproc,
+                "nnodes": nnodes,
+                "node_rank": node_rank,
+                "rdzv_endpoint": rdzv_endpoint,
+            },
+        )
+        run.update_summary(
+            distributed=True,
+            world_size=layout["world_size"],
+            strategy=layout["strategy"],
+            backend=layout["backend"],
+            launch=" ".join(cmd),
+        )
+        console.print(
+            f"[bold]{run.id}[/] distributed preflight on {layout['world_size']} processes ({layout['backend']})"
+        )
         rc = launch(cmd, run.dir)
         if rc != 0:
             kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"])
@@ -340,18 +435,27 @@ def run_preflight_distributed(ctx: StudyContext, *, nproc: int, nnodes: int = 1,
                 raise KeyboardInterrupt(message)
             raise RankFailed(message)
         checks = read_json(run.dir / RESULT)["checks"]
-        console.print(table(f"distributed preflight {run.id}", ["check", "result", "details"],
-                            [[c["name"], "pass" if c["passed"] else "FAIL", c["message"]] for c in checks]))
+        console.print(
+            table(
+                f"distributed preflight {run.id}",
+                ["check", "result", "details"],
+                [[c["name"], "pass" if c["passed"] else "FAIL", c["message"]] for c in checks],
+            )
+        )
         failed = [c for c in checks if not c["passed"]]
         run.update_summary(passed=not failed, checks={c["name"]: c["passed"] for c in checks})
         if failed:
-            raise CheckFailed(f"distributed preflight: {len(failed)} check(s) failed: {failed[0]['name']}: {failed[0]['message']}",
-                              hint=f"see {run.dir / RESULT}")
+            raise CheckFailed(
+                f"distributed preflight: {len(failed)} check(s) failed: {failed[0]['name']}: {failed[0]['message']}",
+                hint=f"see {run.dir / RESULT}",
+            )
         return run.id
 
 
 # --------------------------------------------------------------------------- inside each rank
-def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_before: dict | None = None) -> dict[str, Any] | None:
+def save_and_verify(
+    ctx, run, model, world: World, n_examples: int = 4, frozen_before: dict | None = None
+) -> dict[str, Any] | None:
     """Save the trained adapter (or full model) once, whole, and check it (C24).
 
     Every rank takes part in gathering the whole tensors (``get_model_state_dict(full_state_dict=True,
@@ -420,25 +524,46 @@ def save_and_verify(ctx, run, model, world: World, n_examples: int = 4, frozen_b
             problems.append(f"{len(frozen_changed)} frozen tensors changed in training (e.g. {frozen_changed[0]})")
     if zero_b:
         problems.append(f"{len(zero_b)} of {n_b} lora_B tensors are all zeros (e.g. {zero_b[0]})")
-    child = reload_in_fresh_process(ctx, run.path("save-check"), folder, "model" if kind == "full" else "adapter", examples)
+    child = reload_in_fresh_process(
+        ctx, run.path("save-check"), folder, "model" if kind == "full" else "adapter", examples
+    )
     worst, ids_equal = 0.0, True
     for mine, theirs in zip(scores, child["scores"]):
         ids_equal &= [i for i, _ in mine] == [i for i, _ in theirs]
         worst = max(worst, max(abs(a[1] - b[1]) for a, b in zip(mine, theirs)))
     if not ids_equal or worst > LOGIT_ATOL:
-        problems.append(f"reloaded in a fresh process, the logits differ from the trained model's (max |diff| {worst:.2e}, "
-                        f"top-5 ids {'equal' if ids_equal else 'differ'})")
-    check = {"passed": not problems, "problems": problems, "file": str(file.name), "tensors": len(saved_shapes),
-             "lora_B": n_b, "lora_B_all_zero": len(zero_b), "examples": len(examples), "max_abs_logit_diff": worst,
-             "top5_ids_equal": ids_equal, "atol": LOGIT_ATOL, "frozen_checked": len(frozen_before or {}),
-             "frozen_changed": len(frozen_changed), "world_size": world.world_size, "strategy": world.strategy,
-             "reload_seconds": round(child["seconds"], 2), "shapes": saved_shapes}
+        problems.append(
+            f"reloaded in a fresh process, the logits differ from the trained model's (max |diff| {worst:.2e}, "
+            f"top-5 ids {'equal' if ids_equal else 'differ'})"
+        )
+    check = {
+        "passed": not problems,
+        "problems": problems,
+        "file": str(file.name),
+        "tensors": len(saved_shapes),
+        "lora_B": n_b,
+        "lora_B_all_zero": len(zero_b),
+        "examples": len(examples),
+        "max_abs_logit_diff": worst,
+        "top5_ids_equal": ids_equal,
+        "atol": LOGIT_ATOL,
+        "frozen_checked": len(frozen_before or {}),
+        "frozen_changed": len(frozen_changed),
+        "world_size": world.world_size,
+        "strategy": world.strategy,
+        "reload_seconds": round(child["seconds"], 2),
+        "shapes": saved_shapes,
+    }
     run.write_json("save_check.json", check)
     run.update_summary(save_check={k: v for k, v in check.items() if k != "shapes"})
-    world.log(f"save check: {'passed' if check['passed'] else 'FAILED'}: {len(saved_shapes)} tensors, max |logit diff| {worst:.2e}")
+    world.log(
+        f"save check: {'passed' if check['passed'] else 'FAILED'}: {len(saved_shapes)} tensors, max |logit diff| {worst:.2e}"
+    )
     if problems:
-        raise CheckFailed(f"the saved {'model' if kind == 'full' else 'adapter'} is not the trained one: {problems[0]}",
-                          hint=f"see {run.path('save_check.json')}")
+        raise CheckFailed(
+            f"the saved {'model' if kind == 'full' else 'adapter'} is not the trained one: {problems[0]}",
+            hint=f"see {run.path('save_check.json')}",
+        )
     return check
 
 
@@ -450,9 +575,17 @@ def _is_timeout(err: BaseException) -> bool:
 def write_error(run_dir: Path, rank: int, err: BaseException) -> None:
     """``runs/<id>/rank-N.error.json``: what this rank died of (read by the launcher)."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    write_json(run_dir / f"rank-{rank}.error.json", {
-        "rank": rank, "type": type(err).__name__, "message": first[:500], "timeout": _is_timeout(err), "time": time.time(),
-        "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__))[-4000:]})
+    write_json(
+        run_dir / f"rank-{rank}.error.json",
+        {
+            "rank": rank,
+            "type": type(err).__name__,
+            "message": first[:500],
+            "timeout": _is_timeout(err),
+            "time": time.time(),
+            "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__))[-4000:],
+        },
+    )
 
 
 def _open_log(world: World, run_dir: Path) -> None:
@@ -494,8 +627,10 @@ def worker_main(argv: list[str] | None = None) -> int:
         if config is None:
             ctx = StudyContext.open(study_dir, args.data)
         _open_log(world, run_dir)
-        world.log(f"start: world size {world.world_size}, local rank {world.local_rank}, backend {world.backend}, "
-                  f"strategy {world.strategy}, pid {os.getpid()}")
+        world.log(
+            f"start: world size {world.world_size}, local rank {world.local_rank}, backend {world.backend}, "
+            f"strategy {world.strategy}, pid {os.getpid()}"
+        )
         if world.is_main:
             reg = Registry(study_dir)
             run = Run(reg, reg.get(run_id))
@@ -509,11 +644,18 @@ def worker_main(argv: list[str] | None = None) -> int:
                 run.write_json(RESULT, {"checks": checks, "world_size": world.world_size, "backend": world.backend})
             world.log("end: preflight checks done")
             return 0
+
         def save_ranks(run, model, frozen_before):
             return save_and_verify(ctx, run, model, world, frozen_before=frozen_before)
 
-        run_train(ctx, TrainOptions(stop_after=args.stop_after), run=run, resume_from=resume, world=world,
-                  save_ranks=save_ranks)
+        run_train(
+            ctx,
+            TrainOptions(stop_after=args.stop_after),
+            run=run,
+            resume_from=resume,
+            world=world,
+            save_ranks=save_ranks,
+        )
         world.log("end: completed")
         # leave together: no rank tears its process group down while rank 0 still saves and checks the adapter
         with contextlib.suppress(Exception):

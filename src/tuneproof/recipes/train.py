@@ -31,8 +31,9 @@ Features (config key that turns each on):
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
@@ -42,8 +43,8 @@ from tuneproof.models.identity import base_hashes
 from tuneproof.models.method import base_weights_dtype
 from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.protocol import require_order
-from tuneproof.training.health import HealthFault
 from tuneproof.training import loop  # loop.train looked up at call time: tests wrap it
+from tuneproof.training.health import HealthFault
 from tuneproof.training.parallel import World, param_signature, wrap
 from tuneproof.ui import console, progress_bar
 
@@ -74,8 +75,15 @@ class TrainOptions:
     on_start: Callable | None = None  # ``on_start(run)`` once the run's inputs are recorded (variants: their diff)
 
 
-def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=None, resume_from: dict | None = None,
-              world: World | None = None, save_ranks: Callable | None = None) -> str | None:
+def run_train(
+    ctx: StudyContext,
+    options: TrainOptions | None = None,
+    *,
+    run=None,
+    resume_from: dict | None = None,
+    world: World | None = None,
+    save_ranks: Callable | None = None,
+) -> str | None:
     """Train once; returns the run id (None on a rank other than 0).
 
     Args:
@@ -95,7 +103,9 @@ def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=Non
     opts = options or TrainOptions()
     order = opts.order
     if order is None and run is None and world is None:  # the protocol gates, unless the caller checked them
-        order = require_order(ctx, data_check_override=opts.data_check_override, baseline_override=opts.baseline_override)
+        order = require_order(
+            ctx, data_check_override=opts.data_check_override, baseline_override=opts.baseline_override
+        )
     elif order is None:  # resumed or a rank: the gates were passed when the run started
         order = {}
 
@@ -123,7 +133,9 @@ def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=Non
         if run is not None:
             run.write_json("method.json", report)
             targets = report.get("targets") or {}
-            if len([t for t in targets.get("towers") or {} if t != "model"]) > 1:  # encoder-decoder / multimodal: matches per tower
+            if (
+                len([t for t in targets.get("towers") or {} if t != "model"]) > 1
+            ):  # encoder-decoder / multimodal: matches per tower
                 console.print(f"[dim]{targets['message']}[/]", soft_wrap=True)
             for w in targets.get("warnings", []):  # one pattern adapting several towers (C5 kind)
                 console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
@@ -132,26 +144,48 @@ def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=Non
         cfg = ctx.study.training
         ws = world.world_size if world is not None else 1
         if run is not None:
-            console.print(f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
-                          f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
-                          f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})"
-                          + (f"; {ws} processes, {world.strategy}" if world is not None else ""))
+            console.print(
+                f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
+                f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
+                f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})"
+                + (f"; {ws} processes, {world.strategy}" if world is not None else "")
+            )
         plan = loop.budget(cfg, len(encoded), ws)
         steps = plan["total_steps"]
         if run is not None:
-            run.update_summary(budget=plan)  # which key set the budget (training.max_steps, training.epochs or the default)
-            source = (f"{plan['key']}: {plan['value']:g}" if plan["key"] != "default"
-                      else f"{plan['value']:g} epoch, the default (neither training.max_steps nor training.epochs is set)")
-            console.print(f"budget: {steps} optimizer steps from {source}; {plan['steps_per_epoch']} steps per epoch "
-                          f"of {plan['examples_per_epoch']} examples" + (f" per process ({ws} processes)" if ws > 1 else ""))
+            run.update_summary(
+                budget=plan
+            )  # which key set the budget (training.max_steps, training.epochs or the default)
+            source = (
+                f"{plan['key']}: {plan['value']:g}"
+                if plan["key"] != "default"
+                else f"{plan['value']:g} epoch, the default (neither training.max_steps nor training.epochs is set)"
+            )
+            console.print(
+                f"budget: {steps} optimizer steps from {source}; {plan['steps_per_epoch']} steps per epoch "
+                f"of {plan['examples_per_epoch']} examples" + (f" per process ({ws} processes)" if ws > 1 else "")
+            )
         extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
-        with (progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)) as advance:
+        with (
+            progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)
+        ) as advance:
             if resume_from is not None:
                 advance(int(resume_from["step"]))
-            result = loop.train(model, encoded, cfg, pad_id=getattr(ctx.tokenizer, "pad_token_id", 0), device=device,
-                                autocast=autocast, run=run, config=ctx.config, extra=extra, resume=resume_from,
-                                stop_after=opts.stop_after,
-                                progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"), world=world)
+            result = loop.train(
+                model,
+                encoded,
+                cfg,
+                pad_id=getattr(ctx.tokenizer, "pad_token_id", 0),
+                device=device,
+                autocast=autocast,
+                run=run,
+                config=ctx.config,
+                extra=extra,
+                resume=resume_from,
+                stop_after=opts.stop_after,
+                progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"),
+                world=world,
+            )
         if world is not None:
             save_ranks(run, model, frozen_before)
             if run is None:
@@ -159,15 +193,26 @@ def run_train(ctx: StudyContext, options: TrainOptions | None = None, *, run=Non
         else:
             save_trained(model, run.dir, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
         run.update_summary(
-            steps=result["steps"], example_passes=result["examples"], final_loss=result["losses"][-1] if result["losses"] else None,
-            first_loss=result["losses"][0] if result["losses"] else None, train_seconds=round(result["seconds"], 6),
-            tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1), loss_normalisation=result["normalisation"],
-            trainable=report.get("trainable"), total_params=report.get("total"), dtype=ctx.device_choice["dtype"],
+            steps=result["steps"],
+            example_passes=result["examples"],
+            final_loss=result["losses"][-1] if result["losses"] else None,
+            first_loss=result["losses"][0] if result["losses"] else None,
+            train_seconds=round(result["seconds"], 6),
+            tokens_per_s=round(result["tokens"] / max(result["seconds"], 1e-9), 1),
+            loss_normalisation=result["normalisation"],
+            trainable=report.get("trainable"),
+            total_params=report.get("total"),
+            dtype=ctx.device_choice["dtype"],
             base_weights=base_weights_dtype(model),  # the frozen weights' dtype: bf16 with training.bf16_base_weights
-            base={**ctx.base.identity(), "weights_sha256": base["weights_sha256"], "config_sha256": base["config_sha256"],
-                  **({"quantization": ctx.quantization} if ctx.quantization else {})},
+            base={
+                **ctx.base.identity(),
+                "weights_sha256": base["weights_sha256"],
+                "config_sha256": base["config_sha256"],
+                **({"quantization": ctx.quantization} if ctx.quantization else {}),
+            },
             **({"quantization": ctx.quantization} if ctx.quantization else {}),
-            world_size=result["world_size"], **({"shares": result["shares"]} if result.get("shares") else {}),
+            world_size=result["world_size"],
+            **({"shares": result["shares"]} if result.get("shares") else {}),
         )
         return run.id
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tuneproof.context import StudyContext, parse_study
 from tuneproof.errors import CheckFailed, TuneproofError
@@ -87,7 +88,14 @@ def config_diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str,
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, _MISSING), b.get(key, _MISSING)
         if va != vb:
-            out.append({"key": key, "group": group_of(key), "from": None if va is _MISSING else va, "to": None if vb is _MISSING else vb})
+            out.append(
+                {
+                    "key": key,
+                    "group": group_of(key),
+                    "from": None if va is _MISSING else va,
+                    "to": None if vb is _MISSING else vb,
+                }
+            )
     return out
 
 
@@ -99,7 +107,10 @@ def describe(changes: list[dict[str, Any]]) -> str:
 def overrides(changes: list[dict[str, Any]]) -> list[str]:
     """``["method.r=16", "training.learning_rate=0.001"]``: each changed key with the variant's value
     (what ``--set`` would write; a string as is, anything else as compact JSON), as ``runs`` shows them."""
-    return [f"{c['key']}={c['to'] if isinstance(c['to'], str) else json.dumps(c['to'], separators=(',', ':'))}" for c in changes]
+    return [
+        f"{c['key']}={c['to'] if isinstance(c['to'], str) else json.dumps(c['to'], separators=(',', ':'))}"
+        for c in changes
+    ]
 
 
 def counted_groups(changes: list[dict[str, Any]]) -> list[str]:
@@ -132,9 +143,15 @@ class VariantPlan:
         """The content of ``variant.json`` (the data fingerprint statement is added once the run has one)."""
         p, pcfg = self.parent, self.parent_config
         return {
-            "parent": p.id, "parent_status": p.status, "set": self.assignments, "grid": self.grid,
-            "changes": self.changes, "change": describe(self.changes), "groups": self.groups,
-            "multi_change": self.multi_change, "allow_multi_change": self.allow_multi_change,
+            "parent": p.id,
+            "parent_status": p.status,
+            "set": self.assignments,
+            "grid": self.grid,
+            "changes": self.changes,
+            "change": describe(self.changes),
+            "groups": self.groups,
+            "multi_change": self.multi_change,
+            "allow_multi_change": self.allow_multi_change,
             "inherited": {
                 "seed": pcfg["training"]["seed"],
                 "budget": {"max_steps": pcfg["training"]["max_steps"], "epochs": pcfg["training"]["epochs"]},
@@ -153,7 +170,9 @@ def _parent(reg: Registry, run_id: str) -> tuple[RunRecord, dict[str, Any]]:
         raise TuneproofError(f"--from {rec.id}: a variant starts from a train run, this is a {rec.kind} run", hint=hint)
     path = reg.runs_dir / rec.id / "config.json"
     if not path.exists():
-        raise TuneproofError(f"{path}: the resolved config of {rec.id} is missing", hint="a variant needs its parent's config.json")
+        raise TuneproofError(
+            f"{path}: the resolved config of {rec.id} is missing", hint="a variant needs its parent's config.json"
+        )
     cfg = resolved_config(parse_study(read_json(path), path))  # the parent's config must still be a valid study
     return rec, cfg
 
@@ -189,8 +208,15 @@ def split_values(text: str) -> list[str]:
     return [v for v in out if v != ""]
 
 
-def plan_variant(reg: Registry, parent_id: str, sets: list[str], *, name: str | None = None, allow_multi_change: bool = False,
-                 grid: dict[str, Any] | None = None) -> VariantPlan:
+def plan_variant(
+    reg: Registry,
+    parent_id: str,
+    sets: list[str],
+    *,
+    name: str | None = None,
+    allow_multi_change: bool = False,
+    grid: dict[str, Any] | None = None,
+) -> VariantPlan:
     """Apply ``sets`` (``KEY=VALUE`` strings) to the parent's resolved config and validate.
 
     Raises:
@@ -208,23 +234,33 @@ def plan_variant(reg: Registry, parent_id: str, sets: list[str], *, name: str | 
     cfg = resolved_config(parse_study(cfg, where))
     changes = config_diff(pcfg, cfg)
     if not changes:
-        raise TuneproofError(f"{where}: the variant equals its parent {rec.id} (nothing changed)",
-                             hint="a variant changes at least one value; to repeat a run use `tuneproof train`")
+        raise TuneproofError(
+            f"{where}: the variant equals its parent {rec.id} (nothing changed)",
+            hint="a variant changes at least one value; to repeat a run use `tuneproof train`",
+        )
     frozen = [c for c in changes if c["group"] in FROZEN_GROUPS]
     if frozen:
-        raise TuneproofError(f"{where}: '{frozen[0]['key']}' is fixed for the whole study, a variant may not change it",
-                             hint="the hypothesis and guards are set before the first training run (protocol step 1); start a new study")
+        raise TuneproofError(
+            f"{where}: '{frozen[0]['key']}' is fixed for the whole study, a variant may not change it",
+            hint="the hypothesis and guards are set before the first training run (protocol step 1); start a new study",
+        )
     plan = VariantPlan(rec, pcfg, cfg, changes, list(sets), name, allow_multi_change, grid)
     if plan.multi_change and not allow_multi_change:
         by_group = "; ".join(f"{g}: {', '.join(c['key'] for c in changes if c['group'] == g)}" for g in plan.groups)
-        raise TuneproofError(f"{where}: the variant changes {len(plan.groups)} groups ({by_group})",
-                             hint="change one group at a time, or pass --allow-multi-change (the run is flagged as multi-change)")
+        raise TuneproofError(
+            f"{where}: the variant changes {len(plan.groups)} groups ({by_group})",
+            hint="change one group at a time, or pass --allow-multi-change (the run is flagged as multi-change)",
+        )
     for c in changes:
         if c["group"] in INHERITED:
-            plan.statements.append(f"{INHERITED[c['group']]} not inherited from {rec.id}: {c['key']} {json.dumps(c['from'])} -> {json.dumps(c['to'])}")
+            plan.statements.append(
+                f"{INHERITED[c['group']]} not inherited from {rec.id}: {c['key']} {json.dumps(c['from'])} -> {json.dumps(c['to'])}"
+            )
     if plan.multi_change:
-        plan.statements.append(f"multi-change variant: {len(plan.groups)} groups changed ({', '.join(plan.groups)}); "
-                               "its effect cannot be attributed to one change")
+        plan.statements.append(
+            f"multi-change variant: {len(plan.groups)} groups changed ({', '.join(plan.groups)}); "
+            "its effect cannot be attributed to one change"
+        )
     return plan
 
 
@@ -236,18 +272,30 @@ def _on_start(plan: VariantPlan, started: list[str]) -> Callable:
         parent_fp = plan.parent.data_fingerprint
         if fp and parent_fp and fp != parent_fp:
             if "data" in plan.groups:
-                record["statements"].append(f"data fingerprint changed with the data settings: {parent_fp[:12]} -> {fp[:12]}")
+                record["statements"].append(
+                    f"data fingerprint changed with the data settings: {parent_fp[:12]} -> {fp[:12]}"
+                )
             else:
-                record["statements"].append(f"data fingerprint differs from {plan.parent.id} although no data key changed "
-                                            f"({parent_fp[:12]} -> {fp[:12]}): the data files changed since the parent ran")
+                record["statements"].append(
+                    f"data fingerprint differs from {plan.parent.id} although no data key changed "
+                    f"({parent_fp[:12]} -> {fp[:12]}): the data files changed since the parent ran"
+                )
         record["data_fingerprint"] = fp
         run.write_json("variant.json", record)
-        run.update_summary(variant={"parent": plan.parent.id, "change": record["change"], "overrides": overrides(plan.changes),
-                                    "groups": plan.groups,
-                                    "statements": record["statements"]}, multi_change=plan.multi_change)
+        run.update_summary(
+            variant={
+                "parent": plan.parent.id,
+                "change": record["change"],
+                "overrides": overrides(plan.changes),
+                "groups": plan.groups,
+                "statements": record["statements"],
+            },
+            multi_change=plan.multi_change,
+        )
         for s in record["statements"]:
             run.note(s)
             console.print(f"[yellow]note[/]: {s}")
+
     return hook
 
 
@@ -256,16 +304,32 @@ def variant_context(study_dir: Path, data_root: Path | None, plan: VariantPlan):
     return StudyContext.open(study_dir, data_root, config=plan.config)
 
 
-def train_variant(ctx, plan: VariantPlan, *, preflight_override: str | None = None, stop_after: int | None = None,
-                  started: list[str] | None = None, order: dict | None = None) -> str:
+def train_variant(
+    ctx,
+    plan: VariantPlan,
+    *,
+    preflight_override: str | None = None,
+    stop_after: int | None = None,
+    started: list[str] | None = None,
+    order: dict | None = None,
+) -> str:
     """Train one planned variant in its context; returns its run id (parent = the plan's parent).
     ``started`` receives the run id as soon as the run exists.
 
     Raises whatever training raises (the run is recorded failed/interrupted/invalid first).
     """
-    console.print(f"variant of [bold]{plan.parent.id}[/]: {describe(plan.changes)}" + (" [magenta](multi-change)[/]" if plan.multi_change else ""))
-    options = TrainOptions(parent=plan.parent.id, name=plan.name, stop_after=stop_after,
-                           preflight_override=preflight_override, on_start=_on_start(plan, started if started is not None else []), order=order)
+    console.print(
+        f"variant of [bold]{plan.parent.id}[/]: {describe(plan.changes)}"
+        + (" [magenta](multi-change)[/]" if plan.multi_change else "")
+    )
+    options = TrainOptions(
+        parent=plan.parent.id,
+        name=plan.name,
+        stop_after=stop_after,
+        preflight_override=preflight_override,
+        on_start=_on_start(plan, started if started is not None else []),
+        order=order,
+    )
     return run_train(ctx, options)
 
 
@@ -274,8 +338,15 @@ def _grid_name(name: str | None, key: str, value: str) -> str:
     return f"{name}-{suffix}" if name else suffix
 
 
-def plan_grid(reg: Registry, parent_id: str, grid: str, sets: list[str], *, name: str | None = None,
-              allow_multi_change: bool = False) -> tuple[list[VariantPlan], list[str]]:
+def plan_grid(
+    reg: Registry,
+    parent_id: str,
+    grid: str,
+    sets: list[str],
+    *,
+    name: str | None = None,
+    allow_multi_change: bool = False,
+) -> tuple[list[VariantPlan], list[str]]:
     """One plan per value of ``grid`` (``KEY=v1,v2,...``), all validated before any training.
 
     Returns ``(plans, skipped)``; ``skipped`` names values equal to the parent's.
@@ -292,8 +363,14 @@ def plan_grid(reg: Registry, parent_id: str, grid: str, sets: list[str], *, name
     plans, skipped = [], []
     for i, v in enumerate(values):
         try:
-            plan = plan_variant(reg, parent_id, [*sets, f"{key}={v}"], name=_grid_name(name, key, v),
-                                allow_multi_change=allow_multi_change, grid={"key": key, "values": values, "index": i})
+            plan = plan_variant(
+                reg,
+                parent_id,
+                [*sets, f"{key}={v}"],
+                name=_grid_name(name, key, v),
+                allow_multi_change=allow_multi_change,
+                grid={"key": key, "values": values, "index": i},
+            )
         except TuneproofError as err:
             if "nothing changed" in str(err):
                 skipped.append(f"{key}={v} is the value of {parent_id}: no variant")
@@ -305,10 +382,20 @@ def plan_grid(reg: Registry, parent_id: str, grid: str, sets: list[str], *, name
     return plans, skipped
 
 
-def run_variants(study_dir: Path, data_root: Path | None, parent: str, *, sets: list[str] | None = None, grid: str | None = None,
-                 name: str | None = None, allow_multi_change: bool = False, preflight: Callable | None = None,
-                 preflight_override: str | None = None, data_check_override: str | None = None,
-                 baseline_override: str | None = None) -> list[dict[str, Any]]:
+def run_variants(
+    study_dir: Path,
+    data_root: Path | None,
+    parent: str,
+    *,
+    sets: list[str] | None = None,
+    grid: str | None = None,
+    name: str | None = None,
+    allow_multi_change: bool = False,
+    preflight: Callable | None = None,
+    preflight_override: str | None = None,
+    data_check_override: str | None = None,
+    baseline_override: str | None = None,
+) -> list[dict[str, Any]]:
     """``train --from PARENT [--set ...] [--grid ...]``: plan, then train each variant in sequence.
     Every variant passes the protocol gates (data check, baseline: :func:`~tuneproof.recipes.protocol.require_order`;
     then ``preflight``) before the first one trains.
@@ -327,7 +414,10 @@ def run_variants(study_dir: Path, data_root: Path | None, parent: str, *, sets: 
         plans = [plan_variant(reg, parent, sets, name=name, allow_multi_change=allow_multi_change)]
     contexts = [variant_context(study_dir, data_root, plan) for plan in plans]
     # every variant is cleared before the first one trains: data check and baseline, then preflight
-    orders = [require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override) for ctx in contexts]
+    orders = [
+        require_order(ctx, data_check_override=data_check_override, baseline_override=baseline_override)
+        for ctx in contexts
+    ]
     if preflight is not None:
         for ctx, order in zip(contexts, orders):
             order["preflight_run"] = preflight(ctx, preflight_override)

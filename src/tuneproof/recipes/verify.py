@@ -26,8 +26,15 @@ from tuneproof.ui import console
 #: what to do after the first failed check: the bundle itself changed, or the base it is checked against
 _BUNDLE_CHANGED = "the bundle was changed after export: do not use it; export the run again (tuneproof export RUN)"
 _WRONG_BASE = "do not use this bundle with this base: pass the base it was exported from (--base PATH), or export again"
-HINTS = {"manifest": _BUNDLE_CHANGED, "files": _BUNDLE_CHANGED, "claims": _BUNDLE_CHANGED,
-         "base weights": _WRONG_BASE, "adapter config": _WRONG_BASE, "tokenizer": _WRONG_BASE, "image processor": _WRONG_BASE}
+HINTS = {
+    "manifest": _BUNDLE_CHANGED,
+    "files": _BUNDLE_CHANGED,
+    "claims": _BUNDLE_CHANGED,
+    "base weights": _WRONG_BASE,
+    "adapter config": _WRONG_BASE,
+    "tokenizer": _WRONG_BASE,
+    "image processor": _WRONG_BASE,
+}
 
 
 def failure_hint(report: dict) -> str:
@@ -35,10 +42,14 @@ def failure_hint(report: dict) -> str:
     claims) is exported again; a base that differs (weights, adapter revision, tokenizer, image
     processor) is replaced with the one recorded; a reload or prediction failure, both."""
     bad = next((c["name"] for c in report["checks"] if not c["passed"]), None)
-    return HINTS.get(bad, "do not use this bundle: export the run again, or pass the base it was exported from (--base PATH)")
+    return HINTS.get(
+        bad, "do not use this bundle: export the run again, or pass the base it was exported from (--base PATH)"
+    )
 
 
-def run_verify(bundle: Path, base: Path | None = None, *, json_out: Path | None = None, device: str | None = None) -> dict:
+def run_verify(
+    bundle: Path, base: Path | None = None, *, json_out: Path | None = None, device: str | None = None
+) -> dict:
     """Verify ``bundle`` in a new process and print each check; returns the report.
 
     Raises:

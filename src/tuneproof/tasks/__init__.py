@@ -7,8 +7,9 @@ one entry in :data:`TASKS`, one template, one row of ``tests/tasks/test_task_mat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tuneproof.errors import TuneproofError
 from tuneproof.study import STUDY_FILE, Eval, Study
@@ -21,8 +22,16 @@ from tuneproof.tasks.multilabel import TASK as MULTI_LABEL
 
 TASKS: dict[str, Task] = {t.name: t for t in (CLASSIFICATION, MULTI_LABEL, EXTRACTION, FORMAT, IMAGE_CLASSIFICATION)}
 
-__all__ = ["TASKS", "ExampleRule", "Task", "TaskConfig", "check_hypothesis_metrics", "get_task", "metric_names",
-           "task_config"]
+__all__ = [
+    "TASKS",
+    "ExampleRule",
+    "Task",
+    "TaskConfig",
+    "check_hypothesis_metrics",
+    "get_task",
+    "metric_names",
+    "task_config",
+]
 
 
 def get_task(name: str) -> Task:
@@ -34,7 +43,9 @@ def get_task(name: str) -> Task:
     try:
         return TASKS[name]
     except KeyError:
-        raise TuneproofError(f"hypothesis.task: unknown task kind '{name}'", hint=f"use one of {', '.join(TASKS)}") from None
+        raise TuneproofError(
+            f"hypothesis.task: unknown task kind '{name}'", hint=f"use one of {', '.join(TASKS)}"
+        ) from None
 
 
 def task_config(ctx: Any, *, required_fields: Any = None, eval_cfg: Any = None) -> TaskConfig:
@@ -42,13 +53,24 @@ def task_config(ctx: Any, *, required_fields: Any = None, eval_cfg: Any = None) 
     section (the study file's unless given, e.g. the frozen hypothesis's) and the label set of the
     train split (for kinds that have one)."""
     kind = get_task(ctx.task)
-    labels = kind.label_set(ctx.all_splits["train"]) if kind.has_label_set else None  # other kinds never read the data here
-    return TaskConfig.make(ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
-                           ctx.study.eval if eval_cfg is None else eval_cfg, labels)
+    labels = (
+        kind.label_set(ctx.all_splits["train"]) if kind.has_label_set else None
+    )  # other kinds never read the data here
+    return TaskConfig.make(
+        ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
+        ctx.study.eval if eval_cfg is None else eval_cfg,
+        labels,
+    )
 
 
-def metric_names(task: str, *, required_fields: Sequence[str] | None = None, json_schema: Any = None,
-                 regex: str | None = None, grammar: str | None = None) -> dict[str, list[str]]:
+def metric_names(
+    task: str,
+    *,
+    required_fields: Sequence[str] | None = None,
+    json_schema: Any = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+) -> dict[str, list[str]]:
     """The metric names a comparison can report for ``task`` (what ``hypothesis.success.metric`` and
     ``hypothesis.guards[].metric`` may name); the task kind's ``metric_names`` part.
 
@@ -79,23 +101,42 @@ def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> Non
             or ``.classes``) and lists the metrics of the task.
     """
     h, e = study.hypothesis, study.eval
-    names = metric_names(h.task, required_fields=h.required_fields, json_schema=e.json_schema, regex=e.regex, grammar=e.grammar)
+    names = metric_names(
+        h.task, required_fields=h.required_fields, json_schema=e.json_schema, regex=e.regex, grammar=e.grammar
+    )
     aggregate = names["aggregate"]
     if h.success.metric not in aggregate:
-        raise TuneproofError(f"{path}: hypothesis.success.metric: '{h.success.metric}' is not a metric of task '{h.task}'"
-                             + _why_missing(h.task, h.success.metric), hint=f"use one of {', '.join(aggregate)}")
+        raise TuneproofError(
+            f"{path}: hypothesis.success.metric: '{h.success.metric}' is not a metric of task '{h.task}'"
+            + _why_missing(h.task, h.success.metric),
+            hint=f"use one of {', '.join(aggregate)}",
+        )
     for i, g in enumerate(h.guards):
         allowed = aggregate + names["per_class"] + names["per_field"]
         if g.metric not in allowed:
-            raise TuneproofError(f"{path}: hypothesis.guards[{i}].metric: '{g.metric}' is not a metric of task '{h.task}'"
-                                 + _why_missing(h.task, g.metric), hint=f"use one of {', '.join(allowed)}")
+            raise TuneproofError(
+                f"{path}: hypothesis.guards[{i}].metric: '{g.metric}' is not a metric of task '{h.task}'"
+                + _why_missing(h.task, g.metric),
+                hint=f"use one of {', '.join(allowed)}",
+            )
         if g.classes is not None and not g.metric.startswith("per_class_"):
-            raise TuneproofError(f"{path}: hypothesis.guards[{i}].classes: only a per_class_* guard names classes (metric is '{g.metric}')",
-                                 hint="remove classes, or use a per_class_* metric")
+            raise TuneproofError(
+                f"{path}: hypothesis.guards[{i}].classes: only a per_class_* guard names classes (metric is '{g.metric}')",
+                hint="remove classes, or use a per_class_* metric",
+            )
 
 
 def _why_missing(task: str, metric: str) -> str:
-    needs = {"schema_valid_rate": "eval.json_schema", "regex_match_rate": "eval.regex", "required_fields_rate": "hypothesis.required_fields",
-             "json_valid_rate": "eval.json_schema or hypothesis.required_fields", "part_accuracy": "eval.regex has named groups",
-             **dict.fromkeys(("grammar_valid_rate", "function_accuracy", "slot_precision", "slot_recall", "slot_f1"), "eval.grammar")}
-    return f" (a format study reports it only when {needs[metric]} is set)" if task == "format" and metric in needs else ""
+    needs = {
+        "schema_valid_rate": "eval.json_schema",
+        "regex_match_rate": "eval.regex",
+        "required_fields_rate": "hypothesis.required_fields",
+        "json_valid_rate": "eval.json_schema or hypothesis.required_fields",
+        "part_accuracy": "eval.regex has named groups",
+        **dict.fromkeys(
+            ("grammar_valid_rate", "function_accuracy", "slot_precision", "slot_recall", "slot_f1"), "eval.grammar"
+        ),
+    }
+    return (
+        f" (a format study reports it only when {needs[metric]} is set)" if task == "format" and metric in needs else ""
+    )

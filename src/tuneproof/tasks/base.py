@@ -21,8 +21,9 @@ Rules shared by every kind: a missing or unparseable value is always wrong, neve
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,9 @@ class TaskConfig:
     labels: tuple[str, ...] | None = None
 
     @classmethod
-    def make(cls, required_fields: Sequence[str] | None = None, eval_cfg: Any = None, labels: Sequence[str] | None = None) -> "TaskConfig":
+    def make(
+        cls, required_fields: Sequence[str] | None = None, eval_cfg: Any = None, labels: Sequence[str] | None = None
+    ) -> TaskConfig:
         if eval_cfg is None:
             eval_cfg = Eval()
         elif isinstance(eval_cfg, dict):
@@ -121,7 +124,9 @@ class Task:
         raise NotImplementedError
 
     # 4. per-example statistics for the bootstrap
-    def bootstrap_stats(self, base: list[dict], cand: list[dict], base_m: dict, cand_m: dict, cfg: TaskConfig) -> BootstrapStats:
+    def bootstrap_stats(
+        self, base: list[dict], cand: list[dict], base_m: dict, cand_m: dict, cfg: TaskConfig
+    ) -> BootstrapStats:
         raise NotImplementedError
 
     def headline_for(self, metrics: dict) -> list[str]:
@@ -129,7 +134,11 @@ class Task:
 
     def summary_for(self, metrics: dict) -> dict[str, float]:
         keys = self.summary or self.headline
-        return {k: metrics[k] for k in keys if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)}
+        return {
+            k: metrics[k]
+            for k in keys
+            if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
+        }
 
     # 5. per-example rule
     def example_rule(self, metric: str | None) -> ExampleRule:
@@ -153,10 +162,17 @@ class Task:
     def audit(self, splits: dict[str, list], cfg: TaskConfig) -> dict[str, Any]:
         """``{"labels": ..., "targets": ..., "hard_faults": [...], "warnings": [...]}``."""
         labels = audit_labels(splits)
-        return {"labels": labels, "targets": None, "hard_faults": list(labels["hard_faults"]), "warnings": list(labels["warnings"])}
+        return {
+            "labels": labels,
+            "targets": None,
+            "hard_faults": list(labels["hard_faults"]),
+            "warnings": list(labels["warnings"]),
+        }
 
 
-CORRECT_RULE = ExampleRule("correct", "an example passes when it is right (the per-example `correct`)", lambda r: float(bool(r.get("correct"))))
+CORRECT_RULE = ExampleRule(
+    "correct", "an example passes when it is right (the per-example `correct`)", lambda r: float(bool(r.get("correct")))
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -182,7 +198,9 @@ def example_f1(tp: float, fp: float, fn: float, valid: bool = True) -> float:
 def copy_records(records: Iterable[dict]) -> list[dict]:
     out = [dict(r) for r in records]
     if not out:
-        raise TuneproofError("no examples to score: the output records are empty", hint="check the eval split and eval.max_examples")
+        raise TuneproofError(
+            "no examples to score: the output records are empty", hint="check the eval split and eval.max_examples"
+        )
     return out
 
 
@@ -242,9 +260,12 @@ def macro_note(labels: Sequence[str], support: dict[str, int], what: str = "labe
 
 
 def names(aggregate: list[str], per_class: list[str], per_field: list[str]) -> dict[str, list[str]]:
-    return {"aggregate": list(aggregate), "per_class": [f"per_class_{m}" for m in per_class], "per_field": [f"per_field_{m}" for m in per_field]}
+    return {
+        "aggregate": list(aggregate),
+        "per_class": [f"per_class_{m}" for m in per_class],
+        "per_field": [f"per_field_{m}" for m in per_field],
+    }
 
 
 def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-

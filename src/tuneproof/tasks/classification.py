@@ -14,7 +14,8 @@ does not hold cannot be measured there, so it is left out and the metrics say "m
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,9 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
     y_true = []
     for i, r in enumerate(recs):
         if r.get("reference") is None:
-            raise TuneproofError(f"example {rid(r, i)}: no reference label", hint="every evaluated example needs a label")
+            raise TuneproofError(
+                f"example {rid(r, i)}: no reference label", hint="every evaluated example needs a label"
+            )
         y_true.append(text(r["reference"]).strip())
     if labels is None:
         labels = sorted(set(y_true))
@@ -84,9 +87,14 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
         raise TuneproofError(f"'{INVALID_LABEL}' is reserved and cannot be a label")
     unknown = [(rid(r, i), ref) for i, (r, ref) in enumerate(zip(recs, y_true)) if ref not in label_set]
     if unknown:  # every one counted, the first 5 named with their example, so all are fixed in one pass
-        shown = ", ".join(f"{i} '{ref}'" for i, ref in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise TuneproofError(f"{len(unknown)} reference label{'s' if len(unknown) != 1 else ''} not in the label set "
-                             f"({len(labels)} labels): {shown}", hint="pass the full label set")
+        shown = ", ".join(f"{i} '{ref}'" for i, ref in unknown[:5]) + (
+            f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        )
+        raise TuneproofError(
+            f"{len(unknown)} reference label{'s' if len(unknown) != 1 else ''} not in the label set "
+            f"({len(labels)} labels): {shown}",
+            hint="pass the full label set",
+        )
 
     y_pred = []
     for r, ref in zip(recs, y_true):
@@ -97,7 +105,10 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
         r["scores"] = {"valid_label": valid}
 
     prec, rec, f1, sup = precision_recall_fscore_support(y_true, y_pred, labels=labels, average=None, zero_division=0)
-    agg = {avg: precision_recall_fscore_support(y_true, y_pred, labels=labels, average=avg, zero_division=0)[2] for avg in ("weighted", "micro")}
+    agg = {
+        avg: precision_recall_fscore_support(y_true, y_pred, labels=labels, average=avg, zero_division=0)[2]
+        for avg in ("weighted", "micro")
+    }
     support = {lab: int(sup[k]) for k, lab in enumerate(labels)}
     present = [k for k, lab in enumerate(labels) if support[lab] > 0]
     columns = labels + [INVALID_LABEL]
@@ -163,9 +174,11 @@ def _metric_fn(labels: list[str]):
 class Classification(Task):
     name = "classification"
     template = "classification.yaml"
-    reader = ReaderHints(label="data.fields.label: the class name (one per example)",
-                         target="the label text itself (generative models answer with it)",
-                         model_kinds=("sequence-classification", "causal-lm"))
+    reader = ReaderHints(
+        label="data.fields.label: the class name (one per example)",
+        target="the label text itself (generative models answer with it)",
+        model_kinds=("sequence-classification", "causal-lm"),
+    )
     headline = ("accuracy", "macro_f1")
     per_class_metric = "recall"
     has_confusion = True
@@ -182,12 +195,16 @@ class Classification(Task):
 
     def bootstrap_stats(self, base, cand, base_m, cand_m, cfg) -> BootstrapStats:
         labels = list(base_m["labels"])
-        return BootstrapStats(_stats(base, labels), _stats(cand, labels), _metric_fn(labels),
-                              [str(r["reference"]).strip() for r in base])
+        return BootstrapStats(
+            _stats(base, labels), _stats(cand, labels), _metric_fn(labels), [str(r["reference"]).strip() for r in base]
+        )
 
     def example_rule(self, metric: str | None) -> ExampleRule:
-        return ExampleRule("correct", "an example passes when its predicted class is the reference class",
-                           lambda r: float(bool(r.get("correct"))))
+        return ExampleRule(
+            "correct",
+            "an example passes when its predicted class is the reference class",
+            lambda r: float(bool(r.get("correct"))),
+        )
 
     def predicted_key(self, rec: dict) -> str | None:
         return text(rec.get("prediction")).strip() or None
@@ -198,12 +215,21 @@ class Classification(Task):
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
         """The label audit, plus a hard fault when the label field holds lists (a multi-label task)."""
         out = super().audit(splits, cfg)
-        lists = [e for v in splits.values() for e in v if isinstance(e.label, str) and e.label.startswith("[")
-                 and isinstance(parse_json_output(e.label)[0], list)]
+        lists = [
+            e
+            for v in splits.values()
+            for e in v
+            if isinstance(e.label, str) and e.label.startswith("[") and isinstance(parse_json_output(e.label)[0], list)
+        ]
         if lists:
-            shown = ", ".join(e.source or e.id for e in lists[:5]) + (f" and {len(lists) - 5} more" if len(lists) > 5 else "")
-            out["hard_faults"].insert(0, f"{len(lists)} label(s) are lists, e.g. {shown}: a set of labels per example is a multi-label "
-                                         "task (set hypothesis.task: multi-label)")
+            shown = ", ".join(e.source or e.id for e in lists[:5]) + (
+                f" and {len(lists) - 5} more" if len(lists) > 5 else ""
+            )
+            out["hard_faults"].insert(
+                0,
+                f"{len(lists)} label(s) are lists, e.g. {shown}: a set of labels per example is a multi-label "
+                "task (set hypothesis.task: multi-label)",
+            )
         return out
 
     def failure_kind(self, rec: dict) -> str:

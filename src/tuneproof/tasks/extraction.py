@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,12 @@ from tuneproof.tasks.base import (
 from tuneproof.tasks.parsing import parse_json_output, reason_kind
 
 DEFAULT_FIELDS = ["intent", "slots"]
-MULTI_INTENT_METRICS = ["intent_precision", "intent_recall", "intent_micro_f1", "intent_macro_f1"]  # when an intent is a list
+MULTI_INTENT_METRICS = [
+    "intent_precision",
+    "intent_recall",
+    "intent_micro_f1",
+    "intent_macro_f1",
+]  # when an intent is a list
 
 
 def _norm_value(v: Any) -> str:
@@ -104,7 +110,9 @@ def _canonical(obj: dict) -> dict:
     return out
 
 
-def score_extraction(records: Sequence[dict], required_fields: Sequence[str] | None = None, allow_fenced: bool = False) -> tuple[list[dict], dict]:
+def score_extraction(
+    records: Sequence[dict], required_fields: Sequence[str] | None = None, allow_fenced: bool = False
+) -> tuple[list[dict], dict]:
     """Score structured extraction outputs ``{"intent": str | [str], "slots": {slot: value | [values]}}``.
 
     Args:
@@ -176,7 +184,11 @@ def score_extraction(records: Sequence[dict], required_fields: Sequence[str] | N
         ref_pairs = slot_pairs(ref.get("slots"))
         pred_pairs = slot_pairs(pred.get("slots")) if is_obj else Counter()
         tp_pairs = ref_pairs & pred_pairs
-        tp, fp, fn = sum(tp_pairs.values()), sum((pred_pairs - ref_pairs).values()), sum((ref_pairs - pred_pairs).values())
+        tp, fp, fn = (
+            sum(tp_pairs.values()),
+            sum((pred_pairs - ref_pairs).values()),
+            sum((ref_pairs - pred_pairs).values()),
+        )
         has_intent = ref_int is not None
         pred_int = intent_set(pred) if is_obj else None
         intent_correct = bool(has_intent and pred_int is not None and pred_int == ref_int)
@@ -212,8 +224,19 @@ def score_extraction(records: Sequence[dict], required_fields: Sequence[str] | N
             for lab in pset & ref_int:
                 class_stats[lab]["intent_tp"] += 1
 
-        totals.update(valid=int(valid), required=int(required_present), has_intent=int(has_intent), intent=int(intent_correct),
-                      exact=int(exact), tp=tp, fp=fp, fn=fn, i_tp=i_tp, i_fp=i_fp, i_fn=i_fn)
+        totals.update(
+            valid=int(valid),
+            required=int(required_present),
+            has_intent=int(has_intent),
+            intent=int(intent_correct),
+            exact=int(exact),
+            tp=tp,
+            fp=fp,
+            fn=fn,
+            i_tp=i_tp,
+            i_fp=i_fp,
+            i_fn=i_fn,
+        )
         r["correct"] = exact
         r["scores"] = {
             "json_valid": valid,
@@ -243,10 +266,17 @@ def score_extraction(records: Sequence[dict], required_fields: Sequence[str] | N
             continue
         entry = {"support": cs["support"]}
         if cls in intent_labels:
-            entry.update(recall=ratio(cs["intent_tp"], cs["support"]), precision=ratio(cs["intent_tp"], cs["intent_pred"]),
-                         f1=f1(cs["intent_tp"], cs["intent_pred"] - cs["intent_tp"], cs["support"] - cs["intent_tp"]))
-        entry.update(exact_match=ratio(cs["exact"], cs["support"]), field_precision=ratio(cs["tp"], cs["tp"] + cs["fp"]),
-                     field_recall=ratio(cs["tp"], cs["tp"] + cs["fn"]), field_f1=f1(cs["tp"], cs["fp"], cs["fn"]))
+            entry.update(
+                recall=ratio(cs["intent_tp"], cs["support"]),
+                precision=ratio(cs["intent_tp"], cs["intent_pred"]),
+                f1=f1(cs["intent_tp"], cs["intent_pred"] - cs["intent_tp"], cs["support"] - cs["intent_tp"]),
+            )
+        entry.update(
+            exact_match=ratio(cs["exact"], cs["support"]),
+            field_precision=ratio(cs["tp"], cs["tp"] + cs["fp"]),
+            field_recall=ratio(cs["tp"], cs["tp"] + cs["fn"]),
+            field_f1=f1(cs["tp"], cs["fp"], cs["fn"]),
+        )
         per_class[cls] = entry
     per_field, unknown = {}, {}
     for slot in sorted(per_field_counts):
@@ -277,27 +307,31 @@ def score_extraction(records: Sequence[dict], required_fields: Sequence[str] | N
         metrics["intent_recall"] = ratio(totals["i_tp"], totals["i_tp"] + totals["i_fn"])
         metrics["intent_micro_f1"] = f1(totals["i_tp"], totals["i_fp"], totals["i_fn"])
         metrics["intent_macro_f1"] = float(np.mean([per_class[lab]["f1"] for lab in labs])) if labs else 0.0
-        metrics["intent_macro_over"] = macro_note(labs, {lab: per_class[lab]["support"] for lab in labs}, "intent labels")
-    metrics.update({
-        "exact_match": totals["exact"] / n,
-        "field_precision": ratio(tp, tp + fp),
-        "field_recall": ratio(tp, tp + fn),
-        "field_f1": f1(tp, fp, fn),
-        "tp": tp,
-        "fp": fp,
-        "fn": fn,
-        "parse_errors": dict(sorted(parse_errors.items())),
-        "per_class": per_class,
-        "per_field": per_field,
-        "unknown_predicted_fields": unknown,
-        "averaging": {
-            "field_f1": "micro: F1 of (slot, value) pairs pooled over all examples; values stripped and casefolded",
-            "intent_accuracy": "share of examples with a reference intent whose predicted intent set equals it (missing = wrong)",
-            "exact_match": "share of examples whose whole object equals the reference after value normalisation",
-            "per_class": "per reference intent label (one-vs-rest); per category for references without intent",
-            "per_field": "per slot name, pairs pooled over examples",
-        },
-    })
+        metrics["intent_macro_over"] = macro_note(
+            labs, {lab: per_class[lab]["support"] for lab in labs}, "intent labels"
+        )
+    metrics.update(
+        {
+            "exact_match": totals["exact"] / n,
+            "field_precision": ratio(tp, tp + fp),
+            "field_recall": ratio(tp, tp + fn),
+            "field_f1": f1(tp, fp, fn),
+            "tp": tp,
+            "fp": fp,
+            "fn": fn,
+            "parse_errors": dict(sorted(parse_errors.items())),
+            "per_class": per_class,
+            "per_field": per_field,
+            "unknown_predicted_fields": unknown,
+            "averaging": {
+                "field_f1": "micro: F1 of (slot, value) pairs pooled over all examples; values stripped and casefolded",
+                "intent_accuracy": "share of examples with a reference intent whose predicted intent set equals it (missing = wrong)",
+                "exact_match": "share of examples whose whole object equals the reference after value normalisation",
+                "per_class": "per reference intent label (one-vs-rest); per category for references without intent",
+                "per_field": "per slot name, pairs pooled over examples",
+            },
+        }
+    )
     return recs, metrics
 
 
@@ -324,12 +358,30 @@ def _stats(recs: list[dict], classes: list[str], intent_classes: list[str], fiel
                 fhas[i, j] = 1.0
                 fexact[i, j] = float(b == 0 and c == 0)
     return {
-        "valid": col([s["json_valid"] for s in sc]), "required": col([s["required_present"] for s in sc]),
-        "has_intent": has, "intent": intent_ok, "exact": exact, "tp": tp, "fp": fp, "fn": fn,
-        "i_tp": col([s["intent_tp"] for s in sc]), "i_fp": col([s["intent_fp"] for s in sc]), "i_fn": col([s["intent_fn"] for s in sc]),
-        "c_member": member, "c_exact": member * exact, "c_tp": member * tp, "c_fp": member * fp, "c_fn": member * fn,
-        "i_sup": isup, "i_pred": ipred, "i_lab_tp": isup * ipred,
-        "f_tp": ftp, "f_fp": ffp, "f_fn": ffn, "f_has": fhas, "f_exact": fexact,
+        "valid": col([s["json_valid"] for s in sc]),
+        "required": col([s["required_present"] for s in sc]),
+        "has_intent": has,
+        "intent": intent_ok,
+        "exact": exact,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "i_tp": col([s["intent_tp"] for s in sc]),
+        "i_fp": col([s["intent_fp"] for s in sc]),
+        "i_fn": col([s["intent_fn"] for s in sc]),
+        "c_member": member,
+        "c_exact": member * exact,
+        "c_tp": member * tp,
+        "c_fp": member * fp,
+        "c_fn": member * fn,
+        "i_sup": isup,
+        "i_pred": ipred,
+        "i_lab_tp": isup * ipred,
+        "f_tp": ftp,
+        "f_fp": ffp,
+        "f_fn": ffn,
+        "f_has": fhas,
+        "f_exact": fexact,
     }
 
 
@@ -362,7 +414,11 @@ def _metric_fn(classes: list[str], intent_classes: list[str], fields: list[str],
             "field_recall": div(ctp, ctp + cfn, undefined),
             "field_f1": div(2 * ctp, 2 * ctp + cfp + cfn, undefined),
         }
-        per_i = {"recall": div(itp, isu, undefined), "precision": div(itp, ipr, undefined), "f1": div(2 * itp, ipr + isu, undefined)}
+        per_i = {
+            "recall": div(itp, isu, undefined),
+            "precision": div(itp, ipr, undefined),
+            "f1": div(2 * itp, ipr + isu, undefined),
+        }
         ipos = {c: j for j, c in enumerate(intent_classes)}
         for j, c in enumerate(classes):
             if c in ipos:
@@ -395,18 +451,38 @@ _RULES = {
 class Extraction(Task):
     name = "extraction"
     template = "extraction.yaml"
-    reader = ReaderHints(label="data.fields.label: the category (e.g. the intent) used for stratified splits and per-class metrics",
-                         target="data.fields.target: a JSON object {intent, slots} (a string, or an object/mapping the reader serialises)",
-                         model_kinds=("causal-lm",))
-    headline = ("json_valid_rate", "required_fields_rate", "field_f1", "exact_match", "intent_accuracy", "intent_micro_f1", "intent_macro_f1")
+    reader = ReaderHints(
+        label="data.fields.label: the category (e.g. the intent) used for stratified splits and per-class metrics",
+        target="data.fields.target: a JSON object {intent, slots} (a string, or an object/mapping the reader serialises)",
+        model_kinds=("causal-lm",),
+    )
+    headline = (
+        "json_valid_rate",
+        "required_fields_rate",
+        "field_f1",
+        "exact_match",
+        "intent_accuracy",
+        "intent_micro_f1",
+        "intent_macro_f1",
+    )
     summary = ("json_valid_rate", "required_fields_rate", "intent_accuracy", "field_f1", "exact_match")
     per_class_metric = "recall"
 
     def metric_names(self, cfg: TaskConfig) -> dict[str, list[str]]:
-        return names(["json_valid_rate", "required_fields_rate", "intent_accuracy", "exact_match", "field_precision", "field_recall",
-                      "field_f1", *MULTI_INTENT_METRICS],
-                     ["recall", "precision", "f1", "exact_match", "field_precision", "field_recall", "field_f1"],
-                     ["precision", "recall", "f1", "exact_match_rate"])
+        return names(
+            [
+                "json_valid_rate",
+                "required_fields_rate",
+                "intent_accuracy",
+                "exact_match",
+                "field_precision",
+                "field_recall",
+                "field_f1",
+                *MULTI_INTENT_METRICS,
+            ],
+            ["recall", "precision", "f1", "exact_match", "field_precision", "field_recall", "field_f1"],
+            ["precision", "recall", "f1", "exact_match_rate"],
+        )
 
     def score(self, records, cfg: TaskConfig):
         return score_extraction(records, cfg.required_fields, allow_fenced=cfg.eval.allow_fenced_json)
@@ -416,21 +492,36 @@ class Extraction(Task):
         intent_classes = sorted({lab for r in base for lab in (r["scores"]["ref_intent"] or [])})
         fields = sorted(set(base_m["per_field"]) | set(cand_m["per_field"]))
         keys = set(base_m)
-        return BootstrapStats(_stats(base, classes, intent_classes, fields), _stats(cand, classes, intent_classes, fields),
-                              _metric_fn(classes, intent_classes, fields, keys), [r["scores"]["class"] for r in base])
+        return BootstrapStats(
+            _stats(base, classes, intent_classes, fields),
+            _stats(cand, classes, intent_classes, fields),
+            _metric_fn(classes, intent_classes, fields, keys),
+            [r["scores"]["class"] for r in base],
+        )
 
     def example_rule(self, metric: str | None) -> ExampleRule:
         if metric in _RULES:
             key, desc = _RULES[metric]
             return ExampleRule(key, desc, lambda r, k=key: float(bool(r["scores"][k])))
         if metric in ("field_f1", "field_precision", "field_recall"):
-            return ExampleRule("field_f1", f"an example passes when its field F1 (slot/value pairs) is >= {PASS_F1:g}",
-                               lambda r: float(r["scores"]["field_f1"]), PASS_F1)
+            return ExampleRule(
+                "field_f1",
+                f"an example passes when its field F1 (slot/value pairs) is >= {PASS_F1:g}",
+                lambda r: float(r["scores"]["field_f1"]),
+                PASS_F1,
+            )
         if metric in ("intent_micro_f1", "intent_macro_f1", "intent_precision", "intent_recall"):
-            return ExampleRule("intent_f1", f"an example passes when the F1 of its intent labels is >= {PASS_F1:g}",
-                               lambda r: _intent_f1(r["scores"]), PASS_F1)
-        return ExampleRule("correct", "an example passes when its whole object equals the reference (exact match)",
-                           lambda r: float(bool(r.get("correct"))))
+            return ExampleRule(
+                "intent_f1",
+                f"an example passes when the F1 of its intent labels is >= {PASS_F1:g}",
+                lambda r: _intent_f1(r["scores"]),
+                PASS_F1,
+            )
+        return ExampleRule(
+            "correct",
+            "an example passes when its whole object equals the reference (exact match)",
+            lambda r: float(bool(r.get("correct"))),
+        )
 
     def predicted_key(self, rec: dict) -> str | None:
         p = (rec.get("scores") or {}).get("pred_intent")
@@ -455,11 +546,17 @@ class Extraction(Task):
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
         labels = audit_labels(splits)
         targets = audit_targets([e for v in splits.values() for e in v], list(cfg.required_fields) or None)
-        out = {"labels": labels, "targets": targets, "hard_faults": labels["hard_faults"] + targets["hard_faults"],
-               "warnings": labels["warnings"] + targets["warnings"]}
+        out = {
+            "labels": labels,
+            "targets": targets,
+            "hard_faults": labels["hard_faults"] + targets["hard_faults"],
+            "warnings": labels["warnings"] + targets["warnings"],
+        }
         sets = {name: [json_list_field(e.target, "intent") for e in items] for name, items in splits.items()}
         if any(isinstance(s, list) for v in sets.values() for s in v):  # a list-valued intent: audit each label
-            ls = audit_label_sets(sets, what="intent", sources={name: [e.source or e.id for e in items] for name, items in splits.items()})
+            ls = audit_label_sets(
+                sets, what="intent", sources={name: [e.source or e.id for e in items] for name, items in splits.items()}
+            )
             out["label_sets"] = ls
             out["hard_faults"] += ls["hard_faults"]
             out["warnings"] += ls["warnings"]

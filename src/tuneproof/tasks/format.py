@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -55,8 +56,13 @@ from tuneproof.tasks.parsing import parse_json_output
 GRAMMARS = ("function_slots",)
 _FUNC = re.compile(r"\s*(?P<fn>[A-Za-z_][\w.\-]*)\s*\((?P<body>.*)\)\s*", re.DOTALL)
 _SLOT = re.compile(r"\s*(?P<name>[A-Za-z_][\w.\-]*(?: [\w.\-]+)*)\s*\[(?P<value>[^\[\]]*)\]\s*")
-_RATES = {"json_valid": "json_valid_rate", "schema_valid": "schema_valid_rate", "regex_match": "regex_match_rate",
-          "grammar_valid": "grammar_valid_rate", "required_present": "required_fields_rate"}
+_RATES = {
+    "json_valid": "json_valid_rate",
+    "schema_valid": "schema_valid_rate",
+    "regex_match": "regex_match_rate",
+    "grammar_valid": "grammar_valid_rate",
+    "required_present": "required_fields_rate",
+}
 
 
 # --------------------------------------------------------------------------- the format rule
@@ -96,8 +102,14 @@ class FormatRule:
             (``eval.regex``) or an unknown grammar (``eval.grammar``).
     """
 
-    def __init__(self, json_schema: dict | None = None, regex: str | None = None, grammar: str | None = None,
-                 required_fields: Sequence[str] | None = None, allow_fenced: bool = False):
+    def __init__(
+        self,
+        json_schema: dict | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
+        required_fields: Sequence[str] | None = None,
+        allow_fenced: bool = False,
+    ):
         self.required = list(required_fields or [])
         self.json_mode = json_schema is not None or bool(self.required)
         self.allow_fenced = allow_fenced
@@ -128,21 +140,27 @@ class FormatRule:
         self.parts = list(self.pattern.groupindex) if self.pattern is not None else []
 
     @classmethod
-    def from_config(cls, cfg: TaskConfig) -> "FormatRule":
+    def from_config(cls, cfg: TaskConfig) -> FormatRule:
         e = cfg.eval
         return cls(e.json_schema, e.regex, getattr(e, "grammar", None), cfg.required_fields, e.allow_fenced_json)
 
     @property
     def checks(self) -> list[str]:
-        return ((["json_schema"] if self.validator else []) + (["regex"] if self.pattern else [])
-                + (["grammar"] if self.grammar else []) + (["required_fields"] if self.required else []))
+        return (
+            (["json_schema"] if self.validator else [])
+            + (["regex"] if self.pattern else [])
+            + (["grammar"] if self.grammar else [])
+            + (["required_fields"] if self.required else [])
+        )
 
     def describe(self) -> str:
         out = []
         if self.validator is not None:
             out.append("eval.json_schema")
         if self.pattern is not None:
-            out.append(f"eval.regex {self.pattern.pattern!r}" + (f" (parts: {', '.join(self.parts)})" if self.parts else ""))
+            out.append(
+                f"eval.regex {self.pattern.pattern!r}" + (f" (parts: {', '.join(self.parts)})" if self.parts else "")
+            )
         if self.grammar:
             out.append(f"eval.grammar {self.grammar}")
         if self.required:
@@ -187,7 +205,14 @@ class FormatRule:
             sc["grammar_valid"] = parsed is not None
             ok &= parsed is not None
             error = error or err
-        return {"ok": bool(ok), "error": None if ok else (error or "not compliant"), "scores": sc, "obj": obj, "parts": parts, "parsed": parsed}
+        return {
+            "ok": bool(ok),
+            "error": None if ok else (error or "not compliant"),
+            "scores": sc,
+            "obj": obj,
+            "parts": parts,
+            "parsed": parsed,
+        }
 
 
 # --------------------------------------------------------------------------- scorer
@@ -254,7 +279,11 @@ def score_format(
             ref_items = Counter((n, it) for n, items in (gp["slots"] if gp else []) for it in items)
             pred_items = Counter((n, it) for n, items in (pp["slots"] if pp else []) for it in items)
             tp_c = ref_items & pred_items
-            tp, fp, fn = sum(tp_c.values()), sum((pred_items - ref_items).values()), sum((ref_items - pred_items).values())
+            tp, fp, fn = (
+                sum(tp_c.values()),
+                sum((pred_items - ref_items).values()),
+                sum((ref_items - pred_items).values()),
+            )
             names: dict[str, list[int]] = {}
             for (nm, _), c in ref_items.items():
                 names.setdefault(nm, [0, 0, 0])[2] += c
@@ -267,9 +296,17 @@ def score_format(
             pred_names = Counter(nm for nm, _ in (pp["slots"] if pp else []))
             ref_names = {nm for nm, _ in (gp["slots"] if gp else [])}
             fn_ok = bool(pp and gp and pp["function"] == gp["function"])
-            sc.update(ref_parsed=gp is not None, function_correct=fn_ok, tp=tp, fp=fp, fn=fn, slot_f1=example_f1(tp, fp, fn, valid=pp is not None),
-                      slot_names=names, duplicated_slots=sorted(k for k, c in pred_names.items() if c > 1),
-                      invented_slots=sorted(k for k in pred_names if gp is not None and k not in ref_names))
+            sc.update(
+                ref_parsed=gp is not None,
+                function_correct=fn_ok,
+                tp=tp,
+                fp=fp,
+                fn=fn,
+                slot_f1=example_f1(tp, fp, fn, valid=pp is not None),
+                slot_names=names,
+                duplicated_slots=sorted(k for k, c in pred_names.items() if c > 1),
+                invented_slots=sorted(k for k in pred_names if gp is not None and k not in ref_names),
+            )
             if gp is not None:
                 exact = bool(ok and fn_ok and Counter(pp["slots"]) == Counter(gp["slots"]))
                 cls = gp["function"]
@@ -287,28 +324,62 @@ def score_format(
         r["scores"] = sc
         if cls is not None:
             pc = per_class.setdefault(str(cls), Counter())
-            pc.update(support=1, compliant=int(ok), exact=int(exact), tp=sc.get("tp", 0), fp=sc.get("fp", 0), fn=sc.get("fn", 0),
-                      p_right=sum((sc.get("parts") or {}).values()), p_has=len(sc.get("parts") or {}))
+            pc.update(
+                support=1,
+                compliant=int(ok),
+                exact=int(exact),
+                tp=sc.get("tp", 0),
+                fp=sc.get("fp", 0),
+                fn=sc.get("fn", 0),
+                p_right=sum((sc.get("parts") or {}).values()),
+                p_has=len(sc.get("parts") or {}),
+            )
 
     n = len(recs)
-    metrics: dict[str, Any] = {"task": "format", "n": n, "checks": rule.checks, "rule": rule.describe(),
-                               "compliance_rate": counts["compliant"] / n, "exact_match": counts["exact"] / n}
+    metrics: dict[str, Any] = {
+        "task": "format",
+        "n": n,
+        "checks": rule.checks,
+        "rule": rule.describe(),
+        "compliance_rate": counts["compliant"] / n,
+        "exact_match": counts["exact"] / n,
+    }
     for key, name in _RATES.items():
         if key in recs[0]["scores"]:
             metrics[name] = counts[key] / n
     if rule.parts:
         metrics["part_accuracy"] = ratio(sum(part_right.values()), sum(part_has.values()))
-        metrics["per_field"] = {k: {"accuracy": ratio(part_right[k], part_has[k]), "support": part_has[k]} for k in rule.parts if part_has[k]}
+        metrics["per_field"] = {
+            k: {"accuracy": ratio(part_right[k], part_has[k]), "support": part_has[k]}
+            for k in rule.parts
+            if part_has[k]
+        }
     if rule.grammar:
-        metrics.update(function_accuracy=ratio(counts["fn_ok"], counts["fn_has"]), slot_precision=ratio(counts["tp"], counts["tp"] + counts["fp"]),
-                       slot_recall=ratio(counts["tp"], counts["tp"] + counts["fn"]), slot_f1=f1(counts["tp"], counts["fp"], counts["fn"]),
-                       n_duplicated_slots=counts["dup"], n_invented_slots=counts["inv"])
-        metrics["per_field"] = {nm: {"precision": ratio(c["tp"], c["tp"] + c["fp"]), "recall": ratio(c["tp"], c["tp"] + c["fn"]),
-                                     "f1": f1(c["tp"], c["fp"], c["fn"]), "support": c["tp"] + c["fn"]}
-                                for nm, c in sorted(slot_counts.items()) if c["tp"] + c["fn"] > 0}
+        metrics.update(
+            function_accuracy=ratio(counts["fn_ok"], counts["fn_has"]),
+            slot_precision=ratio(counts["tp"], counts["tp"] + counts["fp"]),
+            slot_recall=ratio(counts["tp"], counts["tp"] + counts["fn"]),
+            slot_f1=f1(counts["tp"], counts["fp"], counts["fn"]),
+            n_duplicated_slots=counts["dup"],
+            n_invented_slots=counts["inv"],
+        )
+        metrics["per_field"] = {
+            nm: {
+                "precision": ratio(c["tp"], c["tp"] + c["fp"]),
+                "recall": ratio(c["tp"], c["tp"] + c["fn"]),
+                "f1": f1(c["tp"], c["fp"], c["fn"]),
+                "support": c["tp"] + c["fn"],
+            }
+            for nm, c in sorted(slot_counts.items())
+            if c["tp"] + c["fn"] > 0
+        }
     out_pc = {}
     for c, pc in sorted(per_class.items()):
-        entry = {"support": pc["support"], "compliance_rate": ratio(pc["compliant"], pc["support"]), "exact_match": ratio(pc["exact"], pc["support"])}
+        entry = {
+            "support": pc["support"],
+            "compliance_rate": ratio(pc["compliant"], pc["support"]),
+            "exact_match": ratio(pc["exact"], pc["support"]),
+        }
         if rule.parts:
             entry["part_accuracy"] = ratio(pc["p_right"], pc["p_has"])
         if rule.grammar:
@@ -319,7 +390,9 @@ def score_format(
 
 
 # --------------------------------------------------------------------------- bootstrap statistics
-def _stats(recs: list[dict], classes: list[str], rate_keys: list[str], parts: list[str], slots: list[str], grammar: bool) -> dict:
+def _stats(
+    recs: list[dict], classes: list[str], rate_keys: list[str], parts: list[str], slots: list[str], grammar: bool
+) -> dict:
     sc = [r["scores"] for r in recs]
     member = onehot([s.get("class") for s in sc], classes)
     comp, exact = col([s["compliant"] for s in sc]), col([s["exact"] for s in sc])
@@ -329,11 +402,24 @@ def _stats(recs: list[dict], classes: list[str], rate_keys: list[str], parts: li
     if parts:
         right = np.array([[float((s.get("parts") or {}).get(p, False)) for p in parts] for s in sc])
         has = multihot([list(s.get("parts") or {}) for s in sc], parts)
-        z.update(p_right=right, p_has=has, c_pright=member * right.sum(axis=1, keepdims=True), c_phas=member * has.sum(axis=1, keepdims=True))
+        z.update(
+            p_right=right,
+            p_has=has,
+            c_pright=member * right.sum(axis=1, keepdims=True),
+            c_phas=member * has.sum(axis=1, keepdims=True),
+        )
     if grammar:
         tp, fp, fn = col([s["tp"] for s in sc]), col([s["fp"] for s in sc]), col([s["fn"] for s in sc])
-        z.update(tp=tp, fp=fp, fn=fn, fn_ok=col([s["function_correct"] for s in sc]), fn_has=col([s["ref_parsed"] for s in sc]),
-                 c_tp=member * tp, c_fp=member * fp, c_fn=member * fn)
+        z.update(
+            tp=tp,
+            fp=fp,
+            fn=fn,
+            fn_ok=col([s["function_correct"] for s in sc]),
+            fn_has=col([s["ref_parsed"] for s in sc]),
+            c_tp=member * tp,
+            c_fp=member * fp,
+            c_fn=member * fn,
+        )
         st, sf, sn = (np.zeros((len(recs), len(slots))) for _ in range(3))
         idx = {k: j for j, k in enumerate(slots)}
         for i, s in enumerate(sc):
@@ -364,10 +450,18 @@ def _metric_fn(classes, rate_keys, parts, slots, grammar):
                 out[("per_class", c, "part_accuracy")] = cp[:, j]
         if grammar:
             tp, fp, fneg = z["tp"][:, 0], z["fp"][:, 0], z["fn"][:, 0]
-            out.update(function_accuracy=div(z["fn_ok"][:, 0], z["fn_has"][:, 0], 0.0), slot_precision=div(tp, tp + fp, 0.0),
-                       slot_recall=div(tp, tp + fneg, 0.0), slot_f1=div(2 * tp, 2 * tp + fp + fneg, 0.0))
+            out.update(
+                function_accuracy=div(z["fn_ok"][:, 0], z["fn_has"][:, 0], 0.0),
+                slot_precision=div(tp, tp + fp, 0.0),
+                slot_recall=div(tp, tp + fneg, 0.0),
+                slot_f1=div(2 * tp, 2 * tp + fp + fneg, 0.0),
+            )
             st, sf, sn = z["s_tp"], z["s_fp"], z["s_fn"]
-            per = {"precision": div(st, st + sf, undefined), "recall": div(st, st + sn, undefined), "f1": div(2 * st, 2 * st + sf + sn, undefined)}
+            per = {
+                "precision": div(st, st + sf, undefined),
+                "recall": div(st, st + sn, undefined),
+                "f1": div(2 * st, 2 * st + sf + sn, undefined),
+            }
             for j, s in enumerate(slots):
                 for k, arr in per.items():
                     out[("per_field", s, k)] = arr[:, j]
@@ -383,38 +477,74 @@ _RULES = {
     "compliance_rate": ("compliant", "an example passes when its output follows the format rule"),
     "exact_match": ("exact", "an example passes when its output equals the reference under the format rule"),
     "function_accuracy": ("function_correct", "an example passes when its function name (dialogue act) is right"),
-    **{name: (key, f"an example passes when its output passes the {key.replace('_', ' ')} check") for key, name in _RATES.items()},
+    **{
+        name: (key, f"an example passes when its output passes the {key.replace('_', ' ')} check")
+        for key, name in _RATES.items()
+    },
 }
 
 
 class Format(Task):
     name = "format"
     template = "format.yaml"
-    reader = ReaderHints(label="data.fields.label (optional): a category for per-class metrics",
-                         target="data.fields.target: the expected output, which must follow the study's format rule",
-                         model_kinds=("causal-lm",))
-    headline = ("compliance_rate", "json_valid_rate", "schema_valid_rate", "regex_match_rate", "grammar_valid_rate",
-                "required_fields_rate", "part_accuracy", "function_accuracy", "slot_f1", "exact_match")
+    reader = ReaderHints(
+        label="data.fields.label (optional): a category for per-class metrics",
+        target="data.fields.target: the expected output, which must follow the study's format rule",
+        model_kinds=("causal-lm",),
+    )
+    headline = (
+        "compliance_rate",
+        "json_valid_rate",
+        "schema_valid_rate",
+        "regex_match_rate",
+        "grammar_valid_rate",
+        "required_fields_rate",
+        "part_accuracy",
+        "function_accuracy",
+        "slot_f1",
+        "exact_match",
+    )
     per_class_metric = "compliance_rate"
 
     def metric_names(self, cfg: TaskConfig) -> dict[str, list[str]]:
         e = cfg.eval
-        if e.json_schema is None and e.regex is None and getattr(e, "grammar", None) is None and not cfg.required_fields:
-            return names(["compliance_rate", "exact_match"], ["compliance_rate", "exact_match"], [])  # no rule yet: scoring says so
+        if (
+            e.json_schema is None
+            and e.regex is None
+            and getattr(e, "grammar", None) is None
+            and not cfg.required_fields
+        ):
+            return names(
+                ["compliance_rate", "exact_match"], ["compliance_rate", "exact_match"], []
+            )  # no rule yet: scoring says so
         rule = FormatRule.from_config(cfg)
         agg = ["compliance_rate", "exact_match"]
         agg += (["json_valid_rate"] if rule.json_mode else []) + (["schema_valid_rate"] if rule.validator else [])
         agg += (["regex_match_rate"] if rule.pattern else []) + (["part_accuracy"] if rule.parts else [])
-        agg += ["grammar_valid_rate", "function_accuracy", "slot_precision", "slot_recall", "slot_f1"] if rule.grammar else []
+        agg += (
+            ["grammar_valid_rate", "function_accuracy", "slot_precision", "slot_recall", "slot_f1"]
+            if rule.grammar
+            else []
+        )
         agg += ["required_fields_rate"] if rule.required else []
-        per_class = ["compliance_rate", "exact_match"] + (["part_accuracy"] if rule.parts else []) + (["slot_f1"] if rule.grammar else [])
+        per_class = (
+            ["compliance_rate", "exact_match"]
+            + (["part_accuracy"] if rule.parts else [])
+            + (["slot_f1"] if rule.grammar else [])
+        )
         per_field = ["accuracy"] if rule.parts else ["precision", "recall", "f1"] if rule.grammar else []
         return names(agg, per_class, per_field)
 
     def score(self, records, cfg: TaskConfig):
         e = cfg.eval
-        return score_format(records, json_schema=e.json_schema, regex=e.regex, allow_fenced=e.allow_fenced_json,
-                            required_fields=cfg.required_fields, grammar=getattr(e, "grammar", None))
+        return score_format(
+            records,
+            json_schema=e.json_schema,
+            regex=e.regex,
+            allow_fenced=e.allow_fenced_json,
+            required_fields=cfg.required_fields,
+            grammar=getattr(e, "grammar", None),
+        )
 
     def bootstrap_stats(self, base, cand, base_m, cand_m, cfg) -> BootstrapStats:
         classes = sorted(base_m["per_class"])
@@ -423,17 +553,28 @@ class Format(Task):
         parts = sorted(base_m.get("per_field", {})) if "part_accuracy" in base_m else []
         slots = sorted(set(base_m.get("per_field", {})) | set(cand_m.get("per_field", {}))) if grammar else []
         args = (classes, rate_keys, parts, slots, grammar)
-        return BootstrapStats(_stats(base, *args), _stats(cand, *args), _metric_fn(*args), [r["scores"].get("class") for r in base])
+        return BootstrapStats(
+            _stats(base, *args), _stats(cand, *args), _metric_fn(*args), [r["scores"].get("class") for r in base]
+        )
 
     def example_rule(self, metric: str | None) -> ExampleRule:
         if metric in _RULES:
             key, desc = _RULES[metric]
             return ExampleRule(key, desc, lambda r, k=key: float(bool(r["scores"].get(k))))
         if metric in ("slot_f1", "slot_precision", "slot_recall"):
-            return ExampleRule("slot_f1", f"an example passes when its slot F1 is >= {PASS_F1:g}", lambda r: float(r["scores"].get("slot_f1", 0.0)), PASS_F1)
+            return ExampleRule(
+                "slot_f1",
+                f"an example passes when its slot F1 is >= {PASS_F1:g}",
+                lambda r: float(r["scores"].get("slot_f1", 0.0)),
+                PASS_F1,
+            )
         if metric == "part_accuracy":
-            return ExampleRule("part_accuracy", f"an example passes when at least {PASS_F1:.0%} of its named parts are right",
-                               lambda r: float(r["scores"].get("part_accuracy", 0.0)), PASS_F1)
+            return ExampleRule(
+                "part_accuracy",
+                f"an example passes when at least {PASS_F1:.0%} of its named parts are right",
+                lambda r: float(r["scores"].get("part_accuracy", 0.0)),
+                PASS_F1,
+            )
         return ExampleRule("exact", _RULES["exact_match"][1], lambda r: float(bool(r["scores"].get("exact"))))
 
     def predicted_key(self, rec: dict) -> str | None:
@@ -462,8 +603,12 @@ class Format(Task):
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
         labels = audit_labels(splits)
         targets = audit_format_targets([e for v in splits.values() for e in v], FormatRule.from_config(cfg))
-        return {"labels": labels, "targets": targets, "hard_faults": labels["hard_faults"] + targets["hard_faults"],
-                "warnings": labels["warnings"] + targets["warnings"]}
+        return {
+            "labels": labels,
+            "targets": targets,
+            "hard_faults": labels["hard_faults"] + targets["hard_faults"],
+            "warnings": labels["warnings"] + targets["warnings"],
+        }
 
 
 TASK = Format()

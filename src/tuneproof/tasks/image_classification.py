@@ -21,9 +21,11 @@ from tuneproof.tasks.classification import Classification
 class ImageClassification(Classification):
     name = "image-classification"
     template = "image-classification.yaml"
-    reader = ReaderHints(label="the class folder name (imagefolder) or data.fields.label (image-csv / image-jsonl)",
-                         target="the label text itself",
-                         model_kinds=("image-classification",))
+    reader = ReaderHints(
+        label="the class folder name (imagefolder) or data.fields.label (image-csv / image-jsonl)",
+        target="the label text itself",
+        model_kinds=("image-classification",),
+    )
 
     def audit(self, splits: dict[str, list], cfg: TaskConfig, pipeline=None) -> dict[str, Any]:
         """The label audit of ``classification`` plus the image audit; ``pipeline`` (the study's

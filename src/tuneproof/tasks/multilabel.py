@@ -14,7 +14,8 @@ right, whatever the reference (a missing value never matches, CASES C20).
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,9 @@ def example_label_set(ex: Any) -> frozenset | None:
     return s if err is None else None
 
 
-def score_multilabel(records: Sequence[dict], labels: Sequence[str] | None = None, allow_fenced: bool = False) -> tuple[list[dict], dict]:
+def score_multilabel(
+    records: Sequence[dict], labels: Sequence[str] | None = None, allow_fenced: bool = False
+) -> tuple[list[dict], dict]:
     """Score label-set predictions.
 
     Args:
@@ -98,8 +101,10 @@ def score_multilabel(records: Sequence[dict], labels: Sequence[str] | None = Non
     for i, r in enumerate(recs):
         s, err = parse_label_set(r.get("reference"))
         if err is not None:
-            raise TuneproofError(f"example {rid(r, i)}: the reference is not a JSON array of labels ({err})",
-                                 hint="run `tuneproof data check`: every multi-label target must be a JSON array of strings")
+            raise TuneproofError(
+                f"example {rid(r, i)}: the reference is not a JSON array of labels ({err})",
+                hint="run `tuneproof data check`: every multi-label target must be a JSON array of strings",
+            )
         refs.append(s)
     vocab = sorted(set(labels)) if labels is not None else sorted({lab for s in refs for lab in s})
     vocab = sorted(set(vocab) | {lab for s in refs for lab in s})
@@ -131,11 +136,26 @@ def score_multilabel(records: Sequence[dict], labels: Sequence[str] | None = Non
         n_exact += exact
         tp, fp, fn = tp + a, fp + b, fn + c
         r["correct"] = exact
-        r["scores"] = {"valid": valid, "parse_error": err, "ref_labels": sorted(ref), "pred_labels": None if pred is None else sorted(pred),
-                       "tp": a, "fp": b, "fn": c, "example_f1": example_f1(a, b, c, valid=valid)}
+        r["scores"] = {
+            "valid": valid,
+            "parse_error": err,
+            "ref_labels": sorted(ref),
+            "pred_labels": None if pred is None else sorted(pred),
+            "tp": a,
+            "fp": b,
+            "fn": c,
+            "example_f1": example_f1(a, b, c, valid=valid),
+        }
     n = len(recs)
-    per_class = {lab: {"precision": ratio(tp_l[lab], tp_l[lab] + fp_l[lab]), "recall": ratio(tp_l[lab], sup_l[lab]),
-                       "f1": f1(tp_l[lab], fp_l[lab], sup_l[lab] - tp_l[lab]), "support": sup_l[lab]} for lab in vocab}
+    per_class = {
+        lab: {
+            "precision": ratio(tp_l[lab], tp_l[lab] + fp_l[lab]),
+            "recall": ratio(tp_l[lab], sup_l[lab]),
+            "f1": f1(tp_l[lab], fp_l[lab], sup_l[lab] - tp_l[lab]),
+            "support": sup_l[lab],
+        }
+        for lab in vocab
+    }
     present = [lab for lab in vocab if sup_l[lab] > 0]
     note = macro_note(vocab, sup_l)
     metrics = {
@@ -167,9 +187,16 @@ def _stats(recs: list[dict], labels: list[str]) -> dict:
     sc = [r["scores"] for r in recs]
     ref1 = multihot([s["ref_labels"] for s in sc], labels)
     pred1 = multihot([s["pred_labels"] for s in sc], labels)
-    return {"valid": col([s["valid"] for s in sc]), "exact": col([r["correct"] for r in recs]),
-            "tp": col([s["tp"] for s in sc]), "fp": col([s["fp"] for s in sc]), "fn": col([s["fn"] for s in sc]),
-            "l_tp": ref1 * pred1, "l_pred": pred1, "l_sup": ref1}
+    return {
+        "valid": col([s["valid"] for s in sc]),
+        "exact": col([r["correct"] for r in recs]),
+        "tp": col([s["tp"] for s in sc]),
+        "fp": col([s["fp"] for s in sc]),
+        "fn": col([s["fn"] for s in sc]),
+        "l_tp": ref1 * pred1,
+        "l_pred": pred1,
+        "l_sup": ref1,
+    }
 
 
 def _metric_fn(labels: list[str]):
@@ -197,9 +224,11 @@ def _metric_fn(labels: list[str]):
 class MultiLabel(Task):
     name = "multi-label"
     template = "multi-label.yaml"
-    reader = ReaderHints(label="data.fields.label (optional): a category for stratified splits",
-                         target="data.fields.target: a list of labels (a JSON array, or a list in JSON/JSONL sources)",
-                         model_kinds=("causal-lm",))
+    reader = ReaderHints(
+        label="data.fields.label (optional): a category for stratified splits",
+        target="data.fields.target: a list of labels (a JSON array, or a list in JSON/JSONL sources)",
+        model_kinds=("causal-lm",),
+    )
     headline = ("json_valid_rate", "micro_f1", "macro_f1", "exact_set_match")
     per_class_metric = "recall"
     has_label_set = True
@@ -208,25 +237,43 @@ class MultiLabel(Task):
         return sorted({lab for e in train_examples for lab in (example_label_set(e) or ())})
 
     def metric_names(self, cfg: TaskConfig) -> dict[str, list[str]]:
-        return names(["json_valid_rate", "exact_set_match", "micro_precision", "micro_recall", "micro_f1", "macro_f1"],
-                     ["recall", "precision", "f1"], [])
+        return names(
+            ["json_valid_rate", "exact_set_match", "micro_precision", "micro_recall", "micro_f1", "macro_f1"],
+            ["recall", "precision", "f1"],
+            [],
+        )
 
     def score(self, records, cfg: TaskConfig):
         return score_multilabel(records, labels=cfg.labels, allow_fenced=cfg.eval.allow_fenced_json)
 
     def bootstrap_stats(self, base, cand, base_m, cand_m, cfg) -> BootstrapStats:
         labels = list(base_m["labels"])
-        return BootstrapStats(_stats(base, labels), _stats(cand, labels), _metric_fn(labels),
-                              ["|".join(r["scores"]["ref_labels"]) for r in base])
+        return BootstrapStats(
+            _stats(base, labels),
+            _stats(cand, labels),
+            _metric_fn(labels),
+            ["|".join(r["scores"]["ref_labels"]) for r in base],
+        )
 
     def example_rule(self, metric: str | None) -> ExampleRule:
         if metric == "json_valid_rate":
-            return ExampleRule("valid", "an example passes when its output is a JSON array of labels", lambda r: float(r["scores"]["valid"]))
+            return ExampleRule(
+                "valid",
+                "an example passes when its output is a JSON array of labels",
+                lambda r: float(r["scores"]["valid"]),
+            )
         if metric in ("exact_set_match", None):
-            return ExampleRule("correct", "an example passes when its predicted label set equals the reference set",
-                               lambda r: float(bool(r.get("correct"))))
-        return ExampleRule("example_f1", f"an example passes when the F1 of its label set is >= {PASS_F1:g}",
-                           lambda r: float(r["scores"]["example_f1"]), PASS_F1)
+            return ExampleRule(
+                "correct",
+                "an example passes when its predicted label set equals the reference set",
+                lambda r: float(bool(r.get("correct"))),
+            )
+        return ExampleRule(
+            "example_f1",
+            f"an example passes when the F1 of its label set is >= {PASS_F1:g}",
+            lambda r: float(r["scores"]["example_f1"]),
+            PASS_F1,
+        )
 
     def predicted_key(self, rec: dict) -> str | None:
         p = (rec.get("scores") or {}).get("pred_labels")
@@ -255,14 +302,25 @@ class MultiLabel(Task):
                 sets[name].append(None if s is None else sorted(s))
                 if s is None:
                     bad.append(e.source or e.id)
-        ls = audit_label_sets(sets, what="label", sources={name: [e.source or e.id for e in items] for name, items in splits.items()})
+        ls = audit_label_sets(
+            sets, what="label", sources={name: [e.source or e.id for e in items] for name, items in splits.items()}
+        )
         hard = list(ls["hard_faults"])
         n = sum(len(v) for v in splits.values())
         if bad:
-            hard.insert(0, f"{len(bad)} of {n} targets are not a JSON array of labels: {', '.join(bad[:5])}"
-                           + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-                           + " (map the list column with data.fields.target)")
-        return {"labels": None, "label_sets": ls, "targets": {"n": n, "invalid": bad}, "hard_faults": hard, "warnings": list(ls["warnings"])}
+            hard.insert(
+                0,
+                f"{len(bad)} of {n} targets are not a JSON array of labels: {', '.join(bad[:5])}"
+                + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+                + " (map the list column with data.fields.target)",
+            )
+        return {
+            "labels": None,
+            "label_sets": ls,
+            "targets": {"n": n, "invalid": bad},
+            "hard_faults": hard,
+            "warnings": list(ls["warnings"]),
+        }
 
 
 TASK = MultiLabel()

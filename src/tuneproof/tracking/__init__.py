@@ -33,7 +33,16 @@ from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
 
 TRACKING_FILE = "tracking.json"
 
-__all__ = ["RunView", "Tracker", "TrackerUnavailable", "trackers_for", "mirror_run", "sync", "publish_dossier", "TRACKING_FILE"]
+__all__ = [
+    "RunView",
+    "Tracker",
+    "TrackerUnavailable",
+    "trackers_for",
+    "mirror_run",
+    "sync",
+    "publish_dossier",
+    "TRACKING_FILE",
+]
 
 
 def trackers_for(study, study_dir=None) -> list[Tracker]:
@@ -92,8 +101,10 @@ def mirror_run(trackers: list[Tracker], record, run_dir: Path, *, warn=None) -> 
         except Exception as err:  # noqa: BLE001 - a tracker must never fail the run
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             errors[tracker.name] = f"{type(err).__name__}: {first}"
-            warn(f"warning: run {record.id} not mirrored to {tracker.name} ({errors[tracker.name]}); "
-                 f"it is retried at the end of the next run or by `tuneproof track sync`")
+            warn(
+                f"warning: run {record.id} not mirrored to {tracker.name} ({errors[tracker.name]}); "
+                f"it is retried at the end of the next run or by `tuneproof track sync`"
+            )
     state["pending"] = bool(errors)
     state["errors"] = errors
     write_json(run_dir / TRACKING_FILE, state)
@@ -161,6 +172,8 @@ def publish_dossier(study, study_dir: Path, paths: list[Path], *, warn=None) -> 
             state[tracker.name] = publish("dossier", paths, state.get(tracker.name) or {})
             sent.append(tracker.name)
         except Exception as err:  # noqa: BLE001
-            warn(f"warning: dossier not sent to {tracker.name} ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})")
+            warn(
+                f"warning: dossier not sent to {tracker.name} ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"
+            )
     write_json(state_path, state)
     return sent

@@ -67,12 +67,14 @@ class RunView:
         return tags
 
     @classmethod
-    def read(cls, record, run_dir: Path) -> "RunView":
+    def read(cls, record, run_dir: Path) -> RunView:
         run_dir = Path(run_dir)
         view = cls(record.id, record.kind, record.status, record.reason, record.parent)
         config = _read_json(run_dir / "config.json")
         if isinstance(config, dict):
-            view.params = {clean_key(k): (v if isinstance(v, str) else json.dumps(v))[:6000] for k, v in flatten(config).items()}
+            view.params = {
+                clean_key(k): (v if isinstance(v, str) else json.dumps(v))[:6000] for k, v in flatten(config).items()
+            }
         metrics = run_dir / "metrics.jsonl"
         if metrics.is_file():
             for i, line in enumerate(metrics.read_text(encoding="utf-8", errors="replace").splitlines()):

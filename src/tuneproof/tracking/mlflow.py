@@ -15,7 +15,13 @@ from typing import Any
 from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
 
 #: tuneproof status -> MLflow RunStatus name
-STATUS = {"completed": "FINISHED", "failed": "FAILED", "invalid": "FAILED", "interrupted": "KILLED", "running": "RUNNING"}
+STATUS = {
+    "completed": "FINISHED",
+    "failed": "FAILED",
+    "invalid": "FAILED",
+    "interrupted": "KILLED",
+    "running": "RUNNING",
+}
 
 
 def _client(uri: str | None):
@@ -52,7 +58,7 @@ class MlflowTracker(Tracker):
         # a SQLite store keeps its artifacts beside the database, never in the current folder (MLflow's default ./mlruns)
         location = None
         if self.uri and self.uri.startswith("sqlite:///"):
-            location = (Path(self.uri[len("sqlite:///"):]).parent / "mlflow-artifacts").resolve().as_uri()
+            location = (Path(self.uri[len("sqlite:///") :]).parent / "mlflow-artifacts").resolve().as_uri()
         return client.create_experiment(self.experiment, artifact_location=location)
 
     def mirror(self, view: RunView, previous: dict[str, Any]) -> dict[str, Any]:
@@ -84,8 +90,14 @@ class MlflowTracker(Tracker):
         for path in view.artifacts:
             client.log_artifact(run_id, str(path), artifact_path=_artifact_dir(view, path))
         client.set_terminated(run_id, status=STATUS.get(view.status, "FINISHED"))
-        return {"run_id": run_id, "uri": self.uri, "experiment": self.experiment, "status": view.status,
-                "steps_sent": len(view.steps), "params_sent": sorted(sent_params | {p.key for p in params})}
+        return {
+            "run_id": run_id,
+            "uri": self.uri,
+            "experiment": self.experiment,
+            "status": view.status,
+            "steps_sent": len(view.steps),
+            "params_sent": sorted(sent_params | {p.key for p in params}),
+        }
 
     def publish_files(self, run_name: str, paths, previous: dict[str, Any]) -> dict[str, Any]:
         """Log ``paths`` as artifacts of the study-level MLflow run ``run_name`` (created once)."""
@@ -98,7 +110,9 @@ class MlflowTracker(Tracker):
             except Exception:  # noqa: BLE001
                 run_id = None
         if not run_id:
-            run_id = client.create_run(exp_id, run_name=run_name, tags={"mlflow.runName": run_name, "tuneproof.kind": "report"}).info.run_id
+            run_id = client.create_run(
+                exp_id, run_name=run_name, tags={"mlflow.runName": run_name, "tuneproof.kind": "report"}
+            ).info.run_id
         for path in paths:
             client.log_artifact(run_id, str(path))
         client.set_terminated(run_id, status="FINISHED")

@@ -33,8 +33,16 @@ class WandbTracker(Tracker):
 
     def mirror(self, view: RunView, previous: dict[str, Any]) -> dict[str, Any]:
         run_id = previous.get("run_id") or re.sub(r"[^A-Za-z0-9_-]", "-", f"{self.project}-{view.run_id}")[:64]
-        run = self.wandb.init(project=self.project, id=run_id, name=view.run_id, resume="allow", mode=self.mode,
-                              config=view.params, tags=[view.kind, view.status], reinit=True)
+        run = self.wandb.init(
+            project=self.project,
+            id=run_id,
+            name=view.run_id,
+            resume="allow",
+            mode=self.mode,
+            config=view.params,
+            tags=[view.kind, view.status],
+            reinit=True,
+        )
         steps_sent = int(previous.get("steps_sent", 0))
         for step, row in view.steps[steps_sent:]:
             run.log(row, step=step)

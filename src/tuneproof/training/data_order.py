@@ -42,7 +42,7 @@ necessary to make shuffling work properly across multiple epochs").
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
@@ -100,12 +100,24 @@ def window_position(n: int, micro_batch: int, accumulation: int, step: int, worl
     per_epoch = micro_batches_per_epoch(n, micro_batch, world_size)
     epoch, window = divmod(step, optimizer_steps_per_epoch(n, micro_batch, accumulation, world_size))
     first = window * accumulation
-    return {"epoch": epoch, "window": window, "first_micro_batch": epoch * per_epoch + first,
-            "micro_batches": min(accumulation, per_epoch - first)}
+    return {
+        "epoch": epoch,
+        "window": window,
+        "first_micro_batch": epoch * per_epoch + first,
+        "micro_batches": min(accumulation, per_epoch - first),
+    }
 
 
-def epoch_micro_batches(n: int, micro_batch: int, seed: int, epoch: int, *, world_size: int = 1, rank: int = 0,
-                        lengths: Sequence[int] | None = None) -> list[list[int]]:
+def epoch_micro_batches(
+    n: int,
+    micro_batch: int,
+    seed: int,
+    epoch: int,
+    *,
+    world_size: int = 1,
+    rank: int = 0,
+    lengths: Sequence[int] | None = None,
+) -> list[list[int]]:
     """The micro-batches (lists of example indices) of process ``rank`` in ``epoch``, in order.
 
     Args:
@@ -142,8 +154,17 @@ def padding_share(micro_batches: Sequence[Sequence[int]], lengths: Sequence[int]
     return 0.0 if positions == 0 else 1 - real / positions
 
 
-def window_at(n: int, micro_batch: int, accumulation: int, seed: int, step: int, *, world_size: int = 1,
-              rank: int = 0, lengths: Sequence[int] | None = None) -> list[list[int]]:
+def window_at(
+    n: int,
+    micro_batch: int,
+    accumulation: int,
+    seed: int,
+    step: int,
+    *,
+    world_size: int = 1,
+    rank: int = 0,
+    lengths: Sequence[int] | None = None,
+) -> list[list[int]]:
     """The micro-batches (lists of example indices) of this process for 0-based optimizer step ``step``.
 
     Args:
@@ -181,8 +202,16 @@ def distributed_indices(n: int, micro_batch: int, world_size: int, rank: int, se
     return [order[i : i + micro_batch] for i in range(0, len(order), micro_batch)]
 
 
-def micro_batch_at(n: int, micro_batch: int, seed: int, index: int, *, world_size: int = 1, rank: int = 0,
-                   lengths: Sequence[int] | None = None) -> list[int]:
+def micro_batch_at(
+    n: int,
+    micro_batch: int,
+    seed: int,
+    index: int,
+    *,
+    world_size: int = 1,
+    rank: int = 0,
+    lengths: Sequence[int] | None = None,
+) -> list[int]:
     """Example indices of this process's global micro-batch number ``index`` (0-based, counted
     across epochs): the data position a checkpoint's global step maps to. ``lengths``: as
     :func:`epoch_micro_batches` (length-grouped order)."""

@@ -54,8 +54,13 @@ EXPLODE_MAX_ABS = 1e4  # largest |value| of a trainable tensor (absolute part of
 EXPLODE_GROWTH = 100.0  # ... or this many times the tensor's largest |value| before training, if larger
 
 RULES = ("nonfinite_loss", "nonfinite_grad_norm", "uniform_loss", "zero_grad", "nonfinite_tensor", "exploded_tensor")
-THRESHOLDS = {"uniform_tol_nats": UNIFORM_TOL, "no_gradient": NO_GRADIENT, "zero_grad_steps": ZERO_GRAD_STEPS,
-              "explode_max_abs": EXPLODE_MAX_ABS, "explode_growth": EXPLODE_GROWTH}
+THRESHOLDS = {
+    "uniform_tol_nats": UNIFORM_TOL,
+    "no_gradient": NO_GRADIENT,
+    "zero_grad_steps": ZERO_GRAD_STEPS,
+    "explode_max_abs": EXPLODE_MAX_ABS,
+    "explode_growth": EXPLODE_GROWTH,
+}
 HINT = "the run is invalid; lower training.learning_rate (or check the data and the model), then train again"
 
 
@@ -79,7 +84,13 @@ class HealthFault(CheckFailed):
 
     def record(self) -> dict[str, Any]:
         """What the run summary stores under ``health``."""
-        return {"rule": self.rule, "step": self.step, "detail": self.detail, **self.numbers, "thresholds": dict(THRESHOLDS)}
+        return {
+            "rule": self.rule,
+            "step": self.step,
+            "detail": self.detail,
+            **self.numbers,
+            "thresholds": dict(THRESHOLDS),
+        }
 
 
 def grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
@@ -93,7 +104,9 @@ def grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
     if not grads:
         return 0.0
     total = torch.nn.utils.get_total_norm(grads, 2.0)
-    if hasattr(total, "full_tensor"):  # FSDP2: sharded (DTensor) gradients give a partial norm; reduce it over the ranks
+    if hasattr(
+        total, "full_tensor"
+    ):  # FSDP2: sharded (DTensor) gradients give a partial norm; reduce it over the ranks
         total = total.full_tensor()
     if max_norm and torch.isfinite(total):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
@@ -104,8 +117,9 @@ def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
     """Largest ``|value|`` of each tensor, shape ``[len(tensors)]``, fp32 on the tensors' device
     (NaN where a tensor holds a NaN)."""
     with torch.no_grad():
-        return torch.stack([t.detach().abs().amax().float() if t.numel() else t.new_zeros((), dtype=torch.float32)
-                            for t in tensors])
+        return torch.stack(
+            [t.detach().abs().amax().float() if t.numel() else t.new_zeros((), dtype=torch.float32) for t in tensors]
+        )
 
 
 @dataclass
@@ -138,12 +152,18 @@ class HealthMonitor:
             raise HealthFault("nonfinite_grad_norm", step, f"gradient norm is {norm} (loss {loss:.6g})")
         uniform = math.log(outputs) if outputs > 1 else 0.0
         if outputs > 1 and abs(loss - uniform) <= UNIFORM_TOL and norm <= NO_GRADIENT:
-            raise HealthFault("uniform_loss", step, f"loss {loss:.6f} = ln({outputs}) {uniform:.6f} (uniform prediction) "
-                                                    f"with gradient norm {norm:.3g}")
+            raise HealthFault(
+                "uniform_loss",
+                step,
+                f"loss {loss:.6f} = ln({outputs}) {uniform:.6f} (uniform prediction) with gradient norm {norm:.3g}",
+            )
         self.zero_streak = self.zero_streak + 1 if norm == 0.0 else 0
         if self.zero_streak >= ZERO_GRAD_STEPS:
-            raise HealthFault("zero_grad", step, f"gradient norm 0.0 on {self.zero_streak} consecutive steps "
-                                                 f"({step - self.zero_streak + 1}-{step})")
+            raise HealthFault(
+                "zero_grad",
+                step,
+                f"gradient norm 0.0 on {self.zero_streak} consecutive steps ({step - self.zero_streak + 1}-{step})",
+            )
 
     def after_update(self, step: int) -> float:
         """Rules on the trainable tensors after the update; returns the largest ``|value|`` of all of them.
@@ -159,6 +179,11 @@ class HealthMonitor:
                 raise HealthFault("nonfinite_tensor", step, f"{v} after the update", max_abs=v, tensor=name)
         for (name, _), v, limit in zip(self.named_params, values, self.limits):
             if v > limit:
-                raise HealthFault("exploded_tensor", step, f"max |value| {v:.3g} > limit {limit:.3g} after the update",
-                                  max_abs=v, tensor=name)
+                raise HealthFault(
+                    "exploded_tensor",
+                    step,
+                    f"max |value| {v:.3g} > limit {limit:.3g} after the update",
+                    max_abs=v,
+                    tensor=name,
+                )
         return max(values)

@@ -34,9 +34,10 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -84,17 +85,24 @@ def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
         TuneproofError: both keys set (a config built without validation, e.g. ``model_copy``).
     """
     if cfg.max_steps is not None and cfg.epochs is not None:
-        raise TuneproofError(f"training.max_steps ({cfg.max_steps}) and training.epochs ({cfg.epochs:g}) are both set",
-                             hint="the step budget comes from one of them; remove the other")
+        raise TuneproofError(
+            f"training.max_steps ({cfg.max_steps}) and training.epochs ({cfg.epochs:g}) are both set",
+            hint="the step budget comes from one of them; remove the other",
+        )
     per_epoch = optimizer_steps_per_epoch(n_examples, cfg.micro_batch_size, cfg.gradient_accumulation_steps, world_size)
     if cfg.max_steps is not None:
         key, value, steps = "training.max_steps", cfg.max_steps, cfg.max_steps
     else:
         key, value = ("training.epochs", cfg.epochs) if cfg.epochs is not None else ("default", DEFAULT_EPOCHS)
         steps = max(1, math.ceil(round(value * per_epoch, 9)))
-    return {"key": key, "value": value, "total_steps": steps, "steps_per_epoch": per_epoch,
-            "micro_batches_per_epoch": micro_batches_per_epoch(n_examples, cfg.micro_batch_size, world_size),
-            "examples_per_epoch": math.ceil(n_examples / world_size)}
+    return {
+        "key": key,
+        "value": value,
+        "total_steps": steps,
+        "steps_per_epoch": per_epoch,
+        "micro_batches_per_epoch": micro_batches_per_epoch(n_examples, cfg.micro_batch_size, world_size),
+        "examples_per_epoch": math.ceil(n_examples / world_size),
+    }
 
 
 def total_steps(cfg, n_examples: int, world_size: int = 1) -> int:
@@ -102,8 +110,10 @@ def total_steps(cfg, n_examples: int, world_size: int = 1) -> int:
     return budget(cfg, n_examples, world_size)["total_steps"]
 
 
-DATA_ORDER_RULE = ("DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1; "
-                   "accumulation windows within an epoch, the last one holding what is left")
+DATA_ORDER_RULE = (
+    "DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1; "
+    "accumulation windows within an epoch, the last one holding what is left"
+)
 
 
 def micro_batch_indices(n: int, micro_batch: int, seed: int, index: int) -> list[int]:
@@ -135,7 +145,7 @@ class _StopRequest:
         self.signum: int | None = None
         self.old: dict[int, Any] = {}
 
-    def __enter__(self) -> "_StopRequest":
+    def __enter__(self) -> _StopRequest:
         for name in self.SIGNALS:
             sig = getattr(signal, name)
             if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
@@ -166,7 +176,9 @@ class _StopRequest:
         raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _micro_loss(model, batch: dict[str, torch.Tensor], autocast: Callable, chunked: bool = False) -> tuple[torch.Tensor, int]:
+def _micro_loss(
+    model, batch: dict[str, torch.Tensor], autocast: Callable, chunked: bool = False
+) -> tuple[torch.Tensor, int]:
     """Summed loss of one micro-batch and ``V``, the model's output size (``logits.shape[-1]``:
     vocabulary rows, or classes for classification; the health check's ``ln(V)``). ``chunked``:
     the causal-LM loss without the full logits (:func:`tuneproof.training.loss.chunked_token_loss_sum`)."""
@@ -194,10 +206,21 @@ def _check_speedup(model, examples: list, pad_id: int, device, capacity: int | N
     """:func:`tuneproof.training.loss.check_chunked_loss` on one real micro-batch, dropout off;
     ``capacity``: the micro-batch packed into rows of that many tokens (``training.packing``)."""
     if capacity is not None and (examples[0].class_index is not None or not examples[0].labels):
-        return {"passed": False, "message": "the chunked loss applies to causal LMs (token labels), not to a classification head"}
-    batch = {k: v.to(device) for k, v in (collate_packed(examples, pad_id, capacity) if capacity is not None else collate(examples, pad_id)).items()}
+        return {
+            "passed": False,
+            "message": "the chunked loss applies to causal LMs (token labels), not to a classification head",
+        }
+    batch = {
+        k: v.to(device)
+        for k, v in (
+            collate_packed(examples, pad_id, capacity) if capacity is not None else collate(examples, pad_id)
+        ).items()
+    }
     if batch["labels"].dim() != 2:
-        return {"passed": False, "message": "the chunked loss applies to causal LMs (token labels), not to a classification head"}
+        return {
+            "passed": False,
+            "message": "the chunked loss applies to causal LMs (token labels), not to a classification head",
+        }
     was_training = model.training
     model.eval()  # the same function twice: dropout masks must not differ
     try:
@@ -242,9 +265,13 @@ class LoopState:
     in_update: bool = False  # True while the weights are between two steps (not checkpointable)
 
     @classmethod
-    def resumed(cls, ckpt: dict[str, Any]) -> "LoopState":
-        return cls(step=int(ckpt["step"]), losses=list(ckpt["losses"]), tokens_seen=int(ckpt.get("tokens_seen", 0)),
-                   examples_seen=int(ckpt.get("examples_seen", 0)))
+    def resumed(cls, ckpt: dict[str, Any]) -> LoopState:
+        return cls(
+            step=int(ckpt["step"]),
+            losses=list(ckpt["losses"]),
+            tokens_seen=int(ckpt.get("tokens_seen", 0)),
+            examples_seen=int(ckpt.get("examples_seen", 0)),
+        )
 
 
 @dataclass
@@ -272,8 +299,18 @@ class Layout:
         return out
 
 
-def use_speedups(model, train_set: list[Encoded], cfg, *, pad_id: int, device, autocast: Callable, run: RunLog | None,
-                 world_size: int, rank: int) -> Layout:
+def use_speedups(
+    model,
+    train_set: list[Encoded],
+    cfg,
+    *,
+    pad_id: int,
+    device,
+    autocast: Callable,
+    run: RunLog | None,
+    world_size: int,
+    rank: int,
+) -> Layout:
     """Prove each configured speed-up on real training examples before it is used (issue 15) and record
     the proof, the padding share and the layout in ``run``'s summary; returns the layout.
 
@@ -285,9 +322,10 @@ def use_speedups(model, train_set: list[Encoded], cfg, *, pad_id: int, device, a
     capacity = packing_capacity(cfg)
     if chunked:
         if world_size > 1:
-            raise CheckFailed("training.chunked_loss is not yet checked under DDP/FSDP "
-                              "(it calls the decoder past the wrapper)",
-                              hint="set training.chunked_loss: false for a distributed run")
+            raise CheckFailed(
+                "training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
+                hint="set training.chunked_loss: false for a distributed run",
+            )
         # on the layout training uses: packed rows when packing is on (the decoder then gets position ids)
         check = _check_speedup(model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None)
         if not check["passed"]:
@@ -302,22 +340,26 @@ def use_speedups(model, train_set: list[Encoded], cfg, *, pad_id: int, device, a
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "packing": packed_check})
     if getattr(cfg, "bf16_base_weights", False):  # frozen weights in bf16
         if world_size > 1:
-            raise CheckFailed("training.bf16_base_weights is not yet checked under DDP/FSDP "
-                              "(the cast would follow the wrapper)",
-                              hint="set training.bf16_base_weights: false for a distributed run")
+            raise CheckFailed(
+                "training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
+                hint="set training.bf16_base_weights: false for a distributed run",
+            )
         if base_weights_dtype(model) == "bf16":  # cast and checked by the caller (the preflight's smoke pass)
             bf16_record: dict[str, Any] = {"cast_before_the_loop": True}
         else:
-            bf16_record = prove_bf16_base(model, train_set, cfg, pad_id, device,
-                                          lambda m, b: _micro_loss(m, b, autocast, chunked))
+            bf16_record = prove_bf16_base(
+                model, train_set, cfg, pad_id, device, lambda m, b: _micro_loss(m, b, autocast, chunked)
+            )
         if run is not None:
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "bf16_base_weights": bf16_record})
     if run is not None and train_set and hasattr(train_set[0], "input_ids"):  # token sequences (images have no padding)
         pad = padding_report(train_set, cfg, world_size, rank)
         run.update_summary(padding=pad)
         if packing and pad["after"] > pad["before"]:  # rows too short to hold two examples: packing adds padding
-            run.note(f"training.packing raised the padding share from {pad['before']:.1%} to {pad['after']:.1%} "
-                     f"with rows of {capacity} tokens: raise training.packing_length, or use training.length_grouping")
+            run.note(
+                f"training.packing raised the padding share from {pad['before']:.1%} to {pad['after']:.1%} "
+                f"with rows of {capacity} tokens: raise training.packing_length, or use training.length_grouping"
+            )
         if grouping:
             grouped = {"padding_before": pad["before"], "padding_after": pad["after"]}
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "length_grouping": grouped})
@@ -328,8 +370,10 @@ def data_order_rule(world_size: int, grouping: bool) -> str:
     """The data order a run reads, as its checkpoints record it (a resume must read the same)."""
     rule = DATA_ORDER_RULE if world_size == 1 else DATA_ORDER_RULE.replace("world_size 1", f"world_size {world_size}")
     if grouping:
-        rule += (f"; length-grouped (megabatches of {GROUP_MEGABATCH} micro-batches sorted by length, micro-batches "
-                 "shuffled with seed + epoch)")
+        rule += (
+            f"; length-grouped (megabatches of {GROUP_MEGABATCH} micro-batches sorted by length, micro-batches "
+            "shuffled with seed + epoch)"
+        )
     return rule
 
 
@@ -340,19 +384,25 @@ def check_resume(ckpt: dict[str, Any], *, total_steps: int, order_rule: str, n_e
         TuneproofError: another step budget, data order, number of examples or world size.
     """
     if int(ckpt.get("total_steps", total_steps)) != total_steps:
-        raise TuneproofError(f"the checkpoint's budget is {ckpt['total_steps']} steps, this run's {total_steps}",
-                             hint="the config or the training data changed since the checkpoint")
+        raise TuneproofError(
+            f"the checkpoint's budget is {ckpt['total_steps']} steps, this run's {total_steps}",
+            hint="the config or the training data changed since the checkpoint",
+        )
     if ckpt["data"].get("order") != order_rule:
-        raise TuneproofError(f"the checkpoint's data order is '{ckpt['data'].get('order')}', this run's '{order_rule}'",
-                             hint="a resume would not see the data the run would have seen; train again")
+        raise TuneproofError(
+            f"the checkpoint's data order is '{ckpt['data'].get('order')}', this run's '{order_rule}'",
+            hint="a resume would not see the data the run would have seen; train again",
+        )
     if int(ckpt["data"]["n_examples"]) != n_examples:
-        raise TuneproofError(f"the checkpoint was trained on {ckpt['data']['n_examples']} examples, "
-                             f"this run has {n_examples}", hint="the training data changed since the checkpoint")
+        raise TuneproofError(
+            f"the checkpoint was trained on {ckpt['data']['n_examples']} examples, this run has {n_examples}",
+            hint="the training data changed since the checkpoint",
+        )
     if int(ckpt["data"].get("world_size", 1)) != world_size:
-        raise TuneproofError(f"the checkpoint was trained by {ckpt['data'].get('world_size', 1)} processes, "
-                             f"this run has {world_size}",
-                             hint="resume with the same --nproc-per-node x --nnodes "
-                                  "(the data order depends on the world size)")
+        raise TuneproofError(
+            f"the checkpoint was trained by {ckpt['data'].get('world_size', 1)} processes, this run has {world_size}",
+            hint="resume with the same --nproc-per-node x --nnodes (the data order depends on the world size)",
+        )
 
 
 class Checkpoints:
@@ -362,9 +412,22 @@ class Checkpoints:
     (whole tensors and every rank's RNG states are gathered) and rank 0 writes; without a run or a world
     (unit tests) nothing is saved."""
 
-    def __init__(self, run: RunLog | None, world, model, optimizer, scheduler, *, cfg, plan: dict[str, Any],
-                 order_rule: str, n_examples: int, config: dict[str, Any] | None, extra: dict[str, Any] | None,
-                 saved_step: int) -> None:
+    def __init__(
+        self,
+        run: RunLog | None,
+        world,
+        model,
+        optimizer,
+        scheduler,
+        *,
+        cfg,
+        plan: dict[str, Any],
+        order_rule: str,
+        n_examples: int,
+        config: dict[str, Any] | None,
+        extra: dict[str, Any] | None,
+        saved_step: int,
+    ) -> None:
         self.run, self.world, self.model, self.optimizer, self.scheduler = run, world, model, optimizer, scheduler
         self.cfg, self.plan, self.order_rule, self.n = cfg, plan, order_rule, n_examples
         self.config, self.extra = config, extra
@@ -389,8 +452,10 @@ class Checkpoints:
         if self.world is not None:  # collectives: every rank takes part, rank 0 (run is not None) writes
             world = self.world
             trainable, optim = world.trainable_state(self.model), world.optimizer_state(self.model, self.optimizer)
-            extra_world = {"rng_ranks": world.gather(rng),
-                           "world": {"world_size": ws, "strategy": world.strategy, "backend": world.backend}}
+            extra_world = {
+                "rng_ranks": world.gather(rng),
+                "world": {"world_size": ws, "strategy": world.strategy, "backend": world.backend},
+            }
             if self.run is None:
                 return None
         else:
@@ -398,16 +463,33 @@ class Checkpoints:
         # where the next step reads
         pos = window_position(self.n, cfg.micro_batch_size, cfg.gradient_accumulation_steps, state.step, ws)
         payload = {
-            "format": CKPT_FORMAT, "step": state.step, "total_steps": self.plan["total_steps"], "trainable": trainable,
-            "optimizer": optim, "scheduler": self.scheduler.state_dict(), "rng": rng, **extra_world,
-            "data": {"n_examples": self.n, "micro_batch": cfg.micro_batch_size,
-                     "accumulation": cfg.gradient_accumulation_steps, "seed": cfg.seed,
-                     "next_micro_batch": pos["first_micro_batch"], "epoch": pos["epoch"],
-                     "steps_per_epoch": self.plan["steps_per_epoch"], "order": self.order_rule, "world_size": ws},
-            "losses": list(state.losses), "tokens_seen": state.tokens_seen, "examples_seen": state.examples_seen,
+            "format": CKPT_FORMAT,
+            "step": state.step,
+            "total_steps": self.plan["total_steps"],
+            "trainable": trainable,
+            "optimizer": optim,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng,
+            **extra_world,
+            "data": {
+                "n_examples": self.n,
+                "micro_batch": cfg.micro_batch_size,
+                "accumulation": cfg.gradient_accumulation_steps,
+                "seed": cfg.seed,
+                "next_micro_batch": pos["first_micro_batch"],
+                "epoch": pos["epoch"],
+                "steps_per_epoch": self.plan["steps_per_epoch"],
+                "order": self.order_rule,
+                "world_size": ws,
+            },
+            "losses": list(state.losses),
+            "tokens_seen": state.tokens_seen,
+            "examples_seen": state.examples_seen,
             "budget": self.plan,
-            "config": self.config or {}, "reason": reason,
-            "saved_at": time.time(), **(self.extra or {}),
+            "config": self.config or {},
+            "reason": reason,
+            "saved_at": time.time(),
+            **(self.extra or {}),
         }
         # safetensors + JSON, sha256 indexed, 2 kept
         return save_checkpoint(self.run.dir / "checkpoints", state.step, payload)
@@ -418,18 +500,23 @@ class Checkpoints:
         run = self.run
         if self.world is not None:  # a checkpoint is collective: the ranks cannot meet here; the last one stands
             if state.step > self.saved_step:
-                run.note(f"stopped at once (second signal) after step {state.step}: "
-                         f"the last checkpoint is step {self.saved_step}")
+                run.note(
+                    f"stopped at once (second signal) after step {state.step}: "
+                    f"the last checkpoint is step {self.saved_step}"
+                )
         elif state.step > self.saved_step and not state.in_update:
             self.save(state, "interrupt")
         elif state.in_update:
-            run.note(f"stopped inside the update of step {state.step + 1}: no checkpoint written; "
-                     f"the last one is step {self.saved_step}")
+            run.note(
+                f"stopped inside the update of step {state.step + 1}: no checkpoint written; "
+                f"the last one is step {self.saved_step}"
+            )
         run.summary["last_step"] = state.step
 
 
-def backward_window(fwd, batches: list[dict[str, torch.Tensor]], window: int, *, autocast: Callable, chunked: bool,
-                    world=None) -> tuple[float, int, int]:
+def backward_window(
+    fwd, batches: list[dict[str, torch.Tensor]], window: int, *, autocast: Callable, chunked: bool, world=None
+) -> tuple[float, int, int]:
     """Forward and backward of every micro-batch of one accumulation window (gradients summed in ``.grad``).
 
     Args:
@@ -442,7 +529,7 @@ def backward_window(fwd, batches: list[dict[str, torch.Tensor]], window: int, *,
     ws = world.world_size if world is not None else 1
     total, tokens, vocab = 0.0, 0, 0
     for j, b in enumerate(batches):
-        with (world.no_sync(last=j == len(batches) - 1) if world is not None else contextlib.nullcontext()):
+        with world.no_sync(last=j == len(batches) - 1) if world is not None else contextlib.nullcontext():
             loss_sum, vocab = _micro_loss(fwd, b, autocast, chunked)
             # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
             # a short last window of an epoch is divided by its own count, so it equals its concatenation;
@@ -505,8 +592,9 @@ def train(
         raise CheckFailed("no trainable parameters: the method froze everything", hint="check method.target_modules")
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=steps)
-    layout = use_speedups(model, train_set, cfg, pad_id=pad_id, device=device, autocast=autocast, run=run,
-                          world_size=ws, rank=rank)
+    layout = use_speedups(
+        model, train_set, cfg, pad_id=pad_id, device=device, autocast=autocast, run=run, world_size=ws, rank=rank
+    )
     seed_everything(cfg.seed)
     order_rule = data_order_rule(ws, layout.grouping)
     state = LoopState()
@@ -517,11 +605,29 @@ def train(
         else:
             restore_state(model, optimizer, scheduler, resume)
         state = LoopState.resumed(resume)
-    checkpoints = Checkpoints(run, world, model, optimizer, scheduler, cfg=cfg, plan=plan, order_rule=order_rule,
-                              n_examples=n, config=config, extra=extra, saved_step=state.step)
+    checkpoints = Checkpoints(
+        run,
+        world,
+        model,
+        optimizer,
+        scheduler,
+        cfg=cfg,
+        plan=plan,
+        order_rule=order_rule,
+        n_examples=n,
+        config=config,
+        extra=extra,
+        saved_step=state.step,
+    )
     read: list[int] = []  # what this rank reads in the first epoch (C10, gathered at the end)
     # FSDP2: the health rules look at this rank's shard of each tensor (DTensor.to_local)
-    health = HealthMonitor([(name, p.to_local() if hasattr(p, "to_local") else p) for name, p in model.named_parameters() if p.requires_grad])
+    health = HealthMonitor(
+        [
+            (name, p.to_local() if hasattr(p, "to_local") else p)
+            for name, p in model.named_parameters()
+            if p.requires_grad
+        ]
+    )
     model.train()
     t0 = time.perf_counter()
     state.boundary_rng = rng_state()
@@ -533,11 +639,21 @@ def train(
                 stopping = stop.signum is not None or (stop_after is not None and step >= stop_after)
                 ts = time.perf_counter()
                 # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
-                window_idx = window_at(n, cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.seed, step,
-                                       world_size=ws, rank=rank, lengths=layout.lengths)
+                window_idx = window_at(
+                    n,
+                    cfg.micro_batch_size,
+                    cfg.gradient_accumulation_steps,
+                    cfg.seed,
+                    step,
+                    world_size=ws,
+                    rank=rank,
+                    lengths=layout.lengths,
+                )
                 batches = layout.batches(train_set, window_idx)
                 window = sum(supervised_count(b) for b in batches)
-                if world is not None:  # the global window: supervised tokens of every rank; a stop on any rank stops all
+                if (
+                    world is not None
+                ):  # the global window: supervised tokens of every rank; a stop on any rank stops all
                     if step < plan["steps_per_epoch"]:
                         read.extend(i for idx in window_idx for i in idx)
                     window_f, stops = world.sum(window, float(stopping))
@@ -547,11 +663,16 @@ def train(
                         checkpoints.save(state, "interrupt")
                     if stop.signum is not None:
                         stop.reraise(stop.signum)
-                    raise KeyboardInterrupt(f"stop_after={stop_after}" if stop_after is not None and step >= stop_after else "stopped with another rank")
+                    raise KeyboardInterrupt(
+                        f"stop_after={stop_after}"
+                        if stop_after is not None and step >= stop_after
+                        else "stopped with another rank"
+                    )
                 if window == 0:
                     raise CheckFailed(f"step {step + 1}: 0 supervised tokens in the accumulation window")
-                total, step_tokens, vocab = backward_window(fwd, batches, window, autocast=autocast,
-                                                            chunked=layout.chunked, world=world)
+                total, step_tokens, vocab = backward_window(
+                    fwd, batches, window, autocast=autocast, chunked=layout.chunked, world=world
+                )
                 step_examples = sum(len(idx) for idx in window_idx)
                 if world is not None:
                     total, step_tokens_f, step_examples_f = world.sum(total, step_tokens, step_examples)
@@ -559,9 +680,16 @@ def train(
                 loss = total / window
                 lr = optimizer.param_groups[0]["lr"]  # the learning rate this step uses
                 grad_norm = health_grad_norm(params, cfg.max_grad_norm)  # before clipping; clipped in place if set
-                row = {"step": step + 1, "epoch": step // plan["steps_per_epoch"], "loss": round(loss, 6), "lr": lr,
-                       "grad_norm": grad_norm, "supervised_tokens": window, "micro_batches": len(batches),
-                       "examples": step_examples}
+                row = {
+                    "step": step + 1,
+                    "epoch": step // plan["steps_per_epoch"],
+                    "loss": round(loss, 6),
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "supervised_tokens": window,
+                    "micro_batches": len(batches),
+                    "examples": step_examples,
+                }
                 try:  # the health rules before and after the update (C19)
                     health.before_update(step + 1, loss, grad_norm, vocab)
                     state.in_update = True
@@ -590,6 +718,15 @@ def train(
             checkpoints.on_signal(state)
         raise
     shares = share_report(world, read, n) if world is not None and read else None
-    return {"steps": state.step, "total_steps": steps, "losses": state.losses, "tokens": state.tokens_seen,
-            "examples": state.examples_seen, "budget": plan, "seconds": time.perf_counter() - t0,
-            "normalisation": normalisation(world), "world_size": ws, "shares": shares}
+    return {
+        "steps": state.step,
+        "total_steps": steps,
+        "losses": state.losses,
+        "tokens": state.tokens_seen,
+        "examples": state.examples_seen,
+        "budget": plan,
+        "seconds": time.perf_counter() - t0,
+        "normalisation": normalisation(world),
+        "world_size": ws,
+        "shares": shares,
+    }

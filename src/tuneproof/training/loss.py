@@ -47,7 +47,10 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     # fp32 summation order, ~1e-7 relative), as transformers' ``ForCausalLMLoss`` does it.
     shift_labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
     return F.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        logits.float().reshape(-1, logits.size(-1)),
+        shift_labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
     )
 
 
@@ -79,6 +82,8 @@ CHUNK_BYTES = 32 * 2**20
 def chunk_positions(vocab: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     """Supervised positions per chunk: ``chunk_bytes`` of fp32 logits ``[positions, vocab]``, at least 1."""
     return max(1, chunk_bytes // (4 * max(1, int(vocab))))
+
+
 #: the chunked loss must match the reference within these (fp32; relative to the reference's scale)
 CHUNKED_LOSS_RTOL = 1e-5
 CHUNKED_GRAD_RTOL = 1e-4
@@ -99,8 +104,14 @@ def _chunk_ce(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module)
     return F.cross_entropy(head(hidden).float(), labels, reduction="sum")
 
 
-def chunked_token_loss_sum(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
-                           chunk_tokens: int | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+def chunked_token_loss_sum(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    labels: torch.Tensor,
+    chunk_tokens: int | None = None,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The same sum as :func:`token_loss_sum` without materialising the ``[batch, seq, vocab]`` logits.
 
     The decoder's last hidden states ``[batch, seq, hidden]`` are shifted like the labels, only the
@@ -140,7 +151,9 @@ def chunked_token_loss_sum(model, input_ids: torch.Tensor, attention_mask: torch
     chunk_tokens = chunk_tokens or chunk_positions(head.weight.shape[0])
     total = hidden.new_zeros((), dtype=torch.float32)
     for s in range(0, h.size(0), chunk_tokens):
-        total = total + checkpoint(_chunk_ce, h[s : s + chunk_tokens], y[s : s + chunk_tokens], head, use_reentrant=False)
+        total = total + checkpoint(
+            _chunk_ce, h[s : s + chunk_tokens], y[s : s + chunk_tokens], head, use_reentrant=False
+        )
     return total
 
 
@@ -158,15 +171,25 @@ def check_chunked_loss(model, batch: dict[str, torch.Tensor], chunk_tokens: int 
     model.zero_grad(set_to_none=True)
     packed = batch.get("position_ids")  # packed rows (training.packing): no mask, position ids restart per example
     if packed is not None:
-        ref = token_loss_sum(model(input_ids=batch["input_ids"], position_ids=packed, use_cache=False).logits, batch["labels"])
+        ref = token_loss_sum(
+            model(input_ids=batch["input_ids"], position_ids=packed, use_cache=False).logits, batch["labels"]
+        )
     else:
-        ref = token_loss_sum(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"])
+        ref = token_loss_sum(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+        )
     ref.backward()
     g_ref = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
     model.zero_grad(set_to_none=True)
     try:
-        got = chunked_token_loss_sum(model, batch["input_ids"], None if packed is not None else batch["attention_mask"], batch["labels"],
-                                     chunk_tokens, position_ids=packed)
+        got = chunked_token_loss_sum(
+            model,
+            batch["input_ids"],
+            None if packed is not None else batch["attention_mask"],
+            batch["labels"],
+            chunk_tokens,
+            position_ids=packed,
+        )
     except TypeError as err:
         return {"passed": False, "message": f"chunked loss not available: {err}"}
     got.backward()
@@ -177,11 +200,21 @@ def check_chunked_loss(model, batch: dict[str, torch.Tensor], chunk_tokens: int 
     missing = sorted(set(g_ref) ^ set(g_got))
     loss_diff = abs(float(got) - float(ref)) / max(abs(float(ref)), 1e-12)
     passed = not missing and loss_diff <= CHUNKED_LOSS_RTOL and grad_diff <= CHUNKED_GRAD_RTOL
-    message = (f"chunked loss equals the reference: loss rel. diff {loss_diff:.1e} (<= {CHUNKED_LOSS_RTOL:g}), "
-               f"gradients max rel. diff {grad_diff:.1e} (<= {CHUNKED_GRAD_RTOL:g}) over {len(g_ref)} tensors" if passed else
-               f"chunked loss differs from the reference: loss rel. diff {loss_diff:.1e}, gradients {grad_diff:.1e}"
-               + (f", gradients present in only one of them: {missing[:3]}" if missing else "")
-               + " - the model post-processes its logits or has no plain output head; leave training.chunked_loss off")
-    return {"passed": passed, "loss_reference": float(ref), "loss_chunked": float(got), "loss_rel_diff": loss_diff,
-            "grad_max_rel_diff": grad_diff, "tensors": len(g_ref), "rtol": {"loss": CHUNKED_LOSS_RTOL, "grad": CHUNKED_GRAD_RTOL},
-            "message": message}
+    message = (
+        f"chunked loss equals the reference: loss rel. diff {loss_diff:.1e} (<= {CHUNKED_LOSS_RTOL:g}), "
+        f"gradients max rel. diff {grad_diff:.1e} (<= {CHUNKED_GRAD_RTOL:g}) over {len(g_ref)} tensors"
+        if passed
+        else f"chunked loss differs from the reference: loss rel. diff {loss_diff:.1e}, gradients {grad_diff:.1e}"
+        + (f", gradients present in only one of them: {missing[:3]}" if missing else "")
+        + " - the model post-processes its logits or has no plain output head; leave training.chunked_loss off"
+    )
+    return {
+        "passed": passed,
+        "loss_reference": float(ref),
+        "loss_chunked": float(got),
+        "loss_rel_diff": loss_diff,
+        "grad_max_rel_diff": grad_diff,
+        "tensors": len(g_ref),
+        "rtol": {"loss": CHUNKED_LOSS_RTOL, "grad": CHUNKED_GRAD_RTOL},
+        "message": message,
+    }

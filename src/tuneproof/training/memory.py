@@ -16,9 +16,11 @@ import gc
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
+
 
 def _proc_status() -> dict[str, int]:
     out = {}
@@ -38,10 +40,10 @@ def _rss_bytes() -> int | None:
     if "VmRSS" in st:
         return st["VmRSS"]
     try:
-        import psutil  # optional
+        import psutil  # noqa: PLC0415 (optional dependency)
 
         return int(psutil.Process().memory_info().rss)
-    except Exception:
+    except Exception:  # noqa: BLE001 (psutil missing or failing: no reading)
         return None
 
 
@@ -133,13 +135,22 @@ def allocated_step_peak(step_fn: Callable[[], Any]) -> dict[str, Any]:
     if results is None:
         return {"peak_bytes": None, "end_bytes": None, "events": 0, "method": None, "seconds": seconds}
     cpu = torch.autograd.DeviceType.CPU
-    events = sorted((e.start_ns(), k, int(e.nbytes())) for k, e in enumerate(results.events())
-                    if e.name() == "[memory]" and e.device_type() == cpu)
+    events = sorted(
+        (e.start_ns(), k, int(e.nbytes()))
+        for k, e in enumerate(results.events())
+        if e.name() == "[memory]" and e.device_type() == cpu
+    )
     running = peak = 0
     for _, _, nbytes in events:
         running += nbytes
         peak = max(peak, running)
-    return {"peak_bytes": peak, "end_bytes": running, "events": len(events), "method": ALLOCATED_METHOD, "seconds": seconds}
+    return {
+        "peak_bytes": peak,
+        "end_bytes": running,
+        "events": len(events),
+        "method": ALLOCATED_METHOD,
+        "seconds": seconds,
+    }
 
 
 def _device_of(device: Any) -> torch.device:

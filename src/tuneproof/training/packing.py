@@ -19,7 +19,8 @@ no cache).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,19 +39,31 @@ def packed_forward(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def neighbour_visible_forward(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The contaminated control: the same row under a plain causal mask over the whole row (each
     example can attend to the ones before it), position ids still restarting per example."""
-    return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                 attention_mask=batch["attention_mask"].new_ones(batch["attention_mask"].shape), use_cache=False).logits
+    return model(
+        input_ids=batch["input_ids"],
+        position_ids=batch["position_ids"],
+        attention_mask=batch["attention_mask"].new_ones(batch["attention_mask"].shape),
+        use_cache=False,
+    ).logits
 
 
 def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-position loss after the causal shift, ``[B, T-1]``, 0 where unsupervised."""
-    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels[:, 1:], ignore_index=IGNORE_INDEX, reduction="none")
+    return F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), labels[:, 1:], ignore_index=IGNORE_INDEX, reduction="none"
+    )
 
 
-def check_packing(model, examples: list, pad_id: int, capacity: int, *,
-                  forward: Callable[[Any, dict], torch.Tensor] = packed_forward,
-                  control: Callable[[Any, dict], torch.Tensor] | None = neighbour_visible_forward,
-                  atol: float = PACKING_ATOL) -> dict[str, Any]:
+def check_packing(
+    model,
+    examples: list,
+    pad_id: int,
+    capacity: int,
+    *,
+    forward: Callable[[Any, dict], torch.Tensor] = packed_forward,
+    control: Callable[[Any, dict], torch.Tensor] | None = neighbour_visible_forward,
+    atol: float = PACKING_ATOL,
+) -> dict[str, Any]:
     """Per-token losses of packed rows vs each example alone (CASES C23).
 
     Args:
@@ -85,7 +98,11 @@ def check_packing(model, examples: list, pad_id: int, capacity: int, *,
             alone = []
             for e in examples:
                 b = {k: v.to(device) for k, v in collate([e], pad_id).items()}
-                alone.append(_token_losses(model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"])[0])
+                alone.append(
+                    _token_losses(
+                        model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"]
+                    )[0]
+                )
             got = _token_losses(forward(model, packed), packed["labels"])
             ctrl = _token_losses(control(model, packed), packed["labels"]) if control is not None else None
     finally:
@@ -113,19 +130,33 @@ def check_packing(model, examples: list, pad_id: int, capacity: int, *,
     passed = max_diff <= atol and (ctrl_diff is None or ctrl_diff > atol)
     multi = sum(1 for r in rows if len(r) > 1)
     if max_diff > atol:
-        message = (f"packed rows differ from the examples run alone: max |loss diff| {max_diff:.2e} nats > {atol:g} "
-                   f"(example {getattr(examples[worst], 'id', worst)}): tokens attend across examples of a row; "
-                   "leave training.packing off (the attention implementation must honour position_ids)")
+        message = (
+            f"packed rows differ from the examples run alone: max |loss diff| {max_diff:.2e} nats > {atol:g} "
+            f"(example {getattr(examples[worst], 'id', worst)}): tokens attend across examples of a row; "
+            "leave training.packing off (the attention implementation must honour position_ids)"
+        )
     elif ctrl_diff is not None and ctrl_diff <= atol:
-        message = (f"the check cannot see contamination on this model: a row whose examples see each other gives the same "
-                   f"losses (max diff {ctrl_diff:.2e}); leave training.packing off")
+        message = (
+            f"the check cannot see contamination on this model: a row whose examples see each other gives the same "
+            f"losses (max diff {ctrl_diff:.2e}); leave training.packing off"
+        )
     else:
-        message = (f"packed = alone on {tokens} supervised tokens of {len(examples)} examples in {len(rows)} rows "
-                   f"({multi} holding several): max |loss diff| {max_diff:.2e} nats <= {atol:g}"
-                   + (f"; a row whose examples see each other differs by {ctrl_diff:.2e}" if ctrl_diff is not None else ""))
-    return {"passed": passed, "max_abs_diff": max_diff, "tokens": tokens, "rows": len(rows), "examples": len(examples),
-            "worst_example": getattr(examples[worst], "id", worst), "control_max_abs_diff": ctrl_diff, "atol": atol,
-            "message": message}
+        message = (
+            f"packed = alone on {tokens} supervised tokens of {len(examples)} examples in {len(rows)} rows "
+            f"({multi} holding several): max |loss diff| {max_diff:.2e} nats <= {atol:g}"
+            + (f"; a row whose examples see each other differs by {ctrl_diff:.2e}" if ctrl_diff is not None else "")
+        )
+    return {
+        "passed": passed,
+        "max_abs_diff": max_diff,
+        "tokens": tokens,
+        "rows": len(rows),
+        "examples": len(examples),
+        "worst_example": getattr(examples[worst], "id", worst),
+        "control_max_abs_diff": ctrl_diff,
+        "atol": atol,
+        "message": message,
+    }
 
 
 def packing_sample(encoded: list, micro_batch: int, pool: int = 256) -> list:

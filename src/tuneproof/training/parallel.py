@@ -35,6 +35,7 @@ from tuneproof.errors import TuneproofError
 from tuneproof.training.loss import NORMALISATION
 from tuneproof.training.resume_state import restore_state, set_rng_state
 
+
 def resolve_backend(backend: str, cuda: bool) -> str:
     """``auto`` -> ``nccl`` on CUDA GPUs, ``gloo`` on CPU; an explicit choice is kept."""
     return ("nccl" if cuda else "gloo") if backend == "auto" else backend
@@ -53,11 +54,12 @@ def block_classes(model) -> list[str]:
     present = {type(m).__name__ for m in inner.modules()}
     found = [c for c in declared if c in present]
     if not found:
-        raise TuneproofError(f"distributed.strategy fsdp: the model class {type(inner).__name__} declares no decoder block type "
-                             f"(_no_split_modules: {declared or 'none'}), so FSDP has no units to shard",
-                             hint="use distributed.strategy: ddp for this model")
+        raise TuneproofError(
+            f"distributed.strategy fsdp: the model class {type(inner).__name__} declares no decoder block type "
+            f"(_no_split_modules: {declared or 'none'}), so FSDP has no units to shard",
+            hint="use distributed.strategy: ddp for this model",
+        )
     return found
-
 
 
 @dataclass
@@ -135,7 +137,9 @@ class World:
             return optimizer.state_dict()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict  # noqa: PLC0415
 
-        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def restore(self, model, optimizer, scheduler, ckpt: dict[str, Any]) -> None:
         """Load a checkpoint written by a run of the same world size: weights and optimizer (FSDP2:
@@ -145,11 +149,16 @@ class World:
             restore_state(model, optimizer, scheduler, ckpt)
         else:
             from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
-                StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
 
             opts = StateDictOptions(full_state_dict=True, strict=False)
             set_model_state_dict(model, ckpt["trainable"], options=opts)
-            set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True)
+            )
             scheduler.load_state_dict(ckpt["scheduler"])
         set_rng_state(ckpt["rng_ranks"][self.rank])
 
@@ -178,8 +187,15 @@ def share_report(world: World, read: list[int], n: int) -> dict[str, Any] | None
     pad = math.ceil(n / world.world_size) * world.world_size - n
     overlap = total - len(union)
     complete = len(union) == n
-    return {"per_rank": [len(x) for x in sets], "overlap": overlap, "padding_repeats": pad, "disjoint": overlap <= pad,
-            "covered": len(union), "n": n, "epoch_complete": complete}
+    return {
+        "per_rank": [len(x) for x in sets],
+        "overlap": overlap,
+        "padding_repeats": pad,
+        "disjoint": overlap <= pad,
+        "covered": len(union),
+        "n": n,
+        "epoch_complete": complete,
+    }
 
 
 def param_signature(model) -> dict[str, tuple[float, float]]:
@@ -198,9 +214,11 @@ def normalisation(world: World | None) -> str:
     """The loss normalisation a run used, with its world size (recorded in the summary)."""
     if world is None or world.world_size == 1:
         return NORMALISATION
-    return (f"per-token mean over the global accumulation window: sum of token losses / supervised tokens, both summed over "
-            f"{world.world_size} processes (all_reduce); backward of loss x {world.world_size} because {world.strategy.upper()} "
-            f"averages gradients over the {world.world_size} ranks")
+    return (
+        f"per-token mean over the global accumulation window: sum of token losses / supervised tokens, both summed over "
+        f"{world.world_size} processes (all_reduce); backward of loss x {world.world_size} because {world.strategy.upper()} "
+        f"averages gradients over the {world.world_size} ranks"
+    )
 
 
 def wrap(model, world: World):
@@ -226,7 +244,6 @@ def wrap(model, world: World):
     world.wrapped = model
     world.log(f"FSDP2: {len(units)} block units ({', '.join(sorted(names))}) + root")
     return model
-
 
 
 def init_world(distributed_cfg) -> World:

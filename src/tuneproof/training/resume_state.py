@@ -60,8 +60,12 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
 
 def rng_state() -> dict[str, Any]:
     """Python, NumPy, torch (CPU) and CUDA RNG states (CUDA: None without a GPU)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -93,8 +97,12 @@ def encode(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj) and not (len(obj) == 1 and next(iter(obj), None) in _MARKERS):
             return {k: encode(v, tensors, f"{path}/{k}") for k, v in obj.items()}
-        return {"__items__": [[encode(k, tensors, f"{path}/k{i}"), encode(v, tensors, f"{path}/{k}")]
-                              for i, (k, v) in enumerate(obj.items())]}
+        return {
+            "__items__": [
+                [encode(k, tensors, f"{path}/k{i}"), encode(v, tensors, f"{path}/{k}")]
+                for i, (k, v) in enumerate(obj.items())
+            ]
+        }
     if isinstance(obj, tuple):
         return {"__tuple__": [encode(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]}
     if isinstance(obj, list):
@@ -121,7 +129,9 @@ def decode(obj: Any, tensors: dict[str, torch.Tensor], where: Path) -> Any:
     if len(obj) == 1 and "__tensor__" in obj:
         key = obj["__tensor__"]
         if key not in tensors:
-            raise TuneproofError(f"{where}: tensor '{key}' named in {STATE} is not in {TENSORS}", hint="the checkpoint is damaged")
+            raise TuneproofError(
+                f"{where}: tensor '{key}' named in {STATE} is not in {TENSORS}", hint="the checkpoint is damaged"
+            )
         return tensors[key]
     if len(obj) == 1 and "__tuple__" in obj:
         return tuple(decode(v, tensors, where) for v in obj["__tuple__"])
@@ -141,7 +151,9 @@ def read_index(folder: Path) -> dict[str, Any]:
         return {"format": CKPT_FORMAT, "checkpoints": {}}
     idx = read_json(path)
     if not isinstance(idx, dict) or not isinstance(idx.get("checkpoints"), dict):
-        raise TuneproofError(f"{path}: not a checkpoint index", hint="it is damaged; the checkpoints cannot be verified")
+        raise TuneproofError(
+            f"{path}: not a checkpoint index", hint="it is damaged; the checkpoints cannot be verified"
+        )
     return idx
 
 
@@ -177,8 +189,11 @@ def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], *, keep: i
         os.chmod(tmp, 0o777 & ~_umask())
         idx = read_index(folder)
         idx["format"] = CKPT_FORMAT
-        idx["checkpoints"][name] = {"step": step, "files": {f: sha256_file(tmp / f) for f in (STATE, TENSORS)},
-                                    "written": round(time.time(), 3)}
+        idx["checkpoints"][name] = {
+            "step": step,
+            "files": {f: sha256_file(tmp / f) for f in (STATE, TENSORS)},
+            "written": round(time.time(), 3),
+        }
         _write_index(folder, idx)  # before the rename: every complete checkpoint is listed
         if dest.exists():  # the same step saved again (a resume from an older checkpoint)
             old = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-old-", dir=folder))
@@ -239,12 +254,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def _refuse_not_a_checkpoint(path: Path) -> None:
     with open(path, "rb") as fh:
         head = fh.read(4)
-    kind = ("a zip archive as written by torch.save (holds a pickle)" if head[:2] == b"PK"
-            else "a pickle" if head[:1] == b"\x80" else "not a checkpoint folder")
+    kind = (
+        "a zip archive as written by torch.save (holds a pickle)"
+        if head[:2] == b"PK"
+        else "a pickle"
+        if head[:1] == b"\x80"
+        else "not a checkpoint folder"
+    )
     raise TuneproofError(
         f"{path}: refused, {kind}; tuneproof loads only checkpoint folders (step-NNNNNN/ with {TENSORS} + {STATE}, "
         f"format {CKPT_FORMAT}) because unpickling a file can run code; nothing was loaded",
-        hint="remove the file (it was not written by this tuneproof version); resume from another checkpoint with --checkpoint or --fallback")
+        hint="remove the file (it was not written by this tuneproof version); resume from another checkpoint with --checkpoint or --fallback",
+    )
 
 
 def checkpoint_folder(path: Path) -> Path:
@@ -278,17 +299,23 @@ def verify_checkpoint(path: Path) -> dict[str, str]:
     entry = idx["checkpoints"].get(folder.name)
     for f in (STATE, TENSORS):
         if not (folder / f).is_file():
-            raise TuneproofError(f"{folder}: checkpoint has no {f}", hint="it is incomplete; resume from an older one with --fallback")
+            raise TuneproofError(
+                f"{folder}: checkpoint has no {f}", hint="it is incomplete; resume from an older one with --fallback"
+            )
     if entry is None:
-        raise TuneproofError(f"{folder}: not listed in {folder.parent / INDEX}, its sha256 cannot be checked",
-                             hint="it was not written by this run; resume from a listed one with --checkpoint or --fallback")
+        raise TuneproofError(
+            f"{folder}: not listed in {folder.parent / INDEX}, its sha256 cannot be checked",
+            hint="it was not written by this run; resume from a listed one with --checkpoint or --fallback",
+        )
     found = {}
     for f in (STATE, TENSORS):
         found[f] = sha256_file(folder / f)
         want = entry["files"].get(f)
         if found[f] != want:
-            raise TuneproofError(f"{folder / f}: sha256 {found[f]} differs from {want} recorded when it was written",
-                                 hint="the checkpoint was altered or damaged; resume from an older one with --fallback")
+            raise TuneproofError(
+                f"{folder / f}: sha256 {found[f]} differs from {want} recorded when it was written",
+                hint="the checkpoint was altered or damaged; resume from an older one with --fallback",
+            )
     return found
 
 
@@ -314,23 +341,32 @@ def load_checkpoint(path: Path, *, verify: bool = True) -> dict[str, Any]:
 
     for f in (STATE, TENSORS):
         if not (folder / f).is_file():
-            raise TuneproofError(f"{folder}: checkpoint has no {f}", hint="it is incomplete; resume from an older one with --fallback")
+            raise TuneproofError(
+                f"{folder}: checkpoint has no {f}", hint="it is incomplete; resume from an older one with --fallback"
+            )
     try:
         tensors = load_file(str(folder / TENSORS))
     except (SafetensorError, OSError, ValueError) as err:
-        raise TuneproofError(f"{folder / TENSORS}: unreadable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:200]})",
-                             hint="the file is damaged; resume from an older one with --checkpoint or --fallback") from None
+        raise TuneproofError(
+            f"{folder / TENSORS}: unreadable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:200]})",
+            hint="the file is damaged; resume from an older one with --checkpoint or --fallback",
+        ) from None
     try:
         raw = json.loads((folder / STATE).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        raise TuneproofError(f"{folder / STATE}: unreadable checkpoint ({type(err).__name__}: {str(err)[:200]})",
-                             hint="the file is damaged; resume from an older one with --checkpoint or --fallback") from None
+        raise TuneproofError(
+            f"{folder / STATE}: unreadable checkpoint ({type(err).__name__}: {str(err)[:200]})",
+            hint="the file is damaged; resume from an older one with --checkpoint or --fallback",
+        ) from None
     if not isinstance(raw, dict):
         raise TuneproofError(f"{folder / STATE}: not a tuneproof checkpoint (a {type(raw).__name__}, not an object)")
     ckpt = decode(raw, tensors, folder)
     for key in CKPT_KEYS:
         if key not in ckpt:
-            raise TuneproofError(f"{folder}: checkpoint has no '{key}'", hint="it was not written by this tuneproof version or is damaged")
+            raise TuneproofError(
+                f"{folder}: checkpoint has no '{key}'",
+                hint="it was not written by this tuneproof version or is damaged",
+            )
     if ckpt["format"] != CKPT_FORMAT:
         raise TuneproofError(f"{folder}: checkpoint format {ckpt['format']}, this tuneproof reads format {CKPT_FORMAT}")
     for key in ("python", "numpy", "torch"):
@@ -350,17 +386,23 @@ def restore_state(model, optimizer, scheduler, ckpt: dict[str, Any]) -> None:
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     missing = sorted(set(named) - set(ckpt["trainable"]))
     if missing:
-        raise TuneproofError(f"the model trains '{missing[0]}' ({len(missing)} tensors) that the checkpoint does not hold",
-                             hint="the method or base model changed since the checkpoint")
+        raise TuneproofError(
+            f"the model trains '{missing[0]}' ({len(missing)} tensors) that the checkpoint does not hold",
+            hint="the method or base model changed since the checkpoint",
+        )
     for name, tensor in ckpt["trainable"].items():
         if name not in named:
-            raise TuneproofError(f"checkpoint tensor '{name}' is not in the model", hint="the method or base model changed since the checkpoint")
+            raise TuneproofError(
+                f"checkpoint tensor '{name}' is not in the model",
+                hint="the method or base model changed since the checkpoint",
+            )
         if tuple(named[name].shape) != tuple(tensor.shape):
-            raise TuneproofError(f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, the model {tuple(named[name].shape)}",
-                                 hint="the method or base model changed since the checkpoint")
+            raise TuneproofError(
+                f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, the model {tuple(named[name].shape)}",
+                hint="the method or base model changed since the checkpoint",
+            )
         with torch.no_grad():
             named[name].copy_(tensor.to(named[name].device, named[name].dtype))
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     set_rng_state(ckpt["rng"])
-

@@ -50,7 +50,11 @@ def padding_report(train_set: list, cfg, world_size: int = 1, rank: int = 0, epo
     lengths = [len(e.input_ids) for e in train_set]
     grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
     plain = epoch_micro_batches(n, mb, cfg.seed, epoch, world_size=world_size, rank=rank)
-    used = epoch_micro_batches(n, mb, cfg.seed, epoch, world_size=world_size, rank=rank, lengths=lengths) if grouping else plain
+    used = (
+        epoch_micro_batches(n, mb, cfg.seed, epoch, world_size=world_size, rank=rank, lengths=lengths)
+        if grouping
+        else plain
+    )
     tokens = sum(lengths[i] for b in plain for i in b)
 
     def positions(batches, packed: bool) -> int:
@@ -60,8 +64,15 @@ def padding_report(train_set: list, cfg, world_size: int = 1, rank: int = 0, epo
 
     before, after = positions(plain, False), positions(used, packing)
     layout = "+".join(k for k, on in (("length_grouping", grouping), ("packing", packing)) if on) or "padded"
-    return {"before": round(1 - tokens / before, 6), "after": round(1 - tokens / after, 6), "layout": layout, "epoch": epoch,
-            "positions_before": before, "positions_after": after, "tokens": tokens}
+    return {
+        "before": round(1 - tokens / before, 6),
+        "after": round(1 - tokens / after, 6),
+        "layout": layout,
+        "epoch": epoch,
+        "positions_before": before,
+        "positions_after": after,
+        "tokens": tokens,
+    }
 
 
 def prove_packing(model, train_set: list, cfg, pad_id: int, device) -> dict[str, Any]:
@@ -75,8 +86,10 @@ def prove_packing(model, train_set: list, cfg, pad_id: int, device) -> dict[str,
         CheckFailed: classification examples, or the packed rows differ from the examples alone.
     """
     if not train_set or train_set[0].class_index is not None or not train_set[0].labels:
-        raise CheckFailed("training.packing applies to causal LMs (token labels), not to sequence classification",
-                          hint="set training.packing: false")
+        raise CheckFailed(
+            "training.packing applies to causal LMs (token labels), not to sequence classification",
+            hint="set training.packing: false",
+        )
     sample = packing_sample(train_set, cfg.micro_batch_size)
     if len(sample) < 2:
         raise CheckFailed("training.packing needs at least 2 training examples", hint="set training.packing: false")
@@ -109,7 +122,9 @@ BF16_BASE_GRAD_COSINE = 0.995
 
 
 def _grad_vector(params: list) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1).cpu() for _, p in params])
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1).cpu() for _, p in params]
+    )
 
 
 def check_bf16_base(model, batch: dict, loss_fn, *, device: Any = "cpu", cast=None) -> dict[str, Any]:
@@ -174,28 +189,55 @@ def check_bf16_base(model, batch: dict, loss_fn, *, device: Any = "cpu", cast=No
     cos = float(torch.nn.functional.cosine_similarity(g32, g16, dim=0)) if finite and ref_norm > 0 else float("nan")
     passed = finite and rel <= BF16_BASE_LOSS_RTOL and rel_l2 <= BF16_BASE_GRAD_REL_L2 and cos >= BF16_BASE_GRAD_COSINE
     p32, p16 = m32.get("peak_bytes"), m16.get("peak_bytes")
-    memory = {"fp32_frozen_peak_bytes": p32, "bf16_frozen_peak_bytes": p16,
-              "fp32_frozen_step_peak_bytes": m32.get("step_peak_bytes"), "bf16_frozen_step_peak_bytes": m16.get("step_peak_bytes"),
-              "peak_drop_bytes": (p32 - p16) if (p32 is not None and p16 is not None) else None,
-              "method": m16.get("method"), "approximate": bool(m32.get("approximate") or m16.get("approximate")),
-              "step": "one forward + backward of the micro-batch (no optimizer step), the weights included"}
-    numbers = (f"loss {l16:.6g} vs {l32:.6g} (rel. diff {rel:.1e}, limit {BF16_BASE_LOSS_RTOL:g}), gradients of {len(params)} "
-               f"trained tensors: rel. L2 error {rel_l2:.1e} (limit {BF16_BASE_GRAD_REL_L2:g}), cosine {cos:.6f} (min {BF16_BASE_GRAD_COSINE:g})")
+    memory = {
+        "fp32_frozen_peak_bytes": p32,
+        "bf16_frozen_peak_bytes": p16,
+        "fp32_frozen_step_peak_bytes": m32.get("step_peak_bytes"),
+        "bf16_frozen_step_peak_bytes": m16.get("step_peak_bytes"),
+        "peak_drop_bytes": (p32 - p16) if (p32 is not None and p16 is not None) else None,
+        "method": m16.get("method"),
+        "approximate": bool(m32.get("approximate") or m16.get("approximate")),
+        "step": "one forward + backward of the micro-batch (no optimizer step), the weights included",
+    }
+    numbers = (
+        f"loss {l16:.6g} vs {l32:.6g} (rel. diff {rel:.1e}, limit {BF16_BASE_LOSS_RTOL:g}), gradients of {len(params)} "
+        f"trained tensors: rel. L2 error {rel_l2:.1e} (limit {BF16_BASE_GRAD_REL_L2:g}), cosine {cos:.6f} (min {BF16_BASE_GRAD_COSINE:g})"
+    )
     if passed:
         drop = memory["peak_drop_bytes"]
-        message = (f"bf16 frozen weights match fp32 ones: {numbers}; {did.get('cast_tensors')} frozen tensors in bf16 "
-                   f"({did.get('bytes_saved', 0) / 2**20:.1f} MiB less)"
-                   + (f", peak of a forward + backward {drop / 2**20:.1f} MiB lower" if drop is not None else ""))
+        message = (
+            f"bf16 frozen weights match fp32 ones: {numbers}; {did.get('cast_tensors')} frozen tensors in bf16 "
+            f"({did.get('bytes_saved', 0) / 2**20:.1f} MiB less)"
+            + (f", peak of a forward + backward {drop / 2**20:.1f} MiB lower" if drop is not None else "")
+        )
     else:
-        for p in model.parameters():  # put the frozen tensors back in their dtype: the caller does not use the bf16 base
+        for (
+            p
+        ) in model.parameters():  # put the frozen tensors back in their dtype: the caller does not use the bf16 base
             if id(p) in before and p.dtype != before[id(p)]:
                 p.data = p.data.to(before[id(p)])
-        message = (f"bf16 frozen weights change what is computed: {numbers}" + ("" if finite else " (non-finite)")
-                   + f"; leave {BF16_BASE_KEY} off")
-    return {"passed": passed, "loss_fp32": l32, "loss_bf16": l16, "loss_rel_diff": rel, "grad_rel_l2": rel_l2, "grad_cosine": cos,
-            "tensors": len(params), "cast": did, "memory": memory,
-            "tolerance": {"loss_rtol": BF16_BASE_LOSS_RTOL, "grad_rel_l2": BF16_BASE_GRAD_REL_L2, "grad_cosine": BF16_BASE_GRAD_COSINE},
-            "message": message}
+        message = (
+            f"bf16 frozen weights change what is computed: {numbers}"
+            + ("" if finite else " (non-finite)")
+            + f"; leave {BF16_BASE_KEY} off"
+        )
+    return {
+        "passed": passed,
+        "loss_fp32": l32,
+        "loss_bf16": l16,
+        "loss_rel_diff": rel,
+        "grad_rel_l2": rel_l2,
+        "grad_cosine": cos,
+        "tensors": len(params),
+        "cast": did,
+        "memory": memory,
+        "tolerance": {
+            "loss_rtol": BF16_BASE_LOSS_RTOL,
+            "grad_rel_l2": BF16_BASE_GRAD_REL_L2,
+            "grad_cosine": BF16_BASE_GRAD_COSINE,
+        },
+        "message": message,
+    }
 
 
 def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, loss_fn) -> dict[str, Any]:
@@ -219,5 +261,17 @@ def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, loss_fn) -
         raise CheckFailed(f"{BF16_BASE_KEY}: {check['message']}", hint=f"set {BF16_BASE_KEY}: false")
     if not check["cast"].get("cast_tensors"):
         raise CheckFailed(f"{BF16_BASE_KEY}: no frozen fp32 tensor to hold in bf16", hint=f"set {BF16_BASE_KEY}: false")
-    return {k: check[k] for k in ("loss_fp32", "loss_bf16", "loss_rel_diff", "grad_rel_l2", "grad_cosine", "tensors", "cast",
-                                  "memory", "tolerance")}
+    return {
+        k: check[k]
+        for k in (
+            "loss_fp32",
+            "loss_bf16",
+            "loss_rel_diff",
+            "grad_rel_l2",
+            "grad_cosine",
+            "tensors",
+            "cast",
+            "memory",
+            "tolerance",
+        )
+    }

@@ -140,23 +140,14 @@ KNOWN_INNER: set[str] = {
     "data/image_pipeline.py: tuneproof.data.image_sources",
     "data/images.py: tuneproof.data.sources",
     "data/preprocess.py: tuneproof.data.image_pipeline",
-    "data/sources.py: tuneproof.study",
     "data/sources.py: tuneproof.data.image_sources",
-    "data/sources.py: tuneproof.data.locate",
-    "data/split.py: tuneproof.data.dedup",
-    "data/split.py: tuneproof.study",
     "deliver/bundle_verification.py: tuneproof.evaluation.generate",
     "deliver/image_bundle.py: tuneproof.data.image_pipeline",
     "evaluation/backends.py: tuneproof.evaluation.generate",
     "evaluation/generate.py: tuneproof.data.image_pipeline",
     "preflight/eval_batch.py: tuneproof.evaluation.generate",
     "preflight/image_checks.py: tuneproof.evaluation.generate",
-    "preflight/memory.py: tuneproof.training.loss",
-    "preflight/scope.py: tuneproof.study",
     "recipes/inspect.py: tuneproof.data",
-    "recipes/plan.py: tuneproof.training.loop",
-    "tracking/__init__.py: tuneproof.tracking.mlflow",
-    "tracking/__init__.py: tuneproof.tracking.others",
 }
 
 

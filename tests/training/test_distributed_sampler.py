@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tuneproof.training.data_order import distributed_indices, epoch_order, micro_batch_at, steps_per_epoch
+from tuneproof.training.budget import micro_batches_per_epoch
+from tuneproof.training.data_order import distributed_indices, epoch_order, micro_batch_at
 from tuneproof.training.loop import micro_batch_indices
 
 
 def test_c10_two_processes_split_an_epoch():
     n, mb, world = 16_000, 8, 2
-    assert steps_per_epoch(n, mb, world) == 1_000 and steps_per_epoch(n, mb, 1) == 2_000
+    assert micro_batches_per_epoch(n, mb, world) == 1_000 and micro_batches_per_epoch(n, mb, 1) == 2_000
     ranks = [distributed_indices(n, mb, world, rank, seed=0, epoch=0) for rank in range(world)]
     for batches in ranks:
         assert len(batches) == 1_000 and all(len(b) == mb for b in batches)

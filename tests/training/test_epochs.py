@@ -17,8 +17,8 @@ from tuneproof.errors import TuneproofError
 from tuneproof.recipes.resume import run_resume
 from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.study import Training
-from tuneproof.training.data_order import epoch_order, optimizer_steps_per_epoch, window_at, window_position
-from tuneproof.training.loop import budget
+from tuneproof.training.budget import budget, optimizer_steps_per_epoch
+from tuneproof.training.data_order import epoch_order, window_at, window_position
 from tuneproof.training.loss import token_loss_sum
 from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 

@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.data.examples import Example
+from tuneproof.data.locate import find_data_root
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
+from tuneproof.study import FieldMap
 
 SNIPS_INTENTS = (
     "AddToPlaylist",
@@ -560,8 +562,6 @@ def load_banking77(root: Path, fields=None, *, max_chars: int = DEFAULT_MAX_CHAR
     label: category``: only the keys the study sets change, and a column the files lack is
     refused naming the file (it is never silently ignored).
     """
-    from tuneproof.study import FieldMap  # noqa: PLC0415
-
     given = explicit_fields(fields)
     fields = FieldMap(**{"text": "text", "label": "category", **given})
     if not root.is_dir():
@@ -588,8 +588,6 @@ def resolve_path(raw: str, base_dir: Path, data_root: Path | None = None) -> Pat
     the study folder (``base_dir``)."""
     if raw.startswith("$DATA/") or raw == "$DATA":
         if data_root is None:
-            from tuneproof.data.locate import find_data_root  # noqa: PLC0415
-
             data_root = find_data_root()
         return data_root / raw[len("$DATA/") :]
     path = Path(raw).expanduser()

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json, sha256_json, write_json
+from tuneproof.study import Dedup
 
 MANIFEST = "splits.json"
 
@@ -58,8 +60,6 @@ def duplicate_groups(examples: list[Example], dedup=None) -> list[int]:
     Raises:
         TuneproofError: duplicate ids or invalid settings (from ``find_duplicates``).
     """
-    from tuneproof.data.dedup import find_duplicates  # noqa: PLC0415
-
     if not examples:
         return []
     kw = (
@@ -93,8 +93,6 @@ def duplicate_groups(examples: list[Example], dedup=None) -> list[int]:
 
 def grouping_rule(dedup=None) -> dict:
     """The grouping rule as recorded in the manifest."""
-    from tuneproof.study import Dedup  # noqa: PLC0415
-
     d = dedup or Dedup()
     return {
         "rule": "exact, normalised and near-duplicate texts (data.dedup settings) are kept in one split",

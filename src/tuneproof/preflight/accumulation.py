@@ -27,7 +27,8 @@ from tuneproof.data.preprocess import IGNORE_INDEX, collate
 from tuneproof.errors import TuneproofError
 from tuneproof.preflight.report import check_result
 from tuneproof.preflight.update_check import is_token_batch, loss_sum_and_count
-from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch, window_at
+from tuneproof.training.budget import micro_batches_per_epoch, optimizer_steps_per_epoch
+from tuneproof.training.data_order import window_at
 from tuneproof.training.loop import micro_batch_indices
 from tuneproof.training.loss import NORMALISATION, window_losses
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from tuneproof.errors import TuneproofError
+from tuneproof.training.loss import chunk_positions
 
 GIB = 1 << 30
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -425,8 +426,6 @@ def estimate_step_memory(
     loss_parts: dict[str, int] = {}
     if has_lm_head and vocab:
         if chunked_loss:  # training.loss.chunked_token_loss_sum: logits of one chunk of supervised positions at a time
-            from tuneproof.training.loss import chunk_positions  # noqa: PLC0415
-
             n_sup = s * b if supervised_tokens is None else max(0, min(int(supervised_tokens), s * b))
             chunk = min(chunk_positions(vocab), n_sup)
             loss_parts["chunk logits: 3 fp32 copies of one chunk x V"] = 12 * chunk * vocab

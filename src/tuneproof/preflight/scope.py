@@ -30,7 +30,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import BaseModel
+
 from tuneproof.io import flatten_keys
+from tuneproof.study import Study
 
 EXEMPT: tuple[str, ...] = (
     "name",
@@ -64,10 +67,6 @@ def schema_defaults() -> dict[str, Any]:
     models, nested sections flattened like :func:`tuneproof.io.flatten_keys`). A config recorded by
     an earlier tuneproof lacks the keys added since; absent there and at its default now, a key
     describes the same configuration."""
-    from pydantic import BaseModel  # noqa: PLC0415
-
-    from tuneproof.study import Study  # noqa: PLC0415
-
     out: dict[str, Any] = {}
 
     def walk(model: type[BaseModel], prefix: str) -> None:

@@ -16,8 +16,9 @@ from tuneproof.preflight.eval_memory import eval_batch_rate
 from tuneproof.preflight.reload import reload_in_fresh_process
 from tuneproof.preflight.report import PreflightReport, check_result
 from tuneproof.preflight.update_check import same_bits
+from tuneproof.training.budget import total_steps
 from tuneproof.training.data_order import window_at
-from tuneproof.training.loop import total_steps, train
+from tuneproof.training.loop import train
 
 SMOKE_CHECKS = ("configured combination", "smoke pass", "throughput")
 SMOKE_STEPS = 2  # optimizer steps of the smoke pass (also the configured-combination check)

@@ -19,6 +19,7 @@ from typing import Any
 from tuneproof.context import StudyContext
 from tuneproof.deliver.rental_plan import PLAN_FILE, check_plan_args, cost_lines, make_plan, measure, require_measured
 from tuneproof.io import write_json
+from tuneproof.training.budget import total_steps
 from tuneproof.ui import console, table
 
 
@@ -39,9 +40,6 @@ def run_plan(
     Raises:
         TuneproofError: nothing measured yet (exit 2), bad arguments.
     """
-    # lazy: training.loop imports torch, which `tuneproof plan` never needs otherwise
-    from tuneproof.training.loop import total_steps  # noqa: PLC0415
-
     check_plan_args(days, hourly_rate, variants)  # before anything is read
     s = ctx.study
     measured = measure(ctx.registry)

@@ -56,7 +56,7 @@ from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.train import TrainOptions, record_start, run_train
 from tuneproof.registry import Registry, Run
 from tuneproof.study import STUDY_FILE
-from tuneproof.training.data_order import micro_batches_per_epoch, optimizer_steps_per_epoch
+from tuneproof.training.budget import micro_batches_per_epoch, optimizer_steps_per_epoch
 from tuneproof.training.parallel import World, block_classes, init_world, resolve_backend
 from tuneproof.training.resume_state import load_checkpoint
 from tuneproof.ui import console, table

@@ -44,6 +44,7 @@ from tuneproof.models.method import base_weights_dtype
 from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.protocol import require_order
 from tuneproof.training import loop  # loop.train looked up at call time: tests wrap it
+from tuneproof.training.budget import budget
 from tuneproof.training.health import HealthFault
 from tuneproof.training.parallel import World, param_signature, wrap
 from tuneproof.ui import console, progress_bar
@@ -150,7 +151,7 @@ def run_train(
                 f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})"
                 + (f"; {ws} processes, {world.strategy}" if world is not None else "")
             )
-        plan = loop.budget(cfg, len(encoded), ws)
+        plan = budget(cfg, len(encoded), ws)
         steps = plan["total_steps"]
         if run is not None:
             run.update_summary(

@@ -30,6 +30,8 @@ from typing import Any
 
 from tuneproof.io import read_json, write_json
 from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
+from tuneproof.tracking.mlflow import MlflowTracker
+from tuneproof.tracking.others import TrackioTracker, WandbTracker
 
 TRACKING_FILE = "tracking.json"
 
@@ -51,9 +53,6 @@ def trackers_for(study, study_dir=None) -> list[Tracker]:
     Raises:
         TuneproofError: a tracker is asked for but its package is not installed (names the extra).
     """
-    from tuneproof.tracking.mlflow import MlflowTracker  # noqa: PLC0415
-    from tuneproof.tracking.others import TrackioTracker, WandbTracker  # noqa: PLC0415
-
     cfg = study.tracking
     asked = set(study.report_to)
     out: list[Tracker] = []

@@ -41,53 +41,24 @@ necessary to make shuffling work properly across multiple epochs").
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
+from tuneproof.training.budget import check_shape, micro_batches_per_epoch, optimizer_steps_per_epoch
+
 #: Micro-batches per megabatch of the length-grouped order (the window of examples sorted together).
 GROUP_MEGABATCH = 64
-
-
-def _check(n: int, micro_batch: int, world_size: int, rank: int) -> None:
-    if n < 1:
-        raise ValueError(f"n must be >= 1 (got {n})")
-    if micro_batch < 1:
-        raise ValueError(f"micro_batch must be >= 1 (got {micro_batch})")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
 
 
 def epoch_order(n: int, *, world_size: int = 1, rank: int = 0, seed: int = 0, epoch: int = 0) -> list[int]:
     """Example indices process ``rank`` reads in ``epoch``, in order (``DistributedSampler`` with
     ``shuffle=True, drop_last=False`` after ``set_epoch(epoch)``). Length ``ceil(n / world_size)``."""
-    _check(n, 1, world_size, rank)
+    check_shape(n, 1, world_size, rank)
     sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False)
     sampler.set_epoch(epoch)
     return list(sampler)
-
-
-def micro_batches_per_epoch(n: int, micro_batch: int, world_size: int = 1) -> int:
-    """Micro-batches per process per epoch: ``ceil(ceil(n / world_size) / micro_batch)``."""
-    _check(n, micro_batch, world_size, 0)
-    return math.ceil(math.ceil(n / world_size) / micro_batch)
-
-
-steps_per_epoch = micro_batches_per_epoch  # former name (it counts micro-batches, not optimizer steps)
-
-
-def optimizer_steps_per_epoch(n: int, micro_batch: int, accumulation: int, world_size: int = 1) -> int:
-    """Optimizer steps per epoch: ``ceil(micro_batches_per_epoch / accumulation)`` (the last window
-    of the epoch may hold fewer than ``accumulation`` micro-batches; windows never cross epochs).
-
-    Raises:
-        ValueError: ``accumulation < 1`` (and as :func:`micro_batches_per_epoch`).
-    """
-    if accumulation < 1:
-        raise ValueError(f"accumulation must be >= 1 (got {accumulation})")
-    return math.ceil(micro_batches_per_epoch(n, micro_batch, world_size) / accumulation)
 
 
 def window_position(n: int, micro_batch: int, accumulation: int, step: int, world_size: int = 1) -> dict[str, int]:
@@ -130,7 +101,7 @@ def epoch_micro_batches(
     Raises:
         ValueError: as :func:`distributed_indices`, or ``len(lengths) != n``.
     """
-    _check(n, micro_batch, world_size, rank)
+    check_shape(n, micro_batch, world_size, rank)
     order = epoch_order(n, world_size=world_size, rank=rank, seed=seed, epoch=epoch)
     if lengths is None:
         return [order[i : i + micro_batch] for i in range(0, len(order), micro_batch)]
@@ -192,12 +163,12 @@ def distributed_indices(n: int, micro_batch: int, world_size: int, rank: int, se
         seed: the run's ``training.seed``; epoch: 0-based epoch.
 
     Returns:
-        ``steps_per_epoch(n, micro_batch, world_size)`` lists; the last one may be short.
+        ``micro_batches_per_epoch(n, micro_batch, world_size)`` lists; the last one may be short.
 
     Raises:
         ValueError: ``n < 1``, ``micro_batch < 1`` or a rank outside ``[0, world_size)``.
     """
-    _check(n, micro_batch, world_size, rank)
+    check_shape(n, micro_batch, world_size, rank)
     order = epoch_order(n, world_size=world_size, rank=rank, seed=seed, epoch=epoch)
     return [order[i : i + micro_batch] for i in range(0, len(order), micro_batch)]
 

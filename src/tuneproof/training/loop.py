@@ -29,7 +29,6 @@ resumed run draws exactly the dropout masks the uninterrupted run would have dra
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import signal
 import sys
@@ -46,12 +45,10 @@ import torch.nn.functional as F
 from tuneproof.data.preprocess import Encoded, collate, collate_packed
 from tuneproof.errors import CheckFailed, Terminated, TuneproofError
 from tuneproof.models.method import base_weights_dtype
-from tuneproof.study import DEFAULT_EPOCHS
+from tuneproof.training.budget import budget
 from tuneproof.training.data_order import (
     GROUP_MEGABATCH,
     micro_batch_at,
-    micro_batches_per_epoch,
-    optimizer_steps_per_epoch,
     window_at,
     window_position,
 )
@@ -67,48 +64,6 @@ from tuneproof.training.loss import (
 from tuneproof.training.parallel import normalisation, share_report
 from tuneproof.training.resume_state import CKPT_FORMAT, restore_state, rng_state, save_checkpoint, trainable_state
 from tuneproof.training.speedups import packing_capacity, padding_report, prove_bf16_base, prove_packing
-
-
-def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
-    """The step budget of a run and which key set it (issue 10: epochs are epochs).
-
-    ``training.max_steps`` and ``training.epochs`` are exclusive; with neither, the budget is
-    :data:`tuneproof.study.DEFAULT_EPOCHS` epoch. An epoch is ``steps_per_epoch`` optimizer steps:
-    ``ceil(micro-batches per epoch / accumulation)``, its last window holding only the micro-batches
-    left (:func:`tuneproof.training.data_order.window_at`); ``epochs: e`` is ``ceil(e * steps_per_epoch)`` steps.
-
-    Returns:
-        ``{"key": "training.max_steps" | "training.epochs" | "default", "value", "total_steps",
-        "steps_per_epoch", "micro_batches_per_epoch", "examples_per_epoch"}`` (per process).
-
-    Raises:
-        TuneproofError: both keys set (a config built without validation, e.g. ``model_copy``).
-    """
-    if cfg.max_steps is not None and cfg.epochs is not None:
-        raise TuneproofError(
-            f"training.max_steps ({cfg.max_steps}) and training.epochs ({cfg.epochs:g}) are both set",
-            hint="the step budget comes from one of them; remove the other",
-        )
-    per_epoch = optimizer_steps_per_epoch(n_examples, cfg.micro_batch_size, cfg.gradient_accumulation_steps, world_size)
-    if cfg.max_steps is not None:
-        key, value, steps = "training.max_steps", cfg.max_steps, cfg.max_steps
-    else:
-        key, value = ("training.epochs", cfg.epochs) if cfg.epochs is not None else ("default", DEFAULT_EPOCHS)
-        steps = max(1, math.ceil(round(value * per_epoch, 9)))
-    return {
-        "key": key,
-        "value": value,
-        "total_steps": steps,
-        "steps_per_epoch": per_epoch,
-        "micro_batches_per_epoch": micro_batches_per_epoch(n_examples, cfg.micro_batch_size, world_size),
-        "examples_per_epoch": math.ceil(n_examples / world_size),
-    }
-
-
-def total_steps(cfg, n_examples: int, world_size: int = 1) -> int:
-    """Optimizer steps of the budget (:func:`budget`; per process with ``world_size`` processes)."""
-    return budget(cfg, n_examples, world_size)["total_steps"]
-
 
 DATA_ORDER_RULE = (
     "DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1; "

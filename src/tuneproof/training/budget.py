@@ -1,0 +1,81 @@
+"""The step budget of a run: micro-batches and optimizer steps per epoch, and the optimizer steps
+``training.max_steps`` or ``training.epochs`` ask for. Pure arithmetic (no torch), so commands that
+only plan (`tuneproof plan`) stay light; :mod:`tuneproof.training.data_order` decides which
+examples each step reads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tuneproof.errors import TuneproofError
+from tuneproof.study import DEFAULT_EPOCHS
+
+
+def check_shape(n: int, micro_batch: int, world_size: int, rank: int) -> None:
+    if n < 1:
+        raise ValueError(f"n must be >= 1 (got {n})")
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1 (got {micro_batch})")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+
+
+def micro_batches_per_epoch(n: int, micro_batch: int, world_size: int = 1) -> int:
+    """Micro-batches per process per epoch: ``ceil(ceil(n / world_size) / micro_batch)``."""
+    check_shape(n, micro_batch, world_size, 0)
+    return math.ceil(math.ceil(n / world_size) / micro_batch)
+
+
+def optimizer_steps_per_epoch(n: int, micro_batch: int, accumulation: int, world_size: int = 1) -> int:
+    """Optimizer steps per epoch: ``ceil(micro_batches_per_epoch / accumulation)`` (the last window
+    of the epoch may hold fewer than ``accumulation`` micro-batches; windows never cross epochs).
+
+    Raises:
+        ValueError: ``accumulation < 1`` (and as :func:`micro_batches_per_epoch`).
+    """
+    if accumulation < 1:
+        raise ValueError(f"accumulation must be >= 1 (got {accumulation})")
+    return math.ceil(micro_batches_per_epoch(n, micro_batch, world_size) / accumulation)
+
+
+def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
+    """The step budget of a run and which key set it (issue 10: epochs are epochs).
+
+    ``training.max_steps`` and ``training.epochs`` are exclusive; with neither, the budget is
+    :data:`tuneproof.study.DEFAULT_EPOCHS` epoch. An epoch is ``steps_per_epoch`` optimizer steps:
+    ``ceil(micro-batches per epoch / accumulation)``, its last window holding only the micro-batches
+    left (:func:`tuneproof.training.data_order.window_at`); ``epochs: e`` is ``ceil(e * steps_per_epoch)`` steps.
+
+    Returns:
+        ``{"key": "training.max_steps" | "training.epochs" | "default", "value", "total_steps",
+        "steps_per_epoch", "micro_batches_per_epoch", "examples_per_epoch"}`` (per process).
+
+    Raises:
+        TuneproofError: both keys set (a config built without validation, e.g. ``model_copy``).
+    """
+    if cfg.max_steps is not None and cfg.epochs is not None:
+        raise TuneproofError(
+            f"training.max_steps ({cfg.max_steps}) and training.epochs ({cfg.epochs:g}) are both set",
+            hint="the step budget comes from one of them; remove the other",
+        )
+    per_epoch = optimizer_steps_per_epoch(n_examples, cfg.micro_batch_size, cfg.gradient_accumulation_steps, world_size)
+    if cfg.max_steps is not None:
+        key, value, steps = "training.max_steps", cfg.max_steps, cfg.max_steps
+    else:
+        key, value = ("training.epochs", cfg.epochs) if cfg.epochs is not None else ("default", DEFAULT_EPOCHS)
+        steps = max(1, math.ceil(round(value * per_epoch, 9)))
+    return {
+        "key": key,
+        "value": value,
+        "total_steps": steps,
+        "steps_per_epoch": per_epoch,
+        "micro_batches_per_epoch": micro_batches_per_epoch(n_examples, cfg.micro_batch_size, world_size),
+        "examples_per_epoch": math.ceil(n_examples / world_size),
+    }
+
+
+def total_steps(cfg, n_examples: int, world_size: int = 1) -> int:
+    """Optimizer steps of the budget (:func:`budget`; per process with ``world_size`` processes)."""
+    return budget(cfg, n_examples, world_size)["total_steps"]

@@ -134,16 +134,17 @@ def test_perfect_prediction_scores_one(case):
 @pytest.mark.parametrize("case", IDS)
 @pytest.mark.parametrize("bad", ["", "   ", "<<garbage))", "{}", "null"])
 def test_empty_or_unparseable_output_is_never_right(case, bad):
-    task, refs, _, _, success, _ = CASES[case]
+    task, refs, _, cfg, success, _ = CASES[case]
     recs, m = _score(case, [bad] * len(refs))
     kind = get_task(task)
     assert not any(r["correct"] for r in recs)
     assert m[success] == 0.0
-    if bad in ("{}", "null"):  # valid JSON, so a JSON-validity rule may pass it; nothing else does
-        return
-    for metric in kind.headline_for(m):
+    # issue 22: no per-example rule passes an empty or invalid answer, `{}` and `null` included
+    # (valid JSON without the required fields), whatever the success metric
+    for metric in [*kind.metric_names(cfg)["aggregate"], None]:
         rule = kind.example_rule(metric)
         assert not any(rule.passing(r) for r in recs), (metric, rule.name)
+        assert all(rule.score(r) == 0.0 for r in recs), (metric, rule.name)
 
 
 @pytest.mark.parametrize("case", IDS)

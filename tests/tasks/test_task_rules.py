@@ -192,6 +192,12 @@ def test_one_class_for_every_example_is_said_on_the_compare_screen():
 
 
 # --------------------------------------------------------------------------- issue 17: counts follow the success metric
+FIELD_F1_RULE = (
+    "an example passes only when its output is a valid JSON object with every required field "
+    "(hypothesis.required_fields) holding a value (not null or empty), and its field F1 (slot/value pairs) is >= 0.5"
+)
+
+
 def test_paired_counts_follow_field_f1_when_exact_match_stays_zero():
     """The quickstart case: field F1 rises from 0, exact match stays 0 for both."""
     base, cand = [], []
@@ -214,7 +220,7 @@ def test_paired_counts_follow_field_f1_when_exact_match_stays_zero():
     assert r["counts_basis"] == {
         "metric": "field_f1",
         "rule": "field_f1",
-        "description": "an example passes when its field F1 (slot/value pairs) is >= 0.5",
+        "description": FIELD_F1_RULE,
     }
     assert r["counts"] == {"fixed": 25, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 10}
     assert r["mcnemar"]["p_value"] == pytest.approx(2 / 2**25)
@@ -223,7 +229,7 @@ def test_paired_counts_follow_field_f1_when_exact_match_stays_zero():
     assert lines[0].startswith(
         "r0004 vs baseline r0002 on 35 paired examples: fixed 25, broken 0, unchanged right 0, unchanged wrong 10"
     )
-    assert lines[1] == "  basis: field_f1: an example passes when its field F1 (slot/value pairs) is >= 0.5"
+    assert lines[1] == "  basis: field_f1: " + FIELD_F1_RULE
     assert lines[2].startswith(
         "  on the per-example `correct` (exact match / right class): fixed 0, broken 0, unchanged right 0, unchanged wrong 35"
     )
@@ -399,3 +405,146 @@ def test_show_fixed_follows_the_success_metric_rule():
         "e1",
         "e2",
     ]  # field F1 0.667 >= 0.5
+
+
+# --------------------------------------------------------------------------- issue 22: an empty answer is never fixed
+NO_SLOTS = json.dumps({"intent": "GetWeather", "slots": {}})
+TWO_SLOTS = json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen", "album": "jazz"}})
+
+
+def _pm(**slots):
+    return json.dumps({"intent": "PlayMusic", "slots": slots})
+
+
+# (reference, prediction, per-example field F1 as scored, answered, passes the field F1 rule)
+EXTRACTION_CASES = [
+    (NO_SLOTS, "{}", 1.0, False, False),  # empty: nothing to find, nothing said
+    (NO_SLOTS, '{"intent": null, "slots": {}}', 1.0, False, False),
+    (NO_SLOTS, '{"intent": "", "slots": {}}', 1.0, False, False),
+    (NO_SLOTS, '{"intent": [], "slots": {}}', 1.0, False, False),
+    (NO_SLOTS, '{"intent": "GetWeather"}', 1.0, False, False),  # slots missing
+    (NO_SLOTS, '{"intent": "GetWeather", "slots": "none"}', 1.0, False, False),  # slots not an object
+    (NO_SLOTS, "{'intent': 'GetWeather', 'slots': {}}", 0.0, False, False),  # Python literal: invalid JSON
+    (NO_SLOTS, '```json\n{"intent": "GetWeather", "slots": {}}\n```', 0.0, False, False),  # fenced: invalid
+    (NO_SLOTS, "", 0.0, False, False),
+    (NO_SLOTS, '{"intent": "GetWeather", "slots": {}}', 1.0, True, True),  # the right empty-slot answer
+    (TWO_SLOTS, "{}", 0.0, False, False),
+    (TWO_SLOTS, _pm(artist="queen"), 2 / 3, True, True),  # subset: tp 1, fn 1
+    (TWO_SLOTS, json.dumps({"slots": {"artist": "queen", "album": "jazz"}}), 1.0, False, False),  # no intent
+    (TWO_SLOTS, _pm(artist="queen", album="jazz", year="1975", genre="rock"), 2 / 3, True, True),  # superset: fp 2
+    (TWO_SLOTS, _pm(artist="queen", album="jazz", a="1", b="2", c="3", d="4", e="5"), 4 / 9, True, False),  # fp 5
+]
+
+
+def test_extraction_rule_never_passes_an_empty_or_invalid_answer():
+    recs = [{"id": str(i), "reference": r, "prediction": p} for i, (r, p, *_) in enumerate(EXTRACTION_CASES)]
+    kind, cfg = get_task("extraction"), TaskConfig.make(["intent", "slots"])
+    out, _ = kind.score(recs, cfg)
+    rule = kind.example_rule("field_f1")
+    assert [r["scores"]["field_f1"] for r in out] == pytest.approx([c[2] for c in EXTRACTION_CASES])
+    assert [r["scores"]["answered"] for r in out] == [c[3] for c in EXTRACTION_CASES]
+    assert [rule.passing(r) for r in out] == [c[4] for c in EXTRACTION_CASES]
+    # the rule's score (what the concentration of gains sums) is 0 for an unanswered example
+    assert [rule.score(r) for r in out] == pytest.approx([c[2] if c[3] else 0.0 for c in EXTRACTION_CASES])
+    # every per-example rule of the kind fails `{}`, whatever the success metric
+    empty = [r for r, c in zip(out, EXTRACTION_CASES) if c[1] == "{}"]
+    for metric in kind.metric_names(cfg)["aggregate"] + [None]:
+        assert not any(kind.example_rule(metric).passing(r) for r in empty), metric
+
+
+def test_a_model_that_says_nothing_fixes_nothing():
+    """Two thirds of the references have no slots (as in one real dataset): the baseline answers in
+    prose, the candidate says `{}` everywhere. Field F1 per example is 1.0 on the no-slot rows, yet no
+    example is fixed and McNemar has nothing to test; the basis is stated on the compare screen."""
+    refs = [NO_SLOTS if i % 3 else TWO_SLOTS for i in range(30)]
+    base = [{"id": f"e{i}", "reference": r, "prediction": "The weather is nice."} for i, r in enumerate(refs)]
+    cand = [{"id": f"e{i}", "reference": r, "prediction": "{}"} for i, r in enumerate(refs)]
+    r = paired_compare(
+        base,
+        cand,
+        "extraction",
+        required_fields=["intent", "slots"],
+        eval_cfg=Eval(),
+        hypothesis=_hyp("field_f1", 0.0, task="extraction"),
+        iterations=100,
+    )
+    assert sum(1 for x in refs if x == NO_SLOTS) == 20
+    assert r["counts"] == {"fixed": 0, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 30}
+    assert r["mcnemar"]["p_value"] == 1.0
+    assert r["counts_basis"]["description"] == FIELD_F1_RULE
+    assert summary_lines("r0004", "r0002", r)[1] == "  basis: field_f1: " + FIELD_F1_RULE
+    # the same candidate answering the no-slot rows right: those 20 are fixed
+    cand = [
+        {"id": f"e{i}", "reference": ref, "prediction": ref if ref == NO_SLOTS else "{}"} for i, ref in enumerate(refs)
+    ]
+    r = paired_compare(
+        base,
+        cand,
+        "extraction",
+        required_fields=["intent", "slots"],
+        eval_cfg=Eval(),
+        hypothesis=_hyp("field_f1", 0.0, task="extraction"),
+        iterations=100,
+    )
+    assert r["counts"] == {"fixed": 20, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 10}
+
+
+def test_extraction_required_fields_set_what_an_answer_must_hold():
+    ref = json.dumps({"slots": {}})
+    recs = [{"id": str(i), "reference": ref, "prediction": p} for i, p in enumerate(["{}", '{"slots": {}}'])]
+    kind, cfg = get_task("extraction"), TaskConfig.make(["slots"])
+    out, _ = kind.score(recs, cfg)
+    assert [kind.example_rule("field_f1").passing(r) for r in out] == [False, True]
+
+
+def test_format_rules_never_pass_an_output_without_the_required_fields():
+    kind = get_task("format")
+    cfg = TaskConfig.make(["answer"], eval_cfg=Eval(json_schema={"type": "object"}))
+    preds = ["{}", '{"answer": 4}', "null", "not json", ""]
+    recs = [{"id": str(i), "reference": '{"answer": 4}', "prediction": p} for i, p in enumerate(preds)]
+    out, m = kind.score(recs, cfg)
+    assert m["json_valid_rate"] == 0.6 and m["schema_valid_rate"] == 0.4 and m["required_fields_rate"] == 0.2
+    want = {
+        "json_valid_rate": [False, True, False, False, False],  # `{}` and `null` are JSON, without the field
+        "schema_valid_rate": [False, True, False, False, False],
+        "required_fields_rate": [False, True, False, False, False],
+        "compliance_rate": [False, True, False, False, False],
+        "exact_match": [False, True, False, False, False],
+    }
+    for metric, passing in want.items():
+        assert [kind.example_rule(metric).passing(r) for r in out] == passing, metric
+    assert kind.example_rule("json_valid_rate").description == (
+        "an example passes when its output passes the json valid check and has every required field "
+        "(when hypothesis.required_fields is set)"
+    )
+
+
+def test_format_grammar_and_regex_rules_need_a_compliant_output():
+    kind = get_task("format")
+    cfg = TaskConfig.make(eval_cfg=Eval(grammar="function_slots"))
+    refs = ["thank()", "inform(name[Halo])", "inform(name[Halo])"]
+    preds = ["thank()", "", "inform(name[Halo]"]
+    out, _ = kind.score(
+        [{"id": str(i), "reference": r, "prediction": p} for i, (r, p) in enumerate(zip(refs, preds))], cfg
+    )
+    rule = kind.example_rule("slot_f1")
+    assert [r["scores"]["slot_f1"] for r in out] == [1.0, 0.0, 0.0]
+    assert [rule.passing(r) for r in out] == [True, False, False]
+    cfg = TaskConfig.make(eval_cfg=Eval(regex=r"(?P<key>[A-Z]): (?P<value>\d*)"))
+    out, _ = kind.score([{"id": "0", "reference": "A: 1", "prediction": ""}], cfg)
+    assert out[0]["scores"]["part_accuracy"] == 0.0 and not kind.example_rule("part_accuracy").passing(out[0])
+
+
+def test_multilabel_and_classification_never_pass_an_empty_or_invalid_answer():
+    kind = get_task("multi-label")
+    preds = ["", "null", "{}", '"a"', "[1]", "[]", '["a"]']
+    recs = [{"id": str(i), "reference": "[]", "prediction": p} for i, p in enumerate(preds)]
+    out, _ = kind.score(recs, TaskConfig.make())
+    # an empty label set is an answer (no label applies); an empty or unparseable output is not
+    want = [False, False, False, False, False, True, False]
+    for metric in ("exact_set_match", "micro_f1", "macro_f1", "json_valid_rate"):
+        got = [kind.example_rule(metric).passing(r) for r in out]
+        assert got == (want[:6] + [metric == "json_valid_rate"]), metric
+    cls = get_task("classification")
+    out, m = cls.score([{"id": "0", "reference": "", "prediction": ""}], TaskConfig.make(labels=["", "a"]))
+    assert out[0]["correct"] is False and m["n_invalid"] == 1  # an empty answer is never a class

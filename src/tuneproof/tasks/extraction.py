@@ -14,6 +14,12 @@ Rules and where they come from:
   wrong (CASES C20). A reference without an intent is not scored on the intent at all.
 - JSON validity is strict RFC 8259 (:func:`tuneproof.tasks.parsing.parse_json_output`);
   a fenced output is invalid unless ``eval.allow_fenced_json`` (CASES C16).
+- An example is *answered* when its output is a valid JSON object holding every required field
+  (``hypothesis.required_fields``, default ``intent`` and ``slots``) with a value: not null, not an
+  empty string, an ``intent`` that is a non-empty string or list of strings, ``slots`` an object. Every
+  per-example rule (the basis of fixed / broken and McNemar's test) fails an example that is not
+  answered: ``{}`` for a reference without slots has field F1 1.0, yet it is never a fixed example
+  (issue 22: a model that says nothing must not count as fixed).
 """
 
 from __future__ import annotations
@@ -91,6 +97,23 @@ def intent_set(obj: Any) -> frozenset | None:
     return None
 
 
+def answered(pred: Any, required: Sequence[str]) -> bool:
+    """True when ``pred`` (a parsed output) is an object holding every required field with a value:
+    not null, not an empty string; ``intent`` a non-empty string or list of strings (:func:`intent_set`),
+    ``slots`` an object (``{}`` is an answer: no slots). The gate of every per-example rule of this kind (see the module docstring)."""
+    if not isinstance(pred, dict):
+        return False
+    for key in required:
+        value = pred.get(key)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return False
+        if key == "intent" and not intent_set(pred):  # None (not strings) or an empty list
+            return False
+        if key == "slots" and not isinstance(value, dict):
+            return False
+    return True
+
+
 def _canonical(obj: dict) -> dict:
     """Object with slot values normalised (strip + casefold, order-free) and the intent as a
     sorted set, for exact match; an absent ``slots`` equals ``{}``."""
@@ -122,7 +145,8 @@ def score_extraction(
         allow_fenced: accept a ``` fenced prediction (``eval.allow_fenced_json``).
 
     Per example, ``scores`` holds ``json_valid`` (strict parse), ``parse_error`` (reason or
-    None), ``required_present``, ``has_intent`` (the reference has one), ``intent_correct``
+    None), ``required_present``, ``answered`` (:func:`answered`: every required field present with a
+    value; the gate of the per-example rules), ``has_intent`` (the reference has one), ``intent_correct``
     (sets equal; False whenever the prediction has no valid intent), ``tp`` / ``fp`` / ``fn``
     (counts of (slot, value) pairs), ``ref_intent`` / ``pred_intent`` (sorted lists or None),
     ``classes`` (the reference intents, else ``[category]``, else ``["<none>"]``), ``class``
@@ -181,6 +205,7 @@ def score_extraction(
         elif not is_obj:
             parse_errors["not_object"] += 1
         required_present = bool(is_obj and all(k in pred for k in required))
+        is_answered = bool(valid and answered(pred, required))
         ref_pairs = slot_pairs(ref.get("slots"))
         pred_pairs = slot_pairs(pred.get("slots")) if is_obj else Counter()
         tp_pairs = ref_pairs & pred_pairs
@@ -242,6 +267,7 @@ def score_extraction(
             "json_valid": valid,
             "parse_error": err if not valid else (None if is_obj else "not_object: the JSON is not an object"),
             "required_present": required_present,
+            "answered": is_answered,
             "has_intent": has_intent,
             "intent_correct": intent_correct,
             "tp": tp,
@@ -441,11 +467,21 @@ def _metric_fn(classes: list[str], intent_classes: list[str], fields: list[str],
     return fn
 
 
+# the clause every rule of this kind starts with (issue 22): an unanswered example never passes
+ANSWERED = (
+    "an example passes only when its output is a valid JSON object with every required field "
+    "(hypothesis.required_fields) holding a value (not null or empty)"
+)
 _RULES = {
-    "json_valid_rate": ("json_valid", "an example passes when its output is strict JSON"),
-    "required_fields_rate": ("required_present", "an example passes when its output has every required field"),
-    "intent_accuracy": ("intent_correct", "an example passes when its intent (as a set) equals the reference's"),
+    "json_valid_rate": ("json_valid", f"{ANSWERED}"),
+    "required_fields_rate": ("required_present", f"{ANSWERED}"),
+    "intent_accuracy": ("intent_correct", f"{ANSWERED}, and its intent (as a set) equals the reference's"),
 }
+
+
+def _gated(score):
+    """``score(rec)``, and 0.0 for an example that is not answered (:func:`answered`)."""
+    return lambda r: float(score(r)) if (r.get("scores") or {}).get("answered") else 0.0
 
 
 class Extraction(Task):
@@ -500,27 +536,30 @@ class Extraction(Task):
         )
 
     def example_rule(self, metric: str | None) -> ExampleRule:
+        """The per-example rule behind the paired counts of ``metric`` (exact match by default). Every
+        rule fails an example whose output is not answered (:func:`answered`): not a valid JSON object,
+        or a required field missing, null or empty."""
         if metric in _RULES:
             key, desc = _RULES[metric]
-            return ExampleRule(key, desc, lambda r, k=key: float(bool(r["scores"][k])))
+            return ExampleRule(key, desc, _gated(lambda r, k=key: bool(r["scores"][k])))
         if metric in ("field_f1", "field_precision", "field_recall"):
             return ExampleRule(
                 "field_f1",
-                f"an example passes when its field F1 (slot/value pairs) is >= {PASS_F1:g}",
-                lambda r: float(r["scores"]["field_f1"]),
+                f"{ANSWERED}, and its field F1 (slot/value pairs) is >= {PASS_F1:g}",
+                _gated(lambda r: r["scores"]["field_f1"]),
                 PASS_F1,
             )
         if metric in ("intent_micro_f1", "intent_macro_f1", "intent_precision", "intent_recall"):
             return ExampleRule(
                 "intent_f1",
-                f"an example passes when the F1 of its intent labels is >= {PASS_F1:g}",
-                lambda r: _intent_f1(r["scores"]),
+                f"{ANSWERED}, and the F1 of its intent labels is >= {PASS_F1:g}",
+                _gated(lambda r: _intent_f1(r["scores"])),
                 PASS_F1,
             )
         return ExampleRule(
             "correct",
-            "an example passes when its whole object equals the reference (exact match)",
-            lambda r: float(bool(r.get("correct"))),
+            f"{ANSWERED}, and its whole object equals the reference (exact match)",
+            _gated(lambda r: bool(r.get("correct"))),
         )
 
     def predicted_key(self, rec: dict) -> str | None:

@@ -473,15 +473,29 @@ def _metric_fn(classes, rate_keys, parts, slots, grammar):
     return fn
 
 
+# issue 22: an output without the required fields (hypothesis.required_fields) never passes a rule
+_REQUIRED = " and has every required field (when hypothesis.required_fields is set)"
 _RULES = {
     "compliance_rate": ("compliant", "an example passes when its output follows the format rule"),
     "exact_match": ("exact", "an example passes when its output equals the reference under the format rule"),
-    "function_accuracy": ("function_correct", "an example passes when its function name (dialogue act) is right"),
+    "function_accuracy": (
+        "function_correct",
+        f"an example passes when its function name (dialogue act) is right{_REQUIRED}",
+    ),
     **{
-        name: (key, f"an example passes when its output passes the {key.replace('_', ' ')} check")
+        name: (key, f"an example passes when its output passes the {key.replace('_', ' ')} check{_REQUIRED}")
         for key, name in _RATES.items()
+        if key != "required_present"
     },
+    "required_fields_rate": ("required_present", "an example passes when its output has every required field"),
 }
+
+
+def _gated(score, key: str = "required_present"):
+    """``score(rec)``, and 0.0 for an example whose ``scores[key]`` is False: by default an output
+    missing a required field (the key exists only when hypothesis.required_fields is set);
+    ``key="compliant"`` for the F1-like rules, so an output that breaks the format rule never passes."""
+    return lambda r: float(score(r)) if (r.get("scores") or {}).get(key, True) else 0.0
 
 
 class Format(Task):
@@ -558,21 +572,25 @@ class Format(Task):
         )
 
     def example_rule(self, metric: str | None) -> ExampleRule:
+        """The per-example rule behind the paired counts of ``metric`` (exact match by default). An
+        output missing a required field never passes; slot F1 and part accuracy pass only an output
+        that follows the whole format rule (an unparseable output never does)."""
         if metric in _RULES:
             key, desc = _RULES[metric]
-            return ExampleRule(key, desc, lambda r, k=key: float(bool(r["scores"].get(k))))
+            return ExampleRule(key, desc, _gated(lambda r, k=key: bool(r["scores"].get(k))))
         if metric in ("slot_f1", "slot_precision", "slot_recall"):
             return ExampleRule(
                 "slot_f1",
-                f"an example passes when its slot F1 is >= {PASS_F1:g}",
-                lambda r: float(r["scores"].get("slot_f1", 0.0)),
+                f"an example passes when its output follows the format rule and its slot F1 is >= {PASS_F1:g}",
+                _gated(lambda r: r["scores"].get("slot_f1", 0.0), "compliant"),
                 PASS_F1,
             )
         if metric == "part_accuracy":
             return ExampleRule(
                 "part_accuracy",
-                f"an example passes when at least {PASS_F1:.0%} of its named parts are right",
-                lambda r: float(r["scores"].get("part_accuracy", 0.0)),
+                f"an example passes when its output follows the format rule and at least {PASS_F1:.0%} of its "
+                "named parts are right",
+                _gated(lambda r: r["scores"].get("part_accuracy", 0.0), "compliant"),
                 PASS_F1,
             )
         return ExampleRule("exact", _RULES["exact_match"][1], lambda r: float(bool(r["scores"].get("exact"))))

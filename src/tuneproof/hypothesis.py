@@ -12,6 +12,12 @@ key (old -> new) and give both verdicts; judging against the edited hypothesis a
 ``hypothesis.overrides.jsonl`` (shown in the dossier) and recorded in the artifact it produced.
 
 A study whose first train run predates this record is read from that run's ``config.json``.
+
+The record is sealed: the train run that freezes it stores the sha256 of the file's bytes as written in
+its own summary (``hypothesis_sha256``, kept in the index, ``summary.json`` and ``run.json``). Every
+reader that judges (:func:`frozen_record`, so :func:`resolve`: ``compare``, ``test``, ``report``,
+``export``) recomputes it and refuses (exit 3, :class:`SealBroken`) a file that was edited, deleted or
+made unreadable since, naming the file and both hashes (:func:`check_sealed`).
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.compare import judge, overall_verdict
-from tuneproof.io import SCHEMA_VERSION, append_jsonl, read_json, read_jsonl, sha256_json
+from tuneproof.io import SCHEMA_VERSION, append_jsonl, read_json, read_jsonl, sha256_file, sha256_json
 from tuneproof.study import Hypothesis
 from tuneproof.tasks import get_task
 from tuneproof.tasks.parsing import parse_json_output
@@ -34,6 +40,8 @@ from tuneproof.tasks.parsing import parse_json_output
 FROZEN_FILE = "hypothesis.frozen.json"
 OVERRIDES_FILE = "hypothesis.overrides.jsonl"
 FLAG = "--use-edited-hypothesis"
+#: the key of the freezing train run's summary that holds the sha256 of ``hypothesis.frozen.json`` as written
+SEAL_KEY = "hypothesis_sha256"
 #: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output).
 FORMAT_KEYS = {"json_schema": None, "regex": None, "grammar": None, "allow_fenced_json": False}
 
@@ -102,22 +110,116 @@ def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
     return record
 
 
-def frozen_record(study_dir: str | Path, registry: Any = None) -> dict[str, Any] | None:
-    """The frozen record, or (studies trained before the record existed) one rebuilt from the first
-    train run's ``config.json`` (``"source"`` says which); None before any train run.
+def freeze_and_seal(study_dir: str | Path, study: Any, run) -> dict[str, Any]:
+    """:func:`freeze` with train run ``run``; when this run froze the record, the sha256 of the file as
+    written goes into the run's own summary (``hypothesis_sha256``), the seal :func:`check_sealed`
+    compares with. Returns the record in force."""
+    record = freeze(study_dir, study, run.id)
+    if record.get("run") == run.id:
+        run.update_summary(**{SEAL_KEY: sha256_file(Path(study_dir) / FROZEN_FILE)})
+    return record
+
+
+class SealBroken(CheckFailed):
+    """The frozen hypothesis is not the one sealed before training (edited, deleted or unreadable).
+
+    ``what`` is the headline's short form (``the frozen hypothesis hypothesis.frozen.json was edited ...``).
+    """
+
+    def __init__(self, message: str, *, what: str, hint: str):
+        super().__init__(message, hint=hint)
+        self.what = what
+
+
+def _seal(registry: Any) -> tuple[str, str] | None:
+    """``(train run id, sha256)`` recorded by the train run that froze the hypothesis; None when no train
+    run recorded one (studies frozen before the seal existed)."""
+    if registry is None:
+        return None
+    for rec in registry.list(kind="train"):
+        digest = (rec.summary or {}).get(SEAL_KEY)
+        if isinstance(digest, str):
+            return rec.id, digest
+    return None
+
+
+def check_sealed(study_dir: str | Path, registry: Any = None) -> dict[str, Any] | None:
+    """The frozen record after checking it is the one fixed before training; None when there is no
+    ``hypothesis.frozen.json`` and no train run sealed one (a study not trained yet, or trained before
+    the record existed: :func:`frozen_record` then reads the first train run's ``config.json``).
+
+    Two checks, the first only where the seal exists:
+
+    - the sha256 of the file's bytes equals the one the freezing train run recorded in its summary
+      (``hypothesis_sha256``). Studies frozen before this seal existed have none: for them only the
+      second check applies;
+    - the record's own ``hash`` equals :func:`view_hash` of its ``hypothesis``.
 
     Raises:
-        TuneproofError: the record exists but is not readable JSON (names the file).
+        SealBroken: (exit 3) the file was edited after it was frozen (with or without its stored hash
+            recomputed), it is missing while a train run sealed it, or it cannot be read or parsed;
+            names the file and both hashes, and what to do.
     """
     path = Path(study_dir) / FROZEN_FILE
-    if path.exists():
-        try:
-            rec = read_json(path)
-        except Exception as err:  # noqa: BLE001
-            raise TuneproofError(
-                f"{path}: the frozen hypothesis is unreadable ({err})",
-                hint="restore it from a backup; it records the hypothesis fixed before training",
-            ) from None
+    seal = _seal(registry)
+    restore = (
+        "restore it from a backup or version control: every verdict is judged against the hypothesis fixed "
+        f"before training; to judge against another, edit tuneproof.yaml and pass {FLAG} REASON (recorded)"
+    )
+    sealed = f"the sha256 {seal[1]} recorded by the first train run {seal[0]}" if seal else None
+    if not path.exists():
+        if seal is None:
+            return None
+        raise SealBroken(
+            f"{path}: the frozen hypothesis is missing; {sealed}",
+            what=f"the frozen hypothesis {FROZEN_FILE} is missing",
+            hint=restore,
+        )
+    try:
+        found = sha256_file(path)
+    except OSError as err:
+        raise SealBroken(
+            f"{path}: the frozen hypothesis is unreadable ({err.strerror or err})" + (f"; {sealed}" if seal else ""),
+            what=f"the frozen hypothesis {FROZEN_FILE} is unreadable",
+            hint=restore,
+        ) from None
+    if seal is not None and found != seal[1]:
+        raise SealBroken(
+            f"{path}: sha256 {found} differs from {sealed} when it froze the hypothesis",
+            what=f"the frozen hypothesis {FROZEN_FILE} was edited after the first train run {seal[0]} "
+            f"(sha256 {found[:12]}, recorded {seal[1][:12]})",
+            hint=restore,
+        )
+    try:
+        rec = read_json(path)
+        stored, content = rec["hash"], view_hash(rec["hypothesis"])
+    except (TuneproofError, KeyError, TypeError) as err:
+        why = err.message if isinstance(err, TuneproofError) else f"no {err}"
+        raise SealBroken(
+            f"{path}: the frozen hypothesis is unreadable ({why.removeprefix(str(path) + ':').strip()}; sha256 {found})",
+            what=f"the frozen hypothesis {FROZEN_FILE} is unreadable",
+            hint=restore,
+        ) from None
+    if stored != content:
+        raise SealBroken(
+            f"{path}: its stored hash {stored} does not match its content (sha256 {content} of its hypothesis)",
+            what=f"the frozen hypothesis {FROZEN_FILE} does not match its stored hash "
+            f"(content {content[:12]}, stored {str(stored)[:12]})",
+            hint=restore,
+        )
+    return {**rec, "file_sha256": found}
+
+
+def frozen_record(study_dir: str | Path, registry: Any = None) -> dict[str, Any] | None:
+    """The frozen record, checked by :func:`check_sealed`, or (studies trained before the record
+    existed) one rebuilt from the first train run's ``config.json`` (``"source"`` says which); None
+    before any train run.
+
+    Raises:
+        SealBroken: see :func:`check_sealed` (exit 3).
+    """
+    rec = check_sealed(study_dir, registry)
+    if rec is not None:
         return {**rec, "source": FROZEN_FILE}
     if registry is None:
         return None
@@ -204,6 +306,7 @@ class Judging:
     frozen_hash: str | None = None
     frozen_run: str | None = None
     source: str | None = None
+    file_sha256: str | None = None  # sha256 of hypothesis.frozen.json's bytes, checked against the seal
     reason: str | None = None
     diff: list[dict[str, Any]] = field(default_factory=list)
 
@@ -237,6 +340,7 @@ class Judging:
             "frozen_hash": self.frozen_hash,
             "frozen_run": self.frozen_run,
             "frozen_source": self.source,
+            "frozen_file_sha256": self.file_sha256,
             "study_hash": view_hash(self.current),
             "changed": self.changed,
             "changes": self.diff,
@@ -268,6 +372,7 @@ def resolve(study_dir: str | Path, study: Any, registry: Any = None, use_edited:
     """The :class:`Judging` of a command.
 
     Raises:
+        SealBroken: the frozen hypothesis is not the one sealed before training (exit 3; :func:`check_sealed`).
         TuneproofError: ``--use-edited-hypothesis`` with an empty reason; ``hypothesis.task``
             changed after the first train run (runs of one task cannot be judged as another).
     """
@@ -294,6 +399,7 @@ def resolve(study_dir: str | Path, study: Any, registry: Any = None, use_edited:
         frozen_hash=rec.get("hash"),
         frozen_run=rec.get("run"),
         source=rec.get("source"),
+        file_sha256=rec.get("file_sha256"),
         reason=reason,
         diff=diff,
     )

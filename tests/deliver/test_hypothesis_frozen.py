@@ -185,3 +185,105 @@ def test_test_split_read_records_the_hypothesis_it_was_scored_with(cls_study, tm
     from tuneproof.recipes.report import build_markdown
 
     assert "(scored with the EDITED hypothesis: floor set by the review)" in build_markdown(StudyContext.open(d))
+
+
+# --------------------------------------------------------------------------- the seal (issue 22)
+def _tamper(d, *, rehash: bool) -> tuple[str, str]:
+    """``success.min_gain`` set to -1 in the frozen file (its stored hash recomputed when ``rehash``);
+    returns (the sha256 the first train run recorded, the sha256 of the edited file)."""
+    from tuneproof.io import sha256_file
+
+    path = d / hyp.FROZEN_FILE
+    rec = json.loads(path.read_text())
+    rec["hypothesis"]["success"]["min_gain"] = -1
+    if rehash:
+        rec["hash"] = sha256_json(rec["hypothesis"])
+    recorded = sha256_file(path)
+    path.write_text(json.dumps(rec, indent=2))
+    return recorded, sha256_file(path)
+
+
+def test_the_first_train_run_records_the_sha256_of_the_frozen_file(cls_study):
+    from tuneproof.io import sha256_file
+
+    d, train = cls_study["dir"], cls_study["ids"]["train"]
+    ctx = StudyContext.open(d)
+    assert ctx.registry.get(train).summary[hyp.SEAL_KEY] == sha256_file(d / hyp.FROZEN_FILE)
+    run_json = json.loads((d / "runs" / train / "run.json").read_text())
+    assert run_json["summary"][hyp.SEAL_KEY] == sha256_file(d / hyp.FROZEN_FILE)
+    assert hyp.resolve(d, ctx.study, ctx.registry).file_sha256 == sha256_file(d / hyp.FROZEN_FILE)
+    cj = _latest_compare(d)
+    assert cj["hypothesis"]["frozen_file_sha256"] == sha256_file(d / hyp.FROZEN_FILE)
+
+
+@pytest.mark.fault("tampering: frozen hypothesis edited")
+@pytest.mark.parametrize("rehash", [False, True], ids=["stored-hash-kept", "stored-hash-recomputed"])
+def test_an_edited_frozen_hypothesis_is_refused_by_every_command_that_judges(cls_study, tmp_path, capsys, rehash):
+    d = _copy(cls_study, tmp_path)
+    ids = cls_study["ids"]
+    before = {r.id for r in StudyContext.open(d).registry.list()}
+    recorded, found = _tamper(d, rehash=rehash)
+    assert recorded != found
+    capsys.readouterr()
+    for args in (
+        ("compare", ids["eval"]),
+        ("report",),
+        ("test", ids["train"]),
+        ("export", ids["train"], "--verify-examples", "2", "--out", str(tmp_path / "bundle")),
+    ):
+        assert _cli(*args, "--study", str(d)) == 3, args
+        out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+        assert f"{d / hyp.FROZEN_FILE}: sha256 {found} differs from the sha256 {recorded} recorded by the " in out
+        assert f"first train run {ids['train']} when it froze the hypothesis" in out, args
+        assert "restore it from a backup or version control" in out
+    ctx = StudyContext.open(d)
+    assert [r.kind for r in ctx.registry.list() if r.id not in before] == []  # nothing judged, nothing read
+    assert not (tmp_path / "bundle").exists() and ctx.registry.test_accesses() == []
+    md = (d / "dossier.md").read_text()
+    assert "## Summary\n\n**INCOMPLETE: the frozen hypothesis hypothesis.frozen.json was edited after the first " in md
+    assert f"(sha256 {found[:12]}, recorded {recorded[:12]})" in md and "PASS" not in md.split("## Hypothesis")[0]
+
+
+@pytest.mark.fault("tampering: frozen hypothesis edited")
+def test_a_study_frozen_before_the_seal_checks_the_files_own_hash(cls_study, tmp_path, capsys):
+    from tuneproof.registry import Registry
+
+    d = _copy(cls_study, tmp_path)
+    ids = cls_study["ids"]
+    reg = Registry(d)  # a study frozen before this change: the first train run recorded no sha256
+    summary = dict(reg.get(ids["train"]).summary)
+    del summary[hyp.SEAL_KEY]
+    reg._update(ids["train"], summary=json.dumps(summary))
+    reg.close()
+    assert _cli("compare", ids["eval"], "--study", str(d)) == 0  # untouched: works as before
+    stored = json.loads((d / hyp.FROZEN_FILE).read_text())["hash"]
+    _tamper(d, rehash=False)
+    content = sha256_json(json.loads((d / hyp.FROZEN_FILE).read_text())["hypothesis"])
+    capsys.readouterr()
+    assert _cli("compare", ids["eval"], "--study", str(d)) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{d / hyp.FROZEN_FILE}: its stored hash {stored} does not match its content (sha256 {content} " in out
+
+
+@pytest.mark.fault("tampering: frozen hypothesis unreadable or deleted")
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_an_unreadable_or_deleted_frozen_hypothesis_is_refused(cls_study, tmp_path, capsys, damage):
+    from tuneproof.io import sha256_file
+
+    d = _copy(cls_study, tmp_path)
+    ids = cls_study["ids"]
+    path = d / hyp.FROZEN_FILE
+    recorded = sha256_file(path)
+    if damage == "deleted":
+        path.unlink()
+        want = f"{path}: the frozen hypothesis is missing; the sha256 {recorded} recorded by the first train run"
+        head = "**INCOMPLETE: the frozen hypothesis hypothesis.frozen.json is missing**"
+    else:
+        path.write_bytes(path.read_bytes()[:40])
+        want = f"{path}: sha256 {sha256_file(path)} differs from the sha256 {recorded} recorded by the first train"
+        head = "**INCOMPLETE: the frozen hypothesis hypothesis.frozen.json was edited after the first train run"
+    capsys.readouterr()
+    for args in (("compare", ids["eval"]), ("report",)):
+        assert _cli(*args, "--study", str(d)) == 3
+        assert want in " ".join(capsys.readouterr().out.split())
+    assert head in (d / "dossier.md").read_text().split("## Hypothesis")[0]

@@ -11,7 +11,7 @@ returns ``{"title", "sections": [{"id", "title", "blocks"}]}``; a block is one o
   (``<details>`` in HTML and in GitHub Markdown).
 
 The first section ("Summary") is the first screen: it stands alone (hypothesis, verdict with its
-intervals, what the candidate changed against the baseline, runs that did not complete and why,
+intervals, or ``INCOMPLETE: ...`` naming the evidence a verdict would need that is missing or broken, what the candidate changed against the baseline, runs that did not complete and why,
 limits, test-split reads) and links every section below it.
 
 :func:`to_markdown` and :func:`to_html` render that structure; every string is escaped by the
@@ -101,8 +101,13 @@ class _Evidence:
         self.runs = self.reg.list()
         self._json: dict[tuple[str, str], Any] = {}
         self.judging_error = None
+        self.gaps: list[dict[str, str]] = []  # evidence a verdict needs that is missing: {"what", "message", "hint"}
         try:
             self.judging = hyp.resolve(ctx.study_dir, ctx.study, self.reg, use_edited)
+        except hyp.SealBroken as err:  # no verdict against a hypothesis that is not the one frozen
+            self.judging = hyp.Judging(current=hyp.hypothesis_view(ctx.study))
+            self.judging_error = err.message
+            self.gaps.append({"what": err.what, "message": err.message, "hint": err.hint or ""})
         except TuneproofError as err:  # e.g. the task changed after training: say so, still render
             if use_edited is not None and not use_edited.strip():
                 raise
@@ -145,6 +150,47 @@ class _Evidence:
         return runs[-1] if runs else None
 
 
+def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
+    """What the latest comparison's verdict rests on that is gone: its ``compare.json``, the
+    baseline's or a candidate's per-example outputs (a deleted run folder), plus a broken seal of the
+    frozen hypothesis (:func:`tuneproof.hypothesis.check_sealed`). Each ``{"what", "message", "hint"}``;
+    [] when the verdict can be backed."""
+    gaps = list(ev.gaps)
+    c = ev.latest("compare")
+    if c is None:
+        return gaps
+    data = ev.json(c.id, "compare.json")
+    if data is None:
+        path = ev.reg.runs_dir / c.id / "compare.json"
+        return gaps + [
+            {
+                "what": f"comparison {c.id}'s compare.json is missing",
+                "message": f"{path}: comparison {c.id}'s compare.json is missing",
+                "hint": "run `tuneproof compare RUN` again",
+            }
+        ]
+    who = [("baseline", data.get("baseline"))] + [("candidate", cid) for cid in data.get("candidates") or {}]
+    for role, rid in who:
+        if not rid:
+            continue
+        path = ev.reg.runs_dir / rid / "outputs.jsonl"
+        if path.is_file():
+            continue
+        redo = "`tuneproof baseline`" if role == "baseline" else "`tuneproof eval TRAIN_RUN`"
+        gaps.append(
+            {
+                "what": f"{role} {rid}'s outputs are missing (runs/{rid}/outputs.jsonl)",
+                "message": f"{path}: {role} {rid}'s outputs are missing; comparison {c.id} was computed from them",
+                "hint": f"restore the run folder runs/{rid}, or run {redo} and `tuneproof compare` again",
+            }
+        )
+    return gaps
+
+
+def _incomplete_block(gaps: list[dict[str, str]]) -> dict:
+    return {"type": "strong", "text": "INCOMPLETE: " + "; ".join(g["what"] for g in gaps)}
+
+
 # --------------------------------------------------------------------------- sections
 _RESCORE = "scored with other required fields or format rule: run `tuneproof compare` again to judge it"
 
@@ -170,7 +216,11 @@ def _summary(ev: _Evidence) -> list[dict]:
     succ = h.get("success") or {}
     blocks: list[dict] = []
     judged = ev.judged(first) if first else None
-    if first and judged and judged[0] is not None:
+    gaps = missing_evidence(ev)
+    if gaps:  # never a verdict its evidence cannot back
+        blocks.append(_incomplete_block(gaps))
+        blocks.append({"type": "list", "items": [f"{g['message']} ({g['hint']})" for g in gaps]})
+    elif first and judged and judged[0] is not None:
         verdicts, o = judged[0]
         blocks.append(
             {
@@ -1216,6 +1266,9 @@ def _latest_candidate(ev: _Evidence) -> tuple[Any, dict | None, str | None]:
 
 
 def _verdict(ev: _Evidence) -> list[dict]:
+    gaps = missing_evidence(ev)
+    if gaps:
+        return [_incomplete_block(gaps)]
     c, r, cid = _latest_candidate(ev)
     if not r:
         return [_paragraph(f"{NOT_RUN}: no comparison with the baseline (`tuneproof compare RUN`)")]
@@ -1327,7 +1380,8 @@ def _environment(ev: _Evidence) -> list[dict]:
 def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[str, Any]:
     """Every section of the dossier (see the module docstring); ``plots`` draws the figures;
     ``use_edited`` (the reason of ``--use-edited-hypothesis``) judges against the study file's
-    hypothesis instead of the frozen one."""
+    hypothesis instead of the frozen one. ``"incomplete"``: :func:`missing_evidence` (then the first
+    screen and the Verdict section say ``INCOMPLETE: ...`` instead of a verdict)."""
     ev = _Evidence(ctx, use_edited)
     sections = [
         ("summary", "Summary", _summary(ev)),
@@ -1349,6 +1403,7 @@ def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[s
     return {
         "title": f"Dossier: {ctx.study.name}",
         "sections": [{"id": i, "title": t, "blocks": b} for i, t, b in sections],
+        "incomplete": missing_evidence(ev),
     }
 
 

@@ -13,6 +13,11 @@ Features (option that turns each on):
   matplotlib: loss curves per run, per-class/per-field bars baseline vs candidate, confusion
   matrices, token lengths, step memory and throughput); every text is ``html.escape``-d.
 Both files are written atomically. Reads recorded evidence only: no data, no model.
+
+Evidence a verdict needs that is missing or broken (the baseline's or a candidate's outputs of the
+latest comparison, its ``compare.json``, a frozen hypothesis that is not the one sealed before
+training) turns the headline into ``INCOMPLETE: ...`` naming it; the dossier is still written and the
+command exits 3.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.deliver.dossier import collect, to_html, to_markdown
+from tuneproof.errors import CheckFailed
 from tuneproof.evaluation.outputs import check_all
 from tuneproof.io import atomic_write_text
 from tuneproof.tracking import publish_dossier
@@ -40,13 +46,23 @@ def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: 
 
     The verdicts follow the hypothesis frozen with the first train run; ``use_edited_hypothesis``
     (a reason) judges against the study file's instead, recorded in the dossier and
-    ``hypothesis.overrides.jsonl``."""
+    ``hypothesis.overrides.jsonl``.
+
+    Raises:
+        CheckFailed: (exit 3, after the dossier is written, headed ``INCOMPLETE: ...``) evidence the
+            verdict needs is missing, or the frozen hypothesis is not the one sealed before training
+            (:func:`tuneproof.deliver.dossier.missing_evidence`; names the file, and both hashes for the seal).
+        TuneproofError: per-example outputs edited since their run wrote them (``check_all``).
+    """
     check_all(ctx.registry)  # a dossier is built only from per-example outputs as their runs recorded them
 
     if use_edited_hypothesis is not None:  # recorded first, so the dossier lists this use too
-        hyp.record_override(
-            ctx.study_dir, hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis), "report", None
-        )
+        try:
+            judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
+        except hyp.SealBroken:  # said in the dossier and by the refusal below
+            judging = None
+        if judging is not None:
+            hyp.record_override(ctx.study_dir, judging, "report", None)
     d = collect(ctx, plots=html, use_edited=use_edited_hypothesis)
     path = ctx.study_dir / MD_FILE
     atomic_write_text(path, to_markdown(d))
@@ -54,4 +70,11 @@ def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: 
     if html:
         written.append(atomic_write_text(ctx.study_dir / HTML_FILE, to_html(d)))
     publish_dossier(ctx.study, ctx.study_dir, written)  # tracking.*: a copy of the dossier; never fails the report
+    gaps = d["incomplete"]
+    if gaps:
+        more = f" (and {len(gaps) - 1} more: see the dossier)" if len(gaps) > 1 else ""
+        raise CheckFailed(
+            f"INCOMPLETE: {gaps[0]['message']}{more}",
+            hint=f"{gaps[0]['hint']}; {path} was written and says INCOMPLETE instead of a verdict",
+        )
     return path

@@ -37,7 +37,7 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
-from tuneproof.hypothesis import freeze
+from tuneproof.hypothesis import freeze_and_seal
 from tuneproof.models.build import save_trained
 from tuneproof.models.identity import base_hashes
 from tuneproof.models.method import base_weights_dtype
@@ -52,13 +52,14 @@ from tuneproof.ui import console, progress_bar
 
 def record_start(ctx: StudyContext, run) -> dict[str, Any]:
     """A new train run's inputs: config, environment, data fingerprint, ``base.json`` (the base's
-    hashes at train start) and the hypothesis frozen by the first train run. Returns the base hashes."""
+    hashes at train start) and the hypothesis frozen by the first train run, its file's sha256 in that
+    run's summary (``hypothesis_sha256``). Returns the base hashes."""
     base = base_hashes(ctx.base)  # at train start; resume, eval, export and verify compare with it
     if ctx.quantization:  # qlora: the unquantized files above, loaded with this 4-bit config
         base["quantization"] = ctx.quantization
     record_inputs(ctx, run)
     run.write_json("base.json", base)
-    freeze(ctx.study_dir, ctx.study, run.id)  # protocol step 1: the first train run fixes the hypothesis
+    freeze_and_seal(ctx.study_dir, ctx.study, run)  # protocol step 1: the first train run fixes (and seals) it
     return base
 
 

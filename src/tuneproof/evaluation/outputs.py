@@ -5,17 +5,91 @@ in the run's summary (the registry row and ``summary.json``: ``outputs_sha256``)
 reader that turns them into a verdict or a claim (``compare``, ``show``, ``report``, ``export``)
 reads them through :func:`read_outputs`, which refuses a file whose bytes changed since, naming
 the file and both hashes. A run recorded before this check existed has no hash and is read as is.
+
+While an evaluation predicts, :class:`EvalProgress` keeps ``runs/<id>/eval_progress.json``
+(``{"done", "n"}``) up to date, so a run killed mid-way says where it stopped; :func:`check_complete`
+refuses to judge a run that did not complete (``compare``).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from tuneproof.errors import TuneproofError
-from tuneproof.io import read_jsonl, sha256_file
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
 
 OUTPUTS = "outputs.jsonl"
+PROGRESS = "eval_progress.json"
+#: seconds between two writes of ``eval_progress.json`` (the first and the last are always written)
+PROGRESS_EVERY_S = 1.0
+
+
+class EvalProgress:
+    """``progress(n)`` after each batch of predictions: ``eval_progress.json`` in ``run_dir`` holds
+    ``{"done": examples predicted, "n": examples to predict}``, written atomically at start, at most every
+    :data:`PROGRESS_EVERY_S` seconds, and by :meth:`flush` (call it in a ``finally``)."""
+
+    def __init__(self, run_dir: Path, n: int):
+        self.path, self.n, self.done, self._last = Path(run_dir) / PROGRESS, n, 0, 0.0
+        self.flush()
+
+    def __call__(self, k: int = 1, *_: Any) -> None:
+        self.done += k
+        if time.monotonic() - self._last >= PROGRESS_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        write_json(self.path, {"done": self.done, "n": self.n})
+        self._last = time.monotonic()
+
+
+def _redo(rec) -> str:
+    if rec.kind == "baseline":
+        return "`tuneproof baseline`"
+    if rec.kind == "test":
+        return f"`tuneproof test {rec.parent or 'base'}`"
+    return f"`tuneproof eval {rec.parent or 'TRAIN_RUN'}`"
+
+
+def check_complete(registry, rec) -> None:
+    """Refuse to judge an evaluation-like run (baseline, eval, test) that did not complete: its status is
+    not ``completed``, or its ``eval.json`` or ``outputs.jsonl`` is missing, or the outputs hold fewer
+    rows than ``eval.json``'s ``n``. The message says where it stopped when ``eval_progress.json``
+    recorded it (``r0005 was interrupted at example 8 of 12; evaluate again``).
+
+    Raises:
+        CheckFailed: (exit 3) names the run, its status and reason, where it stopped, and the command
+            that evaluates again. ``--allow-different-procedure`` does not lift it.
+    """
+    run_dir = registry.runs_dir / rec.id
+    try:
+        prog = read_json(run_dir / PROGRESS) if (run_dir / PROGRESS).is_file() else None
+    except TuneproofError:
+        prog = None
+    where = ""
+    if isinstance(prog, dict) and isinstance(prog.get("done"), int) and isinstance(prog.get("n"), int):
+        where = (
+            f" after all {prog['n']} examples, before its outputs were recorded"
+            if prog["done"] >= prog["n"]
+            else f" at example {prog['done']} of {prog['n']}"
+        )
+    hint = f"{_redo(rec)} evaluates again; a verdict is computed only from a completed evaluation"
+    if rec.status != "completed":
+        verb = {"interrupted": "was interrupted", "failed": "failed", "running": "is still running"}.get(
+            rec.status, f"is {rec.status}"
+        )
+        why = f" ({rec.reason})" if rec.reason else ""
+        raise CheckFailed(f"{rec.id} {verb}{where}{why}; evaluate again", hint=hint)
+    ev = read_json(run_dir / "eval.json") if (run_dir / "eval.json").is_file() else None
+    out = run_dir / OUTPUTS
+    if ev is None or not out.is_file():
+        missing = ", ".join(n for n, ok in (("eval.json", ev is not None), (OUTPUTS, out.is_file())) if not ok)
+        raise CheckFailed(f"{rec.id} is incomplete: {run_dir} has no {missing}; evaluate again", hint=hint)
+    rows = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if line.strip())
+    if isinstance(ev.get("n"), int) and rows < ev["n"]:
+        raise CheckFailed(f"{rec.id} is incomplete: {rows} of {ev['n']} outputs in {out}; evaluate again", hint=hint)
 
 
 def record_outputs_hash(run) -> str:
@@ -72,3 +146,13 @@ def check_all(registry) -> int:
         if path.exists() and check_outputs(path, rec) is not None:
             n += 1
     return n
+
+
+def also_record(bar, on_progress):
+    """A progress callback that advances ``bar`` (``advance(n=1, info="")``) and calls ``on_progress(n)``."""
+
+    def advance(k: int = 1, *args: Any, **kwargs: Any) -> None:
+        bar(k, *args, **kwargs)
+        on_progress(k)
+
+    return advance

@@ -6,13 +6,16 @@ from __future__ import annotations
 from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
 from tuneproof.evaluation.generate import classify, classify_images, generate
+from tuneproof.evaluation.outputs import also_record
 from tuneproof.ui import progress_bar
 
 
-def predict(ctx: StudyContext, model, examples: list[Example], what: str) -> list[str]:
-    """Predictions for ``examples`` by the study's one evaluation procedure, with a progress bar named ``what``."""
+def predict(ctx: StudyContext, model, examples: list[Example], what: str, on_progress=None) -> list[str]:
+    """Predictions for ``examples`` by the study's one evaluation procedure, with a progress bar named ``what``;
+    ``on_progress(k)`` (optional) is also called with the number of examples finished after each batch."""
     device, _, autocast = ctx.torch_setup()
-    with progress_bar(what, len(examples)) as advance:
+    with progress_bar(what, len(examples)) as bar:
+        advance = bar if on_progress is None else also_record(bar, on_progress)
         if ctx.is_image:
             return classify_images(
                 model,

@@ -22,7 +22,7 @@ from tuneproof.evaluation.backends import (
     lora_rank,
 )
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
-from tuneproof.evaluation.outputs import read_outputs, record_outputs_hash
+from tuneproof.evaluation.outputs import EvalProgress, also_record, read_outputs, record_outputs_hash
 from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.screen import screen_lines
 from tuneproof.io import read_json, sha256_json, write_jsonl
@@ -193,6 +193,7 @@ def predict_served(
     what: str,
     served: tuple[Path, Path | None],
     check_examples: list[Example] | None = None,
+    on_progress=None,
 ) -> list[str]:
     """Predictions by ``eval.backend: vllm`` after its backend check passed
     (:func:`tuneproof.evaluation.backends.check_backends` on the seeded sample, against the
@@ -242,7 +243,8 @@ def predict_served(
     if not result["passed"]:
         raise BackendCheckFailed(result["reason"], run.id)
     console.print(f"[dim]{result['name']}: {result['message']}[/]")
-    with progress_bar(what, len(examples)) as advance:
+    with progress_bar(what, len(examples)) as bar:
+        advance = bar if on_progress is None else also_record(bar, on_progress)
         return candidate.generate(
             [ctx.pipeline.prompt_text(e.text) for e in examples], ev.max_new_tokens, adapter, progress=advance
         )
@@ -268,13 +270,18 @@ def evaluate_into(
     with ``eval.backend: vllm``, whose check runs first on a sample of ``check_examples`` (default
     ``examples``; :func:`predict_served`)."""
     t0 = time.perf_counter()
-    if ctx.study.eval.backend == "vllm":
-        preds = predict_served(ctx, run, model, examples, what, served or served_paths(ctx, None), check_examples)
-    else:
-        import transformers  # noqa: PLC0415
+    progress = EvalProgress(run.dir, len(examples))  # where a killed evaluation stopped (compare says so)
+    try:
+        if ctx.study.eval.backend == "vllm":
+            served = served or served_paths(ctx, None)
+            preds = predict_served(ctx, run, model, examples, what, served, check_examples, on_progress=progress)
+        else:
+            import transformers  # noqa: PLC0415
 
-        run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
-        preds = predict(ctx, model, examples, what)
+            run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
+            preds = predict(ctx, model, examples, what, on_progress=progress)
+    finally:
+        progress.flush()
     seconds = time.perf_counter() - t0
     records = [
         {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}

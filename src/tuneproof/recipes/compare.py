@@ -1,6 +1,9 @@
 """Recipe ``compare``: candidates against the baseline, example by example (PROTOCOL.md step 2).
 
 Features:
+- never judges a baseline or candidate evaluation that did not complete (interrupted, failed, invalid,
+  outputs missing or short): ``r0005 was interrupted at example 8 of 12; evaluate again`` (exit 3, with or
+  without ``--allow-different-procedure``; :func:`tuneproof.evaluation.outputs.check_complete`);
 - refuses runs whose evaluation procedure differs (names the differing part; ``--allow-different-procedure``
   marks the comparison instead), flags a data fingerprint that differs from the baseline's;
 - paired counts (fixed / broken / unchanged) and McNemar's exact test on the per-example rule of the
@@ -25,6 +28,7 @@ from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.fingerprint import diff_fingerprints
+from tuneproof.evaluation.outputs import check_complete
 from tuneproof.evaluation.screen import fmt_p, guard_lines
 from tuneproof.io import read_json
 from tuneproof.models.identity import compare_recorded
@@ -99,6 +103,9 @@ def run_compare(
     """Compare each candidate with the baseline; returns the compare run id (``compare.json`` in it).
 
     Raises:
+        CheckFailed: the baseline or a candidate did not complete its evaluation
+            (:func:`tuneproof.evaluation.outputs.check_complete`), or the frozen hypothesis is not the one
+            sealed before training (:func:`tuneproof.hypothesis.check_sealed`); exit 3, before any compare run.
         TuneproofError: see :func:`tuneproof.hypothesis.resolve` (empty reason, task changed after training).
     """
     if against is None:
@@ -107,8 +114,10 @@ def run_compare(
             raise TuneproofError("no completed baseline run", hint="run `tuneproof baseline` first")
         against = latest.id
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
-    base_rec, base_out = load_outputs(ctx, against)
     cand_ids = [resolve_candidate(ctx, c) for c in candidates]
+    for rid in [against, *cand_ids]:  # an interrupted or incomplete evaluation is never judged
+        check_complete(ctx.registry, ctx.registry.get(rid))
+    base_rec, base_out = load_outputs(ctx, against)
     base_efp = (ctx.registry.run_json(base_rec.id, "eval.json") or {}).get("fingerprint", {})
     results: dict[str, Any] = {}
     with ctx.registry.run("compare", parent=base_rec.id) as run:

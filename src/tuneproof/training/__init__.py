@@ -1,1 +1,1 @@
-"""What is trained and how one optimizer step is built (PROTOCOL.md steps 4-5)."""
+"""What is trained and how one optimizer step is built (docs/PROTOCOL.md steps 4-5)."""

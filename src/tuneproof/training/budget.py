@@ -41,7 +41,7 @@ def optimizer_steps_per_epoch(n: int, micro_batch: int, accumulation: int, world
 
 
 def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
-    """The step budget of a run and which key set it (issue 10: epochs are epochs).
+    """The step budget of a run and which key set it (docs/CASES.md C18: epochs are epochs).
 
     ``training.max_steps`` and ``training.epochs`` are exclusive; with neither, the budget is
     :data:`tuneproof.study.DEFAULT_EPOCHS` epoch. An epoch is ``steps_per_epoch`` optimizer steps:

@@ -1,4 +1,4 @@
-"""Data order and its distribution across processes (CASES C10).
+"""Data order and its distribution across processes (docs/CASES.md C10).
 
 One rule for every run, single-process or DistributedDataParallel: each epoch is a permutation of
 the training examples seeded with ``seed + epoch``, split across ``world_size`` processes the way
@@ -6,7 +6,7 @@ the training examples seeded with ``seed + epoch``, split across ``world_size`` 
 repeating the first indices, then process ``rank`` takes every ``world_size``-th index starting at
 ``rank``). Each process then cuts its share into micro-batches of ``micro_batch`` examples.
 
-Consequences a user must know (protocol step 6: "the data distribution must be configured"):
+Consequences a user must know (docs/PROTOCOL.md step 6: the split of the data across processes must be set up):
 
 - with ``world_size`` processes an epoch is ``ceil(n / world_size / micro_batch)`` steps per
   process, not ``ceil(n / micro_batch)``: 16,000 examples, micro-batch 8, 2 processes gives 1,000
@@ -18,11 +18,11 @@ Consequences a user must know (protocol step 6: "the data distribution must be c
 - an accumulation window (the micro-batches of one optimizer step) never crosses an epoch boundary:
   an epoch is ``ceil(micro-batches per epoch / accumulation)`` optimizer steps and its last window
   holds only the micro-batches left (6 examples, micro-batch 1, accumulation 4: windows of 4 and 2
-  micro-batches, 2 optimizer steps per epoch; CASES C18). :func:`window_at` maps a global optimizer
+  micro-batches, 2 optimizer steps per epoch; docs/CASES.md C18). :func:`window_at` maps a global optimizer
   step to its micro-batches, the data position a checkpoint's step stands for.
 
-Length grouping (``training.length_grouping: true``, issue 15): the same per-rank share of the
-same epoch permutation, reordered so that a micro-batch holds examples of similar length (less
+Length grouping (``training.length_grouping: true``, tests/training/test_length_grouping_packing.py): the same per-rank
+share of the same epoch permutation, reordered so that a micro-batch holds examples of similar length (less
 padding). The share is cut into *megabatches* of :data:`GROUP_MEGABATCH` micro-batches in
 sampler order; each megabatch is sorted by length (longest first, ties in sampler order) and cut
 into micro-batches; the micro-batches of the epoch are then shuffled with a generator seeded

@@ -1,4 +1,4 @@
-"""Training health: a diverged or stalled run is invalid, not completed (issue 10, CASES C19).
+"""Training health: a diverged or stalled run is invalid, not completed (docs/CASES.md C19).
 
 :class:`HealthMonitor` is called on every optimizer step by :func:`tuneproof.training.loop.train`:
 :meth:`HealthMonitor.before_update` after the backward pass of the window (before the optimizer
@@ -31,7 +31,7 @@ Rules, in the order they are checked (ids as recorded):
     start at 0, so 1e4 applies to them). Weights of trained transformers and LoRA adapters stay
     orders of magnitude below 1e4; AdamW moves each element by about the learning rate per step,
     so ``learning_rate: 1e6`` crosses the limit on its first real step and ``1e30`` reaches ~1e30
-    (C19) without ever producing a NaN loss.
+    (docs/CASES.md C19) without ever producing a NaN loss.
 
 Cost per step: one total gradient norm (computed anyway for clipping) and one max-``|value|``
 reduction per trainable tensor, read back as one small tensor.

@@ -1,22 +1,22 @@
 """The training loop: one optimizer step per ``gradient_accumulation_steps`` micro-batches (fewer for
-the last window of an epoch: a window never crosses an epoch boundary, CASES C18), with the loss
-normalised per supervised token over the whole window (CASES C1), a step budget set by
+the last window of an epoch: a window never crosses an epoch boundary, docs/CASES.md C18), with the loss
+normalised per supervised token over the whole window (docs/CASES.md C1), a step budget set by
 ``training.max_steps`` or ``training.epochs`` (exclusive; :func:`budget`), exact resumable
-checkpoints (model/adapter, optimizer, scheduler, RNG states, data position; CASES C12) and a
+checkpoints (model/adapter, optimizer, scheduler, RNG states, data position; docs/CASES.md C12) and a
 health check on every optimizer step (:mod:`tuneproof.training.health`: a non-finite loss, gradient
 norm or trainable tensor, an exploded tensor, a zero gradient or a uniform-prediction loss stops
-the run, which is then invalid; CASES C19).
+the run, which is then invalid; docs/CASES.md C19).
 
 Engines: PyTorch + transformers (model, ``get_scheduler``) + PEFT (adapters). A checkpoint is one
 dict (nanoGPT style) holding everything needed to resume and to explain the run, stored by
-:mod:`tuneproof.training.resume_state` as safetensors + JSON (loading it runs no code, CASES C21):
+:mod:`tuneproof.training.resume_state` as safetensors + JSON (loading it runs no code, docs/CASES.md C21):
 
     format, step (global optimizer steps done), total_steps, trainable (every tensor with
     requires_grad: LoRA matrices, modules_to_save, or all weights for full fine-tuning),
     optimizer, scheduler, rng (python, numpy, torch, cuda), data (n_examples, micro_batch,
     accumulation, seed, next micro-batch index, epoch, steps_per_epoch, the ordering rule), losses,
-    tokens_seen, examples_seen, budget (:func:`budget`), config (resolved study), reason (interval | interrupt | final), plus ``extra``
-    (data_fingerprint, base_revision).
+    tokens_seen, examples_seen, budget (:func:`budget`), config (resolved study), reason (interval | interrupt | final),
+    plus ``extra`` (data_fingerprint, base_revision).
 
 Interruption: the first SIGINT/SIGTERM during training asks the loop to stop at the end of the
 current optimizer step; it then writes a checkpoint and re-raises the signal (the registry marks
@@ -231,7 +231,8 @@ class LoopState:
 
 @dataclass
 class Layout:
-    """How the micro-batches are laid out and their loss computed (the speed-ups, issue 15); never what is computed."""
+    """How the micro-batches are laid out and their loss computed (the speed-ups, docs/PROTOCOL.md step 5); never what
+    is computed."""
 
     pad_id: int
     device: torch.device
@@ -266,7 +267,7 @@ def use_speedups(
     world_size: int,
     rank: int,
 ) -> Layout:
-    """Prove each configured speed-up on real training examples before it is used (issue 15) and record
+    """Prove each configured speed-up on real training examples before it is used (docs/PROTOCOL.md step 5) and record
     the proof, the padding share and the layout in ``run``'s summary; returns the layout.
 
     Raises:
@@ -486,7 +487,8 @@ def backward_window(
     for j, b in enumerate(batches):
         with world.no_sync(last=j == len(batches) - 1) if world is not None else contextlib.nullcontext():
             loss_sum, vocab = _micro_loss(fwd, b, autocast, chunked)
-            # divide by the window's token count, not per micro-batch: per-token mean over the window (C1);
+            # divide by the window's token count, not per micro-batch: per-token mean over the window
+            # (docs/CASES.md C1);
             # a short last window of an epoch is divided by its own count, so it equals its concatenation;
             # x world size: DDP/FSDP average gradients over ranks, the global window already counts them all
             (loss_sum * ws / window).backward()
@@ -574,7 +576,7 @@ def train(
         extra=extra,
         saved_step=state.step,
     )
-    read: list[int] = []  # what this rank reads in the first epoch (C10, gathered at the end)
+    read: list[int] = []  # what this rank reads in the first epoch (docs/CASES.md C10, gathered at the end)
     # FSDP2: the health rules look at this rank's shard of each tensor (DTensor.to_local)
     health = HealthMonitor(
         [
@@ -593,7 +595,8 @@ def train(
                 step = state.step
                 stopping = stop.signum is not None or (stop_after is not None and step >= stop_after)
                 ts = time.perf_counter()
-                # the window of this step: `accumulation` micro-batches, or what is left of the epoch (C18)
+                # the window of this step: `accumulation` micro-batches, or what is left of the epoch
+                # (docs/CASES.md C18)
                 window_idx = window_at(
                     n,
                     cfg.micro_batch_size,
@@ -645,7 +648,7 @@ def train(
                     "micro_batches": len(batches),
                     "examples": step_examples,
                 }
-                try:  # the health rules before and after the update (C19)
+                try:  # the health rules before and after the update (docs/CASES.md C19)
                     health.before_update(step + 1, loss, grad_norm, vocab)
                     state.in_update = True
                     optimizer.step()

@@ -1,6 +1,6 @@
 """Token-level causal-LM loss, normalised per supervised token over the accumulation window.
 
-CASES C1: with gradient accumulation the loss of one optimizer update is the mean over every
+docs/CASES.md C1: with gradient accumulation the loss of one optimizer update is the mean over every
 supervised token of the whole window, ``sum(token losses) / sum(supervised tokens)``, not the
 mean of the per-micro-batch means. Each micro-batch therefore contributes
 ``sum_of_its_token_losses / window_token_count``; summing these over the window gives the
@@ -25,7 +25,7 @@ def supervised_token_count(labels: torch.Tensor) -> int:
 def supervised_count(batch: dict[str, torch.Tensor]) -> int:
     """What a micro-batch's loss sum is normalised by: supervised tokens after the causal shift
     (``labels [B, T]``), or examples for classification (``labels [B]``). The window's count is
-    the sum over its micro-batches (CASES C1)."""
+    the sum over its micro-batches (docs/CASES.md C1)."""
     labels = batch["labels"]
     return int((labels[:, 1:] != -100).sum()) if labels.dim() == 2 else int(labels.numel())
 
@@ -55,7 +55,7 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def window_losses(micro_batch_sums: list[float], micro_batch_tokens: list[int]) -> dict[str, float]:
-    """The update's loss under both normalisations, for the record (CASES C1).
+    """The update's loss under both normalisations, for the record (docs/CASES.md C1).
 
     Args:
         micro_batch_sums: summed token loss of each micro-batch of the window (nats).
@@ -71,7 +71,7 @@ def window_losses(micro_batch_sums: list[float], micro_batch_tokens: list[int]) 
     return {"per_token": per_token, "mean_of_means": sum(means) / len(means) if means else float("nan")}
 
 
-# --------------------------------------------------------------------------- chunked loss (issue 15)
+# ------------------------------------------ chunked loss (docs/PROTOCOL.md step 5, tests/training/test_chunked_loss.py)
 #: fp32 logits of one chunk of the chunked loss, bytes: 32 MiB, 170 positions of a 49,152-word vocabulary
 #: (SmolLM2). Measured on SmolLM2-135M + LoRA, 4 x 512 tokens: chunks of 1024 positions (200 MB of
 #: logits, three copies live: logits, log-softmax, their gradient) left the step peak only 18.7 %

@@ -1,4 +1,4 @@
-"""Measure the memory peak of one step in this process (CASES C8): CUDA's peak counters, or on a CPU
+"""Measure the memory peak of one step in this process (docs/CASES.md C8): CUDA's peak counters, or on a CPU
 the process's resident set (kernel high-water mark) and the bytes torch's CPU allocator hands out.
 
 Used by the training loop's bf16-base check (:mod:`tuneproof.training.speedups`) and by the
@@ -48,7 +48,8 @@ def _rss_bytes() -> int | None:
 
 
 def _reset_rss_peak() -> bool:
-    """Reset the kernel's peak-RSS counter (VmHWM) of this process: ``echo 5 > /proc/self/clear_refs`` (Linux >= 4.0)."""
+    """Reset the kernel's peak-RSS counter (VmHWM) of this process: ``echo 5 > /proc/self/clear_refs`` (Linux >=
+    4.0)."""
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
             fh.write("5")
@@ -186,9 +187,9 @@ def measure_step_peak(step_fn: Callable[[], Any], device: Any = "cpu", *, alloca
       peak, over those held before (:func:`allocated_step_peak`): ``allocated_step_peak_bytes``.
       This is what the step's tensors need, the quantity
       :func:`~tuneproof.preflight.memory.estimate_step_memory` models, and unlike the resident set it
-      is the same to the byte in a fresh process, after other steps and at the first step. The resident-set increment adds what glibc's malloc does with the freed
-      blocks: 1.13-1.29 x the tensor bytes on a random 2-layer Llama, varying by up to 0.1 from run
-      to run and with what ran before; 1.00-1.02 x with a fixed mmap threshold
+      is the same to the byte in a fresh process, after other steps and at the first step. The resident-set increment
+      adds what glibc's malloc does with the freed blocks: 1.13-1.29 x the tensor bytes on a random 2-layer Llama,
+      varying by up to 0.1 from run to run and with what ran before; 1.00-1.02 x with a fixed mmap threshold
       (``MALLOC_MMAP_THRESHOLD_=65536``: every block of 64 KiB or more mapped alone and returned at
       its free; by default glibc raises the threshold up to 32 MiB after the first large free and
       serves such blocks from its heaps, mallopt(3)); docs/benchmarks-preflight.md. The resident

@@ -1,4 +1,4 @@
-"""Padding-free packing without cross-contamination (``training.packing``, CASES C23): the check the loop
+"""Padding-free packing without cross-contamination (``training.packing``, docs/CASES.md C23): the check the loop
 runs on real training examples before it packs, and the preflight's "packing" check runs too.
 
 Packing lays several examples end to end in one row (:func:`tuneproof.data.preprocess.collate_packed`).
@@ -64,7 +64,7 @@ def check_packing(
     control: Callable[[Any, dict], torch.Tensor] | None = neighbour_visible_forward,
     atol: float = PACKING_ATOL,
 ) -> dict[str, Any]:
-    """Per-token losses of packed rows vs each example alone (CASES C23).
+    """Per-token losses of packed rows vs each example alone (docs/CASES.md C23).
 
     Args:
         model: a causal LM (PEFT-wrapped or not); run in eval mode without gradients, then restored.

@@ -1,5 +1,5 @@
 """Training past one process, inside each rank: the process group, the DDP or FSDP2 wrapper, the
-gradient share, and the loss normalisation they need (CASES C1, C10, C11).
+gradient share, and the loss normalisation they need (docs/CASES.md C1, C10, C11).
 
 Engines, none home-made: ``torch.distributed`` gives the process group and the collectives
 (``all_reduce``, ``all_gather_object``, ``broadcast_object_list``); ``DistributedDataParallel`` or
@@ -14,7 +14,7 @@ global batch ``micro_batch_size x gradient_accumulation_steps x world_size``. Th
 count of the window is all-reduced (SUM) before the backward pass, so every rank divides its summed
 token loss by the *global* count; DDP and FSDP2 then average the gradients over ranks, so the loss is
 multiplied by the world size first: the result is the gradient of the per-token mean over the global
-window, equal to one process on the concatenated batch (C1 across ranks).
+window, equal to one process on the concatenated batch (docs/CASES.md C1 across ranks).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class World:
 
 
 def share_report(world: World, read: list[int], n: int) -> dict[str, Any] | None:
-    """What the ranks actually read in the first epoch (C10), gathered on every rank: the example
+    """What the ranks actually read in the first epoch (docs/CASES.md C10), gathered on every rank: the example
     indices of each rank, whether they are disjoint (apart from the repeats ``DistributedSampler``
     adds to even out the shares: ``ceil(n / world_size) * world_size - n`` of them) and whether
     together they cover all ``n`` examples (only once a whole epoch was read).
@@ -200,7 +200,7 @@ def share_report(world: World, read: list[int], n: int) -> dict[str, Any] | None
 
 def param_signature(model) -> dict[str, tuple[float, float]]:
     """Per frozen parameter: (float64 sum, float64 sum of squares), to tell after training that the
-    frozen weights did not change (C11) without keeping a copy of them. Call before wrapping."""
+    frozen weights did not change (docs/CASES.md C11) without keeping a copy of them. Call before wrapping."""
     out = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -215,8 +215,10 @@ def normalisation(world: World | None) -> str:
     if world is None or world.world_size == 1:
         return NORMALISATION
     return (
-        f"per-token mean over the global accumulation window: sum of token losses / supervised tokens, both summed over "
-        f"{world.world_size} processes (all_reduce); backward of loss x {world.world_size} because {world.strategy.upper()} "
+        "per-token mean over the global accumulation window: sum of token "
+        "losses / supervised tokens, both summed over "
+        f"{world.world_size} processes (all_reduce); backward of loss x "
+        f"{world.world_size} because {world.strategy.upper()} "
         f"averages gradients over the {world.world_size} ranks"
     )
 
@@ -226,7 +228,7 @@ def wrap(model, world: World):
 
     ddp: ``DistributedDataParallel`` (rank 0's weights broadcast at construction). fsdp: FSDP2
     ``fully_shard`` on each decoder block (:func:`block_classes`), then on the root; parameters are
-    sharded one by one, so blocks mixing frozen base weights and LoRA weights are fine (C11).
+    sharded one by one, so blocks mixing frozen base weights and LoRA weights are fine (docs/CASES.md C11).
     """
     if world.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415

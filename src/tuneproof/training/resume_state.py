@@ -1,4 +1,4 @@
-"""Checkpoints that load without running code (CASES C12, C21).
+"""Checkpoints that load without running code (docs/CASES.md C12, C21).
 
 A checkpoint is one folder ``runs/<id>/checkpoints/step-NNNNNN/`` holding two files:
 
@@ -264,7 +264,8 @@ def _refuse_not_a_checkpoint(path: Path) -> None:
     raise TuneproofError(
         f"{path}: refused, {kind}; tuneproof loads only checkpoint folders (step-NNNNNN/ with {TENSORS} + {STATE}, "
         f"format {CKPT_FORMAT}) because unpickling a file can run code; nothing was loaded",
-        hint="remove the file (it was not written by this tuneproof version); resume from another checkpoint with --checkpoint or --fallback",
+        hint="remove the file (it was not written by this tuneproof version); resume "
+        "from another checkpoint with --checkpoint or --fallback",
     )
 
 

@@ -1,5 +1,5 @@
 """Speed-ups of the training loop that change how micro-batches are laid out, never what is
-computed (issue 15): length grouping (:func:`tuneproof.training.data_order.epoch_micro_batches`)
+computed (docs/PROTOCOL.md step 5): length grouping (:func:`tuneproof.training.data_order.epoch_micro_batches`)
 and padding-free packing (:func:`tuneproof.data.preprocess.collate_packed`). Packing is used only
 after :func:`tuneproof.training.packing.check_packing` passed on real training examples; the run
 summary records it under ``speedups`` and the padding share under ``padding``.
@@ -99,7 +99,7 @@ def prove_packing(model, train_set: list, cfg, pad_id: int, device) -> dict[str,
     return {k: check[k] for k in ("max_abs_diff", "control_max_abs_diff", "tokens", "rows", "examples", "atol")}
 
 
-# --------------------------------------------------------------------------- bf16 base weights (issue 15 item 3)
+# ----------------------------------------------------------------- bf16 base weights (tests/training/test_bf16_base.py)
 #: The bf16-base check: on one real micro-batch, under the same autocast, the per-token loss with the
 #: frozen weights held in bf16 within BF16_BASE_LOSS_RTOL (relative) of the loss with them in fp32,
 #: and the trained tensors' gradients (all of them as one vector) within BF16_BASE_GRAD_REL_L2
@@ -201,7 +201,8 @@ def check_bf16_base(model, batch: dict, loss_fn, *, device: Any = "cpu", cast=No
     }
     numbers = (
         f"loss {l16:.6g} vs {l32:.6g} (rel. diff {rel:.1e}, limit {BF16_BASE_LOSS_RTOL:g}), gradients of {len(params)} "
-        f"trained tensors: rel. L2 error {rel_l2:.1e} (limit {BF16_BASE_GRAD_REL_L2:g}), cosine {cos:.6f} (min {BF16_BASE_GRAD_COSINE:g})"
+        f"trained tensors: rel. L2 error {rel_l2:.1e} (limit {BF16_BASE_GRAD_REL_L2:g}), cosine {cos:.6f} (min "
+        f"{BF16_BASE_GRAD_COSINE:g})"
     )
     if passed:
         drop = memory["peak_drop_bytes"]

@@ -1,1 +1,1 @@
-"""Base model resolution and identity; LoRA / full fine-tuning setup (PROTOCOL.md step 4)."""
+"""Base model resolution and identity; LoRA / full fine-tuning setup (docs/PROTOCOL.md step 4)."""

@@ -260,7 +260,8 @@ def resolve_base(spec) -> BaseModelRef:
     except Exception as err:  # noqa: BLE001
         raise TuneproofError(
             f"model '{name}' at revision {spec.revision} is not in the local Hugging Face cache ({type(err).__name__})",
-            hint="download it once beforehand (huggingface-cli download NAME --revision REV) or set TUNEPROOF_ALLOW_DOWNLOAD=1",
+            hint="download it once beforehand (huggingface-cli download NAME "
+            "--revision REV) or set TUNEPROOF_ALLOW_DOWNLOAD=1",
         ) from None
     local = Path(local)
     return BaseModelRef(

@@ -45,12 +45,12 @@ def build_model(
     """
     model = load_model(base, kind, labels=labels, quantization=quantization)  # qlora: 4-bit base
     if activation_checkpointing:
-        # non-reentrant checkpointing: gradients reach LoRA weights without input grads (CASES C7)
+        # non-reentrant checkpointing: gradients reach LoRA weights without input grads (docs/CASES.md C7)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     model, report = apply_method(model, method, kind, quantization=quantization)
     if kind != "image-classification":  # an image processor has no vocabulary
-        # base rows before resizing, added tokens (C6 kind)
+        # base rows before resizing, added tokens (docs/CASES.md C6 kind)
         report["vocabulary"] = vocabulary_record(base.path, tokenizer)
     return model.to(device), report
 

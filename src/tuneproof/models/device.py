@@ -1,6 +1,6 @@
-"""The compute device and the compute dtype chosen for it (CASES C9).
+"""The compute device and the compute dtype chosen for it (docs/CASES.md C9).
 
-Precision rules (:func:`choose_dtype`, CASES C9):
+Precision rules (:func:`choose_dtype`, docs/CASES.md C9):
 
 * CUDA: bf16 is native from compute capability 8.0 (Ampere) on. On 7.x (V100, T4) torch can
   *emulate* bf16 and ``torch.cuda.is_bf16_supported()`` returns True by default
@@ -19,7 +19,7 @@ Precision rules (:func:`choose_dtype`, CASES C9):
 * ``auto``: bf16 where native, else fp32 (the study file's documented meaning of ``auto``;
   fp16 is never chosen silently because it changes the run: loss scaling, overflow).
 * ``fp16`` on a GPU: allowed; the reason records that a gradient scaler is required.
-* ``training.bf16_base_weights`` (frozen base weights stored in bf16, issue 15): only where bf16
+* ``training.bf16_base_weights`` (frozen base weights stored in bf16, tests/training/test_bf16_base.py): only where bf16
   is native by the rules above (a CPU that emulates bf16 would convert every weight on every use)
   and only with bf16 compute (``training.precision: bf16``, or ``auto`` where it resolves to bf16):
   under fp32 compute a bf16 weight meets fp32 activations, under fp16 autocast it would be
@@ -129,12 +129,14 @@ def _bf16_native(device: DeviceInfo) -> tuple[bool, str]:
         native = device.bf16_supported or bool(device.arch and device.arch.startswith(ROCM_BF16_ARCHS))
         return (
             native,
-            f"{device.name} ({arch}): bf16 {'native' if native else 'not native (needs gfx908/MI100 or later, or RDNA3)'}",
+            f"{device.name} ({arch}): bf16 "
+            f"{'native' if native else 'not native (needs gfx908/MI100 or later, or RDNA3)'}",
         )
     native = device.bf16_supported
     return (
         native,
-        f"CPU {device.name}: bf16 {'native (AVX512-BF16/AMX)' if native else 'emulated through fp32 (no AVX512-BF16/AMX), slower than fp32'}",
+        f"CPU {device.name}: bf16 "
+        f"{'native (AVX512-BF16/AMX)' if native else 'emulated through fp32 (no AVX512-BF16/AMX), slower than fp32'}",
     )
 
 
@@ -154,7 +156,8 @@ def bf16_base_rule(dtype: str | None, device: DeviceInfo) -> tuple[bool, str]:
     if dtype != "bf16":
         return False, (
             f"{BF16_BASE_KEY}: the compute dtype is {dtype} (training.precision resolved to it), and bf16 frozen "
-            "weights need bf16 compute under autocast; set training.precision: bf16, or training.bf16_base_weights: false"
+            "weights need bf16 compute under autocast; set training.precision: "
+            "bf16, or training.bf16_base_weights: false"
         )
     return True, f"{BF16_BASE_KEY}: frozen base weights in bf16 ({why})"
 

@@ -1,4 +1,4 @@
-"""The identity of a base model: what an adapter is bound to (PROTOCOL.md step 4, CASES C13).
+"""The identity of a base model: what an adapter is bound to (docs/PROTOCOL.md step 4, docs/CASES.md C13).
 
 An adapter is a difference to one exact set of base weights. The identity recorded at export
 and checked by ``verify`` is: the id or path, the revision, the sha256 of every weight file the
@@ -8,7 +8,7 @@ of a fixed probe text, see :func:`tokenizer_identity`), plus, from
 :func:`study_tokenizer_identity`, the sha256 of the whole token -> id map (``vocab_sha256``) and
 the hash of the token ids of a fixed sample of the study's own evaluation texts
 (``study_probe_hash``): a tokenizer with two ids swapped splits a fixed sentence the same way but
-gives other ids for the study's words (issue 10, CASES C13 kind).
+gives other ids for the study's words (docs/CASES.md C13 kind).
 
 Pure hashing: nothing here imports torch, so a mismatch is found in a second or so.
 """
@@ -109,7 +109,7 @@ def base_hashes(ref) -> dict[str, Any]:
 
 def compare_base(recorded: dict[str, Any], ref) -> list[str]:
     """Problems between the base hashes recorded at train start (:func:`base_hashes`) and the
-    base ``ref`` resolves to now (empty: the same). Each names both hashes (CASES C13)."""
+    base ``ref`` resolves to now (empty: the same). Each names both hashes (docs/CASES.md C13)."""
     now = base_hashes(ref)
     problems = []
     if recorded.get("weights_sha256") and recorded["weights_sha256"] != now["weights_sha256"]:
@@ -117,7 +117,8 @@ def compare_base(recorded: dict[str, Any], ref) -> list[str]:
         for name in sorted(set(rec_files) | set(now_files)):
             if rec_files.get(name) != now_files.get(name):
                 problems.append(
-                    f"weight file {name}: sha256 {rec_files.get(name) or '(absent)'} -> {now_files.get(name) or '(absent)'}"
+                    f"weight file {name}: sha256 {rec_files.get(name) or '(absent)'} -> "
+                    f"{now_files.get(name) or '(absent)'}"
                 )
         problems.append(f"combined weights sha256 {recorded['weights_sha256']} -> {now['weights_sha256']}")
     if "config_sha256" in recorded and recorded["config_sha256"] != now["config_sha256"]:
@@ -162,7 +163,7 @@ def compare_weights(expected: dict[str, str], folder: Path) -> list[str]:
     """Problems between the recorded weight files and those in ``folder`` (empty: identical).
 
     Each problem names the file and both sha256 values, then one line gives both combined
-    hashes (CASES C13: "refuse, naming both hashes").
+    hashes (docs/CASES.md C13: "refuse, naming both hashes").
     """
     found = weight_hashes(Path(folder))
     problems = []
@@ -195,7 +196,7 @@ def base_vocab_size(folder: str | Path) -> int | None:
 
 
 def vocabulary_record(base_folder: str | Path, tokenizer) -> dict[str, Any]:
-    """What an adapter's token ids need from the base (CASES C6 kind): ``{"base_vocab_size"`` (rows
+    """What an adapter's token ids need from the base (docs/CASES.md C6 kind): ``{"base_vocab_size"`` (rows
     of the base before resizing), ``"tokenizer_size"`` (``len(tokenizer)``), ``"resized"`` (tokenizer
     larger than the base), ``"added_tokens"`` ({token: id} added to the vocabulary that are not special
     tokens), ``"added_special_tokens"`` ({token: id} of added special tokens)}``, from
@@ -247,7 +248,8 @@ def compare_tokenizer(expected: dict[str, Any], found: dict[str, Any]) -> list[s
         and expected["study_probe_hash"] != found.get("study_probe_hash")
     ):
         out.append(
-            f"tokenizer study_probe_hash (token ids of {expected.get('study_probe_n')} of the study's evaluation texts): "
+            f"tokenizer study_probe_hash (token ids of {expected.get('study_probe_n')} of the study's evaluation "
+            "texts): "
             f"expected {expected['study_probe_hash']!r}, found {found.get('study_probe_hash')!r}"
         )
     return out

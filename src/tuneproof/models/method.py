@@ -1,7 +1,7 @@
 """What is trained: full fine-tuning, LoRA on the named target modules (PEFT), or QLoRA (LoRA on a
 base loaded in 4-bit by bitsandbytes, prepared with ``peft.prepare_model_for_kbit_training``).
 
-Every target pattern must match at least one module (CASES C5); the match report, trainable and
+Every target pattern must match at least one module (docs/CASES.md C5); the match report, trainable and
 total parameter counts and modules_to_save are returned so each run records them.
 """
 
@@ -85,7 +85,7 @@ def apply_method(model, method, kind: str, quantization: dict[str, Any] | None =
     return model, report
 
 
-# --------------------------------------------------------------------------- bf16 base weights (issue 15)
+# ---------------------------------------- bf16 base weights (docs/PROTOCOL.md step 5, tests/training/test_bf16_base.py)
 def cast_frozen_to_bf16(model) -> dict[str, Any]:
     """Hold every frozen floating-point parameter of ``model`` in bf16, in place; trained ones
     (``requires_grad``: LoRA A/B, modules_to_save copies) stay as they are (fp32 master weights,

@@ -1,4 +1,4 @@
-"""What is trained (PROTOCOL.md step 4): which modules the LoRA target patterns select, and the
+"""What is trained (docs/PROTOCOL.md step 4): which modules the LoRA target patterns select, and the
 trainable parameters.
 
 Target-module matching follows PEFT's documented semantics (``LoraConfig.target_modules``;
@@ -11,7 +11,7 @@ Target-module matching follows PEFT's documented semantics (``LoraConfig.target_
 * a single **string**: a regular expression that must match the full name (``re.fullmatch``);
 * ``"all-linear"``: every ``nn.Linear``/``Conv1D`` except the output layer (PEFT's shorthand).
 
-A pattern that matches nothing is a failed check (CASES C5), and so is a match on a module type
+A pattern that matches nothing is a failed check (docs/CASES.md C5), and so is a match on a module type
 LoRA cannot wrap (PEFT raises "Target module ... is not supported" for it at ``get_peft_model``).
 
 Matches are also counted per tower (:func:`tower_of`: encoder, decoder, cross-attention, vision,
@@ -114,8 +114,10 @@ def _tower_warning(pattern: str, entry: dict[str, Any]) -> str:
     first = next(iter(entry["towers"]))
     example = next(n for n in entry["matches"] if tower_of(n) == first)
     return (
-        f"target_modules pattern {pattern!r} matches in {len(entry['towers'])} towers ({per}): LoRA adapts all of them; "
-        f"to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only "
+        f"target_modules pattern {pattern!r} matches in "
+        f"{len(entry['towers'])} towers ({per}): LoRA adapts all of them; "
+        "to adapt one tower only, list the full names of its modules in "
+        "method.target_modules (a full name matches only "
         f"itself), e.g. {example!r} for the {first}"
     )
 
@@ -150,7 +152,7 @@ def match_target_modules(model: nn.Module, patterns: list[str] | str) -> dict[st
         "towers": {"model": 2}, "unsupported": [names of matched modules LoRA cannot wrap]}},
         "towers": {tower: modules of the model LoRA can wrap there}, "warnings": [one line per
         pattern matching in more than one tower], "available": [leaf names of the modules LoRA can wrap]}``.
-        CASES C5: ``["q_proj", "ff.0"]`` on a 2-layer Llama -> q_proj count 2, ff.0 count 0, passed False.
+        docs/CASES.md C5: ``["q_proj", "ff.0"]`` on a 2-layer Llama -> q_proj count 2, ff.0 count 0, passed False.
         On a 2+2-layer T5, ``["q"]`` -> towers ``{"encoder": 2, "decoder": 2, "cross-attention": 2}`` and a warning.
     """
     named = [(n, m) for n, m in model.named_modules() if n]
@@ -229,17 +231,17 @@ def _modules_to_save(model: nn.Module) -> list[str]:
 
 
 def trainable_summary(model: nn.Module) -> dict[str, Any]:
-    """Trainable vs total parameters (PROTOCOL.md step 4: "record ... trainable parameters, and any
-    extra layers saved").
+    """Trainable vs total parameters (docs/PROTOCOL.md step 4: the trained parameter count and
+    any extra layer saved with the adapter).
 
     Counts elements of ``model.parameters()`` (shared/tied tensors once); a packed quantized weight
     (bitsandbytes ``Params4bit``, QLoRA's 4-bit base: two values per uint8 element) counts the values
     of the weight it holds (its ``quant_state.shape``), not its storage elements.
 
     Returns:
-        ``{"passed": trainable > 0, "message", "trainable": int elements, "total": int elements, "frozen": int, "percent": 100*trainable/total,
-        "trainable_tensors": [names], "frozen_tensors": int count, "trainable_dtypes": {dtype: elements},
-        "modules_to_save": [names of PEFT ModulesToSaveWrapper modules]}``.
+        ``{"passed": trainable > 0, "message", "trainable": int elements, "total": int elements, "frozen": int,
+        "percent": 100*trainable/total, "trainable_tensors": [names], "frozen_tensors": int count, "trainable_dtypes":
+        {dtype: elements}, "modules_to_save": [names of PEFT ModulesToSaveWrapper modules]}``.
     """
     trainable = total = 0
     names: list[str] = []

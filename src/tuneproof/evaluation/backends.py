@@ -16,7 +16,7 @@ or None for the base alone. Two implementations (study key ``eval.backend``):
   (no added special tokens) and passed as token ids; vLLM's output token ids are decoded by the same
   tokenizer, so tokenization and detokenization cannot differ between the two backends.
 
-The check (:func:`check_backends`, issue 15 item 5): before a vLLM evaluation's numbers are used,
+The check (:func:`check_backends`, tests/evaluation/test_eval_backends.py): before a vLLM evaluation's numbers are used,
 a seeded sample of the evaluation split (``eval.backend_check_examples``, default 16;
 :func:`backend_check_sample`) is generated greedily by both backends. The share of identical
 outputs (exact string match) must be at least ``eval.backend_check_min_agreement`` (default 0.9:
@@ -63,7 +63,8 @@ class GenerationBackend(Protocol):
         *,
         progress: Callable[[int], None] | None = None,
     ) -> list[str]:
-        """One answer per prompt (special tokens removed, surrounding whitespace stripped), in the order of ``prompts``."""
+        """One answer per prompt (special tokens removed, surrounding whitespace stripped), in the order of
+        ``prompts``."""
         ...
 
     def identity(self) -> dict[str, Any]:
@@ -153,7 +154,8 @@ class TransformersBackend:
         return {"name": self.name, "version": transformers.__version__}
 
     def release(self) -> None:
-        """Move the model off the accelerator (the vLLM engine allocates its share of free GPU memory when it starts)."""
+        """Move the model off the accelerator (the vLLM engine allocates its share of free GPU memory when it
+        starts)."""
         import torch  # noqa: PLC0415
 
         if getattr(self.device, "type", str(self.device)) != "cpu":
@@ -196,7 +198,8 @@ def check_backend_available(eval_cfg, model_kind: str, path: str | Path = "tunep
     if not vllm_installed():
         raise TuneproofError(
             f"{path}: eval.backend: vllm, but the package vllm is not installed in this environment",
-            hint="on a CUDA machine: pip install -e '.[vllm]' from the clone, or pip install vllm (it pins its own torch build); "
+            hint="on a CUDA machine: pip install -e '.[vllm]' from the clone, or pip "
+            "install vllm (it pins its own torch build); "
             "or set eval.backend: transformers",
         )
     if not cuda_available():
@@ -433,7 +436,8 @@ def check_backends(
             f"{agree_text} >= {min_agreement:g})"
             + {
                 "checked": f"; the adapter changes {changed_cand} answers in {c_name}, {changed_ref} in {r_name}",
-                "not testable": f"; the adapter changes no sampled answer in {r_name}, so its effect could not be checked",
+                "not testable": f"; the adapter changes no sampled answer in {r_name}, "
+                "so its effect could not be checked",
                 "no adapter": "",
             }[effect]
         )

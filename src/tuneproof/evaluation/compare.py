@@ -1,6 +1,6 @@
 """Paired comparison of a candidate against the baseline, example by example, and the verdicts.
 
-The protocol (PROTOCOL.md, steps 1-2) compares the adapted model against its concrete
+The protocol (docs/PROTOCOL.md steps 1-2) compares the adapted model against its concrete
 starting point on the same examples, so that gains and losses can be traced to examples and
 categories, and judges the result against the hypothesis fixed before training.
 
@@ -161,7 +161,8 @@ def _concentration(ids: list[str], classes: list[str | None], gains: np.ndarray,
         )
     if parts and net < max(5.0, 0.02 * n):
         parts.append(
-            f"the net gain is small ({net:g} of {n} examples: {gained:g} gained, {lost:g} lost), so its shares swing with a few examples"
+            f"the net gain is small ({net:g} of {n} examples: {gained:g} gained, "
+            f"{lost:g} lost), so its shares swing with a few examples"
         )
     return {
         "basis": basis,

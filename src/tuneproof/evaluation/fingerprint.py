@@ -1,13 +1,13 @@
 """The evaluation fingerprint: proof that two runs were evaluated the same way.
 
-PROTOCOL.md step 7: "keep the same evaluation procedure across variants". A baseline and a
+docs/PROTOCOL.md step 7: the evaluation procedure stays fixed across variants. A baseline and a
 candidate are comparable only when they were evaluated on the same examples, with the same
 prompt, decoding, metric definitions and tokenizer. Each of these parts is hashed on its
 own (sha256 of its canonical JSON: sorted keys, no whitespace, UTF-8), so a mismatch names
 the part that changed instead of only saying "different".
 
-The generation backend (``eval.backend``, issue 15) is part of the procedure: an evaluation by
-vLLM has a ``backend`` part that one by transformers lacks, so the two are never the same
+The generation backend (``eval.backend``, tests/evaluation/test_eval_backends.py) is part of the procedure: an
+evaluation by vLLM has a ``backend`` part that one by transformers lacks, so the two are never the same
 evaluation, whatever their backend check found. The check (``evaluation/backends.py``) shows on a
 seeded sample that vLLM serves the same model and adapter; it does not prove that every output
 of the split is identical (greedy outputs of two engines differ at near-ties in reduced
@@ -63,7 +63,7 @@ def eval_fingerprint(
         temperature; as configured, even when greedy decoding ignores temperature; plus
         ``batch_size`` where it can change the outputs: sampling (the random stream depends on
         the batch) or bf16/fp16 (reduced-precision kernels differ with the batch shape); greedy
-        fp32 outputs do not depend on it, which the preflight checks, CASES C22; plus
+        fp32 outputs do not depend on it, which the preflight checks, docs/CASES.md C22; plus
         ``base_weights: "bf16"`` when the base weights were held in bf16: other weights, other
         outputs, so a bf16-base evaluation never matches an fp32-base one),
         ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex) and

@@ -2,9 +2,9 @@
 
 Generative models: batched greedy (or sampled) generation with left padding, the KV cache and
 ``torch.inference_mode``; prompts are sorted by length so a batch wastes little padding, and the
-outputs are put back in the original order (:func:`length_sorted_batches`; issue 15: the outputs
+outputs are put back in the original order (:func:`length_sorted_batches`; the outputs
 equal those of the unsorted batches and of one example at a time, checked in
-``tests/evaluation/test_eval_sorted_batches.py`` and by the preflight's C22 check). Encoders:
+``tests/evaluation/test_eval_sorted_batches.py`` and by the preflight's check of docs/CASES.md C22). Encoders:
 argmax of the classification head, batches sorted the same way. This is the ``transformers``
 generation backend; ``evaluation/backends.py`` puts it and vLLM behind one interface.
 """

@@ -7,7 +7,7 @@ one flat dict of metrics. Inputs are never modified. Every rate is a fraction in
 
 The scorers live with their task kinds in :mod:`tuneproof.tasks` (one module per kind:
 classification, multi-label, extraction, format); the names below are re-exported so callers
-keep one import path. JSON parsing (strict RFC 8259, CASES C16) is
+keep one import path. JSON parsing (strict RFC 8259, docs/CASES.md C16) is
 :mod:`tuneproof.tasks.parsing`.
 """
 
@@ -68,7 +68,7 @@ def score(
 
 # --------------------------------------------------------------------------- data check
 def check_targets_json(examples: Iterable[Any], required_fields: Sequence[str] | None = None) -> dict:
-    """Strict JSON parse rate of example targets (CASES C16), for the data check.
+    """Strict JSON parse rate of example targets (docs/CASES.md C16), for the data check.
 
     Args:
         examples: :class:`tuneproof.data.examples.Example` objects whose ``target`` should be

@@ -1,4 +1,5 @@
-"""Per-example outputs (``runs/<id>/outputs.jsonl``) bound to the run that wrote them (issue 11).
+"""Per-example outputs (``runs/<id>/outputs.jsonl``) bound to the run that wrote them
+(tests/deliver/test_deliver_claims.py).
 
 When an evaluation-like run (baseline, eval, test) writes its outputs, their sha256 is recorded
 in the run's summary (the registry row and ``summary.json``: ``outputs_sha256``). Every later

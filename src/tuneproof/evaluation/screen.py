@@ -1,8 +1,8 @@
 """What an evaluation prints on the screen: the per-class / per-field summary first (the worst
 items with their numbers), then the averages, each with its name and how it is averaged.
 
-Used by ``baseline``, ``eval`` and ``test`` (issue 16: "instead of only 'run r0002 completed'").
-Pure functions over the metrics dict a task's scorer returns; no I/O.
+Used by ``baseline``, ``eval`` and ``test`` (tests/evaluation/test_eval_screen.py), instead of only 'run r0002
+completed'. Pure functions over the metrics dict a task's scorer returns; no I/O.
 """
 
 from __future__ import annotations

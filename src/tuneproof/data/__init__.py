@@ -1,1 +1,1 @@
-"""Data protocol (PROTOCOL.md step 3): loading, cleaning, splits, fingerprints, duplicates, audits, inspection."""
+"""Data protocol (docs/PROTOCOL.md step 3): loading, cleaning, splits, fingerprints, duplicates, audits, inspection."""

@@ -1,4 +1,4 @@
-"""Label and target audits of the examples (PROTOCOL.md step 3), before any training.
+"""Label and target audits of the examples (docs/PROTOCOL.md step 3), before any training.
 
 Both functions return plain JSON-safe dicts with a ``hard_faults`` list (the data check refuses
 to go on) and a ``warnings`` list (shown in the dossier), each a list of one-line strings.
@@ -168,7 +168,7 @@ def _strict_json(text: str) -> Any:
 def audit_targets(
     examples: list[Example], required_fields: list[str] | tuple[str, ...] | None = ("intent", "slots")
 ) -> dict[str, Any]:
-    """Strict-JSON validity and required top-level fields of extraction/format targets (CASES C16).
+    """Strict-JSON validity and required top-level fields of extraction/format targets (docs/CASES.md C16).
 
     A target is valid when it parses as strict JSON (RFC 8259: double quotes, ``true`` not
     ``True``, no NaN/Infinity). ``required_fields`` are top-level keys every parsed target must
@@ -254,7 +254,8 @@ def json_list_field(target: str | None, key: str) -> list | None:
 def audit_label_sets(
     sets: dict[str, list[list[str] | None]], what: str = "label", sources: dict[str, list[str]] | None = None
 ) -> dict[str, Any]:
-    """Per-label audit of a multi-label field (issue 12): support per label, label-set cardinality.
+    """Per-label audit of a multi-label field (tests/tasks/test_task_data_check.py): support per label, label-set
+    cardinality.
 
     Args:
         sets: ``{split: [labels of each example (a list; None when the example has none)]}``.
@@ -316,7 +317,7 @@ def audit_label_sets(
 
 
 def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
-    """Gold targets checked against the study's own format rule (issue 12).
+    """Gold targets checked against the study's own format rule (tests/tasks/test_task_data_check.py).
 
     Args:
         examples: the examples whose ``target`` is the expected output.
@@ -352,7 +353,8 @@ def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
             )
         else:
             hard.append(
-                f"{len(invalid)} of {n} gold targets fail the format rule ({rule.describe()}; parse rate {rate:.1%}): {_listing(shown)}"
+                f"{len(invalid)} of {n} gold targets fail the format rule ("
+                f"{rule.describe()}; parse rate {rate:.1%}): {_listing(shown)}"
             )
     return {
         "rule": rule.describe(),

@@ -1,5 +1,5 @@
-"""Duplicates between and inside splits (PROTOCOL.md step 3: "look for duplicates between
-training and evaluation").
+"""Duplicates between and inside splits (docs/PROTOCOL.md step 3: examples that occur both in
+training and in evaluation).
 
 Three levels, each containing the one before it:
 

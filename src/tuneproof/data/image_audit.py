@@ -1,5 +1,5 @@
-"""Data-check audits of an image-classification study (PROTOCOL.md step 3: "for images, check the
-sizes and the transforms applied to each category"):
+"""Data-check audits of an image-classification study (docs/PROTOCOL.md step 3: for images,
+their sizes and the transforms each class goes through):
 
 - form per class: width / height / aspect ratio / PIL mode / file format distributions, before and
   after the study's transform (:func:`tuneproof.data.images.audit_images` and its flag rules);
@@ -77,7 +77,8 @@ def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_
         "n_exact": n_exact,
         "n_near": n_near,
         "summary": summary,
-        "rule": f"exact: same sha256 of the file; near: pHash (imagehash) Hamming distance <= {max_distance} of 64 bits",
+        "rule": "exact: same sha256 of the file; near: pHash (imagehash) "
+        f"Hamming distance <= {max_distance} of 64 bits",
     }
 
 

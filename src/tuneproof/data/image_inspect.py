@@ -22,10 +22,12 @@ def describe(example: Example, enc: ImageEncoded, classes: list[str]) -> list[st
     x = enc.pixel_values
     w, h = enc.original_size
     lines = [
-        f"{example.id}  class {enc.class_index} = '{enc.category}' (of {len(classes)}); the head is trained on this index",
+        f"{example.id}  class {enc.class_index} = '{enc.category}' (of "
+        f"{len(classes)}); the head is trained on this index",
         f"  original {w}x{h} {enc.original_mode} {example.meta.get('format', '')}, {example.meta.get('bytes', 0)} bytes"
         + ("; mirrored (data.image.horizontal_flip)" if enc.flipped else ""),
-        f"  model input pixel_values {list(x.shape)} float32, range [{float(x.min()):.3f}, {float(x.max()):.3f}]; per channel mean "
+        f"  model input pixel_values {list(x.shape)} float32, range ["
+        f"{float(x.min()):.3f}, {float(x.max()):.3f}]; per channel mean "
         + ", ".join(f"{float(c.mean()):.3f}" for c in x),
     ]
     return lines + [f"  note: {n}" for n in enc.notes] + [f"  FAULT: {f}" for f in enc.faults]
@@ -54,13 +56,16 @@ def render_html(items: list[tuple[Example, ImageEncoded, Image.Image]], title: s
     for ex, enc, original in items:
         text = "<br>".join(html.escape(line) for line in describe(ex, enc, classes))
         rows.append(
-            f"<tr><td><img alt='original' src='{_png(original)}'></td><td><img alt='model input' src='{_png(tensor_image(enc.pixel_values))}'>"
+            f"<tr><td><img alt='original' src='{_png(original)}'></td><td><img alt='model "
+            f"input' src='{_png(tensor_image(enc.pixel_values))}'>"
             f"</td><td style='font-family:monospace;font-size:12px'>{text}</td></tr>"
         )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title></head><body>"
-        f"<h1>{html.escape(title)}</h1><p>Left: the file as decoded (EXIF orientation applied). Middle: the tensor the model "
-        "receives after the study's transforms and the image processor, each channel scaled to its own min-max for display. "
+        f"<h1>{html.escape(title)}</h1><p>Left: the file as decoded (EXIF "
+        "orientation applied). Middle: the tensor the model "
+        "receives after the study's transforms and the image processor, each "
+        "channel scaled to its own min-max for display. "
         "Right: class index, original form, tensor shape and range.</p><table>"
         + "".join(rows)
         + "</table></body></html>"

@@ -1,5 +1,5 @@
-"""Image-classification audit (PROTOCOL.md step 3: "Images: sizes and the transforms applied to
-each category").
+"""Image-classification audit (docs/PROTOCOL.md step 3: image sizes and the transforms each
+category goes through).
 
 A category whose images differ in form from the others (another colour mode, file format or
 size) lets a classifier learn the form instead of the content: the "shortcut learning" of
@@ -268,7 +268,8 @@ def audit_images(
                     label,
                     kind,
                     "warning",
-                    f"{kind}s {dict(p.most_common())} vs the other categories {dict(q.most_common())} (distance {d:.2f})",
+                    f"{kind}s {dict(p.most_common())} vs the other categories "
+                    f"{dict(q.most_common())} (distance {d:.2f})",
                 )
         mine_ar = [w / h for w, h in zip(mine["w"], mine["h"])]
         other_ar = [w / h for w, h in zip(others["w"], others["h"])]
@@ -321,6 +322,7 @@ def audit_images(
             "mode/format": f"total variation distance to the other categories > {DISTRIBUTION_DISTANCE_FLAG}",
             "width/height/aspect_ratio": f"median more than {SIZE_RATIO_FLAG}x off the other categories' median",
             "transform_output": "most common output signature differs from the other categories'",
-            "value_scale": f"median per-image largest |value| after the transform more than {VALUE_SCALE_FLAG:g}x off the others'",
+            "value_scale": "median per-image largest |value| after the transform more "
+            f"than {VALUE_SCALE_FLAG:g}x off the others'",
         },
     }

@@ -70,7 +70,7 @@ def token_rows(enc: Encoded, tokenizer) -> list[dict]:
 
 
 def scored_pairs(rows: list[dict]) -> list[str]:
-    """``"pos:input→target"`` for each position whose logits are scored (CASES C2 kind: a shifted
+    """``"pos:input→target"`` for each position whose logits are scored (docs/CASES.md C2 kind: a shifted
     alignment shows as pairs that do not read as "this token, then the next")."""
     return [
         f"{r['pos']}:{visible(r['text'])}→{visible(r['scored_against'])}"
@@ -107,7 +107,7 @@ def header(enc: Encoded, classes: list[str] | None = None) -> str:
 
 def prefix_diff_lines(enc: Encoded) -> list[str]:
     """Both strings and the character diff when the training prefix differs from the inference
-    prompt (CASES C3 kind); empty otherwise."""
+    prompt (docs/CASES.md C3 kind); empty otherwise."""
     d = enc.prefix_diff
     if not d:
         return []
@@ -150,9 +150,11 @@ def render_rich(enc: Encoded, tokenizer, classes: list[str] | None = None):
 def render_html(items: list[tuple[Encoded, list[dict]]], title: str, classes: list[str] | None = None) -> str:
     """One self-contained HTML page (no external resources); every data text is escaped."""
     css = (
-        "body{font-family:sans-serif;margin:2em} .tok{font-family:monospace;border:1px solid #ccc;margin:1px;padding:1px 2px;"
+        "body{font-family:sans-serif;margin:2em} .tok{font-family:monospace;border:1px solid "
+        "#ccc;margin:1px;padding:1px 2px;"
         "display:inline-block} .sup{background:#c8f7c5} .pro{color:#777} .spe{color:#a0a;font-weight:bold}"
-        " .cut{color:#c00;font-weight:bold} .fault{color:#c00} .cls{background:#c8f7c5;font-weight:bold} h2{font-size:1em;margin-top:2em}"
+        " .cut{color:#c00;font-weight:bold} .fault{color:#c00} "
+        ".cls{background:#c8f7c5;font-weight:bold} h2{font-size:1em;margin-top:2em}"
     )
     is_cls = bool(items) and (items[0][0].class_index is not None or not items[0][0].labels)
     legend = (
@@ -163,7 +165,8 @@ def render_html(items: list[tuple[Encoded, list[dict]]], title: str, classes: li
         "Hover a token for its id and the token it is scored against."
     )
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{css}</style></head><body>",
+        "<!doctype html><html><head><meta charset='utf-8'><title>"
+        f"{html.escape(title)}</title><style>{css}</style></head><body>",
         f"<h1>{html.escape(title)}</h1><p>{html.escape(legend)}</p>",
     ]
     for enc, rows in items:

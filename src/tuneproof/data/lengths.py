@@ -1,5 +1,5 @@
-"""Token-length statistics per split and the truncation they imply (PROTOCOL.md step 3:
-"the tokenizer, the separators, truncation").
+"""Token-length statistics per split and the truncation they imply (docs/PROTOCOL.md step 3:
+the tokenizer, the separators, where truncation cuts).
 
 Pure functions on integers: the token lengths (tokens per example after the exact
 preprocessing, before truncation) are computed by the caller with the study's tokenizer.

@@ -4,8 +4,8 @@ what ``baseline``/``eval`` prompt with all come from here.
 Causal LM (generative tasks): the prompt is the chat template applied to (system, user) with the
 generation prompt; the training text is the chat template applied to (system, user, assistant).
 The answer boundary is found from character offsets (never by re-tokenising a marker, which can
-tokenise differently in context, CASES C3); the supervised tokens are the answer and its
-end-of-turn token (CASES C2: the end token is supervised even when pad == eos, because padding is
+tokenise differently in context, docs/CASES.md C3); the supervised tokens are the answer and its
+end-of-turn token (docs/CASES.md C2: the end token is supervised even when pad == eos, because padding is
 masked by position, not by token id).
 
 Sequence classification (encoders): the text is tokenised alone, the label is the class index.
@@ -45,7 +45,7 @@ class Encoded:
         boundary_char: character offset of the answer in the training text.
         answer_lost: supervised (answer) tokens removed by truncation at ``max_length``.
         end_cut: the answer's end token is among the tokens removed by truncation.
-        prefix_diff: when the training text does not start with the inference prompt (CASES C3
+        prefix_diff: when the training text does not start with the inference prompt (docs/CASES.md C3
             kind): ``{"prompt", "training_prefix", "first_difference", "diff"}`` from the
             template's own rendering, see :func:`char_diff`; else None.
     """
@@ -153,7 +153,7 @@ class TextPipeline:
 
         The prompt and the answer are tokenised separately and concatenated, so the tokens before
         the first supervised position are exactly the inference prompt's tokens even when the
-        tokenizer would merge across the boundary in one pass (CASES C3); such a merge is recorded
+        tokenizer would merge across the boundary in one pass (docs/CASES.md C3); such a merge is recorded
         in ``notes`` with the tokens on each side.
         """
         if self.labels is not None:
@@ -199,7 +199,8 @@ class TextPipeline:
                 a, b = joint["offset_mapping"][k]
                 notes.append(
                     f"in one pass the tokenizer merges across the answer boundary ({full[a:b]!r}); prompt and answer "
-                    f"are tokenised separately: ... {full[max(0, start - 12) : start]!r} | {full[start : start + 12]!r} ..."
+                    f"are tokenised separately: ... {full[max(0, start - 12) : start]!r} | "
+                    f"{full[start : start + 12]!r} ..."
                 )
         ids = p_ids + a_ids
         offsets = [
@@ -222,11 +223,13 @@ class TextPipeline:
         n_sup = sum(1 for lab in labels[1:] if lab != IGNORE_INDEX)
         if n_sup == 0:
             faults.append(
-                f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer {answer_tokens} tokens > max_length {self.max_length})"
+                f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer "
+                f"{answer_tokens} tokens > max_length {self.max_length})"
             )
         elif end_cut and self.end_token is not None:
             faults.append(
-                f"the answer is cut by max_length {self.max_length}: {answer_lost} of {answer_tokens} answer tokens lost, "
+                f"the answer is cut by max_length {self.max_length}: "
+                f"{answer_lost} of {answer_tokens} answer tokens lost, "
                 f"the end token {self.end_token!r} among them (the model would never learn to stop)"
             )
         elif not truncated and self.end_token is not None:
@@ -309,7 +312,7 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
 
     Returns ``input_ids [B, T]``, ``attention_mask [B, T]`` and ``labels`` (``[B, T]`` with -100
     on padding *positions*, or ``[B]`` class indices for sequence classification). Padding is
-    masked by position, so an end token equal to the pad token stays supervised (CASES C2).
+    masked by position, so an end token equal to the pad token stays supervised (docs/CASES.md C2).
     """
     import torch  # noqa: PLC0415  (torch only once a batch is built: importing the study context stays light)
 
@@ -361,9 +364,9 @@ def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
 
 
 def collate_packed(batch: list[Encoded], pad_id: int, capacity: int) -> dict[str, torch.Tensor]:
-    """Padding-free packed micro-batch of a causal LM (``training.packing``, issue 15): the
-    examples of ``batch`` laid end to end in rows of at most ``capacity`` tokens (:func:`pack_rows`),
-    rows right-padded to the longest row.
+    """Padding-free packed micro-batch of a causal LM (``training.packing``,
+    tests/training/test_length_grouping_packing.py): the examples of ``batch`` laid end to end in rows of at most
+    ``capacity`` tokens (:func:`pack_rows`), rows right-padded to the longest row.
 
     Returns ``input_ids``, ``labels``, ``position_ids`` and ``attention_mask`` (1 on real tokens;
     for counting, not given to the model), all ``[R, W]``. Position ids restart at 0 for every

@@ -517,7 +517,7 @@ def snips_target(intent: str, pieces: list[dict[str, Any]]) -> str:
 def load_snips(root: Path) -> tuple[list[Example], list[str]]:
     """Read the SNIPS 2017 custom-intent-engines folder (``<Intent>/train_<Intent>_full.json`` and
     ``<Intent>/validate_<Intent>.json``). Slots come from the segments that carry ``entity``; the
-    intent from the file. The PlayMusic CESU-8 emoji is repaired and reported (CASES C17).
+    intent from the file. The PlayMusic CESU-8 emoji is repaired and reported (docs/CASES.md C17).
 
     Returns ``(examples, repairs)``; ids are ``<Intent>/<split>/<index:04d>``.
     """

@@ -187,8 +187,8 @@ def build_splits(
 
     Examples whose source gives a split keep it; the rest are split by ``policy.fractions``. When no
     split named in ``policy.fractions`` is given by the sources and ``policy.carve_from`` is set, it is
-    carved out of that split (stratified, with its fraction; e.g. a test split out of train). ``policy.max_examples`` then
-    caps splits by a stratified subset. Whenever tuneproof cuts a split itself, duplicate groups
+    carved out of that split (stratified, with its fraction; e.g. a test split out of train). ``policy.max_examples``
+    then caps splits by a stratified subset. Whenever tuneproof cuts a split itself, duplicate groups
     (:func:`duplicate_groups` with ``dedup``, the ``data.dedup`` settings) stay whole; ``info``,
     when given, receives ``{"grouping": rule, "groups_kept_whole": number of groups of 2+}``.
 
@@ -225,7 +225,8 @@ def build_splits(
             rest = 1.0 - sum(missing.values())
             if rest <= 0:
                 raise TuneproofError(
-                    f"data.split.fractions of the carved splits {sorted(missing)} leave nothing in '{policy.carve_from}'"
+                    f"data.split.fractions of the carved splits {sorted(missing)} "
+                    f"leave nothing in '{policy.carve_from}'"
                 )
             parts = cut(splits[policy.carve_from], {policy.carve_from: rest, **missing})
             splits.update(parts)
@@ -281,7 +282,8 @@ def freeze_or_reuse(
         missing = [i for i in ids if i not in by_id]
         if missing:
             raise TuneproofError(
-                f"{path}: {len(missing)} example ids of split '{name}' are not in the data any more (e.g. '{missing[0]}')",
+                f"{path}: {len(missing)} example ids of split '{name}' are not "
+                f"in the data any more (e.g. '{missing[0]}')",
                 hint="the data changed: restore it, or start a new study (the manifest is frozen on purpose)",
             )
         out[name] = [replace(by_id[i], split=name) for i in ids]

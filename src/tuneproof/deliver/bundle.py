@@ -33,7 +33,8 @@ BUNDLE_SCHEMA = 1
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
-    """``{relative posix path: sha256}`` of every file under ``folder`` except ``manifest.json`` and ``manifest.sha256``."""
+    """``{relative posix path: sha256}`` of every file under ``folder`` except ``manifest.json`` and
+    ``manifest.sha256``."""
     folder = Path(folder)
     return {
         p.relative_to(folder).as_posix(): sha256_file(p)
@@ -97,11 +98,13 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
     man = read_json(bundle / MANIFEST)
     if not isinstance(man, dict) or man.get("kind") != BUNDLE_KIND:
         raise TuneproofError(
-            f"{bundle / MANIFEST}: not a tuneproof export manifest (kind {man.get('kind') if isinstance(man, dict) else None!r})"
+            f"{bundle / MANIFEST}: not a tuneproof export manifest (kind "
+            f"{man.get('kind') if isinstance(man, dict) else None!r})"
         )
     if int(man.get("schema_version", 0)) > BUNDLE_SCHEMA:
         raise TuneproofError(
-            f"{bundle / MANIFEST}: schema_version {man['schema_version']} is newer than this tuneproof reads ({BUNDLE_SCHEMA})",
+            f"{bundle / MANIFEST}: schema_version {man['schema_version']} is "
+            f"newer than this tuneproof reads ({BUNDLE_SCHEMA})",
             hint="upgrade tuneproof",
         )
     return man

@@ -11,14 +11,15 @@ loaded):
    shipped in the bundle (:mod:`tuneproof.deliver.claims`); a claim that does not match is named
    by its manifest field;
 2. ``base weights``: every weight file and ``config.json`` of the base (``--base`` or the recorded
-   path) has the recorded sha256, and no file is missing or added (CASES C13: names both hashes;
+   path) has the recorded sha256, and no file is missing or added (docs/CASES.md C13: names both hashes;
    weight hashes are cached by path, size and mtime, ``tuneproof --rehash verify`` recomputes them);
-   a base of another vocabulary size than the one recorded before resizing names both sizes first (C6 kind);
+   a base of another vocabulary size than the one recorded before resizing names both sizes first (docs/CASES.md C6
+   kind);
 3. ``adapter config``: ``adapter_config.json`` carries the recorded base revision;
 4. ``tokenizer``: the base's tokenizer has the recorded class, vocabulary size and token -> id map
    (``vocab_sha256``), added tokens, chat template and probe-text token ids;
 5. ``reload``: the base + adapter load with the standard ``PeftModel.from_pretrained`` (or the
-   full model with ``from_pretrained``); modules_to_save come from the saved file (CASES C6);
+   full model with ``from_pretrained``); modules_to_save come from the saved file (docs/CASES.md C6);
 6. ``predictions``: the K stored examples are predicted again by the stored procedure and
    compared with the predictions recorded at export;
 7. ``merged`` (bundles exported with ``--merge``): the merged model reproduces its own recorded
@@ -351,7 +352,8 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     if man["payload"] == "adapter" or base is not None:
         if not (base_path / "config.json").is_file():
             raise TuneproofError(
-                f"base model not found at {base_path} (the bundle was exported from {bm.get('name')}, revision {bm.get('revision')})",
+                f"base model not found at {base_path} (the bundle was exported from "
+                f"{bm.get('name')}, revision {bm.get('revision')})",
                 hint="pass --base PATH to the folder holding that exact base model",
             )
         problems = compare_vocabulary(man.get("vocabulary"), base_path) + compare_weights(bm["weight_files"], base_path)
@@ -440,7 +442,8 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
         report,
         "predictions",
         cmp["passed"],
-        f"{cmp['identical']} of {cmp['n']} predictions identical on {dev}; max |logit diff| {cmp['max_abs_logit_diff']:.3g} "
+        f"{cmp['identical']} of {cmp['n']} predictions identical on {dev}; max "
+        f"|logit diff| {cmp['max_abs_logit_diff']:.3g} "
         f"(tolerance {atol})"
         + (
             " with the base weights in bf16 and bf16 autocast, as the run was trained and evaluated"

@@ -73,7 +73,8 @@ def model_card(man: dict[str, Any]) -> str:
         )
     t = man["tokenizer"]
     lines += [
-        f"- tokenizer: {t.get('class')}, vocabulary {t.get('vocab_size')}, probe-text token ids sha256 `{t.get('probe_hash')}`",
+        f"- tokenizer: {t.get('class')}, vocabulary {t.get('vocab_size')}, "
+        f"probe-text token ids sha256 `{t.get('probe_hash')}`",
         "",
     ]
     lines += ["## Load", "", "```python"]
@@ -98,7 +99,8 @@ def model_card(man: dict[str, Any]) -> str:
             f"bnb_4bit_quant_storage=torch.{q['bnb_4bit_quant_storage']}"
             + (f", llm_int8_skip_modules={q['llm_int8_skip_modules']!r}" if q.get("llm_int8_skip_modules") else "")
             + ")",
-            f'base = {loader}.from_pretrained("{b["path"]}"{extra}, quantization_config=bnb)  # the exact base above, in 4-bit',
+            f'base = {loader}.from_pretrained("{b["path"]}"{extra}, '
+            "quantization_config=bnb)  # the exact base above, in 4-bit",
             'model = PeftModel.from_pretrained(base, "adapter")',
         ]
     elif man["payload"] == "adapter":
@@ -122,19 +124,24 @@ def model_card(man: dict[str, Any]) -> str:
     lines += ["```", ""]
     if q:
         lines += [
-            f"QLoRA: the adapter was trained on this base loaded in 4-bit by bitsandbytes {q.get('bitsandbytes_version')} "
-            f"({q['bnb_4bit_quant_type']}, double quantization {'on' if q['bnb_4bit_use_double_quant'] else 'off'}, compute dtype "
+            "QLoRA: the adapter was trained on this base loaded in 4-bit by "
+            f"bitsandbytes {q.get('bitsandbytes_version')} "
+            f"({q['bnb_4bit_quant_type']}, double quantization "
+            f"{'on' if q['bnb_4bit_use_double_quant'] else 'off'}, compute dtype "
             f"{q['bnb_4bit_compute_dtype']}, storage {q['bnb_4bit_quant_storage']}). The hashes above are those of the "
             "unquantized files; the 4-bit weights are made from them while loading, so load the base with this config "
-            "(`pip install 'tuneproof[qlora]'`) to get the model that was evaluated. Loaded without it, the adapter sits on "
-            "full-precision weights it was not trained on. The baseline is the unquantized base: the deltas below include "
+            "(`pip install 'tuneproof[qlora]'`) to get the model that was "
+            "evaluated. Loaded without it, the adapter sits on "
+            "full-precision weights it was not trained on. The baseline is the "
+            "unquantized base: the deltas below include "
             "the effect of the 4-bit quantization.",
             "",
         ]
     lines += ["Check the base and the predictions first: `tuneproof verify BUNDLE --base PATH`.", ""]
     if man.get("merged"):
         lines += [
-            '`merged/` holds the base with the adapter merged in (safetensors); load it with `from_pretrained("merged")`.',
+            "`merged/` holds the base with the adapter merged in "
+            '(safetensors); load it with `from_pretrained("merged")`.',
             "",
         ]
     m = cfg["method"]
@@ -156,7 +163,8 @@ def model_card(man: dict[str, Any]) -> str:
     tr = cfg["training"]
     lines += [
         f"- steps {man.get('train', {}).get('steps')}, micro-batch {tr['micro_batch_size']}, gradient accumulation "
-        f"{tr['gradient_accumulation_steps']}, learning rate {tr['learning_rate']}, max_length {tr['max_length']}, seed {tr['seed']}",
+        f"{tr['gradient_accumulation_steps']}, learning rate "
+        f"{tr['learning_rate']}, max_length {tr['max_length']}, seed {tr['seed']}",
         f"- data fingerprint `{(man.get('data_fingerprint') or {}).get('hash')}`",
         f"- evaluation fingerprint `{(man.get('eval_fingerprint') or {}).get('hash')}`",
         "",
@@ -168,7 +176,8 @@ def model_card(man: dict[str, Any]) -> str:
         for k, v in comp["metrics"].items():
             ci = v.get("ci") or [None, None]
             lines.append(
-                f"| {k} | {_fmt(v.get('base'))} | {_fmt(v.get('cand'))} | {_fmt(v.get('delta'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] |"
+                f"| {k} | {_fmt(v.get('base'))} | {_fmt(v.get('cand'))} | "
+                f"{_fmt(v.get('delta'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] |"
             )
         lines += ["", f"Verdict of the hypothesis and its guards: **{comp.get('verdict')}** ({comp.get('detail')})", ""]
         for v in comp.get("verdicts") or []:
@@ -209,6 +218,7 @@ def _hypothesis_lines(h: dict[str, Any], comp: dict[str, Any]) -> list[str]:
     if h.get("use_edited_reason"):
         lines += [
             "",
-            f"Judged against the edited hypothesis at the user's request (--use-edited-hypothesis): {h['use_edited_reason']}",
+            "Judged against the edited hypothesis at the user's request "
+            f"(--use-edited-hypothesis): {h['use_edited_reason']}",
         ]
     return lines + [""]

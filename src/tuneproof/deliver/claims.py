@@ -1,4 +1,4 @@
-"""The claims of an export bundle, recomputed from the evidence it ships (issue 11).
+"""The claims of an export bundle, recomputed from the evidence it ships (tests/deliver/test_deliver_claims.py).
 
 ``manifest.json`` states results: the candidate's headline metrics, the comparison with the
 baseline (verdict, counts, McNemar, metric deltas with bootstrap intervals, each guard's verdict)
@@ -133,7 +133,8 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
             sc = scoring.get("comparison") or {}
             sw = sc.get("scored_with") or {}
             ev = _eval(sc.get("eval"), sw.get("format"))
-            # the paired counts follow the judged hypothesis's success metric (its per-example rule), as compare counted them
+            # the paired counts follow the judged hypothesis's success metric (its per-example rule), as compare counted
+            # them
             view0 = sc.get("view")
             r = _plain(
                 paired_compare(
@@ -228,7 +229,8 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                     and not math.isclose(train["first_loss"], by_step[1], abs_tol=LOG_TOL)
                 ):
                     problems.append(
-                        f"train.first_loss: manifest claims {train['first_loss']!r}, {TRAIN_METRICS} step 1 has {by_step[1]!r}"
+                        f"train.first_loss: manifest claims {train['first_loss']!r}, "
+                        f"{TRAIN_METRICS} step 1 has {by_step[1]!r}"
                     )
             ts = bundle / "results" / "train_summary.json"
             if ts.is_file():

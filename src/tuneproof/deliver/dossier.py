@@ -207,7 +207,8 @@ def _verdict_text(ev: _Evidence, entry: dict | None) -> str | None:
 
 
 def _summary(ev: _Evidence) -> list[dict]:
-    """The first screen: it stands alone; every other section is linked below it (issue 16)."""
+    """The first screen: it stands alone; every other section is linked below it
+    (tests/deliver/test_deliver_dossier.py)."""
     s = ev.ctx.study
     by_status = Counter(r.status for r in ev.runs)
     comp, first, cid = _latest_candidate(ev)
@@ -226,7 +227,8 @@ def _summary(ev: _Evidence) -> list[dict]:
             {
                 "type": "strong",
                 "text": f"verdict ({ev.judging.judged_against} hypothesis): {str(o.get('verdict', '?')).upper()} "
-                f"({o.get('detail', '')}); {cid} vs baseline {(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})",
+                f"({o.get('detail', '')}); {cid} vs baseline "
+                f"{(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})",
             }
         )
         rows = []
@@ -247,7 +249,8 @@ def _summary(ev: _Evidence) -> list[dict]:
         if judged[1]:
             blocks.append(
                 _paragraph(
-                    f"with the {judged[1][0]} hypothesis instead: {judged[1][1].get('verdict')} ({judged[1][1].get('detail')})"
+                    f"with the {judged[1][0]} hypothesis instead: "
+                    f"{judged[1][1].get('verdict')} ({judged[1][1].get('detail')})"
                 )
             )
     elif first:
@@ -257,7 +260,8 @@ def _summary(ev: _Evidence) -> list[dict]:
             {"type": "strong", "text": "verdict: none yet: no comparison with the baseline (`tuneproof compare RUN`)"}
         )
     items = [
-        f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains at least {succ.get('min_gain')} over the baseline "
+        f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains "
+        f"at least {succ.get('min_gain')} over the baseline "
         f"(95% CI lower bound); {len(h.get('guards') or [])} guard(s)",
         f"study: {s.name} ({s.hypothesis.task}); base model: {s.model.base}"
         + (f" @ {s.model.revision}" if s.model.revision else ""),
@@ -322,7 +326,8 @@ def _candidate_change(ev: _Evidence, cid: str) -> str:
         else "1 epoch"
     )
     text = (
-        f"{train.id} trained {what}; {budget} of {t.get('micro_batch_size')} x {t.get('gradient_accumulation_steps', 1)} examples, "
+        f"{train.id} trained {what}; {budget} of {t.get('micro_batch_size')} x "
+        f"{t.get('gradient_accumulation_steps', 1)} examples, "
         f"learning rate {t.get('learning_rate')}"
     )
     if train.summary.get("final_loss") is not None:
@@ -336,7 +341,8 @@ def _hypothesis_items(h: dict) -> list[str]:
     items = [
         f"behaviour: {h.get('behaviour')}",
         f"task: {h.get('task')}",
-        f"success: {(h.get('success') or {}).get('metric')} gains at least {(h.get('success') or {}).get('min_gain')} over the baseline",
+        f"success: {(h.get('success') or {}).get('metric')} gains at least "
+        f"{(h.get('success') or {}).get('min_gain')} over the baseline",
     ]
     for g in h.get("guards") or []:
         # only the conditions written apply (a floor alone allows any drop above it)
@@ -375,7 +381,8 @@ def _hypothesis(ev: _Evidence) -> list[dict]:
         return [
             {"type": "list", "items": _hypothesis_items(j.current)},
             _paragraph(
-                "not frozen yet: the first train run fixes it (`tuneproof train`); until then the study file's hypothesis is in force."
+                "not frozen yet: the first train run fixes it (`tuneproof train`); "
+                "until then the study file's hypothesis is in force."
             ),
         ]
     first = next((r for r in ev.runs if r.id == j.frozen_run), None)
@@ -434,8 +441,10 @@ def _baseline(ev: _Evidence) -> list[dict]:
     base = b.summary.get("base") or {}
     blocks = [
         _paragraph(
-            f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision {base.get('revision', '-')}) on "
-            f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' examples, {b.summary.get('eval_seconds', '?')} s."
+            f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision "
+            f"{base.get('revision', '-')}) on "
+            f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' "
+            f"examples, {b.summary.get('eval_seconds', '?')} s."
         )
     ]
     metrics = b.summary.get("metrics", {})
@@ -506,7 +515,8 @@ def _change_of(ev: _Evidence, r) -> str:
     if ch:
         if isinstance(ch, dict):
             return "; ".join(
-                f"{k}: {_fmt(v.get('from') if isinstance(v, dict) else v)} -> {_fmt(v.get('to') if isinstance(v, dict) else '')}"
+                f"{k}: {_fmt(v.get('from') if isinstance(v, dict) else v)} -> "
+                f"{_fmt(v.get('to') if isinstance(v, dict) else '')}"
                 if isinstance(v, dict)
                 else f"{k}: {_fmt(v)}"
                 for k, v in ch.items()
@@ -530,7 +540,8 @@ def _lineage(ev: _Evidence) -> list[dict]:
     if not any(k is not None for k in children):
         return [
             _paragraph(
-                f"no variants yet: {len(trains)} train run(s), each from the study file (`tuneproof train --from RUN --set KEY=VALUE` makes one)."
+                f"no variants yet: {len(trains)} train run(s), each from the study file "
+                "(`tuneproof train --from RUN --set KEY=VALUE` makes one)."
             )
         ]
     # the hypothesis in force (frozen unless --use-edited-hypothesis)
@@ -594,7 +605,8 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
     if dup_rows:
         blocks.append(
             _paragraph(
-                "duplicates across splits first (the second split's examples that also occur in the first), then inside each split:"
+                "duplicates across splits first (the second split's examples that "
+                "also occur in the first), then inside each split:"
             )
         )
         blocks.append(_table(["splits", "where", "examples checked", "exact", "normalised", "near"], dup_rows))
@@ -876,8 +888,10 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
     if bd and bd.get("rows") and bd.get("lengths"):
         blocks.append(
             _paragraph(
-                f"step memory estimate itemised, MiB (2**20 bytes), micro-batch {bd.get('micro_batch')}; then the measured "
-                "step (its tensors: the CPU allocator's count or CUDA's peak allocated; the process: resident set on a CPU):"
+                "step memory estimate itemised, MiB (2**20 bytes), micro-batch "
+                f"{bd.get('micro_batch')}; then the measured "
+                "step (its tensors: the CPU allocator's count or CUDA's peak "
+                "allocated; the process: resident set on a CPU):"
             )
         )
         blocks.append(
@@ -990,15 +1004,17 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
             blocks.append({"type": "strong", "text": f"{cid} vs baseline {data.get('baseline')} ({c.id})"})
             blocks.append(
                 _paragraph(
-                    f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, broken {cnt.get('broken')}, unchanged right "
+                    f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, "
+                    f"broken {cnt.get('broken')}, unchanged right "
                     f"{cnt.get('unchanged_right')}, unchanged wrong {cnt.get('unchanged_wrong')}; McNemar exact p = "
                     f"{fmt_p((r.get('mcnemar') or {}).get('p_value'))}. Intervals: 95% paired bootstrap of the delta."
                 )
             )
             basis, cc = r.get("counts_basis") or {}, r.get("counts_correct")
-            if basis:  # issue 17: the counts follow the success metric's per-example rule
+            if basis:  # tests/deliver/test_show_basis.py: the counts follow the success metric's per-example rule
                 extra = (
-                    f" On the per-example `correct` (exact match / right class): fixed {cc['fixed']}, broken {cc['broken']}, "
+                    " On the per-example `correct` (exact match / right class): "
+                    f"fixed {cc['fixed']}, broken {cc['broken']}, "
                     f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}."
                     if cc and basis.get("rule") != "correct"
                     else ""
@@ -1183,7 +1199,8 @@ def _confusion_summary(ev: _Evidence, base_id: str | None, cid: str, task: str) 
     rows = [[t, p, c, f"{c / tot:.0%}" if tot else "-", bcell.get((t, p), "-")] for t, p, c, tot in top]
     return [
         _paragraph(
-            f"top {len(rows)} confusions of the candidate {cid} (true class predicted as another; the heat maps are below):"
+            f"top {len(rows)} confusions of the candidate {cid} (true class "
+            "predicted as another; the heat maps are below):"
         ),
         _table(["true class", "predicted as", "examples", "share of the class", f"baseline {base_id}"], rows),
     ]
@@ -1247,7 +1264,8 @@ def _test_log(ev: _Evidence) -> list[dict]:
         blocks.append(
             {
                 "type": "strong",
-                "text": f"the test split was read {len(acc)} times: choosing among candidates on it wears out its value as a control",
+                "text": f"the test split was read {len(acc)} times: choosing among "
+                "candidates on it wears out its value as a control",
             }
         )
     return blocks
@@ -1280,7 +1298,8 @@ def _verdict(ev: _Evidence) -> list[dict]:
     blocks = [
         {
             "type": "strong",
-            "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} ({cid}, {c.id}; {against} hypothesis)",
+            "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} "
+            f"({cid}, {c.id}; {against} hypothesis)",
         }
     ]
     blocks.append({"type": "list", "items": [f"{v['kind']} {v['verdict']}: {v['name']}" for v in verdicts]})
@@ -1355,7 +1374,8 @@ def _plan(ev: _Evidence) -> list[dict]:
         ["total", f"{plan['total_h']:.2f}", f"of {plan['available_h']:.0f} h rented; spare {plan['spare_h']:.1f} h"]
     )
     items = [
-        f"variants of the configured budget that fit: {plan['variants_fit']} ({plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
+        f"variants of the configured budget that fit: {plan['variants_fit']} ("
+        f"{plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
         *cost_lines(plan),
     ]
     items += [f"warning: {w}" for w in plan.get("warnings", [])] + [
@@ -1459,12 +1479,15 @@ def to_markdown(d: dict[str, Any]) -> str:
 
 
 CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#1d2733;line-height:1.45}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;\
+margin:2em auto;padding:0 1em;color:#1d2733;line-height:1.45}
 h1{border-bottom:2px solid #2f6fb3;padding-bottom:.2em}h2{margin-top:1.8em;border-bottom:1px solid #d5dbe1}
 table{border-collapse:collapse;margin:.6em 0;font-size:.88em;display:block;overflow-x:auto}
 th,td{border:1px solid #d5dbe1;padding:.25em .55em;text-align:left;vertical-align:top}th{background:#eef2f6}
-pre{background:#f4f6f8;padding:.8em;overflow-x:auto}figure{margin:1em 0}figure img{max-width:100%;border:1px solid #e3e7eb}
-figcaption{font-size:.85em;color:#56606b}.strong{font-weight:600}nav a{margin-right:.8em;font-size:.9em;display:inline-block}
+pre{background:#f4f6f8;padding:.8em;overflow-x:auto}figure{margin:1em 0}\
+figure img{max-width:100%;border:1px solid #e3e7eb}
+figcaption{font-size:.85em;color:#56606b}.strong{font-weight:600}\
+nav a{margin-right:.8em;font-size:.9em;display:inline-block}
 td,th{overflow-wrap:anywhere}details{margin:.5em 0}summary{cursor:pointer;color:#2f6fb3}
 """
 

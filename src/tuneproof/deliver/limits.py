@@ -1,4 +1,4 @@
-"""The observed limits of a trained model (PROTOCOL.md step 7: "deliver ... the limits observed").
+"""The observed limits of a trained model (docs/PROTOCOL.md step 7: the limits that were observed).
 
 From the evidence already recorded, never from a new run:
 
@@ -194,13 +194,15 @@ def limits_lines(limits: dict[str, Any], max_rows: int = 8) -> list[str]:
         )
     for r in limits.get("weak", [])[:max_rows]:
         out.append(
-            f"weak: {r['kind']} {r['name']}: {r['metric']} {r['cand']:.3f} (below {limits.get('weak_below', WEAK_BELOW)}"
+            f"weak: {r['kind']} {r['name']}: {r['metric']} {r['cand']:.3f} "
+            f"(below {limits.get('weak_below', WEAK_BELOW)}"
             + (f", support {r['support']}" if r.get("support") is not None else "")
             + ")"
         )
     for f in limits.get("failures", [])[:max_rows]:
         out.append(
-            f"typical failure: {f['kind']}: {f['count']} example(s) ({f['share']:.0%}), e.g. {', '.join(f['example_ids'][:3])}"
+            f"typical failure: {f['kind']}: {f['count']} example(s) ("
+            f"{f['share']:.0%}), e.g. {', '.join(f['example_ids'][:3])}"
         )
     if limits.get("broken"):
         out.append(f"right before, wrong after fine-tuning: {', '.join(limits['broken'][:10])}")

@@ -1,6 +1,6 @@
-"""The rental plan (PROTOCOL.md step 7: "Plan a 3, 7 or 30 day rental around distinct phases:
-initial check, experiment, evaluation, resumption, export. Keep a margin to reload a checkpoint in
-a fresh process").
+"""The rental plan (docs/PROTOCOL.md step 7: a 3, 7 or 30 day rental planned in phases, initial
+checks, experiments, evaluation, a margin to resume, export, with time to reload a checkpoint in a
+fresh process).
 
 Every duration comes from this study's measurements, in this order of preference:
 
@@ -157,7 +157,8 @@ def measure(registry) -> dict[str, Any]:
         if loads:
             out.update(
                 reload_s=PROCESS_START_S + statistics.median(loads),
-                reload_source=f"model load measured in {len(loads)} eval run(s) + {PROCESS_START_S:.0f} s process start (assumed)",
+                reload_source=f"model load measured in {len(loads)} eval run(s) + "
+                f"{PROCESS_START_S:.0f} s process start (assumed)",
             )
         else:
             out.update(reload_s=DEFAULT_RELOAD_S, reload_source=f"assumed {DEFAULT_RELOAD_S:.0f} s (not measured)")
@@ -267,7 +268,8 @@ def make_plan(
         {
             "phase": "initial check",
             "hours": initial_h,
-            "basis": f"setup {SETUP_H:.1f} h (assumed) + data check {dc_h:.2f} h ({dc_b}) + preflight {pf_h:.2f} h ({pf_b}) + baseline {bl_h:.2f} h ({bl_b})",
+            "basis": f"setup {SETUP_H:.1f} h (assumed) + data check {dc_h:.2f} h ({dc_b}) + "
+            f"preflight {pf_h:.2f} h ({pf_b}) + baseline {bl_h:.2f} h ({bl_b})",
         },
         {"phase": "experiment", "hours": n * train_h, "basis": f"{n} variant(s) x {steps} steps x {sps:.3g} s/step"},
         {
@@ -278,7 +280,8 @@ def make_plan(
         {
             "phase": "resume margin",
             "hours": n * resume_h,
-            "basis": f"{n} x (reload in a fresh process {reload_s:.0f} s + up to {min(checkpoint_every, steps)} steps since the last checkpoint)",
+            "basis": f"{n} x (reload in a fresh process {reload_s:.0f} s + up to "
+            f"{min(checkpoint_every, steps)} steps since the last checkpoint)",
         },
         {"phase": "export", "hours": ex_h, "basis": f"export + verification in a fresh process ({ex_b})"},
     ]
@@ -332,11 +335,13 @@ def cost_lines(plan: dict[str, Any]) -> list[str]:
     c = plan.get("cost")
     if not c:
         return [
-            f"planned {plan['total_h']:.2f} hours of the {plan['available_h']:.0f} rented; no cost computed (pass --hourly-rate RATE)"
+            f"planned {plan['total_h']:.2f} hours of the {plan['available_h']:.0f} "
+            "rented; no cost computed (pass --hourly-rate RATE)"
         ]
     return [
         f"cost at {plan['hourly_rate']:g} per hour: rental of {plan['available_h']:.0f} h {c['rental']:.2f}; "
-        f"cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"
+        f"cost of the {plan['total_h']:.2f} planned hours "
+        f"{c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"
     ]
 
 

@@ -1,1 +1,1 @@
-"""Preflight (PROTOCOL.md steps 4-6): checks that fail before the rental hours are spent."""
+"""Preflight (docs/PROTOCOL.md steps 4-6): checks that fail before the rental hours are spent."""

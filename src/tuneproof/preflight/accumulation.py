@@ -1,5 +1,5 @@
-"""Gradient accumulation builds the same update as the concatenated batch (PROTOCOL.md step 5,
-CASES C1).
+"""Gradient accumulation builds the same update as the concatenated batch (docs/PROTOCOL.md step 5,
+docs/CASES.md C1).
 
 With ``k`` micro-batches per optimizer step, the loss of the update is the mean over every
 supervised token of the whole window: each micro-batch contributes
@@ -9,7 +9,7 @@ micro-batch more than a token of a long one. :func:`check_accumulation` runs bot
 accumulated window and the concatenated batch through the model and compares loss and
 gradients; it also reports the mean-of-means value so the difference is visible.
 
-A window never crosses an epoch boundary (CASES C18): when the micro-batches of an epoch are not a
+A window never crosses an epoch boundary (docs/CASES.md C18): when the micro-batches of an epoch are not a
 multiple of the accumulation, the last window of each epoch holds only what is left
 (:func:`last_window_micro_batches`), and its loss is the per-token mean over what it holds.
 :func:`check_windows` checks that short window against its concatenation too, not only the
@@ -99,7 +99,7 @@ def check_accumulation(
         "window_tokens": N, "loss_sums": [nats per micro-batch], "loss_accumulated": sum_i s_i / N,
         "loss_concatenated", "loss_mean_of_means": mean_i(s_i / n_i), "loss_abs_diff",
         "grad_tensors": int, "grad_max_abs_diff": float, "grad_mismatches": [names], "atol", "rtol"}``.
-        Losses in nats per supervised token (per example for classification). CASES C1: sums
+        Losses in nats per supervised token (per example for classification). docs/CASES.md C1: sums
         [2.0, 3.0], tokens [1, 3] -> accumulated 1.25, mean of means 1.5.
 
     Raises:
@@ -134,7 +134,7 @@ def check_accumulation(
         sums = []
         for mb in micro_batches:
             s, _ = loss_sum_and_count(model, mb)
-            (s / window).backward()  # per-token normalisation over the whole window (CASES C1)
+            (s / window).backward()  # per-token normalisation over the whole window (docs/CASES.md C1)
             sums.append(float(s.detach()))
         acc = _grads(params)
         for _, p in params:
@@ -166,7 +166,8 @@ def check_accumulation(
     unit = "token" if token else "example"
     if passed:
         message = (
-            f"accumulating {len(micro_batches)} micro-batches ({window} supervised {unit}s) equals the concatenated batch: "
+            f"accumulating {len(micro_batches)} micro-batches ({window} "
+            f"supervised {unit}s) equals the concatenated batch: "
             f"loss {loss_acc:.6g} (mean of means would be {losses['mean_of_means']:.6g}), max grad diff {max_diff:.2e}"
         )
     else:
@@ -212,7 +213,7 @@ def check_windows(
     model: nn.Module, first: list[dict], last: list[dict] | None = None, **tolerances: float
 ) -> dict[str, Any]:
     """:func:`check_accumulation` on the first full window and, when an epoch ends in a short
-    window, on that last window too (its own per-token normalisation, CASES C18).
+    window, on that last window too (its own per-token normalisation, docs/CASES.md C18).
 
     Args:
         first: the micro-batches of a full window; last: those of the short last window of an
@@ -260,7 +261,7 @@ def last_window_probe(encoded: list, cfg, size: int, pad_id: int) -> list[dict] 
 def accumulation_probes(usable: list, cfg, pad: int, probe_micro_batch: int) -> tuple[list[dict], list[dict] | None]:
     """The micro-batches of the gradient accumulation check: ``max(2, accumulation)`` windows of at
     most ``probe_micro_batch`` real train examples, and the short last window of an epoch when there
-    is one (C18)."""
+    is one (docs/CASES.md C18)."""
     k = max(2, cfg.gradient_accumulation_steps)
     size = max(1, min(probe_micro_batch, len(usable) // k))
     windows = [training_micro_batch(usable, size, cfg.seed, i, pad) for i in range(k)]
@@ -271,8 +272,8 @@ def check_accumulation_window(
     model: nn.Module, micro_batches: list[dict], configured: int, last_window: list[dict] | None = None
 ) -> dict[str, Any]:
     """The preflight's ``gradient accumulation`` check: accumulated real micro-batches equal their
-    concatenation (C1), and so does the short last window of an epoch when there is one (C18);
-    the normalisation is stored. ``configured``: ``training.gradient_accumulation_steps``."""
+    concatenation (docs/CASES.md C1), and so does the short last window of an epoch when there is one
+    (docs/CASES.md C18); the normalisation is stored. ``configured``: ``training.gradient_accumulation_steps``."""
     r = check_windows(model, micro_batches, last_window)
     last = r["last_window"]
     numbers = {

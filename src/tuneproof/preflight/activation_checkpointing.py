@@ -1,4 +1,4 @@
-"""Activation checkpointing checked on its own (PROTOCOL.md step 5; CASES C7).
+"""Activation checkpointing checked on its own (docs/PROTOCOL.md step 5; docs/CASES.md C7).
 
 "Activation checkpointing trades extra compute for fewer stored activations" -- and must not
 change the gradients. :func:`check_activation_checkpointing` builds the model twice (without and
@@ -113,7 +113,7 @@ def check_activation_checkpointing(
         seed: torch RNG seed of both runs (dropout draws the same masks).
 
     Fails when the weights differ between the two builds, a trainable tensor gets a gradient
-    without checkpointing but none with it (the C7 fault, with cause and remedy), the factory did
+    without checkpointing but none with it (the docs/CASES.md C7 fault, with cause and remedy), the factory did
     not switch checkpointing as asked, or loss/gradients differ beyond tolerance.
 
     Returns:
@@ -148,7 +148,8 @@ def check_activation_checkpointing(
         d = on["diagnosis"]
         cause = f"; cause: {d['cause']}; remedy: {d['remedy']}" if d["cause"] else ""
         problems.append(
-            f"with checkpointing {len(missing)} of {len(on['grads'])} trainable tensors get no gradient: {', '.join(missing[:5])}{cause}"
+            f"with checkpointing {len(missing)} of {len(on['grads'])} trainable "
+            f"tensors get no gradient: {', '.join(missing[:5])}{cause}"
         )
     mismatches, max_diff = [], 0.0
     for n, a in off["grads"].items():
@@ -160,7 +161,8 @@ def check_activation_checkpointing(
             mismatches.append(n)
     if mismatches:
         problems.append(
-            f"{len(mismatches)} gradient tensors differ beyond rtol={rtol:g}, atol={atol:g} (max abs diff {max_diff:.2e}): {', '.join(mismatches[:5])}"
+            f"{len(mismatches)} gradient tensors differ beyond rtol={rtol:g}, atol={atol:g} "
+            f"(max abs diff {max_diff:.2e}): {', '.join(mismatches[:5])}"
         )
     loss_ok = abs(off["loss"] - on["loss"]) <= atol + rtol * abs(off["loss"])
     if not loss_ok:
@@ -180,7 +182,8 @@ def check_activation_checkpointing(
     else:
         mem = f", forward+backward peak {saved / 2**20:+.1f} MiB saved" if saved is not None else ""
         message = (
-            f"gradients equal with and without activation checkpointing ({len(off['grads'])} tensors, max abs diff {max_diff:.2e}); "
+            "gradients equal with and without activation checkpointing ("
+            f"{len(off['grads'])} tensors, max abs diff {max_diff:.2e}); "
             f"time x{time_ratio:.2f}{mem}"
             + (" (CPU memory reading is approximate)" if approximate and saved is not None else "")
         )

@@ -1,6 +1,6 @@
 """Preflight check ``backend``: the compute dtype for ``training.precision`` on the detected device
-(:mod:`tuneproof.models.device`), extensions built for the right chain (PROTOCOL.md step 6: "the CUDA
-chain on NVIDIA, the ROCm chain on AMD"), and ``eval.backend`` runnable here (:func:`check_backend`).
+(:mod:`tuneproof.models.device`), extensions built for the right chain (docs/PROTOCOL.md step 6: the CUDA
+stack on NVIDIA, the ROCm stack on AMD), and ``eval.backend`` runnable here (:func:`check_backend`).
 """
 
 from __future__ import annotations
@@ -181,7 +181,10 @@ def check_extensions(
         if not info.get("installed"):
             msg = f"{key} is not installed; {hint}"
         elif device.type == "cpu" and key == "flash-attn":
-            msg = f"{key} {info.get('version')} needs a CUDA or ROCm GPU; this run is on CPU: drop it or use attn_implementation='sdpa'"
+            msg = (
+                f"{key} {info.get('version')} needs a CUDA or ROCm GPU; this run is on "
+                "CPU: drop it or use attn_implementation='sdpa'"
+            )
         elif device.type in ("cuda", "rocm") and built and device.type not in built:
             other = "ROCm" if device.type == "cuda" else "CUDA"
             msg = (
@@ -209,7 +212,7 @@ def check_extensions(
 
 # --------------------------------------------------------------------------- the preflight's check
 def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The preflight's ``backend`` check: dtype for ``training.precision`` on this device (C9), the
+    """The preflight's ``backend`` check: dtype for ``training.precision`` on this device (docs/CASES.md C9), the
     extensions the config wants (bitsandbytes for qlora, built for this backend and importable; a tiny
     4-bit layer run on the device), and ``eval.backend`` (vllm: installed, a CUDA GPU, a causal LM;
     else failed with the two-line error that ``baseline``/``eval``/``test`` give,

@@ -4,7 +4,7 @@ Runs inside each rank under torchrun (:func:`tuneproof.recipes.torchrun.worker_m
 ``preflight``), through the real training loop (:func:`tuneproof.training.loop.train`):
 
 1. shares: every rank's ``DistributedSampler`` share of epoch 0, gathered; disjoint (apart from the
-   sampler's padding repeats) and covering the training set (C10);
+   sampler's padding repeats) and covering the training set (docs/CASES.md C10);
 2. DDP: 2 optimizer steps of the study's configuration; the trainable weights of every rank are then
    the same bits (sha256 over the tensors, gathered);
 3. FSDP2: one optimizer step with ``fully_shard`` per decoder block + root; the whole gradients at the
@@ -13,7 +13,7 @@ Runs inside each rank under torchrun (:func:`tuneproof.recipes.torchrun.worker_m
    reference gradient. LoRA dropout is set to 0 for this check (each process draws its own masks),
    and gradient clipping is off (the gradients are compared before it);
 4. FSDP units: :func:`tuneproof.preflight.fsdp.mixed_units` names the units mixing frozen and LoRA
-   weights (FSDP2: per-parameter sharding, remedy applied; C11);
+   weights (FSDP2: per-parameter sharding, remedy applied; docs/CASES.md C11);
 5. per-rank peak memory: CUDA ``max_memory_allocated`` on GPUs, else the process's peak RSS
    (``resource.getrusage``, KiB on Linux).
 

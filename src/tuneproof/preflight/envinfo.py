@@ -1,4 +1,4 @@
-"""The execution environment, recorded and compared (PROTOCOL.md step 6).
+"""The execution environment, recorded and compared (docs/PROTOCOL.md step 6).
 
 "Record the versions actually used; an environment with the same name is not the same
 execution." :func:`environment_snapshot` records the interpreter, the machine, the torch build
@@ -179,7 +179,7 @@ def platform_key(snapshot: dict[str, Any]) -> str:
 
     Example: ``"cuda | 1x NVIDIA H200 (9.0) | torch 2.5.1 | cuda 12.4"``; CPU:
     ``"cpu | Intel(R) Xeon(R) ... | torch 2.5.1+cpu"``. Two runs with different keys are on
-    different platforms (PROTOCOL.md step 6).
+    different platforms (docs/PROTOCOL.md step 6).
     """
     backend = snapshot.get("backend", "cpu")
     devices = snapshot.get("devices") or []
@@ -203,7 +203,7 @@ def platform_key(snapshot: dict[str, Any]) -> str:
 def compare_environments(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Compare two :func:`environment_snapshot` records (``a``: recorded, ``b``: now).
 
-    Rule (PROTOCOL.md step 6): a change of backend, device, device count, torch, CUDA/HIP, cuDNN or
+    Rule (docs/PROTOCOL.md step 6): a change of backend, device, device count, torch, CUDA/HIP, cuDNN or
     driver is a platform change -> redo ``preflight`` and ``baseline``. A library version change
     is named, with the checks it invalidates from :data:`LIBRARY_REDO`. A Python change -> preflight.
     CPU model and RAM are reported but invalidate nothing on a GPU backend (they matter on CPU runs,

@@ -1,4 +1,4 @@
-"""Evaluation batch size: greedy outputs at ``eval.batch_size`` must equal those at batch size 1 (CASES C22).
+"""Evaluation batch size: greedy outputs at ``eval.batch_size`` must equal those at batch size 1 (docs/CASES.md C22).
 
 Batched generation pads the shorter prompts (left padding here, ``evaluation/generate.py``). A
 model, attention implementation or padding side that lets the padding leak into the computation
@@ -60,7 +60,8 @@ def check_batch_invariance(
             "passed": True,
             "numbers": numbers,
             "details": {"first": None, "differing_ids": []},
-            "message": "eval.do_sample: sampled outputs are not compared; the batch size is part of the eval fingerprint",
+            "message": "eval.do_sample: sampled outputs are not compared; the batch "
+            "size is part of the eval fingerprint",
         }
     if batch_size <= 1 or len(items) <= 1:
         return {
@@ -77,7 +78,8 @@ def check_batch_invariance(
     first = None if not diff else {"id": names[diff[0]], "batch_1": single[diff[0]], "batch_n": batched[diff[0]]}
     if diff:
         msg = (
-            f"greedy outputs differ between batch size 1 and eval.batch_size {batch_size} on {len(diff)} of {len(items)} examples; "
+            "greedy outputs differ between batch size 1 and eval.batch_size "
+            f"{batch_size} on {len(diff)} of {len(items)} examples; "
             f"first: {first['id']}: {first['batch_1'][:80]!r} vs {first['batch_n'][:80]!r} "
             "(padding changes the outputs: scores would depend on the batch size)"
         )

@@ -1,4 +1,5 @@
-"""Size one evaluation batch (PROTOCOL.md step 5; issue 17): the evaluation must fit too.
+"""Size one evaluation batch (docs/PROTOCOL.md step 5; tests/preflight/test_pf_eval_memory.py): the evaluation must fit
+too.
 
 A run that trained for hours can die at its first evaluation: generation holds a KV cache that
 grows with every new token, and ``eval.batch_size`` is usually larger than the training
@@ -195,7 +196,8 @@ def eval_memory_check(
             "name": NAME,
             "passed": False,
             "numbers": {"batch_size": batch_size, "budget_gib": round(budget / GIB, 4)},
-            "message": f"eval.batch_size {batch_size}: out of memory in one evaluation batch ({type(error).__name__}); {fix}",
+            "message": f"eval.batch_size {batch_size}: out of memory in one "
+            f"evaluation batch ({type(error).__name__}); {fix}",
             "details": {"error": str(error)[:500]},
         }
     mb = measured["batch_size"]
@@ -223,7 +225,8 @@ def eval_memory_check(
     where = "process resident set (CPU)" if measured["device"] == "cpu" else "peak allocated (CUDA)"
     peak = measured.get("peak_bytes")
     body = (
-        f"eval.batch_size {mb}: measured peak {_size(peak)} (the batch adds {_size(measured.get('step_peak_bytes'))}; {where}) "
+        f"eval.batch_size {mb}: measured peak {_size(peak)} (the batch adds "
+        f"{_size(measured.get('step_peak_bytes'))}; {where}) "
         f"for {what}"
         + (
             f"; {measured['repeated']} of the {mb} examples repeated (the split is smaller)"

@@ -1,4 +1,4 @@
-"""FSDP wrap units that mix frozen and trainable parameters (CASES C11).
+"""FSDP wrap units that mix frozen and trainable parameters (docs/CASES.md C11).
 
 FSDP (``torch.distributed.fsdp.FullyShardedDataParallel``) flattens the parameters of each wrap
 unit into one ``FlatParameter``; with the default ``use_orig_params=False`` a unit whose

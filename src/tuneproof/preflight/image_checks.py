@@ -1,6 +1,6 @@
 """Preflight checks an image classifier needs in place of the text ones that depend on sequence
 length: the step and evaluation-batch memory on real images at the configured sizes, and that
-predictions do not depend on the evaluation batch size (CASES C22, for a forward pass)."""
+predictions do not depend on the evaluation batch size (docs/CASES.md C22, for a forward pass)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def check_image_eval_memory(model, batch: dict[str, torch.Tensor], budget: int, 
 def check_image_eval_batch(
     model, pipeline, examples: list, labels: list[str], batch_size: int, device, autocast
 ) -> dict[str, Any]:
-    """CASES C22 for images: predictions at ``eval.batch_size`` equal those one image at a time;
+    """docs/CASES.md C22 for images: predictions at ``eval.batch_size`` equal those one image at a time;
     names the first differing example."""
     from tuneproof.evaluation.generate import classify_images  # noqa: PLC0415
 

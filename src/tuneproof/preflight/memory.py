@@ -1,4 +1,4 @@
-"""Size one complete training step (PROTOCOL.md step 5, CASES C8).
+"""Size one complete training step (docs/PROTOCOL.md step 5, docs/CASES.md C8).
 
 "A model that fits while loading can overflow during this step." Reading memory between steps
 shows the weights (about 4 bytes per fp32 parameter); the step itself also holds gradients,
@@ -151,7 +151,8 @@ def _trained_linear_inputs(model: nn.Module, *, sdpa: bool = True, mask_bytes: i
 
 
 def _gated_mlp(model: nn.Module) -> bool:
-    """Whether the decoder blocks use a gated MLP (a module with ``gate_proj`` and ``up_proj``: Llama, Mistral, Qwen2/3, Gemma)."""
+    """Whether the decoder blocks use a gated MLP (a module with ``gate_proj`` and ``up_proj``: Llama, Mistral, Qwen2/3,
+    Gemma)."""
     for module in model.modules():
         if hasattr(module, "gate_proj") and hasattr(module, "up_proj"):
             return True
@@ -163,7 +164,7 @@ def memory_between_steps(model: nn.Module, optimizer: torch.optim.Optimizer | No
     """Bytes held right now by parameters, their ``.grad`` and the optimizer state (tensor storage).
 
     Computed from tensor sizes (``numel * element_size``), the same on CPU and GPU; on CUDA
-    ``torch.cuda.memory_allocated`` is added for comparison. CASES C8: a freshly loaded fp32
+    ``torch.cuda.memory_allocated`` is added for comparison. docs/CASES.md C8: a freshly loaded fp32
     model reads ``bytes_per_parameter == 4``.
 
     Returns:
@@ -358,7 +359,8 @@ def estimate_step_memory(
     heads = _cfg(config, "num_attention_heads", "n_head", "num_heads")
     if h is None or layers is None or heads is None:
         raise TuneproofError(
-            f"estimate_step_memory: {type(model).__name__}.config lacks hidden_size/num_hidden_layers/num_attention_heads",
+            f"estimate_step_memory: {type(model).__name__}.config lacks "
+            "hidden_size/num_hidden_layers/num_attention_heads",
             hint="the activation estimate needs them; pass a transformers model",
         )
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
@@ -474,8 +476,10 @@ def estimate_step_memory(
     ]
     breakdown += [{"part": f"loss: {k}", "bytes": int(v), "formula": notes.get(k, "")} for k, v in loss_parts.items()]
     parts = (
-        f"weights {weights / GIB:.3f} + autocast copies {autocast_copies / GIB:.3f} + grads {grads / GIB:.3f} + {n_states} optimizer states {states / GIB:.3f} + "
-        f"step temp {temp / GIB:.3f} + activations {activations / GIB:.3f} + logits {logits / GIB:.3f} = {total / GIB:.3f} GiB"
+        f"weights {weights / GIB:.3f} + autocast copies {autocast_copies / GIB:.3f} + grads "
+        f"{grads / GIB:.3f} + {n_states} optimizer states {states / GIB:.3f} + "
+        f"step temp {temp / GIB:.3f} + activations {activations / GIB:.3f} + "
+        f"logits {logits / GIB:.3f} = {total / GIB:.3f} GiB"
     )
     message = (
         parts
@@ -485,7 +489,8 @@ def estimate_step_memory(
             + (
                 ""
                 if passed
-                else "; lower training.micro_batch_size, raise gradient_accumulation_steps, or enable activation_checkpointing"
+                else "; lower training.micro_batch_size, raise "
+                "gradient_accumulation_steps, or enable activation_checkpointing"
             )
         )
     )
@@ -528,7 +533,8 @@ def estimate_step_memory(
         "formula": (
             "Llama-style blocks counted op by op (activation_parts)"
             if gated
-            else "per layer (16-bit units) s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b, times e/2; checkpointed: 2sbh per layer + one layer"
+            else "per layer (16-bit units) s*b*h*(15 + 19*i/(4h)) + 5*a*s^2*b, times "
+            "e/2; checkpointed: 2sbh per layer + one layer"
         ),
         "source": GATED_ACTIVATION_SOURCE if gated else ACTIVATION_SOURCE,
     }
@@ -542,9 +548,9 @@ def in_step_bytes(estimate: dict[str, Any]) -> int:
     peak falls inside the cross-entropy), and the activations are freed by the optimizer step. When
     the loss part is small (the chunked loss) the end of the forward pass can be higher: the KV
     cache's k/v before their repetition to every head and the last block's MLP product
-    (``forward_end_extra_bytes``; measured on SmolLM2 at 512 x 8, chunked: the peak inside a linear of the forward). With gradient accumulation
-    the micro-batches after the first also hold the gradients: ``total_bytes`` (every part at once)
-    bounds that. The measured step's ``allocated_step_peak_bytes`` is compared with this."""
+    (``forward_end_extra_bytes``; measured on SmolLM2 at 512 x 8, chunked: the peak inside a linear of the forward).
+    With gradient accumulation the micro-batches after the first also hold the gradients: ``total_bytes`` (every part at
+    once) bounds that. The measured step's ``allocated_step_peak_bytes`` is compared with this."""
     return int(
         max(
             estimate["activations_bytes"] + max(estimate["logits_bytes"], estimate.get("forward_end_extra_bytes", 0)),
@@ -554,7 +560,7 @@ def in_step_bytes(estimate: dict[str, Any]) -> int:
 
 
 def side_by_side(estimate: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
-    """The measured peak next to the estimate's breakdown (CASES C8), for the preflight report.
+    """The measured peak next to the estimate's breakdown (docs/CASES.md C8), for the preflight report.
 
     Returns:
         ``{"rows": [[part, bytes]...], "estimate_total_bytes", "measured_peak_bytes",
@@ -685,7 +691,8 @@ def find_max_micro_batch(
             bad = mid
     return {
         "passed": True,
-        "message": f"largest micro-batch that fits {budget_bytes / GIB:.3f} GiB: {good} (peak {peaks[good] / GIB:.3f} GiB, {len(tries)} tries)",
+        "message": f"largest micro-batch that fits {budget_bytes / GIB:.3f} GiB: {good} "
+        f"(peak {peaks[good] / GIB:.3f} GiB, {len(tries)} tries)",
         "max_micro_batch": good,
         "peak_bytes": peaks[good],
         "budget_bytes": budget_bytes,

@@ -1,4 +1,4 @@
-"""The preflight's "packing" check (``training.packing``, CASES C23): the packed rows of the study's
+"""The preflight's "packing" check (``training.packing``, docs/CASES.md C23): the packed rows of the study's
 training examples give each example the per-token losses it has alone (:mod:`tuneproof.training.packing`).
 """
 
@@ -19,7 +19,8 @@ def check_study_packing(model, encoded: list, cfg, pad_id: int) -> dict[str, Any
             "passed": False,
             "numbers": {},
             "details": None,
-            "message": "training.packing applies to causal LMs (token labels), not to sequence classification; set it to false",
+            "message": "training.packing applies to causal LMs (token labels), not to "
+            "sequence classification; set it to false",
         }
     sample = packing_sample(encoded, cfg.micro_batch_size)
     rep = check_packing(model, sample, pad_id, packing_capacity(cfg))

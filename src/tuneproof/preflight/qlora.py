@@ -1,4 +1,4 @@
-"""Preflight checks of QLoRA (``method.kind: qlora``, issue 15 item 4), written as pure functions
+"""Preflight checks of QLoRA (``method.kind: qlora``, tests/training/test_qlora.py), written as pure functions
 over measured values so that each rule is tested on any machine.
 
 1. :func:`check_quant_storage` -- when the 4-bit base is sharded (FSDP, world size > 1), the
@@ -73,7 +73,8 @@ def check_quant_storage(quant_storage: str, compute_dtype: str, *, sharded: bool
             "name": "qlora storage",
             "passed": False,
             "numbers": numbers,
-            "message": f"{STORAGE_KEY} is {storage}: FSDP shards only float tensors, so the 4-bit base cannot be sharded; "
+            "message": f"{STORAGE_KEY} is {storage}: FSDP shards only float tensors, "
+            "so the 4-bit base cannot be sharded; "
             f"set {STORAGE_KEY}: {compute} (the compute dtype)",
         }
     if storage != compute:
@@ -81,7 +82,8 @@ def check_quant_storage(quant_storage: str, compute_dtype: str, *, sharded: bool
             "name": "qlora storage",
             "passed": False,
             "numbers": numbers,
-            "message": f"{STORAGE_KEY} is {storage} but the compute dtype is {compute}: FSDP flattens one dtype per unit, "
+            "message": f"{STORAGE_KEY} is {storage} but the compute dtype is "
+            f"{compute}: FSDP flattens one dtype per unit, "
             f"the 4-bit layers would not shard with the rest; set {STORAGE_KEY}: {compute}",
         }
     return {
@@ -117,14 +119,16 @@ def check_step_values(loss: float, grad_norm: float) -> dict[str, Any]:
             "passed": False,
             "numbers": numbers,
             "message": f"after one training step on the 4-bit base: {'; '.join(wrong)} (the silent QLoRA failure: "
-            "loss 0.0 / grad norm NaN trains nothing); check training.precision (the compute dtype: bf16 rather than fp16) "
+            "loss 0.0 / grad norm NaN trains nothing); check training.precision "
+            "(the compute dtype: bf16 rather than fp16) "
             "and that the training examples have supervised answer tokens",
         }
     return {
         "name": "qlora step",
         "passed": True,
         "numbers": numbers,
-        "message": f"one training step on the 4-bit base: loss {loss:.6g}, LoRA gradient norm {grad_norm:.6g} (finite, non-zero)",
+        "message": f"one training step on the 4-bit base: loss {loss:.6g}, LoRA "
+        f"gradient norm {grad_norm:.6g} (finite, non-zero)",
     }
 
 

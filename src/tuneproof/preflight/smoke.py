@@ -217,7 +217,8 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
             f"{s_per_step:.2f} s/step, {tokens_per_s:.0f} {'images' if ctx.is_image else 'tokens'}/s at micro-batch "
             f"{cfg.micro_batch_size} x {accum} (timed on step{'s' if len(timed) > 1 else ''} "
             f"{', '.join(str(i + 1) for i in timed)} of {len(step_s)}); the budget of "
-            f"{steps_total} steps takes about {hms(steps_total * s_per_step)}; one evaluation of {n_eval} examples about "
+            f"{steps_total} steps takes about {hms(steps_total * s_per_step)}; "
+            f"one evaluation of {n_eval} examples about "
             f"{hms(eval_per_ex * n_eval)} ({eval_per_ex:.3g} s per example, {eval_basis})",
             tnum,
         )

@@ -1,6 +1,6 @@
 """Preflight checks of the memory of one training step: ``step memory`` (complete steps at the
 configured micro-batch at the p95 train length and at ``training.max_length``: the itemised estimate
-next to the measured peak, CASES C8) and ``max micro-batch`` (``--find-max-micro-batch``: the largest
+next to the measured peak, docs/CASES.md C8) and ``max micro-batch`` (``--find-max-micro-batch``: the largest
 micro-batch whose measured peak fits the budget), with the breakdown table of the estimate.
 
 The estimate itself is :func:`tuneproof.preflight.memory.estimate_step_memory`; a step is taken by
@@ -195,7 +195,7 @@ def check_step_memory(
     budget_source: str,
     autocast: Callable,
 ) -> dict[str, Any]:
-    """Complete steps at the configured micro-batch at each representative length (C8).
+    """Complete steps at the configured micro-batch at each representative length (docs/CASES.md C8).
 
     Each length has its estimate (itemised, :func:`~tuneproof.preflight.memory.estimate_step_memory`)
     and its measured step (:func:`~tuneproof.training.memory.measure_step_peak`): the bytes the

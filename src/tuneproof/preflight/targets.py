@@ -1,4 +1,4 @@
-"""Preflight checks of what is trained (PROTOCOL.md step 4): ``target modules``, ``trainable
+"""Preflight checks of what is trained (docs/PROTOCOL.md step 4): ``target modules``, ``trainable
 parameters`` and ``embedding size`` (:func:`check_target_modules`). Target-module matching and the
 trainable parameters themselves: :mod:`tuneproof.models.targets`.
 """
@@ -65,7 +65,8 @@ def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | N
     problems = []
     if in_rows is not None and n_tok > in_rows:
         problems.append(
-            f"tokenizer has {n_tok} tokens but the input embedding has {in_rows} rows: ids >= {in_rows} are out of range; "
+            f"tokenizer has {n_tok} tokens but the input embedding has "
+            f"{in_rows} rows: ids >= {in_rows} are out of range; "
             f"call model.resize_token_embeddings(len(tokenizer)) before adding the adapter"
         )
     if out_rows is not None and n_tok > out_rows:
@@ -74,8 +75,10 @@ def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | N
         )
     if added_tokens > 0 and not saved:
         problems.append(
-            f"{added_tokens} added token(s) have freshly initialised embedding rows, but the embedding is frozen and not in "
-            "modules_to_save: they are never trained nor saved; add the embedding (and output layer) to method.modules_to_save"
+            f"{added_tokens} added token(s) have freshly initialised embedding "
+            "rows, but the embedding is frozen and not in "
+            "modules_to_save: they are never trained nor saved; add the "
+            "embedding (and output layer) to method.modules_to_save"
         )
     message = "; ".join(problems) if problems else f"embedding rows {in_rows} >= tokenizer length {n_tok}"
     return {
@@ -94,7 +97,7 @@ def check_target_modules(
     ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None
 ) -> list[dict[str, Any]]:
     """The preflight's ``target modules`` (matches per pattern of ``method.target_modules``; zero
-    matches fails, C5), ``trainable parameters`` (trainable/total, ``method.modules_to_save``) and
+    matches fails, docs/CASES.md C5), ``trainable parameters`` (trainable/total, ``method.modules_to_save``) and
     ``embedding size`` (embedding rows vs the tokenizer; none for an image classifier) checks.
 
     Args:
@@ -115,7 +118,7 @@ def check_target_modules(
         )
     else:
         match = (report or {}).get("targets")
-        if match is None:  # build_model refused (C5): match on the plain base for the numbers
+        if match is None:  # build_model refused (docs/CASES.md C5): match on the plain base for the numbers
             base = load_model(ctx.base, ctx.model_kind, labels=ctx.head_labels)
             match = match_target_modules(base, method.target_modules)
             del base

@@ -1,4 +1,4 @@
-"""Does one optimizer step change exactly what it should? (PROTOCOL.md step 4, CASES C7.)
+"""Does one optimizer step change exactly what it should? (docs/PROTOCOL.md step 4, docs/CASES.md C7.)
 
 "Check from the start that an update really changes the expected parameters (and nothing
 else)." :func:`check_update` takes real optimizer steps on one batch and then restores the model,
@@ -8,7 +8,7 @@ The LoRA zero-initialisation subtlety: PEFT initialises ``lora_B`` to zero
 (``init_lora_weights=True``, following Hu et al. 2021, "LoRA", section 4.1) so the adapter starts
 as the identity. The gradient of ``lora_A`` is ``B^T @ (...)`` and is therefore exactly zero on
 the first step: present (the tensor is wired into the graph) but zero. A gradient that is
-``None`` means the tensor is not reached at all (the C7 fault). So the check keeps stepping, up to
+``None`` means the tensor is not reached at all (the docs/CASES.md C7 fault). So the check keeps stepping, up to
 ``max_extra_steps`` more steps, while some trainable tensor has only received all-zero gradients;
 after step 1 ``B != 0`` and ``lora_A`` gets its gradient on step 2. The default optimizer is AdamW
 with ``weight_decay=0``, so a tensor changes only through its gradient (decoupled weight decay
@@ -125,7 +125,7 @@ def diagnose_gradient_flow(model: nn.Module) -> dict[str, Any]:
     Returns:
         ``{"activation_checkpointing": bool, "use_reentrant": bool|None, "input_require_grads_hook": bool,
         "input_embedding_trainable": bool, "cause": str|None, "remedy": str|None}``. ``cause`` is set
-        for the known fault (CASES C7): reentrant checkpointing whose block inputs do not require grad
+        for the known fault (docs/CASES.md C7): reentrant checkpointing whose block inputs do not require grad
         (frozen embedding, no ``enable_input_require_grads`` hook). Source: torch.utils.checkpoint docs
         ("use_reentrant=True ... at least one input needs requires_grad=True for gradients to flow"),
         transformers ``PreTrainedModel.enable_input_require_grads``.
@@ -335,7 +335,8 @@ def check_update(
         problems.append(f"{len(no_grad)} of {len(trainable)} trainable tensors got no gradient: {_names(no_grad)}")
     if zero_grad:
         problems.append(
-            f"{len(zero_grad)} of {len(trainable)} trainable tensors got only all-zero gradients in {taken} steps: {_names(zero_grad)}"
+            f"{len(zero_grad)} of {len(trainable)} trainable tensors got only "
+            f"all-zero gradients in {taken} steps: {_names(zero_grad)}"
         )
     if nonfinite:
         problems.append(f"non-finite gradients in {_names(sorted(nonfinite))}")
@@ -385,7 +386,8 @@ def check_update(
 
 def check_update_step(model: nn.Module, batch: dict, autocast: Callable) -> dict[str, Any]:
     """The preflight's ``update check``: real optimizer steps (:func:`check_update`) on a real
-    micro-batch under ``autocast`` change every trainable tensor and no frozen one (C7); the model is restored."""
+    micro-batch under ``autocast`` change every trainable tensor and no frozen one (docs/CASES.md C7); the model is
+    restored."""
 
     def loss_fn(m, b):
         with autocast():

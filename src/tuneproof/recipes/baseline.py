@@ -1,4 +1,4 @@
-"""Recipe ``baseline``: evaluate the base model before any training (PROTOCOL.md step 2).
+"""Recipe ``baseline``: evaluate the base model before any training (docs/PROTOCOL.md step 2).
 
 Features:
 - the same evaluation procedure every later ``eval`` uses (split, prompt, decoding, metrics);
@@ -27,8 +27,8 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
     """Evaluate the base model; returns the run id.
 
     Raises:
-        TuneproofError: the hypothesis does not fit the data, or ``eval.backend`` cannot run here (exit 2, before any run).
-        CheckFailed: the data check of the current data failed (exit 3; no baseline run is started), or the
+        TuneproofError: the hypothesis does not fit the data, or ``eval.backend`` cannot run here (exit 2, before any
+        run). CheckFailed: the data check of the current data failed (exit 3; no baseline run is started), or the
             backend check refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
     """
     check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
@@ -53,7 +53,8 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         )
         if labels is not None:
             console.print(
-                "[yellow]note[/]: an encoder's classification head is untrained before fine-tuning; its baseline is chance level"
+                "[yellow]note[/]: an encoder's classification head is untrained "
+                "before fine-tuning; its baseline is chance level"
             )
         print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline"))
         run.update_summary(base=ctx.base.identity())

@@ -138,7 +138,7 @@ def load_trained(ctx: StudyContext, train_run_id: str):
 
 def check_base(ctx: StudyContext, train_run_id: str) -> None:
     """Refuse when the study's base model differs from the one ``train_run_id`` started from: the
-    sha256 of its weight files and ``config.json`` recorded in ``runs/<id>/base.json`` (CASES C13).
+    sha256 of its weight files and ``config.json`` recorded in ``runs/<id>/base.json`` (docs/CASES.md C13).
 
     Raises:
         CheckFailed: names the base folder, the run, and both hashes of each differing file.
@@ -151,7 +151,8 @@ def check_base(ctx: StudyContext, train_run_id: str) -> None:
     if problems:
         raise CheckFailed(
             f"the base model {ctx.base.path} differs from the one run {rec.id} was trained on: " + "; ".join(problems),
-            hint="point model.base at the exact base the run was trained on (tuneproof --rehash ... if the hash cache is stale)",
+            hint="point model.base at the exact base the run was trained on "
+            "(tuneproof --rehash ... if the hash cache is stale)",
         )
 
 
@@ -159,8 +160,8 @@ def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
     """Refuse ``command`` (eval, test, export) when the study's tokenizer now differs from the one
     recorded by the train run and by the baseline it was trained against (its ``baseline_run``, else
     the latest completed baseline): class, vocabulary size and token -> id map, special and added
-    tokens, chat template, the ids of the fixed probe text and of the study's probe sample (issue 10,
-    CASES C13 kind). Runs recorded before ``tokenizer_identity.json`` existed are not compared.
+    tokens, chat template, the ids of the fixed probe text and of the study's probe sample
+    (docs/CASES.md C13 kind). Runs recorded before ``tokenizer_identity.json`` existed are not compared.
 
     Raises:
         CheckFailed: names the run(s), each differing key with both values (exit 3).
@@ -181,7 +182,8 @@ def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
         raise CheckFailed(
             f"{command} refused: the tokenizer of {ctx.base.path} differs from the one recorded by {named}: "
             + "; ".join(refs[0][1]),
-            hint="restore the tokenizer files the run was trained with, or run the baseline and train again with this tokenizer",
+            hint="restore the tokenizer files the run was trained with, or run the "
+            "baseline and train again with this tokenizer",
         )
 
 

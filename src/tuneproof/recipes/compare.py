@@ -1,4 +1,4 @@
-"""Recipe ``compare``: candidates against the baseline, example by example (PROTOCOL.md step 2).
+"""Recipe ``compare``: candidates against the baseline, example by example (docs/PROTOCOL.md step 2).
 
 Features:
 - never judges a baseline or candidate evaluation that did not complete (interrupted, failed, invalid,
@@ -73,7 +73,7 @@ def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
 
 def check_same_base(ctx: StudyContext, base_rec, rec) -> None:
     """Refuse a candidate whose train run started from other base weights (or config.json) than
-    the baseline evaluated: the sha256 recorded in both runs' ``base.json`` (CASES C13). Runs
+    the baseline evaluated: the sha256 recorded in both runs' ``base.json`` (docs/CASES.md C13). Runs
     recorded without ``base.json`` are not checked.
 
     Raises:
@@ -131,7 +131,8 @@ def run_compare(
                 if not allow_different_procedure:
                     raise TuneproofError(
                         msg,
-                        hint="re-run `tuneproof eval` with the study's procedure, or pass --allow-different-procedure (recorded)",
+                        hint="re-run `tuneproof eval` with the study's procedure, or pass "
+                        "--allow-different-procedure (recorded)",
                     )
                 notes.append("DIFFERENT PROCEDURE: " + msg)
             check_same_base(ctx, base_rec, rec)
@@ -253,7 +254,8 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
     if r.get("overall"):
         against = r.get("judged_against", "")
         console.print(
-            f"  overall{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "
+            "  overall"
+            f"{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "
             f"[bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})"
         )
     alt = r.get("alternative")
@@ -262,7 +264,8 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
         for v in alt["verdicts"]:
             console.print(f"    {v['kind']:7s} {v['verdict']:12s} {v['name']}")
         console.print(
-            f"  overall ({alt['hypothesis']} hypothesis): [bold]{alt['overall']['verdict']}[/] ({alt['overall']['detail']})"
+            f"  overall ({alt['hypothesis']} hypothesis): [bold]"
+            f"{alt['overall']['verdict']}[/] ({alt['overall']['detail']})"
         )
     for n in r.get("notes", []):
         console.print(f"  [yellow]note[/]: {n}")

@@ -1,17 +1,18 @@
-"""Recipe ``data check``: the data protocol's evidence before any compute (PROTOCOL.md step 3).
+"""Recipe ``data check``: the data protocol's evidence before any compute (docs/PROTOCOL.md step 3).
 
 Features:
 - data version: fingerprint of the cleaned examples + ordered cleaning rules + preprocessing
-  config; frozen split manifest (created or reused); encoding repairs (CASES C17);
+  config; frozen split manifest (created or reused); encoding repairs (docs/CASES.md C17);
 - duplicates: exact, normalised and MinHash near-duplicates across every pair of splits and
-  inside train (``data.dedup``; BANKING77 train/test overlap, CASES C14);
+  inside train (``data.dedup``; BANKING77 train/test overlap, docs/CASES.md C14);
 - audits, by the task kind's own ``audit`` (``tuneproof.tasks``): class counts and imbalance, classes
   missing from a split, same text with different labels; extraction: targets that are not strict
-  JSON (CASES C16), missing required fields; format: gold targets checked against the study's own
+  JSON (docs/CASES.md C16), missing required fields; format: gold targets checked against the study's own
   format rule (``eval.json_schema`` / ``eval.regex`` / ``eval.grammar``), parse rate and failing
   lines; multi-label (and list-valued intents): support per label, label-set cardinality;
 - the exact preprocessing of the trainer on every train and eval example: 0 supervised tokens
-  (C4), end token not supervised (C2), boundary inside a token (C3), prefix mismatch;
+  (docs/CASES.md C4), end token not supervised (docs/CASES.md C2), boundary inside a token (docs/CASES.md C3), prefix
+  mismatch;
 - token lengths per split (p50, p95, max), share truncated, suggested max_length (never below the
   length that keeps every answer whole);
 - checks that state their result also when they find nothing (``checks``): empty texts dropped by
@@ -195,7 +196,8 @@ def target_lines(rep: dict[str, Any]) -> list[str]:
             c = ls["cardinality"][split]
             mean = "n/a" if c["mean"] is None else f"{c['mean']:.2f}"
             out.append(
-                f"label sets {split}: {len(sup)} labels, labels per example mean {mean} (min {c['min']}, max {c['max']}); "
+                f"label sets {split}: {len(sup)} labels, labels per example mean "
+                f"{mean} (min {c['min']}, max {c['max']}); "
                 "support: "
                 + ", ".join(f"{k} {v}" for k, v in list(sup.items())[:12])
                 + (" ..." if len(sup) > 12 else "")
@@ -222,7 +224,8 @@ def _print(rep: dict[str, Any]) -> None:
         ]
         console.print(
             table(
-                f"token lengths (max_length {rep['lengths']['max_length']}, suggested {rep['lengths'].get('suggest_max_length')})",
+                f"token lengths (max_length {rep['lengths']['max_length']}, "
+                f"suggested {rep['lengths'].get('suggest_max_length')})",
                 ["split", "p50", "p95", "max", "truncated share"],
                 rows,
             )
@@ -288,7 +291,7 @@ def _print_images(images: dict[str, Any]) -> None:
 
 
 def _print_prefix_diff(ex_id: str, d: dict[str, Any]) -> None:
-    """Training prefix vs inference prompt (CASES C3 kind): both strings and the character diff."""
+    """Training prefix vs inference prompt (docs/CASES.md C3 kind): both strings and the character diff."""
     console.print(
         f"[red]training prefix differs from the inference prompt[/] ({ex_id}, first difference at character "
         f"{d['first_difference']}):",

@@ -1,4 +1,4 @@
-"""Recipe ``env``: what this machine is, as recorded in every run's ``env.json`` (PROTOCOL.md step 6:
+"""Recipe ``env``: what this machine is, as recorded in every run's ``env.json`` (docs/PROTOCOL.md step 6:
 "record the versions actually used").
 
 Features (option that turns each on):

@@ -3,7 +3,7 @@
 Features: the adapter (or full model) of a completed train run is loaded onto the same base;
 the evaluation split, prompt, decoding and metrics are the study's, and the evaluation
 fingerprint is stored so ``compare`` can check it matches the baseline's. A tokenizer that differs
-from the one the train run and its baseline recorded is refused, naming both (issue 10, C13 kind).
+from the one the train run and its baseline recorded is refused, naming both (docs/CASES.md C13 kind).
 With ``eval.backend: vllm`` the run's adapter is served by vLLM once the backend check passed
 (``evaluation/backends.py``).
 """

@@ -6,7 +6,7 @@ Features (option that turns each on):
 - the adapter in the standard PEFT layout (``PeftModel.from_pretrained(base, "adapter")`` loads it
   unchanged; its ``adapter_config.json`` carries the base revision), or ``model/`` for full
   fine-tuning; ``--merge`` adds ``merged/``, the base with the adapter merged in (safetensors);
-- modules_to_save (e.g. the classification head) checked to be in the saved file (CASES C6); the
+- modules_to_save (e.g. the classification head) checked to be in the saved file (docs/CASES.md C6); the
   base vocabulary size before resizing and the added tokens apart from the special tokens recorded
   (``vocabulary``), so loading onto a base of another size names both sizes;
 - ``results/outputs.jsonl`` and ``results/baseline_outputs.jsonl``: the per-example outputs the
@@ -20,12 +20,12 @@ Features (option that turns each on):
 - ``verify/examples.jsonl``: K evaluation inputs (``--verify-examples``) with the predictions (and
   logits) of the bundle, made in fp32 with greedy decoding on ``--device`` (cpu by default, or
   cuda; a run trained with ``training.bf16_base_weights``: base weights in bf16 under bf16 autocast,
-  as it was evaluated, ``procedure.base_weights``), which ``tuneproof verify`` must reproduce; the export runs that verification itself, in a
-  fresh process, before the export run is completed;
+  as it was evaluated, ``procedure.base_weights``), which ``tuneproof verify`` must reproduce; the export runs that
+  verification itself, in a fresh process, before the export run is completed;
 - a train run that is not completed (failed, interrupted, invalid) is refused unless ``--force``;
   a forced export says so in the manifest, the model card and the export run;
-- a base whose weights changed since training is refused (CASES C13), and so is a tokenizer that
-  differs from the one the train run and its baseline recorded (vocabulary map, probe ids; issue 10);
+- a base whose weights changed since training is refused (docs/CASES.md C13), and so is a tokenizer that
+  differs from the one the train run and its baseline recorded (vocabulary map, probe ids; docs/CASES.md C13 kind);
 - the verdict in the manifest and the model card follows the hypothesis frozen with the first train
   run; when the study file's differs, the change and both verdicts are stated;
   ``--use-edited-hypothesis REASON`` makes the edited one's verdict the verdict, with the reason in
@@ -108,7 +108,7 @@ def pick_examples(outputs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]
 
 
 def _check_base_unchanged(ctx: StudyContext, rec) -> None:
-    """Refuse when the study's base model differs from the one the run was trained on (C13): the
+    """Refuse when the study's base model differs from the one the run was trained on (docs/CASES.md C13): the
     weight and ``config.json`` sha256 recorded at train start, the weight hashes and the revision."""
     check_base(ctx, rec.id)
     trained = rec.summary.get("base") or {}
@@ -121,7 +121,8 @@ def _check_base_unchanged(ctx: StudyContext, rec) -> None:
         )
     if trained.get("revision") and trained["revision"] != now["revision"]:
         raise CheckFailed(
-            f"run {rec.id} was trained on base revision {trained['revision']}, the study's base is now {now['revision']}",
+            f"run {rec.id} was trained on base revision {trained['revision']}, "
+            f"the study's base is now {now['revision']}",
             hint="point model.base at the exact base the run was trained on",
         )
 
@@ -148,7 +149,8 @@ def _embeddings(base: dict[str, Any], tmp: Path, payload: str) -> dict[str, Any]
     }
     if rec["resized"] and payload == "adapter" and not saved:
         raise CheckFailed(
-            f"the tokenizer has {size} tokens but the base embeddings have {rows} rows, and the adapter saves no embedding tensor",
+            f"the tokenizer has {size} tokens but the base embeddings have {rows} "
+            "rows, and the adapter saves no embedding tensor",
             hint="the added tokens would be random after a reload; add the embedding layer to method.modules_to_save",
         )
     return rec
@@ -257,7 +259,7 @@ def build_bundle(
                 hint="set method.modules_to_save: [classifier] (the head's module name) and train again",
             )
 
-    # C6 kind: base size before resizing, added tokens (an image classifier has no vocabulary)
+    # docs/CASES.md C6 kind: base size before resizing, added tokens (an image classifier has no vocabulary)
     embeddings = None if ctx.is_image else _embeddings(base, tmp, payload)
     vocabulary = None if ctx.is_image else vocabulary_record(base["path"], ctx.tokenizer)
 
@@ -532,7 +534,8 @@ def run_export(
                 ctx, rec, tmp, merge=merge, k=k, forced=forced, export_run=run.id, device=device, judging=judging
             )
             console.print(
-                f"[bold]{run.id}[/] bundle of {rec.id} written ({len(man['files'])} files); verifying in a fresh process"
+                f"[bold]{run.id}[/] bundle of {rec.id} written ("
+                f"{len(man['files'])} files); verifying in a fresh process"
             )
             report = verify_in_fresh_process(tmp)
             run.write_json("verify.json", report)

@@ -3,9 +3,9 @@ examples have no category; the longest is one of them) after the exact preproces
 trainer, token by token, in the terminal or as one HTML page.
 
 Features: supervised tokens and, for causal LMs, the token each supervised position is scored
-against (CASES C2 kind); for sequence classification the class index and name the head is
+against (docs/CASES.md C2 kind); for sequence classification the class index and name the head is
 trained on; the training prefix vs the inference prompt with a character diff when they differ
-(CASES C3 kind); truncation marked."""
+(docs/CASES.md C3 kind); truncation marked."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Recipe ``runs --tree``: the lineage of a study's runs as a tree (protocol step 7).
+"""Recipe ``runs --tree``: the lineage of a study's runs as a tree (docs/PROTOCOL.md step 7).
 
 Each train run sits under the run it was made ``--from``; evaluation and other runs sit under the
 run they used (their ``parent``). Every node shows its status (with the reason for failed,
 interrupted and invalid runs: none is hidden), the change of a variant relative to its parent
 (from its summary; ``multi-change`` flagged), the protocol steps it skipped with their recorded
-reasons (``--skip-preflight``, ``--skip-data-check``, ``--skip-baseline``), and for train runs the headline metric of their
-latest completed eval child against the latest completed baseline. A delta is shown only when the
+reasons (``--skip-preflight``, ``--skip-data-check``, ``--skip-baseline``), and for train runs the headline metric of
+their latest completed eval child against the latest completed baseline. A delta is shown only when the
 eval and the baseline share the evaluation fingerprint; otherwise the tree says they are not
 comparable.
 """

@@ -1,4 +1,4 @@
-"""Recipe ``plan``: the rental plan from this study's measured throughput (PROTOCOL.md step 7).
+"""Recipe ``plan``: the rental plan from this study's measured throughput (docs/PROTOCOL.md step 7).
 
 Features (option that turns each on):
 - ``--days`` (3, 7 or 30 usually): phases initial check, experiment, evaluation, resume margin
@@ -81,12 +81,14 @@ def print_plan(plan: dict[str, Any]) -> None:
     )
     m = plan["measured"]
     console.print(
-        f"measured: {m['s_per_step']:.3g} s/step ({m['step_source']}), {m['eval_s_per_example']:.3g} s per evaluated example "
+        f"measured: {m['s_per_step']:.3g} s/step ({m['step_source']}), "
+        f"{m['eval_s_per_example']:.3g} s per evaluated example "
         f"({m['eval_source']}); reload {m['reload_source']}",
         soft_wrap=True,
     )
     console.print(
-        f"variants of the configured budget that fit: [bold]{plan['variants_fit']}[/] ({plan['per_variant_h']:.2f} h each)"
+        "variants of the configured budget that fit: [bold]"
+        f"{plan['variants_fit']}[/] ({plan['per_variant_h']:.2f} h each)"
     )
     for line in cost_lines(plan):
         console.print(line, soft_wrap=True)

@@ -1,5 +1,5 @@
 """Recipe ``preflight``: the initial-check phase that fails before the rental hours are spent
-(PROTOCOL.md steps 4, 5 and 6). One registry run of kind ``preflight``; every check below is a
+(docs/PROTOCOL.md steps 4, 5 and 6). One registry run of kind ``preflight``; every check below is a
 dict ``{"name", "passed", "numbers", "message", "details"}`` stored in ``runs/<id>/preflight.json``
 and summarised in the run summary. Any failed check fails the run (exit 3) after the report is
 written; ``train`` refuses to start without a passed preflight for the same resolved config (keys
@@ -13,13 +13,13 @@ Checks, in order (config key or option behind each):
    with the ``env.json`` of the latest completed baseline or train run; a platform change is flagged
    with the checks to redo (a flag, not a failure: the baseline is what must be redone).
 2. ``backend`` [backend]: dtype for ``training.precision`` on the detected device, with the reason
-   (CASES C9); extensions named by the config (``training.extensions``: not in the study schema yet,
+   (docs/CASES.md C9); extensions named by the config (``training.extensions``: not in the study schema yet,
    so none by default) installed and built for this backend.
 3. ``training data`` [training_data]: the train split through the trainer's exact preprocessing; no
    hard fault (what ``train`` refuses); token lengths p50/p95/max after truncation
    (``training.max_length``).
 4. ``target modules`` [targets]: matches per pattern of ``method.target_modules`` (zero matches
-   fails, C5), per tower on encoder-decoder and multimodal models (a pattern matching in several
+   fails, docs/CASES.md C5), per tower on encoder-decoder and multimodal models (a pattern matching in several
    towers is a warning); ``trainable parameters``: trainable/total and ``method.modules_to_save``;
    ``embedding size``: embedding rows vs the tokenizer, added tokens trained and saved.
 4b. ``bf16 base weights`` [precision] (only with ``training.bf16_base_weights: true``): loss and
@@ -29,7 +29,7 @@ Checks, in order (config key or option behind each):
    just before it, on the fp32 weights).
 5. ``update check`` [update_check]: the model built exactly as ``train`` builds it
    (``StudyContext.build_model``), real optimizer steps on a real train micro-batch under the
-   configured precision: every trainable tensor changed, every frozen tensor bitwise unchanged (C7);
+   configured precision: every trainable tensor changed, every frozen tensor bitwise unchanged (docs/CASES.md C7);
    the model is restored.
 5b. ``qlora storage`` and ``qlora step`` [qlora] (only with ``method.kind: qlora``): the 4-bit
    storage dtype is shardable when ``distributed.strategy`` is fsdp (this single process shards
@@ -37,7 +37,7 @@ Checks, in order (config key or option behind each):
    has a finite, non-zero loss and LoRA gradient norm (the silent loss 0.0 / grad NaN failure).
 6. ``step memory`` [step_memory]: complete steps (forward, loss, backward, clipping, AdamW step) at
    the configured micro-batch (``training.micro_batch_size``) at the p95 train length and at
-   ``training.max_length``: estimate next to the measured peak (C8); fails when either exceeds
+   ``training.max_length``: estimate next to the measured peak (docs/CASES.md C8); fails when either exceeds
    the budget (``--memory-budget``, default the device's memory, or RAM on CPU).
    ``max micro-batch`` [step_memory] (``--find-max-micro-batch``): the largest micro-batch whose
    measured peak fits the budget at the p95 length.
@@ -47,8 +47,8 @@ Checks, in order (config key or option behind each):
    ``eval.batch_size``.
 7. ``gradient accumulation`` [accumulation]: ``max(2, training.gradient_accumulation_steps)`` real
    micro-batches vs their concatenation: same loss and gradients, per-token normalisation stored
-   (C1); when an epoch's micro-batches are not a multiple of the accumulation, the short last window
-   of the epoch (the micro-batches training puts there) vs its concatenation too (C18).
+   (docs/CASES.md C1); when an epoch's micro-batches are not a multiple of the accumulation, the short last window
+   of the epoch (the micro-batches training puts there) vs its concatenation too (docs/CASES.md C18).
 8. ``precision`` [precision]: the chosen dtype alone vs fp32 on one real micro-batch (loss and
    gradient direction within stated tolerances; fp32 is the reference and needs no comparison).
 9. ``activation checkpointing`` [activation_checkpointing]: gradients equal with and without it
@@ -56,10 +56,10 @@ Checks, in order (config key or option behind each):
    change in step time and memory.
 9b. ``eval batch size`` [eval_batch]: greedy outputs of a length-spread sample of evaluation
     examples at batch size 1 and at ``eval.batch_size`` are identical; fails naming the first
-    differing example (CASES C22).
+    differing example (docs/CASES.md C22).
 9c. ``packing`` [packing] (only with ``training.packing: true``): per-token losses of packed rows of
     the shortest training examples equal those of each example alone, and the same rows with the
-    neighbours visible differ (CASES C23).
+    neighbours visible differ (docs/CASES.md C23).
 9d. ``chunked loss`` [chunked_loss] (only with ``training.chunked_loss: true``): the check train
     runs before it uses the chunked loss, on the first micro-batch (packed when packing is on): loss
     and gradients equal the full-logits loss; a classification head fails it naming the key.
@@ -233,7 +233,7 @@ def _model_checks(
     model = report = failure = None
     try:
         model, report = ctx.build_model()
-    except CheckFailed as err:  # a target pattern that matches nothing (C5)
+    except CheckFailed as err:  # a target pattern that matches nothing (docs/CASES.md C5)
         failure = str(err).splitlines()[0]
     state["model"] = model
     for c in check_target_modules(ctx, model, report, failure):
@@ -246,7 +246,7 @@ def _model_checks(
     probe = training_micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
     if cfg.bf16_base_weights:  # every later check sees the frozen weights as training will hold them
         # the precision and accumulation checks compare in fp32 compute (no autocast), which needs fp32
-        # weights: before the cast (the accumulation rule, C1/C18, does not depend on the weights' dtype)
+        # weights: before the cast (the accumulation rule, docs/CASES.md C1/C18, does not depend on the weights' dtype)
         windows, last = accumulation_probes(usable, cfg, pad, PROBE_MICRO_BATCH)
         rep.run(
             "gradient accumulation",
@@ -255,7 +255,8 @@ def _model_checks(
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
         rep.run("bf16 base weights", lambda: check_bf16_base_weights(ctx, model, usable, pad, autocast))
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
-    if ctx.study.method.kind == "qlora":  # issue 15 item 4: storage shardable, loss / grad norm of a real step sane
+    # tests/training/test_qlora.py: storage shardable, loss / grad norm of a real step sane
+    if ctx.study.method.kind == "qlora":
         rep.run("qlora storage", lambda: check_qlora_storage(ctx))
         rep.run("qlora step", lambda: check_qlora_step(model, probe, autocast))
     if ctx.is_image:
@@ -305,9 +306,9 @@ def _text_checks(
     if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
     rep.run("activation checkpointing", lambda: check_study_checkpointing(ctx, model, probe))
-    # C22: outputs do not depend on eval.batch_size
+    # docs/CASES.md C22: outputs do not depend on eval.batch_size
     rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))
-    if cfg.packing:  # C23: packed rows give each example's own per-token losses (issue 15)
+    if cfg.packing:  # docs/CASES.md C23: packed rows give each example's own per-token losses
         rep.run("packing", lambda: check_study_packing(model, usable, cfg, pad))
     if cfg.chunked_loss:  # the check train runs before using it, here before the hours are spent
         rep.run("chunked loss", lambda: check_study_chunked_loss(model, usable, cfg, pad))
@@ -324,7 +325,7 @@ def _image_checks(
     autocast,
 ) -> None:
     """An image classifier's checks after the update check: step and eval memory on real images,
-    accumulation, precision, activation checkpointing, C22 for a forward pass (the smoke pass follows,
+    accumulation, precision, activation checkpointing, docs/CASES.md C22 for a forward pass (the smoke pass follows,
     as for text)."""
     cfg = ctx.study.training
     device, _, _ = ctx.torch_setup()

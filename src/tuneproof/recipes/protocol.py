@@ -1,4 +1,4 @@
-"""Protocol order, enforced (PROTOCOL.md steps 2 and 3): ``baseline`` and ``train`` need a passed
+"""Protocol order, enforced (docs/PROTOCOL.md steps 2 and 3): ``baseline`` and ``train`` need a passed
 data check for the current data fingerprint, and ``train`` needs a completed baseline for the
 current evaluation fingerprint.
 
@@ -96,14 +96,15 @@ def require_data_check(ctx, command: str, override: str | None = None) -> str | 
         first = f", first: {faults[0]}" if faults else ""
     n = rec.summary.get("hard_faults", "?")
     raise CheckFailed(
-        f"{command} refused: the data check {rec.id} of this data ({fp[:12]}) failed with {n} hard fault{'' if n == 1 else 's'}{first}",
+        f"{command} refused: the data check {rec.id} of this data ({fp[:12]}) "
+        f"failed with {n} hard fault{'' if n == 1 else 's'}{first}",
         hint=f"fix the data or the study file and run `tuneproof data check{opt}`, or {skip}",
     )
 
 
 def require_baseline(ctx, override: str | None = None) -> str | None:
     """Refuse ``train`` unless a completed baseline has the current evaluation fingerprint and base
-    revision (PROTOCOL.md step 2). Returns its run id, or None under ``override``.
+    revision (docs/PROTOCOL.md step 2). Returns its run id, or None under ``override``.
 
     Raises:
         CheckFailed: no such baseline - names what differs from the latest one and the command (exit 3).
@@ -112,7 +113,8 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
     override = check_reason("--skip-baseline", override)
     if override is not None:
         console.print(
-            f"[yellow]warning[/]: training without a baseline for this evaluation procedure; recorded override: {override}"
+            "[yellow]warning[/]: training without a baseline for this "
+            f"evaluation procedure; recorded override: {override}"
         )
         return None
     efp = study_eval_fingerprint(ctx)
@@ -145,7 +147,8 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
         why = f"the latest baseline {last.id} does not match: {', '.join(diffs)}"
     raise CheckFailed(
         f"train refused: {why}",
-        hint=f'run `tuneproof baseline{opt}` first (protocol step 2), or `tuneproof train{opt} --skip-baseline "REASON"` '
+        hint=f"run `tuneproof baseline{opt}` first (protocol step 2), or "
+        f'`tuneproof train{opt} --skip-baseline "REASON"` '
         "(the override is recorded in the run)",
     )
 

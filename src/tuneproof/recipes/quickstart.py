@@ -2,8 +2,8 @@
 
 SNIPS (7 intents, slots) turned into strict JSON extraction with SmolLM2-135M-Instruct + LoRA:
 init -> data check -> baseline (fixed stratified subset of the validation split) -> preflight
-(with ``--fast`` or ``--preflight``) -> train -> eval (same procedure) -> compare (paired, guards judged) -> export (bound to the base)
--> dossier. ``--fast`` shrinks everything for tests (no gain is expected there).
+(with ``--fast`` or ``--preflight``) -> train -> eval (same procedure) -> compare (paired, guards judged) -> export
+(bound to the base) -> dossier. ``--fast`` shrinks everything for tests (no gain is expected there).
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def write_image_quickstart_study(directory: Path, *, fast: bool) -> Path:
         _merge(raw, IMAGE_FAST)
         raw["name"] = "digits-image-classification-fast"
     head = (
-        "# tuneproof quickstart --task image-classification: real 8x8 digits (scikit-learn's copy of the UCI set), a ViT\n"
+        "# tuneproof quickstart --task image-classification: real 8x8 digits "
+        "(scikit-learn's copy of the UCI set), a ViT\n"
         "# initialised from a config (not pretrained: its baseline is chance), fully fine-tuned on the CPU\n"
     )
     return atomic_write_text(directory / STUDY_FILE, head + yaml.safe_dump(raw, sort_keys=False))
@@ -108,7 +109,8 @@ def run_quickstart(
     task: str = "extraction",
 ) -> dict:
     """Run every step (the preflight with ``--fast`` or ``--preflight``: on a 2-core CPU it adds minutes; always for
-    ``task="image-classification"``, where it takes seconds); returns ``{"runs": {...}, "compare": ..., "dossier": path, "seconds": s}``.
+    ``task="image-classification"``, where it takes seconds); returns ``{"runs": {...}, "compare": ..., "dossier": path,
+    "seconds": s}``.
 
     Raises:
         TuneproofError: the folder already holds a study with runs, or ``task`` has no quickstart.
@@ -117,7 +119,8 @@ def run_quickstart(
     directory = Path(directory)
     if task not in ("extraction", "image-classification"):
         raise TuneproofError(
-            f"--task {task}: the quickstarts are 'extraction' (SNIPS + SmolLM2) and 'image-classification' (digits + ViT)"
+            f"--task {task}: the quickstarts are 'extraction' (SNIPS + "
+            "SmolLM2) and 'image-classification' (digits + ViT)"
         )
     if (directory / STUDY_FILE).exists() and any((directory / "runs").glob("*")):
         raise TuneproofError(f"{directory} already holds a study with runs", hint="pass another --dir or delete it")

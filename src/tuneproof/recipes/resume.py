@@ -6,7 +6,7 @@ Features:
   ``--checkpoint``, into the same run id: status back to ``running``, then completed
   (or interrupted/failed/invalid again); global step, learning-rate schedule, optimizer moments,
   trainable weights, RNG states (Python, NumPy, torch) and data position are restored, so the
-  per-step losses and final weights equal those of an uninterrupted run (CASES C12; tested on CPU
+  per-step losses and final weights equal those of an uninterrupted run (docs/CASES.md C12; tested on CPU
   with dropout on);
 - the run keeps its recorded config (``runs/<id>/config.json``), and resume refuses, before
   anything is written, when:
@@ -14,7 +14,7 @@ Features:
   - the checkpoint is missing, damaged or incomplete (the file is named; nothing is overwritten);
   - the checkpoint's files differ from the sha256 recorded when it was written (``index.json``;
     names the file and both hashes), or it is not a checkpoint folder at all, e.g. a planted
-    pickle ``step-999999.pt``, which is refused without being loaded (CASES C21);
+    pickle ``step-999999.pt``, which is refused without being loaded (docs/CASES.md C21);
     ``--fallback`` continues from the newest older checkpoint that passes instead, listing those skipped;
   - the checkpoint's config differs from ``config.json``, or (for a run made from the study file,
     not a variant) the study file changed since (the keys are listed);
@@ -172,18 +172,21 @@ def check_inputs(rec: RunRecord, ckpt: dict[str, Any], ckpt_path: Path, ctx) -> 
     fp = ctx.data_fingerprint()["hash"]
     if fp != ckpt["data_fingerprint"]:
         raise TuneproofError(
-            f"the data changed since the checkpoint of {rec.id}: fingerprint {ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
+            f"the data changed since the checkpoint of {rec.id}: fingerprint "
+            f"{ckpt['data_fingerprint'][:16]} -> {fp[:16]}",
             hint="restore the data the run was trained on (see runs/<id>/data.json), or start a new run",
         )
     problems = compare_base(ckpt.get("base") or {}, ctx.base)
     if problems:
         raise TuneproofError(
             f"the base model {ctx.base.path} changed since the checkpoint of {rec.id}: " + "; ".join(problems),
-            hint="restore the exact base weights the run started from (or `tuneproof --rehash resume` if the hash cache is stale)",
+            hint="restore the exact base weights the run started from (or `tuneproof "
+            "--rehash resume` if the hash cache is stale)",
         )
     if ctx.base.revision != ckpt["base_revision"]:
         raise TuneproofError(
-            f"the base model changed since the checkpoint of {rec.id}: revision {ckpt['base_revision']} -> {ctx.base.revision}",
+            f"the base model changed since the checkpoint of {rec.id}: revision "
+            f"{ckpt['base_revision']} -> {ctx.base.revision}",
             hint=f"point model.base at the revision the run started from ({ckpt['base_revision']})",
         )
 
@@ -225,7 +228,8 @@ def run_resume(
     if saved_ws != world_size:
         raise TuneproofError(
             f"{ckpt_path.name} of {rec.id} was trained by {saved_ws} process(es); this resume asks for {world_size}",
-            hint=f"resume with the same world size (--nproc-per-node x --nnodes = {saved_ws}): each rank's data order depends on it",
+            hint="resume with the same world size (--nproc-per-node x --nnodes = "
+            f"{saved_ws}): each rank's data order depends on it",
         )
     layout = None
     if world_size > 1:

@@ -56,7 +56,8 @@ def run_show(
     limit: int = 20,
     as_json: bool = False,
 ) -> int:
-    """Print the selected examples (``as_json``: one JSON object on stdout, see :func:`show_json`); returns how many matched."""
+    """Print the selected examples (``as_json``: one JSON object on stdout, see :func:`show_json`); returns how many
+    matched."""
     cid = resolve_candidate(ctx, run_id)
     _, cand = load_outputs(ctx, cid)
     base: list[dict] = []

@@ -1,4 +1,4 @@
-"""Recipe ``test``: the only way the reserved test split is read (PROTOCOL.md step 2).
+"""Recipe ``test``: the only way the reserved test split is read (docs/PROTOCOL.md step 2).
 
 Features: the candidate (a completed train run, or ``base`` for the base model) is evaluated on
 the test split with the study's procedure; every access is logged in the registry (run, time,

@@ -1,5 +1,5 @@
 """Training and preflight past one process, under torchrun: the launcher side, the worker each rank
-runs, and the save check (protocol step 6; CASES C1, C10, C11, C24).
+runs, and the save check (docs/PROTOCOL.md step 6; docs/CASES.md C1, C10, C11, C24).
 
 Recipes (features; the study keys ``distributed.strategy``, ``distributed.backend``, ``distributed.timeout_s``):
 - ``tuneproof train --nproc-per-node N [--nnodes M --node-rank K --rdzv-endpoint H:P]``
@@ -124,13 +124,15 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
         )
     if d.strategy == "fsdp" and kind == "cuda" and backend != "nccl":
         raise TuneproofError(
-            f"{where}: distributed.strategy fsdp on GPUs needs distributed.backend nccl (gloo has no GPU reduce-scatter)",
+            f"{where}: distributed.strategy fsdp on GPUs needs "
+            "distributed.backend nccl (gloo has no GPU reduce-scatter)",
             hint="set distributed.backend: nccl (or auto), or distributed.strategy: ddp",
         )
     world = nproc * nnodes
     if t.bf16_base_weights and world > 1:  # the rank's loop would refuse it after the launch: refuse before
         raise TuneproofError(
-            f"{where}: training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
+            f"{where}: training.bf16_base_weights is not yet checked under "
+            "DDP/FSDP (the cast would follow the wrapper)",
             hint="set training.bf16_base_weights: false for a distributed run",
         )
     if (
@@ -243,9 +245,9 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float) -> tuple[str,
     """Why a distributed run ended badly, from the ranks' ``rank-N.error.json`` files.
 
     Returns:
-        ``(kind, message)``: kind ``health`` (a health rule fired on a rank), ``interrupted`` (every rank that wrote stopped on a signal or
-        ``stop_after``), ``timeout`` (a rank waited ``timeout_s`` in a collective; the ranks that wrote
-        nothing are named as hung) or ``failed`` (the first rank to fail by time, its error type and
+        ``(kind, message)``: kind ``health`` (a health rule fired on a rank), ``interrupted`` (every rank that wrote
+        stopped on a signal or ``stop_after``), ``timeout`` (a rank waited ``timeout_s`` in a collective; the ranks that
+        wrote nothing are named as hung) or ``failed`` (the first rank to fail by time, its error type and
         message, and its log).
     """
     errors = []
@@ -456,7 +458,7 @@ def run_preflight_distributed(
 def save_and_verify(
     ctx, run, model, world: World, n_examples: int = 4, frozen_before: dict | None = None
 ) -> dict[str, Any] | None:
-    """Save the trained adapter (or full model) once, whole, and check it (C24).
+    """Save the trained adapter (or full model) once, whole, and check it (docs/CASES.md C24).
 
     Every rank takes part in gathering the whole tensors (``get_model_state_dict(full_state_dict=True,
     cpu_offload=True)``) and in the trained model's forward on ``n_examples`` evaluation prompts
@@ -557,7 +559,8 @@ def save_and_verify(
     run.write_json("save_check.json", check)
     run.update_summary(save_check={k: v for k, v in check.items() if k != "shapes"})
     world.log(
-        f"save check: {'passed' if check['passed'] else 'FAILED'}: {len(saved_shapes)} tensors, max |logit diff| {worst:.2e}"
+        f"save check: {'passed' if check['passed'] else 'FAILED'}: "
+        f"{len(saved_shapes)} tensors, max |logit diff| {worst:.2e}"
     )
     if problems:
         raise CheckFailed(

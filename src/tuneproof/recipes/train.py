@@ -4,28 +4,30 @@ Features (config key that turns each on):
 - LoRA (``method.kind: lora``; r, alpha, dropout, target_modules, modules_to_save), QLoRA
   (``method.kind: qlora``: the base loaded in 4-bit by bitsandbytes, the quant config recorded in
   ``method.json``, ``base.json`` and the summary, :mod:`tuneproof.models.quant`) or full
-  fine-tuning (``method.kind: full``); every target pattern must match (CASES C5);
+  fine-tuning (``method.kind: full``); every target pattern must match (docs/CASES.md C5);
 - answer-only loss with the end-of-turn token supervised (``training.loss``); hard data faults
   (0 supervised tokens, boundary inside a token, prefix mismatch) stop the run before any compute;
 - the step budget from ``training.max_steps`` or ``training.epochs`` (exclusive; neither: 1 epoch), recorded
   in the summary as ``budget`` with the key that set it and the steps per epoch;
-- gradient accumulation normalised per token over the window (``training.gradient_accumulation_steps``, C1);
-  a window never crosses an epoch boundary (the last one of an epoch holds what is left, C18);
-- precision (``training.precision``; dtype and reason recorded, C9), activation checkpointing
+- gradient accumulation normalised per token over the window (``training.gradient_accumulation_steps``,
+  docs/CASES.md C1); a window never crosses an epoch boundary (the last one of an epoch holds what is left,
+  docs/CASES.md C18);
+- precision (``training.precision``; dtype and reason recorded, docs/CASES.md C9), activation checkpointing
   (``training.activation_checkpointing``); frozen base weights in bf16 (``training.bf16_base_weights``,
   LoRA only: cast after PEFT wrapped the model, once the loop's check passed; ``base_weights`` in the summary);
 - checkpoints every ``training.checkpoint_every`` steps and at interruption (Ctrl-C/SIGTERM),
   resumable with ``tuneproof resume``;
 - a health check on every optimizer step (``training/health.py``): a non-finite loss, gradient norm or
   trainable tensor, an exploded tensor, a zero gradient for several steps or a loss pinned at the
-  uniform-prediction value marks the run invalid, with the rule and the step (C19);
+  uniform-prediction value marks the run invalid, with the rule and the step (docs/CASES.md C19);
 - protocol order (:mod:`tuneproof.recipes.protocol`): refuses unless the data check of the current
   data passed (run inline when there is none) and a completed baseline has the current evaluation
   fingerprint; ``--skip-data-check REASON`` / ``--skip-baseline REASON`` override, recorded in the run;
 - past one process (``tuneproof train --nproc-per-node N [--nnodes M --node-rank K --rdzv-endpoint H:P]``):
   the same recipe under torchrun, DDP or FSDP2 (``distributed.strategy``, ``distributed.backend``,
   ``distributed.timeout_s``); checks before launch, rank 0 writes, a rank's failure named, the saved
-  adapter gathered whole and checked in a fresh process (:mod:`tuneproof.recipes.torchrun`, C10, C11, C24).
+  adapter gathered whole and checked in a fresh process (:mod:`tuneproof.recipes.torchrun`, docs/CASES.md C10, C11,
+  C24).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def record_start(ctx: StudyContext, run) -> dict[str, Any]:
         base["quantization"] = ctx.quantization
     record_inputs(ctx, run)
     run.write_json("base.json", base)
-    freeze_and_seal(ctx.study_dir, ctx.study, run)  # protocol step 1: the first train run fixes (and seals) it
+    freeze_and_seal(ctx.study_dir, ctx.study, run)  # docs/PROTOCOL.md step 1: the first train run fixes (and seals) it
     return base
 
 
@@ -139,7 +141,7 @@ def run_train(
                 len([t for t in targets.get("towers") or {} if t != "model"]) > 1
             ):  # encoder-decoder / multimodal: matches per tower
                 console.print(f"[dim]{targets['message']}[/]", soft_wrap=True)
-            for w in targets.get("warnings", []):  # one pattern adapting several towers (C5 kind)
+            for w in targets.get("warnings", []):  # one pattern adapting several towers (docs/CASES.md C5 kind)
                 console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
                 run.note(f"warning: {w}")
         device, _, autocast = ctx.torch_setup()

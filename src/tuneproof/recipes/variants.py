@@ -1,4 +1,4 @@
-"""Recipe ``train --from``: variants of a train run, one explainable change at a time (protocol step 7).
+"""Recipe ``train --from``: variants of a train run, one explainable change at a time (docs/PROTOCOL.md step 7).
 
 Features (CLI option that turns each on):
 - a variant of a train run (``--from RUN``): its resolved config (``runs/<id>/config.json``) with
@@ -13,7 +13,7 @@ Features (CLI option that turns each on):
 - seed, budget, data and evaluation procedure are inherited from the parent; a change to any of
   them is stated in ``variant.json`` (``statements``), and so is a data fingerprint that differs
   from the parent's although no data key changed (the data files changed on disk);
-- the hypothesis and guards are fixed before the first training run (protocol step 1): a variant
+- the hypothesis and guards are fixed before the first training run (docs/PROTOCOL.md step 1): a variant
   may not change them;
 - sweep (``--grid key=v1,v2,v3``): one variant per value, validated (config and preflight) all
   together first, then run in sequence; each is one change. A value equal to the parent's is skipped (the parent is that
@@ -254,7 +254,8 @@ def plan_variant(
     for c in changes:
         if c["group"] in INHERITED:
             plan.statements.append(
-                f"{INHERITED[c['group']]} not inherited from {rec.id}: {c['key']} {json.dumps(c['from'])} -> {json.dumps(c['to'])}"
+                f"{INHERITED[c['group']]} not inherited from {rec.id}: {c['key']} "
+                f"{json.dumps(c['from'])} -> {json.dumps(c['to'])}"
             )
     if plan.multi_change:
         plan.statements.append(

@@ -1,12 +1,12 @@
-"""Recipe ``verify``: check an export bundle in a fresh process (PROTOCOL.md step 4: "the adapter
-stays bound to the base model and its exact version").
+"""Recipe ``verify``: check an export bundle in a fresh process (docs/PROTOCOL.md step 4: the adapter
+stays tied to the exact base model and version it was trained on).
 
 Features (option that turns each on):
 - every bundle file against its sha256 in the manifest (a missing or altered file is named);
 - the base model (``--base PATH``, default the path recorded at export): sha256 of every weight
   file and the tokenizer's probe-text token ids against the manifest; a different base is refused
-  naming both hashes (CASES C13);
-- the adapter loaded with ``PeftModel.from_pretrained`` (modules_to_save included, CASES C6), the K
+  naming both hashes (docs/CASES.md C13);
+- the adapter loaded with ``PeftModel.from_pretrained`` (modules_to_save included, docs/CASES.md C6), the K
   stored examples predicted again and compared with the predictions recorded at export
   (identical; logits within 1e-4 on CPU, 1e-3 on CUDA for a bundle exported with ``--device
   cuda``); ``merged/`` checked the same way when present;

@@ -121,7 +121,8 @@ def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> Non
             )
         if g.classes is not None and not g.metric.startswith("per_class_"):
             raise TuneproofError(
-                f"{path}: hypothesis.guards[{i}].classes: only a per_class_* guard names classes (metric is '{g.metric}')",
+                f"{path}: hypothesis.guards[{i}].classes: only a per_class_* "
+                f"guard names classes (metric is '{g.metric}')",
                 hint="remove classes, or use a per_class_* metric",
             )
 

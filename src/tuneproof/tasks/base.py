@@ -10,12 +10,12 @@ same order, so a reader who knows one knows all, and adding a kind is one module
 4. ``bootstrap_stats``: additive per-example statistics whose sums give every metric, so the
    paired bootstrap (:mod:`tuneproof.evaluation.compare`) recomputes them exactly;
 5. ``example_rule``: the per-example pass rule behind fixed / broken counts and McNemar's test
-   for a success metric (issue 17);
+   for a success metric (tests/tasks/test_task_rules.py);
 6. ``audit``: the data-check audit of the targets / labels;
 7. ``template``: the study file template ``tuneproof init --task NAME`` writes.
 
 Rules shared by every kind: a missing or unparseable value is always wrong, never a match
-(CASES C20); set-valued values are compared as sets; rates are fractions in [0, 1].
+(docs/CASES.md C20); set-valued values are compared as sets; rates are fractions in [0, 1].
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def multihot(sets: Sequence[Iterable[Any] | None], vocab: Sequence[Any]) -> np.n
 
 def macro_present(values: np.ndarray, support: np.ndarray) -> np.ndarray:
     """Mean of ``values`` [B, L] over the labels with support > 0 in each row (zero-support
-    labels are excluded from macro averages, issue 10); 0.0 when no label is present."""
+    labels are excluded from macro averages, tests/evaluation/test_eval_metrics.py); 0.0 when no label is present."""
     present = (support > 0).astype(float)
     return div((np.nan_to_num(values) * present).sum(axis=1), present.sum(axis=1), 0.0)
 

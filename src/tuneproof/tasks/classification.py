@@ -5,11 +5,11 @@ labels, scorer, bootstrap statistics, per-example rule, audit, template.
 
 Metrics are scikit-learn's (``accuracy_score``, ``precision_recall_fscore_support``,
 ``confusion_matrix``) with ``zero_division=0`` and the label set passed explicitly, so a class the
-model never predicts scores 0 instead of vanishing from the average (CASES C15). A prediction
+model never predicts scores 0 instead of vanishing from the average (docs/CASES.md C15). A prediction
 outside the label set is wrong and counted in an ``"<invalid>"`` column of the confusion matrix.
 Macro averages are over the labels present in the evaluated split (support > 0): a class the split
 does not hold cannot be measured there, so it is left out and the metrics say "macro over 15 of
-17 labels present" (issue 10).
+17 labels present" (tests/evaluation/test_eval_metrics.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
     Returns:
         ``(records, metrics)``. Each record gets ``correct`` (bool) and ``scores =
         {"valid_label": bool}``. ``metrics`` keys: ``task``, ``n``, ``labels``, ``per_class``
-        (``{label: {"recall", "precision", "f1", "support"}}``, recall first, as CASES C15
+        (``{label: {"recall", "precision", "f1", "support"}}``, recall first, as docs/CASES.md C15
         asks), ``accuracy``, ``macro_f1``, ``weighted_f1``, ``micro_f1``, ``labels_present``,
         ``macro_over``, ``n_invalid``, ``invalid_rate``, ``confusion`` (``{"labels": rows,
         "columns": labels + ["<invalid>"], "matrix": [[int]]}``; rows are references, columns
@@ -63,7 +63,7 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
         support 0 are excluded, ``macro_over`` says how many are left); weighted = mean
         weighted by support; micro = from pooled tp/fp/fn over the labels (an ``<invalid>``
         prediction is a false negative and no false positive, so micro-F1 can exceed
-        accuracy). CASES C15 (50 x class 0, 18 x class 1, always 0): accuracy 0.735, class-1
+        accuracy). docs/CASES.md C15 (50 x class 0, 18 x class 1, always 0): accuracy 0.735, class-1
         recall 0.0, macro-F1 0.4237.
 
     Raises:
@@ -137,7 +137,8 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
             "accuracy": "share of examples whose prediction equals the reference (sklearn accuracy_score)",
             "macro_f1": f"unweighted mean of per-class F1, {note} (sklearn average=None, zero_division=0)",
             "weighted_f1": "mean of per-class F1 weighted by reference support (sklearn average='weighted')",
-            "micro_f1": "F1 of tp/fp/fn pooled over the labels (sklearn average='micro'); <invalid> predictions are false negatives only",
+            "micro_f1": "F1 of tp/fp/fn pooled over the labels (sklearn average='micro'); "
+            "<invalid> predictions are false negatives only",
             "per_class": "one-vs-rest precision, recall, F1 per label (sklearn average=None, zero_division=0)",
         },
     }

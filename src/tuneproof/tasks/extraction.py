@@ -11,9 +11,9 @@ Rules and where they come from:
 - ``intent`` may be one string or a list of strings (multi-intent): it is compared as a *set*
   (``"a"`` equals ``["a"]``, ``["a", "b"]`` equals ``["b", "a"]``). A missing, non-string or
   unparseable intent is always wrong, never a match: ``{}`` against ``{"intent": ["a", "b"]}`` is
-  wrong (CASES C20). A reference without an intent is not scored on the intent at all.
+  wrong (docs/CASES.md C20). A reference without an intent is not scored on the intent at all.
 - JSON validity is strict RFC 8259 (:func:`tuneproof.tasks.parsing.parse_json_output`);
-  a fenced output is invalid unless ``eval.allow_fenced_json`` (CASES C16).
+  a fenced output is invalid unless ``eval.allow_fenced_json`` (docs/CASES.md C16).
 - An example is *answered* when its output is a valid JSON object holding every required field
   (``hypothesis.required_fields``, default ``intent`` and ``slots``) with a value: not null, not an
   empty string, an ``intent`` that is a non-empty string or list of strings, ``slots`` an object. Every
@@ -100,7 +100,8 @@ def intent_set(obj: Any) -> frozenset | None:
 def answered(pred: Any, required: Sequence[str]) -> bool:
     """True when ``pred`` (a parsed output) is an object holding every required field with a value:
     not null, not an empty string; ``intent`` a non-empty string or list of strings (:func:`intent_set`),
-    ``slots`` an object (``{}`` is an answer: no slots). The gate of every per-example rule of this kind (see the module docstring)."""
+    ``slots`` an object (``{}`` is an answer: no slots). The gate of every per-example rule of this kind (see the module
+    docstring)."""
     if not isinstance(pred, dict):
         return False
     for key in required:
@@ -351,7 +352,8 @@ def score_extraction(
             "unknown_predicted_fields": unknown,
             "averaging": {
                 "field_f1": "micro: F1 of (slot, value) pairs pooled over all examples; values stripped and casefolded",
-                "intent_accuracy": "share of examples with a reference intent whose predicted intent set equals it (missing = wrong)",
+                "intent_accuracy": "share of examples with a reference intent whose predicted "
+                "intent set equals it (missing = wrong)",
                 "exact_match": "share of examples whose whole object equals the reference after value normalisation",
                 "per_class": "per reference intent label (one-vs-rest); per category for references without intent",
                 "per_field": "per slot name, pairs pooled over examples",
@@ -489,7 +491,8 @@ class Extraction(Task):
     template = "extraction.yaml"
     reader = ReaderHints(
         label="data.fields.label: the category (e.g. the intent) used for stratified splits and per-class metrics",
-        target="data.fields.target: a JSON object {intent, slots} (a string, or an object/mapping the reader serialises)",
+        target="data.fields.target: a JSON object {intent, slots} (a string, or "
+        "an object/mapping the reader serialises)",
         model_kinds=("causal-lm",),
     )
     headline = (

@@ -115,7 +115,8 @@ class FormatRule:
         self.allow_fenced = allow_fenced
         if json_schema is None and regex is None and grammar is None and not self.required:
             raise TuneproofError(
-                "a format study needs a check: none of eval.json_schema, eval.regex, eval.grammar, hypothesis.required_fields is set",
+                "a format study needs a check: none of eval.json_schema, eval.regex, "
+                "eval.grammar, hypothesis.required_fields is set",
                 hint="set eval.json_schema, eval.regex or eval.grammar in the study file",
             )
         self.validator = None

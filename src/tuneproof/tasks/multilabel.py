@@ -8,7 +8,7 @@ precision / recall / F1 one-vs-rest, micro (tp/fp/fn pooled over labels and exam
 (mean of per-label F1 over the labels present in the split, support > 0, "macro over 15 of 17
 labels present"), exact set match (sklearn's subset accuracy). Order and repetition inside the
 array never matter. An output that is not a JSON array of strings predicts nothing and is never
-right, whatever the reference (a missing value never matches, CASES C20).
+right, whatever the reference (a missing value never matches, docs/CASES.md C20).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def score_multilabel(
         ``exact_set_match``, ``micro_precision``, ``micro_recall``, ``micro_f1``, ``macro_f1``,
         ``labels_present``, ``macro_over``, ``per_class`` (per label ``{"precision", "recall",
         "f1", "support"}``), ``unknown_predicted_labels`` (``{label: count}``), ``parse_errors``,
-        ``averaging``. C20: reference ``["a", "b"]``, predictions ``{}``, ``{"slots": {}}``,
+        ``averaging``. docs/CASES.md C20: reference ``["a", "b"]``, predictions ``{}``, ``{"slots": {}}``,
         ``["c"]``, ``["b", "a"]`` -> exact_set_match 0.25.
 
     Raises:

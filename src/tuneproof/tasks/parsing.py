@@ -1,4 +1,4 @@
-"""Parsing model outputs and targets: strict JSON (RFC 8259), with the code-fence rule of CASES C16.
+"""Parsing model outputs and targets: strict JSON (RFC 8259), with the code-fence rule of docs/CASES.md C16.
 
 Shared by every task kind (:mod:`tuneproof.tasks`) and the data check.
 """
@@ -26,7 +26,7 @@ def parse_json_output(text: str | None, allow_fenced: bool = False) -> tuple[Any
     The text is stripped of surrounding whitespace and parsed with ``json.loads``; ``NaN`` /
     ``Infinity`` are rejected (not JSON per RFC 8259). Python-literal style
     (``{'a': True}``) is invalid. Output wrapped in a Markdown code fence
-    (```` ```json ... ``` ````) is invalid unless ``allow_fenced`` (CASES C16), in which case
+    (```` ```json ... ``` ````) is invalid unless ``allow_fenced`` (docs/CASES.md C16), in which case
     the fence is removed first.
 
     Args:

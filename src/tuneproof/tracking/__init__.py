@@ -172,7 +172,8 @@ def publish_dossier(study, study_dir: Path, paths: list[Path], *, warn=None) -> 
             sent.append(tracker.name)
         except Exception as err:  # noqa: BLE001
             warn(
-                f"warning: dossier not sent to {tracker.name} ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"
+                f"warning: dossier not sent to {tracker.name} ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:200] if str(err) else ''})"
             )
     write_json(state_path, state)
     return sent

@@ -55,7 +55,8 @@ class MlflowTracker(Tracker):
         exp = client.get_experiment_by_name(self.experiment)
         if exp is not None:
             return exp.experiment_id
-        # a SQLite store keeps its artifacts beside the database, never in the current folder (MLflow's default ./mlruns)
+        # a SQLite store keeps its artifacts beside the database, never in the current folder (MLflow's default
+        # ./mlruns)
         location = None
         if self.uri and self.uri.startswith("sqlite:///"):
             location = (Path(self.uri[len("sqlite:///") :]).parent / "mlflow-artifacts").resolve().as_uri()

@@ -18,7 +18,7 @@ from rich.markup import escape
 from tuneproof.errors import TuneproofError
 from tuneproof.ui import console
 
-#: `tuneproof --help` lists commands in the order of the protocol (PROTOCOL.md steps), tools last
+#: `tuneproof --help` lists commands in the order of the protocol (docs/PROTOCOL.md steps), tools last
 PROTOCOL_ORDER = (
     "init",
     "data",
@@ -54,7 +54,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Make a fine-tuning experiment provably sound: baseline, data checks, preflight, runs, paired comparison, bound export, dossier.",
+    help="Make a fine-tuning experiment provably sound: baseline, data checks, "
+    "preflight, runs, paired comparison, bound export, dossier.",
 )
 data_app = typer.Typer(
     no_args_is_help=True, help="Data protocol: versions, splits, duplicates, audits, token-level inspection."
@@ -144,7 +145,7 @@ SkipDataCheckOpt = typer.Option(
 def baseline(
     study: Path = StudyOpt, data: Path | None = DataOpt, skip_data_check: str | None = SkipDataCheckOpt
 ) -> None:
-    """Evaluate the base model on the evaluation split and keep its per-example outputs; refuses when the data check failed."""
+    """Evaluate the base model on the evaluation split and keep its per-example outputs; refuses when the data check failed."""  # noqa: E501 (the command list prints it as written)
     from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
 
     run_id = run_baseline(_ctx(study, data), data_check_override=skip_data_check)
@@ -284,7 +285,7 @@ def preflight(
     node_rank: int = NodeRankOpt,
     rdzv_endpoint: str | None = RdzvOpt,
 ) -> None:
-    """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""
+    """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""  # noqa: E501 (the command list prints it as written)
     if _distributed(
         nproc_per_node, nnodes
     ):  # the checks only N processes can make (shares, DDP/FSDP2 step, per-rank memory)
@@ -359,7 +360,7 @@ def runs_mark_interrupted(
     why: str = typer.Option(..., "--why", help="the reason, recorded with the last heartbeat, host and pid"),
     study: Path = StudyOpt,
 ) -> None:
-    """Mark a running run interrupted now, without waiting for its heartbeat to go stale; a train run can then be resumed."""
+    """Mark a running run interrupted now, without waiting for its heartbeat to go stale; a train run can then be resumed."""  # noqa: E501 (the command list prints it as written)
     from tuneproof.registry import Registry  # noqa: PLC0415
 
     rec = Registry(study).mark_interrupted(run, why)
@@ -371,7 +372,7 @@ def runs_mark_interrupted(
 
 @registry_app.command("rebuild")
 def registry_rebuild(study: Path = StudyOpt) -> None:
-    """Rebuild tuneproof.sqlite from the run folders (runs/*/run.json); the old file is kept as tuneproof.sqlite.damaged-TIME."""
+    """Rebuild tuneproof.sqlite from the run folders (runs/*/run.json); the old file is kept as tuneproof.sqlite.damaged-TIME."""  # noqa: E501 (the command list prints it as written)
     from tuneproof.registry import Registry  # noqa: PLC0415
 
     out = Registry.rebuild(study)
@@ -383,7 +384,8 @@ def registry_rebuild(study: Path = StudyOpt) -> None:
     )
     if out["lost"]:
         console.print(
-            f"[yellow]warning[/]: {len(out['lost'])} folder(s) had no readable run.json, listed as invalid: {', '.join(out['lost'])}",
+            f"[yellow]warning[/]: {len(out['lost'])} folder(s) had no readable "
+            f"run.json, listed as invalid: {', '.join(out['lost'])}",
             soft_wrap=True,
         )
     if out["stale"]:
@@ -401,7 +403,8 @@ def resume(
     fallback: bool = typer.Option(
         False,
         "--fallback",
-        help="if the checkpoint is refused (sha256 differs, damaged, not a checkpoint folder), continue from the newest valid older one",
+        help="if the checkpoint is refused (sha256 differs, damaged, not a checkpoint "
+        "folder), continue from the newest valid older one",
     ),
     nproc_per_node: int | None = NprocOpt,
     nnodes: int = NnodesOpt,

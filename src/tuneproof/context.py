@@ -120,7 +120,8 @@ class StudyContext:
             splits["train"], self.dedup_dropped = apply_policy(splits, report, d.policy)
         if self.study.eval.split not in splits:
             raise TuneproofError(
-                f"{self.study_dir / STUDY_FILE}: eval.split '{self.study.eval.split}' does not exist (splits: {sorted(splits)})"
+                f"{self.study_dir / STUDY_FILE}: eval.split '"
+                f"{self.study.eval.split}' does not exist (splits: {sorted(splits)})"
             )
         if "train" not in splits:
             raise TuneproofError(f"{self.study_dir / STUDY_FILE}: no 'train' split (splits: {sorted(splits)})")
@@ -259,7 +260,7 @@ class StudyContext:
     # ------------------------------------------------------------------ device
     @cached_property
     def device_choice(self) -> dict[str, Any]:
-        """Device and dtype for this machine and the study's precision (CASES C9: reason recorded)."""
+        """Device and dtype for this machine and the study's precision (docs/CASES.md C9: reason recorded)."""
         dev = detect_device()
         choice = choose_dtype(
             self.study.training.precision, dev, bf16_base_weights=self.study.training.bf16_base_weights

@@ -1,5 +1,5 @@
-"""The hypothesis as it was fixed before training (PROTOCOL.md step 1: "they are fixed before the
-first training run and every later verdict is judged against them").
+"""The hypothesis as it was fixed before training (docs/PROTOCOL.md step 1: the first train run
+freezes the hypothesis and its guards; every later verdict is judged against the frozen version).
 
 The first ``train`` run freezes the hypothesis: behaviour, task, success criterion, guards,
 required fields and the format rule (``eval.json_schema``, ``eval.regex``,

@@ -219,7 +219,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 def read_text(path: str | os.PathLike) -> tuple[str, list[str]]:
-    """Decode a file as UTF-8, repairing CESU-8 surrogate pairs (CASES C17).
+    """Decode a file as UTF-8, repairing CESU-8 surrogate pairs (docs/CASES.md C17).
 
     Returns ``(text, repairs)`` where ``repairs`` lists what was repaired, e.g.
     ``["PlayMusic/train.json: byte 1234: CESU-8 surrogate pair decoded as U+1F355"]``.

@@ -305,7 +305,8 @@ class Registry:
             if missing and self._record_folders():
                 self.rebuilt = self._load_folders()
                 print(
-                    f"note: {self.db_path} was missing: rebuilt from {len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
+                    f"note: {self.db_path} was missing: rebuilt from "
+                    f"{len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
                     file=sys.stderr,
                 )
             self.mark_stale()
@@ -720,7 +721,8 @@ class Registry:
         if row["host"] == socket.gethostname() and row["pid"] is not None and _alive(row["pid"], row["proc_start"]):
             raise TuneproofError(
                 f"run {rec.id} runs in the live process {row['pid']} on this host",
-                hint=f"stop it instead: Ctrl-C in its terminal or `kill -TERM {row['pid']}` (a train run writes a checkpoint)",
+                hint="stop it instead: Ctrl-C in its terminal or `kill -TERM "
+                f"{row['pid']}` (a train run writes a checkpoint)",
             )
         seen = row["heartbeat"] or row["created"]
         self.finish(

@@ -71,7 +71,8 @@ class Source(_Strict):
     format: Literal[
         "csv", "json", "jsonl", "lines", "hf", "snips", "banking77", "imagefolder", "image-csv", "image-jsonl"
     ] = Field(
-        description="file format or a built-in dataset reader; lines: a split folder of line-aligned files (seq.in, label); "
+        description="file format or a built-in dataset reader; lines: a split "
+        "folder of line-aligned files (seq.in, label); "
         "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows"
     )
     split: str | None = Field(
@@ -91,7 +92,8 @@ class FieldMap(_Strict):
     )
     target: str | dict[str, str] | None = Field(
         None,
-        description="column holding the expected output (extraction/format), or a mapping {key: column} building a JSON object",
+        description="column holding the expected output (extraction/format), or a "
+        "mapping {key: column} building a JSON object",
     )
     id: str | None = Field(None, description="column holding a stable id (default: file and line)")
     image: str | None = Field(
@@ -204,7 +206,8 @@ class ModelSpec(_Strict):
 class Method(_Strict):
     kind: Literal["lora", "full", "qlora"] = Field(
         "lora",
-        description="full fine-tuning, LoRA, or QLoRA (LoRA on a base loaded in 4-bit by bitsandbytes: pip install 'tuneproof[qlora]')",
+        description="full fine-tuning, LoRA, or QLoRA (LoRA on a base loaded in 4-bit by "
+        "bitsandbytes: pip install 'tuneproof[qlora]')",
     )
     r: int = Field(8, ge=1, description="LoRA rank")
     alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")
@@ -225,7 +228,8 @@ class Method(_Strict):
     )
     bnb_4bit_quant_storage: Literal["uint8", "int8", "bfloat16", "float16", "float32"] = Field(
         "uint8",
-        description="qlora: dtype the packed 4-bit values are stored in; FSDP needs a float dtype equal to the compute dtype",
+        description="qlora: dtype the packed 4-bit values are stored in; FSDP needs "
+        "a float dtype equal to the compute dtype",
     )
 
     @model_validator(mode="after")
@@ -333,7 +337,8 @@ class Training(_Strict):
             raise ValueError(
                 f"training.packing_length {self.packing_length} is below training.max_length {self.max_length}: "
                 f"a packed row must hold an example of max_length tokens; set it to at least {self.max_length} "
-                f"(unset: micro_batch_size x max_length = {self.micro_batch_size * self.max_length}, one row per micro-batch)"
+                f"(unset: micro_batch_size x max_length = {self.micro_batch_size * self.max_length}, one row per "
+                "micro-batch)"
             )
         return self
 
@@ -344,7 +349,8 @@ class Distributed(_Strict):
 
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp",
-        description="ddp: DistributedDataParallel (weights replicated); fsdp: FSDP2 fully_shard, one unit per decoder block + root",
+        description="ddp: DistributedDataParallel (weights replicated); fsdp: FSDP2 "
+        "fully_shard, one unit per decoder block + root",
     )
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="process-group backend; auto: nccl on CUDA GPUs, gloo on CPU"
@@ -489,7 +495,8 @@ class Study(_Strict):
         if self.training.bf16_base_weights and self.method.kind == "qlora":
             raise ValueError(
                 "training.bf16_base_weights with method.kind qlora: the frozen base is already held in 4 bits "
-                "(its other tensors as prepare_model_for_kbit_training sets them); set training.bf16_base_weights: false"
+                "(its other tensors as prepare_model_for_kbit_training sets "
+                "them); set training.bf16_base_weights: false"
             )
         if self.training.bf16_base_weights and (self.training.chunked_loss or self.training.packing):
             other = "chunked_loss" if self.training.chunked_loss else "packing"
@@ -572,7 +579,8 @@ def _quant_keys_written_need_qlora(raw: Any, path: Path) -> None:
     written = [k for k in method if isinstance(k, str) and k.startswith("bnb_4bit_")]
     if written:
         raise TuneproofError(
-            f"{path}: method: method.{written[0]} applies to method.kind: qlora only (kind is {method.get('kind', 'lora')!r}); "
+            f"{path}: method: method.{written[0]} applies to method.kind: qlora "
+            f"only (kind is {method.get('kind', 'lora')!r}); "
             "remove it or set method.kind: qlora",
             hint="fix the study file; `tuneproof init` writes a commented template",
         )

@@ -196,7 +196,8 @@ def check_sealed(study_dir: str | Path, registry: Any = None) -> dict[str, Any] 
     except (TuneproofError, KeyError, TypeError) as err:
         why = err.message if isinstance(err, TuneproofError) else f"no {err}"
         raise SealBroken(
-            f"{path}: the frozen hypothesis is unreadable ({why.removeprefix(str(path) + ':').strip()}; sha256 {found})",
+            f"{path}: the frozen hypothesis is unreadable ("
+            f"{why.removeprefix(str(path) + ':').strip()}; sha256 {found})",
             what=f"the frozen hypothesis {FROZEN_FILE} is unreadable",
             hint=restore,
         ) from None

@@ -11,8 +11,9 @@ returns ``{"title", "sections": [{"id", "title", "blocks"}]}``; a block is one o
   (``<details>`` in HTML and in GitHub Markdown).
 
 The first section ("Summary") is the first screen: it stands alone (hypothesis, verdict with its
-intervals, or ``INCOMPLETE: ...`` naming the evidence a verdict would need that is missing or broken, what the candidate changed against the baseline, runs that did not complete and why,
-limits, test-split reads) and links every section below it.
+intervals, or ``INCOMPLETE: ...`` naming the evidence a verdict would need that is missing or broken, what the candidate
+changed against the baseline, runs that did not complete and why, limits, test-split reads) and links every section
+below it.
 
 :func:`to_markdown` and :func:`to_html` render that structure; every string is escaped by the
 renderer (``html.escape`` for HTML, ``|`` for Markdown tables), so text from the user's data can

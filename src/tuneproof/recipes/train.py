@@ -27,7 +27,7 @@ Features (config key that turns each on):
   the same recipe under torchrun, DDP or FSDP2 (``distributed.strategy``, ``distributed.backend``,
   ``distributed.timeout_s``); checks before launch, rank 0 writes, a rank's failure named, the saved
   adapter gathered whole and checked in a fresh process (:mod:`tuneproof.recipes.torchrun`, docs/CASES.md C10, C11,
-  C24).
+  docs/CASES.md C24).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
     y_pred = []
     for r, ref in zip(recs, y_true):
         pred = text(r.get("prediction")).strip()
-        valid = bool(pred) and pred in label_set  # an empty answer is never a class (issue 22)
+        valid = bool(pred) and pred in label_set  # an empty answer is never a class (tests/tasks/test_task_rules.py)
         y_pred.append(pred if valid else INVALID_LABEL)
         r["correct"] = bool(valid and pred == ref)
         r["scores"] = {"valid_label": valid}

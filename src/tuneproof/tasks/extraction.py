@@ -19,7 +19,7 @@ Rules and where they come from:
   empty string, an ``intent`` that is a non-empty string or list of strings, ``slots`` an object. Every
   per-example rule (the basis of fixed / broken and McNemar's test) fails an example that is not
   answered: ``{}`` for a reference without slots has field F1 1.0, yet it is never a fixed example
-  (issue 22: a model that says nothing must not count as fixed).
+  (tests/tasks/test_task_rules.py: a model that says nothing must not count as fixed).
 """
 
 from __future__ import annotations
@@ -469,7 +469,7 @@ def _metric_fn(classes: list[str], intent_classes: list[str], fields: list[str],
     return fn
 
 
-# the clause every rule of this kind starts with (issue 22): an unanswered example never passes
+# the clause every rule of this kind starts with (tests/tasks/test_task_rules.py): an unanswered example never passes
 ANSWERED = (
     "an example passes only when its output is a valid JSON object with every required field "
     "(hypothesis.required_fields) holding a value (not null or empty)"

@@ -474,7 +474,8 @@ def _metric_fn(classes, rate_keys, parts, slots, grammar):
     return fn
 
 
-# issue 22: an output without the required fields (hypothesis.required_fields) never passes a rule
+# tests/tasks/test_task_matrix.py: an output without the required fields (hypothesis.required_fields) never passes a
+# rule
 _REQUIRED = " and has every required field (when hypothesis.required_fields is set)"
 _RULES = {
     "compliance_rate": ("compliant", "an example passes when its output follows the format rule"),

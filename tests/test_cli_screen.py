@@ -112,7 +112,10 @@ def test_tables_at_80_columns_keep_the_cells_that_identify_a_row_whole():
 
     ex_id = "SearchCreativeWork/validation/0012"  # a SNIPS id, 34 characters
     text = "I want to see the television show called The Last Kingdom of the north"
-    ref = '{"intent": "SearchCreativeWork", "slots": {"object_type": "television show", "object_name": "The Last Kingdom"}}'
+    ref = (
+        '{"intent": "SearchCreativeWork", "slots": {"object_type": '
+        '"television show", "object_name": "The Last Kingdom"}}'
+    )
     out = _render(
         table(
             "r0007: 1 examples",
@@ -234,7 +237,8 @@ def test_the_bitsandbytes_import_warning_is_not_shown(tmp_path):
     pytest.importorskip("bitsandbytes")
     script = (
         "import sys\nfrom tuneproof.cli import app, main\n"
-        "@app.command('probe-import')\ndef probe() -> None:\n    import peft.tuners.lora  # noqa: F401\n    import bitsandbytes  # noqa: F401\n"
+        "@app.command('probe-import')\ndef probe() -> None:\n    import "
+        "peft.tuners.lora  # noqa: F401\n    import bitsandbytes  # noqa: F401\n"
         "main(['probe-import'])\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

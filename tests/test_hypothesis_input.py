@@ -1,4 +1,4 @@
-"""Bad input in the hypothesis (issue 17): a success metric the task does not report, a guard on a
+"""Bad input in the hypothesis (docs/PROTOCOL.md step 1): a success metric the task does not report, a guard on a
 class that is not a label, a format rule no gold target satisfies: exit 2 naming the key, before any run."""
 
 from __future__ import annotations

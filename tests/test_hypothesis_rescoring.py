@@ -1,6 +1,6 @@
 """compare judges against the frozen hypothesis even when the edit changes the scoring itself
 (hypothesis.required_fields, the format rule): the frozen scoring gives the verdict, the edited
-one is scored again for the second verdict (issue 17). Outputs are written by hand: no model."""
+one is scored again for the second verdict (docs/PROTOCOL.md step 1). Outputs are written by hand: no model."""
 
 from __future__ import annotations
 

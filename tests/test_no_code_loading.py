@@ -1,4 +1,4 @@
-"""Loading a file never runs code (issue 11): a rule over the whole package's source, by AST.
+"""Loading a file never runs code (docs/CASES.md C21): a rule over the whole package's source, by AST.
 
 Refused anywhere in ``src/tuneproof``:
 - pickle and its kin (``pickle``, ``cPickle``, ``dill``, ``cloudpickle``, ``joblib``, ``marshal``,

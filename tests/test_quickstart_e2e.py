@@ -40,7 +40,7 @@ def test_quickstart_fast_runs_the_whole_protocol(tmp_path, shared_data):
         and len(base["revision"]) == 64
     )
     assert set(base["weight_files"]) == {"model.safetensors"} and len(base["weight_files"]["model.safetensors"]) == 64
-    # the data version records the CESU-8 repair of SNIPS PlayMusic (C17)
+    # the data version records the CESU-8 repair of SNIPS PlayMusic (docs/CASES.md C17)
     data = json.loads((study / "runs" / runs["baseline"].id / "data.json").read_text())
     assert any("PlayMusic" in r and "U+1F355" in r for r in data["repairs"])
     assert (study / "dossier.md").read_text().count(runs["train"].id) >= 1

@@ -1,4 +1,4 @@
-"""Label audits and strict-JSON target audits (CASES C16)."""
+"""Label audits and strict-JSON target audits (docs/CASES.md C16)."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_audit_labels_banking77():
     assert r["hard_faults"] == [] and r["warnings"] == []
 
 
-# --------------------------------------------------------------------------- targets (C16)
+# --------------------------------------------------------------------------- targets (docs/CASES.md C16)
 def test_c16_python_dict_target_gives_parse_rate_50_and_is_named():
     examples = [
         _ex(

@@ -1,4 +1,4 @@
-"""Warnings a user needs before the rental hours (issue 12): small classes named with counts,
+"""Warnings a user needs before the rental hours (docs/PROTOCOL.md step 3): small classes named with counts,
 answers cut by max_length (count, ids, tokens lost; a hard fault when the end token is cut), a
 suggested max_length that keeps every answer whole, and every check stating its result when it
 finds nothing."""
@@ -61,8 +61,8 @@ def test_answers_cut_by_max_length_are_counted_and_a_cut_end_token_is_a_hard_fau
         {"split": "train", "id": "long", "answer_tokens": whole.answer_tokens, "tokens_lost": 5, "end_cut": True}
     ]
     assert (
-        r["line"]
-        == f"answers cut by max_length {cut_at}: 1 of 2 examples lose 5 answer tokens, 1 their end token: train/long (-5)"
+        r["line"] == f"answers cut by max_length {cut_at}: 1 of 2 examples lose 5 answer "
+        "tokens, 1 their end token: train/long (-5)"
     )
     assert cut_answers({"train": [short]}, cut_at)["line"] == f"answers cut by max_length {cut_at}: none"
 

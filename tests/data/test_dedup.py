@@ -1,4 +1,4 @@
-"""Duplicates across and inside splits (CASES C14) and the MinHash/LSH machinery behind them."""
+"""Duplicates across and inside splits (docs/CASES.md C14) and the MinHash/LSH machinery behind them."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_shingle_set_word_char_and_short_texts():
     assert jaccard({"a", "b"}, {"b", "c"}) == pytest.approx(1 / 3)
 
 
-# --------------------------------------------------------------------------- CASES C14
+# --------------------------------------------------------------------------- docs/CASES.md C14
 def test_c14_exact_and_normalised_overlap_with_ids():
     report = find_duplicates(_c14())
     p = report.pair("train", "test")

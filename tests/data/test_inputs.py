@@ -1,4 +1,4 @@
-"""Inputs as users bring them (issue 12) and bad input refused with file and line (issue 11):
+"""Inputs as users bring them (docs/PROTOCOL.md step 3) and bad input refused with file and line:
 line-aligned files, globs, target mappings and dotted paths, optional keys, cleaning before
 validation, missing-value labels, non-string texts, huge lines, empty files, data.fields on a
 built-in format. Small fixtures built here mirror the layouts; BANKING77 from ../shared/data."""
@@ -217,7 +217,8 @@ def test_every_bad_row_of_a_jsonl_file_is_named_in_file_order(tmp_path):
     with pytest.raises(TuneproofError) as err:
         load_json_records(p, FieldMap(label="label"), lines=True)
     assert str(err.value).splitlines()[0] == (
-        f"{p}: 3 rows refused: {p}:2: text in column 'text' is int 12, not a string; {p}:3: invalid JSON line (Expecting value); "
+        f"{p}: 3 rows refused: {p}:2: text in column 'text' is int 12, not a "
+        f"string; {p}:3: invalid JSON line (Expecting value); "
         f"{p}:4: 'nan' label in column 'label' (a missing value, not a class)"
     )
 

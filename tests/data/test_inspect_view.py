@@ -1,4 +1,4 @@
-"""Inspection shows what the trainer sees (issue 12, issue 10 cousins of C2/C3): the class index
+"""Inspection shows what the trainer sees (cousins of docs/CASES.md C2/C3): the class index
 and name for sequence classification with a legend that matches, the token each supervised
 position is scored against in the terminal, the training prefix vs the inference prompt with a
 character diff, and ``-n K`` meaning K per category (K in total without categories)."""
@@ -48,8 +48,8 @@ def test_terminal_shows_which_token_each_supervised_position_is_scored_against(t
     first_sup = next(t for t, lab in enumerate(enc.labels) if lab != -100)
     # the first scored position is the last prompt token, scored against the first answer token
     assert (
-        pairs[0]
-        == f"{first_sup - 1}:{visible(rows[first_sup - 1]['text'])}→{visible(tiny_tokenizer.decode([enc.input_ids[first_sup]]))}"
+        pairs[0] == f"{first_sup - 1}:{visible(rows[first_sup - 1]['text'])}→"
+        f"{visible(tiny_tokenizer.decode([enc.input_ids[first_sup]]))}"
     )
     assert "".join(p.split("→", 1)[1] for p in pairs) == "a·b·c<|im_end|>"  # targets read as the answer + end token
     last = len(enc.input_ids) - 2

@@ -29,8 +29,10 @@ def test_length_stats_percentiles_truncation_and_suggestion():
     assert r["suggest_max_length"] == 104  # ceil(99.01 / 8) * 8
     assert r["percentile_method"] == "linear" and r["max_length"] == 64
     assert r["warnings"] == [
-        "train: 36 of 100 examples (36.0%) are longer than max_length 64 tokens and will be truncated (longest: 100 tokens)",
-        "validation: 1 of 3 examples (33.3%) are longer than max_length 64 tokens and will be truncated (longest: 200 tokens)",
+        "train: 36 of 100 examples (36.0%) are longer than max_length 64 "
+        "tokens and will be truncated (longest: 100 tokens)",
+        "validation: 1 of 3 examples (33.3%) are longer than max_length 64 "
+        "tokens and will be truncated (longest: 200 tokens)",
     ]
     assert r["hard_faults"] == []
     json.dumps(r)

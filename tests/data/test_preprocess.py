@@ -1,5 +1,5 @@
-"""The single preprocessing path: end token supervised with pad == eos (C2), the answer boundary
-from character offsets (C3), 0 supervised tokens reported before training (C4)."""
+"""The single preprocessing path: end token supervised with pad == eos (docs/CASES.md C2), the answer boundary
+from character offsets (docs/CASES.md C3), 0 supervised tokens reported before training (docs/CASES.md C4)."""
 
 from __future__ import annotations
 

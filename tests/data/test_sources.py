@@ -1,4 +1,4 @@
-"""Loaders: real SNIPS/BANKING77 counts, the CESU-8 repair (C17), and bad-input messages."""
+"""Loaders: real SNIPS/BANKING77 counts, the CESU-8 repair (docs/CASES.md C17), and bad-input messages."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_snips_counts_slots_and_cesu8_repair(shared_data):
     val = [e for e in examples if e.split == "validation"]
     assert (len(train), len(val)) == (13784, 700)
     assert len({e.label for e in examples}) == 7
-    # C17: the PlayMusic file holds one emoji as a CESU-8 surrogate pair; it is repaired and recorded
+    # docs/CASES.md C17: the PlayMusic file holds one emoji as a CESU-8 surrogate pair; it is repaired and recorded
     assert len(repairs) == 1 and "train_PlayMusic_full.json: byte" in repairs[0] and "U+1F355" in repairs[0]
     pizza = [e for e in examples if "\U0001f355" in e.text]
     assert len(pizza) == 1 and pizza[0].label == "PlayMusic"

@@ -1,4 +1,4 @@
-"""Splits that do not leak (issue 12): when tuneproof cuts splits itself (fractions or
+"""Splits that do not leak (docs/PROTOCOL.md step 3): when tuneproof cuts splits itself (fractions or
 carve_from), exact, normalised and near-duplicate texts go to one split whole, and the manifest
 records the grouping rule."""
 

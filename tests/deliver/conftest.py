@@ -37,7 +37,7 @@ def cls_study(tmp_path_factory, bert_base) -> dict:
     snapshot = {}
     orig = train_recipe.save_trained
 
-    def save_and_snapshot(model, *args, **kw):  # the trained model as it is in memory, before saving (CASES C6)
+    def save_and_snapshot(model, *args, **kw):  # the trained model as it is in memory, before saving (docs/CASES.md C6)
         snapshot["model"] = copy.deepcopy(model).eval()
         return orig(model, *args, **kw)
 

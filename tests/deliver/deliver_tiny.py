@@ -1,5 +1,5 @@
 """Tiny local studies for the deliverable tests: a 2-label classifier (tiny random BERT + LoRA +
-modules_to_save [classifier], CASES C6) and a JSON extraction study (tiny random Llama with a
+modules_to_save [classifier], docs/CASES.md C6) and a JSON extraction study (tiny random Llama with a
 word-level chat tokenizer). Everything is built here; nothing is downloaded.
 """
 
@@ -227,7 +227,7 @@ def ext_config(base: Path) -> dict:
 
 def make_ext_study(folder: Path, base: Path, *, prepare: bool = True) -> Path:
     """The extraction study; with ``prepare`` its data check and baseline are run (in that order), so
-    ``train`` may start (PROTOCOL.md steps 2 and 3)."""
+    ``train`` may start (docs/PROTOCOL.md steps 2 and 3)."""
     (folder / "data").mkdir(parents=True, exist_ok=True)
     for name, n, off in (("train", 16, 0), ("validation", 4, 100), ("test", 4, 200)):
         rows = _ext_rows(n, off)

@@ -1,4 +1,4 @@
-"""Nothing forged (issue 11): per-example outputs are bound to their run by a sha256 recorded when
+"""Nothing forged (docs/PROTOCOL.md step 2): per-example outputs are bound to their run by a sha256 recorded when
 the run wrote them (compare, show, report and export refuse an edited file, naming it), and an
 export bundle's claims (metrics, verdict, final loss) are recomputed by ``verify`` from the
 outputs and log the bundle ships; a claim that does not match is named by its manifest field.
@@ -154,7 +154,7 @@ def test_edited_manifest_without_its_hash_is_named_first(bundle):
 
 
 def test_candidate_trained_on_another_base_than_the_baseline_is_refused(cls_study, tmp_path, capsys):
-    """C13's kind at compare time: the baseline's base.json and the candidate's train run's differ."""
+    """docs/CASES.md C13's kind at compare time: the baseline's base.json and the candidate's train run's differ."""
     from tuneproof.io import write_json
 
     study = tmp_path / "s"
@@ -169,7 +169,8 @@ def test_candidate_trained_on_another_base_than_the_baseline_is_refused(cls_stud
     code, out = _run(capsys, "compare", ids["eval"], "--against", ids["baseline"], "--study", str(study))
     assert code == 2
     assert (
-        f"baseline {ids['baseline']} evaluated another base model than the one {ids['train']} (candidate {ids['eval']}) "
+        f"baseline {ids['baseline']} evaluated another base model than the "
+        f"one {ids['train']} (candidate {ids['eval']}) "
         f"was trained on: combined weights sha256 {other} vs {t['weights_sha256']}"
     ) in out
 
@@ -205,7 +206,7 @@ def test_an_invalidated_run_with_edited_outputs_no_longer_blocks_the_dossier(cls
 
 
 def test_claims_recount_the_pairs_on_the_success_metrics_rule_as_compare_did(cls_bundle, monkeypatch):
-    """compare counts fixed / broken on the success metric's per-example rule (issue 17); verify
+    """compare counts fixed / broken on the success metric's per-example rule; verify
     must recount them on the same rule. It recounted them on exact match, so a real extraction
     quickstart (field F1 >= 0.5 per example) failed its own export: 'fixed: manifest claims 12,
     recomputed 3'."""

@@ -58,7 +58,7 @@ def test_markdown_holds_every_run_and_the_evidence(dossier_study):
     assert (
         "| 37 | 1.50 | 1.25 | 0.50 | 0.40 | 0.49 | 0.98 |" in md
     )  # step memory: estimate next to measured, GiB, and their ratio
-    # issue 15: the estimate itemised (MiB) next to the measured step
+    # docs/CASES.md C8: the estimate itemised (MiB) next to the measured step
     assert (
         "| activations: MLP gate, silu, up (3i per block) | 120.500 |" in md
         and "| measured / estimate (the step's tensors / the step's part) | 0.980 |" in md
@@ -114,16 +114,17 @@ def test_first_screen_stands_alone(dossier_study):
     assert first.lstrip().startswith(f"**verdict (frozen hypothesis): {data['verdict'].upper()} (")
     lo, hi = succ["ci"]
     assert (
-        f"| success | success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | {succ['cand']:.3f} | {succ['delta']:.3f} [{lo:.3f}, {hi:.3f}] |"
-        in first
+        f"| success | success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | "
+        f"{succ['cand']:.3f} | {succ['delta']:.3f} [{lo:.3f}, {hi:.3f}] |" in first
     )
     assert (
-        f"- the candidate changed against the baseline: {t} trained lora r 4, alpha 8.0 on query, value (also trains classifier); "
+        f"- the candidate changed against the baseline: {t} trained lora r 4, "
+        "alpha 8.0 on query, value (also trains classifier); "
         "12 optimizer steps of 8 x 1 examples, learning rate 0.05; final loss "
     ) in first
     assert (
-        f"- did not complete: {dossier_study['failed']} (train) failed: RuntimeError: CUDA out of memory while allocating 2.00 GiB"
-        in first
+        f"- did not complete: {dossier_study['failed']} (train) failed: "
+        "RuntimeError: CUDA out of memory while allocating 2.00 GiB" in first
     )
     assert (
         f"- did not complete: {dossier_study['variant']} (train) invalid: evaluated on the wrong split (was completed)"
@@ -187,7 +188,8 @@ def test_hypothesis_section_states_each_guard_rule_as_written():
     assert items[3:6] == [
         "guard: per_class_recall must stay at or above 0.0",
         "guard: macro_f1 must not drop by more than 0.02 vs the baseline",
-        "guard: per_class_recall for bug, feature must not drop by more than 0.1 vs the baseline and must stay at or above 0.5",
+        "guard: per_class_recall for bug, feature must not drop by more than "
+        "0.1 vs the baseline and must stay at or above 0.5",
     ]
 
 

@@ -1,4 +1,4 @@
-"""Export of a LoRA classifier with modules_to_save [classifier] (CASES C6): the bundle layout,
+"""Export of a LoRA classifier with modules_to_save [classifier] (docs/CASES.md C6): the bundle layout,
 the manifest, the model card, and logits identical before saving and after a reload in a new
 process."""
 

@@ -1,6 +1,6 @@
 """Export of a generative (causal LM) LoRA run: an invalid run is refused unless --force, a forced
 export is recorded everywhere, greedy predictions are reproduced exactly in a fresh process, and a
-base whose weights changed since training is refused at export (CASES C13)."""
+base whose weights changed since training is refused at export (docs/CASES.md C13)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_forced_export_of_an_invalid_generative_run(tmp_path, capsys):
     assert _exit_code(["verify", str(bundle)]) == 0
     assert "verified" in capsys.readouterr().out
 
-    # C13 at export time: the base changed since training -> refused, naming both hashes
+    # docs/CASES.md C13 at export time: the base changed since training -> refused, naming both hashes
     from safetensors.torch import load_file, save_file
 
     old_sha = read_json(study / "runs" / train_id / "summary.json")["base"]["weight_sha256"]["model.safetensors"]

@@ -1,4 +1,4 @@
-"""No verdict from missing evidence (issue 22): a report whose comparison lost the baseline's or the
+"""No verdict from missing evidence (docs/PROTOCOL.md step 7): a report whose comparison lost the baseline's or the
 candidate's outputs says INCOMPLETE on its first screen and exits 3; compare never judges an
 interrupted or incomplete evaluation, even with --allow-different-procedure."""
 

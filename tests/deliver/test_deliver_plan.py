@@ -160,8 +160,8 @@ def test_plan_without_hourly_rate_gives_hours_and_the_cost_is_labelled(cls_study
     c = plan["cost"]
     assert c["rental"] == pytest.approx(420.0) and c["planned_hours"] == pytest.approx(plan["total_h"] * 2.5)
     assert (
-        f"cost at 2.5 per hour: rental of 168 h 420.00; cost of the {plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}"
-        in out
+        "cost at 2.5 per hour: rental of 168 h 420.00; cost of the "
+        f"{plan['total_h']:.2f} planned hours {c['planned_hours']:.2f}" in out
     )
 
 

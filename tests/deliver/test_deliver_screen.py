@@ -1,4 +1,4 @@
-"""The screen of the tiny classification study (issue 16): eval and test print their headline
+"""The screen of the tiny classification study (docs/PROTOCOL.md step 2): eval and test print their headline
 metrics (worst classes first, averages named), test says whether the test split is reused,
 compare and show take --json, a failing per-class guard is one line per class (at most 10)."""
 

@@ -1,5 +1,5 @@
 """``tuneproof verify``: a missing or altered bundle file is named, a base with different weights is
-refused naming both hashes (CASES C13), a missing base is a user error (exit 2)."""
+refused naming both hashes (docs/CASES.md C13), a missing base is a user error (exit 2)."""
 
 from __future__ import annotations
 

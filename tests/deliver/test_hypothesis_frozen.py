@@ -1,4 +1,4 @@
-"""The verdict follows the hypothesis fixed before training (PROTOCOL.md step 1, issue 17): frozen
+"""The verdict follows the hypothesis fixed before training (docs/PROTOCOL.md step 1): frozen
 with the first train run, judged against by compare / test / report / export, an edit shown key by
 key with both verdicts, the edited one alone only with --use-edited-hypothesis REASON (recorded)."""
 
@@ -162,8 +162,8 @@ def test_exported_bundle_states_the_frozen_hypothesis(cls_bundle):
     assert man["comparison"]["judged_against"] == "frozen"
     card = (cls_bundle["bundle"] / "README.md").read_text()
     assert (
-        f"Judged against the frozen hypothesis; the hypothesis was frozen with the first train run {cls_bundle['ids']['train']}"
-        in card
+        "Judged against the frozen hypothesis; the hypothesis was frozen with "
+        f"the first train run {cls_bundle['ids']['train']}" in card
     )
 
 
@@ -187,7 +187,7 @@ def test_test_split_read_records_the_hypothesis_it_was_scored_with(cls_study, tm
     assert "(scored with the EDITED hypothesis: floor set by the review)" in build_markdown(StudyContext.open(d))
 
 
-# --------------------------------------------------------------------------- the seal (issue 22)
+# --------------------------------------------------------------------------- the seal (docs/PROTOCOL.md step 1)
 def _tamper(d, *, rehash: bool) -> tuple[str, str]:
     """``success.min_gain`` set to -1 in the frozen file (its stored hash recomputed when ``rehash``);
     returns (the sha256 the first train run recorded, the sha256 of the edited file)."""

@@ -19,6 +19,6 @@ def test_show_matches_the_compare_counts(cls_study, capsys):
     finally:
         ctx.registry.close()
     assert (
-        "fixed / regressed by the success metric's rule: an example passes when its predicted class is the reference class"
-        in capsys.readouterr().out
+        "fixed / regressed by the success metric's rule: an example passes "
+        "when its predicted class is the reference class" in capsys.readouterr().out
     )

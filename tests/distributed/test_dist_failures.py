@@ -1,5 +1,5 @@
 """A rank that raises marks the run failed naming the rank and its error; a launch that cannot work
-is refused in one line with nothing launched (issue 13, bad input)."""
+is refused in one line with nothing launched (docs/PROTOCOL.md step 6, bad input)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``tuneproof preflight --nproc-per-node 2`` (issue 13 item 6): the distributed smoke on 2 gloo
+"""``tuneproof preflight --nproc-per-node 2`` (docs/PROTOCOL.md step 6): the distributed smoke on 2 gloo
 processes: shares checked, DDP ranks agree on the trainable weights after 2 steps, FSDP2 step
 gradients equal one process on the concatenated window, FSDP units reported, per-rank peak memory,
 the torchrun command and the world layout recorded."""

@@ -1,4 +1,4 @@
-"""QLoRA past one process (issue 15 item 4): a 4-bit NF4 base under FSDP2 on 2 gloo processes, with
+"""QLoRA past one process (docs/PROTOCOL.md step 6): a 4-bit NF4 base under FSDP2 on 2 gloo processes, with
 the float quant storage the launch rule asks for (``method.bnb_4bit_quant_storage`` = the compute
 dtype, float32 here). The run completes and its save check holds: the adapter gathered whole, no
 ``lora_B`` all zeros, none of the 21 frozen tensors (14 of them 4-bit) changed, a fresh process

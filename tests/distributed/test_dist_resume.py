@@ -1,4 +1,4 @@
-"""Exact resume of an FSDP2 run on 2 gloo processes (issue 13 item 5): stopped after step 3 of 6 with
+"""Exact resume of an FSDP2 run on 2 gloo processes (docs/PROTOCOL.md step 7): stopped after step 3 of 6 with
 its checkpoint, resumed under torchrun with the same world size, it gives per-step losses equal to
 the uninterrupted distributed run (LoRA dropout 0.1: each rank gets back its own RNG states); a
 resume with another world size is refused before anything is written."""

@@ -1,5 +1,6 @@
 """DDP and FSDP2 on 2 gloo processes (torchrun --standalone) against one process on the concatenated
-batch (issue 13; CASES C1 across ranks, C10, C11 after the step, C24).
+batch (docs/PROTOCOL.md step 6; docs/CASES.md C1 across ranks, docs/CASES.md C10, C11 after the step,
+docs/CASES.md C24).
 
 Same global batch of 8: one process with micro-batch 4 x accumulation 2, or 2 ranks with micro-batch 2
 x accumulation 2. ``DistributedSampler`` hands rank r the permutation's positions r, r+2, ..., so a
@@ -76,7 +77,7 @@ def _assert_equivalent(run_dir, reference, strategy):
     got = adapter_tensors(run_dir)
     assert sorted(got) == sorted(reference["adapter"]) and len(got) == 8
     for name, tensor in reference["adapter"].items():
-        assert got[name].shape == tensor.shape, name  # whole tensors, not one rank's slice (C24)
+        assert got[name].shape == tensor.shape, name  # whole tensors, not one rank's slice (docs/CASES.md C24)
         assert torch.allclose(got[name], tensor, atol=1e-5), (name, float((got[name] - tensor).abs().max()))
     s = summary(run_dir)
     assert (s["world_size"], s["strategy"], s["backend"], s["global_batch"]) == (2, strategy, "gloo", 8)
@@ -85,7 +86,7 @@ def _assert_equivalent(run_dir, reference, strategy):
         6,
     )  # 24 examples / 8 per step
     assert "2 processes" in s["loss_normalisation"] and "x 2" in s["loss_normalisation"]
-    # C10: what the two ranks actually read in the first epoch: 12 each, disjoint, all 24 covered
+    # docs/CASES.md C10: what the two ranks actually read in the first epoch: 12 each, disjoint, all 24 covered
     assert s["shares"] == {
         "per_rank": [12, 12],
         "overlap": 0,
@@ -98,7 +99,8 @@ def _assert_equivalent(run_dir, reference, strategy):
     check = s["save_check"]
     assert check["passed"] and check["tensors"] == 8 and check["lora_B"] == 4 and check["lora_B_all_zero"] == 0
     assert check["max_abs_logit_diff"] <= 1e-4 and check["top5_ids_equal"] and check["examples"] == 4
-    assert check["frozen_checked"] > 0 and check["frozen_changed"] == 0  # C11 after the step: only LoRA weights changed
+    # docs/CASES.md C11 after the step: only LoRA weights changed
+    assert check["frozen_checked"] > 0 and check["frozen_changed"] == 0
     assert all(bool(got[n].any()) for n in got if "lora_B" in n)  # lora_B not all zeros after training
     assert (run_dir / "rank-0.log").is_file() and (run_dir / "rank-1.log").is_file()
     assert "end: completed" in (run_dir / "rank-1.log").read_text()
@@ -108,7 +110,7 @@ def _assert_equivalent(run_dir, reference, strategy):
 def test_ddp_step_equals_single_process_on_the_concatenated_batch(reference, tiny_base, tmp_path):
     run_dir = _distributed(tiny_base, tmp_path / "ddp", "ddp")
     _assert_equivalent(run_dir, reference, "ddp")
-    # C1 across ranks: the two ranks hold different supervised token counts in step 1, so a per-rank
+    # docs/CASES.md C1 across ranks: the two ranks hold different supervised token counts in step 1, so a per-rank
     # mean averaged by DDP would differ from the per-token mean over the global window; it does not
     ctx = StudyContext.open(run_dir.parents[1])
     enc = ctx.pipeline.encode_all(ctx.split("train"))

@@ -199,7 +199,8 @@ def test_check_refuses_a_backend_that_disagrees(tok, prompts, adapter, direct):
     }
     assert res["reason"] == (
         f"vllm agrees with transformers on 13 of 16 sampled examples (agreement 0.812 < "
-        f"eval.backend_check_min_agreement 0.9); first: ex02: {direct['adapted'][2]!r} vs {direct['adapted'][2] + ' !'!r}"
+        "eval.backend_check_min_agreement 0.9); first: ex02: "
+        f"{direct['adapted'][2]!r} vs {direct['adapted'][2] + ' !'!r}"
     )
     assert res["adapter_effect"] == "checked" and res["numbers"]["adapter_changed_candidate"] == direct["changed"]
     assert "\n" not in res["reason"]  # one line
@@ -306,8 +307,8 @@ def test_vllm_without_cuda_is_a_two_line_error(monkeypatch):
     lines = str(e.value).splitlines()
     assert len(lines) == 2
     assert (
-        lines[0]
-        == "s/tuneproof.yaml: eval.backend: vllm needs a CUDA GPU; none is visible here (torch.cuda.is_available() is False)"
+        lines[0] == "s/tuneproof.yaml: eval.backend: vllm needs a CUDA GPU; none is "
+        "visible here (torch.cuda.is_available() is False)"
     )
     assert "eval.backend: transformers" in lines[1]
     with pytest.raises(TuneproofError, match="serves generative"):

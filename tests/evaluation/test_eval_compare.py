@@ -202,7 +202,7 @@ def test_unknown_metrics_name_the_study_key():
         judge(_hyp("field_f1"), res)
     with pytest.raises(TuneproofError, match=r"hypothesis.guards\[0\].metric: 'per_field_f1'"):
         judge(_hyp("accuracy", 0.0, [{"metric": "per_field_f1", "max_drop": 0.0}]), res)
-    # a guard that writes no condition is refused when the study is read (issue 10: no silent max_drop 0.0)
+    # a guard that writes no condition is refused when the study is read (no silent max_drop 0.0)
     with pytest.raises(ValueError, match=r"guard on 'accuracy' sets neither max_drop nor floor"):
         _hyp("accuracy", 0.0, [{"metric": "accuracy", "max_drop": None}])
 
@@ -237,7 +237,7 @@ def test_extraction_comparison_per_field_and_guards():
     for i in range(40):
         intent = "PlayMusic" if i % 2 else "GetWeather"
         ref = _x(intent, artist="Queen") if intent == "PlayMusic" else _x(intent, city="Paris", when="today")
-        # baseline: right, but half of the outputs are fenced (invalid under strict JSON, C16)
+        # baseline: right, but half of the outputs are fenced (invalid under strict JSON, docs/CASES.md C16)
         base_pred = "```json\n" + ref + "\n```" if i % 4 in (0, 1) else ref
         # candidate: always valid JSON, but drops the 'when' slot everywhere
         cand_pred = ref if intent == "PlayMusic" else _x(intent, city="Paris")

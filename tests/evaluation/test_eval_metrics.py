@@ -1,4 +1,4 @@
-"""Metrics: strict JSON, classification (CASES C15), extraction, format, target check (C16)."""
+"""Metrics: strict JSON, classification (docs/CASES.md C15), extraction, format, target check (docs/CASES.md C16)."""
 
 import json
 import sys
@@ -69,7 +69,7 @@ def test_c15_majority_class_metrics():
     assert m["per_class"]["0"]["precision"] == pytest.approx(50 / 68)
     assert m["macro_f1"] == pytest.approx(25 / 59) and round(m["macro_f1"], 4) == 0.4237
     assert m["weighted_f1"] == pytest.approx(50 / 68 * 100 / 118)
-    assert list(m["per_class"]["0"])[0] == "recall"  # per-class recall shown first (C15)
+    assert list(m["per_class"]["0"])[0] == "recall"  # per-class recall shown first (docs/CASES.md C15)
     assert "macro over 2 of 2 labels present" in m["averaging"]["macro_f1"]
     assert m["confusion"] == {
         "labels": ["0", "1"],
@@ -102,7 +102,7 @@ def test_classification_label_errors():
         score_classification([{"id": "a", "reference": "x", "prediction": "x"}], labels=["y"])
     with pytest.raises(TuneproofError, match="empty"):
         score_classification([])
-    # a class of the label set with support 0 in the split is left out of the macro average (issue 10)
+    # a class of the label set with support 0 in the split is left out of the macro average
     _, m = score_classification([{"id": "a", "reference": "x", "prediction": "x"}], labels=["x", "y"])
     assert (
         m["macro_f1"] == 1.0
@@ -218,7 +218,7 @@ def test_format_config_errors():
         score_format(recs, regex="(")
 
 
-# --------------------------------------------------------------------------- data check (C16)
+# --------------------------------------------------------------------------- data check (docs/CASES.md C16)
 def test_check_targets_json_c16():
     examples = [
         Example(

@@ -1,4 +1,4 @@
-"""What evaluations and comparisons print (issue 16): headline metrics with their names, worst
+"""What evaluations and comparisons print (docs/PROTOCOL.md step 2): headline metrics with their names, worst
 classes / fields first, p-values in scientific notation, guard failures one line per class,
 the concentration figure explained when the net gain is small or negative."""
 
@@ -92,9 +92,11 @@ def test_concentration_over_a_small_net_gain_is_explained():
     c = _concentration(ids, classes, gains, "correct")
     assert (c["net_gain"], c["gained"], c["lost"]) == (3.0, 20.0, 17.0)
     assert c["detail"] == (
-        "5 example(s) (top 5%) carry 167% of the net gain of 3 (these examples gain 5; the other examples lose 2 in total, "
+        "5 example(s) (top 5%) carry 167% of the net gain of 3 (these "
+        "examples gain 5; the other examples lose 2 in total, "
         "so the net is 3: a share above 100% means the rest gives back part of this gain); "
-        "class 'a' carries 333% of the net gain of 3 (this class gains 10; the other examples lose 7 in total, so the net is 3: "
+        "class 'a' carries 333% of the net gain of 3 (this class gains 10; the "
+        "other examples lose 7 in total, so the net is 3: "
         "a share above 100% means the rest gives back part of this gain); "
         "the net gain is small (3 of 100 examples: 20 gained, 17 lost), so its shares swing with a few examples"
     )

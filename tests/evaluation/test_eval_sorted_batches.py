@@ -30,7 +30,8 @@ def test_length_sorted_batches_exact():
     lengths = [2, 9, 3, 8, 7, 3, 6, 1]
     assert length_sorted_batches(lengths, 3) == [[7, 0, 2], [5, 6, 4], [3, 1]]  # stable: 2 before 5 (both 3)
     assert length_sorted_batches(lengths, 3, sort=False) == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    # unsorted: (9-2)+(9-3) + (8-7)+(8-3) + (6-1) = 24 padded positions; sorted (1, 2, 3 | 3, 6, 7 | 8, 9): 2+1 + 4+1 + 1 = 9
+    # unsorted: (9-2)+(9-3) + (8-7)+(8-3) + (6-1) = 24 padded positions; sorted (1, 2, 3 | 3, 6, 7 | 8, 9): 2+1 + 4+1 +
+    # 1 = 9
     assert padded_positions(lengths, length_sorted_batches(lengths, 3, sort=False)) == 24
     assert padded_positions(lengths, length_sorted_batches(lengths, 3)) == 9
 

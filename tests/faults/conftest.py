@@ -1,6 +1,6 @@
-"""The fault-injection suite (issue 11). Each test carries ``@pytest.mark.fault("kind: what")``;
-``python -m tests.faults.run_all`` runs every such test in tests/ and prints tried / survived per
-kind. Tests marked ``fault_full`` (real tmpfs disk-full / read-only mounts, kill -9 at many
+"""The fault-injection suite (docs/CASES.md, faults of the machine and of the input). Each test carries
+``@pytest.mark.fault("kind: what")``; ``python -m tests.faults.run_all`` runs every such test in tests/ and prints tried
+/ survived per kind. Tests marked ``fault_full`` (real tmpfs disk-full / read-only mounts, kill -9 at many
 moments) run only with ``TUNEPROOF_FAULTS_FULL=1`` (``run_all --full`` sets it)."""
 
 from __future__ import annotations

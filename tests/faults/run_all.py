@@ -1,11 +1,12 @@
-"""Run the fault-injection suite of issue 11 and print tried / survived per kind of fault.
+"""Run the fault-injection suite (docs/CASES.md, faults of the machine and of the input) and print tried / survived per
+kind of fault.
 
     python -m tests.faults.run_all            # the fast set (what CI runs as part of pytest)
     python -m tests.faults.run_all --full     # + the full set: real tmpfs disk-full and read-only
                                               #   mounts (root), kill -9 / SIGTERM at many moments
 
 Every test in tests/ marked ``@pytest.mark.fault("kind: what")`` is one injected fault, and so is
-every test of the modules in :data:`OTHER_MODULES` (the integrity and data-file bullets of issue 11,
+every test of the modules in :data:`OTHER_MODULES` (the integrity and data-file faults,
 tested where their code lives); a test "survived" when it passed, i.e. the outcome it asserts
 (exit code, message, run status, files left) held. Skipped tests (a full-set test without --full,
 a root-only mount) are not tried.
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-#: test modules elsewhere that cover bullets of issue 11 -> the kind they are counted under
+#: test modules elsewhere that cover faults of the machine and of the input -> the kind they are counted under
 OTHER_MODULES = {
     "tests/test_no_code_loading.py": "integrity: loading runs no code",
     "tests/training/test_checkpoint_integrity.py": "integrity: checkpoint hashes, planted pickle, --fallback",

@@ -1,5 +1,5 @@
-"""Bad input of issue 11 owned here: prompt templates (literal braces; no {text}), split fractions
-outside [0, 1] or not summing to 1, impossible `plan` options. Each: the key or option named in one
+"""Bad input owned here (docs/CASES.md, faults of the input): prompt templates (literal braces; no {text}), split
+fractions outside [0, 1] or not summing to 1, impossible `plan` options. Each: the key or option named in one
 or two lines, exit 2, no run left completed, nothing written."""
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def test_a_split_cap_below_1_names_the_key(tiny_base, tmp_path, capsys):
     [
         (
             ["--days", "-3", "--hourly-rate", "-1"],
-            "--days -3: the rental length must be a number of days > 0; --hourly-rate -1: the price of one hour must be >= 0",
+            "--days -3: the rental length must be a number of days > 0; "
+            "--hourly-rate -1: the price of one hour must be >= 0",
         ),
         (["--days", "0", "--hourly-rate", "2"], "--days 0: the rental length must be a number of days > 0"),
         (["--days", "nan", "--hourly-rate", "2"], "--days nan: the rental length must be a number of days > 0"),

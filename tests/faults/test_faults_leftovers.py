@@ -1,5 +1,5 @@
-"""Nothing left behind (issue 11): stale temp files of killed commands are removed when the next
-run starts; child processes die with their parent; two first-time model conversions at once: the
+"""Nothing left behind (docs/CASES.md, faults of the machine): stale temp files of killed commands are removed when the
+next run starts; child processes die with their parent; two first-time model conversions at once: the
 second waits on a file lock and reuses the first's folder, which the group can read."""
 
 from __future__ import annotations

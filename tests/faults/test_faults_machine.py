@@ -1,5 +1,5 @@
-"""Faults of the machine give one clear line and leave nothing behind (issue 11): disk full at
-start and mid-run, read-only study folder, SIGTERM (exit 143), a closed stdout pipe. Disk full
+"""Faults of the machine give one clear line and leave nothing behind (docs/CASES.md, faults of the machine): disk full
+at start and mid-run, read-only study folder, SIGTERM (exit 143), a closed stdout pipe. Disk full
 and read-only are injected (an OSError with errno ENOSPC / EROFS raised by the writer, or the
 sqlite3 error the library raises); tests/faults/test_faults_full.py repeats them on real tmpfs
 mounts."""
@@ -64,8 +64,8 @@ def test_disk_full_mid_run_fails_the_run_removes_temps_and_resume_continues(
     run_dir = study / "runs" / "r0003"
     assert code == 2, out
     assert (
-        f"run r0003 failed: {run_dir}: disk full (Error while serializing: I/O error: No space left on device (os error 28))"
-        in out
+        f"run r0003 failed: {run_dir}: disk full (Error while serializing: I/O "
+        "error: No space left on device (os error 28))" in out
     )
     assert "tuneproof resume r0003" in out and "Traceback" not in out
     rec = Registry(study).get("r0003")
@@ -242,7 +242,10 @@ def test_runs_into_head_exits_0(tmp_path):
         with reg.run("eval"):
             pass
     reg.close()
-    shell = f"set -o pipefail; {sys.executable} -c 'from tuneproof.cli import main; main()' runs --study {tmp_path} | head -1"
+    shell = (
+        f"set -o pipefail; {sys.executable} -c 'from tuneproof.cli import "
+        f"main; main()' runs --study {tmp_path} | head -1"
+    )
     proc = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (

@@ -1,4 +1,4 @@
-"""The registry survives its own damage (issue 11): each run folder holds its own record; a
+"""The registry survives its own damage (docs/CASES.md, faults of the machine): each run folder holds its own record; a
 missing index is rebuilt automatically with a note, a damaged one is reported in one line and
 rebuilt with `tuneproof registry rebuild`; a new run never reuses a folder; heartbeats make a run
 of a gone host stale; `tuneproof runs mark-interrupted` marks one explicitly."""

@@ -1,4 +1,4 @@
-"""Gradient accumulation equals the concatenated batch (PROTOCOL.md step 5, CASES C1)."""
+"""Gradient accumulation equals the concatenated batch (docs/PROTOCOL.md step 5, docs/CASES.md C1)."""
 
 import json
 import math
@@ -142,7 +142,7 @@ def test_window_without_supervised_tokens_is_a_user_error():
 def test_last_window_of_an_epoch_holds_what_is_left():
     from tuneproof.preflight.accumulation import last_window_micro_batches
 
-    assert last_window_micro_batches(6, 1, 4) == 2  # C18: windows of 4 and 2
+    assert last_window_micro_batches(6, 1, 4) == 2  # docs/CASES.md C18: windows of 4 and 2
     assert last_window_micro_batches(10, 2, 2) == 1  # 5 micro-batches: 2, 2, 1
     assert last_window_micro_batches(24, 4, 2) == 2  # 6 micro-batches: every window full
     assert last_window_micro_batches(10, 2, 2, world_size=2) == 1  # 5 examples per process: 3 micro-batches

@@ -1,4 +1,4 @@
-"""Activation checkpointing changes memory and time, not gradients (PROTOCOL.md step 5, CASES C7)."""
+"""Activation checkpointing changes memory and time, not gradients (docs/PROTOCOL.md step 5, docs/CASES.md C7)."""
 
 import json
 

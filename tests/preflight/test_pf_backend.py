@@ -1,4 +1,4 @@
-"""Dtype choice per device (CASES C9) and extension builds (PROTOCOL.md step 6)."""
+"""Dtype choice per device (docs/CASES.md C9) and extension builds (docs/PROTOCOL.md step 6)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Environment snapshot and platform comparison (PROTOCOL.md step 6)."""
+"""Environment snapshot and platform comparison (docs/PROTOCOL.md step 6)."""
 
 import copy
 import json

@@ -1,4 +1,4 @@
-"""CASES C22: greedy outputs at eval.batch_size equal those at batch size 1, or the preflight fails
+"""docs/CASES.md C22: greedy outputs at eval.batch_size equal those at batch size 1, or the preflight fails
 naming the first differing example."""
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def test_component_names_the_first_differing_example():
     assert r["passed"] is False and r["numbers"] == {"sample": 6, "batch_size": 4, "differing": 2}
     assert r["details"]["first"] == {"id": "ex3", "batch_1": "ex3-ok", "batch_n": "ex3-padded"}
     assert r["message"].startswith(
-        "greedy outputs differ between batch size 1 and eval.batch_size 4 on 2 of 6 examples; first: ex3: 'ex3-ok' vs 'ex3-padded'"
+        "greedy outputs differ between batch size 1 and eval.batch_size 4 on 2 "
+        "of 6 examples; first: ex3: 'ex3-ok' vs 'ex3-padded'"
     )
     ok = check_batch_invariance(lambda items, bs: [e.id for e in items], _examples(), 4)
     assert (
@@ -102,7 +103,8 @@ def test_real_generation_is_batch_invariant_and_a_padding_leak_is_caught():
     assert bad["passed"] is False and bad["numbers"]["differing"] >= 1
     assert bad["details"]["first"]["id"] == bad["details"]["differing_ids"][0]
     assert bad["message"].startswith(
-        f"greedy outputs differ between batch size 1 and eval.batch_size 6 on {bad['numbers']['differing']} of 6 examples; first: {bad['details']['first']['id']}"
+        "greedy outputs differ between batch size 1 and eval.batch_size 6 on "
+        f"{bad['numbers']['differing']} of 6 examples; first: {bad['details']['first']['id']}"
     )
 
 

@@ -1,4 +1,4 @@
-"""The evaluation must fit too (issue 17): one evaluation batch at eval.batch_size, generation with
+"""The evaluation must fit too (docs/PROTOCOL.md step 5): one evaluation batch at eval.batch_size, generation with
 the KV cache up to eval.max_new_tokens (or the classification forward), measured like the step."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CASES C11: FSDP units that hold frozen base weights and LoRA weights together are named
+"""docs/CASES.md C11: FSDP units that hold frozen base weights and LoRA weights together are named
 before launch, and the remedy is required."""
 
 from __future__ import annotations

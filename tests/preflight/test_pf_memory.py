@@ -1,4 +1,4 @@
-"""Size one complete training step (PROTOCOL.md step 5, CASES C8)."""
+"""Size one complete training step (docs/PROTOCOL.md step 5, docs/CASES.md C8)."""
 
 import json
 

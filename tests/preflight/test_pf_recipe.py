@@ -1,4 +1,4 @@
-"""The preflight recipe on a tiny local study (PROTOCOL.md steps 4-6; CASES C1, C5, C7, C8, C9):
+"""The preflight recipe on a tiny local study (docs/PROTOCOL.md steps 4-6; docs/CASES.md C1, C5, C7, C8, C9):
 every check stored with its numbers, bad input failing with a recorded reason (exit 3), and the
 gate of ``train`` (exit 3 without a matching preflight, naming the changed keys; an override recorded)."""
 
@@ -17,7 +17,9 @@ from tuneproof.preflight.environment import parse_memory
 from tuneproof.recipes.preflight import PREFLIGHT_FILE, require_preflight, run_preflight
 from tuneproof.registry import Registry
 
-WORDS = "add the piano bar to my playlist book a table for two in Paris tonight weather Rome tomorrow rate this book".split()
+WORDS = (
+    "add the piano bar to my playlist book a table for two in Paris tonight weather Rome tomorrow rate this book"
+).split()
 INTENTS = ["PlayMusic", "BookRestaurant", "GetWeather"]
 
 
@@ -27,7 +29,7 @@ def _rows(n: int, offset: int) -> list[dict]:
         k = i + offset
         words = [
             WORDS[(k * 5 + j * 3) % len(WORDS)] for j in range(2 + k % 5)
-        ]  # lengths differ: C1 needs unequal windows
+        ]  # lengths differ: docs/CASES.md C1 needs unequal windows
         slots = {"artist": words[0]} if k % 2 else {}
         rows.append({"text": " ".join(words), "target": json.dumps({"intent": INTENTS[k % 3], "slots": slots})})
     return rows
@@ -139,17 +141,19 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     assert all(c["passed"] is True and c["numbers"] and c["message"] for c in checks.values()), [
         (n, c["passed"], c["message"]) for n, c in checks.items() if c["passed"] is not True
     ]
-    # C9: the dtype and its reason
+    # docs/CASES.md C9: the dtype and its reason
     assert checks["backend"]["numbers"]["dtype"] == "fp32" and checks["backend"]["numbers"]["device"] == "cpu"
-    # C5: matches per pattern on the 2-layer Llama; LoRA r=4: q_proj 32->32 and v_proj 32->16 (2 kv heads x 8)
+    # docs/CASES.md C5: matches per pattern on the 2-layer Llama; LoRA r=4: q_proj 32->32 and v_proj 32->16 (2 kv heads
+    # x 8)
     assert checks["target modules"]["numbers"]["q_proj"] == 2 and checks["target modules"]["numbers"]["v_proj"] == 2
     tp = checks["trainable parameters"]["numbers"]
     assert tp["trainable"] == 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4) and tp["trainable_tensors"] == 8
-    # C7: every LoRA tensor changed (lora_A needs a second step: B starts at 0), every frozen one bitwise unchanged
+    # docs/CASES.md C7: every LoRA tensor changed (lora_A needs a second step: B starts at 0), every frozen one bitwise
+    # unchanged
     up = checks["update check"]["numbers"]
     assert up["trainable_changed"] == up["trainable_tensors"] == 8
     assert up["frozen_unchanged"] == up["frozen_tensors"] > 0 and up["steps"] == 2
-    # C8: estimate next to the measured peak at p95 and at max_length, configured micro-batch
+    # docs/CASES.md C8: estimate next to the measured peak at p95 and at max_length, configured micro-batch
     mem = checks["step memory"]
     p95 = checks["training data"]["numbers"]["p95"]
     assert (
@@ -162,7 +166,8 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
             and est["optimizer_states_bytes"] == 2 * 4 * est["trainable_parameters"]
         )
         assert row["measured"]["peak_bytes"] > 0 and row["side_by_side"]["rows"][0][0] == "weights"
-        # issue 15: the step's tensors (CPU allocator count) next to the estimate of the step's part, with their ratio
+        # docs/CASES.md C8: the step's tensors (CPU allocator count) next to the estimate of the step's part, with their
+        # ratio
         assert (
             row["measured"]["allocated_step_peak_bytes"] > 0
             and mem["numbers"][f"L{row['length']}_measured_over_estimate"] == row["measured_over_estimate"]
@@ -176,7 +181,8 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     # the evaluation fits too: eval.batch_size 4, 6 new tokens generated with the KV cache after the longest prompt
     em = checks["eval memory"]["numbers"]
     assert em["batch_size"] == 4 and em["new_tokens"] == 6 and em["peak_gib"] > 0 and em["prompt_tokens"] > 0
-    # C1: two real micro-batches; the per-token loss over the window equals the concatenated batch, not the mean of means
+    # docs/CASES.md C1: two real micro-batches; the per-token loss over the window equals the concatenated batch, not
+    # the mean of means
     acc = checks["gradient accumulation"]["numbers"]
     assert acc["micro_batches"] == 2 and acc["configured_accumulation"] == 2
     assert acc["loss_accumulated"] == pytest.approx(acc["loss_concatenated"], rel=1e-5)
@@ -186,7 +192,8 @@ def test_preflight_passes_and_stores_every_check_with_numbers(passed):
     assert "per-token mean over the accumulation window" in checks["gradient accumulation"]["normalisation"]
     ck = checks["activation checkpointing"]["numbers"]
     assert ck["grad_max_abs_diff"] <= 1e-6 and ck["seconds_with"] > 0 and ck["configured"] is False
-    # C22: the 4 validation examples one at a time and as one batch of eval.batch_size 4: identical outputs
+    # docs/CASES.md C22: the 4 validation examples one at a time and as one batch of eval.batch_size 4: identical
+    # outputs
     assert checks["eval batch size"]["numbers"] == {"sample": 4, "batch_size": 4, "differing": 0}
     combo = checks["configured combination"]["numbers"]
     assert combo["steps"] == 2 and combo["accumulation"] == 2 and combo["trainable_changed"] == 8
@@ -276,7 +283,7 @@ def test_precision_the_device_cannot_do_fails_before_any_model_work(tmp_path, ti
 
 def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp_path, tiny_model_dir, passed):
     fresh = make_study(tmp_path / "fresh", tiny_model_dir)
-    assert cli("baseline", "--study", str(fresh)) == 0  # runs the data check inline first (protocol steps 3, 2)
+    assert cli("baseline", "--study", str(fresh)) == 0  # runs the data check inline first (docs/PROTOCOL.md steps 3, 2)
     with pytest.raises(CheckFailed, match="no preflight has passed") as err:
         require_preflight(StudyContext.open(fresh), None)
     assert "tuneproof preflight" in str(err.value) and err.value.exit_code == 3
@@ -358,7 +365,7 @@ def test_packing_check_runs_only_with_training_packing_and_passes_on_the_tiny_ll
     study = make_study(tmp_path / "s", tiny_model_dir, training__packing=True)
     rid = run_preflight(StudyContext.open(study))
     names = list(checks_of(study, rid))
-    assert names.index("packing") == names.index("eval batch size") + 1  # C23 after C22
+    assert names.index("packing") == names.index("eval batch size") + 1  # docs/CASES.md C23 after docs/CASES.md C22
     chk = checks_of(study, rid)["packing"]
     assert chk["passed"] is True and chk["numbers"]["examples"] == 4 and chk["numbers"]["max_abs_diff"] <= 1e-4
     assert chk["numbers"]["control_max_abs_diff"] > 1e-4  # the neighbour-visible rows differ
@@ -367,9 +374,10 @@ def test_packing_check_runs_only_with_training_packing_and_passes_on_the_tiny_ll
 def test_bf16_base_weights_checked_before_the_update_check_and_the_estimate_counts_2_bytes(
     tmp_path, tiny_model_dir, monkeypatch
 ):
-    """training.bf16_base_weights (issue 15): the check runs after the accumulation and precision checks
-    (which compute in fp32 without autocast, on the fp32 weights) and before the update check; the step memory estimate counts frozen elements at 2 bytes;
-    every later check, the smoke steps and the fresh-process reload see the base in bf16."""
+    """training.bf16_base_weights (docs/PROTOCOL.md step 5): the check runs after the accumulation and precision checks
+    (which compute in fp32 without autocast, on the fp32 weights) and before the update check; the step memory estimate
+    counts frozen elements at 2 bytes; every later check, the smoke steps and the fresh-process reload see the base in
+    bf16."""
     import tuneproof.models.device as device
     from tuneproof.training.speedups import BF16_BASE_GRAD_COSINE, BF16_BASE_GRAD_REL_L2, BF16_BASE_LOSS_RTOL
 

@@ -1,4 +1,4 @@
-"""Which config changes invalidate a passed preflight (issue 10): exact keys."""
+"""Which config changes invalidate a passed preflight (docs/PROTOCOL.md step 5): exact keys."""
 
 from tuneproof.preflight.scope import describe_changes, is_exempt, preflight_changes
 

@@ -1,4 +1,4 @@
-"""Target modules, trainable parameters, embedding size (PROTOCOL.md step 4, CASES C5, C6)."""
+"""Target modules, trainable parameters, embedding size (docs/PROTOCOL.md step 4, docs/CASES.md C5, C6)."""
 
 import json
 
@@ -133,11 +133,14 @@ def test_c5_kind_matches_per_tower_and_a_pattern_in_several_towers_warns():
     assert r["patterns"]["wi"]["towers"] == {"encoder": 2, "decoder": 2}
     assert "q: 6 (encoder 2, decoder 2, cross-attention 2), wi: 4 (encoder 2, decoder 2)" in r["message"]
     assert r["warnings"] == [
-        "target_modules pattern 'q' matches in 3 towers (encoder: 2, decoder: 2, cross-attention: 2): LoRA adapts all of them; "
-        "to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only itself), "
+        "target_modules pattern 'q' matches in 3 towers (encoder: 2, decoder: "
+        "2, cross-attention: 2): LoRA adapts all of them; "
+        "to adapt one tower only, list the full names of its modules in "
+        "method.target_modules (a full name matches only itself), "
         "e.g. 'encoder.block.0.layer.0.SelfAttention.q' for the encoder",
         "target_modules pattern 'wi' matches in 2 towers (encoder: 2, decoder: 2): LoRA adapts all of them; "
-        "to adapt one tower only, list the full names of its modules in method.target_modules (a full name matches only itself), "
+        "to adapt one tower only, list the full names of its modules in "
+        "method.target_modules (a full name matches only itself), "
         "e.g. 'encoder.block.0.layer.1.DenseReluDense.wi' for the encoder",
     ]
     # what PEFT wraps is exactly what was counted, in every tower

@@ -1,4 +1,4 @@
-"""One optimizer step changes exactly the trained tensors (PROTOCOL.md step 4, CASES C7)."""
+"""One optimizer step changes exactly the trained tensors (docs/PROTOCOL.md step 4, docs/CASES.md C7)."""
 
 import json
 from types import SimpleNamespace
@@ -32,7 +32,7 @@ def lora_llama(checkpointing=False, remedy=True, dropout=0.1):
     model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=dropout))
     if checkpointing:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
-        # transformers >= 5 installs the input-grad hook itself; remove it to get the C7 configuration
+        # transformers >= 5 installs the input-grad hook itself; remove it to get the docs/CASES.md C7 configuration
         base.disable_input_require_grads()
         if remedy:
             model.enable_input_require_grads()

@@ -1,4 +1,4 @@
-"""`tuneproof data check` on the task kinds users bring (issue 12): a grammar-style format task and
+"""`tuneproof data check` on the task kinds users bring (docs/PROTOCOL.md step 3): a grammar-style format task and
 a multi-label task, on fixtures built here that mirror those layouts (tiny model, no download)."""
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def test_empty_or_unparseable_output_is_never_right(case, bad):
     kind = get_task(task)
     assert not any(r["correct"] for r in recs)
     assert m[success] == 0.0
-    # issue 22: no per-example rule passes an empty or invalid answer, `{}` and `null` included
+    # no per-example rule passes an empty or invalid answer, `{}` and `null` included
     # (valid JSON without the required fields), whatever the success metric
     for metric in [*kind.metric_names(cfg)["aggregate"], None]:
         rule = kind.example_rule(metric)

@@ -1,4 +1,4 @@
-"""Scoring rules with the exact values of issue 10 / 12 / 17 and CASES C20."""
+"""Scoring rules with exact values, docs/CASES.md C20 among them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _hyp(metric, min_gain=0.0, guards=(), task="classification"):
     return Hypothesis(behaviour="b", task=task, success={"metric": metric, "min_gain": min_gain}, guards=list(guards))
 
 
-# --------------------------------------------------------------------------- C20: a missing value never matches
+# --------------------------------------------------------------------- docs/CASES.md C20: a missing value never matches
 C20_PREDS = ["{}", '{"slots": {}}', '{"intent": ["c"]}', '{"intent": ["b", "a"]}']
 
 
@@ -191,7 +191,7 @@ def test_one_class_for_every_example_is_said_on_the_compare_screen():
     assert r["dominant_baseline"]["flagged"] is False
 
 
-# --------------------------------------------------------------------------- issue 17: counts follow the success metric
+# --------------------------------------------------------------------------- counts follow the success metric
 FIELD_F1_RULE = (
     "an example passes only when its output is a valid JSON object with every required field "
     "(hypothesis.required_fields) holding a value (not null or empty), and its field F1 (slot/value pairs) is >= 0.5"
@@ -206,7 +206,8 @@ def test_paired_counts_follow_field_f1_when_exact_match_stays_zero():
         base.append(
             {"id": f"e{i}", "reference": ref, "prediction": "{'intent': 'PlayMusic'}"}
         )  # Python literal: invalid
-        # candidate: strict JSON, right intent, 2 of 3 slots (F1 0.8) for 20 examples, 1 of 3 (F1 0.5) for 5, none for 10
+        # candidate: strict JSON, right intent, 2 of 3 slots (F1 0.8) for 20 examples, 1 of 3 (F1 0.5) for 5, none for
+        # 10
         k = 2 if i < 20 else 1 if i < 25 else 0
         slots = dict(list({"artist": "queen", "album": "jazz"}.items())[:k])
         cand.append(
@@ -231,7 +232,8 @@ def test_paired_counts_follow_field_f1_when_exact_match_stays_zero():
     )
     assert lines[1] == "  basis: field_f1: " + FIELD_F1_RULE
     assert lines[2].startswith(
-        "  on the per-example `correct` (exact match / right class): fixed 0, broken 0, unchanged right 0, unchanged wrong 35"
+        "  on the per-example `correct` (exact match / right class): fixed 0, "
+        "broken 0, unchanged right 0, unchanged wrong 35"
     )
 
 
@@ -242,8 +244,10 @@ MR_REF = "inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing
 def test_grammar_parts_slot_f1_and_valid_but_wrong_outputs():
     preds = [
         "inform(genres[sport, driving/racing], name[dirt: showdown], release_year[2012])",  # same MR, other order
-        "inform(name[Dirt: Showdown], name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport])",  # duplicated slot
-        "inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport], developer[EA])",  # invented slot
+        # duplicated slot
+        "inform(name[Dirt: Showdown], name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport])",
+        # invented slot
+        "inform(name[Dirt: Showdown], release_year[2012], genres[driving/racing, sport], developer[EA])",
         "request(name[Dirt: Showdown])",  # wrong act, 1 of 4 items
         "inform name Dirt",  # not the grammar
     ]
@@ -407,7 +411,7 @@ def test_show_fixed_follows_the_success_metric_rule():
     ]  # field F1 0.667 >= 0.5
 
 
-# --------------------------------------------------------------------------- issue 22: an empty answer is never fixed
+# --------------------------------------------------------------------------- an empty answer is never fixed
 NO_SLOTS = json.dumps({"intent": "GetWeather", "slots": {}})
 TWO_SLOTS = json.dumps({"intent": "PlayMusic", "slots": {"artist": "queen", "album": "jazz"}})
 

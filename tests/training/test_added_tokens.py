@@ -1,4 +1,4 @@
-"""Added tokens (issue 10, CASES C6 kind): a tokenizer with tokens beyond the base's embedding rows
+"""Added tokens (docs/CASES.md C6 kind): a tokenizer with tokens beyond the base's embedding rows
 is trained on a resized base (new rows = mean of the old ones, the same in every process); the export
 records the base vocabulary size before resizing and the added tokens apart from the special tokens;
 verifying on a base of another size names both sizes."""

@@ -1,4 +1,4 @@
-"""The base model a run started from is bound by hashes (issue 11, CASES C13): the sha256 of its
+"""The base model a run started from is bound by hashes (docs/CASES.md C13): the sha256 of its
 weight files and config.json are recorded at train start (``runs/<id>/base.json`` and every
 checkpoint); resume, eval and export refuse a base that changed since, naming both hashes, even
 with ``model.revision`` pinned (the revision alone cannot see a changed local file). The hashes of
@@ -87,8 +87,8 @@ def test_changed_base_weights_or_config_are_refused_by_resume_eval_and_export(ti
     code, out = _run(capsys, "eval", rec.id, "--study", str(study))
     assert code == 3
     assert (
-        f"differs from the one run {rec.id} was trained on: weight file model.safetensors: sha256 {w_before} -> {w_after}"
-        in out
+        f"differs from the one run {rec.id} was trained on: weight file "
+        f"model.safetensors: sha256 {w_before} -> {w_after}" in out
     )
     code, out = _run(capsys, "export", rec.id, "--study", str(study))
     assert code == 3 and f"weight file model.safetensors: sha256 {w_before} -> {w_after}" in out

@@ -1,4 +1,4 @@
-"""Frozen base weights held in bf16 (``training.bf16_base_weights``, issue 15 item 3): the check
+"""Frozen base weights held in bf16 (``training.bf16_base_weights``, docs/PROTOCOL.md step 5): the check
 against fp32 frozen weights passes on a normal model with the measured numbers inside the stated
 tolerances and fails on a broken cast; trained tensors stay fp32; the key is refused with full
 fine-tuning, with fp32 compute and where bf16 is emulated; a train run records the check and the

@@ -1,6 +1,6 @@
-"""CASES C12 and the checkpoint's contents.
+"""docs/CASES.md C12 and the checkpoint's contents.
 
-C12: a LoRA run with 5 warmup steps stopped after global step 10, saved, then restored into freshly
+docs/CASES.md C12: a LoRA run with 5 warmup steps stopped after global step 10, saved, then restored into freshly
 built objects (model from the base folder, new optimizer and scheduler, as a new process does):
 global step 10, the next learning rate is the schedule's value for step 11, the adapter weights
 and optimizer moments equal the saved ones exactly, the resumed run's first loss is close to the

@@ -1,5 +1,5 @@
-"""Checkpoints load without running code (CASES C21) and are verified against the sha256 recorded
-when they were written (issue 11); ``resume --fallback`` continues from the newest valid older one."""
+"""Checkpoints load without running code (docs/CASES.md C21) and are verified against the sha256 recorded
+when they were written; ``resume --fallback`` continues from the newest valid older one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The chunked causal-LM loss (issue 15): same summed loss and gradients as the full-logits
+"""The chunked causal-LM loss (docs/PROTOCOL.md step 5): same summed loss and gradients as the full-logits
 reference, and a model that post-processes its logits fails the check."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CASES C10: 16,000 examples, per-process micro-batch 8, 2 processes -> 1,000 steps per process per
+"""docs/CASES.md C10: 16,000 examples, per-process micro-batch 8, 2 processes -> 1,000 steps per process per
 epoch (not 2,000); the two index sets are disjoint and cover all 16,000; the order changes
 between epochs; and the single-process training order is the same rule with world_size 1."""
 

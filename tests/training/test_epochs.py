@@ -1,4 +1,4 @@
-"""Step budget (issue 10, CASES C18): ``training.max_steps`` and ``training.epochs`` are exclusive,
+"""Step budget (docs/CASES.md C18): ``training.max_steps`` and ``training.epochs`` are exclusive,
 the run says which key set its budget, and an accumulation window never crosses an epoch
 boundary: the last window of an epoch holds what is left and its gradient equals the gradient of
 those examples concatenated. Resume exactly at an epoch boundary is exact."""
@@ -56,7 +56,7 @@ def test_budget_says_which_key_set_it():
 
 
 def test_windows_stay_inside_an_epoch():
-    # C18 shape: 6 examples, micro-batch 1, accumulation 4 -> windows of 4 and 2 micro-batches
+    # docs/CASES.md C18 shape: 6 examples, micro-batch 1, accumulation 4 -> windows of 4 and 2 micro-batches
     assert optimizer_steps_per_epoch(6, 1, 4) == 2
     assert [len(window_at(6, 1, 4, 0, s)) for s in range(4)] == [4, 2, 4, 2]
     for epoch in (0, 1):

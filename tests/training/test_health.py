@@ -1,4 +1,4 @@
-"""Training health (issue 10, CASES C19): every rule of ``training/health.py`` fires on a tiny Llama
+"""Training health (docs/CASES.md C19): every rule of ``training/health.py`` fires on a tiny Llama
 + LoRA at a known step, and a diverged run is recorded invalid with the rule and its step, never
 "completed"."""
 
@@ -129,7 +129,8 @@ def test_c19_lr_1e30_run_is_invalid_with_rule_and_step(tiny_base, tmp_path):
     )
     (row,) = [r for r in rows(c.registry.runs_dir / rec.id) if "loss" in r]
     assert row["step"] == 1 and row["health"] == "exploded_tensor"
-    assert row["max_abs"] == pytest.approx(1e30, rel=1e-3)  # the adapter values C19 saw: ~1e30, the loss still finite
+    # the adapter values docs/CASES.md C19 saw: ~1e30, the loss still finite
+    assert row["max_abs"] == pytest.approx(1e30, rel=1e-3)
     assert math.isfinite(row["loss"]) and row["grad_norm"] > 0
     assert not (c.registry.runs_dir / rec.id / "adapter").exists()  # nothing delivered from an invalid run
 

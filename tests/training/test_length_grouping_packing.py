@@ -1,5 +1,5 @@
 """Issue 15: length-grouped micro-batches (``training.length_grouping``) and padding-free packing
-(``training.packing``, CASES C23): the order keeps the DistributedSampler semantics per rank and
+(``training.packing``, docs/CASES.md C23): the order keeps the DistributedSampler semantics per rank and
 resumes exactly; packed rows give the per-token losses of each example alone, and a row whose
 examples see each other fails the check."""
 
@@ -118,7 +118,7 @@ def test_pack_rows_and_collate_packed_exact_layout():
     assert packed_padding([3, 2, 4], 6) == (3, 12)
 
 
-# ---------------------------------------------------------------- the packing check (C23)
+# ---------------------------------------------------------------- the packing check (docs/CASES.md C23)
 @pytest.fixture()
 def tiny_lm():
     from tinymodels import make_llama
@@ -261,7 +261,7 @@ def test_padding_report_before_and_after_exact():
 
 
 def test_c23_two_examples_in_one_row_and_positions_not_reset(tiny_lm):
-    """CASES C23 as written: two examples in one row equal each alone; the same row with positions
+    """docs/CASES.md C23 as written: two examples in one row equal each alone; the same row with positions
     not reset (0..W-1: the mask builder then sees one sequence, the second attends to the first) fails."""
     from tuneproof.training.packing import check_packing
 
@@ -320,8 +320,10 @@ def test_packing_length_below_max_length_or_without_packing_is_refused_naming_th
     with pytest.raises(TuneproofError) as e:
         parse_study(raw, "s/tuneproof.yaml")
     assert str(e.value).splitlines()[0] == (
-        "s/tuneproof.yaml: training: training.packing_length 16 is below training.max_length 64: a packed row must hold an "
-        "example of max_length tokens; set it to at least 64 (unset: micro_batch_size x max_length = 256, one row per micro-batch)"
+        "s/tuneproof.yaml: training: training.packing_length 16 is below "
+        "training.max_length 64: a packed row must hold an "
+        "example of max_length tokens; set it to at least 64 (unset: "
+        "micro_batch_size x max_length = 256, one row per micro-batch)"
     )
     raw["training"].update(packing=False, packing_length=128)
     with pytest.raises(TuneproofError, match=r"training.packing_length \(128\) applies to training.packing: true"):

@@ -34,7 +34,8 @@ def test_vllm_not_installed_fails_the_backend_check(tiny_base, tmp_path, monkeyp
     check = _backend_check(_with_backend(tmp_path, tiny_base, "vllm"))
     assert check["passed"] is False and check["numbers"]["eval_backend"] == "vllm"
     assert (
-        f"{tmp_path / 's' / 'tuneproof.yaml'}: eval.backend: vllm, but the package vllm is not installed in this environment "
+        f"{tmp_path / 's' / 'tuneproof.yaml'}: eval.backend: vllm, but the "
+        "package vllm is not installed in this environment "
         "-> on a CUDA machine: pip install -e '.[vllm]'"
     ) in check["message"]
 

@@ -1,5 +1,5 @@
-"""Protocol order is enforced (issue 10): ``baseline`` and ``train`` refuse after a failed data check
-(running it inline when there is none), ``train`` refuses without a baseline for the current
+"""Protocol order is enforced (docs/PROTOCOL.md steps 2 and 3): ``baseline`` and ``train`` refuse after a failed data
+check (running it inline when there is none), ``train`` refuses without a baseline for the current
 evaluation fingerprint; each refusal names what is missing and the command (exit 3); overrides
 take a reason and are recorded and shown in ``runs``, ``runs --tree`` and the dossier."""
 
@@ -147,8 +147,8 @@ def test_overrides_need_a_reason_and_are_recorded_and_shown(tiny_base, tmp_path,
     code, out = cli(capsys, study, "runs", "--tree")
     assert code == 0
     assert (
-        f"{rec.id} train completed preflight overridden: tiny study data check overridden: known bad row 2 baseline overridden:"
-        in out
+        f"{rec.id} train completed preflight overridden: tiny study data check "
+        "overridden: known bad row 2 baseline overridden:" in out
     )
     code, out = cli(capsys, study, "report")
     assert code == 0

@@ -1,4 +1,4 @@
-"""QLoRA (issue 15 item 4): ``method.kind: qlora`` loads the base in 4-bit NF4 through transformers'
+"""QLoRA (docs/PROTOCOL.md step 4): ``method.kind: qlora`` loads the base in 4-bit NF4 through transformers'
 ``BitsAndBytesConfig`` and trains LoRA on it; the preflight checks a float quant storage when
 sharding and that the loss and LoRA gradient norm of one real step are finite and non-zero.
 

@@ -1,4 +1,4 @@
-"""Exact resume (issue 6, CASES C12): a run interrupted at step k and resumed in a new process
+"""Exact resume (docs/CASES.md C12): a run interrupted at step k and resumed in a new process
 gives the same per-step losses and final adapter weights as an uninterrupted run, on CPU with LoRA
 dropout on (0.1), gradient accumulation 2 and a warmup + linear schedule.
 

@@ -1,4 +1,4 @@
-"""Tokenizer identity (issue 10, CASES C13 kind): ``eval`` and ``export`` compare the tokenizer with
+"""Tokenizer identity (docs/CASES.md C13 kind): ``eval`` and ``export`` compare the tokenizer with
 the one recorded by the train run and its baseline and refuse, naming both; the probe covers the
 study's own texts, so a tokenizer with two swapped ids is caught although it splits the fixed probe
 sentence exactly as before."""
@@ -70,7 +70,8 @@ def test_two_swapped_ids_are_refused_by_eval_and_export(tiny_base, tmp_path, cap
     code, out = cli(capsys, "eval", train_id, "--study", str(study))
     assert code == 3, out
     assert (
-        f"eval refused: the tokenizer of {base} differs from the one recorded by train run {train_id} and baseline run r0002: "
+        f"eval refused: the tokenizer of {base} differs from the one recorded "
+        f"by train run {train_id} and baseline run r0002: "
         f"tokenizer vocab_sha256: expected '{recorded['vocab_sha256']}', found '{swapped['vocab_sha256']}'"
     ) in out
     assert f"found '{swapped['study_probe_hash']}'" in out

@@ -1,6 +1,6 @@
 """Variants (``train --from RUN --set/--grid``), their recorded diff and groups, the multi-change
-rule, inherited settings, the sweep helper, a diverged variant marked invalid by the health check, and ``runs``/``runs --tree``
-showing all of it."""
+rule, inherited settings, the sweep helper, a diverged variant marked invalid by the health check, and ``runs``/``runs
+--tree`` showing all of it."""
 
 from __future__ import annotations
 

@@ -126,7 +126,7 @@ def study_config(base: Path, **training) -> dict:
 def make_study(folder: Path, base: Path, *, n_train: int = 24, prepare: bool = True, **training) -> Path:
     """A study folder: tuneproof.yaml + data/{train,validation,test}.jsonl; with ``prepare`` (the
     default) the protocol steps before training are run in order: data check, then baseline
-    (runs r0001 and r0002), so ``train`` may start (PROTOCOL.md steps 2 and 3)."""
+    (runs r0001 and r0002), so ``train`` may start (docs/PROTOCOL.md steps 2 and 3)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     for name, n, off in (("train", n_train, 0), ("validation", 6, 100), ("test", 4, 200)):

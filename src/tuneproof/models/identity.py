@@ -253,3 +253,38 @@ def compare_tokenizer(expected: dict[str, Any], found: dict[str, Any]) -> list[s
             f"expected {expected['study_probe_hash']!r}, found {found.get('study_probe_hash')!r}"
         )
     return out
+
+
+# ------------------------------------------------- the trained weights (tests/faults/test_faults_evidence.py)
+TRAINED_CONFIG_FILES = ("adapter_config.json", "config.json", "model.safetensors.index.json")
+
+
+def trained_weights_record(folder: str | Path) -> dict[str, Any]:
+    """The sha256 of what a train run saved: the weight files of ``folder`` (``runs/<id>/adapter``:
+    ``adapter_model.safetensors``; ``runs/<id>/model``: every safetensors file) and its config
+    (``adapter_config.json``; ``config.json`` and the shard index of a full model). Recorded when
+    ``train`` saves (the run's summary ``trained_weights``) and when ``eval`` / ``test`` load it,
+    compared by ``export``.
+
+    Returns:
+        ``{"folder": "adapter" | "model", "files": {file name: sha256}, "sha256": combined}``, the
+        combined hash as :func:`combined_weights_hash` over ``files``.
+    """
+    folder = Path(folder)
+    files = weight_hashes(folder) if folder.is_dir() else {}
+    for name in TRAINED_CONFIG_FILES:
+        if (folder / name).is_file():
+            files[name] = sha256_file(folder / name)
+    return {"folder": folder.name, "files": dict(sorted(files.items())), "sha256": combined_weights_hash(files)}
+
+
+def compare_trained(recorded: dict[str, Any], found: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(file, recorded sha256, found sha256)`` of every file that differs between two
+    :func:`trained_weights_record` (``"(absent)"`` for a file on one side only); empty when the
+    combined hashes are equal."""
+    if recorded.get("sha256") == found.get("sha256"):
+        return []
+    a, b = recorded.get("files") or {}, found.get("files") or {}
+    return [
+        (n, a.get(n) or "(absent)", b.get(n) or "(absent)") for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)
+    ]

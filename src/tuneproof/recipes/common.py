@@ -27,7 +27,7 @@ from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.screen import screen_lines
 from tuneproof.io import read_json, sha256_json, write_jsonl
 from tuneproof.models.base import BaseModelRef, load_model
-from tuneproof.models.identity import compare_base, compare_tokenizer
+from tuneproof.models.identity import compare_base, compare_tokenizer, compare_trained, trained_weights_record
 from tuneproof.models.method import base_weights_dtype, load_adapter_onto
 from tuneproof.preflight.envinfo import environment_snapshot
 from tuneproof.registry import Run
@@ -134,6 +134,41 @@ def load_trained(ctx: StudyContext, train_run_id: str):
     base = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=rec.summary.get("quantization"))
     # training.bf16_base_weights: the base's weights in bf16 as training held them, the adapter in fp32
     return load_adapter_onto(base, adapter, trained_base_weights(ctx, rec.id)).to(device)
+
+
+def trained_folder(ctx: StudyContext, train_run_id: str) -> Path:
+    """``runs/<id>/model`` for a full fine-tuning run (it holds ``config.json``), else ``runs/<id>/adapter``."""
+    run_dir = ctx.registry.runs_dir / ctx.registry.get(train_run_id).id
+    return run_dir / "model" if (run_dir / "model" / "config.json").exists() else run_dir / "adapter"
+
+
+def check_trained_weights(
+    ctx: StudyContext, train_run_id: str, command: str, recorded: dict[str, Any] | None = None, by: str = ""
+) -> dict[str, Any]:
+    """The sha256 of the adapter (or full model) ``train_run_id`` saved, as it is on disk now
+    (:func:`tuneproof.models.identity.trained_weights_record`), checked against ``recorded`` (default:
+    the train run's summary ``trained_weights``, recorded when it saved them; ``by`` names who recorded
+    it). A run recorded before the hash existed is not compared (nothing recorded: the record is
+    returned as found).
+
+    Raises:
+        CheckFailed: a file differs (exit 3): one line naming ``command``, the file and both hashes.
+    """
+    rec = ctx.registry.get(train_run_id)
+    folder = trained_folder(ctx, rec.id)
+    found = trained_weights_record(folder)
+    if recorded is None:
+        recorded, by = rec.summary.get("trained_weights"), f"train run {rec.id} recorded when it saved them"
+    if recorded:
+        diff = compare_trained(recorded, found)
+        if diff:
+            name, want, got = diff[0]
+            more = f" ({len(diff) - 1} more file(s) differ)" if len(diff) > 1 else ""
+            raise CheckFailed(
+                f"{command} refused: {folder / name} has sha256 {got}, not the {want} {by}{more}",
+                hint=f"restore the files train run {rec.id} saved, or train again",
+            )
+    return found
 
 
 def check_base(ctx: StudyContext, train_run_id: str) -> None:

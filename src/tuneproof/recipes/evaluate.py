@@ -3,7 +3,10 @@
 Features: the adapter (or full model) of a completed train run is loaded onto the same base;
 the evaluation split, prompt, decoding and metrics are the study's, and the evaluation
 fingerprint is stored so ``compare`` can check it matches the baseline's. A tokenizer that differs
-from the one the train run and its baseline recorded is refused, naming both (docs/CASES.md C13 kind).
+from the one the train run and its baseline recorded is refused, naming both (docs/CASES.md C13 kind);
+so is an adapter whose sha256 differs from the one training recorded, and the eval run records the sha256 of
+the adapter (or model) it loaded (``trained_weights``), which ``export`` checks
+(tests/faults/test_faults_evidence.py).
 With ``eval.backend: vllm`` the run's adapter is served by vLLM once the backend check passed
 (``evaluation/backends.py``).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 from tuneproof.context import StudyContext
 from tuneproof.recipes.common import (
     check_tokenizer,
+    check_trained_weights,
     evaluate_into,
     evaluation_run,
     load_trained,
@@ -29,15 +33,19 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
 
     Raises:
         CheckFailed: the tokenizer differs from the one recorded by the train run or its baseline
-            (exit 3, before any eval run; :func:`~tuneproof.recipes.common.check_tokenizer`), or the
-            backend check refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
+            (exit 3, before any eval run; :func:`~tuneproof.recipes.common.check_tokenizer`), the saved
+            adapter (or model) differs from what the train run recorded when it saved it (exit 3, before any
+            eval run; :func:`~tuneproof.recipes.common.check_trained_weights`), or the backend check
+            refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
         TuneproofError: ``eval.backend`` cannot run here (exit 2, before any run).
     """
     rec = ctx.registry.get(train_run)
     check_tokenizer(ctx, rec.id, "eval")
+    trained = check_trained_weights(ctx, rec.id, "eval")
     require_backend(ctx)
     with evaluation_run(ctx, "eval", parent=rec.id) as run:
         record_inputs(ctx, run)
+        run.update_summary(trained_weights=trained)  # the adapter this eval loaded; export compares it
         model = load_trained(ctx, rec.id)
         examples = ctx.eval_examples()
         console.print(f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{ctx.study.eval.split}' examples")

@@ -26,6 +26,13 @@ Features (option that turns each on):
   a forced export says so in the manifest, the model card and the export run;
 - a base whose weights changed since training is refused (docs/CASES.md C13), and so is a tokenizer that
   differs from the one the train run and its baseline recorded (vocabulary map, probe ids; docs/CASES.md C13 kind);
+- what is exported is what was evaluated (tests/faults/test_faults_evidence.py): the adapter (or
+  model) files are hashed and compared with the sha256 the eval run recorded when it loaded them
+  (else the one training recorded when it saved them); a file that differs is refused (exit 3)
+  naming it and both hashes. A run recorded before these hashes existed is exported with a warning
+  that it was not compared (``trained_weights.checked_against: null`` in the manifest). The bundle's
+  own predictions on the K stored examples must equal the evaluated predictions: one that differs
+  fails the export (exit 3);
 - the verdict in the manifest and the model card follows the hypothesis frozen with the first train
   run; when the study file's differs, the change and both verdicts are stated;
   ``--use-edited-hypothesis REASON`` makes the edited one's verdict the verdict, with the reason in
@@ -70,7 +77,13 @@ from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.outputs import check_outputs, read_outputs
 from tuneproof.io import SCHEMA_VERSION, atomic_write_text, read_json, write_json, write_jsonl
 from tuneproof.models.identity import base_identity, vocabulary_record
-from tuneproof.recipes.common import check_base, check_tokenizer, record_inputs, trained_base_weights
+from tuneproof.recipes.common import (
+    check_base,
+    check_tokenizer,
+    check_trained_weights,
+    record_inputs,
+    trained_base_weights,
+)
 from tuneproof.recipes.compare import print_judging
 from tuneproof.ui import console
 
@@ -125,6 +138,56 @@ def _check_base_unchanged(ctx: StudyContext, rec) -> None:
             f"the study's base is now {now['revision']}",
             hint="point model.base at the exact base the run was trained on",
         )
+
+
+def check_exported_weights(ctx: StudyContext, rec, ev) -> dict[str, Any]:
+    """The adapter (or model) of ``rec`` as exported, checked against the sha256 the eval run ``ev``
+    recorded when it loaded it, else the one ``rec`` recorded when training saved it
+    (tests/faults/test_faults_evidence.py).
+
+    Returns:
+        :func:`tuneproof.models.identity.trained_weights_record` of the files, with
+        ``checked_against`` (``"eval run r0004"``, ``"train run r0003"`` or None: recorded by neither,
+        a run made before the hashes existed; said on screen, nothing is refused).
+
+    Raises:
+        CheckFailed: a file differs (exit 3), named with both hashes.
+    """
+    recorded = (ev.summary.get("trained_weights") if ev is not None else None) or None
+    if recorded:
+        found = check_trained_weights(ctx, rec.id, "export", recorded, by=f"eval run {ev.id} evaluated")
+        return {**found, "checked_against": f"eval run {ev.id}"}
+    found = check_trained_weights(ctx, rec.id, "export")
+    if rec.summary.get("trained_weights"):
+        return {**found, "checked_against": f"train run {rec.id}"}
+    console.print(
+        f"[yellow]warning[/]: run {rec.id} recorded no sha256 of its saved {found['folder']} (made before tuneproof "
+        "recorded it): the exported files are not compared with the evaluated ones",
+        soft_wrap=True,
+    )
+    return {**found, "checked_against": None}
+
+
+def _disagreement(chosen: list[dict[str, Any]], ev, evaluated: dict | None, procedure: dict) -> str | None:
+    """None when every stored example's bundle prediction equals its evaluated prediction, else one
+    line naming how many differ, the first one, and how the evaluation and the bundle predicted."""
+    compared = [c for c in chosen if c.get("eval_prediction") is not None]
+    differ = [c for c in compared if c["eval_prediction"] != c["prediction"]]
+    if not differ:
+        return None
+    c = differ[0]
+    how = ""
+    choice = (evaluated or {}).get("device_choice") or {}
+    if choice and (choice.get("torch_device"), choice.get("dtype")) != (procedure["device"], procedure["dtype"]):
+        how = (
+            f" (the evaluation ran in {choice.get('dtype')} on {choice.get('torch_device')}, the bundle predicted in "
+            f"{procedure['dtype']} on {procedure['device']}: export with --device {choice.get('torch_device')})"
+        )
+    return (
+        f"the bundle's predictions differ from those of eval run {ev.id} on {len(differ)} of {len(compared)} "
+        f"stored examples (e.g. {c['id']}: evaluated {json.dumps(c['eval_prediction'])[:80]}, bundle "
+        f"{json.dumps(c['prediction'])[:80]}){how}"
+    )
 
 
 def _embeddings(base: dict[str, Any], tmp: Path, payload: str) -> dict[str, Any]:
@@ -216,8 +279,17 @@ def build_bundle(
     export_run: str,
     device: str = "cpu",
     judging: hyp.Judging | None = None,
+    trained: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write every file of the bundle into ``tmp`` and return the manifest (also written)."""
+    """Write every file of the bundle into ``tmp`` and return the manifest (also written).
+
+    ``trained``: the checked sha256 of the exported files (:func:`check_exported_weights`), recorded in
+    the manifest as ``trained_weights``.
+
+    Raises:
+        CheckFailed: a module_to_save without a tensor, added tokens without saved embeddings, or
+            the bundle's predictions differ from the evaluated ones (:func:`_disagreement`).
+    """
     if judging is None:
         judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry)
     src = ctx.registry.runs_dir / rec.id
@@ -362,6 +434,11 @@ def build_bundle(
     for c, r in zip(chosen, ref):
         c.update(r)
     agree = sum(1 for c in chosen if c.get("eval_prediction") is not None and c["eval_prediction"] == c["prediction"])
+    differ = _disagreement(chosen, ev, ctx.registry.run_json(ev.id, "env.json") if ev else None, procedure)
+    if differ:  # what is exported is what was evaluated
+        raise CheckFailed(
+            f"export refused: {differ}", hint="the bundle was not kept; evaluate the run again, then export"
+        )
     merge_info = None
     if merge:
         merged = model.merge_and_unload()
@@ -437,6 +514,7 @@ def build_bundle(
             "environment": ctx.registry.run_json(rec.id, "env.json"),
             "data_fingerprint": ctx.registry.run_json(rec.id, "data.json") or {"hash": rec.data_fingerprint},
             "eval_run": ev.id if ev else None,
+            "trained_weights": trained,
             "eval_fingerprint": (eval_json or {}).get("fingerprint"),
             "metrics": ev.summary.get("metrics") if ev else None,
             "comparison": _comparison(crec, compare_json, entry, judging) if entry else None,
@@ -479,8 +557,10 @@ def run_export(
     Raises:
         TuneproofError: not a train run, a run that is not completed without ``force``, the bundle
             folder exists, nothing saved.
-        CheckFailed: the base changed since training, a module_to_save missing from the saved
-            file, or the bundle failed its verification in a fresh process.
+        CheckFailed: the base changed since training, the adapter (or model) files differ from the
+            evaluated ones (:func:`check_exported_weights`), a module_to_save missing from the saved
+            file, the bundle's predictions differ from the evaluated ones, or the bundle failed its
+            verification in a fresh process.
     """
     rec = ctx.registry.get(train_run)
     if rec.kind != "train":
@@ -519,6 +599,7 @@ def run_export(
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
     _check_base_unchanged(ctx, rec)
     check_tokenizer(ctx, rec.id, "export")
+    trained = check_exported_weights(ctx, rec, _eval_of(ctx, rec.id))
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     with ctx.registry.run("export", parent=rec.id) as run:
         record_inputs(ctx, run, with_data=False)
@@ -531,7 +612,16 @@ def run_export(
         try:
             print_judging(judging)
             man = build_bundle(
-                ctx, rec, tmp, merge=merge, k=k, forced=forced, export_run=run.id, device=device, judging=judging
+                ctx,
+                rec,
+                tmp,
+                merge=merge,
+                k=k,
+                forced=forced,
+                export_run=run.id,
+                device=device,
+                judging=judging,
+                trained=trained,
             )
             console.print(
                 f"[bold]{run.id}[/] bundle of {rec.id} written ("

@@ -23,6 +23,7 @@ from tuneproof.io import read_jsonl
 from tuneproof.models.base import load_model
 from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import (
+    check_trained_weights,
     evaluate_into,
     evaluation_run,
     headline,
@@ -63,9 +64,14 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
     if cand != "base" and ctx.registry.get(cand).kind == "eval":
         cand = ctx.registry.get(cand).parent
     reasons = test_reuse(ctx, cand)
+    trained = (
+        None if cand == "base" else check_trained_weights(ctx, cand, "test")
+    )  # tests/faults/test_faults_evidence.py
     require_backend(ctx)
     with evaluation_run(ctx, "test", parent=None if cand == "base" else cand) as run:
         record_inputs(ctx, run)
+        if trained is not None:
+            run.update_summary(trained_weights=trained)
         examples = ctx.split(ctx.study.data.test_split, allow_test=True)
         device, _, _ = ctx.torch_setup()
         if cand == "base":

@@ -27,7 +27,10 @@ Features (config key that turns each on):
   the same recipe under torchrun, DDP or FSDP2 (``distributed.strategy``, ``distributed.backend``,
   ``distributed.timeout_s``); checks before launch, rank 0 writes, a rank's failure named, the saved
   adapter gathered whole and checked in a fresh process (:mod:`tuneproof.recipes.torchrun`, docs/CASES.md C10, C11,
-  docs/CASES.md C24).
+  docs/CASES.md C24);
+- the sha256 of the saved adapter (or full model) files in the summary (``trained_weights``): ``eval`` and
+  ``test`` refuse other files and record what they loaded, ``export`` refuses files that differ from the
+  evaluated ones (tests/faults/test_faults_evidence.py).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
 from tuneproof.hypothesis import freeze_and_seal
 from tuneproof.models.build import save_trained
-from tuneproof.models.identity import base_hashes
+from tuneproof.models.identity import base_hashes, trained_weights_record
 from tuneproof.models.method import base_weights_dtype
 from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.protocol import require_order
@@ -196,7 +199,10 @@ def run_train(
                 return None
         else:
             save_trained(model, run.dir, ctx.study.method.kind, ctx.tokenizer, ctx.base.identity())
+        saved = run.dir / ("model" if ctx.study.method.kind == "full" else "adapter")
         run.update_summary(
+            # the sha256 of the saved adapter (or model) files: eval records what it loads, export compares
+            trained_weights=trained_weights_record(saved),
             steps=result["steps"],
             example_passes=result["examples"],
             final_loss=result["losses"][-1] if result["losses"] else None,

@@ -6,10 +6,10 @@ Run by hand:  python benchmarks/bf16_base.py [--max-length 512] [--micro-batch 4
 Real SmolLM2-135M-Instruct (alias smollm2-135m-instruct) + LoRA r16 on q/k/v/o, bf16 autocast on
 the CPU (needs native bf16: AVX512-BF16 or AMX, as tuneproof requires for the key); SNIPS training
 texts packed to exactly ``--max-length`` tokens so every row is full. Each mode runs in its own
-fresh process (the CPU high-water mark is per process; glibc's mmap threshold fixed, ``MALLOC_ENV``) and measures one whole step (forward, loss,
-backward, AdamW step) after one warm-up step, with ``tuneproof.training.memory.measure_step_peak``:
-``peak`` is the process's peak resident set during the step (the weights included), ``step peak``
-what the step added over the resident set before it. In the bf16 process,
+fresh process (the CPU high-water mark is per process; glibc's mmap threshold fixed, ``MALLOC_ENV``) and measures one
+whole step (forward, loss, backward, AdamW step) after one warm-up step, with
+``tuneproof.training.memory.measure_step_peak``: ``peak`` is the process's peak resident set during the step (the
+weights included), ``step peak`` what the step added over the resident set before it. In the bf16 process,
 ``tuneproof.training.speedups.check_bf16_base`` first proves loss and LoRA gradients equal to fp32
 frozen weights on the same micro-batch (it casts the model), and its numbers are printed.
 """
@@ -110,14 +110,17 @@ def main() -> None:
         )
         res[mode] = r = json.loads(proc.stdout.strip().splitlines()[-1])
         print(
-            f"{mode} frozen: peak {r['peak_gib']:.3f} GiB, step peak {r['step_peak_gib']:.3f} GiB (resident before the step "
-            f"{r['baseline_gib']:.3f} GiB); frozen weights {r['frozen_bytes'] / 2**20:.1f} MiB {r['frozen_dtypes']}, trained "
+            f"{mode} frozen: peak {r['peak_gib']:.3f} GiB, step peak "
+            f"{r['step_peak_gib']:.3f} GiB (resident before the step "
+            f"{r['baseline_gib']:.3f} GiB); frozen weights "
+            f"{r['frozen_bytes'] / 2**20:.1f} MiB {r['frozen_dtypes']}, trained "
             f"{r['trainable_dtypes']} ({r['method']})" + (f"\n  check {r['check']}" if "check" in r else "")
         )
     drop = res["fp32"]["peak_gib"] - res["bf16"]["peak_gib"]
     saved = (res["fp32"]["frozen_bytes"] - res["bf16"]["frozen_bytes"]) / 2**30
     print(
-        f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: peak {drop:.3f} GiB lower with bf16 frozen weights "
+        f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: "
+        f"peak {drop:.3f} GiB lower with bf16 frozen weights "
         f"({100 * drop / res['fp32']['peak_gib']:.1f}%; the frozen weights alone hold {saved:.3f} GiB less); step peak "
         f"{res['fp32']['step_peak_gib']:.3f} -> {res['bf16']['step_peak_gib']:.3f} GiB"
     )

@@ -7,8 +7,8 @@ Real SmolLM2-135M-Instruct (alias smollm2-135m-instruct, vocabulary 49,152) + Lo
 q/k/v/o, fp32 on the CPU; SNIPS training texts packed to exactly ``--max-length`` tokens so every
 row is full. Each mode runs in its own fresh process (the CPU high-water mark is per process) and
 measures one whole step (forward, loss, backward, AdamW step) with
-``tuneproof.training.memory.measure_step_peak`` (glibc's mmap threshold fixed, ``MALLOC_ENV``); before that, ``check_chunked_loss`` proves the
-two losses and gradients equal on the same micro-batch.
+``tuneproof.training.memory.measure_step_peak`` (glibc's mmap threshold fixed, ``MALLOC_ENV``); before that,
+``check_chunked_loss`` proves the two losses and gradients equal on the same micro-batch.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def main() -> None:
         )
     drop = 1 - res["chunked"]["step_peak_gib"] / res["reference"]["step_peak_gib"]
     print(
-        f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: peak step memory {100 * drop:.1f}% lower with the chunked loss"
+        f"max_length {a.max_length}, micro-batch {a.micro_batch}, {a.loss}: peak step "
+        f"memory {100 * drop:.1f}% lower with the chunked loss"
     )
 
 

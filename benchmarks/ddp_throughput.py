@@ -150,16 +150,19 @@ def main() -> None:
     diff = max(abs(x - y) for x, y in zip(one["losses"], two["losses"]))
     print(
         f"random Llama hidden {a.hidden}, {a.layers} layers, LoRA r=4 on q/v, {a.steps} steps, global batch 16, "
-        f"{a.threads} thread(s) per process, {cores} CPU cores, load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}"
+        f"{a.threads} thread(s) per process, {cores} CPU cores, load average "
+        f"before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}"
     )
     print(
         f"world size 1: {one['tokens_per_s']:.0f} tokens/s (loop {one['train_seconds']} s, command {one['wall_s']} s)"
     )
     print(
-        f"world size 2 ({a.strategy}, gloo): {two['tokens_per_s']:.0f} tokens/s (loop {two['train_seconds']} s, command {two['wall_s']} s)"
+        f"world size 2 ({a.strategy}, gloo): {two['tokens_per_s']:.0f} tokens/s (loop "
+        f"{two['train_seconds']} s, command {two['wall_s']} s)"
     )
     print(
-        f"ratio world 2 / world 1: x{two['tokens_per_s'] / one['tokens_per_s']:.2f}; largest per-step loss difference {diff:.1e}"
+        f"ratio world 2 / world 1: x{two['tokens_per_s'] / one['tokens_per_s']:.2f}; largest per-step loss "
+        f"difference {diff:.1e}"
     )
 
 

@@ -119,7 +119,8 @@ def main() -> None:
     tj = np.array(true_j)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(
-        f"texts: {len(train)} train + {len(test)} test; planted pairs: {args.pairs} {kinds}; templated: {args.templated}"
+        f"texts: {len(train)} train + {len(test)} test; planted pairs: "
+        f"{args.pairs} {kinds}; templated: {args.templated}"
     )
     print(
         "true word-3-gram Jaccard of planted pairs: "

@@ -54,7 +54,8 @@ def main() -> None:
     for sort in (False, True):
         pad = padded_positions(lengths, length_sorted_batches(lengths, args.batch, sort))
         print(
-            f"batch {args.batch} {'sorted by length' if sort else 'in split order'}: {pad} padded of {pad + sum(lengths)} prompt "
+            f"batch {args.batch} {'sorted by length' if sort else 'in split order'}: {pad} padded of "
+            f"{pad + sum(lengths)} prompt "
             f"positions ({pad / (pad + sum(lengths)):.1%})"
         )
     if args.padding_only:
@@ -70,7 +71,8 @@ def main() -> None:
         outs = generate(model, tok, pipe, examples, cfg, device=torch.device("cpu"), autocast=contextlib.nullcontext)
         results[bs] = (time.perf_counter() - t, outs)
         print(
-            f"batch {bs:3d}: {results[bs][0]:7.1f} s for {len(examples)} examples = {len(examples) / results[bs][0]:.2f} examples/s"
+            f"batch {bs:3d}: {results[bs][0]:7.1f} s for {len(examples)} examples = "
+            f"{len(examples) / results[bs][0]:.2f} examples/s"
         )
     (t1, o1), (tb, ob) = results[1], results[args.batch]
     same = sum(a == b for a, b in zip(o1, ob))

@@ -1,7 +1,8 @@
 """Benchmark: the preflight's step-memory estimate against the measured step (issue 15 item 6; run by hand).
 
     python benchmarks/memory_estimate.py [--lengths 128,512] [--micro-batches 2,8] [--loss answer_only]
-                                         [--chunked] [--dropout 0.05] [--rows padded|full] [--doc docs/benchmarks-preflight.md]
+                                         [--chunked] [--dropout 0.05] [--rows padded|full] [--doc
+                                         docs/benchmarks-preflight.md]
 
 Real SmolLM2-135M-Instruct (alias ``smollm2-135m-instruct``, the local copy) + LoRA r16 (alpha 32) on
 q/k/v/o, fp32 on the CPU. Each shape (length x micro-batch) runs in its own fresh process, which
@@ -119,9 +120,12 @@ def run_all(a: argparse.Namespace) -> list[dict]:
             out.append(r)
             m = r["measured"][-1]
             print(
-                f"length {length} x micro-batch {mb}: estimate in-step {r['estimate_in_step'] / MIB:,.1f} MiB, measured step tensors "
-                f"{m['allocated_step_peak_bytes'] / MIB:,.1f} MiB (x{r['ratio'][-1]:.3f}; first step x{r['ratio'][0]:.3f}), "
-                f"process peak {m['peak_bytes'] / MIB:,.1f} MiB (step adds {m['step_peak_bytes'] / MIB:,.1f}), {r['wall_seconds']} s",
+                f"length {length} x micro-batch {mb}: estimate in-step "
+                f"{r['estimate_in_step'] / MIB:,.1f} MiB, measured step tensors "
+                f"{m['allocated_step_peak_bytes'] / MIB:,.1f} MiB (x"
+                f"{r['ratio'][-1]:.3f}; first step x{r['ratio'][0]:.3f}), "
+                f"process peak {m['peak_bytes'] / MIB:,.1f} MiB (step adds "
+                f"{m['step_peak_bytes'] / MIB:,.1f}), {r['wall_seconds']} s",
                 flush=True,
             )
     return out
@@ -222,7 +226,8 @@ def main() -> None:
             f"{', chunked loss' if a.chunked else ''}, LoRA dropout {a.dropout:g}, {a.rows} rows\n\n"
             f"`{cmd}`: {platform.machine()}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()}, torch {torch.__version__}, CPU fp32, torch threads {results[0]['threads']}; "
-            f"SmolLM2-135M-Instruct + LoRA r16 on q/k/v/o; one fresh process per shape; load average {load[0]:.1f} at the start; "
+            "SmolLM2-135M-Instruct + LoRA r16 on q/k/v/o; one fresh process per "
+            f"shape; load average {load[0]:.1f} at the start; "
             f"{time.perf_counter() - t0:.0f} s in all.\n\n"
         )
         with open(a.doc, "a", encoding="utf-8") as fh:

@@ -156,7 +156,8 @@ def collect(study: Path, fast: bool, exit_code: int, wall: float, cpu: float, lo
         "load_after": [round(x, 2) for x in load_after],
         "cores": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, torch {torch.__version__}",
         "checks": [(c["name"], c["passed"], c.get("seconds")) for c in report["checks"]],
         "smoke": (checks.get("smoke pass") or {}).get("details") or {},
         "memory": memory_rows(checks),
@@ -167,7 +168,8 @@ def collect(study: Path, fast: bool, exit_code: int, wall: float, cpu: float, lo
 
 def print_result(r: dict) -> None:
     print(
-        f"preflight {r['run']}: {r['status']} (exit {r['exit_code']}) in {r['wall_seconds']:.1f} s wall, {r['cpu_seconds']:.1f} s CPU; "
+        f"preflight {r['run']}: {r['status']} (exit {r['exit_code']}) in "
+        f"{r['wall_seconds']:.1f} s wall, {r['cpu_seconds']:.1f} s CPU; "
         f"load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after, on {r['cores']} cores"
     )
     for name, ok, secs in r["checks"]:
@@ -180,7 +182,8 @@ def print_result(r: dict) -> None:
             f"{(m['step_peak'] or 0) / GIB:.3f}); error total/peak {m['error_total_vs_peak']:+.1%}, in-step/step-peak "
             + (f"{e2:+.1%}" if e2 is not None else "n/a")
             + (
-                f"; the step's tensors {m['tensors'] / GIB:.3f} GiB, x{m['tensors_over_estimate']:.3f} of the estimate's step part"
+                f"; the step's tensors {m['tensors'] / GIB:.3f} GiB, x"
+                f"{m['tensors_over_estimate']:.3f} of the estimate's step part"
                 if m.get("tensors") and m.get("tensors_over_estimate")
                 else ""
             )
@@ -188,7 +191,8 @@ def print_result(r: dict) -> None:
     th = r["throughput"]
     if th:
         print(
-            f"  throughput: {th.get('s_per_step')} s/step, {th.get('tokens_per_s')} tokens/s, budget {th.get('total_steps')} steps "
+            f"  throughput: {th.get('s_per_step')} s/step, {th.get('tokens_per_s')} "
+            f"tokens/s, budget {th.get('total_steps')} steps "
             f"= {th.get('budget_seconds')} s; eval {th.get('eval_s_per_example')} s/example x {th.get('eval_examples')}"
         )
 
@@ -213,22 +217,27 @@ optimizer states exist (gradients, optimizer temporary, activations, logits).
 
 def append_doc(path: Path, r: dict) -> None:
     """Append one run's section to the Markdown file ``path`` (created with :data:`HEADER` if missing)."""
-    # the run itself adds up to 2 to the load (torch's 2 threads): other jobs show as load before it, or above cores + 1 after
+    # the run itself adds up to 2 to the load (torch's 2 threads): other jobs show as load before it, or above cores + 1
+    # after
     shared = r["load_before"][0] > 1.0 or r["load_after"][0] > (r["cores"] or 1) + 1
     cfg = r["config"]
     lines = [
         "",
         f"## {r['date']}: {r['study']}",
         "",
-        f"{r['machine']}, CPU only. SmolLM2-135M-Instruct + LoRA on SNIPS extraction, micro-batch {cfg['micro_batch_size']}, "
-        f"accumulation {cfg['gradient_accumulation_steps']}, max_length {cfg['max_length']}, precision {cfg['precision']}, "
+        f"{r['machine']}, CPU only. SmolLM2-135M-Instruct + LoRA on SNIPS "
+        f"extraction, micro-batch {cfg['micro_batch_size']}, "
+        f"accumulation {cfg['gradient_accumulation_steps']}, max_length "
+        f"{cfg['max_length']}, precision {cfg['precision']}, "
         f"activation checkpointing {'on' if cfg['activation_checkpointing'] else 'off'}, {cfg['max_steps']} steps.",
         "",
-        f"**{r['wall_seconds']:.0f} s wall**, {r['cpu_seconds']:.0f} s CPU; run {r['run']} {r['status']} (exit {r['exit_code']}). "
+        f"**{r['wall_seconds']:.0f} s wall**, {r['cpu_seconds']:.0f} s CPU; run "
+        f"{r['run']} {r['status']} (exit {r['exit_code']}). "
         f"Load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after, on {r['cores']} cores"
         + (
             ": **the machine was shared with other jobs** (other engineers' test suites); under contention torch's "
-            "2 OpenMP threads wait on each other in every small kernel, so generation and small probes slow down far more "
+            "2 OpenMP threads wait on each other in every small kernel, so "
+            "generation and small probes slow down far more "
             "than the load average suggests."
             if shared
             else " (quiet machine)."
@@ -248,16 +257,19 @@ def append_doc(path: Path, r: dict) -> None:
     if r["memory"]:
         lines += [
             "",
-            "| length x micro-batch | estimate (sum of parts) | estimate, the step's part | measured: the step's tensors | "
+            "| length x micro-batch | estimate (sum of parts) | estimate, the "
+            "step's part | measured: the step's tensors | "
             "tensors / the step's part | measured peak (RSS) | measured step increment (RSS) | error: total vs peak |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for m in r["memory"]:
             t, q = m.get("tensors"), m.get("tensors_over_estimate")
             lines.append(
-                f"| {m['length']} x {m['micro_batch']} | {m['estimate_total'] / GIB:.3f} GiB | {m['estimate_in_step'] / GIB:.3f} GiB | "
+                f"| {m['length']} x {m['micro_batch']} | {m['estimate_total'] / GIB:.3f} GiB | "
+                f"{m['estimate_in_step'] / GIB:.3f} GiB | "
                 + (f"{t / GIB:.3f} GiB | {q:.3f} | " if t and q else "- | - | ")
-                + f"{m['peak'] / GIB:.3f} GiB | {(m['step_peak'] or 0) / GIB:.3f} GiB | {m['error_total_vs_peak']:+.0%} |"
+                + f"{m['peak'] / GIB:.3f} GiB | {(m['step_peak'] or 0) / GIB:.3f} "
+                f"GiB | {m['error_total_vs_peak']:+.0%} |"
             )
         parts = r["memory"][0]["parts"]
         lines += [
@@ -270,9 +282,11 @@ def append_doc(path: Path, r: dict) -> None:
     if th:
         lines += [
             "",
-            f"Throughput measured by the preflight: {th.get('s_per_step')} s per optimizer step, {th.get('tokens_per_s')} "
+            f"Throughput measured by the preflight: {th.get('s_per_step')} s "
+            f"per optimizer step, {th.get('tokens_per_s')} "
             f"tokens/s at micro-batch {th.get('micro_batch')} x {th.get('accumulation')}; the configured budget of "
-            f"{th.get('total_steps')} steps {th.get('budget_seconds')} s; evaluation {th.get('eval_s_per_example')} s per "
+            f"{th.get('total_steps')} steps {th.get('budget_seconds')} s; "
+            f"evaluation {th.get('eval_s_per_example')} s per "
             f"example (measured on 2), {th.get('eval_seconds_estimate')} s for {th.get('eval_examples')} examples.",
         ]
     text = path.read_text() if path.exists() else HEADER

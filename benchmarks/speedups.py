@@ -125,10 +125,12 @@ def main() -> None:
         pos = sum(int(b["input_ids"].numel()) for b in bs)
         state[m]["positions"] = pos
         print(
-            f"{m:32s} positions {pos:6d}  padding {100 * (1 - real / pos):5.1f} %  rows {sum(b['input_ids'].shape[0] for b in bs)}"
+            f"{m:32s} positions {pos:6d}  padding {100 * (1 - real / pos):5.1f} %  "
+            f"rows {sum(b['input_ids'].shape[0] for b in bs)}"
         )
     print(
-        f"SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, fp32 CPU, torch threads {torch.get_num_threads()}, {a.steps} steps x "
+        "SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, fp32 CPU, torch threads "
+        f"{torch.get_num_threads()}, {a.steps} steps x "
         f"micro-batch {a.micro_batch}, {real} real tokens; rounds interleaved",
         flush=True,
     )

@@ -146,7 +146,8 @@ def main() -> None:
     print(
         f"SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, fp32 CPU, torch threads {torch.get_num_threads()}, "
         f"{a.steps} steps x micro-batch {a.micro_batch} (first step not counted); "
-        f"real tokens {sum(real)}, padded positions {padded - sum(real)} ({100 * (1 - sum(real) / padded):.1f}% padding)"
+        f"real tokens {sum(real)}, padded positions {padded - sum(real)} ("
+        f"{100 * (1 - sum(real) / padded):.1f}% padding)"
     )
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,7 +182,8 @@ def main() -> None:
     print("ratios (tokens/s, vs tuneproof):")
     for mode, (med, tps, n) in res.items():
         print(
-            f"{mode:28s} {med:7.3f} s/step  {tps:8.1f} tokens/s  x{tps / ref_tps:.2f} tokens/s vs tuneproof  ({n} steps)"
+            f"{mode:28s} {med:7.3f} s/step  {tps:8.1f} tokens/s  x"
+            f"{tps / ref_tps:.2f} tokens/s vs tuneproof  ({n} steps)"
         )
 
 

@@ -92,7 +92,8 @@ def one_step(folder: Path, kind: str) -> dict:
     if CUDA:
         torch.cuda.reset_peak_memory_stats(DEV)
     t0 = time.perf_counter()
-    # bf16 LoRA: bf16 weights; QLoRA: 4-bit linear layers, the rest fp32 (prepare_model_for_kbit_training), bf16 autocast
+    # bf16 LoRA: bf16 weights; QLoRA: 4-bit linear layers, the rest fp32 (prepare_model_for_kbit_training), bf16
+    # autocast
     model = load_model(ref, "causal-lm", dtype=torch.bfloat16 if kind == "lora" else None, quantization=quant)
     model, report = apply_method(model, method, "causal-lm", quantization=quant)
     model = model.to(DEV)

@@ -85,7 +85,7 @@ HOOKED = textwrap.dedent(
             return orig_write(path, data)
         io.atomic_write_bytes = atomic_write_bytes
     main(sys.argv[3:])
-    """
+    """  # noqa: E501 (the child's script, run as written)
 )
 
 

@@ -93,7 +93,7 @@ PARENT = textwrap.dedent(
     assert child.stdout.readline().strip() == "ready"
     print(child.pid, flush=True)
     time.sleep(120)
-    """
+    """  # noqa: E501 (the child's script, run as written)
 )
 
 

@@ -1,4 +1,4 @@
-"""What is exported is what was evaluated (issue 22): the sha256 of the saved adapter files is recorded
+"""What is exported is what was evaluated (docs/PROTOCOL.md step 7): the sha256 of the saved adapter files is recorded
 when ``train`` saves them and when ``eval`` loads them; ``eval`` refuses files that differ from what
 training saved, ``export`` refuses files that differ from what the evaluation loaded (exit 3, one line
 naming the file and both hashes), and a bundle whose own predictions differ from the evaluated ones

@@ -1,5 +1,5 @@
 """Benchmark: peak memory of one training step with the frozen base weights held in bf16
-(``training.bf16_base_weights``) vs in fp32, both under bf16 autocast; issue 15 item 3.
+(``training.bf16_base_weights``) vs in fp32, both under bf16 autocast; docs/PROTOCOL.md step 5.
 
 Run by hand:  python benchmarks/bf16_base.py [--max-length 512] [--micro-batch 4] [--loss full_sequence]
 

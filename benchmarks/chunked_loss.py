@@ -1,5 +1,5 @@
 """Benchmark: peak memory of one training step with the chunked causal-LM loss vs the reference
-(full ``[batch, seq, vocab]`` logits), issue 15 item 3. Target: at least 25 % lower at max_length 512.
+(full ``[batch, seq, vocab]`` logits), docs/PROTOCOL.md step 5. Target: at least 25 % lower at max_length 512.
 
 Run by hand:  python benchmarks/chunked_loss.py [--max-length 512] [--micro-batch 4] [--loss full_sequence]
 

@@ -4,13 +4,13 @@ Run by hand:  python benchmarks/eval_throughput.py [--n 32] [--batch 16] [--max-
 
 Uses the real SmolLM2-135M-Instruct (alias smollm2-135m-instruct) on SNIPS validation prompts,
 the study's own prompt building (`TextPipeline.prompt_text`) and `evaluation.generate.generate`,
-so the measured path is the one `baseline`/`eval` use. Target (issue 5): batch 16 at least 4x
+so the measured path is the one `baseline`/`eval` use. Target: batch 16 at least 4x
 faster than batch 1 on a 2-core CPU. Prints examples/s for both, the ratio, and whether the
 outputs are the same (greedy decoding; they can differ in the last digits of a logit between
 padded and unpadded batches, which the script reports rather than hides).
 
-Then (issue 15 item 5) batches of prompts sorted by length vs batches in the split's order at
-``--batch``: padded prompt positions of each (from the tokenizer alone) and the time of each, with
+Then (tests/evaluation/test_eval_sorted_batches.py) batches of prompts sorted by length vs batches in the split's order
+at ``--batch``: padded prompt positions of each (from the tokenizer alone) and the time of each, with
 the count of identical outputs. ``--padding-only`` prints the padding and loads no model.
 """
 

@@ -1,5 +1,5 @@
 """Benchmark: tokens/s of tuneproof's training step with each speed-up, modes interleaved step by
-step so a shared CPU's drifting load hits every mode alike (issue 15 targets).
+step so a shared CPU's drifting load hits every mode alike (docs/PROTOCOL.md step 5).
 
 Run by hand:  TUNEPROOF_DATA=/work/shared/data python benchmarks/speedups.py [--steps 24] [--micro-batch 8]
               [--modes reference,length_grouping,packing,chunked_loss,length_grouping+chunked_loss,packing+chunked_loss]

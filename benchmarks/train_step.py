@@ -1,5 +1,5 @@
 """Benchmark: tuneproof's training step vs a plain PyTorch + PEFT loop vs transformers' Trainer
-(issue 15 item 1; the reference for every speed-up of the issue).
+(the reference for every speed-up of docs/PROTOCOL.md step 5).
 
 Run by hand:  TUNEPROOF_DATA=/work/shared/data python benchmarks/train_step.py [--steps 6] [--micro-batch 8]
               [--modes tuneproof,plain,trainer,tuneproof+length_grouping,tuneproof+packing]

@@ -8,10 +8,10 @@ Sections (each records its own error instead of stopping the script):
   backend      detect_device, choose_dtype for auto/bf16/fp16, check_extensions (no import)
   memory_fp32  / memory_bf16 / memory_autocast_bf16 (fp32 weights, bf16 autocast, as the trainer runs):
                one full AdamW step of a small random Llama (no download):
-               memory between steps, estimate vs measured peak (steps 1 and 2), C8 inequality
+               memory between steps, estimate vs measured peak (steps 1 and 2), docs/CASES.md C8 inequality
   max_micro_batch  find_max_micro_batch with a 4 GiB budget on the bf16 model
-  checkpointing    LoRA + reentrant checkpointing with the remedy: same grads, memory, time (C7)
-  update_check     LoRA update check on the device (C7)
+  checkpointing    LoRA + reentrant checkpointing with the remedy: same grads, memory, time (docs/CASES.md C7)
+  update_check     LoRA update check on the device (docs/CASES.md C7)
 """
 
 from __future__ import annotations

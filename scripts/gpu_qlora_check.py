@@ -1,4 +1,4 @@
-"""QLoRA on a GPU (issue 15 item 4): one training step of the same model as bf16 LoRA and as QLoRA
+"""QLoRA on a GPU (docs/PROTOCOL.md step 4): one training step of the same model as bf16 LoRA and as QLoRA
 (4-bit NF4 base, double quantization, bf16 compute), through tuneproof's own loading and method code
 (``models.base.load_model``, ``models.method.apply_method``, ``preflight.qlora``). Writes
 ``qlora-check.json`` into OUT_DIR and prints it. Downloads nothing.

@@ -161,8 +161,9 @@ def check_exported_weights(ctx: StudyContext, rec, ev) -> dict[str, Any]:
     if rec.summary.get("trained_weights"):
         return {**found, "checked_against": f"train run {rec.id}"}
     console.print(
-        f"[yellow]warning[/]: run {rec.id} recorded no sha256 of its saved {found['folder']} (made before tuneproof "
-        "recorded it): the exported files are not compared with the evaluated ones",
+        f"[yellow]warning[/]: run {rec.id} recorded no sha256 of its saved {found['folder']} ("
+        + ("made before tuneproof recorded it" if rec.status == "completed" else f"the run is {rec.status}")
+        + "): the exported files are not compared with the evaluated ones",
         soft_wrap=True,
     )
     return {**found, "checked_against": None}

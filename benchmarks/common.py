@@ -32,6 +32,8 @@ def smollm2_lora(dropout: float = 0.0):
     import torch
     from peft import LoraConfig, get_peft_model  # noqa: I001
 
+    from tuneproof.modalities import detect_kind
+    from tuneproof.modalities.text import CAUSAL_LM
     from tuneproof.models.base import (
         load_model,
         load_tokenizer,
@@ -39,9 +41,9 @@ def smollm2_lora(dropout: float = 0.0):
     )  # first: tuneproof quiets bitsandbytes' logger
     from tuneproof.study import ModelSpec
 
-    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
+    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"), detect_kind)
     tok = load_tokenizer(ref)
-    model = load_model(ref, "causal-lm")
+    model = load_model(ref, CAUSAL_LM)
     torch.manual_seed(0)
     return (
         ref,

@@ -3,7 +3,7 @@
 Run by hand:  python benchmarks/eval_throughput.py [--n 32] [--batch 16] [--max-new-tokens 32] [--padding-only]
 
 Uses the real SmolLM2-135M-Instruct (alias smollm2-135m-instruct) on SNIPS validation prompts,
-the study's own prompt building (`TextPipeline.prompt_text`) and `evaluation.generate.generate`,
+the study's own prompt building (`TextPipeline.prompt_text`) and `modalities.text.generate`,
 so the measured path is the one `baseline`/`eval` use. Target: batch 16 at least 4x
 faster than batch 1 on a 2-core CPU. Prints examples/s for both, the ratio, and whether the
 outputs are the same (greedy decoding; they can differ in the last digits of a logit between
@@ -31,7 +31,9 @@ from tuneproof.data.locate import find_data_root  # noqa: E402
 from tuneproof.data.preprocess import TextPipeline  # noqa: E402
 from tuneproof.data.sources import load_snips  # noqa: E402
 from tuneproof.data.split import stratified_take  # noqa: E402
-from tuneproof.evaluation.generate import generate, length_sorted_batches, padded_positions  # noqa: E402
+from tuneproof.modalities import detect_kind  # noqa: E402
+from tuneproof.modalities.batching import length_sorted_batches, padded_positions  # noqa: E402
+from tuneproof.modalities.text import CAUSAL_LM, generate  # noqa: E402
 from tuneproof.models.base import load_model, load_tokenizer, resolve_base  # noqa: E402
 from tuneproof.study import Eval, ModelSpec, Prompt  # noqa: E402
 
@@ -47,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     examples, _ = load_snips(find_data_root(None, "snips") / "snips")
     examples = stratified_take([e for e in examples if e.split == "validation"], args.n, 0)
-    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
+    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"), detect_kind)
     tok = load_tokenizer(ref)
     pipe = TextPipeline(tok, Prompt(system="Reply with JSON only: the intent and the slots of the request."), 128)
     lengths = [len(tok(pipe.prompt_text(e.text), add_special_tokens=False)["input_ids"]) for e in examples]
@@ -60,7 +62,7 @@ def main() -> None:
         )
     if args.padding_only:
         return
-    model = load_model(ref, "causal-lm")
+    model = load_model(ref, CAUSAL_LM)
     results = {}
     for bs in (1, args.batch):
         cfg = Eval(batch_size=bs, max_new_tokens=args.max_new_tokens)

@@ -36,6 +36,7 @@ import torch
 
 from common import SNIPS_SYSTEM, smollm2_lora, snips_examples  # benchmarks/common.py (puts src/ on sys.path)
 from tuneproof.data.preprocess import TextPipeline, collate  # noqa: E402
+from tuneproof.modalities import detect_kind  # noqa: E402
 from tuneproof.models.base import load_tokenizer, resolve_base  # noqa: E402
 from tuneproof.study import ModelSpec, Prompt, Training  # noqa: E402
 from tuneproof.training.data_order import window_at  # noqa: E402
@@ -131,7 +132,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     import tempfile  # noqa: PLC0415
 
-    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"))
+    ref = resolve_base(ModelSpec(base="smollm2-135m-instruct"), detect_kind)
     tok = load_tokenizer(ref)
     train_ex = [e for e in snips_examples() if e.split == "train"][:2000]
     pipe = TextPipeline(tok, Prompt(system=SNIPS_SYSTEM), 128)

@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from tuneproof.modalities.text import CAUSAL_LM  # noqa: E402
 from tuneproof.models.base import BaseModelRef, load_model  # noqa: E402
 from tuneproof.models.method import apply_method  # noqa: E402
 from tuneproof.models.quant import bitsandbytes_version, quantization_record  # noqa: E402
@@ -94,8 +95,8 @@ def one_step(folder: Path, kind: str) -> dict:
     t0 = time.perf_counter()
     # bf16 LoRA: bf16 weights; QLoRA: 4-bit linear layers, the rest fp32 (prepare_model_for_kbit_training), bf16
     # autocast
-    model = load_model(ref, "causal-lm", dtype=torch.bfloat16 if kind == "lora" else None, quantization=quant)
-    model, report = apply_method(model, method, "causal-lm", quantization=quant)
+    model = load_model(ref, CAUSAL_LM, dtype=torch.bfloat16 if kind == "lora" else None, quantization=quant)
+    model, report = apply_method(model, method, CAUSAL_LM, quantization=quant)
     model = model.to(DEV)
     load_s = time.perf_counter() - t0
     loaded = memory_between_steps(model)

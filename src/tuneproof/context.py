@@ -14,15 +14,15 @@ from typing import Any
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
-from tuneproof.data.preprocess import TextPipeline
 from tuneproof.data.sources import load_source, source_files
 from tuneproof.data.split import build_splits, check_unique_ids, freeze_or_reuse, stratified_take
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_json
-from tuneproof.models.base import load_image_processor, load_tokenizer, model_kind, resolve_base
+from tuneproof.modalities import Modality, detect_kind, modality_for
+from tuneproof.models.base import model_kind, resolve_base
 from tuneproof.models.build import build_model
 from tuneproof.models.device import choose_dtype, detect_device
-from tuneproof.models.identity import study_tokenizer_identity
+from tuneproof.models.heads import Head
 from tuneproof.models.quant import quantization_record, require_bitsandbytes
 from tuneproof.registry import Registry
 from tuneproof.study import STUDY_FILE, Study, read_study, resolved_config, validate_study
@@ -157,47 +157,45 @@ class StudyContext:
     # ------------------------------------------------------------------ model
     @cached_property
     def base(self):
-        return resolve_base(self.study.model)
+        return resolve_base(self.study.model, detect_kind)
 
     @property
     def model_kind(self) -> str:
         return model_kind(self.study.model, self.base)
 
+    @cached_property
+    def modality(self) -> Modality:
+        """Text or image, chosen once from the model kind (:func:`tuneproof.modalities.modality_for`);
+        everything that differs between them is asked of it."""
+        return modality_for(self.model_kind)
+
     @property
-    def is_image(self) -> bool:
-        """An image classifier: the pipeline is :class:`~tuneproof.data.image_pipeline.ImagePipeline`."""
-        return self.model_kind == "image-classification"
+    def head(self) -> Head:
+        """How the base is loaded and adapted (:class:`tuneproof.models.heads.Head` of the model kind)."""
+        return self.modality.head(self.model_kind)
 
     @property
     def head_labels(self) -> list[str] | None:
         """The labels of a classification head (sequence or image classifier), else None."""
-        return self.labels if self.model_kind in ("sequence-classification", "image-classification") else None
+        return self.labels if self.head.labels_from is not None else None
 
     @cached_property
     def tokenizer(self):
         """The tokenizer, or for an image classifier its image processor (saved beside adapters the same way)."""
-        return load_image_processor(self.base) if self.is_image else load_tokenizer(self.base)
+        return self.modality.load_processor(self.base)
 
     @cached_property
     def pipeline(self):
-        if self.is_image:
-            from tuneproof.data.image_pipeline import ImagePipeline  # noqa: PLC0415  (imports torch)
-
-            return ImagePipeline(self.tokenizer, self.study.data.image, self.labels, self.study.training.seed)
-        t = self.study.training
-        labels = self.labels if self.model_kind == "sequence-classification" else None
-        return TextPipeline(self.tokenizer, self.study.eval.prompt, t.max_length, t.loss, labels)
+        """The one preprocessing pipeline (:meth:`tuneproof.modalities.base.Modality.pipeline`)."""
+        return self.modality.pipeline(self)
 
     @cached_property
     def tokenizer_identity(self) -> dict[str, Any]:
-        """Class, vocabulary size and hash, special and added tokens, chat template hash, the ids of a
-        fixed probe text and of a fixed sample of the evaluation split's inputs and references
-        (:func:`tuneproof.models.identity.study_tokenizer_identity`)."""
-        if self.is_image:  # the image processor's class, config and the declared transforms
-            return self.pipeline.identity()
-        # the whole evaluation split (not the eval.max_examples subset): the sample is data, not eval settings
-        texts = [t for e in self.split(self.study.eval.split) for t in (e.text, e.target) if isinstance(t, str)]
-        return study_tokenizer_identity(self.tokenizer, texts)
+        """The processor's identity (:meth:`tuneproof.modalities.base.Modality.processor_identity`): for
+        a tokenizer its class, vocabulary size and hash, special and added tokens, chat template hash,
+        the ids of a fixed probe text and of a fixed sample of the evaluation split's inputs and
+        references; for an image processor its class, config hash and the declared transforms."""
+        return self.modality.processor_identity(self)
 
     # ------------------------------------------------------------------ fingerprints
     def data_fingerprint(self) -> dict[str, Any]:
@@ -283,16 +281,19 @@ class StudyContext:
         Returns ``(model, report)``."""
         device, _, _ = self.torch_setup()
         labels = self.head_labels
-        return build_model(
+        model, report = build_model(
             self.base,
-            self.model_kind,
+            self.head,
             self.study.method,
             device=device,
             labels=labels,
             quantization=self.quantization,
-            tokenizer=self.tokenizer,
             activation_checkpointing=self.study.training.activation_checkpointing,
         )
+        vocabulary = self.modality.vocabulary_record(self.base.path, self.tokenizer)
+        if vocabulary is not None:  # base rows before resizing, added tokens (docs/CASES.md C6 kind)
+            report["vocabulary"] = vocabulary
+        return model, report
 
     def torch_setup(self):
         """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""

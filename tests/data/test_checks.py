@@ -132,6 +132,7 @@ def test_optional_keys_absent_are_counted():
 def test_the_data_check_screen_says_a_warned_check_once(capsys):
     """quickstart --fast printed "check train: 7 of 7 classes have fewer than 10 examples: ..." and the
     same text again as two warnings: a check line made of warnings is said once, as the warnings."""
+    from tuneproof.modalities.text import TEXT
     from tuneproof.recipes.data_check import _print
 
     warnings = [
@@ -150,7 +151,7 @@ def test_the_data_check_screen_says_a_warned_check_once(capsys):
         "warnings": warnings,
         "passed": True,
     }
-    _print(rep)
+    _print(rep, TEXT.dossier_sections)
     out = capsys.readouterr().out
     assert out.count("'b' 3, 'c' 9") == 1 and out.count("validation: 1 of 3 classes") == 1
     assert "check duplicates: none across train/validation" in out and "data check passed" in out

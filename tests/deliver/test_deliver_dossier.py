@@ -80,6 +80,17 @@ def test_markdown_holds_every_run_and_the_evidence(dossier_study):
     assert "exports/" + t in md and "| libraries.torch |" in md
 
 
+def test_a_text_dossier_keeps_the_text_sections(dossier_study):
+    """The sections the text modality declares (``Modality.dossier_sections``): token lengths,
+    suggested max_length, the rate in tokens/s, the loop's loss normalisation (an image dossier
+    has none of them: tests/images/test_image_protocol.py)."""
+    md = dossier_study["md"]
+    training = md.split("## Training")[1].split("## ")[0]
+    assert "| split | p50 tokens | p95 tokens | max tokens | share truncated |" in md
+    assert "suggested max_length: 8" in md
+    assert "| tokens/s |" in training and "loss normalisation: " in training
+
+
 def test_html_is_self_contained_escaped_and_has_the_plots(dossier_study):
     page = dossier_study["html"]
     assert "<script" not in page.lower() and "http://" not in page and "https://" not in page
@@ -199,6 +210,7 @@ def test_training_table_names_the_speedups_each_run_used():
     from types import SimpleNamespace
 
     from tuneproof.deliver.dossier import _training
+    from tuneproof.modalities.text import TEXT
 
     runs = [
         SimpleNamespace(
@@ -220,7 +232,7 @@ def test_training_table_names_the_speedups_each_run_used():
         SimpleNamespace(id="r0006", kind="train", status="interrupted", summary={}),
     ]
     ev = SimpleNamespace(runs=runs, rows=lambda run_id, name: [])
-    table = _training(ev, plots=False)[0]
+    table = _training(ev, plots=False, modality=TEXT)[0]
     assert table["cols"][-1] == "speed-ups"
     assert [r[-1] for r in table["rows"]] == [
         "chunked_loss, packing, length_grouping (padding 4.0% -> 0.0%)",

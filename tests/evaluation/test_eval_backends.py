@@ -92,7 +92,7 @@ def direct(tok, prompts, adapter):
     """Answers of the study's own procedure (``generate_prompts``) with and without the adapter, computed apart."""
     from peft import PeftModel
 
-    from tuneproof.evaluation.generate import generate_prompts
+    from tuneproof.modalities.text import generate_prompts
 
     run = dict(device=CPU, autocast=contextlib.nullcontext)
     base = generate_prompts(make_llama(len(tok), seed=3), tok, prompts, EVAL, **run)

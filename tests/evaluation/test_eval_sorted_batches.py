@@ -11,7 +11,8 @@ import torch
 from tinymodels import make_llama, make_tokenizer
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import TextPipeline
-from tuneproof.evaluation.generate import generate, length_sorted_batches, padded_positions
+from tuneproof.modalities.batching import length_sorted_batches, padded_positions
+from tuneproof.modalities.text import generate
 from tuneproof.study import Eval, Prompt
 
 TEXTS = [
@@ -79,7 +80,7 @@ def test_sorted_generation_outputs_equal_unsorted_and_one_at_a_time():
 def test_sorted_classification_keeps_each_prediction_with_its_example():
     from transformers import BertConfig, BertForSequenceClassification
 
-    from tuneproof.evaluation.generate import classify
+    from tuneproof.modalities.text import classify
 
     tok = make_tokenizer(chat_template=None)
     tok.pad_token = "<|endoftext|>"

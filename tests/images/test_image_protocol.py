@@ -125,3 +125,27 @@ def test_preflight_runs_the_image_checks_and_passes(tmp_path, tiny_vit, capsys):
     assert update["numbers"]["trainable_changed"] == update["numbers"]["trainable_tensors"] == 10
     train = _cli(["train"], study, capsys)  # the passed preflight lets train start without an override
     assert train[0] == 0, train[1]
+
+
+def test_dossier_shows_only_what_applies_to_images(trained):
+    """An image study's dossier showed a token-length table of zeros, "suggested max_length: 8",
+    training "tokens/s" and the loop's "loss normalisation: per-token mean" (the preflight says
+    per-example): the image modality declares none of those sections (``Modality.dossier_sections``)."""
+    from tuneproof.context import StudyContext
+    from tuneproof.deliver.dossier import collect, to_markdown
+
+    ctx = StudyContext.open(trained)
+    try:
+        md = to_markdown(collect(ctx, plots=False))
+    finally:
+        ctx.registry.close()
+    for text in (
+        "p50 tokens",
+        "suggested max_length",
+        "tokens/s",
+        "loss normalisation",
+        "supervised tokens",
+        "max_length",
+    ):
+        assert text not in md, text
+    assert "images/s" in md and "split sizes: test 12, train 36, validation 12" in md

@@ -11,7 +11,7 @@ from tinymodels import make_llama, make_tokenizer
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import TextPipeline
 from tuneproof.evaluation.fingerprint import eval_fingerprint
-from tuneproof.evaluation.generate import generate
+from tuneproof.modalities.text import generate
 from tuneproof.preflight.eval_batch import check_batch_invariance, length_spread_sample
 from tuneproof.study import Eval, Prompt
 

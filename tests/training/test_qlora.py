@@ -19,6 +19,7 @@ import yaml
 from tiny_study import make_study, prepare_study
 from tuneproof.context import parse_study
 from tuneproof.errors import TuneproofError
+from tuneproof.modalities.text import CAUSAL_LM
 from tuneproof.models import quant
 from tuneproof.preflight.qlora import check_quant_storage, check_step_values, measure_step
 
@@ -226,7 +227,7 @@ def test_a_device_where_4bit_does_not_run_is_a_two_line_error(tiny_base, monkeyp
         "llm_int8_skip_modules": None,
     }
     with pytest.raises(TuneproofError) as err:
-        load_model(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"), "causal-lm", quantization=rec)
+        load_model(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"), CAUSAL_LM, quantization=rec)
     lines = str(err.value).splitlines()
     assert len(lines) == 2
     assert lines[0] == (
@@ -257,8 +258,8 @@ def _qlora_model(tiny_base, compute="fp32"):
     )
     ref = BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local")
     rec = quant.quantization_record(method, compute)
-    model = load_model(ref, "causal-lm", quantization=rec)
-    return apply_method(model, method, "causal-lm", quantization=rec)
+    model = load_model(ref, CAUSAL_LM, quantization=rec)
+    return apply_method(model, method, CAUSAL_LM, quantization=rec)
 
 
 def _batch(tiny_base):
@@ -298,7 +299,7 @@ def test_qlora_one_step_is_finite_non_zero_and_differs_from_full_precision(qbase
     vocab = model.config.vocab_size
     assert abs(m["loss"] - math.log(vocab)) < 0.1  # a random base predicts near-uniformly: ln V nats
     assert m["grad_norm"] > 0 and m["tensors_with_grad"] == 8  # 2 layers x 2 targets x (A, B)
-    full = load_model(BaseModelRef("tiny", qbase, "local", "causal-lm", "local"), "causal-lm")
+    full = load_model(BaseModelRef("tiny", qbase, "local", "causal-lm", "local"), CAUSAL_LM)
     with torch.no_grad():
         plain = float(batch_loss(full, batch))
     assert 0 < abs(m["loss"] - plain) < 0.05  # 4-bit weights: close to, not equal to, the fp32 base
@@ -511,7 +512,7 @@ def test_trainable_summary_counts_the_4bit_weights_not_their_storage(qbase):
     from tuneproof.models.targets import trainable_summary
 
     model, report = _qlora_model(qbase)
-    full = load_model(BaseModelRef("tiny", qbase, "local", "causal-lm", "local"), "causal-lm")
+    full = load_model(BaseModelRef("tiny", qbase, "local", "causal-lm", "local"), CAUSAL_LM)
     base_total = sum(p.numel() for p in full.parameters())
     s = trainable_summary(model)
     assert s["trainable"] == report["trainable"] == 2048

@@ -14,13 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from PIL import ImageOps
 
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -114,6 +116,8 @@ class ImagePipeline:
                 f"{example.meta.get('image')}: the image processor failed ({type(err).__name__}: {str(err)[:160]})",
                 hint="check data.image (mode, resize, center_crop)",
             ) from None
+        import torch  # noqa: PLC0415  (torch only once an image is encoded: importing the study context stays light)
+
         pixels = out["pixel_values"][0].to(torch.float32)
         enc = ImageEncoded(
             example.id,
@@ -137,6 +141,8 @@ class ImagePipeline:
 
 def collate_images(batch: list[ImageEncoded]) -> dict[str, torch.Tensor]:
     """``pixel_values [B, C, H, W]`` and, when every image has a class, ``labels [B]`` (class indices)."""
+    import torch  # noqa: PLC0415  (as in encode)
+
     shapes = {tuple(e.pixel_values.shape) for e in batch}
     if len(shapes) > 1:
         raise TuneproofError(f"images of several shapes in one batch ({sorted(shapes)})", hint="set data.image.resize")

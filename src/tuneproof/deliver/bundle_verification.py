@@ -53,29 +53,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from tuneproof.data.examples import Example
 from tuneproof.deliver.bundle import MANIFEST, MANIFEST_SHA, check_files, check_manifest_sha, read_manifest
 from tuneproof.deliver.claims import check_claims
-from tuneproof.deliver.image_bundle import compare_processor, processor_identity, reproduce_images
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, read_jsonl, sha256_file
-from tuneproof.models.base import BaseModelRef, load_image_processor, load_model, load_tokenizer
-from tuneproof.models.identity import (
-    compare_tokenizer,
-    compare_vocabulary,
-    compare_weights,
-    tokenizer_identity,
-    vocab_sha256,
-)
+from tuneproof.modalities import modality_for
+from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.identity import compare_vocabulary, compare_weights
 from tuneproof.models.method import cast_base_for_inference, load_adapter_onto
 
 DEVICE_ATOL = {"cpu": 1e-4, "cuda": 1e-3}  # largest allowed |logit difference| in fp32, see the module docstring
 BF16_ATOL = 5e-2  # largest allowed |logit difference| of a bf16-base procedure (see the module docstring)
 LOGIT_ATOL = DEVICE_ATOL["cpu"]
-TOP_TOKENS = 5  # next-token logits kept per generative example
 EXAMPLES_FILE = "verify/examples.jsonl"
 ENTRY_MODULE = "tuneproof.deliver.verify"  # ``python -m`` entry of the fresh process; bundles name it
 
@@ -98,10 +89,8 @@ def _ref(path: Path, manifest: dict[str, Any]):
 
 def load_tokenizer_at(path: Path, manifest: dict[str, Any]):
     """The tokenizer of the model folder ``path``, prepared exactly as training prepared it (an
-    image classifier: its image processor)."""
-    if manifest["procedure"]["model_kind"] == "image-classification":
-        return load_image_processor(_ref(path, manifest))
-    return load_tokenizer(_ref(path, manifest))
+    image classifier: its image processor), by the modality of ``procedure.model_kind``."""
+    return modality_for(manifest["procedure"]["model_kind"]).load_processor(_ref(path, manifest))
 
 
 def procedure_atol(procedure: dict[str, Any], device: str) -> float:
@@ -121,20 +110,15 @@ def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, w
     """
     proc = manifest["procedure"]
     held = proc.get("base_weights", "fp32")
-    labels = (
-        manifest.get("labels") if proc["model_kind"] in ("sequence-classification", "image-classification") else None
-    )
+    head = modality_for(proc["model_kind"]).head(proc["model_kind"])
+    labels = manifest.get("labels") if head.labels_from is not None else None
     if which == "merged":
-        model = cast_base_for_inference(
-            load_model(_ref(bundle / "merged", manifest), proc["model_kind"], labels=labels), held
-        )
+        model = cast_base_for_inference(load_model(_ref(bundle / "merged", manifest), head, labels=labels), held)
     elif manifest["payload"] == "model":
-        model = load_model(_ref(bundle / "model", manifest), proc["model_kind"], labels=labels)
+        model = load_model(_ref(bundle / "model", manifest), head, labels=labels)
     else:
         # qlora: the unquantized base quantized to 4-bit with the recorded config, as it was trained and evaluated
-        base = load_model(
-            _ref(base_path, manifest), proc["model_kind"], labels=labels, quantization=manifest.get("quantization")
-        )
+        base = load_model(_ref(base_path, manifest), head, labels=labels, quantization=manifest.get("quantization"))
         model = load_adapter_onto(base, bundle / "adapter", held)
     return model.to(proc.get("device", "cpu")).eval()
 
@@ -152,16 +136,6 @@ def procedure_autocast(procedure: dict[str, Any]):
 
 
 # --------------------------------------------------------------------------- predictions
-class _StoredPrompts:
-    """Stands in for the study's TextPipeline: the exact prompt text stored at export."""
-
-    def __init__(self, prompts: dict[str, str]):
-        self.prompts = prompts
-
-    def prompt_text(self, text: str) -> str:
-        return self.prompts[text]
-
-
 def reproduce(
     model, tokenizer, examples: list[dict[str, Any]], procedure: dict[str, Any], root: Path | None = None
 ) -> list[dict[str, Any]]:
@@ -169,9 +143,12 @@ def reproduce(
     ``procedure["dtype"]`` is ``bf16``; greedy, one batch of K, on ``procedure["device"]``: ``cpu``
     or ``cuda``, TF32 off).
 
-    Returns one dict per example: ``prediction`` and, for sequence classification, ``logits``
-    (list of floats, one per label), for generation ``next_token`` (the ``TOP_TOKENS`` highest
-    next-token logits after the prompt, as ``[[token id, logit], ...]``).
+    Returns one dict per example, from the modality of ``procedure.model_kind``
+    (:meth:`tuneproof.modalities.base.Modality.reproduce`; ``root``: the bundle, which holds an image
+    study's ``verify/images/``): ``prediction`` and, for a classification head, ``logits`` (list of
+    floats, one per label), for generation ``next_token`` (the
+    :data:`~tuneproof.modalities.text.TOP_TOKENS` highest next-token logits after the prompt, as
+    ``[[token id, logit], ...]``).
     """
     import torch  # noqa: PLC0415
 
@@ -180,48 +157,16 @@ def reproduce(
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    out: list[dict[str, Any]] = []
-    autocast = procedure_autocast(procedure)
-    if procedure["model_kind"] == "image-classification":  # ``root``: the bundle holding verify/images/
-        with autocast():
-            return reproduce_images(model, tokenizer, examples, procedure, Path(root))
-    with torch.inference_mode():
-        if procedure["model_kind"] == "sequence-classification":
-            enc = tokenizer(
-                [e["input"] for e in examples],
-                padding=True,
-                truncation=True,
-                max_length=procedure["max_length"],
-                return_tensors="pt",
-            )
-            with autocast():
-                logits = model(**{k: v.to(device) for k, v in enc.items()}).logits.float().cpu()
-            labels = procedure["labels"]
-            for row in logits:
-                out.append({"prediction": labels[int(row.argmax())], "logits": [float(x) for x in row]})
-            return out
-        from tuneproof.evaluation.generate import generate  # noqa: PLC0415 - imports torch (checks 0-4 run without it)
-
-        exs = [Example(id=e["id"], text=e["input"]) for e in examples]
-        cfg = SimpleNamespace(
-            batch_size=max(1, len(exs)), max_new_tokens=procedure["max_new_tokens"], do_sample=False, temperature=1.0
-        )
-        preds = generate(
-            model,
-            tokenizer,
-            _StoredPrompts({e["input"]: e["prompt"] for e in examples}),
-            exs,
-            cfg,
-            device=device,
-            autocast=autocast,
-        )
-        for e, p in zip(examples, preds):
-            ids = torch.tensor([tokenizer(e["prompt"], add_special_tokens=False)["input_ids"]], device=device)
-            with autocast():
-                last = model(input_ids=ids).logits[0, -1].float().cpu()
-            top = torch.topk(last, min(TOP_TOKENS, last.numel()))
-            out.append({"prediction": p, "next_token": [[int(i), float(v)] for i, v in zip(top.indices, top.values)]})
-    return out
+    kind = procedure["model_kind"]
+    return modality_for(kind).reproduce(
+        model,
+        tokenizer,
+        examples,
+        procedure,
+        Path(root) if root is not None else None,
+        device=device,
+        autocast=procedure_autocast(procedure),
+    )
 
 
 def _scores(rec: dict[str, Any]) -> list[float]:
@@ -393,30 +338,9 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
 
     tok_path = base_path if man["payload"] == "adapter" else bundle / "model"
     tokenizer = load_tokenizer_at(tok_path, man)
-    if man["procedure"]["model_kind"] == "image-classification":
-        problems = compare_processor(man["tokenizer"], processor_identity(tokenizer, man["procedure"]))
-        ok = _check(
-            report,
-            "image processor",
-            not problems,
-            f"{man['tokenizer'].get('class')}, config sha256 "
-            f"{str(man['tokenizer'].get('config_sha256'))[:16]}" + (" identical" if not problems else " differs"),
-            problems,
-        )
-        if not ok:
-            return _done(report, t0)
-    elif not _check(
-        report,
-        "tokenizer",
-        not (
-            problems := compare_tokenizer(
-                man["tokenizer"], {**tokenizer_identity(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)}
-            )
-        ),
-        f"{man['tokenizer'].get('class')}, vocabulary {man['tokenizer'].get('vocab_size')}, probe hash "
-        f"{str(man['tokenizer'].get('probe_hash'))[:16]}" + (" identical" if not problems else " differs"),
-        problems,
-    ):
+    # the tokenizer check, or the image processor's: the modality of procedure.model_kind
+    name, problems, detail = modality_for(man["procedure"]["model_kind"]).verify_processor(man, tokenizer)
+    if not _check(report, name, not problems, detail, problems):
         return _done(report, t0)
 
     stored = read_jsonl(bundle / EXAMPLES_FILE)

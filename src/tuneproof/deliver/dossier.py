@@ -35,6 +35,14 @@ from tuneproof.deliver.rental_plan import cost_lines, load_plan
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.screen import fmt_p, guard_lines
 from tuneproof.io import read_jsonl, sha256_json
+from tuneproof.modalities.base import (
+    LOSS_NORMALISATION,
+    SUGGESTED_MAX_LENGTH,
+    TEXT_CHECK_LINES,
+    TEXT_CHECKS,
+    TOKEN_LENGTHS,
+    Modality,
+)
 from tuneproof.registry import iso, override_flags
 from tuneproof.tasks import get_task
 
@@ -572,7 +580,10 @@ def _lineage(ev: _Evidence) -> list[dict]:
     return [{"type": "pre", "text": "\n".join(lines)}]
 
 
-def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
+def _data_check(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
+    """The data check's verdict, sizes and, as the modality declares them (``dossier_sections``),
+    the token lengths, the suggested max_length and the text checks (duplicates, encoding)."""
+    sections = modality.dossier_sections
     r = ev.latest("data-check", any_status=True)
     if not r:
         return [_paragraph(f"{NOT_RUN} (`tuneproof data check`)")]
@@ -588,14 +599,14 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
     if isinstance(s.get("sizes"), dict):
         blocks.append(_paragraph("split sizes: " + ", ".join(f"{k} {v}" for k, v in s["sizes"].items())))
     lengths = s.get("lengths") if isinstance(s.get("lengths"), dict) else {}
-    if lengths:
+    if lengths and TOKEN_LENGTHS in sections:
         rows = [
             [k, v.get("p50"), v.get("p95"), v.get("max"), v.get("truncated_share")]
             for k, v in lengths.items()
             if isinstance(v, dict)
         ]
         blocks.append(_table(["split", "p50 tokens", "p95 tokens", "max tokens", "share truncated"], rows))
-    if s.get("suggest_max_length"):
+    if s.get("suggest_max_length") and SUGGESTED_MAX_LENGTH in sections:
         blocks.append(
             _paragraph(
                 f"suggested max_length: {s['suggest_max_length']} (configured: {ev.ctx.study.training.max_length})"
@@ -603,7 +614,7 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
         )
     rep = ev.json(r.id, "data_check.json") or {}
     dup_rows, examples = _duplicate_rows(rep.get("dedup") if isinstance(rep, dict) else None)
-    if dup_rows:
+    if dup_rows and TEXT_CHECKS in sections:  # the text duplicate finder's (an image study's are in its image audit)
         blocks.append(
             _paragraph(
                 "duplicates across splits first (the second split's examples that "
@@ -621,14 +632,16 @@ def _data_check(ev: _Evidence, plots: bool) -> list[dict]:
             )
     elif s.get("duplicates"):
         blocks.append({"type": "list", "items": [str(x) for x in s["duplicates"]]})
-    other = [
-        (k, v)
-        for k, v in flatten(s)
-        if k.split(".")[0] not in ("sizes", "lengths", "duplicates", "passed", "hard_faults", "suggest_max_length")
-    ]
+    shown = (
+        s
+        if TEXT_CHECKS in sections or not isinstance(s.get("checks"), list)
+        else {**s, "checks": [c for c in s["checks"] if not str(c).startswith(TEXT_CHECK_LINES)]}
+    )
+    shown_apart = ("sizes", "lengths", "duplicates", "passed", "hard_faults", "suggest_max_length")
+    other = [(k, v) for k, v in flatten(shown) if k.split(".")[0] not in shown_apart]
     if other:
         blocks.append(_table(["key", "value"], other[:30]))
-    if plots:
+    if plots and TOKEN_LENGTHS in sections:
         raw = _raw_lengths(rep)
         stats = ((rep.get("lengths") or {}).get("splits") if isinstance(rep.get("lengths"), dict) else None) or lengths
         blocks += _fig(
@@ -742,11 +755,13 @@ _STEP_MEM = re.compile(
 )
 
 
-def _plain(key: str) -> tuple[str, str, float | None]:
-    """``(plain name, unit, factor)`` of a dotted preflight key; ``factor`` converts bytes to GiB."""
+def _plain(key: str, rate: str = "tokens") -> tuple[str, str, float | None]:
+    """``(plain name, unit, factor)`` of a dotted preflight key; ``factor`` converts bytes to GiB;
+    ``rate``: what the training throughput counts (``Modality.unit``)."""
     last = key.split(".")[-1]
     if last in PREFLIGHT_NAMES:
         name, unit = PREFLIGHT_NAMES[last]
+        unit = f"{rate}/s" if unit == "tokens/s" else unit
         ctx = key.split(".")[:-1]
         if ctx and ctx[0] not in ("memory", "throughput", "smoke"):
             name += f" ({' '.join(ctx)})"
@@ -765,8 +780,8 @@ def _plain(key: str) -> tuple[str, str, float | None]:
     return words, "", None
 
 
-def _label(key: str, unit: bool = False) -> str:
-    """A plot label for a preflight key: its plain name (with the unit when ``unit``)."""
+def _label(key: str, unit: bool = False, rate: str = "tokens") -> str:
+    """A plot label for a preflight key: its plain name (with the unit when ``unit``; ``rate`` as in :func:`_plain`)."""
     m = _STEP_MEM.match(key.split(".")[-1])
     if m:
         what = {
@@ -778,16 +793,16 @@ def _label(key: str, unit: bool = False) -> str:
             "measured_over_estimate": "measured / estimate",
         }[m.group(2) or m.group(4)]
         return f"L{m.group(1) or m.group(3)}: {what}"
-    name, u, _ = _plain(key)
+    name, u, _ = _plain(key, rate)
     return f"{name} ({u})" if unit and u else name
 
 
-def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
+def preflight_tables(summary: dict, rate: str = "tokens") -> tuple[list[list], list[list]]:
     """The preflight summary as two tables: step memory per sequence length ``[length, estimate,
     measured peak, in-step estimate, in-step measured, the step's tensors measured, measured /
     estimate]`` (GiB, 2 decimals; the ratio of the step's tensors to the in-step estimate) and every
     other number ``[plain name, value, unit]``; raw keys such as ``memory.L37_estimate_in_step_gib``
-    become "the step adds, estimate" at length 37."""
+    become "the step adds, estimate" at length 37; ``rate``: what the throughput counts (``Modality.unit``)."""
     memory = summary.get("memory") if isinstance(summary.get("memory"), dict) else {}
     by_len: dict[int, dict[str, float]] = {}
     for k, v in memory.items():
@@ -817,7 +832,7 @@ def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
     for k, v in flatten(rest, depth=4):
         if isinstance(v, str) and len(v) >= 200 or v is None:
             continue
-        name, unit, factor = _plain(k)
+        name, unit, factor = _plain(k, rate)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             val = v * factor if factor else v
             shown = (
@@ -835,7 +850,7 @@ def preflight_tables(summary: dict) -> tuple[list[list], list[list]]:
     return mem_rows, rows
 
 
-def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
+def _preflight(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
     r = ev.latest("preflight", any_status=True)
     if not r:
         return [_paragraph(f"{NOT_RUN} (`tuneproof preflight`)")]
@@ -863,7 +878,7 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
                 rows.append([name, _fmt(c), ""])
     if rows:
         blocks.append(_table(["check", "passed", "detail"], rows))
-    mem_rows, rows = preflight_tables(s)
+    mem_rows, rows = preflight_tables(s, modality.unit)
     if mem_rows:
         blocks.append(
             _paragraph(
@@ -920,7 +935,7 @@ def _preflight(ev: _Evidence, plots: bool) -> list[dict]:
             for g in [_gib(k, v)]
             if g is not None
         }
-        thr = {_label(k, unit=True): v for k, v in nums if _THR.search(k)}
+        thr = {_label(k, unit=True, rate=modality.unit): v for k, v in nums if _THR.search(k)}
         blocks += _fig(memory_throughput(mem, thr), "step memory and throughput (preflight)")
     return blocks
 
@@ -938,7 +953,9 @@ def _speedups_cell(summary: dict) -> str:
     return cell if summary.get("steps") is not None or used else "-"
 
 
-def _training(ev: _Evidence, plots: bool) -> list[dict]:
+def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
+    """Every train run (steps, losses, seconds, the rate in the modality's unit, speed-ups) and, where the
+    modality declares it, the loop's loss normalisation; the loss curves."""
     trains = [r for r in ev.runs if r.kind == "train"]
     if not trains:
         return [_paragraph(f"{NOT_RUN} (`tuneproof train`)")]
@@ -976,7 +993,7 @@ def _training(ev: _Evidence, plots: bool) -> list[dict]:
                 "first loss",
                 "final loss",
                 "seconds",
-                "tokens/s",
+                f"{modality.unit}/s",
                 "trainable params",
                 "dtype",
                 "speed-ups",
@@ -985,7 +1002,7 @@ def _training(ev: _Evidence, plots: bool) -> list[dict]:
         )
     ]
     norm = next((r.summary.get("loss_normalisation") for r in trains if r.summary.get("loss_normalisation")), None)
-    if norm:
+    if norm and LOSS_NORMALISATION in modality.dossier_sections:
         blocks.append(_paragraph(f"loss normalisation: {norm}"))
     if plots:
         blocks += _fig(loss_curves(series), "training loss curves (runs/<id>/metrics.jsonl)")
@@ -1404,15 +1421,16 @@ def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[s
     hypothesis instead of the frozen one. ``"incomplete"``: :func:`missing_evidence` (then the first
     screen and the Verdict section say ``INCOMPLETE: ...`` instead of a verdict)."""
     ev = _Evidence(ctx, use_edited)
+    modality = ctx.modality  # what applies: token lengths and the loop's normalisation to text, the rate's unit
     sections = [
         ("summary", "Summary", _summary(ev)),
         ("hypothesis", "Hypothesis and guards", _hypothesis(ev)),
         ("baseline", "Baseline", _baseline(ev)),
         ("runs", "Runs (all of them)", _runs(ev)),
         ("lineage", "Variants (lineage)", _lineage(ev)),
-        ("data-check", "Data check", _data_check(ev, plots)),
-        ("preflight", "Preflight", _preflight(ev, plots)),
-        ("training", "Training", _training(ev, plots)),
+        ("data-check", "Data check", _data_check(ev, plots, modality)),
+        ("preflight", "Preflight", _preflight(ev, plots, modality)),
+        ("training", "Training", _training(ev, plots, modality)),
         ("comparisons", "Comparisons with the baseline", _comparisons(ev, plots)),
         ("test-log", "Test split access log", _test_log(ev)),
         ("verdict", "Verdict", _verdict(ev)),

@@ -8,7 +8,7 @@ A backend turns rendered prompts (``pipeline.prompt_text``) into answers::
 or None for the base alone. Two implementations (study key ``eval.backend``):
 
 - :class:`TransformersBackend` (``transformers``, the default): the procedure of
-  :func:`tuneproof.evaluation.generate.generate_prompts` (length-sorted, left-padded batches,
+  :func:`tuneproof.modalities.text.generate_prompts` (length-sorted, left-padded batches,
   ``model.generate``) on a transformers model, the adapter through PEFT.
 - :class:`VllmBackend` (``vllm``): ``vllm.LLM`` (imported lazily; CUDA only, installed separately)
   with ``enable_lora`` and a ``LoRARequest`` per adapter, greedy ``SamplingParams(temperature=0,
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.modalities.text import generate_prompts
 
 BACKENDS = ("transformers", "vllm")
 CHECK_NAME = "eval backend check"
@@ -125,8 +126,6 @@ class TransformersBackend:
         *,
         progress: Callable[[int], None] | None = None,
     ) -> list[str]:
-        from tuneproof.evaluation.generate import generate_prompts  # noqa: PLC0415
-
         want = _resolved(adapter_dir)
         cfg = self.eval_cfg.model_copy(update={"max_new_tokens": int(max_new_tokens)})
         if want is not None and want != self.adapter_dir:

@@ -29,6 +29,7 @@ from typing import Any
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file_cached, write_json
+from tuneproof.models.heads import Head
 from tuneproof.models.quant import bnb_config, keep_training_kernels, require_4bit_device
 from tuneproof.ui import console
 
@@ -189,8 +190,9 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, revision: str) -> 
     return build_once(dest, write, revision, what=gguf_file)
 
 
-def resolve_base(spec) -> BaseModelRef:
-    """Resolve ``model`` of the study to a local folder and its exact identity.
+def resolve_base(spec, detect_kind: Callable[[dict[str, Any]], str]) -> BaseModelRef:
+    """Resolve ``model`` of the study to a local folder and its exact identity; ``detect_kind``
+    reads the model kind from a folder's ``config.json`` (:func:`tuneproof.modalities.detect_kind`).
 
     Raises:
         TuneproofError: unknown alias package, missing folder, hub id without a revision or not in
@@ -243,7 +245,9 @@ def resolve_base(spec) -> BaseModelRef:
                 hint="point model.base at the right snapshot or fix model.revision",
             )
         revision = spec.revision or recorded or f"sha256:{combined}"
-        return BaseModelRef(name, path, revision, _kind_from_config(path), "local", weights, spec.trust_remote_code)
+        return BaseModelRef(
+            name, path, revision, _kind_from_config(path, detect_kind), "local", weights, spec.trust_remote_code
+        )
 
     # hub id
     if not spec.revision:
@@ -265,47 +269,18 @@ def resolve_base(spec) -> BaseModelRef:
         ) from None
     local = Path(local)
     return BaseModelRef(
-        name, local, spec.revision, _kind_from_config(local), "hub", weight_hashes(local), spec.trust_remote_code
+        name,
+        local,
+        spec.revision,
+        _kind_from_config(local, detect_kind),
+        "hub",
+        weight_hashes(local),
+        spec.trust_remote_code,
     )
 
 
-#: model types read as image classifiers when config.json names no architecture
-IMAGE_MODEL_TYPES = {
-    "vit",
-    "deit",
-    "beit",
-    "convnext",
-    "convnextv2",
-    "resnet",
-    "swin",
-    "swinv2",
-    "efficientnet",
-    "mobilenet_v2",
-    "mobilevit",
-    "regnet",
-    "dinov2",
-}
-
-
-def _kind_from_config(path: Path) -> str:
-    cfg = json.loads((path / "config.json").read_text())
-    archs = " ".join(cfg.get("architectures") or [])
-    if "ForImageClassification" in archs or cfg.get("model_type") in IMAGE_MODEL_TYPES:
-        return "image-classification"
-    if "CausalLM" in archs or "LMHead" in archs:
-        return "causal-lm"
-    if cfg.get("model_type") in {
-        "bert",
-        "roberta",
-        "distilbert",
-        "deberta",
-        "deberta-v2",
-        "electra",
-        "xlm-roberta",
-        "modernbert",
-    }:
-        return "sequence-classification"
-    return "causal-lm"
+def _kind_from_config(path: Path, detect_kind: Callable[[dict[str, Any]], str]) -> str:
+    return detect_kind(json.loads((path / "config.json").read_text()))
 
 
 def model_kind(spec, ref: BaseModelRef) -> str:
@@ -341,79 +316,61 @@ def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
 
 def load_model(
     ref: BaseModelRef,
-    kind: str,
+    head: Head,
     *,
     dtype=None,
     labels: list[str] | None = None,
     quantization: dict[str, Any] | None = None,
 ):
-    """Load the base model in ``dtype`` (default fp32). Sequence classification gets a fresh head
-    with ``len(labels)`` outputs and ``id2label``/``label2id`` set. When the tokenizer saved in the
-    folder has more tokens than the embedding has rows (added tokens), the embeddings are resized
-    to it first (:func:`fit_embeddings`), so training, evaluation and every reload see the same shapes.
+    """Load the base model with ``head`` (its model kind, :class:`tuneproof.models.heads.Head`) in
+    ``dtype`` (default fp32). A classification head gets ``len(labels)`` outputs and
+    ``id2label``/``label2id`` set (a new head, ``head.new_head``: the base's own is replaced). For
+    token inputs, when the tokenizer saved in the folder has more tokens than the embedding has rows
+    (added tokens), the embeddings are resized to it first (:func:`fit_embeddings`), so training,
+    evaluation and every reload see the same shapes.
 
     ``quantization``: a :func:`tuneproof.models.quant.quantization_record` (``method.kind: qlora``):
     the linear layers are quantized to 4-bit by bitsandbytes while loading (transformers'
     ``BitsAndBytesConfig``; on the CUDA device when there is one, else on the CPU), the other
-    weights stay in ``dtype``."""
+    weights stay in ``dtype``.
+
+    Raises:
+        TuneproofError: a classification head without labels (names where the labels come from)."""
     import torch  # noqa: PLC0415
 
     dtype = dtype or torch.float32
     what = " in 4-bit " + quantization["bnb_4bit_quant_type"] if quantization else ""
     with console.status(f"loading {ref.name} ({ref.revision[:19]}){what}"):
-        return _load(ref, kind, dtype, labels, quantization)
+        return _load(ref, head, dtype, labels, quantization)
 
 
-def _load(ref: BaseModelRef, kind: str, dtype, labels: list[str] | None, quantization: dict[str, Any] | None = None):
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
+def _load(ref: BaseModelRef, head: Head, dtype, labels: list[str] | None, quantization: dict[str, Any] | None = None):
+    import transformers  # noqa: PLC0415
 
     quant: dict[str, Any] = {}
     if quantization:
         require_4bit_device()  # 4-bit layers run here (CUDA, or bitsandbytes' CPU kernels), else a two-line error
         quant = {"quantization_config": bnb_config(quantization)}
-    if kind == "image-classification":
-        from transformers import AutoModelForImageClassification  # noqa: PLC0415
-
+    classes: dict[str, Any] = {}
+    if head.labels_from is not None:
         if not labels:
-            raise TuneproofError("image classification needs labels (class folders or data.fields.label)")
-        # a new head for the study's labels (the base's own head, if any, has other classes)
-        model = AutoModelForImageClassification.from_pretrained(
-            ref.path,
-            num_labels=len(labels),
-            id2label=dict(enumerate(labels)),
-            label2id={name: i for i, name in enumerate(labels)},
-            ignore_mismatched_sizes=True,
-            dtype=dtype,
-            trust_remote_code=ref.trust_remote_code,
-            **quant,
-        )
-        if quantization:
-            keep_training_kernels(model)
-        return model
-    if kind == "sequence-classification":
-        if not labels:
-            raise TuneproofError("sequence classification needs labels (data.fields.label)")
-        model = AutoModelForSequenceClassification.from_pretrained(
-            ref.path,
-            num_labels=len(labels),
-            id2label=dict(enumerate(labels)),
-            label2id={name: i for i, name in enumerate(labels)},
-            dtype=dtype,
-            trust_remote_code=ref.trust_remote_code,
-            **quant,
-        )
-    else:
-        model = AutoModelForCausalLM.from_pretrained(
-            ref.path, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant
-        )
-    model.config.pad_token_id = (
-        model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
-    )
+            raise TuneproofError(f"{head.what} needs labels ({head.labels_from})")
+        classes = {
+            "num_labels": len(labels),
+            "id2label": dict(enumerate(labels)),
+            "label2id": {name: i for i, name in enumerate(labels)},
+        }
+    if head.new_head:  # a new head for the study's labels (the base's own head, if any, has other classes)
+        classes["ignore_mismatched_sizes"] = True
+    auto = getattr(transformers, head.auto_class)
+    model = auto.from_pretrained(ref.path, **classes, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
+    if head.token_inputs and model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
     if (
         quantization
     ):  # evaluation must not switch the 4-bit layers to a kernel without gradients (quant.keep_training_kernels)
         keep_training_kernels(model)
-    n_tokens = _tokenizer_length(ref)
+    n_tokens = _tokenizer_length(ref) if head.token_inputs else None
     if n_tokens is not None:
         fit_embeddings(model, n_tokens)
     return model

@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.models.base import BaseModelRef, load_model
-from tuneproof.models.identity import vocabulary_record
+from tuneproof.models.heads import Head
 from tuneproof.models.method import apply_method
 
 
 def build_model(
     base: BaseModelRef,
-    kind: str,
+    head: Head,
     method,
     *,
     device,
-    tokenizer,
     labels: list[str] | None = None,
     quantization: dict[str, Any] | None = None,
     activation_checkpointing: bool = False,
@@ -28,30 +27,25 @@ def build_model(
 
     Args:
         base: the resolved base (:func:`tuneproof.models.base.resolve_base`).
-        kind: the model kind (:func:`tuneproof.models.base.model_kind`).
+        head: the model kind's :class:`~tuneproof.models.heads.Head`.
         method: the study's ``method`` section.
         device: the ``torch.device`` the model is moved to.
-        tokenizer: the tokenizer (its vocabulary is recorded) or, for an image classifier, its image processor.
         labels: the labels of a classification head, else None.
         quantization: qlora: the :func:`tuneproof.models.quant.quantization_record` the base is loaded with.
         activation_checkpointing: ``training.activation_checkpointing``.
 
     Returns:
-        ``(model, report)``: report as :func:`tuneproof.models.method.apply_method`'s, plus ``vocabulary``
-        (:func:`tuneproof.models.identity.vocabulary_record`) for a text model.
+        ``(model, report)``: report as :func:`tuneproof.models.method.apply_method`'s.
 
     Raises:
-        CheckFailed: a target pattern that matches no module, an image head not in modules_to_save.
+        CheckFailed: a target pattern that matches no module, a new head (``head.new_head``) not in modules_to_save.
     """
-    model = load_model(base, kind, labels=labels, quantization=quantization)  # qlora: 4-bit base
+    model = load_model(base, head, labels=labels, quantization=quantization)  # qlora: 4-bit base
     if activation_checkpointing:
         # non-reentrant checkpointing: gradients reach LoRA weights without input grads (docs/CASES.md C7)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    model, report = apply_method(model, method, kind, quantization=quantization)
-    if kind != "image-classification":  # an image processor has no vocabulary
-        # base rows before resizing, added tokens (docs/CASES.md C6 kind)
-        report["vocabulary"] = vocabulary_record(base.path, tokenizer)
+    model, report = apply_method(model, method, head, quantization=quantization)
     return model.to(device), report
 
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.models.heads import Head
 from tuneproof.models.quant import quantized_modules
 from tuneproof.models.targets import match_target_modules, trainable_summary
 
 
-def apply_method(model, method, kind: str, quantization: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+def apply_method(model, method, head: Head, quantization: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """Wrap ``model`` for the study's method and report what is trained.
 
     Args:
         model: a transformers model (``method.kind: qlora``: loaded with ``quantization``,
             :func:`tuneproof.models.base.load_model`).
         method: the study's ``method`` section.
-        kind: ``causal-lm`` or ``sequence-classification``.
+        head: the model kind's :class:`~tuneproof.models.heads.Head` (PEFT task type, a new head to train).
         quantization: qlora: the :func:`tuneproof.models.quant.quantization_record` it was loaded with.
 
     Returns:
@@ -60,16 +61,14 @@ def apply_method(model, method, kind: str, quantization: dict[str, Any] | None =
     if not match["passed"]:
         raise CheckFailed(match["message"], hint="use module names of this model (see `tuneproof preflight`)")
     modules_to_save = list(method.modules_to_save)
-    if kind == "image-classification" and not modules_to_save:
-        head = "classifier" if hasattr(model, "classifier") else None
+    if head.new_head and not modules_to_save:
+        name = "classifier" if hasattr(model, "classifier") else None
         raise CheckFailed(
-            "the image classifier's new head would stay at its random initialisation: method.modules_to_save is empty",
-            hint=f"set method.modules_to_save: [{head or 'the head module name'}] (CASES C6)",
+            f"the {head.new_head}'s new head would stay at its random initialisation: method.modules_to_save is empty",
+            hint=f"set method.modules_to_save: [{name or 'the head module name'}] (CASES C6)",
         )
-    # image classifiers have no PEFT task type: the PeftModel passes pixel_values through
-    task_type = {"sequence-classification": TaskType.SEQ_CLS, "image-classification": None}.get(
-        kind, TaskType.CAUSAL_LM
-    )
+    # a head without a PEFT task type: the PeftModel passes the inputs through
+    task_type = getattr(TaskType, head.peft_task_type) if head.peft_task_type else None
     cfg = LoraConfig(
         r=method.r,
         lora_alpha=method.alpha,

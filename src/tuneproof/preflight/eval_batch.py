@@ -1,6 +1,6 @@
 """Evaluation batch size: greedy outputs at ``eval.batch_size`` must equal those at batch size 1 (docs/CASES.md C22).
 
-Batched generation pads the shorter prompts (left padding here, ``evaluation/generate.py``). A
+Batched generation pads the shorter prompts (left padding here, ``modalities/text.py``). A
 model, attention implementation or padding side that lets the padding leak into the computation
 changes the outputs with the batch size alone; public harnesses have reported 0.259 vs 0.459 on one
 benchmark from the batch size. The check predicts a sample of evaluation examples one at a time and
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from tuneproof.modalities.text import classify, generate
 
 DEFAULT_SAMPLE = 16  # evaluation examples compared (at most; a full batch at the default eval.batch_size)
 
@@ -96,10 +98,8 @@ def check_batch_invariance(
 
 def check_study_eval_batch(ctx: Any, model, sample: int = DEFAULT_SAMPLE) -> dict[str, Any]:
     """:func:`check_batch_invariance` on the study's evaluation split with its own procedure
-    (``evaluation.generate.generate`` with ``eval.batch_size`` replaced, or ``classify`` for a
+    (``modalities.text.generate`` with ``eval.batch_size`` replaced, or ``classify`` for a
     classification head), on a length-spread sample of ``min(sample, eval.batch_size)`` examples."""
-    from tuneproof.evaluation.generate import classify, generate  # noqa: PLC0415
-
     ev = ctx.study.eval
     device, _, autocast = ctx.torch_setup()
     k = max(2, min(sample, ev.batch_size))

@@ -4,7 +4,7 @@ too.
 A run that trained for hours can die at its first evaluation: generation holds a KV cache that
 grows with every new token, and ``eval.batch_size`` is usually larger than the training
 micro-batch. This module measures the peak memory of one evaluation batch, at
-``eval.batch_size``, by the evaluation procedure of :mod:`tuneproof.evaluation.generate`, in its
+``eval.batch_size``, by the evaluation procedure of :mod:`tuneproof.modalities.text`, in its
 worst case:
 
 * causal LM: the ``eval.batch_size`` longest prompts of the evaluation split (by tokens),
@@ -59,7 +59,7 @@ def kv_cache_bytes(config: Any, batch: int, tokens: int, bytes_per_element: int)
 
 
 def generation_batch(tokenizer, prompts: list[str], batch_size: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The left-padded batch of the ``batch_size`` longest prompts (as ``evaluation.generate`` pads)."""
+    """The left-padded batch of the ``batch_size`` longest prompts (as ``modalities.text.generate`` pads)."""
     enc = sorted((tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts), key=len, reverse=True)
     chosen, repeated = _fill(enc, batch_size)
     width = max(len(e) for e in chosen)
@@ -75,7 +75,7 @@ def generation_batch(tokenizer, prompts: list[str], batch_size: int) -> tuple[di
 def classification_batch(
     tokenizer, texts: list[str], batch_size: int, max_length: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The ``batch_size`` longest texts, padded and truncated as ``evaluation.generate.classify`` does."""
+    """The ``batch_size`` longest texts, padded and truncated as ``modalities.text.classify`` does."""
     longest = sorted(
         texts, key=lambda t: len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]), reverse=True
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from tuneproof.modalities.image import classify_images
 from tuneproof.preflight.report import to_gib
 from tuneproof.training.memory import measure_step_peak
 
@@ -80,8 +81,6 @@ def check_image_eval_batch(
 ) -> dict[str, Any]:
     """docs/CASES.md C22 for images: predictions at ``eval.batch_size`` equal those one image at a time;
     names the first differing example."""
-    from tuneproof.evaluation.generate import classify_images  # noqa: PLC0415
-
     one = classify_images(model, pipeline, examples, labels, batch_size=1, device=device, autocast=autocast)
     many = classify_images(model, pipeline, examples, labels, batch_size=batch_size, device=device, autocast=autocast)
     diff = [e.id for e, a, b in zip(examples, one, many) if a != b]

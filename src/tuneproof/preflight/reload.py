@@ -23,7 +23,6 @@ from tuneproof.context import StudyContext
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.predict import predict
-from tuneproof.evaluation.scores import logit_scores
 from tuneproof.io import read_json, write_json
 from tuneproof.models.base import BaseModelRef, load_model
 from tuneproof.models.method import load_adapter_onto
@@ -46,8 +45,8 @@ def load_saved(ctx: StudyContext, payload: Path, payload_kind: str):
             "preflight-smoke",
             trust_remote_code=ctx.base.trust_remote_code,
         )
-        return load_model(ref, ctx.model_kind, labels=labels).to(device)
-    base = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=ctx.quantization)
+        return load_model(ref, ctx.head, labels=labels).to(device)
+    base = load_model(ctx.base, ctx.head, labels=labels, quantization=ctx.quantization)
     return load_adapter_onto(base, payload, ctx.base_weights).to(device)
 
 
@@ -106,7 +105,7 @@ def reload_in_fresh_process(
 
 def reload_main(argv: list[str]) -> int:
     """``python -m tuneproof.preflight.reload reload SPEC OUT``: the child of :func:`reload_in_fresh_process`.
-    Writes ``OUT`` (the predictions and :func:`~tuneproof.evaluation.scores.logit_scores`, or the error);
+    Writes ``OUT`` (the predictions and :meth:`~tuneproof.modalities.base.Modality.scores`, or the error);
     returns 0, or 2 for a wrong command line."""
     procs.die_with_parent()  # a killed preflight leaves no orphaned reload process
     if len(argv) != 3 or argv[0] != "reload":
@@ -131,7 +130,7 @@ def reload_main(argv: list[str]) -> int:
             for e in spec["examples"]
         ]
         preds = predict(ctx, model, examples, "reload")
-        scores = logit_scores(ctx, model, examples)
+        scores = ctx.modality.scores(ctx, model, examples)
         write_json(
             out,
             {

@@ -11,7 +11,6 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.evaluation.predict import predict
-from tuneproof.evaluation.scores import logit_scores
 from tuneproof.preflight.eval_memory import eval_batch_rate
 from tuneproof.preflight.reload import reload_in_fresh_process
 from tuneproof.preflight.report import PreflightReport, check_result
@@ -104,11 +103,11 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
     t0 = time.perf_counter()
     preds = predict(ctx, model, examples, "smoke eval")
     eval_s = time.perf_counter() - t0
-    scores = logit_scores(ctx, model, examples)
+    scores = ctx.modality.scores(ctx, model, examples)
     adapter_effect = None
     if ctx.study.method.kind in ("lora", "qlora") and ctx.model_kind != "sequence-classification":
         with model.disable_adapter():
-            base_scores = logit_scores(ctx, model, examples)
+            base_scores = ctx.modality.scores(ctx, model, examples)
         adapter_effect = max(
             (abs(a[1] - b[1]) for s, bs in zip(scores, base_scores) for a, b in zip(s, bs)), default=0.0
         )
@@ -148,7 +147,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
         f"{result['steps']} training steps; {len(examples)} evaluation examples predicted in {eval_s:.1f} s; "
         f"saved {payload_kind} ({len(saved_files)} files); reloaded in a fresh process in {child['seconds']:.1f} s: "
         f"{len(examples) - len(mismatches)} of {len(examples)} predictions identical, "
-        f"max |{'class' if ctx.is_image else 'next-token'} logit diff| "
+        f"max |{ctx.modality.logit} logit diff| "
         f"{logit_diff:.2e} (tolerance {tol:g})"
     )
     if adapter_effect is not None:
@@ -174,9 +173,9 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
     n = len(encoded)
     accum = cfg.gradient_accumulation_steps
 
-    def step_tokens(step: int) -> int:  # an image counts as one "token" (the rate is then images/s)
+    def step_tokens(step: int) -> int:  # the modality's units: tokens, or images (the rate is then images/s)
         window = window_at(n, cfg.micro_batch_size, accum, cfg.seed, step)
-        return sum(len(getattr(encoded[i], "input_ids", [0])) for idx in window for i in idx)
+        return sum(ctx.modality.units(encoded[i]) for idx in window for i in idx)
 
     timed = list(range(1, len(step_s))) or [0]
     secs = sum(step_s[i] for i in timed)
@@ -186,12 +185,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
     n_eval = len(ctx.eval_examples())
     eval_per_ex = eval_s / max(len(examples), 1)
     batch_rate = eval_batch_rate(report.get("eval memory"))
-    eval_basis = (
-        f"measured on {len(examples)} smoke examples"
-        if ctx.is_image
-        else f"measured on {len(examples)} smoke examples, an upper bound when the smoke model generates up to "
-        "eval.max_new_tokens"
-    )
+    eval_basis = f"measured on {len(examples)} smoke examples{ctx.modality.smoke_eval_note}"
     if batch_rate:  # one full batch at eval.batch_size: the rate evaluation runs at (batching amortises per-call costs)
         eval_per_ex = batch_rate["eval_batch_s_per_example"]
         eval_basis = (
@@ -214,7 +208,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
         check_result(
             "throughput",
             True,
-            f"{s_per_step:.2f} s/step, {tokens_per_s:.0f} {'images' if ctx.is_image else 'tokens'}/s at micro-batch "
+            f"{s_per_step:.2f} s/step, {tokens_per_s:.0f} {ctx.modality.unit}/s at micro-batch "
             f"{cfg.micro_batch_size} x {accum} (timed on step{'s' if len(timed) > 1 else ''} "
             f"{', '.join(str(i + 1) for i in timed)} of {len(step_s)}); the budget of "
             f"{steps_total} steps takes about {hms(steps_total * s_per_step)}; "

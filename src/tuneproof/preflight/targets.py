@@ -98,7 +98,8 @@ def check_target_modules(
 ) -> list[dict[str, Any]]:
     """The preflight's ``target modules`` (matches per pattern of ``method.target_modules``; zero
     matches fails, docs/CASES.md C5), ``trainable parameters`` (trainable/total, ``method.modules_to_save``) and
-    ``embedding size`` (embedding rows vs the tokenizer; none for an image classifier) checks.
+    ``embedding size`` (embedding rows vs the tokenizer; only where the modality lists it in
+    ``preflight_checks``: an image classifier has no token embeddings) checks.
 
     Args:
         model: the model ``build_model`` built, or None when it refused (``failure``: its first line);
@@ -119,7 +120,7 @@ def check_target_modules(
     else:
         match = (report or {}).get("targets")
         if match is None:  # build_model refused (docs/CASES.md C5): match on the plain base for the numbers
-            base = load_model(ctx.base, ctx.model_kind, labels=ctx.head_labels)
+            base = load_model(ctx.base, ctx.head, labels=ctx.head_labels)
             match = match_target_modules(base, method.target_modules)
             del base
         numbers = {p: v["count"] for p, v in match["patterns"].items()}
@@ -162,7 +163,7 @@ def check_target_modules(
             },
         )
     )
-    if ctx.is_image:  # no token embeddings to match against a vocabulary
+    if "embedding size" not in ctx.modality.preflight_checks:  # no token embeddings to match against a vocabulary
         return out
     emb = check_embedding_size(model, ctx.tokenizer)
     out.append(

@@ -1,6 +1,8 @@
 """Preflight check ``training data``: the train split through the trainer's exact preprocessing has
 no hard fault (what ``train`` refuses), with its token lengths p50/p95/max after truncation
-(``training.max_length``); for images, one model-input shape and no faulty image."""
+(``training.max_length``, :func:`check_text_training_data`); for images, one model-input shape and no
+faulty image (:func:`check_image_training_data`). The modality names which one runs
+(``Modality.preflight_checks``)."""
 
 from __future__ import annotations
 
@@ -13,32 +15,36 @@ from tuneproof.context import StudyContext
 from tuneproof.preflight.report import check_result
 
 
-def check_training_data(ctx: StudyContext, encoded: list) -> dict[str, Any]:
+def check_image_training_data(ctx: StudyContext, encoded: list) -> dict[str, Any]:
+    """The train images after the exact preprocessing (``encoded``: ``ctx.pipeline.encode_all`` of
+    them): no faulty image, one model-input shape ``[C, H, W]`` (a micro-batch stacks them)."""
+    bad = [e for e in encoded if e.faults]
+    shapes = sorted({tuple(e.pixel_values.shape) for e in encoded})
+    numbers = {
+        "examples": len(encoded),
+        "faulty": len(bad),
+        "tensor_shapes": [list(x) for x in shapes],
+        "flipped": sum(1 for e in encoded if e.flipped),
+    }
+    passed = bool(encoded) and not bad and len(shapes) == 1
+    message = (
+        f"{len(encoded)} train images, model input {list(shapes[0]) if shapes else '-'}, {numbers['flipped']} mirrored"
+        if passed
+        else f"{len(bad)} faulty images, tensor shapes {shapes} (one shape needed: set data.image.resize)"
+    )
+    return check_result(
+        "training data",
+        passed,
+        message,
+        numbers,
+        {"faults": [{"id": e.id, "faults": e.faults} for e in bad[:50]]} if bad else None,
+    )
+
+
+def check_text_training_data(ctx: StudyContext, encoded: list) -> dict[str, Any]:
     """The train split after the exact preprocessing (``encoded``: ``ctx.pipeline.encode_all`` of it):
     no hard fault, token lengths (after truncation)."""
     bad = [e for e in encoded if e.faults]
-    if ctx.is_image:
-        shapes = sorted({tuple(e.pixel_values.shape) for e in encoded})
-        numbers = {
-            "examples": len(encoded),
-            "faulty": len(bad),
-            "tensor_shapes": [list(x) for x in shapes],
-            "flipped": sum(1 for e in encoded if e.flipped),
-        }
-        passed = bool(encoded) and not bad and len(shapes) == 1
-        message = (
-            f"{len(encoded)} train images, model input {list(shapes[0]) if shapes else '-'}, "
-            f"{numbers['flipped']} mirrored"
-            if passed
-            else f"{len(bad)} faulty images, tensor shapes {shapes} (one shape needed: set data.image.resize)"
-        )
-        return check_result(
-            "training data",
-            passed,
-            message,
-            numbers,
-            {"faults": [{"id": e.id, "faults": e.faults} for e in bad[:50]]} if bad else None,
-        )
     lengths = [len(e.input_ids) for e in encoded]
     max_len = ctx.study.training.max_length
     numbers = {"examples": len(encoded), "faulty": len(bad), "max_length": max_len}

@@ -48,9 +48,7 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         )
         labels = ctx.head_labels
         # training.bf16_base_weights: the base evaluated as the candidate's will be, its weights in bf16
-        model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(
-            device
-        )
+        model = cast_base_for_inference(load_model(ctx.base, ctx.head, labels=labels), ctx.base_weights).to(device)
         if labels is not None:
             console.print(
                 "[yellow]note[/]: an encoder's classification head is untrained "

@@ -126,12 +126,12 @@ def load_trained(ctx: StudyContext, train_run_id: str):
             "run",
             trust_remote_code=ctx.base.trust_remote_code,
         )
-        return load_model(ref, ctx.model_kind, labels=labels).to(device)
+        return load_model(ref, ctx.head, labels=labels).to(device)
     adapter = run_dir / "adapter"
     if not (adapter / "adapter_config.json").exists():
         raise TuneproofError(f"{adapter}: no adapter_config.json", hint="the train run saved no adapter")
     # qlora: the base in 4-bit with the config the run trained on (its summary), not the study's current one
-    base = load_model(ctx.base, ctx.model_kind, labels=labels, quantization=rec.summary.get("quantization"))
+    base = load_model(ctx.base, ctx.head, labels=labels, quantization=rec.summary.get("quantization"))
     # training.bf16_base_weights: the base's weights in bf16 as training held them, the adapter in fp32
     return load_adapter_onto(base, adapter, trained_base_weights(ctx, rec.id)).to(device)
 

@@ -39,6 +39,7 @@ from tuneproof.data.lengths import length_stats
 from tuneproof.data.preprocess import visible
 from tuneproof.errors import CheckFailed
 from tuneproof.hypothesis import check_against_data
+from tuneproof.modalities.base import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHECKS, TOKEN_LENGTHS
 from tuneproof.recipes.common import record_inputs
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config
@@ -59,7 +60,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     with progress_bar("data check", n_all + sum(len(v) for v in to_encode.values())) as advance:
         # text duplicates (an image study's are found by the image audit, on the pixels, not the paths)
         dedup = find_duplicates(
-            {n: [] for n in splits} if ctx.is_image else splits,
+            ctx.modality.duplicate_input(splits),
             threshold=d.threshold,
             shingles=d.shingles,
             ngram=d.ngram,
@@ -73,8 +74,8 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
                 out += ctx.pipeline.encode_all(items[i : i + ENCODE_CHUNK])
                 advance(len(items[i : i + ENCODE_CHUNK]), f"encoding {name}")
     kind = get_task(ctx.task)
-    # the task kind's own audit (labels, targets, label sets; images: form, duplicates, shortcuts)
-    audit = kind.audit(splits, task_config(ctx), ctx.pipeline) if ctx.is_image else kind.audit(splits, task_config(ctx))
+    # the task kind's own audit (labels, targets, label sets) and the modality's (images: form, duplicates, shortcuts)
+    audit = ctx.modality.audit(kind, splits, task_config(ctx), ctx.pipeline)
     faults = [
         {
             "id": e.id,
@@ -170,7 +171,7 @@ def run_data_check(ctx: StudyContext) -> str:
             duplicates=[line for line in rep["warnings"] if "overlap" in line or "duplicate" in line][:6],
             checks=rep["checks"],
         )
-        _print(rep)
+        _print(rep, ctx.modality.dossier_sections)
         if not rep["passed"]:
             raise CheckFailed(
                 f"data check {run.id}: {len(rep['hard_faults'])} hard faults, first: {rep['hard_faults'][0]}",
@@ -205,7 +206,8 @@ def target_lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
-def _print(rep: dict[str, Any]) -> None:
+def _print(rep: dict[str, Any], sections: tuple[str, ...]) -> None:
+    """The data check's screen; ``sections``: the modality's (``Modality.dossier_sections``)."""
     console.print(
         f"data fingerprint {rep['fingerprint']['hash'][:16]}; splits "
         + ", ".join(f"{k} {v}" for k, v in rep["sizes"].items())
@@ -215,9 +217,9 @@ def _print(rep: dict[str, Any]) -> None:
             console.print(f"[yellow]skipped[/] {escape(r[len('skipped ') :])}", soft_wrap=True)
         else:
             console.print(f"[yellow]repaired[/] {escape(r)}", soft_wrap=True)
-    if rep.get("images"):
+    if IMAGE_FORM in sections:
         _print_images(rep["images"])
-    else:
+    if TOKEN_LENGTHS in sections:
         rows = [
             [k, fmt(v.get("p50"), 0), fmt(v.get("p95"), 0), v.get("max"), fmt(v.get("truncated_share"))]
             for k, v in rep["lengths"]["splits"].items()
@@ -230,17 +232,9 @@ def _print(rep: dict[str, Any]) -> None:
                 rows,
             )
         )
-    text_only = (
-        "duplicates",
-        "empty texts",
-        "texts with different labels",
-        "encoding faults",
-        "longer than max_length",
-    )
     warned = set(rep["warnings"])
-    for c in target_lines(rep) + [
-        c for c in rep.get("checks", []) if not (rep.get("images") and c.startswith(text_only))
-    ]:
+    lines = [c for c in rep.get("checks", []) if TEXT_CHECKS in sections or not c.startswith(TEXT_CHECK_LINES)]
+    for c in target_lines(rep) + lines:
         if c in warned or all(part in warned for part in c.split("; ")):  # said once, as the warning(s) below
             continue
         console.print("[cyan]check[/] " + escape(c), soft_wrap=True)

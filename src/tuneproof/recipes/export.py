@@ -71,12 +71,11 @@ from tuneproof.deliver.bundle_verification import (
     verify_in_fresh_process,
 )
 from tuneproof.deliver.card import model_card
-from tuneproof.deliver.image_bundle import copy_images
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.outputs import check_outputs, read_outputs
 from tuneproof.io import SCHEMA_VERSION, atomic_write_text, read_json, write_json, write_jsonl
-from tuneproof.models.identity import base_identity, vocabulary_record
+from tuneproof.models.identity import base_identity
 from tuneproof.recipes.common import (
     check_base,
     check_tokenizer,
@@ -326,15 +325,15 @@ def build_bundle(
                 f"modules_to_save {empty} have no tensor in {src / 'adapter' / 'adapter_model.safetensors'}",
                 hint="the trained module would be lost on reload; check method.modules_to_save",
             )
-        if kind in ("sequence-classification", "image-classification") and not mts:
+        if labels is not None and not mts:  # a classification head (sequence or image classifier)
             raise CheckFailed(
                 "the classification head is not in the saved adapter (modules_to_save is empty)",
                 hint="set method.modules_to_save: [classifier] (the head's module name) and train again",
             )
 
     # docs/CASES.md C6 kind: base size before resizing, added tokens (an image classifier has no vocabulary)
-    embeddings = None if ctx.is_image else _embeddings(base, tmp, payload)
-    vocabulary = None if ctx.is_image else vocabulary_record(base["path"], ctx.tokenizer)
+    vocabulary = ctx.modality.vocabulary_record(base["path"], ctx.tokenizer)
+    embeddings = None if vocabulary is None else _embeddings(base, tmp, payload)
 
     # evidence: eval, comparison, limits
     ev = _eval_of(ctx, rec.id)
@@ -390,11 +389,7 @@ def build_bundle(
             for e in ctx.eval_examples()
         ]
         chosen = pick_examples(rows, k)
-    if ctx.is_image:  # the images themselves travel with the bundle
-        copy_images(chosen, {e.id: e for e in ctx.all_splits[ctx.study.eval.split]}, tmp)
-    elif kind != "sequence-classification":
-        for c in chosen:
-            c["prompt"] = ctx.pipeline.prompt_text(c["input"])
+    extras = ctx.modality.bundle_extras(ctx, chosen, tmp)  # the exact prompts, or the images themselves
     held = trained_base_weights(ctx, rec.id)  # training.bf16_base_weights: trained and evaluated with the base in bf16
     procedure = {
         "model_kind": kind,
@@ -412,8 +407,7 @@ def build_bundle(
     procedure["tolerance"] = (
         f"predictions identical; logits within {procedure_atol(procedure, device)} (see tuneproof.deliver.verify)"
     )
-    if ctx.is_image:
-        procedure["image_transforms"] = ctx.study.data.image.model_dump(mode="json")
+    procedure.update(extras)
     man: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": BUNDLE_KIND,

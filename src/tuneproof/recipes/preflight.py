@@ -119,7 +119,7 @@ from tuneproof.preflight.scope import describe_changes, preflight_changes
 from tuneproof.preflight.smoke import SMOKE_CHECKS, check_smoke
 from tuneproof.preflight.step_memory import check_max_micro_batch, check_step_memory, print_memory_breakdown
 from tuneproof.preflight.targets import check_target_modules
-from tuneproof.preflight.training_data import check_training_data
+from tuneproof.preflight.training_data import check_image_training_data, check_text_training_data
 from tuneproof.preflight.update_check import check_update_step
 from tuneproof.recipes.common import record_inputs
 from tuneproof.training.loop import seed_everything
@@ -225,7 +225,8 @@ def _model_checks(
         return skip_rest("the backend cannot run this configuration")
     cfg = ctx.study.training
     encoded = ctx.pipeline.encode_all(ctx.split("train"))
-    data_check = rep.run("training data", lambda: check_training_data(ctx, encoded))
+    training_data = _named(TRAINING_DATA, ctx.modality.preflight_checks)
+    data_check = rep.run("training data", lambda: training_data(ctx, encoded))
     usable = [e for e in encoded if not e.faults]
     if not usable:
         return skip_rest("no usable train example")
@@ -259,10 +260,10 @@ def _model_checks(
     if ctx.study.method.kind == "qlora":
         rep.run("qlora storage", lambda: check_qlora_storage(ctx))
         rep.run("qlora step", lambda: check_qlora_step(model, probe, autocast))
-    if ctx.is_image:
-        _image_checks(ctx, rep, model, usable, probe, choice, budget, autocast)
-    else:
-        _text_checks(ctx, rep, model, usable, probe, pad, data_check, choice, budget, budget_source, find_max, autocast)
+    after_update = _named(AFTER_UPDATE, ctx.modality.preflight_checks)
+    after_update(ctx, rep, model, usable, probe, pad, data_check, choice, budget, budget_source, find_max, autocast)
+    for name, why in ctx.modality.preflight_skips:
+        rep.skip(name, why)
     if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would not fit
         return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
     _smoke(ctx, run, rep, model, usable, skip_rest)
@@ -320,8 +321,12 @@ def _image_checks(
     model,
     usable: list,
     probe: dict,
+    pad: int,
+    data_check: dict,
     choice: dict[str, Any],
     budget: int,
+    budget_source: str,
+    find_max: bool,
     autocast,
 ) -> None:
     """An image classifier's checks after the update check: step and eval memory on real images,
@@ -364,7 +369,17 @@ def _image_checks(
             ),
         ),
     )
-    rep.skip("embedding size", "an image classifier has no token embeddings")
+
+
+#: what the names in ``Modality.preflight_checks`` run: the ``training data`` check, and the checks
+#: after the update check (step and eval memory, accumulation, precision, activation checkpointing, C22 ...)
+TRAINING_DATA = {"text training data": check_text_training_data, "image training data": check_image_training_data}
+AFTER_UPDATE = {"text steps": _text_checks, "image steps": _image_checks}
+
+
+def _named(table: dict[str, Any], names: tuple[str, ...]):
+    """The entry of ``table`` that the modality's ``preflight_checks`` name."""
+    return next(table[n] for n in names if n in table)
 
 
 def _smoke(ctx: StudyContext, run, rep: PreflightReport, model, usable: list, skip_rest) -> None:

@@ -76,9 +76,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         device, _, _ = ctx.torch_setup()
         if cand == "base":
             labels = ctx.head_labels
-            model = cast_base_for_inference(load_model(ctx.base, ctx.model_kind, labels=labels), ctx.base_weights).to(
-                device
-            )
+            model = cast_base_for_inference(load_model(ctx.base, ctx.head, labels=labels), ctx.base_weights).to(device)
         else:
             model = load_trained(ctx, cand)
         console.print(

@@ -46,7 +46,6 @@ import torch.distributed as dist
 
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.evaluation.scores import logit_scores
 from tuneproof.io import read_json, write_json
 from tuneproof.models.build import save_trained
 from tuneproof.preflight.distributed_step import RESULT, run_checks
@@ -480,7 +479,7 @@ def save_and_verify(
     full = world.full_state(model)  # rank 0: whole tensors; others: {}
     examples = ctx.eval_examples()[:n_examples]
     fsdp = world.strategy == "fsdp"
-    scores = logit_scores(ctx, world.wrapped if fsdp else model, examples) if (fsdp or world.is_main) else None
+    scores = ctx.modality.scores(ctx, world.wrapped if fsdp else model, examples) if (fsdp or world.is_main) else None
     if not world.is_main:
         return None
     kind = ctx.study.method.kind

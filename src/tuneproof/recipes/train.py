@@ -129,7 +129,7 @@ def run_train(
             run.update_summary(**order)
         train_set = ctx.split("train")
         # images: the train-time transforms (data.image.horizontal_flip) apply to the train split only
-        encoded = ctx.pipeline.encode_all(train_set, train=True) if ctx.is_image else ctx.pipeline.encode_all(train_set)
+        encoded = ctx.modality.encode_for_training(ctx.pipeline, train_set)
         raise_on_faults(encoded, "train")
         loop.seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
         model, report = ctx.build_model()

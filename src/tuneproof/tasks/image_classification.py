@@ -3,18 +3,16 @@
 
 Parts in the order every task module has them (see :mod:`tuneproof.tasks.base`). The scorer,
 bootstrap statistics, per-example rule and label set are those of ``classification`` (a predicted
-label against the reference label; scikit-learn metrics, macro over the labels present); the
-reader and the audit are the image ones: per-class form (size, aspect, mode, format, and the
-tensor after the study's transform), duplicates across splits by file hash and perceptual hash,
-and the shortcut check (:mod:`tuneproof.data.image_audit`).
+label against the reference label; scikit-learn metrics, macro over the labels present), and so
+is the audit of the labels; the reader is the image one. The audit of the images themselves
+(per-class form, duplicates by file and perceptual hash, the shortcut check) is the image
+modality's (:meth:`tuneproof.modalities.image.ImageModality.audit`), as is everything else that
+differs from text.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from tuneproof.data.image_audit import audit_image_study
-from tuneproof.tasks.base import ReaderHints, TaskConfig
+from tuneproof.tasks.base import ReaderHints
 from tuneproof.tasks.classification import Classification
 
 
@@ -26,16 +24,6 @@ class ImageClassification(Classification):
         target="the label text itself",
         model_kinds=("image-classification",),
     )
-
-    def audit(self, splits: dict[str, list], cfg: TaskConfig, pipeline=None) -> dict[str, Any]:
-        """The label audit of ``classification`` plus the image audit; ``pipeline`` (the study's
-        :class:`~tuneproof.data.image_pipeline.ImagePipeline`) adds the after-transform form."""
-        out = super().audit(splits, cfg)
-        images = audit_image_study(splits, pipeline)
-        out["images"] = images
-        out["hard_faults"] += images["hard_faults"]
-        out["warnings"] += images["warnings"]
-        return out
 
 
 TASK = ImageClassification()

@@ -1,7 +1,6 @@
 """The layer rule of docs/ARCHITECTURE.md, enforced: a package of ``src/tuneproof`` imports only
-packages below it (every import, function-level ones included) and no two packages import each
-other, directly or through others. ``KNOWN_UPWARD`` lists the upward imports not yet moved; it
-only shrinks (an entry fixed must be removed, so the list stays true)."""
+packages below it (every import, function-level ones included), no two packages import each
+other, directly or through others, and tuneproof imports sit at the top of their module."""
 
 from __future__ import annotations
 
@@ -23,9 +22,6 @@ LAYERS: list[set[str]] = [
     {"cli", "__main__"},
 ]
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
-
-#: ``(file, imported unit)`` pairs still climbing a layer; remove an entry when it is fixed
-KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _unit(rel: Path) -> str:
@@ -115,9 +111,8 @@ def test_every_unit_has_a_layer():
 
 def test_no_import_climbs_a_layer():
     _, rows = graph()
-    upward = {(f, t) for f, t, _ in rows if LEVEL[t] > LEVEL[_unit(Path(f))]}
-    assert sorted(upward - KNOWN_UPWARD) == [], "an import climbs a layer (docs/ARCHITECTURE.md): move the code down"
-    assert sorted(KNOWN_UPWARD - upward) == [], "fixed: remove these from KNOWN_UPWARD"
+    upward = sorted((f, t, line) for f, t, line in rows if LEVEL[t] > LEVEL[_unit(Path(f))])
+    assert upward == [], "an import climbs a layer (docs/ARCHITECTURE.md): move the code down"
 
 
 #: imports a lower unit may not make either: the training engine knows nothing of the study
@@ -129,18 +124,6 @@ def test_training_knows_no_context_or_registry():
     _, rows = graph()
     found = sorted((f, t, line) for f, t, line in rows if t in FORBIDDEN.get(_unit(Path(f)), set()))
     assert found == []
-
-
-#: ``file: module`` tuneproof imports still inside a function (each imports torch or PIL, or breaks a
-#: module cycle inside its package); an entry fixed must be removed, so the list only shrinks
-KNOWN_INNER: set[str] = {
-    "data/image_audit.py: tuneproof.data.image_sources",
-    "data/image_audit.py: tuneproof.data.images",
-    "data/image_pipeline.py: tuneproof.data.image_sources",
-    "data/images.py: tuneproof.data.sources",
-    "data/preprocess.py: tuneproof.data.image_pipeline",
-    "data/sources.py: tuneproof.data.image_sources",
-}
 
 
 def _type_checking_only(tree: ast.Module) -> set[int]:
@@ -169,16 +152,12 @@ def inner_imports() -> set[str]:
 
 
 def test_imports_are_at_the_top():
-    found = inner_imports()
-    assert sorted(found - KNOWN_INNER) == [], "import it at the top of the module (docs/ARCHITECTURE.md)"
-    assert sorted(KNOWN_INNER - found) == [], "fixed: remove these from KNOWN_INNER"
+    assert sorted(inner_imports()) == [], "import it at the top of the module (docs/ARCHITECTURE.md)"
 
 
 def test_no_cycle_between_packages():
     edges, _ = graph()
-    allowed = {(f.split("/")[0].removesuffix(".py"), t) for f, t in KNOWN_UPWARD}
-    remaining = {u: {t for t in ts if (u, t) not in allowed} for u, ts in edges.items()}
-    assert cycles(remaining) == []
+    assert cycles(edges) == []
 
 
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path):

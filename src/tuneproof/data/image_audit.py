@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from tuneproof.data.examples import Example
+from tuneproof.data.image_sources import open_image
+from tuneproof.data.images import audit_images
 
 NEAR_DISTANCE = 4  # of 64 pHash bits; ImageHash's README treats small distances (< ~5) as the same picture
 SHORTCUT_MARGIN = 0.25  # cross-validated accuracy of the form-only tree minus the majority-class rate
@@ -40,8 +42,6 @@ def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_
         "rule", "n_exact", "n_near", "summary": one line}``; near pairs exclude exact ones.
     """
     import imagehash  # noqa: PLC0415
-
-    from tuneproof.data.image_sources import open_image  # noqa: PLC0415
 
     hashes: dict[str, list[tuple[str, str, Any]]] = {}
     for name, items in splits.items():
@@ -154,8 +154,6 @@ def audit_image_study(splits: dict[str, list[Example]], pipeline=None) -> dict[s
 
     Returns ``{"form": {split: audit_images result}, "duplicates", "shortcut", "warnings",
     "hard_faults"}`` (one-line strings)."""
-    from tuneproof.data.images import audit_images  # noqa: PLC0415
-
     form: dict[str, Any] = {}
     warnings: list[str] = []
     hard: list[str] = []

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from PIL import ImageOps
 
 from tuneproof.data.examples import Example
+from tuneproof.data.image_sources import open_image
 from tuneproof.errors import TuneproofError
 
 if TYPE_CHECKING:
@@ -91,8 +92,6 @@ class ImagePipeline:
 
     def image(self, example: Example, *, train: bool = False):
         """The PIL image the processor receives (after mode conversion and the train-time flip)."""
-        from tuneproof.data.image_sources import open_image  # noqa: PLC0415
-
         path = example.meta.get("image") if example.meta else None
         if not path:
             raise TuneproofError(

@@ -29,7 +29,7 @@ from typing import Any
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tuneproof.data.examples import Example
-from tuneproof.data.sources import BadRows
+from tuneproof.data.rows import BadRows
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
 
@@ -130,7 +130,7 @@ def load_image_table(
     Raises:
         TuneproofError: missing file, a missing column/key, or rows with an empty cell, a line that
             is not a JSON object, an image file that does not exist: all of them in one error
-            (:class:`~tuneproof.data.sources.BadRows`: the count, the first 5 with ``file:line``).
+            (:class:`~tuneproof.data.rows.BadRows`: the count, the first 5 with ``file:line``).
     """
     text, _ = read_text(path)
     rows: list[tuple[int, dict]] = []

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from tuneproof.data.rows import BadRows
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
 
@@ -77,8 +78,6 @@ def load_image_csv(path: str | Path) -> list[tuple[str, str]]:
     reader = csv.DictReader(io.StringIO(text))
     if not reader.fieldnames or "path" not in reader.fieldnames or "label" not in reader.fieldnames:
         raise TuneproofError(f"{path}:1: the header must name the columns 'path' and 'label' (got {reader.fieldnames})")
-    from tuneproof.data.sources import BadRows  # noqa: PLC0415
-
     items = []
     bad = BadRows(path)  # every refused row named in one error
     for row in reader:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuneproof.data.examples import Example
+from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed
 from tuneproof.study import render_prompt
 
@@ -317,8 +318,6 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     import torch  # noqa: PLC0415  (torch only once a batch is built: importing the study context stays light)
 
     if hasattr(batch[0], "pixel_values"):  # image classification: see tuneproof.data.image_pipeline
-        from tuneproof.data.image_pipeline import collate_images  # noqa: PLC0415
-
         return collate_images(batch)
     width = max(len(e.input_ids) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.data.examples import Example
+from tuneproof.data.image_sources import load_image_source
 from tuneproof.data.locate import find_data_root
+from tuneproof.data.rows import BadRows
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
 from tuneproof.study import FieldMap
@@ -55,58 +57,6 @@ MISSING_LABELS = frozenset({"", "nan", "none", "null"})
 #: default files of ``format: lines`` (the ATIS/SNIPS "seq.in / label" layout)
 LINES_TEXT, LINES_LABEL = "seq.in", "label"
 _MISSING = object()
-#: refused rows of one file named in its error: the count, the first ones with ``file:line``, "and N more"
-LISTED_ROWS = 5
-
-
-class BadRows:
-    """The refused rows of one file, so that one error names them all instead of the first only
-    (a user fixes them in one pass, not one rerun per row).
-
-    :meth:`add` takes each row's :class:`TuneproofError` (its message starts with the row's
-    ``file:line``); :meth:`check` raises nothing when no row was refused, the row's own error when
-    one was, else one error: ``data/train.csv: 7 rows refused: data/train.csv:3, data/train.csv:5:
-    empty label in column 'label' (a missing value, not a class); data/train.csv:8: ...; and 2 more``
-    (rows in file order, up to :data:`LISTED_ROWS`, consecutive rows with the same reason sharing it;
-    the hints of the rows shown, each once).
-    """
-
-    def __init__(self, path: Path | str):
-        self.path = path
-        self.count = 0
-        self.first: list[tuple[str, str, str | None]] = []  # (where, reason, hint)
-
-    def add(self, where: str, err: TuneproofError) -> None:
-        self.count += 1
-        if len(self.first) < LISTED_ROWS:
-            reason = err.message[len(where) + 2 :] if err.message.startswith(f"{where}: ") else err.message
-            self.first.append((where, reason, err.hint))
-
-    def check(self) -> None:
-        """Raise for the rows refused (see the class docstring).
-
-        Raises:
-            TuneproofError: at least one row was refused.
-        """
-        if not self.count:
-            return
-        if self.count == 1:
-            where, reason, hint = self.first[0]
-            raise TuneproofError(f"{where}: {reason}", hint=hint)
-        groups: list[tuple[list[str], str]] = []
-        for where, reason, _ in self.first:
-            if groups and groups[-1][1] == reason:
-                groups[-1][0].append(where)
-            else:
-                groups.append(([where], reason))
-        more = self.count - len(self.first)
-        hints = list(dict.fromkeys(h for _, _, h in self.first if h))
-        raise TuneproofError(
-            f"{self.path}: {self.count} rows refused: "
-            + "; ".join(f"{', '.join(w)}: {r}" for w, r in groups)
-            + (f"; and {more} more" if more else ""),
-            hint="; ".join(hints) or None,
-        )
 
 
 def _lookup(row: Any, name: str) -> Any:
@@ -664,8 +614,6 @@ def load_source(
 
 def _load_one(src, path: Path, fields, max_chars: int, prefix: str | None) -> tuple[list[Example], list[str]]:
     if src.format in ("imagefolder", "image-csv", "image-jsonl"):
-        from tuneproof.data.image_sources import load_image_source  # noqa: PLC0415
-
         return load_image_source(src, fields, path)
     if src.format == "snips":
         if explicit_fields(fields):

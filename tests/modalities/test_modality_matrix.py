@@ -119,7 +119,8 @@ def test_predict_gives_one_answer_per_example_whatever_the_batch_size(row):
     assert len(preds) == len(examples) and all(isinstance(p, str) for p in preds) and sum(done) == len(examples)
     if ctx.head_labels is not None:
         assert set(preds) <= set(ctx.head_labels)
-    assert ctx.modality.predict(ctx, model, examples, device=CPU, autocast=NO_AUTOCAST, batch_size=1) == preds  # C22
+    # docs/CASES.md C22
+    assert ctx.modality.predict(ctx, model, examples, device=CPU, autocast=NO_AUTOCAST, batch_size=1) == preds
 
 
 def test_scores_give_one_row_of_logits_per_example(row):

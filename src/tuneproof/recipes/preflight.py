@@ -372,7 +372,8 @@ def _image_checks(
 
 
 #: what the names in ``Modality.preflight_checks`` run: the ``training data`` check, and the checks
-#: after the update check (step and eval memory, accumulation, precision, activation checkpointing, C22 ...)
+#: after the update check (step and eval memory, accumulation, precision, activation checkpointing,
+#: docs/CASES.md C22 ...)
 TRAINING_DATA = {"text training data": check_text_training_data, "image training data": check_image_training_data}
 AFTER_UPDATE = {"text steps": _text_checks, "image steps": _image_checks}
 

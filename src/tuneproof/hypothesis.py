@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -475,8 +476,6 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
         TuneproofError: names the key (``hypothesis.guards[i].classes``, ``eval.regex``,
             ``eval.json_schema``) and what to do.
     """
-    import re  # noqa: PLC0415
-
     h, ev = study.hypothesis, study.eval
     examples = [e for items in splits.values() for e in items]
     known = {str(e.label) for e in examples if e.label is not None}

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import tempfile
 import time
 from collections.abc import Iterable
@@ -99,8 +100,6 @@ def fault_cause(err: BaseException) -> str | None:
     """``"disk full"``, ``"read-only"`` or ``"I/O error"`` when ``err`` is a fault of the machine
     (an ``OSError`` with errno ENOSPC/EDQUOT, EROFS/EACCES/EPERM or EIO, or the same faults as
     reported by sqlite3), else None. Bad input (a missing file) is not a machine fault."""
-    import sqlite3  # noqa: PLC0415
-
     seen = set()
     while err is not None and id(err) not in seen:  # an OSError behind a library's own exception
         seen.add(id(err))

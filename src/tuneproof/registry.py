@@ -43,6 +43,8 @@ import json
 import logging
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import sqlite3
@@ -248,8 +250,6 @@ class Stop:
     def line(self, command: str | None = None) -> str:
         """``run r0003 interrupted by SIGTERM at step 3; resume with: tuneproof resume r0003``; a run
         that cannot be resumed says to run ``command`` (the command line that started it) again."""
-        import shlex  # noqa: PLC0415
-
         how = f"by {self.how}" if self.how in ("SIGTERM", "Ctrl-C") else f"({self.how})"
         head = f"run {self.run_id}" + ("" if self.kind == "train" else f" ({self.kind})") + f" interrupted {how}"
         head += f" at step {self.step}" if self.step is not None else ""
@@ -751,8 +751,6 @@ class Registry:
             if len(others) <= 1 and exports.is_dir():  # only this run (just created) is running
                 for p in exports.iterdir():
                     if p.name.startswith(".") and p.is_dir() and not p.is_symlink():  # made inside an export run
-                        import shutil  # noqa: PLC0415
-
                         shutil.rmtree(p, ignore_errors=True)
                         removed.append(p)
         removed += remove_temps(self.study_dir, older_than_s=600, recursive=False)

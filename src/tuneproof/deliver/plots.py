@@ -8,6 +8,7 @@ as text in the image (mathtext is turned off, so a ``$`` in a class name is draw
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 DPI = 80
@@ -35,8 +36,6 @@ def axis_labels(fig) -> list[list[str]]:
 def _png(fig) -> bytes:
     """The figure as PNG; its panels' axis labels are stored in the text chunk :data:`AXIS_LABELS_KEY`
     (what the dossier tests read back to check that every plot has axis labels)."""
-    import json  # noqa: PLC0415
-
     plt = _plt()
     buf = io.BytesIO()
     fig.tight_layout()

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,8 +130,6 @@ def build_once(dest: Path, write: Callable[[Path], None], revision: str, *, what
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        import sys  # noqa: PLC0415
-
         print(
             f"note: another process is building {dest} ({what}); waiting for it and reusing it (lock {lock.lock_file})",
             file=sys.stderr,

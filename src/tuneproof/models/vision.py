@@ -8,6 +8,7 @@ trains it fully: its baseline is chance level, and it shows the protocol at work
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from tuneproof.io import write_json
@@ -30,8 +31,6 @@ def build_init_vit(folder: Path, *, num_labels: int = 10, seed: int = 0, **confi
     The same seed and config give the same weights on every machine (CPU init), so the folder's
     weight sha256 is a stable revision. Already complete folders are kept.
     """
-    import shutil  # noqa: PLC0415
-
     from filelock import FileLock  # noqa: PLC0415
 
     folder = Path(folder)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 from rich.markup import escape
@@ -46,9 +48,6 @@ def run_overrides(summary: dict) -> list[str]:
 def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None:
     reg = Registry(study)
     if as_json:
-        import json  # noqa: PLC0415
-        import sys  # noqa: PLC0415
-
         sys.stdout.write(json.dumps(runs_json(reg), indent=2, default=str) + "\n")
         return
     runs = reg.list()

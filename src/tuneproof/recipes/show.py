@@ -4,6 +4,11 @@ paired counts), by class, or by field."""
 
 from __future__ import annotations
 
+import json
+import sys
+
+from rich.markup import escape
+
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
@@ -82,16 +87,11 @@ def run_show(
             console.print(f"fixed / regressed by the success metric's rule: {rule.description}", soft_wrap=True)
     pairs = select(base, cand, regressed=regressed, fixed=fixed, category=category, field=field, passing=passing)
     if as_json:
-        import json  # noqa: PLC0415
-        import sys  # noqa: PLC0415
-
         sys.stdout.write(
             json.dumps({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis}, indent=2, default=str)
             + "\n"
         )
         return len(pairs)
-    from rich.markup import escape  # noqa: PLC0415  (texts and outputs quote data: [..] is not markup)
-
     rows = [
         [
             escape("" if v is None else str(v))

@@ -3,17 +3,100 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import os
+import re
 import time
 from collections.abc import Iterator
 
 from rich.console import Console
+from rich.markup import escape as _escape_markup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 console = Console(highlight=False)
 #: what ends a command early (interruptions) goes to stderr, so that ``--json`` output stays clean
 err_console = Console(highlight=False, stderr=True)
+
+
+#: user text longer than this is cut by :func:`user_text` (and its Markdown/HTML companions)
+USER_TEXT_LIMIT = 2000
+
+# C0 and C1 control characters and DEL (ESC starts ANSI/OSC sequences, CR rewrites the line),
+# the line and paragraph separators, and the bidirectional overrides and isolates that reorder
+# what a terminal or a browser shows (U+202A-U+202E, U+2066-U+2069, U+200E/U+200F)
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f]")
+
+
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _visible_char(m: re.Match) -> str:
+    c = m.group(0)
+    if c in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def visible_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT_LIMIT) -> str:
+    """``value`` as plain text that shows itself: each control character as a visible escape
+    (ESC is written ``\\x1b``, U+202E ``\\u202e``), so that nothing it holds moves the cursor, clears
+    the screen, links, or reorders what follows; newlines kept (tabs too) unless ``one_line``, where
+    they read ``\\n`` (``\\t``); cut after ``limit`` characters of ``value`` with
+    ``... (N more characters)``. Not markup-escaped: for Rich use :func:`user_text`."""
+    text = "" if value is None else str(value)
+    more = len(text) - limit if limit is not None and len(text) > limit else 0
+    if more:
+        text = text[:limit]
+    keep = "" if one_line else "\n\t"
+    text = _INVISIBLE.sub(lambda m: m.group(0) if m.group(0) in keep else _visible_char(m), text)
+    return text + (f"... ({more} more characters)" if more else "")
+
+
+def user_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT_LIMIT) -> str:
+    """User-supplied text (labels, example texts, run names, reasons, recorded error messages) made
+    safe to put in Rich markup: a ``console.print`` string, a table cell, a title.
+
+    :func:`visible_text` (control characters as visible escapes, newlines ``\\n`` when
+    ``one_line``, cut after ``limit`` characters with ``... (N more characters)``), then Rich's
+    markup escaped, so ``[red]x[/]`` and ``[/__w/a.cc:537]`` print as written. ``None`` is ``""``.
+    Every screen of tuneproof prints user text through this function (docs/ARCHITECTURE.md).
+    """
+    text = visible_text(value, one_line=one_line, limit=limit)
+    body = text.rstrip("\\")
+    if len(body) == len(text):
+        return _escape_markup(text)
+    # backslashes before a tag escape it: the trailing ones are doubled (Rich prints one of each
+    # pair) and closed by an empty span, so they print as written whether a tag follows or not
+    return _escape_markup(body) + "\\" * (2 * (len(text) - len(body))) + "[dim][/dim]"
+
+
+# what Markdown (CommonMark, GitHub) reads as syntax anywhere in a line: escapes, code, emphasis,
+# links and images, table cells, strike-through, HTML; "_" only where it can open or close emphasis
+# (not inside a word such as card_arrival); "&" only where it would start an entity
+_MARKDOWN_INLINE = re.compile(r"[\\`*\[\]|~<>]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|&(?=#?[0-9A-Za-z]+;)")
+# what it reads as syntax at the start of a line: headings, lists, quotes, rules, setext underlines
+_MARKDOWN_LINE_START = re.compile(r"^(\s*)([#+=-]|\d+(?=[.)]))", re.MULTILINE)
+
+
+def markdown_text(value, *, one_line: bool = True, limit: int | None = USER_TEXT_LIMIT) -> str:
+    """User text for a Markdown file (the dossier, the model card), outside code spans:
+    :func:`visible_text`, then the characters Markdown would read as syntax backslash-escaped
+    (``|`` stays inside its table cell; ``<``, ``[..](..)``, ``*`` and a leading ``#`` or ``-``
+    start no HTML, link, emphasis, heading or list; ``&`` before an entity is ``&amp;``). One line by
+    default (a table cell, a list item: newlines read ``\\n``); with ``one_line=False`` each newline
+    is a hard line break."""
+    text = visible_text(value, one_line=one_line, limit=limit)
+    text = _MARKDOWN_INLINE.sub(lambda m: "&amp;" if m.group(0) == "&" else "\\" + m.group(0), text)
+    text = _MARKDOWN_LINE_START.sub(
+        lambda m: m.group(1) + ("\\" + m.group(2) if not m.group(2)[0].isdigit() else m.group(2) + "\\"), text
+    )
+    return text if one_line else text.replace("\n", "  \n")
+
+
+def html_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT_LIMIT) -> str:
+    """User text for an HTML page: :func:`visible_text`, then ``html.escape`` (quotes included)."""
+    return html.escape(visible_text(value, one_line=one_line, limit=limit), quote=True)
 
 
 #: seconds between two plain progress lines when stdout is not a terminal ($TUNEPROOF_PROGRESS_EVERY)

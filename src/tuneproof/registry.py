@@ -50,13 +50,13 @@ import socket
 import sqlite3
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tuneproof import clock
 from tuneproof.errors import Terminated, TuneproofError
 from tuneproof.io import append_jsonl, fault_cause, fault_message, read_json, remove_temps, write_json
 
@@ -109,7 +109,7 @@ CREATE TABLE IF NOT EXISTS test_access (
 
 
 def _now() -> float:
-    return time.time()
+    return clock.now()
 
 
 def iso(ts: float | None) -> str:

@@ -69,26 +69,64 @@ def test_nothing_measured_is_a_clear_error():
         )
 
 
-def test_measure_prefers_the_preflight_and_reads_any_layout(tmp_path):
+def test_measure_prefers_completed_runs_and_names_the_preflights_rate(tmp_path):
+    """The preflight timed 26.5 s/step, the training ran at ~10 s/step: the plan uses the runs' rate
+    and says both; without a completed train run the preflight's rate is used."""
     reg = Registry(tmp_path)
-    with reg.run("train") as r:
-        r.update_summary(train_seconds=100.0, steps=10)
-    with reg.run("baseline") as r:
-        r.update_summary(eval_seconds=30.0, n_eval=60)
-    m = measure(reg)
-    assert m["s_per_step"] == 10.0 and m["step_source"] == "median of 1 completed train run(s)"
-    assert m["eval_s_per_example"] == 0.5 and m["reload_source"].startswith("assumed")
     with reg.run("preflight") as r:
         r.update_summary(
-            throughput={"s_per_step": 1.5, "tokens_per_s": 900},
+            throughput={"s_per_step": 26.5, "tokens_per_s": 900},
             smoke={"eval_seconds": 4.0, "n_eval": 8},
             reload_seconds=42,
         )
     m = measure(reg)
-    assert (m["s_per_step"], m["eval_s_per_example"], m["reload_s"]) == (1.5, 0.5, 42.0)
-    assert m["step_source"].startswith("preflight r0003") and m["tokens_per_s"] == 900
+    assert (m["s_per_step"], m["step_source"], m["reload_s"]) == (26.5, "preflight r0001", 42.0)
+    assert m["eval_s_per_example"] == 0.5 and m["tokens_per_s"] == 900
+    with reg.run("train") as r:
+        r.update_summary(train_seconds=100.0, steps=10)
+    with reg.run("train") as r:  # resumed at step 6: its process made 4 steps in 44 s
+        r.update_summary(train_seconds=44.0, steps=10, resumes=[{"from_step": 6}])
+    with reg.run("baseline") as r:
+        r.update_summary(eval_seconds=30.0, n_eval=60)
+    m = measure(reg)
+    assert m["s_per_step"] == pytest.approx(10.5)
+    assert m["step_source"] == "median of 2 completed train run(s) (the training as it ran)"
+    assert (m["preflight_s_per_step"], m["preflight_step_source"]) == (26.5, "preflight r0001")
     assert m["eval_source"] == "median of 1 completed baseline/eval run(s) (the full evaluation as it ran)"
+    p = make_plan(m, days=1, steps=100, checkpoint_every=50, n_eval=60, n_test=60)
+    assert (
+        p["notes"][0] == "step time used: 10.5 s/step from median of 2 completed train run(s) (the training as it ran)"
+    )
+    assert (
+        p["notes"][1]
+        == "preflight r0001 timed 26.5 s/step over a few steps; the completed runs' rate is used (2.5x the preflight's)"
+    )
     assert find_number({"a": [{"b": {"step_s": 0.25}}]}, ("s_per_step", "step_s")) == 0.25
+
+
+def test_the_resume_margin_rule_is_in_its_row_and_a_margin_past_the_experiment_is_explained():
+    p = make_plan(MEASURED, days=1, steps=20, checkpoint_every=100, n_eval=10, n_test=10)
+    row = next(ph for ph in p["phases"] if ph["phase"] == "resume margin")
+    n = p["variants"]
+    assert row["hours"] == pytest.approx(n * (120 + 20 * 2.0) / 3600)
+    assert row["basis"] == (
+        f"one interruption per variant: {n} x (reload in a fresh process 120 s + up to 20 steps since the "
+        "last checkpoint, training.checkpoint_every 100)"
+    )
+    why = [x for x in p["notes"] if x.startswith("the resume margin")]
+    assert why == [
+        f"the resume margin ({n * 160 / 3600:.2f} h) is larger than the experiment ({n * 40 / 3600:.2f} h): one "
+        "interruption per variant costs a reload of 120 s (preflight r0003) + up to 20 steps, and a variant trains "
+        "40 s; a measured reload (preflight) or a smaller training.checkpoint_every lowers it"
+    ]
+    long = make_plan(MEASURED, days=1, steps=1000, checkpoint_every=100, n_eval=10, n_test=10)
+    assert not [x for x in long["notes"] if x.startswith("the resume margin")]
+
+
+def test_days_are_said_in_words():
+    from tuneproof.deliver.rental_plan import days_text
+
+    assert (days_text(1), days_text(7), days_text(0.5)) == ("1 day", "7 days", "0.5 days")
 
 
 def test_cli_plan_before_anything_measured_exits_2(tmp_path, capsys):

@@ -1396,9 +1396,11 @@ def _plan(ev: _Evidence) -> list[dict]:
         f"{plan['per_variant_h']:.2f} h each); planned: {plan['variants']}",
         *cost_lines(plan),
     ]
-    items += [f"warning: {w}" for w in plan.get("warnings", [])] + [
-        f"assumption: {a}" for a in plan.get("assumptions", [])
-    ]
+    items += (
+        [f"note: {n}" for n in plan.get("notes", [])]
+        + [f"warning: {w}" for w in plan.get("warnings", [])]
+        + [f"assumption: {a}" for a in plan.get("assumptions", [])]
+    )
     head = f"{plan['days']:g}-day rental, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps:"
     return [_paragraph(head), _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]
 

@@ -4,8 +4,10 @@ fresh process).
 
 Every duration comes from this study's measurements, in this order of preference:
 
-- seconds per optimizer step: the latest completed ``preflight`` run (``s_per_step`` or an alias,
-  anywhere in its summary), else the median of completed train runs' ``train_seconds / steps``;
+- seconds per optimizer step: the median of completed train runs' ``train_seconds / steps`` (the
+  training as it ran; a resumed run counts the steps of its last process), else the latest completed
+  ``preflight`` run (``s_per_step`` or an alias, anywhere in its summary: a few timed steps, which
+  may differ from a whole run several-fold); when both exist the plan says the preflight's rate too;
 - evaluation seconds per example, the task kind's own measured rate (a classifier's batched
   forward pass is 10-30 times faster per example than generation): the median of completed
   baseline/eval runs' ``eval_seconds / n_eval`` (the full evaluation as it ran, at
@@ -20,8 +22,10 @@ Every duration comes from this study's measurements, in this order of preference
 
 Phases (hours): initial check (machine setup :data:`SETUP_H` + data check + preflight +
 baseline), experiment (variants x steps x s/step), evaluation (variants x eval + one final test
-evaluation), resume margin (per variant: one fresh-process reload + the work since the last
-checkpoint, ``checkpoint_every`` steps), export (export + its verification). The number of
+evaluation), resume margin (the margin rule: one interruption per variant, each costing a
+fresh-process reload + the steps since the last checkpoint, at most ``training.checkpoint_every``
+and at most the variant's steps; it exceeds the experiment when the reload takes longer than the
+training, and the plan then says so), export (export + its verification). The number of
 variants that fit is the largest N with all phases within ``days x 24`` hours. The plan is in
 hours; with an hourly rate it also gives the cost (rental, planned hours, one variant) as money.
 The plan is saved as :data:`PLAN_FILE` in the study folder (:func:`load_plan` reads it back).
@@ -91,25 +95,21 @@ def measure(registry) -> dict[str, Any]:
         "reload_source": None,
         "durations": {},
     }
-    sps = find_number(pre_sum, STEP_KEYS)
-    if sps is None and pre_sum:
+    pre_sps = find_number(pre_sum, STEP_KEYS)
+    if pre_sps is None and pre_sum:
         tps, tok_step = find_number(pre_sum, TOKENS_KEYS), find_number(pre_sum, ("tokens_per_step",))
         if tps and tok_step:
-            sps = tok_step / tps
-    if sps is not None:
-        out.update(s_per_step=sps, step_source=f"preflight {pre.id}")
-    else:
-        rates = [
-            r.summary["train_seconds"] / r.summary["steps"]
-            for r in registry.list(kind="train", status="completed")
-            if isinstance(r.summary.get("train_seconds"), (int, float))
-            and r.summary["train_seconds"] > 0
-            and r.summary.get("steps")
-        ]
-        if rates:
-            out.update(
-                s_per_step=statistics.median(rates), step_source=f"median of {len(rates)} completed train run(s)"
-            )
+            pre_sps = tok_step / tps
+    rates = train_rates(registry)
+    if rates:  # the training as it ran beats the preflight's few timed steps (warm-up, other load)
+        out.update(
+            s_per_step=statistics.median(rates),
+            step_source=f"median of {len(rates)} completed train run(s) (the training as it ran)",
+        )
+        if pre_sps is not None:
+            out.update(preflight_s_per_step=pre_sps, preflight_step_source=f"preflight {pre.id}")
+    elif pre_sps is not None:
+        out.update(s_per_step=pre_sps, step_source=f"preflight {pre.id}")
     out["tokens_per_s"] = find_number(pre_sum, TOKENS_KEYS) or _median(
         [r.summary.get("tokens_per_s") for r in registry.list(kind="train", status="completed")]
     )
@@ -167,6 +167,22 @@ def measure(registry) -> dict[str, Any]:
         if d is not None:
             out["durations"][kind] = d
     return out
+
+
+def train_rates(registry) -> list[float]:
+    """Seconds per optimizer step of each completed train run, as it ran: ``train_seconds`` over the
+    steps that process made (a resumed run's last segment: its steps since the checkpoint it resumed)."""
+    rates = []
+    for r in registry.list(kind="train", status="completed"):
+        secs, steps = r.summary.get("train_seconds"), r.summary.get("steps")
+        if not (isinstance(secs, (int, float)) and secs > 0 and isinstance(steps, int) and steps > 0):
+            continue
+        resumes = r.summary.get("resumes") or []
+        if resumes and isinstance(resumes[-1], dict):
+            steps -= int(resumes[-1].get("from_step") or 0)
+        if steps > 0:
+            rates.append(secs / steps)
+    return rates
 
 
 def _median(values) -> float | None:
@@ -280,8 +296,9 @@ def make_plan(
         {
             "phase": "resume margin",
             "hours": n * resume_h,
-            "basis": f"{n} x (reload in a fresh process {reload_s:.0f} s + up to "
-            f"{min(checkpoint_every, steps)} steps since the last checkpoint)",
+            "basis": f"one interruption per variant: {n} x (reload in a fresh process {reload_s:.0f} s + up to "
+            f"{min(checkpoint_every, steps)} steps since the last checkpoint, training.checkpoint_every "
+            f"{checkpoint_every})",
         },
         {"phase": "export", "hours": ex_h, "basis": f"export + verification in a fresh process ({ex_b})"},
     ]
@@ -294,9 +311,19 @@ def make_plan(
         )
     elif total > available:
         warnings.append(f"{n} variants do not fit: {total:.1f} h planned, {available:.0f} h rented; at most {fit} fit")
-    if "preflight" not in (measured.get("step_source") or ""):
-        warnings.append(
-            "no preflight measured the step time on this configuration: the rates come from earlier train/eval runs"
+    notes = [f"step time used: {sps:.3g} s/step from {measured.get('step_source')}"]
+    pre_sps = measured.get("preflight_s_per_step")
+    if pre_sps:
+        notes.append(
+            f"{measured.get('preflight_step_source')} timed {pre_sps:.3g} s/step over a few steps; "
+            f"the completed runs' rate is used ({pre_sps / sps:.2g}x the preflight's)"
+        )
+    if resume_h > train_h:
+        notes.append(
+            f"the resume margin ({n * resume_h:.2f} h) is larger than the experiment ({n * train_h:.2f} h): "
+            f"one interruption per variant costs a reload of {reload_s:.0f} s ({measured.get('reload_source')}) "
+            f"+ up to {min(checkpoint_every, steps)} steps, and a variant trains {steps * sps:.0f} s; "
+            "a measured reload (preflight) or a smaller training.checkpoint_every lowers it"
         )
     return {
         "days": days,
@@ -320,6 +347,7 @@ def make_plan(
             }
         ),
         "warnings": warnings,
+        "notes": notes,
         "measured": measured,
         "assumptions": [
             f"machine setup {SETUP_H:.1f} h",
@@ -343,6 +371,11 @@ def cost_lines(plan: dict[str, Any]) -> list[str]:
         f"cost of the {plan['total_h']:.2f} planned hours "
         f"{c['planned_hours']:.2f}; cost of one variant {c['per_variant']:.2f}"
     ]
+
+
+def days_text(days: float) -> str:
+    """``1 day``, ``7 days``, ``0.5 days``."""
+    return f"{days:g} day" + ("" if days == 1 else "s")
 
 
 def load_plan(study_dir: Path) -> dict[str, Any] | None:

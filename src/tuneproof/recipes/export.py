@@ -50,6 +50,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from tuneproof import clock
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.deliver.bundle import (
@@ -411,7 +412,7 @@ def build_bundle(
     man: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": BUNDLE_KIND,
-        "created": time.time(),
+        "created": clock.now(),
         "run": rec.id,
         "export_run": export_run,
         "payload": payload,

@@ -6,8 +6,11 @@ Features (option that turns each on):
   (money, labelled as cost: of the rental, of the planned hours, of one variant);
 - how many variants of the configured training budget fit (``--variants N`` plans for N and
   warns when they do not fit);
-- the measurements: the latest preflight, else completed train and eval runs; nothing measured is
-  an error (exit 2), never a guess;
+- the measurements: completed train runs (the training as it ran), else the latest preflight, for
+  the step time; the rate used and its source are printed, with the preflight's own rate when the
+  two differ; nothing measured is an error (exit 2), never a guess; the resume margin's rule (one
+  interruption per variant: a fresh-process reload + up to ``training.checkpoint_every`` steps) is
+  in its row, and a note says why when the margin exceeds the experiment;
 - ``plan.json`` in the study folder (schema-versioned); the dossier shows it.
 The logic is :mod:`tuneproof.deliver.rental_plan`.
 """
@@ -17,7 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 from tuneproof.context import StudyContext
-from tuneproof.deliver.rental_plan import PLAN_FILE, check_plan_args, cost_lines, make_plan, measure, require_measured
+from tuneproof.deliver.rental_plan import (
+    PLAN_FILE,
+    check_plan_args,
+    cost_lines,
+    days_text,
+    make_plan,
+    measure,
+    require_measured,
+)
 from tuneproof.io import write_json
 from tuneproof.training.budget import total_steps
 from tuneproof.ui import console, table
@@ -69,12 +80,13 @@ def print_plan(plan: dict[str, Any]) -> None:
         [
             "total",
             f"{plan['total_h']:.2f}",
-            f"of {plan['available_h']:.0f} h rented ({plan['days']:g} days); spare {plan['spare_h']:.1f} h",
+            f"of {plan['available_h']:.0f} h rented ({days_text(plan['days'])}); spare {plan['spare_h']:.1f} h",
         ]
     )
     console.print(
         table(
-            f"rental plan: {plan['days']:g} days, {plan['variants']} variant(s) of {plan['steps_per_variant']} steps",
+            f"rental plan: {days_text(plan['days'])}, {plan['variants']} variant(s) "
+            f"of {plan['steps_per_variant']} steps",
             ["phase", "hours", "basis"],
             rows,
         )
@@ -92,5 +104,7 @@ def print_plan(plan: dict[str, Any]) -> None:
     )
     for line in cost_lines(plan):
         console.print(line, soft_wrap=True)
+    for note in plan.get("notes", []):
+        console.print(f"note: {note}", soft_wrap=True)
     for w in plan["warnings"]:
         console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)

@@ -30,10 +30,10 @@ Features:
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
+from tuneproof import clock
 from tuneproof.context import StudyContext, load_study, parse_study
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json
@@ -251,7 +251,7 @@ def run_resume(
                     "skipped": skipped,
                     "previous_status": rec.status,
                     "previous_reason": rec.reason,
-                    "time": round(time.time(), 3),
+                    "time": round(clock.now(), 3),
                 }
             )
             run.update_summary(resumes=resumes)

@@ -40,6 +40,7 @@ PROTOCOL_ORDER = (
     "invalidate",
     "track",
     "quickstart",
+    "schema",
 )
 
 
@@ -134,6 +135,26 @@ def init(
     console.print(f"wrote {path}; edit the hypothesis and guards before the first run")
     for line in reader_lines(task):
         console.print(escape(line), soft_wrap=True)
+
+
+@app.command()
+def schema(
+    out: Path | None = typer.Option(None, "--out", help="write the JSON Schema to this file instead of printing it"),
+    docs: Path | None = typer.Option(
+        None, "--docs", help="write the generated key tables into this reference (docs/study-file.md) in place"
+    ),
+) -> None:
+    """The JSON Schema of tuneproof.yaml (draft 2020-12), for editors that validate and complete it."""
+    from tuneproof.recipes.schema import schema_text, write_reference, write_schema  # noqa: PLC0415
+
+    if docs is not None:
+        changed = write_reference(docs)
+        console.print(f"{'wrote' if changed else 'unchanged:'} {escape(str(docs))}")
+    if out is not None:
+        write_schema(out)
+        console.print(f"wrote {escape(str(out))}")
+    if out is None and docs is None:
+        sys.stdout.write(schema_text())
 
 
 SkipDataCheckOpt = typer.Option(

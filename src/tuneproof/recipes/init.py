@@ -7,7 +7,8 @@ from pathlib import Path
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
-from tuneproof.study import STUDY_FILE
+from tuneproof.recipes.schema import write_schema
+from tuneproof.study import SCHEMA_FILE, STUDY_FILE
 from tuneproof.tasks import TASKS, get_task
 
 
@@ -19,11 +20,14 @@ def template_text(task: str) -> str:
 
 
 def run_init(directory: Path, task: str, *, force: bool = False) -> Path:
-    """Create ``directory/tuneproof.yaml``. Raises :class:`TuneproofError` if it exists (unless ``force``)."""
+    """Create ``directory/tuneproof.yaml`` and, beside it, ``tuneproof.schema.json`` (the JSON Schema
+    its first line names for editors). Raises :class:`TuneproofError` if the study file exists
+    (unless ``force``)."""
     text = template_text(task)
     path = Path(directory) / STUDY_FILE
     if path.exists() and not force:
         raise TuneproofError(f"{path} already exists", hint="use --force to overwrite, or another folder")
+    write_schema(Path(directory) / SCHEMA_FILE)
     return atomic_write_text(path, text)
 
 

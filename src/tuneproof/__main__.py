@@ -1,0 +1,5 @@
+"""``python -m tuneproof``: the same command line as ``tuneproof``."""
+
+from tuneproof.cli import main
+
+main()

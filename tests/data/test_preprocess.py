@@ -89,3 +89,84 @@ def test_end_token_not_supervised_is_a_fault(tiny_tokenizer):
     tok = make_tokenizer(template)
     enc = TextPipeline(tok, Prompt(system=None), max_length=128).encode(Example("e", "hello world", target="a b c"))
     assert any("end token" in f and "not supervised" in f for f in enc.faults)
+
+
+# a template that renders the conversation only when no generation prompt is asked for
+EMPTY_PROMPT = "{% if not add_generation_prompt %}" + CHATML.split("{% if add_generation_prompt")[0] + "{% endif %}"
+# a template that drops the assistant's content (its header and end token stay)
+NO_ANSWER = CHATML.replace("{{ m['content'] }}", "{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}")
+# a template that drops the user's content when a generation prompt is asked for
+NO_INPUT = CHATML.replace("{{ m['content'] }}", "{% if not add_generation_prompt %}{{ m['content'] }}{% endif %}")
+
+
+def _encode(template: str, max_length: int = 128):
+    pipe = TextPipeline(make_tokenizer(template), Prompt(system=None), max_length=max_length)
+    return pipe, pipe.encode(Example("t", "hello world", target="a b c"))
+
+
+def test_an_empty_inference_prompt_is_a_hard_fault_naming_the_supervised_prompt():
+    pipe, enc = _encode(EMPTY_PROMPT)
+    assert pipe.prompt_text("hello world") == "" and enc.prompt_tokens == 0
+    supervised = pipe.tok.decode([t for t, lab in zip(enc.input_ids, enc.labels) if lab != IGNORE_INDEX])
+    assert supervised.startswith("<|im_start|>user\nhello world")  # what the fault is about: the prompt is trained on
+    assert enc.faults == [
+        "the inference prompt is empty (the chat template renders nothing for the system and user messages with "
+        "add_generation_prompt=True): the model would be asked nothing at inference, and the prompt tokens of the "
+        "training text are supervised"
+    ]
+    with pytest.raises(CheckFailed, match="t \\(prompt 0, answer 29 tokens\\): the inference prompt is empty"):
+        raise_on_faults([enc], "train")
+
+
+def test_an_inference_prompt_without_the_input_text_is_a_hard_fault():
+    pipe, enc = _encode(NO_INPUT)
+    assert "hello world" not in pipe.prompt_text("hello world")
+    assert enc.faults[0].startswith("the inference prompt does not contain the example's input text")
+    assert enc.faults[1].startswith("the training text does not start with the inference prompt")
+
+
+def test_a_template_that_drops_the_answer_names_it_not_truncation():
+    pipe, enc = _encode(NO_ANSWER)
+    assert "a b c" not in enc.text and not enc.truncated
+    assert enc.faults == [
+        "the training text does not contain the answer (the chat template drops the assistant's content): "
+        "nothing of the target would be supervised"
+    ]
+    # the whole assistant turn dropped: the training text is the prompt itself; still not "truncation"
+    whole = "{% for m in messages %}{% if m['role'] != 'assistant' %}" + CHATML.split("{% for m in messages %}")[1]
+    whole = whole.replace("{% endfor %}", "{% endif %}{% endfor %}", 1)
+    pipe, enc = _encode(whole)
+    assert enc.faults and all("truncat" not in f for f in enc.faults)
+    assert enc.faults[0].startswith("the training text does not contain the answer")
+
+
+def test_zero_supervised_tokens_without_truncation_is_not_called_truncation():
+    # the answer is an empty string: nothing follows the prompt but the end token, which the template drops
+    template = CHATML.replace("{{ m['content'] }}<|im_end|>\n", "{{ m['content'] }}")
+    pipe = TextPipeline(make_tokenizer(template), Prompt(system=None), max_length=128)
+    enc = pipe.encode(Example("z", "hello world", target=""))
+    assert enc.n_supervised == 0 and not enc.truncated
+    assert enc.faults[0].startswith("0 supervised tokens although nothing was truncated (prompt 22 + answer 0 tokens")
+
+
+def test_input_text_supervised_before_the_answer_is_a_fault_other_text_a_note():
+    # the training text repeats the user's input inside the assistant turn, before the answer
+    repeat = CHATML.replace(
+        "{{ m['content'] }}",
+        "{% if m['role'] == 'assistant' %}{{ messages[-2]['content'] }}\n{% endif %}{{ m['content'] }}",
+    )
+    _, enc = _encode(repeat)
+    assert enc.faults == [
+        "prompt tokens are supervised: the supervised span before the answer holds the example's input text "
+        "('hello·world\\n'...); the inference prompt is not where the template puts the answer"
+    ]
+    # an empty reasoning block the template adds before every answer: trained, said, not refused
+    think = CHATML.replace(
+        "{{ m['content'] }}", "{% if m['role'] == 'assistant' %}<think></think>{% endif %}{{ m['content'] }}"
+    )
+    _, enc = _encode(think)
+    assert not enc.faults
+    assert enc.notes == [
+        "the model is also trained to generate '<think></think>' before the answer (the chat template adds it when "
+        "an answer follows, the inference prompt does not end with it)"
+    ]

@@ -116,3 +116,43 @@ def test_plan_refuses_impossible_options_naming_them(tmp_path, capsys, args, mes
     assert code == 2 and f"error: {message}" in out, out
     assert "nothing measured" not in out and "Traceback" not in out
     assert not (tmp_path / "plan.json").exists()
+
+
+def _base_with_template(tmp_path, tiny_base, template: str):
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base, base)
+    (base / "chat_template.jinja").write_text(template)
+    return base
+
+
+@pytest.mark.fault("input: chat template")
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (  # nothing rendered when a generation prompt is asked for
+            lambda t: "{% if not add_generation_prompt %}" + t.split("{% if add_generation_prompt")[0] + "{% endif %}",
+            "the inference prompt is empty (the chat template renders nothing for the system and user messages with "
+            "add_generation_prompt=True): the model would be asked nothing at inference, and the prompt tokens of "
+            "the training text are supervised",
+        ),
+        (  # the assistant's content dropped
+            lambda t: t.replace("{{ m['content'] }}", "{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}"),
+            "the training text does not contain the answer (the chat template drops the assistant's content)",
+        ),
+    ],
+)
+def test_a_template_that_empties_the_prompt_or_drops_the_answer_fails_the_data_check_before_baseline(
+    tiny_base, tmp_path, capsys, edit, message
+):
+    from tiny_study import CHAT_TEMPLATE
+
+    base = _base_with_template(tmp_path, tiny_base, edit(CHAT_TEMPLATE))
+    study = _study(tmp_path, base, lambda raw: None)
+    code, out = cli(["baseline", "--study", str(study)], capsys)
+    assert code == 3, out
+    assert message in " ".join(out.split())
+    assert "after truncation" not in out and "Traceback" not in out and "IndexError" not in out
+    reg = Registry(study)
+    assert [r.kind for r in reg.list()] == ["data-check"] and reg.list()[0].status == "failed"

@@ -142,6 +142,8 @@ def render_rich(enc: Encoded, tokenizer, classes: list[str] | None = None):
         out.append(f"\n  {class_line(enc, classes)}", style="bold green")
     for line in prefix_diff_lines(enc):
         out.append("\n  " + line, style="red")
+    for n in enc.notes:
+        out.append(f"\n  note: {n}", style="yellow")
     for f in enc.faults:
         out.append(f"\n  FAULT: {f}", style="bold red")
     return out
@@ -187,6 +189,8 @@ def render_html(items: list[tuple[Encoded, list[dict]]], title: str, classes: li
         diff = prefix_diff_lines(enc)
         if diff:
             parts.append("<pre class='fault'>" + html.escape("\n".join(diff)) + "</pre>")
+        for n in enc.notes:
+            parts.append(f"<p>note: {html.escape(n)}</p>")
         for f in enc.faults:
             parts.append(f"<p class='fault'>FAULT: {html.escape(f)}</p>")
     parts.append("</body></html>")

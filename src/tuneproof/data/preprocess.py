@@ -43,6 +43,8 @@ class Encoded:
         full_length: tokens before truncation.
         n_supervised: supervised tokens after truncation (what the loss actually sees).
         faults: hard faults found while encoding (strings naming the problem).
+        notes: what the data check does not refuse but `data inspect` shows (a merge across the answer
+            boundary, text the template adds before the answer).
         boundary_char: character offset of the answer in the training text.
         answer_lost: supervised (answer) tokens removed by truncation at ``max_length``.
         end_cut: the answer's end token is among the tokens removed by truncation.
@@ -165,7 +167,25 @@ class TextPipeline:
         faults: list[str] = []
         notes: list[str] = []
         prefix_diff = None
-        if start < 0:
+        user_text = ex.text.strip()
+        answer_missing = bool(target) and target not in full
+        if not prompt.strip():
+            faults.append(
+                "the inference prompt is empty (the chat template renders nothing for the system and user messages "
+                "with add_generation_prompt=True): the model would be asked nothing at inference, and the prompt "
+                "tokens of the training text are supervised"
+            )
+        elif user_text and user_text not in prompt:
+            faults.append(
+                "the inference prompt does not contain the example's input text (the chat template drops the user's "
+                "content when add_generation_prompt=True): the model would be asked without its input"
+            )
+        if answer_missing:
+            faults.append(
+                "the training text does not contain the answer (the chat template drops the assistant's content): "
+                "nothing of the target would be supervised"
+            )
+        elif start < 0:
             t_pos = full.find(target) if target else -1
             prefix = full[:t_pos] if t_pos >= 0 else full[: len(prompt)]
             first, marked = char_diff(prompt, prefix)
@@ -178,8 +198,21 @@ class TextPipeline:
             start = len(prompt)
             full = prompt + target + (self.end_token or "")
             end = len(full)
-        if target and full.find(target, start) < 0:
+        if target and not answer_missing and full.find(target, start) < 0:
             faults.append("answer boundary not found: the target text does not appear after the prompt")
+        # supervised text before the answer that the inference prompt does not end with (docs/CASES.md C3 kind)
+        t_at = full.find(target, start) if target else -1
+        before = full[start:t_at] if t_at >= 0 else ""
+        if self.loss == "answer_only" and user_text and prompt.strip() and user_text in before:
+            faults.append(
+                "prompt tokens are supervised: the supervised span before the answer holds the example's input "
+                f"text ('{visible(before[:60])}'...); the inference prompt is not where the template puts the answer"
+            )
+        elif before.strip() and prompt.strip():
+            notes.append(
+                f"the model is also trained to generate '{visible(before)}' before the answer "
+                "(the chat template adds it when an answer follows, the inference prompt does not end with it)"
+            )
         # text after the answer's end token is never generated at inference: the sequence ends there
         full = full[:end]
         p_ids = list(self.tok(prompt, add_special_tokens=False)["input_ids"])
@@ -222,7 +255,15 @@ class TextPipeline:
         ids, labels, offsets = ids[: self.max_length], labels[: self.max_length], offsets[: self.max_length]
         # position 0 is never a prediction target (nothing precedes it), see loss.token_loss_sum
         n_sup = sum(1 for lab in labels[1:] if lab != IGNORE_INDEX)
-        if n_sup == 0:
+        if answer_missing or not prompt.strip():
+            pass  # the cause is named above; the counts below would only repeat it
+        elif n_sup == 0 and not truncated:
+            faults.append(
+                f"0 supervised tokens although nothing was truncated (prompt {prompt_tokens} + answer "
+                f"{answer_tokens} tokens <= max_length {self.max_length}): the training text ends where the "
+                "inference prompt ends"
+            )
+        elif n_sup == 0:
             faults.append(
                 f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer "
                 f"{answer_tokens} tokens > max_length {self.max_length})"

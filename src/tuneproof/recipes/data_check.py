@@ -12,7 +12,8 @@ Features:
   lines; multi-label (and list-valued intents): support per label, label-set cardinality;
 - the exact preprocessing of the trainer on every train and eval example: 0 supervised tokens
   (docs/CASES.md C4), end token not supervised (docs/CASES.md C2), boundary inside a token (docs/CASES.md C3), prefix
-  mismatch;
+  mismatch, an empty inference prompt or one without the input, a training text without the answer, the input
+  supervised (docs/CASES.md C3 kind);
 - token lengths per split (p50, p95, max), share truncated, suggested max_length (never below the
   length that keeps every answer whole);
 - checks that state their result also when they find nothing (``checks``): empty texts dropped by

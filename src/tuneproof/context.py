@@ -97,7 +97,9 @@ class StudyContext:
         data = self.study.data
         examples: list[Example] = []
         for src in data.sources:
-            ex, rep = load_source(src, data.fields, self.study_dir, self.data_root, max_chars=data.max_chars)
+            ex, rep = load_source(
+                src, data.fields, self.study_dir, self.data_root, max_chars=data.max_chars, image=data.image
+            )
             examples += ex
             self.repairs += rep
         # cleaning acts before validation: dropped empty texts are listed (file:line), what is left is checked

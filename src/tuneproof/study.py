@@ -155,9 +155,16 @@ class Dedup(_Strict):
     num_perm: int = Field(128, ge=16, description="MinHash permutations")
 
 
+#: default of ``data.image.max_pixels``: 50 megapixels covers a 48 MP phone camera, and an image classifier sees
+#: every image resized to a few hundred pixels a side; Pillow's own decompression-bomb error comes only at twice
+#: its 89.5 MP warning (``PIL.Image.MAX_IMAGE_PIXELS``), once a small file may already need gigabytes decoded
+MAX_IMAGE_PIXELS = 50_000_000
+
+
 class ImageTransforms(_Strict):
     """Image transforms, in this order; the model's own image processor does the rest (resize to its
-    size unless ``resize`` is set, rescale, normalisation with its mean/std)."""
+    size unless ``resize`` is set, rescale, normalisation with its mean/std). ``max_pixels`` and
+    ``allow_outside_paths`` say which image files are read at all."""
 
     mode: Literal["RGB", "L"] = Field("RGB", description="PIL mode every image is converted to before the processor")
     resize: int | None = Field(
@@ -168,6 +175,19 @@ class ImageTransforms(_Strict):
     )
     horizontal_flip: bool = Field(
         False, description="train split only: mirror a fixed, seeded half of the images (training.seed)"
+    )
+    max_pixels: int = Field(
+        MAX_IMAGE_PIXELS,
+        ge=1,
+        description="largest image accepted, in pixels (width x height, read from the file's header before "
+        "decoding); a larger one is skipped and named: the model sees it resized anyway, and decoding it costs "
+        "3 bytes per pixel (50 MP: 150 MB) and seconds per file",
+    )
+    allow_outside_paths: bool = Field(
+        False,
+        description="image-csv / image-jsonl / imagefolder: accept image paths (absolute, ../, or symlinks) "
+        "that resolve outside the source's folder; refused by default so that a row cannot pull in files "
+        "that are not part of the data",
     )
 
 

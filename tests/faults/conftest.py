@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # tiny_study
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "images"))  # image_tiny
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,6 +30,14 @@ def tiny_base(tmp_path_factory):
     from tiny_study import build_base
 
     return build_base(tmp_path_factory.mktemp("tiny-llama-faults"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vit(tmp_path_factory):
+    """The tiny random ViT + image processor of tests/images (built once)."""
+    from image_tiny import build_vit
+
+    return build_vit(tmp_path_factory.mktemp("tiny-vit-faults"))
 
 
 @pytest.fixture()

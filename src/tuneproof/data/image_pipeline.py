@@ -87,7 +87,8 @@ class ImagePipeline:
         return {
             "class": type(self.processor).__name__,
             "config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest(),
-            "transforms": self.transforms.model_dump(),
+            # which files are read (max_pixels, allow_outside_paths) is not a transform: the examples show it
+            "transforms": self.transforms.model_dump(exclude={"max_pixels", "allow_outside_paths"}),
         }
 
     def image(self, example: Example, *, train: bool = False):
@@ -98,7 +99,7 @@ class ImagePipeline:
                 f"{example.id}: not an image example (no image path)",
                 hint="use format imagefolder, image-csv or image-jsonl",
             )
-        im = open_image(path)
+        im = open_image(path, self.transforms.max_pixels)
         original = (im.width, im.height, im.mode)
         im = im.convert(self.transforms.mode)
         flipped = bool(train and self.transforms.horizontal_flip and _flip_this(self.seed, example.id))

@@ -23,6 +23,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +33,32 @@ from tuneproof.data.examples import Example
 from tuneproof.data.rows import BadRows
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
+from tuneproof.study import ImageTransforms
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation", "test": "test"}
 IMAGE_FORMATS = ("imagefolder", "image-csv", "image-jsonl")
 
 
-def open_image(path: str | Path) -> Image.Image:
+def open_image(path: str | Path, max_pixels: int | None = None) -> Image.Image:
     """Decode ``path`` fully, apply its EXIF orientation (``ImageOps.exif_transpose``), return it.
 
+    ``max_pixels``: the largest ``width * height`` decoded (``data.image.max_pixels``); the size is read
+    from the file's header first (Pillow opens lazily), so a larger image costs no decoding.
+
     Raises:
-        TuneproofError: missing file, not an image, or a truncated / damaged file (names it).
+        TuneproofError: missing file, not an image, a truncated / damaged file, or an image above
+            ``max_pixels`` (names it, with its size).
     """
     path = Path(path)
     try:
         with Image.open(path) as im:
+            if max_pixels is not None and im.width * im.height > max_pixels:
+                raise TuneproofError(
+                    f"{path}: too large ({im.width} x {im.height} = {im.width * im.height:,} pixels, above "
+                    f"data.image.max_pixels {max_pixels:,}): not decoded",
+                    hint="resize the image, or raise data.image.max_pixels",
+                )
             im.load()  # decode now: a truncated file fails here, not inside the training loop
             out = ImageOps.exif_transpose(im)
             out.load()
@@ -58,9 +70,14 @@ def open_image(path: str | Path) -> Image.Image:
         raise TuneproofError(f"{path}: not a readable image ({type(err).__name__}: {str(err)[:160]})") from None
 
 
-def _describe(path: Path, root: Path) -> dict[str, Any]:
+def inside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, symlinks resolved, lies inside ``folder`` (symlinks resolved too)."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
+def _describe(path: Path, root: Path, max_pixels: int | None) -> dict[str, Any]:
+    im = open_image(path, max_pixels)
     data = path.read_bytes()
-    im = open_image(path)
     return {
         "image": str(path.resolve()),
         "image_sha256": hashlib.sha256(data).hexdigest(),
@@ -73,8 +90,8 @@ def _describe(path: Path, root: Path) -> dict[str, Any]:
     }
 
 
-def _example(path: Path, root: Path, label: str, split: str | None, where: str) -> Example:
-    meta = _describe(path, root)
+def _example(path: Path, root: Path, label: str, split: str | None, where: str, max_pixels: int | None) -> Example:
+    meta = _describe(path, root, max_pixels)
     return Example(
         id=meta["relpath"], text=meta["relpath"], label=label, target=label, source=where, split=split, meta=meta
     )
@@ -84,12 +101,36 @@ def _class_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def load_imagefolder(root: Path, split: str | None) -> tuple[list[Example], list[str]]:
+def _skipped(err: TuneproofError, where: str = "") -> str:
+    """The data check's note for an image left out (``skipped ...``: counted and named, not fatal)."""
+    what = "too large image" if "data.image.max_pixels" in err.message else "unreadable image"
+    return f"skipped {what} {err.message}" + (f" ({where})" if where else "")
+
+
+def _outside_hint(folder: Path) -> str:
+    return (
+        f"move the image into {folder} (the data folder), or allow it explicitly: "
+        "data.image.allow_outside_paths: true in tuneproof.yaml"
+    )
+
+
+def _limits(image) -> tuple[int, bool]:
+    """``(max_pixels, allow_outside_paths)`` of the study's ``data.image`` (the schema's defaults when None)."""
+    if image is None:
+        image = ImageTransforms()
+    return image.max_pixels, image.allow_outside_paths
+
+
+def load_imagefolder(root: Path, split: str | None, image=None) -> tuple[list[Example], list[str]]:
     """Examples of ``root/[<split>/]<class>/<image>``; returns ``(examples, notes)``.
 
+    ``image``: the study's ``data.image`` (``max_pixels``, ``allow_outside_paths``; defaults when None).
+
     Raises:
-        TuneproofError: root missing, no class folder, or a class folder without images.
+        TuneproofError: root missing, no class folder, a class folder without images, or image files that
+            are symlinks resolving outside ``root`` (all named; unless ``data.image.allow_outside_paths``).
     """
+    max_pixels, allow_outside = _limits(image)
     if not root.is_dir():
         raise TuneproofError(
             f"{root}: image folder not found", hint="check data.sources[].path (a folder with one sub-folder per class)"
@@ -103,6 +144,7 @@ def load_imagefolder(root: Path, split: str | None) -> tuple[list[Example], list
         groups = [(split, root)]
     examples: list[Example] = []
     notes: list[str] = []
+    outside = BadRows(root)
     for split_name, folder in groups:
         classes = _class_folders(folder)
         if not classes:
@@ -115,23 +157,39 @@ def load_imagefolder(root: Path, split: str | None) -> tuple[list[Example], list
                     hint="add its images or remove the folder",
                 )
             for f in files:
+                if not allow_outside and not inside(f, root):
+                    outside.add(
+                        str(f),
+                        TuneproofError(
+                            f"{f}: a symlink resolving outside the data folder ({os.path.realpath(f)})",
+                            hint=_outside_hint(root),
+                        ),
+                    )
+                    continue
                 try:
-                    examples.append(_example(f, root, cls.name, split_name, str(f)))
+                    examples.append(_example(f, root, cls.name, split_name, str(f), max_pixels))
                 except TuneproofError as err:
-                    notes.append(f"skipped unreadable image {err}")
+                    notes.append(_skipped(err))
+    outside.check()
     return examples, notes
 
 
 def load_image_table(
-    path: Path, fmt: str, image_key: str, label_key: str, split: str | None
+    path: Path, fmt: str, image_key: str, label_key: str, split: str | None, image=None
 ) -> tuple[list[Example], list[str]]:
     """Examples of a CSV (header row) or JSONL file naming one image and its label per row.
 
+    Relative image paths are resolved from the file's folder; a path that resolves outside that folder
+    (``../``, an absolute path, a symlink) is refused unless ``data.image.allow_outside_paths``.
+    ``image``: the study's ``data.image`` (defaults when None).
+
     Raises:
         TuneproofError: missing file, a missing column/key, or rows with an empty cell, a line that
-            is not a JSON object, an image file that does not exist: all of them in one error
-            (:class:`~tuneproof.data.rows.BadRows`: the count, the first 5 with ``file:line``).
+            is not a JSON object, an image file that does not exist, an image outside the file's folder:
+            all of them in one error (:class:`~tuneproof.data.rows.BadRows`: the count, the first 5 with
+            ``file:line``).
     """
+    max_pixels, allow_outside = _limits(image)
     text, _ = read_text(path)
     rows: list[tuple[int, dict]] = []
     if fmt == "image-csv":
@@ -162,12 +220,23 @@ def load_image_table(
         if isinstance(row, TuneproofError):
             bad.add(f"{path}:{line}", row)
             continue
-        image, label = str(row.get(image_key) or "").strip(), row.get(label_key)
+        image_name, label = str(row.get(image_key) or "").strip(), row.get(label_key)
         label = "" if label is None else str(label).strip()
-        if not image or not label:
+        if not image_name or not label:
             bad.add(f"{path}:{line}", TuneproofError(f"{path}:{line}: empty '{image_key}' or '{label_key}'"))
             continue
-        image_path = Path(image) if Path(image).is_absolute() else path.parent / image
+        image_path = Path(image_name) if Path(image_name).is_absolute() else path.parent / image_name
+        if not allow_outside and not inside(image_path, path.parent):
+            real = os.path.realpath(image_path)
+            bad.add(
+                f"{path}:{line}",
+                TuneproofError(
+                    f"{path}:{line}: image {image_name!r} is outside the data folder {path.parent}"
+                    + (f" (a symlink to {real})" if os.path.islink(image_path) else ""),
+                    hint=_outside_hint(path.parent),
+                ),
+            )
+            continue
         if not image_path.is_file():
             bad.add(
                 f"{path}:{line}",
@@ -175,19 +244,20 @@ def load_image_table(
             )
             continue
         try:
-            examples.append(_example(image_path, path.parent, label, split, f"{path}:{line}"))
+            examples.append(_example(image_path, path.parent, label, split, f"{path}:{line}", max_pixels))
         except TuneproofError as err:
-            notes.append(f"skipped unreadable image {err} ({path}:{line})")
+            notes.append(_skipped(err, f"{path}:{line}"))
     bad.check()
     return examples, notes
 
 
-def load_image_source(src, fields, path: Path) -> tuple[list[Example], list[str]]:
-    """Dispatch on ``src.format`` (one of :data:`IMAGE_FORMATS`); ``path`` is already resolved."""
+def load_image_source(src, fields, path: Path, image=None) -> tuple[list[Example], list[str]]:
+    """Dispatch on ``src.format`` (one of :data:`IMAGE_FORMATS`); ``path`` is already resolved;
+    ``image``: the study's ``data.image`` (``max_pixels``, ``allow_outside_paths``)."""
     if src.format == "imagefolder":
-        return load_imagefolder(path, src.split)
+        return load_imagefolder(path, src.split, image)
     image_key = getattr(fields, "image", None) or "path"
     label_key = fields.label or "label"
     if not path.is_file():
         raise TuneproofError(f"{path}: file not found", hint="check data.sources[].path")
-    return load_image_table(path, src.format, image_key, label_key, src.split)
+    return load_image_table(path, src.format, image_key, label_key, src.split, image)

@@ -590,11 +590,12 @@ def _glob_root(pattern: str) -> Path:
 
 
 def load_source(
-    src, fields, base_dir: Path, data_root: Path | None = None, *, max_chars: int = DEFAULT_MAX_CHARS
+    src, fields, base_dir: Path, data_root: Path | None = None, *, max_chars: int = DEFAULT_MAX_CHARS, image=None
 ) -> tuple[list[Example], list[str]]:
     """Load one ``data.sources`` entry of the study file. ``$DATA/`` in a path means the data root;
     a glob pattern loads every match (sorted) as one source, ids prefixed by the match's path
-    below the pattern's fixed folder (``folds/fold*.json`` -> ``fold1:0``, ``fold2:0``).
+    below the pattern's fixed folder (``folds/fold*.json`` -> ``fold1:0``, ``fold2:0``). ``image``: the
+    study's ``data.image`` (image formats: ``max_pixels``, ``allow_outside_paths``).
 
     Raises:
         TuneproofError: see the loaders; ``data.fields`` set for ``snips`` (its fields are fixed).
@@ -606,15 +607,17 @@ def load_source(
     repairs: list[str] = []
     for path in paths:
         prefix = path.relative_to(root).with_suffix("").as_posix() if globbed else None
-        ex, rep = _load_one(src, path, fields, max_chars, prefix)
+        ex, rep = _load_one(src, path, fields, max_chars, prefix, image)
         out += ex
         repairs += rep
     return out, repairs
 
 
-def _load_one(src, path: Path, fields, max_chars: int, prefix: str | None) -> tuple[list[Example], list[str]]:
+def _load_one(
+    src, path: Path, fields, max_chars: int, prefix: str | None, image=None
+) -> tuple[list[Example], list[str]]:
     if src.format in ("imagefolder", "image-csv", "image-jsonl"):
-        return load_image_source(src, fields, path)
+        return load_image_source(src, fields, path, image)
     if src.format == "snips":
         if explicit_fields(fields):
             raise TuneproofError(

@@ -232,7 +232,8 @@ class ImageModality(Modality):
     def bundle_extras(self, ctx, chosen: list[dict[str, Any]], bundle: Path) -> dict[str, Any]:
         """The images themselves travel with the bundle (:func:`copy_images`); ``procedure.image_transforms``."""
         copy_images(chosen, {e.id: e for e in ctx.all_splits[ctx.study.eval.split]}, bundle)
-        return {"image_transforms": ctx.study.data.image.model_dump(mode="json")}
+        declared = ctx.study.data.image.model_dump(mode="json", exclude={"max_pixels", "allow_outside_paths"})
+        return {"image_transforms": declared}
 
     def verify_processor(self, manifest: dict[str, Any], processor) -> tuple[str, list[str], str]:
         """The ``image processor`` check: class, config sha256 and the declared transforms."""

@@ -129,6 +129,26 @@ def test_optional_keys_absent_are_counted():
     assert absent_optional({"train": ex}, [])["line"] is None
 
 
+def test_an_optional_source_column_is_counted_where_it_is_absent(tmp_path):
+    """``optional: [intents]`` with ``target: {intent: intents}`` said "intents absent in 0 of 5" while 2
+    rows had no ``intents`` key: the source column is counted, and the target key it feeds as well."""
+    import json
+
+    from tuneproof.data.checks import absent_optional
+    from tuneproof.data.sources import load_json_records
+    from tuneproof.study import FieldMap
+
+    p = tmp_path / "d.jsonl"
+    rows = [{"text": f"t{i}", "intents": ["a"]} for i in range(3)] + [{"text": "u"}, {"text": "v"}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fields = FieldMap(text="text", target={"intent": "intents"}, optional=["intents"])
+    ex, _ = load_json_records(p, fields, "train", lines=True)
+    r = absent_optional({"train": ex}, ["intents"])
+    assert r["counts"] == {"intents": 2}
+    assert r["line"] == "optional keys (null when absent): intents absent in 2 of 5"
+    assert absent_optional({"train": ex}, ["intent"])["counts"] == {"intent": 2}
+
+
 def test_the_data_check_screen_says_a_warned_check_once(capsys):
     """quickstart --fast printed "check train: 7 of 7 classes have fewer than 10 examples: ..." and the
     same text again as two warnings: a check line made of warnings is said once, as the warnings."""

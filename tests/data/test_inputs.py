@@ -98,7 +98,7 @@ def test_target_mapping_dotted_paths_and_optional_keys(tmp_path):
     assert [e.text for e in ex] == ["wake me at 7", "stop", "louder please"]
     assert json.loads(ex[0].target) == {"intent": ["alarm"], "slots": {"time": "7"}}
     assert json.loads(ex[1].target) == {"intent": ["stop"], "slots": None}
-    assert [e.meta.get("absent") for e in ex] == [None, ["slots"], ["slots"]]
+    assert [e.meta.get("absent") for e in ex] == [None, ["slots", "ann.slots"], ["slots", "ann.slots"]]
     with pytest.raises(
         TuneproofError, match=r"d.jsonl: 2 rows refused: .*d.jsonl:2, .*d.jsonl:3: column 'ann.slots' not found"
     ):

@@ -117,6 +117,22 @@ def test_duplicates_across_splits_exact_and_near(tmp_path):
     near = [p[:2] for p in rep["pairs"]["train/validation"]["near"]]
     assert ["train/1/003.png", "validation/1/brighter.png"] in near
     assert rep["summary"].startswith("image duplicates across splits: 1 exact")
+    # a second copy in train: the test image now matches two train images, one image in two pairs
+    (root / "train" / "1" / "again.png").write_bytes(src.read_bytes())
+    examples, _ = load_imagefolder(root, None)
+    splits = {}
+    for e in examples:
+        splits.setdefault(e.split, []).append(e)
+    rep = image_duplicates(splits)
+    assert len(rep["pairs"]["test/train"]["exact"]) == 2 and len(rep["pairs"]["train/validation"]["near"]) == 2
+    assert rep["counts"]["test/train"] == {"split": "test", "n": 13, "exact": 1, "near": 0}
+    assert rep["counts"]["train/validation"] == {"split": "validation", "n": 13, "exact": 0, "near": 1}
+    assert (rep["n_exact"], rep["n_near"], rep["n_exact_pairs"], rep["n_near_pairs"]) == (1, 2, 2, 3)
+    assert rep["summary"] == (
+        "image duplicates across splits: 1 exact, 0 near of 13 test images (test/train); "
+        "0 exact, 1 near of 13 test images (test/validation); 0 exact, 1 near of 13 validation images "
+        "(train/validation) (5 pairs listed in data_check.json)"
+    )
 
 
 def test_shortcut_check_names_the_feature_that_predicts_the_class(tmp_path):

@@ -392,7 +392,8 @@ class DedupReport:
 
 
 # --------------------------------------------------------------------------- detection
-def _ordered_split_names(names: Iterable[str]) -> list[str]:
+def ordered_splits(names: Iterable[str]) -> list[str]:
+    """Split names in train, validation, test order, any others after them sorted."""
     names = list(names)
     known = [s for s in SPLIT_ORDER if s in names]
     return known + sorted(s for s in names if s not in SPLIT_ORDER)
@@ -460,7 +461,7 @@ def find_duplicates(
             setting out of range.
     """
     _check_inputs(splits, threshold, shingles, ngram, num_perm)
-    names = _ordered_split_names(splits)
+    names = ordered_splits(splits)
     rank = {s: i for i, s in enumerate(names)}
     # Global index g -> (split, example); positions follow the split order then the list order.
     flat: list[tuple[str, Example]] = [(s, ex) for s in names for ex in splits[s]]

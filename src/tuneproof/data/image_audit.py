@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tuneproof.data.dedup import ordered_splits
 from tuneproof.data.examples import Example
 from tuneproof.data.image_sources import open_image
 from tuneproof.data.images import audit_images
@@ -35,11 +36,18 @@ FORM_FEATURES = (
 
 
 def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_DISTANCE) -> dict[str, Any]:
-    """Exact and near duplicate images across every pair of splits.
+    """Exact and near duplicate images across every pair of splits, counted in images (as the text
+    duplicates are, :meth:`tuneproof.data.dedup.DedupReport.summary_lines`), the pairs listed.
+
+    An image of the later split of a pair (train, validation, test order) that has a copy in the
+    earlier one counts once, under ``exact`` when any of its copies is exact, else ``near``; one
+    image matching three others is one image and three pairs.
 
     Returns:
-        ``{"pairs": {"train/test": {"exact": [[id_a, id_b]], "near": [[id_a, id_b, distance]]}},
-        "rule", "n_exact", "n_near", "summary": one line}``; near pairs exclude exact ones.
+        ``{"pairs": {"test/train": {"exact": [[id_a, id_b]], "near": [[id_a, id_b, distance]]}},
+        "counts": {"test/train": {"split": "test", "n": images of that split, "exact": images, "near": images}},
+        "rule", "n_exact", "n_near" (images), "n_exact_pairs", "n_near_pairs", "summary": one line}``;
+        near pairs exclude exact ones; pair keys are the two split names sorted.
     """
     import imagehash  # noqa: PLC0415
 
@@ -51,7 +59,8 @@ def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_
             if e.meta.get("image")
         ]
     pairs: dict[str, dict[str, list]] = {}
-    n_exact = n_near = 0
+    counts: dict[str, dict[str, Any]] = {}
+    n_exact = n_near = n_exact_pairs = n_near_pairs = 0
     for a, b in combinations(sorted(hashes), 2):
         by_sha = {}
         for id_b, sha_b, _ in hashes[b]:
@@ -64,18 +73,30 @@ def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_
                 d = ha - hb
                 if d <= max_distance and (id_a, id_b) not in exact_set:
                     near.append([id_a, id_b, int(d)])
-        pairs[f"{a}/{b}"] = {"exact": exact, "near": near}
-        n_exact += len(exact)
-        n_near += len(near)
+        key = f"{a}/{b}"
+        pairs[key] = {"exact": exact, "near": near}
+        later = 1 if ordered_splits([a, b])[1] == b else 0  # the held-out side: the images counted
+        exact_ids = {p[later] for p in exact}
+        near_ids = {p[later] for p in near} - exact_ids
+        counts[key] = {"split": (a, b)[later], "n": len(hashes[(a, b)[later]]), "exact": len(exact_ids)}
+        counts[key]["near"] = len(near_ids)
+        n_exact, n_near = n_exact + len(exact_ids), n_near + len(near_ids)
+        n_exact_pairs, n_near_pairs = n_exact_pairs + len(exact), n_near_pairs + len(near)
+    hit = [(k, c) for k, c in counts.items() if c["exact"] or c["near"]]
     summary = (
-        f"image duplicates across splits: {n_exact} exact, {n_near} near"
-        if n_exact or n_near
+        "image duplicates across splits: "
+        + "; ".join(f"{c['exact']} exact, {c['near']} near of {c['n']} {c['split']} images ({k})" for k, c in hit)
+        + f" ({n_exact_pairs + n_near_pairs} pairs listed in data_check.json)"
+        if hit
         else f"image duplicates: none across {'/'.join(sorted(hashes))}"
     )
     return {
         "pairs": pairs,
+        "counts": counts,
         "n_exact": n_exact,
         "n_near": n_near,
+        "n_exact_pairs": n_exact_pairs,
+        "n_near_pairs": n_near_pairs,
         "summary": summary,
         "rule": "exact: same sha256 of the file; near: pHash (imagehash) "
         f"Hamming distance <= {max_distance} of 64 bits",

@@ -16,8 +16,10 @@ what is left (see ``context.StudyContext.all_splits``).
 Field mapping (``data.fields``): ``text``, ``label``, ``id`` name a column or key; ``target`` names
 one, or is a mapping ``{out_key: column}`` that builds a JSON object per example. A name with dots
 (``meta.intent``) is a path into nested JSON objects when no key has that literal name. Names in
-``fields.optional`` may be absent: the value is ``null`` and the example records it in
-``meta["absent"]`` (counted by the data check).
+``fields.optional`` may be absent: the value is ``null`` and the example records in ``meta["absent"]``
+the key it feeds and, when its name differs, the source column (the data check counts each name
+``optional`` lists: ``optional: [intents]`` with ``target: {intent: intents}`` counts the rows without
+``intents``).
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ class _Mapper:
         value = _lookup(row, name)
         if value is _MISSING:
             if name in self.optional or out_key in self.optional:
-                absent.append(out_key)
+                # the key it feeds and the source column: `optional` may name either (data check counts both)
+                absent += [out_key] + ([name] if name != out_key else [])
                 return None
             raise TuneproofError(
                 f"{where}: {self.kind} '{name}' not found ({self.kind}s: {', '.join(map(str, available))})",

@@ -67,6 +67,29 @@ def test_answers_cut_by_max_length_are_counted_and_a_cut_end_token_is_a_hard_fau
     assert cut_answers({"train": [short]}, cut_at)["line"] == f"answers cut by max_length {cut_at}: none"
 
 
+def test_references_longer_than_the_generation_budget_are_counted(tiny_tokenizer):
+    """A math-format set had 94 of 100 references over eval.max_new_tokens 64 and nothing warned: the
+    answers are counted in the tokens the model must generate (its own tokenizer, end token left out)."""
+    from tuneproof.data.checks import cut_by_generation
+
+    pipe = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=512)
+    long_answer = "add the piano bar to my Cindy Wilson playlist rate this book five out of six"
+    n_long = len(tiny_tokenizer(long_answer, add_special_tokens=False)["input_ids"])
+    enc = [pipe.encode(Example("v1", "hello", target=long_answer)), pipe.encode(Example("v2", "hi", target="a b c"))]
+    assert enc[0].answer_tokens == n_long + 1  # the end token follows the answer
+    r = cut_by_generation(enc, "validation", n_long - 1)
+    assert (r["count"], r["n"], r["longest"], r["ids"]) == (1, 2, n_long, ["v1"])
+    assert r["line"] == (
+        f"answers longer than eval.max_new_tokens {n_long - 1}: 1 of 2 validation references (longest {n_long} "
+        f"tokens; set eval.max_new_tokens to at least {n_long}, or the output metrics are capped): v1 ({n_long})"
+    )
+    ok = cut_by_generation(enc, "validation", n_long)  # the whole text fits; the end token is not needed for it
+    assert ok["count"] == 0
+    assert ok["line"] == f"answers longer than eval.max_new_tokens {n_long}: none of 2 validation references " + (
+        f"(longest {n_long} tokens)"
+    )
+
+
 def test_suggested_max_length_never_cuts_an_answer():
     lengths = {"train": [30] * 99 + [500], "validation": [20, 610]}
     plain = length_stats(lengths, 128)
@@ -107,6 +130,7 @@ def test_data_check_states_every_result_when_it_finds_nothing(tmp_path, tiny_mod
         "duplicates: none across train/validation",
         "classes under 10 examples: none in train/validation",
         "answers cut by max_length 128: none",
+        "answers longer than eval.max_new_tokens 64: none of 22 validation references (longest 1 token)",
         "classes missing from a split: none",
         "texts with different labels: none",
         "encoding faults (0 supervised tokens, end token, prompt prefix): none",

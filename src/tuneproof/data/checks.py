@@ -83,6 +83,43 @@ def cut_answers(encoded: dict[str, list], max_length: int) -> dict[str, Any]:
     return {"count": len(rows), "examples": rows, "tokens_lost": lost, "line": line}
 
 
+def cut_by_generation(encoded: list, split: str, max_new_tokens: int, end_token: bool = True) -> dict[str, Any]:
+    """Reference answers of the evaluation split longer than the generation budget ``eval.max_new_tokens``.
+
+    An answer's length is counted in the tokens the model must generate for it, from the trainer's
+    own encoding (:class:`~tuneproof.data.preprocess.Encoded` ``answer_tokens``: the answer as it
+    follows the inference prompt, tokenised as the model produces it, with its end token, which is
+    left out here when ``end_token``: the text is whole without it). A longer reference can never
+    be produced whole: every metric on it is capped.
+
+    Returns ``{"split", "max_new_tokens", "n", "count", "longest", "ids", "line"}``; ``line`` reads
+    ``"answers longer than eval.max_new_tokens 64: 94 of 100 validation references (longest 180
+    tokens; set eval.max_new_tokens to at least 180): ..."``, or ``"...: none of 100 validation
+    references (longest 42 tokens)"``.
+    """
+    need = [(e.id, max(0, e.answer_tokens - (1 if end_token else 0))) for e in encoded]
+    over = [(i, k) for i, k in need if k > max_new_tokens]
+    longest = max((k for _, k in need), default=0)
+    head = f"answers longer than eval.max_new_tokens {max_new_tokens}: "
+    if over:
+        line = (
+            head + f"{len(over)} of {len(need)} {split} references (longest {longest} tokens; set eval.max_new_tokens "
+            f"to at least {longest}, or the output metrics are capped): "
+            + _listing([f"{i} ({k})" for i, k in sorted(over, key=lambda x: -x[1])])
+        )
+    else:
+        line = head + f"none of {len(need)} {split} references (longest {longest} token{'' if longest == 1 else 's'})"
+    return {
+        "split": split,
+        "max_new_tokens": max_new_tokens,
+        "n": len(need),
+        "count": len(over),
+        "longest": longest,
+        "ids": [i for i, _ in over],
+        "line": line,
+    }
+
+
 def absent_optional(splits: dict[str, list[Example]], optional: list[str]) -> dict[str, Any]:
     """How many examples lack each ``data.fields.optional`` key (value null).
 

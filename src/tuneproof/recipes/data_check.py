@@ -19,7 +19,8 @@ Features:
 - checks that state their result also when they find nothing (``checks``): empty texts dropped by
   the cleaning rules (file:line of each), duplicates across splits, classes under
   ``data.min_class_examples`` in train and the eval split, answers cut by ``training.max_length``
-  (count, ids, answer tokens lost), optional keys absent.
+  (count, ids, answer tokens lost), reference answers of the eval split longer than
+  ``eval.max_new_tokens`` (count and the budget that keeps them whole), optional keys absent.
 - the hypothesis against the data, before the run (bad input, exit 2): a guard's ``classes`` that
   are not labels, a format rule (``eval.regex`` / ``eval.json_schema``) no gold target satisfies.
 Hard faults fail the run (exit 3) after the report is written.
@@ -125,6 +126,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
         "small_classes": checks["small_classes"],
         "cut_answers": checks["cut_answers"],
+        "generation_budget": checks["generation_budget"],
         "optional_absent": checks["optional_absent"],
         "checks": checks["lines"],
         "hard_faults": hard,
@@ -138,13 +140,27 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
     small = checks.small_classes(ctx.all_splits, s.eval.split, s.data.min_class_examples)
     cut = checks.cut_answers(encoded, s.training.max_length) if generative else None
     absent = checks.absent_optional(ctx.all_splits, s.data.fields.optional)
+    # the generation budget against the gold answers of the split that is generated (eval and test use the same budget)
+    budget = (
+        checks.cut_by_generation(
+            encoded[s.eval.split],
+            s.eval.split,
+            s.eval.max_new_tokens,
+            getattr(ctx.pipeline, "end_token", None) is not None,
+        )
+        if generative and s.eval.split in encoded
+        else None
+    )
     lines = [dropped_summary(getattr(ctx, "dropped_empty", [])), checks.duplicates_line(dedup)]
-    lines += [x for x in (small["line"], cut and cut["line"], absent["line"]) if x]
+    lines += [x for x in (small["line"], cut and cut["line"], budget and budget["line"], absent["line"]) if x]
     return {
         "lines": lines,
-        "warnings": small["warnings"] + ([cut["line"]] if cut and cut["count"] else []),
+        "warnings": small["warnings"]
+        + ([cut["line"]] if cut and cut["count"] else [])
+        + ([budget["line"]] if budget and budget["count"] else []),
         "small_classes": small,
         "cut_answers": cut,
+        "generation_budget": budget,
         "optional_absent": absent,
     }
 

@@ -139,6 +139,59 @@ def test_data_check_states_every_result_when_it_finds_nothing(tmp_path, tiny_mod
     assert rep["passed"] is True
 
 
+def test_each_class_guard_states_how_many_classes_it_can_judge(tmp_path, tiny_model_dir):
+    """A guard with min_support 5 on an eval subset of 2 per class was found only at `compare` ("not
+    measurable", then every class name): the data check says it first, per guard, with the list capped."""
+    labels = [f"c{k:02d}" for k in range(12)]
+    rows = ["text,label"] + [
+        f"sentence {i} about topic {labels[i % 12]} number {i * 7},{labels[i % 12]}" for i in range(120)
+    ]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    guards = [
+        {"metric": "per_class_recall", "max_drop": 0.1, "min_support": 5},
+        {"metric": "per_class_f1", "max_drop": 0.1, "min_support": 2, "classes": ["c00", "c01"]},
+        {"metric": "accuracy", "max_drop": 0.1},
+    ]
+    (tmp_path / "tuneproof.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "c",
+                "hypothesis": {
+                    "behaviour": "b",
+                    "task": "classification",
+                    "success": {"metric": "macro_f1"},
+                    "guards": guards,
+                },
+                "data": {
+                    "sources": [{"path": "d.csv", "format": "csv"}],
+                    "fields": {"label": "label"},
+                    "split": {"fractions": {"train": 0.5, "validation": 0.5}},
+                },
+                "model": {"base": str(tiny_model_dir), "kind": "causal-lm"},
+                "eval": {"max_examples": 24},
+            }
+        )
+    )
+    from tuneproof.recipes.data_check import data_report  # noqa: PLC0415
+
+    rep = data_report(StudyContext.open(tmp_path))
+    first, second = rep["guard_support"]
+    assert (first["measurable"], first["items"], first["n"], first["warn"]) == (0, 12, 24, True)
+    assert first["unmeasurable"] == dict.fromkeys(labels, 2)
+    assert first["line"] == (
+        "hypothesis.guards[0] per_class_recall (min_support 5): 0 of 12 classes measurable on validation "
+        "(24 examples); support under 5: 'c00' 2, 'c01' 2, 'c02' 2, 'c03' 2, 'c04' 2, 'c05' 2, 'c06' 2, 'c07' 2, "
+        "'c08' 2, 'c09' 2 and 2 more; compare would call it 'not measurable': lower min_support, evaluate more "
+        "examples (eval.max_examples, data.split.max_examples) or name the classes"
+    )
+    assert first["line"] in rep["warnings"]
+    assert (second["measurable"], second["items"], second["warn"]) == (2, 2, False)
+    assert second["line"] == (
+        "hypothesis.guards[1] per_class_f1 (min_support 2): 2 of 2 classes measurable on validation (24 examples)"
+    )
+    assert second["line"] in rep["checks"] and second["line"] not in rep["warnings"]
+
+
 def test_optional_keys_absent_are_counted():
     from tuneproof.data.checks import absent_optional
 

@@ -146,6 +146,23 @@ def test_zero_support_class_is_left_out_of_macro_and_not_measurable_in_guards():
     assert g["verdict"] == "pass" and "judged on classes with support >= 1" in g["detail"]
     assert g["detail"].endswith("not measurable (support < 1): C (support 0)")
     assert "macro_f1: macro over 2 of 3 labels present (support > 0)" in "\n".join(summary_lines("r2", "r1", r))
+    # 13 classes absent from the split: the detail names 10 and counts the rest; every item is kept
+    many = [f"Z{k:02d}" for k in range(13)]
+    r = paired_compare(
+        base,
+        cand,
+        "classification",
+        required_fields=[],
+        eval_cfg=Eval(),
+        hypothesis=hyp,
+        iterations=50,
+        labels=["A", "B", *many],
+    )
+    g = r["verdicts"][1]
+    assert len(g["items"]) == 15
+    assert g["detail"].endswith(
+        "not measurable (support < 1): " + ", ".join(f"{z} (support 0)" for z in many[:10]) + " and 3 more"
+    )
 
 
 def test_guard_states_the_minimum_support_it_needs():

@@ -589,7 +589,10 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
                 detail += f"; inconclusive for: {', '.join(unsure)}"
             detail += f" ({stated})"
         if unmeasurable:
-            detail += f"; not measurable (support < {min_support}): {', '.join(unmeasurable)}"
+            shown = ", ".join(unmeasurable[:LISTED]) + (
+                f" and {len(unmeasurable) - LISTED} more" if len(unmeasurable) > LISTED else ""
+            )  # every item stays in ``items``
+            detail += f"; not measurable (support < {min_support}): {shown}"
         out.append(
             {
                 "name": f"guard: {guard.metric}{' for ' + ', '.join(only) if only else ''} {rule}",
@@ -602,6 +605,82 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
                 "verdict": verdict,
                 "detail": detail,
                 "items": items,
+            }
+        )
+    return out
+
+
+#: names listed in one line before "and N more" (the full lists are in the records)
+LISTED = 10
+
+
+def guard_support(hypothesis: Any, task: str, examples: Sequence[Any], cfg: TaskConfig, split: str) -> list[dict]:
+    """How many classes (fields) each per-class / per-field guard can judge on ``examples``, before any run.
+
+    The support of a class or field is the scorer's own (``support`` of ``per_class`` /
+    ``per_field``; e.g. references of that class, or gold values of that field), computed by scoring
+    the references against themselves, so it is the number :func:`judge_hypothesis` will compare with
+    the guard's ``min_support``.
+
+    Args:
+        examples: the evaluated examples (the eval split as ``eval.max_examples`` caps it), each with
+            ``id``, ``label``, ``text``, ``target``.
+        cfg: the scorer's config (:func:`tuneproof.tasks.task_config`), with the study's label set.
+        split: the split's name, for the line.
+
+    Returns:
+        one ``{"guard", "metric", "min_support", "n", "items", "measurable", "unmeasurable": {name:
+        support}, "warn", "line"}`` per such guard; ``warn`` when none or fewer than half of the items
+        are measurable. Guards on aggregate metrics are left out.
+    """
+    kind = get_task(task)
+    records = [
+        {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": e.target}
+        for e in examples
+    ]
+    metrics: dict | None = None
+    out = []
+    for gi, guard in enumerate(hypothesis.guards):
+        group = next((g for g in ("per_class", "per_field") if guard.metric.startswith(g + "_")), None)
+        if group is None:
+            continue
+        if metrics is None:
+            metrics = kind.score(records, cfg)[1] if records else {}
+        support = {name: int(m.get("support") or 0) for name, m in (metrics.get(group) or {}).items()}
+        if guard.classes is not None and group == "per_class":
+            support = {c: support.get(c, 0) for c in guard.classes}
+        what = "classes" if group == "per_class" else "fields"
+        ms = int(guard.min_support)
+        low = {k: v for k, v in sorted(support.items(), key=lambda kv: (kv[1], kv[0])) if v < ms}
+        measurable = len(support) - len(low)
+        warn = bool(support) and (measurable == 0 or measurable < len(support) / 2)
+        line = (
+            f"hypothesis.guards[{gi}] {guard.metric} (min_support {ms}): {measurable} of {len(support)} {what} "
+            f"measurable on {split} ({len(records)} examples)"
+        )
+        if low:
+            names = [f"'{k}' {v}" for k, v in low.items()]
+            line += (
+                f"; support under {ms}: "
+                + ", ".join(names[:LISTED])
+                + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
+            )
+        if warn:
+            line += (
+                f"; compare would call {'it' if measurable == 0 else 'those'} 'not measurable': lower min_support, "
+                "evaluate more examples (eval.max_examples, data.split.max_examples) or name the classes"
+            )
+        out.append(
+            {
+                "guard": gi,
+                "metric": guard.metric,
+                "min_support": ms,
+                "n": len(records),
+                "items": len(support),
+                "measurable": measurable,
+                "unmeasurable": low,
+                "warn": warn,
+                "line": line,
             }
         )
     return out

@@ -20,7 +20,9 @@ Features:
   the cleaning rules (file:line of each), duplicates across splits, classes under
   ``data.min_class_examples`` in train and the eval split, answers cut by ``training.max_length``
   (count, ids, answer tokens lost), reference answers of the eval split longer than
-  ``eval.max_new_tokens`` (count and the budget that keeps them whole), optional keys absent.
+  ``eval.max_new_tokens`` (count and the budget that keeps them whole), optional keys absent, and per
+  per-class / per-field guard how many classes (fields) the evaluated examples can judge at its
+  ``min_support`` (a warning when none or fewer than half).
 - the hypothesis against the data, before the run (bad input, exit 2): a guard's ``classes`` that
   are not labels, a format rule (``eval.regex`` / ``eval.json_schema``) no gold target satisfies.
 Hard faults fail the run (exit 3) after the report is written.
@@ -40,6 +42,7 @@ from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.lengths import length_stats
 from tuneproof.data.preprocess import visible
 from tuneproof.errors import CheckFailed
+from tuneproof.evaluation.compare import guard_support
 from tuneproof.hypothesis import check_against_data
 from tuneproof.modalities.base import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHECKS, TOKEN_LENGTHS
 from tuneproof.recipes.common import record_inputs
@@ -126,6 +129,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
         "small_classes": checks["small_classes"],
         "cut_answers": checks["cut_answers"],
+        "guard_support": checks["guard_support"],
         "generation_budget": checks["generation_budget"],
         "optional_absent": checks["optional_absent"],
         "checks": checks["lines"],
@@ -151,18 +155,33 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
         if generative and s.eval.split in encoded
         else None
     )
+    guards = _guard_support(ctx)
     lines = [dropped_summary(getattr(ctx, "dropped_empty", [])), checks.duplicates_line(dedup)]
     lines += [x for x in (small["line"], cut and cut["line"], budget and budget["line"], absent["line"]) if x]
+    lines += [g["line"] for g in guards]
     return {
         "lines": lines,
         "warnings": small["warnings"]
         + ([cut["line"]] if cut and cut["count"] else [])
-        + ([budget["line"]] if budget and budget["count"] else []),
+        + ([budget["line"]] if budget and budget["count"] else [])
+        + [g["line"] for g in guards if g["warn"]],
+        "guard_support": guards,
         "small_classes": small,
         "cut_answers": cut,
         "generation_budget": budget,
         "optional_absent": absent,
     }
+
+
+def _guard_support(ctx: StudyContext) -> list[dict]:
+    """Per guard on classes or fields: how many the evaluated examples can judge (``guard_support``)."""
+    s = ctx.study
+    if not any(g.metric.startswith(("per_class_", "per_field_")) for g in s.hypothesis.guards):
+        return []
+    # what baseline and eval will predict (the eval.max_examples subset); `test` predicts its whole split
+    test = s.eval.split == s.data.test_split
+    items = ctx.split(s.eval.split, allow_test=True) if test else ctx.eval_examples()
+    return guard_support(s.hypothesis, ctx.task, items, task_config(ctx), s.eval.split)
 
 
 def run_data_check(ctx: StudyContext) -> str:

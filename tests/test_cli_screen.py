@@ -270,3 +270,46 @@ def test_runs_at_80_columns_cuts_no_metric_and_wraps_no_short_cell(tmp_path, cap
     assert all(
         time for time in re.findall(r"\b\d\d-\d\d\b( \d\d:\d\d)?", out)
     )  # a creation time is never split from its date
+
+
+def test_compare_screen_caps_a_77_class_list_and_names_each_criterion_once(monkeypatch, capsys):
+    """A guard that cannot judge 77 classes (support 2, 3 needed) names 10 of them on the compare
+    screen, then how many more (the whole list is in compare.json); each verdict line reads
+    "pass  success: ...", not "success pass success: ..."."""
+    from tuneproof.evaluation.compare import judge, overall_verdict
+    from tuneproof.recipes.compare import _print
+    from tuneproof.study import Hypothesis
+    from tuneproof.ui import console
+
+    names = [f"card_payment_not_recognised_{i:02d}" for i in range(77)]
+    r = {
+        "task": "classification",
+        "n": 154,
+        "counts": {"fixed": 40, "broken": 9, "unchanged_right": 60, "unchanged_wrong": 45},
+        "mcnemar": {"p_value": 1e-5},
+        "metrics": {"accuracy": {"base": 0.4, "cand": 0.6, "delta": 0.2, "ci": [0.1, 0.3]}},
+        "per_class": {
+            n: {"recall": {"base": 0.5, "cand": 0.5, "delta": 0.0, "ci": [0.0, 0.0], "support": 2}} for n in names
+        },
+        "per_field": {},
+    }
+    hyp = Hypothesis(
+        behaviour="b",
+        task="classification",
+        success={"metric": "accuracy", "min_gain": 0.05},
+        guards=[{"metric": "per_class_recall", "max_drop": 0.1, "min_support": 3}],
+    )
+    r["verdicts"] = judge(hyp, r)
+    r["overall"] = overall_verdict(r["verdicts"])
+    monkeypatch.setattr(console, "_width", 100)
+    _print("r0004", "r0002", r, "runs/r0005/compare.json")
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    success = next(line for line in lines if "success: accuracy gain >= 0.05" in line)
+    assert success.split()[:7] == ["pass", "success:", "accuracy", "gain", ">=", "0.05:", "delta"]
+    guard = next(line for line in lines if "guard: per_class_recall" in line)
+    assert guard.startswith("  not measurable ") and guard.endswith(
+        "card_payment_not_recognised_09 (support 2) and 67 more (in compare.json)"
+    )
+    assert "card_payment_not_recognised_10" not in out and max(len(line) for line in lines) < 800
+    assert len(r["verdicts"][1]["items"]) == 77  # the whole list stays in compare.json

@@ -313,6 +313,33 @@ def table(
     return t
 
 
+#: how many items a list names on a screen or in the dossier before "and N more" (the whole list
+#: stays in the run's JSON and in the dossier's details)
+LIST_CAP = 10
+
+
+def capped_items(items, *, cap: int = LIST_CAP, where: str | None = None) -> list[str]:
+    """The first ``cap`` of ``items`` as strings, then one ``"and N more"`` entry (``"and N more
+    (in compare.json)"`` with ``where``) when there are more; ``items`` unchanged when they fit.
+
+    Every list on a screen or in the dossier goes through this (or :func:`capped`), so a study with
+    77 classes prints 10 names, not 77.
+    """
+    items = [str(x) for x in items]
+    if len(items) <= cap:
+        return items
+    return items[:cap] + [f"and {len(items) - cap} more" + (f" (in {where})" if where else "")]
+
+
+def capped(items, *, cap: int = LIST_CAP, sep: str = ", ", where: str | None = None) -> str:
+    """``items`` joined by ``sep``, at most ``cap`` of them, then ``and N more``:
+    ``capped(["a", "b", "c"], cap=2) == "a, b and 1 more"``; see :func:`capped_items`."""
+    shown = capped_items(items, cap=cap, where=where)
+    if len(shown) > cap:
+        return sep.join(shown[:-1]) + " " + shown[-1]
+    return sep.join(shown)
+
+
 def fmt(x, digits: int = 3) -> str:
     if x is None:
         return "-"

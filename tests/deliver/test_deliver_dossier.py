@@ -125,7 +125,7 @@ def test_first_screen_stands_alone(dossier_study):
     assert first.lstrip().startswith(f"**verdict (frozen hypothesis): {data['verdict'].upper()} (")
     lo, hi = succ["ci"]
     assert (
-        f"| success | success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | "
+        f"| success: macro_f1 gain >= 0 | {succ['verdict']} | {succ['base']:.3f} | "
         f"{succ['cand']:.3f} | {succ['delta']:.3f} [{lo:.3f}, {hi:.3f}] |" in first
     )
     assert (
@@ -141,7 +141,9 @@ def test_first_screen_stands_alone(dossier_study):
         f"- did not complete: {dossier_study['variant']} (train) invalid: evaluated on the wrong split (was completed)"
         in first
     )
-    assert "- limits: regressed: class " in first
+    limits = first.split("limits observed of ")[1].split("\n\n")[1].splitlines()
+    assert 1 <= len(limits) <= 5 and limits[0].startswith("- regressed: ")  # at most 5, one line each
+    assert all(len(line) < 200 for line in limits)
     assert "- test split: read 2 time(s) (" in first and "wears out its value as a control" in first
     assert "details: [Hypothesis and guards](#hypothesis) · [Baseline](#baseline)" in first
     assert '<a id="data-check"></a>\n\n## Data check' in md
@@ -239,3 +241,30 @@ def test_training_table_names_the_speedups_each_run_used():
         "none",
         "-",
     ]
+
+
+def test_first_screen_says_a_one_class_collapse(dossier_study, tmp_path):
+    """A candidate that predicts one class for every example is said on the first screen, as on the
+    compare screen (the verdict alone would not show it)."""
+    import json
+    import shutil
+
+    d = tmp_path / "study"
+    shutil.copytree(dossier_study["dir"], d, ignore=shutil.ignore_patterns("exports", "*.safetensors", "*.bin"))
+    path = sorted(p for p in (d / "runs").iterdir() if (p / "compare.json").exists())[-1] / "compare.json"
+    data = json.loads(path.read_text())
+    cand = next(iter(data["candidates"].values()))
+    cand["dominant"] = {
+        "flagged": True,
+        "detail": "predicts 'warranty' for 120 of 120 examples (100%; 3.1% of the references)",
+    }
+    path.write_text(json.dumps(data))
+    first = build_markdown(StudyContext.open(d)).split("## Summary")[1].split("## Hypothesis and guards")[0]
+    table_end = first.index("\n\n", first.index("| criterion |"))
+    assert (
+        first[table_end:]
+        .lstrip()
+        .startswith(
+            "**warning: the candidate predicts 'warranty' for 120 of 120 examples (100%; 3.1% of the references)**"
+        )
+    )

@@ -146,3 +146,81 @@ def test_every_plot_has_axis_labels(dossier_study):
         assert panels, alt
         for xlabel, ylabel in panels:  # the labels matplotlib drew, stored in the PNG when it was saved
             assert xlabel.strip() and ylabel.strip(), (alt, xlabel, ylabel)
+
+
+# each column of the first screen's criteria table, measured in the rendered layout
+COLUMNS = """<script>
+window.addEventListener('load', function () {
+  var table = document.querySelector('#summary table');
+  var ths = Array.prototype.map.call(table.querySelectorAll('th'), function (th) {
+    var range = document.createRange();
+    range.selectNodeContents(th);
+    return {text: th.textContent, width: th.getBoundingClientRect().width, lines: range.getClientRects().length};
+  });
+  console.log('TUNEPROOF-COLUMNS ' + JSON.stringify({table: table.getBoundingClientRect().width,
+    vw: document.documentElement.clientWidth, ths: ths}));
+});
+</script>"""
+
+
+def many_class_first_screen() -> tuple[str, list[dict]]:
+    """A first screen of a 77-class study (BANKING77's shape) whose per-class guard cannot judge a
+    class: support 2 in the evaluated split, 3 needed; the verdicts are judged for real."""
+    from tuneproof.deliver.dossier import criteria_table, to_html
+    from tuneproof.evaluation.compare import judge
+    from tuneproof.study import Hypothesis
+
+    names = [f"card_payment_not_recognised_{i:02d}" for i in range(77)]
+    result = {
+        "task": "classification",
+        "metrics": {"accuracy": {"base": 0.4, "cand": 0.6, "delta": 0.2, "ci": [0.1, 0.3]}},
+        "per_class": {
+            n: {"recall": {"base": 0.5, "cand": 0.5, "delta": 0.0, "ci": [0.0, 0.0], "support": 2}} for n in names
+        },
+        "per_field": {},
+    }
+    hyp = Hypothesis(
+        behaviour="b",
+        task="classification",
+        success={"metric": "accuracy", "min_gain": 0.05},
+        guards=[{"metric": "per_class_recall", "max_drop": 0.1, "min_support": 3}],
+    )
+    verdicts = judge(hyp, result)
+    page = to_html(
+        {
+            "title": "Dossier: banking77",
+            "sections": [
+                {"id": "summary", "title": "Summary", "blocks": [criteria_table(verdicts)]},
+                {"id": "limits", "title": "Limits observed", "blocks": []},
+            ],
+        }
+    )
+    return page, verdicts
+
+
+def test_a_77_class_first_screen_keeps_its_columns_readable(tmp_path):
+    import json
+
+    page, verdicts = many_class_first_screen()
+    guard = verdicts[1]
+    assert len(guard["items"]) == 77 and guard["verdict"] == "not measurable"  # the whole list stays in the JSON
+    assert guard["detail"].endswith(
+        "card_payment_not_recognised_09 (support 2) and 67 more (in compare.json)"
+    )  # the screen names 10
+    console = _render(page, tmp_path, "1280,800", COLUMNS)
+    got = [
+        json.loads(line.split("TUNEPROOF-COLUMNS ", 1)[1].rsplit('", source', 1)[0])
+        for line in console
+        if "TUNEPROOF-COLUMNS" in line
+    ]
+    assert got, "no layout output:\n" + "\n".join(console[-5:])
+    lay = got[0]
+    ths = {th["text"]: th for th in lay["ths"]}
+    assert list(ths) == ["criterion", "verdict", "baseline", "candidate", "delta [95% CI]", "note"]
+    for name in ("verdict", "baseline", "candidate"):  # one line each, not one letter per line
+        assert ths[name]["lines"] == 1, (name, ths[name])
+        assert ths[name]["width"] >= 7 * len(name), (name, ths[name])
+    assert (
+        ths["criterion"]["width"] >= 120 and ths["note"]["width"] >= 250
+    )  # the long note wraps in a column of its own, it does not squeeze the rest
+    assert lay["table"] <= lay["vw"]

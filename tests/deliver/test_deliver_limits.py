@@ -86,3 +86,29 @@ def test_verification_examples_cover_the_classes_round_robin():
     rows = [dict(r) for r in {r["id"]: r for r in rows}.values()]  # a0 a1 a2 b0 b1 b2
     assert [r["id"] for r in pick_examples(rows, 4)] == ["a0", "b0", "a1", "b1"]
     assert [r["id"] for r in pick_examples(rows[:2], 5)] == ["a0", "a1"]
+
+
+def test_the_first_screen_names_at_most_five_short_limits():
+    from tuneproof.deliver.limits import summary_limits
+
+    many = {
+        f"intent_{i:02d}": {"recall": {"base": 0.6, "cand": 0.3, "delta": -0.3, "ci": [-0.5, 0.1], "support": 4}}
+        for i in range(40)
+    }
+    lim = observed_limits(
+        "classification",
+        eval_metrics=None,
+        outputs=[{"id": "1", "correct": False, "reference": "a", "prediction": "b", "scores": {"valid_label": True}}],
+        comparison={"per_class": many, "per_field": {}, "broken_ids": [f"x{i}" for i in range(20)], "notes": ["n1"]},
+        test_accesses=[{"candidate": "r2"}],
+    )
+    assert summary_limits(lim) == [
+        "regressed: 40 classes (0 significantly); worst class intent_00: recall 0.600 -> 0.300",
+        "weak (below 0.5): 40 classes: intent_00 0.30, intent_01 0.30, intent_02 0.30, intent_03 0.30, "
+        "intent_04 0.30 and 35 more",
+        "most frequent failure: a predicted as b: 1 example(s) (100%)",
+        "right before, wrong after fine-tuning: x0, x1, x2 and 17 more",
+        "test set: the test split was read once",
+    ]  # the note is the 6th: left to section Limits observed
+    lines = limits_lines(lim, 12)
+    assert lines[12] == "regressed: and 28 more" and lines[13].startswith("weak: class intent_00")

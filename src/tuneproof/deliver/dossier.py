@@ -29,7 +29,14 @@ from collections import Counter
 from typing import Any
 
 from tuneproof import hypothesis as hyp
-from tuneproof.deliver.limits import PER_FIELD_METRIC, limits_lines, observed_limits, per_class_metric
+from tuneproof.deliver.limits import (
+    FIRST_SCREEN_LIMITS,
+    PER_FIELD_METRIC,
+    limits_lines,
+    observed_limits,
+    per_class_metric,
+    summary_limits,
+)
 from tuneproof.deliver.plots import confusion, loss_curves, memory_throughput, metric_bars, token_lengths
 from tuneproof.deliver.rental_plan import cost_lines, load_plan
 from tuneproof.errors import TuneproofError
@@ -45,6 +52,7 @@ from tuneproof.modalities.base import (
 )
 from tuneproof.registry import iso, override_flags
 from tuneproof.tasks import get_task
+from tuneproof.ui import capped, capped_items
 
 NOT_RUN = "not run yet"
 
@@ -82,7 +90,7 @@ def flatten(obj: Any, prefix: str = "", depth: int = 3) -> list[tuple[str, Any]]
                 out += flatten(v, key, depth - 1)
             elif isinstance(v, list):
                 if all(not isinstance(x, (dict, list)) for x in v):
-                    out.append((key, ", ".join(_fmt(x) for x in v[:12]) + (" ..." if len(v) > 12 else "")))
+                    out.append((key, capped([_fmt(x) for x in v])))
             else:
                 out.append((key, v))
     return out
@@ -240,21 +248,10 @@ def _summary(ev: _Evidence) -> list[dict]:
                 f"{(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})",
             }
         )
-        rows = []
-        for v in verdicts:
-            shown = guard_lines(v)[0] if v.get("items") else ""
-            rows.append(
-                [
-                    v.get("kind"),
-                    v.get("name"),
-                    v.get("verdict"),
-                    v.get("base"),
-                    v.get("cand"),
-                    f"{_fmt(v.get('delta'))} {_ci(v.get('ci'))}",
-                    shown,
-                ]
-            )
-        blocks.append(_table(["criterion", "rule", "verdict", "baseline", "candidate", "delta [95% CI]", "note"], rows))
+        blocks.append(criteria_table(verdicts))
+        for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse
+            if (first.get(key) or {}).get("flagged"):
+                blocks.append({"type": "strong", "text": f"warning: the {who} {first[key]['detail']}"})
         if judged[1]:
             blocks.append(
                 _paragraph(
@@ -283,13 +280,11 @@ def _summary(ev: _Evidence) -> list[dict]:
         if ev.runs
         else "runs: none yet"
     )
-    items += [f"did not complete: {r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad[:8]]
-    if len(bad) > 8:
-        items.append(f"... and {len(bad) - 8} more (section Runs)")
-    lim = _observed(ev)
-    if lim is not None:
-        lines = limits_lines(lim[1], 3)
-        items.append("limits: " + ("; ".join(lines) if lines else "none observed") + " (section Limits observed)")
+    items += capped_items(
+        [f"did not complete: {r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad],
+        cap=5,
+        where="section Runs",
+    )
     acc = ev.reg.test_accesses()
     if not acc:
         items.append("test split: not read")
@@ -297,7 +292,7 @@ def _summary(ev: _Evidence) -> list[dict]:
         reused = [a for a in acc if (a.get("result") or {}).get("test_reuse")]
         items.append(
             f"test split: read {len(acc)} time(s) ("
-            + ", ".join(f"{a['run']} for {a['candidate']}" for a in acc[:5])
+            + capped([f"{a['run']} for {a['candidate']}" for a in acc], cap=5)
             + ")"
             + (f"; {len(reused)} read(s) recorded as reuse" if reused else "")
             + ("; reading it more than once wears out its value as a control" if len(acc) > 1 else "")
@@ -308,7 +303,34 @@ def _summary(ev: _Evidence) -> list[dict]:
         else "export: not run yet (`tuneproof export RUN`)"
     )
     blocks.append({"type": "list", "items": items})
+    lim = _observed(ev)
+    if lim is not None:
+        lines = summary_limits(lim[1])
+        blocks.append(
+            _paragraph(f"limits observed of {lim[0]} (the first {FIRST_SCREEN_LIMITS}; all in Limits observed):")
+        )
+        blocks.append({"type": "list", "items": lines or ["none observed"]})
     return blocks
+
+
+def criteria_table(verdicts: list[dict]) -> dict:
+    """The first screen's table: one row per criterion (success, each guard) with its verdict, the
+    numbers and, for a per-class / per-field guard, a note whose lists are capped
+    (:func:`tuneproof.ui.capped`; every item is in ``compare.json``)."""
+    rows = []
+    for v in verdicts:
+        shown = guard_lines(v)[0] if v.get("items") else ""
+        rows.append(
+            [
+                v.get("name"),
+                v.get("verdict"),
+                v.get("base"),
+                v.get("cand"),
+                f"{_fmt(v.get('delta'))} {_ci(v.get('ci'))}",
+                shown,
+            ]
+        )
+    return _table(["criterion", "verdict", "baseline", "candidate", "delta [95% CI]", "note"], rows)
 
 
 def _candidate_change(ev: _Evidence, cid: str) -> str:
@@ -363,10 +385,10 @@ def _hypothesis_items(h: dict) -> list[str]:
             ]
             if x
         )
-        only = f" for {', '.join(g['classes'])}" if g.get("classes") else ""
+        only = f" for {capped(g['classes'])}" if g.get("classes") else ""
         items.append(f"guard: {g.get('metric')}{only} {rule or 'has no condition'}")
     if h.get("required_fields"):
-        items.append(f"required fields: {', '.join(h['required_fields'])}")
+        items.append(f"required fields: {capped(h['required_fields'])}")
     fmt = {k: v for k, v in (h.get("format") or {}).items() if v not in (None, False)}
     if fmt:
         items.append(
@@ -536,7 +558,7 @@ def _change_of(ev: _Evidence, r) -> str:
     a, b = ev.json(r.parent, "config.json") or {}, ev.json(r.id, "config.json") or {}
     da, db = dict(flatten(a, depth=4)), dict(flatten(b, depth=4))
     diff = [f"{k}: {_fmt(da.get(k))} -> {_fmt(db.get(k))}" for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
-    return "; ".join(diff[:5]) + (" ..." if len(diff) > 5 else "") if diff else "no config change recorded"
+    return capped(diff, cap=5, sep="; ") if diff else "no config change recorded"
 
 
 def _lineage(ev: _Evidence) -> list[dict]:
@@ -1085,9 +1107,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
             items, folded = [], []
             for v in r.get("verdicts", []):
                 failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
-                items.append(
-                    f"{v['kind']} {v['verdict']}: {v['name']}: {guard_lines(v)[0] if failing else v.get('detail', '')}"
-                )
+                items.append(f"{v['name']}: {v['verdict']}: {guard_lines(v)[0] if failing else v.get('detail', '')}")
                 if failing:  # one row per failing class / field, all of them (the screen shows 10)
                     folded.append(
                         {
@@ -1114,9 +1134,9 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
                     )
             items += [f"note: {n}" for n in r.get("notes", [])]
             if r.get("fixed_ids"):
-                items.append("fixed (wrong before, right after): " + ", ".join(map(str, r["fixed_ids"][:10])))
+                items.append("fixed (wrong before, right after): " + capped(r["fixed_ids"]))
             if r.get("broken_ids"):
-                items.append("broken (right before, wrong after): " + ", ".join(map(str, r["broken_ids"][:10])))
+                items.append("broken (right before, wrong after): " + capped(r["broken_ids"]))
             if items:
                 blocks.append({"type": "list", "items": items})
             blocks += folded
@@ -1320,7 +1340,7 @@ def _verdict(ev: _Evidence) -> list[dict]:
             f"({cid}, {c.id}; {against} hypothesis)",
         }
     ]
-    blocks.append({"type": "list", "items": [f"{v['kind']} {v['verdict']}: {v['name']}" for v in verdicts]})
+    blocks.append({"type": "list", "items": [f"{v['name']}: {v['verdict']}" for v in verdicts]})
     if other:
         blocks.append(
             _paragraph(f"with the {other[0]} hypothesis instead: {other[1].get('verdict')} ({other[1].get('detail')})")
@@ -1509,7 +1529,7 @@ pre{background:#f4f6f8;padding:.8em;overflow-x:auto}figure{margin:1em 0}\
 figure img{max-width:100%;border:1px solid #e3e7eb}
 figcaption{font-size:.85em;color:#56606b}.strong{font-weight:600}\
 nav a{margin-right:.8em;font-size:.9em;display:inline-block}
-td,th{overflow-wrap:anywhere}details{margin:.5em 0}summary{cursor:pointer;color:#2f6fb3}
+td,th{overflow-wrap:break-word}details{margin:.5em 0}summary{cursor:pointer;color:#2f6fb3}
 """
 
 

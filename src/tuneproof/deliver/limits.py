@@ -20,6 +20,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from tuneproof.tasks import TASKS
+from tuneproof.ui import capped, capped_items
 
 WEAK_BELOW = 0.5  # a class/field whose candidate value is below this is listed as weak
 MAX_IDS = 5  # example ids kept per failure kind
@@ -185,29 +186,82 @@ def observed_limits(
 def limits_lines(limits: dict[str, Any], max_rows: int = 8) -> list[str]:
     """The limits as plain sentences (model card, dossier, terminal)."""
     out = []
-    for r in limits.get("regressed", [])[:max_rows]:
+    regressed = []
+    for r in limits.get("regressed", []):
         ci = r.get("ci")
         ci_s = f", 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci and None not in ci else ""
-        out.append(
+        regressed.append(
             f"regressed: {r['kind']} {r['name']}: {r['metric']} {r['base']:.3f} -> {r['cand']:.3f} "
             f"({r['delta']:+.3f}{ci_s}{', significant' if r.get('significant') else ''})"
         )
-    for r in limits.get("weak", [])[:max_rows]:
-        out.append(
-            f"weak: {r['kind']} {r['name']}: {r['metric']} {r['cand']:.3f} "
-            f"(below {limits.get('weak_below', WEAK_BELOW)}"
-            + (f", support {r['support']}" if r.get("support") is not None else "")
-            + ")"
-        )
+    out += _more(capped_items(regressed, cap=max_rows), "regressed")
+    weak = [
+        f"weak: {r['kind']} {r['name']}: {r['metric']} {r['cand']:.3f} "
+        f"(below {limits.get('weak_below', WEAK_BELOW)}"
+        + (f", support {r['support']}" if r.get("support") is not None else "")
+        + ")"
+        for r in limits.get("weak", [])
+    ]
+    out += _more(capped_items(weak, cap=max_rows), "weak")
     for f in limits.get("failures", [])[:max_rows]:
         out.append(
             f"typical failure: {f['kind']}: {f['count']} example(s) ("
-            f"{f['share']:.0%}), e.g. {', '.join(f['example_ids'][:3])}"
+            f"{f['share']:.0%}), e.g. {capped(f['example_ids'], cap=3)}"
         )
     if limits.get("broken"):
-        out.append(f"right before, wrong after fine-tuning: {', '.join(limits['broken'][:10])}")
+        out.append(f"right before, wrong after fine-tuning: {capped(limits['broken'])}")
     ts = limits.get("test_set") or {}
     if ts.get("note"):
         out.append(f"test set: {ts['note']}")
     out += [f"note: {n}" for n in limits.get("notes", [])]
     return out
+
+
+def _more(lines: list[str], what: str) -> list[str]:
+    """The capped lines of one kind, their "and N more" entry named after the kind."""
+    if lines and lines[-1].startswith("and "):
+        lines[-1] = f"{what}: {lines[-1]}"
+    return lines
+
+
+#: limits the dossier's first screen names (the whole list is in its section Limits observed)
+FIRST_SCREEN_LIMITS = 5
+
+
+def summary_limits(limits: dict[str, Any], n: int = FIRST_SCREEN_LIMITS) -> list[str]:
+    """At most ``n`` short lines, one per kind of limit, the most serious first: regressions (how
+    many, how many significant, the worst), weak classes or fields (names capped), the most
+    frequent failure, the examples broken by fine-tuning, the test split's use, then the notes.
+    The dossier's first screen (tests/deliver/test_deliver_limits.py)."""
+    out: list[str] = []
+    reg = limits.get("regressed") or []
+    if reg:
+        sig = sum(1 for r in reg if r.get("significant"))
+        w = reg[0]
+        out.append(
+            f"regressed: {len(reg)} {_items(reg)} ({sig} significantly); worst {w['kind']} {w['name']}: "
+            f"{w['metric']} {w['base']:.3f} -> {w['cand']:.3f}"
+        )
+    weak = limits.get("weak") or []
+    if weak:
+        out.append(
+            f"weak (below {limits.get('weak_below', WEAK_BELOW)}): {len(weak)} {_items(weak)}: "
+            + capped([f"{r['name']} {r['cand']:.2f}" for r in weak], cap=5)
+        )
+    fails = limits.get("failures") or []
+    if fails:
+        f = fails[0]
+        out.append(f"most frequent failure: {f['kind']}: {f['count']} example(s) ({f['share']:.0%})")
+    if limits.get("broken"):
+        out.append(f"right before, wrong after fine-tuning: {capped(limits['broken'], cap=3)}")
+    note = (limits.get("test_set") or {}).get("note")
+    if note:
+        out.append(f"test set: {note}")
+    out += [f"note: {x}" for x in limits.get("notes", [])]
+    return out[:n]
+
+
+def _items(rows: list[dict]) -> str:
+    kinds = sorted({r["kind"] for r in rows})
+    names = {"class": "classes", "field": "fields"}
+    return " and ".join(names.get(k, k + "s") if len(rows) > 1 else k for k in kinds)

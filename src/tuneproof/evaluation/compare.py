@@ -34,11 +34,14 @@ from tuneproof.errors import TuneproofError
 from tuneproof.tasks import TaskConfig, get_task
 from tuneproof.tasks.base import Blocks, MetricFn
 from tuneproof.tasks.parsing import finite_or_none
+from tuneproof.ui import capped
 
 CONFIDENCE = 0.95
 TOP_SHARE = 0.05  # "top 5% of examples" for the concentration flag
 _EPS = 1e-12  # float tolerance of threshold comparisons
 _CELLS_PER_CHUNK = 4_000_000  # bootstrap weight-matrix cells per chunk (32 MB of float64)
+#: where a capped list of classes or fields is whole (each guard's ``items``)
+COMPARE_JSON = "compare.json"
 
 
 # --------------------------------------------------------------------------- pairing
@@ -529,14 +532,14 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             if missing:
                 raise TuneproofError(
                     f"{key}.classes: {', '.join(repr(c) for c in missing)} not among the compared classes",
-                    hint=f"classes: {', '.join(sorted(compare_result.get(group, {})))}",
+                    hint=f"classes: {capped(sorted(compare_result.get(group, {})))}",
                 )
             items_src = {name: e for name, e in items_src.items() if name in only}
         if not items_src:
             available = sorted({f"{group}_{s}" for m in compare_result.get(group, {}).values() for s in m})
             raise TuneproofError(
                 f"{key}.metric: '{guard.metric}' is not reported for task '{compare_result['task']}'",
-                hint=f"use one of {', '.join(available) or 'the aggregate metrics'}",
+                hint=f"use one of {capped(available) or 'the aggregate metrics'}",
             )
         min_support = int(getattr(guard, "min_support", 1) or 1)
         what = "classes" if group == "per_class" else "fields"
@@ -579,23 +582,20 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             worst = min(judged, key=lambda it: math.inf if it["delta"] is None else it["delta"])
             verdict = _combine([it["verdict"] for it in judged])
             detail = (
-                f"failing {what}: " + "; ".join(failing)
+                f"failing {what}: " + capped(failing, sep="; ", where=COMPARE_JSON)
                 if failing
-                else f"inconclusive for: {', '.join(unsure)}"
+                else f"inconclusive for: {capped(unsure, where=COMPARE_JSON)}"
                 if unsure
                 else f"all {len(judged)} hold; worst '{worst['name']}' delta {_fmt(worst['delta'])}"
             )
             if failing and unsure:
-                detail += f"; inconclusive for: {', '.join(unsure)}"
+                detail += f"; inconclusive for: {capped(unsure, where=COMPARE_JSON)}"
             detail += f" ({stated})"
         if unmeasurable:
-            shown = ", ".join(unmeasurable[:LISTED]) + (
-                f" and {len(unmeasurable) - LISTED} more" if len(unmeasurable) > LISTED else ""
-            )  # every item stays in ``items``
-            detail += f"; not measurable (support < {min_support}): {shown}"
+            detail += f"; not measurable (support < {min_support}): {capped(unmeasurable, where=COMPARE_JSON)}"
         out.append(
             {
-                "name": f"guard: {guard.metric}{' for ' + ', '.join(only) if only else ''} {rule}",
+                "name": f"guard: {guard.metric}{' for ' + capped(only) if only else ''} {rule}",
                 "kind": "guard",
                 "metric": guard.metric,
                 **{k: worst[k] for k in ("base", "cand", "delta", "ci")},
@@ -608,10 +608,6 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             }
         )
     return out
-
-
-#: names listed in one line before "and N more" (the full lists are in the records)
-LISTED = 10
 
 
 def guard_support(hypothesis: Any, task: str, examples: Sequence[Any], cfg: TaskConfig, split: str) -> list[dict]:
@@ -660,11 +656,7 @@ def guard_support(hypothesis: Any, task: str, examples: Sequence[Any], cfg: Task
         )
         if low:
             names = [f"'{k}' {v}" for k, v in low.items()]
-            line += (
-                f"; support under {ms}: "
-                + ", ".join(names[:LISTED])
-                + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
-            )
+            line += f"; support under {ms}: " + capped(names)
         if warn:
             line += (
                 f"; compare would call {'it' if measurable == 0 else 'those'} 'not measurable': lower min_support, "
@@ -699,14 +691,14 @@ def overall_verdict(verdicts: list[dict]) -> dict:
     unsure_guards = [v["name"] for v in guards if v["verdict"] == "inconclusive"]
     unmeasurable = [v["name"] for v in guards if v["verdict"] == "not measurable"]
     if failed:
-        verdict, detail = "fail", "failed: " + "; ".join(failed)
+        verdict, detail = "fail", "failed: " + capped(failed, sep="; ")
     elif success and all(v["verdict"] == "pass" for v in success):
         verdict = "pass"
         detail = "success criterion met, no guard failed"
         if unsure_guards:
-            detail += "; inconclusive guards: " + "; ".join(unsure_guards)
+            detail += "; inconclusive guards: " + capped(unsure_guards, sep="; ")
         if unmeasurable:
-            detail += "; not measurable guards: " + "; ".join(unmeasurable)
+            detail += "; not measurable guards: " + capped(unmeasurable, sep="; ")
     else:
         verdict, detail = "inconclusive", "success criterion not established (CI includes the required gain)"
     return {"verdict": verdict, "detail": detail}

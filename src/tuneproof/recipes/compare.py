@@ -246,9 +246,7 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
     for v in r.get("verdicts", []):
         color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
         lines = guard_lines(v, where)
-        console.print(
-            f"  {v['kind']:7s} [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(lines[0])}", soft_wrap=True
-        )
+        console.print(f"  [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(lines[0])}", soft_wrap=True)
         for line in lines[1:]:
             console.print(escape(line), soft_wrap=True)
     if r.get("overall"):
@@ -262,7 +260,7 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
     if alt:
         console.print(f"  with the {alt['hypothesis']} hypothesis instead:")
         for v in alt["verdicts"]:
-            console.print(f"    {v['kind']:7s} {v['verdict']:12s} {v['name']}")
+            console.print(f"    {v['verdict']:14s} {escape(v['name'])}")
         console.print(
             f"  overall ({alt['hypothesis']} hypothesis): [bold]"
             f"{alt['overall']['verdict']}[/] ({alt['overall']['detail']})"

@@ -11,7 +11,8 @@ import torch
 
 from dist_helpers import SKIP, dist_study, run_cli
 from tuneproof.context import StudyContext
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.recipes.preflight import require_preflight
 from tuneproof.recipes.torchrun import check_launch
 from tuneproof.registry import Registry
 from tuneproof.training.parallel import block_classes
@@ -63,6 +64,57 @@ def test_a_rank_that_raises_fails_the_run_naming_the_rank(tiny_base, tmp_path):
     assert rec.summary["last_step"] == 1  # rank 0 finished step 1, then waited for rank 1 in step 2
 
 
+# rank 1 dies by SIGKILL in step 2, once: the marker file keeps the resumed ranks (same hook) alive
+KILL = textwrap.dedent(
+    """
+    import os, signal
+    if os.environ.get("RANK") == "1":
+        import tuneproof.training.loop as L
+        _orig, _calls, _mark = L._micro_loss, [0], os.environ["TP_KILL_MARK"]
+        def _micro_loss(*a, **kw):
+            _calls[0] += 1
+            if _calls[0] == 3 and not os.path.exists(_mark):  # the first micro-batch of step 2
+                open(_mark, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return _orig(*a, **kw)
+        L._micro_loss = _micro_loss
+    """
+)
+
+
+def test_a_killed_rank_is_named_and_its_run_resumes(tiny_base, tmp_path, monkeypatch):
+    """kill -9 of rank 1: the reason named rank 0 (the survivor, from the error files); torchrun's own report
+    names the dead rank and its exit code. Resuming that run then crashed on the recorded gloo message
+    ("[../third_party/gloo/...]") read as markup; it resumes and completes."""
+    study = dist_study(
+        tmp_path / "s",
+        tiny_base,
+        max_steps=3,
+        micro_batch_size=2,
+        gradient_accumulation_steps=2,
+        checkpoint_every=1,
+        timeout_s=20,
+    )
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL)
+    monkeypatch.setenv("TP_KILL_MARK", str(tmp_path / "killed"))
+    args = ("--study", str(study))
+    proc = run_cli("train", *args, "--skip-preflight", "kill test", *SKIP, "--nproc-per-node", "2", extra_path=hook)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (rec,) = Registry(study).list(kind="train")
+    assert rec.status == "failed"
+    assert rec.reason.startswith(
+        "RankFailed: rank 1 was killed by signal 9 (SIGKILL) without reporting an error (torchrun: exit code -9, pid "
+    ), rec.reason
+    assert "; rank 0 then failed: " in rec.reason  # the survivor's error follows, never as the cause
+    resumed = run_cli("resume", rec.id, *args, "--nproc-per-node", "2", extra_path=hook)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "MarkupError" not in resumed.stdout + resumed.stderr
+    assert f"resume {rec.id} (failed: RankFailed: rank 1 was killed by signal 9" in " ".join(resumed.stdout.split())
+    assert Registry(study).get(rec.id).status == "completed"
+
+
 @pytest.fixture()
 def ctx(tiny_base, tmp_path):
     return StudyContext.open(dist_study(tmp_path / "s", tiny_base, micro_batch_size=2, gradient_accumulation_steps=2))
@@ -86,6 +138,25 @@ def test_global_batch_larger_than_the_training_set_is_refused(ctx):
         TuneproofError, match=r"global batch 8 .* x 2 .* x 2 processes = 32 exceeds the 24 training examples"
     ):
         check_launch(ctx, 2)
+
+
+def test_chunked_loss_is_refused_before_launch_and_a_distributed_preflight_is_not_the_preflight(ctx):
+    """chunked_loss under DDP/FSDP was refused only inside a rank after the launch; with only a distributed
+    preflight passed, `train` said "the platform (None -> cpu) changed"."""
+    ctx.study.training.chunked_loss = True
+    with pytest.raises(TuneproofError, match=r"training.chunked_loss is not yet checked under DDP/FSDP"):
+        check_launch(ctx, 2)
+    assert check_launch(ctx, 1)["world_size"] == 1  # one process: the rank's own check runs it
+    ctx.study.training.chunked_loss = False
+    with ctx.registry.run("preflight", name="distributed") as run:
+        run.update_summary(distributed=True, world_size=2)
+    with pytest.raises(CheckFailed) as err:
+        require_preflight(ctx, None)
+    assert err.value.message == (
+        f"train refused: no preflight has passed in this study; only the distributed preflight {run.id} "
+        "(`tuneproof preflight --nproc-per-node N`), which checks the distributed step and does not replace the "
+        "single-process `tuneproof preflight`"
+    )
 
 
 def test_fsdp_needs_a_known_block_type(ctx):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from tuneproof.recipes.torchrun import rank_failure
+from tuneproof.recipes.torchrun import rank_failure, torchrun_failures
 
 
 def _write(run_dir, rank, type_, message, t, timeout=False):
@@ -45,3 +45,50 @@ def test_every_rank_stopped_is_an_interruption_and_health_is_its_own_kind(tmp_pa
 def test_no_error_file_points_at_the_launcher_log(tmp_path):
     kind, msg = rank_failure(tmp_path, 2, 600)
     assert kind == "failed" and "launcher.log" in msg
+
+
+# torchrun's ChildFailedError report as torch 2.x writes it (torch.distributed.elastic.multiprocessing.errors)
+REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+tuneproof.recipes.torchrun FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-02_03:10:01
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4241)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_03:10:01
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+============================================================
+"""
+
+
+def test_a_rank_killed_without_a_word_is_named_from_torchruns_report(tmp_path):
+    assert torchrun_failures(REPORT) == {
+        0: {"exitcode": 1, "pid": 4241, "signal": None},
+        1: {"exitcode": -9, "pid": 4242, "signal": "SIGKILL"},
+    }
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+    _write(tmp_path, 0, "RuntimeError", gloo, 100.0)  # the survivor: the only error file
+    old = "an earlier attempt's report\n" + REPORT.replace("-9 (pid: 4242)  (SIGKILL)", "-15 (pid: 4000)  (SIGTERM)")
+    (tmp_path / "launcher.log").write_text(old + REPORT)
+    kind, msg = rank_failure(tmp_path, 2, 600, log_offset=len(old))
+    assert kind == "failed"
+    assert msg == (
+        "rank 1 was killed by signal 9 (SIGKILL) without reporting an error (torchrun: exit code -9, pid 4242); "
+        f"rank 0 then failed: RuntimeError: {gloo} (logs: {tmp_path / 'rank-1.log'}, {tmp_path / 'launcher.log'})"
+    )
+    # a resume appends to launcher.log: an earlier attempt's report is not this launch's
+    (tmp_path / "launcher.log").write_text(old)
+    assert rank_failure(tmp_path, 2, 600, log_offset=len(old))[1].startswith("rank 0 failed: RuntimeError: ")
+    assert rank_failure(tmp_path, 2, 600)[1].startswith("rank 1 was killed by signal 15 (SIGTERM) ")

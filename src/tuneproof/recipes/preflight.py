@@ -531,7 +531,10 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
     config = ctx.config
     data_fp = ctx.data_fingerprint()["hash"]
     key = platform_key(environment_snapshot())
-    done = ctx.registry.list(kind="preflight", status="completed")
+    passed = ctx.registry.list(kind="preflight", status="completed")
+    # `preflight --nproc-per-node N` checks the distributed step only: it never stands for this preflight
+    done = [r for r in passed if not r.summary.get("distributed")]
+    distributed = [r for r in passed if r.summary.get("distributed")]
 
     def changes_of(rec) -> list[dict[str, Any]] | None:
         path = ctx.registry.runs_dir / rec.id / "config.json"
@@ -546,7 +549,12 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
             return rec.id
     cmd = "tuneproof preflight" + (f" --study {ctx.study_dir}" if Path.cwd().resolve() != ctx.study_dir else "")
     if not done:
-        why = "no preflight has passed in this study"
+        why = "no preflight has passed in this study" + (
+            f"; only the distributed preflight {distributed[-1].id} (`tuneproof preflight --nproc-per-node N`), "
+            "which checks the distributed step and does not replace the single-process `tuneproof preflight`"
+            if distributed
+            else ""
+        )
     else:
         last = done[-1]
         diffs = []

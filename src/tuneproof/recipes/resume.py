@@ -45,7 +45,7 @@ from tuneproof.registry import Registry, RunRecord
 from tuneproof.study import STUDY_FILE, resolved_config
 from tuneproof.training.health import HealthFault
 from tuneproof.training.resume_state import list_checkpoints, load_checkpoint, step_of
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 
 def _refuse_status(rec: RunRecord, reg: Registry | None = None) -> None:
@@ -217,7 +217,7 @@ def run_resume(
     ckpt_path = find_checkpoint(run_dir, checkpoint)
     ckpt_path, ckpt, skipped = load_with_fallback(run_dir, ckpt_path, fallback=fallback)
     for line in skipped:
-        console.print(f"[yellow]skipped[/] {line}", soft_wrap=True)
+        console.print(f"[yellow]skipped[/] {user_text(line)}", soft_wrap=True)
     check_config(study_dir, rec, run_dir, ckpt, ckpt_path)
     ctx = StudyContext.open(study_dir, data_root, config=ckpt["config"])
     check_inputs(rec, ckpt, ckpt_path, ctx)
@@ -235,7 +235,9 @@ def run_resume(
     if world_size > 1:
         layout = check_launch(ctx, int(launch["nproc"]), int(launch["nnodes"]))
     console.print(
-        f"resume [bold]{rec.id}[/] ({rec.status}{': ' + rec.reason if rec.reason else ''}) from {ckpt_path.name}: "
+        # the reason may quote a recorded error (a gloo message "[/pytorch/...gloo...]"): shown, never parsed as markup
+        f"resume [bold]{rec.id}[/] ({rec.status}{': ' + user_text(rec.reason) if rec.reason else ''}) "
+        f"from {user_text(ckpt_path.name)}: "
         f"step {step} of {ckpt['total_steps']}"
     )
     try:

@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,11 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
             f"{where}: training.bf16_base_weights is not yet checked under "
             "DDP/FSDP (the cast would follow the wrapper)",
             hint="set training.bf16_base_weights: false for a distributed run",
+        )
+    if t.chunked_loss and world > 1:  # the same: the rank's speed-up check refuses it only after the launch
+        raise TuneproofError(
+            f"{where}: training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
+            hint="set training.chunked_loss: false for a distributed run",
         )
     if (
         ctx.study.method.kind == "qlora"
@@ -240,14 +246,36 @@ def launch(cmd: list[str], run_dir: Path | None) -> int:
             log.close()
 
 
-def rank_failure(run_dir: Path, world_size: int, timeout_s: float) -> tuple[str, str]:
-    """Why a distributed run ended badly, from the ranks' ``rank-N.error.json`` files.
+#: one failure in torchrun's ChildFailedError report (torch.distributed.elastic.multiprocessing.errors):
+#: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 4242) (SIGKILL)"
+_TORCHRUN_FAILURE = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)[ \t]*(?:\((\w+)\))?"
+)
+
+
+def torchrun_failures(log_text: str) -> dict[int, dict[str, Any]]:
+    """The ranks torchrun's elastic agent saw fail, from the ChildFailedError report it writes to
+    its stderr (``runs/<id>/launcher.log``): ``{rank: {"exitcode", "pid", "signal"}}``; ``exitcode``
+    is negative for a rank killed by a signal (-9: SIGKILL), ``signal`` its name (None otherwise).
+    Ranks the agent stopped itself after a failure are not in the report."""
+    out: dict[int, dict[str, Any]] = {}
+    for m in _TORCHRUN_FAILURE.finditer(log_text):
+        code = int(m.group(2))
+        out[int(m.group(1))] = {"exitcode": code, "pid": int(m.group(3)), "signal": m.group(4) if code < 0 else None}
+    return out
+
+
+def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: int = 0) -> tuple[str, str]:
+    """Why a distributed run ended badly, from the ranks' ``rank-N.error.json`` files and torchrun's own
+    report of the ranks that failed (:func:`torchrun_failures` on ``launcher.log`` from ``log_offset``,
+    where this launch's output starts).
 
     Returns:
         ``(kind, message)``: kind ``health`` (a health rule fired on a rank), ``interrupted`` (every rank that wrote
         stopped on a signal or ``stop_after``), ``timeout`` (a rank waited ``timeout_s`` in a collective; the ranks that
-        wrote nothing are named as hung) or ``failed`` (the first rank to fail by time, its error type and
-        message, and its log).
+        wrote nothing are named as hung) or ``failed``: a rank that died without a word (killed by a signal, an
+        exit without a Python error: torchrun's report names it and its exit code; the survivors' errors
+        follow from it), else the first rank to fail by time, its error type and message, and its log.
     """
     errors = []
     for r in range(world_size):
@@ -256,15 +284,32 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float) -> tuple[str,
             with contextlib.suppress(ValueError, OSError):
                 errors.append(json.loads(p.read_text(encoding="utf-8")))
     silent = [r for r in range(world_size) if r not in {e["rank"] for e in errors}]
+    launcher_log = ""
+    with contextlib.suppress(OSError):
+        with open(run_dir / "launcher.log", "rb") as f:
+            f.seek(log_offset)
+            launcher_log = f.read().decode("utf-8", errors="replace")
+    died = {r: f for r, f in torchrun_failures(launcher_log).items() if r in silent}
+    if died:
+        r, f = min(died.items())
+        how = (
+            f"was killed by signal {-f['exitcode']}" + (f" ({f['signal']})" if f["signal"] else "")
+            if f["exitcode"] < 0
+            else f"exited with code {f['exitcode']}"
+        )
+        others = f" (and rank {', '.join(map(str, sorted(died)[1:]))})" if len(died) > 1 else ""
+        real = [e for e in errors if e["type"] not in ("KeyboardInterrupt", "Terminated")]
+        after = ""
+        if real:
+            first = min(real, key=lambda e: e["time"])
+            after = f"; rank {first['rank']} then failed: {first['type']}: {first['message']}"
+        return "failed", (
+            f"rank {r}{others} {how} without reporting an error (torchrun: exit code {f['exitcode']}, pid {f['pid']})"
+            f"{after} (logs: {run_dir / f'rank-{r}.log'}, {run_dir / 'launcher.log'})"
+        )
     if not errors:
-        tail = ""
-        with contextlib.suppress(OSError):
-            lines = [
-                x
-                for x in (run_dir / "launcher.log").read_text(encoding="utf-8", errors="replace").splitlines()
-                if x.strip()
-            ]
-            tail = ("; last launcher line: " + lines[-1][:300]) if lines else ""
+        lines = [x for x in launcher_log.splitlines() if x.strip()]
+        tail = ("; last launcher line: " + lines[-1][:300]) if lines else ""
         return "failed", f"torchrun failed before any rank reported an error (see {run_dir / 'launcher.log'}){tail}"
     if all(e["type"] in ("KeyboardInterrupt", "Terminated") for e in errors):
         first = min(errors, key=lambda e: e["time"])
@@ -372,13 +417,15 @@ def launch_ranks(
         f"global batch {layout['global_batch']}, {layout['optimizer_steps_per_epoch']} optimizer steps per epoch; "
         f"rank logs in {run.dir}/rank-N.log"
     )
+    log = run.dir / "launcher.log"
+    offset = log.stat().st_size if log.exists() else 0  # a resume appends: this launch's report starts here
     try:
         rc = launch(cmd, run.dir)
     finally:
         run.summary = dict(ctx.registry.get(run.id).summary)  # what rank 0 recorded (last_step, losses...)
     if rc == 0:
         return
-    kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"])
+    kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"], offset)
     if kind == "interrupted":
         raise KeyboardInterrupt(message)
     if kind == "health":

@@ -122,3 +122,35 @@ def test_verification_uses_the_recorded_device(cls_bundle):
     )
     with pytest.raises(TuneproofError, match="were made on cpu; verification compares on the same device"):
         verify_bundle(cls_bundle["bundle"], device="cuda")
+
+
+@pytest.mark.fault("tampering: adapter tensor names under another module prefix")
+def test_adapter_tensor_names_under_another_prefix_fail_the_reload_naming_the_keys(bundle_copy, capsys):
+    # the adapter's tensors renamed, the manifest re-sealed: files and claims pass, the reload must not
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from tuneproof.deliver.bundle import MANIFEST, write_manifest_sha
+
+    path = bundle_copy / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    save_file({k.replace("base_model.model.", "base_model.model.other."): v for k, v in tensors.items()}, str(path))
+    man = read_json(bundle_copy / MANIFEST)
+    man["files"]["adapter/adapter_model.safetensors"] = sha256_file(path)
+    (bundle_copy / MANIFEST).write_text(json.dumps(man, indent=2))
+    write_manifest_sha(bundle_copy)
+    report = verify_bundle(bundle_copy)
+    reload = report["checks"][-1]
+    assert [c["name"] for c in report["checks"] if c["passed"]][-1] == "tokenizer"
+    assert reload["name"] == "reload" and not reload["passed"] and not report["passed"]
+    # the classifier head is saved whole (modules_to_save): PEFT looks it up first, by name
+    assert reload["detail"] == (
+        f"CheckFailed: the adapter {bundle_copy / 'adapter'} does not match the base model: the tensor "
+        f"base_model.model.classifier.weight is not in the file (its {len(tensors)} tensors: "
+        "base_model.model.other.bert.encoder.layer.0.attention.self.query.lora_A.weight, "
+        "base_model.model.other.bert.encoder.layer.0.attention.self.query.lora_B.weight ...)"
+    )
+    assert _exit_code(["verify", str(bundle_copy)]) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert "reload: pass" not in out and "predictions identical" not in out

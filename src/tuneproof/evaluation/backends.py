@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.modalities.text import generate_prompts
+from tuneproof.models.method import load_adapter_onto
 
 BACKENDS = ("transformers", "vllm")
 CHECK_NAME = "eval backend check"
@@ -105,7 +106,8 @@ class TransformersBackend:
 
     ``generate(..., adapter_dir=None)`` on a ``PeftModel`` runs with the adapter disabled (PEFT's
     ``disable_adapter``); an ``adapter_dir`` on a plain model is loaded onto it once
-    (``PeftModel.from_pretrained``, which wraps that model in place).
+    (:func:`~tuneproof.models.method.load_adapter_onto`, which wraps that model in place and refuses
+    unmatched tensor names).
 
     Raises:
         ValueError: ``generate`` asked for another adapter than the one the model carries.
@@ -131,9 +133,7 @@ class TransformersBackend:
         if want is not None and want != self.adapter_dir:
             if _is_peft(self.model):
                 raise ValueError(f"this backend's model carries the adapter {self.adapter_dir}, not {want}")
-            from peft import PeftModel  # noqa: PLC0415
-
-            self.model = PeftModel.from_pretrained(self.model, str(want)).to(self.device)
+            self.model = load_adapter_onto(self.model, str(want)).to(self.device)
             self.adapter_dir = want
         off = self.model.disable_adapter() if want is None and _is_peft(self.model) else contextlib.nullcontext()
         with off:

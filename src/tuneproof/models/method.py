@@ -7,6 +7,8 @@ total parameter counts and modules_to_save are returned so each run records them
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
@@ -141,23 +143,73 @@ def base_weights_dtype(model) -> str:
     return found.pop() if len(found) == 1 else ("none" if not found else "mixed")
 
 
+def unmatched_adapter_keys(adapter_dir, missing: list[str], unexpected: list[str]) -> str | None:
+    """One line naming the tensors of an adapter load that did not match (None when all did): the
+    model's adapter tensors the file lacks (PEFT leaves them at their initial values: a LoRA B of
+    zeros, the base's predictions) and the file's tensors no module of the model has (another module
+    prefix, another architecture). ``missing`` / ``unexpected`` are PEFT's load result."""
+    if not missing and not unexpected:
+        return None
+
+    def first(keys: list[str]) -> str:
+        return ", ".join(keys[:2]) + (f" (+{len(keys) - 2} more)" if len(keys) > 2 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} adapter tensors of the model are not in the file ({first(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} tensors of the file match no module of the model ({first(unexpected)})")
+    return f"the adapter {adapter_dir} does not match the base model: " + "; ".join(parts)
+
+
+def _file_tensor_names(adapter_dir) -> list[str]:
+    """The sorted tensor names of ``adapter_dir/adapter_model.safetensors`` (header only; [] without it)."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    path = Path(adapter_dir) / "adapter_model.safetensors"
+    if not path.is_file():
+        return []
+    with safe_open(str(path), framework="pt") as f:
+        return sorted(f.keys())
+
+
 def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
     """``PeftModel.from_pretrained(base, adapter_dir)`` for inference (every parameter frozen),
     with the base's weights held in ``base_weights`` as in training: ``bf16`` casts the base's
     weights (:func:`cast_frozen_to_bf16`) while the adapter's (LoRA A/B, modules_to_save) stay in
     fp32, the dtype they were trained and saved in; ``fp32`` leaves everything fp32.
 
+    Every tensor of the file must load into the model and every adapter tensor of the model must come
+    from the file: ``from_pretrained`` does not return PEFT's load result (and only warns of missing
+    keys), so the adapter is loaded once more with ``PeftModel.load_adapter``, which returns it.
+
     Raises:
         TuneproofError: ``base_weights`` is neither ``fp32`` nor ``bf16``.
+        CheckFailed: unmatched keys (:func:`unmatched_adapter_keys` names them).
     """
     from peft import PeftModel  # noqa: PLC0415
 
     if base_weights not in ("fp32", "bf16"):
         raise TuneproofError(f"base weights dtype {base_weights!r} is not fp32 or bf16")
-    if base_weights == "fp32":
-        return PeftModel.from_pretrained(base, adapter_dir)
-    # is_trainable=True marks exactly the adapter's tensors trainable, so the cast leaves them fp32
-    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+    # is_trainable=True marks exactly the adapter's tensors trainable, so a bf16 cast leaves them fp32
+    trainable = base_weights == "bf16"
+    try:
+        with warnings.catch_warnings():  # PEFT's missing-key warning: the load result below names them
+            warnings.filterwarnings("ignore", message="Found missing adapter keys")
+            model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=trainable)
+    except KeyError as err:  # PEFT looks up each module saved whole (modules_to_save) by name
+        found = _file_tensor_names(adapter_dir)
+        raise CheckFailed(
+            f"the adapter {adapter_dir} does not match the base model: the tensor {err.args[0]} is not in the file "
+            f"(its {len(found)} tensors: {', '.join(found[:2])}{' ...' if len(found) > 2 else ''})",
+            hint="the adapter's tensor names must be those PEFT saved for this base model",
+        ) from None
+    result = model.load_adapter(adapter_dir, model.active_adapter, is_trainable=trainable)
+    problem = unmatched_adapter_keys(adapter_dir, list(result.missing_keys), list(result.unexpected_keys))
+    if problem:
+        raise CheckFailed(problem, hint="the adapter's tensor names must be those PEFT saved for this base model")
+    if not trainable:
+        return model.eval()
     cast_frozen_to_bf16(model)
     model.requires_grad_(False)
     return model.eval()

@@ -70,16 +70,28 @@ def test_none_and_non_strings():
 
 def test_markdown_text_neutralises_syntax_and_controls():
     assert markdown_text("card_arrival") == "card_arrival"
-    assert markdown_text("_x_ *y* a|b <script>") == "\\_x\\_ \\*y\\* a\\|b \\<script\\>"
-    assert markdown_text("[link](http://x)") == "\\[link\\](http://x)"
+    assert markdown_text("_x_ *y* a|b <script>") == "\\_x\\_ \\*y\\* a\\|b \\<script>"
+    assert markdown_text("[link](http://x) ![img](http://x/p.png)") == "[link\\](http://x) ![img\\](http://x/p.png)"
+    assert markdown_text("[ref]: http://x") == "[ref\\]: http://x"
+    assert markdown_text("[red]x[/] [-0.48, 0.35]") == "[red]x[/] [-0.48, 0.35]"  # no link: as written
     assert markdown_text("# title") == "\\# title"
     assert markdown_text("- item") == "\\- item"
+    assert markdown_text("> quote") == "\\> quote"
+    assert markdown_text("---") == "\\---"
     assert markdown_text("12. item") == "12\\. item"
+    assert markdown_text("-0.025") == "-0.025" and markdown_text("5.000") == "5.000"
     assert markdown_text("&amp; R&D") == "&amp;amp; R&D"
-    assert markdown_text("\x1b[2J") == "\\\\x1b\\[2J"  # renders as the visible \x1b[2J
+    assert markdown_text("\x1b[2J") == "\\\\x1b[2J"  # renders as the visible \x1b[2J
     assert markdown_text("a\nb") == "a\\\\nb"  # renders as a\nb, on one line
     assert markdown_text("a\n# b", one_line=False) == "a  \n\\# b"
+    assert markdown_text("run `tuneproof eval`", code_spans=True) == "run `tuneproof eval`"
+    assert markdown_text("run `x`") == "run \\`x\\`"
     assert ESC not in markdown_text(HOSTILE["OSC 8 link"][0])
+
+
+def test_one_line_text_is_cut_sooner():
+    assert user_text("z" * 300, one_line=True) == "z" * 200 + "... (100 more characters)"
+    assert user_text("z" * 300) == "z" * 300
 
 
 def test_html_text_escapes_tags_quotes_and_controls():

@@ -19,8 +19,16 @@ console = Console(highlight=False)
 err_console = Console(highlight=False, stderr=True)
 
 
-#: user text longer than this is cut by :func:`user_text` (and its Markdown/HTML companions)
+#: user text longer than this is cut by :func:`user_text` (and its Markdown/HTML companions): a
+#: paragraph, e.g. an example's text or a recorded error
 USER_TEXT_LIMIT = 2000
+#: the same for ``one_line`` text (a label, a run's reason in a table cell, a name in a line)
+USER_LINE_LIMIT = 200
+
+
+def _limit(limit, one_line: bool) -> int | None:
+    return (USER_LINE_LIMIT if one_line else USER_TEXT_LIMIT) if limit is ... else limit
+
 
 # C0 and C1 control characters and DEL (ESC starts ANSI/OSC sequences, CR rewrites the line),
 # the line and paragraph separators, and the bidirectional overrides and isolates that reorder
@@ -38,13 +46,14 @@ def _visible_char(m: re.Match) -> str:
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
-def visible_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT_LIMIT) -> str:
+def visible_text(value, *, one_line: bool = False, limit=...) -> str:
     """``value`` as plain text that shows itself: each control character as a visible escape
     (ESC is written ``\\x1b``, U+202E ``\\u202e``), so that nothing it holds moves the cursor, clears
     the screen, links, or reorders what follows; newlines kept (tabs too) unless ``one_line``, where
-    they read ``\\n`` (``\\t``); cut after ``limit`` characters of ``value`` with
+    they read ``\\n`` (``\\t``); cut after ``limit`` characters of ``value`` (default
+    :data:`USER_TEXT_LIMIT`, :data:`USER_LINE_LIMIT` with ``one_line``; ``None``: never) with
     ``... (N more characters)``. Not markup-escaped: for Rich use :func:`user_text`."""
-    text = "" if value is None else str(value)
+    text, limit = "" if value is None else str(value), _limit(limit, one_line)
     more = len(text) - limit if limit is not None and len(text) > limit else 0
     if more:
         text = text[:limit]
@@ -53,7 +62,7 @@ def visible_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT
     return text + (f"... ({more} more characters)" if more else "")
 
 
-def user_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT_LIMIT) -> str:
+def user_text(value, *, one_line: bool = False, limit=...) -> str:
     """User-supplied text (labels, example texts, run names, reasons, recorded error messages) made
     safe to put in Rich markup: a ``console.print`` string, a table cell, a title.
 
@@ -72,29 +81,39 @@ def user_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT_LI
 
 
 # what Markdown (CommonMark, GitHub) reads as syntax anywhere in a line: escapes, code, emphasis,
-# links and images, table cells, strike-through, HTML; "_" only where it can open or close emphasis
-# (not inside a word such as card_arrival); "&" only where it would start an entity
-_MARKDOWN_INLINE = re.compile(r"[\\`*\[\]|~<>]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|&(?=#?[0-9A-Za-z]+;)")
-# what it reads as syntax at the start of a line: headings, lists, quotes, rules, setext underlines
-_MARKDOWN_LINE_START = re.compile(r"^(\s*)([#+=-]|\d+(?=[.)]))", re.MULTILINE)
+# strike-through, table cells, HTML; "]" where it closes a link, an image or a reference definition
+# ("](", "][", "]:"; a lone "[x]" stays as written), "_" only where it can open or close emphasis
+# (not inside a word such as card_arrival), "&" only where it would start an entity
+_MARKDOWN_INLINE = re.compile(r"[\\`*|~<]|\](?=[(\[:])|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|&(?=#?[0-9A-Za-z]+;)")
+# what it reads as syntax at the start of a line: a heading, a list item, a quote, a rule or a
+# setext underline ("-0.5" or "5.000" is no list)
+_MARKDOWN_LINE_START = re.compile(
+    r"^([ \t]*)(#{1,6}(?=\s|$)|[-+](?=\s|$)|\d{1,9}(?=[.)](?:\s|$))|>|[-=](?=[-=\s]*$))", re.MULTILINE
+)
 
 
-def markdown_text(value, *, one_line: bool = True, limit: int | None = USER_TEXT_LIMIT) -> str:
+def markdown_text(value, *, one_line: bool = True, limit=..., code_spans: bool = False) -> str:
     """User text for a Markdown file (the dossier, the model card), outside code spans:
     :func:`visible_text`, then the characters Markdown would read as syntax backslash-escaped
-    (``|`` stays inside its table cell; ``<``, ``[..](..)``, ``*`` and a leading ``#`` or ``-``
-    start no HTML, link, emphasis, heading or list; ``&`` before an entity is ``&amp;``). One line by
+    (``|`` stays inside its table cell; ``<``, ``[..](..)``, ``*`` and a leading ``#``, ``-`` or ``>``
+    start no HTML, link, emphasis, heading, list or quote; ``&`` before an entity is ``&amp;``). One line by
     default (a table cell, a list item: newlines read ``\\n``); with ``one_line=False`` each newline
-    is a hard line break."""
+    is a hard line break. ``code_spans``: backticks are left as they are, for text whose own words
+    mark commands as code (the dossier's); a code span shows its content literally."""
     text = visible_text(value, one_line=one_line, limit=limit)
-    text = _MARKDOWN_INLINE.sub(lambda m: "&amp;" if m.group(0) == "&" else "\\" + m.group(0), text)
+
+    def neutral(m: re.Match) -> str:
+        c = m.group(0)
+        return "&amp;" if c == "&" else c if c == "`" and code_spans else "\\" + c
+
+    text = _MARKDOWN_INLINE.sub(neutral, text)
     text = _MARKDOWN_LINE_START.sub(
         lambda m: m.group(1) + ("\\" + m.group(2) if not m.group(2)[0].isdigit() else m.group(2) + "\\"), text
     )
     return text if one_line else text.replace("\n", "  \n")
 
 
-def html_text(value, *, one_line: bool = False, limit: int | None = USER_TEXT_LIMIT) -> str:
+def html_text(value, *, one_line: bool = False, limit=...) -> str:
     """User text for an HTML page: :func:`visible_text`, then ``html.escape`` (quotes included)."""
     return html.escape(visible_text(value, one_line=one_line, limit=limit), quote=True)
 

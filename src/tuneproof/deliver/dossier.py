@@ -16,14 +16,14 @@ changed against the baseline, runs that did not complete and why, limits, test-s
 below it.
 
 :func:`to_markdown` and :func:`to_html` render that structure; every string is escaped by the
-renderer (``html.escape`` for HTML, ``|`` for Markdown tables), so text from the user's data can
-never become markup. A part whose command was not run says "not run yet" and names the command.
+renderer (``tuneproof.ui.markdown_text`` / ``html_text``: control characters as visible escapes such
+as ``\\x1b``, Markdown and HTML syntax neutralised), so text from the user's data can never become
+markup. A part whose command was not run says "not run yet" and names the command.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import re
 from collections import Counter
 from typing import Any
@@ -52,7 +52,7 @@ from tuneproof.modalities.base import (
 )
 from tuneproof.registry import iso, override_flags
 from tuneproof.tasks import get_task
-from tuneproof.ui import capped, capped_items
+from tuneproof.ui import capped, capped_items, html_text, markdown_text, visible_text
 
 NOT_RUN = "not run yet"
 
@@ -1469,17 +1469,31 @@ def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[s
 
 
 # --------------------------------------------------------------------------- renderers
-_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+#: the dossier's text mixes its own words with the user's (labels, reasons, recorded errors): a paragraph
+#: or a cell longer than this is cut with "... (N more characters)"
+TEXT_LIMIT = 10_000
 
 
 def _md_text(v: Any) -> str:
-    """Text for Markdown: a ``<`` that could open an HTML tag is backslash-escaped (``\\<``), so
-    text from the user's data never becomes markup in a Markdown viewer; the rest stays as written."""
-    return _TAG.sub(r"\\<", "" if v is None else str(v))
+    """Text for Markdown (:func:`tuneproof.ui.markdown_text`): control characters visible, links,
+    HTML, emphasis and line-start syntax neutralised; the backticks of the dossier's commands kept."""
+    return markdown_text(v, one_line=False, limit=TEXT_LIMIT, code_spans=True)
 
 
 def _md_cell(v: Any) -> str:
-    return _md_text(("" if v is None else str(v)).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " "))
+    """One table cell: as :func:`_md_text`, on one line (a newline reads ``\\n``), ``|`` escaped."""
+    return markdown_text(v, one_line=True, limit=TEXT_LIMIT, code_spans=True)
+
+
+def _md_pre(text: str) -> list[str]:
+    """A fenced block longer than any run of backticks inside it, its control characters visible."""
+    text = visible_text(text, limit=None)
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return [fence, text, fence, ""]
+
+
+def _html(v: Any) -> str:
+    return html_text(v, limit=TEXT_LIMIT)
 
 
 def _md_blocks(blocks: list[dict]) -> list[str]:
@@ -1493,15 +1507,15 @@ def _md_blocks(blocks: list[dict]) -> list[str]:
         elif t == "list":
             out += [f"- {_md_text(x)}" for x in b["items"]] + [""]
         elif t == "pre":
-            out += ["```", b["text"], "```", ""]
+            out += _md_pre(b["text"])
         elif t == "table":
             out += ["| " + " | ".join(_md_cell(c) for c in b["cols"]) + " |", "|" + "---|" * len(b["cols"])]
             out += ["| " + " | ".join(_md_cell(v) for v in r) + " |" for r in b["rows"]] + [""]
         elif t == "figure":
-            out += [f"_(plot in dossier.html: {b['caption']})_", ""]
+            out += [f"_(plot in dossier.html: {_md_cell(b['caption'])})_", ""]
         elif t == "details":  # GitHub Markdown folds it; the summary is escaped like HTML text
             out += (
-                [f"<details><summary>{html.escape(str(b['summary']))}</summary>", ""]
+                [f"<details><summary>{_html(b['summary'])}</summary>", ""]
                 + _md_blocks(b["blocks"])
                 + ["</details>", ""]
             )
@@ -1513,7 +1527,7 @@ def to_markdown(d: dict[str, Any]) -> str:
     (the first screen) ends with links to every other section."""
     out = [f"# {_md_text(d['title'])}", ""]
     for i, s in enumerate(d["sections"]):
-        out += [f'<a id="{html.escape(s["id"])}"></a>', "", f"## {s['title']}", ""] + _md_blocks(s["blocks"])
+        out += [f'<a id="{_html(s["id"])}"></a>', "", f"## {_md_cell(s['title'])}", ""] + _md_blocks(s["blocks"])
         if i == 0 and len(d["sections"]) > 1:
             out += ["details: " + " · ".join(f"[{x['title']}](#{x['id']})" for x in d["sections"][1:]), ""]
     return "\n".join(out).rstrip() + "\n"
@@ -1534,7 +1548,7 @@ td,th{overflow-wrap:break-word}details{margin:.5em 0}summary{cursor:pointer;colo
 
 
 def _html_blocks(blocks: list[dict]) -> list[str]:
-    e = html.escape
+    e = _html
     out: list[str] = []
     for b in blocks:
         t = b["type"]
@@ -1545,7 +1559,7 @@ def _html_blocks(blocks: list[dict]) -> list[str]:
         elif t == "list":
             out.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in b["items"]) + "</ul>")
         elif t == "pre":
-            out.append(f"<pre>{e(b['text'])}</pre>")
+            out.append(f"<pre>{html_text(b['text'], limit=None)}</pre>")
         elif t == "table":
             out.append(
                 "<table><thead><tr>"
@@ -1571,9 +1585,9 @@ def _html_blocks(blocks: list[dict]) -> list[str]:
 
 def to_html(d: dict[str, Any]) -> str:
     """One self-contained HTML page (inline CSS, images as base64 data URIs, no script, nothing
-    fetched); every text is escaped with ``html.escape``. The first section is the first screen;
-    the links to every section follow it."""
-    e = html.escape
+    fetched); every text is escaped (:func:`tuneproof.ui.html_text`). The first section is the first
+    screen; the links to every section follow it."""
+    e = _html
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import typer
 import typer.core
-from rich.markup import escape
 
 from tuneproof.errors import TuneproofError
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
+
+#: an error message quotes the user's values (paths, keys, rows): shown through user_text, cut after this
+ERROR_LIMIT = 10_000
 
 #: `tuneproof --help` lists commands in the order of the protocol (docs/PROTOCOL.md steps), tools last
 PROTOCOL_ORDER = (
@@ -132,9 +134,9 @@ def init(
     from tuneproof.recipes.init import reader_lines, run_init  # noqa: PLC0415
 
     path = run_init(directory, task, force=force)
-    console.print(f"wrote {path}; edit the hypothesis and guards before the first run")
+    console.print(f"wrote {user_text(path)}; edit the hypothesis and guards before the first run")
     for line in reader_lines(task):
-        console.print(escape(line), soft_wrap=True)
+        console.print(user_text(line), soft_wrap=True)
 
 
 @app.command()
@@ -149,10 +151,10 @@ def schema(
 
     if docs is not None:
         changed = write_reference(docs)
-        console.print(f"{'wrote' if changed else 'unchanged:'} {escape(str(docs))}")
+        console.print(f"{'wrote' if changed else 'unchanged:'} {user_text(docs)}")
     if out is not None:
         write_schema(out)
-        console.print(f"wrote {escape(str(out))}")
+        console.print(f"wrote {user_text(out)}")
     if out is None and docs is None:
         sys.stdout.write(schema_text())
 
@@ -256,7 +258,7 @@ def train(
             baseline_override=skip_baseline,
         )
         for r in done:
-            console.print(f"variant [bold]{r['run']}[/] {r['status']} ({r['change']})")
+            console.print(f"variant [bold]{r['run']}[/] {r['status']} ({user_text(r['change'], one_line=True)})")
         return
     if set_ or grid or allow_multi_change:
         raise TuneproofError(
@@ -386,7 +388,8 @@ def runs_mark_interrupted(
 
     rec = Registry(study).mark_interrupted(run, why)
     console.print(
-        f"{rec.id}: interrupted ({rec.reason})" + (f"; next: tuneproof resume {rec.id}" if rec.kind == "train" else ""),
+        f"{rec.id}: interrupted ({user_text(rec.reason)})"
+        + (f"; next: tuneproof resume {rec.id}" if rec.kind == "train" else ""),
         soft_wrap=True,
     )
 
@@ -398,15 +401,15 @@ def registry_rebuild(study: Path = StudyOpt) -> None:
 
     out = Registry.rebuild(study)
     console.print(
-        f"rebuilt {study / 'tuneproof.sqlite'} from {len(out['runs'])} run folder(s)"
+        f"rebuilt {user_text(study / 'tuneproof.sqlite')} from {len(out['runs'])} run folder(s)"
         + (f", {out['test_accesses']} test-split read(s)" if out["test_accesses"] else "")
-        + (f"; old index kept as {out['kept']}" if out["kept"] else ""),
+        + (f"; old index kept as {user_text(out['kept'])}" if out["kept"] else ""),
         soft_wrap=True,
     )
     if out["lost"]:
         console.print(
             f"[yellow]warning[/]: {len(out['lost'])} folder(s) had no readable "
-            f"run.json, listed as invalid: {', '.join(out['lost'])}",
+            f"run.json, listed as invalid: {user_text(', '.join(out['lost']))}",
             soft_wrap=True,
         )
     if out["stale"]:
@@ -450,7 +453,7 @@ def invalidate(
     from tuneproof.registry import Registry  # noqa: PLC0415
 
     rec = Registry(study).invalidate(run, why)
-    console.print(f"{rec.id}: invalid ({rec.reason})")
+    console.print(f"{rec.id}: invalid ({user_text(rec.reason)})", soft_wrap=True)
 
 
 @app.command()
@@ -634,7 +637,7 @@ def report(
     from tuneproof.recipes.report import HTML_FILE, run_report  # noqa: PLC0415
 
     path = run_report(_ctx(study), html=html, use_edited_hypothesis=use_edited_hypothesis)
-    console.print(f"dossier: {path}" + (f" and {path.with_name(HTML_FILE)}" if html else ""))
+    console.print(f"dossier: {user_text(path)}" + (f" and {user_text(path.with_name(HTML_FILE))}" if html else ""))
 
 
 @app.command()
@@ -695,7 +698,8 @@ def track_sync(
     done = sync(trackers, ctx.registry, only_pending=not all_)
     console.print(
         f"mirrored {len(done['mirrored'])} run(s) to {', '.join(t.name for t in trackers)}"
-        + (f"; still pending: {', '.join(done['pending'])}" if done["pending"] else "")
+        + (f"; still pending: {', '.join(done['pending'])}" if done["pending"] else ""),
+        soft_wrap=True,
     )
     if done["pending"]:
         sys.exit(2)
@@ -836,7 +840,7 @@ def _main(argv: list[str] | None, Terminated) -> int:  # noqa: N803
             return rv
     except TuneproofError as err:
         console.print(
-            f"[bold red]error[/]: {escape(str(err))}", soft_wrap=True
+            f"[bold red]error[/]: {user_text(err, limit=ERROR_LIMIT)}", soft_wrap=True
         )  # messages quote data: [..] is not markup
         return err.exit_code
     except Terminated:
@@ -856,7 +860,7 @@ def _main(argv: list[str] | None, Terminated) -> int:  # noqa: N803
             return 2
         fault = _machine_fault(err)
         if fault is not None:
-            console.print(f"[bold red]error[/]: {fault}", soft_wrap=True)
+            console.print(f"[bold red]error[/]: {user_text(fault, limit=ERROR_LIMIT)}", soft_wrap=True)
             return fault.exit_code
         raise
     return 0

@@ -13,6 +13,7 @@ from PIL import Image
 
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import ImageEncoded
+from tuneproof.ui import html_text
 
 SHOW_PX = 96  # side of the pictures on the page; small images are enlarged without smoothing (NEAREST)
 
@@ -54,7 +55,7 @@ def render_html(items: list[tuple[Example, ImageEncoded, Image.Image]], title: s
     """One self-contained page (inline PNGs, no script); every text is escaped."""
     rows = []
     for ex, enc, original in items:
-        text = "<br>".join(html.escape(line) for line in describe(ex, enc, classes))
+        text = "<br>".join(html_text(line) for line in describe(ex, enc, classes))
         rows.append(
             f"<tr><td><img alt='original' src='{_png(original)}'></td><td><img alt='model "
             f"input' src='{_png(tensor_image(enc.pixel_values))}'>"

@@ -15,6 +15,7 @@ import numpy as np
 
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import IGNORE_INDEX, Encoded, visible
+from tuneproof.ui import visible_text
 
 LEGEND_CAUSAL = (
     "legend: dim = prompt (not in the loss); green = supervised (in the loss); magenta = special token; '|' between "
@@ -94,13 +95,14 @@ def class_line(enc: Encoded, classes: list[str] | None) -> str:
 def header(enc: Encoded, classes: list[str] | None = None) -> str:
     """The one-line summary of an example."""
     kept = len(enc.input_ids)
+    who = f"{visible_text(enc.id, one_line=True)} [{visible_text(enc.category, one_line=True)}]"
     if enc.class_index is not None or not enc.labels:
         return (
-            f"{enc.id} [{enc.category}] sequence classification: {enc.full_length} tokens ({kept} kept); "
+            f"{who} sequence classification: {enc.full_length} tokens ({kept} kept); "
             f"the head is trained on {class_line(enc, classes)}"
         )
     return (
-        f"{enc.id} [{enc.category}] prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
+        f"{who} prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
         f"{enc.n_supervised} supervised; length {enc.full_length}/{kept} kept"
     )
 
@@ -115,7 +117,7 @@ def prefix_diff_lines(enc: Encoded) -> list[str]:
         f"training prefix differs from the inference prompt (first difference at character {d['first_difference']}):",
         f"  inference prompt: {visible(d['prompt'])}",
         f"  training prefix:  {visible(d['training_prefix'])}",
-        f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}",
+        f"  diff ([-prompt only-] {{+training only+}}): {visible_text(d['diff'], limit=None)}",
     ]
 
 

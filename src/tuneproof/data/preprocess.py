@@ -21,6 +21,7 @@ from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed
 from tuneproof.study import render_prompt
+from tuneproof.ui import visible_text
 
 if TYPE_CHECKING:
     import torch
@@ -74,8 +75,9 @@ class Encoded:
 
 
 def visible(text: str) -> str:
-    """Whitespace made visible: newline ``\\n``, tab ``\\t``, space ``·``."""
-    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·")
+    """Whitespace made visible: newline ``\\n``, tab ``\\t``, space ``·``; other control characters
+    as escapes (``\\x1b``, :func:`tuneproof.ui.visible_text`), never cut."""
+    return visible_text(text.replace(" ", "·"), one_line=True, limit=None)
 
 
 def char_diff(a: str, b: str) -> tuple[int | None, str]:

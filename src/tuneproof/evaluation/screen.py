@@ -2,13 +2,16 @@
 items with their numbers), then the averages, each with its name and how it is averaged.
 
 Used by ``baseline``, ``eval`` and ``test`` (tests/evaluation/test_eval_screen.py), instead of only 'run r0002
-completed'. Pure functions over the metrics dict a task's scorer returns; no I/O.
+completed'. Pure functions over the metrics dict a task's scorer returns; no I/O. Class and field names
+are user text: each is one visible line (``tuneproof.ui.visible_text``); print the lines with ``user_text``.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from tuneproof.ui import visible_text
 
 #: how many of the worst classes / fields the screen lists (the rest are in the run's eval.json)
 WORST_N = 5
@@ -74,7 +77,11 @@ def worst_items(table: dict[str, dict], key: str, n: int = WORST_N) -> list[tupl
 
 def _item_line(name: str, v: dict, keys: tuple[str, ...]) -> str:
     parts = [f"{k.replace('_', ' ')} {_num(v[k])}" for k in keys if k in v]
-    return f"  {name}: " + ", ".join(parts) + (f" (support {v['support']})" if "support" in v else "")
+    return (
+        f"  {visible_text(name, one_line=True)}: "
+        + ", ".join(parts)
+        + (f" (support {v['support']})" if "support" in v else "")
+    )
 
 
 def screen_lines(task: Any, metrics: dict[str, Any], *, worst: int = WORST_N) -> list[str]:
@@ -145,9 +152,11 @@ def guard_lines(v: dict, where: str = "compare.json") -> list[str]:
         :MAX_FAILING_ON_SCREEN
     ]:
         ci = it.get("ci") or [None, None]
+        name = visible_text(it["name"], one_line=True)
         out.append(
-            f"    {it['name']}: {sub} {_num(it.get('base'))} -> {_num(it.get('cand'))}, delta {_num(it.get('delta'))} "
-            f"[{_num(ci[0])}, {_num(ci[1])}], support {it.get('support')}" + (f": {it['why']}" if it.get("why") else "")
+            f"    {name}: {sub} {_num(it.get('base'))} -> {_num(it.get('cand'))}, delta {_num(it.get('delta'))} "
+            f"[{_num(ci[0])}, {_num(ci[1])}], support {it.get('support')}"
+            + (f": {visible_text(it['why'], one_line=True)}" if it.get("why") else "")
         )
     if len(failing) > MAX_FAILING_ON_SCREEN:
         out.append(f"    ... and {len(failing) - MAX_FAILING_ON_SCREEN} more (full list in {where})")

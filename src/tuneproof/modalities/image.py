@@ -29,7 +29,7 @@ from tuneproof.modalities.base import IMAGE_FORM, Modality
 from tuneproof.models.base import load_image_processor
 from tuneproof.models.heads import Head
 from tuneproof.study import ImageTransforms
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 IMAGES_DIR = "verify/images"  # the stored examples' image files inside an export bundle
 #: model types read as image classifiers when config.json names no architecture
@@ -220,11 +220,11 @@ class ImageModality(Modality):
             items = [(examples[i], encoded[i], ctx.pipeline.image(examples[i], train=train)[0]) for i in chosen]
             title = f"{ctx.study.name}: {split} after preprocessing"
             atomic_write_text(html_path, image_inspect.render_html(items, title, classes))
-            console.print(f"wrote {html_path}")
+            console.print(f"wrote {user_text(html_path)}", soft_wrap=True)
             return html_path
         for i in chosen:
             for line in image_inspect.describe(examples[i], encoded[i], classes):
-                console.print(line, markup=False, soft_wrap=True)
+                console.print(user_text(line), soft_wrap=True)
             console.print()
         return None
 

@@ -36,7 +36,7 @@ from tuneproof.models.identity import (
     vocab_sha256,
     vocabulary_record,
 )
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 CAUSAL_LM = Head("causal-lm", "AutoModelForCausalLM", peft_task_type="CAUSAL_LM", architectures=("CausalLM", "LMHead"))
 SEQUENCE_CLASSIFIER = Head(
@@ -307,7 +307,7 @@ class TextModality(Modality):
         if html_path is not None:
             items = [(encoded[i], token_rows(encoded[i], ctx.tokenizer)) for i in chosen]
             atomic_write_text(html_path, render_html(items, f"{ctx.study.name}: {split} after preprocessing", classes))
-            console.print(f"wrote {html_path}")
+            console.print(f"wrote {user_text(html_path)}", soft_wrap=True)
             return html_path
         console.print(LEGEND_CLS if classes is not None else LEGEND_CAUSAL, soft_wrap=True, markup=False)
         console.print()

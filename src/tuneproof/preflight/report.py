@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tuneproof.io import fault_cause
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 GIB = 2**30
 
@@ -69,9 +69,9 @@ class PreflightReport:
         self._mark = now
         self.checks.append(check)
         tag = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}[check["passed"]]
-        console.print(f"{tag} {check['name']}: {check['message']}", soft_wrap=True)
+        console.print(f"{tag} {check['name']}: {user_text(check['message'])}", soft_wrap=True)
         if check.get("warning"):
-            console.print(f"[yellow]warning[/] {check['warning']}", soft_wrap=True)
+            console.print(f"[yellow]warning[/] {user_text(check['warning'])}", soft_wrap=True)
         return check
 
     def run(self, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import evaluate_into, evaluation_run, print_metrics, record_inputs, require_backend
 from tuneproof.recipes.protocol import require_data_check
 from tuneproof.study import STUDY_FILE
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 
 def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -> str:
@@ -44,7 +44,9 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         examples = ctx.eval_examples()
         device, _, _ = ctx.torch_setup()
         console.print(
-            f"[bold]{run.id}[/] baseline of {ctx.base.name} on {len(examples)} '{ctx.study.eval.split}' examples"
+            f"[bold]{run.id}[/] baseline of {user_text(ctx.base.name)} on {len(examples)} "
+            f"'{user_text(ctx.study.eval.split)}' examples",
+            soft_wrap=True,
         )
         labels = ctx.head_labels
         # training.bf16_base_weights: the base evaluated as the candidate's will be, its weights in bf16

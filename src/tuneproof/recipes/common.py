@@ -33,7 +33,7 @@ from tuneproof.preflight.envinfo import environment_snapshot
 from tuneproof.registry import Run
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config
-from tuneproof.ui import console, progress_bar
+from tuneproof.ui import console, progress_bar, user_text
 
 TOKENIZER_FILE = "tokenizer_identity.json"
 
@@ -279,7 +279,7 @@ def predict_served(
     )
     if not result["passed"]:
         raise BackendCheckFailed(result["reason"], run.id)
-    console.print(f"[dim]{result['name']}: {result['message']}[/]")
+    console.print(f"[dim]{result['name']}: {user_text(result['message'])}[/]", soft_wrap=True)
     with progress_bar(what, len(examples)) as bar:
         advance = bar if on_progress is None else also_record(bar, on_progress)
         return candidate.generate(
@@ -356,10 +356,9 @@ def evaluate_into(
 def print_metrics(ctx: StudyContext, metrics: dict[str, Any]) -> None:
     """The evaluation's headline on screen: worst classes / fields with their numbers, then the
     averages with their names (:func:`tuneproof.evaluation.screen.screen_lines`)."""
-    from rich.markup import escape  # noqa: PLC0415
 
     for line in screen_lines(get_task(ctx.task), metrics):
-        console.print(escape(line), soft_wrap=True)
+        console.print(user_text(line), soft_wrap=True)
 
 
 def headline(task: str, metrics: dict[str, Any]) -> dict[str, float]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
-
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
@@ -34,7 +32,7 @@ from tuneproof.io import read_json
 from tuneproof.models.identity import compare_recorded
 from tuneproof.recipes.common import load_outputs
 from tuneproof.tasks import task_config
-from tuneproof.ui import console, fmt, table
+from tuneproof.ui import console, fmt, table, user_text
 
 
 def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
@@ -192,7 +190,9 @@ def run_compare(
 def print_judging(judging) -> None:
     """The hypothesis change, key by key, and which hypothesis the verdict follows (nothing when unchanged)."""
     for line in judging.lines():
-        console.print(escape(line) if line.startswith("  ") else f"[bold yellow]{escape(line)}[/]", soft_wrap=True)
+        console.print(
+            user_text(line) if line.startswith("  ") else f"[bold yellow]{user_text(line)}[/]", soft_wrap=True
+        )
 
 
 def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
@@ -227,10 +227,10 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
 
 def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
     for line in summary_lines(cid, bid, r):
-        console.print(escape(line).replace("WARNING", "[yellow]WARNING[/]"), soft_wrap=True)
+        console.print(user_text(line).replace("WARNING", "[yellow]WARNING[/]"), soft_wrap=True)
     rows = [
         [
-            m,
+            user_text(m, one_line=True),
             fmt(v["base"]),
             fmt(v["cand"]),
             fmt(v["delta"]),
@@ -246,24 +246,29 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
     for v in r.get("verdicts", []):
         color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
         lines = guard_lines(v, where)
-        console.print(f"  [{color}]{v['verdict']:14s}[/] {escape(v['name'])}: {escape(lines[0])}", soft_wrap=True)
+        console.print(
+            f"  [{color}]{v['verdict']:14s}[/] {user_text(v['name'], one_line=True)}: {user_text(lines[0])}",
+            soft_wrap=True,
+        )
         for line in lines[1:]:
-            console.print(escape(line), soft_wrap=True)
+            console.print(user_text(line), soft_wrap=True)
     if r.get("overall"):
         against = r.get("judged_against", "")
         console.print(
             "  overall"
             f"{' (' + against + ' hypothesis)' if against in ('frozen', 'edited') and r.get('alternative') else ''}: "
-            f"[bold]{r['overall']['verdict']}[/] ({r['overall']['detail']})"
+            f"[bold]{r['overall']['verdict']}[/] ({user_text(r['overall']['detail'])})",
+            soft_wrap=True,
         )
     alt = r.get("alternative")
     if alt:
         console.print(f"  with the {alt['hypothesis']} hypothesis instead:")
         for v in alt["verdicts"]:
-            console.print(f"    {v['verdict']:14s} {escape(v['name'])}")
+            console.print(f"    {v['verdict']:14s} {user_text(v['name'], one_line=True)}", soft_wrap=True)
         console.print(
             f"  overall ({alt['hypothesis']} hypothesis): [bold]"
-            f"{alt['overall']['verdict']}[/] ({alt['overall']['detail']})"
+            f"{alt['overall']['verdict']}[/] ({user_text(alt['overall']['detail'])})",
+            soft_wrap=True,
         )
     for n in r.get("notes", []):
-        console.print(f"  [yellow]note[/]: {n}")
+        console.print(f"  [yellow]note[/]: {user_text(n)}", soft_wrap=True)

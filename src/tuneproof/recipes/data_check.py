@@ -32,8 +32,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
-
 from tuneproof.context import StudyContext
 from tuneproof.data import checks
 from tuneproof.data.checks import audit_lines
@@ -48,7 +46,7 @@ from tuneproof.modalities.base import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHECKS,
 from tuneproof.recipes.common import record_inputs
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config
-from tuneproof.ui import console, fmt, progress_bar, table
+from tuneproof.ui import console, fmt, progress_bar, table, user_text, visible_text
 
 #: examples encoded between two progress updates of the data check
 ENCODE_CHUNK = 256
@@ -246,18 +244,25 @@ def _print(rep: dict[str, Any], sections: tuple[str, ...]) -> None:
     """The data check's screen; ``sections``: the modality's (``Modality.dossier_sections``)."""
     console.print(
         f"data fingerprint {rep['fingerprint']['hash'][:16]}; splits "
-        + ", ".join(f"{k} {v}" for k, v in rep["sizes"].items())
+        + user_text(", ".join(f"{k} {v}" for k, v in rep["sizes"].items())),
+        soft_wrap=True,
     )
     for r in rep["repairs"]:
         if r.startswith("skipped "):  # an unreadable image: left out and counted, not repaired
-            console.print(f"[yellow]skipped[/] {escape(r[len('skipped ') :])}", soft_wrap=True)
+            console.print(f"[yellow]skipped[/] {user_text(r[len('skipped ') :])}", soft_wrap=True)
         else:
-            console.print(f"[yellow]repaired[/] {escape(r)}", soft_wrap=True)
+            console.print(f"[yellow]repaired[/] {user_text(r)}", soft_wrap=True)
     if IMAGE_FORM in sections:
         _print_images(rep["images"])
     if TOKEN_LENGTHS in sections:
         rows = [
-            [k, fmt(v.get("p50"), 0), fmt(v.get("p95"), 0), v.get("max"), fmt(v.get("truncated_share"))]
+            [
+                user_text(k, one_line=True),
+                fmt(v.get("p50"), 0),
+                fmt(v.get("p95"), 0),
+                v.get("max"),
+                fmt(v.get("truncated_share")),
+            ]
             for k, v in rep["lengths"]["splits"].items()
         ]
         console.print(
@@ -273,14 +278,14 @@ def _print(rep: dict[str, Any], sections: tuple[str, ...]) -> None:
     for c in target_lines(rep) + lines:
         if c in warned or all(part in warned for part in c.split("; ")):  # said once, as the warning(s) below
             continue
-        console.print("[cyan]check[/] " + escape(c), soft_wrap=True)
+        console.print("[cyan]check[/] " + user_text(c), soft_wrap=True)
     for w in rep["warnings"]:
-        console.print(f"[yellow]warning[/] {escape(w)}", soft_wrap=True)
+        console.print(f"[yellow]warning[/] {user_text(w)}", soft_wrap=True)
     diff = next((f for f in rep["encoding_faults"] if f.get("prefix_diff")), None)
     if diff is not None:
         _print_prefix_diff(diff["id"], diff["prefix_diff"])
     for h in rep["hard_faults"][:20]:
-        console.print(f"[red]fault[/] {escape(h)}", soft_wrap=True)
+        console.print(f"[red]fault[/] {user_text(h)}", soft_wrap=True)
     console.print(
         "[green]data check passed[/]"
         if rep["passed"]
@@ -297,8 +302,8 @@ def _print_images(images: dict[str, Any]) -> None:
             after = (c.get("after_transform") or {}).get("outputs") or {}
             rows.append(
                 [
-                    split,
-                    label,
+                    user_text(split, one_line=True),
+                    user_text(label, one_line=True),
                     c["n"],
                     f"{c['width']['median']:g}x{c['height']['median']:g}",
                     ", ".join(f"{m} {n}" for m, n in c["modes"].items()),
@@ -314,21 +319,34 @@ def _print_images(images: dict[str, Any]) -> None:
         )
     )
     console.print(
-        "[cyan]check[/] " + escape(images["duplicates"]["summary"]) + f" ({images['duplicates']['rule']})",
+        "[cyan]check[/] "
+        + user_text(images["duplicates"]["summary"])
+        + f" ({user_text(images['duplicates']['rule'])})",
         soft_wrap=True,
     )
-    console.print("[cyan]check[/] " + escape(images["shortcut"]["message"]), soft_wrap=True)
+    console.print("[cyan]check[/] " + user_text(images["shortcut"]["message"]), soft_wrap=True)
 
 
 def _print_prefix_diff(ex_id: str, d: dict[str, Any]) -> None:
     """Training prefix vs inference prompt (docs/CASES.md C3 kind): both strings and the character diff."""
     console.print(
-        f"[red]training prefix differs from the inference prompt[/] ({ex_id}, first difference at character "
+        f"[red]training prefix differs from the inference prompt[/] ({user_text(ex_id, one_line=True)}, "
+        "first difference at character "
         f"{d['first_difference']}):",
         soft_wrap=True,
     )
-    console.print(f"  inference prompt: {visible(d['prompt'])}", soft_wrap=True, markup=False, highlight=False)
-    console.print(f"  training prefix:  {visible(d['training_prefix'])}", soft_wrap=True, markup=False, highlight=False)
     console.print(
-        f"  diff ([-prompt only-] {{+training only+}}): {d['diff']}", soft_wrap=True, markup=False, highlight=False
+        f"  inference prompt: {visible_text(visible(d['prompt']))}", soft_wrap=True, markup=False, highlight=False
+    )
+    console.print(
+        f"  training prefix:  {visible_text(visible(d['training_prefix']))}",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
+    console.print(
+        f"  diff ([-prompt only-] {{+training only+}}): {visible_text(d['diff'])}",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
     )

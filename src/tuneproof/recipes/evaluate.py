@@ -25,7 +25,7 @@ from tuneproof.recipes.common import (
     require_backend,
     served_paths,
 )
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 
 def run_eval(ctx: StudyContext, train_run: str) -> str:
@@ -48,6 +48,9 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
         run.update_summary(trained_weights=trained)  # the adapter this eval loaded; export compares it
         model = load_trained(ctx, rec.id)
         examples = ctx.eval_examples()
-        console.print(f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{ctx.study.eval.split}' examples")
+        console.print(
+            f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{user_text(ctx.study.eval.split)}' examples",
+            soft_wrap=True,
+        )
         print_metrics(ctx, evaluate_into(ctx, run, model, examples, f"eval {rec.id}", served=served_paths(ctx, rec.id)))
         return run.id

@@ -85,7 +85,7 @@ from tuneproof.recipes.common import (
     trained_base_weights,
 )
 from tuneproof.recipes.compare import print_judging
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 DEFAULT_K = 8  # stored verification examples
 
@@ -161,7 +161,7 @@ def check_exported_weights(ctx: StudyContext, rec, ev) -> dict[str, Any]:
     if rec.summary.get("trained_weights"):
         return {**found, "checked_against": f"train run {rec.id}"}
     console.print(
-        f"[yellow]warning[/]: run {rec.id} recorded no sha256 of its saved {found['folder']} ("
+        f"[yellow]warning[/]: run {rec.id} recorded no sha256 of its saved {user_text(found['folder'])} ("
         + ("made before tuneproof recorded it" if rec.status == "completed" else f"the run is {rec.status}")
         + "): the exported files are not compared with the evaluated ones",
         soft_wrap=True,
@@ -646,6 +646,6 @@ def run_export(
         )
         hyp.record_override(ctx.study_dir, judging, "export", run.id)
         for c in report["checks"]:
-            console.print(f"  [green]pass[/] {c['name']}: {c['detail']}")
-        console.print(f"[bold]{run.id}[/] exported {rec.id} to {dest} (verified)")
+            console.print(f"  [green]pass[/] {c['name']}: {user_text(c['detail'])}", soft_wrap=True)
+        console.print(f"[bold]{run.id}[/] exported {rec.id} to {user_text(dest)} (verified)", soft_wrap=True)
         return run.id

@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from rich.markup import escape
 from rich.tree import Tree
 
 from tuneproof.context import load_study
 from tuneproof.hypothesis import frozen_record
 from tuneproof.registry import Registry, RunRecord, override_flags
-from tuneproof.ui import console, fmt
+from tuneproof.ui import console, fmt, user_text
 
 STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}
 
@@ -81,18 +80,18 @@ def metric_text(rec: RunRecord, children: list[RunRecord], baseline: RunRecord |
 
 def node_label(rec: RunRecord, children: list[RunRecord], baseline: RunRecord | None, metric: str | None) -> str:
     style = STATUS_STYLE.get(rec.status, "")
-    parts = [f"[bold]{escape(rec.id)}[/] {rec.kind} [{style}]{rec.status}[/]"]
+    parts = [f"[bold]{user_text(rec.id)}[/] {rec.kind} [{style}]{rec.status}[/]"]
     if rec.reason and rec.status != "completed":
-        parts.append(f"[{style}]({escape(rec.reason)})[/]")
+        parts.append(f"[{style}]({user_text(rec.reason, one_line=True)})[/]")
     variant = rec.summary.get("variant")
     if variant:
-        parts.append(f"[cyan]{escape(variant.get('change', ''))}[/]")
+        parts.append(f"[cyan]{user_text(variant.get('change', ''), one_line=True)}[/]")
     if rec.summary.get("multi_change"):
         parts.append("[magenta]multi-change[/]")
     if rec.summary.get("resumes"):
         parts.append(f"[dim]resumed x{len(rec.summary['resumes'])}[/]")
     for flag in override_flags(rec.summary):
-        parts.append(f"[yellow]{escape(flag)}[/]")
+        parts.append(f"[yellow]{user_text(flag, one_line=True)}[/]")
     text = metric_text(rec, children, baseline, metric)
     if text:
         parts.append("· " + text)
@@ -108,7 +107,7 @@ def build_tree(registry: Registry, runs: list[RunRecord]) -> Tree:
     baselines = [r for r in runs if r.kind == "baseline" and r.status == "completed" and r.summary.get("metrics")]
     baseline = baselines[-1] if baselines else None
     metric = success_metric(registry)
-    title = f"[bold]{escape(registry.study_dir.name)}[/] ({len(runs)} runs"
+    title = f"[bold]{user_text(registry.study_dir.name, one_line=True)}[/] ({len(runs)} runs"
     title += f"; headline {metric}" if metric else ""
     title += f"; baseline {baseline.id})" if baseline else "; no completed baseline)"
     tree = Tree(title)

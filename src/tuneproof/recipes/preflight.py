@@ -96,8 +96,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from tuneproof.context import StudyContext
 from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed, TuneproofError
@@ -123,7 +121,7 @@ from tuneproof.preflight.training_data import check_image_training_data, check_t
 from tuneproof.preflight.update_check import check_update_step
 from tuneproof.recipes.common import record_inputs
 from tuneproof.training.loop import seed_everything
-from tuneproof.ui import console, table
+from tuneproof.ui import console, table, user_text
 
 PREFLIGHT_FILE = "preflight.json"
 PROBE_MICRO_BATCH = 1  # examples per micro-batch of the probes (update, accumulation, precision, checkpointing)
@@ -483,8 +481,8 @@ def _print_table(rep: PreflightReport, run_id: str, seconds: float) -> None:
         [
             c["name"],
             tags[c["passed"]],
-            escape(_numbers_text(c["numbers"], 4)),
-            escape(c["message"][:240] + ("..." if len(c["message"]) > 240 else "")),
+            user_text(_numbers_text(c["numbers"], 4)),
+            user_text(c["message"][:240] + ("..." if len(c["message"]) > 240 else "")),
         ]
         for c in rep.checks
     ]
@@ -526,7 +524,10 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
                 "--skip-preflight needs a reason, e.g. "
                 '--skip-preflight "preflight r0004 passed on this machine yesterday"'
             )
-        console.print(f"[yellow]warning[/]: training without a matching preflight; recorded override: {override}")
+        console.print(
+            f"[yellow]warning[/]: training without a matching preflight; recorded override: {user_text(override)}",
+            soft_wrap=True,
+        )
         return None
     config = ctx.config
     data_fp = ctx.data_fingerprint()["hash"]

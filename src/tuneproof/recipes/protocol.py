@@ -28,7 +28,7 @@ from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.fingerprint import diff_fingerprints, study_eval_fingerprint
 from tuneproof.io import read_json
 from tuneproof.recipes.data_check import run_data_check
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 
 def _study_opt(ctx) -> str:
@@ -71,7 +71,10 @@ def require_data_check(ctx, command: str, override: str | None = None) -> str | 
     """
     override = check_reason("--skip-data-check", override)
     if override is not None:
-        console.print(f"[yellow]warning[/]: {command} without a passed data check; recorded override: {override}")
+        console.print(
+            f"[yellow]warning[/]: {command} without a passed data check; recorded override: {user_text(override)}",
+            soft_wrap=True,
+        )
         return None
     fp = ctx.data_fingerprint()["hash"]
     rec = latest_data_check(ctx, fp)
@@ -114,7 +117,8 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
     if override is not None:
         console.print(
             "[yellow]warning[/]: training without a baseline for this "
-            f"evaluation procedure; recorded override: {override}"
+            f"evaluation procedure; recorded override: {user_text(override)}",
+            soft_wrap=True,
         )
         return None
     efp = study_eval_fingerprint(ctx)

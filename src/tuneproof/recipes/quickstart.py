@@ -30,7 +30,7 @@ from tuneproof.recipes.preflight import run_preflight
 from tuneproof.recipes.report import run_report
 from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.study import STUDY_FILE
-from tuneproof.ui import console, fmt, table
+from tuneproof.ui import console, fmt, table, user_text
 
 FAST_OVERRIDES = {
     "data": {"split": {"max_examples": {"train": 48, "validation": 14}}},
@@ -186,5 +186,5 @@ def _print_outcome(ctx: StudyContext, out: dict) -> None:
     cmp = ctx.registry.run_json(out["runs"]["compare"], "compare.json") or {}
     if cmp.get("verdict"):
         console.print(f"verdict: [bold]{cmp['verdict']}[/]")
-    console.print(f"dossier: [bold]{out['runs']['report']}[/]")
+    console.print(f"dossier: [bold]{user_text(out['runs']['report'])}[/]", soft_wrap=True)
     console.print(f"total time: {out['seconds']:.0f} s")

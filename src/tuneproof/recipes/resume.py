@@ -237,8 +237,8 @@ def run_resume(
     console.print(
         # the reason may quote a recorded error (a gloo message "[/pytorch/...gloo...]"): shown, never parsed as markup
         f"resume [bold]{rec.id}[/] ({rec.status}{': ' + user_text(rec.reason) if rec.reason else ''}) "
-        f"from {user_text(ckpt_path.name)}: "
-        f"step {step} of {ckpt['total_steps']}"
+        f"from {user_text(ckpt_path.name)}: step {step} of {ckpt['total_steps']}",
+        soft_wrap=True,
     )
     try:
         with reg.reopen(rec.id, note=f"resume from {ckpt_path.name} (step {step})") as run:

@@ -6,11 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from rich.markup import escape
-
 from tuneproof.recipes.lineage import print_tree
 from tuneproof.registry import Registry, iso, override_flags
-from tuneproof.ui import console, fmt, table
+from tuneproof.ui import console, fmt, table, user_text
 
 STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}
 
@@ -65,16 +63,16 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
         if r.summary.get("multi_change"):
             flags.append("multi-change variant")
         style = STATUS_STYLE.get(r.status, "")
-        ident = "\n".join([r.id] + [f"[cyan]{escape(o)}[/]" for o in run_overrides(r.summary)])
+        ident = "\n".join([r.id] + [f"[cyan]{user_text(o, one_line=True)}[/]" for o in run_overrides(r.summary)])
         rows.append(
             [
                 ident,
                 r.kind,
                 f"[{style}]{r.status}[/]",
-                "\n".join(escape(t) for t in [r.reason or ""] + flags if t),
+                "\n".join(user_text(t, one_line=True) for t in [r.reason or ""] + flags if t),
                 r.parent or "",
                 iso(r.created)[5:16],
-                escape(" ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2])),
+                user_text(" ".join(f"{k}={fmt(v, 2)}" for k, v in list(metrics.items())[:2])),
             ]
         )
     if tree:

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import sys
 
-from rich.markup import escape
-
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.common import load_outputs
 from tuneproof.recipes.compare import resolve_candidate
 from tuneproof.tasks import get_task, task_config
-from tuneproof.ui import console, table
+from tuneproof.ui import console, table, user_text
 
 
 def select(
@@ -94,7 +92,7 @@ def run_show(
         return len(pairs)
     rows = [
         [
-            escape("" if v is None else str(v))
+            user_text("" if v is None else str(v))
             for v in (
                 r["id"],
                 r.get("category"),

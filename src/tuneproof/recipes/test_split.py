@@ -13,8 +13,6 @@ the edited one (recorded in the summary, the test access log and ``hypothesis.ov
 
 from __future__ import annotations
 
-from rich.markup import escape
-
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.evaluation.metrics import score
@@ -36,7 +34,7 @@ from tuneproof.recipes.common import (
 from tuneproof.recipes.compare import print_judging
 from tuneproof.registry import iso
 from tuneproof.tasks import task_config
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 
 def test_reuse(ctx: StudyContext, candidate: str) -> list[str]:
@@ -80,9 +78,10 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         else:
             model = load_trained(ctx, cand)
         console.print(
-            f"[bold]{run.id}[/] test of {cand} on {len(examples)} '{ctx.study.data.test_split}' examples (logged)"
+            f"[bold]{run.id}[/] test of {user_text(cand)} on {len(examples)} "
+            f"'{user_text(ctx.study.data.test_split)}' examples (logged)"
         )
-        console.print(escape(reuse_line(reasons)).replace("REUSE", "[bold yellow]REUSE[/]"), soft_wrap=True)
+        console.print(user_text(reuse_line(reasons)).replace("REUSE", "[bold yellow]REUSE[/]"), soft_wrap=True)
         view = judging.primary
         metrics = evaluate_into(
             ctx,

@@ -59,7 +59,7 @@ from tuneproof.study import STUDY_FILE
 from tuneproof.training.budget import micro_batches_per_epoch, optimizer_steps_per_epoch
 from tuneproof.training.parallel import World, block_classes, init_world, resolve_backend
 from tuneproof.training.resume_state import load_checkpoint
-from tuneproof.ui import console, table
+from tuneproof.ui import console, table, user_text
 
 WORKER_MODULE = "tuneproof.recipes.torchrun"
 LOGIT_ATOL = 1e-4  # fp32 logits of the trained model vs the reloaded adapter (fresh process)
@@ -415,7 +415,8 @@ def launch_ranks(
     console.print(
         f"[bold]{run.id}[/] launching {layout['world_size']} processes ({layout['strategy']}, {layout['backend']}): "
         f"global batch {layout['global_batch']}, {layout['optimizer_steps_per_epoch']} optimizer steps per epoch; "
-        f"rank logs in {run.dir}/rank-N.log"
+        f"rank logs in {user_text(run.dir)}/rank-N.log",
+        soft_wrap=True,
     )
     log = run.dir / "launcher.log"
     offset = log.stat().st_size if log.exists() else 0  # a resume appends: this launch's report starts here
@@ -487,7 +488,7 @@ def run_preflight_distributed(
             table(
                 f"distributed preflight {run.id}",
                 ["check", "result", "details"],
-                [[c["name"], "pass" if c["passed"] else "FAIL", c["message"]] for c in checks],
+                [[c["name"], "pass" if c["passed"] else "FAIL", user_text(c["message"])] for c in checks],
             )
         )
         failed = [c for c in checks if not c["passed"]]

@@ -52,7 +52,7 @@ from tuneproof.training import loop  # loop.train looked up at call time: tests 
 from tuneproof.training.budget import budget
 from tuneproof.training.health import HealthFault
 from tuneproof.training.parallel import World, param_signature, wrap
-from tuneproof.ui import console, progress_bar
+from tuneproof.ui import console, progress_bar, user_text
 
 
 def record_start(ctx: StudyContext, run) -> dict[str, Any]:
@@ -143,9 +143,9 @@ def run_train(
             if (
                 len([t for t in targets.get("towers") or {} if t != "model"]) > 1
             ):  # encoder-decoder / multimodal: matches per tower
-                console.print(f"[dim]{targets['message']}[/]", soft_wrap=True)
+                console.print(f"[dim]{user_text(targets['message'])}[/]", soft_wrap=True)
             for w in targets.get("warnings", []):  # one pattern adapting several towers (docs/CASES.md C5 kind)
-                console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+                console.print(f"[yellow]warning[/]: {user_text(w)}", soft_wrap=True)
                 run.note(f"warning: {w}")
         device, _, autocast = ctx.torch_setup()
         cfg = ctx.study.training

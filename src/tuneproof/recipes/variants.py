@@ -37,7 +37,7 @@ from tuneproof.recipes.protocol import require_order
 from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.registry import Registry, RunRecord
 from tuneproof.study import resolved_config, set_key
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 # (dotted-key prefix, group); the first match wins, so specific keys come before their section
 GROUPS: tuple[tuple[str, str], ...] = (
@@ -295,7 +295,7 @@ def _on_start(plan: VariantPlan, started: list[str]) -> Callable:
         )
         for s in record["statements"]:
             run.note(s)
-            console.print(f"[yellow]note[/]: {s}")
+            console.print(f"[yellow]note[/]: {user_text(s)}", soft_wrap=True)
 
     return hook
 
@@ -320,7 +320,7 @@ def train_variant(
     Raises whatever training raises (the run is recorded failed/interrupted/invalid first).
     """
     console.print(
-        f"variant of [bold]{plan.parent.id}[/]: {describe(plan.changes)}"
+        f"variant of [bold]{plan.parent.id}[/]: {user_text(describe(plan.changes))}"
         + (" [magenta](multi-change)[/]" if plan.multi_change else "")
     )
     options = TrainOptions(
@@ -408,7 +408,7 @@ def run_variants(
     if grid:
         plans, skipped = plan_grid(reg, parent, grid, sets, name=name, allow_multi_change=allow_multi_change)
         for s in skipped:
-            console.print(f"[yellow]skip[/]: {s}")
+            console.print(f"[yellow]skip[/]: {user_text(s)}", soft_wrap=True)
     else:
         if not sets:
             raise TuneproofError(f"--from {parent}: say what changes with --set KEY=VALUE or --grid KEY=V1,V2")
@@ -431,7 +431,10 @@ def run_variants(
             if not grid or not started:
                 raise
             rec = reg.get(started[0])
-            console.print(f"[magenta]{rec.id} {rec.status}[/]: {str(err).splitlines()[0]}; the sweep goes on")
+            console.print(
+                f"[magenta]{rec.id} {rec.status}[/]: {user_text(str(err).splitlines()[0])}; the sweep goes on",
+                soft_wrap=True,
+            )
             results.append({"run": rec.id, "status": rec.status, "change": describe(plan.changes)})
             continue
         results.append({"run": run_id, "status": reg.get(run_id).status, "change": describe(plan.changes)})

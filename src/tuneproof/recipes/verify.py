@@ -21,7 +21,7 @@ from pathlib import Path
 from tuneproof.deliver.bundle_verification import failure_message, verify_in_fresh_process
 from tuneproof.errors import CheckFailed
 from tuneproof.io import write_json
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 #: what to do after the first failed check: the bundle itself changed, or the base it is checked against
 _BUNDLE_CHANGED = "the bundle was changed after export: do not use it; export the run again (tuneproof export RUN)"
@@ -61,10 +61,10 @@ def run_verify(
         write_json(json_out, report)
     for c in report["checks"]:
         mark = "[green]pass[/]" if c["passed"] else "[red]FAIL[/]"
-        console.print(f"  {mark} {c['name']}: {c['detail']}", soft_wrap=True)
+        console.print(f"  {mark} {c['name']}: {user_text(c['detail'])}", soft_wrap=True)
         for p in c["problems"][:8]:
-            console.print(f"       {p}", soft_wrap=True)
+            console.print(f"       {user_text(p)}", soft_wrap=True)
     if not report["passed"]:
         raise CheckFailed(failure_message(report), hint=failure_hint(report))
-    console.print(f"[bold green]verified[/] {bundle} ({report['seconds']:.1f} s in a fresh process)")
+    console.print(f"[bold green]verified[/] {user_text(bundle)} ({report['seconds']:.1f} s in a fresh process)")
     return report

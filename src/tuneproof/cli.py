@@ -695,12 +695,16 @@ def track_sync(
             f"{ctx.study_dir / 'tuneproof.yaml'}: no tracker set",
             hint="add tracking: {mlflow: {uri: sqlite:///mlflow.db}} or report_to: [mlflow]",
         )
-    done = sync(trackers, ctx.registry, only_pending=not all_)
+    down: dict[str, str] = {}
+    done = sync(trackers, ctx.registry, only_pending=not all_, down=down)
     console.print(
         f"mirrored {len(done['mirrored'])} run(s) to {', '.join(t.name for t in trackers)}"
         + (f"; still pending: {', '.join(done['pending'])}" if done["pending"] else ""),
         soft_wrap=True,
+        markup=False,
     )
+    for name, error in down.items():
+        console.print(f"{name}: {user_text(error, one_line=True)}")
     if done["pending"]:
         sys.exit(2)
 

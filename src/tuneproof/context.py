@@ -27,7 +27,7 @@ from tuneproof.models.quant import quantization_record, require_bitsandbytes
 from tuneproof.registry import Registry
 from tuneproof.study import STUDY_FILE, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
-from tuneproof.tracking import end_hook
+from tuneproof.tracking import attach
 
 
 def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
@@ -77,9 +77,7 @@ class StudyContext:
     @cached_property
     def registry(self) -> Registry:
         registry = Registry(self.study_dir)
-        hook = end_hook(self.study, self.study_dir)  # tracking.* / report_to: mirror each run when it ends
-        if hook is not None:
-            registry.end_hooks.append(hook)
+        attach(registry, self.study, self.study_dir, self.config)  # tracking.* / report_to: runs sent as they run
         return registry
 
     @property

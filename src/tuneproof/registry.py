@@ -207,8 +207,11 @@ class Run:
         return write_json(self.dir / name, obj)
 
     def metric(self, **row: Any) -> None:
-        """Append one row (step, loss, lr, ...) to ``metrics.jsonl``."""
-        append_jsonl(self.dir / "metrics.jsonl", {"time": round(_now(), 3), **row})
+        """Append one row (step, loss, lr, ...) to ``metrics.jsonl``, then hand it to the registry's
+        step hooks (trackers logging while the run runs)."""
+        row = {"time": round(_now(), 3), **row}
+        append_jsonl(self.dir / "metrics.jsonl", row)
+        self.registry._hooks(self.registry.step_hooks, self.id, row)
 
     def note(self, message: str) -> None:
         """Append a line to ``log.txt``."""
@@ -295,6 +298,10 @@ class Registry:
         self.db_path = self.study_dir / DB_NAME
         self._lock = threading.RLock()
         self.rebuilt: dict[str, Any] | None = None
+        #: callables ``(registry, record)`` run when a run starts or is reopened (trackers)
+        self.start_hooks: list = []
+        #: callables ``(registry, run_id, row)`` run after each ``metrics.jsonl`` row (trackers)
+        self.step_hooks: list = []
         #: callables ``(registry, record)`` run after a run's final status is recorded (trackers)
         self.end_hooks: list = []
         try:
@@ -491,7 +498,7 @@ class Registry:
             threading.RLock(),
             None,
         )
-        reg.end_hooks = []
+        reg.start_hooks, reg.step_hooks, reg.end_hooks = [], [], []
         try:
             reg._conn = cls._connect(db)
             out = reg._load_folders()
@@ -660,13 +667,16 @@ class Registry:
 
     def _ended(self, run_id: str) -> None:
         """Run the end hooks; a hook never changes how the run ended (its error is one warning line)."""
-        for hook in self.end_hooks:
+        if self.end_hooks:
+            self._hooks(self.end_hooks, self.get(run_id))
+
+    def _hooks(self, hooks: list, *args: Any) -> None:
+        """Call each hook with ``(self, *args)``; a hook never changes the run (its error is one log line)."""
+        for hook in hooks:
             try:
-                hook(self, self.get(run_id))
+                hook(self, *args)
             except Exception as err:  # noqa: BLE001
-                logging.getLogger("tuneproof").warning(
-                    "end hook %s failed for %s: %s", getattr(hook, "__name__", hook), run_id, err
-                )
+                logging.getLogger("tuneproof").warning("hook %s failed: %s", getattr(hook, "__name__", hook), err)
 
     def _liveness(self, row: Any, now: float) -> tuple[bool, str]:
         """``(stale, reason)`` of a ``running`` row (see the module docstring)."""
@@ -858,6 +868,8 @@ class Registry:
         )
         beat.start()
         try:
+            if self.start_hooks:
+                self._hooks(self.start_hooks, self.get(run.id))
             yield run
         except (KeyboardInterrupt, Terminated) as err:
             if isinstance(err, Terminated):

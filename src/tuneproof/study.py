@@ -456,12 +456,35 @@ class Eval(_Strict):
 
 
 # --------------------------------------------------------------------------- tracking
+def mlflow_folder_store(uri: str) -> bool:
+    """True when ``uri`` names MLflow's folder store (``file:///.../mlruns`` or a plain path), which
+    MLflow 3 keeps in maintenance mode and refuses to write runs to."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    return scheme in ("", "file") or uri.lower().startswith("file:")
+
+
+#: the refusal of a folder store, shared by the study file and $MLFLOW_TRACKING_URI
+MLFLOW_FOLDER_FIX = (
+    "is MLflow's folder store, which MLflow no longer writes runs to; use a database such as "
+    "sqlite:///mlflow.db (or leave tracking.mlflow.uri out: sqlite:///<study>/mlflow.db) or a server such as "
+    "http://127.0.0.1:5000"
+)
+
+
 class MlflowTracking(_Strict):
     uri: str | None = Field(
         None,
-        description="MLflow tracking URI, e.g. sqlite:///mlflow.db or http://host:5000 (default $MLFLOW_TRACKING_URI)",
+        description="MLflow tracking URI: a database (sqlite:///mlflow.db) or a server (http://host:5000); "
+        "a folder (file://.../mlruns) is refused (default $MLFLOW_TRACKING_URI, else sqlite:///<study>/mlflow.db)",
     )
     experiment: str | None = Field(None, description="MLflow experiment (default: the study name)")
+
+    @field_validator("uri")
+    @classmethod
+    def _not_a_folder(cls, uri: str | None) -> str | None:
+        if uri is not None and mlflow_folder_store(uri):
+            raise ValueError(f"'{uri}' {MLFLOW_FOLDER_FIX}")
+        return uri
 
 
 class WandbTracking(_Strict):

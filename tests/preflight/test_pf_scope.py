@@ -75,3 +75,18 @@ def test_a_key_added_by_a_later_version_keeps_the_preflight_at_its_default_only(
     assert preflight_changes(before, other) == [{"key": "training.packing_length", "from": None, "to": 512}]
     dropped = {"method": {"kind": "lora"}, "training": now["training"]}  # a key the current config lacks is a change
     assert preflight_changes(before, dropped) == [{"key": "method.r", "from": 4, "to": None}]
+
+
+def test_adding_a_tracker_keeps_a_passed_preflight():
+    """``tracking``/``report_to`` say where copies of the runs go; a training step is the same."""
+    before = {"report_to": [], "tracking": {"mlflow": None}, "training": {"micro_batch_size": 4}}
+    after = {
+        "report_to": ["mlflow"],
+        "tracking": {"mlflow": {"uri": "sqlite:///mlflow.db", "experiment": "x"}},
+        "training": {"micro_batch_size": 4},
+    }
+    assert preflight_changes(before, after) == []
+    assert is_exempt("report_to") and is_exempt("tracking.mlflow.uri") and not is_exempt("tracking_extra")
+    assert [c["key"] for c in preflight_changes(before, {**after, "training": {"micro_batch_size": 8}})] == [
+        "training.micro_batch_size"
+    ]

@@ -1,5 +1,7 @@
-"""Runs mirrored to a real MLflow (SQLite tracking store in the test folder): params, per-step
-metrics, summary, status and reason tags, artifacts; a tracker that is down never fails a run."""
+"""Runs sent to a real MLflow (SQLite tracking store in the test folder) while they run: start time,
+per-step metrics, end time and status, nested under the study run; params of the run's kind,
+conventional metric names, a comparison's deltas and verdict; a tracker that is down never fails a
+run and is said once per command; a folder store is refused when the study is read."""
 
 from __future__ import annotations
 
@@ -20,6 +22,12 @@ def base(tmp_path_factory):
     return build_base(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One SQLite store for the module (MLflow creates its tables once), one experiment per test."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 def _study(tmp_path: Path, base: Path, tracking: dict) -> Path:
     study = make_study(tmp_path / "s", base, prepare=False)  # the runs here are written by hand
     cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
@@ -35,47 +43,117 @@ def _client(uri: str):
 
 
 def _runs(uri: str, experiment: str) -> dict[str, object]:
+    """tuneproof run id -> MLflow run (the study run, which has none, left out)."""
     client = _client(uri)
     exp = client.get_experiment_by_name(experiment)
-    return {r.data.tags["tuneproof.run_id"]: r for r in client.search_runs([exp.experiment_id])}
+    runs = client.search_runs([exp.experiment_id])
+    return {r.data.tags["tuneproof.run_id"]: r for r in runs if "tuneproof.run_id" in r.data.tags}
 
 
-def _fake_train(ctx, losses, fail: str | None = None, name: str | None = None):
-    """A run written through the real registry API, as recipes write them (config, metrics, summary)."""
+def _fake_train(ctx, losses, fail: str | None = None, name: str | None = None, during=None):
+    """A run written through the real registry API, as recipes write them (config, metrics, summary);
+    ``during(run)`` is called before the run ends."""
     with ctx.registry.run("train", name=name) as run:
         run.write_json("config.json", ctx.config)
         for step, loss in enumerate(losses, start=1):
             run.metric(step=step, loss=loss, lr=0.01, grad_norm=1.5 * step)
         run.update_summary(final_loss=losses[-1], steps=len(losses), note="text is not sent as a metric")
         (run.dir / "outputs.jsonl").write_text('{"id": "ex1", "output": "{}"}\n')
+        if during is not None:
+            during(run)
         if fail:
             raise RuntimeError(fail)
         return run.id
 
 
-def test_completed_run_is_mirrored_with_params_steps_summary_tags_and_artifacts(tmp_path, base):
+def test_a_run_is_sent_while_it_runs_then_completed_under_the_study_run(tmp_path, base, store, capfd):
     from tuneproof.context import StudyContext
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store
     study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": uri, "experiment": "tiny-exp"}}})
     ctx = StudyContext.open(study)
-    run_id = _fake_train(ctx, [2.0, 1.5, 1.25])
-    (mirrored,) = _runs(uri, "tiny-exp").values()
+    live = {}
+
+    def during(run):  # before the run ends: MLflow already has it running, with its steps
+        mirrored = _runs(uri, "tiny-exp")[run.id]
+        live["status"] = mirrored.info.status
+        live["loss"] = [(m.step, m.value) for m in _client(uri).get_metric_history(mirrored.info.run_id, "train/loss")]
+        live["params"] = dict(mirrored.data.params)
+
+    run_id = _fake_train(ctx, [2.0, 1.5, 1.25], during=during)
+    assert live["status"] == "RUNNING" and live["loss"] == [(1, 2.0), (2, 1.5), (3, 1.25)]
+    assert live["params"]["training.learning_rate"] == "0.01"
+    client = _client(uri)
+    mirrored = _runs(uri, "tiny-exp")[run_id]
+    record = ctx.registry.get(run_id)
     assert mirrored.info.run_name == run_id and mirrored.info.status == "FINISHED"
+    # the run's own start and end times (ms), not those of a copy made at its end
+    assert mirrored.info.start_time == int(record.created * 1000)
+    assert mirrored.info.end_time == int(record.ended * 1000)
     assert mirrored.data.tags["tuneproof.status"] == "completed" and mirrored.data.tags["tuneproof.kind"] == "train"
-    assert mirrored.data.params["training.learning_rate"] == "0.01"
-    assert mirrored.data.params["method.target_modules"] == '["q_proj", "v_proj"]'
-    history = _client(uri).get_metric_history(mirrored.info.run_id, "loss")
-    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.5), (3, 1.25)]
-    assert mirrored.data.metrics["summary.final_loss"] == 1.25 and "summary.note" not in mirrored.data.metrics
-    names = {a.path for a in _client(uri).list_artifacts(mirrored.info.run_id)}
+    # nested under the study run, which the UI shows as the tree's root
+    parent = client.get_run(mirrored.data.tags["mlflow.parentRunId"])
+    assert parent.info.run_name == "tiny" and parent.data.tags["tuneproof.kind"] == "study"
+    # a train run's params: model, method, training (not the data check's keys)
+    params = mirrored.data.params
+    assert params["method.target_modules"] == '["q_proj", "v_proj"]' and params["model.base"] == str(base)
+    assert not [k for k in params if k.startswith(("data.", "eval.", "tracking", "report_to"))]
+    history = client.get_metric_history(mirrored.info.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.5), (3, 1.25)]  # sent once
+    assert [m.value for m in client.get_metric_history(mirrored.info.run_id, "train/learning_rate")] == [0.01] * 3
+    metrics = mirrored.data.metrics
+    assert metrics["train/final_loss"] == 1.25 and metrics["train/steps"] == 3.0
+    assert not [k for k in metrics if k.startswith("summary.") or "note" in k]
+    names = {a.path for a in client.list_artifacts(mirrored.info.run_id)}
     assert {"config.json", "metrics.jsonl", "summary.json", "outputs.jsonl"} <= names
+    assert "Creating initial MLflow database tables" not in capfd.readouterr().err  # MLflow's INFO lines are quiet
 
 
-def test_failed_and_later_invalidated_runs_carry_status_and_reason(tmp_path, base):
+def test_a_comparison_carries_its_deltas_intervals_and_verdict(tmp_path, base, store):
     from tuneproof.context import StudyContext
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store
+    study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": uri, "experiment": "compare"}}})
+    ctx = StudyContext.open(study)
+    with ctx.registry.run("data-check") as run:
+        run.write_json("config.json", ctx.config)
+        run.update_summary(passed=True, sizes={"train": 24, "validation": 6}, hard_faults=0)
+    metric = {"base": 0.25, "cand": 0.75, "delta": 0.5, "ci": [0.125, 0.875]}
+    with ctx.registry.run("compare", parent="r0009") as run:
+        run.write_json("config.json", ctx.config)
+        run.write_json(
+            "compare.json",
+            {
+                "baseline": "r0009",
+                "candidates": {"r0010": {"metrics": {"field_f1": metric}}},
+                "verdict": "pass",
+                "detail": "success criterion met, no guard failed",
+            },
+        )
+        run.update_summary(baseline="r0009", candidates=["r0010"], verdict="pass")
+    runs = _runs(uri, "compare")
+    compared = runs["r0002"].data
+    assert compared.metrics["field_f1/delta"] == 0.5 and compared.metrics["field_f1/candidate"] == 0.75
+    assert (compared.metrics["field_f1/ci_low"], compared.metrics["field_f1/ci_high"]) == (0.125, 0.875)
+    assert compared.tags["tuneproof.verdict"] == "pass" and compared.tags["tuneproof.baseline"] == "r0009"
+    assert set(compared.params) == {
+        "hypothesis.behaviour",
+        "hypothesis.task",
+        "hypothesis.success.metric",
+        "hypothesis.success.min_gain",
+        "hypothesis.guards",
+        "hypothesis.required_fields",
+    }
+    checked = runs["r0001"].data
+    assert checked.metrics["data/train_examples"] == 24.0 and checked.tags["tuneproof.passed"] == "true"
+    assert checked.params["data.sources"].startswith('[{"path": "data/train.jsonl"')
+    assert not [k for k in checked.params if k.startswith(("training.", "method."))]
+
+
+def test_failed_and_later_invalidated_runs_carry_status_and_reason(tmp_path, base, store):
+    from tuneproof.context import StudyContext
+
+    uri = store
     study = _study(tmp_path, base, {"report_to": ["mlflow"]})
     import os
 
@@ -94,34 +172,77 @@ def test_failed_and_later_invalidated_runs_carry_status_and_reason(tmp_path, bas
     assert failed.data.tags["tuneproof.reason"] == "RuntimeError: disk on fire"
     assert invalid.info.status == "FAILED" and invalid.data.tags["tuneproof.status"] == "invalid"
     assert invalid.data.tags["tuneproof.reason"].startswith("wrong split used")
-    # mirrored twice (at its end, then when invalidated): the steps are not sent twice
-    assert len(_client(uri).get_metric_history(invalid.info.run_id, "loss")) == 2
+    # sent as it ran, at its end, then when invalidated: the steps are not sent twice
+    assert len(_client(uri).get_metric_history(invalid.info.run_id, "train/loss")) == 2
 
 
-def test_a_tracker_that_is_down_never_fails_the_run_and_is_retried(tmp_path, base, capsys):
+def test_a_tracker_that_is_down_is_said_once_per_command_and_retried(tmp_path, base, store, capsys):
     from tuneproof.cli import main
     from tuneproof.context import StudyContext
     from tuneproof.io import read_json
 
-    down = {"tracking": {"mlflow": {"uri": "http://127.0.0.1:9", "experiment": "tiny-exp"}}}  # port 9: nothing listens
+    down = {"tracking": {"mlflow": {"uri": "http://127.0.0.1:9", "experiment": "down"}}}  # port 9: nothing listens
     study = _study(tmp_path, base, down)
-    ctx = StudyContext.open(study)
-    run_id = _fake_train(ctx, [2.0, 1.0])
-    assert ctx.registry.get(run_id).status == "completed"
-    assert f"warning: run {run_id} not mirrored to mlflow" in capsys.readouterr().err
-    state = read_json(study / "runs" / run_id / "tracking.json")
-    assert state["pending"] is True and "mlflow" in state["errors"]
+    ctx = StudyContext.open(study)  # one command that records three runs
+    ids = [_fake_train(ctx, [2.0, 1.0]) for _ in range(3)]
+    assert [ctx.registry.get(i).status for i in ids] == ["completed"] * 3
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, err  # not one per run, nor one per step
+    assert warnings[0] == (  # said at the first fault
+        "warning: mlflow at http://127.0.0.1:9 did not take the runs (connection refused); "
+        "1 run(s) wait for `tuneproof track sync`: r0001"
+    )
+    for run_id in ids:
+        state = read_json(study / "runs" / run_id / "tracking.json")
+        assert state["pending"] is True and "mlflow" in state["errors"]
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store
     cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
     cfg["tracking"]["mlflow"]["uri"] = uri
     (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     with pytest.raises(SystemExit) as exit_:
         main(["track", "sync", "--study", str(study)])
     assert exit_.value.code == 0
-    assert "mirrored 1 run(s) to mlflow" in capsys.readouterr().out
-    assert list(_runs(uri, "tiny-exp")) == [run_id]
-    assert read_json(study / "runs" / run_id / "tracking.json")["pending"] is False
+    assert "mirrored 3 run(s) to mlflow" in capsys.readouterr().out
+    assert sorted(_runs(uri, "down")) == ids
+    assert read_json(study / "runs" / ids[0] / "tracking.json")["pending"] is False
+
+
+def test_a_second_command_against_a_down_tracker_counts_every_waiting_run(tmp_path, base, capsys):
+    from tuneproof.context import StudyContext
+
+    down = {"tracking": {"mlflow": {"uri": "http://127.0.0.1:9"}}}
+    study = _study(tmp_path, base, down)
+    _fake_train(StudyContext.open(study), [1.0])
+    capsys.readouterr()
+    _fake_train(StudyContext.open(study), [1.0])  # the next command: the first run still waits
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warning.endswith("2 run(s) wait for `tuneproof track sync`: r0001, r0002")
+
+
+def test_a_folder_store_is_refused_when_the_study_is_read(tmp_path, base, monkeypatch):
+    from tuneproof.context import StudyContext, load_study
+    from tuneproof.errors import TuneproofError
+
+    folder = {"tracking": {"mlflow": {"uri": f"file://{tmp_path}/mlruns"}}}
+    study = _study(tmp_path, base, folder)
+    with pytest.raises(TuneproofError) as refused:
+        load_study(study)
+    text = str(refused.value)
+    assert "tracking.mlflow.uri" in text and "sqlite:///mlflow.db" in text and "http://127.0.0.1:5000" in text
+    # the same store named by the environment: one warning, the command goes on without the tracker
+    cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    cfg["tracking"] = {}
+    cfg["report_to"] = ["mlflow"]
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlruns"))
+    lines = []
+    from tuneproof.tracking import attach
+
+    ctx = StudyContext.open(study)
+    assert attach(ctx.registry, ctx.study, ctx.study_dir, warn=lines.append) is None
+    assert len(lines) == 1 and "$MLFLOW_TRACKING_URI" in lines[0] and "sqlite:///" in lines[0]
 
 
 def test_track_sync_without_a_tracker_is_a_usage_error(tmp_path, base, capsys):
@@ -150,20 +271,20 @@ def test_other_trackers_use_the_same_hook_when_installed(tmp_path, base, package
     assert state["pending"] is False and state[package]["steps_sent"] == 2
 
 
-def test_the_dossier_goes_to_one_study_level_run(tmp_path, base):
+def test_the_dossier_goes_to_the_study_run(tmp_path, base, store):
     from tuneproof.context import load_study
     from tuneproof.tracking import publish_dossier
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": uri}}})
+    uri = store
+    study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": uri, "experiment": "dossier"}}})
     page = study / "dossier.md"
     for text in ("# first", "# second"):
         page.write_text(text)
         assert publish_dossier(load_study(study), study, [page]) == ["mlflow"]
     client = _client(uri)
-    exp = client.get_experiment_by_name("tiny")
-    (run,) = client.search_runs([exp.experiment_id])  # published twice, one run
-    assert run.info.run_name == "dossier" and run.data.tags["tuneproof.kind"] == "report"
+    exp = client.get_experiment_by_name("dossier")
+    (run,) = client.search_runs([exp.experiment_id])  # published twice, one run: the study run
+    assert run.info.run_name == "tiny" and run.data.tags["tuneproof.kind"] == "study"
     local = client.download_artifacts(run.info.run_id, "dossier.md", str(tmp_path))
     assert Path(local).read_text() == "# second"
 

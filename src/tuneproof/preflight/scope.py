@@ -18,7 +18,8 @@ passed preflight valid:
   outputs are scored and summarised after generation;
 - ``eval.backend``, ``eval.backend_check_examples``, ``eval.backend_check_min_agreement``: the
   serving engine of baseline/eval/test (the preflight measures the transformers path; a vLLM
-  evaluation is checked against it on a sample at every evaluation, ``evaluation/backends.py``).
+  evaluation is checked against it on a sample at every evaluation, ``evaluation/backends.py``);
+- ``tracking.*``, ``report_to``: where copies of the runs go (``tracking/``), never what a run does.
 
 Everything else invalidates, in particular ``model.*``, ``method.*``, every other
 ``training.*`` key, ``data.*``, ``eval.split``, ``eval.prompt.*``, ``eval.max_new_tokens``,
@@ -51,6 +52,8 @@ EXEMPT: tuple[str, ...] = (
     "eval.backend",
     "eval.backend_check_examples",
     "eval.backend_check_min_agreement",
+    "tracking",
+    "report_to",
 )
 
 

@@ -44,7 +44,7 @@ class WandbTracker(Tracker):
             reinit=True,
         )
         steps_sent = int(previous.get("steps_sent", 0))
-        for step, row in view.steps[steps_sent:]:
+        for step, _t, row in view.steps[steps_sent:]:
             run.log(row, step=step)
         run.summary.update({**view.summary, **view.tags})
         for path in view.artifacts:
@@ -65,7 +65,7 @@ class TrackioTracker(Tracker):
     def mirror(self, view: RunView, previous: dict[str, Any]) -> dict[str, Any]:
         self.trackio.init(project=self.project, name=view.run_id, config={**view.params, **view.tags}, resume="allow")
         steps_sent = int(previous.get("steps_sent", 0))
-        for step, row in view.steps[steps_sent:]:
+        for step, _t, row in view.steps[steps_sent:]:
             self.trackio.log(row, step=step)
         if view.summary:
             self.trackio.log(view.summary)

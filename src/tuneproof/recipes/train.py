@@ -154,7 +154,7 @@ def run_train(
             console.print(
                 f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
                 f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
-                f"dtype {ctx.device_choice['dtype']} ({ctx.device_choice['reason']})"
+                f"dtype {ctx.device_choice['dtype']} ({user_text(ctx.device_choice['reason'])})"
                 + (f"; {ws} processes, {world.strategy}" if world is not None else "")
             )
         plan = budget(cfg, len(encoded), ws)

@@ -6,7 +6,9 @@ Every artifact is written to a temporary file in the same folder and renamed int
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -14,7 +16,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,18 +98,62 @@ _SQLITE_CAUSES = (  # sqlite3.OperationalError messages (sqlite3.c sqlite3ErrStr
 )
 
 
-def fault_cause(err: BaseException) -> str | None:
+#: below this many free bytes, an I/O error is a full disk: SQLite reports a ``-shm`` / ``-wal`` file it cannot
+#: grow as "disk I/O error" (SQLITE_IOERR), not "database or disk is full"; its WAL index alone needs 32 KiB
+LOW_SPACE_BYTES = 1 << 20
+
+
+def free_space(folder: str | os.PathLike) -> int | None:
+    """Free bytes on the file system of ``folder`` (its nearest existing parent), None when unknown."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def fault_cause(err: BaseException, folder: str | os.PathLike | None = None) -> str | None:
     """``"disk full"``, ``"read-only"`` or ``"I/O error"`` when ``err`` is a fault of the machine
     (an ``OSError`` with errno ENOSPC/EDQUOT, EROFS/EACCES/EPERM or EIO, or the same faults as
-    reported by sqlite3), else None. Bad input (a missing file) is not a machine fault."""
+    reported by sqlite3), else None. Bad input (a missing file) is not a machine fault.
+
+    ``folder``: where the command writes; an I/O error there while its file system has less than
+    :data:`LOW_SPACE_BYTES` free is ``"disk full"`` (:func:`fault_message` then states the free space)."""
     seen = set()
+    first = err
     while err is not None and id(err) not in seen:  # an OSError behind a library's own exception
         seen.add(id(err))
         cause = _fault_cause_one(err, sqlite3)
         if cause is not None:
+            if cause == "I/O error" and folder is not None and _low_space(first, folder):
+                return "disk full"
             return cause
         err = err.__cause__ or err.__context__
     return None
+
+
+def _low_space(err: BaseException, folder: str | os.PathLike) -> bool:
+    free = free_space(folder)
+    return free is not None and free < LOW_SPACE_BYTES
+
+
+def space_note(err: BaseException, cause: str, folder: str | os.PathLike | None) -> str:
+    """``"; 12 KiB free in /data/study"`` when ``cause`` is a disk full found from an I/O error (the free
+    space is then the evidence), else ``""``."""
+    if cause != "disk full" or folder is None or fault_cause(err) != "I/O error":
+        return ""
+    free = free_space(folder)
+    return "" if free is None else f"; {_size(free)} free in {folder}"
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}".replace(".0 ", " ")
+        n /= 1024
+    return f"{n} bytes"
 
 
 _TEXT_CAUSES = (  # messages of libraries that wrap the OS error in their own exception (safetensors' Rust writer:
@@ -150,7 +196,7 @@ def fault_message(err: BaseException, cause: str, folder: str | os.PathLike | No
     where = Path(name).parent if name else (Path(folder) if folder is not None else None)
     if folder is not None and name and not str(name).startswith(str(folder)):
         where = Path(folder)
-    detail = getattr(err, "strerror", None) or str(err)
+    detail = (getattr(err, "strerror", None) or str(err)) + space_note(err, cause, folder)
     what = f" writing {Path(name).name}" if name else ""
     return f"{where if where is not None else 'the study folder'}: {cause} ({detail}){what}"
 
@@ -190,6 +236,64 @@ def remove_temps(folder: str | os.PathLike, *, older_than_s: float | None = None
         except OSError:
             pass
     return removed
+
+
+class Held(Exception):
+    """The lock of :func:`exclusive_lock` is held by another process (``pid``: the holder's, when it wrote it)."""
+
+    def __init__(self, path: Path, pid: int | None):
+        super().__init__(f"{path} is held by pid {pid}")
+        self.path, self.pid = path, pid
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive ``flock`` on the file ``path`` (made if missing, holding this process's pid) for the
+    block, or raise :class:`Held` at once when another process holds it. The kernel drops the lock when
+    its process dies (kill -9 included); the file is removed when the block ends, and a file left by a
+    killed process is taken over by the next caller (the lock is on the file, not its existence).
+
+    Raises:
+        Held: another process holds the lock.
+    """
+    path = Path(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                pid = int(os.read(fd, 32).decode() or 0) or None
+            except ValueError:
+                pid = None
+            os.close(fd)
+            raise Held(path, pid) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:  # removed by the holder that just released it: lock the new file
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # before the unlock: a waiting process then sees another inode and opens again
+        os.close(fd)
+
+
+def remove_free_lock(path: str | os.PathLike) -> bool:
+    """Remove a lock file of :func:`exclusive_lock` that no process holds (left by a killed one); True if removed."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with exclusive_lock(path):
+            return True
+    except (Held, OSError):
+        return False
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -33,7 +33,8 @@ reason ``disk full: ...`` / ``read-only: ...``, remove its temporary files and r
 that a truly full disk still has room for that record, the study folder keeps a 256 KiB ballast
 file ``.tuneproof.reserve``, deleted when the disk is found full and made again at a later open.
 Temporary files (``.NAME.*.tmp``) left in the folders of runs that are no longer running, and
-``exports/.rNNNN.*`` folders left by a killed export, are removed when the next run starts.
+``exports/.rNNNN.*`` folders left by a killed export, and the temp folder and lock file an export
+run recorded before it was killed (beside any ``--out`` folder), are removed when the next run starts.
 """
 
 from __future__ import annotations
@@ -58,7 +59,17 @@ from typing import Any
 
 from tuneproof import clock
 from tuneproof.errors import Terminated, TuneproofError
-from tuneproof.io import append_jsonl, fault_cause, fault_message, read_json, remove_temps, write_json
+from tuneproof.io import (
+    append_jsonl,
+    fault_cause,
+    fault_message,
+    is_temp_name,
+    read_json,
+    remove_free_lock,
+    remove_temps,
+    space_note,
+    write_json,
+)
 
 KINDS = ("baseline", "train", "eval", "test", "export", "preflight", "data-check", "compare", "report")
 STATUSES = ("running", "completed", "failed", "interrupted", "invalid")
@@ -320,7 +331,7 @@ class Registry:
         except sqlite3.DatabaseError as err:
             raise self._db_error(err) from None
         except OSError as err:
-            cause = fault_cause(err)
+            cause = fault_cause(err, self.study_dir)
             if cause is None:
                 raise
             raise _fault_error(
@@ -328,10 +339,10 @@ class Registry:
             ) from None
 
     def _db_error(self, err: sqlite3.DatabaseError) -> TuneproofError:
-        cause = fault_cause(err)
+        cause = fault_cause(err, self.study_dir)
         if cause is not None:
             return TuneproofError(
-                f"{self.db_path}: {cause} ({err})",
+                f"{self.db_path}: {cause} ({err}{space_note(err, cause, self.study_dir)})",
                 hint="free space or make the study folder writable, then run the command again",
             )
         if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
@@ -612,7 +623,7 @@ class Registry:
                 )
             self._sync(run_id)
         except (OSError, sqlite3.OperationalError) as err:
-            cause = fault_cause(err)
+            cause = fault_cause(err, self.study_dir)
             if cause is None:
                 raise
             if run_id is not None:
@@ -748,6 +759,8 @@ class Registry:
 
         - ``runs/<id>/**/.NAME.*.tmp`` of every run that is not running (nobody writes there);
         - ``exports/.<name>.*`` bundle folders, when no export run is running (``kind`` export);
+        - the temp folder and the lock file an export run recorded (``summary.temp_folder``,
+          ``summary.lock_file``, beside its ``--out`` folder) when that run is no longer running;
         - ``.NAME.*.tmp`` in the study folder older than 10 minutes (atomic writes take seconds).
         """
         removed: list[Path] = []
@@ -763,6 +776,15 @@ class Registry:
                     if p.name.startswith(".") and p.is_dir() and not p.is_symlink():  # made inside an export run
                         shutil.rmtree(p, ignore_errors=True)
                         removed.append(p)
+        for r in self.list(kind="export"):  # temp folders and locks a killed export recorded (wherever --out put them)
+            if r.status == "running":
+                continue
+            tmp, lock = r.summary.get("temp_folder"), r.summary.get("lock_file")
+            if tmp and is_temp_name(Path(tmp).name) and Path(tmp).is_dir() and not Path(tmp).is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+                removed.append(Path(tmp))
+            if lock and Path(lock).name.endswith(".lock") and remove_free_lock(lock):
+                removed.append(Path(lock))
         removed += remove_temps(self.study_dir, older_than_s=600, recursive=False)
         return removed
 
@@ -810,16 +832,19 @@ class Registry:
                 hint="only an interrupted or failed run can be continued",
             )
         pid = os.getpid()
-        self._update(
-            rec.id,
-            status="running",
-            reason=None,
-            ended=None,
-            pid=pid,
-            host=socket.gethostname(),
-            proc_start=_proc_start(pid),
-            heartbeat=_now(),
-        )
+        with self._lock:  # one statement, conditional on the status: two resumes at once, one wins
+            taken = self._conn.execute(
+                "UPDATE runs SET status = 'running', reason = NULL, ended = NULL, pid = ?, host = ?, proc_start = ?, "
+                "heartbeat = ? WHERE id = ? AND status IN ('interrupted', 'failed')",
+                (pid, socket.gethostname(), _proc_start(pid), _now(), rec.id),
+            ).rowcount
+            if not taken:
+                now = self._conn.execute("SELECT status FROM runs WHERE id = ?", (rec.id,)).fetchone()[0]
+                raise TuneproofError(
+                    f"run {rec.id} is {now} (another process took it over just now: {self.where_running(rec.id)})",
+                    hint="only one process continues a run; wait for it to end",
+                )
+            self._sync(rec.id)
         run = Run(self, self.get(rec.id))
         run.summary = dict(rec.summary)
         with self._lifecycle(run):
@@ -901,7 +926,7 @@ class Registry:
                 raise Terminated(reason) from None
             raise KeyboardInterrupt(reason) from None
         except BaseException as err:
-            cause = fault_cause(err)
+            cause = fault_cause(err, run.dir)
             if cause is not None:
                 msg = fault_message(err, cause, run.dir)
                 self._finish_quietly(run.id, "failed", f"{cause}: {msg}"[:500])

@@ -48,3 +48,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def evaluated(tiny_base, tmp_path_factory) -> dict:
+    """The tiny extraction study after data check, baseline, train and eval (copy it to change it)."""
+    from tiny_study import make_study
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.evaluate import run_eval
+    from tuneproof.recipes.train import run_train
+
+    study = make_study(tmp_path_factory.mktemp("evidence") / "s", tiny_base, max_steps=4)
+    ctx = StudyContext.open(study)
+    try:
+        train = run_train(ctx)
+        ev = run_eval(ctx, train)
+    finally:
+        ctx.registry.close()
+    return {"dir": study, "train": train, "eval": ev}

@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 
-from tiny_study import make_study
 from tuneproof.cli import main
 from tuneproof.io import read_json, sha256_file
 from tuneproof.models.identity import combined_weights_hash
@@ -22,23 +21,6 @@ def _run(capsys, *argv) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
         main(list(argv))
     return e.value.code, " ".join(capsys.readouterr().out.split())
-
-
-@pytest.fixture(scope="module")
-def evaluated(tiny_base, tmp_path_factory) -> dict:
-    """The tiny extraction study after data check, baseline, train and eval (copy it to change it)."""
-    from tuneproof.context import StudyContext
-    from tuneproof.recipes.evaluate import run_eval
-    from tuneproof.recipes.train import run_train
-
-    study = make_study(tmp_path_factory.mktemp("evidence") / "s", tiny_base, max_steps=4)
-    ctx = StudyContext.open(study)
-    try:
-        train = run_train(ctx)
-        ev = run_eval(ctx, train)
-    finally:
-        ctx.registry.close()
-    return {"dir": study, "train": train, "eval": ev}
 
 
 @pytest.fixture()

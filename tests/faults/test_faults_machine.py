@@ -131,6 +131,38 @@ def test_the_index_cannot_be_written_one_line_exit_2(tmp_path, capsys, monkeypat
     assert "Traceback" not in out and len(out.strip().splitlines()) == 2
 
 
+@pytest.mark.fault("machine: disk full at start")
+@pytest.mark.parametrize(
+    "free,said",
+    [
+        (12 * 1024, "disk full (disk I/O error; 12 KiB free in {study})"),
+        (0, "disk full (disk I/O error; 0 bytes free in {study})"),
+        (40 * 1024**3, "I/O error (disk I/O error)"),  # space left: an I/O error is what it says
+    ],
+)
+def test_sqlite_disk_io_error_on_a_full_disk_is_said_disk_full_with_the_free_space(
+    tmp_path, capsys, monkeypatch, free, said
+):
+    """SQLite reports a WAL index (-shm) it cannot grow on a full disk as "disk I/O error"."""
+    import shutil
+    from collections import namedtuple
+
+    from tuneproof.recipes.init import template_text
+
+    (tmp_path / "tuneproof.yaml").write_text(template_text("extraction"))
+
+    def refuse(path):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(16 << 20, (16 << 20) - free, free))
+    monkeypatch.setattr(Registry, "_connect", staticmethod(refuse))
+    code, out = cli(["runs", "--study", str(tmp_path)], capsys)
+    assert code == 2
+    assert out.startswith(f"error: {tmp_path / 'tuneproof.sqlite'}: {said.format(study=tmp_path)}\n"), out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 2
+
+
 @pytest.mark.fault("machine: read-only study folder")
 def test_read_only_study_folder_mid_command(tmp_path, capsys, monkeypatch):
     """A folder that turns read-only (EROFS) while a run records: failed with reason read-only."""

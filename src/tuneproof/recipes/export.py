@@ -2,7 +2,10 @@
 
 Features (option that turns each on):
 - one folder ``exports/<train run>/`` (``--out`` elsewhere), built in a temp folder and renamed
-  into place only after it verified (never a half or unverified bundle);
+  into place only after it verified (never a half or unverified bundle); one export per bundle folder
+  at a time (a lock file ``.<folder>.lock`` beside it: a second export refuses in one line, naming the
+  first's pid); the temp folder ``.<folder>.<export run>.tmp-export`` is recorded in the export run
+  before it is made, so a killed export's folder is removed by the next run wherever ``--out`` put it;
 - the adapter in the standard PEFT layout (``PeftModel.from_pretrained(base, "adapter")`` loads it
   unchanged; its ``adapter_config.json`` carries the base revision), or ``model/`` for full
   fine-tuning; ``--merge`` adds ``merged/``, the base with the adapter merged in (safetensors);
@@ -41,10 +44,11 @@ Features (option that turns each on):
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -75,7 +79,7 @@ from tuneproof.deliver.card import model_card
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.outputs import check_outputs, read_outputs
-from tuneproof.io import SCHEMA_VERSION, atomic_write_text, read_json, write_json, write_jsonl
+from tuneproof.io import SCHEMA_VERSION, Held, atomic_write_text, exclusive_lock, read_json, write_json, write_jsonl
 from tuneproof.models.identity import base_identity
 from tuneproof.recipes.common import (
     check_base,
@@ -597,14 +601,40 @@ def run_export(
     check_tokenizer(ctx, rec.id, "export")
     trained = check_exported_weights(ctx, rec, _eval_of(ctx, rec.id))
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = dest.parent / f".{dest.name}.lock"
+    with contextlib.ExitStack() as held:
+        try:  # one export per bundle folder at a time (two at once: the second's rename found the first's folder)
+            held.enter_context(exclusive_lock(lock_path))
+        except Held as other:
+            raise TuneproofError(
+                f"{dest}: another export is writing this bundle now (pid {other.pid or '?'}, lock {lock_path})",
+                hint="wait for it to end (tuneproof runs), then run the command again if you need another bundle",
+            ) from None
+        if dest.exists():  # written by an export that ended while this one checked
+            raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
+        return _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging, trained)
+
+
+def _forget_temp(run) -> None:
+    """The export ended (either way): its temp folder and lock are gone, nothing for the cleanup to find."""
+    run.summary.pop("temp_folder", None)
+    run.summary.pop("lock_file", None)
+    run.update_summary()
+
+
+def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging, trained) -> str:
+    """The export run of :func:`run_export`, under the bundle's lock."""
     with ctx.registry.run("export", parent=rec.id) as run:
+        # the temp folder is named and recorded before it exists: after a kill -9 the next run's cleanup
+        # (Registry.clean_stale_temps) finds it wherever --out put it
+        tmp = dest.parent / f".{dest.name}.{run.id}.tmp-export"
         record_inputs(ctx, run, with_data=False)
-        run.update_summary(train_run=rec.id, forced=forced, merge=merge)
+        run.update_summary(train_run=rec.id, forced=forced, merge=merge, temp_folder=str(tmp), lock_file=str(lock_path))
         if forced:
             run.note(f"forced export of the {rec.status} run {rec.id} ({rec.reason})")
             console.print(f"[yellow]warning[/]: exporting {rec.id} although it is {rec.status} (--force, recorded)")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        tmp.mkdir()
         try:
             print_judging(judging)
             man = build_bundle(
@@ -629,9 +659,19 @@ def run_export(
                 raise CheckFailed(
                     failure_message(report), hint="the bundle was not kept; see " + str(run.path("verify.json"))
                 )
-            os.replace(tmp, dest)
+            try:
+                os.replace(tmp, dest)
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise TuneproofError(
+                    f"{dest} appeared while this bundle was written (another process wrote it)",
+                    hint="the bundle was not kept; remove the folder or pass another --out",
+                ) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(Exception):
+                _forget_temp(run)
             raise
         run.update_summary(
             bundle=str(dest),
@@ -644,6 +684,7 @@ def run_export(
             judged_against=judging.judged_against,
             use_edited_hypothesis=judging.reason,
         )
+        _forget_temp(run)
         hyp.record_override(ctx.study_dir, judging, "export", run.id)
         for c in report["checks"]:
             console.print(f"  [green]pass[/] {c['name']}: {user_text(c['detail'])}", soft_wrap=True)

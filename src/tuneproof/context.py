@@ -15,7 +15,7 @@ from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
 from tuneproof.data.sources import load_source, source_files
-from tuneproof.data.split import build_splits, check_unique_ids, freeze_or_reuse, stratified_take
+from tuneproof.data.split import balanced_take, build_splits, check_unique_ids, freeze_or_reuse
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_json
 from tuneproof.modalities import Modality, detect_kind, modality_for
@@ -110,6 +110,8 @@ class StudyContext:
             lambda: build_splits(examples, data.split, data.test_split, data.dedup, self.split_info),
             examples,
             grouping=lambda: self.split_info.get("grouping"),
+            subset=lambda: self.split_info.get("subset"),
+            info=self.split_info,
         )
         self.dedup_dropped: list[str] = []
         if self.study.data.dedup.policy == "drop-from-train":
@@ -148,10 +150,11 @@ class StudyContext:
         return sorted({e.label for e in self.all_splits["train"] if e.label is not None})
 
     def eval_examples(self) -> list[Example]:
-        """The evaluation split, capped by ``eval.max_examples`` (a fixed stratified subset)."""
+        """The evaluation split, capped by ``eval.max_examples``: a fixed class-balanced subset (the same
+        number per class, :func:`~tuneproof.data.split.balanced_take`; e.g. 5 per intent)."""
         items = self.split(self.study.eval.split)
         if self.study.eval.max_examples:
-            items = stratified_take(items, self.study.eval.max_examples, self.study.data.split.seed)
+            items = balanced_take(items, self.study.eval.max_examples, self.study.data.split.seed)
         return items
 
     # ------------------------------------------------------------------ model

@@ -113,7 +113,12 @@ class SplitPolicy(_Strict):
         description="fractions for sources without a given split (stratified by label)",
     )
     max_examples: dict[str, int] = Field(
-        default_factory=dict, description="cap per split (stratified subset), e.g. {validation: 70}"
+        default_factory=dict, description="cap per split (a subset drawn as `subset` says), e.g. {validation: 70}"
+    )
+    subset: Literal["stratified", "balanced"] = Field(
+        "stratified",
+        description="how max_examples draws: stratified (each class keeps its share, at least 1 example when the "
+        "cap allows) or balanced (the same number per class; class shares not kept); recorded in splits.json",
     )
     carve_from: str | None = Field(
         None,
@@ -419,7 +424,9 @@ class Eval(_Strict):
     do_sample: bool = Field(False, description="sampling (False: greedy decoding)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (eval.do_sample: true only)")
     batch_size: int = Field(16, ge=1, description="generation batch (left padding)")
-    max_examples: int | None = Field(None, ge=1, description="evaluate a fixed stratified subset of this size")
+    max_examples: int | None = Field(
+        None, ge=1, description="evaluate a fixed class-balanced subset of this size (the same number per class)"
+    )
     allow_fenced_json: bool = Field(False, description="accept ```json fenced output as valid JSON")
     json_schema: dict[str, Any] | None = Field(None, description="format: JSON Schema every output must satisfy")
     regex: str | None = Field(

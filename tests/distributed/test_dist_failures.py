@@ -107,7 +107,9 @@ def test_a_killed_rank_is_named_and_its_run_resumes(tiny_base, tmp_path, monkeyp
     assert rec.reason.startswith(
         "RankFailed: rank 1 was killed by signal 9 (SIGKILL) without reporting an error (torchrun: exit code -9, pid "
     ), rec.reason
-    assert "; rank 0 then failed: " in rec.reason  # the survivor's error follows, never as the cause
+    # the survivor follows, never as the cause: its gloo error ("rank 0 then failed: RuntimeError: [...]"), or
+    # "rank 0 was killed by signal 15 (SIGTERM)" when torchrun stopped it before it could report
+    assert "; rank 0 " in rec.reason
     resumed = run_cli("resume", rec.id, *args, "--nproc-per-node", "2", extra_path=hook)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "MarkupError" not in resumed.stdout + resumed.stderr

@@ -92,3 +92,15 @@ def test_a_rank_killed_without_a_word_is_named_from_torchruns_report(tmp_path):
     (tmp_path / "launcher.log").write_text(old)
     assert rank_failure(tmp_path, 2, 600, log_offset=len(old))[1].startswith("rank 0 failed: RuntimeError: ")
     assert rank_failure(tmp_path, 2, 600)[1].startswith("rank 1 was killed by signal 15 (SIGTERM) ")
+
+
+def test_the_rank_torchrun_stopped_is_not_the_cause(tmp_path):
+    """torchrun stops the survivors with SIGTERM: with no error file at all, the SIGKILLed rank is named."""
+    stopped = REPORT.replace("exitcode  : 1 (pid: 4241)", "exitcode  : -15 (pid: 4241)  (SIGTERM)")
+    (tmp_path / "launcher.log").write_text(stopped)
+    kind, msg = rank_failure(tmp_path, 2, 600)
+    assert (kind, msg) == (
+        "failed",
+        "rank 1 was killed by signal 9 (SIGKILL) without reporting an error (torchrun: exit code -9, pid 4242); "
+        f"rank 0 was killed by signal 15 (SIGTERM) (logs: {tmp_path / 'rank-1.log'}, {tmp_path / 'launcher.log'})",
+    )

@@ -3,7 +3,8 @@ Hugging Face ``datasets`` folder, and the two built-in real datasets (SNIPS for 
 BANKING77 for classification).
 
 Every loader returns :class:`~tuneproof.data.examples.Example` objects whose ``source`` names
-the file and line, and raises :class:`~tuneproof.errors.TuneproofError` naming the file, line or
+the file and line (the default id numbers the same way: ``d.jsonl:3`` is ``d:3``, ``d.csv:3`` is
+``d:3``, ``d.json#2`` is ``d:2``), and raises :class:`~tuneproof.errors.TuneproofError` naming the file, line or
 column on bad input (missing file, wrong column, broken encoding, a CSV row with the wrong number
 of fields, a missing-value label such as ``NaN``, a text that is not a string, a text longer than
 ``data.max_chars``, a file without examples). The rows a file's loader refuses are all named in one
@@ -270,6 +271,12 @@ def load_csv(
     return out, repairs
 
 
+#: ``Example.meta`` key of a JSON Lines example's id as tuneproof numbered it before ids followed file
+#: lines (the 0-based index among the file's non-blank lines); a study whose ``splits.json`` was written
+#: then keeps those ids (:func:`tuneproof.data.split.freeze_or_reuse`)
+LEGACY_ID = "id_before_file_lines"
+
+
 def load_json_records(
     path: Path,
     fields,
@@ -322,10 +329,17 @@ def load_json_records(
         if not isinstance(rec, dict):
             bad.add(where, TuneproofError(f"{where}: expected an object, got {type(rec).__name__}"))
             continue
+        # the default id numbers as the message does: JSON Lines by file line (d.jsonl:3 is d:3), a JSON list
+        # by position (d.json#2 is d:2)
+        number = where.rsplit(":", 1)[1] if lines else str(i)
         try:
-            out.append(mapper.example(rec, where, f"{prefix}:{i}", split, list(rec)))
+            ex = mapper.example(rec, where, f"{prefix}:{number}", split, list(rec))
         except TuneproofError as err:
             bad.add(where, err)
+            continue
+        if lines and ex.id == f"{prefix}:{number}":  # the id an earlier tuneproof gave (0-based record index)
+            ex.meta[LEGACY_ID] = f"{prefix}:{i}"
+        out.append(ex)
     bad.check()
     return out, repairs
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.examples import Example
+from tuneproof.data.sources import LEGACY_ID
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json, sha256_json, write_json
 from tuneproof.study import Dedup
@@ -28,28 +29,99 @@ from tuneproof.study import Dedup
 MANIFEST = "splits.json"
 
 
-def stratified_take(examples: list[Example], n: int, seed: int) -> list[Example]:
-    """A stratified subset of ``n`` examples (per-label round robin over seeded shuffles), in id order.
-
-    Every label present gets at least ``n // n_labels`` examples when it has that many.
-    """
-    if n >= len(examples):
-        return list(examples)
+def _label_queues(examples: list[Example], seed: int) -> tuple[list, list[list[Example]]]:
+    """Labels in sorted order (None last) and, per label, its examples in a seeded shuffle (drawn from the end)."""
     rng = np.random.default_rng(seed)
     by_label: dict[str | None, list[Example]] = defaultdict(list)
     for ex in examples:
         by_label[ex.label].append(ex)
+    labels = sorted(by_label, key=lambda x: (x is None, str(x)))
     queues = []
-    for label in sorted(by_label, key=lambda x: (x is None, str(x))):
+    for label in labels:
         items = sorted(by_label[label], key=lambda e: e.id)
         order = rng.permutation(len(items))
         queues.append([items[i] for i in order])
+    return labels, queues
+
+
+def balanced_take(examples: list[Example], n: int, seed: int) -> list[Example]:
+    """A class-balanced subset of ``n`` examples, in id order: the same number per label (a round
+    robin over the labels in sorted order, each drawing from its seeded shuffle), so every label gets
+    ``n // n_labels`` examples, or all it has when fewer; the class proportions are not kept
+    (``data.split.subset: balanced``; ``eval.max_examples`` always draws this way)."""
+    if n >= len(examples):
+        return list(examples)
+    _, queues = _label_queues(examples, seed)
     picked: list[Example] = []
     while len(picked) < n:
         for q in queues:
             if q and len(picked) < n:
                 picked.append(q.pop())
     return sorted(picked, key=lambda e: e.id)
+
+
+def stratified_quotas(counts: list[int], n: int) -> list[int]:
+    """Examples per class for a stratified subset of ``n`` out of classes of ``counts`` examples.
+
+    Each class gets its share ``n * count / total`` rounded down, at least 1 when ``n`` allows one
+    per class; what is left (or taken back) goes by the largest remainder (Hamilton's method), ties
+    to the earlier class. The quotas sum to ``min(n, total)`` and never exceed a class's count.
+    """
+    total = sum(counts)
+    if n >= total:
+        return list(counts)
+    share = [n * c / total for c in counts]
+    quota = [int(x) for x in share]
+    if n >= sum(1 for c in counts if c):
+        quota = [max(q, 1 if c else 0) for q, c in zip(quota, counts)]
+    order = sorted(range(len(counts)), key=lambda k: (-(share[k] - quota[k]), k))
+    while sum(quota) < n:
+        k = next(k for k in order if quota[k] < counts[k])
+        quota[k] += 1
+        order.remove(k)
+        order.append(k)
+    while sum(quota) > n:  # the floor of 1 took too much: take back from the most over-served class
+        k = max((k for k in range(len(counts)) if quota[k] > 1), key=lambda k: (quota[k] - share[k], -k))
+        quota[k] -= 1
+    return quota
+
+
+def stratified_take(examples: list[Example], n: int, seed: int) -> list[Example]:
+    """A stratified subset of ``n`` examples, in id order: each label keeps its share of the split
+    (:func:`stratified_quotas`: at least one example of every label when ``n`` allows), drawn from
+    the label's seeded shuffle (``data.split.subset: stratified``, the default)."""
+    if n >= len(examples):
+        return list(examples)
+    _, queues = _label_queues(examples, seed)
+    quotas = stratified_quotas([len(q) for q in queues], n)
+    picked = [ex for q, k in zip(queues, quotas) for ex in q[len(q) - k :]]
+    return sorted(picked, key=lambda e: e.id)
+
+
+#: how ``data.split.max_examples`` draws, by ``data.split.subset``
+SUBSET_RULES = {
+    "stratified": "stratified: each class keeps its share of the split (at least 1 example when the cap allows)",
+    "balanced": "balanced: the same number of examples per class (round robin), class shares not kept",
+}
+
+
+def subset_line(manifest: dict, policy) -> str | None:
+    """The data check's statement of how ``data.split.max_examples`` drew the frozen splits, from the
+    manifest's ``subset`` record; a manifest written before the rule was recorded drew class-balanced
+    subsets. None when nothing was capped."""
+    rec = manifest.get("subset")
+    caps = (rec or {}).get("max_examples") or dict(policy.max_examples)
+    if not caps:
+        return None
+    head = "split caps (data.split.max_examples): " + ", ".join(f"{k} {v}" for k, v in caps.items()) + ", drawn "
+    if rec is None:
+        line = head + SUBSET_RULES["balanced"] + f" ({MANIFEST} was written before the rule was recorded)"
+        drawn = "balanced"
+    else:
+        line, drawn = head + rec["description"], rec["rule"]
+    if drawn != getattr(policy, "subset", drawn):
+        line += f"; data.split.subset is now {policy.subset}: the frozen {MANIFEST} keeps its draw"
+    return line
 
 
 def duplicate_groups(examples: list[Example], dedup=None) -> list[int]:
@@ -188,9 +260,11 @@ def build_splits(
     Examples whose source gives a split keep it; the rest are split by ``policy.fractions``. When no
     split named in ``policy.fractions`` is given by the sources and ``policy.carve_from`` is set, it is
     carved out of that split (stratified, with its fraction; e.g. a test split out of train). ``policy.max_examples``
-    then caps splits by a stratified subset. Whenever tuneproof cuts a split itself, duplicate groups
+    then caps splits by a subset drawn as ``policy.subset`` says (:data:`SUBSET_RULES`). Whenever tuneproof
+    cuts a split itself, duplicate groups
     (:func:`duplicate_groups` with ``dedup``, the ``data.dedup`` settings) stay whole; ``info``,
-    when given, receives ``{"grouping": rule, "groups_kept_whole": number of groups of 2+}``.
+    when given, receives ``{"grouping": rule, "groups_kept_whole": number of groups of 2+}`` and, with caps,
+    ``"subset": {"rule", "description", "max_examples"}``.
 
     Raises:
         TuneproofError: an empty split, duplicate example ids, fractions outside [0, 1].
@@ -230,12 +304,17 @@ def build_splits(
                 )
             parts = cut(splits[policy.carve_from], {policy.carve_from: rest, **missing})
             splits.update(parts)
+    rule = getattr(policy, "subset", "stratified")
+    take = balanced_take if rule == "balanced" else stratified_take
     for name, cap in policy.max_examples.items():
         if name in splits:
-            splits[name] = stratified_take(splits[name], cap, policy.seed)
+            splits[name] = take(splits[name], cap, policy.seed)
     if info is not None:
         info["grouping"] = grouping_rule(dedup)
         info["groups_kept_whole"] = grouped
+        if policy.max_examples:
+            caps = dict(policy.max_examples)
+            info["subset"] = {"rule": rule, "description": SUBSET_RULES[rule], "max_examples": caps}
     result = {}
     for name, items in splits.items():
         if not items:
@@ -244,25 +323,39 @@ def build_splits(
     return result
 
 
-def manifest_of(splits: dict[str, list[Example]], grouping: dict | None = None) -> dict:
-    """The manifest: example ids per split, their hash, and (when tuneproof cut splits) the grouping rule."""
+#: how the manifest's default ids number JSON Lines rows (recorded; a manifest without it is older)
+ID_NUMBERING = "file line"
+
+
+def manifest_of(splits: dict[str, list[Example]], grouping: dict | None = None, subset: dict | None = None) -> dict:
+    """The manifest: example ids per split, their hash, how default ids number JSON Lines rows
+    (``id_numbering``), (when tuneproof cut splits) the grouping rule and (when
+    ``data.split.max_examples`` capped splits) how the subsets were drawn."""
     out = {
         "splits": {name: [e.id for e in items] for name, items in sorted(splits.items())},
         "hash": sha256_json({n: [e.id for e in v] for n, v in sorted(splits.items())}),
+        "id_numbering": ID_NUMBERING,
     }
     if grouping is not None:
         out["grouping"] = grouping
+    if subset is not None:
+        out["subset"] = subset
     return out
 
 
 def freeze_or_reuse(
-    study_dir: Path, splits, examples: list[Example], grouping: dict | None = None
+    study_dir: Path, splits, examples: list[Example], grouping: dict | None = None, subset=None, info=None
 ) -> tuple[dict[str, list[Example]], bool]:
     """Write ``splits.json`` the first time; afterwards rebuild the splits from it.
 
     ``splits`` is the split dict, or a zero-argument callable returning it (only called when no
-    manifest exists yet, so a frozen study does not cut again). ``grouping`` (or the callable's
-    ``grouping`` entry in an ``info`` dict it filled) is recorded in the manifest.
+    manifest exists yet, so a frozen study does not cut again). ``grouping`` and ``subset`` (dicts, or
+    zero-argument callables returning them, called after ``splits``) are recorded in the manifest.
+
+    A manifest without ``id_numbering`` was written when JSON Lines ids were 0-based record indices
+    (``d:2`` for ``d.jsonl:3``): its JSON Lines examples keep those ids (``Example.meta``
+    :data:`~tuneproof.data.sources.LEGACY_ID`), so the study's runs, outputs and comparisons stay
+    consistent; ``info`` (when given) receives ``{"legacy_ids": n}``, the number of examples renamed.
 
     Returns ``(splits, created)``.
 
@@ -273,9 +366,23 @@ def freeze_or_reuse(
     if not path.exists():
         if callable(splits):
             splits = splits()
-        write_json(path, manifest_of(splits, grouping() if callable(grouping) else grouping))
+        write_json(
+            path,
+            manifest_of(
+                splits, grouping() if callable(grouping) else grouping, subset() if callable(subset) else subset
+            ),
+        )
         return splits, True
-    frozen = read_json(path)["splits"]
+    manifest = read_json(path)
+    frozen = manifest["splits"]
+    if "id_numbering" not in manifest:  # written before JSON Lines ids followed file lines: keep its ids
+        renamed = [replace(e, id=e.meta[LEGACY_ID]) if LEGACY_ID in e.meta else e for e in examples]
+        n_legacy = sum(1 for e in examples if LEGACY_ID in e.meta)
+        if n_legacy:
+            check_unique_ids(renamed)
+            examples = renamed
+            if info is not None:
+                info["legacy_ids"] = n_legacy
     by_id = {e.id: e for e in examples}
     out = {}
     for name, ids in frozen.items():

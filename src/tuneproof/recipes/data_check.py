@@ -2,7 +2,8 @@
 
 Features:
 - data version: fingerprint of the cleaned examples + ordered cleaning rules + preprocessing
-  config; frozen split manifest (created or reused); encoding repairs (docs/CASES.md C17);
+  config; frozen split manifest (created or reused) and how ``data.split.max_examples`` drew its
+  subsets (``data.split.subset``, recorded in ``splits.json``); encoding repairs (docs/CASES.md C17);
 - duplicates: exact, normalised and MinHash near-duplicates across every pair of splits and
   inside train (``data.dedup``; BANKING77 train/test overlap, docs/CASES.md C14);
 - audits, by the task kind's own ``audit`` (``tuneproof.tasks``): class counts and imbalance, classes
@@ -39,9 +40,11 @@ from tuneproof.data.cleaning import dropped_summary
 from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.lengths import length_stats
 from tuneproof.data.preprocess import visible
+from tuneproof.data.split import MANIFEST, subset_line
 from tuneproof.errors import CheckFailed
 from tuneproof.evaluation.compare import guard_support
 from tuneproof.hypothesis import check_against_data
+from tuneproof.io import read_json
 from tuneproof.modalities.base import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHECKS, TOKEN_LENGTHS
 from tuneproof.recipes.common import record_inputs
 from tuneproof.study import STUDY_FILE
@@ -155,6 +158,15 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
     )
     guards = _guard_support(ctx)
     lines = [dropped_summary(getattr(ctx, "dropped_empty", [])), checks.duplicates_line(dedup)]
+    manifest = ctx.study_dir / MANIFEST
+    caps = subset_line(read_json(manifest), s.data.split) if manifest.exists() else None
+    lines += [caps] if caps else []
+    legacy = getattr(ctx, "split_info", {}).get("legacy_ids")
+    if legacy:
+        lines.append(
+            f"example ids: {legacy} JSON Lines examples keep the 0-based ids of this study's {MANIFEST} (written "
+            "before ids followed file lines: d:2 is d.jsonl:3), so its runs stay comparable; new studies number by line"
+        )
     lines += [x for x in (small["line"], cut and cut["line"], budget and budget["line"], absent["line"]) if x]
     lines += [g["line"] for g in guards]
     return {

@@ -1,7 +1,7 @@
 """Recipe ``quickstart``: the whole protocol on real data, on a CPU-only machine.
 
 SNIPS (7 intents, slots) turned into strict JSON extraction with SmolLM2-135M-Instruct + LoRA:
-init -> data check -> baseline (fixed stratified subset of the validation split) -> preflight
+init -> data check -> baseline (fixed class-balanced subset of the validation split) -> preflight
 (with ``--fast`` or ``--preflight``) -> train -> eval (same procedure) -> compare (paired, guards judged) -> export
 (bound to the base) -> dossier. ``--fast`` shrinks everything for tests (no gain is expected there).
 """
@@ -75,7 +75,7 @@ IMAGE_OVERRIDES = {  # a ViT initialised from a config learns the digits from sc
 }
 IMAGE_FAST = {
     "training": {"max_steps": 20, "checkpoint_every": 10},
-    "data": {"split": {"max_examples": {"train": 200, "validation": 60}}},
+    "data": {"split": {"max_examples": {"train": 200, "validation": 60}, "subset": "balanced"}},  # 20 and 6 per digit
 }
 
 

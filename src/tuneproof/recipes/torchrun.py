@@ -265,6 +265,13 @@ def torchrun_failures(log_text: str) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _how(f: dict[str, Any]) -> str:
+    """``was killed by signal 9 (SIGKILL)`` or ``exited with code 3``, from a :func:`torchrun_failures` entry."""
+    if f["exitcode"] < 0:
+        return f"was killed by signal {-f['exitcode']}" + (f" ({f['signal']})" if f["signal"] else "")
+    return f"exited with code {f['exitcode']}"
+
+
 def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: int = 0) -> tuple[str, str]:
     """Why a distributed run ended badly, from the ranks' ``rank-N.error.json`` files and torchrun's own
     report of the ranks that failed (:func:`torchrun_failures` on ``launcher.log`` from ``log_offset``,
@@ -291,21 +298,20 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
             launcher_log = f.read().decode("utf-8", errors="replace")
     died = {r: f for r, f in torchrun_failures(launcher_log).items() if r in silent}
     if died:
-        r, f = min(died.items())
-        how = (
-            f"was killed by signal {-f['exitcode']}" + (f" ({f['signal']})" if f["signal"] else "")
-            if f["exitcode"] < 0
-            else f"exited with code {f['exitcode']}"
-        )
-        others = f" (and rank {', '.join(map(str, sorted(died)[1:]))})" if len(died) > 1 else ""
+        # torchrun stops the survivors of a failure with SIGTERM: a rank ended by SIGTERM/SIGINT is a cause only
+        # when no rank died otherwise
+        order = sorted(died, key=lambda k: (died[k]["exitcode"] in (-signal.SIGTERM, -signal.SIGINT), k))
+        r, f = order[0], died[order[0]]
         real = [e for e in errors if e["type"] not in ("KeyboardInterrupt", "Terminated")]
-        after = ""
+        after = []
         if real:
             first = min(real, key=lambda e: e["time"])
-            after = f"; rank {first['rank']} then failed: {first['type']}: {first['message']}"
+            after.append(f"rank {first['rank']} then failed: {first['type']}: {first['message']}")
+        after += [f"rank {k} {_how(died[k])}" for k in order[1:]]
         return "failed", (
-            f"rank {r}{others} {how} without reporting an error (torchrun: exit code {f['exitcode']}, pid {f['pid']})"
-            f"{after} (logs: {run_dir / f'rank-{r}.log'}, {run_dir / 'launcher.log'})"
+            f"rank {r} {_how(f)} without reporting an error (torchrun: exit code {f['exitcode']}, pid {f['pid']})"
+            + "".join(f"; {x}" for x in after)
+            + f" (logs: {run_dir / f'rank-{r}.log'}, {run_dir / 'launcher.log'})"
         )
     if not errors:
         lines = [x for x in launcher_log.splitlines() if x.strip()]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import torch
-import yaml
 
 from tuneproof.deliver.bundle import file_hashes, safetensors_keys
 from tuneproof.deliver.bundle_verification import reproduce
@@ -124,15 +123,22 @@ def test_manifest_binds_the_exact_base_and_lists_every_file(cls_bundle):
 
 
 def test_model_card_has_the_hugging_face_header(cls_bundle):
+    from huggingface_hub import ModelCard
+
     text = (cls_bundle["bundle"] / "README.md").read_text()
-    assert text.startswith("---\n")
-    meta = yaml.safe_load(text.split("---\n")[1])
-    assert meta["library_name"] == "peft" and meta["base_model"] == str(cls_bundle["base"])
-    assert {"tuneproof", "classification", "peft", "lora"} <= set(meta["tags"]) and meta[
-        "pipeline_tag"
-    ] == "text-classification"
+    card = ModelCard.load(cls_bundle["bundle"] / "README.md")  # as the Hub reads it
+    data = card.data
+    # a local base has no Hub id: no base_model, and the card names its folder, never its path here
+    assert data.library_name == "peft" and data.base_model is None and str(cls_bundle["base"]) not in text
+    assert {"tuneproof", "classification", "peft", "lora"} <= set(data.tags)
+    assert data.pipeline_tag == "text-classification"
     man = read_json(cls_bundle["bundle"] / "manifest.json")
     assert man["base_model"]["revision"] in text and man["base_model"]["weights_sha256"] in text
+    results = {r.metric_type: (r.metric_value, r.dataset_split) for r in data.eval_results}
+    split = man["config"]["eval"]["split"]
+    assert results == {k: (v["cand"], split) for k, v in man["comparison"]["metrics"].items()}
+    labels = len(man["labels"])
+    assert f'from_pretrained("{cls_bundle["base"].name}", num_labels={labels})' in text
     assert 'PeftModel.from_pretrained(base, "adapter")' in text and "## Limits observed" in text
 
 

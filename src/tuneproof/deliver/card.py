@@ -1,25 +1,40 @@
 """The model card (``README.md`` of a bundle), written from the manifest's facts only.
 
-The header is the Hugging Face model card metadata block (YAML between ``---`` lines; keys from
-the Hub's model card specification: ``base_model``, ``library_name``, ``tags``,
-``pipeline_tag``); the body says what the model is bound to, how to load it, what was measured
-against the baseline, the guards' verdict and the observed limits.
+The header is built with ``huggingface_hub``'s ``ModelCardData`` (the Hub's model card
+specification): ``base_model`` (a Hub id checked with ``huggingface_hub.utils.validate_repo_id``),
+``base_model_relation``, ``library_name``, ``tags``, ``pipeline_tag`` (the model kind's Hub task,
+``models/heads.py: Head.pipeline_tag``), ``license`` (the base's own card, or the built-in alias's),
+``datasets`` (Hub ids of the built-in readers) and ``model-index`` (the evaluation results, on their
+split). A base without a Hub id (a local folder) is named by its folder name in the body, never by a
+path of this machine, and has no ``base_model``. The body says what the model is bound to, how to
+load it, what was measured against the baseline, the guards' verdict and the observed limits.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
-import yaml
+from huggingface_hub import EvalResult, ModelCardData
+from huggingface_hub.repocard import metadata_load
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from tuneproof.deliver.limits import limits_lines
+from tuneproof.modalities import modality_for
 
 # the Hub ids of the built-in aliases (the alias weights may be a conversion: the card says so)
 ALIAS_HUB_ID = {
     "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
     "minilm-l6": "sentence-transformers/all-MiniLM-L6-v2",
 }
-PIPELINE_TAG = {"causal-lm": "text-generation", "sequence-classification": "text-classification"}
+# their licences, as their Hub cards state them
+ALIAS_LICENSE = {"smollm2-135m-instruct": "apache-2.0", "minilm-l6": "apache-2.0"}
+# the Hub ids of the data sets the built-in readers read (data.sources[].format)
+DATASET_HUB_ID = {"banking77": "PolyAI/banking77"}
+# a folder of the Hugging Face cache: .../models--ORG--NAME/snapshots/<commit>
+_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})/?$")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def _fmt(x: Any) -> str:
@@ -27,22 +42,99 @@ def _fmt(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, float) else ("-" if x is None else str(x))
 
 
+def _repo_id(name: str | None) -> str | None:
+    """``name`` when it is a valid Hub model id (``org/name``), else None."""
+    if not name or "/" not in name or name.startswith((".", "/", "~")):
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
+
+
+def hub_base(b: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(Hub id, Hub commit)`` of the manifest's base model: a built-in alias's Hub id (no commit:
+    its weights are a conversion), a Hub id with its pinned commit, or a folder of the Hugging Face
+    cache (``models--ORG--NAME/snapshots/<commit>``); ``(None, None)`` for any other local folder."""
+    if b["name"] in ALIAS_HUB_ID:
+        return ALIAS_HUB_ID[b["name"]], None
+    rev = b.get("revision") if isinstance(b.get("revision"), str) and _COMMIT.fullmatch(b["revision"]) else None
+    if b.get("source") == "hub" and _repo_id(b["name"]):
+        return b["name"], rev
+    m = _SNAPSHOT.search(str(b.get("path", "")).replace("\\", "/"))
+    if m and _repo_id(f"{m['org']}/{m['name']}"):
+        return f"{m['org']}/{m['name']}", m["rev"]
+    return None, None
+
+
+def base_license(b: dict[str, Any]) -> str | None:
+    """The base model's licence: the alias's, else the ``license`` of the base folder's own model
+    card (``README.md`` metadata), else None."""
+    if b["name"] in ALIAS_LICENSE:
+        return ALIAS_LICENSE[b["name"]]
+    card = Path(str(b.get("path", ""))) / "README.md"
+    try:
+        meta = metadata_load(card) if card.is_file() else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        meta = None
+    value = (meta or {}).get("license")
+    return value if isinstance(value, str) and value else None
+
+
+def local_name(b: dict[str, Any]) -> str:
+    """A base without a Hub id, named plainly: its folder's name (never a path of this machine)."""
+    return Path(str(b["name"]).rstrip("/\\")).name or str(b["name"])
+
+
+def card_metadata(man: dict[str, Any]) -> ModelCardData:
+    """The card's metadata block (see the module docstring)."""
+    b, proc, cfg = man["base_model"], man["procedure"], man["config"]
+    head = next(h for h in modality_for(proc["model_kind"]).heads if h.kind == proc["model_kind"])
+    hub_id, _ = hub_base(b)
+    adapter = man["payload"] == "adapter"
+    datasets = sorted({DATASET_HUB_ID[s["format"]] for s in cfg["data"]["sources"] if s["format"] in DATASET_HUB_ID})
+    results = []
+    comp = man.get("comparison")
+    scores = {k: v.get("cand") for k, v in comp["metrics"].items()} if comp else dict(man.get("metrics") or {})
+    split = cfg["eval"]["split"]
+    for metric, value in scores.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            results.append(
+                EvalResult(
+                    task_type=head.pipeline_tag or proc["model_kind"],
+                    dataset_type=datasets[0] if datasets else "local",
+                    dataset_name=datasets[0] if datasets else f"{cfg['name']} data",
+                    dataset_split=split,
+                    metric_type=metric,
+                    metric_name=metric,
+                    metric_value=float(value),
+                )
+            )
+    tags = ["tuneproof", cfg["hypothesis"]["task"]] + (["peft", "lora"] if adapter else ["full-fine-tuning"])
+    return ModelCardData(
+        base_model=hub_id,
+        base_model_relation=("adapter" if adapter else "finetune") if hub_id else None,
+        library_name="peft" if adapter else "transformers",
+        license=base_license(b),
+        datasets=datasets or None,
+        tags=tags,
+        pipeline_tag=head.pipeline_tag,
+        model_name=f"{cfg['name']}-{man['run']}",
+        eval_results=results or None,
+    )
+
+
 def model_card(man: dict[str, Any]) -> str:
     """The README.md text for a manifest (before its ``files`` list is added)."""
     b = man["base_model"]
     proc = man["procedure"]
-    base_id = ALIAS_HUB_ID.get(b["name"], b["name"])
-    meta = {
-        "base_model": base_id,
-        "library_name": "peft" if man["payload"] == "adapter" else "transformers",
-        "tags": ["tuneproof", man["config"]["hypothesis"]["task"]]
-        + (["peft", "lora"] if man["payload"] == "adapter" else ["full-fine-tuning"]),
-        "pipeline_tag": PIPELINE_TAG.get(proc["model_kind"], "text-generation"),
-    }
+    hub_id, hub_rev = hub_base(b)
+    head = next(h for h in modality_for(proc["model_kind"]).heads if h.kind == proc["model_kind"])
     cfg = man["config"]
     lines = [
         "---",
-        yaml.safe_dump(meta, sort_keys=False).strip(),
+        card_metadata(man).to_yaml(),
         "---",
         "",
         f"# {cfg['name']}: {man['run']} ({'LoRA adapter' if man['payload'] == 'adapter' else 'full model'})",
@@ -57,10 +149,17 @@ def model_card(man: dict[str, Any]) -> str:
             + ".**",
             "",
         ]
+    where = (
+        f"- Hub id: `{hub_id}`" + (f" (commit `{hub_rev}`)" if hub_rev else "")
+        if hub_id
+        else f"- local folder `{local_name(b)}` (no Hub id: the copy whose hashes follow)"
+    )
+    if b["name"] in ALIAS_HUB_ID:
+        where += f", tuneproof's built-in `{b['name']}`"
     lines += [
         "## Base model (exact)",
         "",
-        f"- id or path: `{b['name']}`" + (f" (Hub id {base_id})" if base_id != b["name"] else ""),
+        where,
         f"- revision: `{b['revision']}`",
         f"- weights sha256 (combined over {len(b['weight_files'])} file(s)): `{b['weights_sha256']}`",
     ]
@@ -71,23 +170,27 @@ def model_card(man: dict[str, Any]) -> str:
             + ", ".join(f"`{k}` sha256 `{v}`" for k, v in b["source_weight_sha256"].items())
             + " (the weights above are that conversion, not the Hub's original files)"
         )
-    t = man["tokenizer"]
-    lines += [
-        f"- tokenizer: {t.get('class')}, vocabulary {t.get('vocab_size')}, "
-        f"probe-text token ids sha256 `{t.get('probe_hash')}`",
-        "",
-    ]
-    lines += ["## Load", "", "```python"]
-    loader = (
-        "AutoModelForSequenceClassification"
-        if proc["model_kind"] == "sequence-classification"
-        else "AutoModelForCausalLM"
+    licence = base_license(b)
+    lines.append(
+        f"- licence: {licence} (the base's)"
+        if licence
+        else "- licence: not recorded (the base folder has no model card): the base model's own licence applies"
     )
+    t = man["tokenizer"]
+    if t.get("class"):
+        lines += [
+            f"- tokenizer: {t.get('class')}, vocabulary {t.get('vocab_size')}, "
+            f"probe-text token ids sha256 `{t.get('probe_hash')}`",
+        ]
+    lines.append("")
+    lines += ["## Load", "", "```python"]
+    loader = head.auto_class
+    # the base by its Hub id (pinned to its commit when known), else by its folder name: never a path of this machine
+    source = f'"{hub_id}"' + (f', revision="{hub_rev}"' if hub_rev else "") if hub_id else f'"{local_name(b)}"'
+    labelled = f", num_labels={len(man.get('labels') or [])}" if head.labels_from else ""
     q = man.get("quantization")
     if man["payload"] == "adapter" and q:  # qlora: the unquantized base above, quantized to 4-bit while loading
-        extra = (
-            f", num_labels={len(man.get('labels') or [])}" if proc["model_kind"] == "sequence-classification" else ""
-        )
+        extra = labelled
         lines += [
             "import torch",
             "from peft import PeftModel",
@@ -99,19 +202,16 @@ def model_card(man: dict[str, Any]) -> str:
             f"bnb_4bit_quant_storage=torch.{q['bnb_4bit_quant_storage']}"
             + (f", llm_int8_skip_modules={q['llm_int8_skip_modules']!r}" if q.get("llm_int8_skip_modules") else "")
             + ")",
-            f'base = {loader}.from_pretrained("{b["path"]}"{extra}, '
-            "quantization_config=bnb)  # the exact base above, in 4-bit",
+            f"base = {loader}.from_pretrained({source}{extra}, quantization_config=bnb)  # the base above, in 4-bit",
             'model = PeftModel.from_pretrained(base, "adapter")',
         ]
     elif man["payload"] == "adapter":
-        extra = (
-            f", num_labels={len(man.get('labels') or [])}" if proc["model_kind"] == "sequence-classification" else ""
-        )
+        extra = labelled
         lines += [
             "from peft import PeftModel",
             f"from transformers import {loader}",
             "",
-            f'base = {loader}.from_pretrained("{b["path"]}"{extra})  # the exact base above',
+            f"base = {loader}.from_pretrained({source}{extra})  # the exact base above",
             'model = PeftModel.from_pretrained(base, "adapter")',
         ]
         if proc.get("base_weights") == "bf16":  # trained and evaluated so (training.bf16_base_weights)
@@ -121,6 +221,8 @@ def model_card(man: dict[str, Any]) -> str:
             ]
     else:
         lines += [f"from transformers import {loader}", f'model = {loader}.from_pretrained("model")']
+    if b.get("source_weight_sha256") and b["source_weight_sha256"] != b["weight_files"]:
+        lines.append("# the base trained on is a conversion (see above): check your copy with tuneproof verify")
     lines += ["```", ""]
     if q:
         lines += [

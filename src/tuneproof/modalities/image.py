@@ -60,6 +60,7 @@ IMAGE_CLASSIFIER = Head(
     token_inputs=False,
     architectures=("ForImageClassification",),
     model_types=IMAGE_MODEL_TYPES,
+    pipeline_tag="image-classification",
 )
 
 

@@ -38,13 +38,20 @@ from tuneproof.models.identity import (
 )
 from tuneproof.ui import console, user_text
 
-CAUSAL_LM = Head("causal-lm", "AutoModelForCausalLM", peft_task_type="CAUSAL_LM", architectures=("CausalLM", "LMHead"))
+CAUSAL_LM = Head(
+    "causal-lm",
+    "AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    architectures=("CausalLM", "LMHead"),
+    pipeline_tag="text-generation",
+)
 SEQUENCE_CLASSIFIER = Head(
     "sequence-classification",
     "AutoModelForSequenceClassification",
     peft_task_type="SEQ_CLS",
     what="sequence classification",
     labels_from="data.fields.label",
+    pipeline_tag="text-classification",
     model_types=frozenset(
         {"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra", "xlm-roberta", "modernbert"}
     ),

@@ -29,6 +29,7 @@ class Head:
             matrix gets one row per token of the saved tokenizer.
         architectures: substrings of ``config.json``'s ``architectures`` that name this kind.
         model_types: ``config.json`` ``model_type`` values read as this kind.
+        pipeline_tag: the Hugging Face Hub's task of a model of this kind (a model card's ``pipeline_tag``).
     """
 
     kind: str
@@ -40,6 +41,7 @@ class Head:
     token_inputs: bool = True
     architectures: tuple[str, ...] = ()
     model_types: frozenset[str] = field(default_factory=frozenset)
+    pipeline_tag: str | None = None
 
     def matches(self, config: dict[str, Any]) -> bool:
         """Whether ``config`` (a model's ``config.json``) names this kind."""

@@ -154,3 +154,21 @@ def test_adapter_tensor_names_under_another_prefix_fail_the_reload_naming_the_ke
     assert _exit_code(["verify", str(bundle_copy)]) == 3
     out = " ".join(capsys.readouterr().out.split())
     assert "reload: pass" not in out and "predictions identical" not in out
+
+
+@pytest.mark.fault("input: base copy without its tokenizer files")
+def test_a_base_copy_without_tokenizer_files_fails_the_tokenizer_check_in_one_line(cls_bundle, tmp_path, capsys):
+    other = tmp_path / "no-tokenizer"
+    shutil.copytree(cls_bundle["base"], other)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (other / name).unlink(missing_ok=True)
+    report = verify_bundle(cls_bundle["bundle"], base=other)
+    check = report["checks"][-1]
+    assert check["name"] == "tokenizer" and not check["passed"] and not report["passed"]
+    assert check["detail"].startswith(
+        f"tokenizer class: expected 'BertTokenizer', found none: tokenizer of {other}: none found (no tokenizer file: "
+        "tokenizer.json, tokenizer_config.json, vocab.txt, ...)"
+    )
+    assert _exit_code(["verify", str(cls_bundle["bundle"]), "--base", str(other)]) == 3
+    out = capsys.readouterr().out
+    assert "Traceback" not in out and "ValueError" not in out.split("none found")[0]

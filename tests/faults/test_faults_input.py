@@ -156,3 +156,23 @@ def test_a_template_that_empties_the_prompt_or_drops_the_answer_fails_the_data_c
     assert "after truncation" not in out and "Traceback" not in out and "IndexError" not in out
     reg = Registry(study)
     assert [r.kind for r in reg.list()] == ["data-check"] and reg.list()[0].status == "failed"
+
+
+@pytest.mark.fault("input: tokenizer with no end token")
+def test_a_tokenizer_with_no_end_or_pad_token_is_one_line_before_baseline(tiny_base, tmp_path, capsys):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    base = _base_with_template(tmp_path, tiny_base, "")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (base / name).unlink(missing_ok=True)
+    raw = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "alpha": 1, "beta": 2}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]").save_pretrained(base)
+    study = _study(tmp_path, base, lambda raw: None)
+    code, out = cli(["baseline", "--study", str(study)], capsys)
+    assert code == 2, out
+    said = " ".join(out.split())
+    assert f"tokenizer of {base}: TokenizersBackend has no pad token and no end token" in said
+    assert "Traceback" not in out and "Asking to pad" not in out
+    assert not (study / "runs").exists() or Registry(study).list() == []

@@ -337,7 +337,14 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
             return _done(report, t0)
 
     tok_path = base_path if man["payload"] == "adapter" else bundle / "model"
-    tokenizer = load_tokenizer_at(tok_path, man)
+    try:
+        tokenizer = load_tokenizer_at(tok_path, man)
+    except TuneproofError as err:  # no tokenizer files left in the base copy, or one that cannot pad
+        rec = man.get("tokenizer") or {}
+        name = "image processor" if "config_sha256" in rec else "tokenizer"
+        problem = f"{name} class: expected {rec.get('class')!r}, found none: {err.message}"
+        _check(report, name, False, problem, [problem])
+        return _done(report, t0)
     # the tokenizer check, or the image processor's: the modality of procedure.model_kind
     name, problems, detail = modality_for(man["procedure"]["model_kind"]).verify_processor(man, tokenizer)
     if not _check(report, name, not problems, detail, problems):

@@ -302,13 +302,50 @@ def load_image_processor(ref: BaseModelRef):
     return AutoImageProcessor.from_pretrained(ref.path, trust_remote_code=ref.trust_remote_code)
 
 
+#: files a tokenizer is loaded from (one at least is in a model folder that has its tokenizer)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "merges.txt",
+)
+
+
 def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
-    """The base model's tokenizer; pad token set to the eos token when it has none."""
+    """The base model's tokenizer; pad token set to the end token (eos, else sep) when it has none.
+
+    Raises:
+        TuneproofError: the folder holds no tokenizer transformers can load (no tokenizer files), or
+            the tokenizer has no pad token and no end token to pad with (a batch cannot be padded).
+    """
     from transformers import AutoTokenizer  # noqa: PLC0415
 
-    tok = AutoTokenizer.from_pretrained(ref.path, trust_remote_code=ref.trust_remote_code)
+    folder = Path(ref.path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer of the config's class (5 special tokens) or fail
+        raise TuneproofError(
+            f"tokenizer of {ref.path}: none found (no tokenizer file: {', '.join(TOKENIZER_FILES[:3])}, ...)",
+            hint="the model folder needs its tokenizer files (tokenizer.save_pretrained(DIR) next to the weights)",
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(ref.path, trust_remote_code=ref.trust_remote_code)
+    except (OSError, ValueError, TypeError) as err:  # transformers' words for "no tokenizer here"
+        raise TuneproofError(
+            f"tokenizer of {ref.path}: none found ({str(err).splitlines()[0][:160]})",
+            hint="the model folder needs its tokenizer files (tokenizer.save_pretrained(DIR) next to the weights)",
+        ) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.sep_token
+    if tok.pad_token is None:
+        raise TuneproofError(
+            f"tokenizer of {ref.path}: {type(tok).__name__} has no pad token and no end token (eos_token None, "
+            "sep_token None): a batch cannot be padded",
+            hint="add the model's end or pad token to its tokenizer (tokenizer.add_special_tokens) and save it",
+        )
     tok.padding_side = padding_side
     return tok
 

@@ -43,5 +43,6 @@ def test_a_folder_without_tokenizer_files_is_named(tmp_path):
     with pytest.raises(TuneproofError) as err:
         load_tokenizer(_ref(tmp_path))
     assert err.value.message == (
-        f"tokenizer of {tmp_path}: none found (no tokenizer file: tokenizer.json, tokenizer_config.json, vocab.txt, ...)"
+        f"tokenizer of {tmp_path}: none found "
+        "(no tokenizer file: tokenizer.json, tokenizer_config.json, vocab.txt, ...)"
     )

@@ -37,6 +37,7 @@ PROTOCOL_ORDER = (
     "verify",
     "report",
     "plan",
+    "rental",
     "runs",
     "registry",
     "invalidate",
@@ -95,6 +96,22 @@ NprocOpt = typer.Option(
 NnodesOpt = typer.Option(1, "--nnodes", help="machines taking part (each runs the same command with its --node-rank)")
 NodeRankOpt = typer.Option(0, "--node-rank", help="this machine's rank among --nnodes (0 creates and records the run)")
 RdzvOpt = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of node 0 for --nnodes > 1 (torchrun rendezvous)")
+
+
+UseReserveOpt = typer.Option(
+    None,
+    "--use-reserve",
+    metavar="REASON",
+    help="run even though the rental's estimate passes into the reserve kept for evaluation and export; "
+    "the reason is recorded (rental.json, the run, the dossier)",
+)
+
+
+def _rental(study: Path, command: str, override: str | None, **kw):
+    """The rental's hold on a command that spends hours (a no-op without ``rental.json``)."""
+    from tuneproof.recipes.rental import spend  # noqa: PLC0415
+
+    return spend(study, command, override=override, **kw)
 
 
 def _distributed(nproc: int | None, nnodes: int) -> bool:
@@ -166,12 +183,17 @@ SkipDataCheckOpt = typer.Option(
 
 @app.command()
 def baseline(
-    study: Path = StudyOpt, data: Path | None = DataOpt, skip_data_check: str | None = SkipDataCheckOpt
+    study: Path = StudyOpt,
+    data: Path | None = DataOpt,
+    skip_data_check: str | None = SkipDataCheckOpt,
+    use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Evaluate the base model on the evaluation split and keep its per-example outputs; refuses when the data check failed."""  # noqa: E501 (the command list prints it as written)
     from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
 
-    run_id = run_baseline(_ctx(study, data), data_check_override=skip_data_check)
+    ctx = _ctx(study, data)
+    with _rental(study, "baseline", use_reserve, ctx=ctx):
+        run_id = run_baseline(ctx, data_check_override=skip_data_check)
     console.print(f"baseline run [bold]{run_id}[/] completed")
 
 
@@ -205,6 +227,7 @@ def train(
     nnodes: int = NnodesOpt,
     node_rank: int = NodeRankOpt,
     rdzv_endpoint: str | None = RdzvOpt,
+    use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Train with the study's method (LoRA by default) and record the run; with --from, a variant of a train run.
 
@@ -229,34 +252,36 @@ def train(
         if node_rank == 0:  # node 0 records the run: the protocol gates are checked there
             order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
             order["preflight_run"] = _require_preflight(ctx, skip_preflight)
-        run_id = run_train_distributed(
-            ctx,
-            nproc=nproc_per_node or 1,
-            nnodes=nnodes,
-            node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint,
-            name=name,
-            preflight_override=skip_preflight,
-            order=order,
-        )
+        with _rental(study, "train", use_reserve, ctx=ctx) if node_rank == 0 else _nothing():
+            run_id = run_train_distributed(
+                ctx,
+                nproc=nproc_per_node or 1,
+                nnodes=nnodes,
+                node_rank=node_rank,
+                rdzv_endpoint=rdzv_endpoint,
+                name=name,
+                preflight_override=skip_preflight,
+                order=order,
+            )
         console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
         return
     if from_run is not None:
         from tuneproof.recipes.variants import run_variants  # noqa: PLC0415
 
-        done = run_variants(
-            study,
-            data,
-            from_run,
-            sets=set_,
-            grid=grid,
-            name=name,
-            allow_multi_change=allow_multi_change,
-            preflight=_require_preflight,
-            preflight_override=skip_preflight,
-            data_check_override=skip_data_check,
-            baseline_override=skip_baseline,
-        )
+        with _rental(study, "train", use_reserve, data=data, variant=(from_run, set_, grid)):
+            done = run_variants(
+                study,
+                data,
+                from_run,
+                sets=set_,
+                grid=grid,
+                name=name,
+                allow_multi_change=allow_multi_change,
+                preflight=_require_preflight,
+                preflight_override=skip_preflight,
+                data_check_override=skip_data_check,
+                baseline_override=skip_baseline,
+            )
         for r in done:
             console.print(f"variant [bold]{r['run']}[/] {r['status']} ({user_text(r['change'], one_line=True)})")
         return
@@ -270,8 +295,15 @@ def train(
     ctx = _ctx(study, data)
     order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
     order["preflight_run"] = _require_preflight(ctx, skip_preflight)
-    run_id = run_train(ctx, TrainOptions(name=name, preflight_override=skip_preflight, order=order))
+    with _rental(study, "train", use_reserve, ctx=ctx):
+        run_id = run_train(ctx, TrainOptions(name=name, preflight_override=skip_preflight, order=order))
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+
+
+def _nothing():
+    import contextlib  # noqa: PLC0415
+
+    return contextlib.nullcontext()
 
 
 def _require_preflight(ctx, override: str | None) -> str | None:
@@ -307,6 +339,7 @@ def preflight(
     nnodes: int = NnodesOpt,
     node_rank: int = NodeRankOpt,
     rdzv_endpoint: str | None = RdzvOpt,
+    use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Every check before the rental hours are spent: environment, backend, what is trained, update, step memory, accumulation, checkpointing, smoke pass, throughput."""  # noqa: E501 (the command list prints it as written)
     if _distributed(
@@ -314,13 +347,14 @@ def preflight(
     ):  # the checks only N processes can make (shares, DDP/FSDP2 step, per-rank memory)
         from tuneproof.recipes.torchrun import run_preflight_distributed  # noqa: PLC0415
 
-        run_id = run_preflight_distributed(
-            _ctx(study, data),
-            nproc=nproc_per_node or 1,
-            nnodes=nnodes,
-            node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint,
-        )
+        with _rental(study, "preflight", use_reserve, data=data) if node_rank == 0 else _nothing():
+            run_id = run_preflight_distributed(
+                _ctx(study, data),
+                nproc=nproc_per_node or 1,
+                nnodes=nnodes,
+                node_rank=node_rank,
+                rdzv_endpoint=rdzv_endpoint,
+            )
         console.print(f"distributed preflight run [bold]{run_id}[/] passed")
         return
     from tuneproof.preflight.environment import parse_memory  # noqa: PLC0415
@@ -337,7 +371,8 @@ def preflight(
         raise TuneproofError("--set needs --from RUN", hint="e.g. tuneproof preflight --from r0004 --set method.r=16")
     else:
         ctx = _ctx(study, data)
-    run_id = run_preflight(ctx, memory_budget=budget, find_max_micro_batch=find_max_micro_batch)
+    with _rental(study, "preflight", use_reserve, data=data):
+        run_id = run_preflight(ctx, memory_budget=budget, find_max_micro_batch=find_max_micro_batch)
     console.print(f"preflight run [bold]{run_id}[/] passed; next: tuneproof train")
 
 
@@ -351,12 +386,17 @@ def env(json_: bool = typer.Option(False, "--json", help="print the snapshot as 
 
 @app.command("eval")
 def eval_(
-    run: str = typer.Argument(..., help="a completed train run"), study: Path = StudyOpt, data: Path | None = DataOpt
+    run: str = typer.Argument(..., help="a completed train run"),
+    study: Path = StudyOpt,
+    data: Path | None = DataOpt,
+    use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Evaluate a trained run with the baseline's exact procedure."""
     from tuneproof.recipes.evaluate import run_eval  # noqa: PLC0415
 
-    run_id = run_eval(_ctx(study, data), run)
+    ctx = _ctx(study, data)
+    with _rental(study, "eval", use_reserve, ctx=ctx):
+        run_id = run_eval(ctx, run)
     console.print(f"eval run [bold]{run_id}[/] completed; next: tuneproof compare {run_id}")
 
 
@@ -434,12 +474,14 @@ def resume(
     nnodes: int = NnodesOpt,
     node_rank: int = NodeRankOpt,
     rdzv_endpoint: str | None = RdzvOpt,
+    use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Continue an interrupted train run from its checkpoint, in this process, into the same run id."""
     from tuneproof.recipes.resume import run_resume  # noqa: PLC0415
 
     launch = {"nproc": nproc_per_node or 1, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint}
-    run_id = run_resume(study, data, run, checkpoint=checkpoint, fallback=fallback, launch=launch)
+    with _rental(study, "resume", use_reserve, data=data, run=run) if node_rank == 0 else _nothing():
+        run_id = run_resume(study, data, run, checkpoint=checkpoint, fallback=fallback, launch=launch)
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
 
 
@@ -507,11 +549,14 @@ def test_(
     study: Path = StudyOpt,
     data: Path | None = DataOpt,
     use_edited_hypothesis: str | None = EditedHypothesisOpt,
+    use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Evaluate on the reserved test split; every access is logged and reuse is stated."""
     from tuneproof.recipes.test_split import run_test  # noqa: PLC0415
 
-    run_test(_ctx(study, data), run, use_edited_hypothesis=use_edited_hypothesis)
+    ctx = _ctx(study, data)
+    with _rental(study, "test", use_reserve, ctx=ctx):
+        run_test(ctx, run, use_edited_hypothesis=use_edited_hypothesis)
 
 
 @app.command()
@@ -547,11 +592,13 @@ def show(
 
 
 @data_app.command("check")
-def data_check(study: Path = StudyOpt, data: Path | None = DataOpt) -> None:
+def data_check(study: Path = StudyOpt, data: Path | None = DataOpt, use_reserve: str | None = UseReserveOpt) -> None:
     """Versions, splits, duplicates, label/field audits, lengths; exits 3 on hard faults."""
     from tuneproof.recipes.data_check import run_data_check  # noqa: PLC0415
 
-    run_data_check(_ctx(study, data))
+    ctx = _ctx(study, data)
+    with _rental(study, "data-check", use_reserve, ctx=ctx):
+        run_data_check(ctx)
 
 
 @data_app.command("inspect")
@@ -600,16 +647,18 @@ def export(
     """Export a train run as a bundle bound to its exact base model, verified in a fresh process."""
     from tuneproof.recipes.export import run_export  # noqa: PLC0415
 
-    run_export(
-        _ctx(study, data),
-        run,
-        force=force,
-        out_dir=out,
-        merge=merge,
-        k=verify_examples,
-        device=device,
-        use_edited_hypothesis=use_edited_hypothesis,
-    )
+    ctx = _ctx(study, data)
+    with _rental(study, "export", None, ctx=ctx):  # never refused: the reserve is kept for it
+        run_export(
+            ctx,
+            run,
+            force=force,
+            out_dir=out,
+            merge=merge,
+            k=verify_examples,
+            device=device,
+            use_edited_hypothesis=use_edited_hypothesis,
+        )
 
 
 @app.command()
@@ -653,6 +702,51 @@ def plan(
     from tuneproof.recipes.plan import run_plan  # noqa: PLC0415
 
     run_plan(_ctx(study), days=days, hourly_rate=hourly_rate, variants=variants)
+
+
+rental_app = typer.Typer(
+    no_args_is_help=True,
+    help="The rental window, held to its plan: start, status, deliver (a verified export before the end).",
+)
+app.add_typer(rental_app, name="rental")
+
+
+@rental_app.command("start")
+def rental_start(
+    days: float = typer.Option(..., "--days", help="rental length in days (3, 7 or 30 usually)"),
+    ends: str | None = typer.Option(
+        None, "--ends", metavar="ISO-TIME", help="when the rental ends, e.g. 2026-12-05T12:00Z (default: now + days)"
+    ),
+    study: Path = StudyOpt,
+) -> None:
+    """Record the rental window in the study, with the plan at this moment and where each rate came from."""
+    from tuneproof.recipes.rental import run_start  # noqa: PLC0415
+
+    run_start(_ctx(study), days=days, ends=ends)
+
+
+@rental_app.command("status")
+def rental_status(
+    study: Path = StudyOpt,
+    json_: bool = typer.Option(False, "--json", help="print the status as JSON (for scripts)"),
+) -> None:
+    """Each phase planned vs used, hours left, the reserve still needed, the next protocol step."""
+    from tuneproof.recipes.rental import run_status  # noqa: PLC0415
+
+    run_status(_ctx(study), as_json=json_)
+
+
+@rental_app.command("deliver")
+def rental_deliver(
+    study: Path = StudyOpt,
+    data: Path | None = DataOpt,
+    run: str | None = typer.Option(None, "--run", help="the train run to deliver (default: the best passed candidate)"),
+    html: bool = typer.Option(False, "--html", help="also write dossier.html"),
+) -> None:
+    """Export the best passed candidate, verify the bundle in a fresh process, write the dossier, in that order."""
+    from tuneproof.recipes.rental import run_deliver  # noqa: PLC0415
+
+    run_deliver(_ctx(study, data), run=run, html=html)
 
 
 @app.command()
@@ -836,11 +930,14 @@ def _main(argv: list[str] | None, Terminated) -> int:  # noqa: N803
     from tuneproof import registry  # noqa: PLC0415
 
     registry.STOPPED.clear()
+    registry.CARRY.clear()
     try:
         rv = app(args=argv, standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer turns Ctrl-C into Exit(130) and returns it
             if rv == 130:
                 _say_stopped(argv, "interrupted by Ctrl-C; no run was in progress")
+                if any(s.how.startswith("stopped:") for s in registry.STOPPED):  # errors.Stopped: a rule, exit 3
+                    return 3
             return rv
     except TuneproofError as err:
         console.print(
@@ -850,14 +947,14 @@ def _main(argv: list[str] | None, Terminated) -> int:  # noqa: N803
     except Terminated:
         _say_stopped(argv, "terminated by SIGTERM; no run was in progress")
         return 143
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         _say_stopped(argv, "interrupted by Ctrl-C; no run was in progress")
-        return 130
+        return getattr(err, "exit_code", 130)  # errors.Stopped (a rule stopped a run at a checkpoint): 3
     except typer.Exit as err:
         return err.exit_code
-    except typer.Abort:
+    except typer.Abort as err:  # click turns KeyboardInterrupt (and errors.Stopped) into Abort
         _say_stopped(argv, "interrupted by Ctrl-C; no run was in progress")
-        return 130
+        return getattr(err.__cause__, "exit_code", 130)
     except Exception as err:  # usage errors of Typer's click: missing argument, unknown option...
         if callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int):
             err.show()

@@ -30,5 +30,13 @@ class CheckFailed(TuneproofError):
     exit_code = 3
 
 
+class Stopped(KeyboardInterrupt):
+    """A train run stopped at a step boundary by a rule, not a signal (``stopped: rental reserve``):
+    it saves a checkpoint, is recorded ``interrupted`` with this reason and can be resumed; the CLI
+    exits 3 (a check stopped it)."""
+
+    exit_code = 3
+
+
 class Terminated(BaseException):
     """Raised inside a run by SIGTERM so that it is recorded as interrupted (the CLI exits 143)."""

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof import clock
-from tuneproof.errors import Terminated, TuneproofError
+from tuneproof.errors import Stopped, Terminated, TuneproofError
 from tuneproof.io import (
     append_jsonl,
     fault_cause,
@@ -87,7 +87,12 @@ OVERRIDES = {
     "preflight_override": "preflight overridden",
     "data_check_override": "data check overridden",
     "baseline_override": "baseline overridden",
+    "rental_override": "rental reserve used",
 }
+
+#: summary values every run created in this process gets (``rental_override``: a command allowed to
+#: spend the rental's reserve, :mod:`tuneproof.recipes.rental`); the CLI clears it per command
+CARRY: dict[str, Any] = {}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -266,6 +271,8 @@ class Stop:
         that cannot be resumed says to run ``command`` (the command line that started it) again."""
         how = f"by {self.how}" if self.how in ("SIGTERM", "Ctrl-C") else f"({self.how})"
         head = f"run {self.run_id}" + ("" if self.kind == "train" else f" ({self.kind})") + f" interrupted {how}"
+        if self.how.startswith("stopped:"):  # a rule stopped it (the rental's reserve), not a signal
+            head = f"run {self.run_id} {self.how}"
         head += f" at step {self.step}" if self.step is not None else ""
         again = f": {command}" if command else ""
         if self.kind != "train":
@@ -638,7 +645,10 @@ class Registry:
                 self.runs_dir if run_id is None else self.runs_dir / run_id,
                 "free space or make the study folder writable, then run the command again",
             ) from None
-        return Run(self, self.get(run_id))
+        run = Run(self, self.get(run_id))
+        if CARRY:
+            run.update_summary(**CARRY)
+        return run
 
     def finish(self, run_id: str, status: str, reason: str | None = None) -> None:
         """Set the final status (completed, failed, interrupted, invalid) and the end time."""
@@ -847,6 +857,8 @@ class Registry:
             self._sync(rec.id)
         run = Run(self, self.get(rec.id))
         run.summary = dict(rec.summary)
+        if CARRY:
+            run.update_summary(**CARRY)
         with self._lifecycle(run):
             run.note(f"{note} (was {rec.status}{': ' + rec.reason if rec.reason else ''})")
             self._note_cleanup(run, rec.kind)
@@ -897,7 +909,9 @@ class Registry:
                 self._hooks(self.start_hooks, self.get(run.id))
             yield run
         except (KeyboardInterrupt, Terminated) as err:
-            if isinstance(err, Terminated):
+            if isinstance(err, Stopped):
+                reason = str(err)
+            elif isinstance(err, Terminated):
                 reason = f"terminated ({err})" if not str(err).startswith("terminated") else str(err)
             else:
                 reason = f"interrupted ({err})" if str(err) else "interrupted by Ctrl-C"
@@ -924,6 +938,8 @@ class Registry:
             )
             if isinstance(err, Terminated):
                 raise Terminated(reason) from None
+            if isinstance(err, Stopped):
+                raise Stopped(reason) from None
             raise KeyboardInterrupt(reason) from None
         except BaseException as err:
             cause = fault_cause(err, run.dir)

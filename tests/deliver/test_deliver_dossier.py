@@ -26,6 +26,7 @@ SECTIONS = [
     "Limits observed",
     "Exports",
     "Rental plan",
+    "Rental",
     "Environment",
 ]
 
@@ -38,6 +39,7 @@ def test_parts_not_run_say_so(cls_bundle):
     )  # run inline by the baseline (protocol order)
     assert "## Preflight\n\nnot run yet (`tuneproof preflight`)" in md
     assert "## Rental plan\n\nnot run yet (`tuneproof plan --days 7 --hourly-rate 2.5`)" in md
+    assert "## Rental\n\nnot run yet (`tuneproof rental start --days 7`)" in md
     assert "the reserved test split has not been read." in md
     assert "no variants yet: 1 train run(s)" in md
     assert "every run completed." in md

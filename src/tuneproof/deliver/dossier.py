@@ -28,7 +28,9 @@ import re
 from collections import Counter
 from typing import Any
 
+from tuneproof import clock
 from tuneproof import hypothesis as hyp
+from tuneproof.deliver import rental as rent
 from tuneproof.deliver.limits import (
     FIRST_SCREEN_LIMITS,
     PER_FIELD_METRIC,
@@ -302,6 +304,7 @@ def _summary(ev: _Evidence) -> list[dict]:
         if exp
         else "export: not run yet (`tuneproof export RUN`)"
     )
+    items += _rental_line(ev)
     blocks.append({"type": "list", "items": items})
     lim = _observed(ev)
     if lim is not None:
@@ -1425,6 +1428,75 @@ def _plan(ev: _Evidence) -> list[dict]:
     return [_paragraph(head), _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]
 
 
+def _rental_record(ev: _Evidence) -> dict | None:
+    try:
+        return rent.load(ev.ctx.study_dir)
+    except TuneproofError:
+        return None
+
+
+def _rental_line(ev: _Evidence) -> list[str]:
+    """The first screen's rental line: a window that ended without a verified export says so."""
+    rental = _rental_record(ev)
+    if rental is None:
+        return []
+    delivered = rental.get("delivered") or {}
+    if delivered.get("verified"):
+        return [f"rental: delivered {delivered['train']} ({delivered['bundle']}, verified in a fresh process)"]
+    if clock.now() >= rental["ends"]:
+        return [
+            f"rental: the window ended {rent.iso_utc(rental['ends'])} WITHOUT A VERIFIED EXPORT "
+            "(`tuneproof rental deliver`; section Rental)"
+        ]
+    return [f"rental: {(rental['ends'] - clock.now()) / 3600:.1f} h left, ends {rent.iso_utc(rental['ends'])}"]
+
+
+def _rental(ev: _Evidence) -> list[dict]:
+    """Planned vs used per phase with the ratio, the rates used, the overrides and the stopped runs."""
+    rental = _rental_record(ev)
+    if rental is None:
+        return [_paragraph(f"{NOT_RUN} (`tuneproof rental start --days 7`)")]
+    st = rent.status(rental, ev.reg, ev.ctx.study_dir, clock.now(), rental["work"])
+    rows = [
+        [p["phase"], f"{p['planned_h']:.2f}", f"{p['used_h']:.2f}", "" if p["ratio"] is None else f"{p['ratio']:.2f}"]
+        for p in st["phases"]
+    ]
+    start_rates = rental.get("rates") or {}
+    items = [
+        f"rates at the start: {start_rates.get('s_per_step', 0):.3g} s/step ({start_rates.get('step_source')}); "
+        f"{start_rates.get('eval_s_per_example', 0):.3g} s per evaluated example ({start_rates.get('eval_source')})",
+        f"rates now: {st['rates']['s_per_step']:.3g} s/step ({st['rates']['step_source']}); "
+        f"{st['rates']['eval_s_per_example']:.3g} s per evaluated example ({st['rates']['eval_source']})",
+        f"reserve kept for the end: {st['reserve_h']:.2f} h ({'; '.join(st['reserve_parts'])})",
+    ]
+    items += [f"override: {o['command']} spent the reserve: {o['reason']} ({o['numbers']})" for o in st["overrides"]]
+    items += [f"stopped: {s['run']} {s['reason']} (now {s['status']})" for s in st["stopped"]]
+    items += [
+        f"the clock went back {(b['from'] - b['to']) / 3600:.2f} h at {b['where']} ({rent.iso_utc(b['to'])})"
+        for b in st["clock_went_back"]
+    ]
+    if len(st["machines"]) > 1:
+        items.append(
+            "machines: " + ", ".join(f"{m['host']} from {rent.iso_utc(m['first_seen'])}" for m in st["machines"])
+        )
+    d = st["delivered"] or {}
+    items.append(
+        f"delivered: {d['train']} as {d['bundle']}, verified in a fresh process"
+        if d.get("verified")
+        else "delivered: nothing verified yet" + (" and the window has ended" if st["ended"] else "")
+    )
+    head = (
+        f"window {rent.iso_utc(st['start'])} to {rent.iso_utc(st['ends'])}: "
+        + ("ended" if st["ended"] else f"{st['left_h']:.1f} h left")
+        + "; the plan's estimate judged against what each phase used:"
+    )
+    return [
+        _paragraph(head),
+        _table(["phase", "planned h", "used h", "used/planned"], rows),
+        {"type": "list", "items": items},
+    ]
+
+
 def _environment(ev: _Evidence) -> list[dict]:
     for r in reversed(ev.runs):
         env = ev.json(r.id, "env.json")
@@ -1459,6 +1531,7 @@ def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[s
         ("limits", "Limits observed", _limits(ev)),
         ("exports", "Exports", _exports(ev)),
         ("plan", "Rental plan", _plan(ev)),
+        ("rental", "Rental", _rental(ev)),
         ("environment", "Environment", _environment(ev)),
     ]
     return {

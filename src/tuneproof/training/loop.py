@@ -42,8 +42,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tuneproof import clock
 from tuneproof.data.preprocess import Encoded, collate, collate_packed
-from tuneproof.errors import CheckFailed, Terminated, TuneproofError
+from tuneproof.errors import CheckFailed, Stopped, Terminated, TuneproofError
 from tuneproof.models.method import base_weights_dtype
 from tuneproof.training.budget import budget
 from tuneproof.training.data_order import (
@@ -593,7 +594,10 @@ def train(
         with stop:
             while state.step < steps:
                 step = state.step
-                stopping = stop.signum is not None or (stop_after is not None and step >= stop_after)
+                rule_stop = clock.stop_reason()  # the rental's reserve reached (tuneproof.recipes.rental)
+                stopping = (
+                    stop.signum is not None or (stop_after is not None and step >= stop_after) or rule_stop is not None
+                )
                 ts = time.perf_counter()
                 # the window of this step: `accumulation` micro-batches, or what is left of the epoch
                 # (docs/CASES.md C18)
@@ -621,6 +625,8 @@ def train(
                         checkpoints.save(state, "interrupt")
                     if stop.signum is not None:
                         stop.reraise(stop.signum)
+                    if rule_stop is not None:
+                        raise Stopped(rule_stop)
                     raise KeyboardInterrupt(
                         f"stop_after={stop_after}"
                         if stop_after is not None and step >= stop_after

@@ -66,8 +66,10 @@ def _fake_train(ctx, losses, fail: str | None = None, name: str | None = None, d
         return run.id
 
 
-def test_a_run_is_sent_while_it_runs_then_completed_under_the_study_run(tmp_path, base, store, capfd):
+def test_a_run_is_sent_while_it_runs_then_completed_under_the_study_run(tmp_path, base, store, capfd, monkeypatch):
     from tuneproof.context import StudyContext
+
+    monkeypatch.setattr("tuneproof.tracking.FLUSH_S", 0.0)  # every step sent at once
 
     uri = store
     study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": uri, "experiment": "tiny-exp"}}})
@@ -300,3 +302,57 @@ def test_without_a_uri_runs_and_artifacts_stay_in_the_study_folder(tmp_path, bas
     _fake_train(StudyContext.open(study), [2.0, 1.0])
     assert (study / "mlflow.db").is_file() and not (tmp_path / "mlruns").exists()
     assert any((study / "mlflow-artifacts").rglob("outputs.jsonl"))
+
+
+def test_steps_of_another_process_and_a_resume_go_to_the_same_mlflow_run(tmp_path, base, store, monkeypatch):
+    """A torchrun worker logs the steps of a run its launcher opened; a resumed run reopens its MLflow run."""
+    from tuneproof.context import StudyContext
+    from tuneproof.registry import Registry, Run
+    from tuneproof.tracking import attach
+
+    monkeypatch.setattr("tuneproof.tracking.FLUSH_S", 0.0)
+
+    study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": store, "experiment": "worker"}}})
+    ctx = StudyContext.open(study)
+    seen = {}
+    with pytest.raises(RuntimeError), ctx.registry.run("train") as run:
+        worker = Registry(study)  # the worker's own registry, as recipes/torchrun.py opens it
+        attach(worker, ctx.study, study, ctx.config)
+        rank0 = Run(worker, worker.get(run.id))
+        rank0.metric(step=1, loss=2.0)
+        rank0.metric(step=2, loss=1.0)
+        mirrored = _runs(store, "worker")[run.id]
+        seen["live"] = [m.value for m in _client(store).get_metric_history(mirrored.info.run_id, "train/loss")]
+        raise RuntimeError("node lost")
+    assert seen["live"] == [2.0, 1.0]
+    assert _runs(store, "worker")[run.id].info.status == "FAILED"
+    with ctx.registry.reopen(run.id) as resumed:
+        seen["status"] = _runs(store, "worker")[run.id].info.status
+        resumed.metric(event="resume", from_step=2)  # not a step: not a metric
+        resumed.metric(step=3, loss=0.5)
+    assert seen["status"] == "RUNNING"
+    (mirrored,) = _runs(store, "worker").values()  # one MLflow run for the run, resumed or not
+    assert mirrored.info.status == "FINISHED"
+    history = _client(store).get_metric_history(mirrored.info.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.0), (3, 0.5)]
+    assert "train/from_step" not in mirrored.data.metrics
+
+
+def test_steps_are_sent_at_most_every_flush_interval_and_the_rest_at_the_end(tmp_path, base, store, monkeypatch):
+    """The first step goes at once, the next ones wait for the interval (one MLflow write costs tens
+    of ms); whatever waits is sent when the run ends, each row once."""
+    from tuneproof.context import StudyContext
+
+    monkeypatch.setattr("tuneproof.tracking.FLUSH_S", 3600.0)
+    study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": store, "experiment": "flush"}}})
+    live = {}
+
+    def during(run):
+        mirrored = _runs(store, "flush")[run.id]
+        live["loss"] = [m.step for m in _client(store).get_metric_history(mirrored.info.run_id, "train/loss")]
+
+    run_id = _fake_train(StudyContext.open(study), [2.0, 1.5, 1.25, 1.0], during=during)
+    assert live["loss"] == [1]
+    mirrored = _runs(store, "flush")[run_id]
+    history = _client(store).get_metric_history(mirrored.info.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.5), (3, 1.25), (4, 1.0)]

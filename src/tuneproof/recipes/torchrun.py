@@ -56,6 +56,7 @@ from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.train import TrainOptions, record_start, run_train
 from tuneproof.registry import Registry, Run
 from tuneproof.study import STUDY_FILE
+from tuneproof.tracking import attach
 from tuneproof.training.budget import micro_batches_per_epoch, optimizer_steps_per_epoch
 from tuneproof.training.parallel import World, block_classes, init_world, resolve_backend
 from tuneproof.training.resume_state import load_checkpoint
@@ -689,6 +690,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         )
         if world.is_main:
             reg = Registry(study_dir)
+            attach(reg, ctx.study, study_dir, ctx.config)  # each step goes to the tracker run the launcher opened
             run = Run(reg, reg.get(run_id))
             run.summary = dict(reg.get(run_id).summary)
         resume = None

@@ -171,16 +171,27 @@ def test_sigterm_at_step_5_then_resume_in_new_process_is_exact(reference, interr
     _assert_same_as_reference(run_dir, reference)
 
 
-def test_resume_from_the_older_periodic_checkpoint_retrains_step_5_exactly(reference, interrupted, tmp_path):
+def test_resume_from_the_older_periodic_checkpoint_retrains_step_5_exactly(reference, interrupted, tmp_path, capsys):
     """What a hard kill (SIGKILL, power loss) after step 5 leaves: the periodic checkpoint of step 4
     and a metrics row for step 5; the resume trains step 5 again and ends exactly as the reference.
-    (That a killed process is found stale is tested in tests/registry.)"""
+    (That a killed process is found stale is tested in tests/registry.) The run failed with a recorded
+    gloo message, as a distributed run whose rank was killed does: resuming it crashed with Rich's
+    MarkupError on "[/__w/...]"; the reason is printed as written."""
     study = shutil.copytree(interrupted, tmp_path / "s")
     run_dir = train_dir(study)
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000004", "step-000005"]
+    gloo = (
+        "RankFailed: rank 1 was killed by signal 9 (SIGKILL) without reporting an error; rank 0 then failed: "
+        "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+        "by peer [127.0.0.1]:20363 [/bold]"
+    )
+    Registry(study).finish(run_dir.name, "failed", reason=gloo)
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main(["resume", run_dir.name, "--study", str(study), "--checkpoint", "step-000004"])
-    assert exit_.value.code == 0
+    out = capsys.readouterr()
+    assert exit_.value.code == 0, out.out + out.err
+    assert f"(failed: {gloo}) from step-000004" in " ".join(out.out.split())
     rec = Registry(study).get(run_dir.name)
     assert rec.status == "completed" and rec.summary["resumes"][-1]["from_step"] == 4
     assert [r["step"] for r in rows(run_dir) if "loss" in r].count(5) == 2  # step 5 trained again

@@ -126,7 +126,8 @@ def test_checkpoint_round_trip_is_exact_and_indexed(tmp_path):
         "scheduler": {"last_epoch": 1, "_last_lr": [0.1 / 3]},
         "rng": rng_state(),
         "data": {"n_examples": 3},
-        "losses": [0.1 + 0.2, 1e-300, float("inf")],
+        "losses": [0.1 + 0.2],  # one per step (load_checkpoint cross-checks the step)
+        "floats": [0.1 + 0.2, 1e-300, float("inf")],
         "config": {"a": [1, "x", None, True]},
     }
     folder = save_checkpoint(tmp_path / "checkpoints", 1, payload)
@@ -141,7 +142,8 @@ def test_checkpoint_round_trip_is_exact_and_indexed(tmp_path):
     tensors: dict = {}
     again = decode(json.loads(json.dumps(encode({"cuda": cuda_like}, tensors))), tensors, tmp_path)
     assert sorted(tensors) == ["cuda/0", "cuda/1"] and all(torch.equal(a, b) for a, b in zip(again["cuda"], cuda_like))
-    assert back["losses"] == [0.30000000000000004, 1e-300, float("inf")] and back["config"] == payload["config"]
+    assert back["floats"] == [0.30000000000000004, 1e-300, float("inf")] and back["config"] == payload["config"]
+    assert back["losses"] == [0.30000000000000004]
     assert torch.equal(back["trainable"]["w"], payload["trainable"]["w"])
     s0, s1 = payload["optimizer"]["state"][0], back["optimizer"]["state"][0]  # int parameter keys kept
     assert all(torch.equal(s0[k], s1[k]) for k in ("step", "exp_avg", "exp_avg_sq"))

@@ -44,7 +44,7 @@ from tuneproof.recipes.variants import config_diff, describe
 from tuneproof.registry import Registry, RunRecord
 from tuneproof.study import STUDY_FILE, resolved_config
 from tuneproof.training.health import HealthFault
-from tuneproof.training.resume_state import list_checkpoints, load_checkpoint, step_of
+from tuneproof.training.resume_state import check_against_metrics, list_checkpoints, load_checkpoint, step_of
 from tuneproof.ui import console, user_text
 
 
@@ -95,6 +95,13 @@ def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
     return ckpts[-1]
 
 
+def _load(run_dir: Path, path: Path) -> dict[str, Any]:
+    """A checkpoint loaded (hashes, its step cross-checked) and checked against the run's metrics."""
+    ckpt = load_checkpoint(path)
+    check_against_metrics(run_dir, path, ckpt)
+    return ckpt
+
+
 def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[Path, dict[str, Any], list[str]]:
     """Load (and sha256-verify) ``first``; with ``fallback``, when it is refused, the next older
     checkpoint of the run that loads, newest first.
@@ -107,7 +114,7 @@ def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[P
             (every one is named with its reason).
     """
     try:
-        return first, load_checkpoint(first), []
+        return first, _load(run_dir, first), []
     except TuneproofError as err:
         if not fallback:
             raise TuneproofError(
@@ -122,7 +129,7 @@ def load_with_fallback(run_dir: Path, first: Path, *, fallback: bool) -> tuple[P
         if path.resolve() == first.resolve() or (limit is not None and (step_of(path) or 0) >= limit):
             continue
         try:
-            return path, load_checkpoint(path), skipped
+            return path, _load(run_dir, path), skipped
         except TuneproofError as err:
             skipped.append(f"{path.name}: {err.message}")
     raise TuneproofError(

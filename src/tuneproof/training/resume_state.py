@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 from tuneproof.errors import TuneproofError
-from tuneproof.io import read_json, sha256_file, write_json
+from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
+from tuneproof.training.data_order import window_position
 
 CKPT_FORMAT = 2  # 1: one torch.save pickle (refused since); 2: safetensors + JSON folder
 TENSORS = "tensors.safetensors"
@@ -373,7 +374,94 @@ def load_checkpoint(path: Path, *, verify: bool = True) -> dict[str, Any]:
     for key in ("python", "numpy", "torch"):
         if key not in ckpt["rng"]:
             raise TuneproofError(f"{folder}: checkpoint has no '{key}' RNG state", hint="it is damaged")
+    check_step(folder, ckpt)
     return ckpt
+
+
+def _step_witnesses(folder: Path, ckpt: dict[str, Any]) -> list[tuple[str, int]]:
+    """What else records the step a checkpoint was written at: ``[(where, step)]``."""
+    out: list[tuple[str, int]] = []
+    if _NAME_RE.match(folder.name):
+        out.append((f"its folder name {folder.name}", int(step_of(folder))))
+    entry = read_index(folder.parent)["checkpoints"].get(folder.name)
+    if entry is not None and "step" in entry:
+        out.append((f"{INDEX}", int(entry["step"])))
+    from safetensors import safe_open  # noqa: PLC0415  (safetensors is imported with torch, where checkpoints load)
+
+    with safe_open(str(folder / TENSORS), framework="pt") as fh:  # the header only
+        meta = fh.metadata() or {}
+    if "step" in meta:
+        out.append((f"the metadata of {TENSORS}", int(meta["step"])))
+    out.append((f"its {len(ckpt['losses'])} per-step losses", len(ckpt["losses"])))
+    sched = ckpt.get("scheduler") or {}
+    if isinstance(sched, dict) and "last_epoch" in sched:
+        out.append(("the learning-rate scheduler (last_epoch)", int(sched["last_epoch"])))
+    counts = {
+        int(round(float(st["step"])))
+        for st in (ckpt.get("optimizer") or {}).get("state", {}).values()
+        if isinstance(st, dict) and "step" in st
+    }
+    if len(counts) == 1:
+        out.append(("the optimizer's step count", counts.pop()))
+    return out
+
+
+def check_step(folder: Path, ckpt: dict[str, Any]) -> None:
+    """Cross-check the step of ``state.json`` with every other record of it: the folder name, the index,
+    the safetensors metadata, the per-step losses, the scheduler, the optimizer's step count and the data
+    position (``next_micro_batch``, ``epoch`` recomputed from the step). A rehashed index does not make an
+    edited step pass.
+
+    Raises:
+        TuneproofError: a record that says another step, or a data position that is not the step's (one line).
+    """
+    step = int(ckpt["step"])
+    hint = "the checkpoint was altered after it was written (a hash recomputed does not make it whole)"
+    for where, other in _step_witnesses(folder, ckpt):
+        if other != step:
+            raise TuneproofError(f"{folder / STATE}: step {step}, but {where} says step {other}", hint=hint)
+    d = ckpt["data"]
+    try:
+        pos = window_position(
+            int(d["n_examples"]), int(d["micro_batch"]), int(d["accumulation"]), step, int(d.get("world_size", 1))
+        )
+    except (KeyError, TypeError, ValueError):
+        return  # a data section without the position: nothing to recompute
+    if (int(d.get("next_micro_batch", -1)), int(d.get("epoch", -1))) != (pos["first_micro_batch"], pos["epoch"]):
+        raise TuneproofError(
+            f"{folder / STATE}: step {step} reads from micro-batch {pos['first_micro_batch']} (epoch {pos['epoch']}), "
+            f"but its data position says micro-batch {d.get('next_micro_batch')} (epoch {d.get('epoch')})",
+            hint=hint,
+        )
+
+
+def check_against_metrics(run_dir: Path, folder: Path, ckpt: dict[str, Any]) -> None:
+    """The checkpoint's step and last loss against the run's own ``metrics.jsonl`` (written before each
+    checkpoint): the run must have logged that step, with that loss (to the 6 decimals logged).
+
+    Raises:
+        TuneproofError: the metrics end before the step, or log another loss at that step (one line).
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    step = int(ckpt["step"])
+    if not path.is_file() or step == 0:
+        return
+    rows = [r for r in read_jsonl(path) if isinstance(r, dict) and "loss" in r and isinstance(r.get("step"), int)]
+    if not rows:
+        return
+    hint = "the checkpoint was altered after it was written (a hash recomputed does not make it whole)"
+    last = max(r["step"] for r in rows)
+    if last < step:
+        raise TuneproofError(
+            f"{folder / STATE}: step {step}, but the run's metrics ({path}) end at step {last}", hint=hint
+        )
+    want = round(float(ckpt["losses"][-1]), 6)
+    logged = [r["loss"] for r in rows if r["step"] == step]
+    if logged and not any(abs(float(x) - want) <= 1e-6 for x in logged):
+        raise TuneproofError(
+            f"{folder / STATE}: loss {want} at step {step}, but the run's metrics ({path}) logged {logged[-1]}",
+            hint=hint,
+        )
 
 
 def restore_state(model, optimizer, scheduler, ckpt: dict[str, Any]) -> None:

@@ -214,6 +214,41 @@ def test_packing_gives_the_losses_of_the_padded_run(tmp_path):
     assert pad["layout"] == "packing" and pad["tokens"] == 234 and pad["after"] < pad["before"]
 
 
+def test_the_packing_check_runs_the_loops_own_micro_batch_function_and_a_changed_mask_fails_it(tmp_path, monkeypatch):
+    from tuneproof.errors import CheckFailed
+    from tuneproof.training import micro_batch
+
+    examples = _dataset(24)
+    seen, real_logits = [], micro_batch.logits
+
+    def spy(model, batch, *a, **kw):
+        seen.append(("position_ids" in batch, model.training))
+        return real_logits(model, batch, *a, **kw)
+
+    monkeypatch.setattr(micro_batch, "logits", spy)
+    _train(0, examples, tmp_path, packing=True)
+    # the check (eval mode: 4 examples alone, their packed rows), then training (12 packed micro-batches): one function
+    assert seen == [(False, False)] * 4 + [(True, False)] + [(True, True)] * 12
+    monkeypatch.setattr(micro_batch, "logits", real_logits)
+
+    real_inputs = micro_batch.model_inputs
+
+    def planted(batch):  # the loop passes a plain causal mask over each packed row: examples see their neighbours
+        inputs = real_inputs(batch)
+        if "position_ids" in batch:
+            inputs["attention_mask"] = torch.ones_like(batch["input_ids"])
+        return inputs
+
+    monkeypatch.setattr(micro_batch, "model_inputs", planted)
+    with pytest.raises(CheckFailed, match="training.packing: packed rows differ from the examples run alone"):
+        _train(0, examples, tmp_path / "planted", packing=True)
+    from tinymodels import make_llama
+    from tuneproof.training.packing import check_packing
+
+    rep = check_packing(make_llama(64), examples[:8], pad_id=2, capacity=32)  # what the preflight's check calls
+    assert rep["passed"] is False and rep["max_abs_diff"] > 1e-2
+
+
 def test_length_grouping_trains_on_the_grouped_order_and_resumes_exactly(tmp_path):
     from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 

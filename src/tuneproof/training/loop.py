@@ -46,6 +46,7 @@ from tuneproof import clock
 from tuneproof.data.preprocess import Encoded, collate, collate_packed
 from tuneproof.errors import CheckFailed, Stopped, Terminated, TuneproofError
 from tuneproof.models.method import base_weights_dtype
+from tuneproof.training import micro_batch
 from tuneproof.training.budget import budget
 from tuneproof.training.data_order import (
     GROUP_MEGABATCH,
@@ -139,23 +140,21 @@ def _micro_loss(
     vocabulary rows, or classes for classification; the health check's ``ln(V)``). ``chunked``:
     the causal-LM loss without the full logits (:func:`tuneproof.training.loss.chunked_token_loss_sum`)."""
     labels = batch["labels"]
-    if "position_ids" in batch and chunked and labels.dim() == 2:  # packed rows, loss over supervised positions only
+    if chunked and labels.dim() == 2:  # the causal-LM loss over supervised positions, without the full logits
+        inputs = micro_batch.model_inputs(batch)
         with autocast():
-            loss = chunked_token_loss_sum(model, batch["input_ids"], None, labels, position_ids=batch["position_ids"])
+            loss = chunked_token_loss_sum(
+                model,
+                inputs["input_ids"],
+                inputs.get("attention_mask"),
+                labels,
+                position_ids=inputs.get("position_ids"),
+            )
         return loss, int(backbone_and_head(model)[1].weight.shape[0])
-    if "position_ids" in batch:  # packed rows: the model's own mask builder separates the examples (no mask, no cache)
-        with autocast():
-            out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
-        return token_loss_sum(out.logits, labels), int(out.logits.shape[-1])
-    if chunked and labels.dim() == 2:
-        with autocast():
-            loss = chunked_token_loss_sum(model, batch["input_ids"], batch["attention_mask"], labels)
-        return loss, int(backbone_and_head(model)[1].weight.shape[0])
-    with autocast():
-        out = model(**{k: v for k, v in batch.items() if k != "labels"})  # input_ids + attention_mask, or pixel_values
+    out = micro_batch.logits(model, batch, autocast)
     if labels.dim() == 1:  # sequence or image classification: one target per example
-        return F.cross_entropy(out.logits.float(), labels, reduction="sum"), int(out.logits.shape[-1])
-    return token_loss_sum(out.logits, labels), int(out.logits.shape[-1])
+        return F.cross_entropy(out.float(), labels, reduction="sum"), int(out.shape[-1])
+    return token_loss_sum(out, labels), int(out.shape[-1])
 
 
 def _check_speedup(model, examples: list, pad_id: int, device, capacity: int | None = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tuneproof.data.preprocess import IGNORE_INDEX
+from tuneproof.training import micro_batch
 
 NORMALISATION = "per-token mean over the accumulation window (sum of token losses / supervised tokens in the window)"
 
@@ -169,26 +170,19 @@ def check_chunked_loss(model, batch: dict[str, torch.Tensor], chunk_tokens: int 
     """
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     model.zero_grad(set_to_none=True)
-    packed = batch.get("position_ids")  # packed rows (training.packing): no mask, position ids restart per example
-    if packed is not None:
-        ref = token_loss_sum(
-            model(input_ids=batch["input_ids"], position_ids=packed, use_cache=False).logits, batch["labels"]
-        )
-    else:
-        ref = token_loss_sum(
-            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
-        )
+    inputs = micro_batch.model_inputs(batch)  # what training gives the model (packed rows: position ids, no mask)
+    ref = token_loss_sum(micro_batch.logits(model, batch), batch["labels"])
     ref.backward()
     g_ref = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
     model.zero_grad(set_to_none=True)
     try:
         got = chunked_token_loss_sum(
             model,
-            batch["input_ids"],
-            None if packed is not None else batch["attention_mask"],
+            inputs["input_ids"],
+            inputs.get("attention_mask"),
             batch["labels"],
             chunk_tokens,
-            position_ids=packed,
+            position_ids=inputs.get("position_ids"),
         )
     except TypeError as err:
         return {"passed": False, "message": f"chunked loss not available: {err}"}

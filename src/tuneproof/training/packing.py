@@ -26,14 +26,16 @@ import torch
 import torch.nn.functional as F
 
 from tuneproof.data.preprocess import IGNORE_INDEX, collate, collate_packed, pack_rows
+from tuneproof.training import micro_batch
 
 #: Largest |per-token loss packed - alone| accepted, in nats (fp32; the sdpa/eager kernels reorder sums).
 PACKING_ATOL = 1e-4
 
 
 def packed_forward(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """How training runs a packed micro-batch: position ids, no attention mask, no cache. ``logits [R, W, V]``."""
-    return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+    """How training runs a micro-batch, packed or not: the loop's own :func:`tuneproof.training.micro_batch.logits`,
+    looked up when called (packed rows: position ids, no attention mask, no cache). ``logits [R, W, V]``."""
+    return micro_batch.logits(model, batch)
 
 
 def neighbour_visible_forward(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -60,7 +62,7 @@ def check_packing(
     pad_id: int,
     capacity: int,
     *,
-    forward: Callable[[Any, dict], torch.Tensor] = packed_forward,
+    forward: Callable[[Any, dict], torch.Tensor] | None = None,
     control: Callable[[Any, dict], torch.Tensor] | None = neighbour_visible_forward,
     atol: float = PACKING_ATOL,
 ) -> dict[str, Any]:
@@ -71,7 +73,8 @@ def check_packing(
         examples: encoded examples (:class:`tuneproof.data.preprocess.Encoded`), at least 2.
         capacity: row capacity in tokens (``training.max_length``); when no row would hold two of
             these examples, one row holding them all is checked instead (the mechanism is the same).
-        forward: how a packed batch is run (default: as training runs it).
+        forward: how a packed batch is run (default :func:`packed_forward`: the training loop's own micro-batch
+            function, which also runs each example alone).
         control: the contaminated variant that must be seen to differ (None: not run).
         atol: largest accepted absolute difference of one token's loss (nats).
 
@@ -98,12 +101,8 @@ def check_packing(
             alone = []
             for e in examples:
                 b = {k: v.to(device) for k, v in collate([e], pad_id).items()}
-                alone.append(
-                    _token_losses(
-                        model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"]
-                    )[0]
-                )
-            got = _token_losses(forward(model, packed), packed["labels"])
+                alone.append(_token_losses(packed_forward(model, b), b["labels"])[0])
+            got = _token_losses((forward or packed_forward)(model, packed), packed["labels"])
             ctrl = _token_losses(control(model, packed), packed["labels"]) if control is not None else None
     finally:
         model.train(was_training)

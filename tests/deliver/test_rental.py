@@ -219,3 +219,53 @@ def test_no_window_no_hold_and_an_override_without_a_window_is_refused(study, ca
     assert cli("rental", "status", "--study", d) == 2
     assert "no rental window recorded" in capsys.readouterr().out
     assert not (d / rent.RENTAL_FILE).exists()
+
+
+def test_at_the_reserve_the_status_names_the_best_passed_candidate_and_its_commands(tmp_path):
+    """Two candidates passed, one failed: the larger success delta among the passed is named."""
+    reg = Registry(tmp_path)
+    with clock.use(lambda: T0):
+        with reg.run("train") as r:
+            r.update_summary(train_seconds=36.0, steps=12)
+        with reg.run("baseline") as r:
+            r.update_summary(eval_seconds=6.0, n_eval=12)
+        trains = []
+        for _ in range(3):
+            with reg.run("train") as t:
+                t.update_summary(train_seconds=36.0, steps=12)
+            with reg.run("eval", parent=t.id) as e:
+                e.update_summary(eval_seconds=6.0, n_eval=12)
+            trains.append((t.id, e.id))
+        with reg.run("compare") as c:
+            c.write_json(
+                "compare.json",
+                {
+                    "candidates": {
+                        e: {"overall": {"verdict": v}, "verdicts": [{"kind": "success", "delta": dl}]}
+                        for (_, e), v, dl in zip(trains, ("pass", "pass", "fail"), (0.05, 0.12, 0.30))
+                    }
+                },
+            )
+        work = {"steps": 12, "checkpoint_every": 4, "n_eval": 12, "n_test": 6}
+        rental = rent.start(tmp_path, reg, days=3, ends=None, now=T0, work=work)
+    r = rent.rates(reg)
+    assert (r["s_per_step"], r["eval_s_per_example"]) == (3.0, 0.5)
+    reserve_s, parts = rent.reserve(r, work, "train")
+    reload_s = r["reload_s"]
+    expected = (12 * 0.5 + reload_s) + (6 * 0.5 + reload_s) + 2 * (8 * 0.5 + reload_s) + reload_s
+    assert reserve_s == pytest.approx(expected)
+    assert [p.split(" ")[0] for p in parts] == ["candidate", "test", "export", "fresh-process"]
+    assert rent.estimate(r, work, "train", variants=3)[0] == pytest.approx(3 * (12 * 3.0 + reload_s))
+    assert rent.reserve(r, work, "export")[0] == 0.0
+    st = rent.status(rental, reg, tmp_path, rental["ends"] - reserve_s / 2, work)
+    best_train, best_eval = trains[1]
+    assert st["reserve_reached"] and st["best_candidate"]["train"] == best_train
+    assert st["best_candidate"]["eval"] == best_eval and st["best_candidate"]["delta"] == 0.12
+    assert st["deliver_commands"] == [
+        f"tuneproof export {best_train}",
+        f"tuneproof verify exports/{best_train}",
+        "tuneproof report",
+    ]
+    assert st["next"] == f"deliver {best_train}: tuneproof rental deliver (export, verify, report)"
+    early = rent.status(rental, reg, tmp_path, T0 + 3600, work)
+    assert not early["reserve_reached"] and early["next"].startswith("tuneproof data check")

@@ -1490,11 +1490,28 @@ def _rental(ev: _Evidence) -> list[dict]:
         + ("ended" if st["ended"] else f"{st['left_h']:.1f} h left")
         + "; the plan's estimate judged against what each phase used:"
     )
-    return [
-        _paragraph(head),
-        _table(["phase", "planned h", "used h", "used/planned"], rows),
-        {"type": "list", "items": items},
-    ]
+    blocks = [_paragraph(head), _table(["phase", "planned h", "used h", "used/planned"], rows)]
+    done = [c for c in st["commands"] if c["used_h"] is not None]
+    if done:  # each command's own estimate against its measured start-to-end
+        blocks.append(
+            _table(
+                ["command", "estimate h", "used h", "used/estimate", "how it ended", "runs"],
+                [
+                    [
+                        c["command"],
+                        f"{c['estimate_h']:.3f}",
+                        f"{c['used_h']:.3f}",
+                        f"{c['used_h'] / c['estimate_h']:.2f}" if c["estimate_h"] else "",
+                        c["status"],
+                        ", ".join(c["runs"]),
+                    ]
+                    for c in done[-10:]
+                ],
+            )
+        )
+        if len(done) > 10:
+            items.append(f"commands: the last 10 of {len(done)} shown (all in rental.json)")
+    return [*blocks, {"type": "list", "items": items}]
 
 
 def _environment(ev: _Evidence) -> list[dict]:

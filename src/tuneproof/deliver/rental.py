@@ -323,6 +323,11 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
     delivered = rental.get("delivered")
     verified = verified_export(registry, study_dir, delivered)
     reserve_reached = left_s <= reserve_s
+    deliver_commands = (
+        [f"tuneproof export {best['train']}", f"tuneproof verify exports/{best['train']}", "tuneproof report"]
+        if best
+        else []
+    )
     if verified:
         nxt = f"delivered: {verified} verified in a fresh process; the dossier is written"
     elif reserve_reached or left_s <= 0:
@@ -357,7 +362,19 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
         "machines": rental.get("machines", []),
         "clock_went_back": (rental.get("clock") or {}).get("went_back", []),
         "best_candidate": best,
+        "deliver_commands": deliver_commands,
         "delivered": delivered,
+        "commands": [
+            {
+                "command": c["command"],
+                "phase": c["phase"],
+                "estimate_h": c.get("estimate_s", 0.0) / 3600,
+                "used_h": None if c.get("end") is None else (c["end"] - c["start"]) / 3600,
+                "status": c.get("status", "running"),
+                "runs": c.get("runs", []),
+            }
+            for c in rental.get("commands", [])
+        ],
         "next": nxt,
     }
 

@@ -151,6 +151,7 @@ def print_status(st: dict[str, Any]) -> None:
     best = st["best_candidate"]
     if best and (st["reserve_reached"] or st["ended"]):
         console.print(f"best passed candidate: {best['train']} (eval {best['eval']}, compare {best['compare']})")
+        console.print("delivers it: " + "; ".join(st["deliver_commands"]) + " (or: tuneproof rental deliver)")
     console.print(f"next: {st['next']}")
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from rich.console import Console
@@ -104,3 +105,51 @@ def test_a_trailing_backslash_prints_once_and_escapes_no_closing_tag():
     assert _printed(user_text(path)) == path + "\n"
     assert _printed("[cyan]" + user_text(path) + "[/] after") == path + " after\n"
     assert _printed("[cyan]" + user_text(two) + "[/]") == two + "\n"
+
+
+def test_model_card_neutralises_the_study_text():
+    from tuneproof.deliver.card import model_card
+
+    evil = "[x](http://evil) <img src=x> \x1b[2J `tick`"
+    man = {
+        "base_model": {
+            "name": "my`base\x1b",
+            "path": 'C:\\models\\a"b',
+            "revision": "r1",
+            "weight_files": {"model.safetensors": "ab"},
+            "weights_sha256": "cd",
+        },
+        "procedure": {"model_kind": "causal-lm"},
+        "payload": "adapter",
+        "run": "r0003",
+        "tokenizer": {"class": "T", "vocab_size": 10, "probe_hash": "ef"},
+        "config": {
+            "name": "# study " + evil,
+            "hypothesis": {"task": "classification", "behaviour": "line 1\n# not a heading " + evil},
+            "method": {"kind": "full"},
+            "data": {"sources": []},
+            "eval": {"split": "validation"},
+            "training": {
+                "micro_batch_size": 1,
+                "gradient_accumulation_steps": 1,
+                "learning_rate": 0.1,
+                "max_length": 8,
+                "seed": 0,
+            },
+        },
+        "forced": {"status": "invalid", "reason": evil},
+        "comparison": {
+            "verdict": "fail",
+            "detail": evil,
+            "metrics": {},
+            "verdicts": [{"kind": "guard", "verdict": "fail", "name": evil}],
+        },
+        "limits": {"notes": [evil]},
+    }
+    card = model_card(man)
+    body = card.split("---\n", 2)[2]  # after the metadata block (YAML, quoted by its writer)
+    assert ESC not in card and not re.search(r"(?<!\\)(<img|\]\(http)", body)
+    assert "# \\# study [x\\](http://evil) \\<img src=x> \\\\x1b[2J \\`tick\\`: r0003" in card
+    assert "Behaviour: line 1  \n\\# not a heading" in card
+    assert "- local folder ``my`base\\x1b``" in card
+    assert 'from_pretrained("my`base\\u001b")' in card  # a Python string literal

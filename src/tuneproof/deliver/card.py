@@ -7,11 +7,15 @@ specification): ``base_model`` (a Hub id checked with ``huggingface_hub.utils.va
 ``datasets`` (Hub ids of the built-in readers) and ``model-index`` (the evaluation results, on their
 split). A base without a Hub id (a local folder) is named by its folder name in the body, never by a
 path of this machine, and has no ``base_model``. The body says what the model is bound to, how to
-load it, what was measured against the baseline, the guards' verdict and the observed limits.
+load it, what was measured against the baseline, the guards' verdict and the observed limits. Text
+from the study (its name, the behaviour, labels in verdicts and limits, reasons) goes through
+``tuneproof.ui.markdown_text``, a folder or file name in code through :func:`_code`, and into the
+Python snippet as a string literal (``json.dumps``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from tuneproof.deliver.limits import limits_lines
 from tuneproof.modalities import modality_for
+from tuneproof.ui import markdown_text, visible_text
 
 # the Hub ids of the built-in aliases (the alias weights may be a conversion: the card says so)
 ALIAS_HUB_ID = {
@@ -40,6 +45,18 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 def _fmt(x: Any) -> str:
     """A value as the card prints it: 3 decimals for floats, ``-`` for None."""
     return f"{x:.3f}" if isinstance(x, float) else ("-" if x is None else str(x))
+
+
+def _md(x: Any, one_line: bool = True) -> str:
+    return markdown_text(x, one_line=one_line, limit=None)
+
+
+def _code(x: Any) -> str:
+    """``x`` as a Markdown code span: fenced by more backticks than any run inside it, controls visible."""
+    text = visible_text(x, one_line=True, limit=None)
+    fence = "`" * (1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _repo_id(name: str | None) -> str | None:
@@ -137,25 +154,25 @@ def model_card(man: dict[str, Any]) -> str:
         card_metadata(man).to_yaml(),
         "---",
         "",
-        f"# {cfg['name']}: {man['run']} ({'LoRA adapter' if man['payload'] == 'adapter' else 'full model'})",
+        f"# {_md(cfg['name'])}: {man['run']} ({'LoRA adapter' if man['payload'] == 'adapter' else 'full model'})",
         "",
-        f"Behaviour: {cfg['hypothesis']['behaviour']}",
+        f"Behaviour: {_md(cfg['hypothesis']['behaviour'], one_line=False)}",
         "",
     ]
     if man.get("forced"):
         lines += [
             f"**Exported with --force: the train run is {man['forced']['status']}"
-            + (f" ({man['forced']['reason']})" if man["forced"].get("reason") else "")
+            + (f" ({_md(man['forced']['reason'])})" if man["forced"].get("reason") else "")
             + ".**",
             "",
         ]
     where = (
         f"- Hub id: `{hub_id}`" + (f" (commit `{hub_rev}`)" if hub_rev else "")
         if hub_id
-        else f"- local folder `{local_name(b)}` (no Hub id: the copy whose hashes follow)"
+        else f"- local folder {_code(local_name(b))} (no Hub id: the copy whose hashes follow)"
     )
     if b["name"] in ALIAS_HUB_ID:
-        where += f", tuneproof's built-in `{b['name']}`"
+        where += f", tuneproof's built-in {_code(b['name'])}"
     lines += [
         "## Base model (exact)",
         "",
@@ -163,16 +180,16 @@ def model_card(man: dict[str, Any]) -> str:
         f"- revision: `{b['revision']}`",
         f"- weights sha256 (combined over {len(b['weight_files'])} file(s)): `{b['weights_sha256']}`",
     ]
-    lines += [f"  - `{k}`: `{v}`" for k, v in b["weight_files"].items()]
+    lines += [f"  - {_code(k)}: `{v}`" for k, v in b["weight_files"].items()]
     if b.get("source_weight_sha256") and b["source_weight_sha256"] != b["weight_files"]:
         lines.append(
             "- converted from: "
-            + ", ".join(f"`{k}` sha256 `{v}`" for k, v in b["source_weight_sha256"].items())
+            + ", ".join(f"{_code(k)} sha256 `{v}`" for k, v in b["source_weight_sha256"].items())
             + " (the weights above are that conversion, not the Hub's original files)"
         )
     licence = base_license(b)
     lines.append(
-        f"- licence: {licence} (the base's)"
+        f"- licence: {_md(licence)} (the base's)"
         if licence
         else "- licence: not recorded (the base folder has no model card): the base model's own licence applies"
     )
@@ -186,7 +203,7 @@ def model_card(man: dict[str, Any]) -> str:
     lines += ["## Load", "", "```python"]
     loader = head.auto_class
     # the base by its Hub id (pinned to its commit when known), else by its folder name: never a path of this machine
-    source = f'"{hub_id}"' + (f', revision="{hub_rev}"' if hub_rev else "") if hub_id else f'"{local_name(b)}"'
+    source = f'"{hub_id}"' + (f', revision="{hub_rev}"' if hub_rev else "") if hub_id else json.dumps(local_name(b))
     labelled = f", num_labels={len(man.get('labels') or [])}" if head.labels_from else ""
     q = man.get("quantization")
     if man["payload"] == "adapter" and q:  # qlora: the unquantized base above, quantized to 4-bit while loading
@@ -278,12 +295,13 @@ def model_card(man: dict[str, Any]) -> str:
         for k, v in comp["metrics"].items():
             ci = v.get("ci") or [None, None]
             lines.append(
-                f"| {k} | {_fmt(v.get('base'))} | {_fmt(v.get('cand'))} | "
+                f"| {_md(k)} | {_fmt(v.get('base'))} | {_fmt(v.get('cand'))} | "
                 f"{_fmt(v.get('delta'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] |"
             )
-        lines += ["", f"Verdict of the hypothesis and its guards: **{comp.get('verdict')}** ({comp.get('detail')})", ""]
+        verdict = f"**{comp.get('verdict')}** ({_md(comp.get('detail'))})"
+        lines += ["", f"Verdict of the hypothesis and its guards: {verdict}", ""]
         for v in comp.get("verdicts") or []:
-            lines.append(f"- {v['kind']} {v['verdict']}: {v['name']}")
+            lines.append(f"- {v['kind']} {v['verdict']}: {_md(v['name'])}")
         lines.append("")
         lines += _hypothesis_lines(man.get("hypothesis") or {}, comp)
     elif man.get("metrics"):
@@ -296,7 +314,7 @@ def model_card(man: dict[str, Any]) -> str:
         lines += ["Not evaluated.", ""]
     lines += ["## Limits observed", ""]
     lim = limits_lines(man.get("limits") or {})
-    lines += [f"- {x}" for x in lim] if lim else ["- none recorded"]
+    lines += [f"- {_md(x)}" for x in lim] if lim else ["- none recorded"]
     lines.append("")
     return "\n".join(lines)
 
@@ -312,15 +330,16 @@ def _hypothesis_lines(h: dict[str, Any], comp: dict[str, Any]) -> list[str]:
     if h.get("changed"):
         other = "edited" if h.get("judged_against") == "frozen" else "frozen"
         lines += ["", "The study file's hypothesis was changed after training (frozen -> edited):", ""]
-        lines += [f"- `{c['key']}`: {c['old']} -> {c['new']}" for c in h.get("changes", [])]
+        lines += [f"- `{c['key']}`: {_md(c['old'])} -> {_md(c['new'])}" for c in h.get("changes", [])]
         lines += [
             "",
-            f"Verdict with the {other} hypothesis: **{comp.get('verdict_' + other)}** ({comp.get('detail_' + other)})",
+            f"Verdict with the {other} hypothesis: **{comp.get('verdict_' + other)}** "
+            f"({_md(comp.get('detail_' + other))})",
         ]
     if h.get("use_edited_reason"):
         lines += [
             "",
             "Judged against the edited hypothesis at the user's request "
-            f"(--use-edited-hypothesis): {h['use_edited_reason']}",
+            f"(--use-edited-hypothesis): {_md(h['use_edited_reason'])}",
         ]
     return lines + [""]

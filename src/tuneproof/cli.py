@@ -923,7 +923,7 @@ def _say_stopped(argv: list[str] | None, fallback: str) -> None:
 
     command = "tuneproof " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     for line in [s.line(command) for s in registry.STOPPED] or [fallback]:
-        err_console.print(line, markup=False, soft_wrap=True)
+        err_console.print(user_text(line), soft_wrap=True)  # the command line quotes what the user typed
 
 
 def _main(argv: list[str] | None, Terminated) -> int:  # noqa: N803

@@ -31,7 +31,7 @@ from tuneproof.deliver.rental_plan import (
 )
 from tuneproof.io import write_json
 from tuneproof.training.budget import total_steps
-from tuneproof.ui import console, table
+from tuneproof.ui import console, table, user_text
 
 
 def split_sizes(ctx: StudyContext) -> dict[str, int]:
@@ -107,4 +107,4 @@ def print_plan(plan: dict[str, Any]) -> None:
     for note in plan.get("notes", []):
         console.print(f"note: {note}", soft_wrap=True)
     for w in plan["warnings"]:
-        console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+        console.print(f"[yellow]warning[/]: {user_text(w)}", soft_wrap=True)

@@ -127,11 +127,11 @@ def run_quickstart(
     if task == "image-classification":
         root = None
         preflight = True
-        console.rule(f"tuneproof quickstart --task image-classification in {directory}")
+        console.rule(f"tuneproof quickstart --task image-classification in {user_text(directory)}")
         write_image_quickstart_study(directory, fast=fast)
     else:
         root = find_data_root(data, "snips")
-        console.rule(f"tuneproof quickstart in {directory} (data: {root})")
+        console.rule(f"tuneproof quickstart in {user_text(directory)} (data: {user_text(root)})")
         write_quickstart_study(directory, fast=fast)
     ctx = StudyContext.open(directory, root)
     out: dict = {"runs": {}}

@@ -81,6 +81,10 @@ def test_every_command_shows_user_text_literally(study, capsys, monkeypatch):
         return _clean(out)
 
     run("data", "check")
+    out = run("data", "inspect", "-n", "30")  # every train example, the hostile ones included
+    assert "ex000" in out
+    run("data", "inspect", "-n", "30", "--html")
+    assert "\x1b" not in (study / "inspect.html").read_text()
     out = run("baseline")
     for label in LABELS:  # the worst classes, by name, each on one line
         assert _seen(label) + ":recall" in out
@@ -101,6 +105,8 @@ def test_every_command_shows_user_text_literally(study, capsys, monkeypatch):
     assert all(_seen(label) + ":recall" in out for label in LABELS)
     out = run("compare", "r0004")
     assert "overall:pass" in out
+    out = run("test", "r0003")  # the sealed split's labels, on the screen once
+    assert all(_seen(label) + ":recall" in out for label in LABELS)
     out = run("show", "r0004")
     assert _seen(MARKUP) in out and _seen(CLEAR) in out
     assert re.search(r"y\.\.\.\(98\d{3}morecharacters\)", out)  # the 100k text, cut

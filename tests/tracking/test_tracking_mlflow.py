@@ -178,6 +178,7 @@ def test_failed_and_later_invalidated_runs_carry_status_and_reason(tmp_path, bas
     assert len(_client(uri).get_metric_history(invalid.info.run_id, "train/loss")) == 2
 
 
+@pytest.mark.fault("machine: a tracker that is down")
 def test_a_tracker_that_is_down_is_said_once_per_command_and_retried(tmp_path, base, store, capsys):
     from tuneproof.cli import main
     from tuneproof.context import StudyContext
@@ -211,6 +212,7 @@ def test_a_tracker_that_is_down_is_said_once_per_command_and_retried(tmp_path, b
     assert read_json(study / "runs" / ids[0] / "tracking.json")["pending"] is False
 
 
+@pytest.mark.fault("machine: a tracker that is down")
 def test_a_second_command_against_a_down_tracker_counts_every_waiting_run(tmp_path, base, capsys):
     from tuneproof.context import StudyContext
 
@@ -223,6 +225,7 @@ def test_a_second_command_against_a_down_tracker_counts_every_waiting_run(tmp_pa
     assert warning.endswith("2 run(s) wait for `tuneproof track sync`: r0001, r0002")
 
 
+@pytest.mark.fault("input: an MLflow folder store")
 def test_a_folder_store_is_refused_when_the_study_is_read(tmp_path, base, monkeypatch):
     from tuneproof.context import StudyContext, load_study
     from tuneproof.errors import TuneproofError

@@ -194,11 +194,13 @@ def model_card(man: dict[str, Any]) -> str:
         else "- licence: not recorded (the base folder has no model card): the base model's own licence applies"
     )
     t = man["tokenizer"]
-    if t.get("class"):
+    if t.get("class") and head.token_inputs:
         lines += [
             f"- tokenizer: {t.get('class')}, vocabulary {t.get('vocab_size')}, "
             f"probe-text token ids sha256 `{t.get('probe_hash')}`",
         ]
+    elif t.get("class"):
+        lines.append(f"- image processor: {t.get('class')}")
     lines.append("")
     lines += ["## Load", "", "```python"]
     loader = head.auto_class

@@ -21,7 +21,7 @@ from tuneproof.io import sha256_file, sha256_json
 from tuneproof.modalities import Modality, detect_kind, modality_for
 from tuneproof.models.base import model_kind, resolve_base
 from tuneproof.models.build import build_model
-from tuneproof.models.device import choose_dtype, detect_device
+from tuneproof.models.device import bf16_base_rule, choose_dtype, detect_device
 from tuneproof.models.heads import Head
 from tuneproof.models.quant import quantization_record, require_bitsandbytes
 from tuneproof.registry import Registry
@@ -255,8 +255,14 @@ class StudyContext:
     def base_weights(self) -> str:
         """dtype the base model's weights are held in for this study: ``bf16`` with
         ``training.bf16_base_weights`` (every weight of a bare base, the frozen ones under an
-        adapter), else ``fp32``."""
-        return "bf16" if self.study.training.bf16_base_weights else "fp32"
+        adapter), else ``fp32``. Under ``training.speedups: auto`` ``bf16`` where auto tries them
+        (LoRA on a classifier, native bf16 and bf16 compute, :func:`tuneproof.models.device.bf16_base_rule`,
+        :func:`tuneproof.training.speedups.static_rules`), so the baseline is evaluated as the candidate
+        will be when their check passes (docs/speedups.md)."""
+        t = self.study.training
+        if t.speedups == "auto" and self.study.method.kind == "lora" and self.model_kind != "causal-lm":
+            return "bf16" if bf16_base_rule(self.device_choice.get("dtype"), detect_device())[0] else "fp32"
+        return "bf16" if t.bf16_base_weights else "fp32"
 
     # ------------------------------------------------------------------ device
     @cached_property

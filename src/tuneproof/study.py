@@ -279,6 +279,12 @@ class Method(_Strict):
 DEFAULT_EPOCHS = 1
 
 
+#: The speed-ups ``training.speedups`` may list, in the order ``auto`` tries them
+#: (:func:`tuneproof.training.speedups.resolve_auto`); each is also a boolean key of ``training``.
+SPEEDUPS = ("packing", "length_grouping", "chunked_loss", "bf16_base_weights", "compile")
+SpeedupName = Literal["packing", "length_grouping", "chunked_loss", "bf16_base_weights", "compile"]
+
+
 class Training(_Strict):
     seed: int = Field(0, description="seed of initialisation, data order and dropout")
     max_steps: int | None = Field(None, ge=1, description="optimizer steps of the run; exclusive with epochs")
@@ -334,10 +340,44 @@ class Training(_Strict):
         "trainable ones in fp32; needs native bf16 and training.precision bf16; used "
         "only after the loss and LoRA gradients match fp32 frozen weights on a micro-batch",
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile of the decoder (forward and backward of the training step); used only "
+        "after the loss and gradients match eager mode on the first micro-batch; its compile seconds "
+        "are recorded and counted in the plan",
+    )
+    speedups: Literal["auto", "off"] | list[SpeedupName] | None = Field(
+        None,
+        description="auto: each speed-up that applies here is checked on the study's micro-batches and used "
+        "when its check passes (the run records which and why); off: none; a list: exactly those "
+        "(each still checked); None: the boolean keys decide",
+    )
     max_length: int = Field(128, ge=8, description="tokens per example after truncation")
     loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")
     eval_every: int | None = Field(None, description="evaluation loss every N steps (None: at the end only)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _speedups_list(cls, data: Any) -> Any:
+        # training.speedups sets the boolean keys (every reader of training.chunked_loss & co. sees them);
+        # a key set true beside auto/off or outside the list is a contradiction, refused by name
+        if not isinstance(data, dict) or data.get("speedups") is None:
+            return data
+        chosen = data["speedups"]
+        listed = set(chosen) if isinstance(chosen, list) else set()
+        for key in SPEEDUPS:
+            if data.get(key) and key not in listed:
+                raise ValueError(
+                    f"training.{key}: true and training.speedups: {chosen} both set; "
+                    f"list {key} in training.speedups, or remove training.{key}"
+                )
+        if isinstance(chosen, list):
+            unknown = [k for k in chosen if k not in SPEEDUPS]
+            if unknown:
+                raise ValueError(f"training.speedups: unknown speed-up {unknown[0]!r}; known: {', '.join(SPEEDUPS)}")
+            data = {**data, **dict.fromkeys(chosen, True)}
+        return data
 
     @model_validator(mode="after")
     def _one_budget(self) -> Training:
@@ -355,7 +395,7 @@ class Training(_Strict):
         # while the run records packing as used
         if self.packing_length is None:
             return self
-        if not self.packing:
+        if not self.packing and self.speedups != "auto":  # under auto it applies if auto turns packing on
             raise ValueError(
                 f"training.packing_length ({self.packing_length}) applies to training.packing: true; "
                 "remove it or set training.packing: true"

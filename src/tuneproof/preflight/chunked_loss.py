@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuneproof.preflight.report import check_result
-from tuneproof.training.loop import _check_speedup
-from tuneproof.training.speedups import packing_capacity
+from tuneproof.training.speedups import check_chunked_on_batch, packing_capacity
 
 
 def check_study_chunked_loss(model, encoded: list, cfg, pad_id: int) -> dict[str, Any]:
@@ -18,7 +17,7 @@ def check_study_chunked_loss(model, encoded: list, cfg, pad_id: int) -> dict[str
     (no token labels) fails it, naming the key. ``cfg``: the study's ``training`` section."""
     device = next(model.parameters()).device
     capacity = packing_capacity(cfg) if cfg.packing else None
-    res = _check_speedup(model, encoded[: cfg.micro_batch_size], pad_id, device, capacity)
+    res = check_chunked_on_batch(model, encoded[: cfg.micro_batch_size], pad_id, device, capacity)
     numbers = {k: res[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors") if k in res}
     message = res["message"] if res["passed"] else f"training.chunked_loss: {res['message']}; set it to false"
     return check_result("chunked loss", res["passed"], message, numbers)

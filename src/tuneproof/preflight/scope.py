@@ -21,6 +21,10 @@ passed preflight valid:
   evaluation is checked against it on a sample at every evaluation, ``evaluation/backends.py``);
 - ``tracking.*``, ``report_to``: where copies of the runs go (``tracking/``), never what a run does.
 
+``training.speedups: auto`` stands for what it resolved to in that preflight (its summary's
+``speedups_auto``): changing ``auto`` to that list, in any order, keeps the preflight valid; any
+other list, or ``auto`` after a preflight of a list, invalidates it (auto may resolve otherwise).
+
 Everything else invalidates, in particular ``model.*``, ``method.*``, every other
 ``training.*`` key, ``data.*``, ``eval.split``, ``eval.prompt.*``, ``eval.max_new_tokens``,
 ``eval.do_sample``, ``eval.temperature`` and ``eval.batch_size``.
@@ -86,17 +90,36 @@ def schema_defaults() -> dict[str, Any]:
     return out
 
 
-def preflight_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
+def _as_resolved(recorded: dict[str, Any], current: dict[str, Any], auto_used: list[str] | None) -> dict[str, Any]:
+    """``recorded`` as a list when ``current`` names one: the boolean keys of what ``training.speedups:
+    auto`` resolved to (``auto_used``, what the preflight measured), and ``speedups`` itself replaced by
+    ``current``'s list when that list is exactly the resolution (any order)."""
+    r_train, c_train = recorded.get("training") or {}, current.get("training") or {}
+    listed = c_train.get("speedups")
+    if r_train.get("speedups") != "auto" or auto_used is None or not isinstance(listed, list):
+        return recorded
+    same = sorted(listed) == sorted(auto_used)
+    return {
+        **recorded,
+        "training": {**r_train, **dict.fromkeys(auto_used, True), **({"speedups": listed} if same else {})},
+    }
+
+
+def preflight_changes(
+    recorded: dict[str, Any], current: dict[str, Any], auto_used: list[str] | None = None
+) -> list[dict[str, Any]]:
     """The changes between the config a preflight ran on and the current one that invalidate it.
 
     Args:
         recorded, current: resolved configs (``runs/<preflight>/config.json``, ``ctx.config``).
+        auto_used: the speed-ups ``training.speedups: auto`` resolved to in that preflight (its
+            summary's ``speedups_auto.used``); None: it recorded none.
 
     Returns:
         ``[{"key", "from", "to"}]`` sorted by key, exempt keys left out (``from``/``to`` None
         where the key is absent on that side). Empty: the preflight stands for ``current``.
     """
-    a, b = flatten_keys(recorded), flatten_keys(current)
+    a, b = flatten_keys(_as_resolved(recorded, current, auto_used)), flatten_keys(current)
     defaults = schema_defaults()
     out = []
     for key in sorted(set(a) | set(b)):

@@ -27,12 +27,14 @@ from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.screen import screen_lines
 from tuneproof.io import read_json, sha256_json, write_jsonl
 from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.device import bf16_base_rule, detect_device
 from tuneproof.models.identity import compare_base, compare_tokenizer, compare_trained, trained_weights_record
 from tuneproof.models.method import base_weights_dtype, load_adapter_onto
 from tuneproof.preflight.envinfo import environment_snapshot
 from tuneproof.registry import Run
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config
+from tuneproof.training.speedups import static_rules
 from tuneproof.ui import console, progress_bar, user_text
 
 TOKENIZER_FILE = "tokenizer_identity.json"
@@ -389,3 +391,21 @@ def say(msg: str) -> None:
 
 def run_dir(ctx: StudyContext, run_id: str) -> Path:
     return ctx.registry.runs_dir / ctx.registry.get(run_id).id
+
+
+def speedup_rules(ctx: StudyContext, model, world_size: int = 1) -> dict[str, tuple[bool, str]] | None:
+    """What ``training.speedups: auto`` may try on this machine for this study
+    (:func:`tuneproof.training.speedups.static_rules`): the device, the attention implementation of
+    ``model``, the method, the world size. None unless the study says ``auto``."""
+    if ctx.study.training.speedups != "auto":
+        return None
+    choice = ctx.device_choice
+    config = getattr(model, "config", None)
+    return static_rules(
+        device_type=choice["torch_device"],
+        bf16_base=bf16_base_rule(choice.get("dtype"), detect_device()),
+        attention=getattr(config, "_attn_implementation", None),
+        method_kind=ctx.study.method.kind,
+        token_labels=ctx.model_kind == "causal-lm",
+        world_size=world_size,
+    )

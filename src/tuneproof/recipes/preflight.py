@@ -91,6 +91,7 @@ the step memory, combination and smoke steps use the configured micro-batch.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from pathlib import Path
@@ -98,6 +99,7 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.image_pipeline import collate_images
+from tuneproof.data.preprocess import collate
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import fault_cause, read_json, sha256_json
 from tuneproof.preflight import image_checks
@@ -119,8 +121,11 @@ from tuneproof.preflight.step_memory import check_max_micro_batch, check_step_me
 from tuneproof.preflight.targets import check_target_modules
 from tuneproof.preflight.training_data import check_image_training_data, check_text_training_data
 from tuneproof.preflight.update_check import check_update_step
-from tuneproof.recipes.common import record_inputs
-from tuneproof.training.loop import seed_everything
+from tuneproof.recipes.common import record_inputs, speedup_rules
+from tuneproof.training.budget import budget as step_budget
+from tuneproof.training.compiled import prove_compile, record_of, remove_compile
+from tuneproof.training.loop import _micro_loss, seed_everything
+from tuneproof.training.speedups import resolve_auto
 from tuneproof.ui import console, table, user_text
 
 PREFLIGHT_FILE = "preflight.json"
@@ -163,12 +168,22 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
         else:
             budget, budget_source = default_memory_budget(choice, snapshot)
         state: dict[str, Any] = {}
+        study = ctx.study
         try:
             _model_checks(ctx, run, rep, choice, budget, budget_source, find_max_micro_batch, state)
         finally:
             state.pop("model", None)
+            ctx.study = study  # training.speedups: auto ran the checks on its resolution; the study stays as written
         seconds = time.perf_counter() - t_start
         _write(ctx, run, rep, snapshot, platform_key(snapshot), choice, budget, budget_source, seconds)
+        if state.get("speedups_auto"):
+            run.update_summary(speedups_auto=state["speedups_auto"])
+        if state.get("compile"):  # counted in the plan: the compile seconds come before the first step
+            compile_s = state["compile"]["compile_seconds"]
+            extra = {"compile_seconds": compile_s}
+            if run.summary.get("budget_seconds") is not None:
+                extra["budget_seconds"] = round(run.summary["budget_seconds"] + compile_s, 1)
+            run.update_summary(**extra)
         _print_table(rep, run.id, seconds)
         if rep.failed:
             first = rep.failed[0]
@@ -243,6 +258,8 @@ def _model_checks(
     _, _, autocast = ctx.torch_setup()
     pad = getattr(ctx.tokenizer, "pad_token_id", 0) or 0  # an image processor has no pad token (and needs none)
     probe = training_micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
+    if cfg.speedups == "auto":  # resolved here; every later check runs on what auto turned on
+        cfg = _resolve_auto(ctx, rep, model, usable, pad, autocast, state)
     if cfg.bf16_base_weights:  # every later check sees the frozen weights as training will hold them
         # the precision and accumulation checks compare in fp32 compute (no autocast), which needs fp32
         # weights: before the cast (the accumulation rule, docs/CASES.md C1/C18, does not depend on the weights' dtype)
@@ -253,6 +270,8 @@ def _model_checks(
         )
         rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
         rep.run("bf16 base weights", lambda: check_bf16_base_weights(ctx, model, usable, pad, autocast))
+        if "speedups_auto" in state and not rep.get("bf16 base weights")["passed"]:
+            cfg = _auto_left_off(ctx, rep, state, "bf16 base weights", "bf16_base_weights")
     rep.run("update check", lambda: check_update_step(model, probe, autocast))
     # tests/training/test_qlora.py: storage shardable, loss / grad norm of a real step sane
     if ctx.study.method.kind == "qlora":
@@ -264,7 +283,86 @@ def _model_checks(
         rep.skip(name, why)
     if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would not fit
         return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
+    if ctx.study.training.compile:  # after the other checks (they compare eager passes); the smoke pass runs compiled
+        rep.run("compile", lambda: _check_compile(ctx, model, usable, pad, autocast, state))
     _smoke(ctx, run, rep, model, usable, skip_rest)
+
+
+def _resolve_auto(ctx: StudyContext, rep: PreflightReport, model, usable: list, pad: int, autocast, state: dict):
+    """``training.speedups: auto``: each applicable speed-up's own check on the study's micro-batches
+    (:func:`tuneproof.training.speedups.resolve_auto`; bf16 frozen weights by their own check below, compile
+    by its check before the smoke pass); ``ctx.study`` holds the resolution until the preflight ends."""
+    device, _, _ = ctx.torch_setup()
+    resolved, record = resolve_auto(
+        model,
+        usable,
+        ctx.study.training,
+        pad_id=pad,
+        device=device,
+        loss_fn=lambda m, b: _micro_loss(m, b, autocast),
+        fp32_loss_fn=lambda m, b: _micro_loss(m, b, contextlib.nullcontext),
+        rules=speedup_rules(ctx, model),
+        try_bf16=False,
+    )
+    state["speedups_auto"] = record
+    ctx.study = ctx.study.model_copy(update={"training": resolved})
+    rep.add(check_result("speedups auto", True, _auto_message(record), {"used": ",".join(record["used"]) or "none"}))
+    return resolved
+
+
+def _auto_message(record: dict[str, Any]) -> str:
+    used = ", ".join(record["used"]) or "none"
+    off = "; ".join(f"{k} off: {d['reason']}" for k, d in record["decisions"].items() if not d["used"])
+    return f"used: {used}" + (f"; {off}" if off else "")
+
+
+def _auto_left_off(ctx: StudyContext, rep: PreflightReport, state: dict, check: str, key: str):
+    """Under auto a failed speed-up check leaves the speed-up off (its check is listed as passed, saying so)."""
+    c = rep.get(check)
+    c["passed"] = True
+    c["message"] = f"training.speedups auto left {key} off: {c['message']}"
+    record = state["speedups_auto"]
+    record["decisions"][key] = {"used": False, "reason": f"check failed: {c['message']}"}
+    _turn_off(ctx, record, key)
+    auto = rep.get("speedups auto")
+    auto["message"], auto["numbers"]["used"] = _auto_message(record), ",".join(record["used"]) or "none"
+    return ctx.study.training
+
+
+def _turn_off(ctx: StudyContext, record: dict[str, Any], key: str) -> None:
+    """Take ``key`` out of what auto resolved to (the record and the preflight's resolved study)."""
+    record["used"] = [k for k in record["used"] if k != key]
+    training = ctx.study.training.model_copy(update={key: False, "speedups": list(record["used"])})
+    ctx.study = ctx.study.model_copy(update={"training": training})
+
+
+def _check_compile(ctx: StudyContext, model, usable: list, pad: int, autocast, state: dict) -> dict[str, Any]:
+    """``training.compile``: compiled vs eager on the first micro-batch, compile seconds and break-even
+    (:func:`tuneproof.training.compiled.prove_compile`); under auto left off when it fails or does not pay."""
+    cfg = ctx.study.training
+    device, _, _ = ctx.torch_setup()
+    batch = {k: v.to(device) for k, v in collate(usable[: cfg.micro_batch_size], pad).items()}
+    plan = step_budget(cfg, len(usable))
+    check = prove_compile(
+        model,
+        batch,
+        lambda m, b: _micro_loss(m, b, autocast, cfg.chunked_loss),
+        low_precision=autocast is not contextlib.nullcontext,
+        planned_micro_batches=plan["total_steps"] * cfg.gradient_accumulation_steps,
+        device=device,
+    )
+    numbers = record_of(check)
+    if "speedups_auto" in state and (not check["passed"] or not check["pays"]):
+        if check["passed"]:
+            remove_compile(check["compiled"])
+        why = check["message"] if not check["passed"] else f"does not pay within the planned budget: {check['message']}"
+        record = state["speedups_auto"]
+        record["decisions"]["compile"] = {"used": False, "reason": why}
+        _turn_off(ctx, record, "compile")
+        return check_result("compile", True, f"training.speedups auto left compile off: {why}", numbers)
+    if check["passed"]:
+        state["compile"] = numbers
+    return check_result("compile", check["passed"], check["message"], numbers)
 
 
 def _text_checks(
@@ -542,7 +640,8 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
         if not path.exists():
             return None
         recorded = read_json(path)
-        return preflight_changes(recorded if isinstance(recorded, dict) else {}, config)
+        auto_used = (rec.summary.get("speedups_auto") or {}).get("used")
+        return preflight_changes(recorded if isinstance(recorded, dict) else {}, config, auto_used)
 
     for rec in reversed(done):
         if rec.data_fingerprint == data_fp and rec.summary.get("platform_key") == key and changes_of(rec) == []:

@@ -46,7 +46,7 @@ from tuneproof.hypothesis import freeze_and_seal
 from tuneproof.models.build import save_trained
 from tuneproof.models.identity import base_hashes, trained_weights_record
 from tuneproof.models.method import base_weights_dtype
-from tuneproof.recipes.common import record_inputs
+from tuneproof.recipes.common import record_inputs, speedup_rules
 from tuneproof.recipes.protocol import require_order
 from tuneproof.training import loop  # loop.train looked up at call time: tests wrap it
 from tuneproof.training.budget import budget
@@ -192,6 +192,7 @@ def run_train(
                 stop_after=opts.stop_after,
                 progress=lambda s, t, loss: advance(1, f"loss {loss:.4f}"),
                 world=world,
+                speedup_rules=speedup_rules(ctx, model, ws),
             )
         if world is not None:
             save_ranks(run, model, frozen_before)

@@ -48,6 +48,7 @@ from tuneproof.errors import CheckFailed, Stopped, Terminated, TuneproofError
 from tuneproof.models.method import base_weights_dtype
 from tuneproof.training import micro_batch
 from tuneproof.training.budget import budget
+from tuneproof.training.compiled import prove_compile, record_of, remove_compile, require_compile
 from tuneproof.training.data_order import (
     GROUP_MEGABATCH,
     micro_batch_at,
@@ -58,14 +59,20 @@ from tuneproof.training.health import HealthFault, HealthMonitor
 from tuneproof.training.health import grad_norm as health_grad_norm
 from tuneproof.training.loss import (
     backbone_and_head,
-    check_chunked_loss,
     chunked_token_loss_sum,
     supervised_count,
     token_loss_sum,
 )
 from tuneproof.training.parallel import normalisation, share_report
 from tuneproof.training.resume_state import CKPT_FORMAT, restore_state, rng_state, save_checkpoint, trainable_state
-from tuneproof.training.speedups import packing_capacity, padding_report, prove_bf16_base, prove_packing
+from tuneproof.training.speedups import (
+    check_chunked_on_batch,
+    packing_capacity,
+    padding_report,
+    prove_bf16_base,
+    prove_packing,
+    resolve_auto,
+)
 
 DATA_ORDER_RULE = (
     "DistributedSampler(shuffle=True, seed=training.seed, set_epoch(epoch)), world_size 1; "
@@ -157,33 +164,6 @@ def _micro_loss(
     return token_loss_sum(out, labels), int(out.shape[-1])
 
 
-def _check_speedup(model, examples: list, pad_id: int, device, capacity: int | None = None) -> dict[str, Any]:
-    """:func:`tuneproof.training.loss.check_chunked_loss` on one real micro-batch, dropout off;
-    ``capacity``: the micro-batch packed into rows of that many tokens (``training.packing``)."""
-    if capacity is not None and (examples[0].class_index is not None or not examples[0].labels):
-        return {
-            "passed": False,
-            "message": "the chunked loss applies to causal LMs (token labels), not to a classification head",
-        }
-    batch = {
-        k: v.to(device)
-        for k, v in (
-            collate_packed(examples, pad_id, capacity) if capacity is not None else collate(examples, pad_id)
-        ).items()
-    }
-    if batch["labels"].dim() != 2:
-        return {
-            "passed": False,
-            "message": "the chunked loss applies to causal LMs (token labels), not to a classification head",
-        }
-    was_training = model.training
-    model.eval()  # the same function twice: dropout masks must not differ
-    try:
-        return check_chunked_loss(model, batch)
-    finally:
-        model.train(was_training)
-
-
 def _record_fault(run, fault: HealthFault, row: dict[str, Any]) -> None:
     """Log the step that broke a health rule (its numbers, the rule) and the rule in the summary."""
     if run is None:
@@ -266,13 +246,36 @@ def use_speedups(
     run: RunLog | None,
     world_size: int,
     rank: int,
+    rules: dict[str, tuple[bool, str]] | None = None,
+    planned_micro_batches: int = 0,
 ) -> Layout:
     """Prove each configured speed-up on real training examples before it is used (docs/PROTOCOL.md step 5) and record
     the proof, the padding share and the layout in ``run``'s summary; returns the layout.
 
+    ``training.speedups: auto`` is resolved first (:func:`tuneproof.training.speedups.resolve_auto` with
+    ``rules``, :func:`tuneproof.training.speedups.static_rules`): what it turns on is then proved here like an
+    explicit key; what it leaves off, and why, goes to the summary's ``speedups_auto``. Under auto a
+    compiled step that fails its check, or does not pay back its compile seconds within
+    ``planned_micro_batches``, is left off instead of stopping the run.
+
     Raises:
-        CheckFailed: a speed-up does not compute the same here, or is not yet checked under DDP/FSDP.
+        CheckFailed: a speed-up set explicitly does not compute the same here, or is not yet checked under DDP/FSDP.
     """
+    auto = getattr(cfg, "speedups", None) == "auto"
+    auto_record: dict[str, Any] | None = None
+    if auto:
+        cfg, auto_record = resolve_auto(
+            model,
+            train_set,
+            cfg,
+            pad_id=pad_id,
+            device=device,
+            loss_fn=lambda m, b: _micro_loss(m, b, autocast),
+            fp32_loss_fn=lambda m, b: _micro_loss(m, b, contextlib.nullcontext),
+            rules=rules,
+            world_size=world_size,
+            rank=rank,
+        )
     chunked = bool(getattr(cfg, "chunked_loss", False))
     grouping, packing = bool(getattr(cfg, "length_grouping", False)), bool(getattr(cfg, "packing", False))
     capacity = packing_capacity(cfg)
@@ -283,7 +286,9 @@ def use_speedups(
                 hint="set training.chunked_loss: false for a distributed run",
             )
         # on the layout training uses: packed rows when packing is on (the decoder then gets position ids)
-        check = _check_speedup(model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None)
+        check = check_chunked_on_batch(
+            model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None
+        )
         if not check["passed"]:
             raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")
         if run is not None:
@@ -319,7 +324,64 @@ def use_speedups(
         if grouping:
             grouped = {"padding_before": pad["before"], "padding_after": pad["after"]}
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "length_grouping": grouped})
+    if getattr(cfg, "compile", False):
+        _use_compile(
+            model,
+            train_set,
+            cfg,
+            pad_id,
+            device,
+            autocast,
+            chunked,
+            world_size,
+            planned_micro_batches,
+            run,
+            auto_record,
+        )
+    if run is not None and auto_record is not None:
+        run.update_summary(speedups_auto=auto_record)
+        used = ", ".join(auto_record["used"]) or "none"
+        run.note(
+            f"training.speedups auto: {used}; "
+            + "; ".join(f"{k} off: {d['reason']}" for k, d in auto_record["decisions"].items() if not d["used"])
+        )
     return Layout(pad_id, device, chunked, grouping, packing, capacity, lengths)
+
+
+def _use_compile(
+    model, train_set, cfg, pad_id, device, autocast, chunked, world_size, planned, run, auto_record
+) -> None:
+    """``training.compile`` (:mod:`tuneproof.training.compiled`): checked on the first micro-batch, then kept
+    compiled; under auto (``auto_record``) left off, with the reason, when it fails or does not pay."""
+    if world_size > 1:
+        raise CheckFailed(
+            "training.compile is not yet checked under DDP/FSDP",
+            hint="set training.compile: false for a distributed run",
+        )
+    first = train_set[: cfg.micro_batch_size]
+    batch = {k: v.to(device) for k, v in collate(first, pad_id).items()}
+    check = prove_compile(
+        model,
+        batch,
+        lambda m, b: _micro_loss(m, b, autocast, chunked),
+        low_precision=autocast is not contextlib.nullcontext,
+        planned_micro_batches=planned,
+        device=device,
+    )
+    if auto_record is not None and (not check["passed"] or not check["pays"]):
+        if check["passed"]:
+            remove_compile(check["compiled"])
+        reason = (
+            check["message"] if not check["passed"] else f"does not pay within the planned budget: {check['message']}"
+        )
+        auto_record["decisions"]["compile"] = {"used": False, "reason": reason, **record_of(check)}
+        auto_record["used"] = [k for k in auto_record["used"] if k != "compile"]
+        return
+    require_compile(check)
+    if auto_record is not None:
+        auto_record["decisions"]["compile"] = {"used": True, "reason": check["message"]}
+    if run is not None:
+        run.update_summary(speedups={**(run.summary.get("speedups") or {}), "compile": record_of(check)})
 
 
 def data_order_rule(world_size: int, grouping: bool) -> str:
@@ -512,6 +574,7 @@ def train(
     stop_after: int | None = None,
     progress: Callable[[int, int, float], None] | None = None,
     world=None,
+    speedup_rules: dict[str, tuple[bool, str]] | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` in place.
 
@@ -527,6 +590,8 @@ def train(
         progress: callback ``(step, total, loss)``.
         world: a :class:`tuneproof.training.parallel.World` under torchrun (``world.wrapped`` runs the
             forward/backward; every rank calls ``train``, rank 0 alone gets ``run``), else None.
+        speedup_rules: :func:`tuneproof.training.speedups.static_rules` for ``training.speedups: auto``
+            (None: packing, bf16 frozen weights and compile stay off under auto).
 
     Returns:
         ``{"steps", "total_steps", "losses": [per-step loss], "tokens", "examples" (example passes,
@@ -550,7 +615,17 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=steps)
     layout = use_speedups(
-        model, train_set, cfg, pad_id=pad_id, device=device, autocast=autocast, run=run, world_size=ws, rank=rank
+        model,
+        train_set,
+        cfg,
+        pad_id=pad_id,
+        device=device,
+        autocast=autocast,
+        run=run,
+        world_size=ws,
+        rank=rank,
+        rules=speedup_rules,
+        planned_micro_batches=steps * cfg.gradient_accumulation_steps,
     )
     seed_everything(cfg.seed)
     order_rule = data_order_rule(ws, layout.grouping)

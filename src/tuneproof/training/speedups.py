@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from tuneproof.data.preprocess import collate, packed_padding
+from tuneproof.data.preprocess import collate, collate_packed, packed_padding
 from tuneproof.errors import CheckFailed
 from tuneproof.models.device import BF16_BASE_KEY
 from tuneproof.models.method import cast_frozen_to_bf16
 from tuneproof.training.data_order import epoch_micro_batches
-from tuneproof.training.loss import supervised_count
+from tuneproof.training.loss import check_chunked_loss, supervised_count
 from tuneproof.training.memory import measure_step_peak
 from tuneproof.training.packing import check_packing, packing_sample
 
@@ -97,6 +97,33 @@ def prove_packing(model, train_set: list, cfg, pad_id: int, device) -> dict[str,
     if not check["passed"]:
         raise CheckFailed(f"training.packing: {check['message']}", hint="set training.packing: false")
     return {k: check[k] for k in ("max_abs_diff", "control_max_abs_diff", "tokens", "rows", "examples", "atol")}
+
+
+def check_chunked_on_batch(model, examples: list, pad_id: int, device, capacity: int | None = None) -> dict[str, Any]:
+    """:func:`tuneproof.training.loss.check_chunked_loss` on one real micro-batch, dropout off;
+    ``capacity``: the micro-batch packed into rows of that many tokens (``training.packing``)."""
+    if capacity is not None and (examples[0].class_index is not None or not examples[0].labels):
+        return {
+            "passed": False,
+            "message": "the chunked loss applies to causal LMs (token labels), not to a classification head",
+        }
+    batch = {
+        k: v.to(device)
+        for k, v in (
+            collate_packed(examples, pad_id, capacity) if capacity is not None else collate(examples, pad_id)
+        ).items()
+    }
+    if batch["labels"].dim() != 2:
+        return {
+            "passed": False,
+            "message": "the chunked loss applies to causal LMs (token labels), not to a classification head",
+        }
+    was_training = model.training
+    model.eval()  # the same function twice: dropout masks must not differ
+    try:
+        return check_chunked_loss(model, batch)
+    finally:
+        model.train(was_training)
 
 
 # ----------------------------------------------------------------- bf16 base weights (tests/training/test_bf16_base.py)
@@ -276,3 +303,288 @@ def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, loss_fn) -
             "tolerance",
         )
     }
+
+
+# -------------------------------------------------- length grouping (tests/training/test_speedups_auto.py)
+#: The length-grouping check: the summed loss of one real micro-batch padded together (the sampler's
+#: first one, mixed lengths) within LENGTH_GROUPING_LOSS_RTOL (relative) of the sum of its examples'
+#: losses each alone (no padding), and every trained gradient within LENGTH_GROUPING_GRAD_RTOL
+#: (``max|g_batch - g_alone| / max|g_alone|``), in fp32 without autocast, dropout off. Grouping
+#: only changes which examples share a micro-batch, so it computes the same per-token losses when an
+#: example's loss does not depend on its batch mates or its padding; that is what this proves.
+#: Why these numbers: in fp32 the two differ by the summation order of matrix products of other
+#: shapes, measured 2e-7 (loss) and 3e-6 (gradients) on a tiny random Llama and 4e-7 / 2e-5 on
+#: SmolLM2-135M + LoRA (4 SNIPS examples); a padding position that leaks into attention moves the
+#: loss by 1e-2 or more (tests/training/test_speedups_auto.py breaks the mask and fails it).
+LENGTH_GROUPING_LOSS_RTOL = 1e-4
+LENGTH_GROUPING_GRAD_RTOL = 1e-3
+
+
+def check_length_grouping(model, examples: list, pad_id: int, device, loss_fn) -> dict[str, Any]:
+    """Prove that an example's loss and gradients do not depend on the micro-batch it shares
+    (the condition under which ``training.length_grouping`` changes only the order of the data).
+
+    Args:
+        examples: one real micro-batch (at least 2 examples of different lengths for a real test).
+        loss_fn: ``model, batch -> (summed loss, V)`` in fp32 (no autocast).
+
+    Returns:
+        ``{"passed", "loss_batch", "loss_alone" (summed, nats), "loss_rel_diff", "grad_max_rel_diff",
+        "tensors", "examples", "padding" (share of padded positions in the batch), "rtol": {"loss",
+        "grad"}, "message"}``. Gradients are cleared before and after.
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    was_training = model.training
+    model.eval()
+
+    def grads_of(batches: list[list]) -> tuple[float, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        total = 0.0
+        for group in batches:
+            batch = {k: v.to(device) for k, v in collate(group, pad_id).items()}
+            loss, _ = loss_fn(model, batch)
+            loss.backward()
+            total += float(loss.detach())
+        return total, {n: p.grad.detach().float().clone() for n, p in params if p.grad is not None}
+
+    try:
+        l_batch, g_batch = grads_of([examples])
+        l_alone, g_alone = grads_of([[e] for e in examples])
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    lengths = [len(e.input_ids) for e in examples]
+    padding = 1 - sum(lengths) / (len(lengths) * max(lengths)) if lengths else 0.0
+    scale = max((float(g.abs().max()) for g in g_alone.values()), default=0.0) or 1.0
+    grad_diff = max(
+        (float((g_batch[n] - g).abs().max()) / scale for n, g in g_alone.items() if n in g_batch), default=0.0
+    )
+    loss_diff = abs(l_batch - l_alone) / max(abs(l_alone), 1e-12)
+    finite = math.isfinite(l_batch) and math.isfinite(l_alone)
+    passed = finite and loss_diff <= LENGTH_GROUPING_LOSS_RTOL and grad_diff <= LENGTH_GROUPING_GRAD_RTOL
+    numbers = (
+        f"{len(examples)} examples of {min(lengths)}-{max(lengths)} tokens ({padding:.0%} padding) together vs alone: "
+        f"loss rel. diff {loss_diff:.1e} (<= {LENGTH_GROUPING_LOSS_RTOL:g}), gradients max rel. diff {grad_diff:.1e} "
+        f"(<= {LENGTH_GROUPING_GRAD_RTOL:g}) over {len(g_alone)} tensors"
+    )
+    return {
+        "passed": passed,
+        "loss_batch": l_batch,
+        "loss_alone": l_alone,
+        "loss_rel_diff": loss_diff,
+        "grad_max_rel_diff": grad_diff,
+        "tensors": len(g_alone),
+        "examples": len(examples),
+        "padding": round(padding, 6),
+        "rtol": {"loss": LENGTH_GROUPING_LOSS_RTOL, "grad": LENGTH_GROUPING_GRAD_RTOL},
+        "message": (
+            f"an example's loss does not depend on its batch mates: {numbers}"
+            if passed
+            else f"an example's loss depends on its batch mates or padding: {numbers}; "
+            "leave training.length_grouping off"
+        ),
+    }
+
+
+# ----------------------------------------------------------------- training.speedups: auto
+def static_rules(
+    *,
+    device_type: str,
+    bf16_base: tuple[bool, str],
+    attention: str | None,
+    method_kind: str,
+    token_labels: bool,
+    world_size: int = 1,
+) -> dict[str, tuple[bool, str]]:
+    """Which speed-ups ``training.speedups: auto`` tries here, before any check runs: ``{name:
+    (tried, why)}`` for packing, bf16 frozen weights and compile, decided by the device, the
+    attention implementation, the method and the world size (:func:`resolve_auto` tries length
+    grouping and the chunked loss wherever they apply).
+
+    Rules (docs/speedups.md): packing only with a varlen attention kernel (``flash_attention_*``) on a
+    GPU: elsewhere a packed row is one dense row under a block mask, no fewer FLOPs than padding;
+    bf16 frozen weights where :func:`tuneproof.models.device.bf16_base_rule` allows them (native
+    bf16, bf16 compute), LoRA only, and not for a causal LM (not yet checked together with the chunked
+    loss or packing, ``tuneproof.study``'s rule; auto keeps those); compile only on a GPU (on this
+    project's CPU it did not pay back its compile time within a quickstart's budget,
+    docs/benchmarks-compile.md); none of the three under DDP/FSDP (not yet checked there)."""
+    rules: dict[str, tuple[bool, str]] = {}
+    dist = f"not yet checked under DDP/FSDP (world size {world_size})" if world_size > 1 else None
+    flash = bool(attention) and str(attention).startswith("flash_attention")
+    if not token_labels:
+        rules["packing"] = (False, "applies to causal LMs (token labels), not to a classification head")
+    elif dist:
+        rules["packing"] = (False, dist)
+    elif device_type == "cpu" or not flash:
+        rules["packing"] = (
+            False,
+            f"pays only with varlen (flash) attention on a GPU; here {attention or 'the default'} attention on "
+            f"{device_type} computes a packed row as one masked dense row",
+        )
+    else:
+        rules["packing"] = (True, f"{attention} on {device_type}: packed rows skip padding")
+    allowed, why = bf16_base
+    if method_kind != "lora":
+        rules["bf16_base_weights"] = (
+            False,
+            f"applies to LoRA (fp32 frozen base weights), not to method {method_kind}",
+        )
+    elif token_labels:
+        rules["bf16_base_weights"] = (
+            False,
+            "not yet checked together with the chunked loss or packing (each is proven against fp32 frozen "
+            "weights alone): auto keeps those for a causal LM; list bf16_base_weights in training.speedups instead",
+        )
+    elif dist:
+        rules["bf16_base_weights"] = (False, dist)
+    else:
+        rules["bf16_base_weights"] = (allowed, why.split("; set ")[0])
+    if dist:
+        rules["compile"] = (False, dist)
+    elif device_type == "cpu":
+        rules["compile"] = (
+            False,
+            "not tried on a CPU: its compile time was not paid back within a quickstart's budget "
+            "(docs/benchmarks-compile.md); set training.speedups: [compile, ...] to measure it",
+        )
+    else:
+        rules["compile"] = (True, f"on {device_type}: tried; used when it pays within the planned steps")
+    return rules
+
+
+def resolve_auto(
+    model,
+    train_set: list,
+    cfg,
+    *,
+    pad_id: int,
+    device,
+    loss_fn,
+    fp32_loss_fn,
+    rules: dict[str, tuple[bool, str]] | None,
+    world_size: int = 1,
+    rank: int = 0,
+    try_bf16: bool = True,
+    try_compile: bool = True,
+) -> tuple[Any, dict[str, Any]]:
+    """Resolve ``training.speedups: auto``: try each speed-up that applies here with its own check on
+    the study's real micro-batches and turn on those that pass; a failed or inapplicable one stays
+    off with a one-line reason (docs/speedups.md).
+
+    Order: packing (the layout the others are checked on), length grouping
+    (:func:`check_length_grouping`, and only when grouping lowers this epoch's padding), the chunked
+    loss (:func:`tuneproof.training.loss.check_chunked_loss`, causal LMs, one process), bf16 frozen
+    weights (:func:`check_bf16_base`; casts the model when it passes), compile (left to the caller:
+    ``try_compile`` only marks it for :func:`tuneproof.training.compiled.prove_compile`).
+
+    Args:
+        cfg: the study's ``training`` section with ``speedups: auto``.
+        loss_fn: ``model, batch -> (summed loss, V)``, the loop's loss under its autocast.
+        fp32_loss_fn: the same without autocast (the length-grouping check compares in fp32).
+        rules: :func:`static_rules` for this device and study; None (no device information, unit
+            tests): packing, bf16 frozen weights and compile stay off.
+        try_bf16: False where the caller runs the bf16 check itself (the preflight, before which its
+            precision checks need fp32 weights): the rule alone decides it here.
+
+    Returns:
+        ``(resolved cfg, record)``: a copy of ``cfg`` with each boolean key set as decided and
+        ``speedups`` the list of those used (a valid study section), and ``{"used": [names],
+        "decisions": {name: {"used", "reason"}}}``.
+    """
+    rules = rules or {
+        k: (False, "no device information to decide it") for k in ("packing", "bf16_base_weights", "compile")
+    }
+    decisions: dict[str, dict[str, Any]] = {}
+    on: dict[str, bool] = dict.fromkeys(
+        ("packing", "length_grouping", "chunked_loss", "bf16_base_weights", "compile"), False
+    )
+    tokens = bool(train_set) and hasattr(train_set[0], "input_ids")
+    token_labels = tokens and train_set[0].class_index is None and bool(train_set[0].labels)
+
+    def decide(name: str, used: bool, reason: str) -> None:
+        on[name] = used
+        decisions[name] = {"used": used, "reason": reason}
+
+    # packing
+    tried, why = rules.get("packing", (False, "no rule"))
+    if tried:
+        try:
+            proof = prove_packing(model, train_set, cfg, pad_id, device)
+            decide("packing", True, f"check passed: packed per-token losses within {proof['atol']:g} of alone")
+        except CheckFailed as err:
+            decide("packing", False, f"check failed: {str(err).splitlines()[0]}")
+    else:
+        decide("packing", False, why)
+    # length grouping
+    if not tokens:
+        decide("length_grouping", False, "applies to token sequences (images have no padding)")
+    elif cfg.micro_batch_size < 2 or len(train_set) <= cfg.micro_batch_size:
+        decide(
+            "length_grouping",
+            False,
+            "one micro-batch of one example at a time, or one micro-batch an epoch: nothing to group",
+        )
+    else:
+        pad = padding_report(
+            train_set, cfg.model_copy(update={"length_grouping": True, "packing": on["packing"]}), world_size, rank
+        )
+        plain = padding_report(
+            train_set, cfg.model_copy(update={"length_grouping": False, "packing": on["packing"]}), world_size, rank
+        )
+        if pad["after"] >= plain["after"]:
+            decide(
+                "length_grouping",
+                False,
+                f"does not lower the padding here ({plain['after']:.1%} -> {pad['after']:.1%})",
+            )
+        else:
+            first = epoch_micro_batches(
+                len(train_set), cfg.micro_batch_size, cfg.seed, 0, world_size=world_size, rank=rank
+            )[0]
+            check = check_length_grouping(model, [train_set[i] for i in first], pad_id, device, fp32_loss_fn)
+            tail = f"padding {plain['after']:.1%} -> {pad['after']:.1%}"
+            if check["passed"]:
+                decide(
+                    "length_grouping",
+                    True,
+                    f"check passed (loss rel. diff {check['loss_rel_diff']:.1e}, "
+                    f"gradients {check['grad_max_rel_diff']:.1e}); {tail}",
+                )
+            else:
+                decide("length_grouping", False, f"check failed: {check['message']}")
+    # chunked loss
+    if not token_labels:
+        decide("chunked_loss", False, "applies to causal LMs (token labels), not to a classification head")
+    elif world_size > 1:
+        decide("chunked_loss", False, f"not yet checked under DDP/FSDP (world size {world_size})")
+    else:
+        check = check_chunked_on_batch(
+            model, train_set[: cfg.micro_batch_size], pad_id, device, packing_capacity(cfg) if on["packing"] else None
+        )
+        if check["passed"]:
+            decide(
+                "chunked_loss",
+                True,
+                f"check passed (loss rel. diff {check['loss_rel_diff']:.1e}, "
+                f"gradients {check['grad_max_rel_diff']:.1e})",
+            )
+        else:
+            decide("chunked_loss", False, f"check failed: {check['message']}")
+    # bf16 frozen weights (last: it casts the model)
+    tried, why = rules.get("bf16_base_weights", (False, "no rule"))
+    if tried and try_bf16:
+        try:
+            prove_bf16_base(model, train_set, cfg, pad_id, device, loss_fn)
+            decide(
+                "bf16_base_weights",
+                True,
+                "check passed: loss and gradients within the stated tolerances of fp32 frozen weights",
+            )
+        except CheckFailed as err:
+            decide("bf16_base_weights", False, f"check failed: {str(err).splitlines()[0]}")
+    else:
+        decide("bf16_base_weights", tried and not try_bf16, why)
+    tried, why = rules.get("compile", (False, "no rule"))
+    decide("compile", bool(tried and try_compile), why)
+    used = [k for k, v in on.items() if v]
+    return cfg.model_copy(update={**on, "speedups": used}), {"used": used, "decisions": decisions}

@@ -109,6 +109,8 @@ UseReserveOpt = typer.Option(
 
 def _rental(study: Path, command: str, override: str | None, **kw):
     """The rental's hold on a command that spends hours (a no-op without ``rental.json``)."""
+    if override is None and not (Path(study) / "rental.json").exists():  # no window: nothing to import or check
+        return _nothing()
     from tuneproof.recipes.rental import spend  # noqa: PLC0415
 
     return spend(study, command, override=override, **kw)

@@ -219,6 +219,13 @@ def test_no_window_no_hold_and_an_override_without_a_window_is_refused(study, ca
     assert cli("rental", "status", "--study", d) == 2
     assert "no rental window recorded" in capsys.readouterr().out
     assert not (d / rent.RENTAL_FILE).exists()
+    (d / rent.RENTAL_FILE).write_text('{"schema_version": 1, "rental_schema": 1}')
+    assert cli("eval", ids["train"], "--study", d) == 2  # a damaged window is named, nothing is run
+    assert f"{d / rent.RENTAL_FILE}: key 'ends' missing: not a rental record" in capsys.readouterr().out
+    (d / rent.RENTAL_FILE).write_text('{"schema_version": 1, "rental_schema": 9, "ends": 1}')
+    assert cli("rental", "status", "--study", d) == 2
+    assert "rental_schema 9 is newer than this tuneproof reads (1)" in capsys.readouterr().out
+    assert [r.kind for r in Registry(d).list()].count("eval") == 1
 
 
 def test_at_the_reserve_the_status_names_the_best_passed_candidate_and_its_commands(tmp_path):

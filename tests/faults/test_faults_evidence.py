@@ -122,3 +122,31 @@ def test_an_untouched_run_exports_with_the_evaluated_hash_and_an_older_run_with_
         "the exported files are not compared with the evaluated ones"
     ) in out
     assert read_json(study / "old" / "manifest.json")["trained_weights"]["checked_against"] is None
+
+
+@pytest.mark.fault("environment: library versions differ from train's")
+def test_library_versions_that_differ_from_train_are_warned_one_line_each_and_recorded(evaluated, study, capsys):
+    from tuneproof.preflight.envinfo import package_version
+
+    train = evaluated["train"]
+    env_path = study / "runs" / train / "env.json"
+    env = read_json(env_path)
+    env["libraries"].update(transformers="4.0.0", peft="0.1.0")  # as if trained with other versions
+    env_path.write_text(json.dumps(env))
+    now = {"transformers": package_version("transformers"), "peft": package_version("peft")}
+    drift = {
+        "transformers": {"train": "4.0.0", "now": now["transformers"]},
+        "peft": {"train": "0.1.0", "now": now["peft"]},
+    }
+    code, out = _run(capsys, "eval", train, "--study", str(study))
+    assert code == 0, out
+    assert f"warning: transformers {now['transformers']} here, 4.0.0 when {train} was trained: " in out
+    assert f"warning: peft {now['peft']} here, 0.1.0 when {train} was trained: " in out
+    assert "warning: torch" not in out and "warning: tokenizers" not in out
+    reg = Registry(study)
+    ev = reg.list(kind="eval")[-1]
+    assert ev.summary["library_drift"] == {"train_run": train, "libraries": drift}
+    code, out = _run(capsys, "export", train, "--study", str(study), "--verify-examples", "2")
+    assert code == 0, out
+    assert f"warning: transformers {now['transformers']} here, 4.0.0 when {train} was trained" in out
+    assert Registry(study).list(kind="export")[-1].summary["library_drift"]["libraries"] == drift

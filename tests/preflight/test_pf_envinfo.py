@@ -90,3 +90,16 @@ def test_library_change_is_named_with_the_checks_it_invalidates():
     assert set(r["redo"]) == {"preflight", "data", "baseline"}
     assert r["redo"]["data"] == ["libraries.transformers: 4.56.0 -> 4.57.0"]
     assert "libraries.peft: 0.17.0 -> 0.18.0" in r["redo"]["preflight"]
+
+
+def test_library_drift_names_each_differing_library_with_both_versions():
+    from tuneproof.preflight.envinfo import library_drift
+
+    train = {"libraries": {"torch": "2.5.0", "transformers": "4.57.1", "tokenizers": "0.22.1", "peft": "0.17.0"}}
+    now = {"libraries": {"torch": "2.5.0", "transformers": "5.0.0", "tokenizers": None, "peft": "0.17.0"}}
+    assert library_drift(train, now) == {
+        "transformers": {"train": "4.57.1", "now": "5.0.0"},
+        "tokenizers": {"train": "0.22.1", "now": None},
+    }
+    assert library_drift(train, train) == {}
+    assert library_drift(None, now) == {} and library_drift({}, now) == {}  # runs recorded without versions

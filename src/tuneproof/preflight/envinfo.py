@@ -64,6 +64,26 @@ LIBRARY_REDO = {
 }
 
 
+#: Libraries whose version at train a judging command (eval, test, export) compares with its own: they decide what a
+#: saved adapter and its tokenizer compute (loading, tokenisation, generation).
+DRIFT_LIBRARIES = ("torch", "transformers", "tokenizers", "peft")
+
+
+def library_drift(recorded: dict[str, Any] | None, now: dict[str, Any], names=DRIFT_LIBRARIES) -> dict[str, dict]:
+    """The libraries of ``names`` whose version differs between two :func:`environment_snapshot`
+    (``recorded``: a train run's ``env.json``; ``now``: this run's).
+
+    Returns:
+        ``{library: {"train": version, "now": version}}`` (None for a library not installed on one side); empty
+        when ``recorded`` is None or holds no ``libraries`` (runs recorded without them are not compared).
+    """
+    rec = (recorded or {}).get("libraries") or {}
+    cur = now.get("libraries") or {}
+    if not rec:
+        return {}
+    return {n: {"train": rec.get(n), "now": cur.get(n)} for n in names if rec.get(n) != cur.get(n)}
+
+
 def package_version(name: str) -> str | None:
     """Installed version of distribution ``name`` (``-``/``_`` variants tried), or ``None``."""
     for candidate in dict.fromkeys((name, name.replace("-", "_"), name.replace("_", "-"))):

@@ -30,7 +30,7 @@ from tuneproof.models.base import BaseModelRef, load_model
 from tuneproof.models.device import bf16_base_rule, detect_device
 from tuneproof.models.identity import compare_base, compare_tokenizer, compare_trained, trained_weights_record
 from tuneproof.models.method import base_weights_dtype, load_adapter_onto
-from tuneproof.preflight.envinfo import environment_snapshot
+from tuneproof.preflight.envinfo import environment_snapshot, library_drift
 from tuneproof.registry import Run
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config
@@ -42,7 +42,8 @@ TOKENIZER_FILE = "tokenizer_identity.json"
 
 def record_inputs(ctx: StudyContext, run: Run, *, with_data: bool = True) -> dict[str, Any]:
     """Write ``config.json``, ``env.json`` and ``data.json`` (and ``tokenizer_identity.json``, what
-    ``eval`` and ``export`` compare the tokenizer with) into the run and index the hashes."""
+    ``eval`` and ``export`` compare the tokenizer with) into the run and index the hashes. Returns the indexed
+    fields and ``env`` (the snapshot written)."""
     run.write_json("config.json", ctx.config)
     env = environment_snapshot()
     env["device_choice"] = ctx.device_choice
@@ -54,7 +55,23 @@ def record_inputs(ctx: StudyContext, run: Run, *, with_data: bool = True) -> dic
         run.write_json(TOKENIZER_FILE, ctx.tokenizer_identity)
         fields["data_fingerprint"] = fp["hash"]
     run.set(**fields)
-    return fields
+    return {**fields, "env": env}
+
+
+def note_library_drift(ctx: StudyContext, run: Run, train_run_id: str, env: dict[str, Any]) -> dict[str, dict]:
+    """Warn, one line per library, when torch, transformers, tokenizers or peft differ from the versions the train
+    run ``train_run_id`` recorded in its ``env.json`` (:func:`tuneproof.preflight.envinfo.library_drift`; ``env``:
+    this run's snapshot), and record them in ``run``'s summary as ``library_drift``
+    (``{"train_run", "libraries": {library: {"train", "now"}}}``). Returns the libraries that differ."""
+    drift = library_drift(ctx.registry.run_json(train_run_id, "env.json"), env)
+    for name, v in drift.items():
+        console.print(
+            f"[yellow]warning[/]: {name} {v['now']} here, {v['train']} when {train_run_id} was trained: "
+            "what the saved model computes may differ"
+        )
+    if drift:
+        run.update_summary(library_drift={"train_run": train_run_id, "libraries": drift})
+    return drift
 
 
 def served_paths(ctx: StudyContext, train_run_id: str | None) -> tuple[Path, Path | None]:

@@ -20,6 +20,7 @@ from tuneproof.recipes.common import (
     evaluate_into,
     evaluation_run,
     load_trained,
+    note_library_drift,
     print_metrics,
     record_inputs,
     require_backend,
@@ -44,7 +45,8 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
     trained = check_trained_weights(ctx, rec.id, "eval")
     require_backend(ctx)
     with evaluation_run(ctx, "eval", parent=rec.id) as run:
-        record_inputs(ctx, run)
+        inputs = record_inputs(ctx, run)
+        note_library_drift(ctx, run, rec.id, inputs["env"])
         run.update_summary(trained_weights=trained)  # the adapter this eval loaded; export compares it
         model = load_trained(ctx, rec.id)
         examples = ctx.eval_examples()

@@ -85,6 +85,7 @@ from tuneproof.recipes.common import (
     check_base,
     check_tokenizer,
     check_trained_weights,
+    note_library_drift,
     record_inputs,
     trained_base_weights,
 )
@@ -629,7 +630,7 @@ def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging,
         # the temp folder is named and recorded before it exists: after a kill -9 the next run's cleanup
         # (Registry.clean_stale_temps) finds it wherever --out put it
         tmp = dest.parent / f".{dest.name}.{run.id}.tmp-export"
-        record_inputs(ctx, run, with_data=False)
+        note_library_drift(ctx, run, rec.id, record_inputs(ctx, run, with_data=False)["env"])
         run.update_summary(train_run=rec.id, forced=forced, merge=merge, temp_folder=str(tmp), lock_file=str(lock_path))
         if forced:
             run.note(f"forced export of the {rec.status} run {rec.id} ({rec.reason})")

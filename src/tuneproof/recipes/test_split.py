@@ -26,6 +26,7 @@ from tuneproof.recipes.common import (
     evaluation_run,
     headline,
     load_trained,
+    note_library_drift,
     print_metrics,
     record_inputs,
     require_backend,
@@ -67,8 +68,9 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
     )  # tests/faults/test_faults_evidence.py
     require_backend(ctx)
     with evaluation_run(ctx, "test", parent=None if cand == "base" else cand) as run:
-        record_inputs(ctx, run)
+        inputs = record_inputs(ctx, run)
         if trained is not None:
+            note_library_drift(ctx, run, cand, inputs["env"])
             run.update_summary(trained_weights=trained)
         examples = ctx.split(ctx.study.data.test_split, allow_test=True)
         device, _, _ = ctx.torch_setup()

@@ -11,6 +11,9 @@ from rich.console import Console
 
 from tuneproof.ui import html_text, markdown_text, table, user_text, visible_text
 
+#: counted by the fault suite (python -m tests.faults.run_all)
+pytestmark = pytest.mark.fault("input: user text shown, never interpreted")
+
 ESC = "\x1b"
 HOSTILE = {
     "markup": ("[red]x[/]", "[red]x[/]"),

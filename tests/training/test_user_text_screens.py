@@ -13,6 +13,9 @@ import re
 import pytest
 import yaml
 
+#: counted by the fault suite (python -m tests.faults.run_all)
+pytestmark = pytest.mark.fault("input: user text shown, never interpreted")
+
 MARKUP = "[red]x[/]"
 GLOO = "[/__w/a.cc:537] Connection closed by peer"
 CLEAR = "\x1b[2J\x1b[Hclear"

@@ -40,6 +40,7 @@ run recorded before it was killed (beside any ``--out`` folder), are removed whe
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -58,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof import clock
-from tuneproof.errors import Stopped, Terminated, TuneproofError
+from tuneproof.errors import CheckFailed, Stopped, Terminated, TuneproofError
 from tuneproof.io import (
     append_jsonl,
     fault_cause,
@@ -294,6 +295,55 @@ def _fault_error(err: BaseException, cause: str, folder: Path, hint: str) -> Tun
     return TuneproofError(fault_message(err, cause, folder), hint=hint)
 
 
+#: the fields of a run record that later steps rely on (docs/CONTRACTS.md): hashed into ``record_sha256`` and
+#: compared with the index; ``heartbeat`` (a best-effort beat written to the index only), ``pid``, ``host`` and
+#: ``proc_start`` (where a live run runs, for the staleness rule) are left out
+_CHECKED = (
+    "id",
+    "seq",
+    "kind",
+    "status",
+    "reason",
+    "parent",
+    "name",
+    "created",
+    "ended",
+    "config_hash",
+    "data_fingerprint",
+    "eval_fingerprint",
+    "summary",
+)
+
+
+def record_sha256(rec: dict[str, Any]) -> str:
+    """sha256 of a run record's :data:`_CHECKED` fields (canonical JSON: sorted keys, no spaces)."""
+    body = {k: rec.get(k) for k in _CHECKED}
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    ).hexdigest()
+
+
+def record_problem(found: dict[str, Any], index: dict[str, Any] | None = None) -> str | None:
+    """What is wrong with a ``run.json`` as read (``found``): its ``record_sha256`` does not match its fields
+    (an edit by hand), naming the first field that differs from ``index`` when given; an end before the
+    start. None when it is whole."""
+    if found.get("record_sha256") != record_sha256(found):
+        if index is not None:
+            for k in _CHECKED:
+                if found.get(k) != index.get(k):
+                    return f"{k} {_short(found.get(k))} in the file, {_short(index.get(k))} in the index"
+        return f"record_sha256 {str(found.get('record_sha256'))[:16]} does not match its fields"
+    created, ended = found.get("created"), found.get("ended")
+    if isinstance(created, (int, float)) and isinstance(ended, (int, float)) and ended < created:
+        return f"ended {ended} before created {created}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _seq_of(name: str) -> int | None:
     m = _ID_RE.match(name)
     return int(m.group(1)) if m else None
@@ -422,10 +472,46 @@ class Registry:
         return rec
 
     def _sync(self, run_id: str, conn: sqlite3.Connection | None = None) -> None:
-        """Write ``runs/<id>/run.json`` from the index row (atomically)."""
+        """Write ``runs/<id>/run.json`` from the index row (atomically), with its ``record_sha256``."""
         with self._lock:
             rec = self._record(run_id, conn)
-            write_json(self.runs_dir / run_id / RECORD_FILE, {"record": "tuneproof run", **rec})
+            write_json(
+                self.runs_dir / run_id / RECORD_FILE,
+                {"record": "tuneproof run", **rec, "record_sha256": record_sha256(rec)},
+            )
+
+    def check_record(self, run_id: str) -> RunRecord:
+        """The run's record, after checking ``runs/<id>/run.json`` against itself and the index, for a
+        step that relies on it (export, compare, test: docs/CONTRACTS.md, "What the run record authenticates").
+
+        A ``run.json`` edited by hand (its ``record_sha256`` no longer matches) is refused, naming the first
+        field that differs from the index; one that tuneproof wrote but that is behind the index (a crash
+        between the two writes) is written again from the index. A ``run.json`` of an older tuneproof
+        (no ``record_sha256``) is not checked.
+
+        Raises:
+            CheckFailed: the record was edited after it was written (exit 3).
+        """
+        rec = self.get(run_id)
+        path = self.runs_dir / rec.id / RECORD_FILE
+        try:
+            found = read_json(path)
+        except TuneproofError:
+            return rec
+        if not isinstance(found, dict) or "record_sha256" not in found:
+            return rec
+        problem = record_problem(found, self._record(rec.id))
+        if problem is not None:
+            raise CheckFailed(
+                f"{path}: edited after it was written ({problem})",
+                hint="run.json mirrors the index (tuneproof.sqlite), which still holds the record: "
+                "undo the edit; nothing was read from it",
+            )
+        if {k: v for k, v in found.items() if k in _CHECKED} != {
+            k: v for k, v in self._record(rec.id).items() if k in _CHECKED
+        }:
+            self._sync(rec.id)  # written by tuneproof, behind the index: the index wins
+        return rec
 
     def _load_folders(self) -> dict[str, Any]:
         """Insert every run folder's record into the (empty) index. Returns ``{"runs", "lost", "test_accesses"}``.
@@ -442,6 +528,12 @@ class Registry:
                 rec = read_json(d / RECORD_FILE)
                 if not isinstance(rec, dict) or rec.get("id") != d.name:
                     raise TuneproofError(f"{d / RECORD_FILE}: not the record of {d.name}")
+                problem = record_problem(rec) if "record_sha256" in rec else None
+                if problem is not None:  # edited by hand: kept, listed invalid with the reason
+                    was = rec.get("status")
+                    rec["status"] = "invalid"
+                    rec["reason"] = f"{RECORD_FILE} edited after it was written ({problem}); recorded as {was}"
+                    lost.append(d.name)
             except TuneproofError:
                 summary = {}
                 try:

@@ -109,3 +109,59 @@ def test_an_edited_checkpoint_step_is_refused_and_fallback_completes_the_run(tra
     assert rec.status == "completed" and rec.summary["steps"] == 8
     assert rec.summary["resumes"][-1]["from_step"] == 6 and folder in rec.summary["resumes"][-1]["skipped"][0]
     assert losses_by_step(run_dir) == trained["losses"]  # steps 7 and 8 retrained bit for bit
+
+
+def _edit_record(run_dir, **fields):
+    path = run_dir / "run.json"
+    rec = json.loads(path.read_text())
+    before = {k: rec[k] for k in fields}
+    rec.update(fields)
+    path.write_text(json.dumps(rec, indent=2))
+    return path, before
+
+
+@pytest.mark.fault("forgery: run.json edited by hand")
+def test_an_edited_run_json_is_refused_where_it_is_relied_on_and_listed_invalid_on_rebuild(evaluated, tmp_path, capsys):
+    study = tmp_path / "s"
+    shutil.copytree(evaluated["dir"], study)
+    train, ev = evaluated["train"], evaluated["eval"]
+    path, before = _edit_record(study / "runs" / ev, created=1.0)  # a timestamp moved back
+    code, out = cli(["compare", ev, "--study", str(study)], capsys)
+    assert code == 3, out
+    out = " ".join(out.split())
+    assert (
+        f"error: {path}: edited after it was written (created 1.0 in the file, {before['created']} in the index)" in out
+    )
+    assert "Traceback" not in out and Registry(study).list(kind="compare") == []
+
+    tpath, _ = _edit_record(study / "runs" / train, ended=None)
+    code, out = cli(["export", train, "--study", str(study), "--out", str(tmp_path / "b")], capsys)
+    assert code == 3 and f"error: {tpath}: edited after it was written (ended null in the file, " in " ".join(
+        out.split()
+    )
+    assert not (tmp_path / "b").exists() and Registry(study).list(kind="export") == []
+
+    # the index lost: rebuilt from the folders, the edited records are kept but listed invalid with the reason
+    stored = json.loads(path.read_text())["record_sha256"]
+    (study / "tuneproof.sqlite").unlink()
+    reg = Registry(study)
+    rec = reg.get(ev)
+    assert (rec.status, rec.reason) == (
+        "invalid",
+        f"run.json edited after it was written (record_sha256 {stored[:16]} does not match its fields); "
+        "recorded as completed",
+    )
+    assert reg.get(train).status == "invalid" and reg.get("r0002").status == "completed"  # the baseline untouched
+
+
+@pytest.mark.fault("forgery: run.json edited by hand")
+def test_a_run_json_behind_the_index_is_written_again_not_refused(tmp_path):
+    reg = Registry(tmp_path)
+    with reg.run("baseline") as run:
+        pass
+    path = tmp_path / "runs" / run.id / "run.json"
+    older = path.read_text()  # a whole record tuneproof wrote ...
+    reg.invalidate(run.id, "label leak found")
+    path.write_text(older)  # ... then a crash between the index write and the run.json write
+    assert reg.check_record(run.id).status == "invalid"
+    assert json.loads(path.read_text())["status"] == "invalid"  # the index wins; nothing refused

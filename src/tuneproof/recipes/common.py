@@ -391,8 +391,9 @@ def load_outputs(ctx: StudyContext, run_id: str) -> tuple[Any, list[dict]]:
     Raises:
         TuneproofError: the run has no ``outputs.jsonl``, or its sha256 differs from the one
             recorded when the run wrote it (names the file and both hashes).
+        CheckFailed: the run's ``run.json`` was edited after it was written (:meth:`Registry.check_record`).
     """
-    rec = ctx.registry.get(run_id)
+    rec = ctx.registry.check_record(run_id)  # the outputs' sha256 comes from the record: an edited run.json is refused
     path = ctx.registry.runs_dir / rec.id / "outputs.jsonl"
     if not path.exists():
         raise TuneproofError(

@@ -113,8 +113,8 @@ def run_compare(
         against = latest.id
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     cand_ids = [resolve_candidate(ctx, c) for c in candidates]
-    for rid in [against, *cand_ids]:  # an interrupted or incomplete evaluation is never judged
-        check_complete(ctx.registry, ctx.registry.get(rid))
+    for rid in [against, *cand_ids]:  # an interrupted, incomplete or hand-edited evaluation record is never judged
+        check_complete(ctx.registry, ctx.registry.check_record(rid))
     base_rec, base_out = load_outputs(ctx, against)
     base_efp = (ctx.registry.run_json(base_rec.id, "eval.json") or {}).get("fingerprint", {})
     results: dict[str, Any] = {}

@@ -563,7 +563,7 @@ def run_export(
             file, the bundle's predictions differ from the evaluated ones, or the bundle failed its
             verification in a fresh process.
     """
-    rec = ctx.registry.get(train_run)
+    rec = ctx.registry.check_record(train_run)  # the status and hashes export relies on: an edited run.json is refused
     if rec.kind != "train":
         raise TuneproofError(f"run {rec.id} is a {rec.kind} run; export takes a train run")
     forced = None

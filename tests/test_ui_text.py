@@ -156,3 +156,11 @@ def test_model_card_neutralises_the_study_text():
     assert "Behaviour: line 1  \n\\# not a heading" in card
     assert "- local folder ``my`base\\x1b``" in card
     assert 'from_pretrained("my`base\\u001b")' in card  # a Python string literal
+
+
+def test_progress_descriptions_show_user_text():
+    from tuneproof.ui import LineProgress
+
+    lines: list[str] = []
+    LineProgress("test r9[red]\x1b[2J", 1, every_s=0.0, out=lines.append).advance()
+    assert lines[0].startswith("test r9[red]\\x1b[2J: 1/1 (100%)")

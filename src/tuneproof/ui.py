@@ -130,7 +130,7 @@ class LineProgress:
     """
 
     def __init__(self, description: str, total: int, *, every_s: float | None = None, out=None, clock=time.monotonic):
-        self.description, self.total, self.done = description, max(int(total), 0), 0
+        self.description, self.total, self.done = visible_text(description, one_line=True), max(int(total), 0), 0
         self.every_s = (
             float(os.environ.get("TUNEPROOF_PROGRESS_EVERY", PROGRESS_EVERY_S)) if every_s is None else every_s
         )
@@ -181,7 +181,7 @@ def progress_bar(description: str, total: int) -> Iterator:
         console=console,
         transient=False,
     ) as prog:
-        task = prog.add_task(description, total=total, info="")
+        task = prog.add_task(user_text(description, one_line=True), total=total, info="")  # markup column
 
         def advance(n: int = 1, info: str = "") -> None:
             prog.update(task, advance=n, info=info)

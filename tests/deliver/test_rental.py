@@ -15,6 +15,7 @@ from tuneproof import clock
 from tuneproof.cli import main
 from tuneproof.context import StudyContext
 from tuneproof.deliver import rental as rent
+from tuneproof.errors import TuneproofError
 from tuneproof.recipes.rental import study_work
 from tuneproof.registry import Registry, Run
 from tuneproof.ui import console
@@ -154,6 +155,12 @@ def test_a_train_run_that_reaches_the_reserve_stops_at_a_checkpoint_and_resumes(
     assert done.summary["resumes"][0]["from_step"] == 3
     assert done.summary["rental_override"] == "finish it, export is quick"
     assert [c["status"] for c in _rental(d)["commands"]] == ["stopped: rental reserve", "completed"]
+    capsys.readouterr()
+    with clock.use(lambda: t[0]):
+        assert cli("rental", "status", "--json", "--study", d) == 0
+    st = json.loads(capsys.readouterr().out)  # the stop stays in the history once the resume completed the run
+    assert st["stopped"] == [{"run": rec.id, "reason": "stopped: rental reserve at step 3", "status": "completed"}]
+    assert st["phases"][3]["used_h"] == pytest.approx(9.0)  # the resume's 9 steps, in the resume margin
 
 
 def test_deliver_verifies_in_a_fresh_process_and_writes_the_dossier(cls_bundle, tmp_path, capsys):
@@ -276,3 +283,19 @@ def test_at_the_reserve_the_status_names_the_best_passed_candidate_and_its_comma
     assert st["next"] == f"deliver {best_train}: tuneproof rental deliver (export, verify, report)"
     early = rent.status(rental, reg, tmp_path, T0 + 3600, work)
     assert not early["reserve_reached"] and early["next"].startswith("tuneproof data check")
+
+
+def test_a_window_started_before_anything_was_measured_plans_from_stated_defaults(tmp_path):
+    reg = Registry(tmp_path)
+    work = {"steps": 100, "checkpoint_every": 50, "n_eval": 200, "n_test": 100}
+    rental = rent.start(tmp_path, reg, days=7, ends=None, now=T0, work=work)
+    r = rental["rates"]
+    assert (r["s_per_step"], r["eval_s_per_example"], r["reload_s"]) == (10.0, 1.0, 300.0)
+    assert r["rate_kinds"] == {"s_per_step": "default", "eval_s_per_example": "default", "reload_s": "default"}
+    assert r["step_source"] == "default 10 (nothing measured yet: run tuneproof preflight)"
+    assert rental["plan"]["steps_per_variant"] == 100 and rental["ends"] == T0 + 7 * 86400
+    with pytest.raises(TuneproofError, match="a rental window is already recorded"):
+        rent.start(tmp_path, reg, days=7, ends=None, now=T0, work=work)
+    with pytest.raises(TuneproofError, match="not an ISO-8601 time"):
+        rent.parse_ends("next friday")
+    assert rent.parse_ends("2030-03-20T17:46:40") == rent.parse_ends("2030-03-20T18:46:40+01:00") == T0 + 3 * 86400

@@ -314,11 +314,7 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
         }
         for ph in PHASES
     ]
-    stopped = [
-        {"run": rec.id, "reason": rec.reason, "status": rec.status}
-        for rec in registry.list(kind="train")
-        if (rec.reason or "").startswith(RESERVE_STOP)
-    ]
+    stopped = stopped_runs(rental, registry)
     best = best_candidate(registry)
     delivered = rental.get("delivered")
     verified = verified_export(registry, study_dir, delivered)
@@ -377,6 +373,26 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
         ],
         "next": nxt,
     }
+
+
+def stopped_runs(rental: dict[str, Any], registry) -> list[dict[str, Any]]:
+    """Train runs the reserve stopped, from the ledger (kept after a resume completed them) and the
+    registry: ``[{"run", "reason", "status"}]`` (``status``: the run's status now)."""
+    ids = [r for c in rental.get("commands", []) if c.get("status") == RESERVE_STOP for r in c.get("runs", [])]
+    ids += [rec.id for rec in registry.list(kind="train") if (rec.reason or "").startswith(RESERVE_STOP)]
+    out = []
+    for rid in dict.fromkeys(ids):
+        try:
+            rec = registry.get(rid)
+        except TuneproofError:
+            continue
+        if rec.kind != "train":
+            continue
+        at = next((x for x in rec.summary.get("resumes") or [] if isinstance(x, dict)), {})
+        now_stopped = (rec.reason or "").startswith(RESERVE_STOP)
+        reason = rec.reason if now_stopped else at.get("previous_reason") or RESERVE_STOP
+        out.append({"run": rec.id, "reason": reason, "status": rec.status})
+    return out
 
 
 def next_protocol_step(registry) -> str:

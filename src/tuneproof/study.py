@@ -503,6 +503,15 @@ class Eval(_Strict):
 
 
 # --------------------------------------------------------------------------- tracking
+#: the keys that say where copies of the runs go (``tuneproof.tracking``), never what a run does
+TRACKER_KEYS = ("tracking", "report_to")
+
+
+def is_tracker_key(key: str) -> bool:
+    """True for a dotted key under :data:`TRACKER_KEYS` (``tracking.mlflow.uri``, ``report_to``)."""
+    return any(key == k or key.startswith(k + ".") for k in TRACKER_KEYS)
+
+
 def mlflow_folder_store(uri: str) -> bool:
     """True when ``uri`` names MLflow's folder store (``file:///.../mlruns`` or a plain path), which
     MLflow 3 keeps in maintenance mode and refuses to write runs to."""

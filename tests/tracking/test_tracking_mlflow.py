@@ -359,3 +359,28 @@ def test_steps_are_sent_at_most_every_flush_interval_and_the_rest_at_the_end(tmp
     mirrored = _runs(store, "flush")[run_id]
     history = _client(store).get_metric_history(mirrored.info.run_id, "train/loss")
     assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.5), (3, 1.25), (4, 1.0)]
+
+
+def test_a_tracker_added_before_a_resume_gets_the_whole_run(tmp_path, base, store):
+    """``report_to`` added to the study file after an interruption: resume accepts the change (a tracker
+    changes where copies go, not the run) and MLflow gets the steps before the checkpoint, then the rest."""
+    from tuneproof.context import StudyContext
+    from tuneproof.recipes.resume import run_resume
+    from tuneproof.recipes.train import TrainOptions, run_train
+
+    study = make_study(tmp_path / "s", base, max_steps=4, checkpoint_every=2)
+    ctx = StudyContext.open(study)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(ctx, TrainOptions(stop_after=2))
+    (rec,) = ctx.registry.list(kind="train")
+    ctx.registry.close()
+    cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    cfg["tracking"] = {"mlflow": {"uri": store, "experiment": "resumed"}}
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    run_resume(study, None, rec.id)
+    runs = _runs(store, "resumed")
+    assert sorted(runs) == ["r0001", "r0002", rec.id]  # the data check and baseline follow at the run's end
+    mirrored = runs[rec.id]
+    assert mirrored.info.run_name == rec.id and mirrored.info.status == "FINISHED"
+    history = _client(store).get_metric_history(mirrored.info.run_id, "train/loss")
+    assert [m.step for m in history] == [1, 2, 3, 4]  # each step once

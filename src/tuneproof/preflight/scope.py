@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tuneproof.io import flatten_keys
-from tuneproof.study import Study
+from tuneproof.study import TRACKER_KEYS, Study
 
 EXEMPT: tuple[str, ...] = (
     "name",
@@ -56,8 +56,7 @@ EXEMPT: tuple[str, ...] = (
     "eval.backend",
     "eval.backend_check_examples",
     "eval.backend_check_min_agreement",
-    "tracking",
-    "report_to",
+    *TRACKER_KEYS,
 )
 
 

@@ -17,7 +17,9 @@ Features:
     pickle ``step-999999.pt``, which is refused without being loaded (docs/CASES.md C21);
     ``--fallback`` continues from the newest older checkpoint that passes instead, listing those skipped;
   - the checkpoint's config differs from ``config.json``, or (for a run made from the study file,
-    not a variant) the study file changed since (the keys are listed);
+    not a variant) the study file changed since (the keys are listed; the tracker keys
+    ``tracking.*`` and ``report_to`` may change: the resumed run goes to the trackers the study
+    file names now, its earlier steps first);
   - the data fingerprint or the base model revision differs from the checkpoint's, or the base's
     weight files or ``config.json`` differ from the sha256 recorded at train start (both hashes named);
 - a distributed run (``--nproc-per-node N``) resumes under torchrun with the same world size only
@@ -42,7 +44,8 @@ from tuneproof.recipes.torchrun import HealthOnRank, check_launch, launch_ranks
 from tuneproof.recipes.train import run_train
 from tuneproof.recipes.variants import config_diff, describe
 from tuneproof.registry import Registry, RunRecord
-from tuneproof.study import STUDY_FILE, resolved_config
+from tuneproof.study import STUDY_FILE, is_tracker_key, resolved_config
+from tuneproof.tracking import attach
 from tuneproof.training.health import HealthFault
 from tuneproof.training.resume_state import check_against_metrics, list_checkpoints, load_checkpoint, step_of
 from tuneproof.ui import console, user_text
@@ -155,7 +158,8 @@ def check_config(study_dir: Path, rec: RunRecord, run_dir: Path, ckpt: dict[str,
         )
     if not (run_dir / "variant.json").exists():
         current = resolved_config(load_study(study_dir))
-        diff = config_diff(saved, current)
+        # a tracker added or changed since (tracking.*, report_to) changes where copies go, not the run
+        diff = [d for d in config_diff(saved, current) if not is_tracker_key(d["key"])]
         if diff:
             raise TuneproofError(
                 f"{study_dir / STUDY_FILE} changed since the checkpoint of {rec.id}: {describe(diff)}",
@@ -228,6 +232,11 @@ def run_resume(
     check_config(study_dir, rec, run_dir, ckpt, ckpt_path)
     ctx = StudyContext.open(study_dir, data_root, config=ckpt["config"])
     check_inputs(rec, ckpt, ckpt_path, ctx)
+    try:  # the trackers the study file names now (one added since the checkpoint included)
+        tracked = load_study(study_dir)
+    except TuneproofError:  # a variant's study file may have moved on: its own config names them
+        tracked = ctx.study
+    attach(reg, tracked, study_dir, ctx.config)
     step = int(ckpt["step"])
     launch = launch or {"nproc": 1, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": None}
     world_size = int(launch["nproc"]) * int(launch["nnodes"])

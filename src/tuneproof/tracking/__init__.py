@@ -221,8 +221,11 @@ class Mirror:
     def started(self, registry, record) -> None:
         run_dir = registry.runs_dir / record.id
         state = _state(run_dir)
-        # a resumed run: its folder already holds steps (some perhaps never sent, by a process killed -9)
-        view = RunView.read(record, run_dir) if state else RunView.start(record, self.config)
+        # a resumed run's folder already holds steps: those never sent (a tracker added since, a process
+        # killed -9) go first, so that the count of steps sent stays an index into metrics.jsonl
+        view = RunView.read(record, run_dir)
+        if not view.params:
+            view.params = RunView.start(record, self.config).params
         live: dict[str, Any] = {"kind": record.kind}
         for tracker in self.trackers:
             if not tracker.live or tracker.name in self.down:

@@ -166,13 +166,12 @@ class MlflowTracker(Tracker):
         }
 
     def start(self, view: RunView, previous: dict[str, Any]) -> dict[str, Any]:
-        """Open the run as it starts: start time, params, tags, status RUNNING (a resumed run's
-        MLflow run is set back to RUNNING, and gets the steps of ``view`` it has not had yet)."""
+        """Open the run as it starts: start time, params, tags, status RUNNING, and the steps of
+        ``view`` not sent yet (a resumed run's earlier steps; its MLflow run is set back to RUNNING)."""
         run_id, previous = self._open(view, previous)
         if previous.get("run_id"):
             self.client.update_run(run_id, status="RUNNING")
-            return self._send(run_id, view, previous)
-        return self._send(run_id, view, previous, steps=[])
+        return self._send(run_id, view, previous)
 
     def log_steps(self, state: dict[str, Any], steps: list) -> dict[str, Any]:
         """Log step rows (:func:`tuneproof.tracking.base.step_metrics`) at their own time."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -182,50 +183,98 @@ def test_a_table_that_cannot_fit_leaves_out_the_least_important_columns_and_says
     assert "not shown" not in wide and "12-01 11:52" in wide and "accuracy=0.43 macro_f1=0.35" in wide
 
 
-def test_preflight_table_never_cuts_a_number(monkeypatch, capsys):
-    """At 80 columns (a log, CI) the numbers column is left out (its key=value tokens folded read as
-    other numbers: "trainable_tensors=24" / "0"); from 120 columns each one is whole."""
-    from tuneproof.recipes.preflight import _print_table
+STEP_MEMORY = {
+    "name": "step memory",
+    "passed": True,
+    "numbers": {
+        "micro_batch": 4,
+        "budget_gib": 80.0,
+        "L512_peak_gib": 31.25,
+        "L512_measured_over_estimate": 1.209,
+        "L2048_peak_gib": 61.5,
+        "L2048_measured_over_estimate": 1.0912,
+    },
+    "message": "micro-batch 4: length 512: the step's tensors 12.1 GiB vs 10.0 GiB estimated (measured / estimated "
+    "1.209), whole step: estimate 30.0 GiB, measured peak 31.25 GiB (the step adds 14.0 GiB), 1.91 s; " + "x" * 500,
+    "details": {
+        "budget_bytes": 80 * 2**30,
+        "budget_source": "the GPU's memory",
+        "rows": [
+            {
+                "length": L,
+                "estimate": {
+                    "micro_batch": 4,
+                    "weights_bytes": 15 * 2**30,
+                    "autocast_weight_copies_bytes": 0,
+                    "gradients_bytes": 2**28,
+                    "optimizer_states_count": 2,
+                    "optimizer_states_bytes": 2**29,
+                    "optimizer_step_temporary_bytes": 2**28,
+                    "activations_bytes": k * 2**30,
+                    "logits_bytes": k * 2**29,
+                },
+                "estimate_in_step_bytes": k * 3 * 2**29,
+                "measured_over_estimate": ratio,
+                "measured": {"allocated_step_peak_bytes": int(ratio * k * 3 * 2**29), "peak_bytes": peak * 2**30},
+            }
+            for L, k, ratio, peak in ((512, 6, 1.209, 31.25), (2048, 24, 1.0912, 61.5))
+        ],
+    },
+}
+
+
+def test_preflight_prints_each_check_once_as_a_row_with_the_number_that_matters(monkeypatch, capsys):
+    """One row per check, printed as it ends: the verdict, the name and one number (the peak against
+    the budget), never the whole message; a failed check's message once, below; at 100 columns."""
+    from tuneproof.preflight.report import PreflightReport, check_result, headline
+    from tuneproof.recipes.preflight import _print_end
     from tuneproof.ui import console
 
-    class Rep:
-        checks = [
-            {
-                "name": "update check",
-                "passed": True,
-                "numbers": {
-                    "trainable_changed": 240,
-                    "trainable_tensors": 240,
-                    "frozen_unchanged": 272,
-                    "frozen_tensors": 272,
-                },
-                "message": "240 of 240 trainable tensors got a non-zero gradient and changed in 2 step(s)",
-            },
-            {
-                "name": "embedding size",
-                "passed": True,
-                "numbers": {"tokenizer_length": 49152, "input_embedding_rows": 49152},
-                "message": "embedding rows 49152 >= tokenizer length 49152",
-            },
-        ]
-        failed: list = []
-
-    monkeypatch.setattr(console, "_width", 80)
-    _print_table(Rep(), "r0003", 103.0)
-    out = capsys.readouterr().out
-    assert max(len(line) for line in out.splitlines()) <= 80
-    assert "trainable_tensors" not in out and "each check's numbers: runs/r0003/preflight.json" in " ".join(out.split())
-    assert any("update check" in line for line in out.splitlines())
-    monkeypatch.setattr(console, "_width", 160)
-    _print_table(Rep(), "r0003", 103.0)
+    monkeypatch.setattr(console, "_width", 100)
+    rep = PreflightReport()
+    rep.add(dict(STEP_MEMORY))
+    rep.add(
+        check_result(
+            "gradient accumulation",
+            True,
+            "accumulating 2 micro-batches (72 supervised tokens) equals the concatenated batch: loss 5.72052 "
+            "(mean of means would be 5.72162), max grad diff 1.12e-08; every window of an epoch is full",
+            {"micro_batches": 2, "grad_max_abs_diff": 1.12e-08},
+        )
+    )
+    rep.add(check_result("target modules", False, "q_proj matched nothing; " + "y" * 300))
+    _print_end(rep, "r0003", 103.0)
     lines = capsys.readouterr().out.splitlines()
-    for token in (
-        "trainable_tensors=240;",
-        "frozen_unchanged=272;",
-        "tokenizer_length=49152;",
-        "input_embedding_rows=49152",
-    ):
-        assert any(token in line for line in lines), token
+    assert [line.rstrip() for line in lines[:3]] == [
+        "pass step memory               peak 61.50 GiB of 80.00 GiB at micro-batch 4, length 2048; measured /",
+        "                               estimated 1.09",
+        "pass gradient accumulation     2 micro-batches equal their concatenation (max gradient difference",
+    ]
+    assert lines[4].rstrip() == "FAIL target modules            q_proj matched nothing"
+    out = "\n".join(lines)
+    assert "xxxx" not in out and out.count("y" * 300) == 1  # the message of a failed check, once
+    assert headline({"name": "n", "passed": True, "message": "w " * 100}) == "w " * 44 + "w ..."
+    assert lines[-1] == "preflight r0003 (103 s, 3 checks) failed: target modules"
+
+
+def test_the_step_memory_reads_in_plain_words_with_each_ratio_labelled():
+    from tuneproof.preflight.step_memory import memory_plain_rows
+
+    cols, rows = memory_plain_rows(STEP_MEMORY)
+    assert cols == ["step memory, micro-batch 4", "length 512", "length 2048"]
+    assert rows == [
+        ["model weights", "15.000 GiB", "15.000 GiB"],
+        ["gradients of the trained weights", "256.0 MiB", "256.0 MiB"],
+        ["optimizer state (2 values per trained weight) and its step", "768.0 MiB", "768.0 MiB"],
+        ["activations kept for the backward pass", "6.000 GiB", "24.000 GiB"],
+        ["logits for the loss (tokens x vocabulary)", "3.000 GiB", "12.000 GiB"],
+        ["estimated: the step's own tensors at their peak", "9.000 GiB", "36.000 GiB"],
+        ["measured: the step's own tensors at their peak", "10.881 GiB", "39.283 GiB"],
+        ["ratio measured / estimated (1.00 = exact)", "1.21", "1.09"],
+        ["measured: the whole process at its peak", "31.250 GiB", "61.500 GiB"],
+        ["budget (the GPU's memory)", "80.000 GiB", "80.000 GiB"],
+    ]
+    assert memory_plain_rows({"name": "step memory", "details": {"peak": 1}}) == ([], [])  # an image classifier's
 
 
 def test_the_bitsandbytes_import_warning_is_not_shown(tmp_path):
@@ -313,3 +362,36 @@ def test_compare_screen_caps_a_77_class_list_and_names_each_criterion_once(monke
     )
     assert "card_payment_not_recognised_10" not in out and max(len(line) for line in lines) < 800
     assert len(r["verdicts"][1]["items"]) == 77  # the whole list stays in compare.json
+
+
+def test_init_says_the_next_command_and_flags_read_as_flags(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    code, out = _main(["init", str(tmp_path / "s"), "--task", "classification"], capsys)
+    assert code == 0 and out.splitlines()[-1] == f"next: tuneproof data check --study {tmp_path / 's'}"
+    code, out = _main(["export", "--help"], capsys)
+    merge = next(line for line in out.splitlines() if "--merge" in line)
+    assert "<bool>" not in out and merge.split()[:4] == ["│", "--merge", "also", "write"]
+    assert any("--device" in line and "<str>" in line for line in out.splitlines())  # options with a value keep it
+
+
+def test_a_model_in_the_cache_is_named_by_its_folder_not_the_home_path(tmp_path):
+    from tuneproof.models.base import MODEL_CACHE, BaseModelRef
+
+    def ref(name):
+        return BaseModelRef(name, Path(name), "r", "image-classification", "local")
+
+    assert ref(str(MODEL_CACHE / "vit-digits-init-s0")).display_name == "vit-digits-init-s0 (tuneproof model cache)"
+    assert ref(str(Path.home() / "models" / "bert")).display_name == "~/models/bert"
+    assert ref("smollm2-135m-instruct").display_name == "smollm2-135m-instruct"  # an alias, as written
+    assert ref("/opt/models/x").display_name == "/opt/models/x"
+
+
+def test_the_quickstart_header_is_whole_at_80_columns(monkeypatch, capsys):
+    from tuneproof.recipes.quickstart import header
+    from tuneproof.ui import console
+
+    monkeypatch.setattr(console, "_width", 80)
+    text = "tuneproof quickstart in /tmp/qs (data: /work/shared/data/snips/a-long-folder-name/and-more)"
+    header(text)
+    out = capsys.readouterr().out
+    assert " ".join(out.split()).startswith(text) and "..." not in out

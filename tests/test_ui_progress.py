@@ -47,3 +47,52 @@ def test_plain_lines_when_the_console_is_not_a_terminal(capsys):
             advance()
     out = capsys.readouterr().out
     assert "eval: 1/3 (33%)" in out and "eval: 3/3 (100%)" in out
+
+
+def test_a_batch_that_takes_minutes_still_prints_a_line_every_n_seconds():
+    """Between two advances (one long generation batch) the line comes again after every_s."""
+    from tuneproof.ui import LineProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    p = LineProgress("baseline", 287, every_s=30.0, out=lines.append, clock=lambda: now[0])
+    p.advance(32)  # the first batch: a decile, a line
+    for t in (10.0, 29.0, 31.0, 45.0, 62.0):  # the second batch takes 2 minutes
+        now[0] = t
+        p.beat()
+    assert [line.split(" | ")[0] + " | " + line.split(" | ")[2] for line in lines] == [
+        "baseline: 32/287 (11%) | elapsed 0:00:00",
+        "baseline: 32/287 (11%) | elapsed 0:00:31",
+        "baseline: 32/287 (11%) | elapsed 0:01:02",
+    ]
+
+
+def test_a_phase_without_a_bar_says_what_it_does_every_n_seconds():
+    from tuneproof.ui import Heartbeat
+
+    now = [100.0]
+    lines: list[str] = []
+    beat = Heartbeat("export", "writing the bundle", every_s=30.0, out=lines.append, clock=lambda: now[0])
+    now[0] = 120.0
+    assert not beat.beat()
+    now[0] = 131.0
+    beat.update("verifying the bundle in a fresh process", done=2, total=5)
+    assert beat.beat()
+    now[0] = 150.0
+    beat.touch()  # the phase printed a line of its own
+    now[0] = 170.0
+    assert not beat.beat()
+    assert lines == ["export: verifying the bundle in a fresh process (2/5) | elapsed 0:00:31"]
+
+
+def test_the_heartbeat_thread_prints_off_a_terminal(capsys):
+    import threading
+
+    from tuneproof import ui
+
+    assert not ui.console.is_terminal
+    printed = threading.Event()
+    with ui.heartbeat("export", "verifying", every_s=0.02) as beat:
+        beat.out = lambda line: (print(line), printed.set())
+        assert printed.wait(10)  # the thread, not the block, printed it
+    assert capsys.readouterr().out.startswith("export: verifying | elapsed 0:00:00")

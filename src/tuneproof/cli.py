@@ -53,6 +53,17 @@ class _ProtocolOrder(typer.core.TyperGroup):
         return sorted(self.commands, key=lambda name: (rank.get(name, len(rank)), name))
 
 
+_typer_type_column = typer.core.TyperOption.display_type_rich
+
+
+def _flag_type_column(self, ctx) -> str | None:
+    """A flag's help reads as a flag: ``--merge`` and its help, without Typer's ``<bool>`` type
+    column (a flag takes no value; tests/test_cli_screen.py)."""
+    return None if self.is_flag else _typer_type_column(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flag_type_column  # every option Typer builds, --help included
+
 app = typer.Typer(
     cls=_ProtocolOrder,
     add_completion=False,
@@ -156,6 +167,7 @@ def init(
     console.print(f"wrote {user_text(path)}; edit the hypothesis and guards before the first run")
     for line in reader_lines(task):
         console.print(user_text(line), soft_wrap=True)
+    console.print(f"next: tuneproof data check --study {user_text(directory)}")
 
 
 @app.command()

@@ -6,6 +6,7 @@ import contextlib
 import html
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 
@@ -157,19 +158,34 @@ class LineProgress:
 
     def advance(self, n: int = 1, info: str = "") -> None:
         self.done += n
+        self.info = info
         now = self.clock()
         decile = 10 * self.done // self.total if self.total else 0
         if self.done >= self.total or now - self.last >= self.every_s or decile >= self.next_decile:
-            self.out(self.line(info))
-            self.last = now
+            self._say(self.line(info))
             self.next_decile = decile + 1
+
+    def beat(self) -> bool:
+        """The line again when ``every_s`` seconds passed without one (a batch that takes minutes);
+        called by :func:`progress_bar`'s thread. True when it printed."""
+        if self.clock() - self.last < self.every_s:
+            return False
+        self._say(self.line(getattr(self, "info", "")))
+        return True
+
+    def _say(self, line: str) -> None:
+        self.out(line)
+        self.last = self.clock()
+        _said()
 
 
 @contextlib.contextmanager
 def progress_bar(description: str, total: int) -> Iterator:
     """A Rich progress bar on a terminal, else :class:`LineProgress` lines; yields ``advance(n=1, info="")``."""
     if not console.is_terminal:
-        yield LineProgress(description, total).advance
+        lines = LineProgress(description, total)
+        with _beating(lines):
+            yield lines.advance
         return
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -187,6 +203,99 @@ def progress_bar(description: str, total: int) -> Iterator:
             prog.update(task, advance=n, info=info)
 
         yield advance
+
+
+class Heartbeat:
+    """What a phase without a progress bar is doing, said every ``every_s`` seconds off a terminal.
+
+    ``update("verifying the bundle in a fresh process")`` changes what the next line says;
+    ``update(done=3, total=12)`` adds ``3/12``; a line reads
+    ``export: verifying the bundle in a fresh process (3/12) | elapsed 0:01:30``. Nothing is printed
+    on a terminal (its bars and spinners show the phase) or while the phase prints lines itself
+    (:meth:`touch` after each one restarts the wait).
+    """
+
+    def __init__(
+        self, description: str, text: str = "", *, every_s: float | None = None, out=None, clock=time.monotonic
+    ):
+        self.description, self.text = description, text
+        self.done: int | None = None
+        self.total: int | None = None
+        self.every_s = (
+            float(os.environ.get("TUNEPROOF_PROGRESS_EVERY", PROGRESS_EVERY_S)) if every_s is None else every_s
+        )
+        self.out = out or (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+        self.clock = clock
+        self.start = self.last = clock()
+
+    def update(self, text: str | None = None, *, done: int | None = None, total: int | None = None) -> None:
+        """What the phase does now (and how far it is, where known)."""
+        if text is not None:
+            self.text = text
+        if done is not None:
+            self.done = done
+        if total is not None:
+            self.total = total
+
+    def touch(self) -> None:
+        """The phase printed a line of its own: the next heartbeat waits ``every_s`` from now."""
+        self.last = self.clock()
+
+    def line(self) -> str:
+        count = f" ({self.done}/{self.total})" if self.done is not None and self.total else ""
+        what = f": {self.text}" if self.text else ""
+        return f"{self.description}{what}{count} | elapsed {LineProgress._hms(self.clock() - self.start)}"
+
+    def beat(self) -> bool:
+        """Print a line when ``every_s`` seconds passed since the last one (this phase's, or a
+        progress line of a bar inside it); True when it printed."""
+        last = max(self.last, _LAST_LINE[0]) if self.clock is time.monotonic else self.last
+        if self.clock() - last < self.every_s:
+            return False
+        self.out(self.line())
+        self.last = self.clock()
+        _said()
+        return True
+
+
+@contextlib.contextmanager
+def heartbeat(description: str, text: str = "", *, every_s: float | None = None) -> Iterator[Heartbeat]:
+    """A :class:`Heartbeat` for the ``with`` block: off a terminal a thread prints its line every
+    ``every_s`` seconds (default 30, ``$TUNEPROOF_PROGRESS_EVERY``) until the block ends, so a log
+    never goes silent for longer (a baseline loading its model, an export verifying its bundle)."""
+    beat = Heartbeat(description, text, every_s=every_s)
+    if console.is_terminal:
+        yield beat
+        return
+    with _beating(beat):
+        yield beat
+
+
+#: when the last plain progress or heartbeat line was printed (time.monotonic), so that a phase's
+#: heartbeat keeps quiet while a progress bar inside it prints
+_LAST_LINE = [time.monotonic()]
+
+
+def _said() -> None:
+    _LAST_LINE[0] = time.monotonic()
+
+
+@contextlib.contextmanager
+def _beating(obj) -> Iterator[None]:
+    """A daemon thread calling ``obj.beat()`` about once a second until the block ends."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(max(0.01, min(1.0, obj.every_s / 4))):
+            obj.beat()
+
+    thread = threading.Thread(target=loop, name="tuneproof heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 #: a column is never narrower than its longest word up to this many characters, so words such as

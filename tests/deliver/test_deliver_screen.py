@@ -42,6 +42,32 @@ def test_eval_and_test_print_metrics_and_test_reuse(study, capsys, monkeypatch):
     code, out = _main(["test", ids["train"], "--study", d], capsys)
     assert code == 0
     assert "test split: first use (not a reuse)" in out
+    # rounded metrics, never a raw dict; the candidate paired with the base model in the same read
+    from tuneproof.registry import Registry
+
+    reg = Registry(study["dir"])
+    rec = reg.latest("test")
+    m = rec.summary["metrics"]
+    assert f"scored with the frozen hypothesis: accuracy {m['accuracy']:.3f}, macro-F1 {m['macro_f1']:.3f}" in out
+    assert "{'" not in out and len(reg.test_accesses()) == 1  # one sealed read
+    versus = rec.summary["versus_base"]
+    base_rows = [json.loads(x) for x in (study["dir"] / "runs" / rec.id / "baseline_outputs.jsonl").open()]
+    base_acc = sum(r["prediction"] == r["reference"] for r in base_rows) / len(base_rows)
+    acc = versus["metrics"]["accuracy"]
+    assert versus["n"] == len(base_rows) == 6 and acc["base"] == pytest.approx(base_acc)
+    assert acc["cand"] == pytest.approx(m["accuracy"]) and acc["delta"] == pytest.approx(acc["cand"] - acc["base"])
+    assert acc["ci"][0] <= acc["delta"] <= acc["ci"][1]
+    row = next(line for line in out.splitlines() if line.startswith("│ accuracy "))
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    assert cells == [
+        "accuracy",
+        f"{acc['base']:.3f}",
+        f"{acc['cand']:.3f}",
+        f"{acc['delta']:.3f}",
+        f"[{acc['ci'][0]:.3f}, {acc['ci'][1]:.3f}]",
+    ]
+    assert f"{versus['success']}: success: macro_f1 gain >= 0 on the test split (delta " in out
+    reg.close()
     code, out = _main(["test", ids["train"], "--study", d], capsys)
     assert code == 0
     assert f"test split: REUSE - {ids['train']} was already evaluated on the test split" in " ".join(out.split())

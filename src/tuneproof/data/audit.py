@@ -13,6 +13,7 @@ from typing import Any
 from tuneproof.data.dedup import SPLIT_ORDER, normalise
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
+from tuneproof.ui import capped
 
 IMBALANCE_WARNING_RATIO = 10.0
 _LISTED = 5  # examples named in one fault line before "and N more"
@@ -28,8 +29,7 @@ def _where(ex: Example) -> str:
 
 
 def _listing(items: list[str]) -> str:
-    head = ", ".join(items[:_LISTED])
-    return head if len(items) <= _LISTED else f"{head} and {len(items) - _LISTED} more"
+    return capped(items, cap=_LISTED)
 
 
 def _is_empty(label: Any) -> bool:

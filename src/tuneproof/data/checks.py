@@ -12,6 +12,7 @@ from typing import Any
 
 from tuneproof.data.dedup import SPLIT_ORDER
 from tuneproof.data.examples import Example
+from tuneproof.ui import capped
 
 _LISTED = 10
 
@@ -22,7 +23,7 @@ def _ordered(names) -> list[str]:
 
 
 def _listing(items: list[str], n: int = _LISTED) -> str:
-    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+    return capped(items, cap=n)
 
 
 def small_classes(splits: dict[str, list[Example]], eval_split: str, threshold: int = 10) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from tuneproof.deliver.limits import (
 from tuneproof.deliver.plots import confusion, loss_curves, memory_throughput, metric_bars, token_lengths
 from tuneproof.deliver.rental_plan import cost_lines, load_plan
 from tuneproof.errors import TuneproofError
-from tuneproof.evaluation.screen import fmt_p, guard_lines
+from tuneproof.evaluation.screen import fmt_p, guard_lines, metric_short
 from tuneproof.io import read_jsonl, sha256_json
 from tuneproof.modalities.base import (
     LOSS_NORMALISATION,
@@ -483,7 +483,7 @@ def _baseline(ev: _Evidence) -> list[dict]:
     ]
     metrics = b.summary.get("metrics", {})
     blocks.append(
-        _table(["metric", "value"], [[k, v] for k, v in metrics.items()])
+        _table(["metric", "value"], [[metric_short(k), v] for k, v in metrics.items()])
         if metrics
         else _paragraph("no metrics recorded")
     )
@@ -510,7 +510,7 @@ def _runs(ev: _Evidence) -> list[dict]:
     rows = []
     for r in ev.runs:
         m = r.summary.get("metrics") or {}
-        head = " ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:2])
+        head = ", ".join(f"{metric_short(k)} {_fmt(v)}" for k, v in list(m.items())[:2])
         if r.kind == "train" and r.summary.get("final_loss") is not None:
             head = f"final loss {_fmt(r.summary['final_loss'], 4)}"
         rows.append(
@@ -1071,7 +1071,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
                 _table(
                     ["metric", "baseline", "candidate", "delta", "95% CI"],
                     [
-                        [m, v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci"))]
+                        [metric_short(m), v.get("base"), v.get("cand"), v.get("delta"), _ci(v.get("ci"))]
                         for m, v in (r.get("metrics") or {}).items()
                     ],
                 )
@@ -1296,7 +1296,12 @@ def _test_log(ev: _Evidence) -> list[dict]:
     for a in acc:
         res = a.get("result") or {}
         m = res.get("metrics") if isinstance(res.get("metrics"), dict) else res
-        text = " ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:3] if not isinstance(v, (dict, list)))
+        text = ", ".join(
+            f"{metric_short(k)} {_fmt(v)}" for k, v in list(m.items())[:3] if not isinstance(v, (dict, list))
+        )
+        vs = res.get("versus_base") or {}
+        for k, v in list((vs.get("metrics") or {}).items())[:1]:  # the same read, paired with the base model
+            text += f"; vs the base model: {metric_short(k)} delta {_fmt(v.get('delta'))} {_ci(v.get('ci'))}"
         if res.get("judged_against") == "edited":
             text += f" (scored with the EDITED hypothesis: {res.get('use_edited_reason')})"
         rows.append([a["run"], a["candidate"], iso(a["time"]), text])

@@ -50,6 +50,13 @@ def fmt_p(p: float | None) -> str:
     return f"{p:.4f}"
 
 
+def metric_short(key: str) -> str:
+    """A metric's display name in tables and one-line summaries, from :data:`METRIC_NAMES` without its
+    averaging note (``json_valid_rate`` -> ``strict JSON validity``, ``macro_f1`` -> ``macro-F1``);
+    every screen and the dossier name a metric this way, the JSON files keep the key."""
+    return METRIC_NAMES.get(key, key.replace("_", " ")).split(" (")[0]
+
+
 def metric_name(key: str, metrics: dict[str, Any]) -> str:
     """The plain name of a headline metric, e.g. ``macro-F1 (unweighted over 15 of 17 labels present)``."""
     name = METRIC_NAMES.get(key, key.replace("_", " "))

@@ -32,7 +32,7 @@ from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file_cached, write_json
 from tuneproof.models.heads import Head
 from tuneproof.models.quant import bnb_config, keep_training_kernels, require_4bit_device
-from tuneproof.ui import console
+from tuneproof.ui import console, user_text
 
 MODEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneproof" / "models"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,6 +74,22 @@ class BaseModelRef:
     source: str
     weight_sha256: dict[str, str] = field(default_factory=dict)
     trust_remote_code: bool = False
+
+    @property
+    def display_name(self) -> str:
+        """The name a screen shows: a folder of tuneproof's model cache by its folder name
+        (``vit-digits-init-s0 (tuneproof model cache)``), a folder under the home directory with
+        ``~``, anything else as the study file writes it; ``name`` (the record) is unchanged."""
+        try:
+            p = Path(self.name).expanduser()
+        except (OSError, RuntimeError):
+            return self.name
+        if not p.is_absolute():
+            return self.name
+        if p.is_relative_to(MODEL_CACHE):
+            return f"{p.relative_to(MODEL_CACHE)} (tuneproof model cache)"
+        home = Path.home()
+        return f"~/{p.relative_to(home)}" if p.is_relative_to(home) else self.name
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -376,7 +392,7 @@ def load_model(
 
     dtype = dtype or torch.float32
     what = " in 4-bit " + quantization["bnb_4bit_quant_type"] if quantization else ""
-    with console.status(f"loading {ref.name} ({ref.revision[:19]}){what}"):
+    with console.status(f"loading {user_text(ref.display_name)} ({ref.revision[:19]}){what}"):
         return _load(ref, head, dtype, labels, quantization)
 
 

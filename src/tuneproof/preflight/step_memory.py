@@ -272,7 +272,9 @@ def check_step_memory(
         if m.get("allocated_step_peak_bytes") is not None:
             tensors = (
                 f"the step's tensors {format_bytes(m.get('allocated_step_peak_bytes'))} vs "
-                f"{format_bytes(r['estimate_in_step_bytes'])} estimated" + (f" (x{ratio:.3f})" if ratio else "") + ", "
+                f"{format_bytes(r['estimate_in_step_bytes'])} estimated"
+                + (f" (measured / estimated {ratio:.3f})" if ratio else "")
+                + ", "
             )
         return (
             f"length {r['length']}: {tensors}whole step: estimate {format_bytes(r['estimate']['total_bytes'])}, "
@@ -363,28 +365,56 @@ def memory_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def print_memory_breakdown(check: dict[str, Any] | None) -> None:
-    """The ``step memory`` check's breakdown as a table on the screen (MiB)."""
+def memory_plain_rows(check: dict[str, Any] | None) -> tuple[list[str], list[list[str]]]:
+    """The ``step memory`` check in plain words: ``(columns, rows)``, one column per length measured.
+
+    Rows: the model's weights, the gradients, the optimizer's state, the activations kept for the
+    backward pass, the logits of the loss (what the estimate adds up), the estimated and measured
+    memory of the step's own tensors with their ratio (labelled), the whole process at its peak
+    and the budget it is judged on. Sizes as :func:`format_bytes`; the itemised estimate is
+    ``details.breakdown`` in ``preflight.json``. ``([], [])`` when the check has no such rows.
+    """
     details = (check or {}).get("details")
-    bd = details.get("breakdown") if isinstance(details, dict) else None
-    if not bd or not bd.get("rows"):
-        return
-    cols = ["step memory, MiB"] + [f"length {L} x {bd['micro_batch']}" for L in bd["lengths"]]
+    rows = details.get("rows") if isinstance(details, dict) else None
+    if not rows or not all(isinstance(r, dict) and "estimate" in r for r in rows):
+        return [], []
+    est = [r["estimate"] for r in rows]
+    meas = [r.get("measured") or {} for r in rows]
+    states = est[0].get("optimizer_states_count")
+    mb = est[0].get("micro_batch")
 
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float) and abs(v) < 10:
-            return f"{v:.3f}"
-        return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
+    def line(label: str, values: list[Any], fmt=format_bytes) -> list[str]:
+        return [label, *("-" if v is None else fmt(v) for v in values)]
 
-    console.print(
-        table(
-            "step memory: the estimate itemised, next to the measured step",
-            cols,
-            [[r[0], *(cell(v) for v in r[1:])] for r in bd["rows"]],
-        )
-    )
+    out = [
+        line("model weights", [e["weights_bytes"] + e.get("autocast_weight_copies_bytes", 0) for e in est]),
+        line("gradients of the trained weights", [e["gradients_bytes"] for e in est]),
+        line(
+            f"optimizer state ({states} values per trained weight) and its step",
+            [e["optimizer_states_bytes"] + e["optimizer_step_temporary_bytes"] for e in est],
+        ),
+        line("activations kept for the backward pass", [e["activations_bytes"] for e in est]),
+        line("logits for the loss (tokens x vocabulary)", [e["logits_bytes"] for e in est]),
+        line("estimated: the step's own tensors at their peak", [r.get("estimate_in_step_bytes") for r in rows]),
+        line("measured: the step's own tensors at their peak", [m.get("allocated_step_peak_bytes") for m in meas]),
+        line(
+            "ratio measured / estimated (1.00 = exact)",
+            [r.get("measured_over_estimate") for r in rows],
+            "{:.2f}".format,
+        ),
+        line("measured: the whole process at its peak", [m.get("peak_bytes") for m in meas]),
+    ]
+    budget = details.get("budget_bytes")
+    if budget:
+        out.append([f"budget ({details.get('budget_source')})", *(format_bytes(budget) for _ in rows)])
+    return [f"step memory, micro-batch {mb}", *(f"length {r['length']}" for r in rows)], out
+
+
+def print_memory_plain(check: dict[str, Any] | None) -> None:
+    """:func:`memory_plain_rows` as a table on the screen (nothing when the check has no rows)."""
+    cols, rows = memory_plain_rows(check)
+    if rows:
+        console.print(table("step memory: what one training step holds", cols, rows))
 
 
 def check_max_micro_batch(

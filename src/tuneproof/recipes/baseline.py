@@ -20,7 +20,7 @@ from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import evaluate_into, evaluation_run, print_metrics, record_inputs, require_backend
 from tuneproof.recipes.protocol import require_data_check
 from tuneproof.study import STUDY_FILE
-from tuneproof.ui import console, user_text
+from tuneproof.ui import console, heartbeat, user_text
 
 
 def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -> str:
@@ -34,7 +34,7 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
     check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
     require_backend(ctx)  # eval.backend vllm without vllm or CUDA: exit 2 before any run
     data_check = require_data_check(ctx, "baseline", data_check_override)
-    with evaluation_run(ctx, "baseline") as run:
+    with evaluation_run(ctx, "baseline") as run, heartbeat("baseline", "hashing the base model's weights") as beat:
         record_inputs(ctx, run)
         run.write_json("base.json", base_hashes(ctx.base))  # compare refuses candidates trained on another base
         run.update_summary(
@@ -44,11 +44,12 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
         examples = ctx.eval_examples()
         device, _, _ = ctx.torch_setup()
         console.print(
-            f"[bold]{run.id}[/] baseline of {user_text(ctx.base.name)} on {len(examples)} "
+            f"[bold]{run.id}[/] baseline of {user_text(ctx.base.display_name)} on {len(examples)} "
             f"'{user_text(ctx.study.eval.split)}' examples",
             soft_wrap=True,
         )
         labels = ctx.head_labels
+        beat.update("loading the base model")
         # training.bf16_base_weights: the base evaluated as the candidate's will be, its weights in bf16
         model = cast_base_for_inference(load_model(ctx.base, ctx.head, labels=labels), ctx.base_weights).to(device)
         if labels is not None:
@@ -56,6 +57,7 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
                 "[yellow]note[/]: an encoder's classification head is untrained "
                 "before fine-tuning; its baseline is chance level"
             )
+        beat.update(f"evaluating {len(examples)} examples")
         print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline"))
         run.update_summary(base=ctx.base.identity())
         return run.id

@@ -27,7 +27,7 @@ from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.fingerprint import diff_fingerprints
 from tuneproof.evaluation.outputs import check_complete
-from tuneproof.evaluation.screen import fmt_p, guard_lines
+from tuneproof.evaluation.screen import fmt_p, guard_lines, metric_short
 from tuneproof.io import read_json
 from tuneproof.models.identity import compare_recorded
 from tuneproof.recipes.common import load_outputs
@@ -230,7 +230,7 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
         console.print(user_text(line).replace("WARNING", "[yellow]WARNING[/]"), soft_wrap=True)
     rows = [
         [
-            user_text(m, one_line=True),
+            user_text(metric_short(m), one_line=True),
             fmt(v["base"]),
             fmt(v["cand"]),
             fmt(v["delta"]),

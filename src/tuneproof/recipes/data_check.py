@@ -49,7 +49,7 @@ from tuneproof.modalities.base import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHECKS,
 from tuneproof.recipes.common import record_inputs
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config
-from tuneproof.ui import console, fmt, progress_bar, table, user_text, visible_text
+from tuneproof.ui import capped, console, fmt, heartbeat, progress_bar, table, user_text, visible_text
 
 #: examples encoded between two progress updates of the data check
 ENCODE_CHUNK = 256
@@ -64,6 +64,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
     n_all = sum(len(v) for v in splits.values())
     # progress over the two long parts on a large set: duplicates (all splits, one step) and the trainer's encoding
     with progress_bar("data check", n_all + sum(len(v) for v in to_encode.values())) as advance:
+        advance(0, "finding duplicates")  # what the lines off a terminal say until it is done
         # text duplicates (an image study's are found by the image audit, on the pixels, not the paths)
         dedup = find_duplicates(
             ctx.modality.duplicate_input(splits),
@@ -81,7 +82,8 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
                 advance(len(items[i : i + ENCODE_CHUNK]), f"encoding {name}")
     kind = get_task(ctx.task)
     # the task kind's own audit (labels, targets, label sets) and the modality's (images: form, duplicates, shortcuts)
-    audit = ctx.modality.audit(kind, splits, task_config(ctx), ctx.pipeline)
+    with heartbeat("data check", "auditing labels, targets and inputs"):  # images: every file decoded
+        audit = ctx.modality.audit(kind, splits, task_config(ctx), ctx.pipeline)
     faults = [
         {
             "id": e.id,
@@ -245,9 +247,7 @@ def target_lines(rep: dict[str, Any]) -> list[str]:
             out.append(
                 f"label sets {split}: {len(sup)} labels, labels per example mean "
                 f"{mean} (min {c['min']}, max {c['max']}); "
-                "support: "
-                + ", ".join(f"{k} {v}" for k, v in list(sup.items())[:12])
-                + (" ..." if len(sup) > 12 else "")
+                "support: " + capped([f"{k} {v}" for k, v in sup.items()])
             )
     return out
 

@@ -26,7 +26,7 @@ from tuneproof.recipes.common import (
     require_backend,
     served_paths,
 )
-from tuneproof.ui import console, user_text
+from tuneproof.ui import console, heartbeat, user_text
 
 
 def run_eval(ctx: StudyContext, train_run: str) -> str:
@@ -44,12 +44,13 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
     check_tokenizer(ctx, rec.id, "eval")
     trained = check_trained_weights(ctx, rec.id, "eval")
     require_backend(ctx)
-    with evaluation_run(ctx, "eval", parent=rec.id) as run:
+    with evaluation_run(ctx, "eval", parent=rec.id) as run, heartbeat("eval", f"loading {rec.id}") as beat:
         inputs = record_inputs(ctx, run)
         note_library_drift(ctx, run, rec.id, inputs["env"])
         run.update_summary(trained_weights=trained)  # the adapter this eval loaded; export compares it
         model = load_trained(ctx, rec.id)
         examples = ctx.eval_examples()
+        beat.update(f"evaluating {len(examples)} examples")
         console.print(
             f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{user_text(ctx.study.eval.split)}' examples",
             soft_wrap=True,

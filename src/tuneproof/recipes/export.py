@@ -90,7 +90,7 @@ from tuneproof.recipes.common import (
     trained_base_weights,
 )
 from tuneproof.recipes.compare import print_judging
-from tuneproof.ui import console, user_text
+from tuneproof.ui import Heartbeat, console, heartbeat, user_text
 
 DEFAULT_K = 8  # stored verification examples
 
@@ -286,11 +286,13 @@ def build_bundle(
     device: str = "cpu",
     judging: hyp.Judging | None = None,
     trained: dict[str, Any] | None = None,
+    beat: Heartbeat | None = None,
 ) -> dict[str, Any]:
     """Write every file of the bundle into ``tmp`` and return the manifest (also written).
 
     ``trained``: the checked sha256 of the exported files (:func:`check_exported_weights`), recorded in
-    the manifest as ``trained_weights``.
+    the manifest as ``trained_weights``. ``beat``: told which part is being written (the lines off a
+    terminal, :func:`tuneproof.ui.heartbeat`).
 
     Raises:
         CheckFailed: a module_to_save without a tensor, added tokens without saved embeddings, or
@@ -298,6 +300,7 @@ def build_bundle(
     """
     if judging is None:
         judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry)
+    beat = beat or Heartbeat("export")
     src = ctx.registry.runs_dir / rec.id
     payload = "adapter" if (src / "adapter" / "adapter_config.json").exists() else "model"
     if not (src / payload).exists():
@@ -429,6 +432,7 @@ def build_bundle(
         "quantization": quantization,
     }
     t0 = time.perf_counter()
+    beat.update(f"predicting {len(chosen)} verification examples with the bundle")
     model = load_bundle_model(tmp, man, Path(base["path"]))
     tok = load_tokenizer_at(Path(base["path"]) if payload == "adapter" else tmp / "model", man)
     ref = reproduce(model, tok, chosen, procedure, root=tmp)
@@ -442,6 +446,7 @@ def build_bundle(
         )
     merge_info = None
     if merge:
+        beat.update("merging the adapter into the base and predicting again")
         merged = model.merge_and_unload()
         merged.save_pretrained(tmp / "merged", safe_serialization=True)
         tok.save_pretrained(tmp / "merged")
@@ -626,7 +631,7 @@ def _forget_temp(run) -> None:
 
 def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging, trained) -> str:
     """The export run of :func:`run_export`, under the bundle's lock."""
-    with ctx.registry.run("export", parent=rec.id) as run:
+    with ctx.registry.run("export", parent=rec.id) as run, heartbeat("export", "writing the bundle") as beat:
         # the temp folder is named and recorded before it exists: after a kill -9 the next run's cleanup
         # (Registry.clean_stale_temps) finds it wherever --out put it
         tmp = dest.parent / f".{dest.name}.{run.id}.tmp-export"
@@ -649,11 +654,13 @@ def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging,
                 device=device,
                 judging=judging,
                 trained=trained,
+                beat=beat,
             )
             console.print(
                 f"[bold]{run.id}[/] bundle of {rec.id} written ("
                 f"{len(man['files'])} files); verifying in a fresh process"
             )
+            beat.update("verifying the bundle in a fresh process")
             report = verify_in_fresh_process(tmp)
             run.write_json("verify.json", report)
             if not report["passed"]:

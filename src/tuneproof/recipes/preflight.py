@@ -114,10 +114,10 @@ from tuneproof.preflight.eval_memory import check_eval_memory, eval_batch_rate
 from tuneproof.preflight.packing import check_study_packing
 from tuneproof.preflight.precision import check_bf16_base_weights, check_precision
 from tuneproof.preflight.qlora import check_qlora_step, check_qlora_storage
-from tuneproof.preflight.report import PreflightReport, check_result, error_message, to_gib
+from tuneproof.preflight.report import PreflightReport, check_result, error_message, print_header, to_gib
 from tuneproof.preflight.scope import describe_changes, preflight_changes
 from tuneproof.preflight.smoke import SMOKE_CHECKS, check_smoke
-from tuneproof.preflight.step_memory import check_max_micro_batch, check_step_memory, print_memory_breakdown
+from tuneproof.preflight.step_memory import check_max_micro_batch, check_step_memory, print_memory_plain
 from tuneproof.preflight.targets import check_target_modules
 from tuneproof.preflight.training_data import check_image_training_data, check_text_training_data
 from tuneproof.preflight.update_check import check_update_step
@@ -126,12 +126,10 @@ from tuneproof.training.budget import budget as step_budget
 from tuneproof.training.compiled import prove_compile, record_of, remove_compile
 from tuneproof.training.loop import _micro_loss, seed_everything
 from tuneproof.training.speedups import resolve_auto
-from tuneproof.ui import console, table, user_text
+from tuneproof.ui import capped, console, heartbeat, user_text
 
 PREFLIGHT_FILE = "preflight.json"
 PROBE_MICRO_BATCH = 1  # examples per micro-batch of the probes (update, accumulation, precision, checkpointing)
-#: terminal width from which the preflight table shows each check's numbers (key=value, never cut)
-NUMBERS_FROM_COLUMNS = 120
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -149,8 +147,9 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
             recorded failed with the first failure as its reason.
     """
     t_start = time.perf_counter()
-    with ctx.registry.run("preflight") as run:
-        rep = PreflightReport()
+    with ctx.registry.run("preflight") as run, heartbeat("preflight", "environment") as beat:
+        print_header(f"preflight {run.id}: one row per check (every number: runs/{run.id}/{PREFLIGHT_FILE})")
+        rep = PreflightReport(beat)
         snapshot = environment_snapshot()
         rep.run("environment", lambda: check_environment(ctx, snapshot))
         backend, choice = check_backend(ctx)
@@ -184,7 +183,7 @@ def run_preflight(ctx: StudyContext, *, memory_budget: int | None = None, find_m
             if run.summary.get("budget_seconds") is not None:
                 extra["budget_seconds"] = round(run.summary["budget_seconds"] + compile_s, 1)
             run.update_summary(**extra)
-        _print_table(rep, run.id, seconds)
+        _print_end(rep, run.id, seconds)
         if rep.failed:
             first = rep.failed[0]
             raise CheckFailed(
@@ -383,11 +382,9 @@ def _text_checks(
     cfg = ctx.study.training
     lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
     dtype = choice["dtype"]
-    print_memory_breakdown(
-        rep.run(
-            "step memory",
-            lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast),
-        )
+    rep.run(
+        "step memory",
+        lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast),
     )
     rep.run("eval memory", lambda: check_eval_memory(model, ctx, budget, budget_source, autocast))
     if find_max:
@@ -480,6 +477,8 @@ def _named(table: dict[str, Any], names: tuple[str, ...]):
 
 
 def _smoke(ctx: StudyContext, run, rep: PreflightReport, model, usable: list, skip_rest) -> None:
+    if rep.beat is not None:
+        rep.beat.update("smoke pass: training steps, an evaluation, a reload in a fresh process")
     try:
         check_smoke(ctx, run, model, usable, rep)
     except (KeyboardInterrupt, SystemExit):
@@ -561,45 +560,17 @@ def _write(
     )
 
 
-def _numbers_text(numbers: dict[str, Any], limit: int = 6) -> str:
-    """The first ``limit`` numbers of a check as ``key=value; ...`` (floats as ``:.4g``, lists cut to 4 items)."""
-    parts = []
-    for k, v in list(numbers.items())[:limit]:
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        elif isinstance(v, list):
-            v = ",".join(str(round(x, 4) if isinstance(x, float) else x) for x in v[:4]) + ("..." if len(v) > 4 else "")
-        parts.append(f"{k}={v}")
-    return "; ".join(parts)
-
-
-def _print_table(rep: PreflightReport, run_id: str, seconds: float) -> None:
-    tags = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}
-    rows = [
-        [
-            c["name"],
-            tags[c["passed"]],
-            user_text(_numbers_text(c["numbers"], 4)),
-            user_text(c["message"][:240] + ("..." if len(c["message"]) > 240 else "")),
-        ]
-        for c in rep.checks
-    ]
-    # a number folded across two lines reads as another number (trainable_tensors=24 / 0): the numbers
-    # are whole or left out (narrow terminals, logs: they are in preflight.json)
-    drop = ("numbers",) if console.width < NUMBERS_FROM_COLUMNS else ()
-    if drop:
-        rows = [[r[0], r[1], r[3]] for r in rows]
-    columns = ["check", "result", "message"] if drop else ["check", "result", "numbers", "message"]
-    console.print(table(f"preflight {run_id} ({seconds:.0f} s)", columns, rows, keep=("check", "numbers")))
-    if drop:
-        console.print(
-            f"[dim]each check's numbers: runs/{run_id}/preflight.json "
-            f"(a terminal of {NUMBERS_FROM_COLUMNS} columns shows them here)[/]"
-        )
+def _print_end(rep: PreflightReport, run_id: str, seconds: float) -> None:
+    """Below the table printed row by row: the step memory in plain words, each failed check's whole
+    message, and the verdict."""
+    print_memory_plain(rep.get("step memory"))
+    for c in rep.failed:
+        console.print(f"[red]{c['name']} failed[/]: {user_text(c['message'], limit=None)}", soft_wrap=True)
+    took = f"preflight {run_id} ({seconds:.0f} s, {len(rep.checks)} checks)"
     if rep.failed:
-        console.print(f"[red]preflight failed: {', '.join(c['name'] for c in rep.failed)}[/]")
+        console.print(f"[red]{took} failed: {capped([c['name'] for c in rep.failed])}[/]")
     else:
-        console.print("[green]preflight passed[/]: `tuneproof train` may start on this config, data and platform")
+        console.print(f"[green]{took} passed[/]: `tuneproof train` may start on this config, data and platform")
 
 
 # --------------------------------------------------------------------------- the gate of `train`

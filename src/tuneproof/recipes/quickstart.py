@@ -17,6 +17,7 @@ from tuneproof.context import StudyContext
 from tuneproof.data.digits import write_digits_folder
 from tuneproof.data.locate import find_data_root
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.screen import metric_short
 from tuneproof.io import atomic_write_text
 from tuneproof.models.base import MODEL_CACHE
 from tuneproof.models.vision import build_init_vit
@@ -127,11 +128,11 @@ def run_quickstart(
     if task == "image-classification":
         root = None
         preflight = True
-        console.rule(f"tuneproof quickstart --task image-classification in {user_text(directory)}")
+        header(f"tuneproof quickstart --task image-classification in {directory}")
         write_image_quickstart_study(directory, fast=fast)
     else:
         root = find_data_root(data, "snips")
-        console.rule(f"tuneproof quickstart in {user_text(directory)} (data: {user_text(root)})")
+        header(f"tuneproof quickstart in {directory} (data: {root})")
         write_quickstart_study(directory, fast=fast)
     ctx = StudyContext.open(directory, root)
     out: dict = {"runs": {}}
@@ -164,12 +165,19 @@ def run_quickstart(
     return out
 
 
+def header(text: str) -> None:
+    """The quickstart's first line, whole at any width (a rule's title is cut with "..." to fit),
+    then a rule."""
+    console.print(f"[bold]{user_text(text, limit=None)}[/]", soft_wrap=True)
+    console.rule()
+
+
 def _print_outcome(ctx: StudyContext, out: dict) -> None:
     base = ctx.registry.get(out["runs"]["baseline"]).summary.get("metrics", {})
     cand = ctx.registry.get(out["runs"]["eval"]).summary.get("metrics", {})
     rows = [
         [
-            k,
+            metric_short(k),
             fmt(base.get(k)),
             fmt(cand.get(k)),
             fmt(

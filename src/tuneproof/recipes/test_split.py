@@ -9,15 +9,21 @@ control. The metrics are scored with the hypothesis frozen with the first train 
 fields, format rule); when the study file's differs, the change is shown key by key and the
 headline under the edited definition is given too; ``--use-edited-hypothesis REASON`` scores with
 the edited one (recorded in the summary, the test access log and ``hypothesis.overrides.jsonl``).
+Within the same read, a trained candidate is paired with the base model on the test split (the
+baseline's procedure; ``baseline_outputs.jsonl``, ``test_compare.json``): each metric of both, the
+delta with its paired bootstrap 95% interval and the success criterion's verdict, rounded on screen
+(with ``eval.backend: vllm`` the pairing is left to ``compare``).
 """
 
 from __future__ import annotations
 
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
+from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.metrics import score
-from tuneproof.evaluation.screen import reuse_line
-from tuneproof.io import read_jsonl
+from tuneproof.evaluation.predict import predict
+from tuneproof.evaluation.screen import metric_short, reuse_line
+from tuneproof.io import read_jsonl, write_jsonl
 from tuneproof.models.base import load_model
 from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import (
@@ -35,7 +41,7 @@ from tuneproof.recipes.common import (
 from tuneproof.recipes.compare import print_judging
 from tuneproof.registry import iso
 from tuneproof.tasks import task_config
-from tuneproof.ui import console, user_text
+from tuneproof.ui import console, fmt, heartbeat, table, user_text
 
 
 def test_reuse(ctx: StudyContext, candidate: str) -> list[str]:
@@ -113,9 +119,15 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
             extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
         print_metrics(ctx, metrics)
         print_judging(judging)
-        console.print(f"  scored with the {judging.judged_against} hypothesis: {headline(ctx.task, metrics)}")
+        console.print(f"  scored with the {judging.judged_against} hypothesis: {rounded(headline(ctx.task, metrics))}")
         for k, v in extra.items():
-            console.print(f"  scored with the {k.removeprefix('metrics_')} hypothesis: {v}")
+            console.print(f"  scored with the {k.removeprefix('metrics_')} hypothesis: {rounded(v)}")
+        versus = None
+        if cand != "base":
+            del model
+            versus = versus_base(ctx, run, examples, view)
+            if versus is not None:
+                extra["versus_base"] = versus
         run.update_summary(
             candidate=cand,
             test_reuse=reasons,
@@ -136,3 +148,74 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         )
         hyp.record_override(ctx.study_dir, judging, "test", run.id)
         return run.id
+
+
+def rounded(metrics: dict[str, float]) -> str:
+    """Headline metrics for the screen: ``accuracy 0.026, macro-F1 0.012`` (display names, 3 decimals)."""
+    return ", ".join(f"{metric_short(k)} {fmt(v)}" for k, v in metrics.items()) or "-"
+
+
+def versus_base(ctx: StudyContext, run, examples: list, view: dict) -> dict | None:
+    """The base model on the same test examples, in the same read, paired with the candidate's
+    ``outputs.jsonl``: ``{"n", "metrics": {key: {"base", "cand", "delta", "ci"}}, "verdict", "success"}``
+    (headline metrics only; the whole comparison in ``test_compare.json``), printed as a table.
+    None with ``eval.backend: vllm`` (its backend check would run a second time; ``compare`` pairs)."""
+    if ctx.study.eval.backend == "vllm":
+        console.print("[dim]the pairing with the base model on the test split needs eval.backend: transformers[/]")
+        return None
+    device, _, _ = ctx.torch_setup()
+    with heartbeat("test", "loading the base model"):
+        base = load_model(ctx.base, ctx.head, labels=ctx.head_labels)
+        model = cast_base_for_inference(base, ctx.base_weights).to(device)
+    preds = predict(ctx, model, examples, "test base model")
+    rows = [
+        {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
+        for e, p in zip(examples, preds)
+    ]
+    write_jsonl(run.path("baseline_outputs.jsonl"), rows)
+    result = paired_compare(
+        rows,
+        read_jsonl(run.path("outputs.jsonl")),
+        ctx.task,
+        required_fields=view["required_fields"],
+        eval_cfg=hyp.eval_for(view, ctx.study.eval),
+        hypothesis=hyp.as_hypothesis(view),
+        iterations=ctx.study.eval.bootstrap_iterations,
+        seed=ctx.study.eval.seed,
+        labels=task_config(ctx).labels,
+    )
+    run.write_json("test_compare.json", result)
+    keys = [
+        k for k in headline(ctx.task, {k: v["cand"] for k, v in result["metrics"].items()}) if k in result["metrics"]
+    ]
+    keys = keys or list(result["metrics"])
+    shown = {k: result["metrics"][k] for k in keys}
+    rows_ = [
+        [
+            metric_short(k),
+            fmt(v["base"]),
+            fmt(v["cand"]),
+            fmt(v["delta"]),
+            "[" + ", ".join(fmt(x) for x in v["ci"] or [None, None]) + "]",
+        ]
+        for k, v in shown.items()
+    ]
+    console.print(
+        table(
+            f"test split: candidate vs base model on {result['n']} paired examples "
+            "(95% paired bootstrap CI of the delta)",
+            ["metric", "base model", "candidate", "delta", "95% CI"],
+            rows_,
+        )
+    )
+    success = next((v for v in result.get("verdicts") or [] if v["kind"] == "success"), None)
+    if success:
+        console.print(
+            f"  {success['verdict']}: {user_text(success['name'])} on the test split ({user_text(success['detail'])})"
+        )
+    return {
+        "n": result["n"],
+        "metrics": shown,
+        "verdict": (result.get("overall") or {}).get("verdict"),
+        "success": None if success is None else success["verdict"],
+    }

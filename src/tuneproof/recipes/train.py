@@ -52,7 +52,7 @@ from tuneproof.training import loop  # loop.train looked up at call time: tests 
 from tuneproof.training.budget import budget
 from tuneproof.training.health import HealthFault
 from tuneproof.training.parallel import World, param_signature, wrap
-from tuneproof.ui import console, progress_bar, user_text
+from tuneproof.ui import Heartbeat, console, heartbeat, progress_bar, user_text
 
 
 def record_start(ctx: StudyContext, run) -> dict[str, Any]:
@@ -116,7 +116,15 @@ def run_train(
     elif order is None:  # resumed or a rank: the gates were passed when the run started
         order = {}
 
-    def body(run) -> str | None:
+    def body(run) -> str | None:  # off a terminal, rank 0 says what it does every 30 s (ui.heartbeat)
+        with (
+            heartbeat("train", "hashing the base model")
+            if run is not None
+            else contextlib.nullcontext(Heartbeat("train")) as beat
+        ):
+            return phases(run, beat)
+
+    def phases(run, beat: Heartbeat) -> str | None:
         if resume_from is None and world is None:
             base = record_start(ctx, run)
         else:
@@ -127,11 +135,13 @@ def run_train(
             run.update_summary(preflight_override=opts.preflight_override)
         if order:
             run.update_summary(**order)
+        beat.update("encoding the train split")
         train_set = ctx.split("train")
         # images: the train-time transforms (data.image.horizontal_flip) apply to the train split only
         encoded = ctx.modality.encode_for_training(ctx.pipeline, train_set)
         raise_on_faults(encoded, "train")
         loop.seed_everything(ctx.study.training.seed)  # initialisation (LoRA matrices, new heads) follows training.seed
+        beat.update("loading and adapting the base model")
         model, report = ctx.build_model()
         frozen_before = None
         if world is not None:
@@ -173,6 +183,7 @@ def run_train(
                 f"of {plan['examples_per_epoch']} examples" + (f" per process ({ws} processes)" if ws > 1 else "")
             )
         extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
+        beat.update("training")
         with (
             progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)
         ) as advance:
@@ -194,6 +205,7 @@ def run_train(
                 world=world,
                 speedup_rules=speedup_rules(ctx, model, ws),
             )
+        beat.update("saving the trained weights")
         if world is not None:
             save_ranks(run, model, frozen_before)
             if run is None:

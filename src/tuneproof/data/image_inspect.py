@@ -5,7 +5,6 @@ trainer feeds, the train-time flip included on the train split)."""
 from __future__ import annotations
 
 import base64
-import html
 import io
 
 import numpy as np
@@ -62,8 +61,8 @@ def render_html(items: list[tuple[Example, ImageEncoded, Image.Image]], title: s
             f"</td><td style='font-family:monospace;font-size:12px'>{text}</td></tr>"
         )
     return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title></head><body>"
-        f"<h1>{html.escape(title)}</h1><p>Left: the file as decoded (EXIF "
+        "<!doctype html><html><head><meta charset='utf-8'><title>" + html_text(title) + "</title></head><body>"
+        f"<h1>{html_text(title)}</h1><p>Left: the file as decoded (EXIF "
         "orientation applied). Middle: the tensor the model "
         "receives after the study's transforms and the image processor, each "
         "channel scaled to its own min-max for display. "

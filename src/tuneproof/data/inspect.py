@@ -8,14 +8,13 @@ code path the trainer uses; nothing is re-tokenised here.
 
 from __future__ import annotations
 
-import html
 from collections import defaultdict
 
 import numpy as np
 
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import IGNORE_INDEX, Encoded, visible
-from tuneproof.ui import visible_text
+from tuneproof.ui import html_text, visible_text
 
 LEGEND_CAUSAL = (
     "legend: dim = prompt (not in the loss); green = supervised (in the loss); magenta = special token; '|' between "
@@ -170,30 +169,28 @@ def render_html(items: list[tuple[Encoded, list[dict]]], title: str, classes: li
     )
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>"
-        f"{html.escape(title)}</title><style>{css}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1><p>{html.escape(legend)}</p>",
+        f"{html_text(title)}</title><style>{css}</style></head><body>",
+        f"<h1>{html_text(title)}</h1><p>{html_text(legend)}</p>",
     ]
     for enc, rows in items:
-        parts.append(f"<h2>{html.escape(header(enc, classes))}</h2><div>")
+        parts.append(f"<h2>{html_text(header(enc, classes))}</h2><div>")
         for r in rows:
             cls = "tok " + ("sup" if r["supervised"] else "pro") + (" spe" if r["special"] else "")
             tip = f"pos {r['pos']} id {r['id']}" + (
                 f" → scored against {r['scored_against']!r}" if r["scored_against"] is not None else ""
             )
-            parts.append(
-                f"<span class='{cls}' title='{html.escape(tip, quote=True)}'>{html.escape(_visible(r['text']))}</span>"
-            )
+            parts.append(f"<span class='{cls}' title='{html_text(tip)}'>{html_text(_visible(r['text']))}</span>")
         if enc.truncated:
             parts.append(f"<span class='cut'>✂ truncated: {enc.full_length - len(enc.input_ids)} tokens cut</span>")
         parts.append("</div>")
         if is_cls:
-            parts.append(f"<p class='cls'>{html.escape(class_line(enc, classes))}</p>")
+            parts.append(f"<p class='cls'>{html_text(class_line(enc, classes))}</p>")
         diff = prefix_diff_lines(enc)
         if diff:
-            parts.append("<pre class='fault'>" + html.escape("\n".join(diff)) + "</pre>")
+            parts.append("<pre class='fault'>" + html_text("\n".join(diff), limit=None) + "</pre>")
         for n in enc.notes:
-            parts.append(f"<p>note: {html.escape(n)}</p>")
+            parts.append(f"<p>note: {html_text(n)}</p>")
         for f in enc.faults:
-            parts.append(f"<p class='fault'>FAULT: {html.escape(f)}</p>")
+            parts.append(f"<p class='fault'>FAULT: {html_text(f)}</p>")
     parts.append("</body></html>")
     return "".join(parts)

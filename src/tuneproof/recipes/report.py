@@ -11,7 +11,7 @@ Features (option that turns each on):
 - Markdown that reads in a terminal (always);
 - ``--html``: one self-contained page (inline CSS, no script, plots as base64 PNG drawn with
   matplotlib: loss curves per run, per-class/per-field bars baseline vs candidate, confusion
-  matrices, token lengths, step memory and throughput); every text is ``html.escape``-d.
+  matrices, token lengths, step memory and throughput); every text goes through ``tuneproof.ui.html_text``.
 Both files are written atomically. Reads recorded evidence only: no data, no model.
 
 Evidence a verdict needs that is missing or broken (the baseline's or a candidate's outputs of the

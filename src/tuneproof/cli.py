@@ -439,8 +439,11 @@ def runs_mark_interrupted(
 ) -> None:
     """Mark a running run interrupted now, without waiting for its heartbeat to go stale; a train run can then be resumed."""  # noqa: E501 (the command list prints it as written)
     from tuneproof.registry import Registry  # noqa: PLC0415
+    from tuneproof.tracking import attach_study_file  # noqa: PLC0415
 
-    rec = Registry(study).mark_interrupted(run, why)
+    reg = Registry(study)
+    attach_study_file(reg, study)  # the trackers get the new status
+    rec = reg.mark_interrupted(run, why)
     console.print(
         f"{rec.id}: interrupted ({user_text(rec.reason)})"
         + (f"; next: tuneproof resume {rec.id}" if rec.kind == "train" else ""),
@@ -507,8 +510,11 @@ def invalidate(
 ) -> None:
     """Mark a run invalid (it stays listed, with the reason)."""
     from tuneproof.registry import Registry  # noqa: PLC0415
+    from tuneproof.tracking import attach_study_file  # noqa: PLC0415
 
-    rec = Registry(study).invalidate(run, why)
+    reg = Registry(study)
+    attach_study_file(reg, study)  # the trackers get the new status
+    rec = reg.invalidate(run, why)
     console.print(f"{rec.id}: invalid ({user_text(rec.reason)})", soft_wrap=True)
 
 

@@ -384,3 +384,18 @@ def test_a_tracker_added_before_a_resume_gets_the_whole_run(tmp_path, base, stor
     assert mirrored.info.run_name == rec.id and mirrored.info.status == "FINISHED"
     history = _client(store).get_metric_history(mirrored.info.run_id, "train/loss")
     assert [m.step for m in history] == [1, 2, 3, 4]  # each step once
+
+
+def test_invalidate_from_the_command_line_reaches_the_tracker(tmp_path, base, store, capsys):
+    from tuneproof.cli import main
+    from tuneproof.context import StudyContext
+
+    study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": store, "experiment": "cli-invalidate"}}})
+    run_id = _fake_train(StudyContext.open(study), [2.0, 1.0])
+    assert _runs(store, "cli-invalidate")[run_id].info.status == "FINISHED"
+    with pytest.raises(SystemExit) as exit_:
+        main(["invalidate", run_id, "--why", "label leak found", "--study", str(study)])
+    assert exit_.value.code == 0, capsys.readouterr()
+    mirrored = _runs(store, "cli-invalidate")[run_id]
+    assert mirrored.info.status == "FAILED" and mirrored.data.tags["tuneproof.status"] == "invalid"
+    assert mirrored.data.tags["tuneproof.reason"].startswith("label leak found")

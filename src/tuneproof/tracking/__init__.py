@@ -36,7 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json, write_json
+from tuneproof.study import read_study, validate_study
 from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable, step_metrics
 from tuneproof.tracking.mlflow import MlflowTracker
 from tuneproof.tracking.others import TrackioTracker, WandbTracker
@@ -53,6 +55,7 @@ __all__ = [
     "TrackerUnavailable",
     "Mirror",
     "attach",
+    "attach_study_file",
     "trackers_for",
     "mirror_run",
     "sync",
@@ -309,6 +312,18 @@ def attach(registry, study, study_dir, config: dict[str, Any] | None = None, *, 
     registry.step_hooks.append(mirror.stepped)
     registry.end_hooks.append(mirror.ended)
     return mirror
+
+
+def attach_study_file(registry, study_dir, *, warn=None) -> Mirror | None:
+    """:func:`attach` for a command that reads no more of the study than its trackers (``invalidate``,
+    ``runs mark-interrupted``): the study file validated by the schema alone; a study file that does
+    not validate leaves the registry without trackers (the change reaches them at the next sync)."""
+    try:
+        raw, path = read_study(study_dir)
+        study = validate_study(raw, path)
+    except TuneproofError:
+        return None
+    return attach(registry, study, study_dir, None, warn=warn)
 
 
 def publish_dossier(study, study_dir: Path, paths: list[Path], *, warn=None) -> list[str]:

@@ -170,3 +170,22 @@ def test_input_text_supervised_before_the_answer_is_a_fault_other_text_a_note():
         "the model is also trained to generate '<think></think>' before the answer (the chat template adds it when "
         "an answer follows, the inference prompt does not end with it)"
     ]
+
+
+@pytest.mark.parametrize("adds_end", [True, False])
+def test_a_truncated_classifier_input_keeps_an_end_token_only_when_the_tokenizer_adds_one(adds_end):
+    # training's truncation equals the tokenizer's own (what evaluation calls): with no end token added,
+    # the last word is not kept in place of one
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[SEP]", "a", "b", "c", "d", "e"])}
+    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    if adds_end:
+        raw.post_processor = processors.TemplateProcessing(single="$A [SEP]", special_tokens=[("[SEP]", 2)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]", sep_token="[SEP]")
+    pipe = TextPipeline(tok, Prompt(system=None), max_length=3, labels=["x", "y"])
+    enc = pipe.encode(Example("t", "a b c d e", label="x"))
+    assert enc.truncated and enc.input_ids == ([3, 4, 2] if adds_end else [3, 4, 5])
+    assert enc.input_ids == tok("a b c d e", truncation=True, max_length=3)["input_ids"]

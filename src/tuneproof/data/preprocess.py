@@ -313,8 +313,9 @@ class TextPipeline:
             faults.append(f"label {ex.label!r} is not one of the {len(self.labels)} classes")
         full_len = len(ids)
         truncated = full_len > self.max_length
-        if truncated:  # keep the final [SEP]-like token
-            ids = ids[: self.max_length - 1] + ids[-1:]
+        if truncated:  # keep the end token the tokenizer adds ([SEP]), as its own truncation at evaluation does
+            end = ids[-1:] if ids[-1] in set(self.tok.all_special_ids) else []
+            ids = ids[: self.max_length - len(end)] + end
         return Encoded(
             id=ex.id,
             category=ex.label,

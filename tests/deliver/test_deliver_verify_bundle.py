@@ -146,7 +146,7 @@ def test_adapter_tensor_names_under_another_prefix_fail_the_reload_naming_the_ke
     assert reload["name"] == "reload" and not reload["passed"] and not report["passed"]
     # the classifier head is saved whole (modules_to_save): PEFT looks it up first, by name
     assert reload["detail"] == (
-        f"CheckFailed: the adapter {bundle_copy / 'adapter'} does not match the base model: the tensor "
+        f"CheckFailed: the adapter {bundle_copy / 'adapter'} does not match the model: the tensor "
         f"base_model.model.classifier.weight is not in the file (its {len(tensors)} tensors: "
         "base_model.model.other.bert.encoder.layer.0.attention.self.query.lora_A.weight, "
         "base_model.model.other.bert.encoder.layer.0.attention.self.query.lora_B.weight ...)"

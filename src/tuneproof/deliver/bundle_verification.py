@@ -113,9 +113,10 @@ def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, w
     head = modality_for(proc["model_kind"]).head(proc["model_kind"])
     labels = manifest.get("labels") if head.labels_from is not None else None
     if which == "merged":
-        model = cast_base_for_inference(load_model(_ref(bundle / "merged", manifest), head, labels=labels), held)
+        merged = load_model(_ref(bundle / "merged", manifest), head, labels=labels, saved=True)
+        model = cast_base_for_inference(merged, held)
     elif manifest["payload"] == "model":
-        model = load_model(_ref(bundle / "model", manifest), head, labels=labels)
+        model = load_model(_ref(bundle / "model", manifest), head, labels=labels, saved=True)
     else:
         # qlora: the unquantized base quantized to 4-bit with the recorded config, as it was trained and evaluated
         base = load_model(_ref(base_path, manifest), head, labels=labels, quantization=manifest.get("quantization"))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import sha256_file_cached, write_json
 from tuneproof.models.heads import Head
 from tuneproof.models.quant import bnb_config, keep_training_kernels, require_4bit_device
@@ -373,6 +373,7 @@ def load_model(
     dtype=None,
     labels: list[str] | None = None,
     quantization: dict[str, Any] | None = None,
+    saved: bool = False,
 ):
     """Load the base model with ``head`` (its model kind, :class:`tuneproof.models.heads.Head`) in
     ``dtype`` (default fp32). A classification head gets ``len(labels)`` outputs and
@@ -386,17 +387,49 @@ def load_model(
     ``BitsAndBytesConfig``; on the CUDA device when there is one, else on the CPU), the other
     weights stay in ``dtype``.
 
+    ``saved``: ``ref.path`` holds a model a run saved (full fine-tuning, a bundle's ``model/`` or ``merged/``):
+    every weight must load from the file and every tensor of the file into the model, by transformers' loading
+    info (missing / unexpected keys), else it is refused (a base's new head is expected to be missing; a saved
+    model's is not).
+
     Raises:
-        TuneproofError: a classification head without labels (names where the labels come from)."""
+        TuneproofError: a classification head without labels (names where the labels come from).
+        CheckFailed: ``saved`` and unmatched keys (:func:`unmatched_keys` names them)."""
     import torch  # noqa: PLC0415
 
     dtype = dtype or torch.float32
     what = " in 4-bit " + quantization["bnb_4bit_quant_type"] if quantization else ""
     with console.status(f"loading {user_text(ref.display_name)} ({ref.revision[:19]}){what}"):
-        return _load(ref, head, dtype, labels, quantization)
+        return _load(ref, head, dtype, labels, quantization, saved)
 
 
-def _load(ref: BaseModelRef, head: Head, dtype, labels: list[str] | None, quantization: dict[str, Any] | None = None):
+def unmatched_keys(what: str, missing: list[str], unexpected: list[str]) -> str | None:
+    """One line naming the tensors of a load that did not match (None when all did): ``missing``, the
+    model's tensors the file lacks (left at their initial values), and ``unexpected``, the file's tensors no
+    module of the model has (another module prefix, another architecture); ``what`` names the file or folder."""
+    if not missing and not unexpected:
+        return None
+
+    def first(keys: list[str]) -> str:
+        keys = sorted(keys)
+        return ", ".join(keys[:2]) + (f" (+{len(keys) - 2} more)" if len(keys) > 2 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} tensors of the model are not in the file ({first(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} tensors of the file match no module of the model ({first(unexpected)})")
+    return f"{what} does not match the model: " + "; ".join(parts)
+
+
+def _load(
+    ref: BaseModelRef,
+    head: Head,
+    dtype,
+    labels: list[str] | None,
+    quantization: dict[str, Any] | None = None,
+    saved: bool = False,
+):
     import transformers  # noqa: PLC0415
 
     quant: dict[str, Any] = {}
@@ -415,7 +448,12 @@ def _load(ref: BaseModelRef, head: Head, dtype, labels: list[str] | None, quanti
     if head.new_head:  # a new head for the study's labels (the base's own head, if any, has other classes)
         classes["ignore_mismatched_sizes"] = True
     auto = getattr(transformers, head.auto_class)
-    model = auto.from_pretrained(ref.path, **classes, dtype=dtype, trust_remote_code=ref.trust_remote_code, **quant)
+    model, info = auto.from_pretrained(
+        ref.path, **classes, dtype=dtype, trust_remote_code=ref.trust_remote_code, output_loading_info=True, **quant
+    )
+    problem = unmatched_keys(f"the saved model {ref.path}", info["missing_keys"], info["unexpected_keys"])
+    if saved and problem:
+        raise CheckFailed(problem, hint="the weights' tensor names must be those transformers saved for this model")
     if head.token_inputs and model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     if (

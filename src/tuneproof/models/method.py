@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.models.base import unmatched_keys
 from tuneproof.models.heads import Head
 from tuneproof.models.quant import quantized_modules
 from tuneproof.models.targets import match_target_modules, trainable_summary
@@ -143,25 +144,6 @@ def base_weights_dtype(model) -> str:
     return found.pop() if len(found) == 1 else ("none" if not found else "mixed")
 
 
-def unmatched_adapter_keys(adapter_dir, missing: list[str], unexpected: list[str]) -> str | None:
-    """One line naming the tensors of an adapter load that did not match (None when all did): the
-    model's adapter tensors the file lacks (PEFT leaves them at their initial values: a LoRA B of
-    zeros, the base's predictions) and the file's tensors no module of the model has (another module
-    prefix, another architecture). ``missing`` / ``unexpected`` are PEFT's load result."""
-    if not missing and not unexpected:
-        return None
-
-    def first(keys: list[str]) -> str:
-        return ", ".join(keys[:2]) + (f" (+{len(keys) - 2} more)" if len(keys) > 2 else "")
-
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} adapter tensors of the model are not in the file ({first(missing)})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} tensors of the file match no module of the model ({first(unexpected)})")
-    return f"the adapter {adapter_dir} does not match the base model: " + "; ".join(parts)
-
-
 def _file_tensor_names(adapter_dir) -> list[str]:
     """The sorted tensor names of ``adapter_dir/adapter_model.safetensors`` (header only; [] without it)."""
     from safetensors import safe_open  # noqa: PLC0415
@@ -185,7 +167,7 @@ def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
 
     Raises:
         TuneproofError: ``base_weights`` is neither ``fp32`` nor ``bf16``.
-        CheckFailed: unmatched keys (:func:`unmatched_adapter_keys` names them).
+        CheckFailed: unmatched keys (:func:`tuneproof.models.base.unmatched_keys` names them).
     """
     from peft import PeftModel  # noqa: PLC0415
 
@@ -200,12 +182,12 @@ def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
     except KeyError as err:  # PEFT looks up each module saved whole (modules_to_save) by name
         found = _file_tensor_names(adapter_dir)
         raise CheckFailed(
-            f"the adapter {adapter_dir} does not match the base model: the tensor {err.args[0]} is not in the file "
+            f"the adapter {adapter_dir} does not match the model: the tensor {err.args[0]} is not in the file "
             f"(its {len(found)} tensors: {', '.join(found[:2])}{' ...' if len(found) > 2 else ''})",
             hint="the adapter's tensor names must be those PEFT saved for this base model",
         ) from None
     result = model.load_adapter(adapter_dir, model.active_adapter, is_trainable=trainable)
-    problem = unmatched_adapter_keys(adapter_dir, list(result.missing_keys), list(result.unexpected_keys))
+    problem = unmatched_keys(f"the adapter {adapter_dir}", list(result.missing_keys), list(result.unexpected_keys))
     if problem:
         raise CheckFailed(problem, hint="the adapter's tensor names must be those PEFT saved for this base model")
     if not trainable:

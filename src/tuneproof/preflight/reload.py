@@ -45,7 +45,7 @@ def load_saved(ctx: StudyContext, payload: Path, payload_kind: str):
             "preflight-smoke",
             trust_remote_code=ctx.base.trust_remote_code,
         )
-        return load_model(ref, ctx.head, labels=labels).to(device)
+        return load_model(ref, ctx.head, labels=labels, saved=True).to(device)
     base = load_model(ctx.base, ctx.head, labels=labels, quantization=ctx.quantization)
     return load_adapter_onto(base, payload, ctx.base_weights).to(device)
 

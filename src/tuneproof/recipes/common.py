@@ -145,7 +145,7 @@ def load_trained(ctx: StudyContext, train_run_id: str):
             "run",
             trust_remote_code=ctx.base.trust_remote_code,
         )
-        return load_model(ref, ctx.head, labels=labels).to(device)
+        return load_model(ref, ctx.head, labels=labels, saved=True).to(device)
     adapter = run_dir / "adapter"
     if not (adapter / "adapter_config.json").exists():
         raise TuneproofError(f"{adapter}: no adapter_config.json", hint="the train run saved no adapter")

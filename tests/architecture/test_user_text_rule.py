@@ -24,6 +24,11 @@ USER_FIELDS = {
     "change",
     "warning",
     "err",
+    "note",
+    "path",
+    "dest",
+    "bundle",
+    "directory",
 }
 #: the calls that make user text safe to show
 SAFE_CALLS = {"user_text", "visible_text", "markdown_text", "html_text", "len"}
@@ -48,10 +53,11 @@ def _unsafe(node: ast.AST) -> bool:
 
 
 def _markup_args(call: ast.Call) -> list[ast.AST]:
-    """The arguments Rich parses as markup: a ``console.print`` without ``markup=False``, a ``table``."""
+    """The arguments Rich parses as markup: a ``console.print`` without ``markup=False``, a
+    ``console.rule``, a ``table``."""
     fn = call.func
     name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
-    if name == "print" and isinstance(fn, ast.Attribute) and "console" in ast.unparse(fn.value):
+    if name in ("print", "rule") and isinstance(fn, ast.Attribute) and "console" in ast.unparse(fn.value):
         plain = [k for k in call.keywords if k.arg == "markup" and isinstance(k.value, ast.Constant)]
         if plain and plain[0].value.value is False:
             return []

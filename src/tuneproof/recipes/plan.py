@@ -105,6 +105,6 @@ def print_plan(plan: dict[str, Any]) -> None:
     for line in cost_lines(plan):
         console.print(line, soft_wrap=True)
     for note in plan.get("notes", []):
-        console.print(f"note: {note}", soft_wrap=True)
+        console.print(f"note: {user_text(note)}", soft_wrap=True)
     for w in plan["warnings"]:
         console.print(f"[yellow]warning[/]: {user_text(w)}", soft_wrap=True)

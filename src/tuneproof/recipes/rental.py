@@ -316,7 +316,7 @@ def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False
         bundle = ctx.study_dir / "exports" / train  # the default folder (a copied study: its own copy)
         if kept and (bundle / "manifest.json").is_file():
             export_id = kept[-1].id
-            console.print(f"export: {bundle} from export run {export_id} (kept)", soft_wrap=True)
+            console.print(f"export: {user_text(bundle)} from export run {export_id} (kept)", soft_wrap=True)
         else:
             export_id = run_export(ctx, train)
             bundle = Path(ctx.registry.get(export_id).summary.get("bundle") or bundle)
@@ -336,5 +336,8 @@ def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False
         rent.save(ctx.study_dir, rental)
         dossier = run_report(ctx, html=html)
     delivered["dossier"] = str(dossier)
-    console.print(f"delivered {train}: {bundle} verified in a fresh process; dossier {dossier}")
+    console.print(
+        f"delivered {train}: {user_text(bundle)} verified in a fresh process; dossier {user_text(dossier)}",
+        soft_wrap=True,
+    )
     return delivered

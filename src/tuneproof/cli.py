@@ -780,12 +780,17 @@ def quickstart(
     task: str = typer.Option(
         "extraction", "--task", help="extraction (SNIPS + SmolLM2 + LoRA) or image-classification (digits + ViT)"
     ),
+    speedups: str = typer.Option(
+        "auto",
+        "--speedups",
+        help="training.speedups of the study written: auto (each checked speed-up that applies here) or off",
+    ),
 ) -> None:
     """The whole protocol on real data: SNIPS extraction to JSON with SmolLM2-135M-Instruct + LoRA, or
     (--task image-classification) handwritten digits with a small ViT."""
     from tuneproof.recipes.quickstart import run_quickstart  # noqa: PLC0415
 
-    run_quickstart(directory, data, fast=fast, preflight=preflight, task=task)
+    run_quickstart(directory, data, fast=fast, preflight=preflight, task=task, speedups=speedups)
 
 
 track_app = typer.Typer(

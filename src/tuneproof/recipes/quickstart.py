@@ -49,16 +49,18 @@ def _merge(base: dict, over: dict) -> dict:
     return base
 
 
-def write_quickstart_study(directory: Path, *, fast: bool) -> Path:
-    """Write the quickstart study file (the extraction template, shrunk when ``fast``)."""
+def write_quickstart_study(directory: Path, *, fast: bool, speedups: str = "auto") -> Path:
+    """Write the quickstart study file (the extraction template, shrunk when ``fast``; ``speedups``:
+    its ``training.speedups``, ``auto`` as the template writes it, or ``off``)."""
     text = template_text("extraction")
-    if fast:
-        raw = _merge(yaml.safe_load(text), FAST_OVERRIDES)
-        raw["name"] = "snips-extraction-fast"
-        text = (
-            "# quickstart --fast: tiny subset and few steps (a wiring test, not a quality result)\n"
-            + yaml.safe_dump(raw, sort_keys=False)
-        )
+    if fast or speedups != "auto":
+        raw = yaml.safe_load(text)
+        raw["training"]["speedups"] = speedups
+        if fast:
+            raw = _merge(raw, FAST_OVERRIDES)
+            raw["name"] = "snips-extraction-fast"
+        head = "# quickstart --fast: tiny subset and few steps (a wiring test, not a quality result)\n" if fast else ""
+        text = head + yaml.safe_dump(raw, sort_keys=False)
     return atomic_write_text(directory / STUDY_FILE, text)
 
 
@@ -80,7 +82,7 @@ IMAGE_FAST = {
 }
 
 
-def write_image_quickstart_study(directory: Path, *, fast: bool) -> Path:
+def write_image_quickstart_study(directory: Path, *, fast: bool, speedups: str = "auto") -> Path:
     """The image quickstart: scikit-learn's 8x8 digits as ``images/<digit>/*.png`` (1,797 real images,
     10 classes, split 70/15/15 by tuneproof), a seeded ViT (hidden 64, 4 layers, 16x16 input)
     built from a config in the cache, fully fine-tuned."""
@@ -90,6 +92,7 @@ def write_image_quickstart_study(directory: Path, *, fast: bool) -> Path:
     raw = yaml.safe_load(template_text("image-classification"))
     raw["model"]["base"] = str(base)
     _merge(raw, IMAGE_OVERRIDES)
+    raw["training"]["speedups"] = speedups
     if fast:
         _merge(raw, IMAGE_FAST)
         raw["name"] = "digits-image-classification-fast"
@@ -108,13 +111,18 @@ def run_quickstart(
     fast: bool = False,
     preflight: bool = False,
     task: str = "extraction",
+    speedups: str = "auto",
 ) -> dict:
     """Run every step (the preflight with ``--fast`` or ``--preflight``: on a 2-core CPU it adds minutes; always for
     ``task="image-classification"``, where it takes seconds); returns ``{"runs": {...}, "compare": ..., "dossier": path,
     "seconds": s}``.
 
+    ``speedups``: the study's ``training.speedups`` (``auto``, the template's, or ``off``). Without the
+    preflight ``auto`` is resolved by the train loop's own checks only (docs/speedups.md).
+
     Raises:
-        TuneproofError: the folder already holds a study with runs, or ``task`` has no quickstart.
+        TuneproofError: the folder already holds a study with runs, ``task`` has no quickstart, or
+            ``speedups`` is neither ``auto`` nor ``off``.
     """
     t0 = time.perf_counter()
     directory = Path(directory)
@@ -123,17 +131,19 @@ def run_quickstart(
             f"--task {task}: the quickstarts are 'extraction' (SNIPS + "
             "SmolLM2) and 'image-classification' (digits + ViT)"
         )
+    if speedups not in ("auto", "off"):
+        raise TuneproofError(f"--speedups {speedups}: auto or off")
     if (directory / STUDY_FILE).exists() and any((directory / "runs").glob("*")):
         raise TuneproofError(f"{directory} already holds a study with runs", hint="pass another --dir or delete it")
     if task == "image-classification":
         root = None
         preflight = True
         header(f"tuneproof quickstart --task image-classification in {directory}")
-        write_image_quickstart_study(directory, fast=fast)
+        write_image_quickstart_study(directory, fast=fast, speedups=speedups)
     else:
         root = find_data_root(data, "snips")
         header(f"tuneproof quickstart in {directory} (data: {root})")
-        write_quickstart_study(directory, fast=fast)
+        write_quickstart_study(directory, fast=fast, speedups=speedups)
     ctx = StudyContext.open(directory, root)
     out: dict = {"runs": {}}
 

@@ -1,29 +1,39 @@
-"""Training throughput at world size 1 and 2 on CPU (gloo), the same global batch (run by hand).
+"""Training throughput: one process vs DDP vs FSDP2 at world size 2, CPU (gloo), same global batch (run by hand).
 
-    python benchmarks/ddp_throughput.py [--steps 8] [--hidden 256] [--layers 4] [--strategy ddp] [--dir DIR]
+    python benchmarks/ddp_throughput.py [--seconds 30] [--repeats 3] [--threads 1] [--hidden 256] [--layers 4]
+                                        [--modes single,ddp,fsdp] [--dir DIR] [--out FILE.json]
 
 Builds a random Llama (``--hidden``, ``--layers``; word-level tokenizer of the tiny test study, no
-download) and a 64-example extraction study, then runs ``tuneproof train`` twice in new processes:
+download) and a 64-example extraction study, then runs ``tuneproof train`` in new processes:
 
-- world size 1: micro-batch 8 x accumulation 2 (global batch 16);
-- world size 2: ``--nproc-per-node 2``, micro-batch 4 x accumulation 2 x 2 ranks (global batch 16);
+- ``single``: world size 1, micro-batch 8 x accumulation 2 (global batch 16);
+- ``ddp`` / ``fsdp``: ``--nproc-per-node 2``, micro-batch 4 x accumulation 2 x 2 ranks (global batch 16),
+  ``distributed.strategy`` ddp or fsdp (FSDP2 ``fully_shard``);
 
-each process with ``--threads`` intra-op threads (``OMP_NUM_THREADS``, default 1: on a shared
+every process with ``--threads`` intra-op threads (``OMP_NUM_THREADS``, default 1: on a shared
 machine more threads than free cores spin and wait, which says nothing about the distribution).
 
-Prints per run the loop's tokens/s (``summary.json``: tokens of the global batch, padding included,
-over the training loop's seconds, model load and saving excluded), the wall time of the whole
-command, the per-step losses (equal within fp32 tolerance: same examples per step), and the ratio
-world 2 / world 1. On a CPU the two processes share the same cores, so the ratio shows the cost of
-the collectives and of a process per rank, not a speed-up; with one thread per process, world size 2
-uses twice the cores of world size 1.
+Length: a calibration run of each mode (8 steps, not counted: it is also the warm-up of the page cache
+and of torch's kernels) gives its seconds per step; every counted run then takes the same number of
+steps, enough for the *fastest* mode's training loop to last ``--seconds`` (default 30), so every mode's
+loop lasts at least that long and every mode trains on the same examples per step. Rounds: ``--repeats``
+rounds, each running every mode once, the order rotated by one each round, so drifting load on a shared
+machine hits every mode alike. Reported per mode: the loop's tokens/s (``summary.json``: tokens of the
+global batch, padding included, over the training loop's seconds; model load, launch and saving
+excluded), median and min-max over the rounds, the loop and command seconds; per round the ratio of
+each mode to ``single`` (their median and min-max); the largest per-step loss difference to ``single``
+(the same examples each step: equal within fp32 tolerance). On a CPU the two ranks share the machine's
+cores: with one thread per process world size 2 uses twice the cores of world size 1, so the ratio
+is the gain from a second core minus the cost of the collectives, not a GPU's scaling.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,38 +142,104 @@ def train(s: Path, nproc: int, threads: int) -> dict:
     }
 
 
+MODES = {"single": (1, 8, "ddp"), "ddp": (2, 4, "ddp"), "fsdp": (2, 4, "fsdp")}  # nproc, micro-batch, strategy
+
+
+def run_mode(root: Path, base: Path, mode: str, steps: int, threads: int, tag: str) -> dict:
+    nproc, micro, strategy = MODES[mode]
+    return train(study(root / f"{mode}-{tag}", base, steps, micro, strategy), nproc, threads)
+
+
+def spread(values: list[float]) -> dict:
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=30.0, help="least loop seconds of every counted run")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds; each runs every mode once")
+    ap.add_argument("--modes", default="single,ddp,fsdp")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every process")
+    ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     a = ap.parse_args()
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if "single" not in modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: a comma list of {', '.join(MODES)} including single")
     root = a.dir or Path(tempfile.mkdtemp(prefix="tuneproof-ddp-bench-"))
     cores = os.cpu_count() or 2
     load0 = os.getloadavg()
     base = build(root, a.hidden, a.layers)
-    one = train(study(root / "w1", base, a.steps, 8, a.strategy), 1, a.threads)
-    two = train(study(root / "w2", base, a.steps, 4, a.strategy), 2, a.threads)
-    diff = max(abs(x - y) for x, y in zip(one["losses"], two["losses"]))
+    calib = {m: run_mode(root, base, m, 8, a.threads, "calibration") for m in modes}
+    s_per_step = {m: r["train_seconds"] / 8 for m, r in calib.items()}
+    steps = max(8, math.ceil(a.seconds / min(s_per_step.values())))
     print(
-        f"random Llama hidden {a.hidden}, {a.layers} layers, LoRA r=4 on q/v, {a.steps} steps, global batch 16, "
-        f"{a.threads} thread(s) per process, {cores} CPU cores, load average "
-        f"before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}"
+        "calibration (8 steps, not counted): "
+        + ", ".join(f"{m} {v:.3f} s/step" for m, v in s_per_step.items())
+        + f" -> {steps} steps per counted run",
+        flush=True,
     )
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(a.repeats):
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
+        for m in order:
+            out = run_mode(root, base, m, steps, a.threads, f"r{r}")
+            runs[m].append(out)
+            print(
+                f"round {r + 1} {m}: {out['tokens_per_s']:.0f} tokens/s, loop {out['train_seconds']:.1f} s, "
+                f"command {out['wall_s']} s",
+                flush=True,
+            )
+    load1 = os.getloadavg()
+    ref = runs["single"]
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {
+            "cores": cores,
+            "load_average_before": [round(x, 2) for x in load0],
+            "load_average_after": [round(x, 2) for x in load1],
+        },
+        "model": {"hidden": a.hidden, "layers": a.layers, "lora": "r=4 on q/v", "examples": 64},
+        "threads_per_process": a.threads,
+        "steps_per_run": steps,
+        "global_batch": 16,
+        "repeats": a.repeats,
+        "modes": {},
+    }
+    for m in modes:
+        tps = [x["tokens_per_s"] for x in runs[m]]
+        ratio = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[m], ref)]
+        diff = max((abs(p - q) for x, y in zip(runs[m], ref) for p, q in zip(x["losses"], y["losses"])), default=0.0)
+        result["modes"][m] = {
+            "processes": MODES[m][0],
+            "tokens_per_s": spread(tps),
+            "loop_seconds": spread([x["train_seconds"] for x in runs[m]]),
+            "command_seconds": spread([x["wall_s"] for x in runs[m]]),
+            "ratio_to_single": spread(ratio),
+            "largest_loss_difference_to_single": diff,
+        }
     print(
-        f"world size 1: {one['tokens_per_s']:.0f} tokens/s (loop {one['train_seconds']} s, command {one['wall_s']} s)"
+        f"random Llama hidden {a.hidden}, {a.layers} layers, LoRA r=4 on q/v, {steps} steps per run, global batch 16, "
+        f"{a.threads} thread(s) per process, {cores} CPU cores, load average before {load0[0]:.2f}, "
+        f"after {load1[0]:.2f}; {a.repeats} rounds, modes rotated"
     )
-    print(
-        f"world size 2 ({a.strategy}, gloo): {two['tokens_per_s']:.0f} tokens/s (loop "
-        f"{two['train_seconds']} s, command {two['wall_s']} s)"
-    )
-    print(
-        f"ratio world 2 / world 1: x{two['tokens_per_s'] / one['tokens_per_s']:.2f}; largest per-step loss "
-        f"difference {diff:.1e}"
-    )
+    for m, v in result["modes"].items():
+        t, q = v["tokens_per_s"], v["ratio_to_single"]
+        print(
+            f"{m:6s} ({v['processes']} process{'es' if v['processes'] > 1 else ''}): tokens/s median {t['median']:.0f} "
+            f"[{t['min']:.0f}-{t['max']:.0f}], x{q['median']:.2f} [{q['min']:.2f}-{q['max']:.2f}] of single; "
+            f"loop {v['loop_seconds']['median']:.1f} s; "
+            f"largest loss difference {v['largest_loss_difference_to_single']:.1e}"
+        )
+    if a.out:
+        a.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,22 @@ Sections (each records its own error instead of stopping the script):
   max_micro_batch  find_max_micro_batch with a 4 GiB budget on the bf16 model
   checkpointing    LoRA + reentrant checkpointing with the remedy: same grads, memory, time (docs/CASES.md C7)
   update_check     LoRA update check on the device (docs/CASES.md C7)
+
+With ``--all`` (issue-sized: under 8 minutes on one GPU; never in CI) also, and it writes the document to
+``docs/gpu-check-<device>.json`` (``--out PATH`` to choose; the CPU dry run writes to a temporary file
+unless ``--out`` is given, so a dry run never lands in docs/):
+  train_step       bf16 LoRA training step of a random Llama at SmolLM2-135M's shape: tuneproof's loop
+                   (training.loop.train) vs a plain PEFT loop vs transformers' Trainer, the same micro-batches,
+                   s/step and tokens/s (first step not counted)
+  speedups_auto    training.speedups: auto on this device: static_rules, what resolve_auto chose and why, and
+                   training.compile's check (compile seconds, eager vs compiled s/micro-batch, break-even)
+  chunked_memory   peak of a bf16 LoRA forward + backward at 4 x 512 tokens with the full logits vs the chunked loss
+  qlora            scripts/gpu_qlora_check.py in a child process (QLoRA vs bf16 LoRA peak), its JSON
+  eval_batch       the eval batch-invariance check (docs/CASES.md C22) of greedy generation under bf16 autocast
+  vllm             vLLM's greedy outputs vs transformers' on the same random model, when vllm imports
+  nccl_world1      an nccl process group of world size 1 (gloo in the dry run): init, all_reduce, barrier
+
+The memory estimate vs the measured peak is the ``memory_*`` sections above (always run).
 """
 
 from __future__ import annotations
@@ -44,6 +60,8 @@ from tuneproof.training.loss import token_loss_sum  # noqa: E402
 from tuneproof.training.memory import measure_step_peak  # noqa: E402
 
 QUICK = "--quick" in sys.argv
+ALL = "--all" in sys.argv
+OUT_PATH = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
 DRY = not torch.cuda.is_available()
 DEV = torch.device("cpu") if DRY else torch.device("cuda", 0)
 out: dict = {"started": time.time()}
@@ -233,6 +251,19 @@ def _update():
     return r
 
 
+if ALL:
+    import gpu_check_all  # noqa: E402  (scripts/gpu_check_all.py: the --all sections)
+
+    gpu_check_all.run(out, section, llama, DEV, DRY)
+
 out["dry_run_on_cpu"] = DRY
 out["seconds"] = round(time.time() - out.pop("started"), 1)
-print(json.dumps(out, indent=1, default=str))
+text = json.dumps(out, indent=1, default=str)
+print(text)
+if ALL:
+    from pathlib import Path  # noqa: E402
+
+    target = Path(OUT_PATH) if OUT_PATH else gpu_check_all.default_path(DRY)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text + "\n", encoding="utf-8")
+    print(f"wrote {target}", file=sys.stderr)

@@ -258,3 +258,17 @@ def test_compile_check_matches_eager_measures_its_cost_and_catches_a_wrong_graph
     assert bad["passed"] is False and bad["loss_rel_diff"] > 1e-5
     assert "leave training.compile off" in bad["message"]
     assert wrong._compiled_call_impl is None  # back in eager mode
+
+
+def test_the_quickstart_writes_auto_by_default_and_off_on_request(tmp_path):
+    import yaml
+
+    from tuneproof.recipes.quickstart import write_quickstart_study
+    from tuneproof.study import validate_study
+
+    auto = yaml.safe_load(write_quickstart_study(tmp_path / "a", fast=False).read_text())
+    off = yaml.safe_load(write_quickstart_study(tmp_path / "b", fast=False, speedups="off").read_text())
+    fast = yaml.safe_load(write_quickstart_study(tmp_path / "c", fast=True).read_text())
+    assert auto["training"]["speedups"] == "auto" and fast["training"]["speedups"] == "auto"
+    assert off["training"]["speedups"] == "off" and off["training"]["max_steps"] == auto["training"]["max_steps"]
+    assert validate_study(off).training.speedups == "off" and fast["training"]["max_steps"] == 3

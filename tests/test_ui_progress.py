@@ -96,3 +96,28 @@ def test_the_heartbeat_thread_prints_off_a_terminal(capsys):
         beat.out = lambda line: (print(line), printed.set())
         assert printed.wait(10)  # the thread, not the block, printed it
     assert capsys.readouterr().out.startswith("export: verifying | elapsed 0:00:00")
+
+
+def test_verify_says_what_it_does_while_the_fresh_process_runs(monkeypatch, capsys, tmp_path):
+    """A command whose one phase is a child process (verify, export) is not silent off a terminal:
+    the heartbeat's line comes while the phase runs (here a fake verification that waits for it)."""
+    import threading
+
+    import tuneproof.recipes.verify as verify_recipe
+    from tuneproof import ui
+
+    said = threading.Event()
+    line = ui.Heartbeat.line
+    monkeypatch.setattr(ui.Heartbeat, "line", lambda self: (said.set(), line(self))[1])
+    monkeypatch.setenv("TUNEPROOF_PROGRESS_EVERY", "0.02")
+
+    def fake_verify(bundle, base, device=None):
+        assert said.wait(10)  # the phase is still running when the line is printed
+        return {"passed": True, "checks": [], "seconds": 1.0}
+
+    monkeypatch.setattr(verify_recipe, "verify_in_fresh_process", fake_verify)
+    verify_recipe.run_verify(tmp_path / "bundle")
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "verify: reloading the bundle and predicting its examples in a fresh process | elapsed 0:00:0"
+    )

@@ -310,7 +310,7 @@ def _summary(ev: _Evidence) -> list[dict]:
     if lim is not None:
         lines = summary_limits(lim[1])
         blocks.append(
-            _paragraph(f"limits observed of {lim[0]} (the first {FIRST_SCREEN_LIMITS}; all in Limits observed):")
+            _paragraph(f"limits observed of {lim[0]} (at most {FIRST_SCREEN_LIMITS}; all of them in Limits observed):")
         )
         blocks.append({"type": "list", "items": lines or ["none observed"]})
     return blocks

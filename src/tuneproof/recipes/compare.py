@@ -32,7 +32,7 @@ from tuneproof.io import read_json
 from tuneproof.models.identity import compare_recorded
 from tuneproof.recipes.common import load_outputs
 from tuneproof.tasks import task_config
-from tuneproof.ui import console, fmt, table, user_text
+from tuneproof.ui import console, fmt, heartbeat, table, user_text
 
 
 def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
@@ -118,7 +118,7 @@ def run_compare(
     base_rec, base_out = load_outputs(ctx, against)
     base_efp = (ctx.registry.run_json(base_rec.id, "eval.json") or {}).get("fingerprint", {})
     results: dict[str, Any] = {}
-    with ctx.registry.run("compare", parent=base_rec.id) as run:
+    with ctx.registry.run("compare", parent=base_rec.id) as run, heartbeat("compare", "scoring") as beat:
         for cid in cand_ids:
             rec, out = load_outputs(ctx, cid)
             notes = []
@@ -136,6 +136,7 @@ def run_compare(
             check_same_base(ctx, base_rec, rec)
             if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
                 notes.append(f"data fingerprint of {rec.id} differs from the baseline's")
+            beat.update(f"{rec.id}: paired bootstrap ({ctx.study.eval.bootstrap_iterations} resamples)")
             result = _paired(ctx, base_out, out, judging.primary)
             if judging.other is not None:
                 alt = hyp.rejudge(result, judging.other)  # same scoring: judge the same numbers

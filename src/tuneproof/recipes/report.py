@@ -31,6 +31,7 @@ from tuneproof.errors import CheckFailed
 from tuneproof.evaluation.outputs import check_all
 from tuneproof.io import atomic_write_text
 from tuneproof.tracking import publish_dossier
+from tuneproof.ui import heartbeat
 
 MD_FILE = "dossier.md"
 HTML_FILE = "dossier.html"
@@ -63,7 +64,8 @@ def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: 
             judging = None
         if judging is not None:
             hyp.record_override(ctx.study_dir, judging, "report", None)
-    d = collect(ctx, plots=html, use_edited=use_edited_hypothesis)
+    with heartbeat("report", "reading the evidence" + (" and drawing the plots" if html else "")):
+        d = collect(ctx, plots=html, use_edited=use_edited_hypothesis)
     path = ctx.study_dir / MD_FILE
     atomic_write_text(path, to_markdown(d))
     written = [path]

@@ -73,7 +73,10 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         None if cand == "base" else check_trained_weights(ctx, cand, "test")
     )  # tests/faults/test_faults_evidence.py
     require_backend(ctx)
-    with evaluation_run(ctx, "test", parent=None if cand == "base" else cand) as run:
+    with (
+        evaluation_run(ctx, "test", parent=None if cand == "base" else cand) as run,
+        heartbeat("test", "loading the model") as beat,
+    ):
         inputs = record_inputs(ctx, run)
         if trained is not None:
             note_library_drift(ctx, run, cand, inputs["env"])
@@ -91,6 +94,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         )
         console.print(user_text(reuse_line(reasons)).replace("REUSE", "[bold yellow]REUSE[/]"), soft_wrap=True)
         view = judging.primary
+        beat.update(f"evaluating {len(examples)} examples")
         metrics = evaluate_into(
             ctx,
             run,

@@ -21,7 +21,7 @@ from pathlib import Path
 from tuneproof.deliver.bundle_verification import failure_message, verify_in_fresh_process
 from tuneproof.errors import CheckFailed
 from tuneproof.io import write_json
-from tuneproof.ui import console, user_text
+from tuneproof.ui import console, heartbeat, user_text
 
 #: what to do after the first failed check: the bundle itself changed, or the base it is checked against
 _BUNDLE_CHANGED = "the bundle was changed after export: do not use it; export the run again (tuneproof export RUN)"
@@ -56,7 +56,8 @@ def run_verify(
         TuneproofError: no bundle or manifest there, or the base folder does not exist (exit 2).
         CheckFailed: a check failed (exit 3); the message names the file, hashes or examples.
     """
-    report = verify_in_fresh_process(bundle, base, device=device)
+    with heartbeat("verify", "reloading the bundle and predicting its examples in a fresh process"):
+        report = verify_in_fresh_process(bundle, base, device=device)
     if json_out is not None:
         write_json(json_out, report)
     for c in report["checks"]:

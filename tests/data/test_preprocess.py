@@ -189,3 +189,16 @@ def test_a_truncated_classifier_input_keeps_an_end_token_only_when_the_tokenizer
     enc = pipe.encode(Example("t", "a b c d e", label="x"))
     assert enc.truncated and enc.input_ids == ([3, 4, 2] if adds_end else [3, 4, 5])
     assert enc.input_ids == tok("a b c d e", truncation=True, max_length=3)["input_ids"]
+
+
+def test_a_short_input_inside_a_role_header_before_the_answer_is_a_note_not_a_fault():
+    # no generation prompt in the template: the assistant header is trained before the answer; the input "a"
+    # is a letter of "assistant", not the prompt supervised
+    template = CHATML.split("{% if add_generation_prompt")[0]
+    pipe = TextPipeline(make_tokenizer(template), Prompt(system=None), max_length=128)
+    enc = pipe.encode(Example("s", "a", target="x y z"))
+    assert not enc.faults
+    assert enc.notes == [
+        "the model is also trained to generate '<|im_start|>assistant\\n' before the answer (the chat template adds "
+        "it when an answer follows, the inference prompt does not end with it)"
+    ]

@@ -205,7 +205,9 @@ class TextPipeline:
         # supervised text before the answer that the inference prompt does not end with (docs/CASES.md C3 kind)
         t_at = full.find(target, start) if target else -1
         before = full[start:t_at] if t_at >= 0 else ""
-        if self.loss == "answer_only" and user_text and prompt.strip() and user_text in before:
+        # the whole user message, at least 4 characters long: a short input can be a piece of a role header
+        user_msg = render_prompt(self.prompt.template, ex.text).strip()
+        if self.loss == "answer_only" and len(user_msg) >= 4 and prompt.strip() and user_msg in before:
             faults.append(
                 "prompt tokens are supervised: the supervised span before the answer holds the example's input "
                 f"text ('{visible(before[:60])}'...); the inference prompt is not where the template puts the answer"

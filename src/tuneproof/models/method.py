@@ -144,6 +144,13 @@ def base_weights_dtype(model) -> str:
     return found.pop() if len(found) == 1 else ("none" if not found else "mixed")
 
 
+def _with_adapter_name(key: str, adapter: str) -> str:
+    """A saved adapter key as the model holds it: the adapter name before the tensor's own name
+    (``...lm_head.modules_to_save.weight`` -> ``...lm_head.modules_to_save.default.weight``)."""
+    head, _, last = key.rpartition(".")
+    return f"{head}.{adapter}.{last}" if head else key
+
+
 def _file_tensor_names(adapter_dir) -> list[str]:
     """The sorted tensor names of ``adapter_dir/adapter_model.safetensors`` (header only; [] without it)."""
     from safetensors import safe_open  # noqa: PLC0415
@@ -186,8 +193,13 @@ def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
             f"(its {len(found)} tensors: {', '.join(found[:2])}{' ...' if len(found) > 2 else ''})",
             hint="the adapter's tensor names must be those PEFT saved for this base model",
         ) from None
-    result = model.load_adapter(adapter_dir, model.active_adapter, is_trainable=trainable)
-    problem = unmatched_keys(f"the adapter {adapter_dir}", list(result.missing_keys), list(result.unexpected_keys))
+    adapter = model.active_adapter
+    result = model.load_adapter(adapter_dir, adapter, is_trainable=trainable)
+    # PEFT lists a module saved whole (modules_to_save: embed_tokens, lm_head) as unexpected although it loaded
+    # it into "<module>.modules_to_save.<adapter>.<tensor>": a file key is matched when that parameter exists
+    held = set(model.state_dict())
+    unexpected = [k for k in result.unexpected_keys if _with_adapter_name(k, adapter) not in held]
+    problem = unmatched_keys(f"the adapter {adapter_dir}", list(result.missing_keys), unexpected)
     if problem:
         raise CheckFailed(problem, hint="the adapter's tensor names must be those PEFT saved for this base model")
     if not trainable:

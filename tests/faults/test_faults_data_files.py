@@ -170,3 +170,21 @@ def test_a_100_megapixel_png_is_skipped_from_its_header_and_named(tmp_path, tiny
         in " ".join(out.split())
     )
     assert Registry(study).latest("data-check").summary["sizes"]["train"] == 36
+
+
+@pytest.mark.fault("input: a data row naming a file outside the data")
+def test_a_bundle_example_naming_an_image_outside_the_bundle_is_not_read(tmp_path):
+    from tuneproof.modalities.image import bundle_image
+
+    bundle = tmp_path / "bundle"
+    (bundle / "verify" / "images").mkdir(parents=True)
+    Image.new("L", (8, 8), 0).save(bundle / "verify" / "images" / "000-a.png")
+    (tmp_path / "outside.png").write_bytes(b"x")
+    (bundle / "verify" / "images" / "001-link.png").symlink_to(tmp_path / "outside.png")
+    assert bundle_image(bundle, "verify/images/000-a.png") == bundle / "verify" / "images" / "000-a.png"
+    for name in ("../outside.png", str(tmp_path / "outside.png"), "verify/images/001-link.png"):
+        with pytest.raises(TuneproofError) as err:
+            bundle_image(bundle, name)
+        assert err.value.message == (
+            f"{bundle / 'verify' / 'examples.jsonl'}: image {name!r} is outside the bundle {bundle}; not read"
+        )

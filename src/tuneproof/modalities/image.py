@@ -23,7 +23,9 @@ from tuneproof.data import image_inspect
 from tuneproof.data.examples import Example
 from tuneproof.data.image_audit import audit_image_study
 from tuneproof.data.image_pipeline import ImagePipeline, collate_images
+from tuneproof.data.image_sources import inside
 from tuneproof.data.inspect import choose_examples
+from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
 from tuneproof.modalities.base import IMAGE_FORM, Modality
 from tuneproof.models.base import load_image_processor
@@ -120,6 +122,22 @@ def copy_images(chosen: list[dict[str, Any]], examples: dict[str, Example], bund
         dest = folder / f"{i:03d}-{src.name}"
         shutil.copy2(src, dest)
         c["image"] = dest.relative_to(bundle).as_posix()
+
+
+def bundle_image(root: Path, name: str) -> Path:
+    """The stored image ``name`` (``verify/examples.jsonl``'s ``image``) inside the bundle ``root``.
+
+    Raises:
+        TuneproofError: the path resolves outside the bundle (``../``, an absolute path, a symlink): a
+            bundle's examples name only the images it ships, nothing is read from elsewhere.
+    """
+    path = Path(root) / name
+    if not inside(path, root):
+        raise TuneproofError(
+            f"{Path(root) / 'verify' / 'examples.jsonl'}: image {name!r} is outside the bundle {root}; not read",
+            hint="a bundle verifies from its own files (verify/images/); export it again",
+        )
+    return path
 
 
 # --------------------------------------------------------------------------- the modality
@@ -266,7 +284,7 @@ class ImageModality(Modality):
 
         pipe = pipeline_for(processor, procedure)
         encoded = [
-            pipe.encode(Example(id=e["id"], text=e["image"], meta={"image": str(Path(root) / e["image"])}))
+            pipe.encode(Example(id=e["id"], text=e["image"], meta={"image": str(bundle_image(root, e["image"]))}))
             for e in examples
         ]
         with torch.inference_mode(), autocast():

@@ -111,6 +111,11 @@ def test_image_rows_leading_out_of_the_data_folder_are_refused_naming_each_row(t
     assert len(ctx.split("train")) == 39
     skipped = [r for r in ctx.repairs if r.startswith("skipped unreadable image")]
     assert len(skipped) == 1 and "passwd" in skipped[0] and f"({table}:{first + 3})" in skipped[0]
+    rows = ", ".join(f"{table}:{first + k}" for k in range(4))
+    allowed = f"allowed 4 image(s) outside the data folder {study} (data.image.allow_outside_paths: true): {rows}"
+    assert allowed in ctx.repairs
+    code, out = cli(["data", "check", "--study", str(study)], capsys)  # the data check says them
+    assert code == 0 and allowed in " ".join(out.split()), out
 
 
 @pytest.mark.fault("input: a data row naming a file outside the data")

@@ -145,6 +145,7 @@ def load_imagefolder(root: Path, split: str | None, image=None) -> tuple[list[Ex
     examples: list[Example] = []
     notes: list[str] = []
     outside = BadRows(root)
+    outside_rows: list[str] = []
     for split_name, folder in groups:
         classes = _class_folders(folder)
         if not classes:
@@ -157,7 +158,9 @@ def load_imagefolder(root: Path, split: str | None, image=None) -> tuple[list[Ex
                     hint="add its images or remove the folder",
                 )
             for f in files:
-                if not allow_outside and not inside(f, root):
+                if allow_outside and not inside(f, root):
+                    outside_rows.append(str(f))
+                elif not inside(f, root):
                     outside.add(
                         str(f),
                         TuneproofError(
@@ -171,6 +174,8 @@ def load_imagefolder(root: Path, split: str | None, image=None) -> tuple[list[Ex
                 except TuneproofError as err:
                     notes.append(_skipped(err))
     outside.check()
+    if outside_rows:
+        notes.append(_allowed_note(outside_rows, root))
     return examples, notes
 
 
@@ -216,6 +221,7 @@ def load_image_table(
     examples: list[Example] = []
     notes: list[str] = []
     bad = BadRows(path)  # every refused row named in one error (count, first 5, "and N more")
+    outside_rows: list[str] = []
     for line, row in rows:
         if isinstance(row, TuneproofError):
             bad.add(f"{path}:{line}", row)
@@ -226,7 +232,9 @@ def load_image_table(
             bad.add(f"{path}:{line}", TuneproofError(f"{path}:{line}: empty '{image_key}' or '{label_key}'"))
             continue
         image_path = Path(image_name) if Path(image_name).is_absolute() else path.parent / image_name
-        if not allow_outside and not inside(image_path, path.parent):
+        if allow_outside and not inside(image_path, path.parent):
+            outside_rows.append(f"{path}:{line}")
+        elif not inside(image_path, path.parent):
             real = os.path.realpath(image_path)
             bad.add(
                 f"{path}:{line}",
@@ -248,7 +256,17 @@ def load_image_table(
         except TuneproofError as err:
             notes.append(_skipped(err, f"{path}:{line}"))
     bad.check()
+    if outside_rows:  # allowed, and counted: the data check says which rows read outside the data
+        notes.append(_allowed_note(outside_rows, path.parent))
     return examples, notes
+
+
+def _allowed_note(where: list[str], folder: Path) -> str:
+    shown = ", ".join(where[:5]) + (f" and {len(where) - 5} more" if len(where) > 5 else "")
+    return (
+        f"allowed {len(where)} image(s) outside the data folder {folder} "
+        f"(data.image.allow_outside_paths: true): {shown}"
+    )
 
 
 def load_image_source(src, fields, path: Path, image=None) -> tuple[list[Example], list[str]]:

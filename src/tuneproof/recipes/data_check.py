@@ -262,6 +262,8 @@ def _print(rep: dict[str, Any], sections: tuple[str, ...]) -> None:
     for r in rep["repairs"]:
         if r.startswith("skipped "):  # an unreadable image: left out and counted, not repaired
             console.print(f"[yellow]skipped[/] {user_text(r[len('skipped ') :])}", soft_wrap=True)
+        elif r.startswith("allowed "):  # images read from outside the data folder (data.image.allow_outside_paths)
+            console.print(f"[yellow]allowed[/] {user_text(r[len('allowed ') :])}", soft_wrap=True)
         else:
             console.print(f"[yellow]repaired[/] {user_text(r)}", soft_wrap=True)
     if IMAGE_FORM in sections:

@@ -121,3 +121,16 @@ def test_verify_says_what_it_does_while_the_fresh_process_runs(monkeypatch, caps
     assert out.startswith(
         "verify: reloading the bundle and predicting its examples in a fresh process | elapsed 0:00:0"
     )
+
+
+def test_a_heartbeat_keeps_quiet_while_a_progress_bar_inside_it_prints():
+    """baseline: the phase's heartbeat and the evaluation bar's repeated line said the same thing
+    twice every 30 s; the bar speaks for the phase while it runs."""
+    from tuneproof.ui import Heartbeat, progress_bar
+
+    lines: list[str] = []
+    beat = Heartbeat("baseline", "evaluating 7 examples", every_s=0.0, out=lines.append)
+    with progress_bar("baseline", 7) as advance:
+        advance(0)
+        assert not beat.beat()
+    assert beat.beat() and lines == [lines[0]] and lines[0].startswith("baseline: evaluating 7 examples | elapsed")

@@ -167,8 +167,10 @@ class LineProgress:
 
     def beat(self) -> bool:
         """The line again when ``every_s`` seconds passed without one (a batch that takes minutes);
-        called by :func:`progress_bar`'s thread. True when it printed."""
-        if self.clock() - self.last < self.every_s:
+        called by :func:`progress_bar`'s thread (quiet while a heartbeat around it just spoke). True
+        when it printed."""
+        last = max(self.last, _LAST_LINE[0]) if self.clock is time.monotonic else self.last
+        if self.clock() - last < self.every_s:
             return False
         self._say(self.line(getattr(self, "info", "")))
         return True
@@ -184,8 +186,12 @@ def progress_bar(description: str, total: int) -> Iterator:
     """A Rich progress bar on a terminal, else :class:`LineProgress` lines; yields ``advance(n=1, info="")``."""
     if not console.is_terminal:
         lines = LineProgress(description, total)
-        with _beating(lines):
-            yield lines.advance
+        _BARS[0] += 1
+        try:
+            with _beating(lines):
+                yield lines.advance
+        finally:
+            _BARS[0] -= 1
         return
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -249,6 +255,8 @@ class Heartbeat:
     def beat(self) -> bool:
         """Print a line when ``every_s`` seconds passed since the last one (this phase's, or a
         progress line of a bar inside it); True when it printed."""
+        if self.clock is time.monotonic and _BARS[0]:  # a progress bar inside the phase speaks for it
+            return False
         last = max(self.last, _LAST_LINE[0]) if self.clock is time.monotonic else self.last
         if self.clock() - last < self.every_s:
             return False
@@ -274,6 +282,8 @@ def heartbeat(description: str, text: str = "", *, every_s: float | None = None)
 #: when the last plain progress or heartbeat line was printed (time.monotonic), so that a phase's
 #: heartbeat keeps quiet while a progress bar inside it prints
 _LAST_LINE = [time.monotonic()]
+#: progress bars printing plain lines now (a heartbeat around one keeps quiet)
+_BARS = [0]
 
 
 def _said() -> None:

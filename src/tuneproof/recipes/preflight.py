@@ -258,6 +258,8 @@ def _model_checks(
     pad = getattr(ctx.tokenizer, "pad_token_id", 0) or 0  # an image processor has no pad token (and needs none)
     probe = training_micro_batch(usable, min(PROBE_MICRO_BATCH, len(usable)), cfg.seed, 0, pad)
     if cfg.speedups == "auto":  # resolved here; every later check runs on what auto turned on
+        if rep.beat is not None:
+            rep.beat.update("training.speedups auto: checking each speed-up on real steps")
         cfg = _resolve_auto(ctx, rep, model, usable, pad, autocast, state)
     if cfg.bf16_base_weights:  # every later check sees the frozen weights as training will hold them
         # the precision and accumulation checks compare in fp32 compute (no autocast), which needs fp32

@@ -134,3 +134,27 @@ def test_a_heartbeat_keeps_quiet_while_a_progress_bar_inside_it_prints():
         advance(0)
         assert not beat.beat()
     assert beat.beat() and lines == [lines[0]] and lines[0].startswith("baseline: evaluating 7 examples | elapsed")
+
+
+def test_a_resumed_run_counts_its_earlier_steps_in_the_position_not_in_the_rate():
+    # a resume from step 10 of 40 printed "train: 10/40 (25%) | 1173433.48 it/s | ETA 0:00:00"
+    from tuneproof.ui import LineProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    p = LineProgress("train", 40, every_s=30.0, out=lines.append, clock=lambda: now[0], start=10)
+    for step in range(11, 41):
+        now[0] = (step - 10) * 4.0  # 0.25 steps per second in this process
+        p.advance(1, f"loss {1.0 / step:.3f}")
+    assert lines[0] == "train: 12/40 (30%) loss 0.083 | 0.25 it/s | elapsed 0:00:08 | ETA 0:01:52"
+    assert lines[-1] == "train: 40/40 (100%) loss 0.025 | 0.25 it/s | elapsed 0:02:00 | ETA 0:00:00"
+    assert len(lines) == 8  # 30%, 40%, ..., 100%: no line for the 25% done before
+
+
+def test_progress_bar_off_a_terminal_starts_at_the_resumed_step(capsys):
+    from tuneproof.ui import progress_bar
+
+    with progress_bar("train", 4, start=2) as advance:
+        advance()
+    out = capsys.readouterr().out
+    assert out.startswith("train: 3/4 (75%)") and "train: 2/4" not in out

@@ -128,17 +128,29 @@ class LineProgress:
 
     One line when ``every_s`` seconds have passed since the last line, at each further 10 % of
     ``total``, and at the end: ``train: 40/400 (10%) loss 1.234 | 2.1 it/s | elapsed 0:00:19 | ETA 0:02:51``.
+    ``start``: items already done before this process (a resumed run's steps): counted in the
+    position, not in the rate or the ETA.
     """
 
-    def __init__(self, description: str, total: int, *, every_s: float | None = None, out=None, clock=time.monotonic):
-        self.description, self.total, self.done = visible_text(description, one_line=True), max(int(total), 0), 0
+    def __init__(
+        self,
+        description: str,
+        total: int,
+        *,
+        every_s: float | None = None,
+        out=None,
+        clock=time.monotonic,
+        start: int = 0,
+    ):
+        self.description, self.total = visible_text(description, one_line=True), max(int(total), 0)
+        self.done = self.first = max(int(start), 0)
         self.every_s = (
             float(os.environ.get("TUNEPROOF_PROGRESS_EVERY", PROGRESS_EVERY_S)) if every_s is None else every_s
         )
         self.out = out or (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
         self.clock = clock
         self.start = self.last = clock()
-        self.next_decile = 1
+        self.next_decile = 10 * self.done // self.total + 1 if self.total else 1
 
     @staticmethod
     def _hms(seconds: float) -> str:
@@ -147,7 +159,7 @@ class LineProgress:
 
     def line(self, info: str = "") -> str:
         elapsed = self.clock() - self.start
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
         pct = f" ({100 * self.done // self.total}%)" if self.total else ""
         eta = self._hms((self.total - self.done) / rate) if rate > 0 and self.total else "?"
         return (
@@ -182,10 +194,12 @@ class LineProgress:
 
 
 @contextlib.contextmanager
-def progress_bar(description: str, total: int) -> Iterator:
-    """A Rich progress bar on a terminal, else :class:`LineProgress` lines; yields ``advance(n=1, info="")``."""
+def progress_bar(description: str, total: int, *, start: int = 0) -> Iterator:
+    """A Rich progress bar on a terminal, else :class:`LineProgress` lines; yields ``advance(n=1, info="")``.
+    ``start``: items done before this process (a resumed run's steps), shown in the position but
+    not counted in the rate or the time remaining."""
     if not console.is_terminal:
-        lines = LineProgress(description, total)
+        lines = LineProgress(description, total, start=start)
         _BARS[0] += 1
         try:
             with _beating(lines):
@@ -203,7 +217,9 @@ def progress_bar(description: str, total: int) -> Iterator:
         console=console,
         transient=False,
     ) as prog:
-        task = prog.add_task(user_text(description, one_line=True), total=total, info="")  # markup column
+        # user_text: the column reads markup; completed= sets the position without a speed sample (an
+        # advance would count the resumed steps as done in no time)
+        task = prog.add_task(user_text(description, one_line=True), total=total, info="", completed=start)
 
         def advance(n: int = 1, info: str = "") -> None:
             prog.update(task, advance=n, info=info)

@@ -192,6 +192,9 @@ def test_resume_from_the_older_periodic_checkpoint_retrains_step_5_exactly(refer
     out = capsys.readouterr()
     assert exit_.value.code == 0, out.out + out.err
     assert f"(failed: {gloo}) from step-000004" in " ".join(out.out.split())
+    # the progress starts at the checkpoint's step; the 4 steps done before are not counted as done now
+    # (a resume printed "train: 4/8 (50%) | 1173433.48 it/s" and then a rate over steps it never trained)
+    assert f"train: 4/{STEPS}" not in out.out and f"train: 5/{STEPS}" in out.out
     rec = Registry(study).get(run_dir.name)
     assert rec.status == "completed" and rec.summary["resumes"][-1]["from_step"] == 4
     assert [r["step"] for r in rows(run_dir) if "loss" in r].count(5) == 2  # step 5 trained again

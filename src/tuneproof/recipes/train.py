@@ -185,10 +185,10 @@ def run_train(
         extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
         beat.update("training")
         with (
-            progress_bar("train", steps) if run is not None else contextlib.nullcontext(lambda *a, **k: None)
+            progress_bar("train", steps, start=int(resume_from["step"]) if resume_from is not None else 0)
+            if run is not None
+            else contextlib.nullcontext(lambda *a, **k: None)
         ) as advance:
-            if resume_from is not None:
-                advance(int(resume_from["step"]))
             result = loop.train(
                 model,
                 encoded,

@@ -205,3 +205,30 @@ def test_a_really_read_only_study_folder(tiny_base, tmpfs):
             assert "read-only" in out and str(study) in out and "Traceback" not in out
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(tmpfs)], capture_output=True)
+
+
+@pytest.mark.fault("full: real disk full (tmpfs)")
+def test_a_really_full_disk_at_the_start_of_a_command(tiny_base, tmpfs):
+    from tiny_study import cli, make_study
+
+    study = make_study(tmpfs / "s", tiny_base, prepare=False)
+    Registry(study).close()
+    for wal in ("tuneproof.sqlite-wal", "tuneproof.sqlite-shm"):
+        (study / wal).unlink(missing_ok=True)
+    filler = tmpfs / "filler"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    try:
+        proc = cli("runs", "--study", str(study))
+    finally:
+        filler.unlink()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    # SQLite cannot make its WAL index (-shm): "disk I/O error", said as the full disk it is
+    assert f"error: {study / 'tuneproof.sqlite'}: disk full (disk I/O error; 0 bytes free in {study})\n" in out, out
+    assert "Traceback" not in out

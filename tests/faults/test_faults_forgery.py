@@ -25,23 +25,6 @@ def cli(args, capsys):
     return exit_.value.code, out.out + out.err
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_base, tmp_path_factory):
-    """r0003: 8 steps, checkpoints step-000006 and step-000008 kept, then recorded interrupted."""
-    from tiny_study import losses_by_step, make_study
-    from tuneproof.context import StudyContext
-    from tuneproof.recipes.train import run_train
-
-    study = make_study(tmp_path_factory.mktemp("forgery") / "s", tiny_base)
-    ctx = StudyContext.open(study)
-    try:
-        run = run_train(ctx)
-        ctx.registry.finish(run, "interrupted", "terminated (signal 15)")
-    finally:
-        ctx.registry.close()
-    return {"dir": study, "run": run, "losses": losses_by_step(study / "runs" / run)}
-
-
 def _rehash(ckpts, name):
     idx = json.loads((ckpts / "index.json").read_text())
     entry = idx["checkpoints"][name]
@@ -50,18 +33,18 @@ def _rehash(ckpts, name):
 
 
 def _forge_step(ckpts, step):
-    state = json.loads((ckpts / "step-000008" / "state.json").read_text())
+    state = json.loads((ckpts / "step-000004" / "state.json").read_text())
     state["step"] = step
-    (ckpts / "step-000008" / "state.json").write_text(json.dumps(state))
-    _rehash(ckpts, "step-000008")
+    (ckpts / "step-000004" / "state.json").write_text(json.dumps(state))
+    _rehash(ckpts, "step-000004")
 
 
 def _rename(ckpts, step):  # the folder and its index entry renamed too, the step edited to match
     _forge_step(ckpts, step)
     new = f"step-{step:06d}"
-    (ckpts / "step-000008").rename(ckpts / new)
+    (ckpts / "step-000004").rename(ckpts / new)
     idx = json.loads((ckpts / "index.json").read_text())
-    idx["checkpoints"][new] = {**idx["checkpoints"].pop("step-000008"), "step": step}
+    idx["checkpoints"][new] = {**idx["checkpoints"].pop("step-000004"), "step": step}
     (ckpts / "index.json").write_text(json.dumps(idx))
     return new
 
@@ -76,25 +59,28 @@ def _metrics_loss(run_dir, step, loss):
 
 @pytest.mark.fault("forgery: a checkpoint's step edited, its hashes recomputed")
 @pytest.mark.parametrize("forgery", ["step", "renamed", "metrics"])
-def test_an_edited_checkpoint_step_is_refused_and_fallback_completes_the_run(trained, tmp_path, capsys, forgery):
+def test_an_edited_checkpoint_step_is_refused_and_fallback_completes_the_run(evaluated, tmp_path, capsys, forgery):
+    """The evaluated study's train run (4 steps, checkpoints step-000002 and step-000004), recorded interrupted."""
     from tiny_study import losses_by_step
 
     study = tmp_path / "s"
-    shutil.copytree(trained["dir"], study)
-    run = trained["run"]
+    shutil.copytree(evaluated["dir"], study)
+    run = evaluated["train"]
     run_dir = study / "runs" / run
     ckpts = run_dir / "checkpoints"
-    if forgery == "step":  # resume would retrain steps 7-8 from step 8's weights and "complete"
-        _forge_step(ckpts, 6)
-        folder, said = "step-000008", "step 6, but its folder name step-000008 says step 8"
+    losses = losses_by_step(run_dir)
+    Registry(study).finish(run, "interrupted", "terminated (signal 15)")
+    if forgery == "step":  # resume would retrain steps 3-4 from step 4's weights and "complete"
+        _forge_step(ckpts, 2)
+        folder, said = "step-000004", "step 2, but its folder name step-000004 says step 4"
     elif forgery == "renamed":
-        folder = _rename(ckpts, 7)
-        said = "step 7, but the metadata of tensors.safetensors says step 8"
+        folder = _rename(ckpts, 3)
+        said = "step 3, but the metadata of tensors.safetensors says step 4"
     else:  # the run's own log disagrees with the checkpoint's last loss
-        folder = "step-000008"
-        _metrics_loss(run_dir, 8, 1.5)
+        folder = "step-000004"
+        _metrics_loss(run_dir, 4, 1.5)
         metrics = run_dir / "metrics.jsonl"
-        said = f"loss {round(trained['losses'][8], 6)} at step 8, but the run's metrics ({metrics}) logged 1.5"
+        said = f"loss {round(losses[4], 6)} at step 4, but the run's metrics ({metrics}) logged 1.5"
     code, out = cli(["resume", run, "--study", str(study)], capsys)
     assert code == 2, out
     assert out.startswith(f"error: {ckpts / folder / 'state.json'}: {said}\n"), out
@@ -106,9 +92,9 @@ def test_an_edited_checkpoint_step_is_refused_and_fallback_completes_the_run(tra
     code, out = cli(["resume", run, "--study", str(study), "--fallback"], capsys)
     assert code == 0, out
     rec = Registry(study).get(run)
-    assert rec.status == "completed" and rec.summary["steps"] == 8
-    assert rec.summary["resumes"][-1]["from_step"] == 6 and folder in rec.summary["resumes"][-1]["skipped"][0]
-    assert losses_by_step(run_dir) == trained["losses"]  # steps 7 and 8 retrained bit for bit
+    assert rec.status == "completed" and rec.summary["steps"] == 4
+    assert rec.summary["resumes"][-1]["from_step"] == 2 and folder in rec.summary["resumes"][-1]["skipped"][0]
+    assert losses_by_step(run_dir) == losses  # steps 3 and 4 retrained bit for bit
 
 
 def _edit_record(run_dir, **fields):

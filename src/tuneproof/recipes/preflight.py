@@ -99,7 +99,6 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.image_pipeline import collate_images
-from tuneproof.data.preprocess import collate
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import fault_cause, read_json, sha256_json
 from tuneproof.preflight import image_checks
@@ -123,7 +122,7 @@ from tuneproof.preflight.training_data import check_image_training_data, check_t
 from tuneproof.preflight.update_check import check_update_step
 from tuneproof.recipes.common import record_inputs, speedup_rules
 from tuneproof.training.budget import budget as step_budget
-from tuneproof.training.compiled import prove_compile, record_of, remove_compile
+from tuneproof.training.compiled import first_micro_batch, prove_compile, record_of, remove_compile
 from tuneproof.training.loop import _micro_loss, seed_everything
 from tuneproof.training.speedups import resolve_auto
 from tuneproof.ui import capped, console, heartbeat, user_text
@@ -342,7 +341,7 @@ def _check_compile(ctx: StudyContext, model, usable: list, pad: int, autocast, s
     (:func:`tuneproof.training.compiled.prove_compile`); under auto left off when it fails or does not pay."""
     cfg = ctx.study.training
     device, _, _ = ctx.torch_setup()
-    batch = {k: v.to(device) for k, v in collate(usable[: cfg.micro_batch_size], pad).items()}
+    batch = first_micro_batch(usable[: cfg.micro_batch_size], pad, device)
     plan = step_budget(cfg, len(usable))
     check = prove_compile(
         model,

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from tuneproof.data.image_pipeline import collate_images
+from tuneproof.data.preprocess import collate
 from tuneproof.errors import CheckFailed
 
 #: Compiled vs eager on one micro-batch, dropout off. fp32 compute: the loss within 1e-5 (relative)
@@ -51,6 +53,12 @@ def apply_compile(model, backend: str = "inductor") -> torch.nn.Module:
 def remove_compile(target: torch.nn.Module) -> None:
     """Back to eager mode (undoes ``nn.Module.compile``)."""
     target._compiled_call_impl = None
+
+
+def first_micro_batch(examples: list, pad_id: int, device) -> dict[str, torch.Tensor]:
+    """The check's micro-batch on ``device``: token sequences padded (``collate``), images stacked."""
+    batch = collate(examples, pad_id) if hasattr(examples[0], "input_ids") else collate_images(examples)
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def _grad_vector(params: list) -> torch.Tensor:

@@ -48,7 +48,7 @@ from tuneproof.errors import CheckFailed, Stopped, Terminated, TuneproofError
 from tuneproof.models.method import base_weights_dtype
 from tuneproof.training import micro_batch
 from tuneproof.training.budget import budget
-from tuneproof.training.compiled import prove_compile, record_of, remove_compile, require_compile
+from tuneproof.training.compiled import first_micro_batch, prove_compile, record_of, remove_compile, require_compile
 from tuneproof.training.data_order import (
     GROUP_MEGABATCH,
     micro_batch_at,
@@ -358,8 +358,7 @@ def _use_compile(
             "training.compile is not yet checked under DDP/FSDP",
             hint="set training.compile: false for a distributed run",
         )
-    first = train_set[: cfg.micro_batch_size]
-    batch = {k: v.to(device) for k, v in collate(first, pad_id).items()}
+    batch = first_micro_batch(train_set[: cfg.micro_batch_size], pad_id, device)
     check = prove_compile(
         model,
         batch,

@@ -285,9 +285,15 @@ def use_speedups(
                 "training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
                 hint="set training.chunked_loss: false for a distributed run",
             )
-        # on the layout training uses: packed rows when packing is on (the decoder then gets position ids)
-        check = check_chunked_on_batch(
-            model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None
+        # on the layout training uses: packed rows when packing is on (the decoder then gets position ids);
+        # under auto resolve_auto ran this very check on the same micro-batch and layout
+        proved = ((auto_record or {}).get("decisions") or {}).get("chunked_loss", {}).get("proof")
+        check = (
+            {"passed": True, **proved}
+            if proved
+            else check_chunked_on_batch(
+                model, train_set[: cfg.micro_batch_size], pad_id, device, capacity if packing else None
+            )
         )
         if not check["passed"]:
             raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")

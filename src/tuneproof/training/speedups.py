@@ -317,6 +317,8 @@ def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, loss_fn) -
 #: SmolLM2-135M + LoRA (4 SNIPS examples); a padding position that leaks into attention moves the
 #: loss by 1e-2 or more (tests/training/test_speedups_auto.py breaks the mask and fails it).
 LENGTH_GROUPING_LOSS_RTOL = 1e-4
+#: examples of the first micro-batch the check compares (together, then each alone: 1 + this many passes)
+LENGTH_GROUPING_EXAMPLES = 4
 LENGTH_GROUPING_GRAD_RTOL = 1e-3
 
 
@@ -540,7 +542,7 @@ def resolve_auto(
         else:
             first = epoch_micro_batches(
                 len(train_set), cfg.micro_batch_size, cfg.seed, 0, world_size=world_size, rank=rank
-            )[0]
+            )[0][:LENGTH_GROUPING_EXAMPLES]
             check = check_length_grouping(model, [train_set[i] for i in first], pad_id, device, fp32_loss_fn)
             tail = f"padding {plain['after']:.1%} -> {pad['after']:.1%}"
             if check["passed"]:
@@ -568,6 +570,10 @@ def resolve_auto(
                 f"check passed (loss rel. diff {check['loss_rel_diff']:.1e}, "
                 f"gradients {check['grad_max_rel_diff']:.1e})",
             )
+            # the loop uses this proof instead of running the same check on the same micro-batch again
+            decisions["chunked_loss"]["proof"] = {
+                k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")
+            }
         else:
             decide("chunked_loss", False, f"check failed: {check['message']}")
     # bf16 frozen weights (last: it casts the model)

@@ -83,6 +83,8 @@ def test_references_longer_than_the_generation_budget_are_counted(tiny_tokenizer
         f"answers longer than eval.max_new_tokens {n_long - 1}: 1 of 2 validation references (longest {n_long} "
         f"tokens; set eval.max_new_tokens to at least {n_long}, or the output metrics are capped): v1 ({n_long})"
     )
+    sub = cut_by_generation(enc, "validation", n_long - 1, evaluated={"v2"})  # the eval.max_examples subset
+    assert sub["in_evaluated"] == 0 and sub["line"].endswith(f"v1 ({n_long}); 0 of them among the 1 evaluated")
     ok = cut_by_generation(enc, "validation", n_long)  # the whole text fits; the end token is not needed for it
     assert ok["count"] == 0
     assert ok["line"] == f"answers longer than eval.max_new_tokens {n_long}: none of 2 validation references " + (

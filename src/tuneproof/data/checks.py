@@ -84,16 +84,19 @@ def cut_answers(encoded: dict[str, list], max_length: int) -> dict[str, Any]:
     return {"count": len(rows), "examples": rows, "tokens_lost": lost, "line": line}
 
 
-def cut_by_generation(encoded: list, split: str, max_new_tokens: int, end_token: bool = True) -> dict[str, Any]:
+def cut_by_generation(
+    encoded: list, split: str, max_new_tokens: int, end_token: bool = True, evaluated: set[str] | None = None
+) -> dict[str, Any]:
     """Reference answers of the evaluation split longer than the generation budget ``eval.max_new_tokens``.
 
     An answer's length is counted in the tokens the model must generate for it, from the trainer's
     own encoding (:class:`~tuneproof.data.preprocess.Encoded` ``answer_tokens``: the answer as it
     follows the inference prompt, tokenised as the model produces it, with its end token, which is
     left out here when ``end_token``: the text is whole without it). A longer reference can never
-    be produced whole: every metric on it is capped.
+    be produced whole: every metric on it is capped. ``evaluated``: the ids ``baseline``/``eval`` predict
+    (the ``eval.max_examples`` subset); the line then also says how many of the cut ones are among them.
 
-    Returns ``{"split", "max_new_tokens", "n", "count", "longest", "ids", "line"}``; ``line`` reads
+    Returns ``{"split", "max_new_tokens", "n", "count", "longest", "ids", "in_evaluated", "line"}``; ``line`` reads
     ``"answers longer than eval.max_new_tokens 64: 94 of 100 validation references (longest 180
     tokens; set eval.max_new_tokens to at least 180): ..."``, or ``"...: none of 100 validation
     references (longest 42 tokens)"``.
@@ -108,6 +111,8 @@ def cut_by_generation(encoded: list, split: str, max_new_tokens: int, end_token:
             f"to at least {longest}, or the output metrics are capped): "
             + _listing([f"{i} ({k})" for i, k in sorted(over, key=lambda x: -x[1])])
         )
+        if evaluated is not None:
+            line += f"; {sum(1 for i, _ in over if i in evaluated)} of them among the {len(evaluated)} evaluated"
     else:
         line = head + f"none of {len(need)} {split} references (longest {longest} token{'' if longest == 1 else 's'})"
     return {
@@ -117,6 +122,7 @@ def cut_by_generation(encoded: list, split: str, max_new_tokens: int, end_token:
         "count": len(over),
         "longest": longest,
         "ids": [i for i, _ in over],
+        "in_evaluated": None if evaluated is None else sum(1 for i, _ in over if i in evaluated),
         "line": line,
     }
 

@@ -154,6 +154,7 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
             s.eval.split,
             s.eval.max_new_tokens,
             getattr(ctx.pipeline, "end_token", None) is not None,
+            {e.id for e in ctx.eval_examples()} if s.eval.max_examples else None,
         )
         if generative and s.eval.split in encoded
         else None

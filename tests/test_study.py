@@ -29,8 +29,34 @@ def test_unknown_key_names_the_key_path_and_file(tmp_path):
     path = write(tmp_path, raw)
     with pytest.raises(TuneproofError) as err:
         load_study(path)
-    assert "unknown key 'training.learning_rat'" in str(err.value)
+    assert "unknown key 'training.learning_rat' (did you mean 'training.learning_rate'?)" in str(err.value)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "said"),
+    [
+        ("training", "micro_batch_sise", " (did you mean 'training.micro_batch_size'?)"),
+        ("method", "lora_r", " (did you mean 'method.r'?)"),  # Axolotl's name
+        ("method", "rank", " (did you mean 'method.r'?)"),
+        ("training", "num_train_epochs", " (did you mean 'training.epochs'?)"),  # TRL's name
+        ("training", "zzz", ""),  # nothing close: no guess
+    ],
+)
+def test_unknown_key_names_the_close_key_of_its_section(tmp_path, section, key, said):
+    raw = yaml.safe_load(template_text("extraction"))
+    raw[section][key] = 1
+    with pytest.raises(TuneproofError) as err:
+        load_study(write(tmp_path, raw))
+    assert str(err.value).splitlines()[0].endswith(f"unknown key '{section}.{key}'{said}")
+
+
+def test_unknown_key_inside_a_list_item_is_matched_against_the_item_keys(tmp_path):
+    raw = yaml.safe_load(template_text("extraction"))
+    raw["data"]["sources"][0]["pth"] = raw["data"]["sources"][0].pop("path")
+    with pytest.raises(TuneproofError) as err:
+        load_study(write(tmp_path, raw))
+    assert "unknown key 'data.sources.0.pth' (did you mean 'data.sources.0.path'?)" in str(err.value)
 
 
 def test_wrong_type_and_unknown_task(tmp_path):

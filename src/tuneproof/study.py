@@ -6,6 +6,8 @@ a typo must never be silently ignored), and every error names the file and the k
 from __future__ import annotations
 
 import copy
+import difflib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -614,6 +616,60 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
 
 
+#: names other fine-tuning configs (Axolotl, TRL, PEFT) use for a key this schema names otherwise;
+#: suggested for an unknown key when the key they map to exists at the same place
+KNOWN_ALIASES = {
+    "rank": "r",
+    "lora_r": "r",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "lora_target_modules": "target_modules",
+    "num_epochs": "epochs",
+    "num_train_epochs": "epochs",
+    "sequence_len": "max_length",
+    "max_seq_length": "max_length",
+    "per_device_train_batch_size": "micro_batch_size",
+    "base_model": "base",
+}
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The schema model that holds the keys at ``loc`` (a pydantic error location: key names and
+    list indices), or None where ``loc`` leaves the schema's models (a dict value, a scalar)."""
+    for part in loc:
+        if isinstance(part, int):  # a list index: the list's item type was unwrapped below
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        todo, found = [field.annotation], None
+        while todo and found is None:
+            t = todo.pop()
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                found = t
+            else:
+                todo.extend(typing.get_args(t))
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def did_you_mean(loc: tuple) -> str:
+    """``" (did you mean 'training.micro_batch_size'?)"`` for an unknown key at ``loc`` close to a
+    key of the same section (difflib's ratio >= 0.75) or named as another library names it
+    (:data:`KNOWN_ALIASES`); ``""`` when none is close."""
+    if not loc:
+        return ""
+    holder = _model_at(Study, tuple(loc[:-1]))
+    if holder is None:
+        return ""
+    key, keys = str(loc[-1]), list(holder.model_fields)
+    alias = KNOWN_ALIASES.get(key)
+    close = [alias] if alias in keys else difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    return f" (did you mean '{_format_loc((*loc[:-1], close[0]))}'?)" if close else ""
+
+
 def validate_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
     """Validate a parsed YAML mapping against the schema (keys, values, rules over several keys).
     The rules that need the task kinds or the installed packages are checked on top of it by
@@ -631,7 +687,7 @@ def validate_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
         for e in err.errors()[:5]:
             loc = _format_loc(e["loc"])
             if e["type"] == "extra_forbidden":
-                lines.append(f"{path}: unknown key '{loc}'")
+                lines.append(f"{path}: unknown key '{loc}'{did_you_mean(e['loc'])}")
             elif e["type"] == "missing":
                 lines.append(f"{path}: missing key '{loc}'")
             elif e["type"] == "value_error":  # a rule over several keys: the message names them, not the whole mapping

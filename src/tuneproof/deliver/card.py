@@ -332,7 +332,7 @@ def _hypothesis_lines(h: dict[str, Any], comp: dict[str, Any]) -> list[str]:
     if h.get("changed"):
         other = "edited" if h.get("judged_against") == "frozen" else "frozen"
         lines += ["", "The study file's hypothesis was changed after training (frozen -> edited):", ""]
-        lines += [f"- `{c['key']}`: {_md(c['old'])} -> {_md(c['new'])}" for c in h.get("changes", [])]
+        lines += [f"- `{c['key']}`: {_md(str(c['old']))} -> {_md(str(c['new']))}" for c in h.get("changes", [])]
         lines += [
             "",
             f"Verdict with the {other} hypothesis: **{comp.get('verdict_' + other)}** "

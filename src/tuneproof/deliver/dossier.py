@@ -52,6 +52,7 @@ from tuneproof.modalities.base import (
     TOKEN_LENGTHS,
     Modality,
 )
+from tuneproof.preflight.report import headline
 from tuneproof.registry import iso, override_flags
 from tuneproof.tasks import get_task
 from tuneproof.ui import capped, capped_items, html_text, markdown_text, visible_text
@@ -889,20 +890,20 @@ def _preflight(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
     ]
     checks = s.get("checks")
     rows = []
+
+    def line(name: str, c: dict) -> list:  # the number that matters, as on the preflight's screen
+        message = c.get("detail") or c.get("message") or ""
+        passed = c.get("passed", c.get("status"))
+        return [name, _fmt(passed), headline({"name": name, "passed": passed, "message": message, **c})]
+
     if isinstance(checks, list):
-        rows = [
-            [c.get("name", "?"), _fmt(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""]
-            for c in checks
-            if isinstance(c, dict)
-        ]
+        rows = [line(c.get("name", "?"), c) for c in checks if isinstance(c, dict)]
     elif isinstance(checks, dict):
         for name, c in checks.items():
-            if isinstance(c, dict):
-                rows.append([name, _fmt(c.get("passed", c.get("status"))), c.get("detail") or c.get("message") or ""])
-            else:
-                rows.append([name, _fmt(c), ""])
+            rows.append(line(name, c) if isinstance(c, dict) else [name, _fmt(c), ""])
     if rows:
-        blocks.append(_table(["check", "passed", "detail"], rows))
+        blocks.append(_paragraph(f"each check's whole message and numbers: runs/{r.id}/preflight.json"))
+        blocks.append(_table(["check", "passed", "the number that matters"], rows))
     mem_rows, rows = preflight_tables(s, modality.unit)
     if mem_rows:
         blocks.append(

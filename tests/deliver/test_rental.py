@@ -292,10 +292,27 @@ def test_a_window_started_before_anything_was_measured_plans_from_stated_default
     r = rental["rates"]
     assert (r["s_per_step"], r["eval_s_per_example"], r["reload_s"]) == (10.0, 1.0, 300.0)
     assert r["rate_kinds"] == {"s_per_step": "default", "eval_s_per_example": "default", "reload_s": "default"}
-    assert r["step_source"] == "default 10 (nothing measured yet: run tuneproof preflight)"
+    assert r["step_source"] == "default: nothing measured yet, run tuneproof preflight"
     assert rental["plan"]["steps_per_variant"] == 100 and rental["ends"] == T0 + 7 * 86400
     with pytest.raises(TuneproofError, match="a rental window is already recorded"):
         rent.start(tmp_path, reg, days=7, ends=None, now=T0, work=work)
     with pytest.raises(TuneproofError, match="not an ISO-8601 time"):
         rent.parse_ends("next friday")
     assert rent.parse_ends("2030-03-20T17:46:40") == rent.parse_ends("2030-03-20T18:46:40+01:00") == T0 + 3 * 86400
+
+
+def test_the_status_screen_keeps_each_number_with_its_name_at_80_columns(tmp_path, monkeypatch, capsys):
+    """The first line ('...: 72.0 h left; reserve needed' / '0.42 h') and the default rates' lines
+    ('(default 1 (nothing measured yet: run tuneproof' / 'preflight))') were wrapped at 80 columns."""
+    from tuneproof.recipes.rental import print_status
+
+    reg = Registry(tmp_path)
+    work = {"steps": 40, "checkpoint_every": 10, "n_eval": 7, "n_test": 140}
+    rental = rent.start(tmp_path, reg, days=3, ends=None, now=T0, work=work)
+    monkeypatch.setattr(console, "_width", 80)
+    capsys.readouterr()
+    print_status(rent.status(rental, reg, tmp_path, T0 + 3600, work))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "rental ends 2030-03-20 17:46 UTC: 71.0 h left; reserve needed 0.46 h"
+    assert "step time: 10 s (default: nothing measured yet, run tuneproof preflight)" in lines
+    assert "evaluation: 1 s/example (default: nothing measured yet, run tuneproof preflight)" in lines

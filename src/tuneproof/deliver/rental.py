@@ -115,7 +115,7 @@ def rates(registry) -> dict[str, Any]:
     for key, src in (("s_per_step", "step_source"), ("eval_s_per_example", "eval_source")):
         if not m.get(key):
             m[key] = DEFAULT_RATES[key]
-            m[src] = f"default {DEFAULT_RATES[key]:g} (nothing measured yet: run tuneproof preflight)"
+            m[src] = "default: nothing measured yet, run tuneproof preflight"  # the value is printed beside it
             kinds[key] = "default"
         else:
             from_preflight = (m.get(src) or "").startswith(("preflight", "one evaluation", "smoke"))

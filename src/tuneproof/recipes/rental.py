@@ -119,10 +119,11 @@ def run_status(ctx: StudyContext, *, as_json: bool = False) -> dict[str, Any]:
 
 
 def print_status(st: dict[str, Any]) -> None:
-    """The status screen, 80 columns wide."""
+    """The status screen, 80 columns wide: each line of numbers fits, none is wrapped between a
+    number and its name (the window's start is in ``rental status --json`` and ``rental start``)."""
     state = "ENDED" if st["ended"] else f"{st['left_h']:.1f} h left"
     console.print(
-        f"rental {rent.iso_utc(st['start'])} to {rent.iso_utc(st['ends'])}: {state}; "
+        f"rental ends {rent.iso_utc(st['ends'])}: {state}; "
         f"reserve needed {st['reserve_h']:.2f} h" + (" (reached)" if st["reserve_reached"] else ""),
         soft_wrap=False,
     )

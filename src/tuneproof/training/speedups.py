@@ -312,10 +312,12 @@ def prove_bf16_base(model, train_set: list, cfg, pad_id: int, device, loss_fn) -
 #: (``max|g_batch - g_alone| / max|g_alone|``), in fp32 without autocast, dropout off. Grouping
 #: only changes which examples share a micro-batch, so it computes the same per-token losses when an
 #: example's loss does not depend on its batch mates or its padding; that is what this proves.
-#: Why these numbers: in fp32 the two differ by the summation order of matrix products of other
-#: shapes, measured 2e-7 (loss) and 3e-6 (gradients) on a tiny random Llama and 4e-7 / 2e-5 on
-#: SmolLM2-135M + LoRA (4 SNIPS examples); a padding position that leaks into attention moves the
-#: loss by 1e-2 or more (tests/training/test_speedups_auto.py breaks the mask and fails it).
+#: Why these numbers: in fp32 the two differ only by the summation order of matrix products of other
+#: shapes, measured (2026-12-02) 2.7e-8 (loss) and 1.9e-7 (gradients) on a tiny random Llama (2 layers,
+#: LoRA r4, 4 examples of 4-12 tokens) and 4.5e-8 / 4.6e-7 on SmolLM2-135M + LoRA r16 (the first 4 SNIPS
+#: examples of the quickstart's first micro-batch, max_length 144); padding that leaks into attention
+#: (left padding left unmasked, tests/training/test_speedups_auto.py) moves the loss by 2.4e-3 and the
+#: gradients by 0.68 on the tiny Llama.
 LENGTH_GROUPING_LOSS_RTOL = 1e-4
 #: examples of the first micro-batch the check compares (together, then each alone: 1 + this many passes)
 LENGTH_GROUPING_EXAMPLES = 4

@@ -137,3 +137,13 @@ def test_data_check_and_inspect_print_the_prefix_diff_in_the_terminal(tmp_path, 
         main(["data", "inspect", "--study", str(tmp_path), "-n", "1"])
     out = capsys.readouterr().out
     assert exit_.value.code in (0, None) and out.count("training prefix differs from the inference prompt") == 1
+
+
+def test_the_header_names_the_category_only_when_the_example_has_one(tiny_tokenizer):
+    from tuneproof.data.inspect import header
+
+    pipe = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=128)
+    plain = pipe.encode(Example("ex100", "hello world", target="a b c"))
+    assert plain.category in (None, "") and header(plain).startswith("ex100 prompt ")  # was 'ex100 [] prompt'
+    cat = pipe.encode(Example("ex101", "hello world", target="a b c", label="Sky"))
+    assert header(cat).startswith("ex101 [Sky] prompt ")

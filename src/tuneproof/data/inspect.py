@@ -94,7 +94,9 @@ def class_line(enc: Encoded, classes: list[str] | None) -> str:
 def header(enc: Encoded, classes: list[str] | None = None) -> str:
     """The one-line summary of an example."""
     kept = len(enc.input_ids)
-    who = f"{visible_text(enc.id, one_line=True)} [{visible_text(enc.category, one_line=True)}]"
+    who = visible_text(enc.id, one_line=True)
+    if enc.category:  # an example without a category printed 'ex100 []'
+        who += f" [{visible_text(enc.category, one_line=True)}]"
     if enc.class_index is not None or not enc.labels:
         return (
             f"{who} sequence classification: {enc.full_length} tokens ({kept} kept); "

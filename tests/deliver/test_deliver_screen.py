@@ -88,6 +88,10 @@ def test_compare_and_show_json(study, capsys):
     assert shown["run"] == ids["eval"] and shown["baseline"] == ids["baseline"]
     assert shown["matched"] == cand["counts"]["fixed"]
     assert all(e["candidate_correct"] is True and e["baseline_correct"] is False for e in shown["examples"])
+    # a cut list says so (the title read 'r0004: 6 examples' above 2 rows)
+    n = json.loads(_main(["show", ids["eval"], "--json", "--study", d], capsys)[1])["matched"]
+    code, out = _main(["show", ids["eval"], "--limit", "1", "--study", d], capsys)
+    assert code == 0 and f"{ids['eval']}: {n} examples, the first 1 shown (--limit N for more)" in " ".join(out.split())
 
 
 def test_failing_per_class_guard_is_one_line_per_class_at_most_10():

@@ -106,7 +106,8 @@ def run_show(
     ]
     console.print(
         table(
-            f"{cid}: {len(pairs)} examples",
+            f"{cid}: {len(pairs)} examples"
+            + (f", the first {len(rows)} shown (--limit N for more)" if len(rows) < len(pairs) else ""),
             ["id", "category", "input", "reference", "baseline", "candidate"],
             rows,
             keep=("id",),

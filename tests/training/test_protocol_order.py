@@ -157,3 +157,19 @@ def test_overrides_need_a_reason_and_are_recorded_and_shown(tiny_base, tmp_path,
         "preflight overridden: tiny study; data check overridden: known bad row 2; "
         "baseline overridden: baseline of the base model is not needed for a wiring test"
     ) in md
+
+
+def test_train_header_lines_stay_one_line_each_off_a_terminal(tiny_base, tmp_path, capsys, monkeypatch):
+    """Off a terminal the console is 80 columns: the run's header was cut before 'fp32' and the
+    budget line before 'examples', so a log split what grep should find on one line."""
+    from tuneproof.ui import console
+
+    study = make_study(tmp_path / "s", tiny_base, max_steps=2)
+    monkeypatch.setattr(console, "_width", 80)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--skip-preflight", "header test", "--study", str(study)])
+    lines = capsys.readouterr().out.splitlines()
+    assert exit_.value.code == 0
+    head = next(line for line in lines if line.startswith("r0003 lora on 24 examples; trainable "))
+    assert "; device cpu, dtype fp32 (" in head and head.endswith(")") and len(head) > 80
+    assert "budget: 2 optimizer steps from training.max_steps: 2; 3 steps per epoch of 24 examples" in lines

@@ -165,7 +165,8 @@ def run_train(
                 f"[bold]{run.id}[/] {ctx.study.method.kind} on {len(encoded)} examples; "
                 f"trainable {report.get('trainable', 0):,} of {report.get('total', 0):,} parameters; device {device}, "
                 f"dtype {ctx.device_choice['dtype']} ({user_text(ctx.device_choice['reason'])})"
-                + (f"; {ws} processes, {world.strategy}" if world is not None else "")
+                + (f"; {ws} processes, {world.strategy}" if world is not None else ""),
+                soft_wrap=True,  # one line in a log (80 columns off a terminal cut it before "fp32")
             )
         plan = budget(cfg, len(encoded), ws)
         steps = plan["total_steps"]
@@ -180,7 +181,8 @@ def run_train(
             )
             console.print(
                 f"budget: {steps} optimizer steps from {source}; {plan['steps_per_epoch']} steps per epoch "
-                f"of {plan['examples_per_epoch']} examples" + (f" per process ({ws} processes)" if ws > 1 else "")
+                f"of {plan['examples_per_epoch']} examples" + (f" per process ({ws} processes)" if ws > 1 else ""),
+                soft_wrap=True,
             )
         extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
         beat.update("training")

@@ -161,7 +161,9 @@ def test_zero_support_class_is_left_out_of_macro_and_not_measurable_in_guards():
     g = r["verdicts"][1]
     assert len(g["items"]) == 15
     assert g["detail"].endswith(
-        "not measurable (support < 1): " + ", ".join(f"{z} (support 0)" for z in many[:10]) + " and 3 more"
+        "not measurable (support < 1): "
+        + ", ".join(f"{z} (support 0)" for z in many[:10])
+        + " and 3 more (in compare.json)"
     )
 
 

@@ -773,7 +773,11 @@ def rental_deliver(
 def quickstart(
     directory: Path = typer.Option(Path("quickstart-study"), "--dir", help="study folder to create"),
     data: Path | None = DataOpt,
-    fast: bool = typer.Option(False, "--fast", help="tiny subset and few steps (for tests; no real gain expected)"),
+    fast: bool = typer.Option(
+        False,
+        "--fast",
+        help="a wiring test: tiny subset, few steps and the full preflight (most of the minutes); no gain expected",
+    ),
     preflight: bool = typer.Option(
         False, "--preflight", help="also run the full preflight before training (adds minutes on a CPU)"
     ),

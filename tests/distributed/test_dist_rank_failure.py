@@ -75,8 +75,8 @@ Root Cause (first observed failure):
 
 def test_a_rank_killed_without_a_word_is_named_from_torchruns_report(tmp_path):
     assert torchrun_failures(REPORT) == {
-        0: {"exitcode": 1, "pid": 4241, "signal": None},
-        1: {"exitcode": -9, "pid": 4242, "signal": "SIGKILL"},
+        0: {"exitcode": 1, "pid": 4241, "signal": None, "time": "2026-12-02_03:10:01", "root": False},
+        1: {"exitcode": -9, "pid": 4242, "signal": "SIGKILL", "time": "2026-12-02_03:10:01", "root": True},
     }
     gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
     _write(tmp_path, 0, "RuntimeError", gloo, 100.0)  # the survivor: the only error file
@@ -104,3 +104,36 @@ def test_the_rank_torchrun_stopped_is_not_the_cause(tmp_path):
         "rank 1 was killed by signal 9 (SIGKILL) without reporting an error (torchrun: exit code -9, pid 4242); "
         f"rank 0 was killed by signal 15 (SIGTERM) (logs: {tmp_path / 'rank-1.log'}, {tmp_path / 'launcher.log'})",
     )
+
+
+# the CI run of 2026-12-02: rank 1 raised, torchrun stopped rank 0 (blocked in a collective) before it wrote its file
+RAISED = (
+    REPORT.replace("exitcode  : 1 (pid: 4241)", "exitcode  : -15 (pid: 4241)  (SIGTERM)")
+    .replace("03:10:01\n  host      : box\n  rank      : 0", "03:10:02\n  host      : box\n  rank      : 0")
+    .replace("exitcode  : -9 (pid: 4242)  (SIGKILL)", "exitcode  : 1 (pid: 4242)")
+)
+
+
+def test_a_rank_stopped_after_the_failure_is_not_its_cause(tmp_path):
+    (tmp_path / "launcher.log").write_text(RAISED)
+    _write(tmp_path, 1, "ValueError", "injected fault on rank 1", 100.0)
+    assert rank_failure(tmp_path, 2, 600) == (
+        "failed",
+        "rank 1 failed: ValueError: injected fault on rank 1; rank 0 was killed by signal 15 (SIGTERM) after it "
+        f"(log: {tmp_path / 'rank-1.log'})",
+    )
+    # the same second, and torchrun's SIGKILL of that rank after its grace period: still not the cause
+    late = RAISED.replace("-15 (pid: 4241)  (SIGTERM)", "-9 (pid: 4241)  (SIGKILL)")
+    for report in (late, late.replace("03:10:02", "03:10:31")):
+        (tmp_path / "launcher.log").write_text(report)
+        assert rank_failure(tmp_path, 2, 600)[1].startswith("rank 1 failed: ValueError: injected fault on rank 1; ")
+    # but a SIGKILL seen in the same second as the first failure is a cause (the OOM killer, kill -9)
+    (tmp_path / "launcher.log").write_text(late.replace("03:10:02", "03:10:01"))
+    assert rank_failure(tmp_path, 2, 600)[1].startswith("rank 0 was killed by signal 9 (SIGKILL) without reporting")
+    # and every rank stopped by Ctrl-C, one of them before it wrote its file, is an interruption
+    (tmp_path / "rank-1.error.json").unlink()
+    _write(tmp_path, 1, "Terminated", "stopped by SIGTERM", 100.0)
+    (tmp_path / "launcher.log").write_text(
+        RAISED.replace("exitcode  : 1 (pid: 4242)", "exitcode  : -15 (pid: 4242)  (SIGTERM)")
+    )
+    assert rank_failure(tmp_path, 2, 600) == ("interrupted", "stopped by SIGTERM")

@@ -248,21 +248,36 @@ def launch(cmd: list[str], run_dir: Path | None) -> int:
 
 
 #: one failure in torchrun's ChildFailedError report (torch.distributed.elastic.multiprocessing.errors):
-#: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 4242) (SIGKILL)"
+#: "time      : 2026-12-02_05:29:35", a host line, "rank      : 1 (local_rank: 1)", then
+#: "exitcode  : -9 (pid: 4242)  (SIGKILL)"; the one after "Root Cause (first observed failure):" is its root cause
 _TORCHRUN_FAILURE = re.compile(
+    r"(?:time\s*:\s*(\S+)[ \t]*\n(?:[ \t]*host\s*:[^\n]*\n)?\s*)?"
     r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)[ \t]*(?:\((\w+)\))?"
 )
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+#: exits by these signals are how torchrun (or a user) stops the survivors of a failure
+_STOP_EXITS = (-signal.SIGTERM, -signal.SIGINT)
 
 
 def torchrun_failures(log_text: str) -> dict[int, dict[str, Any]]:
     """The ranks torchrun's elastic agent saw fail, from the ChildFailedError report it writes to
-    its stderr (``runs/<id>/launcher.log``): ``{rank: {"exitcode", "pid", "signal"}}``; ``exitcode``
-    is negative for a rank killed by a signal (-9: SIGKILL), ``signal`` its name (None otherwise).
-    Ranks the agent stopped itself after a failure are not in the report."""
+    its stderr (``runs/<id>/launcher.log``): ``{rank: {"exitcode", "pid", "signal", "time", "root"}}``;
+    ``exitcode`` is negative for a rank killed by a signal (-9: SIGKILL), ``signal`` its name (None
+    otherwise), ``time`` when the agent saw it (``YYYY-MM-DD_HH:MM:SS``, whole seconds; None if the report
+    has none), ``root`` True for the report's root cause (its first observed failure). The agent adds
+    the survivors it stopped after the first failure (SIGTERM, SIGKILL after its grace period)."""
     out: dict[int, dict[str, Any]] = {}
+    root_at = log_text.rfind(_ROOT_CAUSE)
     for m in _TORCHRUN_FAILURE.finditer(log_text):
-        code = int(m.group(2))
-        out[int(m.group(1))] = {"exitcode": code, "pid": int(m.group(3)), "signal": m.group(4) if code < 0 else None}
+        code = int(m.group(3))
+        out[int(m.group(2))] = {
+            "exitcode": code,
+            "pid": int(m.group(4)),
+            "signal": m.group(5) if code < 0 else None,
+            "time": m.group(1),
+            "root": root_at >= 0 and m.start() > root_at,
+        }
     return out
 
 
@@ -271,6 +286,21 @@ def _how(f: dict[str, Any]) -> str:
     if f["exitcode"] < 0:
         return f"was killed by signal {-f['exitcode']}" + (f" ({f['signal']})" if f["signal"] else "")
     return f"exited with code {f['exitcode']}"
+
+
+def _silent_causes(died: dict[int, dict[str, Any]], failures: dict[int, dict[str, Any]]) -> list[int]:
+    """The ranks among ``died`` (no error file) that caused the failure, not ranks stopped because of it:
+    torchrun's root cause, or a death by another signal than SIGTERM/SIGINT seen in the same second as the
+    first failure (a SIGKILL seen later is the agent's own after its grace period). Sorted root first."""
+    times = [f["time"] for f in failures.values() if f["time"]]
+    first = min(times) if times else None
+
+    def cause(f: dict[str, Any]) -> bool:
+        if f["root"]:
+            return True
+        return f["exitcode"] not in _STOP_EXITS and (first is None or f["time"] is None or f["time"] <= first)
+
+    return sorted((r for r, f in died.items() if cause(f)), key=lambda r: (not died[r]["root"], r))
 
 
 def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: int = 0) -> tuple[str, str]:
@@ -283,7 +313,8 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
         stopped on a signal or ``stop_after``), ``timeout`` (a rank waited ``timeout_s`` in a collective; the ranks that
         wrote nothing are named as hung) or ``failed``: a rank that died without a word (killed by a signal, an
         exit without a Python error: torchrun's report names it and its exit code; the survivors' errors
-        follow from it), else the first rank to fail by time, its error type and message, and its log.
+        follow from it), else the first rank to fail by time, its error type and message, and its log; the
+        ranks torchrun stopped after it without a word (SIGTERM) follow it, never as its cause.
     """
     errors = []
     for r in range(world_size):
@@ -297,13 +328,16 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
         with open(run_dir / "launcher.log", "rb") as f:
             f.seek(log_offset)
             launcher_log = f.read().decode("utf-8", errors="replace")
-    died = {r: f for r, f in torchrun_failures(launcher_log).items() if r in silent}
-    if died:
-        # torchrun stops the survivors of a failure with SIGTERM: a rank ended by SIGTERM/SIGINT is a cause only
-        # when no rank died otherwise
-        order = sorted(died, key=lambda k: (died[k]["exitcode"] in (-signal.SIGTERM, -signal.SIGINT), k))
+    failures = torchrun_failures(launcher_log)
+    died = {r: f for r, f in failures.items() if r in silent}
+    real = [e for e in errors if e["type"] not in ("KeyboardInterrupt", "Terminated")]
+    causes = _silent_causes(died, failures)
+    if died and (causes or not errors):
+        # the causes first, then the ranks torchrun stopped (ended by SIGTERM/SIGINT last)
+        order = causes + sorted(
+            (k for k in died if k not in causes), key=lambda k: (died[k]["exitcode"] in _STOP_EXITS, k)
+        )
         r, f = order[0], died[order[0]]
-        real = [e for e in errors if e["type"] not in ("KeyboardInterrupt", "Terminated")]
         after = []
         if real:
             first = min(real, key=lambda e: e["time"])
@@ -334,7 +368,8 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
             f"see {run_dir}/rank-N.log"
         )
     log = run_dir / f"rank-{first['rank']}.log"
-    return "failed", f"rank {first['rank']} failed: {first['type']}: {first['message']} (log: {log})"
+    stopped = "".join(f"; rank {k} {_how(died[k])} after it" for k in sorted(died))
+    return "failed", f"rank {first['rank']} failed: {first['type']}: {first['message']}{stopped} (log: {log})"
 
 
 # --------------------------------------------------------------------------- the two launches

@@ -323,7 +323,8 @@ class Training(_Strict):
     length_grouping: bool = Field(
         False,
         description="micro-batches of examples of similar length (less padding); a seeded "
-        "order within each process's DistributedSampler share, resumable",
+        "order within each process's DistributedSampler share, resumable; changes which examples share "
+        "a step, so speedups: auto never turns it on",
     )
     packing: bool = Field(
         False,

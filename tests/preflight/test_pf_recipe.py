@@ -471,27 +471,23 @@ def test_chunked_loss_check_fails_on_a_classification_head_naming_the_key():
 
 
 def test_speedups_auto_runs_the_checks_of_what_it_turns_on_and_its_list_keeps_the_preflight(tmp_path, tiny_model_dir):
-    """training.speedups: auto on the CPU: length grouping and the chunked loss checked and used (their rows in the
-    table), packing, bf16 frozen weights and compile off with their reasons; the list it resolved to is the
+    """training.speedups: auto on the CPU: the chunked loss checked and used (its row in the table), length
+    grouping, packing, bf16 frozen weights and compile off with their reasons; the list it resolved to is the
     same configuration for the gate of train, another list is not."""
     study = make_study(tmp_path / "s", tiny_model_dir, training__speedups="auto")
     rid = run_preflight(StudyContext.open(study))
     checks = checks_of(study, rid)
     auto = Registry(study).get(rid).summary["speedups_auto"]
-    assert auto["used"] == ["length_grouping", "chunked_loss"]
+    assert auto["used"] == ["chunked_loss"]
     assert checks["speedups auto"]["passed"] is True and "packing off: pays only" in checks["speedups auto"]["message"]
+    assert "length_grouping off: would lower the padding" in checks["speedups auto"]["message"]
     assert checks["chunked loss"]["passed"] is True  # the check of what auto turned on ran like an explicit key's
     assert "compile" not in checks and "packing" not in checks
     assert json.loads((study / "runs" / rid / "config.json").read_text())["training"]["speedups"] == "auto"
     cfg = StudyContext.open(study).config
     assert require_preflight(StudyContext.open(study), None) == rid  # auto again: the same resolution
-    listed = {**cfg["training"], "speedups": ["chunked_loss", "length_grouping"], "chunked_loss": True}
-    assert (
-        require_preflight(
-            StudyContext.open(study, config={**cfg, "training": {**listed, "length_grouping": True}}), None
-        )
-        == rid
-    )
-    other = {**cfg["training"], "speedups": ["chunked_loss"], "chunked_loss": True}
-    with pytest.raises(CheckFailed, match=r"training.length_grouping: true -> false"):
+    listed = {**cfg["training"], "speedups": ["chunked_loss"], "chunked_loss": True}
+    assert require_preflight(StudyContext.open(study, config={**cfg, "training": listed}), None) == rid
+    other = {**listed, "speedups": ["chunked_loss", "length_grouping"], "length_grouping": True}
+    with pytest.raises(CheckFailed, match=r"training.length_grouping: false -> true"):
         require_preflight(StudyContext.open(study, config={**cfg, "training": other}), None)

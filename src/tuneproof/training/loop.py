@@ -51,6 +51,7 @@ from tuneproof.training.budget import budget
 from tuneproof.training.compiled import first_micro_batch, prove_compile, record_of, remove_compile, require_compile
 from tuneproof.training.data_order import (
     GROUP_MEGABATCH,
+    epoch_micro_batches,
     micro_batch_at,
     window_at,
     window_position,
@@ -66,7 +67,9 @@ from tuneproof.training.loss import (
 from tuneproof.training.parallel import normalisation, share_report
 from tuneproof.training.resume_state import CKPT_FORMAT, restore_state, rng_state, save_checkpoint, trainable_state
 from tuneproof.training.speedups import (
+    LENGTH_GROUPING_EXAMPLES,
     check_chunked_on_batch,
+    check_length_grouping,
     packing_capacity,
     padding_report,
     prove_bf16_base,
@@ -301,6 +304,21 @@ def use_speedups(
             proof = {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}
             run.update_summary(speedups={"chunked_loss": proof})
     lengths = [len(e.input_ids) for e in train_set] if grouping else None
+    grouping_check: dict[str, Any] = {}
+    if grouping:  # an example's loss does not depend on its batch mates (then grouping changes only the order)
+        first = epoch_micro_batches(len(train_set), cfg.micro_batch_size, cfg.seed, 0, world_size=world_size, rank=rank)
+        check = check_length_grouping(
+            model,
+            [train_set[i] for i in first[0][:LENGTH_GROUPING_EXAMPLES]],
+            pad_id,
+            device,
+            lambda m, b: _micro_loss(m, b, contextlib.nullcontext),
+        )
+        if not check["passed"]:
+            raise CheckFailed(
+                f"training.length_grouping: {check['message']}", hint="set training.length_grouping: false"
+            )
+        grouping_check = {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}
     if packing:  # per-token losses packed == alone
         packed_check = prove_packing(model, train_set, cfg, pad_id, device)
         if run is not None:
@@ -328,7 +346,7 @@ def use_speedups(
                 f"with rows of {capacity} tokens: raise training.packing_length, or use training.length_grouping"
             )
         if grouping:
-            grouped = {"padding_before": pad["before"], "padding_after": pad["after"]}
+            grouped = {"padding_before": pad["before"], "padding_after": pad["after"], **grouping_check}
             run.update_summary(speedups={**(run.summary.get("speedups") or {}), "length_grouping": grouped})
     if getattr(cfg, "compile", False):
         _use_compile(

@@ -475,8 +475,9 @@ def resolve_auto(
     the study's real micro-batches and turn on those that pass; a failed or inapplicable one stays
     off with a one-line reason (docs/speedups.md).
 
-    Order: packing (the layout the others are checked on), length grouping
-    (:func:`check_length_grouping`, and only when grouping lowers this epoch's padding), the chunked
+    Order: packing (the layout the others are checked on), length grouping (never turned on here: it
+    changes which examples share an optimizer step, so the run's updates are not the same ones; its
+    reason says what padding it would save; listed explicitly it runs :func:`check_length_grouping`), the chunked
     loss (:func:`tuneproof.training.loss.check_chunked_loss`, causal LMs, one process), bf16 frozen
     weights (:func:`check_bf16_base`; casts the model when it passes), compile (left to the caller:
     ``try_compile`` only marks it for :func:`tuneproof.training.compiled.prove_compile`).
@@ -542,20 +543,13 @@ def resolve_auto(
                 f"does not lower the padding here ({plain['after']:.1%} -> {pad['after']:.1%})",
             )
         else:
-            first = epoch_micro_batches(
-                len(train_set), cfg.micro_batch_size, cfg.seed, 0, world_size=world_size, rank=rank
-            )[0][:LENGTH_GROUPING_EXAMPLES]
-            check = check_length_grouping(model, [train_set[i] for i in first], pad_id, device, fp32_loss_fn)
-            tail = f"padding {plain['after']:.1%} -> {pad['after']:.1%}"
-            if check["passed"]:
-                decide(
-                    "length_grouping",
-                    True,
-                    f"check passed (loss rel. diff {check['loss_rel_diff']:.1e}, "
-                    f"gradients {check['grad_max_rel_diff']:.1e}); {tail}",
-                )
-            else:
-                decide("length_grouping", False, f"check failed: {check['message']}")
+            decide(
+                "length_grouping",
+                False,
+                f"would lower the padding {plain['after']:.1%} -> {pad['after']:.1%} but changes which examples share "
+                "an optimizer step (another trajectory, as another seed; docs/speedups.md): auto uses only what leaves "
+                "each step unchanged; list length_grouping in training.speedups to accept that",
+            )
     # chunked loss
     if not token_labels:
         decide("chunked_loss", False, "applies to causal LMs (token labels), not to a classification head")

@@ -71,6 +71,7 @@ from tuneproof.io import (
     space_note,
     write_json,
 )
+from tuneproof.study import STUDY_FILE
 
 KINDS = ("baseline", "train", "eval", "test", "export", "preflight", "data-check", "compare", "report")
 STATUSES = ("running", "completed", "failed", "interrupted", "invalid")
@@ -114,6 +115,10 @@ CREATE TABLE IF NOT EXISTS runs (
     eval_fingerprint TEXT,
     summary TEXT,
     heartbeat REAL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT
 );
 CREATE TABLE IF NOT EXISTS test_access (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -349,6 +354,93 @@ def _seq_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: the folders of a study's own layout: a recorded absolute path ``<root>/exports/...`` or ``<root>/runs/...``
+#: belongs to the study folder ``<root>``
+STUDY_LAYOUT = ("exports", "runs")
+
+
+def _inside(path: Path, folder: Path) -> Path | None:
+    """``path`` relative to ``folder`` (as written, then both resolved), or None when it lies elsewhere."""
+    for p, f in ((path, folder), (path.resolve(), folder.resolve())):
+        if p.is_relative_to(f):
+            return p.relative_to(f)
+    return None
+
+
+def study_relative(study_dir: str | Path, path: str | Path) -> str:
+    """How a run records ``path``: relative to the study folder (POSIX, ``exports/r0003``) when it lies
+    inside it, so that a copied or moved study reads its own copy; absolute when it lies elsewhere (an
+    export with ``--out /elsewhere``)."""
+    p = Path(os.path.abspath(path))
+    rel = _inside(p, Path(study_dir))
+    return str(p) if rel is None else (rel.as_posix() or ".")
+
+
+@dataclass(frozen=True)
+class RecordedPath:
+    """A path a run recorded, read back in the study folder as it is now (:meth:`Registry.recorded_path`).
+
+    ``path``: where the file is in this study folder (or was recorded, outside any study); ``shown``: how
+    screens and the dossier name it (relative to the study folder inside it, else absolute); ``moved``:
+    the recorded path was absolute under the folder this study was copied or moved from and is read from
+    this folder; ``warning``: one line when this folder has no copy of it (never a pointer elsewhere).
+    """
+
+    recorded: str
+    path: Path
+    shown: str
+    moved: bool = False
+    warning: str | None = None
+
+
+def read_recorded_path(study_dir: str | Path, recorded: str, moved_from: Path | None = None) -> RecordedPath:
+    """Resolve a recorded path against the study folder ``study_dir`` as it is now.
+
+    - relative (this version records paths inside the study so): ``study_dir / recorded``;
+    - absolute inside ``study_dir``: unchanged;
+    - absolute under another study folder, which this one was copied or moved from (``moved_from``, the
+      folder the registry was created in; or, for a study copied before the registry recorded it, the
+      ``<root>`` of ``<root>/exports/...`` / ``<root>/runs/...`` when ``<root>`` holds a study file or the
+      recorded path is gone): the same relative path in ``study_dir``, with a warning when this folder has
+      no such file (the original folder's file is never used);
+    - anything else (an export with ``--out /elsewhere``): unchanged.
+    """
+    here = Path(study_dir)
+    p = Path(recorded)
+    if not p.is_absolute():
+        return RecordedPath(recorded, here / p, p.as_posix())
+    rel = _inside(p, here)
+    if rel is not None:
+        return RecordedPath(recorded, p, rel.as_posix())
+    root = None
+    if moved_from is not None and (rel := _inside(p, moved_from)) is not None:
+        root = moved_from
+    else:
+        parts = p.parts
+        at = max((i for i, part in enumerate(parts) if part in STUDY_LAYOUT and 0 < i < len(parts) - 1), default=None)
+        if at is not None:
+            old = Path(*parts[:at])
+            if (old / STUDY_FILE).is_file() or not p.exists():
+                root, rel = old, Path(*parts[at:])
+    if root is None or rel is None:
+        return RecordedPath(recorded, p, str(p))
+    mine = here / rel
+    if mine.exists():
+        return RecordedPath(recorded, mine, rel.as_posix(), moved=True)
+    where = (
+        f"{root}, the folder this study was copied or moved from"
+        if root == moved_from or (root / STUDY_FILE).is_file()
+        else f"{root}, which is gone (this study was copied or moved from there)"
+    )
+    return RecordedPath(
+        recorded,
+        mine,
+        rel.as_posix(),
+        moved=True,
+        warning=f"{recorded} was recorded in {where}; this study folder has no {rel.as_posix()}",
+    )
+
+
 class Registry:
     """The SQLite index of a study's runs, mirrored in each run folder's ``run.json``.
 
@@ -377,6 +469,7 @@ class Registry:
             missing = not self.db_path.exists() or self.db_path.stat().st_size == 0
             self._conn = self._connect(self.db_path)
             self._make_reserve()
+            self.moved_from = self._home()
             if missing and self._record_folders():
                 self.rebuilt = self._load_folders()
                 print(
@@ -394,6 +487,22 @@ class Registry:
             raise _fault_error(
                 err, cause, self.study_dir, "free space or make the study folder writable, then run the command again"
             ) from None
+
+    def _home(self) -> Path | None:
+        """The folder this study was copied or moved from (the registry records the folder it was created
+        in, ``meta.study_dir``), or None when it is still there. A registry without the record (written by
+        an older version, or rebuilt) records the current folder."""
+        here = str(self.study_dir.resolve())
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'study_dir'").fetchone()
+        if row is None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('study_dir', ?)", (here,))
+            return None
+        return None if row["value"] == here else Path(row["value"])
+
+    def recorded_path(self, recorded: str) -> RecordedPath:
+        """A path a run recorded, read in this study folder (:func:`read_recorded_path`)."""
+        return read_recorded_path(self.study_dir, recorded, self.moved_from)
 
     def _db_error(self, err: sqlite3.DatabaseError) -> TuneproofError:
         cause = fault_cause(err, self.study_dir)
@@ -609,6 +718,7 @@ class Registry:
             None,
         )
         reg.start_hooks, reg.step_hooks, reg.end_hooks = [], [], []
+        reg.moved_from = None
         try:
             reg._conn = cls._connect(db)
             out = reg._load_folders()
@@ -862,7 +972,8 @@ class Registry:
         - ``runs/<id>/**/.NAME.*.tmp`` of every run that is not running (nobody writes there);
         - ``exports/.<name>.*`` bundle folders, when no export run is running (``kind`` export);
         - the temp folder and the lock file an export run recorded (``summary.temp_folder``,
-          ``summary.lock_file``, beside its ``--out`` folder) when that run is no longer running;
+          ``summary.lock_file``, beside its ``--out`` folder; relative to the study folder inside it, read in
+          this folder by :meth:`recorded_path`) when that run is no longer running;
         - ``.NAME.*.tmp`` in the study folder older than 10 minutes (atomic writes take seconds).
         """
         removed: list[Path] = []
@@ -881,7 +992,13 @@ class Registry:
         for r in self.list(kind="export"):  # temp folders and locks a killed export recorded (wherever --out put them)
             if r.status == "running":
                 continue
-            tmp, lock = r.summary.get("temp_folder"), r.summary.get("lock_file")
+            # recorded relative to the study folder (or absolute by an older version: read in this folder, so a
+            # copied study never removes the original folder's files)
+            tmp, lock = (
+                self.recorded_path(str(v)) if v else None
+                for v in (r.summary.get("temp_folder"), r.summary.get("lock_file"))
+            )
+            tmp, lock = (None if v is None or v.warning else v.path for v in (tmp, lock))
             if tmp and is_temp_name(Path(tmp).name) and Path(tmp).is_dir() and not Path(tmp).is_symlink():
                 shutil.rmtree(tmp, ignore_errors=True)
                 removed.append(Path(tmp))

@@ -53,7 +53,7 @@ from tuneproof.modalities.base import (
     Modality,
 )
 from tuneproof.preflight.report import headline
-from tuneproof.registry import iso, override_flags
+from tuneproof.registry import RecordedPath, iso, override_flags
 from tuneproof.tasks import get_task
 from tuneproof.ui import capped, capped_items, html_text, markdown_text, visible_text
 
@@ -300,11 +300,20 @@ def _summary(ev: _Evidence) -> list[dict]:
             + (f"; {len(reused)} read(s) recorded as reuse" if reused else "")
             + ("; reading it more than once wears out its value as a control" if len(acc) > 1 else "")
         )
-    items.append(
-        f"export: {exp.summary.get('bundle')} (verified in a fresh process)"
-        if exp
-        else "export: not run yet (`tuneproof export RUN`)"
-    )
+    if exp is None:
+        items.append("export: not run yet (`tuneproof export RUN`)")
+    else:
+        got = _bundle(ev, exp.summary.get("bundle"))
+        items.append(
+            f"export: {got.shown} (verified in a fresh process)"
+            if got is None or got.warning is None
+            else f"export: {got.warning}: export it again here (`tuneproof export {exp.parent}`)"
+        )
+    if ev.reg.moved_from is not None:
+        items.append(
+            f"study folder: copied or moved from {ev.reg.moved_from}; the paths its runs recorded there are "
+            "read in this folder"
+        )
     items += _rental_line(ev)
     blocks.append({"type": "list", "items": items})
     lim = _observed(ev)
@@ -1386,6 +1395,19 @@ def _limits(ev: _Evidence) -> list[dict]:
     ]
 
 
+def _bundle(ev: _Evidence, recorded: Any) -> RecordedPath | None:
+    """An export run's recorded bundle folder read in this study folder (a copied study names its own
+    copy, :meth:`Registry.recorded_path`); None when none was recorded."""
+    return ev.reg.recorded_path(str(recorded)) if recorded else None
+
+
+def _bundle_cell(ev: _Evidence, recorded: Any) -> str:
+    got = _bundle(ev, recorded)
+    if got is None:
+        return ""
+    return got.shown if got.warning is None else f"{got.shown} (not in this folder: {got.warning})"
+
+
 def _exports(ev: _Evidence) -> list[dict]:
     exps = [r for r in ev.runs if r.kind == "export"]
     if not exps:
@@ -1396,7 +1418,7 @@ def _exports(ev: _Evidence) -> list[dict]:
             r.parent,
             r.status,
             r.reason or "",
-            r.summary.get("bundle", ""),
+            _bundle_cell(ev, r.summary.get("bundle")),
             _fmt(r.summary.get("verified")),
             ("forced: " + str((r.summary.get("forced") or {}).get("status"))) if r.summary.get("forced") else "",
             _fmt(r.summary.get("merge")),
@@ -1448,7 +1470,8 @@ def _rental_line(ev: _Evidence) -> list[str]:
         return []
     delivered = rental.get("delivered") or {}
     if delivered.get("verified"):
-        return [f"rental: delivered {delivered['train']} ({delivered['bundle']}, verified in a fresh process)"]
+        shown = _bundle_cell(ev, delivered["bundle"])
+        return [f"rental: delivered {delivered['train']} ({shown}, verified in a fresh process)"]
     if clock.now() >= rental["ends"]:
         return [
             f"rental: the window ended {rent.iso_utc(rental['ends'])} WITHOUT A VERIFIED EXPORT "
@@ -1487,7 +1510,7 @@ def _rental(ev: _Evidence) -> list[dict]:
         )
     d = st["delivered"] or {}
     items.append(
-        f"delivered: {d['train']} as {d['bundle']}, verified in a fresh process"
+        f"delivered: {d['train']} as {_bundle_cell(ev, d['bundle'])}, verified in a fresh process"
         if d.get("verified")
         else "delivered: nothing verified yet" + (" and the window has ended" if st["ended"] else "")
     )

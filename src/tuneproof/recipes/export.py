@@ -90,6 +90,7 @@ from tuneproof.recipes.common import (
     trained_base_weights,
 )
 from tuneproof.recipes.compare import print_judging
+from tuneproof.registry import study_relative
 from tuneproof.ui import Heartbeat, console, heartbeat, user_text
 
 DEFAULT_K = 8  # stored verification examples
@@ -636,7 +637,13 @@ def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging,
         # (Registry.clean_stale_temps) finds it wherever --out put it
         tmp = dest.parent / f".{dest.name}.{run.id}.tmp-export"
         note_library_drift(ctx, run, rec.id, record_inputs(ctx, run, with_data=False)["env"])
-        run.update_summary(train_run=rec.id, forced=forced, merge=merge, temp_folder=str(tmp), lock_file=str(lock_path))
+        run.update_summary(
+            train_run=rec.id,
+            forced=forced,
+            merge=merge,
+            temp_folder=study_relative(ctx.study_dir, tmp),
+            lock_file=study_relative(ctx.study_dir, lock_path),
+        )
         if forced:
             run.note(f"forced export of the {rec.status} run {rec.id} ({rec.reason})")
             console.print(f"[yellow]warning[/]: exporting {rec.id} although it is {rec.status} (--force, recorded)")
@@ -682,7 +689,7 @@ def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging,
                 _forget_temp(run)
             raise
         run.update_summary(
-            bundle=str(dest),
+            bundle=study_relative(ctx.study_dir, dest),  # exports/r0003: a copied study names its own copy
             verified=True,
             verify_seconds=report["seconds"],
             files=len(man["files"]),

@@ -44,7 +44,7 @@ from tuneproof.recipes.protocol import check_reason
 from tuneproof.recipes.report import run_report
 from tuneproof.recipes.variants import plan_grid, plan_variant
 from tuneproof.recipes.verify import run_verify
-from tuneproof.registry import Registry
+from tuneproof.registry import Registry, study_relative
 from tuneproof.training.budget import total_steps
 from tuneproof.ui import console, err_console, table, user_text
 
@@ -320,12 +320,13 @@ def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False
             console.print(f"export: {user_text(bundle)} from export run {export_id} (kept)", soft_wrap=True)
         else:
             export_id = run_export(ctx, train)
-            bundle = Path(ctx.registry.get(export_id).summary.get("bundle") or bundle)
+            # recorded relative to the study folder (exports/r0003), read in this folder
+            bundle = ctx.registry.recorded_path(ctx.registry.get(export_id).summary.get("bundle") or str(bundle)).path
         report = run_verify(bundle)
         delivered = {
             "train": train,
             "export": export_id,
-            "bundle": str(bundle.relative_to(ctx.study_dir) if bundle.is_relative_to(ctx.study_dir) else bundle),
+            "bundle": study_relative(ctx.study_dir, bundle),
             "verified": bool(report.get("passed")),
             "verify_seconds": report.get("seconds"),
             "time": clock.now(),

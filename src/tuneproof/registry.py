@@ -357,6 +357,8 @@ def _seq_of(name: str) -> int | None:
 #: the folders of a study's own layout: a recorded absolute path ``<root>/exports/...`` or ``<root>/runs/...``
 #: belongs to the study folder ``<root>``
 STUDY_LAYOUT = ("exports", "runs")
+#: summary key of a run that records its paths inside the study relative to it (:func:`study_relative`)
+RELATIVE_PATHS = "paths_relative_to_study"
 
 
 def _inside(path: Path, folder: Path) -> Path | None:
@@ -393,17 +395,22 @@ class RecordedPath:
     warning: str | None = None
 
 
-def read_recorded_path(study_dir: str | Path, recorded: str, moved_from: Path | None = None) -> RecordedPath:
+def read_recorded_path(
+    study_dir: str | Path, recorded: str, moved_from: Path | None = None, *, relative_records: bool = False
+) -> RecordedPath:
     """Resolve a recorded path against the study folder ``study_dir`` as it is now.
 
     - relative (this version records paths inside the study so): ``study_dir / recorded``;
     - absolute inside ``study_dir``: unchanged;
     - absolute under another study folder, which this one was copied or moved from (``moved_from``, the
       folder the registry was created in; or, for a study copied before the registry recorded it, the
-      ``<root>`` of ``<root>/exports/...`` / ``<root>/runs/...`` when ``<root>`` holds a study file or the
-      recorded path is gone): the same relative path in ``study_dir``, with a warning when this folder has
-      no such file (the original folder's file is never used);
+      nearest folder above the path that holds a study file, or the ``<root>`` of ``<root>/exports/...`` /
+      ``<root>/runs/...`` when the recorded path is gone): the same relative path in ``study_dir``, with a
+      warning when this folder has no such file (the original folder's file is never used);
     - anything else (an export with ``--out /elsewhere``): unchanged.
+
+    ``relative_records``: the run recorded its paths inside the study relative (:data:`RELATIVE_PATHS` in its
+    summary), so an absolute one lies outside by choice: only ``moved_from`` is mapped, never guessed.
     """
     here = Path(study_dir)
     p = Path(recorded)
@@ -415,13 +422,14 @@ def read_recorded_path(study_dir: str | Path, recorded: str, moved_from: Path | 
     root = None
     if moved_from is not None and (rel := _inside(p, moved_from)) is not None:
         root = moved_from
-    else:
+    elif not relative_records:
         parts = p.parts
         at = max((i for i, part in enumerate(parts) if part in STUDY_LAYOUT and 0 < i < len(parts) - 1), default=None)
-        if at is not None:
-            old = Path(*parts[:at])
-            if (old / STUDY_FILE).is_file() or not p.exists():
-                root, rel = old, Path(*parts[at:])
+        study = next((a for a in p.parents if (a / STUDY_FILE).is_file()), None)  # another study folder holds it
+        if study is not None:
+            root, rel = study, p.relative_to(study)
+        elif at is not None and not p.exists():
+            root, rel = Path(*parts[:at]), Path(*parts[at:])
     if root is None or rel is None:
         return RecordedPath(recorded, p, str(p))
     mine = here / rel
@@ -500,9 +508,10 @@ class Registry:
             return None
         return None if row["value"] == here else Path(row["value"])
 
-    def recorded_path(self, recorded: str) -> RecordedPath:
-        """A path a run recorded, read in this study folder (:func:`read_recorded_path`)."""
-        return read_recorded_path(self.study_dir, recorded, self.moved_from)
+    def recorded_path(self, recorded: str, summary: dict[str, Any] | None = None) -> RecordedPath:
+        """A path a run recorded (``summary``: that run's), read in this study folder (:func:`read_recorded_path`)."""
+        relative = bool((summary or {}).get(RELATIVE_PATHS))
+        return read_recorded_path(self.study_dir, recorded, self.moved_from, relative_records=relative)
 
     def _db_error(self, err: sqlite3.DatabaseError) -> TuneproofError:
         cause = fault_cause(err, self.study_dir)
@@ -995,7 +1004,7 @@ class Registry:
             # recorded relative to the study folder (or absolute by an older version: read in this folder, so a
             # copied study never removes the original folder's files)
             tmp, lock = (
-                self.recorded_path(str(v)) if v else None
+                self.recorded_path(str(v), r.summary) if v else None
                 for v in (r.summary.get("temp_folder"), r.summary.get("lock_file"))
             )
             tmp, lock = (None if v is None or v.warning else v.path for v in (tmp, lock))

@@ -12,7 +12,7 @@ from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed
 from tuneproof.recipes.report import run_report
 from tuneproof.recipes.verify import run_verify
-from tuneproof.registry import Registry
+from tuneproof.registry import RELATIVE_PATHS, Registry
 
 
 def _first_screen(study) -> str:
@@ -57,6 +57,7 @@ def test_an_old_absolute_bundle_record_is_mapped_onto_the_copy_or_named(cls_bund
     shutil.copytree(cls_bundle["dir"], a)
     reg = Registry(a)  # the record as an older version wrote it: the absolute bundle folder
     summary = {**reg.get(export).summary, "bundle": str(a / "exports" / train)}
+    assert summary.pop(RELATIVE_PATHS) is True
     reg._update(export, summary=json.dumps(summary))
     reg.close()
     b = tmp_path / "b" / "study2"

@@ -60,6 +60,14 @@ def test_a_bundle_exported_outside_the_study_stays_where_it_was_written(tmp_path
     out.mkdir(parents=True)
     got = read_recorded_path(s, str(out))
     assert (got.path, got.shown, got.moved, got.warning) == (out, str(out), False, None)
+    # written by this version (paths inside the study relative): an absolute path into another study folder
+    # is where the user put it, never guessed to be this one's
+    other = _study(tmp_path / "other")
+    (other / "exports" / "r0003").mkdir(parents=True)
+    (s / "exports" / "r0003").mkdir(parents=True)
+    got = read_recorded_path(s, str(other / "exports" / "r0003"), relative_records=True)
+    assert (got.path, got.moved, got.warning) == (other / "exports" / "r0003", False, None)
+    assert read_recorded_path(s, str(other / "exports" / "r0003")).path == s / "exports" / "r0003"  # an older record
 
 
 def test_the_registry_names_the_folder_a_study_was_copied_from(tmp_path):
@@ -89,3 +97,17 @@ def test_a_copied_study_never_removes_the_original_folders_export_temp_folder(tm
     assert removed == [b / "exports" / f".r0001.{run.id}.tmp-export"]
     assert tmp.is_dir() and not (b / "exports" / tmp.name).exists()
     assert json.loads((b / "runs" / run.id / "summary.json").read_text())["temp_folder"] == str(tmp)
+
+
+def test_an_old_record_of_a_bundle_exported_inside_the_original_study_is_read_in_the_copy(tmp_path):
+    old = _study(tmp_path / "a")
+    (old / "shipping" / "b1").mkdir(parents=True)  # --out a/shipping/b1: inside the study, not its exports/
+    new = tmp_path / "b"
+    shutil.copytree(old, new)
+    got = read_recorded_path(new, str(old / "shipping" / "b1"))
+    assert (got.path, got.shown, got.moved, got.warning) == (new / "shipping" / "b1", "shipping/b1", True, None)
+    shutil.rmtree(new / "shipping")
+    assert read_recorded_path(new, str(old / "shipping" / "b1")).warning == (
+        f"{old / 'shipping' / 'b1'} was recorded in {old}, the folder this study was copied or moved from; "
+        "this study folder has no shipping/b1"
+    )

@@ -53,7 +53,7 @@ from tuneproof.modalities.base import (
     Modality,
 )
 from tuneproof.preflight.report import headline
-from tuneproof.registry import RecordedPath, iso, override_flags
+from tuneproof.registry import RELATIVE_PATHS, RecordedPath, iso, override_flags
 from tuneproof.tasks import get_task
 from tuneproof.ui import capped, capped_items, html_text, markdown_text, visible_text
 
@@ -303,7 +303,7 @@ def _summary(ev: _Evidence) -> list[dict]:
     if exp is None:
         items.append("export: not run yet (`tuneproof export RUN`)")
     else:
-        got = _bundle(ev, exp.summary.get("bundle"))
+        got = _bundle(ev, exp.summary.get("bundle"), exp.summary)
         items.append(
             f"export: {got.shown} (verified in a fresh process)"
             if got is None or got.warning is None
@@ -1395,14 +1395,18 @@ def _limits(ev: _Evidence) -> list[dict]:
     ]
 
 
-def _bundle(ev: _Evidence, recorded: Any) -> RecordedPath | None:
-    """An export run's recorded bundle folder read in this study folder (a copied study names its own
-    copy, :meth:`Registry.recorded_path`); None when none was recorded."""
-    return ev.reg.recorded_path(str(recorded)) if recorded else None
+#: rental.json records its bundle relative to the study (docs/CONTRACTS.md, "Rental window")
+_RENTAL_PATHS = {RELATIVE_PATHS: True}
 
 
-def _bundle_cell(ev: _Evidence, recorded: Any) -> str:
-    got = _bundle(ev, recorded)
+def _bundle(ev: _Evidence, recorded: Any, summary: dict | None = None) -> RecordedPath | None:
+    """A recorded bundle folder (``summary``: the export run's) read in this study folder (a copied study
+    names its own copy, :meth:`Registry.recorded_path`); None when none was recorded."""
+    return ev.reg.recorded_path(str(recorded), summary) if recorded else None
+
+
+def _bundle_cell(ev: _Evidence, recorded: Any, summary: dict | None = None) -> str:
+    got = _bundle(ev, recorded, summary)
     if got is None:
         return ""
     return got.shown if got.warning is None else f"{got.shown} (not in this folder: {got.warning})"
@@ -1418,7 +1422,7 @@ def _exports(ev: _Evidence) -> list[dict]:
             r.parent,
             r.status,
             r.reason or "",
-            _bundle_cell(ev, r.summary.get("bundle")),
+            _bundle_cell(ev, r.summary.get("bundle"), r.summary),
             _fmt(r.summary.get("verified")),
             ("forced: " + str((r.summary.get("forced") or {}).get("status"))) if r.summary.get("forced") else "",
             _fmt(r.summary.get("merge")),
@@ -1470,7 +1474,7 @@ def _rental_line(ev: _Evidence) -> list[str]:
         return []
     delivered = rental.get("delivered") or {}
     if delivered.get("verified"):
-        shown = _bundle_cell(ev, delivered["bundle"])
+        shown = _bundle_cell(ev, delivered["bundle"], _RENTAL_PATHS)
         return [f"rental: delivered {delivered['train']} ({shown}, verified in a fresh process)"]
     if clock.now() >= rental["ends"]:
         return [
@@ -1510,7 +1514,7 @@ def _rental(ev: _Evidence) -> list[dict]:
         )
     d = st["delivered"] or {}
     items.append(
-        f"delivered: {d['train']} as {_bundle_cell(ev, d['bundle'])}, verified in a fresh process"
+        f"delivered: {d['train']} as {_bundle_cell(ev, d['bundle'], _RENTAL_PATHS)}, verified in a fresh process"
         if d.get("verified")
         else "delivered: nothing verified yet" + (" and the window has ended" if st["ended"] else "")
     )

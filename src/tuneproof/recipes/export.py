@@ -90,7 +90,7 @@ from tuneproof.recipes.common import (
     trained_base_weights,
 )
 from tuneproof.recipes.compare import print_judging
-from tuneproof.registry import study_relative
+from tuneproof.registry import RELATIVE_PATHS, study_relative
 from tuneproof.ui import Heartbeat, console, heartbeat, user_text
 
 DEFAULT_K = 8  # stored verification examples
@@ -642,6 +642,7 @@ def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging,
             forced=forced,
             merge=merge,
             temp_folder=study_relative(ctx.study_dir, tmp),
+            **{RELATIVE_PATHS: True},
             lock_file=study_relative(ctx.study_dir, lock_path),
         )
         if forced:

@@ -321,7 +321,8 @@ def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False
         else:
             export_id = run_export(ctx, train)
             # recorded relative to the study folder (exports/r0003), read in this folder
-            bundle = ctx.registry.recorded_path(ctx.registry.get(export_id).summary.get("bundle") or str(bundle)).path
+            summary = ctx.registry.get(export_id).summary
+            bundle = ctx.registry.recorded_path(summary.get("bundle") or str(bundle), summary).path
         report = run_verify(bundle)
         delivered = {
             "train": train,

@@ -75,3 +75,35 @@ def test_an_old_absolute_bundle_record_is_mapped_onto_the_copy_or_named(cls_bund
     assert f"export: {warning}: export it again here (`tuneproof export {train}`)" in md
     row = next(line for line in md.splitlines() if line.startswith(f"| {export} | {train} |"))
     assert f"| exports/{train} (not in this folder: {warning}) |" in row
+
+
+def test_rental_deliver_in_the_copy_verifies_the_bundle_it_exported_there(cls_bundle, tmp_path, monkeypatch):
+    """The export (replaced here: tests/deliver/test_rental.py runs the real one) records ``exports/RUN``;
+    deliver verifies the copy's folder, wherever the command runs from."""
+    import tuneproof.recipes.rental as rental_recipe
+    from tuneproof import clock
+    from tuneproof.cli import main
+
+    train = cls_bundle["ids"]["train"]
+    a, b = _copy_then_remove_original(cls_bundle["dir"], tmp_path)
+    shutil.rmtree(b / "exports" / train)  # nothing to keep: deliver exports again, in the copy
+
+    def export(ctx, run):
+        with ctx.registry.run("export", parent=run) as r:
+            (ctx.study_dir / "exports" / run).mkdir(parents=True)
+            r.update_summary(bundle=f"exports/{run}", verified=True, **{RELATIVE_PATHS: True})
+        return r.id
+
+    verified = []
+    monkeypatch.setattr(rental_recipe, "run_export", export)
+    monkeypatch.setattr(rental_recipe, "run_verify", lambda p: verified.append(p) or {"passed": True, "seconds": 1.0})
+    monkeypatch.setattr(rental_recipe, "run_report", lambda ctx, html=False: ctx.study_dir / "dossier.md")
+    monkeypatch.chdir(tmp_path)
+    with clock.use(lambda: 1_900_000_000.0):
+        for args in (["rental", "start", "--days", "3"], ["rental", "deliver", "--run", train]):
+            try:
+                main([*args, "--study", str(b)])
+            except SystemExit as e:
+                assert e.code == 0
+    assert verified == [b.resolve() / "exports" / train]
+    assert json.loads((b / "rental.json").read_text())["delivered"]["bundle"] == f"exports/{train}"

@@ -861,7 +861,9 @@ def preflight_tables(summary: dict, rate: str = "tokens") -> tuple[list[list], l
         ]
         for length, d in sorted(by_len.items())
     ]
-    rest = {k: v for k, v in summary.items() if k not in ("checks", "passed", "failed", "memory_breakdown")}
+    # speedups_auto has its own table (speedups_auto_rows): its reasons are longer than the cut below
+    apart = ("checks", "passed", "failed", "memory_breakdown", "speedups_auto")
+    rest = {k: v for k, v in summary.items() if k not in apart}
     rest["memory"] = {k: v for k, v in memory.items() if not _STEP_MEM.match(str(k))}
     rows = []
     for k, v in flatten(rest, depth=4):
@@ -883,6 +885,31 @@ def preflight_tables(summary: dict, rate: str = "tokens") -> tuple[list[list], l
             shown = _fmt(v)
         rows.append([name, shown, unit])
     return mem_rows, rows
+
+
+def speedups_auto_rows(record: Any) -> list[list[str]]:
+    """What ``training.speedups: auto`` resolved to (a run summary's ``speedups_auto``, written by
+    :func:`tuneproof.training.speedups.resolve_auto`) as ``[speed-up, "used" | "off", reason]``, one row
+    per speed-up in the order auto tried them, the reason whole; ``[]`` for a run without auto."""
+    decisions = record.get("decisions") if isinstance(record, dict) else None
+    if not isinstance(decisions, dict):
+        return []
+    return [
+        [str(name), "used" if d.get("used") else "off", str(d.get("reason") or "")]
+        for name, d in decisions.items()
+        if isinstance(d, dict)
+    ]
+
+
+def _auto_blocks(run_id: str, record: Any) -> list[dict]:
+    """The table of :func:`speedups_auto_rows` under a line naming the run it was resolved in."""
+    rows = speedups_auto_rows(record)
+    if not rows:
+        return []
+    return [
+        _paragraph(f"{run_id}: training.speedups auto, each speed-up used or left off and why:"),
+        _table(["speed-up", "auto", "why"], rows),
+    ]
 
 
 def _preflight(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
@@ -957,6 +984,7 @@ def _preflight(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
         )
     if rows:
         blocks.append(_table(["quantity", "value", "unit"], rows[:40]))
+    blocks += _auto_blocks(r.id, s.get("speedups_auto"))
     if plots:
         nums = [
             (k, float(v))
@@ -1036,6 +1064,8 @@ def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
             rows,
         )
     ]
+    for r in trains:  # what auto resolved to in the loop, which is what the run trained with
+        blocks += _auto_blocks(r.id, r.summary.get("speedups_auto"))
     norm = next((r.summary.get("loss_normalisation") for r in trains if r.summary.get("loss_normalisation")), None)
     if norm and LOSS_NORMALISATION in modality.dossier_sections:
         blocks.append(_paragraph(f"loss normalisation: {norm}"))

@@ -10,6 +10,7 @@ import contextlib
 import pytest
 import torch
 
+from tiny_study import LoopRun
 from tuneproof.data.preprocess import Encoded, collate, collate_packed, pack_rows, packed_padding
 from tuneproof.study import Training
 from tuneproof.training.data_order import (
@@ -173,20 +174,7 @@ def _train(model_seed: int, examples, tmp=None, resume=None, stop_after=None, **
         micro_batch_size=4, gradient_accumulation_steps=2, epochs=2, learning_rate=1e-2, max_length=32, **over
     )
 
-    class Run:  # what train() uses of a registry run
-        def __init__(self):
-            self.summary, self.dir = {}, tmp
-
-        def update_summary(self, **kw):
-            self.summary.update(kw)
-
-        def metric(self, **kw):
-            pass
-
-        def note(self, text):
-            pass
-
-    run = Run() if tmp is not None else None
+    run = LoopRun(tmp) if tmp is not None else None
     out = train(
         model,
         examples,

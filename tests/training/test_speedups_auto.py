@@ -9,6 +9,7 @@ import contextlib
 import pytest
 import torch
 
+from tiny_study import LoopRun
 from tuneproof.data.preprocess import Encoded
 from tuneproof.preflight.scope import preflight_changes
 from tuneproof.study import Study, Training
@@ -148,20 +149,7 @@ def test_listed_length_grouping_is_checked_in_the_loop_and_a_failing_check_stops
     model, data = _lora(), _dataset()
     cfg = Training(speedups=["length_grouping"], micro_batch_size=4, max_steps=1, max_length=32)
 
-    class Run:
-        def __init__(self):
-            self.summary, self.dir = {}, tmp_path
-
-        def update_summary(self, **kw):
-            self.summary.update(kw)
-
-        def metric(self, **kw):
-            pass
-
-        def note(self, text):
-            pass
-
-    run = Run()
+    run = LoopRun(tmp_path)
     train(model, data, cfg, pad_id=2, device=torch.device("cpu"), autocast=contextlib.nullcontext, run=run)
     proof = run.summary["speedups"]["length_grouping"]
     assert proof["loss_rel_diff"] < 1e-5 and proof["grad_max_rel_diff"] < 1e-4 and proof["tensors"] == 8
@@ -177,7 +165,7 @@ def test_listed_length_grouping_is_checked_in_the_loop_and_a_failing_check_stops
 
     base.forward = batch_mean
     with pytest.raises(CheckFailed, match=r"^training.length_grouping: an example's loss depends on its batch mates"):
-        train(model, data, cfg, pad_id=2, device=torch.device("cpu"), autocast=contextlib.nullcontext, run=Run())
+        train(model, data, cfg, pad_id=2, device=torch.device("cpu"), autocast=contextlib.nullcontext, run=run)
 
 
 def test_auto_leaves_a_failing_speed_up_off_with_its_reason_and_the_run_trains(tmp_path):
@@ -194,20 +182,7 @@ def test_auto_leaves_a_failing_speed_up_off_with_its_reason_and_the_run_trains(t
 
     base.forward = scaled
 
-    class Run:
-        def __init__(self):
-            self.summary, self.notes, self.dir = {}, [], tmp_path
-
-        def update_summary(self, **kw):
-            self.summary.update(kw)
-
-        def metric(self, **kw):
-            pass
-
-        def note(self, text):
-            self.notes.append(text)
-
-    run = Run()
+    run = LoopRun(tmp_path)
     cfg = Training(speedups="auto", micro_batch_size=4, max_steps=2, max_length=32)
     out = train(model, data, cfg, pad_id=2, device=torch.device("cpu"), autocast=contextlib.nullcontext, run=run)
     assert out["steps"] == 2

@@ -284,3 +284,22 @@ def build_wide_base(folder: Path, tiny_base: Path) -> Path:
     )
     LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+class LoopRun:
+    """What ``tuneproof.training.loop.train`` uses of a registry run: summary updates and notes kept in
+    memory, metrics dropped, ``dir`` for its checkpoints."""
+
+    def __init__(self, folder: Path | None):
+        self.summary: dict = {}
+        self.notes: list[str] = []
+        self.dir = folder
+
+    def update_summary(self, **kw) -> None:
+        self.summary.update(kw)
+
+    def metric(self, **kw) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)

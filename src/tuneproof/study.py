@@ -287,6 +287,17 @@ SPEEDUPS = ("packing", "length_grouping", "chunked_loss", "bf16_base_weights", "
 SpeedupName = Literal["packing", "length_grouping", "chunked_loss", "bf16_base_weights", "compile"]
 
 
+def turn_off(training: Any, key: str) -> str:
+    """How to turn the speed-up ``key`` off, as a hint: ``remove KEY from training.speedups`` when the study
+    lists it there (the list sets the boolean key, so ``training.KEY: false`` beside it changes nothing:
+    ``Training._speedups_list``), else ``set training.KEY: false``. ``training``: a :class:`Training`."""
+    listed = getattr(training, "speedups", None)
+    if isinstance(listed, list) and key in listed:
+        rest = "[" + ", ".join(k for k in listed if k != key) + "]" if len(listed) > 1 else "off"
+        return f"remove {key} from training.speedups (training.speedups: {rest})"
+    return f"set training.{key}: false"
+
+
 class Training(_Strict):
     seed: int = Field(0, description="seed of initialisation, data order and dropout")
     max_steps: int | None = Field(None, ge=1, description="optimizer steps of the run; exclusive with epochs")

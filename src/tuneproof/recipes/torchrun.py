@@ -55,7 +55,7 @@ from tuneproof.preflight.reload import reload_in_fresh_process
 from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.train import TrainOptions, record_start, run_train
 from tuneproof.registry import Registry, Run
-from tuneproof.study import STUDY_FILE
+from tuneproof.study import STUDY_FILE, turn_off
 from tuneproof.tracking import attach
 from tuneproof.training.budget import micro_batches_per_epoch, optimizer_steps_per_epoch
 from tuneproof.training.parallel import World, block_classes, init_world, resolve_backend
@@ -134,12 +134,12 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
         raise TuneproofError(
             f"{where}: training.bf16_base_weights is not yet checked under "
             "DDP/FSDP (the cast would follow the wrapper)",
-            hint="set training.bf16_base_weights: false for a distributed run",
+            hint=f"{turn_off(t, 'bf16_base_weights')} for a distributed run",
         )
     if t.chunked_loss and world > 1:  # the same: the rank's speed-up check refuses it only after the launch
         raise TuneproofError(
             f"{where}: training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
-            hint="set training.chunked_loss: false for a distributed run",
+            hint=f"{turn_off(t, 'chunked_loss')} for a distributed run",
         )
     if (
         ctx.study.method.kind == "qlora"

@@ -46,6 +46,7 @@ from tuneproof import clock
 from tuneproof.data.preprocess import Encoded, collate, collate_packed
 from tuneproof.errors import CheckFailed, Stopped, Terminated, TuneproofError
 from tuneproof.models.method import base_weights_dtype
+from tuneproof.study import turn_off
 from tuneproof.training import micro_batch
 from tuneproof.training.budget import budget
 from tuneproof.training.compiled import first_micro_batch, prove_compile, record_of, remove_compile, require_compile
@@ -286,7 +287,7 @@ def use_speedups(
         if world_size > 1:
             raise CheckFailed(
                 "training.chunked_loss is not yet checked under DDP/FSDP (it calls the decoder past the wrapper)",
-                hint="set training.chunked_loss: false for a distributed run",
+                hint=f"{turn_off(cfg, 'chunked_loss')} for a distributed run",
             )
         # on the layout training uses: packed rows when packing is on (the decoder then gets position ids);
         # under auto resolve_auto ran this very check on the same micro-batch and layout
@@ -299,7 +300,7 @@ def use_speedups(
             )
         )
         if not check["passed"]:
-            raise CheckFailed(f"training.chunked_loss: {check['message']}", hint="set training.chunked_loss: false")
+            raise CheckFailed(f"training.chunked_loss: {check['message']}", hint=turn_off(cfg, "chunked_loss"))
         if run is not None:
             proof = {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}
             run.update_summary(speedups={"chunked_loss": proof})
@@ -315,9 +316,7 @@ def use_speedups(
             lambda m, b: _micro_loss(m, b, contextlib.nullcontext),
         )
         if not check["passed"]:
-            raise CheckFailed(
-                f"training.length_grouping: {check['message']}", hint="set training.length_grouping: false"
-            )
+            raise CheckFailed(f"training.length_grouping: {check['message']}", hint=turn_off(cfg, "length_grouping"))
         grouping_check = {k: check[k] for k in ("loss_rel_diff", "grad_max_rel_diff", "tensors")}
     if packing:  # per-token losses packed == alone
         packed_check = prove_packing(model, train_set, cfg, pad_id, device)
@@ -327,7 +326,7 @@ def use_speedups(
         if world_size > 1:
             raise CheckFailed(
                 "training.bf16_base_weights is not yet checked under DDP/FSDP (the cast would follow the wrapper)",
-                hint="set training.bf16_base_weights: false for a distributed run",
+                hint=f"{turn_off(cfg, 'bf16_base_weights')} for a distributed run",
             )
         if base_weights_dtype(model) == "bf16":  # cast and checked by the caller (the preflight's smoke pass)
             bf16_record: dict[str, Any] = {"cast_before_the_loop": True}
@@ -380,7 +379,7 @@ def _use_compile(
     if world_size > 1:
         raise CheckFailed(
             "training.compile is not yet checked under DDP/FSDP",
-            hint="set training.compile: false for a distributed run",
+            hint=f"{turn_off(cfg, 'compile')} for a distributed run",
         )
     batch = first_micro_batch(train_set[: cfg.micro_batch_size], pad_id, device)
     check = prove_compile(

@@ -21,6 +21,7 @@ from tuneproof.data.preprocess import collate, collate_packed, packed_padding
 from tuneproof.errors import CheckFailed
 from tuneproof.models.device import BF16_BASE_KEY
 from tuneproof.models.method import cast_frozen_to_bf16
+from tuneproof.study import turn_off
 from tuneproof.training.data_order import epoch_micro_batches
 from tuneproof.training.loss import check_chunked_loss, supervised_count
 from tuneproof.training.memory import measure_step_peak
@@ -88,14 +89,14 @@ def prove_packing(model, train_set: list, cfg, pad_id: int, device) -> dict[str,
     if not train_set or train_set[0].class_index is not None or not train_set[0].labels:
         raise CheckFailed(
             "training.packing applies to causal LMs (token labels), not to sequence classification",
-            hint="set training.packing: false",
+            hint=turn_off(cfg, "packing"),
         )
     sample = packing_sample(train_set, cfg.micro_batch_size)
     if len(sample) < 2:
-        raise CheckFailed("training.packing needs at least 2 training examples", hint="set training.packing: false")
+        raise CheckFailed("training.packing needs at least 2 training examples", hint=turn_off(cfg, "packing"))
     check = check_packing(model, sample, pad_id, packing_capacity(cfg))
     if not check["passed"]:
-        raise CheckFailed(f"training.packing: {check['message']}", hint="set training.packing: false")
+        raise CheckFailed(f"training.packing: {check['message']}", hint=turn_off(cfg, "packing"))
     return {k: check[k] for k in ("max_abs_diff", "control_max_abs_diff", "tokens", "rows", "examples", "atol")}
 
 

@@ -309,12 +309,13 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
     where this launch's output starts).
 
     Returns:
-        ``(kind, message)``: kind ``health`` (a health rule fired on a rank), ``interrupted`` (every rank that wrote
-        stopped on a signal or ``stop_after``), ``timeout`` (a rank waited ``timeout_s`` in a collective; the ranks that
-        wrote nothing are named as hung) or ``failed``: a rank that died without a word (killed by a signal, an
-        exit without a Python error: torchrun's report names it and its exit code; the survivors' errors
-        follow from it), else the first rank to fail by time, its error type and message, and its log; the
-        ranks torchrun stopped after it without a word (SIGTERM) follow it, never as its cause.
+        ``(kind, message)``: kind ``health`` (a health rule fired on a rank), ``interrupted`` (every rank that
+        wrote stopped on a signal or ``stop_after``), ``check`` (the first rank to fail was refused by a check:
+        CheckFailed, exit 3; its hint: :func:`rank_hint`), ``timeout`` (a rank waited ``timeout_s`` in a
+        collective; the ranks that wrote nothing are named as hung) or ``failed``: a rank that died without a
+        word (killed by a signal, an exit without a Python error: torchrun's report names it and its exit code;
+        the survivors' errors follow from it), else the first rank to fail by time, its error type and message,
+        and its log; the ranks torchrun stopped after it without a word (SIGTERM) follow it, never as its cause.
     """
     errors = []
     for r in range(world_size):
@@ -369,7 +370,16 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
         )
     log = run_dir / f"rank-{first['rank']}.log"
     stopped = "".join(f"; rank {k} {_how(died[k])} after it" for k in sorted(died))
-    return "failed", f"rank {first['rank']} failed: {first['type']}: {first['message']}{stopped} (log: {log})"
+    kind = "check" if first.get("exit_code") == CheckFailed.exit_code else "failed"
+    return kind, f"rank {first['rank']} failed: {first['type']}: {first['message']}{stopped} (log: {log})"
+
+
+def rank_hint(run_dir: Path, message: str) -> str | None:
+    """The hint recorded by the rank that ``message`` (of :func:`rank_failure`) names, if it recorded one."""
+    m = re.match(r"rank (\d+) ", message)
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return json.loads((run_dir / f"rank-{m.group(1)}.error.json").read_text(encoding="utf-8")).get("hint")
+    return None
 
 
 # --------------------------------------------------------------------------- the two launches
@@ -474,6 +484,8 @@ def launch_ranks(
     if kind == "health":
         h = run.summary.get("health") or {}
         raise HealthOnRank(message, reason=f"step {h['step']}: {h['rule']}: {h['detail']}" if h else message)
+    if kind == "check":
+        raise CheckFailed(message, hint=rank_hint(run.dir, message))
     raise RankFailed(message)
 
 
@@ -524,6 +536,8 @@ def run_preflight_distributed(
             kind, message = rank_failure(run.dir, layout["world_size"], layout["timeout_s"])
             if kind == "interrupted":
                 raise KeyboardInterrupt(message)
+            if kind == "check":
+                raise CheckFailed(message, hint=rank_hint(run.dir, message))
             raise RankFailed(message)
         checks = read_json(run.dir / RESULT)["checks"]
         console.print(
@@ -675,6 +689,9 @@ def write_error(run_dir: Path, rank: int, err: BaseException) -> None:
             "message": first[:500],
             "timeout": _is_timeout(err),
             "time": time.time(),
+            # a check that refused (CheckFailed, exit 3) stays one after the launch, with its hint
+            "exit_code": getattr(err, "exit_code", None),
+            "hint": getattr(err, "hint", None),
             "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__))[-4000:],
         },
     )

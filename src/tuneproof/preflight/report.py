@@ -105,6 +105,13 @@ def _combination(n: dict[str, Any]) -> str | None:
     )
 
 
+def _speedups_auto(n: dict[str, Any]) -> str | None:
+    if n.get("off") is None:  # a record written before ``off`` was: the message's first clause
+        return None
+    used, off = (str(n.get(k) or "none").replace(",", ", ") for k in ("used", "off"))
+    return f"used: {used}; off: {off} (why each: preflight.json, the dossier)"
+
+
 #: the number that matters, per check, from its ``numbers`` (checks not named here: the first clause
 #: of the message)
 HEADLINES = {
@@ -113,6 +120,7 @@ HEADLINES = {
     "gradient accumulation": _accumulation,
     "smoke pass": _smoke,
     "configured combination": _combination,
+    "speedups auto": _speedups_auto,
 }
 
 #: characters of a headline taken from a message (the first clause, cut at a word)

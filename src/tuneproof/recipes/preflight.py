@@ -306,7 +306,7 @@ def _resolve_auto(ctx: StudyContext, rep: PreflightReport, model, usable: list, 
     )
     state["speedups_auto"] = record
     ctx.study = ctx.study.model_copy(update={"training": resolved})
-    rep.add(check_result("speedups auto", True, _auto_message(record), {"used": ",".join(record["used"]) or "none"}))
+    rep.add(check_result("speedups auto", True, _auto_message(record), _auto_numbers(record)))
     return resolved
 
 
@@ -314,6 +314,12 @@ def _auto_message(record: dict[str, Any]) -> str:
     used = ", ".join(record["used"]) or "none"
     off = "; ".join(f"{k} off: {d['reason']}" for k, d in record["decisions"].items() if not d["used"])
     return f"used: {used}" + (f"; {off}" if off else "")
+
+
+def _auto_numbers(record: dict[str, Any]) -> dict[str, str]:
+    """The ``speedups auto`` row's numbers: the speed-ups used and those left off, comma-separated (``none``)."""
+    off = [k for k, d in record["decisions"].items() if not d["used"]]
+    return {"used": ",".join(record["used"]) or "none", "off": ",".join(off) or "none"}
 
 
 def _auto_left_off(ctx: StudyContext, rep: PreflightReport, state: dict, check: str, key: str):
@@ -325,7 +331,7 @@ def _auto_left_off(ctx: StudyContext, rep: PreflightReport, state: dict, check: 
     record["decisions"][key] = {"used": False, "reason": f"check failed: {c['message']}"}
     _turn_off(ctx, record, key)
     auto = rep.get("speedups auto")
-    auto["message"], auto["numbers"]["used"] = _auto_message(record), ",".join(record["used"]) or "none"
+    auto["message"], auto["numbers"] = _auto_message(record), _auto_numbers(record)
     return ctx.study.training
 
 

@@ -90,6 +90,9 @@ def run_show(
             + "\n"
         )
         return len(pairs)
+    # a baseline column only when a baseline is joined (--against/--regressed/--fixed): an empty one read as
+    # a baseline that answered nothing
+    cols = ["id", "category", "input", "reference", *(["baseline"] if base else []), "candidate"]
     rows = [
         [
             user_text("" if v is None else str(v))
@@ -98,7 +101,7 @@ def run_show(
                 r.get("category"),
                 r.get("input"),
                 r.get("reference"),
-                (b or {}).get("prediction", ""),
+                *([(b or {}).get("prediction", "")] if base else []),
                 r.get("prediction"),
             )
         ]
@@ -107,8 +110,9 @@ def run_show(
     console.print(
         table(
             f"{cid}: {len(pairs)} examples"
-            + (f", the first {len(rows)} shown (--limit N for more)" if len(rows) < len(pairs) else ""),
-            ["id", "category", "input", "reference", "baseline", "candidate"],
+            + (f", the first {len(rows)} shown (--limit N for more)" if len(rows) < len(pairs) else "")
+            + ("" if base else "; --against BASELINE adds the baseline's outputs"),
+            cols,
             rows,
             keep=("id",),
             drop=("category",),

@@ -82,6 +82,23 @@ class TrainOptions:
     on_start: Callable | None = None  # ``on_start(run)`` once the run's inputs are recorded (variants: their diff)
 
 
+def speedups_line(run_id: str, summary: dict[str, Any]) -> str | None:
+    """One terminal line: the speed-ups the loop used (each checked before the loop, ``summary["speedups"]``) and,
+    under ``training.speedups: auto`` (``summary["speedups_auto"]``), those it left off; None when none was used
+    or considered. The reasons stay in the summary and the dossier (``tuneproof report``)."""
+    auto = summary.get("speedups_auto")
+    if isinstance(auto, dict):
+        off = [k for k, d in (auto.get("decisions") or {}).items() if not d.get("used")]
+        return (
+            f"speed-ups (training.speedups auto): used {', '.join(auto.get('used') or []) or 'none'}; "
+            f"off: {', '.join(off) or 'none'} (why each: runs/{run_id}/summary.json speedups_auto, the dossier)"
+        )
+    used = list(summary.get("speedups") or {})
+    if not used:
+        return None
+    return f"speed-ups: {', '.join(used)}, each checked before the loop (runs/{run_id}/summary.json speedups)"
+
+
 def run_train(
     ctx: StudyContext,
     options: TrainOptions | None = None,
@@ -207,6 +224,10 @@ def run_train(
                 world=world,
                 speedup_rules=speedup_rules(ctx, model, ws),
             )
+        if run is not None:
+            line = speedups_line(run.id, run.summary)
+            if line:
+                console.print(line, soft_wrap=True)
         beat.update("saving the trained weights")
         if world is not None:
             save_ranks(run, model, frozen_before)

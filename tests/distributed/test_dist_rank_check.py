@@ -29,7 +29,7 @@ def test_a_check_refused_on_one_rank_is_a_check_with_that_ranks_hint(tmp_path):
     kind, message = rank_failure(tmp_path, 2, 600)
     assert kind == "check"
     assert message == (
-        "rank 1 failed: CheckFailed: training.length_grouping: an example's loss depends on its batch mates "
+        "rank 1 refused: training.length_grouping: an example's loss depends on its batch mates "
         f"(log: {tmp_path / 'rank-1.log'})"
     )
     assert rank_hint(tmp_path, message) == HINT

@@ -311,11 +311,12 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
     Returns:
         ``(kind, message)``: kind ``health`` (a health rule fired on a rank), ``interrupted`` (every rank that
         wrote stopped on a signal or ``stop_after``), ``check`` (the first rank to fail was refused by a check:
-        CheckFailed, exit 3; its hint: :func:`rank_hint`), ``timeout`` (a rank waited ``timeout_s`` in a
-        collective; the ranks that wrote nothing are named as hung) or ``failed``: a rank that died without a
-        word (killed by a signal, an exit without a Python error: torchrun's report names it and its exit code;
-        the survivors' errors follow from it), else the first rank to fail by time, its error type and message,
-        and its log; the ranks torchrun stopped after it without a word (SIGTERM) follow it, never as its cause.
+        CheckFailed, exit 3: "rank N refused: ..."; its hint: :func:`rank_hint`), ``timeout`` (a rank waited
+        ``timeout_s`` in a collective; the ranks that wrote nothing are named as hung) or ``failed``: a rank that
+        died without a word (killed by a signal, an exit without a Python error: torchrun's report names it and
+        its exit code; the survivors' errors follow from it), else the first rank to fail by time, its error
+        type and message, and its log; the ranks torchrun stopped after it without a word (SIGTERM) follow it,
+        never as its cause.
     """
     errors = []
     for r in range(world_size):
@@ -370,8 +371,9 @@ def rank_failure(run_dir: Path, world_size: int, timeout_s: float, log_offset: i
         )
     log = run_dir / f"rank-{first['rank']}.log"
     stopped = "".join(f"; rank {k} {_how(died[k])} after it" for k in sorted(died))
-    kind = "check" if first.get("exit_code") == CheckFailed.exit_code else "failed"
-    return kind, f"rank {first['rank']} failed: {first['type']}: {first['message']}{stopped} (log: {log})"
+    if first.get("exit_code") == CheckFailed.exit_code:  # raised again as CheckFailed: its type is not repeated
+        return "check", f"rank {first['rank']} refused: {first['message']}{stopped} (log: {log})"
+    return "failed", f"rank {first['rank']} failed: {first['type']}: {first['message']}{stopped} (log: {log})"
 
 
 def rank_hint(run_dir: Path, message: str) -> str | None:

@@ -164,8 +164,12 @@ def test_listed_length_grouping_is_checked_in_the_loop_and_a_failing_check_stops
         return out
 
     base.forward = batch_mean
-    with pytest.raises(CheckFailed, match=r"^training.length_grouping: an example's loss depends on its batch mates"):
+    with pytest.raises(
+        CheckFailed, match=r"^training.length_grouping: an example's loss depends on its batch mates"
+    ) as err:
         train(model, data, cfg, pad_id=2, device=torch.device("cpu"), autocast=contextlib.nullcontext, run=run)
+    # listed, the key is set by the list: the hint says to remove it there (tests/training/test_speedup_hints.py)
+    assert err.value.hint == "remove length_grouping from training.speedups (training.speedups: off)"
 
 
 def test_auto_leaves_a_failing_speed_up_off_with_its_reason_and_the_run_trains(tmp_path):

@@ -383,7 +383,7 @@ def test_bf16_base_weights_checked_before_the_update_check_and_the_estimate_coun
 
     monkeypatch.setattr(
         device, "_cpu_bf16_native", lambda: True
-    )  # native here (AVX512-BF16); emulated CPUs compute the same
+    )  # as on an AVX512-BF16 CPU; the fresh-process reload takes this choice from its parent (preflight/reload.py)
     study = make_study(tmp_path / "s", tiny_model_dir, training__precision="bf16", training__bf16_base_weights=True)
     rid = run_preflight(StudyContext.open(study))  # every check passes (a failed one raises CheckFailed)
     checks = checks_of(study, rid)

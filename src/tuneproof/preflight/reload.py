@@ -65,6 +65,9 @@ def reload_in_fresh_process(
         "study_dir": str(ctx.study_dir),
         "data_root": str(ctx.data_root) if ctx.data_root else None,
         "config": ctx.config,
+        # the parent's device and dtype, as checked there: the child reproduces that model, it does not
+        # choose again (a CPU without native bf16 refuses training.bf16_base_weights; tests pin the choice)
+        "device_choice": ctx.device_choice,
         "payload": str(payload),
         "payload_kind": payload_kind,
         "examples": [
@@ -116,6 +119,8 @@ def reload_main(argv: list[str]) -> int:
     spec, out = read_json(argv[1]), Path(argv[2])
     try:
         ctx = StudyContext.open(spec["study_dir"], spec.get("data_root"), config=spec["config"])
+        if spec.get("device_choice"):
+            ctx.device_choice = spec["device_choice"]  # the parent's choice (reload_in_fresh_process)
         t0 = time.perf_counter()
         model = load_saved(ctx, Path(spec["payload"]), spec["payload_kind"])
         t1 = time.perf_counter()

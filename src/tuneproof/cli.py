@@ -42,6 +42,8 @@ PROTOCOL_ORDER = (
     "registry",
     "invalidate",
     "track",
+    "sync",
+    "restore",
     "quickstart",
     "schema",
 )
@@ -795,6 +797,31 @@ def quickstart(
     from tuneproof.recipes.quickstart import run_quickstart  # noqa: PLC0415
 
     run_quickstart(directory, data, fast=fast, preflight=preflight, task=task, speedups=speedups)
+
+
+@app.command()
+def sync(
+    study: Path = StudyOpt,
+    wait: bool = typer.Option(False, "--wait", help="retry an unreachable store until it answers (Ctrl-C stops)"),
+    take_over: bool = typer.Option(
+        False, "--take-over", help="take the remote prefix over from another host (that machine is gone)"
+    ),
+) -> None:
+    """Send what the remote copy (storage.remote) lacks; say what is safe off this machine and what is local only."""
+    from tuneproof.recipes.sync import run_sync  # noqa: PLC0415
+
+    run_sync(_ctx(study), wait=wait, take_over=take_over)
+
+
+@app.command()
+def restore(
+    uri: str = typer.Argument(..., help="the remote copy: s3://bucket/prefix, sftp://user@host/path, file:///path"),
+    directory: Path | None = typer.Argument(None, help="a new folder (default: the prefix's last name, here)"),
+) -> None:
+    """Download a study's remote copy into a new folder, check every sha256 the records hold, rebuild the registry."""
+    from tuneproof.recipes.restore import run_restore  # noqa: PLC0415
+
+    run_restore(uri, directory)
 
 
 track_app = typer.Typer(

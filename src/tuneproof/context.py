@@ -25,6 +25,7 @@ from tuneproof.models.device import bf16_base_rule, choose_dtype, detect_device
 from tuneproof.models.heads import Head
 from tuneproof.models.quant import quantization_record, require_bitsandbytes
 from tuneproof.registry import Registry
+from tuneproof.storage import attach as attach_storage
 from tuneproof.study import STUDY_FILE, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
 from tuneproof.tracking import attach
@@ -78,6 +79,7 @@ class StudyContext:
     def registry(self) -> Registry:
         registry = Registry(self.study_dir)
         attach(registry, self.study, self.study_dir, self.config)  # tracking.* / report_to: runs sent as they run
+        attach_storage(registry, self.study, self.study_dir)  # storage.remote: the study copied as it runs
         return registry
 
     @property

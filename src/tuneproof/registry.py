@@ -472,6 +472,9 @@ class Registry:
         self.step_hooks: list = []
         #: callables ``(registry, record)`` run after a run's final status is recorded (trackers)
         self.end_hooks: list = []
+        #: callables ``(registry, kind)`` run before a run is created or reopened; an error refuses the
+        #: run before anything is written (the remote copy's lease, :mod:`tuneproof.storage`)
+        self.gate_hooks: list = []
         try:
             self.study_dir.mkdir(parents=True, exist_ok=True)
             missing = not self.db_path.exists() or self.db_path.stat().st_size == 0
@@ -726,7 +729,7 @@ class Registry:
             threading.RLock(),
             None,
         )
-        reg.start_hooks, reg.step_hooks, reg.end_hooks = [], [], []
+        reg.start_hooks, reg.step_hooks, reg.end_hooks, reg.gate_hooks = [], [], [], []
         reg.moved_from = None
         try:
             reg._conn = cls._connect(db)
@@ -819,6 +822,8 @@ class Registry:
             raise ValueError(f"unknown run kind {kind!r}")
         if name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise TuneproofError(f"run name '{name}': use letters, digits, '.', '_' and '-' only")
+        for gate in self.gate_hooks:
+            gate(self, kind)
         pid = os.getpid()
         run_id = None
         try:
@@ -1059,6 +1064,8 @@ class Registry:
                 f"run {rec.id} is {rec.status}" + (f" ({rec.reason})" if rec.reason else ""),
                 hint="only an interrupted or failed run can be continued",
             )
+        for gate in self.gate_hooks:
+            gate(self, rec.kind)
         pid = os.getpid()
         with self._lock:  # one statement, conditional on the status: two resumes at once, one wins
             taken = self._conn.execute(

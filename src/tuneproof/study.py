@@ -517,8 +517,9 @@ class Eval(_Strict):
 
 
 # --------------------------------------------------------------------------- tracking
-#: the keys that say where copies of the runs go (``tuneproof.tracking``), never what a run does
-TRACKER_KEYS = ("tracking", "report_to")
+#: the keys that say where copies of the runs go (``tuneproof.tracking``, ``tuneproof.storage``), never what a
+#: run does
+TRACKER_KEYS = ("tracking", "report_to", "storage")
 
 
 def is_tracker_key(key: str) -> bool:
@@ -574,6 +575,45 @@ class Tracking(_Strict):
     trackio: TrackioTracking | None = Field(None, description="mirror runs to Trackio (when installed)")
 
 
+_REMOTE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "sftp", "file", "memory")
+
+
+class Storage(_Strict):
+    """Where the study is copied while commands run (``tuneproof.storage``); credentials never go here."""
+
+    remote: str | None = Field(
+        None,
+        description="fsspec URI of the remote copy: s3://bucket/prefix, gs://, az://, sftp://user@host/path, "
+        "file:///mnt/disk/study; credentials come from the environment or the store's own config, never this file",
+    )
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="glob patterns (relative to the study folder) of files never copied, e.g. 'models/**'",
+    )
+    flush_s: float = Field(
+        60.0, ge=0.0, description="seconds a command waits at its end for the last uploads (the rest: tuneproof sync)"
+    )
+
+    @field_validator("remote")
+    @classmethod
+    def _remote_uri(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return None
+        scheme, sep, rest = uri.partition("://")
+        if not sep or scheme.lower() not in _REMOTE_SCHEMES or not rest.strip("/"):
+            raise ValueError(
+                f"'{uri}' is not a remote URI: use s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, "
+                "sftp://user@host/path or file:///path"
+            )
+        netloc = rest.split("/", 1)[0]
+        if ":" in netloc.rsplit("@", 1)[0] and "@" in netloc:
+            raise ValueError(
+                f"storage.remote holds a password ('{scheme}://{netloc.split(':', 1)[0]}:***@...'): credentials come "
+                "from the environment or the store's own config (AWS_*, ~/.ssh keys), never from the study file"
+            )
+        return uri.rstrip("/")
+
+
 class Study(_Strict):
     schema_version: int = Field(1, description="study file schema version")
     name: str = Field(description="study name")
@@ -590,6 +630,9 @@ class Study(_Strict):
     report_to: list[Literal["mlflow", "wandb", "trackio"]] = Field(
         default_factory=list,
         description="shorthand for tracking.<name> with its defaults (transformers' report_to names)",
+    )
+    storage: Storage = Field(
+        default_factory=Storage, description="a remote copy of the study kept while commands run (tuneproof sync)"
     )
 
     @model_validator(mode="after")

@@ -44,6 +44,7 @@ from tuneproof.recipes.torchrun import HealthOnRank, check_launch, launch_ranks
 from tuneproof.recipes.train import run_train
 from tuneproof.recipes.variants import config_diff, describe
 from tuneproof.registry import Registry, RunRecord
+from tuneproof.storage import attach as attach_storage
 from tuneproof.study import STUDY_FILE, is_tracker_key, resolved_config
 from tuneproof.tracking import attach
 from tuneproof.training.health import HealthFault
@@ -237,6 +238,7 @@ def run_resume(
     except TuneproofError:  # a variant's study file may have moved on: its own config names them
         tracked = ctx.study
     attach(reg, tracked, study_dir, ctx.config)
+    attach_storage(reg, tracked, study_dir)  # storage.remote: the resumed run copied as it runs
     step = int(ckpt["step"])
     launch = launch or {"nproc": 1, "nnodes": 1, "node_rank": 0, "rdzv_endpoint": None}
     world_size = int(launch["nproc"]) * int(launch["nnodes"])

@@ -665,13 +665,16 @@ def export(
         "cpu", "--device", help="cpu | cuda: where the stored predictions are made (verify must use the same)"
     ),
     use_edited_hypothesis: str | None = EditedHypothesisOpt,
+    to: str | None = typer.Option(
+        None, "--to", metavar="URI", help="then upload the bundle there and check every sha256 read back"
+    ),
 ) -> None:
     """Export a train run as a bundle bound to its exact base model, verified in a fresh process."""
     from tuneproof.recipes.export import run_export  # noqa: PLC0415
 
     ctx = _ctx(study, data)
     with _rental(study, "export", None, ctx=ctx):  # never refused: the reserve is kept for it
-        run_export(
+        export_id = run_export(
             ctx,
             run,
             force=force,
@@ -681,6 +684,10 @@ def export(
             device=device,
             use_edited_hypothesis=use_edited_hypothesis,
         )
+    if to is not None:
+        from tuneproof.recipes.sync import send_export  # noqa: PLC0415
+
+        send_export(ctx, export_id, to)
 
 
 @app.command()
@@ -764,11 +771,14 @@ def rental_deliver(
     data: Path | None = DataOpt,
     run: str | None = typer.Option(None, "--run", help="the train run to deliver (default: the best passed candidate)"),
     html: bool = typer.Option(False, "--html", help="also write dossier.html"),
+    to: str | None = typer.Option(
+        None, "--to", metavar="URI", help="then upload bundle + dossier there and check every sha256 read back"
+    ),
 ) -> None:
     """Export the best passed candidate, verify the bundle in a fresh process, write the dossier, in that order."""
     from tuneproof.recipes.rental import run_deliver  # noqa: PLC0415
 
-    run_deliver(_ctx(study, data), run=run, html=html)
+    run_deliver(_ctx(study, data), run=run, html=html, to=to)
 
 
 @app.command()

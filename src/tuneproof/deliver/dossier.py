@@ -54,6 +54,7 @@ from tuneproof.modalities.base import (
 )
 from tuneproof.preflight.report import headline
 from tuneproof.registry import RELATIVE_PATHS, RecordedPath, iso, override_flags
+from tuneproof.storage import safety_line
 from tuneproof.tasks import get_task
 from tuneproof.ui import capped, capped_items, html_text, markdown_text, visible_text
 
@@ -315,6 +316,7 @@ def _summary(ev: _Evidence) -> list[dict]:
             "read in this folder"
         )
     items += _rental_line(ev)
+    items += [line for line in [safety_line(ev.ctx.study_dir, ev.ctx.study.storage)] if line]  # storage.remote
     blocks.append({"type": "list", "items": items})
     lim = _observed(ev)
     if lim is not None:

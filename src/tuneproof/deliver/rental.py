@@ -219,6 +219,8 @@ def reserve(r: dict[str, Any], work: dict[str, int], command: str) -> tuple[floa
     if command != "export":
         parts.append(("export + verify", export_s(r)))
         parts.append(("fresh-process re-read", reload_s))
+    if r.get("upload_s") and command != "deliver":  # measured by the last export/deliver --to
+        parts.append(("upload to the store", float(r["upload_s"])))
     return sum(s for _, s in parts), [f"{name} {s / 3600:.2f} h" for name, s in parts]
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json
+from tuneproof.storage import measured_upload
 
 PLAN_FILE = "plan.json"  # in the study folder
 SETUP_H = 1.0  # provisioning, environment install, copying data and weights (assumed, not measured)
@@ -166,6 +167,9 @@ def measure(registry) -> dict[str, Any]:
         d = _duration(registry.latest(kind))
         if d is not None:
             out["durations"][kind] = d
+    up = measured_upload(registry.study_dir)  # export/deliver --to: the bundle sent and read back
+    out["upload_s"] = up["seconds"] if up else None
+    out["upload_source"] = f"the last delivery to {up['uri']} ({up['what']}, {up['bytes']} bytes)" if up else None
     return out
 
 
@@ -272,6 +276,9 @@ def make_plan(
     pf_h, pf_b = est("preflight", 20 * sps + 2 * k_verify * epx + reload_s)
     bl_h, bl_b = est("baseline", n_eval * epx + reload_s)
     ex_h, ex_b = est("export", 2 * (k_verify * epx + reload_s))
+    if measured.get("upload_s"):  # the deliverable sent off the box and read back (measured)
+        ex_h += measured["upload_s"] * h
+        ex_b += f"; upload {measured['upload_s']:.0f} s measured, {measured.get('upload_source')}"
     initial_h = SETUP_H + dc_h + pf_h + bl_h
     test_h = n_test * epx * h
     available = days * 24.0

@@ -45,6 +45,7 @@ from tuneproof.recipes.report import run_report
 from tuneproof.recipes.variants import plan_grid, plan_variant
 from tuneproof.recipes.verify import run_verify
 from tuneproof.registry import Registry, study_relative
+from tuneproof.storage import deliver_to, safety, safety_line
 from tuneproof.training.budget import total_steps
 from tuneproof.ui import console, err_console, table, user_text
 
@@ -110,11 +111,16 @@ def run_status(ctx: StudyContext, *, as_json: bool = False) -> dict[str, Any]:
     if said or rental["clock"]["last_seen"] != seen:  # the clock reading is kept: a later one behind it went back
         rent.save(ctx.study_dir, rental)
     st = rent.status(rental, ctx.registry, ctx.study_dir, now, study_work(ctx))
+    if ctx.study.storage.remote:  # how much is safe off the box (no network: the last published manifest)
+        st["remote"] = safety(ctx.study_dir, ctx.study.storage.remote, ctx.study.storage.exclude)
+        st["remote_line"] = safety_line(ctx.study_dir, ctx.study.storage)
     if as_json:
         sys.stdout.write(json.dumps(st, indent=2, default=str) + "\n")
         return st
     _say(said)
     print_status(st)
+    if st.get("remote_line"):
+        console.print(user_text(st["remote_line"]), soft_wrap=True)
     return st
 
 
@@ -290,9 +296,13 @@ def _next_seq(reg: Registry) -> int:
     return (max(r.seq for r in runs) + 1) if runs else 1
 
 
-def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False) -> dict[str, Any]:
+def run_deliver(
+    ctx: StudyContext, *, run: str | None = None, html: bool = False, to: str | None = None
+) -> dict[str, Any]:
     """Export the best passed candidate (or ``run``), verify the bundle in a fresh process, write the
-    dossier (``html``: also dossier.html); records the deliverable in ``rental.json``. A completed
+    dossier (``html``: also dossier.html); ``to``: then upload the bundle and the dossier to that store and
+    read every file back against its sha256 (:func:`tuneproof.storage.deliver_to`) before saying delivered;
+    records the deliverable in ``rental.json``. A completed
     export of that run whose bundle is still there is kept (the verification below checks every file
     of it again) instead of exporting again. Returns ``{"train", "export", "bundle", "verified",
     "dossier"}``.
@@ -338,6 +348,20 @@ def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False
         rental["delivered"] = delivered
         rent.save(ctx.study_dir, rental)
         dossier = run_report(ctx, html=html)
+        if to is not None and delivered["verified"]:
+            files = {"bundle": bundle, dossier.name: dossier}
+            if html and dossier.with_name("dossier.html").is_file():
+                files["dossier.html"] = dossier.with_name("dossier.html")
+            sent = deliver_to(ctx.study_dir, to, files, what=f"rental deliver {train}", say=console.print)
+            rental = _require(ctx.study_dir)
+            rental["delivered"]["remote"] = {**sent, "checked": True}
+            rent.save(ctx.study_dir, rental)
+            delivered["remote"] = rental["delivered"]["remote"]
+            console.print(
+                f"delivered to {user_text(sent['uri'])}: {sent['files']} file(s), every sha256 read back and "
+                f"checked ({sent['upload_s'] + sent['check_s']:.1f} s)",
+                soft_wrap=True,
+            )
     delivered["dossier"] = str(dossier)
     console.print(
         f"delivered {train}: {user_text(bundle)} verified in a fresh process; dossier {user_text(dossier)}",

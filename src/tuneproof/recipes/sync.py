@@ -8,16 +8,18 @@ Features (option that turns each on):
   (Ctrl-C stops); without it an unreachable store is one line, the files still local only, exit 2;
 - ``--take-over``: this machine takes the prefix's lease from another host (that machine is gone);
   without it a prefix written by another host is refused, naming it (exit 2);
-- says how much is safe off the box: files, bytes, the newest checkpoint there, and what is local only.
+- says how much is safe off the box: files, bytes, the newest checkpoint there, and what is local only;
+- :func:`send_export` (``export --to URI``): the bundle uploaded, read back and checked file by file.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
-from tuneproof.storage import TAKE_OVER_HINT
+from tuneproof.storage import TAKE_OVER_HINT, deliver_to
 from tuneproof.storage.mirror import LeaseHeld, Mirror, check_lease, human, safety
 from tuneproof.storage.store import StoreError
 from tuneproof.study import STUDY_FILE
@@ -102,3 +104,22 @@ def run_sync(ctx: StudyContext, *, wait: bool = False, take_over: bool = False) 
     safe = safety(ctx.study_dir, uri, cfg.exclude)
     print_safety(safe, mirror.store.shown if mirror.store else uri)
     return safe
+
+
+def send_export(ctx: StudyContext, export_id: str, uri: str) -> dict:
+    """``export --to URI``: upload the bundle export run ``export_id`` wrote (verified in a fresh process by
+    the export) to ``uri``, read every file back and check its sha256 against the delivery manifest.
+
+    Raises:
+        TuneproofError: the store cannot be reached (the local bundle stands; nothing is said delivered).
+        CheckFailed: a file read back differs from the one sent.
+    """
+    summary = ctx.registry.get(export_id).summary
+    bundle = ctx.registry.recorded_path(str(summary.get("bundle")), summary).path
+    sent = deliver_to(ctx.study_dir, uri, {"bundle": Path(bundle)}, what=f"export {export_id}", say=console.print)
+    console.print(
+        f"delivered {user_text(str(bundle))} to {user_text(sent['uri'])}: {sent['files']} file(s), "
+        f"{human(sent['bytes'])}, every sha256 read back and checked ({sent['upload_s'] + sent['check_s']:.1f} s)",
+        soft_wrap=True,
+    )
+    return sent

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from tuneproof.errors import TuneproofError
-from tuneproof.storage.mirror import LeaseHeld, Mirror, check_lease, safety
+from tuneproof.storage.deliver import UPLOADS_FILE, deliver_to, measured_upload, record_upload
+from tuneproof.storage.mirror import LeaseHeld, Mirror, check_lease, human, safety
 from tuneproof.storage.store import Store, StoreError, redact
 from tuneproof.storage.uploader import Uploader
 
@@ -87,6 +88,29 @@ class Attached:
             self.warn(line)
 
 
+def safety_line(study_dir: Path, storage) -> str | None:
+    """One line for ``rental status`` and the dossier: how much of the study is safe off the box (bytes,
+    the newest checkpoint there) and how much is on this machine only; None without ``storage.remote``."""
+    if storage is None or not storage.remote:
+        return None
+    s = safety(Path(study_dir), storage.remote, storage.exclude)
+    if not s["published"]:
+        return f"remote copy {redact(storage.remote)}: nothing uploaded yet (tuneproof sync)"
+    import datetime  # noqa: PLC0415 - one formatting call
+
+    when = datetime.datetime.fromtimestamp(s["published"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    ckpt = f", newest checkpoint there {s['newest_checkpoint']}" if s["newest_checkpoint"] else ", no checkpoint there"
+    local = (
+        f"; on this machine only: {len(s['local_only'])} file(s), {human(s['local_only_bytes'])} (tuneproof sync)"
+        if s["local_only"]
+        else "; nothing on this machine only"
+    )
+    return (
+        f"remote copy {redact(storage.remote)}: {s['files']} file(s), {human(s['bytes'])} safe off the box "
+        f"as of {when} UTC{ckpt}{local}"
+    )
+
+
 def attach(registry, study, study_dir: Path, *, warn=None) -> Attached | None:
     """Hand ``registry`` the storage hooks when ``study.storage.remote`` is set (None otherwise)."""
     cfg = getattr(study, "storage", None)
@@ -109,7 +133,12 @@ __all__ = [
     "Store",
     "StoreError",
     "TAKE_OVER_HINT",
+    "UPLOADS_FILE",
     "attach",
+    "deliver_to",
+    "measured_upload",
+    "record_upload",
     "redact",
     "safety",
+    "safety_line",
 ]

@@ -13,11 +13,35 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuneproof.errors import CheckFailed
-from tuneproof.io import SCHEMA_VERSION, sha256_file
-from tuneproof.storage.store import Store
+from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.io import SCHEMA_VERSION, append_jsonl, read_jsonl, sha256_file
+from tuneproof.storage.store import Store, StoreError, redact
 
 DELIVERY_MANIFEST = "MANIFEST.sha256.json"
+
+
+#: deliveries to a store, one JSON line each ({"what", "uri", "bytes", "seconds", "time"}): the measured
+#: upload time the rental plan and reserve include
+UPLOADS_FILE = "uploads.jsonl"
+
+
+def record_upload(study_dir: Path, *, what: str, uri: str, size: int, seconds: float, when: float) -> None:
+    """Append one measured delivery (``size`` in bytes, ``seconds`` from the first byte sent to the last
+    sha256 read back) to :data:`UPLOADS_FILE`; the URI is recorded without a password."""
+    append_jsonl(
+        Path(study_dir) / UPLOADS_FILE,
+        {"what": what, "uri": redact(uri), "bytes": int(size), "seconds": round(float(seconds), 3), "time": when},
+    )
+
+
+def measured_upload(study_dir: Path) -> dict | None:
+    """The last measured delivery of :func:`record_upload` (None when nothing was delivered to a store)."""
+    path = Path(study_dir) / UPLOADS_FILE
+    try:
+        rows = read_jsonl(path) if path.is_file() else []
+    except (TuneproofError, OSError):
+        return None
+    return rows[-1] if rows else None
 
 
 def deliver_folder(store: Store, folders: dict[str, Path], *, say=None) -> dict[str, Any]:
@@ -74,3 +98,25 @@ def deliver_folder(store: Store, folders: dict[str, Path], *, say=None) -> dict[
         "check_s": time.monotonic() - started,
         "uri": store.shown,
     }
+
+
+def deliver_to(study_dir: Path, uri: str, folders: dict[str, Path], *, what: str, say=None) -> dict[str, Any]:
+    """:func:`deliver_folder` to the store at ``uri``, the measured time recorded (:func:`record_upload`).
+
+    Raises:
+        TuneproofError: the store cannot be reached (one line; nothing is said delivered).
+        CheckFailed: a file read back differs (see :func:`deliver_folder`).
+    """
+    try:
+        store = Store(uri)
+        done = deliver_folder(store, folders, say=say)
+    except StoreError as err:
+        raise TuneproofError(
+            f"not delivered: {err}",
+            hint="the local bundle and dossier stand as they are; check the network and the credentials, then "
+            "run the same command again",
+        ) from None
+    record_upload(
+        study_dir, what=what, uri=uri, size=done["bytes"], seconds=done["upload_s"] + done["check_s"], when=time.time()
+    )
+    return done

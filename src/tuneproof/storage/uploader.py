@@ -98,6 +98,8 @@ class Uploader:
                 check_lease(self.mirror.connect(), self.mirror.state, study=self.mirror.study)
                 self.leased = True
             result = self.mirror.push(with_index=with_index)
+            if with_index and result.published:
+                self.mirror.collect()  # manifests past the last three, and objects only they named
         except StoreError as err:
             self.mirror.drop()
             if self.down is None:

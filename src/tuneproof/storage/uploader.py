@@ -45,21 +45,29 @@ class Uploader:
         self.leased = False
         self.sent_files = 0
         self.sent_bytes = 0
-        self.idle = threading.Event()
+        self.flushed = threading.Condition()
+        self.flush_asked = 0  # flushes asked for (never dropped, unlike a full queue's wake-up)
+        self.flush_done = 0  # flushes tried (pushed, or failed and said)
+        self.stopping = False
         self.thread: threading.Thread | None = None
         self.last_push = 0.0
 
     # -- requests (never block)
-    def request(self, what: str = "push") -> None:
-        """Ask for a push (``flush``: with the registry index). Never blocks; a full queue drops it."""
+    def request(self, what: str = "push") -> int:
+        """Ask for a push (``flush``: with the registry index); returns the flush number to wait for. Never
+        blocks: a full queue drops the wake-up (a push is pending anyway), never a flush."""
         if self.thread is None:
             self.thread = threading.Thread(target=self._work, name="tuneproof-remote", daemon=True)
             self.thread.start()
-        self.idle.clear()
+        with self.flushed:
+            if what == "flush":
+                self.flush_asked += 1
+            asked = self.flush_asked
         try:
             self.queue.put_nowait(what)
         except queue.Full:
             pass
+        return asked
 
     # -- the worker
     def _work(self) -> None:
@@ -76,19 +84,21 @@ class Uploader:
                     items.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            if "stop" in items:
-                self.idle.set()
+            with self.flushed:
+                asked = self.flush_asked
+            flush = asked > self.flush_done
+            if self.stopping and not flush:
                 return
-            if self.refused:
-                self.idle.set()
-                continue
-            gap = MIN_INTERVAL_S - (time.monotonic() - self.last_push)
-            if gap > 0 and "flush" not in items and not backoff:
-                time.sleep(gap)
-            ok = self.attempt(with_index="flush" in items)
-            backoff = 0.0 if ok else min(MAX_BACKOFF_S, max(1.0, backoff * 2))
-            if ok or "flush" in items:
-                self.idle.set()
+            if not self.refused:
+                gap = MIN_INTERVAL_S - (time.monotonic() - self.last_push)
+                if gap > 0 and not flush and not backoff:
+                    time.sleep(gap)
+                ok = self.attempt(with_index=flush)
+                backoff = 0.0 if ok else min(MAX_BACKOFF_S, max(1.0, backoff * 2))
+            if flush:
+                with self.flushed:
+                    self.flush_done = asked
+                    self.flushed.notify_all()
 
     def attempt(self, *, with_index: bool) -> bool:
         """One push; a failure is reported once and returns False (the caller retries)."""
@@ -134,8 +144,10 @@ class Uploader:
         """Ask for a last push with the index, wait at most ``timeout_s`` seconds, stop the thread, and
         return :func:`safety` (what the remote holds, what is local only)."""
         if self.thread is not None and self.thread.is_alive():
-            self.request("flush")
-            self.idle.wait(timeout_s)
+            want = self.request("flush")
+            with self.flushed:
+                self.flushed.wait_for(lambda: self.flush_done >= want, timeout=timeout_s)
+                self.stopping = True
             try:
                 self.queue.put_nowait("stop")
             except queue.Full:

@@ -970,6 +970,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
     try:
         code = _main(argv, Terminated)
+        _close_storage()
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
@@ -977,6 +978,19 @@ def main(argv: list[str] | None = None) -> None:
             if not wrapped.broken:
                 sys.stdout = wrapped._stream  # noqa: SLF001
     sys.exit(code)
+
+
+def _close_storage() -> None:
+    """The remote copy's last push and its one line (storage.remote), before the interpreter shuts down."""
+    from tuneproof import storage  # noqa: PLC0415
+
+    try:
+        storage.close_all()
+    except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 - the command's result stands
+        print(
+            f"warning: the remote copy's last push was cut short ({type(err).__name__}); tuneproof sync",
+            file=sys.stderr,
+        )
 
 
 def _say_stopped(argv: list[str] | None, fallback: str) -> None:

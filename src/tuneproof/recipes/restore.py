@@ -29,6 +29,7 @@ from tuneproof.deliver import rental as rent
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.outputs import OUTPUTS, check_outputs
 from tuneproof.hypothesis import check_sealed
+from tuneproof.io import fault_cause, fault_message
 from tuneproof.registry import Registry
 from tuneproof.storage.mirror import check_lease, human, read_state, write_state
 from tuneproof.storage.restore import fetch
@@ -62,6 +63,14 @@ def run_restore(uri: str, dest: Path | None = None) -> Path:
     except StoreError as err:
         raise TuneproofError(
             f"cannot restore: {err}", hint="check the URI, the network and the credentials in the environment"
+        ) from None
+    except OSError as err:  # this machine's disk: full, read-only
+        cause = fault_cause(err, dest)
+        if cause is None:
+            raise
+        raise TuneproofError(
+            f"cannot restore into {dest}: {fault_message(err, cause, dest)}",
+            hint="free space (or pick a writable folder), remove the partly restored folder, and restore again",
         ) from None
     problems = [f"missing: {m}" for m in fetched.missing] + [f"altered: {a}" for a in fetched.altered]
     host = socket.gethostname()

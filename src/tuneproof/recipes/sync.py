@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
+from tuneproof.io import fault_cause, fault_message
 from tuneproof.storage import TAKE_OVER_HINT, deliver_to
 from tuneproof.storage.mirror import LeaseHeld, Mirror, check_lease, human, safety
 from tuneproof.storage.store import StoreError
@@ -78,6 +79,14 @@ def run_sync(ctx: StudyContext, *, wait: bool = False, take_over: bool = False) 
             break
         except LeaseHeld as err:
             raise TuneproofError(str(err), hint=TAKE_OVER_HINT) from None
+        except OSError as err:  # this machine's disk (the index snapshot, the local state): full, read-only
+            cause = fault_cause(err, ctx.study_dir)
+            if cause is None:
+                raise
+            raise TuneproofError(
+                f"sync stopped: {fault_message(err, cause, ctx.study_dir)}",
+                hint="free space on this machine, then tuneproof sync again (the remote copy keeps its last manifest)",
+            ) from None
         except StoreError as err:
             mirror.drop()
             if not wait:

@@ -35,6 +35,17 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+#: the hooks attached in this process, closed (last push, then one line) by :func:`close_all`
+OPEN: list = []
+
+
+def close_all() -> None:
+    """Flush and close every attached uploader (the CLI calls it when a command returns, before the
+    interpreter shuts down its thread pools; ``atexit`` does it for library use)."""
+    while OPEN:
+        OPEN.pop().close()
+
+
 class Attached:
     """The hooks of one command (:func:`attach`)."""
 
@@ -123,6 +134,7 @@ def attach(registry, study, study_dir: Path, *, warn=None) -> Attached | None:
     registry.start_hooks.append(hooks.started)
     registry.step_hooks.append(hooks.stepped)
     registry.end_hooks.append(hooks.ended)
+    OPEN.append(hooks)
     return hooks
 
 
@@ -135,6 +147,7 @@ __all__ = [
     "TAKE_OVER_HINT",
     "UPLOADS_FILE",
     "attach",
+    "close_all",
     "deliver_to",
     "measured_upload",
     "record_upload",

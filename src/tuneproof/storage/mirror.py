@@ -113,6 +113,7 @@ def read_state(study_dir: Path, uri: str | None = None) -> dict[str, Any]:
     state.setdefault("lease", uuid.uuid4().hex)
     state.setdefault("hashes", {})
     state.setdefault("published", None)
+    state["folder"] = str(Path(study_dir).resolve())  # with the host: this machine's folder holds the lease
     return state
 
 
@@ -153,6 +154,17 @@ class LeaseHeld(Exception):
     """Another machine writes this prefix (the message names it)."""
 
 
+def _ours(held: dict[str, Any], state: dict[str, Any]) -> bool:
+    """The lease is this machine's: its id, or this host and this study folder (a local state lost to a
+    full disk keeps its lease: the id is adopted)."""
+    if held.get("lease") == state["lease"]:
+        return True
+    if held.get("host") == socket.gethostname() and held.get("folder") and held.get("folder") == state.get("folder"):
+        state["lease"] = held["lease"]
+        return True
+    return False
+
+
 def check_lease(store: Store, state: dict[str, Any], *, take_over: bool = False, study: str = "") -> None:
     """Make sure this machine (``state['lease']``) holds ``lease.json``, writing it when absent.
 
@@ -168,7 +180,7 @@ def check_lease(store: Store, state: dict[str, Any], *, take_over: bool = False,
         held = None
     except ValueError:
         held = None  # a torn lease file: rewritten
-    if isinstance(held, dict) and held.get("lease") == state["lease"] and not take_over:
+    if isinstance(held, dict) and _ours(held, state) and not take_over:
         return
     if isinstance(held, dict) and held.get("lease") and not take_over:
         seen = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(held.get("seen") or 0)))
@@ -177,7 +189,7 @@ def check_lease(store: Store, state: dict[str, Any], *, take_over: bool = False,
             f"last seen {seen} UTC): two machines writing one prefix would mix their studies"
         )
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "lease": state["lease"], "since": now, "seen": now}
-    mine["study"] = study
+    mine.update({"study": study, "folder": state.get("folder")})
     store.put_bytes(LEASE, json.dumps(mine, indent=1).encode())
     # two machines starting at once: the last write wins; the loser finds out here
     back = json.loads(store.read_bytes(LEASE))
@@ -191,11 +203,11 @@ def touch_lease(store: Store, state: dict[str, Any], study: str = "") -> None:
         held = json.loads(store.read_bytes(LEASE))
     except (FileNotFoundError, ValueError):
         held = {}
-    if held.get("lease") not in (None, state["lease"]):
+    if held.get("lease") is not None and not _ours(held, state):
         raise LeaseHeld(f"{store.shown} is now written by host {held.get('host')} (pid {held.get('pid')})")
     now = time.time()
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "lease": state["lease"]}
-    mine.update({"since": held.get("since", now), "seen": now, "study": study})
+    mine.update({"since": held.get("since", now), "seen": now, "study": study, "folder": state.get("folder")})
     store.put_bytes(LEASE, json.dumps(mine, indent=1).encode())
 
 

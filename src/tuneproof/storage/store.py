@@ -59,13 +59,13 @@ class Store:
     """
 
     def __init__(self, uri: str):
-        import fsspec  # noqa: PLC0415 - fsspec (and s3fs/paramiko) only for studies with storage.remote
-
         self.uri = uri.rstrip("/")
         self.shown = redact(self.uri)
         protocol = self.uri.split("://", 1)[0].lower()
         options = dict(DEFAULTS.get(protocol, {}))
         try:
+            import fsspec  # noqa: PLC0415 - fsspec (and s3fs/paramiko) only for studies with storage.remote
+
             self.fs, root = fsspec.core.url_to_fs(self.uri, skip_instance_cache=True, **options)
         except ImportError as err:
             raise StoreError(

@@ -28,8 +28,6 @@ from tuneproof.storage import Store, deliver_to, safety
 from tuneproof.storage.mirror import Mirror, newest_manifest, object_name
 from tuneproof.storage.uploader import Uploader
 
-pytestmark = pytest.mark.fault("machine: remote store")
-
 
 def _consistent(store: Store) -> dict:
     """The newest manifest, after checking every object it names is there with its sha256."""
@@ -59,6 +57,7 @@ def interrupted_remote(tiny_base, tmp_path_factory):
     return study, remote
 
 
+@pytest.mark.fault("remote: store unreachable at start")
 def test_unreachable_at_start_trains_with_one_warning_then_sync_sends_it(tiny_base, s3, s3_env, tmp_path):
     uri = f"s3://{BUCKET}/faults/offline-at-start"
     study = remote_study(tmp_path / "study", tiny_base, uri)
@@ -125,6 +124,7 @@ def _moto_process(port: int, env: dict) -> subprocess.Popen:
     raise RuntimeError("moto server did not start")
 
 
+@pytest.mark.fault("remote: store gone mid-run")
 def test_store_gone_mid_run_the_run_completes_then_sync_and_restore(tiny_base, s3, tmp_path):
     port = free_port()
     env = {**s3.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
@@ -165,6 +165,7 @@ def test_store_gone_mid_run_the_run_completes_then_sync_and_restore(tiny_base, s
         server.wait()
 
 
+@pytest.mark.fault("remote: kill -9 during an upload")
 def test_kill_9_during_an_upload_leaves_the_previous_copy_then_sync_and_restore(tiny_base, s3_env, tmp_path):
     uri = f"s3://{BUCKET}/faults/kill9"
     study = remote_study(tmp_path / "study", tiny_base, uri)
@@ -196,6 +197,7 @@ def test_kill_9_during_an_upload_leaves_the_previous_copy_then_sync_and_restore(
     assert (tmp_path / "restored" / "blob.bin").read_bytes() == (study / "blob.bin").read_bytes()
 
 
+@pytest.mark.fault("remote: object altered or deleted in the store")
 def test_altered_and_deleted_objects_are_named_and_resume_falls_back_only_when_asked(interrupted_remote, tmp_path):
     _, src = interrupted_remote
     remote = shutil.copytree(src, tmp_path / "remote")
@@ -231,6 +233,7 @@ def test_altered_and_deleted_objects_are_named_and_resume_falls_back_only_when_a
     assert rec.status == "completed" and rec.summary["resumes"][-1]["from_step"] == 4
 
 
+@pytest.mark.fault("remote: two machines on one prefix")
 def test_a_second_machine_on_the_same_prefix_is_refused_naming_the_first(interrupted_remote, tmp_path):
     study, src = interrupted_remote
     remote = shutil.copytree(src, tmp_path / "remote")
@@ -250,6 +253,7 @@ def test_a_second_machine_on_the_same_prefix_is_refused_naming_the_first(interru
     assert json.loads((remote / "lease.json").read_text())["lease"] != held["lease"]
 
 
+@pytest.mark.fault("remote: local disk full while uploading")
 def test_disk_full_while_uploading_pauses_with_one_line_then_goes_on(interrupted_remote, tmp_path, monkeypatch):
     study, src = interrupted_remote
     remote = tmp_path / "remote"
@@ -275,6 +279,7 @@ def test_disk_full_while_uploading_pauses_with_one_line_then_goes_on(interrupted
     assert safe["local_only"] == [] and safe["files"] > 20, said
 
 
+@pytest.mark.fault("remote: store unreachable at deliver")
 def test_unreachable_at_deliver_is_not_delivered(tmp_path):
     (tmp_path / "bundle").mkdir()
     (tmp_path / "bundle" / "adapter.safetensors").write_bytes(b"x" * 100)

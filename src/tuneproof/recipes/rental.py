@@ -162,6 +162,10 @@ def print_status(st: dict[str, Any]) -> None:
     console.print(f"next: {st['next']}")
 
 
+def _say_user(line: str) -> None:
+    console.print(user_text(line), soft_wrap=True)  # names the store's URI (from the command line)
+
+
 def _require(study_dir: Path) -> dict[str, Any]:
     rental = rent.load(study_dir)
     if rental is None:
@@ -352,7 +356,7 @@ def run_deliver(
             files = {"bundle": bundle, dossier.name: dossier}
             if html and dossier.with_name("dossier.html").is_file():
                 files["dossier.html"] = dossier.with_name("dossier.html")
-            sent = deliver_to(ctx.study_dir, to, files, what=f"rental deliver {train}", say=console.print)
+            sent = deliver_to(ctx.study_dir, to, files, what=f"rental deliver {train}", say=_say_user)
             rental = _require(ctx.study_dir)
             rental["delivered"]["remote"] = {**sent, "checked": True}
             rent.save(ctx.study_dir, rental)

@@ -29,6 +29,14 @@ from tuneproof.ui import console, err_console, user_text
 MAX_BACKOFF_S = 60.0
 
 
+def _say_err(line: str) -> None:
+    err_console.print(user_text(line), soft_wrap=True)  # names files of the study and the store's URI
+
+
+def _say_user(line: str) -> None:
+    console.print(user_text(line), soft_wrap=True)
+
+
 def require_remote(ctx: StudyContext) -> str:
     """``storage.remote`` of the study. Raises :class:`TuneproofError` when it is not set."""
     if not ctx.study.storage.remote:
@@ -69,7 +77,7 @@ def run_sync(ctx: StudyContext, *, wait: bool = False, take_over: bool = False) 
     """
     uri = require_remote(ctx)
     cfg = ctx.study.storage
-    mirror = Mirror(ctx.study_dir, uri, cfg.exclude, study=ctx.study.name, say=lambda line: err_console.print(line))
+    mirror = Mirror(ctx.study_dir, uri, cfg.exclude, study=ctx.study.name, say=_say_err)
     delay, said = 1.0, False
     while True:
         try:
@@ -125,7 +133,7 @@ def send_export(ctx: StudyContext, export_id: str, uri: str) -> dict:
     """
     summary = ctx.registry.get(export_id).summary
     bundle = ctx.registry.recorded_path(str(summary.get("bundle")), summary).path
-    sent = deliver_to(ctx.study_dir, uri, {"bundle": Path(bundle)}, what=f"export {export_id}", say=console.print)
+    sent = deliver_to(ctx.study_dir, uri, {"bundle": Path(bundle)}, what=f"export {export_id}", say=_say_user)
     console.print(
         f"delivered {user_text(str(bundle))} to {user_text(sent['uri'])}: {sent['files']} file(s), "
         f"{human(sent['bytes'])}, every sha256 read back and checked ({sent['upload_s'] + sent['check_s']:.1f} s)",

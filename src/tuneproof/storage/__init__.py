@@ -24,6 +24,7 @@ from tuneproof.storage.deliver import UPLOADS_FILE, deliver_to, measured_upload,
 from tuneproof.storage.mirror import LeaseHeld, Mirror, check_lease, human, safety
 from tuneproof.storage.store import Store, StoreError, redact
 from tuneproof.storage.uploader import Uploader
+from tuneproof.ui import visible_text
 
 TAKE_OVER_HINT = (
     "give this study its own storage.remote prefix, or, when that machine is gone for good, take the copy "
@@ -32,7 +33,7 @@ TAKE_OVER_HINT = (
 
 
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    print(visible_text(line), file=sys.stderr, flush=True)  # URIs and paths are user text: control characters shown
 
 
 #: the hooks attached in this process, closed (last push, then one line) by :func:`close_all`

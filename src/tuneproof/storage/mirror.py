@@ -399,28 +399,29 @@ class Mirror:
         return result
 
     def collect(self) -> int:
-        """Remove manifests older than the last :data:`KEEP_MANIFESTS` and the objects none of the kept
-        ones name; returns the number of objects removed. Raises :class:`StoreError`."""
+        """Remove manifests older than the last :data:`KEEP_MANIFESTS` and the objects only they named
+        (never an object no manifest names yet: another process may be about to publish it); returns
+        the number of objects removed. Raises :class:`StoreError`."""
         store = self.connect()
         names = manifest_names(store)
-        keep = names[-KEEP_MANIFESTS:]
-        wanted: set[str] = set()
-        for name in keep:
+        if len(names) <= KEEP_MANIFESTS:
+            return 0
+
+        def named(name: str) -> set[str]:
             try:
                 m = json.loads(store.read_bytes(f"{MANIFESTS}/{name}"))
             except (FileNotFoundError, ValueError):
-                continue
-            wanted |= {f["sha256"] for f in m.get("files", {}).values()}
-            if m.get("index"):
-                wanted.add(m["index"]["sha256"])
-        if not keep:
-            return 0
+                return set()
+            out = {f["sha256"] for f in m.get("files", {}).values()}
+            return out | ({m["index"]["sha256"]} if m.get("index") else set())
+
+        wanted: set[str] = set().union(*(named(n) for n in names[-KEEP_MANIFESTS:]))
+        dropped: set[str] = set().union(*(named(n) for n in names[:-KEEP_MANIFESTS]))
         removed = 0
-        for sha in list(self._objects()):
-            if sha not in wanted:
-                store.delete(object_name(sha))
-                self._objects().pop(sha, None)
-                removed += 1
+        for sha in sorted(dropped - wanted):
+            store.delete(object_name(sha))
+            self._objects().pop(sha, None)
+            removed += 1
         for name in names[:-KEEP_MANIFESTS]:
             store.delete(f"{MANIFESTS}/{name}")
         return removed

@@ -82,6 +82,9 @@ HEARTBEAT_S = 30.0  # a live run writes its last-seen time this often (seconds)
 STALE_AFTER_S = 300.0  # a running run unseen for this long (seconds) is stale, whatever its host
 RESERVE_FILE = ".tuneproof.reserve"  # ballast freed on a full disk so that the failure can still be recorded
 RESERVE_BYTES = 256 * 1024
+#: ``meta`` keys a rebuild carries over from the index it replaces, when that one can still be read (the seal of the
+#: frozen hypothesis, :mod:`tuneproof.hypothesis`, outlives the run that froze it)
+KEPT_META = ("hypothesis_seal",)
 _ID_RE = re.compile(r"^r(\d{4,})(-[A-Za-z0-9_.-]+)?$")
 
 #: summary key -> what ``runs``, the tree and the dossier say about a run that carries it
@@ -508,6 +511,17 @@ class Registry:
             return None
         return None if row["value"] == here else Path(row["value"])
 
+    def meta(self, key: str) -> str | None:
+        """The value the index keeps under ``key`` in its ``meta`` table (``study_dir``, ``hypothesis_seal``); None."""
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row["value"]
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Keep ``value`` under ``key`` in the index's ``meta`` table (replacing it); a rebuild carries the keys of
+        :data:`KEPT_META` over from the index it replaces when that one can still be read."""
+        with self._lock:
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
     def recorded_path(self, recorded: str, summary: dict[str, Any] | None = None) -> RecordedPath:
         """A path a run recorded (``summary``: that run's), read in this study folder (:func:`read_recorded_path`)."""
         relative = bool((summary or {}).get(RELATIVE_PATHS))
@@ -710,6 +724,7 @@ class Registry:
         study_dir = Path(study_dir)
         db = study_dir / DB_NAME
         kept = None
+        carried = cls._readable_meta(db)
         if db.exists():
             stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
             kept = db.with_name(f"{DB_NAME}.damaged-{stamp}")
@@ -730,6 +745,8 @@ class Registry:
         reg.moved_from = None
         try:
             reg._conn = cls._connect(db)
+            for key, value in carried.items():
+                reg.set_meta(key, value)
             out = reg._load_folders()
             out["stale"] = reg.mark_stale()
         except sqlite3.DatabaseError as err:
@@ -739,6 +756,23 @@ class Registry:
                 reg._conn.close()
         out["kept"] = str(kept) if kept else None
         return out
+
+    @staticmethod
+    def _readable_meta(db: Path) -> dict[str, str]:
+        """The :data:`KEPT_META` values of the index ``db`` when it can still be read (read-only), else {}."""
+        if not db.is_file():
+            return {}
+        try:
+            conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+            try:
+                rows = conn.execute(
+                    f"SELECT key, value FROM meta WHERE key IN ({', '.join('?' * len(KEPT_META))})", KEPT_META
+                ).fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return {}
+        return {k: v for k, v in rows if isinstance(v, str)}
 
     # ------------------------------------------------------------------ queries
     def get(self, run_id: str) -> RunRecord:

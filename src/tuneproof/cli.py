@@ -469,6 +469,13 @@ def registry_rebuild(study: Path = StudyOpt) -> None:
             f"run.json, listed as invalid: {user_text(', '.join(out['lost']))}",
             soft_wrap=True,
         )
+    if out["edited"]:
+        console.print(
+            f"[yellow]warning[/]: {len(out['edited'])} run.json edited after it was written (record_sha256 "
+            f"missing or not matching its fields), listed as invalid with the status it claimed: "
+            f"{user_text(', '.join(out['edited']))} (`tuneproof runs` gives each reason)",
+            soft_wrap=True,
+        )
     if out["stale"]:
         console.print(f"found stale and marked interrupted: {', '.join(out['stale'])}")
 

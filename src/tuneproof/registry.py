@@ -77,6 +77,8 @@ KINDS = ("baseline", "train", "eval", "test", "export", "preflight", "data-check
 STATUSES = ("running", "completed", "failed", "interrupted", "invalid")
 DB_NAME = "tuneproof.sqlite"
 RECORD_FILE = "run.json"  # the run's own record, in its folder
+#: ``schema_version`` of ``run.json``: 2 carries ``record_sha256`` (1: written before tuneproof hashed its records)
+RECORD_SCHEMA = 2
 TEST_ACCESS_FILE = "test_access.json"
 HEARTBEAT_S = 30.0  # a live run writes its last-seen time this often (seconds)
 STALE_AFTER_S = 300.0  # a running run unseen for this long (seconds) is stale, whatever its host
@@ -117,7 +119,8 @@ CREATE TABLE IF NOT EXISTS runs (
     data_fingerprint TEXT,
     eval_fingerprint TEXT,
     summary TEXT,
-    heartbeat REAL
+    heartbeat REAL,
+    record_sha256 TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -331,10 +334,27 @@ def record_sha256(rec: dict[str, Any]) -> str:
     ).hexdigest()
 
 
-def record_problem(found: dict[str, Any], index: dict[str, Any] | None = None) -> str | None:
-    """What is wrong with a ``run.json`` as read (``found``): its ``record_sha256`` does not match its fields
-    (an edit by hand), naming the first field that differs from ``index`` when given; an end before the
-    start. None when it is whole."""
+def record_problem(
+    found: dict[str, Any], index: dict[str, Any] | None = None, *, hash_expected: str | None = None
+) -> str | None:
+    """What is wrong with a ``run.json`` as read (``found``): no ``record_sha256`` although the record was
+    written by a tuneproof that hashes its records (its ``schema_version`` is :data:`RECORD_SCHEMA` or more, or
+    ``hash_expected`` says why: the index kept its hash, an earlier run carries one); a ``record_sha256`` that
+    does not match its fields (an edit by hand), naming the first field that differs from ``index`` when
+    given; an end before the start. None when it is whole (a record of schema 1 without a hash included)."""
+    if "record_sha256" not in found:
+        schema = found.get("schema_version")
+        why = (
+            f"its schema_version is {schema}"
+            if isinstance(schema, int) and not isinstance(schema, bool) and schema >= RECORD_SCHEMA
+            else hash_expected
+        )
+        if why is None:
+            return None  # written before tuneproof hashed its records
+        return (
+            f"record_sha256 is missing, yet {why}; only a run.json written before tuneproof hashed its records "
+            "(schema_version 1) may lack it"
+        )
     if found.get("record_sha256") != record_sha256(found):
         if index is not None:
             for k in _CHECKED:
@@ -344,6 +364,16 @@ def record_problem(found: dict[str, Any], index: dict[str, Any] | None = None) -
     created, ended = found.get("created"), found.get("ended")
     if isinstance(created, (int, float)) and isinstance(ended, (int, float)) and ended < created:
         return f"ended {ended} before created {created}"
+    return None
+
+
+def record_disagreement(found: dict[str, Any], index: dict[str, Any]) -> str | None:
+    """The first field later steps rely on (:data:`_CHECKED`) that a whole ``run.json`` (``found``, its hash
+    valid) and the index row disagree on: ``status 'completed' in the file, 'invalid' in the index``; None when
+    they agree."""
+    for k in _CHECKED:
+        if found.get(k) != index.get(k):
+            return f"{k} {_short(found.get(k))} in the file, {_short(index.get(k))} in the index"
     return None
 
 
@@ -488,6 +518,13 @@ class Registry:
                     f"{len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
                     file=sys.stderr,
                 )
+                if self.rebuilt["edited"]:
+                    print(
+                        f"warning: {len(self.rebuilt['edited'])} {RECORD_FILE} edited after it was written (hash "
+                        f"missing or not matching), listed invalid: {', '.join(self.rebuilt['edited'])} (see "
+                        "`tuneproof runs`)",
+                        file=sys.stderr,
+                    )
             self.mark_stale()
         except sqlite3.DatabaseError as err:
             raise self._db_error(err) from None
@@ -556,6 +593,8 @@ class Registry:
             cols = {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}
             if "heartbeat" not in cols:  # an index written before heartbeats
                 conn.execute("ALTER TABLE runs ADD COLUMN heartbeat REAL")
+            if "record_sha256" not in cols:  # an index written before it kept the hash of each run.json it wrote
+                conn.execute("ALTER TABLE runs ADD COLUMN record_sha256 TEXT")
         except BaseException:
             conn.close()
             raise
@@ -604,68 +643,125 @@ class Registry:
         return rec
 
     def _sync(self, run_id: str, conn: sqlite3.Connection | None = None) -> None:
-        """Write ``runs/<id>/run.json`` from the index row (atomically), with its ``record_sha256``."""
+        """Write ``runs/<id>/run.json`` from the index row (atomically), with its ``record_sha256`` (also kept in
+        the row: a run.json of this run must carry one from now on)."""
         with self._lock:
             rec = self._record(run_id, conn)
+            digest = record_sha256(rec)
             write_json(
                 self.runs_dir / run_id / RECORD_FILE,
-                {"record": "tuneproof run", **rec, "record_sha256": record_sha256(rec)},
+                {"schema_version": RECORD_SCHEMA, "record": "tuneproof run", **rec, "record_sha256": digest},
             )
+            if rec.get("record_sha256") != digest:  # the index keeps the hash of the run.json it last wrote
+                (conn or self._conn).execute("UPDATE runs SET record_sha256 = ? WHERE id = ?", (digest, run_id))
 
     def check_record(self, run_id: str) -> RunRecord:
         """The run's record, after checking ``runs/<id>/run.json`` against itself and the index, for a
         step that relies on it (export, compare, test: docs/CONTRACTS.md, "What the run record authenticates").
 
-        A ``run.json`` edited by hand (its ``record_sha256`` no longer matches) is refused, naming the first
-        field that differs from the index; one that tuneproof wrote but that is behind the index (a crash
-        between the two writes) is written again from the index. A ``run.json`` of an older tuneproof
-        (no ``record_sha256``) is not checked.
+        Refused, naming the file and what is wrong:
+
+        - a ``run.json`` edited by hand (its ``record_sha256`` no longer matches), naming the first field that
+          differs from the index;
+        - a ``run.json`` without ``record_sha256`` although a tuneproof that hashes its records wrote it (its
+          ``schema_version`` is 2, the index kept its hash, or an earlier run's record carries one): a removed
+          hash is not a pass. Only a record of schema 1 (an older tuneproof) may lack it;
+        - a whole ``run.json`` (its hash valid) that disagrees with the index: neither is taken, the first field
+          that differs is named (a record restored from an older copy, an edited index, a command killed
+          between its two writes);
+        - a missing or unreadable ``run.json`` of a run the index kept a hash for.
 
         Raises:
-            CheckFailed: the record was edited after it was written (exit 3).
+            CheckFailed: (exit 3) as above; nothing is rewritten.
         """
         rec = self.get(run_id)
         path = self.runs_dir / rec.id / RECORD_FILE
+        index = self._record(rec.id)
+        kept = index.get("record_sha256")
         try:
             found = read_json(path)
-        except TuneproofError:
-            return rec
-        if not isinstance(found, dict) or "record_sha256" not in found:
-            return rec
-        problem = record_problem(found, self._record(rec.id))
+        except TuneproofError as err:
+            if not kept:
+                return rec
+            why = err.message.removeprefix(str(path) + ":").strip()
+            raise CheckFailed(
+                f"{path}: the run's record is missing or unreadable ({why}); "
+                f"the index kept its record_sha256 {kept[:16]}",
+                hint="restore the run folder's run.json; nothing was read from the run",
+            ) from None
+        if not isinstance(found, dict):
+            found = {}
+        problem = record_problem(found, index, hash_expected=self._hash_expected(rec.id, index))
         if problem is not None:
             raise CheckFailed(
                 f"{path}: edited after it was written ({problem})",
                 hint="run.json mirrors the index (tuneproof.sqlite), which still holds the record: "
                 "undo the edit; nothing was read from it",
             )
-        if {k: v for k, v in found.items() if k in _CHECKED} != {
-            k: v for k, v in self._record(rec.id).items() if k in _CHECKED
-        }:
-            self._sync(rec.id)  # written by tuneproof, behind the index: the index wins
+        differs = record_disagreement(found, index)
+        if differs is not None:
+            which = (
+                "the index changed after run.json was last written (an edit of tuneproof.sqlite, or a command "
+                "killed between its two writes)"
+                if kept == found.get("record_sha256")
+                else "run.json is not the one the index last wrote (a record restored from an older copy, or "
+                "rehashed by hand)"
+            )
+            raise CheckFailed(
+                f"{path}: its record_sha256 is valid but it disagrees with the index {self.db_path.name} "
+                f"({differs}): {which}; neither is taken",
+                hint="find which of the two was changed; `tuneproof registry rebuild` rebuilds the index from the "
+                "run folders (run.json wins), or restore the run folder from a copy",
+            )
         return rec
 
+    def _hash_expected(self, run_id: str, index: dict[str, Any] | None = None) -> str | None:
+        """Why ``run_id``'s ``run.json`` must carry ``record_sha256`` whatever its ``schema_version`` says: the
+        index kept the hash of the run.json it wrote, or the record of an earlier run carries one (the study was
+        run by a tuneproof that hashes its records before this run began). None when nothing says so."""
+        kept = (index or {}).get("record_sha256")
+        if kept:
+            return f"the index kept its record_sha256 {kept[:16]}"
+        seq = _seq_of(run_id)
+        for d in self._record_folders():
+            if seq is None or (_seq_of(d.name) or 0) >= seq:
+                break
+            with contextlib.suppress(TuneproofError):
+                other = read_json(d / RECORD_FILE)
+                if isinstance(other, dict) and "record_sha256" in other:
+                    return f"the record of the earlier run {d.name} carries one"
+        return None
+
     def _load_folders(self) -> dict[str, Any]:
-        """Insert every run folder's record into the (empty) index. Returns ``{"runs", "lost", "test_accesses"}``.
+        """Insert every run folder's record into the (empty) index. Returns ``{"runs", "lost", "edited",
+        "test_accesses"}``.
 
         A folder without a readable ``run.json`` (written before records existed, or damaged) is
-        listed as ``invalid`` with the reason, its kind taken from ``summary.json`` when present.
+        listed as ``invalid`` with the reason, its kind taken from ``summary.json`` when present (``lost``). A
+        ``run.json`` edited after it was written (:func:`record_problem`: its hash does not match; or it has no
+        ``record_sha256`` although its ``schema_version`` is 2 or an earlier run's record carries one, so a
+        removed hash is never rebuilt ``completed``) is kept and listed ``invalid`` with the reason and the
+        status it claimed (``edited``).
         """
         cols = set(self._columns())
-        restored, lost, accesses = [], [], []
+        restored, lost, edited, accesses = [], [], [], []
         taken: set[int] = set()
+        hashed: str | None = None  # the first run folder whose record carries record_sha256
         for d in self._record_folders():
             seq = _seq_of(d.name)
             try:
                 rec = read_json(d / RECORD_FILE)
                 if not isinstance(rec, dict) or rec.get("id") != d.name:
                     raise TuneproofError(f"{d / RECORD_FILE}: not the record of {d.name}")
-                problem = record_problem(rec) if "record_sha256" in rec else None
-                if problem is not None:  # edited by hand: kept, listed invalid with the reason
+                why = f"the record of the earlier run {hashed} carries one" if hashed else None
+                problem = record_problem(rec, hash_expected=why)
+                hashed = hashed or (d.name if "record_sha256" in rec else None)
+                if problem is not None:  # edited by hand (or its hash removed): kept, listed invalid with the reason
                     was = rec.get("status")
                     rec["status"] = "invalid"
                     rec["reason"] = f"{RECORD_FILE} edited after it was written ({problem}); recorded as {was}"
-                    lost.append(d.name)
+                    rec.pop("record_sha256", None)  # the index keeps no hash of a record it does not vouch for
+                    edited.append(d.name)
             except TuneproofError:
                 summary = {}
                 try:
@@ -706,9 +802,9 @@ class Registry:
                 "INSERT INTO test_access (run, candidate, time, result) VALUES (?, ?, ?, ?)",
                 (a["run"], a["candidate"], a["time"], json.dumps(a.get("result", {}), default=str)),
             )
-        for rid in lost:
+        for rid in lost + edited:
             self._sync(rid)
-        return {"runs": restored, "lost": lost, "test_accesses": len(accesses)}
+        return {"runs": restored, "lost": lost, "edited": edited, "test_accesses": len(accesses)}
 
     @classmethod
     def rebuild(cls, study_dir: str | Path) -> dict[str, Any]:
@@ -763,7 +859,7 @@ class Registry:
         if not db.is_file():
             return {}
         try:
-            conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+            conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro&immutable=1", uri=True, timeout=5)  # no side files
             try:
                 rows = conn.execute(
                     f"SELECT key, value FROM meta WHERE key IN ({', '.join('?' * len(KEPT_META))})", KEPT_META

@@ -13,7 +13,10 @@ returns ``{"title", "sections": [{"id", "title", "blocks"}]}``; a block is one o
 The first section ("Summary") is the first screen: it stands alone (hypothesis, verdict with its
 intervals, or ``INCOMPLETE: ...`` naming the evidence a verdict would need that is missing or broken, what the candidate
 changed against the baseline, runs that did not complete and why, limits, test-split reads) and links every section
-below it.
+below it. Its verdict is the frozen hypothesis judged for the delivered (or best passed) candidate against the
+baseline it names (:mod:`tuneproof.deliver.headline`), whatever ``compare`` ran last; a comparison of two candidates
+is listed as such. A completed run whose folder or evidence file is gone (:data:`RUN_EVIDENCE`: a deleted test run)
+makes the dossier INCOMPLETE, and its recorded numbers are not shown.
 
 :func:`to_markdown` and :func:`to_html` render that structure; every string is escaped by the
 renderer (``tuneproof.ui.markdown_text`` / ``html_text``: control characters as visible escapes such
@@ -31,6 +34,7 @@ from typing import Any
 from tuneproof import clock
 from tuneproof import hypothesis as hyp
 from tuneproof.deliver import rental as rent
+from tuneproof.deliver.headline import Headline, choose, other_comparisons
 from tuneproof.deliver.limits import (
     FIRST_SCREEN_LIMITS,
     PER_FIELD_METRIC,
@@ -136,6 +140,26 @@ class _Evidence:
                 str(err).splitlines()[0],
             )
 
+    @property
+    def headline(self) -> Headline | None:
+        """The comparison the verdict is read from (:func:`tuneproof.deliver.headline.choose`): the frozen
+        hypothesis judged for the delivered (or best passed) candidate against the baseline it names."""
+        if not hasattr(self, "_headline"):
+
+            def passed(entry: dict) -> bool:
+                got = self.judged(entry)[0]
+                return got is not None and str((got[1] or {}).get("verdict")) == "pass"
+
+            self._headline = choose(self.runs, self.json, passed)
+        return self._headline
+
+    @property
+    def missing(self) -> dict[str, dict[str, str]]:
+        """``{run id: gap}`` of the completed runs whose evidence is gone (:func:`run_evidence_gaps`)."""
+        if not hasattr(self, "_missing"):
+            self._missing = {g["run"]: g for g in run_evidence_gaps(self.reg, self.runs)}
+        return self._missing
+
     def judged(self, entry: dict) -> tuple[tuple[list, dict] | None, tuple[str, dict] | None]:
         """A recorded comparison entry judged against the hypothesis in force, and (when the study
         file's differs) ``(name, overall)`` of the other one; None where it needs re-scoring."""
@@ -170,41 +194,96 @@ class _Evidence:
         return runs[-1] if runs else None
 
 
-def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
-    """What the latest comparison's verdict rests on that is gone: its ``compare.json``, the
-    baseline's or a candidate's per-example outputs (a deleted run folder), plus a broken seal of the
-    frozen hypothesis (:func:`tuneproof.hypothesis.check_sealed`). Each ``{"what", "message", "hint"}``;
-    [] when the verdict can be backed."""
-    gaps = list(ev.gaps)
-    c = ev.latest("compare")
-    if c is None:
-        return gaps
-    data = ev.json(c.id, "compare.json")
-    if data is None:
-        path = ev.reg.runs_dir / c.id / "compare.json"
-        return gaps + [
-            {
-                "what": f"comparison {c.id}'s compare.json is missing",
-                "message": f"{path}: comparison {c.id}'s compare.json is missing",
-                "hint": "run `tuneproof compare RUN` again",
-            }
-        ]
-    who = [("baseline", data.get("baseline"))] + [("candidate", cid) for cid in data.get("candidates") or {}]
-    for role, rid in who:
-        if not rid:
+#: what a completed run of each kind leaves in its folder for the dossier to stand on (a kind not listed: its
+#: folder alone); a run whose folder or one of these files is gone is missing evidence (issue 33 item 5)
+RUN_EVIDENCE: dict[str, tuple[str, ...]] = {
+    "baseline": ("outputs.jsonl", "eval.json"),
+    "eval": ("outputs.jsonl", "eval.json"),
+    "test": ("outputs.jsonl", "eval.json"),
+    "compare": ("compare.json",),
+    "train": ("config.json",),
+    "data-check": ("data_check.json",),
+}
+
+
+def run_evidence_gaps(reg, runs: list) -> list[dict[str, str]]:
+    """The completed runs whose folder, or a file :data:`RUN_EVIDENCE` names for their kind, is gone: each
+    ``{"run", "what", "message", "hint"}``. A run that did not complete is listed with its status and reason
+    instead; one marked invalid is no evidence of anything."""
+    gaps = []
+    for r in runs:
+        if r.status != "completed":
             continue
-        path = ev.reg.runs_dir / rid / "outputs.jsonl"
-        if path.is_file():
-            continue
-        redo = "`tuneproof baseline`" if role == "baseline" else "`tuneproof eval TRAIN_RUN`"
+        folder = reg.runs_dir / r.id
+        if not folder.is_dir():
+            what, path = f"{r.kind} run {r.id}'s folder is missing (runs/{r.id})", folder
+        else:
+            gone = [n for n in RUN_EVIDENCE.get(r.kind, ()) if not (folder / n).is_file()]
+            if not gone:
+                continue
+            what, path = f"{r.kind} run {r.id}'s evidence is missing (runs/{r.id}/{', '.join(gone)})", folder / gone[0]
         gaps.append(
             {
-                "what": f"{role} {rid}'s outputs are missing (runs/{rid}/outputs.jsonl)",
-                "message": f"{path}: {role} {rid}'s outputs are missing; comparison {c.id} was computed from them",
-                "hint": f"restore the run folder runs/{rid}, or run {redo} and `tuneproof compare` again",
+                "run": r.id,
+                "what": what,
+                "message": f"{path}: {what.split(' (runs/')[0]}; what the run recorded is not shown",
+                "hint": f"restore the run folder runs/{r.id} from a copy, or mark it invalid "
+                f"(`tuneproof invalidate {r.id} --why ...`) and run it again",
             }
         )
     return gaps
+
+
+def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
+    """What the verdict rests on that is gone or no longer stands: the headline comparison's
+    ``compare.json``, the baseline's or a candidate's per-example outputs (a deleted run folder), a run it
+    rests on that is no longer completed (invalidated since), plus a broken seal of the frozen hypothesis
+    (:func:`tuneproof.hypothesis.check_sealed`) and any other completed run whose evidence is gone
+    (:func:`run_evidence_gaps`: a deleted test run's folder). Each ``{"what", "message", "hint"}``; [] when the
+    dossier can be backed."""
+    gaps = list(ev.gaps)
+    named: set[str] = set()
+    h = ev.headline
+    if h is not None:
+        c = h.compare
+        named.add(c.id)
+        if h.data is None:
+            path = ev.reg.runs_dir / c.id / "compare.json"
+            gaps.append(
+                {
+                    "what": f"comparison {c.id}'s compare.json is missing",
+                    "message": f"{path}: comparison {c.id}'s compare.json is missing",
+                    "hint": "run `tuneproof compare RUN` again",
+                }
+            )
+        who = [("baseline", h.baseline)] + [("candidate", cid) for cid in (h.data or {}).get("candidates") or {}]
+        by_id = {r.id: r for r in ev.runs}
+        for role, rid in who if h.data is not None else []:
+            if not rid:
+                continue
+            named.add(rid)
+            path = ev.reg.runs_dir / rid / "outputs.jsonl"
+            redo = "`tuneproof baseline`" if role == "baseline" else "`tuneproof eval TRAIN_RUN`"
+            rec = by_id.get(rid)
+            if not path.is_file():
+                gaps.append(
+                    {
+                        "what": f"{role} {rid}'s outputs are missing (runs/{rid}/outputs.jsonl)",
+                        "message": f"{path}: {role} {rid}'s outputs are missing; comparison {c.id} was computed "
+                        "from them",
+                        "hint": f"restore the run folder runs/{rid}, or run {redo} and `tuneproof compare` again",
+                    }
+                )
+            elif rec is None or rec.status != "completed":
+                now = "gone from the registry" if rec is None else f"{rec.status} now ({rec.reason or 'no reason'})"
+                gaps.append(
+                    {
+                        "what": f"{role} {rid} is {now}",
+                        "message": f"{ev.reg.runs_dir / rid}: {role} {rid} is {now}; comparison {c.id} rests on it",
+                        "hint": f"run {redo} and `tuneproof compare` again",
+                    }
+                )
+    return gaps + [{k: v for k, v in g.items() if k != "run"} for rid, g in ev.missing.items() if rid not in named]
 
 
 def _incomplete_block(gaps: list[dict[str, str]]) -> dict:
@@ -247,8 +326,7 @@ def _summary(ev: _Evidence) -> list[dict]:
             {
                 "type": "strong",
                 "text": f"verdict ({ev.judging.judged_against} hypothesis): {str(o.get('verdict', '?')).upper()} "
-                f"({o.get('detail', '')}); {cid} vs baseline "
-                f"{(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})",
+                f"({o.get('detail', '')}); {ev.headline.says}",
             }
         )
         blocks.append(criteria_table(verdicts))
@@ -268,6 +346,9 @@ def _summary(ev: _Evidence) -> list[dict]:
         blocks.append(
             {"type": "strong", "text": "verdict: none yet: no comparison with the baseline (`tuneproof compare RUN`)"}
         )
+    others = _other_lines(ev)
+    if others:  # candidate vs candidate: listed as such, never the headline
+        blocks.append({"type": "list", "items": capped_items(others, cap=3, where="section Comparisons")})
     items = [
         f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains "
         f"at least {succ.get('min_gain')} over the baseline "
@@ -324,6 +405,20 @@ def _summary(ev: _Evidence) -> list[dict]:
         )
         blocks.append({"type": "list", "items": lines or ["none observed"]})
     return blocks
+
+
+def _other_lines(ev: _Evidence) -> list[str]:
+    """One line per comparison that is not against a baseline run (two candidates): what it compared and that
+    it is no verdict of the hypothesis."""
+    return [
+        f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({_kind_of(ev, ref)} run, not a baseline): "
+        "candidates compared with each other, not a verdict of the hypothesis"
+        for c, ref, cands in other_comparisons(ev.runs, ev.json)
+    ]
+
+
+def _kind_of(ev: _Evidence, run_id: str | None) -> str:
+    return next((r.kind for r in ev.runs if r.id == run_id), "unknown")
 
 
 def criteria_table(verdicts: list[dict]) -> dict:
@@ -482,6 +577,8 @@ def _baseline(ev: _Evidence) -> list[dict]:
     b = ev.latest("baseline")
     if not b:
         return [_paragraph(f"{NOT_RUN} (`tuneproof baseline`)")]
+    if b.id in ev.missing:
+        return [{"type": "strong", "text": f"INCOMPLETE: {ev.missing[b.id]['what']}: its metrics are not shown"}]
     base = b.summary.get("base") or {}
     blocks = [
         _paragraph(
@@ -523,6 +620,8 @@ def _runs(ev: _Evidence) -> list[dict]:
         head = ", ".join(f"{metric_short(k)} {_fmt(v)}" for k, v in list(m.items())[:2])
         if r.kind == "train" and r.summary.get("final_loss") is not None:
             head = f"final loss {_fmt(r.summary['final_loss'], 4)}"
+        if r.id in ev.missing:
+            head = f"INCOMPLETE: {ev.missing[r.id]['what']}"
         rows.append(
             [
                 r.id,
@@ -1082,9 +1181,17 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
     task = ev.ctx.task
     for c in compares:
         data = ev.json(c.id, "compare.json") or {}
+        ref = data.get("baseline")
+        kind = _kind_of(ev, ref)
         for cid, r in (data.get("candidates") or {}).items():
             cnt = r.get("counts", {})
-            blocks.append({"type": "strong", "text": f"{cid} vs baseline {data.get('baseline')} ({c.id})"})
+            h = ev.headline
+            if kind != "baseline":
+                title = f"{cid} vs candidate {ref} ({c.id}; {kind} run {ref} is not a baseline: not the verdict)"
+            else:
+                head = h is not None and h.compare.id == c.id and h.cid == cid
+                title = f"{cid} vs baseline {ref} ({c.id})" + ("; the verdict" if head else "")
+            blocks.append({"type": "strong", "text": title})
             blocks.append(
                 _paragraph(
                     f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, "
@@ -1334,6 +1441,10 @@ def _test_log(ev: _Evidence) -> list[dict]:
         return [_paragraph("the reserved test split has not been read.")]
     rows = []
     for a in acc:
+        gap = ev.missing.get(a["run"])
+        if gap is not None:  # its evidence is gone: never its numbers as if present
+            rows.append([a["run"], a["candidate"], iso(a["time"]), f"INCOMPLETE: {gap['what']}"])
+            continue
         res = a.get("result") or {}
         m = res.get("metrics") if isinstance(res.get("metrics"), dict) else res
         text = ", ".join(
@@ -1358,15 +1469,12 @@ def _test_log(ev: _Evidence) -> list[dict]:
 
 
 def _latest_candidate(ev: _Evidence) -> tuple[Any, dict | None, str | None]:
-    c = ev.latest("compare")
-    if not c:
+    """``(compare record, candidate entry, candidate id)`` of the headline comparison (:attr:`_Evidence.headline`,
+    never a candidate-vs-candidate one); Nones when there is none."""
+    h = ev.headline
+    if h is None:
         return None, None, None
-    data = ev.json(c.id, "compare.json") or {}
-    cands = data.get("candidates") or {}
-    if not cands:
-        return c, None, None
-    cid = next(iter(cands))
-    return c, cands[cid], cid
+    return h.compare, h.entry, h.cid
 
 
 def _verdict(ev: _Evidence) -> list[dict]:
@@ -1385,7 +1493,7 @@ def _verdict(ev: _Evidence) -> list[dict]:
         {
             "type": "strong",
             "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} "
-            f"({cid}, {c.id}; {against} hypothesis)",
+            f"({ev.headline.says}; {against} hypothesis)",
         }
     ]
     blocks.append({"type": "list", "items": [f"{v['name']}: {v['verdict']}" for v in verdicts]})

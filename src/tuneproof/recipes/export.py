@@ -76,6 +76,7 @@ from tuneproof.deliver.bundle_verification import (
     verify_in_fresh_process,
 )
 from tuneproof.deliver.card import model_card
+from tuneproof.deliver.headline import against_baseline
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.outputs import check_outputs, read_outputs
@@ -102,12 +103,15 @@ def _eval_of(ctx: StudyContext, train_id: str):
 
 
 def _comparison_of(ctx: StudyContext, eval_id: str | None) -> tuple[Any, dict | None, dict | None]:
-    """``(compare record, full compare.json, this candidate's entry)`` of the latest comparison of ``eval_id``."""
+    """``(compare record, full compare.json, this candidate's entry)`` of the latest comparison of ``eval_id``
+    against a baseline run (:func:`tuneproof.deliver.headline.against_baseline`): a comparison with another
+    candidate (``compare r0008 --against r0005``) is never the bundle's claim."""
     if eval_id is None:
         return None, None, None
-    for c in reversed(ctx.registry.list(kind="compare", status="completed")):
+    runs = ctx.registry.list()
+    for c in reversed([r for r in runs if r.kind == "compare" and r.status == "completed"]):
         data = ctx.registry.run_json(c.id, "compare.json") or {}
-        if eval_id in (data.get("candidates") or {}):
+        if eval_id in (data.get("candidates") or {}) and against_baseline(runs, data.get("baseline")):
             return c, data, data["candidates"][eval_id]
     return None, None, None
 

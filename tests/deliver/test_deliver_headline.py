@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tuneproof.cli import main
-from tuneproof.deliver.headline import choose, other_comparisons
+from tuneproof.deliver.headline import choose, other_comparisons, stale_comparisons
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -32,7 +32,7 @@ def _verdict_line(d) -> str:
 
 # --------------------------------------------------------------------------- which comparison is the verdict
 def _rec(rid, kind, parent=None, status="completed", **summary):
-    return SimpleNamespace(id=rid, kind=kind, parent=parent, status=status, summary=summary)
+    return SimpleNamespace(id=rid, kind=kind, parent=parent, status=status, reason=None, summary=summary)
 
 
 def _entry(verdict, delta):
@@ -75,8 +75,18 @@ def test_the_headline_is_the_delivered_candidate_then_the_best_passed_never_cand
     runs, read = _study(cvc)
     h = choose(runs, read, passed=lambda e: False)
     assert (h.compare.id, h.cid, h.basis) == ("r0006", "r0003", "latest")
+    # the best candidate invalidated since: the other one; both: no verdict, the comparison listed as resting on them
+    runs, read = _study(cvc)
+    runs[4].status, runs[4].reason = "invalid", "outputs edited by hand"
+    assert choose(runs, read).cid == "r0003"
+    runs[2].status = "invalid"
+    assert choose(runs, read) is None
+    assert stale_comparisons(runs, read) == [
+        "comparison r0006: candidate r0003 is invalid (no reason)",
+        "comparison r0006: candidate r0005 is invalid (outputs edited by hand)",
+    ]
     # only candidates compared with each other: no verdict
-    runs = [r for r in runs if r.id != "r0006"]
+    runs = [r for r in _study(cvc)[0] if r.id != "r0006"]
     assert choose(runs, read) is None
 
 
@@ -179,3 +189,16 @@ def test_any_completed_run_without_its_evidence_file_is_incomplete(cls_study, tm
     out = " ".join(capsys.readouterr().out.split())
     assert f"error: INCOMPLETE: {d / 'runs' / rid / 'eval.json'}: test run {rid}'s evidence is missing;" in out
     assert f"**INCOMPLETE: test run {rid}'s evidence is missing (runs/{rid}/eval.json)**" in _first_screen(d)
+
+
+@pytest.mark.fault("missing evidence: the evaluation behind an export deleted")
+def test_export_refuses_a_train_run_whose_evaluation_folder_is_gone(cls_study, tmp_path, capsys):
+    d = tmp_path / "study"
+    shutil.copytree(cls_study["dir"], d)
+    ev = cls_study["ids"]["eval"]
+    shutil.rmtree(d / "runs" / ev)
+    capsys.readouterr()
+    assert _cli("export", cls_study["ids"]["train"], "--study", str(d), "--out", str(tmp_path / "b")) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"error: {ev} is incomplete: {d / 'runs' / ev} has no eval.json, outputs.jsonl; evaluate again" in out
+    assert not (tmp_path / "b").exists()

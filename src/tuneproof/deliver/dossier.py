@@ -34,7 +34,7 @@ from typing import Any
 from tuneproof import clock
 from tuneproof import hypothesis as hyp
 from tuneproof.deliver import rental as rent
-from tuneproof.deliver.headline import Headline, choose, other_comparisons
+from tuneproof.deliver.headline import Headline, choose, other_comparisons, stale_comparisons
 from tuneproof.deliver.limits import (
     FIRST_SCREEN_LIMITS,
     PER_FIELD_METRIC,
@@ -235,9 +235,8 @@ def run_evidence_gaps(reg, runs: list) -> list[dict[str, str]]:
 
 
 def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
-    """What the verdict rests on that is gone or no longer stands: the headline comparison's
-    ``compare.json``, the baseline's or a candidate's per-example outputs (a deleted run folder), a run it
-    rests on that is no longer completed (invalidated since), plus a broken seal of the frozen hypothesis
+    """What the verdict rests on that is gone: the headline comparison's ``compare.json``, the baseline's or a
+    candidate's per-example outputs (a deleted run folder), plus a broken seal of the frozen hypothesis
     (:func:`tuneproof.hypothesis.check_sealed`) and any other completed run whose evidence is gone
     (:func:`run_evidence_gaps`: a deleted test run's folder). Each ``{"what", "message", "hint"}``; [] when the
     dossier can be backed."""
@@ -257,14 +256,12 @@ def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
                 }
             )
         who = [("baseline", h.baseline)] + [("candidate", cid) for cid in (h.data or {}).get("candidates") or {}]
-        by_id = {r.id: r for r in ev.runs}
         for role, rid in who if h.data is not None else []:
             if not rid:
                 continue
             named.add(rid)
             path = ev.reg.runs_dir / rid / "outputs.jsonl"
             redo = "`tuneproof baseline`" if role == "baseline" else "`tuneproof eval TRAIN_RUN`"
-            rec = by_id.get(rid)
             if not path.is_file():
                 gaps.append(
                     {
@@ -272,15 +269,6 @@ def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
                         "message": f"{path}: {role} {rid}'s outputs are missing; comparison {c.id} was computed "
                         "from them",
                         "hint": f"restore the run folder runs/{rid}, or run {redo} and `tuneproof compare` again",
-                    }
-                )
-            elif rec is None or rec.status != "completed":
-                now = "gone from the registry" if rec is None else f"{rec.status} now ({rec.reason or 'no reason'})"
-                gaps.append(
-                    {
-                        "what": f"{role} {rid} is {now}",
-                        "message": f"{ev.reg.runs_dir / rid}: {role} {rid} is {now}; comparison {c.id} rests on it",
-                        "hint": f"run {redo} and `tuneproof compare` again",
                     }
                 )
     return gaps + [{k: v for k, v in g.items() if k != "run"} for rid, g in ev.missing.items() if rid not in named]
@@ -346,7 +334,9 @@ def _summary(ev: _Evidence) -> list[dict]:
         blocks.append(
             {"type": "strong", "text": "verdict: none yet: no comparison with the baseline (`tuneproof compare RUN`)"}
         )
-    others = _other_lines(ev)
+    others = _other_lines(ev) + [
+        f"{line}: not a verdict" for line in stale_comparisons(ev.runs, ev.json) if ev.headline is None
+    ]
     if others:  # candidate vs candidate: listed as such, never the headline
         blocks.append({"type": "list", "items": capped_items(others, cap=3, where="section Comparisons")})
     items = [

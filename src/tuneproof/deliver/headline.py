@@ -6,9 +6,12 @@ kind ``baseline``: the base model evaluated with the study's procedure). The can
 
 1. **delivered**: the train run of the latest completed export; its latest comparison against the baseline its
    train run was gated on (``baseline_run`` in its summary), else against any baseline run;
-2. **best passed**: among comparisons against a baseline whose runs are all completed, the candidate whose verdict
-   passed with the largest gain of the success metric (the latest one on a tie);
+2. **best passed**: the candidate whose verdict passed with the largest gain of the success metric (the latest one
+   on a tie);
 3. **latest**: the latest comparison against a baseline (no candidate passed).
+
+Only comparisons whose runs (baseline and candidate) are all still completed count: one that rests on a run
+invalidated since is no verdict (:func:`stale_comparisons` lists it); none left: no verdict.
 
 A comparison whose reference run is not a baseline (``compare r0008 --against r0005``: two candidates) is never
 the verdict, whatever its order: :func:`other_comparisons` lists it as a candidate-vs-candidate comparison. A
@@ -114,6 +117,9 @@ def choose(
         parent = by_id.get(rec.parent) if rec is not None and rec.parent else None
         return parent.id if parent is not None and parent.kind == "train" else None
 
+    rows = [row for row in rows if _whole(by_id, row[2], row[3])]  # an invalidated run is no evidence
+    if not rows:
+        return None
     exports = [r for r in runs if r.kind == "export" and r.status == "completed" and r.parent]
     if exports:
         exp = exports[-1]
@@ -124,14 +130,31 @@ def choose(
                 c, data, ref, cid, entry = pick[-1]
                 return Headline(c, data, cid, entry, ref, "delivered", exp.parent, exp.id)
 
-    def whole(row) -> bool:  # every run the comparison rests on still completed
-        return all((by_id.get(rid) is not None and by_id[rid].status == "completed") for rid in (row[2], row[3]))
-
-    good = [row for row in rows if whole(row) and row[4] is not None and passed(row[4])]
+    good = [row for row in rows if row[4] is not None and passed(row[4])]
     if good:
         best = max(range(len(good)), key=lambda i: (_success_delta(good[i][4]), i))
         c, data, ref, cid, entry = good[best]
         return Headline(c, data, cid, entry, ref, "best passed", train_of(cid))
-    pool = [row for row in rows if whole(row)] or rows
-    c, data, ref, cid, entry = next(row for row in pool if row[0] is pool[-1][0])  # its first candidate
+    c, data, ref, cid, entry = next(row for row in rows if row[0] is rows[-1][0])  # the latest, its first candidate
     return Headline(c, data, cid, entry, ref, "latest", train_of(cid))
+
+
+def _whole(by_id: dict, *run_ids: str | None) -> bool:
+    """Every run a comparison rests on is still in the registry and completed (none invalidated since)."""
+    return all(rid in by_id and by_id[rid].status == "completed" for rid in run_ids)
+
+
+def stale_comparisons(runs: list, read: Callable[[str, str], Any]) -> list[str]:
+    """One line per comparison with a baseline that rests on a run no longer completed (``r0005: candidate r0004
+    is invalid (outputs edited by hand)``): never the verdict, listed so that no comparison disappears unsaid."""
+    by_id = {r.id: r for r in runs}
+    out = []
+    for c, _, ref, cands in _pairs(runs, read):
+        if not against_baseline(runs, ref):
+            continue
+        for role, rid in [("baseline", ref)] + [("candidate", cid) for cid in cands]:
+            if not _whole(by_id, rid):
+                rec = by_id.get(rid)
+                now = "gone from the registry" if rec is None else f"{rec.status} ({rec.reason or 'no reason'})"
+                out.append(f"comparison {c.id}: {role} {rid} is {now}")
+    return out

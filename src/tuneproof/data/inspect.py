@@ -104,7 +104,9 @@ def header(enc: Encoded, classes: list[str] | None = None) -> str:
         )
     return (
         f"{who} prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
-        f"{enc.n_supervised} supervised; length {enc.full_length}/{kept} kept"
+        f"{enc.n_supervised} supervised"
+        + (f" ({enc.context_supervised} in earlier assistant turns)" if enc.context_supervised else "")
+        + f"; length {enc.full_length}/{kept} kept"
     )
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data import checks
+from tuneproof.data.chat import chat_summary
 from tuneproof.data.checks import audit_lines
 from tuneproof.data.cleaning import dropped_summary
 from tuneproof.data.dedup import find_duplicates
@@ -135,6 +136,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "guard_support": checks["guard_support"],
         "generation_budget": checks["generation_budget"],
         "optional_absent": checks["optional_absent"],
+        "chat": checks["chat"],
         "checks": checks["lines"],
         "hard_faults": hard,
         "warnings": warnings,
@@ -170,7 +172,9 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
             f"example ids: {legacy} JSON Lines examples keep the 0-based ids of this study's {MANIFEST} (written "
             "before ids followed file lines: d:2 is d.jsonl:3), so its runs stay comparable; new studies number by line"
         )
+    chat = chat_summary(ctx.all_splits, encoded, s.data.chat.train_on)
     lines += [x for x in (small["line"], cut and cut["line"], budget and budget["line"], absent["line"]) if x]
+    lines += [chat["line"]] if chat else []
     lines += [g["line"] for g in guards]
     return {
         "lines": lines,
@@ -183,6 +187,7 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
         "cut_answers": cut,
         "generation_budget": budget,
         "optional_absent": absent,
+        "chat": chat,
     }
 
 

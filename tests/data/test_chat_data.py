@@ -128,7 +128,7 @@ def test_label_and_id_keys_and_another_turns_key(tmp_path):
     assert [(e.id, e.label) for e in exs] == [("u0", "a"), ("u1", "b"), ("u2", "c")]
     with pytest.raises(
         TuneproofError,
-        match=r"3 rows refused: .*c.jsonl:3: no 'messages' or 'conversations' list of turns \(keys: dialog, topic, uid\)",
+        match=r"3 rows refused: .*c.jsonl:3: no 'messages' or 'conversations' list of turns \(keys: dialog, topic",
     ):
         load_chat(tmp_path / "c.jsonl", FieldMap())
 

@@ -86,9 +86,8 @@ class Source(_Strict):
         "image-csv",
         "image-jsonl",
     ] = Field(
-        description="file format or a built-in dataset reader; chat: rows holding a conversation "
-        "(messages: [{role, content}] or ShareGPT conversations: [{from, value}]) in a .jsonl, .json or .parquet "
-        "file; hf: a dataset folder (save_to_disk or data files) or a Hugging Face dataset id with a revision; "
+        description="file format or a built-in dataset reader; chat: one conversation per row (messages or "
+        "ShareGPT conversations) in .jsonl/.json/.parquet; hf: a datasets folder or a dataset id + revision; "
         "lines: a split folder of line-aligned files (seq.in, label); "
         "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows"
     )

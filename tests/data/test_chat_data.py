@@ -251,3 +251,17 @@ def test_the_context_tells_conversations_apart_for_duplicates(tmp_path):
     kinds = {(col.id_a, col.id_b): col.kind for p in rep.pairs.values() for col in p.collisions}
     assert kinds == {("a", "c"): "exact"}
     assert a != b  # the context is compared (and so hashed into the data fingerprint)
+
+
+def test_cleaning_rules_apply_to_earlier_user_turns_too():
+    from tuneproof.data.cleaning import clean
+
+    ex = Example(
+        id="a",
+        text="  final   question ",
+        target="x",
+        context=[{"role": "system", "content": " keep  me "}, _u("  first   question "), _a(" said  so ")],
+    )
+    (out,), dropped = clean([ex], ["strip", "collapse_whitespace"])
+    assert dropped == [] and out.text == "final question"
+    assert out.context == [{"role": "system", "content": " keep  me "}, _u("first question"), _a(" said  so ")]

@@ -151,3 +151,20 @@ def test_chat_study_checks_trains_the_right_tokens_and_a_perfect_model_scores_on
     ]
     recs, metrics = get_task(ctx.task).score(records, task_config(ctx))
     assert all(r["correct"] for r in recs) and metrics["field_f1"] == 1.0
+
+
+def test_the_context_and_train_on_are_part_of_the_data_fingerprint(tmp_path, tiny_model_dir):
+    rows = [_multi(i) for i in range(30)]
+    d = _study(tmp_path / "fp", tiny_model_dir, rows, {})
+    before = StudyContext.open(d).data_fingerprint()
+    rows[4]["messages"][1]["content"] = "an earlier answer, edited"  # not the input, not the answer: the context
+    (d / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    edited = StudyContext.open(d).data_fingerprint()
+    assert edited["parts"]["examples"] != before["parts"]["examples"]
+    assert edited["parts"]["preprocessing"] == before["parts"]["preprocessing"]
+    cfg = yaml.safe_load((d / "tuneproof.yaml").read_text())
+    cfg["data"]["chat"] = {"train_on": "all_assistant"}
+    (d / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    every = StudyContext.open(d).data_fingerprint()
+    assert every["parts"]["preprocessing"] != edited["parts"]["preprocessing"]
+    assert every["parts"]["examples"] == edited["parts"]["examples"]

@@ -24,6 +24,7 @@ from tuneproof.data.chat import as_example, context_answer_spans, prompt_message
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed
+from tuneproof.study import render_prompt
 from tuneproof.ui import visible_text
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class TextPipeline:
         ex = as_example(ex)
         if self.use_chat:
             return self._render(self._messages(ex), True)
-        return self._messages(ex)[-1]["content"] + "\n"
+        return render_prompt(self.prompt.template, ex.text) + "\n"
 
     def training_text(self, ex: Example | str, target: str) -> tuple[str, int, int]:
         """``(text, answer_start_char, answer_end_char)``; the answer span includes the end token."""
@@ -231,7 +232,7 @@ class TextPipeline:
         t_at = full.find(target, start) if target else -1
         before = full[start:t_at] if t_at >= 0 else ""
         # the whole user message, at least 4 characters long: a short input can be a piece of a role header
-        user_msg = self._messages(ex)[-1]["content"].strip()
+        user_msg = render_prompt(self.prompt.template, ex.text).strip()
         if self.loss == "answer_only" and len(user_msg) >= 4 and prompt.strip() and user_msg in before:
             faults.append(
                 "prompt tokens are supervised: the supervised span before the answer holds the example's input "

@@ -28,6 +28,7 @@ from typing import Any
 from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
 from tuneproof.study import render_prompt
+from tuneproof.ui import visible_text
 
 #: roles of the ``messages`` layout
 ROLES = ("system", "user", "assistant")
@@ -233,7 +234,8 @@ def context_answer_spans(
         if not prompt_text.startswith(m["content"], start):
             faults.append(
                 f"{turn} (train_on all_assistant): its content does not follow its generation prompt in the "
-                f"training text ('{prompt_text[start : start + 40]}'...); set data.chat.train_on: last"
+                f"training text ('{visible_text(prompt_text[start : start + 40], one_line=True, limit=None)}'...); "
+                "set data.chat.train_on: last"
             )
             continue
         end = start + len(m["content"])

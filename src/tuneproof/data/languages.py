@@ -46,6 +46,10 @@ def strip_accents(word: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn")
 
 
+def _sentence_case(word: str) -> str:
+    return word[:1].lower() + word[1:]
+
+
 def _cause(word: str, normalised: str) -> str:
     if normalised == word.lower() or normalised == word.casefold():
         return "lowercasing"
@@ -66,14 +70,18 @@ def tokenizer_loss(tokenizer, texts: list[str], warn_share: float = WARN_SHARE) 
     Returns:
         ``{"word_types", "merged_types", "merged_into", "by_cause": {cause: types}, "merged_examples":
         [{"types", "form"}], "unknown_types", "unknown_examples", "warnings", "line"}``; shares are of
-        ``word_types``. A type is *merged* when another type of the texts normalises to the same form.
+        ``word_types``. A type is *merged* when another type of the texts normalises to the same form
+        and the two differ in more than the case of their first letter (``What`` / ``what`` is where
+        a word stands in a sentence, not a second word).
     """
     types = word_types(texts)
     norm = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
     forms: dict[str, list[str]] = defaultdict(list)
     for w in types:
         forms[norm.normalize_str(w) if norm is not None else w].append(w)
-    merged = {f: ws for f, ws in forms.items() if len(ws) > 1}
+    # a capital first letter is where a word stands (a sentence start), not another word: "What" / "what"
+    # alone are not counted as a loss; "Việt" / "viết" / "viet" and "è" / "e" are
+    merged = {f: ws for f, ws in forms.items() if len({_sentence_case(w) for w in ws}) > 1}
     by_cause: dict[str, int] = defaultdict(int)
     for f, ws in merged.items():
         for w in ws:

@@ -164,6 +164,8 @@ def test_hf_reads_a_saved_dataset_and_a_data_files_folder_and_refuses_an_unpinne
     _write_jsonl(files / "data.jsonl", [{"text": "t1", "label": "a"}, {"text": "t2", "label": "b"}])
     exs, _ = load_source(Source(path="files", format="hf"), FieldMap(label="label"), tmp_path)
     assert [(e.text, e.label, e.split) for e in exs] == [("t1", "a", None), ("t2", "b", None)]  # tuneproof splits it
+    with pytest.raises(TuneproofError, match="format 'hf' reads a dataset folder or a dataset id, not one file"):
+        load_source(Source(path="files/data.jsonl", format="hf"), FieldMap(), tmp_path)
     with pytest.raises(TuneproofError, match="a Hugging Face dataset id needs data.sources\\[\\].revision"):
         load_source(Source(path="someone/chats", format="hf"), FieldMap(), tmp_path)
     # pinned but not in the local cache: one line, nothing downloaded (tests run with HF_HUB_OFFLINE=1)

@@ -594,6 +594,11 @@ def load_hf(
             ds = datasets.load_from_disk(str(path))
         elif path.is_dir():
             ds, from_files = datasets.load_dataset(str(path), name=name), True
+        elif path.is_file():
+            raise TuneproofError(
+                f"{path}: format 'hf' reads a dataset folder or a dataset id, not one file",
+                hint="use format parquet, jsonl, json, csv or chat for a single file",
+            )
         elif dataset_id:
             if not revision:
                 raise TuneproofError(

@@ -60,14 +60,14 @@ def test_a_chat_study_runs_the_whole_protocol_on_smollm2(tmp_path, capsys):
         "data": {
             "sources": [{"path": "chat.jsonl", "format": "chat"}],
             "chat": {"train_on": "all_assistant"},
-            "split": {"max_examples": {"train": 32, "validation": 6}},
+            "split": {"max_examples": {"train": 16, "validation": 4}},
         },
         "model": {"base": "smollm2-135m-instruct"},
-        "training": {"max_steps": 3, "micro_batch_size": 4, "warmup_steps": 1, "max_length": 160},
+        "training": {"max_steps": 2, "micro_batch_size": 2, "warmup_steps": 1, "max_length": 128},
         "eval": {
             "split": "validation",
-            "max_new_tokens": 24,
-            "batch_size": 6,
+            "max_new_tokens": 20,
+            "batch_size": 4,
             "prompt": {"system": "Reply with JSON."},
         },
     }
@@ -81,24 +81,31 @@ def test_a_chat_study_runs_the_whole_protocol_on_smollm2(tmp_path, capsys):
     reg = Registry(study)
     train = next(r for r in reg.list() if r.kind == "train")
     assert _cli("eval", train.id, "--study", str(study)) == 0
-    assert _cli("compare", "--study", str(study)) == 0
+    runs = {r.kind: r for r in reg.list()}
+    assert _cli("compare", runs["eval"].id, "--study", str(study)) == 0
     runs = {r.kind: r for r in reg.list()}
     assert all(r.status == "completed" for r in reg.list()), [(r.id, r.status, r.reason) for r in reg.list()]
-    assert {"baseline", "train", "eval", "compare"} <= set(runs)
+    assert {"data-check", "baseline", "train", "eval", "compare"} <= set(runs)
 
-    # training saw the earlier assistant turns as supervised tokens, and logged finite losses
+    # every train conversation has an earlier assistant turn: supervised with its end token on the real tokenizer
+    ctx = StudyContext.open(study)
+    encoded = ctx.pipeline.encode_all(ctx.split("train"))
+    assert all(e.faults == [] and e.context_supervised > 0 for e in encoded)
+    end_id = ctx.tokenizer.convert_tokens_to_ids(ctx.pipeline.end_token)
+    said = ctx.tokenizer("Sure, ask me.", add_special_tokens=False)["input_ids"]
+    assert all(e.context_supervised == len(said) + 1 for e in encoded)
+    assert all([t for t in e.labels[: e.prompt_tokens] if t != -100] == said + [end_id] for e in encoded)
     metrics = read_jsonl(study / "runs" / train.id / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2, 3] and all(0 < m["loss"] < 20 for m in metrics)
-    # baseline and eval judged the same 6 final turns with the same procedure; outputs kept per example
+    assert [m["step"] for m in metrics] == [1, 2] and all(0 < m["loss"] < 20 for m in metrics)
+    # baseline and eval judged the same final turns with the same procedure; outputs kept per example
     base_out = read_jsonl(study / "runs" / runs["baseline"].id / "outputs.jsonl")
     eval_out = read_jsonl(study / "runs" / runs["eval"].id / "outputs.jsonl")
-    assert [r["id"] for r in base_out] == [r["id"] for r in eval_out] and len(eval_out) == 6
+    assert [r["id"] for r in base_out] == [r["id"] for r in eval_out] and len(eval_out) == 4
     assert runs["baseline"].eval_fingerprint == runs["eval"].eval_fingerprint
-    ctx = StudyContext.open(study)
     by_id = {e.id: e for e in ctx.eval_examples()}
-    assert all(r["reference"] == by_id[r["id"]].target for r in eval_out)
-    # the data version holds the conversations: the context is part of the fingerprint
+    assert all(r["reference"] == by_id[r["id"]].target and r["input"] == by_id[r["id"]].text for r in eval_out)
+    # the runs record this data version: conversations (context included) and data.chat in the fingerprint
     data = read_json(study / "runs" / runs["baseline"].id / "data.json")
-    assert data["hash"] == ctx.data_fingerprint()["hash"] and "chat" in data["parts"]["preprocessing"] or True
+    assert data["hash"] == ctx.data_fingerprint()["hash"]
     cmp = read_json(study / "runs" / runs["compare"].id / "compare.json")
-    assert cmp["counts"]["n"] == 6 if "n" in cmp.get("counts", {}) else True
+    assert cmp["baseline"] == runs["baseline"].id and cmp["candidates"][runs["eval"].id]["n"] == 4

@@ -42,7 +42,7 @@ from tuneproof.data.examples import Example
 from tuneproof.data.image_sources import load_image_source
 from tuneproof.data.locate import find_data_root
 from tuneproof.data.rows import BadRows
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import TuneproofError, install_hint
 from tuneproof.io import read_text
 from tuneproof.study import FieldMap
 
@@ -370,7 +370,7 @@ def _parquet_records(path: Path) -> list[tuple[str, Any]]:
         import pyarrow.parquet as pq  # noqa: PLC0415  (only Parquet sources need pyarrow)
     except ImportError:
         raise TuneproofError(
-            f"{path}: Parquet needs the `pyarrow` package", hint="pip install 'tuneproof[data]' (or pyarrow)"
+            f"{path}: Parquet needs the `pyarrow` package", hint=install_hint("data")
         ) from None
     try:
         rows = pq.read_table(path).to_pylist()
@@ -585,7 +585,7 @@ def load_hf(
         import datasets  # noqa: PLC0415  (only hf sources need datasets)
     except ImportError:
         raise TuneproofError(
-            f"{path}: format 'hf' needs the `datasets` package", hint="pip install 'tuneproof[data]'"
+            f"{path}: format 'hf' needs the `datasets` package", hint=install_hint("data")
         ) from None
     shown = str(path) if path.exists() or not dataset_id else dataset_id
     from_files = False

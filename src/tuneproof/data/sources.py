@@ -369,9 +369,7 @@ def _parquet_records(path: Path) -> list[tuple[str, Any]]:
     try:
         import pyarrow.parquet as pq  # noqa: PLC0415  (only Parquet sources need pyarrow)
     except ImportError:
-        raise TuneproofError(
-            f"{path}: Parquet needs the `pyarrow` package", hint=install_hint("data")
-        ) from None
+        raise TuneproofError(f"{path}: Parquet needs the `pyarrow` package", hint=install_hint("data")) from None
     try:
         rows = pq.read_table(path).to_pylist()
     except (OSError, ValueError) as err:  # pyarrow.ArrowInvalid is a ValueError
@@ -584,9 +582,7 @@ def load_hf(
     try:
         import datasets  # noqa: PLC0415  (only hf sources need datasets)
     except ImportError:
-        raise TuneproofError(
-            f"{path}: format 'hf' needs the `datasets` package", hint=install_hint("data")
-        ) from None
+        raise TuneproofError(f"{path}: format 'hf' needs the `datasets` package", hint=install_hint("data")) from None
     shown = str(path) if path.exists() or not dataset_id else dataset_id
     from_files = False
     try:

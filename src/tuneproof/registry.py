@@ -330,18 +330,31 @@ def record_sha256(rec: dict[str, Any]) -> str:
 
 def record_problem(found: dict[str, Any], index: dict[str, Any] | None = None) -> str | None:
     """What is wrong with a ``run.json`` as read (``found``): its ``record_sha256`` does not match its fields
-    (an edit by hand), naming the first field that differs from ``index`` when given; an end before the
-    start. None when it is whole."""
+    (an edit by hand), naming the first field that differs from ``index`` when given. None when it is whole.
+
+    Times are never evidence of an edit: an end before the start is the machine's clock stepping back while
+    the run ran (recorded as read and flagged by :meth:`Registry.finish`, ``summary.clock_went_back``);
+    tampering is what the hash tells."""
     if found.get("record_sha256") != record_sha256(found):
         if index is not None:
             for k in _CHECKED:
                 if found.get(k) != index.get(k):
                     return f"{k} {_short(found.get(k))} in the file, {_short(index.get(k))} in the index"
         return f"record_sha256 {str(found.get('record_sha256'))[:16]} does not match its fields"
-    created, ended = found.get("created"), found.get("ended")
-    if isinstance(created, (int, float)) and isinstance(ended, (int, float)) and ended < created:
-        return f"ended {ended} before created {created}"
     return None
+
+
+def clock_flag(created: Any, ended: float) -> dict[str, Any] | None:
+    """``summary.clock_went_back`` of a run that ends at ``ended`` (seconds since the epoch, as read) before
+    it was ``created``: the machine's clock stepped back while it ran. Both times are kept as read; the
+    flag says so (``{"seconds": created - ended, "note": ...}``). None when the end is not before the start."""
+    if not isinstance(created, (int, float)) or ended >= created:
+        return None
+    return {
+        "seconds": round(created - ended, 3),
+        "note": f"the clock went back while the run ran: it ended {iso(ended)} UTC, before it started "
+        f"{iso(created)} UTC (times as read; check the machine's clock)",
+    }
 
 
 def _short(value: Any) -> str:
@@ -865,7 +878,22 @@ class Registry:
         """Set the final status (completed, failed, interrupted, invalid) and the end time."""
         if status not in STATUSES or status == "running":
             raise ValueError(status)
-        self._update(run_id, status=status, reason=reason, ended=_now())
+        ended = _now()
+        self._update(run_id, status=status, reason=reason, ended=ended, **self._clock_fields(run_id, ended))
+
+    def _clock_fields(self, run_id: str, ended: float) -> dict[str, Any]:
+        """``{"summary": ...}`` with :func:`clock_flag` added when the run ends before it started (the clock
+        went back), else ``{}``; a line in the run's log and on stderr says so."""
+        row = self._conn.execute("SELECT created, summary FROM runs WHERE id = ?", (run_id,)).fetchone()
+        flag = clock_flag(row["created"], ended) if row is not None else None
+        if flag is None:
+            return {}
+        summary = {**json.loads(row["summary"] or "{}"), "clock_went_back": flag}
+        print(f"warning: run {run_id}: {flag['note']}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            with open(self.runs_dir / run_id / "log.txt", "a", encoding="utf-8") as fh:
+                fh.write(f"{iso(ended)} {flag['note']}\n")
+        return {"summary": json.dumps(summary, default=str)}
 
     def _finish_quietly(self, run_id: str, status: str, reason: str) -> None:
         """:meth:`finish` when the machine may be failing: the index row first; ``run.json`` if it

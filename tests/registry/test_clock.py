@@ -3,7 +3,12 @@ train run is read through the same clock."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from tuneproof import clock
+from tuneproof.errors import CheckFailed
 from tuneproof.registry import Registry
 
 
@@ -25,3 +30,41 @@ def test_stop_reason_follows_the_clock_and_is_cleared_after_the_block():
         t[0] = 100.0
         assert clock.stop_reason() == "stopped: rental reserve"
     assert clock.stop_reason() is None
+
+
+def test_a_clock_step_back_during_a_run_is_recorded_as_read_and_flagged_never_taken_as_an_edit(tmp_path, capsys):
+    """Issue 33 item 13: the clock stepped back 3 h while a train run ran. The run stays completed, its
+    record passes the check export relies on, a rebuild lists it completed, and the run is flagged."""
+    t = [2_000_000_000.0]
+    with clock.use(lambda: t[0]):
+        reg = Registry(tmp_path)
+        with reg.run("train") as r:
+            r.update_summary(steps=4)
+            t[0] -= 3 * 3600.0  # NTP (or a user) set the clock back 3 h while it ran
+        rec = reg.check_record(r.id)  # export / --force / rental deliver read the record through this
+        assert (rec.status, rec.created, rec.ended) == ("completed", 2_000_000_000.0, 2_000_000_000.0 - 10800)
+        flag = rec.summary["clock_went_back"]
+        assert flag["seconds"] == 10800.0
+        assert "the clock went back while the run ran" in flag["note"]
+        assert rec.summary["steps"] == 4
+        reg.close()
+        (tmp_path / "tuneproof.sqlite").unlink()
+        out = Registry.rebuild(tmp_path)
+    assert out["lost"] == []
+    again = Registry(tmp_path).get(r.id)
+    assert (again.status, again.reason) == ("completed", None)
+    assert f"warning: run {r.id}: the clock went back while the run ran" in capsys.readouterr().err
+    assert (tmp_path / "runs" / r.id / "log.txt").read_text().count("the clock went back") == 1
+
+
+def test_an_edited_run_record_is_still_refused_by_its_hash(tmp_path):
+    """The cousin that must stay: tampering is what the hash tells (an edited end time is named)."""
+    reg = Registry(tmp_path)
+    with reg.run("train") as r:
+        pass
+    path = tmp_path / "runs" / r.id / "run.json"
+    rec = json.loads(path.read_text())
+    rec["ended"] = rec["created"] + 1e6
+    path.write_text(json.dumps(rec))
+    with pytest.raises(CheckFailed, match="edited after it was written \\(ended "):
+        reg.check_record(r.id)

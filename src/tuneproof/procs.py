@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 PARENT_ENV = "TUNEPROOF_PARENT_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -50,4 +51,36 @@ def die_with_parent() -> bool:
         return False
     if os.getppid() != int(expected):  # the parent died before the prctl call
         os._exit(1)
+    return True
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel start time of ``pid`` (field 22 of /proc/PID/stat, clock ticks since boot), to tell a
+    reused pid apart; None where /proc has no such process (or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` of this machine lives (a zombie counts as gone) and, when ``start``
+    (:func:`process_start` as recorded) is given, is still the process recorded (not a reused pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        state = ""
+    if state == "Z":
+        return False
+    if start is not None and Path("/proc").exists():
+        return process_start(pid) == start
     return True

@@ -58,7 +58,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tuneproof import clock
+from tuneproof import clock, procs
 from tuneproof.errors import CheckFailed, Stopped, Terminated, TuneproofError
 from tuneproof.io import (
     append_jsonl,
@@ -151,24 +151,12 @@ def override_flags(summary: dict[str, Any], *, with_reason: bool = True) -> list
 
 
 def _proc_start(pid: int) -> str | None:
-    """The kernel start time of ``pid`` (field 22 of /proc/PID/stat), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    """The kernel start time of ``pid`` (:func:`tuneproof.procs.process_start`), to tell a reused pid apart."""
+    return procs.process_start(pid)
 
 
 def _alive(pid: int, proc_start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if proc_start is not None and Path("/proc").exists():
-        return _proc_start(pid) == proc_start
-    return True
+    return procs.alive(pid, proc_start)
 
 
 @dataclass

@@ -932,6 +932,10 @@ class Registry:
         age = now - seen
         if row["host"] == socket.gethostname() and row["pid"] is not None:
             if not _alive(row["pid"], row["proc_start"]):
+                live = procs.live_processes(self.runs_dir / row["id"])  # ranks that outlived their launcher
+                if live:
+                    names = ", ".join(f"{p['name']} pid {p['pid']}" for p in live)
+                    return False, f"its launcher pid {row['pid']} is gone but {names} still run on this host"
                 return True, "process died without recording an end (found stale)"
             return False, f"live process pid {row['pid']} on this host"
         if age > STALE_AFTER_S:

@@ -92,3 +92,39 @@ def test_a_process_record_of_a_dead_or_reused_pid_is_not_alive(tmp_path):
     assert procs.live_processes(tmp_path) == []
     procs.record(tmp_path, "rank-1", os.getppid())
     assert [p["name"] for p in procs.live_processes(Path(tmp_path))] == ["rank-1"]
+
+
+SLOW_EXIT = (
+    "import atexit, sys, time\n"
+    "def library_cleanup():  # what torch / MLflow / concurrent.futures register\n"
+    "    print('cleanup', flush=True)\n"
+    "    time.sleep(30)\n"
+    "atexit.register(library_cleanup)\n"
+    "sys.argv = ['tuneproof', 'runs', '--help']\n"
+    "from tuneproof.cli import main\n"
+    "main()\n"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
+def test_a_second_ctrl_c_while_the_process_exits_ends_it_without_a_traceback(tmp_path):
+    """Issue 33 item 17: two Ctrl-C printed 'Exception ignored in atexit callback' and a traceback (the
+    second landed in a library's atexit cleanup). It ends the process at once with the command's code."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXIT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        for line in proc.stdout:
+            if line.strip() == "cleanup":
+                break
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert time.monotonic() - t0 < 10  # not the 30 s cleanup
+    assert proc.returncode == 0  # the code of the command (runs --help), not a crash
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert err.strip() == "Ctrl-C again: exiting without waiting for the libraries' cleanup"

@@ -52,6 +52,7 @@ import socket
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -79,6 +80,7 @@ DB_NAME = "tuneproof.sqlite"
 RECORD_FILE = "run.json"  # the run's own record, in its folder
 TEST_ACCESS_FILE = "test_access.json"
 HEARTBEAT_S = 30.0  # a live run writes its last-seen time this often (seconds)
+ORPHAN_AFTER_S = 60.0  # an empty run folder unknown to the index this old was left by a killed process
 STALE_AFTER_S = 300.0  # a running run unseen for this long (seconds) is stale, whatever its host
 RESERVE_FILE = ".tuneproof.reserve"  # ballast freed on a full disk so that the failure can still be recorded
 RESERVE_BYTES = 256 * 1024
@@ -581,6 +583,23 @@ class Registry:
         dirs = [d for d in self.runs_dir.iterdir() if d.is_dir() and _seq_of(d.name) is not None]
         return sorted(dirs, key=lambda d: (_seq_of(d.name), d.name))
 
+    def _drop_empty_orphans(self) -> list[str]:
+        """Remove run folders that are empty, unknown to the index and older than :data:`ORPHAN_AFTER_S`: a
+        process killed (``kill -9``) between making the folder and recording the run left them (nothing was
+        written into them; ``rmdir`` removes only an empty folder). Returns their names."""
+        known = {r[0] for r in self._conn.execute("SELECT id FROM runs")}
+        now = time.time()  # compared with the file system's mtime, not a recorded time
+        gone = []
+        for d in self._record_folders():
+            try:
+                if d.name in known or now - d.stat().st_mtime < ORPHAN_AFTER_S or any(d.iterdir()):
+                    continue
+                d.rmdir()
+            except OSError:
+                continue
+            gone.append(d.name)
+        return gone
+
     def _columns(self) -> list[str]:
         return [r["name"] for r in self._conn.execute("PRAGMA table_info(runs)")]
 
@@ -643,6 +662,10 @@ class Registry:
         taken: set[int] = set()
         for d in self._record_folders():
             seq = _seq_of(d.name)
+            with contextlib.suppress(OSError):
+                if not any(d.iterdir()):  # made by a process killed before it recorded anything: no run
+                    d.rmdir()
+                    continue
             try:
                 rec = read_json(d / RECORD_FILE)
                 if not isinstance(rec, dict) or rec.get("id") != d.name:
@@ -825,6 +848,7 @@ class Registry:
         try:
             with self._lock, self._conn:
                 self._conn.execute("BEGIN IMMEDIATE")
+                self._drop_empty_orphans()  # the number an empty folder of a killed process held is free again
                 seq = self._next_seq()
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
                 while True:

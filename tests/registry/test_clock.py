@@ -4,6 +4,8 @@ train run is read through the same clock."""
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -68,3 +70,35 @@ def test_an_edited_run_record_is_still_refused_by_its_hash(tmp_path):
     path.write_text(json.dumps(rec))
     with pytest.raises(CheckFailed, match="edited after it was written \\(ended "):
         reg.check_record(r.id)
+
+
+def test_an_empty_run_folder_left_by_a_killed_process_is_removed_and_its_number_reused(tmp_path):
+    """Issue 33 item 17: kill -9 between making runs/rNNNN and recording the run left an empty folder, which
+    a rebuild listed as an invalid run ('record lost') and which held its number for good."""
+    reg = Registry(tmp_path)
+    with reg.run("train") as r:
+        pass
+    orphan = tmp_path / "runs" / "r0002"
+    orphan.mkdir()
+    os.utime(orphan, (time.time() - 120, time.time() - 120))
+    fresh = tmp_path / "runs" / "r0003"
+    fresh.mkdir()  # another process may be recording it right now: kept
+    with reg.run("eval", parent=r.id) as e:
+        pass
+    assert e.id == "r0004" and not orphan.exists() and fresh.is_dir()
+    with reg.run("eval", parent=r.id) as e2:  # once the folder is old and still empty: gone too
+        pass
+    assert e2.id == "r0005"
+    os.utime(fresh, (time.time() - 120, time.time() - 120))
+    with reg.run("eval", parent=r.id) as e3:
+        pass
+    assert not fresh.exists() and e3.id == "r0006"
+    (tmp_path / "runs" / "r0007").mkdir()  # the last number, left empty: a rebuild lists no run for it
+    reg.close()
+    (tmp_path / "tuneproof.sqlite").unlink()
+    out = Registry.rebuild(tmp_path)
+    assert out["runs"] == [r.id, "r0004", "r0005", "r0006"] and out["lost"] == []
+    assert not (tmp_path / "runs" / "r0007").exists()
+    with Registry(tmp_path).run("eval") as e4:  # its number is free again
+        pass
+    assert e4.id == "r0007"

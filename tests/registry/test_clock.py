@@ -102,3 +102,24 @@ def test_an_empty_run_folder_left_by_a_killed_process_is_removed_and_its_number_
     with Registry(tmp_path).run("eval") as e4:  # its number is free again
         pass
     assert e4.id == "r0007"
+
+
+def test_training_after_the_first_test_read_is_found_by_run_order_not_by_the_clock(tmp_path):
+    """The clock's cousin in the sealed test split: a train run started after the first test read, with the
+    clock stepped back 1 h in between, was dated before the read and not named as reuse."""
+    from types import SimpleNamespace
+
+    from tuneproof.recipes.test_split import test_reuse
+
+    t = [2_000_000_000.0]
+    with clock.use(lambda: t[0]):
+        reg = Registry(tmp_path)
+        with reg.run("train") as first:
+            pass
+        with reg.run("test") as tr:
+            reg.log_test_access(tr.id, first.id, {"accuracy": 0.5})
+        t[0] -= 3600.0
+        with reg.run("train") as later:
+            pass
+        reasons = test_reuse(SimpleNamespace(registry=reg), first.id)
+    assert reasons[-1].startswith("training continued after the first test read (") and reasons[-1].endswith(later.id)

@@ -113,6 +113,16 @@ def exec_dying_with_parent(argv: list[str]) -> None:
     os.execvp(argv[0], argv)
 
 
+def dying_with_parent(argv: list[str], env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """``(command, environment)`` that run ``argv`` through ``python -m tuneproof.procs`` (it dies with this
+    process, :func:`exec_dying_with_parent`): :func:`child_env` of ``env``, with this tuneproof importable
+    (its folder first on ``PYTHONPATH``)."""
+    out = child_env(env)
+    src = str(Path(__file__).resolve().parents[1])
+    out["PYTHONPATH"] = src + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
+    return [sys.executable, "-m", "tuneproof.procs", *argv], out
+
+
 PROC_PREFIX = "proc-"  # runs/<id>/proc-<name>.json: one process of the run (:func:`record`)
 
 

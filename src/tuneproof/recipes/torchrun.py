@@ -232,12 +232,9 @@ def launch(cmd: list[str], run_dir: Path | None) -> int:
     :func:`tuneproof.procs.die_with_parent` (:func:`worker_main`); torchrun's pid is recorded in the run
     folder (``proc-torchrun.json``, :func:`tuneproof.procs.record`) beside each rank's."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env = procs.child_env(env)
+    wrapped, env = procs.dying_with_parent(cmd, env)  # with this tuneproof first on PYTHONPATH, for the ranks too
     log = open(run_dir / "launcher.log", "ab") if run_dir is not None else None  # noqa: SIM115
     try:
-        wrapped = [sys.executable, "-m", "tuneproof.procs", *cmd]
         proc = subprocess.Popen(wrapped, env=env, stderr=log, start_new_session=True)  # noqa: S603
         if run_dir is not None:
             procs.record(run_dir, "torchrun", proc.pid)  # the wrapper's pid is torchrun's after exec

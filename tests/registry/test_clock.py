@@ -34,7 +34,9 @@ def test_stop_reason_follows_the_clock_and_is_cleared_after_the_block():
     assert clock.stop_reason() is None
 
 
-def test_a_clock_step_back_during_a_run_is_recorded_as_read_and_flagged_never_taken_as_an_edit(tmp_path, capsys):
+def test_a_clock_step_back_during_a_run_is_recorded_as_read_and_flagged_never_taken_as_an_edit(
+    tmp_path, capsys, monkeypatch
+):
     """Issue 33 item 13: the clock stepped back 3 h while a train run ran. The run stays completed, its
     record passes the check export relies on, a rebuild lists it completed, and the run is flagged."""
     t = [2_000_000_000.0]
@@ -57,6 +59,12 @@ def test_a_clock_step_back_during_a_run_is_recorded_as_read_and_flagged_never_ta
     assert (again.status, again.reason) == ("completed", None)
     assert f"warning: run {r.id}: the clock went back while the run ran" in capsys.readouterr().err
     assert (tmp_path / "runs" / r.id / "log.txt").read_text().count("the clock went back") == 1
+    from tuneproof.recipes.runs import show_runs
+    from tuneproof.ui import console
+
+    monkeypatch.setattr(console, "_width", 200)
+    show_runs(tmp_path)
+    assert "clock went back 3.00 h while it ran" in capsys.readouterr().out  # the run list names the flag
 
 
 def test_an_edited_run_record_is_still_refused_by_its_hash(tmp_path):

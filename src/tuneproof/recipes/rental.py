@@ -311,6 +311,14 @@ def _flag_past_end(study_dir: Path, runs: list[str], command: str, ends: float, 
     _say([f"{note}: {', '.join(runs) or 'no run'} flagged; its hours count up to the end"])
 
 
+def _manifest_sha(bundle: Path) -> str | None:
+    """sha256 of the bundle's ``manifest.json`` as verified (None when it cannot be read)."""
+    try:
+        return sha256_file(Path(bundle) / "manifest.json")
+    except OSError:
+        return None
+
+
 def variant_budget(ctx: StudyContext, parent: str, sets: list[str], grid: str | None) -> tuple[int, int]:
     """``(steps of the largest variant, number of variants)`` that ``train --from parent`` makes."""
     if grid:
@@ -371,7 +379,7 @@ def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False
             "started": start,
             "chosen": "--run" if run else "best passed candidate",
             # the manifest verified now: a later status claims the delivery only while it is this one
-            "manifest_sha256": sha256_file(Path(bundle) / "manifest.json") if report.get("passed") else None,
+            "manifest_sha256": _manifest_sha(bundle) if report.get("passed") else None,
         }
         rental = _require(ctx.study_dir)
         rental["delivered"] = delivered

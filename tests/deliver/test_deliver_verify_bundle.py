@@ -65,6 +65,7 @@ def test_missing_file_is_named(bundle_copy):
         run_verify(bundle_copy)
 
 
+@pytest.mark.fault("tampering: a file added to a bundle")
 def test_an_extra_file_alone_fails_the_bundle_and_is_named(bundle_copy, capsys):
     """Issue 33 item 17: a bundle with one file added (a tokenizer file the loader may pick up)
     and nothing else changed passed verify without naming it."""

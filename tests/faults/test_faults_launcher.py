@@ -44,6 +44,7 @@ def _wait(cond, timeout: float = 90.0) -> bool:
     return False
 
 
+@pytest.mark.fault("leftovers: ranks outliving a killed launcher")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_kill_9_of_the_launcher_kills_torchrun_and_its_ranks_and_resume_waits_for_them(tmp_path):
     reg = Registry(tmp_path)
@@ -106,6 +107,7 @@ SLOW_EXIT = (
 )
 
 
+@pytest.mark.fault("machine: two Ctrl-C")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
 def test_a_second_ctrl_c_while_the_process_exits_ends_it_without_a_traceback(tmp_path):
     """Issue 33 item 17: two Ctrl-C printed 'Exception ignored in atexit callback' and a traceback (the

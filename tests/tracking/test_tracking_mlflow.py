@@ -212,6 +212,7 @@ def test_a_tracker_that_is_down_is_said_once_per_command_and_retried(tmp_path, b
     assert read_json(study / "runs" / ids[0] / "tracking.json")["pending"] is False
 
 
+@pytest.mark.fault("machine: a tracker answering HTTP 500")
 def test_a_server_that_answers_http_500_is_said_with_its_status_not_as_no_answer(tmp_path, base, capsys):
     """Issue 33 item 17: an MLflow server answering 500 was reported as "(no answer)"."""
     import threading

@@ -77,7 +77,10 @@ def process_start(pid: int) -> str | None:
 
 def alive(pid: int, start: str | None = None) -> bool:
     """Whether process ``pid`` of this machine lives (a zombie counts as gone) and, when ``start``
-    (:func:`process_start` as recorded) is given, is still the process recorded (not a reused pid)."""
+    (:func:`process_start` as recorded) is given, is still the process recorded (not a reused pid). A pid
+    below 1 names no one process (``kill(0)`` would signal a group): not alive."""
+    if pid < 1:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -90,6 +90,7 @@ def test_a_process_record_of_a_dead_or_reused_pid_is_not_alive(tmp_path):
     rec = (tmp_path / "proc-rank-1.json").read_text()
     (tmp_path / "proc-rank-1.json").write_text(rec.replace('"proc_start": "', '"proc_start": "1'))  # a reused pid
     (tmp_path / "proc-rank-2.json").write_text("{not json")
+    procs.record(tmp_path, "rank-3", 0)  # pid 0 would be this process group to kill(2)
     assert procs.live_processes(tmp_path) == []
     procs.record(tmp_path, "rank-1", os.getppid())
     assert [p["name"] for p in procs.live_processes(Path(tmp_path))] == ["rank-1"]

@@ -117,7 +117,7 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
     for s in names:
         for ex in splits[s]:
             if not _is_empty(ex.label):
-                by_text[normalise(ex.text)].append((s, ex))
+                by_text[normalise(ex.dedup_text())].append((s, ex))
     conflicts = []
     for text, members in by_text.items():
         labels = sorted({str(ex.label) for _, ex in members})

@@ -754,25 +754,50 @@ def resolve_path(raw: str, base_dir: Path, data_root: Path | None = None) -> Pat
     return path if path.is_absolute() else base_dir / path
 
 
+def is_pattern(raw: str, base_dir: Path, data_root: Path | None = None) -> bool:
+    """Whether a ``data.sources[].path`` is read as a glob pattern: it has ``*``, ``?`` or ``[`` and no
+    file or folder has that very name (a literal path comes first: ``data/set [v2]/train.csv`` is a file)."""
+    return any(c in raw for c in _GLOB_CHARS) and not resolve_path(raw, base_dir, data_root).exists()
+
+
+def _pattern(raw: str, base_dir: Path, data_root: Path | None) -> tuple[str, Path]:
+    """``(glob pattern, the folder before its first wildcard)`` of a ``data.sources[].path``: the study
+    folder or the data root it is read from is escaped (``glob.escape``), so that a ``[`` in their names
+    is a character; only what the study file wrote is a pattern."""
+    if raw.startswith("$DATA/") or raw == "$DATA":
+        prefix, rel = (data_root if data_root is not None else find_data_root()), raw[len("$DATA/") :]
+    else:
+        p = Path(raw).expanduser()
+        prefix, rel = (None, str(p)) if p.is_absolute() else (base_dir, raw)
+    parts = Path(rel).parts
+    fixed = Path(*parts[: next((i for i, q in enumerate(parts) if any(c in q for c in _GLOB_CHARS)), len(parts))])
+    if prefix is None:
+        return rel, fixed
+    return os.path.join(glob.escape(str(prefix)), rel), Path(prefix) / fixed
+
+
 def expand(src, base_dir: Path, data_root: Path | None = None) -> list[Path]:
     """The files (or, for ``lines`` / ``hf`` / built-ins, folders) one source entry names: its
-    path, or every match of a glob pattern (``folds/fold*.json``, ``train/*.jsonl``), sorted.
+    path, or every match of a glob pattern (``folds/fold*.json``, ``train/*.jsonl``), sorted. A path
+    that exists is read as written, whatever characters it holds (:func:`is_pattern`).
 
     Raises:
         TuneproofError: a glob pattern that matches nothing (names the pattern).
     """
     path = resolve_path(src.path, base_dir, data_root)
-    if not any(c in src.path for c in _GLOB_CHARS):
+    if not is_pattern(src.path, base_dir, data_root):
         return [path]
-    matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+    pattern, _ = _pattern(src.path, base_dir, data_root)
+    matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
     if src.format in ("lines", "hf"):
         matches = [p for p in matches if p.is_dir()]
     else:
         matches = [p for p in matches if p.is_file()]
     if not matches:
+        what = "folder" if src.format in ("lines", "hf") else "file"
         raise TuneproofError(
-            f"{path}: the pattern matches no {'folder' if src.format in ('lines', 'hf') else 'file'}",
-            hint="fix data.sources[].path in tuneproof.yaml",
+            f"{path}: no such {what}, and read as a glob pattern it matches no {what}",
+            hint="fix data.sources[].path in tuneproof.yaml (in a pattern, a literal '[' is written '[[]')",
         )
     return matches
 
@@ -791,12 +816,6 @@ def source_files(src, base_dir: Path, data_root: Path | None = None, fields=None
         else:
             out.append(p)
     return out
-
-
-def _glob_root(pattern: str) -> Path:
-    parts = Path(pattern).parts
-    fixed = [p for p in parts[: next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))]]
-    return Path(*fixed) if fixed else Path(".")
 
 
 def load_source(
@@ -819,8 +838,8 @@ def load_source(
         TuneproofError: see the loaders; ``data.fields`` set for ``snips`` (its fields are fixed).
     """
     paths = expand(src, base_dir, data_root)
-    globbed = any(c in src.path for c in _GLOB_CHARS)
-    root = _glob_root(str(resolve_path(src.path, base_dir, data_root))) if globbed else None
+    globbed = is_pattern(src.path, base_dir, data_root)
+    root = _pattern(src.path, base_dir, data_root)[1] if globbed else None
     out: list[Example] = []
     repairs: list[str] = []
     for path in paths:

@@ -12,6 +12,7 @@ import socket
 import sqlite3
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from tuneproof.registry.records import (
     _now,
     _seq_of,
     record_disagreement,
+    clock_flag,
+    iso,
     record_problem,
     record_sha256,
 )
@@ -50,6 +53,7 @@ from tuneproof.registry.signals import Lifecycle
 #: ``meta`` keys a rebuild carries over from the index it replaces, when that one can still be read (the seal of the
 #: frozen hypothesis, :mod:`tuneproof.hypothesis`, outlives the run that froze it)
 KEPT_META = ("hypothesis_seal",)
+ORPHAN_AFTER_S = 60.0  # an empty run folder unknown to the index this old was left by a killed process
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -215,6 +219,23 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         dirs = [d for d in self.runs_dir.iterdir() if d.is_dir() and _seq_of(d.name) is not None]
         return sorted(dirs, key=lambda d: (_seq_of(d.name), d.name))
 
+    def _drop_empty_orphans(self) -> list[str]:
+        """Remove run folders that are empty, unknown to the index and older than :data:`ORPHAN_AFTER_S`: a
+        process killed (``kill -9``) between making the folder and recording the run left them (nothing was
+        written into them; ``rmdir`` removes only an empty folder). Returns their names."""
+        known = {r[0] for r in self._conn.execute("SELECT id FROM runs")}
+        now = time.time()  # compared with the file system's mtime, not a recorded time
+        gone = []
+        for d in self._record_folders():
+            try:
+                if d.name in known or now - d.stat().st_mtime < ORPHAN_AFTER_S or any(d.iterdir()):
+                    continue
+                d.rmdir()
+            except OSError:
+                continue
+            gone.append(d.name)
+        return gone
+
     def _columns(self) -> list[str]:
         return [r["name"] for r in self._conn.execute("PRAGMA table_info(runs)")]
 
@@ -331,6 +352,10 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         hashed: str | None = None  # the first run folder whose record carries record_sha256
         for d in self._record_folders():
             seq = _seq_of(d.name)
+            with contextlib.suppress(OSError):
+                if not any(d.iterdir()):  # made by a process killed before it recorded anything: no run
+                    d.rmdir()
+                    continue
             try:
                 rec = read_json(d / RECORD_FILE)
                 if not isinstance(rec, dict) or rec.get("id") != d.name:
@@ -536,6 +561,7 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         try:
             with self._lock, self._conn:
                 self._conn.execute("BEGIN IMMEDIATE")
+                self._drop_empty_orphans()  # the number an empty folder of a killed process held is free again
                 seq = self._next_seq()
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
                 while True:
@@ -577,7 +603,22 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         """Set the final status (completed, failed, interrupted, invalid) and the end time."""
         if status not in STATUSES or status == "running":
             raise ValueError(status)
-        self._update(run_id, status=status, reason=reason, ended=_now())
+        ended = _now()
+        self._update(run_id, status=status, reason=reason, ended=ended, **self._clock_fields(run_id, ended))
+
+    def _clock_fields(self, run_id: str, ended: float) -> dict[str, Any]:
+        """``{"summary": ...}`` with :func:`~tuneproof.registry.records.clock_flag` added when the run ends
+        before it started (the clock went back), else ``{}``; a line in the run's log and on stderr says so."""
+        row = self._conn.execute("SELECT created, summary FROM runs WHERE id = ?", (run_id,)).fetchone()
+        flag = clock_flag(row["created"], ended) if row is not None else None
+        if flag is None:
+            return {}
+        summary = {**json.loads(row["summary"] or "{}"), "clock_went_back": flag}
+        print(f"warning: run {run_id}: {flag['note']}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            with open(self.runs_dir / run_id / "log.txt", "a", encoding="utf-8") as fh:
+                fh.write(f"{iso(ended)} {flag['note']}\n")
+        return {"summary": json.dumps(summary, default=str)}
 
     def _finish_quietly(self, run_id: str, status: str, reason: str) -> None:
         """:meth:`finish` when the machine may be failing: the index row first; ``run.json`` if it

@@ -125,7 +125,11 @@ def record_problem(
     written by a tuneproof that hashes its records (its ``schema_version`` is :data:`RECORD_SCHEMA` or more, or
     ``hash_expected`` says why: the index kept its hash, an earlier run carries one); a ``record_sha256`` that
     does not match its fields (an edit by hand), naming the first field that differs from ``index`` when
-    given; an end before the start. None when it is whole (a record of schema 1 without a hash included)."""
+    given. None when it is whole (a record of schema 1 without a hash included).
+
+    Times are never evidence of an edit: an end before the start is the machine's clock stepping back while
+    the run ran (recorded as read and flagged by :meth:`Registry.finish`, ``summary.clock_went_back``);
+    tampering is what the hash tells."""
     if "record_sha256" not in found:
         schema = found.get("schema_version")
         why = (
@@ -145,9 +149,6 @@ def record_problem(
                 if found.get(k) != index.get(k):
                     return f"{k} {_short(found.get(k))} in the file, {_short(index.get(k))} in the index"
         return f"record_sha256 {str(found.get('record_sha256'))[:16]} does not match its fields"
-    created, ended = found.get("created"), found.get("ended")
-    if isinstance(created, (int, float)) and isinstance(ended, (int, float)) and ended < created:
-        return f"ended {ended} before created {created}"
     return None
 
 
@@ -159,6 +160,19 @@ def record_disagreement(found: dict[str, Any], index: dict[str, Any]) -> str | N
         if found.get(k) != index.get(k):
             return f"{k} {_short(found.get(k))} in the file, {_short(index.get(k))} in the index"
     return None
+
+
+def clock_flag(created: Any, ended: float) -> dict[str, Any] | None:
+    """``summary.clock_went_back`` of a run that ends at ``ended`` (seconds since the epoch, as read) before
+    it was ``created``: the machine's clock stepped back while it ran. Both times are kept as read; the
+    flag says so (``{"seconds": created - ended, "note": ...}``). None when the end is not before the start."""
+    if not isinstance(created, (int, float)) or ended >= created:
+        return None
+    return {
+        "seconds": round(created - ended, 3),
+        "note": f"the clock went back while the run ran: it ended {iso(ended)} UTC, before it started "
+        f"{iso(created)} UTC (times as read; check the machine's clock)",
+    }
 
 
 def _short(value: Any) -> str:

@@ -201,7 +201,7 @@ class ImageTransforms(_Strict):
 class Data(_Strict):
     sources: list[Source] = Field(description="where the examples come from")
     fields: FieldMap = Field(default_factory=FieldMap, description="column mapping")
-    cleaning: list[Literal["strip", "collapse_whitespace", "nfkc", "drop_empty"]] = Field(
+    cleaning: list[Literal["strip", "collapse_whitespace", "nfkc", "remove_invisible", "drop_empty"]] = Field(
         default_factory=lambda: ["strip", "collapse_whitespace", "drop_empty"], description="ordered cleaning rules"
     )
     split: SplitPolicy = Field(default_factory=SplitPolicy, description="split policy")

@@ -15,7 +15,14 @@ from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
 from tuneproof.data.sources import load_source, source_files
-from tuneproof.data.split import balanced_take, build_splits, check_unique_ids, freeze_or_reuse
+from tuneproof.data.split import (
+    MANIFEST,
+    balanced_take,
+    build_splits,
+    check_unique_ids,
+    freeze_or_reuse,
+    split_settings,
+)
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_json
 from tuneproof.modalities import Modality, detect_kind, modality_for
@@ -28,6 +35,7 @@ from tuneproof.registry import Registry
 from tuneproof.study import STUDY_FILE, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
 from tuneproof.tracking import attach
+from tuneproof.ui import console
 
 
 def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
@@ -112,7 +120,14 @@ class StudyContext:
             grouping=lambda: self.split_info.get("grouping"),
             subset=lambda: self.split_info.get("subset"),
             info=self.split_info,
+            settings=split_settings(data.split, data.test_split, data.dedup),
+            runs_using=self.runs_using_splits,
         )
+        if self.split_info.get("resplit"):
+            console.print(
+                f"[yellow]{MANIFEST} cut again[/] (no run had used it): " + "; ".join(self.split_info["resplit"]),
+                soft_wrap=True,
+            )
         self.dedup_dropped: list[str] = []
         if self.study.data.dedup.policy == "drop-from-train":
             d = self.study.data.dedup
@@ -128,6 +143,10 @@ class StudyContext:
         if "train" not in splits:
             raise TuneproofError(f"{self.study_dir / STUDY_FILE}: no 'train' split (splits: {sorted(splits)})")
         return splits
+
+    def runs_using_splits(self) -> list[str]:
+        """Ids of the runs that used the frozen split manifest: every run but a data check (which only reads)."""
+        return [r.id for r in self.registry.list() if r.kind != "data-check"]
 
     def split(self, name: str, *, allow_test: bool = False) -> list[Example]:
         """One split. The reserved test split raises unless ``allow_test`` (only `tuneproof test` sets it).

@@ -164,6 +164,9 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
     manifest = ctx.study_dir / MANIFEST
     caps = subset_line(read_json(manifest), s.data.split) if manifest.exists() else None
     lines += [caps] if caps else []
+    resplit = getattr(ctx, "split_info", {}).get("resplit")
+    if resplit:
+        lines.append(f"{MANIFEST} cut again (no run had used it): " + "; ".join(resplit))
     legacy = getattr(ctx, "split_info", {}).get("legacy_ids")
     if legacy:
         lines.append(

@@ -176,6 +176,15 @@ class StudyContext:
             items = balanced_take(items, self.study.eval.max_examples, self.study.data.split.seed)
         return items
 
+    def test_examples(self) -> list[Example]:
+        """The reserved test split as ``tuneproof test`` reads it, capped by ``eval.max_examples`` as the
+        evaluation split is (the same class-balanced draw and seed, :func:`~tuneproof.data.split.balanced_take`).
+        Only ``test`` and the data check may call it."""
+        items = self.split(self.study.data.test_split, allow_test=True)
+        if self.study.eval.max_examples:
+            items = balanced_take(items, self.study.eval.max_examples, self.study.data.split.seed)
+        return items
+
     # ------------------------------------------------------------------ model
     @cached_property
     def base(self):

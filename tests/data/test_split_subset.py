@@ -147,3 +147,20 @@ def test_data_that_lost_ids_is_split_again_when_no_run_used_the_manifest(tmp_pat
     assert info["resplit"] == ["1 example ids it names are not in the data any more"]
     with pytest.raises(TuneproofError, match="example ids of split 'train' are not in the data any more"):
         _freeze(tmp_path, [e for e in fewer if e.id != "train-a000"], SplitPolicy(), ["r0001"])
+
+
+def test_the_balanced_eval_subset_counts_each_class_of_a_list_label():
+    # drawn per distinct list ('["a", "b"]', '["a"]', '["b"]', '["c"]' in sorted order), 3 examples never hold 'c'
+    ex = [Example(id="ab", text="t ab", label='["a", "b"]', split="validation")]
+    for lab in "abc":
+        ex += [
+            Example(id=f"{lab}{i:02d}", text=f"t {lab} {i}", label=f'["{lab}"]', split="validation") for i in range(10)
+        ]
+    picked = balanced_take(ex, 3, seed=13)
+    held = Counter(c for e in picked for c in json.loads(e.label))
+    assert len(picked) == 3 and set(held) == {"a", "b", "c"}  # each draw goes to the class held least so far
+    many = Counter(c for e in balanced_take(ex, 15, seed=13) for c in json.loads(e.label))
+    assert max(many.values()) - min(many.values()) <= 1
+    assert balanced_take(ex, 3, seed=13) == picked  # seeded
+    # single labels draw exactly as before
+    assert Counter(e.label for e in balanced_take(_examples(), 20, seed=13)) == {"a": 6, "b": 5, "c": 5, "d": 4}

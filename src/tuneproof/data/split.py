@@ -18,6 +18,7 @@ never silently ignored. The reserved test split is withheld from every stage exc
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
@@ -50,13 +51,70 @@ def _label_queues(examples: list[Example], seed: int) -> tuple[list, list[list[E
     return labels, queues
 
 
+def label_classes(label: str | None) -> tuple[str, ...] | None:
+    """The classes an example's label names: a JSON array of strings (a multi-label example, or a
+    list-valued intent, kept by the reader as its JSON text) gives its members, sorted and unique;
+    any other label is one class. None for a label that is not a list."""
+    if not isinstance(label, str) or not label.startswith("["):
+        return None
+    try:
+        value = json.loads(label)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        return None
+    return tuple(sorted(set(value)))
+
+
+def _balanced_take_sets(examples: list[Example], n: int, seed: int) -> list[Example]:
+    """:func:`balanced_take` when labels are lists: each draw goes to the class held by the fewest
+    drawn examples so far (ties: sorted order) that still has an undrawn holder, from a seeded shuffle
+    of the examples holding it; a drawn example counts for every class it holds. So every class is
+    held by about the same number of drawn examples, whatever combinations the lists form (one
+    distinct list per example, as in NLU++, would otherwise decide the draw by the lists' sort
+    order). Examples with an empty list form the class ``"[]"``."""
+    rng = np.random.default_rng(seed)
+    holders: dict[str, list[Example]] = defaultdict(list)
+    classes_of: dict[str, tuple[str, ...]] = {}
+    for ex in examples:
+        classes = label_classes(ex.label)
+        if classes is None:  # a plain label beside list labels: its own class
+            classes = (str(ex.label),)
+        classes_of[ex.id] = classes or ("[]",)
+        for c in classes_of[ex.id]:
+            holders[c].append(ex)
+    queues: dict[str, list[Example]] = {}
+    for c in sorted(holders):
+        items = sorted(holders[c], key=lambda e: e.id)
+        queues[c] = [items[i] for i in rng.permutation(len(items))]
+    held = dict.fromkeys(queues, 0)
+    picked: dict[str, Example] = {}
+    while len(picked) < n:
+        for q in queues.values():
+            while q and q[-1].id in picked:
+                q.pop()
+        open_ = [c for c, q in queues.items() if q]
+        if not open_:
+            break
+        c = min(open_, key=lambda k: held[k])  # min keeps the first of equals: sorted order
+        ex = queues[c].pop()
+        picked[ex.id] = ex
+        for k in classes_of[ex.id]:
+            held[k] += 1
+    return sorted(picked.values(), key=lambda e: e.id)
+
+
 def balanced_take(examples: list[Example], n: int, seed: int) -> list[Example]:
     """A class-balanced subset of ``n`` examples, in id order: the same number per label (a round
     robin over the labels in sorted order, each drawing from its seeded shuffle), so every label gets
     ``n // n_labels`` examples, or all it has when fewer; the class proportions are not kept
-    (``data.split.subset: balanced``; ``eval.max_examples`` always draws this way)."""
+    (``data.split.subset: balanced``; ``eval.max_examples`` always draws this way). When labels are
+    lists (multi-label, a list-valued intent: :func:`label_classes`), each member class counts, not
+    each distinct list."""
     if n >= len(examples):
         return list(examples)
+    if any(label_classes(e.label) is not None for e in examples):
+        return _balanced_take_sets(examples, n, seed)
     _, queues = _label_queues(examples, seed)
     picked: list[Example] = []
     while len(picked) < n:

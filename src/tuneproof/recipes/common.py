@@ -344,7 +344,7 @@ def evaluate_into(
         for e, p in zip(examples, preds)
     ]
     records, metrics = get_task(ctx.task).score(
-        records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg)
+        records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg, examples=examples)
     )
     write_jsonl(run.path("outputs.jsonl"), records)
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change

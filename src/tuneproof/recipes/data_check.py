@@ -194,9 +194,9 @@ def _guard_support(ctx: StudyContext) -> list[dict]:
     s = ctx.study
     if not any(g.metric.startswith(("per_class_", "per_field_")) for g in s.hypothesis.guards):
         return []
-    # what baseline and eval will predict (the eval.max_examples subset); `test` predicts its whole split
+    # what baseline, eval and test will predict (each capped by eval.max_examples)
     test = s.eval.split == s.data.test_split
-    items = ctx.split(s.eval.split, allow_test=True) if test else ctx.eval_examples()
+    items = ctx.test_examples() if test else ctx.eval_examples()
     return guard_support(s.hypothesis, ctx.task, items, task_config(ctx), s.eval.split)
 
 

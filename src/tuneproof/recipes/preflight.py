@@ -272,7 +272,7 @@ def _model_checks(
         rep.run("bf16 base weights", lambda: check_bf16_base_weights(ctx, model, usable, pad, autocast))
         if "speedups_auto" in state and not rep.get("bf16 base weights")["passed"]:
             cfg = _auto_left_off(ctx, rep, state, "bf16 base weights", "bf16_base_weights")
-    rep.run("update check", lambda: check_update_step(model, probe, autocast))
+    rep.run("update check", lambda: check_update_step(model, probe, autocast, cfg))
     # tests/training/test_qlora.py: storage shardable, loss / grad norm of a real step sane
     if ctx.study.method.kind == "qlora":
         rep.run("qlora storage", lambda: check_qlora_storage(ctx))

@@ -581,6 +581,21 @@ def backward_window(
     return total, tokens, vocab
 
 
+def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    """The optimizer a run steps: ``torch.optim.AdamW`` over the model's ``requires_grad`` tensors
+    (``lr = cfg.learning_rate``, decoupled ``weight_decay = cfg.weight_decay``, Loshchilov and Hutter
+    2019). The training loop, the preflight's update check and step-memory check all build it here,
+    so the update check proves what this optimizer does (and whatever tensors it holds).
+
+    Raises:
+        CheckFailed: no tensor requires a gradient (the method froze everything).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise CheckFailed("no trainable parameters: the method froze everything", hint="check method.target_modules")
+    return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+
 def train(
     model,
     train_set: list[Encoded],
@@ -631,10 +646,11 @@ def train(
     fwd = world.wrapped if world is not None else model  # DDP wrapper / FSDP2 module / the model
     plan = budget(cfg, n, ws)
     steps = plan["total_steps"]
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise CheckFailed("no trainable parameters: the method froze everything", hint="check method.target_modules")
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = build_optimizer(model, cfg)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # a .grad left from before (a backward before a tensor was frozen, an earlier caller) would be
+    # added to the first window's gradient and, on a tensor the optimizer holds, stepped: clear them all
+    model.zero_grad(set_to_none=True)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=steps)
     layout = use_speedups(
         model,

@@ -8,6 +8,7 @@ is dropped: the command's work and its run are not failed by it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import typer
 import typer.core
 
 from tuneproof.errors import TuneproofError
-from tuneproof.ui import console, user_text
+from tuneproof.ui import console, json_stdout, print_json, user_text
 
 #: an error message quotes the user's values (paths, keys, rows): shown through user_text, cut after this
 ERROR_LIMIT = 10_000
@@ -395,7 +396,8 @@ def env(json_: bool = typer.Option(False, "--json", help="print the snapshot as 
     """What this machine is (Python, torch and its CUDA/ROCm build, devices, libraries), as recorded in every run."""
     from tuneproof.recipes.env import run_env  # noqa: PLC0415
 
-    run_env(as_json=json_)
+    with json_stdout() if json_ else contextlib.nullcontext():
+        run_env(as_json=json_)
 
 
 @app.command("eval")
@@ -426,7 +428,8 @@ def runs(
         return
     from tuneproof.recipes.runs import show_runs  # noqa: PLC0415
 
-    show_runs(study, tree=tree, as_json=json_)
+    with json_stdout() if json_ else contextlib.nullcontext():
+        show_runs(study, tree=tree, as_json=json_)
 
 
 @runs_app.command("mark-interrupted")
@@ -538,25 +541,23 @@ def compare(
 
     ctx = _ctx(study)
     quiet = console.quiet
-    console.quiet = quiet or json_  # stdout carries only the JSON
+    console.quiet = quiet or json_  # the screen is off; stdout carries only the JSON (json_stdout)
     try:
-        run_id = run_compare(
-            ctx,
-            runs,
-            against=against,
-            allow_different_procedure=allow_different_procedure,
-            use_edited_hypothesis=use_edited_hypothesis,
-        )
+        with json_stdout() if json_ else contextlib.nullcontext():
+            run_id = run_compare(
+                ctx,
+                runs,
+                against=against,
+                allow_different_procedure=allow_different_procedure,
+                use_edited_hypothesis=use_edited_hypothesis,
+            )
+            verdict = ctx.registry.get(run_id).summary.get("verdict")
+            if json_:
+                from tuneproof.io import read_json  # noqa: PLC0415
+
+                print_json({"run": run_id, **read_json(ctx.registry.runs_dir / run_id / "compare.json")})
     finally:
         console.quiet = quiet
-    verdict = ctx.registry.get(run_id).summary.get("verdict")
-    if json_:
-        import json  # noqa: PLC0415
-
-        from tuneproof.io import read_json  # noqa: PLC0415
-
-        data = read_json(ctx.registry.runs_dir / run_id / "compare.json")
-        sys.stdout.write(json.dumps({"run": run_id, **data}, indent=2, default=str) + "\n")
     if verdict == "fail":  # the comparison ran; the hypothesis did not hold: a failed protocol check
         if not json_:
             console.print(f"compare run [bold]{run_id}[/]: verdict fail (exit 3)")
@@ -598,17 +599,18 @@ def show(
     """Per-example outputs of an evaluation run, filtered."""
     from tuneproof.recipes.show import run_show  # noqa: PLC0415
 
-    run_show(
-        _ctx(study),
-        run,
-        regressed=regressed,
-        fixed=fixed,
-        category=category,
-        field=field,
-        against=against,
-        limit=limit,
-        as_json=json_,
-    )
+    with json_stdout() if json_ else contextlib.nullcontext():
+        run_show(
+            _ctx(study),
+            run,
+            regressed=regressed,
+            fixed=fixed,
+            category=category,
+            field=field,
+            against=against,
+            limit=limit,
+            as_json=json_,
+        )
 
 
 @data_app.command("check")
@@ -753,7 +755,8 @@ def rental_status(
     """Each phase planned vs used, hours left, the reserve still needed, the next protocol step."""
     from tuneproof.recipes.rental import run_status  # noqa: PLC0415
 
-    run_status(_ctx(study), as_json=json_)
+    with json_stdout() if json_ else contextlib.nullcontext():
+        run_status(_ctx(study), as_json=json_)
 
 
 @rental_app.command("deliver")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import html
+import json
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,30 @@ from rich.table import Table
 console = Console(highlight=False)
 #: what ends a command early (interruptions) goes to stderr, so that ``--json`` output stays clean
 err_console = Console(highlight=False, stderr=True)
+
+#: the real stdout of each ``--json`` command running (innermost last): :func:`print_json` writes there
+_JSON_STDOUT: list = []
+
+
+@contextlib.contextmanager
+def json_stdout() -> Iterator[None]:
+    """While a ``--json`` command runs: stdout carries nothing but its JSON. Whatever else writes to
+    ``sys.stdout`` (the screen's lines, a tracker's library such as MLflow's "View run ... at: URL",
+    a stray ``print``) goes to stderr; :func:`print_json` writes to the real stdout."""
+    _JSON_STDOUT.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STDOUT.pop()
+
+
+def print_json(data) -> None:
+    """``data`` as indented JSON (``default=str``) on the command's stdout, the real one under
+    :func:`json_stdout`; flushed."""
+    out = _JSON_STDOUT[-1] if _JSON_STDOUT else sys.stdout
+    out.write(json.dumps(data, indent=2, default=str) + "\n")
+    out.flush()
 
 
 #: user text longer than this is cut by :func:`user_text` (and its Markdown/HTML companions): a

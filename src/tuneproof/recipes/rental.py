@@ -27,8 +27,6 @@ Without ``rental.json`` in the study, :func:`spend` does nothing.
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,7 @@ from tuneproof.recipes.variants import plan_grid, plan_variant
 from tuneproof.recipes.verify import run_verify
 from tuneproof.registry import Registry, study_relative
 from tuneproof.training.budget import total_steps
-from tuneproof.ui import console, err_console, table, user_text
+from tuneproof.ui import console, err_console, print_json, table, user_text
 
 OVERRIDE_FLAG = "--use-reserve"
 
@@ -111,7 +109,7 @@ def run_status(ctx: StudyContext, *, as_json: bool = False) -> dict[str, Any]:
         rent.save(ctx.study_dir, rental)
     st = rent.status(rental, ctx.registry, ctx.study_dir, now, study_work(ctx))
     if as_json:
-        sys.stdout.write(json.dumps(st, indent=2, default=str) + "\n")
+        print_json(st)
         return st
     _say(said)
     print_status(st)

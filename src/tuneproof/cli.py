@@ -248,7 +248,8 @@ def train(
 
     The step budget is set in tuneproof.yaml: training.max_steps or training.epochs (one of them),
     with training.micro_batch_size x training.gradient_accumulation_steps examples per optimizer step.
-    Refuses unless the data check passed, a baseline matches the evaluation procedure and a preflight passed.
+    Needs a passed data check and preflight for this configuration (each runs inline first when missing;
+    --skip-data-check / --skip-preflight REASON go without, recorded) and a baseline matching the evaluation procedure.
     """
     from tuneproof.recipes.train import TrainOptions, run_train  # noqa: PLC0415
 

@@ -72,6 +72,7 @@ def generate(
     autocast,
     progress: Callable[[int], None] | None = None,
     sort_by_length: bool = True,
+    token_progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Generated answers (special tokens removed, surrounding whitespace stripped), one per example.
 
@@ -81,6 +82,9 @@ def generate(
         progress: called with the number of examples finished after each batch.
         sort_by_length: batch the prompts in length order (less padding; the outputs are returned
             in the order of ``examples`` either way).
+        token_progress: called at each decoding step with the rows of the batch (one token slot
+            each), and after a batch with the slots it left unused (a batch that ended early), so
+            the calls add up to ``len(examples) x eval_cfg.max_new_tokens``.
     """
     return generate_prompts(
         model,
@@ -91,7 +95,26 @@ def generate(
         autocast=autocast,
         progress=progress,
         sort_by_length=sort_by_length,
+        token_progress=token_progress,
     )
+
+
+def _token_counter(report: Callable[[int], None]):
+    """A transformers ``StoppingCriteria`` that never stops: it reports the batch rows at each decoding
+    step (``__call__(input_ids [B, T], scores) -> BoolTensor [B]`` of False) and counts the steps."""
+    import torch  # noqa: PLC0415 - torch on first use: the study context imports this module
+    from transformers import StoppingCriteria  # noqa: PLC0415 - transformers on first use, as torch
+
+    class TokenCounter(StoppingCriteria):
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.steps += 1
+            report(int(input_ids.shape[0]))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return TokenCounter()
 
 
 def generate_prompts(
@@ -104,6 +127,7 @@ def generate_prompts(
     autocast,
     progress: Callable[[int], None] | None = None,
     sort_by_length: bool = True,
+    token_progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """:func:`generate` on prompt texts already rendered (``pipeline.prompt_text``): each prompt is
     tokenized without added special tokens (the chat template holds them), batches of
@@ -133,10 +157,18 @@ def generate_prompts(
                 kwargs["temperature"] = eval_cfg.temperature
             else:
                 kwargs.update(temperature=None, top_p=None, top_k=None)
+            counter = None
+            if token_progress is not None:
+                from transformers import StoppingCriteriaList  # noqa: PLC0415 - transformers on first use
+
+                counter = _token_counter(token_progress)
+                kwargs["stopping_criteria"] = StoppingCriteriaList([counter])
             with autocast():
                 gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
             for r, i in enumerate(idx):
                 out[i] = tokenizer.decode(gen[r, width:], skip_special_tokens=True).strip()
+            if counter is not None and counter.steps < eval_cfg.max_new_tokens:  # ended early: the slots left
+                token_progress(len(idx) * (eval_cfg.max_new_tokens - counter.steps))
             if progress:
                 progress(len(idx))
     return out
@@ -257,8 +289,23 @@ class TextModality(Modality):
         return task.audit(splits, cfg)
 
     # 4. prediction
+    def progress_tokens(self, ctx, examples: list[Example]) -> int | None:
+        """``len(examples) x eval.max_new_tokens`` for generation; None for a sequence classifier."""
+        if ctx.model_kind == SEQUENCE_CLASSIFICATION:
+            return None
+        return len(examples) * ctx.study.eval.max_new_tokens
+
     def predict(
-        self, ctx, model, examples: list[Example], *, device, autocast, progress=None, batch_size: int | None = None
+        self,
+        ctx,
+        model,
+        examples: list[Example],
+        *,
+        device,
+        autocast,
+        progress=None,
+        batch_size: int | None = None,
+        token_progress=None,
     ) -> list[str]:
         """:func:`classify` for a sequence classifier, else :func:`generate` (``eval.batch_size`` or ``batch_size``)."""
         ev = ctx.study.eval
@@ -277,7 +324,15 @@ class TextModality(Modality):
         if batch_size is not None:
             ev = ev.model_copy(update={"batch_size": batch_size})
         return generate(
-            model, ctx.tokenizer, ctx.pipeline, examples, ev, device=device, autocast=autocast, progress=progress
+            model,
+            ctx.tokenizer,
+            ctx.pipeline,
+            examples,
+            ev,
+            device=device,
+            autocast=autocast,
+            progress=progress,
+            token_progress=token_progress,
         )
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:

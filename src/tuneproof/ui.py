@@ -17,9 +17,21 @@ from rich.markup import escape as _escape_markup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console(highlight=False)
+
+class WrappingConsole(Console):
+    """Rich's console, except that on a terminal a line printed with ``soft_wrap=True`` is still
+    wrapped at word boundaries to the terminal's width: off a terminal (a log, a pipe, tests) such a
+    line stays whole for grep, but on an 80-column terminal it would be cut mid-word by the terminal."""
+
+    def print(self, *objects, soft_wrap: bool | None = None, **kwargs) -> None:
+        if soft_wrap and self.is_terminal:
+            soft_wrap = False
+        super().print(*objects, soft_wrap=soft_wrap, **kwargs)
+
+
+console = WrappingConsole(highlight=False)
 #: what ends a command early (interruptions) goes to stderr, so that ``--json`` output stays clean
-err_console = Console(highlight=False, stderr=True)
+err_console = WrappingConsole(highlight=False, stderr=True)
 
 #: the real stdout of each ``--json`` command running (innermost last): :func:`print_json` writes there
 _JSON_STDOUT: list = []

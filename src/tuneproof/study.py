@@ -236,7 +236,7 @@ class Method(_Strict):
     kind: Literal["lora", "full", "qlora"] = Field(
         "lora",
         description="full fine-tuning, LoRA, or QLoRA (LoRA on a base loaded in 4-bit by "
-        "bitsandbytes: pip install 'tuneproof[qlora]')",
+        "bitsandbytes: python -m pip install -e '.[qlora]' in the tuneproof clone)",
     )
     r: int = Field(8, ge=1, description="LoRA rank")
     alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")

@@ -152,9 +152,26 @@ def markdown_text(value, *, one_line: bool = True, limit=..., code_spans: bool =
     return text if one_line else text.replace("\n", "  \n")
 
 
-def html_text(value, *, one_line: bool = False, limit=...) -> str:
-    """User text for an HTML page: :func:`visible_text`, then ``html.escape`` (quotes included)."""
-    return html.escape(visible_text(value, one_line=one_line, limit=limit), quote=True)
+#: a Markdown code span (CommonMark: a run of N backticks, its content, the same run of N)
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
+
+
+def html_text(value, *, one_line: bool = False, limit=..., code_spans: bool = False) -> str:
+    """User text for an HTML page: :func:`visible_text`, then ``html.escape`` (quotes included).
+    ``code_spans``: text whose own words mark commands as code (the dossier's, as
+    :func:`markdown_text` keeps them): each code span becomes ``<code>`` with its content (one
+    space of padding on both sides stripped, as CommonMark does); an unpaired backtick stays."""
+    text = html.escape(visible_text(value, one_line=one_line, limit=limit), quote=True)
+    if not code_spans:
+        return text
+
+    def code(m: re.Match) -> str:
+        inner = m.group(2)
+        if len(inner) > 2 and inner.startswith(" ") and inner.endswith(" ") and inner.strip():
+            inner = inner[1:-1]
+        return f"<code>{inner}</code>"
+
+    return _CODE_SPAN.sub(code, text)
 
 
 #: seconds between two plain progress lines when stdout is not a terminal ($TUNEPROOF_PROGRESS_EVERY)

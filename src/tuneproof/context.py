@@ -145,8 +145,9 @@ class StudyContext:
         return splits
 
     def runs_using_splits(self) -> list[str]:
-        """Ids of the runs that used the frozen split manifest: every run but a data check (which only reads)."""
-        return [r.id for r in self.registry.list() if r.kind != "data-check"]
+        """Ids of the runs that used the frozen split manifest: every ended run but a data check (which
+        only reads); a running one is this command's own (it reads the splits as it starts)."""
+        return [r.id for r in self.registry.list() if r.kind != "data-check" and r.status != "running"]
 
     def split(self, name: str, *, allow_test: bool = False) -> list[Example]:
         """One split. The reserved test split raises unless ``allow_test`` (only `tuneproof test` sets it).

@@ -23,8 +23,10 @@ dossier), so ``--json`` output stays JSON alone (:func:`chatter_to`).
 A tracker that is down or refuses never fails a run: the run's ``runs/<id>/tracking.json`` says
 ``pending: true`` with the error, the tracker is not tried again by this command, and the command
 prints one warning naming how many runs wait; the next run's end (or ``tuneproof track sync``)
-retries every pending run. Sending is idempotent: a run sent again (resumed, invalidated later)
-reuses its tracker run and adds only the steps not sent yet.
+retries every pending run. A run interrupted (Ctrl-C, SIGTERM) is not sent as the command exits,
+so that it exits at once; it stays pending and the next command sends it. Sending is idempotent:
+a run sent again (resumed, invalidated later) reuses its tracker run and adds only the steps not
+sent yet.
 
 Study keys: ``tracking.mlflow.uri`` (default ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<study>/mlflow.db``;
 a SQLite store keeps its artifacts in ``mlflow-artifacts/`` beside the database; a folder store,
@@ -323,6 +325,10 @@ class Mirror:
     def ended(self, registry, record) -> None:
         self.live.pop(record.id, None)
         self.queued.pop(record.id, None)  # the rows not sent yet are in metrics.jsonl: the mirror sends them
+        if record.status == "interrupted":
+            # Ctrl-C: exit now, not after a tracker round trip (importing MLflow alone takes seconds on a
+            # loaded machine); tracking.json still says pending, so the next command's sync sends the run
+            return
         mirror_run(self.trackers, record, registry.runs_dir / record.id, down=self.down)
         sync(self.trackers, registry, only_pending=True, down=self.down)
         self._say(registry)

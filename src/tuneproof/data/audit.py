@@ -12,6 +12,7 @@ from typing import Any
 
 from tuneproof.data.dedup import SPLIT_ORDER, normalise
 from tuneproof.data.examples import Example
+from tuneproof.data.invisible import remove_invisible
 from tuneproof.errors import TuneproofError
 from tuneproof.ui import capped
 
@@ -140,14 +141,16 @@ def audit_labels(splits: dict[str, list[Example]], reserved: str | None = "test"
         shown = [f"{c['examples'][0]['id']} ({' / '.join(c['labels'])})" for c in conflicts]
         warn.append(f"{len(conflicts)} text(s) appear with different labels: {_listing(shown)}")
 
-    # labels that differ only in case or spaces ('sport', 'Sport ', 'sport '): separate classes to the model
+    # labels that differ only in case, spaces or invisible characters ('sport', 'Sport ', 'sport\u200b'):
+    # separate classes to the model
     variants: dict[str, list[str]] = defaultdict(list)
     for lab in all_labels:
-        variants[" ".join(lab.split()).casefold()].append(lab)
+        variants[" ".join(remove_invisible(lab).split()).casefold()].append(lab)
     near_labels = [sorted(v) for v in variants.values() if len(v) > 1]
     for group in near_labels:
         warn.append(
-            f"labels {', '.join(repr(x) for x in group)} differ only in case or spaces: they are {len(group)} separate "
+            f"labels {', '.join(repr(x) for x in group)} differ only in case, spaces or invisible characters: they are "
+            f"{len(group)} separate "
             "classes to the model; fix the label column if they are one class"
         )
 

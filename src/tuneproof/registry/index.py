@@ -40,9 +40,9 @@ from tuneproof.registry.records import (
     RunRecord,
     _now,
     _seq_of,
-    record_disagreement,
     clock_flag,
     iso,
+    record_disagreement,
     record_problem,
     record_sha256,
 )

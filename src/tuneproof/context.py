@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
@@ -223,6 +224,11 @@ class StudyContext:
                     "max_length": self.study.training.max_length,
                     "loss": self.study.training.loss,
                     "tokenizer": self.tokenizer_identity,
+                    **(
+                        {"chat_template": part}
+                        if (part := fingerprint_part(getattr(self.pipeline, "chat", None)))
+                        else {}
+                    ),
                 }
             ),
         }

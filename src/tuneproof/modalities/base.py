@@ -117,9 +117,11 @@ class Modality:
         autocast,
         progress: Progress = None,
         batch_size: int | None = None,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
         """One prediction per example, in their order, by the study's evaluation procedure;
-        ``batch_size`` replaces ``eval.batch_size`` when given."""
+        ``batch_size`` replaces ``eval.batch_size`` when given; ``raw_out`` (when given) gets the raw outputs a
+        prediction was parsed from (a generation before ``eval.answer_from``), where the modality has any."""
         raise NotImplementedError
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:

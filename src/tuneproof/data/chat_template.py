@@ -12,9 +12,10 @@ raises (``raise_exception``, a syntax error, an undefined call) becomes one
 :class:`~tuneproof.errors.TuneproofError` naming the template and the key to set, never a traceback.
 
 System role (probed once, :attr:`ChatTemplate.system_role`): ``native`` (the template renders a
-system message), ``folded`` (the template refuses one, as Gemma-2's does: the system text goes at
-the head of the first user turn followed by a blank line, the way Gemma-3's and Mistral's own
-templates place it), ``dropped`` (the template renders without error but the text is not in the
+system message in the inference prompt and in the training text), ``folded`` (the template refuses
+one, as Gemma-2's does, or renders it in only one of the two, as Mistral v0.3's does, only with the
+last user turn: the system text goes at the head of the first user turn followed by a blank line, the
+way Gemma-3's and Mistral's own templates place it), ``dropped`` (the template renders without error but the text is not in the
 output: a data-check fault naming the message).
 
 End of turn (``model.end_of_turn``, default ``auto``): the first special token the template puts
@@ -120,6 +121,7 @@ class ChatTemplate:
                 ) from None
         self._compiled = None
         self.system_role: str | None = None
+        self.system_why = ""  # why a system message is folded
         if self.text is not None:
             self._compile()
             self.system_role = self._probe_system()
@@ -186,13 +188,24 @@ class ChatTemplate:
     def _probe_system(self) -> str:
         import jinja2  # noqa: PLC0415
 
-        user = [{"role": "user", "content": _USR}]
+        user = [{"role": "system", "content": _SYS}, {"role": "user", "content": _USR}]
         try:
-            out = self._render([{"role": "system", "content": _SYS}, *user], True)
+            prompt = self._render(user, True)
+            train = self._render([*user, {"role": "assistant", "content": _ANS}], False)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError):
-            self.render(user, True)  # a template that fails on a user turn alone is named here
+            self.render(user[1:], True)  # a template that fails on a user turn alone is named here
+            self.system_why = "the template has no system role (it refuses a system message)"
             return "folded"
-        return "native" if _SYS in out else "dropped"
+        if _SYS in prompt and _SYS in train:
+            return "native"
+        self.system_why = (
+            "the template renders a system message in the inference prompt but not in the training text"
+            if _SYS in prompt
+            else "the template renders a system message in the training text but not in the inference prompt"
+        )
+        # rendered in one and not the other (Mistral's puts it only in the last user turn): fold it, so both
+        # the inference prompt and the training text hold it at the head of the user turn
+        return "folded" if _SYS in prompt or _SYS in train else "dropped"
 
     def _special_texts(self) -> list[str]:
         return special_texts(self.tok)

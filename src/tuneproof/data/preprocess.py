@@ -439,8 +439,8 @@ class TextPipeline:
             + f"; end of turn {self.end_token!r} ({self.chat.end_of_turn_from})"
             + {
                 "native": "; system role: rendered",
-                "folded": "; system role: none in this template, the system text is folded into the first user "
-                "turn (system, blank line, user), as the family's own templates do",
+                "folded": f"; system role: {self.chat.system_why}, so the system text is folded into the first "
+                "user turn (system, blank line, user), as the family's own templates do",
                 "dropped": "; system role: the template drops system messages",
                 None: "",
             }[self.chat.system_role]

@@ -17,9 +17,9 @@ import json
 
 import pytest
 import torch
-from chat_families import FAMILIES, Family, family_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from chat_families import FAMILIES, Family, family_tokenizer
 from tuneproof.data.chat_template import ChatTemplate
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import IGNORE_INDEX, TextPipeline
@@ -136,7 +136,7 @@ def test_with_its_keys_the_supervised_tokens_are_the_answer_and_one_end_of_turn(
     assert f"gives back {len(EXAMPLES)} of {len(EXAMPLES)} references exactly" in lines[-1]
     if fam.before:
         n = pipe.encode(EXAMPLES[0]).before_tokens
-        assert any(f"supervised before the answer in 3 of 3 examples" in x and f"({n} tokens)" in x for x in lines)
+        assert any("supervised before the answer in 3 of 3 examples" in x and f"({n} tokens)" in x for x in lines)
 
 
 def test_a_model_that_emits_exactly_the_supervised_tokens_scores_one(family):

@@ -15,8 +15,8 @@ System role (probed once, :attr:`ChatTemplate.system_role`): ``native`` (the tem
 system message in the inference prompt and in the training text), ``folded`` (the template refuses
 one, as Gemma-2's does, or renders it in only one of the two, as Mistral v0.3's does, only with the
 last user turn: the system text goes at the head of the first user turn followed by a blank line, the
-way Gemma-3's and Mistral's own templates place it), ``dropped`` (the template renders without error but the text is not in the
-output: a data-check fault naming the message).
+way Gemma-3's and Mistral's own templates place it), ``dropped`` (the template renders without error
+but the text is not in the output: a data-check fault naming the message).
 
 End of turn (``model.end_of_turn``, default ``auto``): the first special token the template puts
 after an assistant's content (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``, ``<|end|>``,
@@ -33,6 +33,8 @@ token and decoded with its special tokens kept (channel markers are special toke
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -215,7 +217,7 @@ class ChatTemplate:
         if setting != "auto":
             vocab = self.tok.get_vocab()
             if setting not in vocab:
-                near = [t for t in self._special_texts() if t.strip("<>|") and t.strip("<>|") in setting][:3]
+                near = difflib.get_close_matches(setting, self._special_texts(), n=3, cutoff=0.5)
                 raise TuneproofError(
                     f"{EOT_KEY}: {setting!r} is not a token of this tokenizer's vocabulary"
                     + (f" (special tokens like it: {', '.join(near)})" if near else ""),
@@ -271,8 +273,6 @@ class ChatTemplate:
     def record(self) -> dict[str, Any]:
         """What a run records of the template: its sha256, whether it overrides the tokenizer's, the kwargs,
         the end of turn and how it was chosen, the system role."""
-        import hashlib  # noqa: PLC0415
-
         return {
             "sha256": hashlib.sha256((self.text or "").encode()).hexdigest(),
             "override": self.overridden,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tuneproof.data.chat_template import KWARGS_KEY, TEMPLATE_KEY, ChatTemplate, special_texts, split_generation
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
-from tuneproof.errors import CheckFailed
+from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.study import render_prompt
 from tuneproof.ui import visible_text
 
@@ -199,8 +199,12 @@ class TextPipeline:
         if self.labels is not None:
             return self._encode_cls(ex)
         target = ex.target if ex.target is not None else ""
-        prompt = self.prompt_text(ex.text)
-        full, start, end = self.training_text(ex.text, target)
+        try:
+            prompt = self.prompt_text(ex.text)
+            full, start, end = self.training_text(ex.text, target)
+        except TuneproofError as err:  # a template that fails on this example: named with its row
+            where = f" (row {ex.source})" if getattr(ex, "source", None) else ""
+            raise TuneproofError(f"example {ex.id}{where}: {err.message}", hint=err.hint) from None
         faults: list[str] = []
         notes: list[str] = []
         prefix_diff = None

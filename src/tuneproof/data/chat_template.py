@@ -91,6 +91,7 @@ class ChatTemplate:
             :func:`load_template_text`); None: the tokenizer's.
         kwargs: ``model.chat_template_kwargs``.
         end_of_turn: ``model.end_of_turn`` (``auto`` or a token of the vocabulary).
+        plain: render no template at all (a sequence classifier's text is tokenised alone).
 
     Attributes:
         text: the template rendered (None: the tokenizer has none; prompts are the plain user message).
@@ -104,10 +105,18 @@ class ChatTemplate:
     """
 
     def __init__(
-        self, tokenizer, template: str | None = None, kwargs: dict[str, Any] | None = None, end_of_turn="auto"
+        self,
+        tokenizer,
+        template: str | None = None,
+        kwargs: dict[str, Any] | None = None,
+        end_of_turn="auto",
+        *,
+        plain: bool = False,
     ):
         self.tok = tokenizer
         self.text = template if template is not None else getattr(tokenizer, "chat_template", None) or None
+        if plain:  # a sequence classifier: its text is tokenised alone, no template is rendered
+            self.text = None
         self.overridden = template is not None
         self.kwargs = dict(kwargs or {})
         pinned = self.kwargs.pop("strftime_now", None)

@@ -149,7 +149,7 @@ class TextPipeline:
         self.loss = loss
         self.labels = labels
         self.answer_from = answer_from
-        self.chat = chat if chat is not None else ChatTemplate(tokenizer)
+        self.chat = chat if chat is not None else ChatTemplate(tokenizer, plain=labels is not None)
         self.use_chat = self.chat.text is not None
         self.end_token = self.chat.end_of_turn
         self.stop_ids = self.chat.stop_ids

@@ -208,10 +208,11 @@ def next_token_scores(model, ids, top: int = TOP_TOKENS) -> list[list]:
 
 
 class _StoredPrompts:
-    """Stands in for the study's TextPipeline: the exact prompt text stored at export."""
+    """Stands in for the study's TextPipeline: the exact prompt text and the stop tokens stored at export."""
 
-    def __init__(self, prompts: dict[str, str]):
+    def __init__(self, prompts: dict[str, str], stop_ids: list[int] | None = None):
         self.prompts = prompts
+        self.stop_ids = stop_ids
 
     def prompt_text(self, text: str) -> str:
         return self.prompts[text]
@@ -237,11 +238,12 @@ class TextModality(Modality):
         t = ctx.study.training
         labels = ctx.labels if ctx.model_kind == SEQUENCE_CLASSIFICATION else None
         m = ctx.study.model
-        chat = ChatTemplate(
-            ctx.tokenizer,
-            load_template_text(m.chat_template, ctx.study_dir),
-            m.chat_template_kwargs,
-            m.end_of_turn,
+        chat = (
+            ChatTemplate(
+                ctx.tokenizer, load_template_text(m.chat_template, ctx.study_dir), m.chat_template_kwargs, m.end_of_turn
+            )
+            if labels is None
+            else None  # a sequence classifier renders no template
         )
         return TextPipeline(
             ctx.tokenizer,
@@ -367,6 +369,8 @@ class TextModality(Modality):
             console.print(f"wrote {user_text(html_path)}", soft_wrap=True)
             return html_path
         console.print(LEGEND_CLS if classes is not None else LEGEND_CAUSAL, soft_wrap=True, markup=False)
+        for line in ctx.pipeline.template_report(encoded)["lines"]:  # the template, end of turn, gold chain
+            console.print(user_text(line), soft_wrap=True)
         console.print()
         for i in chosen:
             console.print(render_rich(encoded[i], ctx.tokenizer, classes), soft_wrap=True)
@@ -427,11 +431,12 @@ class TextModality(Modality):
                 max_new_tokens=procedure["max_new_tokens"],
                 do_sample=False,
                 temperature=1.0,
+                answer_from=procedure.get("answer_from", "auto"),
             )
             preds = generate(
                 model,
                 processor,
-                _StoredPrompts({e["input"]: e["prompt"] for e in examples}),
+                _StoredPrompts({e["input"]: e["prompt"] for e in examples}, procedure.get("stop_ids")),
                 exs,
                 cfg,
                 device=device,

@@ -140,6 +140,8 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "label_sets": audit.get("label_sets"),
         "images": audit.get("images"),
         "encoding_faults": faults,
+        # the template rendered, its kwargs, end of turn and system role (data/chat_template.py)
+        "chat_template": ctx.pipeline.chat.record() if generative and hasattr(ctx.pipeline, "chat") else None,
         "lengths": lengths,
         "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
         "small_classes": checks["small_classes"],

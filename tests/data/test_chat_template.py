@@ -228,3 +228,24 @@ def test_the_data_check_names_the_template_its_end_of_turn_and_the_gold_chain(tm
     assert exit_.value.code == 0, text
     assert "chat template: model.chat_template (sha256 " in text and "model.chat_template_kwargs {'unused': 1}" in text
     assert "end of turn '<|end|>'" in text and "gold chain (eval.answer_from auto)" in text
+
+
+def test_outputs_keep_the_raw_generation_beside_the_scored_answer(tmp_path, tiny_base, capsys):
+    import json
+
+    from tiny_study import CHAT_TEMPLATE
+
+    # whatever the model generates is its raw output (special tokens kept, cut at the stop token); the prediction is
+    # what eval.answer_from reads out of it (auto, no think block or channel here: the generation itself)
+    folder = _study(tmp_path, tiny_base, chat_template=CHAT_TEMPLATE)
+    for command in (["data", "check"], ["baseline"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--study", str(folder)])
+        assert exit_.value.code == 0, capsys.readouterr().out
+    reg = Registry(folder)
+    run = reg.latest("baseline")
+    rows = [json.loads(line) for line in (folder / "runs" / run.id / "outputs.jsonl").read_text().splitlines()]
+    reg.close()
+    assert rows and all({"raw", "prediction"} <= set(r) for r in rows)
+    plain = [r for r in rows if "<|" not in r["raw"]]
+    assert plain and all(r["prediction"] == r["raw"] for r in plain)

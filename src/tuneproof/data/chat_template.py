@@ -238,9 +238,9 @@ class ChatTemplate:
         rendered = self.render([{"role": "user", "content": _USR}, {"role": "assistant", "content": _ANS}], False)
         at = rendered.find(_ANS)
         after = rendered[at + len(_ANS) :] if at >= 0 else ""
-        hits = [(after.find(s), s) for s in self._special_texts() if s in after]
-        if hits:
-            return min(hits)[1], "auto: the special token the chat template puts after an assistant's content"
+        hits = [(after.find(s), -len(s), s) for s in self._special_texts() if s in after]
+        if hits:  # the first one after the answer (the longest where two start at the same place)
+            return min(hits)[2], "auto: the special token the chat template puts after an assistant's content"
         return eos, "auto: eos (the chat template puts no special token after an assistant's content)"
 
     # ------------------------------------------------------------------ what the data check reads

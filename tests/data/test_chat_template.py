@@ -228,6 +228,27 @@ def test_the_data_check_names_the_template_its_end_of_turn_and_the_gold_chain(tm
     assert exit_.value.code == 0, text
     assert "chat template: model.chat_template (sha256 " in text and "model.chat_template_kwargs {'unused': 1}" in text
     assert "end of turn '<|end|>'" in text and "gold chain (eval.answer_from auto)" in text
+    with pytest.raises(SystemExit) as exit_:
+        main(["data", "inspect", "--study", str(folder)])
+    text = capsys.readouterr().out
+    assert exit_.value.code == 0 and "chat template: model.chat_template (sha256 " in text, text
+
+
+def test_verify_generates_with_the_studys_stop_tokens_and_answer_parsing():
+    from types import SimpleNamespace
+
+    from tuneproof.recipes.export import generation_stops
+
+    tok = family_tokenizer(FAMILIES["gemma-2"])
+    eot = tok.convert_tokens_to_ids("<end_of_turn>")
+
+    def ctx(pipe, answer_from="auto"):
+        return SimpleNamespace(pipeline=pipe, tokenizer=tok, study=SimpleNamespace(eval=Eval(answer_from=answer_from)))
+
+    assert generation_stops(ctx(TextPipeline(tok, Prompt(), 64))) == {"stop_ids": [eot, tok.eos_token_id]}
+    eos_only = TextPipeline(tok, Prompt(), 64, chat=ChatTemplate(tok, end_of_turn="<eos>"))
+    assert generation_stops(ctx(eos_only)) == {}  # the procedure of older bundles, unchanged
+    assert generation_stops(ctx(eos_only, "raw")) == {"answer_from": "raw"}
 
 
 def test_outputs_keep_the_raw_generation_beside_the_scored_answer(tmp_path, tiny_base, capsys):

@@ -7,7 +7,7 @@ work; then, with that key: the supervised tokens are the answer, the text the te
 by the data check) and exactly one end-of-turn token; nothing injected (the system text, the date) is supervised;
 the tokens before the first supervised one are the inference prompt; and a model that emits exactly the supervised
 tokens scores 1.0 through the real generate, decode, parse and score path (``generate_prompts`` and the task's
-scorer).
+scorer). Chat data in the same matrix: a multi-turn example with its own system message, and a single-turn one.
 """
 
 from __future__ import annotations
@@ -178,3 +178,62 @@ def test_the_think_block_is_scored_when_the_answer_is_read_raw_and_the_gold_chai
     lines = pipe.template_report([enc])["lines"]
     assert "gives back 0 of 1 references exactly; 1 lost by the template or the parsing, first r0" in lines[-1]
     assert any("model.chat_template_kwargs: {enable_thinking: false} removes it" in x for x in lines)
+
+
+# chat data in the same matrix: a multi-turn conversation with its own system message (data30's ``format: chat``
+# rows become examples whose context holds the earlier turns and the row's system message)
+ROW_SYSTEM = "You sort requests into intents."
+CHAT_EXAMPLES = [
+    Example(
+        id="c0",
+        text="book a table for two in Paris tonight",
+        target=json.dumps({"intent": "BookRestaurant", "slots": {"city": "Paris"}}),
+        source="chat.jsonl:1",
+        context=[
+            {"role": "system", "content": ROW_SYSTEM},
+            {"role": "user", "content": "what is the weather in Rome tomorrow"},
+            {"role": "assistant", "content": json.dumps({"intent": "GetWeather", "slots": {}})},
+        ],
+    ),
+    Example(
+        id="c1",
+        text="what is the weather in Rome tomorrow",
+        target='{"intent": "GetWeather", "slots": {}}',
+        source="chat.jsonl:2",
+        context=[{"role": "system", "content": ROW_SYSTEM}],
+    ),
+]
+
+
+def test_chat_examples_with_earlier_turns_and_their_own_system_message(family):
+    name, fam, tok = family
+    pipe = _pipeline(fam, tok, **fam.fix)
+    eot = tok.convert_tokens_to_ids(fam.end_of_turn)
+    prompts, script = [], {}
+    for ex in CHAT_EXAMPLES:
+        enc = pipe.encode(ex)
+        assert enc.faults == [], (name, enc.faults)
+        prompt = pipe.prompt_text(ex)
+        # the row's system message replaces eval.prompt.system; the earlier turns are prompt context, not supervised
+        assert ROW_SYSTEM in prompt and SYSTEM not in prompt and all(t["content"] in prompt for t in ex.context)
+        sup = [lab for lab in enc.labels if lab != IGNORE_INDEX]
+        assert sup[-1] == eot and sup.count(eot) == 1 and tok.decode(sup[enc.before_tokens : -1]).strip() == ex.target
+        assert enc.input_ids[: enc.prompt_tokens] == tok(prompt, add_special_tokens=False)["input_ids"]
+        prompts.append(prompt)
+        script[tuple(enc.input_ids[: enc.prompt_tokens])] = sup
+    model = _model(tok, stop=pipe.stop_ids[-1])
+    model.script = script
+    preds = generate_prompts(
+        model,
+        tok,
+        prompts,
+        Eval(max_new_tokens=64, batch_size=len(prompts)),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        stop_ids=pipe.stop_ids,
+    )
+    records = [
+        {"id": e.id, "category": None, "reference": e.target, "prediction": p} for e, p in zip(CHAT_EXAMPLES, preds)
+    ]
+    recs, metrics = get_task("extraction").score(records, TaskConfig.make(["intent", "slots"]))
+    assert all(r["correct"] for r in recs) and metrics["field_f1"] == 1.0, (name, preds)

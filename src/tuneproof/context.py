@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
@@ -260,6 +261,11 @@ class StudyContext:
                     "max_length": self.study.training.max_length,
                     "loss": self.study.training.loss,
                     "tokenizer": self.tokenizer_identity,
+                    **(
+                        {"chat_template": part}
+                        if (part := fingerprint_part(getattr(self.pipeline, "chat", None)))
+                        else {}
+                    ),
                 }
                 # which chat turns are trained (kept out when default, so flat-row fingerprints stay as they were)
                 | ({"chat": self.study.data.chat.model_dump()} if self.study.data.chat != ChatData() else {})

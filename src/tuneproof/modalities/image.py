@@ -209,6 +209,7 @@ class ImageModality(Modality):
         progress=None,
         batch_size: int | None = None,
         token_progress=None,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
         """:func:`classify_images` at ``eval.batch_size`` (or ``batch_size``)."""
         return classify_images(

@@ -268,10 +268,12 @@ def versus_base(ctx: StudyContext, run, examples: list, view: dict, reused: dict
         with heartbeat("test", "loading the base model"):
             base = load_model(ctx.base, ctx.head, labels=ctx.head_labels)
             model = cast_base_for_inference(base, ctx.base_weights).to(device)
-        preds = predict(ctx, model, examples, "test base model")
+        raw: list[str] = []
+        preds = predict(ctx, model, examples, "test base model", raw_out=raw)
         rows = [
             {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
-            for e, p in zip(examples, preds)
+            | ({"raw": raw[k]} if len(raw) == len(preds) else {})
+            for k, (e, p) in enumerate(zip(examples, preds))
         ]
     write_jsonl(run.path("baseline_outputs.jsonl"), rows)
     result = paired_compare(

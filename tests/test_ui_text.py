@@ -164,3 +164,27 @@ def test_progress_descriptions_show_user_text():
     lines: list[str] = []
     LineProgress("test r9[red]\x1b[2J", 1, every_s=0.0, out=lines.append).advance()
     assert lines[0].startswith("test r9[red]\\x1b[2J: 1/1 (100%)")
+
+
+def test_sentences_wrap_at_word_boundaries_on_an_80_column_terminal():
+    """A long line printed with soft_wrap=True (kept whole for logs) is cut by an 80-column terminal
+    mid-word; on a terminal the console wraps it at spaces instead, and off a terminal keeps it whole."""
+    import io
+
+    from tuneproof.ui import WrappingConsole
+
+    sentence = (
+        "no preflight for this configuration (the latest passed preflight r0004 was for another configuration: "
+        "config method.r: 4 -> 16 changed): running `tuneproof preflight` now, about 3 min 05 s"
+    )
+    out = io.StringIO()
+    term = WrappingConsole(file=out, force_terminal=True, width=80, color_system=None, highlight=False)
+    term.print(sentence, soft_wrap=True)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and all(len(line) <= 80 for line in lines)
+    assert " ".join(line.strip() for line in lines) == sentence  # every break is at a space
+    words = set(sentence.split())
+    assert all(word in words for line in lines for word in line.split())
+    log = io.StringIO()
+    WrappingConsole(file=log, force_terminal=False, width=80, highlight=False).print(sentence, soft_wrap=True)
+    assert log.getvalue() == sentence + "\n"

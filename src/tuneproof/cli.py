@@ -16,7 +16,7 @@ import typer
 import typer.core
 
 from tuneproof.errors import TuneproofError
-from tuneproof.ui import console, user_text
+from tuneproof.ui import console, json_stdout, print_json, user_text
 
 #: an error message quotes the user's values (paths, keys, rows): shown through user_text, cut after this
 ERROR_LIMIT = 10_000
@@ -250,7 +250,8 @@ def train(
 
     The step budget is set in tuneproof.yaml: training.max_steps or training.epochs (one of them),
     with training.micro_batch_size x training.gradient_accumulation_steps examples per optimizer step.
-    Refuses unless the data check passed, a baseline matches the evaluation procedure and a preflight passed.
+    Needs a passed data check and preflight for this configuration (each runs inline first when missing;
+    --skip-data-check / --skip-preflight REASON go without, recorded) and a baseline matching the evaluation procedure.
     """
     from tuneproof.recipes.train import TrainOptions, run_train  # noqa: PLC0415
 
@@ -398,7 +399,8 @@ def env(json_: bool = typer.Option(False, "--json", help="print the snapshot as 
     """What this machine is (Python, torch and its CUDA/ROCm build, devices, libraries), as recorded in every run."""
     from tuneproof.recipes.env import run_env  # noqa: PLC0415
 
-    run_env(as_json=json_)
+    with json_stdout() if json_ else contextlib.nullcontext():
+        run_env(as_json=json_)
 
 
 @app.command("eval")
@@ -429,7 +431,8 @@ def runs(
         return
     from tuneproof.recipes.runs import show_runs  # noqa: PLC0415
 
-    show_runs(study, tree=tree, as_json=json_)
+    with json_stdout() if json_ else contextlib.nullcontext():
+        show_runs(study, tree=tree, as_json=json_)
 
 
 @runs_app.command("mark-interrupted")
@@ -548,25 +551,23 @@ def compare(
 
     ctx = _ctx(study)
     quiet = console.quiet
-    console.quiet = quiet or json_  # stdout carries only the JSON
+    console.quiet = quiet or json_  # the screen is off; stdout carries only the JSON (json_stdout)
     try:
-        run_id = run_compare(
-            ctx,
-            runs,
-            against=against,
-            allow_different_procedure=allow_different_procedure,
-            use_edited_hypothesis=use_edited_hypothesis,
-        )
+        with json_stdout() if json_ else contextlib.nullcontext():
+            run_id = run_compare(
+                ctx,
+                runs,
+                against=against,
+                allow_different_procedure=allow_different_procedure,
+                use_edited_hypothesis=use_edited_hypothesis,
+            )
+            verdict = ctx.registry.get(run_id).summary.get("verdict")
+            if json_:
+                from tuneproof.io import read_json  # noqa: PLC0415
+
+                print_json({"run": run_id, **read_json(ctx.registry.runs_dir / run_id / "compare.json")})
     finally:
         console.quiet = quiet
-    verdict = ctx.registry.get(run_id).summary.get("verdict")
-    if json_:
-        import json  # noqa: PLC0415
-
-        from tuneproof.io import read_json  # noqa: PLC0415
-
-        data = read_json(ctx.registry.runs_dir / run_id / "compare.json")
-        sys.stdout.write(json.dumps({"run": run_id, **data}, indent=2, default=str) + "\n")
     if verdict == "fail":  # the comparison ran; the hypothesis did not hold: a failed protocol check
         if not json_:
             console.print(f"compare run [bold]{run_id}[/]: verdict fail (exit 3)")
@@ -608,17 +609,18 @@ def show(
     """Per-example outputs of an evaluation run, filtered."""
     from tuneproof.recipes.show import run_show  # noqa: PLC0415
 
-    run_show(
-        _ctx(study),
-        run,
-        regressed=regressed,
-        fixed=fixed,
-        category=category,
-        field=field,
-        against=against,
-        limit=limit,
-        as_json=json_,
-    )
+    with json_stdout() if json_ else contextlib.nullcontext():
+        run_show(
+            _ctx(study),
+            run,
+            regressed=regressed,
+            fixed=fixed,
+            category=category,
+            field=field,
+            against=against,
+            limit=limit,
+            as_json=json_,
+        )
 
 
 @data_app.command("check")
@@ -770,7 +772,8 @@ def rental_status(
     """Each phase planned vs used, hours left, the reserve still needed, the next protocol step."""
     from tuneproof.recipes.rental import run_status  # noqa: PLC0415
 
-    run_status(_ctx(study), as_json=json_)
+    with json_stdout() if json_ else contextlib.nullcontext():
+        run_status(_ctx(study), as_json=json_)
 
 
 @rental_app.command("deliver")

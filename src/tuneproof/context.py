@@ -11,11 +11,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
 from tuneproof.data.sources import load_source, source_files
-from tuneproof.data.split import balanced_take, build_splits, check_unique_ids, freeze_or_reuse
+from tuneproof.data.split import (
+    MANIFEST,
+    balanced_take,
+    build_splits,
+    check_unique_ids,
+    freeze_or_reuse,
+    split_settings,
+)
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_json
 from tuneproof.modalities import Modality, detect_kind, modality_for
@@ -29,6 +37,7 @@ from tuneproof.storage import attach as attach_storage
 from tuneproof.study import STUDY_FILE, ChatData, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
 from tuneproof.tracking import attach
+from tuneproof.ui import console
 
 
 def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
@@ -120,7 +129,14 @@ class StudyContext:
             grouping=lambda: self.split_info.get("grouping"),
             subset=lambda: self.split_info.get("subset"),
             info=self.split_info,
+            settings=split_settings(data.split, data.test_split, data.dedup),
+            runs_using=self.runs_using_splits,
         )
+        if self.split_info.get("resplit"):
+            console.print(
+                f"[yellow]{MANIFEST} cut again[/] (no run had used it): " + "; ".join(self.split_info["resplit"]),
+                soft_wrap=True,
+            )
         self.dedup_dropped: list[str] = []
         if self.study.data.dedup.policy == "drop-from-train":
             d = self.study.data.dedup
@@ -136,6 +152,11 @@ class StudyContext:
         if "train" not in splits:
             raise TuneproofError(f"{self.study_dir / STUDY_FILE}: no 'train' split (splits: {sorted(splits)})")
         return splits
+
+    def runs_using_splits(self) -> list[str]:
+        """Ids of the runs that used the frozen split manifest: every ended run but a data check (which
+        only reads); a running one is this command's own (it reads the splits as it starts)."""
+        return [r.id for r in self.registry.list() if r.kind != "data-check" and r.status != "running"]
 
     def split(self, name: str, *, allow_test: bool = False) -> list[Example]:
         """One split. The reserved test split raises unless ``allow_test`` (only `tuneproof test` sets it).
@@ -161,6 +182,15 @@ class StudyContext:
         """The evaluation split, capped by ``eval.max_examples``: a fixed class-balanced subset (the same
         number per class, :func:`~tuneproof.data.split.balanced_take`; e.g. 5 per intent)."""
         items = self.split(self.study.eval.split)
+        if self.study.eval.max_examples:
+            items = balanced_take(items, self.study.eval.max_examples, self.study.data.split.seed)
+        return items
+
+    def test_examples(self) -> list[Example]:
+        """The reserved test split as ``tuneproof test`` reads it, capped by ``eval.max_examples`` as the
+        evaluation split is (the same class-balanced draw and seed, :func:`~tuneproof.data.split.balanced_take`).
+        Only ``test`` and the data check may call it."""
+        items = self.split(self.study.data.test_split, allow_test=True)
         if self.study.eval.max_examples:
             items = balanced_take(items, self.study.eval.max_examples, self.study.data.split.seed)
         return items
@@ -233,6 +263,11 @@ class StudyContext:
                     "max_length": self.study.training.max_length,
                     "loss": self.study.training.loss,
                     "tokenizer": self.tokenizer_identity,
+                    **(
+                        {"chat_template": part}
+                        if (part := fingerprint_part(getattr(self.pipeline, "chat", None)))
+                        else {}
+                    ),
                 }
                 # which chat turns are trained (kept out when default, so flat-row fingerprints stay as they were)
                 | ({"chat": self.study.data.chat.model_dump()} if self.study.data.chat != ChatData() else {})

@@ -158,5 +158,33 @@ def live_processes(folder: str | os.PathLike) -> list[dict]:
     return out
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (``os.sched_getaffinity`` where the platform has it, which
+    respects a container's or ``taskset``'s limit; else ``os.cpu_count()``; at least 1)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return max(os.cpu_count() or 1, 1)
+
+
+def overload_line(load: float | None = None, cores: int | None = None) -> str | None:
+    """A warning when the machine is overloaded: the 1-minute load average (``os.getloadavg``,
+    runnable processes) above the usable cores, e.g. ``"this machine is overloaded: load average
+    10.2 over the last minute on 2 cores; every step takes longer than on an idle machine"``.
+    None when it is not, or where the platform has no load average (Windows)."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return None
+    cores = cores or usable_cores()
+    if load <= cores:
+        return None
+    return (
+        f"this machine is overloaded: load average {load:.1f} over the last minute on {cores} "
+        f"core{'s' if cores != 1 else ''}; every step takes longer than on an idle machine"
+    )
+
+
 if __name__ == "__main__":
     exec_dying_with_parent(sys.argv[1:])

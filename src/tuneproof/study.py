@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -230,7 +231,7 @@ class ChatData(_Strict):
 class Data(_Strict):
     sources: list[Source] = Field(description="where the examples come from")
     fields: FieldMap = Field(default_factory=FieldMap, description="column mapping")
-    cleaning: list[Literal["strip", "collapse_whitespace", "nfkc", "drop_empty"]] = Field(
+    cleaning: list[Literal["strip", "collapse_whitespace", "nfkc", "remove_invisible", "drop_empty"]] = Field(
         default_factory=lambda: ["strip", "collapse_whitespace", "drop_empty"], description="ordered cleaning rules"
     )
     split: SplitPolicy = Field(default_factory=SplitPolicy, description="split policy")
@@ -259,6 +260,22 @@ class ModelSpec(_Strict):
     )
     trust_remote_code: bool = Field(
         False, description="let transformers run Python code shipped with the model (recorded in every run's config)"
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a chat template overriding the tokenizer's: a file path (relative to the study folder) or the "
+        "Jinja text itself; recorded by hash, rendered in transformers' sandbox (never remote code)",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="variables passed to every render of the chat template, training and inference (e.g. "
+        "enable_thinking: false; date_string or strftime_now: '2026-01-31' pins an injected date); part of the "
+        "evaluation fingerprint",
+    )
+    end_of_turn: str = Field(
+        "auto",
+        description="the token that ends an answer: supervised once at the end of every answer and the generation "
+        "stop token; auto: the special token the template puts after an assistant's content, else eos",
     )
 
 
@@ -519,6 +536,12 @@ class Eval(_Strict):
     grammar: Literal["function_slots"] | None = Field(
         None, description="format: a meaning-representation grammar, function_slots = name(slot[value], slot[v1, v2])"
     )
+    answer_from: str = Field(
+        "auto",
+        description="the answer scored in a generation: auto (the text after a closed think block or in the final "
+        "channel, else the whole generation), raw (the whole generation), or a regular expression searched in the "
+        "generation with special tokens kept (group 'answer', else group 1, else the match)",
+    )
     bootstrap_iterations: int = Field(1000, ge=100, description="paired bootstrap iterations")
     seed: int = Field(0, description="seed of the bootstrap (and of the backend check's sample)")
     backend: Literal["transformers", "vllm"] = Field(
@@ -535,6 +558,16 @@ class Eval(_Strict):
         le=1.0,
         description="eval.backend vllm: least share of sampled greedy outputs that must be identical in both backends",
     )
+
+    @field_validator("answer_from")
+    @classmethod
+    def _answer_from(cls, v: str) -> str:
+        if v not in ("auto", "raw"):
+            try:
+                re.compile(v)
+            except re.error as err:
+                raise ValueError(f"is neither auto, raw nor a valid regular expression ({err})") from None
+        return v
 
     @model_validator(mode="after")
     def _backend_greedy(self) -> Eval:

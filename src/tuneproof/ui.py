@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import html
+import json
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,9 +17,45 @@ from rich.markup import escape as _escape_markup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console(highlight=False)
+
+class WrappingConsole(Console):
+    """Rich's console, except that on a terminal a line printed with ``soft_wrap=True`` is still
+    wrapped at word boundaries to the terminal's width: off a terminal (a log, a pipe, tests) such a
+    line stays whole for grep, but on an 80-column terminal it would be cut mid-word by the terminal."""
+
+    def print(self, *objects, soft_wrap: bool | None = None, **kwargs) -> None:
+        if soft_wrap and self.is_terminal:
+            soft_wrap = False
+        super().print(*objects, soft_wrap=soft_wrap, **kwargs)
+
+
+console = WrappingConsole(highlight=False)
 #: what ends a command early (interruptions) goes to stderr, so that ``--json`` output stays clean
-err_console = Console(highlight=False, stderr=True)
+err_console = WrappingConsole(highlight=False, stderr=True)
+
+#: the real stdout of each ``--json`` command running (innermost last): :func:`print_json` writes there
+_JSON_STDOUT: list = []
+
+
+@contextlib.contextmanager
+def json_stdout() -> Iterator[None]:
+    """While a ``--json`` command runs: stdout carries nothing but its JSON. Whatever else writes to
+    ``sys.stdout`` (the screen's lines, a tracker's library such as MLflow's "View run ... at: URL",
+    a stray ``print``) goes to stderr; :func:`print_json` writes to the real stdout."""
+    _JSON_STDOUT.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STDOUT.pop()
+
+
+def print_json(data) -> None:
+    """``data`` as indented JSON (``default=str``) on the command's stdout, the real one under
+    :func:`json_stdout`; flushed."""
+    out = _JSON_STDOUT[-1] if _JSON_STDOUT else sys.stdout
+    out.write(json.dumps(data, indent=2, default=str) + "\n")
+    out.flush()
 
 
 #: user text longer than this is cut by :func:`user_text` (and its Markdown/HTML companions): a
@@ -114,9 +152,26 @@ def markdown_text(value, *, one_line: bool = True, limit=..., code_spans: bool =
     return text if one_line else text.replace("\n", "  \n")
 
 
-def html_text(value, *, one_line: bool = False, limit=...) -> str:
-    """User text for an HTML page: :func:`visible_text`, then ``html.escape`` (quotes included)."""
-    return html.escape(visible_text(value, one_line=one_line, limit=limit), quote=True)
+#: a Markdown code span (CommonMark: a run of N backticks, its content, the same run of N)
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
+
+
+def html_text(value, *, one_line: bool = False, limit=..., code_spans: bool = False) -> str:
+    """User text for an HTML page: :func:`visible_text`, then ``html.escape`` (quotes included).
+    ``code_spans``: text whose own words mark commands as code (the dossier's, as
+    :func:`markdown_text` keeps them): each code span becomes ``<code>`` with its content (one
+    space of padding on both sides stripped, as CommonMark does); an unpaired backtick stays."""
+    text = html.escape(visible_text(value, one_line=one_line, limit=limit), quote=True)
+    if not code_spans:
+        return text
+
+    def code(m: re.Match) -> str:
+        inner = m.group(2)
+        if len(inner) > 2 and inner.startswith(" ") and inner.endswith(" ") and inner.strip():
+            inner = inner[1:-1]
+        return f"<code>{inner}</code>"
+
+    return _CODE_SPAN.sub(code, text)
 
 
 #: seconds between two plain progress lines when stdout is not a terminal ($TUNEPROOF_PROGRESS_EVERY)

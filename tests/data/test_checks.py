@@ -127,7 +127,16 @@ def test_data_check_states_every_result_when_it_finds_nothing(tmp_path, tiny_mod
 
     rep = data_report(StudyContext.open(tmp_path))
     assert rep["sizes"] == {"train": 22, "validation": 22}
-    assert rep["checks"] == [
+    template, gold = rep["checks"][:2]
+    assert template.startswith("chat template: the tokenizer's (sha256 ") and template.endswith(
+        "; end of turn '<|im_end|>' (auto: the special token the chat template puts after an assistant's content); "
+        "system role: rendered"
+    )
+    assert gold == (
+        "gold chain (eval.answer_from auto): the supervised span, decoded and parsed as the evaluation does, gives "
+        "back 44 of 44 references exactly"
+    )
+    assert rep["checks"][2:] == [
         "empty texts dropped: none",
         "duplicates: none across train/validation",
         "classes under 10 examples: none in train/validation",

@@ -12,6 +12,7 @@ import pytest
 from datasketch import LeanMinHash, MinHashLSH
 
 from tuneproof.data import dedup
+from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import (
     apply_policy,
     estimate_floor,
@@ -53,10 +54,41 @@ def _c14() -> dict[str, list[Example]]:
         ("«¿Qué?» — sí…", "qué sí"),  # non-ASCII punctuation
         ("pay $5 + 10%", "pay $5 + 10"),  # symbols kept, % is punctuation (Po)
         ("\t", ""),
+        ("pay\u200bment", "payment"),  # ZERO WIDTH SPACE
+        ("\ufeffhello", "hello"),  # byte-order mark
+        ("co\u00adoperate", "cooperate"),  # soft hyphen
+        ("a\u200cb\u200dc", "abc"),  # ZWNJ, ZWJ
+        ("a\u2060b\u200e\u202ec\u2066", "abc"),  # word joiner, LRM, bidi override and isolate (Cf)
+        ("card\ufe0f\U000e0041", "card"),  # variation selector, tag character
+        ("a\x00b\x7f", "ab"),  # non-whitespace controls
+        ("\u200b\ufeff", ""),
+        ("ｐａｙ\u200bｍｅｎｔ", "payment"),  # NFKC and invisible together
     ],
 )
 def test_normalise(raw, expected):
     assert normalise(raw) == expected
+
+
+def test_a_zero_width_space_pair_across_train_and_validation_is_a_normalised_duplicate():
+    splits = {
+        "train": _split("train", ["how do i top\u200b up my card", "unrelated text here"]),
+        "validation": _split("validation", ["\ufeffHow do I top up my card?", "something else entirely"]),
+    }
+    p = find_duplicates(splits).pair("train", "validation")
+    assert p.counts["exact"]["pairs"] == 0
+    assert p.counts["normalised"]["pairs"] == 1
+    assert [(c.kind, c.id_a, c.id_b) for c in p.collisions] == [("normalised", "train/0", "validation/0")]
+
+
+def test_invisible_only_texts_are_empty_for_drop_empty_and_validation():
+    examples = _split("train", ["\u200b\ufeff", "ok", " \u00ad "])
+    kept, dropped = clean(examples, ["strip", "drop_empty"])
+    assert [e.id for e in kept] == ["train/1"]
+    assert [d["id"] for d in dropped] == ["train/0", "train/2"]
+    with pytest.raises(TuneproofError, match=r"2 empty text\(s\): train.csv:2, train.csv:4"):
+        validate(examples)
+    cleaned, _ = clean(_split("train", ["top\u200bup\u2060"]), ["remove_invisible"])
+    assert cleaned[0].text == "topup"
 
 
 def test_shingle_set_word_char_and_short_texts():

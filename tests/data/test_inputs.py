@@ -319,3 +319,21 @@ def test_optional_naming_no_field_is_refused(tmp_path):
     p.write_text('{"text": "a b", "target": "x"}\n')
     with pytest.raises(TuneproofError, match=r"data.fields.optional: 'slotz' names no field or target key"):
         load_json_records(p, FieldMap(target={"intent": "i", "slots": "s"}, optional=["slotz"]), lines=True)
+
+
+def test_changed_split_settings_cut_again_until_a_run_that_is_not_a_data_check_used_them(tmp_path, tiny_model_dir):
+    rows = "text,label\n" + "".join(f"sentence number {i} about topic {i % 2},{'ab'[i % 2]}\n" for i in range(40))
+    ctx = _cls_study(tmp_path, tiny_model_dir, rows)
+    assert len(ctx.all_splits["validation"]) == 20
+    with ctx.registry.run("data-check"):
+        pass  # a data check only reads the split
+    capped = {"fractions": {"train": 0.5, "validation": 0.5}, "max_examples": {"validation": 6}}
+    ctx = _cls_study(tmp_path, tiny_model_dir, rows, split=capped)
+    assert len(ctx.all_splits["validation"]) == 6 and ctx.manifest_created
+    assert ctx.split_info["resplit"] == ["data.split.max_examples: {} -> {'validation': 6}"]
+    with ctx.registry.run("baseline"):
+        pass  # a run that read the split (a running one is the command's own: it does not count)
+    capped["max_examples"] = {"validation": 8}
+    ctx = _cls_study(tmp_path, tiny_model_dir, rows, split=capped)
+    with pytest.raises(TuneproofError, match=r"splits.json was cut with other split settings .*runs r0002 used it"):
+        ctx.all_splits

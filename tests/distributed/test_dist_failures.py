@@ -11,8 +11,8 @@ import torch
 
 from dist_helpers import SKIP, dist_study, run_cli
 from tuneproof.context import StudyContext
-from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.recipes.preflight import require_preflight
+from tuneproof.errors import TuneproofError
+from tuneproof.recipes.preflight import matching_preflight
 from tuneproof.recipes.torchrun import check_launch
 from tuneproof.registry import Registry
 from tuneproof.training.parallel import block_classes
@@ -139,10 +139,8 @@ def test_chunked_loss_is_refused_before_launch_and_a_distributed_preflight_is_no
     ctx.study.training.chunked_loss = False
     with ctx.registry.run("preflight", name="distributed") as run:
         run.update_summary(distributed=True, world_size=2)
-    with pytest.raises(CheckFailed) as err:
-        require_preflight(ctx, None)
-    assert err.value.message == (
-        f"train refused: no preflight has passed in this study; only the distributed preflight {run.id} "
+    assert matching_preflight(ctx)[1] == (
+        f"no preflight has passed in this study; only the distributed preflight {run.id} "
         "(`tuneproof preflight --nproc-per-node N`), which checks the distributed step and does not replace the "
         "single-process `tuneproof preflight`"
     )

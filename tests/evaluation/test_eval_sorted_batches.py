@@ -115,3 +115,39 @@ def test_sorted_classification_keeps_each_prediction_with_its_example():
     alone = [run(1, False, [e])[0] for e in examples]
     assert run(3, True) == run(3, False) == alone
     assert len(set(alone)) > 1
+
+
+def test_generation_progress_moves_per_decoding_step_not_per_batch():
+    """A batch of 16 showed "0/16 ETA ?" for 20 minutes: the bar now moves at each decoding step (one
+    token slot per row), and the calls add up to examples x max_new_tokens, batches that end early included."""
+    tok = make_tokenizer(chat_template=None)
+    model = make_llama(len(tok), seed=3)
+    pipe = TextPipeline(tok, Prompt(system=None, template="Q: {text}"), 128)
+    examples = [Example(id=f"ex{i}", text=t) for i, t in enumerate(TEXTS)]
+    tokens: list[int] = []
+    done: list[int] = []
+    outputs = generate(
+        model,
+        tok,
+        pipe,
+        examples,
+        Eval(max_new_tokens=6, batch_size=8),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        progress=done.append,
+        token_progress=tokens.append,
+    )
+    assert done == [8]  # one batch: examples finished once
+    assert sum(tokens) == 8 * 6
+    steps = [k for k in tokens if k == 8]
+    assert len(steps) >= 2 and tokens[: len(steps)] == steps  # 8 slots at each decoding step, then what was left
+    plain = generate(
+        model,
+        tok,
+        pipe,
+        examples,
+        Eval(max_new_tokens=6, batch_size=8),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+    )
+    assert outputs == plain  # counting never changes what is generated

@@ -79,7 +79,10 @@ def test_export_binds_the_adapter_and_processor_and_verifies_in_a_fresh_process(
     card = ModelCard.load(bundle / "README.md")  # as the Hub reads it: an image classifier, its results
     assert card.data.pipeline_tag == "image-classification" and card.data.base_model is None
     assert {r.metric_type for r in card.data.eval_results} >= {"accuracy", "macro_f1"}
-    assert "AutoModelForImageClassification.from_pretrained(" in card.content and ", num_labels=3)" in card.content
+    assert (
+        "AutoModelForImageClassification.from_pretrained(" in card.content
+        and ", num_labels=3, id2label=dict(enumerate(labels))" in card.content
+    )
     assert "pass predictions: 8 of 8 predictions identical on cpu; max |logit diff| 0" in " ".join(out.split())
     from tuneproof.cli import main
 

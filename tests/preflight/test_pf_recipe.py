@@ -5,6 +5,7 @@ gate of ``train`` (exit 3 without a matching preflight, naming the changed keys;
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tuneproof.cli import main
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.preflight.environment import parse_memory
-from tuneproof.recipes.preflight import PREFLIGHT_FILE, require_preflight, run_preflight
+from tuneproof.recipes.preflight import PREFLIGHT_FILE, matching_preflight, require_preflight, run_preflight
 from tuneproof.registry import Registry
 
 WORDS = (
@@ -281,15 +282,25 @@ def test_precision_the_device_cannot_do_fails_before_any_model_work(tmp_path, ti
     assert (study / "runs" / rec.id / "config.json").exists() and rec.config_hash
 
 
-def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp_path, tiny_model_dir, passed):
+def test_train_runs_a_missing_preflight_inline_then_reuses_it_and_records_an_override(
+    tmp_path, tiny_model_dir, passed, capsys
+):
     fresh = make_study(tmp_path / "fresh", tiny_model_dir)
     assert cli("baseline", "--study", str(fresh)) == 0  # runs the data check inline first (docs/PROTOCOL.md steps 3, 2)
-    with pytest.raises(CheckFailed, match="no preflight has passed") as err:
-        require_preflight(StudyContext.open(fresh), None)
-    assert "tuneproof preflight" in str(err.value) and err.value.exit_code == 3
-    assert cli("train", "--study", str(fresh)) == 3
-    assert Registry(fresh).list(kind="train") == []
-    # the study with a passed preflight: accepted for the same config, refused once the config changes, naming the keys
+    assert matching_preflight(StudyContext.open(fresh))[:2] == (None, "no preflight has passed in this study")
+    capsys.readouterr()
+    assert cli("train", "--study", str(fresh)) == 0  # like the data check, the missing preflight runs inline
+    out = " ".join(capsys.readouterr().out.split())
+    pf = Registry(fresh).latest("preflight")
+    train = Registry(fresh).latest("train")
+    assert pf.status == "completed" and train.status == "completed" and pf.seq < train.seq
+    assert train.summary["preflight_run"] == pf.id
+    assert (
+        "no preflight for this configuration (no preflight has passed in this study): running "
+        f"`tuneproof preflight --study {fresh}` now, its time is not known yet (no earlier preflight in this study)"
+    ) in out
+    assert re.search(rf"preflight {pf.id} passed in \d+ (s|min \d\d s); training goes on", out)
+    # the study with a passed preflight: accepted for the same config; a changed config names the keys
     study, run_id = passed
     assert require_preflight(StudyContext.open(study), None) == run_id
     cfg = StudyContext.open(study).config
@@ -297,12 +308,11 @@ def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp
         study,
         config={**cfg, "method": {**cfg["method"], "r": 8}, "training": {**cfg["training"], "learning_rate": 0.02}},
     )
-    with pytest.raises(CheckFailed) as err:
-        require_preflight(changed, None)
-    assert (
+    assert matching_preflight(changed)[:2] == (
+        None,
         f"the latest passed preflight {run_id} was for another configuration: "
-        "config method.r: 4 -> 8, training.learning_rate: 0.01 -> 0.02 changed"
-    ) in str(err.value)
+        "config method.r: 4 -> 8, training.learning_rate: 0.01 -> 0.02 changed",
+    )
     # keys that cannot change what the preflight measured keep it valid
     same = StudyContext.open(
         study,
@@ -316,8 +326,7 @@ def test_train_refused_without_preflight_then_accepted_and_override_recorded(tmp
     assert require_preflight(same, None) == run_id
     # an eval key the smoke pass uses invalidates it
     batch = StudyContext.open(study, config={**cfg, "eval": {**cfg["eval"], "batch_size": 2}})
-    with pytest.raises(CheckFailed, match=r"config eval.batch_size: 4 -> 2 changed"):
-        require_preflight(batch, None)
+    assert matching_preflight(batch)[1].endswith("config eval.batch_size: 4 -> 2 changed")
     # an explicit override trains and is recorded in the run
     assert cli("train", "--study", str(fresh), "--skip-preflight", "tiny smoke study") == 0
     rec = Registry(fresh).latest("train")
@@ -489,5 +498,7 @@ def test_speedups_auto_runs_the_checks_of_what_it_turns_on_and_its_list_keeps_th
     listed = {**cfg["training"], "speedups": ["chunked_loss"], "chunked_loss": True}
     assert require_preflight(StudyContext.open(study, config={**cfg, "training": listed}), None) == rid
     other = {**listed, "speedups": ["chunked_loss", "length_grouping"], "length_grouping": True}
-    with pytest.raises(CheckFailed, match=r"training.length_grouping: false -> true"):
-        require_preflight(StudyContext.open(study, config={**cfg, "training": other}), None)
+    assert (
+        "training.length_grouping: false -> true"
+        in matching_preflight(StudyContext.open(study, config={**cfg, "training": other}))[1]
+    )

@@ -1,5 +1,6 @@
 """One optimizer step changes exactly the trained tensors (docs/PROTOCOL.md step 4, docs/CASES.md C7)."""
 
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -10,7 +11,9 @@ from torch import nn
 from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
 
 from tuneproof.errors import TuneproofError
+from tuneproof.preflight import update_check
 from tuneproof.preflight.update_check import check_update
+from tuneproof.study import Training
 from tuneproof.training.loss import token_loss_sum
 
 
@@ -184,3 +187,65 @@ def test_batch_without_supervised_tokens_is_a_user_error():
     batch["labels"][:] = -100
     with pytest.raises(TuneproofError, match="no supervised tokens"):
         check_update(tiny_llama(), batch)
+
+
+def _frozen_after_a_backward():
+    """A tiny Llama whose embedding got a .grad from a backward and was frozen afterwards."""
+    model = tiny_llama()
+    batch = lm_batch()
+    model(**batch).loss.backward()
+    emb = model.get_input_embeddings().weight
+    assert emb.grad is not None and bool((emb.grad != 0).any())
+    emb.requires_grad_(False)  # frozen, .grad left as it was
+    return model, batch, emb
+
+
+def test_a_frozen_tensor_the_optimizer_moves_with_a_stale_grad_is_named_after_the_real_step():
+    model, batch, emb = _frozen_after_a_backward()
+    before = emb.detach().clone()
+    stale = emb.grad.clone()
+    # a plain loop's optimizer over every tensor of the model, with weight decay
+    r = check_update(
+        model, batch, optimizer_factory=lambda _ps: torch.optim.AdamW(model.parameters(), weight_decay=0.01)
+    )
+    assert r["passed"] is False
+    assert r["frozen_changed"] == ["model.embed_tokens.weight"]
+    assert r["frozen_held_by_optimizer"] == ["model.embed_tokens.weight"]
+    assert r["frozen_with_grad"] == ["model.embed_tokens.weight"]
+    assert "1 of 1 frozen tensors changed: model.embed_tokens.weight" in r["message"]
+    assert "whose .grad held a value set before they were frozen" in r["message"]
+    assert "model.zero_grad(set_to_none=True)" in r["message"]
+    # restored bitwise, the stale .grad included (a copy, not the tensor the backward added to)
+    assert torch.equal(emb, before) and torch.equal(emb.grad, stale)
+    # the same model with the optimizer over the trainable tensors only: the frozen tensor stays put
+    ok = check_update(model, batch, optimizer_factory=lambda ps: torch.optim.AdamW(ps, weight_decay=0.01))
+    assert ok["passed"], ok["message"]
+    assert ok["frozen_held_by_optimizer"] == [] and ok["frozen_with_grad"] == ["model.embed_tokens.weight"]
+
+
+def test_a_stale_grad_on_a_trainable_tensor_is_not_taken_for_its_gradient():
+    model, batch = tiny_llama(), lm_batch()
+    clean = check_update(model, batch)
+    head = model.get_output_embeddings().weight
+    head.grad = torch.full_like(head, 0.5)  # left from an earlier backward
+    r = check_update(model, batch)
+    assert r["grad_norms"]["lm_head.weight"] == pytest.approx(clean["grad_norms"]["lm_head.weight"], rel=1e-5)
+    assert torch.equal(head.grad, torch.full_like(head, 0.5))  # restored
+
+
+def test_the_preflight_update_check_steps_the_runs_own_optimizer(monkeypatch):
+    model, batch, _ = _frozen_after_a_backward()
+    cfg = Training(max_steps=1, learning_rate=1e-3, weight_decay=0.01)
+    ok = update_check.check_update_step(model, batch, contextlib.nullcontext, cfg)
+    assert ok["passed"], ok["message"]
+    assert ok["numbers"]["frozen_held_by_optimizer"] == 0
+    # a loop whose optimizer holds every tensor (the fault injected where the run builds it)
+    monkeypatch.setattr(
+        update_check,
+        "build_optimizer",
+        lambda m, c: torch.optim.AdamW(m.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay),
+    )
+    bad = update_check.check_update_step(model, batch, contextlib.nullcontext, cfg)
+    assert bad["passed"] is False
+    assert bad["details"]["frozen_changed"] == ["model.embed_tokens.weight"]
+    assert bad["numbers"]["frozen_held_by_optimizer"] == 1

@@ -87,6 +87,16 @@ def test_multilabel_audit_support_per_label_and_cardinality():
     ]
     assert "label 'b' is in train but not in validation: it is never measured there (support 0)" in rep["warnings"]
     assert "validation: 1 example(s) have an empty label set" in rep["warnings"]
+    # a label only in the reserved test split (data.test_split) warns by name; in validation it stays a fault
+    splits["heldout"] = [ex(7, ["e"])]
+    rep = get_task("multi-label").audit(splits, TaskConfig.make(test_split="heldout"))
+    assert rep["hard_faults"] == [
+        "label 'd' is in validation (1 example: d.jsonl:5) but never in train: the model cannot learn it"
+    ]
+    assert (
+        "label 'e' is in heldout (1 example: d.jsonl:7) but never in train: the model cannot learn it; "
+        "its examples count against every candidate on the 'heldout' split"
+    ) in rep["warnings"]
 
 
 def test_multilabel_paired_comparison_and_per_label_guard():

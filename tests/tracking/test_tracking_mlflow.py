@@ -446,3 +446,30 @@ def test_invalidate_from_the_command_line_reaches_the_tracker(tmp_path, base, st
     mirrored = _runs(store, "cli-invalidate")[run_id]
     assert mirrored.info.status == "FAILED" and mirrored.data.tags["tuneproof.status"] == "invalid"
     assert mirrored.data.tags["tuneproof.reason"].startswith("label leak found")
+
+
+def test_an_interrupted_run_is_not_sent_as_the_command_exits_and_the_next_run_sends_it(tmp_path, base, store):
+    """Ctrl-C exits at once: the interrupted run is left pending (no tracker round trip on the way out) and
+    the next run's end sends it, KILLED, with its steps."""
+    import json
+
+    from tuneproof.context import StudyContext
+
+    study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": store, "experiment": "ctrl-c"}}})
+    ctx = StudyContext.open(study)
+
+    def ctrl_c(run):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _fake_train(ctx, [3.0, 2.5], during=ctrl_c)
+    (rec,) = ctx.registry.list(kind="train")
+    assert rec.status == "interrupted"
+    state = json.loads((ctx.registry.runs_dir / rec.id / "tracking.json").read_text())
+    assert state["pending"] is True
+    assert _runs(store, "ctrl-c")[rec.id].info.status == "RUNNING"  # opened as it started, not ended on the way out
+    _fake_train(ctx, [2.0, 1.0], name="next")
+    sent = _runs(store, "ctrl-c")[rec.id]
+    assert sent.info.status == "KILLED" and sent.data.tags["tuneproof.status"] == "interrupted"
+    assert [m.value for m in _client(store).get_metric_history(sent.info.run_id, "train/loss")] == [3.0, 2.5]
+    assert json.loads((ctx.registry.runs_dir / rec.id / "tracking.json").read_text())["pending"] is False

@@ -135,10 +135,31 @@ def test_bad_variants_stop_before_any_run(parent, capsys):
     assert code == 2 and "they need --from RUN" in out
     code, out = cli(capsys, study, "train", "--from", "r0099", "--set", "method.r=8")
     assert code == 2 and "run 'r0099' does not exist" in out
-    with pytest.raises(SystemExit) as exit_:  # a variant is a new config: it needs its preflight like any run
-        main(["train", "--from", pid, "--grid", "method.r=8,16", "--study", str(study)])
-    assert exit_.value.code == 3 and "train refused" in capsys.readouterr().out
     assert len(Registry(study).list()) == n
+
+
+def test_a_variant_runs_its_missing_preflight_inline_and_a_failed_one_refuses_it(parent, capsys):
+    """README's ``train --from r0004 --set method.r=16`` was refused for a missing preflight: a variant is a
+    new config, its preflight runs inline (saying so and how long), and a failed one refuses the variant."""
+    study, pid = parent
+    n_train = len(Registry(study).list(kind="train"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--from", pid, "--set", "method.target_modules=[no_such_module]", "--study", str(study)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 3, out
+    failed = Registry(study).latest("preflight", status="failed")
+    assert "no preflight for this configuration (no preflight has passed in this study): running" in out
+    assert f"train refused: the preflight run now failed: preflight {failed.id}: " in out
+    assert len(Registry(study).list(kind="train")) == n_train  # no variant trained
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--from", pid, "--set", "method.r=16", "--study", str(study)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0, out
+    pf = Registry(study).latest("preflight")
+    variant = Registry(study).latest("train")
+    assert pf.status == "completed" and variant.summary["preflight_run"] == pf.id
+    assert variant.summary["variant"]["change"] == "method.r: 4 -> 16" and "preflight_override" not in variant.summary
+    assert f"preflight {pf.id} passed in " in out and "training goes on" in out
 
 
 def test_multi_change_and_inherited_changes_are_stated(parent, capsys):

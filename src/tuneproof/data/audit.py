@@ -12,6 +12,7 @@ from typing import Any
 
 from tuneproof.data.dedup import SPLIT_ORDER, normalise
 from tuneproof.data.examples import Example
+from tuneproof.data.invisible import remove_invisible
 from tuneproof.errors import TuneproofError
 from tuneproof.ui import capped
 
@@ -36,7 +37,7 @@ def _is_empty(label: Any) -> bool:
     return label is None or (isinstance(label, str) and not label.strip())
 
 
-def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
+def audit_labels(splits: dict[str, list[Example]], reserved: str | None = "test") -> dict[str, Any]:
     """Class balance and label consistency across splits.
 
     Returns a dict with keys:
@@ -55,7 +56,9 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
 
     Rules (tuneproof's own): hard faults are empty labels among labelled data, and a class of an
     evaluation split (any split but ``train``) that ``train`` never shows (the model cannot learn
-    it). Warnings: a train class absent from an evaluation split (it is never measured),
+    it), unless the class is only in ``reserved`` (the sealed test split, ``data.test_split``):
+    nothing can be fixed there before training, so it is a warning naming the class and its rows.
+    Warnings: a train class absent from an evaluation split (it is never measured),
     conflicting labels, and an imbalance ratio above 10. A study without any label (all ``None``)
     gives empty results and no fault.
 
@@ -95,10 +98,15 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
                     for ex in splits[s]
                     if not _is_empty(ex.label) and str(ex.label) == lab
                 ]
-                hard.append(
+                line = (
                     f"class '{lab}' is in {', '.join(present)} ({len(rows)} example{'s' if len(rows) != 1 else ''}: "
                     f"{_listing(rows)}) but never in train: the model cannot learn it"
                 )
+                # only in the reserved test split: nothing to fix before baseline/train (the split is sealed)
+                if present == [reserved]:
+                    warn.append(line + f"; its examples count against every candidate on the '{reserved}' split")
+                else:
+                    hard.append(line)
             else:
                 warn.append(f"class '{lab}' is in train but not in {', '.join(absent)}: it is never measured there")
 
@@ -133,14 +141,16 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
         shown = [f"{c['examples'][0]['id']} ({' / '.join(c['labels'])})" for c in conflicts]
         warn.append(f"{len(conflicts)} text(s) appear with different labels: {_listing(shown)}")
 
-    # labels that differ only in case or spaces ('sport', 'Sport ', 'sport '): separate classes to the model
+    # labels that differ only in case, spaces or invisible characters ('sport', 'Sport ', 'sport\u200b'):
+    # separate classes to the model
     variants: dict[str, list[str]] = defaultdict(list)
     for lab in all_labels:
-        variants[" ".join(lab.split()).casefold()].append(lab)
+        variants[" ".join(remove_invisible(lab).split()).casefold()].append(lab)
     near_labels = [sorted(v) for v in variants.values() if len(v) > 1]
     for group in near_labels:
         warn.append(
-            f"labels {', '.join(repr(x) for x in group)} differ only in case or spaces: they are {len(group)} separate "
+            f"labels {', '.join(repr(x) for x in group)} differ only in case, spaces or invisible characters: they are "
+            f"{len(group)} separate "
             "classes to the model; fix the label column if they are one class"
         )
 
@@ -252,7 +262,10 @@ def json_list_field(target: str | None, key: str) -> list | None:
 
 
 def audit_label_sets(
-    sets: dict[str, list[list[str] | None]], what: str = "label", sources: dict[str, list[str]] | None = None
+    sets: dict[str, list[list[str] | None]],
+    what: str = "label",
+    sources: dict[str, list[str]] | None = None,
+    reserved: str | None = "test",
 ) -> dict[str, Any]:
     """Per-label audit of a multi-label field (tests/tasks/test_task_data_check.py): support per label, label-set
     cardinality.
@@ -267,7 +280,8 @@ def audit_label_sets(
         ``{"support": {split: {label: examples holding it}}, "cardinality": {split: {"mean",
         "min", "max", "histogram": {size: examples}}}, "labels": sorted labels, "hard_faults",
         "warnings"}``. Hard fault: a label of an evaluation split that train never shows (the
-        model cannot learn it). Warnings: a train label absent from an evaluation split (never
+        model cannot learn it); a warning instead when only ``reserved`` (the sealed test split)
+        holds it. Warnings: a train label absent from an evaluation split (never
         measured there, its per-label guard reads "not measurable"), and examples with an empty
         label set.
     """
@@ -306,9 +320,11 @@ def audit_label_sets(
                 if lab in {str(x).strip() for x in labs or []}
             ]
             where = f" ({len(rows)} example{'s' if len(rows) != 1 else ''}: {_listing(rows)})" if rows else ""
-            hard.append(
-                f"{what} '{lab}' is in {', '.join(present)}{where} but never in train: the model cannot learn it"
-            )
+            line = f"{what} '{lab}' is in {', '.join(present)}{where} but never in train: the model cannot learn it"
+            if present == [reserved]:  # only in the sealed test split: a warning, nothing to fix before training
+                warn.append(line + f"; its examples count against every candidate on the '{reserved}' split")
+            else:
+                hard.append(line)
         elif absent:
             warn.append(
                 f"{what} '{lab}' is in train but not in {', '.join(absent)}: it is never measured there (support 0)"

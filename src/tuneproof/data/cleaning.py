@@ -14,6 +14,7 @@ import unicodedata
 from dataclasses import replace
 
 from tuneproof.data.examples import Example
+from tuneproof.data.invisible import is_blank, remove_invisible
 from tuneproof.errors import TuneproofError
 
 _WS = re.compile(r"\s+")
@@ -23,12 +24,15 @@ RULES = {
     "strip": lambda t: t.strip(),
     "collapse_whitespace": lambda t: _WS.sub(" ", t),
     "nfkc": lambda t: unicodedata.normalize("NFKC", t),
+    "remove_invisible": remove_invisible,
 }
 
 
 def clean(examples: list[Example], rules: list[str]) -> tuple[list[Example], list[dict[str, str]]]:
     """Apply ``rules`` in order to each text (and to the earlier user turns of chat data).
-    ``drop_empty`` drops examples whose text is empty (or only whitespace) after the other rules.
+    ``drop_empty`` drops examples whose text shows nothing after the other rules: empty, or only
+    whitespace and invisible characters (``"\u200b"``, :func:`tuneproof.data.invisible.is_blank`).
+    ``remove_invisible`` deletes zero-width and other invisible characters (:mod:`tuneproof.data.invisible`).
 
     Returns ``(kept, dropped)``; ``dropped`` is ``[{"id", "source", "rule"}]`` in input order
     (``source`` is the example's ``file:line``).
@@ -36,7 +40,7 @@ def clean(examples: list[Example], rules: list[str]) -> tuple[list[Example], lis
     kept, dropped = [], []
     for ex in examples:
         text = _apply(ex.text, rules)
-        if "drop_empty" in rules and not text.strip():
+        if "drop_empty" in rules and is_blank(text):
             dropped.append({"id": ex.id, "source": ex.source or ex.id, "rule": "drop_empty"})
             continue
         # chat data: the earlier user turns are inputs too, cleaned alike (system and assistant turns as written)
@@ -58,9 +62,10 @@ def validate(examples: list[Example]) -> None:
     """Refuse empty texts left after cleaning (all of them named, up to 5, with the count).
 
     Raises:
-        TuneproofError: at least one example has an empty or whitespace-only text.
+        TuneproofError: at least one example's text shows nothing (empty, whitespace or invisible
+            characters only, such as a lone U+200B ZERO WIDTH SPACE).
     """
-    empty = [ex.source or ex.id for ex in examples if not ex.text.strip()]
+    empty = [ex.source or ex.id for ex in examples if is_blank(ex.text)]
     if empty:
         shown = ", ".join(empty[:_LISTED]) + (f" and {len(empty) - _LISTED} more" if len(empty) > _LISTED else "")
         raise TuneproofError(

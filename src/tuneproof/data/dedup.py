@@ -4,8 +4,9 @@ training and in evaluation).
 Three levels, each containing the one before it:
 
 - ``exact``: the two texts are identical, byte for byte.
-- ``normalised``: identical after :func:`normalise` (NFKC, casefold, punctuation removed,
-  whitespace collapsed), e.g. ``"hello world "`` and ``"Hello, world"``.
+- ``normalised``: identical after :func:`normalise` (invisible characters such as U+200B removed,
+  NFKC, casefold, punctuation removed, whitespace collapsed), e.g. ``"hello world "`` and
+  ``"Hello, world"``, or ``"hello\u200bworld"`` and ``"helloworld"``.
 - ``near``: the Jaccard similarity of the two shingle sets (word or character n-grams of the
   normalised texts) is at least ``threshold``. Normalised-identical pairs count here too.
 
@@ -48,6 +49,7 @@ import numpy as np
 from datasketch import MinHash
 
 from tuneproof.data.examples import Example
+from tuneproof.data.invisible import invisible_code_points, remove_invisible
 from tuneproof.errors import TuneproofError
 
 SPLIT_ORDER = ("train", "validation", "test")
@@ -60,19 +62,25 @@ _CHUNK_SHINGLES = 1 << 16  # shingles hashed per numpy block: 65,536 x num_perm 
 def normalise(text: str) -> str:
     """The text used for the ``normalised`` level and for shingling.
 
-    Steps, in order: Unicode NFKC, ``str.casefold``, every character of a Unicode punctuation
-    category (``P*``: ``.,?!'"-()`` and their non-ASCII forms) removed (deleted, not replaced by a
-    space: ``"don't"`` -> ``"dont"``), whitespace runs collapsed to one space and stripped.
-    Symbols (``$``, ``%``, ``+``) and digits are kept: they change the meaning.
+    Steps, in order: invisible characters deleted (zero-width space, ZWNJ, ZWJ, byte-order mark,
+    soft hyphen, bidi marks, variation selectors, every Unicode ``Cf`` format character and
+    non-whitespace control: :mod:`tuneproof.data.invisible`), Unicode NFKC, ``str.casefold``,
+    every character of a Unicode punctuation category (``P*``: ``.,?!'"-()`` and their non-ASCII
+    forms) and every invisible character NFKC produced removed (deleted, not replaced by a space:
+    ``"don't"`` -> ``"dont"``, ``"pay\u200bment"`` -> ``"payment"``), whitespace runs collapsed to
+    one space and stripped. Symbols (``$``, ``%``, ``+``) and digits are kept: they change the
+    meaning.
     """
-    text = unicodedata.normalize("NFKC", text).casefold().translate(_punctuation_table())
+    text = unicodedata.normalize("NFKC", remove_invisible(text)).casefold().translate(_deletion_table())
     return " ".join(text.split())
 
 
 @functools.cache
-def _punctuation_table() -> dict[int, None]:
-    # Every code point of a Unicode punctuation category, mapped to deletion (built once, ~0.2 s).
-    return dict.fromkeys(cp for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] == "P")
+def _deletion_table() -> dict[int, None]:
+    # Every code point of a Unicode punctuation category and every invisible one, mapped to
+    # deletion (built once, ~0.5 s).
+    punctuation = (cp for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] == "P")
+    return dict.fromkeys(invisible_code_points().union(punctuation))
 
 
 def shingle_set(normalised_text: str, shingles: str = "word", ngram: int = 3) -> set[str]:
@@ -578,7 +586,7 @@ def find_duplicates(
         "lsh_rows": r,
         "estimate_floor": estimate_floor(threshold, num_perm),
         "verification": "exact Jaccard of shingle sets",
-        "normalisation": "NFKC, casefold, punctuation removed, whitespace collapsed",
+        "normalisation": "invisible characters removed, NFKC, casefold, punctuation removed, whitespace collapsed",
     }
     return DedupReport(settings, {s: len(splits[s]) for s in names}, pairs)
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages
+from tuneproof.data.chat_template import KWARGS_KEY, TEMPLATE_KEY, ChatTemplate, special_texts, split_generation
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
-from tuneproof.errors import CheckFailed
+from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.study import render_prompt
 from tuneproof.ui import visible_text
 
@@ -56,6 +57,13 @@ class Encoded:
         prefix_diff: when the training text does not start with the inference prompt (docs/CASES.md C3
             kind): ``{"prompt", "training_prefix", "first_difference", "diff"}`` from the
             template's own rendering, see :func:`char_diff`; else None.
+        before_answer, before_tokens: text the template supervises between the inference prompt and the
+            answer (an empty think block, channel markers) and its supervised tokens.
+        gold_answer: the supervised span decoded and parsed as the evaluation does (``eval.answer_from``),
+            None for sequence classification: a model that emits exactly the supervised tokens is scored on it.
+        gold_roundtrip: False when ``gold_answer`` differs from the reference because the tokenizer itself does
+            not decode the reference's tokens back to its text (a warning; a difference the template or the
+            parsing makes is a fault).
         context_supervised: chat data under ``data.chat.train_on: all_assistant``: the supervised
             tokens of the earlier assistant turns (inside the prompt), end tokens included.
     """
@@ -78,6 +86,10 @@ class Encoded:
     answer_lost: int = 0
     end_cut: bool = False
     prefix_diff: dict[str, Any] | None = None
+    before_answer: str = ""
+    before_tokens: int = 0
+    gold_answer: str | None = None
+    gold_roundtrip: bool = True
     context_supervised: int = 0
 
 
@@ -116,6 +128,15 @@ class TextPipeline:
         max_length: tokens per example after truncation.
         loss: ``answer_only`` or ``full_sequence``.
         labels: class names for sequence classification (index = position), else None.
+        chat: the study's :class:`~tuneproof.data.chat_template.ChatTemplate` (``model.chat_template``,
+            ``model.chat_template_kwargs``, ``model.end_of_turn``); default: the tokenizer's template as is.
+        answer_from: ``eval.answer_from`` (how the data check reads the gold answer back, as eval does).
+
+    Every render (training text, inference prompt, data check, inspect, baseline, eval) is
+    ``chat.render(self._messages(...))``: the message list is built in one method, the template applied in one.
+
+    Raises:
+        TuneproofError: the chat template cannot be compiled or rendered, or ``model.end_of_turn`` is no token.
         train_on: ``data.chat.train_on`` (``last`` or ``all_assistant``): which assistant turns of
             chat data are supervised.
     """
@@ -128,6 +149,9 @@ class TextPipeline:
         loss: str = "answer_only",
         labels: list[str] | None = None,
         train_on: str = "last",
+        *,
+        chat: ChatTemplate | None = None,
+        answer_from: str = "auto",
     ):
         self.tok = tokenizer
         self.prompt = prompt
@@ -135,8 +159,12 @@ class TextPipeline:
         self.loss = loss
         self.labels = labels
         self.train_on = train_on
-        self.use_chat = bool(getattr(tokenizer, "chat_template", None))
-        self.end_token = tokenizer.eos_token
+        self.answer_from = answer_from
+        self.chat = chat if chat is not None else ChatTemplate(tokenizer, plain=labels is not None)
+        self.use_chat = self.chat.text is not None
+        self.end_token = self.chat.end_of_turn
+        self.stop_ids = self.chat.stop_ids
+        self._specials = special_texts(tokenizer)
 
     # ------------------------------------------------------------------ text
     def _messages(self, ex: Example) -> list[dict[str, str]]:
@@ -145,8 +173,10 @@ class TextPipeline:
         return prompt_messages(ex, self.prompt)
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        """The chat template applied to ``messages`` (text, not tokens)."""
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        """The chat template applied to ``messages`` (text, not tokens): :meth:`ChatTemplate.render
+        <tuneproof.data.chat_template.ChatTemplate.render>` (``model.chat_template``, its kwargs, the system
+        folded where the template has no system role; a template error is one line)."""
+        return self.chat.render(messages, add_generation_prompt)
 
     def prompt_text(self, ex: Example | str) -> str:
         """The exact text the model is given at inference time (ends with the generation prompt).
@@ -185,8 +215,12 @@ class TextPipeline:
         if self.labels is not None:
             return self._encode_cls(ex)
         target = ex.target if ex.target is not None else ""
-        prompt = self.prompt_text(ex)
-        full, start, end = self.training_text(ex, target)
+        try:
+            prompt = self.prompt_text(ex)
+            full, start, end = self.training_text(ex, target)
+        except TuneproofError as err:  # a template that fails on this example: named with its row
+            where = f" (row {ex.source})" if getattr(ex, "source", None) else ""
+            raise TuneproofError(f"example {ex.id}{where}: {err.message}", hint=err.hint) from None
         faults: list[str] = []
         if ex.context and not self.use_chat:
             faults.append(
@@ -208,6 +242,7 @@ class TextPipeline:
                 "the inference prompt does not contain the example's input text (the chat template drops the user's "
                 "content when add_generation_prompt=True): the model would be asked without its input"
             )
+        faults += self._text_faults(ex, target, prompt)
         if answer_missing:
             faults.append(
                 "the training text does not contain the answer (the chat template drops the assistant's content): "
@@ -218,11 +253,22 @@ class TextPipeline:
             prefix = full[:t_pos] if t_pos >= 0 else full[: len(prompt)]
             first, marked = char_diff(prompt, prefix)
             prefix_diff = {"prompt": prompt, "training_prefix": prefix, "first_difference": first, "diff": marked}
-            faults.append(
-                "the training text does not start with the inference prompt (the chat template changes the prompt "
-                f"when an answer follows; first difference at character {first}); the model would be trained on a "
-                "prefix it never sees at inference"
-            )
+            opened = self.chat.opened_think(prompt)
+            if opened is not None and opened not in prefix:
+                switch = self.chat.switch()
+                faults.append(
+                    f"the generation prompt opens a think block ('{visible(opened)}') that the training render does "
+                    "not close: the model would be trained to answer where it is given an open think block; either "
+                    "keep the reasoning in the target (targets written as 'reasoning</think>answer', with a "
+                    f"{TEMPLATE_KEY} that keeps them), or switch the block off: "
+                    + (switch or f"{TEMPLATE_KEY}: a template whose generation prompt does not open it")
+                )
+            else:
+                faults.append(
+                    "the training text does not start with the inference prompt (the chat template changes the "
+                    f"prompt when an answer follows; first difference at character {first}); the model would be "
+                    "trained on a prefix it never sees at inference"
+                )
             start = len(prompt)
             full = prompt + target + (self.end_token or "")
             end = len(full)
@@ -250,6 +296,10 @@ class TextPipeline:
         a_enc = self.tok(full[start:], add_special_tokens=False, return_offsets_mapping=True)
         a_ids = list(a_enc["input_ids"])
         a_off = [(a + start, b + start) for a, b in a_enc["offset_mapping"]]
+        # what a model that emits exactly the supervised tokens generates, read back as the evaluation reads it
+        emitted = [tid for tid, (a, b) in zip(a_ids, a_off) if a >= start and b <= end and b > a]
+        before_tokens = sum(1 for a, b in a_off if a >= start and b <= t_at and b > a) if t_at >= 0 else 0
+        gold = split_generation(self.tok, emitted, self.stop_ids, self.answer_from, self._specials)[1]
         if self.loss == "answer_only":
             a_labels = [
                 tid if (a >= start and b <= end and b > a) else IGNORE_INDEX for tid, (a, b) in zip(a_ids, a_off)
@@ -313,8 +363,26 @@ class TextPipeline:
             sup = [lab for lab in labels if lab != IGNORE_INDEX]
             if sup and sup[-1] != end_id:
                 faults.append(
-                    f"the end token {self.end_token!r} is not supervised (the model would never learn to stop)"
+                    f"the end token {self.end_token!r} ({self.chat.end_of_turn_from}) is not supervised (the model "
+                    "would never learn to stop): set model.end_of_turn to the one token the chat template puts after "
+                    "an assistant's answer"
                 )
+        roundtrip = True
+        if not faults and target and gold != target.strip():
+            alone = self.tok.decode(self.tok(target, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
+            roundtrip = alone.strip() == target.strip()
+        if not roundtrip:  # the tokenizer itself does not give the text back: a warning of the data check
+            notes.append(
+                f"the tokenizer decodes the reference as '{visible(gold[:80])}', not "
+                f"'{visible(target.strip()[:80])}': a model that learned exactly its training tokens would answer so"
+            )
+        elif not faults and target and gold != target.strip():
+            faults.append(
+                f"the supervised answer, decoded and parsed as the evaluation does (eval.answer_from: "
+                f"{self.answer_from}), gives '{visible(gold[:80])}', not the reference "
+                f"'{visible(target.strip()[:80])}': "
+                "a model that learned exactly its training tokens would be scored wrong"
+            )
         if (
             self.loss == "answer_only"
             and not context_sup
@@ -340,7 +408,112 @@ class TextPipeline:
             end_cut=end_cut,
             prefix_diff=prefix_diff,
             context_supervised=context_sup,
+            before_answer=before if before.strip() else "",
+            before_tokens=before_tokens if before.strip() else 0,
+            gold_answer=gold if target else None,
+            gold_roundtrip=roundtrip,
         )
+
+    def _text_faults(self, ex: Example, target: str, prompt: str) -> list[str]:
+        """Faults of the texts themselves, before any token is counted: a special token's text inside a target or
+        an input (the tokenizer turns it into that token: an end of turn inside an answer is learned as the place
+        to stop), a system message the rendered prompt does not hold, text injected by the template that changes
+        between two renders of the same example (today's date)."""
+        faults = []
+        where = f" (row {ex.source})" if getattr(ex, "source", None) else ""
+        messages = self._messages(ex)
+        earlier = [(f"{m.get('role')} turn of its context", str(m.get("content") or "")) for m in messages[:-1]]
+        for what, text in (("target", target), ("input", ex.text), *earlier):
+            inside = [t for t in self._specials if t and text and t in text]
+            if inside:
+                eot = self.end_token in inside
+                faults.append(
+                    f"the {what} holds the text of the special token {inside[0]!r}"
+                    + (" (the end of turn)" if eot else "")
+                    + f"{where}: the tokenizer turns it into that token"
+                    + (", so the answer ends there and the model learns to stop early" if eot else "")
+                    + "; remove or escape it in the data"
+                )
+        if not self.use_chat:
+            return faults
+        for m in messages:
+            content = str(m.get("content") or "").strip()
+            if m.get("role") == "system" and content and content not in prompt:
+                faults.append(
+                    f"the system message '{visible(content[:60])}' does not appear in the rendered prompt (the chat "
+                    f"template drops it): it would never be seen in training or inference; set {TEMPLATE_KEY} to a "
+                    "template that renders it, or remove it"
+                )
+        injected = self.chat.injected(messages)
+        if injected is not None:
+            faults.append(
+                f"the chat template injects text that changes between two renders of this example "
+                f"('{visible(injected['first'])}' vs '{visible(injected['second'])}', e.g. today's date): an "
+                f"evaluation on another day would see another prompt than training; pin it: {self.chat.date_pin()}"
+            )
+        return faults
+
+    def template_report(self, encoded: list[Encoded]) -> dict[str, list[str]]:
+        """The data check's ``{"lines", "warnings"}`` on the chat template: which template, end of turn and
+        system role; text supervised before the answer with its token count and the key that removes it; the
+        gold chain (each reference given back by decode + parse of its supervised span; references the
+        tokenizer itself does not decode back are a warning). Causal LM only (empty lists otherwise)."""
+        if self.labels is not None:
+            return {"lines": [], "warnings": []}
+        rec = self.chat.record()
+        lines = [
+            (
+                f"chat template: {TEMPLATE_KEY} (sha256 {rec['sha256'][:12]})"
+                if rec["override"]
+                else (
+                    f"chat template: the tokenizer's (sha256 {rec['sha256'][:12]})"
+                    if self.use_chat
+                    else "chat template: none (the prompt is the user message and a newline)"
+                )
+            )
+            + (f", {KWARGS_KEY} {rec['kwargs']}" if rec["kwargs"] else "")
+            + f"; end of turn {self.end_token!r} ({self.chat.end_of_turn_from})"
+            + {
+                "native": "; system role: rendered",
+                "folded": f"; system role: {self.chat.system_why}, so the system text is folded into the first "
+                "user turn (system, blank line, user), as the family's own templates do",
+                "dropped": "; system role: the template drops system messages",
+                None: "",
+            }[self.chat.system_role]
+        ]
+        before = [e for e in encoded if e.before_answer]
+        if before:
+            text = max((e.before_answer for e in before), key=lambda t: sum(b.before_answer == t for b in before))
+            n_tok = next(e.before_tokens for e in before if e.before_answer == text)
+            switch = self.chat.switch()
+            lines.append(
+                f"supervised before the answer in {len(before)} of {len(encoded)} examples: '{visible(text)}' "
+                f"({n_tok} tokens); "
+                + (
+                    f"{switch} removes it"
+                    if switch
+                    else "the template offers no switch; eval.answer_from reads the answer after it"
+                )
+            )
+        judged = [e for e in encoded if e.gold_answer is not None]
+        wrong = [e for e in encoded if any("parsed as the evaluation does" in f for f in e.faults)]
+        lossy = [e for e in encoded if not e.gold_roundtrip]
+        warnings = []
+        if judged:
+            lines.append(
+                f"gold chain (eval.answer_from {self.answer_from}): the supervised span, decoded and parsed as the "
+                f"evaluation does, gives back {len(judged) - len(wrong) - len(lossy)} of {len(judged)} references "
+                "exactly"
+                + (f"; {len(wrong)} lost by the template or the parsing, first {wrong[0].id}" if wrong else "")
+                + (f"; {len(lossy)} not decoded back by the tokenizer itself, first {lossy[0].id}" if lossy else "")
+            )
+        if lossy:
+            warnings.append(
+                f"the tokenizer does not decode {len(lossy)} of {len(judged)} references back to their text (first "
+                f"{lossy[0].id}: '{visible((lossy[0].gold_answer or '')[:60])}'): a model that learned them exactly "
+                "would be scored on that text"
+            )
+        return {"lines": lines, "warnings": warnings}
 
     def _supervise_context(self, ex: Example, prompt: str, p_ids: list[int], p_off, labels: list[int], faults) -> int:
         """``data.chat.train_on: all_assistant``: label the prompt tokens of each earlier assistant

@@ -7,13 +7,20 @@ goes to one split whole, so tuneproof's own split never creates cross-split dupl
 manifest records that grouping rule.
 
 The manifest ``splits.json`` (example ids per split) is written once, the first time a study's
-data is prepared, and reused by every later run, so all runs see the same split. The reserved
-test split is withheld from every stage except ``tuneproof test``.
+data is prepared, and reused by every later run, so all runs see the same split. It records the
+split settings that cut it (:func:`split_settings`: ``data.split.*``, ``data.test_split``, the
+grouping rule). When the study's settings differ from the recorded ones, or the data no longer
+holds an id the manifest names, the splits are cut again and the manifest rewritten as long as no
+run has used it (a data check, passed or failed, does not count: it only reads); once a run has,
+the study is refused, naming the file, the settings that changed and the runs. A changed cap is
+never silently ignored. The reserved test split is withheld from every stage except ``tuneproof test``.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,13 +51,70 @@ def _label_queues(examples: list[Example], seed: int) -> tuple[list, list[list[E
     return labels, queues
 
 
+def label_classes(label: str | None) -> tuple[str, ...] | None:
+    """The classes an example's label names: a JSON array of strings (a multi-label example, or a
+    list-valued intent, kept by the reader as its JSON text) gives its members, sorted and unique;
+    any other label is one class. None for a label that is not a list."""
+    if not isinstance(label, str) or not label.startswith("["):
+        return None
+    try:
+        value = json.loads(label)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        return None
+    return tuple(sorted(set(value)))
+
+
+def _balanced_take_sets(examples: list[Example], n: int, seed: int) -> list[Example]:
+    """:func:`balanced_take` when labels are lists: each draw goes to the class held by the fewest
+    drawn examples so far (ties: sorted order) that still has an undrawn holder, from a seeded shuffle
+    of the examples holding it; a drawn example counts for every class it holds. So every class is
+    held by about the same number of drawn examples, whatever combinations the lists form (one
+    distinct list per example, as in NLU++, would otherwise decide the draw by the lists' sort
+    order). Examples with an empty list form the class ``"[]"``."""
+    rng = np.random.default_rng(seed)
+    holders: dict[str, list[Example]] = defaultdict(list)
+    classes_of: dict[str, tuple[str, ...]] = {}
+    for ex in examples:
+        classes = label_classes(ex.label)
+        if classes is None:  # a plain label beside list labels: its own class
+            classes = (str(ex.label),)
+        classes_of[ex.id] = classes or ("[]",)
+        for c in classes_of[ex.id]:
+            holders[c].append(ex)
+    queues: dict[str, list[Example]] = {}
+    for c in sorted(holders):
+        items = sorted(holders[c], key=lambda e: e.id)
+        queues[c] = [items[i] for i in rng.permutation(len(items))]
+    held = dict.fromkeys(queues, 0)
+    picked: dict[str, Example] = {}
+    while len(picked) < n:
+        for q in queues.values():
+            while q and q[-1].id in picked:
+                q.pop()
+        open_ = [c for c, q in queues.items() if q]
+        if not open_:
+            break
+        c = min(open_, key=lambda k: held[k])  # min keeps the first of equals: sorted order
+        ex = queues[c].pop()
+        picked[ex.id] = ex
+        for k in classes_of[ex.id]:
+            held[k] += 1
+    return sorted(picked.values(), key=lambda e: e.id)
+
+
 def balanced_take(examples: list[Example], n: int, seed: int) -> list[Example]:
     """A class-balanced subset of ``n`` examples, in id order: the same number per label (a round
     robin over the labels in sorted order, each drawing from its seeded shuffle), so every label gets
     ``n // n_labels`` examples, or all it has when fewer; the class proportions are not kept
-    (``data.split.subset: balanced``; ``eval.max_examples`` always draws this way)."""
+    (``data.split.subset: balanced``; ``eval.max_examples`` always draws this way). When labels are
+    lists (multi-label, a list-valued intent: :func:`label_classes`), each member class counts, not
+    each distinct list."""
     if n >= len(examples):
         return list(examples)
+    if any(label_classes(e.label) is not None for e in examples):
+        return _balanced_take_sets(examples, n, seed)
     _, queues = _label_queues(examples, seed)
     picked: list[Example] = []
     while len(picked) < n:
@@ -327,15 +391,49 @@ def build_splits(
 ID_NUMBERING = "file line"
 
 
-def manifest_of(splits: dict[str, list[Example]], grouping: dict | None = None, subset: dict | None = None) -> dict:
+def split_settings(policy, test_split: str, dedup=None) -> dict:
+    """The settings that decide which example goes to which split, as recorded in the manifest
+    (``settings``): ``data.split.seed``, ``fractions``, ``max_examples``, ``subset``, ``carve_from``,
+    ``data.test_split`` and the duplicate-grouping rule (:func:`grouping_rule`)."""
+    return {
+        "data.split.seed": policy.seed,
+        "data.split.fractions": dict(policy.fractions),
+        "data.split.max_examples": dict(policy.max_examples),
+        "data.split.subset": getattr(policy, "subset", "stratified"),
+        "data.split.carve_from": policy.carve_from,
+        "data.test_split": test_split,
+        "data.dedup (grouping)": {k: v for k, v in grouping_rule(dedup).items() if k != "rule"},
+    }
+
+
+def changed_settings(manifest: dict, settings: dict) -> list[str]:
+    """``["data.split.max_examples: {'validation': 70} -> {'validation': 50}", ...]``: the settings
+    that differ from those the manifest records. A manifest written before settings were recorded
+    is compared on what it holds: the caps of its ``subset`` record (none: uncapped)."""
+    recorded = manifest.get("settings")
+    if recorded is None:
+        caps = (manifest.get("subset") or {}).get("max_examples") or {}
+        recorded = {"data.split.max_examples": caps}
+    return [f"{k}: {recorded[k]} -> {settings[k]}" for k in settings if k in recorded and recorded[k] != settings[k]]
+
+
+def manifest_of(
+    splits: dict[str, list[Example]],
+    grouping: dict | None = None,
+    subset: dict | None = None,
+    settings: dict | None = None,
+) -> dict:
     """The manifest: example ids per split, their hash, how default ids number JSON Lines rows
-    (``id_numbering``), (when tuneproof cut splits) the grouping rule and (when
-    ``data.split.max_examples`` capped splits) how the subsets were drawn."""
+    (``id_numbering``), the split settings that cut it (``settings``, :func:`split_settings`), (when
+    tuneproof cut splits) the grouping rule and (when ``data.split.max_examples`` capped splits) how
+    the subsets were drawn."""
     out = {
         "splits": {name: [e.id for e in items] for name, items in sorted(splits.items())},
         "hash": sha256_json({n: [e.id for e in v] for n, v in sorted(splits.items())}),
         "id_numbering": ID_NUMBERING,
     }
+    if settings is not None:
+        out["settings"] = settings
     if grouping is not None:
         out["grouping"] = grouping
     if subset is not None:
@@ -344,36 +442,75 @@ def manifest_of(splits: dict[str, list[Example]], grouping: dict | None = None, 
 
 
 def freeze_or_reuse(
-    study_dir: Path, splits, examples: list[Example], grouping: dict | None = None, subset=None, info=None
+    study_dir: Path,
+    splits,
+    examples: list[Example],
+    grouping: dict | None = None,
+    subset=None,
+    info=None,
+    *,
+    settings: dict | None = None,
+    runs_using: Callable[[], list[str]] | None = None,
 ) -> tuple[dict[str, list[Example]], bool]:
     """Write ``splits.json`` the first time; afterwards rebuild the splits from it.
 
     ``splits`` is the split dict, or a zero-argument callable returning it (only called when no
     manifest exists yet, so a frozen study does not cut again). ``grouping`` and ``subset`` (dicts, or
-    zero-argument callables returning them, called after ``splits``) are recorded in the manifest.
+    zero-argument callables returning them, called after ``splits``) are recorded in the manifest,
+    and so are ``settings`` (:func:`split_settings` of the study).
+
+    When ``settings`` differ from the manifest's (:func:`changed_settings`), or the manifest names
+    example ids the data no longer has, ``runs_using()`` (the ids of the runs that used the manifest)
+    decides: none, the splits are cut again and the manifest rewritten (``info["resplit"]`` lists
+    why); some, the study is refused.
 
     A manifest without ``id_numbering`` was written when JSON Lines ids were 0-based record indices
     (``d:2`` for ``d.jsonl:3``): its JSON Lines examples keep those ids (``Example.meta``
     :data:`~tuneproof.data.sources.LEGACY_ID`), so the study's runs, outputs and comparisons stay
     consistent; ``info`` (when given) receives ``{"legacy_ids": n}``, the number of examples renamed.
 
-    Returns ``(splits, created)``.
+    Returns ``(splits, created)`` (``created`` also when the manifest was rewritten).
 
     Raises:
-        TuneproofError: the manifest names example ids that the current data no longer has.
+        TuneproofError: the split settings changed, or the manifest names example ids that the
+            current data no longer has, after a run used the manifest (names the file, what changed
+            and the runs).
     """
     path = study_dir / MANIFEST
-    if not path.exists():
-        if callable(splits):
-            splits = splits()
-        write_json(
-            path,
-            manifest_of(
-                splits, grouping() if callable(grouping) else grouping, subset() if callable(subset) else subset
-            ),
+
+    def cut_and_write() -> tuple[dict[str, list[Example]], bool]:
+        made = splits() if callable(splits) else splits
+        record = manifest_of(
+            made, grouping() if callable(grouping) else grouping, subset() if callable(subset) else subset, settings
         )
-        return splits, True
+        write_json(path, record)
+        return made, True
+
+    if not path.exists():
+        return cut_and_write()
     manifest = read_json(path)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
+        raise TuneproofError(
+            f"{path}: not a split manifest (no 'splits' object)",
+            hint="restore it from a backup, or delete it when no run used it (the splits are then cut again)",
+        )
+    changed = changed_settings(manifest, settings) if settings is not None else []
+    ids = {e.id for e in examples} | {e.meta[LEGACY_ID] for e in examples if LEGACY_ID in e.meta}
+    gone = sum(1 for names in manifest["splits"].values() for i in names if i not in ids)
+    if changed or gone:
+        why = changed + ([f"{gone} example ids it names are not in the data any more"] if gone else [])
+        used = runs_using() if runs_using is not None else ["(unknown)"]
+        if not used:
+            if info is not None:
+                info["resplit"] = why
+            return cut_and_write()
+        if changed:
+            shown = ", ".join(used[:5]) + (f" and {len(used) - 5} more" if len(used) > 5 else "")
+            raise TuneproofError(
+                f"{path} was cut with other split settings ({'; '.join(changed)}) and runs {shown} used it",
+                hint="put the settings back as the manifest records them, or start a new study folder for the new "
+                "split (the manifest is frozen once a run used it, so every run sees the same split)",
+            )
     frozen = manifest["splits"]
     if "id_numbering" not in manifest:  # written before JSON Lines ids followed file lines: keep its ids
         renamed = [replace(e, id=e.meta[LEGACY_ID]) if LEGACY_ID in e.meta else e for e in examples]

@@ -85,6 +85,26 @@ def hub_base(b: dict[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
+def revision_kind(b: dict[str, Any]) -> str:
+    """What the manifest's base ``revision`` is, in words: ``"Hub commit"`` (40 hex digits of a Hub
+    base), ``"sha256 of the file SmolLM2-135M-Instruct.Q4_1.gguf the weights were converted from, not a
+    Hub commit"``, ``"sha256 of the weight file model.safetensors, not a Hub commit"``, ``"combined sha256 of
+    the weight files, not a Hub commit"``, else ``"tuneproof's identity of this local copy, not a Hub commit"``."""
+    rev = str(b.get("revision") or "")
+    digest = rev.removeprefix("sha256:")
+    if _COMMIT.fullmatch(rev) and hub_base(b)[1] == rev:
+        return "Hub commit"
+    for name, value in (b.get("source_weight_sha256") or {}).items():
+        if value == digest and (b.get("source_weight_sha256") != b.get("weight_files")):
+            return f"sha256 of the file {name} the weights were converted from, not a Hub commit"
+    for name, value in (b.get("weight_files") or {}).items():
+        if value == digest:
+            return f"sha256 of the weight file {name}, not a Hub commit"
+    if digest and digest == b.get("weights_sha256"):
+        return "combined sha256 of the weight files, not a Hub commit"
+    return "tuneproof's identity of this local copy, not a Hub commit"
+
+
 def base_license(b: dict[str, Any]) -> str | None:
     """The base model's licence: the alias's, else the ``license`` of the base folder's own model
     card (``README.md`` metadata), else None."""
@@ -177,7 +197,7 @@ def model_card(man: dict[str, Any]) -> str:
         "## Base model (exact)",
         "",
         where,
-        f"- revision: `{b['revision']}`",
+        f"- revision: `{b['revision']}` ({revision_kind(b)})",
         f"- weights sha256 (combined over {len(b['weight_files'])} file(s)): `{b['weights_sha256']}`",
     ]
     lines += [f"  - {_code(k)}: `{v}`" for k, v in b["weight_files"].items()]
@@ -206,7 +226,19 @@ def model_card(man: dict[str, Any]) -> str:
     loader = head.auto_class
     # the base by its Hub id (pinned to its commit when known), else by its folder name: never a path of this machine
     source = f'"{hub_id}"' + (f', revision="{hub_rev}"' if hub_rev else "") if hub_id else json.dumps(local_name(b))
-    labelled = f", num_labels={len(man.get('labels') or [])}" if head.labels_from else ""
+    labels = [str(x) for x in man.get("labels") or []]
+    labelled = (
+        f", num_labels={len(labels)}, id2label=dict(enumerate(labels)), label2id={{n: i for i, n in enumerate(labels)}}"
+        if head.labels_from and labels
+        else (f", num_labels={len(labels)}" if head.labels_from else "")
+    )
+    if not hub_rev:  # the snippet names the revision it was bound to even where from_pretrained cannot pin it
+        lines += [f"# base revision {b['revision']}", f"# ({revision_kind(b)}; check your copy with tuneproof verify)"]
+    if labels:
+        kind = "class names, in the order of the model's outputs" if head.labels_from else "the labels it answers with"
+        lines.append(f"labels = {json.dumps(labels, ensure_ascii=False)}  # {kind}")
+    if not hub_rev or labels:
+        lines.append("")
     q = man.get("quantization")
     if man["payload"] == "adapter" and q:  # qlora: the unquantized base above, quantized to 4-bit while loading
         extra = labelled

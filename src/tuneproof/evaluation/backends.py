@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from tuneproof.data.chat_template import special_texts, split_generation
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.modalities.text import generate_prompts
 from tuneproof.models.method import load_adapter_onto
@@ -64,9 +65,10 @@ class GenerationBackend(Protocol):
         adapter_dir: str | Path | None = None,
         *,
         progress: Callable[[int], None] | None = None,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
-        """One answer per prompt (special tokens removed, surrounding whitespace stripped), in the order of
-        ``prompts``."""
+        """One answer per prompt (the generation up to its stop token, parsed by ``eval.answer_from``, surrounding
+        whitespace stripped), in the order of ``prompts``; ``raw_out`` (when given) gets the raw generations."""
         ...
 
     def identity(self) -> dict[str, Any]:
@@ -115,8 +117,19 @@ class TransformersBackend:
 
     name = "transformers"
 
-    def __init__(self, model, tokenizer, eval_cfg, *, device, autocast, adapter_dir: str | Path | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        eval_cfg,
+        *,
+        device,
+        autocast,
+        adapter_dir: str | Path | None = None,
+        stop_ids: list[int] | None = None,
+    ):
         self.model, self.tokenizer, self.eval_cfg = model, tokenizer, eval_cfg
+        self.stop_ids = stop_ids
         self.device, self.autocast = device, autocast
         self.adapter_dir = _resolved(adapter_dir) if _is_peft(model) else None
 
@@ -127,6 +140,7 @@ class TransformersBackend:
         adapter_dir: str | Path | None = None,
         *,
         progress: Callable[[int], None] | None = None,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
         want = _resolved(adapter_dir)
         cfg = self.eval_cfg.model_copy(update={"max_new_tokens": int(max_new_tokens)})
@@ -145,6 +159,8 @@ class TransformersBackend:
                 device=self.device,
                 autocast=self.autocast,
                 progress=progress,
+                stop_ids=self.stop_ids,
+                raw_out=raw_out,
             )
 
     def identity(self) -> dict[str, Any]:
@@ -250,12 +266,16 @@ class VllmBackend:
         seed: int = 0,
         trust_remote_code: bool = False,
         llm_kwargs: dict | None = None,
+        stop_ids: list[int] | None = None,
+        answer_from: str = "auto",
     ):
         self.model_path, self.tokenizer = Path(model_path), tokenizer
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else self.model_path
         self.dtype = VLLM_DTYPES.get(dtype, dtype)
         self.max_lora_rank, self.seed, self.trust_remote_code = max_lora_rank, seed, trust_remote_code
         self.llm_kwargs = dict(llm_kwargs or {})
+        self.stop_ids = list(stop_ids) if stop_ids else None
+        self.answer_from = answer_from
         self._vllm = None
         self._llm = None
         self._lora_ids: dict[Path, int] = {}
@@ -314,12 +334,15 @@ class VllmBackend:
         *,
         progress: Callable[[int], None] | None = None,
         chunk: int = 256,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
         vllm = self._module()
         llm = self.llm
         eos = self.tokenizer.eos_token_id
+        stops = self.stop_ids or ([eos] if eos is not None else [])
+        specials = special_texts(self.tokenizer)
         params = vllm.SamplingParams(
-            temperature=0.0, max_tokens=int(max_new_tokens), stop_token_ids=[eos] if eos is not None else None
+            temperature=0.0, max_tokens=int(max_new_tokens), stop_token_ids=stops or None, skip_special_tokens=False
         )
         request = self._lora_request(_resolved(adapter_dir))
         out: list[str] = []
@@ -330,9 +353,13 @@ class VllmBackend:
             results = llm.generate(inputs, params, lora_request=request, use_tqdm=False)
             if len(results) != len(part):
                 raise RuntimeError(f"vllm returned {len(results)} outputs for {len(part)} prompts")
-            out += [
-                self.tokenizer.decode(list(r.outputs[0].token_ids), skip_special_tokens=True).strip() for r in results
-            ]
+            for r in results:  # decoded by the study's tokenizer and parsed as transformers' outputs are
+                raw, answer = split_generation(
+                    self.tokenizer, list(r.outputs[0].token_ids), stops, self.answer_from, specials
+                )
+                out.append(answer)
+                if raw_out is not None:
+                    raw_out.append(raw)
             if progress:
                 progress(len(part))
         return out

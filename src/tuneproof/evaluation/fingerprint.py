@@ -22,6 +22,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
 from tuneproof.study import Eval
@@ -43,6 +44,7 @@ def eval_fingerprint(
     *,
     precision: str | None = None,
     base_weights: str | None = None,
+    chat_template: dict | None = None,
 ) -> dict:
     """Fingerprint of an evaluation procedure.
 
@@ -56,6 +58,10 @@ def eval_fingerprint(
         precision: the compute dtype of the evaluation (``fp32``, ``bf16``, ``fp16``; None = fp32).
         base_weights: the dtype the base model's weights were held in (``training.bf16_base_weights``:
             ``bf16``; None or ``fp32``: fp32, the default, which leaves the fingerprint as before).
+        chat_template: the template settings that differ from the defaults
+            (:func:`tuneproof.data.chat_template.fingerprint_part`: an overriding ``model.chat_template``'s
+            sha256, ``model.chat_template_kwargs``, ``model.end_of_turn``), hashed in the ``prompt`` part;
+            empty or None leaves the fingerprint as before.
 
     Returns:
         ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
@@ -83,7 +89,11 @@ def eval_fingerprint(
         )
     content = {
         "eval_ids": ids,
-        "prompt": {"template": cfg.prompt.template, "system": cfg.prompt.system},
+        "prompt": {
+            "template": cfg.prompt.template,
+            "system": cfg.prompt.system,
+            **({"chat_template": chat_template} if chat_template else {}),
+        },
         "decoding": {
             "max_new_tokens": cfg.max_new_tokens,
             "do_sample": cfg.do_sample,
@@ -98,6 +108,7 @@ def eval_fingerprint(
             "json_schema": cfg.json_schema,
             "regex": cfg.regex,
             **({"grammar": cfg.grammar} if cfg.grammar is not None else {}),
+            **({"answer_from": cfg.answer_from} if getattr(cfg, "answer_from", "auto") != "auto" else {}),
         },
         "tokenizer": dict(tokenizer_identity or {}),
     }
@@ -130,6 +141,7 @@ def study_eval_fingerprint(
         ctx.tokenizer_identity,
         precision=ctx.device_choice.get("dtype"),
         base_weights=base_weights or ctx.base_weights,
+        chat_template=fingerprint_part(getattr(ctx.pipeline, "chat", None)),
     )
 
 

@@ -117,10 +117,22 @@ class Modality:
         autocast,
         progress: Progress = None,
         batch_size: int | None = None,
+        token_progress: Progress = None,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
         """One prediction per example, in their order, by the study's evaluation procedure;
-        ``batch_size`` replaces ``eval.batch_size`` when given."""
+        ``batch_size`` replaces ``eval.batch_size`` when given. ``progress(k)``: ``k`` examples
+        finished (after each batch); ``token_progress(k)``: ``k`` more generated-token slots (one per
+        row of the batch at each decoding step), for a modality whose :meth:`progress_tokens` is not None;
+        ``raw_out`` (when given) gets the raw outputs a prediction was parsed from (a generation before
+        ``eval.answer_from``), where the modality has any."""
         raise NotImplementedError
+
+    def progress_tokens(self, ctx, examples: list[Example]) -> int | None:
+        """The generated-token slots predicting ``examples`` takes at most (``examples x
+        eval.max_new_tokens`` for generation), the unit its progress moves in; None: progress moves
+        per example (a classifier answers a whole batch at once)."""
+        return None
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:
         """Per example ``[[index, logit], ...]`` (fp32 floats) under the study's device and autocast

@@ -199,7 +199,17 @@ class ImageModality(Modality):
 
     # 4. prediction
     def predict(
-        self, ctx, model, examples: list[Example], *, device, autocast, progress=None, batch_size: int | None = None
+        self,
+        ctx,
+        model,
+        examples: list[Example],
+        *,
+        device,
+        autocast,
+        progress=None,
+        batch_size: int | None = None,
+        token_progress=None,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
         """:func:`classify_images` at ``eval.batch_size`` (or ``batch_size``)."""
         return classify_images(

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tuneproof.data.chat_template import ChatTemplate, load_template_text, special_texts, split_generation
 from tuneproof.data.examples import Example
 from tuneproof.data.inspect import LEGEND_CAUSAL, LEGEND_CLS, choose_examples, render_html, render_rich, token_rows
 from tuneproof.data.preprocess import TextPipeline, collate
@@ -72,15 +73,23 @@ def generate(
     autocast,
     progress: Callable[[int], None] | None = None,
     sort_by_length: bool = True,
+    token_progress: Callable[[int], None] | None = None,
+    raw_out: list[str] | None = None,
 ) -> list[str]:
-    """Generated answers (special tokens removed, surrounding whitespace stripped), one per example.
+    """Generated answers, one per example: the generation up to its stop token, parsed by
+    ``eval.answer_from`` (:func:`tuneproof.data.chat_template.split_generation`), whitespace stripped.
 
     Args:
-        pipeline: the study's :class:`~tuneproof.data.preprocess.TextPipeline` (its prompt is the inference prompt).
-        eval_cfg: the study's ``eval`` section (batch_size, max_new_tokens, do_sample, temperature).
+        pipeline: the study's :class:`~tuneproof.data.preprocess.TextPipeline` (its prompt is the inference prompt,
+            its ``stop_ids`` the end of turn and eos).
+        eval_cfg: the study's ``eval`` section (batch_size, max_new_tokens, do_sample, temperature, answer_from).
         progress: called with the number of examples finished after each batch.
         sort_by_length: batch the prompts in length order (less padding; the outputs are returned
             in the order of ``examples`` either way).
+        token_progress: called at each decoding step with the rows of the batch (one token slot
+            each), and after a batch with the slots it left unused (a batch that ended early), so
+            the calls add up to ``len(examples) x eval_cfg.max_new_tokens``.
+        raw_out: when given, extended with each raw generation (special tokens kept), in the order of ``examples``.
     """
     return generate_prompts(
         model,
@@ -91,7 +100,28 @@ def generate(
         autocast=autocast,
         progress=progress,
         sort_by_length=sort_by_length,
+        token_progress=token_progress,
+        stop_ids=getattr(pipeline, "stop_ids", None),
+        raw_out=raw_out,
     )
+
+
+def _token_counter(report: Callable[[int], None]):
+    """A transformers ``StoppingCriteria`` that never stops: it reports the batch rows at each decoding
+    step (``__call__(input_ids [B, T], scores) -> BoolTensor [B]`` of False) and counts the steps."""
+    import torch  # noqa: PLC0415 - torch on first use: the study context imports this module
+    from transformers import StoppingCriteria  # noqa: PLC0415 - transformers on first use, as torch
+
+    class TokenCounter(StoppingCriteria):
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.steps += 1
+            report(int(input_ids.shape[0]))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return TokenCounter()
 
 
 def generate_prompts(
@@ -104,16 +134,25 @@ def generate_prompts(
     autocast,
     progress: Callable[[int], None] | None = None,
     sort_by_length: bool = True,
+    token_progress: Callable[[int], None] | None = None,
+    stop_ids: list[int] | None = None,
+    raw_out: list[str] | None = None,
 ) -> list[str]:
     """:func:`generate` on prompt texts already rendered (``pipeline.prompt_text``): each prompt is
     tokenized without added special tokens (the chat template holds them), batches of
-    ``eval_cfg.batch_size`` are left-padded; returns one decoded answer per prompt, in their order."""
+    ``eval_cfg.batch_size`` are left-padded, generation stops at any of ``stop_ids`` (default eos; the study's
+    are its end of turn and eos); returns one answer per prompt, in their order, parsed by
+    ``eval_cfg.answer_from`` (default auto); ``raw_out`` (when given) is extended with the raw generations."""
     import torch  # noqa: PLC0415 - torch on first use: the study context imports this module
 
     with torch.inference_mode():
         model.eval()
         enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         out: list[str] = [""] * len(prompts)
+        raw: list[str] = [""] * len(prompts)
+        stops = list(stop_ids) if stop_ids else [tokenizer.eos_token_id]
+        answer_from = getattr(eval_cfg, "answer_from", "auto")
+        specials = special_texts(tokenizer)
         pad = tokenizer.pad_token_id
         for idx in length_sorted_batches([len(e) for e in enc], eval_cfg.batch_size, sort_by_length):
             width = max(len(enc[i]) for i in idx)
@@ -126,19 +165,29 @@ def generate_prompts(
                 max_new_tokens=eval_cfg.max_new_tokens,
                 do_sample=eval_cfg.do_sample,
                 pad_token_id=pad,
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=stops if len(stops) > 1 else stops[0],
                 use_cache=True,
             )
             if eval_cfg.do_sample:
                 kwargs["temperature"] = eval_cfg.temperature
             else:
                 kwargs.update(temperature=None, top_p=None, top_k=None)
+            counter = None
+            if token_progress is not None:
+                from transformers import StoppingCriteriaList  # noqa: PLC0415 - transformers on first use
+
+                counter = _token_counter(token_progress)
+                kwargs["stopping_criteria"] = StoppingCriteriaList([counter])
             with autocast():
                 gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
             for r, i in enumerate(idx):
-                out[i] = tokenizer.decode(gen[r, width:], skip_special_tokens=True).strip()
+                raw[i], out[i] = split_generation(tokenizer, gen[r, width:].tolist(), stops, answer_from, specials)
+            if counter is not None and counter.steps < eval_cfg.max_new_tokens:  # ended early: the slots left
+                token_progress(len(idx) * (eval_cfg.max_new_tokens - counter.steps))
             if progress:
                 progress(len(idx))
+    if raw_out is not None:
+        raw_out.extend(raw)
     return out
 
 
@@ -192,10 +241,11 @@ def next_token_scores(model, ids, top: int = TOP_TOKENS) -> list[list]:
 
 class _StoredPrompts:
     """Stands in for the study's TextPipeline: the exact prompt text stored at export, by example id
-    (two chat examples may end with the same user turn after different earlier turns)."""
+    (two chat examples may end with the same user turn after different earlier turns), and the stop tokens."""
 
-    def __init__(self, prompts: dict[str, str]):
+    def __init__(self, prompts: dict[str, str], stop_ids: list[int] | None = None):
         self.prompts = prompts
+        self.stop_ids = stop_ids
 
     def prompt_text(self, ex: Example) -> str:
         return self.prompts[ex.id]
@@ -220,8 +270,23 @@ class TextModality(Modality):
         """The study's :class:`~tuneproof.data.preprocess.TextPipeline` (its labels only for a sequence classifier)."""
         t = ctx.study.training
         labels = ctx.labels if ctx.model_kind == SEQUENCE_CLASSIFICATION else None
+        m = ctx.study.model
+        chat = (
+            ChatTemplate(
+                ctx.tokenizer, load_template_text(m.chat_template, ctx.study_dir), m.chat_template_kwargs, m.end_of_turn
+            )
+            if labels is None
+            else None  # a sequence classifier renders no template
+        )
         return TextPipeline(
-            ctx.tokenizer, ctx.study.eval.prompt, t.max_length, t.loss, labels, ctx.study.data.chat.train_on
+            ctx.tokenizer,
+            ctx.study.eval.prompt,
+            t.max_length,
+            t.loss,
+            labels,
+            ctx.study.data.chat.train_on,
+            chat=chat,
+            answer_from=ctx.study.eval.answer_from,
         )
 
     def encode_for_training(self, pipeline, examples: list[Example]) -> list:
@@ -260,10 +325,27 @@ class TextModality(Modality):
         return task.audit(splits, cfg)
 
     # 4. prediction
+    def progress_tokens(self, ctx, examples: list[Example]) -> int | None:
+        """``len(examples) x eval.max_new_tokens`` for generation; None for a sequence classifier."""
+        if ctx.model_kind == SEQUENCE_CLASSIFICATION:
+            return None
+        return len(examples) * ctx.study.eval.max_new_tokens
+
     def predict(
-        self, ctx, model, examples: list[Example], *, device, autocast, progress=None, batch_size: int | None = None
+        self,
+        ctx,
+        model,
+        examples: list[Example],
+        *,
+        device,
+        autocast,
+        progress=None,
+        batch_size: int | None = None,
+        token_progress=None,
+        raw_out: list[str] | None = None,
     ) -> list[str]:
-        """:func:`classify` for a sequence classifier, else :func:`generate` (``eval.batch_size`` or ``batch_size``)."""
+        """:func:`classify` for a sequence classifier, else :func:`generate` (``eval.batch_size`` or ``batch_size``;
+        ``raw_out``, when given, gets the raw generations before ``eval.answer_from`` parsed them)."""
         ev = ctx.study.eval
         if ctx.model_kind == SEQUENCE_CLASSIFICATION:
             return classify(
@@ -280,7 +362,16 @@ class TextModality(Modality):
         if batch_size is not None:
             ev = ev.model_copy(update={"batch_size": batch_size})
         return generate(
-            model, ctx.tokenizer, ctx.pipeline, examples, ev, device=device, autocast=autocast, progress=progress
+            model,
+            ctx.tokenizer,
+            ctx.pipeline,
+            examples,
+            ev,
+            device=device,
+            autocast=autocast,
+            progress=progress,
+            token_progress=token_progress,
+            raw_out=raw_out,
         )
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:
@@ -320,6 +411,8 @@ class TextModality(Modality):
             console.print(f"wrote {user_text(html_path)}", soft_wrap=True)
             return html_path
         console.print(LEGEND_CLS if classes is not None else LEGEND_CAUSAL, soft_wrap=True, markup=False)
+        for line in ctx.pipeline.template_report(encoded)["lines"]:  # the template, end of turn, gold chain
+            console.print(user_text(line), soft_wrap=True)
         console.print()
         for i in chosen:
             console.print(render_rich(encoded[i], ctx.tokenizer, classes), soft_wrap=True)
@@ -382,11 +475,12 @@ class TextModality(Modality):
                 max_new_tokens=procedure["max_new_tokens"],
                 do_sample=False,
                 temperature=1.0,
+                answer_from=procedure.get("answer_from", "auto"),
             )
             preds = generate(
                 model,
                 processor,
-                _StoredPrompts({e["id"]: e["prompt"] for e in examples}),
+                _StoredPrompts({e["id"]: e["prompt"] for e in examples}, procedure.get("stop_ids")),
                 exs,
                 cfg,
                 device=device,

@@ -25,6 +25,7 @@ from tuneproof.preflight.memory import (
 )
 from tuneproof.preflight.report import GIB, check_result, is_out_of_memory, to_gib
 from tuneproof.preflight.update_check import loss_sum_and_count, model_device, to_device
+from tuneproof.training.loop import build_optimizer
 from tuneproof.training.loss import chunked_token_loss_sum, supervised_token_count
 from tuneproof.training.memory import measure_step_peak
 from tuneproof.ui import console, table
@@ -75,9 +76,9 @@ class StepRunner:
     def __init__(self, model, cfg, autocast: Callable):
         self.model, self.cfg, self.autocast = model, cfg, autocast
         self.chunked = bool(getattr(cfg, "chunked_loss", False))
-        self.params = [p for p in model.parameters() if p.requires_grad]
         self.snapshot = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(model, cfg)
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         for p in self.params:  # create exp_avg / exp_avg_sq without a forward pass
             p.grad = torch.zeros_like(p)
         self.optimizer.step()

@@ -12,7 +12,17 @@ the first step: present (the tensor is wired into the graph) but zero. A gradien
 ``max_extra_steps`` more steps, while some trainable tensor has only received all-zero gradients;
 after step 1 ``B != 0`` and ``lora_A`` gets its gradient on step 2. The default optimizer is AdamW
 with ``weight_decay=0``, so a tensor changes only through its gradient (decoupled weight decay
-would move a tensor whose gradient is zero and hide the fault).
+would move a tensor whose gradient is zero and hide the fault); the preflight
+(:func:`check_update_step`) passes the run's own optimizer
+(:func:`tuneproof.training.loop.build_optimizer`, with the study's learning rate and weight decay),
+and a tensor whose gradient is zero is named whatever moved it.
+
+Frozen tensors are compared bitwise *after the real optimizer step*, taken as a training loop
+takes it: the first step starts from whatever ``.grad`` each tensor held (no ``zero_grad`` before
+it), so a frozen tensor that the optimizer holds with a ``.grad`` left from before it was frozen is
+moved by AdamW (its moments and weight decay: about ``lr`` per element) and named, with that cause.
+A trainable tensor's own gradient on that first step is ``.grad`` after the backward minus what it
+held before.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from torch import nn
 from tuneproof.data.preprocess import IGNORE_INDEX
 from tuneproof.errors import TuneproofError
 from tuneproof.preflight.report import check_result
+from tuneproof.training.loop import build_optimizer
 from tuneproof.training.loss import supervised_token_count, token_loss_sum
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
@@ -189,15 +200,17 @@ def check_update(
 ) -> dict[str, Any]:
     """Take ``steps`` full optimizer steps on ``batch`` and check what changed; then restore the model.
 
-    Each step: ``zero_grad``, forward, loss, backward, ``optimizer.step()`` (model in train mode,
-    torch RNG seeded with ``seed + step`` inside a forked RNG so dropout is reproducible and the
-    caller's RNG is untouched).
+    Each step: forward, loss, backward, ``optimizer.step()``, then ``zero_grad`` (model in train
+    mode, torch RNG seeded with ``seed + step`` inside a forked RNG so dropout is reproducible and
+    the caller's RNG is untouched). The first step keeps every ``.grad`` the tensors held, as a
+    training loop's first step does; the gradients and ``.grad`` values are restored afterwards.
 
     Args:
         model: the model as it will train (PEFT-wrapped or not, checkpointing as configured).
         batch: ``input_ids [B, T]``, ``attention_mask [B, T]``, ``labels [B, T]`` (-100 = not
             supervised) for causal LM, or ``labels [B]`` for sequence classification.
-        optimizer_factory: ``params -> optimizer`` over the trainable parameters; default
+        optimizer_factory: ``params -> optimizer``, given the trainable parameters (it may hold
+            others: every tensor it holds is stepped, and every frozen one is checked); default
             ``torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)``.
         loss_fn: ``(model, batch) -> scalar loss``; default :func:`batch_loss` (per-token mean via
             ``token_loss_sum`` for causal LM, ``outputs.loss`` otherwise).
@@ -215,6 +228,8 @@ def check_update(
         "trainable_nonzero_grad": int, "no_grad": [names, grad None in every step], "zero_grad":
         [names, only all-zero grads], "nonfinite_grad": [names], "not_changed": [names],
         "frozen_tensors": M, "frozen_unchanged": int, "frozen_changed": [names],
+        "frozen_held_by_optimizer": [names of frozen tensors in the optimizer's param groups],
+        "frozen_with_grad": [names of frozen tensors whose .grad held a value before the check],
         "grad_norms": {trainable name: L2 norm of the step-1 gradient or None},
         "update_norms": {trainable name: L2 norm of (after - before), all steps}, "diagnosis": {...}
         from :func:`diagnose_gradient_flow`, "restored": True}``.
@@ -231,7 +246,8 @@ def check_update(
     frozen = [(n, p) for n, p in named if not p.requires_grad]
     snapshot = {n: p.detach().to("cpu", copy=True) for n, p in named}
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    prior_grads = {n: p.grad for n, p in named}
+    # copies: a backward adds to .grad in place, so a reference would come back changed
+    prior_grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in named}
     was_training = model.training
     loss_fn = loss_fn or batch_loss
     token_batch = is_token_batch(batch)
@@ -257,6 +273,8 @@ def check_update(
             "frozen_tensors": len(frozen),
             "frozen_unchanged": len(frozen),
             "frozen_changed": [],
+            "frozen_held_by_optimizer": [],
+            "frozen_with_grad": [n for n, _ in frozen if prior_grads[n] is not None],
             "grad_norms": {},
             "update_norms": {},
             "diagnosis": diagnose_gradient_flow(model),
@@ -268,6 +286,9 @@ def check_update(
         optimizer_factory(params) if optimizer_factory else torch.optim.AdamW(params, lr=DEFAULT_LR, weight_decay=0.0)
     )
     opt_name = type(optimizer).__name__ if optimizer_factory else f"AdamW(lr={DEFAULT_LR:g}, weight_decay=0)"
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    frozen_held = [n for n, p in frozen if id(p) in held]
+    frozen_with_grad = [n for n, _ in frozen if prior_grads[n] is not None]
     status = {n: "none" for n, _ in trainable}  # best seen: none < zero < nonzero
     nonfinite: set[str] = set()
     grad_norms: dict[str, float | None] = {}
@@ -277,7 +298,10 @@ def check_update(
     try:
         model.train()
         while True:
-            optimizer.zero_grad(set_to_none=True)
+            if taken > 0:  # the first step starts from the .grad values held, as a loop's first step does
+                optimizer.zero_grad(set_to_none=True)
+                for _, p in trainable:
+                    p.grad = None
             with forked_rng(device):
                 torch.manual_seed(seed + taken)
                 loss = loss_fn(model, batch)
@@ -288,6 +312,8 @@ def check_update(
                     no_graph = True
             for n, p in trainable:
                 g = p.grad
+                if taken == 0 and g is not None and prior_grads[n] is not None:
+                    g = g - prior_grads[n].to(g.device)  # this step's own gradient
                 if taken == 0:
                     grad_norms[n] = None if g is None else float(g.detach().float().norm())
                 if g is None:
@@ -310,7 +336,8 @@ def check_update(
         with torch.no_grad():
             for n, p in named:
                 p.copy_(snapshot[n].to(p.device))
-                p.grad = prior_grads[n]
+                g = prior_grads[n]
+                p.grad = None if g is None else g.to(p.device)
             for n, b in model.named_buffers():
                 if n in buffers:
                     b.copy_(buffers[n])
@@ -348,6 +375,15 @@ def check_update(
         )
     if frozen_changed:
         problems.append(f"{len(frozen_changed)} of {len(frozen)} frozen tensors changed: {_names(frozen_changed)}")
+        stepped = [n for n in frozen_changed if n in set(frozen_held)]
+        if stepped:
+            stale = [n for n in stepped if n in set(frozen_with_grad)]
+            problems.append(
+                f"cause: the optimizer ({opt_name}) holds frozen tensors {_names(stepped)}"
+                + (f", whose .grad held a value set before they were frozen ({_names(stale)})" if stale else "")
+                + "; remedy: clear .grad when freezing (model.zero_grad(set_to_none=True)) and build the "
+                "optimizer over requires_grad tensors only"
+            )
     if problems and (no_grad or no_graph) and diagnosis["cause"]:
         problems.append(f"cause: {diagnosis['cause']}; remedy: {diagnosis['remedy']}")
     changed = len(trainable) - len(not_changed)
@@ -377,6 +413,8 @@ def check_update(
         "frozen_tensors": len(frozen),
         "frozen_unchanged": len(frozen) - len(frozen_changed),
         "frozen_changed": frozen_changed,
+        "frozen_held_by_optimizer": frozen_held,
+        "frozen_with_grad": frozen_with_grad,
         "grad_norms": grad_norms,
         "update_norms": update_norms,
         "diagnosis": diagnosis,
@@ -384,16 +422,18 @@ def check_update(
     }
 
 
-def check_update_step(model: nn.Module, batch: dict, autocast: Callable) -> dict[str, Any]:
+def check_update_step(model: nn.Module, batch: dict, autocast: Callable, cfg=None) -> dict[str, Any]:
     """The preflight's ``update check``: real optimizer steps (:func:`check_update`) on a real
     micro-batch under ``autocast`` change every trainable tensor and no frozen one (docs/CASES.md C7); the model is
-    restored."""
+    restored. With ``cfg`` (the study's ``training`` section) the steps are the run's own optimizer's
+    (:func:`tuneproof.training.loop.build_optimizer`: its learning rate, its weight decay, the tensors it holds)."""
 
     def loss_fn(m, b):
         with autocast():
             return batch_loss(m, b)
 
-    r = check_update(model, batch, loss_fn=loss_fn)
+    factory = None if cfg is None else (lambda _params: build_optimizer(model, cfg))
+    r = check_update(model, batch, optimizer_factory=factory, loss_fn=loss_fn)
     numbers = {
         "trainable_changed": r["trainable_changed"],
         "trainable_tensors": r["trainable_tensors"],
@@ -403,6 +443,8 @@ def check_update_step(model: nn.Module, batch: dict, autocast: Callable) -> dict
         "first_loss": round(r["losses"][0], 6) if r["losses"] else None,
         "supervised_tokens": r["supervised_tokens"],
         "micro_batch": int(batch["labels"].shape[0]),
+        "optimizer": r["optimizer"],
+        "frozen_held_by_optimizer": len(r["frozen_held_by_optimizer"]),
     }
     return check_result("update check", bool(r["passed"]), r["message"], numbers, r)
 

@@ -250,6 +250,7 @@ def predict_served(
     served: tuple[Path, Path | None],
     check_examples: list[Example] | None = None,
     on_progress=None,
+    raw_out: list[str] | None = None,
 ) -> list[str]:
     """Predictions by ``eval.backend: vllm`` after its backend check passed
     (:func:`tuneproof.evaluation.backends.check_backends` on the seeded sample, against the
@@ -264,7 +265,10 @@ def predict_served(
     ev = ctx.study.eval
     device, _, autocast = ctx.torch_setup()
     model_path, adapter = served
-    reference = TransformersBackend(model, ctx.tokenizer, ev, device=device, autocast=autocast, adapter_dir=adapter)
+    stops = getattr(ctx.pipeline, "stop_ids", None)
+    reference = TransformersBackend(
+        model, ctx.tokenizer, ev, device=device, autocast=autocast, adapter_dir=adapter, stop_ids=stops
+    )
     candidate = VllmBackend(
         model_path,
         ctx.tokenizer,
@@ -273,6 +277,8 @@ def predict_served(
         max_lora_rank=lora_rank(adapter),
         seed=ctx.study.training.seed,
         trust_remote_code=ctx.base.trust_remote_code,
+        stop_ids=stops,
+        answer_from=ev.answer_from,
     )
     sample = backend_check_sample(
         examples if check_examples is None else check_examples, ev.backend_check_examples, ev.seed
@@ -302,7 +308,11 @@ def predict_served(
     with progress_bar(what, len(examples)) as bar:
         advance = bar if on_progress is None else also_record(bar, on_progress)
         return candidate.generate(
-            [ctx.pipeline.prompt_text(e) for e in examples], ev.max_new_tokens, adapter, progress=advance
+            [ctx.pipeline.prompt_text(e) for e in examples],
+            ev.max_new_tokens,
+            adapter,
+            progress=advance,
+            raw_out=raw_out,
         )
 
 
@@ -327,24 +337,28 @@ def evaluate_into(
     ``examples``; :func:`predict_served`)."""
     t0 = time.perf_counter()
     progress = EvalProgress(run.dir, len(examples))  # where a killed evaluation stopped (compare says so)
+    raw: list[str] = []  # the generations before eval.answer_from parsed them (empty for a classifier)
     try:
         if ctx.study.eval.backend == "vllm":
             served = served or served_paths(ctx, None)
-            preds = predict_served(ctx, run, model, examples, what, served, check_examples, on_progress=progress)
+            preds = predict_served(
+                ctx, run, model, examples, what, served, check_examples, on_progress=progress, raw_out=raw
+            )
         else:
             import transformers  # noqa: PLC0415
 
             run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
-            preds = predict(ctx, model, examples, what, on_progress=progress)
+            preds = predict(ctx, model, examples, what, on_progress=progress, raw_out=raw)
     finally:
         progress.flush()
     seconds = time.perf_counter() - t0
     records = [
         {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
-        for e, p in zip(examples, preds)
+        | ({"raw": raw[k]} if len(raw) == len(preds) else {})
+        for k, (e, p) in enumerate(zip(examples, preds))
     ]
     records, metrics = get_task(ctx.task).score(
-        records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg)
+        records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg, examples=examples)
     )
     write_jsonl(run.path("outputs.jsonl"), records)
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change

@@ -15,6 +15,14 @@ Features:
   (docs/CASES.md C4), end token not supervised (docs/CASES.md C2), boundary inside a token (docs/CASES.md C3), prefix
   mismatch, an empty inference prompt or one without the input, a training text without the answer, the input
   supervised (docs/CASES.md C3 kind);
+- the chat template (``model.chat_template``, ``model.chat_template_kwargs``, ``model.end_of_turn``,
+  ``data/chat_template.py``): which template, the end-of-turn token and how it was chosen, a system role
+  folded or dropped; text supervised before every answer (an empty think block, channel markers) with its
+  token count and the key that removes it; the gold chain (each reference given back by decoding and
+  parsing its supervised span as the evaluation does, ``eval.answer_from``); faults: a special token's text
+  inside a target or input (the row named), a system message missing from the render, a generation prompt
+  that opens a think block the training render does not close, text injected by the template that differs
+  between two renders of the same example (the key that pins it);
 - token lengths per split (p50, p95, max), share truncated, suggested max_length (never below the
   length that keeps every answer whole);
 - checks that state their result also when they find nothing (``checks``): empty texts dropped by
@@ -106,6 +114,10 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         keep_whole={n: [e.full_length for e in v] for n, v in encoded.items()} if generative else None,
     )
     checks = _checks(ctx, dedup, encoded, generative)
+    if generative and hasattr(ctx.pipeline, "template_report"):  # the chat template, end of turn, gold chain
+        tpl = ctx.pipeline.template_report([e for v in encoded.values() for e in v])
+        checks["lines"] = tpl["lines"] + checks["lines"]
+        checks["warnings"] += tpl["warnings"]
     t = audit.get("targets")
     json_targets = (
         t if t and "parsed" in t and "rule" not in t else None
@@ -130,6 +142,8 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "label_sets": audit.get("label_sets"),
         "images": audit.get("images"),
         "encoding_faults": faults,
+        # the template rendered, its kwargs, end of turn and system role (data/chat_template.py)
+        "chat_template": ctx.pipeline.chat.record() if generative and hasattr(ctx.pipeline, "chat") else None,
         "lengths": lengths,
         "supervised_tokens": {n: sum(e.n_supervised for e in v) for n, v in encoded.items()},
         "small_classes": checks["small_classes"],
@@ -168,6 +182,9 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
     manifest = ctx.study_dir / MANIFEST
     caps = subset_line(read_json(manifest), s.data.split) if manifest.exists() else None
     lines += [caps] if caps else []
+    resplit = getattr(ctx, "split_info", {}).get("resplit")
+    if resplit:
+        lines.append(f"{MANIFEST} cut again (no run had used it): " + "; ".join(resplit))
     legacy = getattr(ctx, "split_info", {}).get("legacy_ids")
     if legacy:
         lines.append(
@@ -214,9 +231,9 @@ def _guard_support(ctx: StudyContext) -> list[dict]:
     s = ctx.study
     if not any(g.metric.startswith(("per_class_", "per_field_")) for g in s.hypothesis.guards):
         return []
-    # what baseline and eval will predict (the eval.max_examples subset); `test` predicts its whole split
+    # what baseline, eval and test will predict (each capped by eval.max_examples)
     test = s.eval.split == s.data.test_split
-    items = ctx.split(s.eval.split, allow_test=True) if test else ctx.eval_examples()
+    items = ctx.test_examples() if test else ctx.eval_examples()
     return guard_support(s.hypothesis, ctx.task, items, task_config(ctx), s.eval.split)
 
 

@@ -10,11 +10,10 @@ Features (option that turns each on):
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tuneproof.preflight.envinfo import environment_snapshot, platform_key
-from tuneproof.ui import console, table
+from tuneproof.ui import console, print_json, table
 
 
 def run_env(as_json: bool = False) -> dict[str, Any]:
@@ -22,7 +21,7 @@ def run_env(as_json: bool = False) -> dict[str, Any]:
     snap = environment_snapshot()
     snap["platform_key"] = platform_key(snap)
     if as_json:
-        print(json.dumps(snap, indent=2, default=str))
+        print_json(snap)
         return snap
     gib = 2**30
     cpu = snap.get("cpu") or {}

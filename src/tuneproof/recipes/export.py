@@ -416,6 +416,7 @@ def build_bundle(
         "dtype": "bf16" if held == "bf16" else "fp32",
         "base_weights": held,
         "k": len(chosen),
+        **generation_stops(ctx),
     }
     # the entry module of the fresh-process verification (deliver/verify.py), named in every bundle
     procedure["tolerance"] = (
@@ -714,3 +715,17 @@ def _export_locked(ctx, rec, dest, lock_path, forced, merge, k, device, judging,
             console.print(f"  [green]pass[/] {c['name']}: {user_text(c['detail'])}", soft_wrap=True)
         console.print(f"[bold]{run.id}[/] exported {rec.id} to {user_text(dest)} (verified)", soft_wrap=True)
         return run.id
+
+
+def generation_stops(ctx) -> dict:
+    """The generation's stop tokens and answer parsing where they differ from eos and ``eval.answer_from: auto``
+    (``model.end_of_turn``: Gemma's ``<end_of_turn>``, Llama-3's ``<|eot_id|>``): ``verify`` generates with them,
+    so the bundle's predictions are read as the evaluation read them. Empty otherwise (older bundles unchanged)."""
+    stops = list(getattr(ctx.pipeline, "stop_ids", None) or [])
+    eos = getattr(ctx.tokenizer, "eos_token_id", None)
+    out: dict = {}
+    if stops and stops != [eos]:
+        out["stop_ids"] = stops
+    if ctx.study.eval.answer_from != "auto":
+        out["answer_from"] = ctx.study.eval.answer_from
+    return out

@@ -272,7 +272,7 @@ def _model_checks(
         rep.run("bf16 base weights", lambda: check_bf16_base_weights(ctx, model, usable, pad, autocast))
         if "speedups_auto" in state and not rep.get("bf16 base weights")["passed"]:
             cfg = _auto_left_off(ctx, rep, state, "bf16 base weights", "bf16_base_weights")
-    rep.run("update check", lambda: check_update_step(model, probe, autocast))
+    rep.run("update check", lambda: check_update_step(model, probe, autocast, cfg))
     # tests/training/test_qlora.py: storage shardable, loss / grad norm of a real step sane
     if ctx.study.method.kind == "qlora":
         rep.run("qlora storage", lambda: check_qlora_storage(ctx))
@@ -582,16 +582,18 @@ def _print_end(rep: PreflightReport, run_id: str, seconds: float) -> None:
 
 # --------------------------------------------------------------------------- the gate of `train`
 def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
-    """Refuse to train unless a completed preflight matches the current resolved config, data
-    fingerprint and platform key. Config keys that cannot change what the preflight measured
-    (:data:`tuneproof.preflight.scope.EXEMPT`: ``training.max_steps``/``epochs``,
+    """The preflight a train run stands on: a completed preflight that matches the current resolved
+    config, data fingerprint and platform key. Config keys that cannot change what the preflight
+    measured (:data:`tuneproof.preflight.scope.EXEMPT`: ``training.max_steps``/``epochs``,
     ``checkpoint_every``, scoring settings of ``eval``, ``name``, ``hypothesis``) are left out of
-    the match. Returns the matching preflight run id, or None when ``override``
-    (``--skip-preflight "reason"``) is given; ``run_train`` records the override.
+    the match. When none matches (a variant ``train --from r0004 --set method.r=16``, an edited study
+    file), the preflight runs now, inline, as the data check does: one line says why (the keys that
+    changed, with both values), that it runs and about how long it takes (the latest preflight's
+    duration), and one line when it passed and how long it took. Returns the preflight run id, or
+    None when ``override`` (``--skip-preflight "reason"``) is given; ``run_train`` records the override.
 
     Raises:
-        CheckFailed: no matching preflight (exit 3, a protocol step is missing; names the config
-            keys that changed since the latest passed preflight, with both values, and the command to run).
+        CheckFailed: the inline preflight failed (exit 3; names it, its first failed check and what to do).
         TuneproofError: an empty override reason (exit 2).
     """
     if override is not None:
@@ -605,6 +607,40 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
             soft_wrap=True,
         )
         return None
+    matched, why, done = matching_preflight(ctx)
+    if matched is not None:
+        console.print(f"[dim]preflight {matched} passed for this config, data and platform[/]")
+        return matched
+    cmd = "tuneproof preflight" + (f" --study {ctx.study_dir}" if Path.cwd().resolve() != ctx.study_dir else "")
+    timed = [r for r in done if r.ended is not None and r.ended >= r.created]
+    took = (
+        f"about {_seconds(timed[-1].ended - timed[-1].created)} (preflight {timed[-1].id} took that)"
+        if timed
+        else "its time is not known yet (no earlier preflight in this study)"
+    )
+    console.print(
+        f"[yellow]no preflight for this configuration[/] ({user_text(why)}): running `{cmd}` now, {took}",
+        soft_wrap=True,
+    )
+    t0 = time.perf_counter()
+    try:
+        run_id = run_preflight(ctx)
+    except CheckFailed as err:
+        raise CheckFailed(
+            f"train refused: the preflight run now failed: {err.message}",
+            hint="fix what it names and train again (the preflight runs again), or "
+            '`tuneproof train --skip-preflight "REASON"` (the override is recorded in the run)',
+        ) from None
+    console.print(f"preflight {run_id} passed in {_seconds(time.perf_counter() - t0)}; training goes on")
+    return run_id
+
+
+def matching_preflight(ctx: StudyContext) -> tuple[str | None, str, list]:
+    """``(run id, "", done)`` of the latest completed single-process preflight matching the resolved
+    config (:func:`tuneproof.preflight.scope.preflight_changes`), data fingerprint and platform key,
+    or ``(None, why, done)``: why none matches, e.g. ``"the latest passed preflight r0004 was for
+    another configuration: config method.r: 4 -> 16 changed"``. ``done``: the completed
+    single-process preflights, oldest first."""
     config = ctx.config
     data_fp = ctx.data_fingerprint()["hash"]
     key = platform_key(environment_snapshot())
@@ -623,9 +659,7 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
 
     for rec in reversed(done):
         if rec.data_fingerprint == data_fp and rec.summary.get("platform_key") == key and changes_of(rec) == []:
-            console.print(f"[dim]preflight {rec.id} passed for this config, data and platform[/]")
-            return rec.id
-    cmd = "tuneproof preflight" + (f" --study {ctx.study_dir}" if Path.cwd().resolve() != ctx.study_dir else "")
+            return rec.id, "", done
     if not done:
         why = "no preflight has passed in this study" + (
             f"; only the distributed preflight {distributed[-1].id} (`tuneproof preflight --nproc-per-node N`), "
@@ -649,10 +683,10 @@ def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
             f"the latest passed preflight {last.id} was for another configuration: "
             f"{'; '.join(diffs) or 'unknown'} changed"
         )
-    raise CheckFailed(
-        f"train refused: {why}",
-        hint=f"run `{cmd}` first (a variant: `{cmd} --from RUN --set KEY=VALUE`), or "
-        '`tuneproof train --skip-preflight "REASON"` (the override is recorded in the run); '
-        "changes of training.max_steps/epochs/checkpoint_every, "
-        "eval scoring settings, name or hypothesis keep a preflight valid",
-    )
+    return None, why, done
+
+
+def _seconds(s: float) -> str:
+    """``"48 s"``, ``"3 min 05 s"``."""
+    s = int(round(s))
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"

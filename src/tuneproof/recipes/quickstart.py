@@ -4,6 +4,12 @@ SNIPS (7 intents, slots) turned into strict JSON extraction with SmolLM2-135M-In
 init -> data check -> baseline (fixed class-balanced subset of the validation split) -> preflight
 (with ``--fast`` or ``--preflight``) -> train -> eval (same procedure) -> compare (paired, guards judged) -> export
 (bound to the base) -> dossier. ``--fast`` shrinks everything for tests (no gain is expected there).
+
+Run again in the same folder (after Ctrl-C, a crash, a reboot), the quickstart resumes its study: the
+study file must be the one these options write (else it is refused, naming the file); each step whose
+run completed after the step before it is kept and said so, an interrupted train run continues from
+its checkpoint (``tuneproof resume``), and the steps after run. When the 1-minute load average is
+above the usable cores, one line says the machine is overloaded (the times quoted assume an idle one).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from tuneproof.evaluation.screen import metric_short
 from tuneproof.io import atomic_write_text
 from tuneproof.models.base import MODEL_CACHE
 from tuneproof.models.vision import build_init_vit
+from tuneproof.procs import overload_line
 from tuneproof.recipes.baseline import run_baseline
 from tuneproof.recipes.compare import run_compare
 from tuneproof.recipes.data_check import run_data_check
@@ -29,6 +36,7 @@ from tuneproof.recipes.export import run_export
 from tuneproof.recipes.init import template_text
 from tuneproof.recipes.preflight import run_preflight
 from tuneproof.recipes.report import run_report
+from tuneproof.recipes.resume import run_resume
 from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.study import STUDY_FILE
 from tuneproof.ui import console, fmt, table, user_text
@@ -52,6 +60,11 @@ def _merge(base: dict, over: dict) -> dict:
 def write_quickstart_study(directory: Path, *, fast: bool, speedups: str = "auto") -> Path:
     """Write the quickstart study file (the extraction template, shrunk when ``fast``; ``speedups``:
     its ``training.speedups``, ``auto`` as the template writes it, or ``off``)."""
+    return atomic_write_text(directory / STUDY_FILE, quickstart_study_text(fast=fast, speedups=speedups))
+
+
+def quickstart_study_text(*, fast: bool, speedups: str = "auto") -> str:
+    """The text :func:`write_quickstart_study` writes."""
     text = template_text("extraction")
     if fast or speedups != "auto":
         raw = yaml.safe_load(text)
@@ -61,7 +74,7 @@ def write_quickstart_study(directory: Path, *, fast: bool, speedups: str = "auto
             raw["name"] = "snips-extraction-fast"
         head = "# quickstart --fast: tiny subset and few steps (a wiring test, not a quality result)\n" if fast else ""
         text = head + yaml.safe_dump(raw, sort_keys=False)
-    return atomic_write_text(directory / STUDY_FILE, text)
+    return text
 
 
 IMAGE_OVERRIDES = {  # a ViT initialised from a config learns the digits from scratch: full fine-tuning, more steps
@@ -88,6 +101,11 @@ def write_image_quickstart_study(directory: Path, *, fast: bool, speedups: str =
     built from a config in the cache, fully fine-tuned."""
     directory.mkdir(parents=True, exist_ok=True)
     write_digits_folder(directory / "images")
+    return atomic_write_text(directory / STUDY_FILE, image_study_text(fast=fast, speedups=speedups))
+
+
+def image_study_text(*, fast: bool, speedups: str = "auto") -> str:
+    """The text :func:`write_image_quickstart_study` writes (builds the seeded ViT in the cache if missing)."""
     base = build_init_vit(MODEL_CACHE / "vit-digits-init-s0", num_labels=10, seed=0)
     raw = yaml.safe_load(template_text("image-classification"))
     raw["model"]["base"] = str(base)
@@ -101,7 +119,7 @@ def write_image_quickstart_study(directory: Path, *, fast: bool, speedups: str =
         "(scikit-learn's copy of the UCI set), a ViT\n"
         "# initialised from a config (not pretrained: its baseline is chance), fully fine-tuned on the CPU\n"
     )
-    return atomic_write_text(directory / STUDY_FILE, head + yaml.safe_dump(raw, sort_keys=False))
+    return head + yaml.safe_dump(raw, sort_keys=False)
 
 
 def run_quickstart(
@@ -120,9 +138,11 @@ def run_quickstart(
     ``speedups``: the study's ``training.speedups`` (``auto``, the template's, or ``off``). Without the
     preflight ``auto`` is resolved by the train loop's own checks only (docs/speedups.md).
 
+    Run again in a folder that holds its study with runs, it resumes it (see the module docstring).
+
     Raises:
-        TuneproofError: the folder already holds a study with runs, ``task`` has no quickstart, or
-            ``speedups`` is neither ``auto`` nor ``off``.
+        TuneproofError: the folder holds another study (its study file is not the one these options
+            write), ``task`` has no quickstart, or ``speedups`` is neither ``auto`` nor ``off``.
     """
     t0 = time.perf_counter()
     directory = Path(directory)
@@ -133,17 +153,34 @@ def run_quickstart(
         )
     if speedups not in ("auto", "off"):
         raise TuneproofError(f"--speedups {speedups}: auto or off")
-    if (directory / STUDY_FILE).exists() and any((directory / "runs").glob("*")):
-        raise TuneproofError(f"{directory} already holds a study with runs", hint="pass another --dir or delete it")
-    if task == "image-classification":
+    image = task == "image-classification"
+    resuming = (directory / STUDY_FILE).exists() and any((directory / "runs").glob("*"))
+    if resuming:
+        want = (
+            image_study_text(fast=fast, speedups=speedups)
+            if image
+            else quickstart_study_text(fast=fast, speedups=speedups)
+        )
+        if (directory / STUDY_FILE).read_text(encoding="utf-8") != want:
+            raise TuneproofError(
+                f"{directory / STUDY_FILE} is not the study this quickstart writes (another --task, --fast or "
+                "--speedups, or the file was edited): it is not resumed",
+                hint="run the quickstart with the options it was started with to resume it, or pass another --dir",
+            )
+    if image:
         root = None
         preflight = True
-        header(f"tuneproof quickstart --task image-classification in {directory}")
-        write_image_quickstart_study(directory, fast=fast, speedups=speedups)
+        header(f"tuneproof quickstart --task image-classification {'resumed ' if resuming else ''}in {directory}")
+        if not resuming:
+            write_image_quickstart_study(directory, fast=fast, speedups=speedups)
     else:
         root = find_data_root(data, "snips")
-        header(f"tuneproof quickstart in {directory} (data: {root})")
-        write_quickstart_study(directory, fast=fast, speedups=speedups)
+        header(f"tuneproof quickstart {'resumed ' if resuming else ''}in {directory} (data: {root})")
+        if not resuming:
+            write_quickstart_study(directory, fast=fast, speedups=speedups)
+    overloaded = overload_line()
+    if overloaded:
+        console.print(f"[yellow]{overloaded}[/]", soft_wrap=True)
     ctx = StudyContext.open(directory, root)
     out: dict = {"runs": {}}
 
@@ -165,14 +202,43 @@ def run_quickstart(
     steps.append(("export", lambda: run_export(ctx, out["runs"]["train"])))
     steps.append(("report", lambda: run_report(ctx)))
 
+    after = 0  # seq of the run of the step before: a kept run must be newer (the chain of a resumed study)
     for name, fn in steps:
         console.rule(name)
         t = time.perf_counter()
-        out["runs"][name] = fn()
+        kept = _earlier_run(ctx, name, after, out["runs"]) if resuming else None
+        if kept is not None and kept.status == "completed":
+            console.print(f"{name}: {kept.id} completed before, kept")
+            out["runs"][name] = kept.id
+        elif kept is not None:  # an interrupted or failed train run: it continues from its checkpoint
+            console.print(f"{name}: {kept.id} was {kept.status}; continuing it from its checkpoint")
+            out["runs"][name] = run_resume(directory, root, kept.id)
+        else:
+            out["runs"][name] = fn()
+        if name != "report":
+            after = ctx.registry.get(out["runs"][name]).seq
         console.print(f"[dim]{name}: {time.perf_counter() - t:.1f} s[/]")
     out["seconds"] = round(time.perf_counter() - t0, 1)
     _print_outcome(ctx, out)
     return out
+
+
+def _earlier_run(ctx: StudyContext, name: str, after: int, runs: dict):
+    """The run a resumed quickstart keeps for step ``name``: the latest one of its kind newer than the
+    step before (``seq > after``) that completed (a data check that passed, an eval of the kept train
+    run), or, for ``train``, one interrupted or failed with a checkpoint to continue from; None:
+    the step runs again (``report`` always does)."""
+    if name == "report":
+        return None
+    candidates = [r for r in ctx.registry.list(kind=name) if r.seq > after]
+    if name == "eval":
+        candidates = [r for r in candidates if r.parent == runs.get("train")]
+    for rec in reversed(candidates):
+        if rec.status == "completed" and (name != "data-check" or rec.summary.get("passed")):
+            return rec
+        if name == "train" and rec.status in ("interrupted", "failed"):
+            return rec if list((ctx.registry.runs_dir / rec.id / "checkpoints").glob("step-*")) else None
+    return None
 
 
 def header(text: str) -> None:

@@ -27,10 +27,8 @@ Without ``rental.json`` in the study, :func:`spend` does nothing.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,7 @@ from tuneproof.recipes.verify import run_verify
 from tuneproof.registry import Registry, study_relative
 from tuneproof.storage import deliver_to, safety, safety_line
 from tuneproof.training.budget import total_steps
-from tuneproof.ui import console, err_console, table, user_text
+from tuneproof.ui import console, err_console, print_json, table, user_text
 
 OVERRIDE_FLAG = "--use-reserve"
 
@@ -118,7 +116,7 @@ def run_status(ctx: StudyContext, *, as_json: bool = False) -> dict[str, Any]:
         st["remote"] = safety(ctx.study_dir, ctx.study.storage.remote, ctx.study.storage.exclude)
         st["remote_line"] = safety_line(ctx.study_dir, ctx.study.storage)
     if as_json:
-        sys.stdout.write(json.dumps(st, indent=2, default=str) + "\n")
+        print_json(st)
         return st
     _say(said)
     print_status(st)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 from tuneproof.recipes.lineage import print_tree
 from tuneproof.registry import Registry, iso, override_flags
-from tuneproof.ui import console, fmt, table, user_text
+from tuneproof.ui import console, fmt, print_json, table, user_text
 
 STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}
 
@@ -46,7 +44,7 @@ def run_overrides(summary: dict) -> list[str]:
 def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None:
     reg = Registry(study)
     if as_json:
-        sys.stdout.write(json.dumps(runs_json(reg), indent=2, default=str) + "\n")
+        print_json(runs_json(reg))
         return
     runs = reg.list()
     if not runs:

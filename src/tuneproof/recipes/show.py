@@ -4,16 +4,13 @@ paired counts), by class, or by field."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.recipes.common import load_outputs
 from tuneproof.recipes.compare import resolve_candidate
 from tuneproof.tasks import get_task, task_config
-from tuneproof.ui import console, table, user_text
+from tuneproof.ui import console, print_json, table, user_text
 
 
 def select(
@@ -85,10 +82,7 @@ def run_show(
             console.print(f"fixed / regressed by the success metric's rule: {rule.description}", soft_wrap=True)
     pairs = select(base, cand, regressed=regressed, fixed=fixed, category=category, field=field, passing=passing)
     if as_json:
-        sys.stdout.write(
-            json.dumps({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis}, indent=2, default=str)
-            + "\n"
-        )
+        print_json({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis})
         return len(pairs)
     # a baseline column only when a baseline is joined (--against/--regressed/--fixed): an empty one read as
     # a baseline that answered nothing

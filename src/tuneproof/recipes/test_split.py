@@ -13,6 +13,13 @@ Within the same read, a trained candidate is paired with the base model on the t
 baseline's procedure; ``baseline_outputs.jsonl``, ``test_compare.json``): each metric of both, the
 delta with its paired bootstrap 95% interval and the success criterion's verdict, rounded on screen
 (with ``eval.backend: vllm`` the pairing is left to ``compare``).
+
+What is read: the test split capped by ``eval.max_examples`` as the evaluation split is (the same
+class-balanced draw, :meth:`~tuneproof.context.StudyContext.test_examples`). Before any model is
+loaded, one line states the passes (the candidate; the base model for the pairing, unless an
+earlier test read already holds the base model's outputs on the same examples under the same
+procedure, which are then reused: the base model is not run again) and an estimate of their time
+from the throughput measured by the study's own evaluations (:func:`estimate_line`).
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
+from tuneproof.evaluation.fingerprint import study_eval_fingerprint
 from tuneproof.evaluation.metrics import score
 from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.screen import metric_short, reuse_line
-from tuneproof.io import read_jsonl, write_jsonl
+from tuneproof.io import read_jsonl, sha256_json, write_jsonl
 from tuneproof.models.base import load_model
 from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import (
@@ -86,7 +94,12 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         if trained is not None:
             note_library_drift(ctx, run, cand, inputs["env"])
             run.update_summary(trained_weights=trained)
-        examples = ctx.split(ctx.study.data.test_split, allow_test=True)
+        examples = ctx.test_examples()
+        whole = len(ctx.split(ctx.study.data.test_split, allow_test=True))
+        base_key = base_outputs_key(ctx, examples)
+        reused = None if cand == "base" else reusable_base_outputs(ctx, base_key, examples)
+        pair = cand != "base" and ctx.study.eval.backend != "vllm"
+        console.print(estimate_line(ctx, cand, len(examples), whole, pair and reused is None, reused), soft_wrap=True)
         device, _, _ = ctx.torch_setup()
         if cand == "base":
             labels = ctx.head_labels
@@ -123,7 +136,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
                 rows,
                 required_fields=other["required_fields"],
                 eval_cfg=hyp.eval_for(other, ctx.study.eval),
-                labels=task_config(ctx).labels,
+                labels=task_config(ctx, examples=examples).labels,
             )
             extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
         print_metrics(ctx, metrics)
@@ -134,10 +147,11 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
         versus = None
         if cand != "base":
             del model
-            versus = versus_base(ctx, run, examples, view)
+            versus = versus_base(ctx, run, examples, view, reused)
             if versus is not None:
                 extra["versus_base"] = versus
         run.update_summary(
+            base_outputs_key=base_key if cand == "base" or versus is not None else None,
             candidate=cand,
             test_reuse=reasons,
             judged_against=judging.judged_against,
@@ -164,23 +178,103 @@ def rounded(metrics: dict[str, float]) -> str:
     return ", ".join(f"{metric_short(k)} {fmt(v)}" for k, v in metrics.items()) or "-"
 
 
-def versus_base(ctx: StudyContext, run, examples: list, view: dict) -> dict | None:
+def base_outputs_key(ctx: StudyContext, examples: list) -> str:
+    """What the base model's outputs on ``examples`` depend on: the evaluation fingerprint of these
+    examples (procedure, tokenizer, precision, base weights' dtype) and the base revision (sha256 hex)."""
+    efp = study_eval_fingerprint(ctx, examples, base_weights=ctx.base_weights)
+    return sha256_json({"eval_fingerprint": efp["hash"], "base_revision": ctx.base.revision})
+
+
+def reusable_base_outputs(ctx: StudyContext, key: str, examples: list) -> dict | None:
+    """``{"run", "rows"}``: the base model's outputs on ``examples`` from the latest completed test
+    run with the same :func:`base_outputs_key` (a ``test base`` read's ``outputs.jsonl``, or a
+    pairing's ``baseline_outputs.jsonl``) whose ids are these examples' ids; None when there is none."""
+    ids = [e.id for e in examples]
+    for rec in reversed(ctx.registry.list(kind="test", status="completed")):
+        if rec.summary.get("base_outputs_key") != key:
+            continue
+        name = "outputs.jsonl" if rec.summary.get("candidate") == "base" else "baseline_outputs.jsonl"
+        path = ctx.registry.runs_dir / rec.id / name
+        if not path.exists():
+            continue
+        rows = [{k: r.get(k) for k in ("id", "category", "input", "reference", "prediction")} for r in read_jsonl(path)]
+        if [r["id"] for r in rows] == ids:
+            return {"run": rec.id, "rows": rows}
+    return None
+
+
+def measured_rate(ctx: StudyContext, kinds: tuple[str, ...], parent: str | None = None) -> tuple[float, str] | None:
+    """``(examples per second, run id)`` of the latest completed run of ``kinds`` (of ``parent`` when
+    given) whose summary records ``eval_examples_per_s``; None when no evaluation was measured."""
+    for rec in reversed(ctx.registry.list()):
+        if rec.kind not in kinds or rec.status != "completed" or (parent is not None and rec.parent != parent):
+            continue
+        rate = rec.summary.get("eval_examples_per_s")
+        if isinstance(rate, (int, float)) and rate > 0:
+            return float(rate), rec.id
+    return None
+
+
+def estimate_line(ctx: StudyContext, cand: str, n: int, whole: int, base_pass: bool, reused: dict | None) -> str:
+    """The line printed before the test split is read: how many examples (and the cap), the passes,
+    and their time from the measured throughput of the study's evaluations (the candidate's own eval
+    run first, else the baseline's; seconds per pass = ``n`` / examples per second), e.g.
+    ``test: 60 of 3080 'test' examples (eval.max_examples 60, class-balanced); 2 passes (r0004, then
+    the base model to pair with): about 2 min 10 s (r0005 evaluated 0.92 examples/s)``."""
+    split = user_text(ctx.study.data.test_split)
+    cap = ctx.study.eval.max_examples
+    head = f"test: {n} of {whole} '{split}' examples" + (
+        f" (eval.max_examples {cap}, class-balanced)" if cap and n < whole else ""
+    )
+    passes = [user_text(cand) if cand != "base" else "the base model"]
+    if base_pass:
+        passes.append("the base model to pair with")
+    elif reused is not None:
+        head += f"; the base model's outputs on these examples are reused from {reused['run']}"
+    rate = (measured_rate(ctx, ("eval",), cand) if cand != "base" else None) or measured_rate(
+        ctx, ("baseline", "eval", "test")
+    )
+    what = f"{len(passes)} pass{'es' if len(passes) > 1 else ''} ({', then '.join(passes)})"
+    if rate is None:
+        return f"{head}; {what}: no evaluation of this study measured yet, no estimate"
+    seconds = len(passes) * n / rate[0]
+    return f"{head}; {what}: about {duration(seconds)} ({rate[1]} evaluated {rate[0]:.3g} examples/s)"
+
+
+def duration(seconds: float) -> str:
+    """``"45 s"``, ``"2 min 10 s"``, ``"1 h 05 min"`` (rounded to whole seconds)."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def versus_base(ctx: StudyContext, run, examples: list, view: dict, reused: dict | None = None) -> dict | None:
     """The base model on the same test examples, in the same read, paired with the candidate's
-    ``outputs.jsonl``: ``{"n", "metrics": {key: {"base", "cand", "delta", "ci"}}, "verdict", "success"}``
-    (headline metrics only; the whole comparison in ``test_compare.json``), printed as a table.
-    None with ``eval.backend: vllm`` (its backend check would run a second time; ``compare`` pairs)."""
+    ``outputs.jsonl``: ``{"n", "metrics": {key: {"base", "cand", "delta", "ci"}}, "verdict", "success",
+    "base_outputs_from"}`` (headline metrics only; the whole comparison in ``test_compare.json``), printed
+    as a table. ``reused`` (:func:`reusable_base_outputs`): the base model's outputs of an earlier read,
+    used instead of running the base model again. None with ``eval.backend: vllm`` (its backend check
+    would run a second time; ``compare`` pairs)."""
     if ctx.study.eval.backend == "vllm":
         console.print("[dim]the pairing with the base model on the test split needs eval.backend: transformers[/]")
         return None
-    device, _, _ = ctx.torch_setup()
-    with heartbeat("test", "loading the base model"):
-        base = load_model(ctx.base, ctx.head, labels=ctx.head_labels)
-        model = cast_base_for_inference(base, ctx.base_weights).to(device)
-    preds = predict(ctx, model, examples, "test base model")
-    rows = [
-        {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
-        for e, p in zip(examples, preds)
-    ]
+    if reused is not None:
+        rows = reused["rows"]
+    else:
+        device, _, _ = ctx.torch_setup()
+        with heartbeat("test", "loading the base model"):
+            base = load_model(ctx.base, ctx.head, labels=ctx.head_labels)
+            model = cast_base_for_inference(base, ctx.base_weights).to(device)
+        raw: list[str] = []
+        preds = predict(ctx, model, examples, "test base model", raw_out=raw)
+        rows = [
+            {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
+            | ({"raw": raw[k]} if len(raw) == len(preds) else {})
+            for k, (e, p) in enumerate(zip(examples, preds))
+        ]
     write_jsonl(run.path("baseline_outputs.jsonl"), rows)
     result = paired_compare(
         rows,
@@ -191,7 +285,7 @@ def versus_base(ctx: StudyContext, run, examples: list, view: dict) -> dict | No
         hypothesis=hyp.as_hypothesis(view),
         iterations=ctx.study.eval.bootstrap_iterations,
         seed=ctx.study.eval.seed,
-        labels=task_config(ctx).labels,
+        labels=task_config(ctx, examples=examples).labels,
     )
     run.write_json("test_compare.json", result)
     keys = [
@@ -227,4 +321,5 @@ def versus_base(ctx: StudyContext, run, examples: list, view: dict) -> dict | No
         "metrics": shown,
         "verdict": (result.get("overall") or {}).get("verdict"),
         "success": None if success is None else success["verdict"],
+        "base_outputs_from": run.id if reused is None else reused["run"],
     }

@@ -48,18 +48,23 @@ def get_task(name: str) -> Task:
         ) from None
 
 
-def task_config(ctx: Any, *, required_fields: Any = None, eval_cfg: Any = None) -> TaskConfig:
+def task_config(ctx: Any, *, required_fields: Any = None, eval_cfg: Any = None, examples: Any = None) -> TaskConfig:
     """The scorer's config of a :class:`~tuneproof.context.StudyContext`: required fields, the eval
     section (the study file's unless given, e.g. the frozen hypothesis's) and the label set of the
-    train split (for kinds that have one)."""
+    train split (for kinds that have one). ``examples`` (the evaluated ones): their classes that train
+    never shows are added to the label set (sorted, after train's), so a class only in the reserved
+    test split is scored as what it is, an error on every example of it, instead of refused."""
     kind = get_task(ctx.task)
     labels = (
         kind.label_set(ctx.all_splits["train"]) if kind.has_label_set else None
     )  # other kinds never read the data here
+    if labels is not None and examples is not None:
+        labels = list(labels) + sorted(set(kind.label_set(examples) or []) - set(labels))
     return TaskConfig.make(
         ctx.study.hypothesis.required_fields if required_fields is None else required_fields,
         ctx.study.eval if eval_cfg is None else eval_cfg,
         labels,
+        ctx.study.data.test_split,
     )
 
 

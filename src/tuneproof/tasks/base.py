@@ -50,16 +50,22 @@ class TaskConfig:
     required_fields: tuple[str, ...] = ()
     eval: Any = None
     labels: tuple[str, ...] | None = None
+    test_split: str = "test"  # ``data.test_split``: the sealed split (a class only there is a warning, not a fault)
 
     @classmethod
     def make(
-        cls, required_fields: Sequence[str] | None = None, eval_cfg: Any = None, labels: Sequence[str] | None = None
+        cls,
+        required_fields: Sequence[str] | None = None,
+        eval_cfg: Any = None,
+        labels: Sequence[str] | None = None,
+        test_split: str = "test",
     ) -> TaskConfig:
         if eval_cfg is None:
             eval_cfg = Eval()
         elif isinstance(eval_cfg, dict):
             eval_cfg = Eval.model_validate(eval_cfg)
-        return cls(tuple(required_fields or ()), eval_cfg, None if labels is None else tuple(str(x) for x in labels))
+        labels_ = None if labels is None else tuple(str(x) for x in labels)
+        return cls(tuple(required_fields or ()), eval_cfg, labels_, test_split)
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ class Task:
     # 6. data-check audit
     def audit(self, splits: dict[str, list], cfg: TaskConfig) -> dict[str, Any]:
         """``{"labels": ..., "targets": ..., "hard_faults": [...], "warnings": [...]}``."""
-        labels = audit_labels(splits)
+        labels = audit_labels(splits, cfg.test_split)
         return {
             "labels": labels,
             "targets": None,

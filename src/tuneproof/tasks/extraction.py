@@ -612,7 +612,7 @@ class Extraction(Task):
         return "output differs from the reference"
 
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
-        labels = audit_labels(splits)
+        labels = audit_labels(splits, cfg.test_split)
         targets = audit_targets([e for v in splits.values() for e in v], list(cfg.required_fields) or None)
         out = {
             "labels": labels,
@@ -623,7 +623,10 @@ class Extraction(Task):
         sets = {name: [json_list_field(e.target, "intent") for e in items] for name, items in splits.items()}
         if any(isinstance(s, list) for v in sets.values() for s in v):  # a list-valued intent: audit each label
             ls = audit_label_sets(
-                sets, what="intent", sources={name: [e.source or e.id for e in items] for name, items in splits.items()}
+                sets,
+                what="intent",
+                sources={name: [e.source or e.id for e in items] for name, items in splits.items()},
+                reserved=cfg.test_split,
             )
             out["label_sets"] = ls
             out["hard_faults"] += ls["hard_faults"]

@@ -648,7 +648,7 @@ class Format(Task):
         return "output differs from the reference"
 
     def audit(self, splits, cfg: TaskConfig) -> dict[str, Any]:
-        labels = audit_labels(splits)
+        labels = audit_labels(splits, cfg.test_split)
         targets = audit_format_targets([e for v in splits.values() for e in v], FormatRule.from_config(cfg))
         return {
             "labels": labels,

@@ -303,7 +303,10 @@ class MultiLabel(Task):
                 if s is None:
                     bad.append(e.source or e.id)
         ls = audit_label_sets(
-            sets, what="label", sources={name: [e.source or e.id for e in items] for name, items in splits.items()}
+            sets,
+            what="label",
+            sources={name: [e.source or e.id for e in items] for name, items in splits.items()},
+            reserved=cfg.test_split,
         )
         hard = list(ls["hard_faults"])
         n = sum(len(v) for v in splits.values())

@@ -15,11 +15,18 @@ copy. :func:`attach` hands the registry three hooks (:class:`Mirror`):
   ``tuneproof.kind`` / ``tuneproof.run_id`` / ``tuneproof.parent``, and the run folder's files
   (outputs, preflight report...; checkpoints excluded). W&B and Trackio get the whole run then.
 
+What a tracker's library writes to stdout or stderr while it sends (MLflow's "View run ... at: URL"
+and "View experiment at" lines for a server store, W&B's banners) is the tracker's chatter, not the
+command's output: it is appended to the run's ``log.txt`` (the study's ``tracking.log`` for the
+dossier), so ``--json`` output stays JSON alone (:func:`chatter_to`).
+
 A tracker that is down or refuses never fails a run: the run's ``runs/<id>/tracking.json`` says
 ``pending: true`` with the error, the tracker is not tried again by this command, and the command
 prints one warning naming how many runs wait; the next run's end (or ``tuneproof track sync``)
-retries every pending run. Sending is idempotent: a run sent again (resumed, invalidated later)
-reuses its tracker run and adds only the steps not sent yet.
+retries every pending run. A run interrupted (Ctrl-C, SIGTERM) is not sent as the command exits,
+so that it exits at once; it stays pending and the next command sends it. Sending is idempotent:
+a run sent again (resumed, invalidated later) reuses its tracker run and adds only the steps not
+sent yet.
 
 Study keys: ``tracking.mlflow.uri`` (default ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<study>/mlflow.db``;
 a SQLite store keeps its artifacts in ``mlflow-artifacts/`` beside the database; a folder store,
@@ -30,11 +37,14 @@ a SQLite store keeps its artifacts in ``mlflow-artifacts/`` beside the database;
 
 from __future__ import annotations
 
+import contextlib
 import http
+import io
 import math
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +78,29 @@ __all__ = [
 
 def _stderr(line: str) -> None:
     sys.stderr.write(line + "\n")
+
+
+#: where chatter goes when a tracker sends the dossier (no run folder): beside the study file
+CHATTER_FILE = "tracking.log"
+
+
+@contextlib.contextmanager
+def chatter_to(log: Path) -> Iterator[None]:
+    """Everything written to ``sys.stdout`` / ``sys.stderr`` inside the block (a tracker library's
+    prints) is appended to ``log`` instead of reaching the terminal; a log that cannot be written
+    loses the chatter, never the run."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            yield
+    finally:
+        text = buffer.getvalue()
+        if text:
+            try:
+                with open(log, "a", encoding="utf-8") as f:
+                    f.write(text if text.endswith("\n") else text + "\n")
+            except OSError:
+                pass
 
 
 def trackers_for(study, study_dir=None) -> list[Tracker]:
@@ -166,7 +199,8 @@ def mirror_run(trackers: list[Tracker], record, run_dir: Path, *, down: dict[str
             errors[tracker.name] = down[tracker.name]
             continue
         try:
-            state[tracker.name] = tracker.mirror(view, state.get(tracker.name) or {})
+            with chatter_to(run_dir / "log.txt"):
+                state[tracker.name] = tracker.mirror(view, state.get(tracker.name) or {})
         except Exception as err:  # noqa: BLE001 - a tracker must never fail the run
             errors[tracker.name] = down[tracker.name] = _error(err)
     state["pending"] = bool(errors)
@@ -258,7 +292,8 @@ class Mirror:
             if not tracker.live or tracker.name in self.down:
                 continue
             try:
-                state[tracker.name] = live[tracker.name] = tracker.start(view, state.get(tracker.name) or {})
+                with chatter_to(run_dir / "log.txt"):
+                    state[tracker.name] = live[tracker.name] = tracker.start(view, state.get(tracker.name) or {})
             except Exception as err:  # noqa: BLE001 - a tracker must never fail the run
                 self._fail(tracker, err)
         self.live[record.id] = live
@@ -300,7 +335,8 @@ class Mirror:
             if tracker.name not in live or tracker.name in self.down:
                 continue
             try:
-                live[tracker.name] = tracker.log_steps(live[tracker.name], queued)
+                with chatter_to(registry.runs_dir / run_id / "log.txt"):
+                    live[tracker.name] = tracker.log_steps(live[tracker.name], queued)
                 sent = True
             except Exception as err:  # noqa: BLE001
                 self._fail(tracker, err)
@@ -313,6 +349,10 @@ class Mirror:
     def ended(self, registry, record) -> None:
         self.live.pop(record.id, None)
         self.queued.pop(record.id, None)  # the rows not sent yet are in metrics.jsonl: the mirror sends them
+        if record.status == "interrupted":
+            # Ctrl-C: exit now, not after a tracker round trip (importing MLflow alone takes seconds on a
+            # loaded machine); tracking.json still says pending, so the next command's sync sends the run
+            return
         mirror_run(self.trackers, record, registry.runs_dir / record.id, down=self.down)
         sync(self.trackers, registry, only_pending=True, down=self.down)
         self._say(registry)
@@ -370,7 +410,8 @@ def publish_dossier(study, study_dir: Path, paths: list[Path], *, warn=None) -> 
         if publish is None:
             continue
         try:
-            state[tracker.name] = publish(paths, state.get(tracker.name) or {})
+            with chatter_to(Path(study_dir) / CHATTER_FILE):
+                state[tracker.name] = publish(paths, state.get(tracker.name) or {})
             sent.append(tracker.name)
         except Exception as err:  # noqa: BLE001
             warn(f"warning: dossier not sent to {tracker.name} ({_error(err)})")

@@ -52,6 +52,18 @@ def _paragraph(text: str) -> dict:
     return {"type": "p", "text": text}
 
 
+def not_completed(ev: Any, kind: str, command: str) -> list[dict]:
+    """What a section without a completed run of ``kind`` says: ``not run yet (`COMMAND`)`` when no
+    run of that kind exists, else what became of the latest one, e.g. ``not completed: the baseline
+    r0002 was interrupted (interrupted by Ctrl-C); run `tuneproof baseline` again`` (a run that was
+    started is never reported as not run)."""
+    r = ev.latest(kind, any_status=True)
+    if r is None:
+        return [_paragraph(f"{NOT_RUN} (`{command}`)")]
+    why = f" ({r.reason})" if r.reason else ""
+    return [_paragraph(f"not completed: the {kind} {r.id} was {r.status}{why}; run `{command}` again")]
+
+
 def _table(cols: list[str], rows: list[list[Any]]) -> dict:
     return {"type": "table", "cols": cols, "rows": [[_fmt(v) for v in r] for r in rows]}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuneproof.deliver.dossier.blocks import NOT_RUN, _ci, _fig, _paragraph, _table
+from tuneproof.deliver.dossier.blocks import _ci, _fig, _paragraph, _table, not_completed
 from tuneproof.deliver.dossier.evidence import _Evidence, _kind_of
 from tuneproof.deliver.limits import (
     PER_FIELD_METRIC,
@@ -17,7 +17,7 @@ from tuneproof.ui import capped
 def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
     compares = [r for r in ev.runs if r.kind == "compare" and r.status == "completed"]
     if not compares:
-        return [_paragraph(f"{NOT_RUN} (`tuneproof compare RUN`)")]
+        return not_completed(ev, "compare", "tuneproof compare RUN")
     blocks: list[dict] = []
     task = ev.ctx.task
     for c in compares:

@@ -33,7 +33,14 @@ def _md_pre(text: str) -> list[str]:
 
 
 def _html(v: Any) -> str:
+    """Text for an HTML attribute or title: escaped, backticks as they are."""
     return html_text(v, limit=TEXT_LIMIT)
+
+
+def _html_prose(v: Any) -> str:
+    """Text of a paragraph, list item, table cell or caption: escaped, and the dossier's code spans
+    (```tuneproof compare RUN```, as the Markdown renders them) as ``<code>``, never literal backticks."""
+    return html_text(v, limit=TEXT_LIMIT, code_spans=True)
 
 
 def _md_blocks(blocks: list[dict]) -> list[str]:
@@ -88,7 +95,7 @@ td,th{overflow-wrap:break-word}details{margin:.5em 0}summary{cursor:pointer;colo
 
 
 def _html_blocks(blocks: list[dict]) -> list[str]:
-    e = _html
+    e, a = _html_prose, _html  # element text; attribute values
     out: list[str] = []
     for b in blocks:
         t = b["type"]
@@ -111,7 +118,7 @@ def _html_blocks(blocks: list[dict]) -> list[str]:
         elif t == "figure":
             data = base64.b64encode(b["png"]).decode("ascii")
             out.append(
-                f'<figure><img alt="{e(b["caption"])}" src="data:image/png;base64,{data}">'
+                f'<figure><img alt="{a(b["caption"])}" src="data:image/png;base64,{data}">'
                 f"<figcaption>{e(b['caption'])}</figcaption></figure>"
             )
         elif t == "details":

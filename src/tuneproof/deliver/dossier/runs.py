@@ -3,7 +3,7 @@ their flags) and the variants' lineage (what each changed against its parent).""
 
 from __future__ import annotations
 
-from tuneproof.deliver.dossier.blocks import NOT_RUN, _dur, _fmt, _paragraph, _table, flatten
+from tuneproof.deliver.dossier.blocks import NOT_RUN, _dur, _fmt, _paragraph, _table, flatten, not_completed
 from tuneproof.deliver.dossier.evidence import _Evidence
 from tuneproof.evaluation.screen import metric_short
 from tuneproof.registry import iso, override_flags
@@ -12,8 +12,8 @@ from tuneproof.ui import capped
 
 def _baseline(ev: _Evidence) -> list[dict]:
     b = ev.latest("baseline")
-    if not b:
-        return [_paragraph(f"{NOT_RUN} (`tuneproof baseline`)")]
+    if not b:  # an interrupted or failed baseline is said as such, never "not run yet"
+        return not_completed(ev, "baseline", "tuneproof baseline")
     if b.id in ev.missing:
         return [{"type": "strong", "text": f"INCOMPLETE: {ev.missing[b.id]['what']}: its metrics are not shown"}]
     base = b.summary.get("base") or {}

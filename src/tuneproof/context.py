@@ -169,8 +169,21 @@ class StudyContext:
     @cached_property
     def modality(self) -> Modality:
         """Text or image, chosen once from the model kind (:func:`tuneproof.modalities.modality_for`);
-        everything that differs between them is asked of it."""
-        return modality_for(self.model_kind)
+        everything that differs between them is asked of it.
+
+        Raises:
+            TuneproofError: a ``data.sources`` entry in a format this modality does not read (an
+                image folder for a text model, a CSV of texts for an image classifier).
+        """
+        modality = modality_for(self.model_kind)
+        for i, src in enumerate(self.study.data.sources):
+            if src.format not in modality.source_formats:
+                raise TuneproofError(
+                    f"{self.study_dir / STUDY_FILE}: data.sources[{i}].format {src.format}: model.kind "
+                    f"{self.model_kind} ({modality.name}) reads {', '.join(modality.source_formats)}",
+                    hint="use a data format of the model's modality, or a model.kind that reads this data",
+                )
+        return modality
 
     @property
     def head(self) -> Head:
@@ -260,7 +273,7 @@ class StudyContext:
         :func:`tuneproof.training.speedups.static_rules`), so the baseline is evaluated as the candidate
         will be when their check passes (docs/speedups.md)."""
         t = self.study.training
-        if t.speedups == "auto" and self.study.method.kind == "lora" and self.model_kind != "causal-lm":
+        if t.speedups == "auto" and self.study.method.kind == "lora" and not self.head.token_labels:
             return "bf16" if bf16_base_rule(self.device_choice.get("dtype"), detect_device())[0] else "fp32"
         return "bf16" if t.bf16_base_weights else "fp32"
 

@@ -52,6 +52,7 @@ class Modality:
     unit: str = ""  # what the training rate counts: "tokens" (text) or "images"
     logit: str = ""  # what the smoke pass and the reload compare: "next-token" or "class" logits
     heads: tuple[Head, ...] = ()  # the model kinds (``model.kind``) this modality serves
+    source_formats: tuple[str, ...] = ()  # the ``data.sources[].format`` values its examples come from
     dossier_sections: tuple[str, ...] = ()  # sections of the dossier and the screens that apply (names above)
     preflight_checks: tuple[str, ...] = ()  # the model checks that apply, by name (preflight maps names to checks)
     preflight_skips: tuple[tuple[str, str], ...] = ()  # ``(check, why)``: listed as skipped, with why
@@ -120,6 +121,11 @@ class Modality:
     ) -> list[str]:
         """One prediction per example, in their order, by the study's evaluation procedure;
         ``batch_size`` replaces ``eval.batch_size`` when given."""
+        raise NotImplementedError
+
+    def eval_inputs(self, ctx, examples: list[Example]) -> list[str]:
+        """What the model reads at evaluation, one string per example in their order: the inference
+        prompt of a generative head, the input text of a text classifier, the image path of an image."""
         raise NotImplementedError
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:

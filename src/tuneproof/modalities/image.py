@@ -23,7 +23,7 @@ from tuneproof.data import image_inspect
 from tuneproof.data.examples import Example
 from tuneproof.data.image_audit import audit_image_study
 from tuneproof.data.image_pipeline import ImagePipeline, collate_images
-from tuneproof.data.image_sources import inside
+from tuneproof.data.image_sources import IMAGE_FORMATS, inside
 from tuneproof.data.inspect import choose_examples
 from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
@@ -146,6 +146,7 @@ class ImageModality(Modality):
     unit = "images"
     logit = "class"
     heads = (IMAGE_CLASSIFIER,)
+    source_formats = IMAGE_FORMATS
     dossier_sections = (IMAGE_FORM,)
     preflight_checks = ("image training data", "image steps")
     preflight_skips = (("embedding size", "an image classifier has no token embeddings"),)
@@ -212,6 +213,10 @@ class ImageModality(Modality):
             autocast=autocast,
             progress=progress,
         )
+
+    def eval_inputs(self, ctx, examples: list[Example]) -> list[str]:
+        """The image files' paths (``meta["image"]``)."""
+        return [e.meta["image"] for e in examples]
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:
         """Per image the class logits ``[[index, logit], ...]``, one image at a time."""

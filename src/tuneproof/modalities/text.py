@@ -24,6 +24,7 @@ from typing import Any
 from tuneproof.data.examples import Example
 from tuneproof.data.inspect import LEGEND_CAUSAL, LEGEND_CLS, choose_examples, render_html, render_rich, token_rows
 from tuneproof.data.preprocess import TextPipeline, collate
+from tuneproof.data.sources import TEXT_FORMATS
 from tuneproof.io import atomic_write_text
 from tuneproof.modalities.base import LOSS_NORMALISATION, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, TOKEN_LENGTHS, Modality
 from tuneproof.modalities.batching import length_sorted_batches
@@ -44,6 +45,8 @@ CAUSAL_LM = Head(
     peft_task_type="CAUSAL_LM",
     architectures=("CausalLM", "LMHead"),
     pipeline_tag="text-generation",
+    generative=True,
+    token_labels=True,
 )
 SEQUENCE_CLASSIFIER = Head(
     "sequence-classification",
@@ -52,6 +55,7 @@ SEQUENCE_CLASSIFIER = Head(
     what="sequence classification",
     labels_from="data.fields.label",
     pipeline_tag="text-classification",
+    adapter_effect=False,  # the smoke pass does not measure it for a sequence classifier
     model_types=frozenset(
         {"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra", "xlm-roberta", "modernbert"}
     ),
@@ -206,6 +210,7 @@ class TextModality(Modality):
     unit = "tokens"
     logit = "next-token"
     heads = (CAUSAL_LM, SEQUENCE_CLASSIFIER)
+    source_formats = TEXT_FORMATS
     dossier_sections = (TOKEN_LENGTHS, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, LOSS_NORMALISATION)
     preflight_checks = ("text training data", "embedding size", "text steps")
     smoke_eval_note = ", an upper bound when the smoke model generates up to eval.max_new_tokens"
@@ -279,6 +284,12 @@ class TextModality(Modality):
         return generate(
             model, ctx.tokenizer, ctx.pipeline, examples, ev, device=device, autocast=autocast, progress=progress
         )
+
+    def eval_inputs(self, ctx, examples: list[Example]) -> list[str]:
+        """The inference prompts (``pipeline.prompt_text``) of a generative head, the texts of a classifier."""
+        if ctx.head.generative:
+            return [ctx.pipeline.prompt_text(e.text) for e in examples]
+        return [e.text for e in examples]
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:
         """Per example: the :data:`TOP_TOKENS` highest next-token logits after the prompt

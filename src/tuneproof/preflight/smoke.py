@@ -105,7 +105,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
     eval_s = time.perf_counter() - t0
     scores = ctx.modality.scores(ctx, model, examples)
     adapter_effect = None
-    if ctx.study.method.kind in ("lora", "qlora") and ctx.model_kind != "sequence-classification":
+    if ctx.study.method.kind in ("lora", "qlora") and ctx.head.adapter_effect:
         with model.disable_adapter():
             base_scores = ctx.modality.scores(ctx, model, examples)
         adapter_effect = max(

@@ -90,7 +90,7 @@ def require_backend(ctx: StudyContext) -> None:
     """Refuse an evaluation whose ``eval.backend`` cannot run here (before any run is created; exit 2,
     :func:`tuneproof.evaluation.backends.check_backend_available`)."""
     if ctx.study.eval.backend != "transformers":
-        check_backend_available(ctx.study.eval, ctx.model_kind, ctx.study_dir / STUDY_FILE)
+        check_backend_available(ctx.study.eval, ctx.head, ctx.study_dir / STUDY_FILE)
 
 
 @contextlib.contextmanager
@@ -424,6 +424,6 @@ def speedup_rules(ctx: StudyContext, model, world_size: int = 1) -> dict[str, tu
         bf16_base=bf16_base_rule(choice.get("dtype"), detect_device()),
         attention=getattr(config, "_attn_implementation", None),
         method_kind=ctx.study.method.kind,
-        token_labels=ctx.model_kind == "causal-lm",
+        token_labels=ctx.head.token_labels,
         world_size=world_size,
     )

@@ -186,13 +186,27 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
 
 
 def meta_model(ctx):
-    """The study's model class built on the meta device (no weights read, no memory), with the method applied."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
+    """The study's model class (the Auto class of its head, :attr:`tuneproof.models.heads.Head.auto_class`)
+    built on the meta device from the base's ``config.json``: no weights read, no memory.
 
-    cfg = AutoConfig.from_pretrained(ctx.base.path)
-    auto = AutoModelForSequenceClassification if ctx.model_kind == "sequence-classification" else AutoModelForCausalLM
-    with torch.device("meta"):
-        return auto.from_config(cfg)
+    Raises:
+        TuneproofError: transformers has no model class of that kind for this config (names the
+            base, the kind and ``distributed.strategy``).
+    """
+    import transformers  # noqa: PLC0415 - only the FSDP launch check builds a model class
+
+    remote = ctx.base.trust_remote_code
+    cfg = transformers.AutoConfig.from_pretrained(ctx.base.path, trust_remote_code=remote)
+    auto = getattr(transformers, ctx.head.auto_class)
+    try:
+        with torch.device("meta"):
+            return auto.from_config(cfg, trust_remote_code=remote)
+    except ValueError as err:  # transformers: "Unrecognized configuration class ... for this kind of AutoModel"
+        raise TuneproofError(
+            f"distributed.strategy fsdp: {ctx.base.path} has no {ctx.head.auto_class} model class for its config "
+            f"(model.kind {ctx.model_kind}): {str(err).splitlines()[0]}",
+            hint="check model.kind, or use distributed.strategy: ddp",
+        ) from err
 
 
 def torchrun_command(

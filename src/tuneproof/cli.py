@@ -572,7 +572,7 @@ def test_(
     use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Evaluate on the reserved test split; every access is logged and reuse is stated."""
-    from tuneproof.recipes.test_split import run_test  # noqa: PLC0415
+    from tuneproof.recipes.test_read import run_test  # noqa: PLC0415
 
     ctx = _ctx(study, data)
     with _rental(study, "test", use_reserve, ctx=ctx):

@@ -19,7 +19,7 @@ from tuneproof.data.split import balanced_take, build_splits, check_unique_ids, 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_json
 from tuneproof.modalities import Modality, detect_kind, modality_for
-from tuneproof.models.base import model_kind, resolve_base
+from tuneproof.models.base_model import model_kind, resolve_base
 from tuneproof.models.build import build_model
 from tuneproof.models.device import bf16_base_rule, choose_dtype, detect_device
 from tuneproof.models.heads import Head
@@ -202,12 +202,12 @@ class StudyContext:
 
     @cached_property
     def pipeline(self):
-        """The one preprocessing pipeline (:meth:`tuneproof.modalities.base.Modality.pipeline`)."""
+        """The one preprocessing pipeline (:meth:`tuneproof.modalities.modality.Modality.pipeline`)."""
         return self.modality.pipeline(self)
 
     @cached_property
     def tokenizer_identity(self) -> dict[str, Any]:
-        """The processor's identity (:meth:`tuneproof.modalities.base.Modality.processor_identity`): for
+        """The processor's identity (:meth:`tuneproof.modalities.modality.Modality.processor_identity`): for
         a tokenizer its class, vocabulary size and hash, special and added tokens, chat template hash,
         the ids of a fixed probe text and of a fixed sample of the evaluation split's inputs and
         references; for an image processor its class, config hash and the declared transforms."""

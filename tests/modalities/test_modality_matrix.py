@@ -22,7 +22,7 @@ for sub in ("training", "deliver", "images"):
 from tuneproof.context import StudyContext  # noqa: E402
 from tuneproof.errors import TuneproofError  # noqa: E402
 from tuneproof.modalities import MODALITIES, modality_for  # noqa: E402
-from tuneproof.modalities.base import (  # noqa: E402
+from tuneproof.modalities.modality import (  # noqa: E402
     IMAGE_FORM,
     LOSS_NORMALISATION,
     SUGGESTED_MAX_LENGTH,
@@ -63,7 +63,7 @@ NO_AUTOCAST = contextlib.nullcontext
 @pytest.fixture(scope="module", params=list(ROWS))
 def row(request, tmp_path_factory):
     """``(name, ctx, model)``: the row's study opened, its base loaded on the CPU in fp32, eval mode."""
-    from tuneproof.models.base import load_model
+    from tuneproof.models.base_model import load_model
 
     build, kind, _ = ROWS[request.param]
     ctx = StudyContext.open(build(tmp_path_factory.mktemp(request.param)))

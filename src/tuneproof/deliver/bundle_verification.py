@@ -60,7 +60,7 @@ from tuneproof.deliver.claims import check_claims
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, read_jsonl, sha256_file
 from tuneproof.modalities import modality_for
-from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.base_model import BaseModelRef, load_model
 from tuneproof.models.identity import compare_vocabulary, compare_weights
 from tuneproof.models.method import cast_base_for_inference, load_adapter_onto
 
@@ -145,7 +145,7 @@ def reproduce(
     or ``cuda``, TF32 off).
 
     Returns one dict per example, from the modality of ``procedure.model_kind``
-    (:meth:`tuneproof.modalities.base.Modality.reproduce`; ``root``: the bundle, which holds an image
+    (:meth:`tuneproof.modalities.modality.Modality.reproduce`; ``root``: the bundle, which holds an image
     study's ``verify/images/``): ``prediction`` and, for a classification head, ``logits`` (list of
     floats, one per label), for generation ``next_token`` (the
     :data:`~tuneproof.modalities.text.TOP_TOKENS` highest next-token logits after the prompt, as

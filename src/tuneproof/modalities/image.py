@@ -9,7 +9,7 @@ finder on the paths; the data check adds the per-class form, the duplicates and 
 check; an export bundle holds the stored examples' image files (``verify/images/``), the image
 processor's identity in place of a tokenizer's and the declared transforms
 (``procedure.image_transforms``), and verify reproduces the stored predictions through the same
-pipeline. Parts in the order of :mod:`tuneproof.modalities.base`.
+pipeline. Parts in the order of :mod:`tuneproof.modalities.modality`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from tuneproof.data.image_sources import IMAGE_FORMATS, inside
 from tuneproof.data.inspect import choose_examples
 from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
-from tuneproof.modalities.base import IMAGE_FORM, Modality
-from tuneproof.models.base import load_image_processor
+from tuneproof.modalities.modality import IMAGE_FORM, Modality
+from tuneproof.models.base_model import load_image_processor
 from tuneproof.models.heads import Head
 from tuneproof.study import ImageTransforms
 from tuneproof.ui import console, user_text
@@ -153,7 +153,7 @@ class ImageModality(Modality):
 
     # 1. processor, pipeline, collate
     def load_processor(self, base):
-        """The base's ``AutoImageProcessor`` (:func:`tuneproof.models.base.load_image_processor`)."""
+        """The base's ``AutoImageProcessor`` (:func:`tuneproof.models.base_model.load_image_processor`)."""
         return load_image_processor(base)
 
     def pipeline(self, ctx) -> ImagePipeline:

@@ -10,7 +10,7 @@ the outputs equal those of the unsorted batches and of one example at a time, ch
 of the classification head, batches sorted the same way. This is the ``transformers`` generation
 backend; ``evaluation/backends.py`` puts it and vLLM behind one interface.
 
-Parts in the order of :mod:`tuneproof.modalities.base`; the sequence-classification vs causal-LM
+Parts in the order of :mod:`tuneproof.modalities.modality`; the sequence-classification vs causal-LM
 differences stay inside this module.
 """
 
@@ -26,9 +26,9 @@ from tuneproof.data.inspect import LEGEND_CAUSAL, LEGEND_CLS, choose_examples, r
 from tuneproof.data.preprocess import TextPipeline, collate
 from tuneproof.data.sources import TEXT_FORMATS
 from tuneproof.io import atomic_write_text
-from tuneproof.modalities.base import LOSS_NORMALISATION, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, TOKEN_LENGTHS, Modality
 from tuneproof.modalities.batching import length_sorted_batches
-from tuneproof.models.base import load_tokenizer
+from tuneproof.modalities.modality import LOSS_NORMALISATION, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, TOKEN_LENGTHS, Modality
+from tuneproof.models.base_model import load_tokenizer
 from tuneproof.models.heads import Head
 from tuneproof.models.identity import (
     compare_tokenizer,
@@ -217,7 +217,8 @@ class TextModality(Modality):
 
     # 1. processor, pipeline, collate
     def load_processor(self, base):
-        """The base's tokenizer (:func:`tuneproof.models.base.load_tokenizer`: pad token = eos when it has none)."""
+        """The base's tokenizer (:func:`tuneproof.models.base_model.load_tokenizer`: pad token = eos
+        when it has none)."""
         return load_tokenizer(base)
 
     def pipeline(self, ctx) -> TextPipeline:

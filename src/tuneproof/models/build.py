@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.base_model import BaseModelRef, load_model
 from tuneproof.models.heads import Head
 from tuneproof.models.method import apply_method
 
@@ -26,7 +26,7 @@ def build_model(
     """Base model + method on ``device``, activation checkpointing applied.
 
     Args:
-        base: the resolved base (:func:`tuneproof.models.base.resolve_base`).
+        base: the resolved base (:func:`tuneproof.models.base_model.resolve_base`).
         head: the model kind's :class:`~tuneproof.models.heads.Head`.
         method: the study's ``method`` section.
         device: the ``torch.device`` the model is moved to.

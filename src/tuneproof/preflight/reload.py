@@ -24,7 +24,7 @@ from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.predict import predict
 from tuneproof.io import read_json, write_json
-from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.base_model import BaseModelRef, load_model
 from tuneproof.models.method import load_adapter_onto
 
 RELOAD_TIMEOUT_S = 1800  # the fresh-process reload (imports, model load, generation)
@@ -108,7 +108,7 @@ def reload_in_fresh_process(
 
 def reload_main(argv: list[str]) -> int:
     """``python -m tuneproof.preflight.reload reload SPEC OUT``: the child of :func:`reload_in_fresh_process`.
-    Writes ``OUT`` (the predictions and :meth:`~tuneproof.modalities.base.Modality.scores`, or the error);
+    Writes ``OUT`` (the predictions and :meth:`~tuneproof.modalities.modality.Modality.scores`, or the error);
     returns 0, or 2 for a wrong command line."""
     procs.die_with_parent()  # a killed preflight leaves no orphaned reload process
     if len(argv) != 3 or argv[0] != "reload":

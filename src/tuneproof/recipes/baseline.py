@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tuneproof.context import StudyContext
 from tuneproof.hypothesis import check_against_data
-from tuneproof.models.base import load_model
+from tuneproof.models.base_model import load_model
 from tuneproof.models.identity import base_hashes
 from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import evaluate_into, evaluation_run, print_metrics, record_inputs, require_backend

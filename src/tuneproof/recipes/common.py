@@ -26,7 +26,7 @@ from tuneproof.evaluation.outputs import EvalProgress, also_record, read_outputs
 from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.screen import screen_lines
 from tuneproof.io import read_json, sha256_json, write_jsonl
-from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.base_model import BaseModelRef, load_model
 from tuneproof.models.device import bf16_base_rule, detect_device
 from tuneproof.models.identity import compare_base, compare_tokenizer, compare_trained, trained_weights_record
 from tuneproof.models.method import base_weights_dtype, load_adapter_onto

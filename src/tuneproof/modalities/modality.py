@@ -69,7 +69,8 @@ class Modality:
 
     # 1. processor, pipeline, collate
     def load_processor(self, base) -> Any:
-        """The processor of the base (a :class:`tuneproof.models.base.BaseModelRef`): tokenizer or image processor."""
+        """The processor of the base (a :class:`tuneproof.models.base_model.BaseModelRef`): tokenizer
+        or image processor."""
         raise NotImplementedError
 
     def pipeline(self, ctx) -> Any:
@@ -104,7 +105,7 @@ class Modality:
         raise NotImplementedError
 
     def audit(self, task, splits: dict[str, list[Example]], cfg, pipeline) -> dict[str, Any]:
-        """The task kind's audit (:meth:`tuneproof.tasks.base.Task.audit`) plus this modality's audit of the inputs."""
+        """The task kind's audit (:meth:`tuneproof.tasks.task.Task.audit`) plus this modality's audit of the inputs."""
         raise NotImplementedError
 
     # 4. prediction

@@ -24,7 +24,7 @@ from tuneproof.evaluation.metrics import score
 from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.screen import metric_short, reuse_line
 from tuneproof.io import read_jsonl, write_jsonl
-from tuneproof.models.base import load_model
+from tuneproof.models.base_model import load_model
 from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import (
     check_trained_weights,

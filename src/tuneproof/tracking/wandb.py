@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
+from tuneproof.tracking.run_view import RunView, Tracker, TrackerUnavailable
 
 
 def _import(name: str):

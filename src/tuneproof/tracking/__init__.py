@@ -41,7 +41,8 @@ from tuneproof.io import read_json, write_json
 from tuneproof.study import read_study, validate_study
 from tuneproof.tracking.mlflow import MlflowTracker
 from tuneproof.tracking.run_view import RunView, Tracker, TrackerUnavailable, step_metrics
-from tuneproof.tracking.wandb import TrackioTracker, WandbTracker
+from tuneproof.tracking.trackio import TrackioTracker
+from tuneproof.tracking.wandb import WandbTracker
 from tuneproof.ui import visible_text
 
 TRACKING_FILE = "tracking.json"

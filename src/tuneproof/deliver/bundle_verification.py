@@ -66,7 +66,6 @@ from tuneproof.models.method import cast_base_for_inference, load_adapter_onto
 
 DEVICE_ATOL = {"cpu": 1e-4, "cuda": 1e-3}  # largest allowed |logit difference| in fp32, see the module docstring
 BF16_ATOL = 5e-2  # largest allowed |logit difference| of a bf16-base procedure (see the module docstring)
-LOGIT_ATOL = DEVICE_ATOL["cpu"]
 EXAMPLES_FILE = "verify/examples.jsonl"
 ENTRY_MODULE = "tuneproof.deliver.verify"  # ``python -m`` entry of the fresh process; bundles name it
 
@@ -182,7 +181,7 @@ def compare_outputs(
     *,
     key: str = "prediction",
     scores_key: str = "",
-    atol: float = LOGIT_ATOL,
+    atol: float = DEVICE_ATOL["cpu"],
 ) -> dict[str, Any]:
     """Compare fresh outputs with the stored ones.
 

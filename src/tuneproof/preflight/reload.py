@@ -28,6 +28,11 @@ from tuneproof.models.base_model import BaseModelRef, load_model
 from tuneproof.models.method import load_adapter_onto
 
 RELOAD_TIMEOUT_S = 1800  # the fresh-process reload (imports, model load, generation)
+#: largest |logit difference| between a model and its saved copy reloaded in a fresh process on the same
+#: machine, in fp32 (the smoke pass, the distributed run's reload); another machine: deliver's DEVICE_ATOL
+RELOAD_LOGIT_ATOL = 1e-4
+#: the same under bf16/fp16 autocast: 2**-8 relative rounding of logits of magnitude ~10
+RELOAD_LOGIT_ATOL_LOW_PRECISION = 5e-2
 
 
 def load_saved(ctx: StudyContext, payload: Path, payload_kind: str):

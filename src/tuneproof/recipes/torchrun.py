@@ -51,7 +51,7 @@ from tuneproof.io import read_json, write_json
 from tuneproof.models.build import save_trained
 from tuneproof.preflight.distributed_step import RESULT, run_checks
 from tuneproof.preflight.qlora import check_quant_storage
-from tuneproof.preflight.reload import reload_in_fresh_process
+from tuneproof.preflight.reload import RELOAD_LOGIT_ATOL, reload_in_fresh_process
 from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.train import TrainOptions, record_start, run_train
 from tuneproof.registry import Registry, Run
@@ -63,7 +63,6 @@ from tuneproof.training.resume_state import load_checkpoint
 from tuneproof.ui import console, table, user_text
 
 WORKER_MODULE = "tuneproof.recipes.torchrun"
-LOGIT_ATOL = 1e-4  # fp32 logits of the trained model vs the reloaded adapter (fresh process)
 
 
 class RankFailed(TuneproofError):
@@ -584,7 +583,7 @@ def save_and_verify(
     (collective under FSDP2); rank 0 writes the PEFT folder from the gathered tensors, then checks:
     every saved tensor has the full shape of the parameter it stores; no ``lora_B`` is all zeros; a
     fresh single process loads base + saved adapter and its top-5 next-token logits on the same
-    prompts equal the trained model's (ids equal, values within ``LOGIT_ATOL``); with
+    prompts equal the trained model's (ids equal, values within ``RELOAD_LOGIT_ATOL``); with
     ``frozen_before`` (:func:`~tuneproof.training.parallel.param_signature` before training), no frozen
     weight changed. The result is ``runs/<id>/save_check.json`` and the ``save_check`` summary entry.
 
@@ -652,7 +651,7 @@ def save_and_verify(
     for mine, theirs in zip(scores, child["scores"]):
         ids_equal &= [i for i, _ in mine] == [i for i, _ in theirs]
         worst = max(worst, max(abs(a[1] - b[1]) for a, b in zip(mine, theirs)))
-    if not ids_equal or worst > LOGIT_ATOL:
+    if not ids_equal or worst > RELOAD_LOGIT_ATOL:
         problems.append(
             f"reloaded in a fresh process, the logits differ from the trained model's (max |diff| {worst:.2e}, "
             f"top-5 ids {'equal' if ids_equal else 'differ'})"
@@ -667,7 +666,7 @@ def save_and_verify(
         "examples": len(examples),
         "max_abs_logit_diff": worst,
         "top5_ids_equal": ids_equal,
-        "atol": LOGIT_ATOL,
+        "atol": RELOAD_LOGIT_ATOL,
         "frozen_checked": len(frozen_before or {}),
         "frozen_changed": len(frozen_changed),
         "world_size": world.world_size,

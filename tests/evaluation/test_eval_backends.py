@@ -547,7 +547,7 @@ def test_served_paths_of_lora_full_and_base(trained, tmp_path):
     import shutil
 
     from tuneproof.context import StudyContext
-    from tuneproof.recipes.common import served_paths
+    from tuneproof.evaluation.recording import served_paths
 
     study = tmp_path / "s"
     shutil.copytree(trained["dir"], study)

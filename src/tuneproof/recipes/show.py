@@ -10,7 +10,7 @@ import sys
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
-from tuneproof.recipes.common import load_outputs
+from tuneproof.evaluation.recording import load_outputs
 from tuneproof.recipes.compare import resolve_candidate
 from tuneproof.tasks import get_task, task_config
 from tuneproof.ui import console, table, user_text

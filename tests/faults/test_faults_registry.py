@@ -57,7 +57,7 @@ def test_each_run_folder_holds_its_record_in_sync_with_the_index(tmp_path):
     for rid in (a, b):
         rec = json.loads((tmp_path / "runs" / rid / "run.json").read_text())
         row = reg.row(rid)
-        assert rec["schema_version"] == 1
+        assert rec["schema_version"] == R.RECORD_SCHEMA == 2  # schema 2: carries record_sha256
         for key in (
             "id",
             "seq",

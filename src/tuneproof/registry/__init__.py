@@ -46,7 +46,7 @@ SIGTERM, faults) and ``sealed_test`` (the log of test-split reads).
 from __future__ import annotations
 
 from tuneproof.registry.ballast import RESERVE_BYTES, RESERVE_FILE
-from tuneproof.registry.index import Registry
+from tuneproof.registry.index import KEPT_META, Registry
 from tuneproof.registry.liveness import HEARTBEAT_S, STALE_AFTER_S
 from tuneproof.registry.paths import RELATIVE_PATHS, STUDY_LAYOUT, RecordedPath, read_recorded_path, study_relative
 from tuneproof.registry.records import (
@@ -54,11 +54,13 @@ from tuneproof.registry.records import (
     KINDS,
     OVERRIDES,
     RECORD_FILE,
+    RECORD_SCHEMA,
     STATUSES,
     TEST_ACCESS_FILE,
     RunRecord,
     iso,
     override_flags,
+    record_disagreement,
     record_problem,
     record_sha256,
 )
@@ -69,9 +71,11 @@ __all__ = [
     "CARRY",
     "DB_NAME",
     "HEARTBEAT_S",
+    "KEPT_META",
     "KINDS",
     "OVERRIDES",
     "RECORD_FILE",
+    "RECORD_SCHEMA",
     "RELATIVE_PATHS",
     "RESERVE_BYTES",
     "RESERVE_FILE",
@@ -88,6 +92,7 @@ __all__ = [
     "iso",
     "override_flags",
     "read_recorded_path",
+    "record_disagreement",
     "record_problem",
     "record_sha256",
     "study_relative",

@@ -12,6 +12,7 @@ import socket
 import sqlite3
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,21 +31,29 @@ from tuneproof.registry.cleanup import Cleanup
 from tuneproof.registry.liveness import Liveness, _proc_start
 from tuneproof.registry.paths import RELATIVE_PATHS, RecordedPath, read_recorded_path
 from tuneproof.registry.records import (
-    _CHECKED,
     DB_NAME,
     KINDS,
     RECORD_FILE,
+    RECORD_SCHEMA,
     STATUSES,
     TEST_ACCESS_FILE,
     RunRecord,
     _now,
     _seq_of,
+    clock_flag,
+    iso,
+    record_disagreement,
     record_problem,
     record_sha256,
 )
 from tuneproof.registry.run import CARRY, Run
 from tuneproof.registry.sealed_test import SealedTestLog
 from tuneproof.registry.signals import Lifecycle
+
+#: ``meta`` keys a rebuild carries over from the index it replaces, when that one can still be read (the seal of the
+#: frozen hypothesis, :mod:`tuneproof.hypothesis`, outlives the run that froze it)
+KEPT_META = ("hypothesis_seal",)
+ORPHAN_AFTER_S = 60.0  # an empty run folder unknown to the index this old was left by a killed process
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -64,7 +73,8 @@ CREATE TABLE IF NOT EXISTS runs (
     data_fingerprint TEXT,
     eval_fingerprint TEXT,
     summary TEXT,
-    heartbeat REAL
+    heartbeat REAL,
+    record_sha256 TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -116,6 +126,13 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
                     f"{len(self.rebuilt['runs'])} run folder(s) in {self.runs_dir}",
                     file=sys.stderr,
                 )
+                if self.rebuilt["edited"]:
+                    print(
+                        f"warning: {len(self.rebuilt['edited'])} {RECORD_FILE} edited after it was written (hash "
+                        f"missing or not matching), listed invalid: {', '.join(self.rebuilt['edited'])} (see "
+                        "`tuneproof runs`)",
+                        file=sys.stderr,
+                    )
             self.mark_stale()
         except sqlite3.DatabaseError as err:
             raise self._db_error(err) from None
@@ -138,6 +155,17 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
                 self._conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('study_dir', ?)", (here,))
             return None
         return None if row["value"] == here else Path(row["value"])
+
+    def meta(self, key: str) -> str | None:
+        """The value the index keeps under ``key`` in its ``meta`` table (``study_dir``, ``hypothesis_seal``); None."""
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row["value"]
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Keep ``value`` under ``key`` in the index's ``meta`` table (replacing it); a rebuild carries the keys of
+        :data:`KEPT_META` over from the index it replaces when that one can still be read."""
+        with self._lock:
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     def recorded_path(self, recorded: str, summary: dict[str, Any] | None = None) -> RecordedPath:
         """A path a run recorded (``summary``: that run's), read in this study folder (:func:`read_recorded_path`)."""
@@ -173,6 +201,8 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
             cols = {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}
             if "heartbeat" not in cols:  # an index written before heartbeats
                 conn.execute("ALTER TABLE runs ADD COLUMN heartbeat REAL")
+            if "record_sha256" not in cols:  # an index written before it kept the hash of each run.json it wrote
+                conn.execute("ALTER TABLE runs ADD COLUMN record_sha256 TEXT")
         except BaseException:
             conn.close()
             raise
@@ -189,6 +219,23 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         dirs = [d for d in self.runs_dir.iterdir() if d.is_dir() and _seq_of(d.name) is not None]
         return sorted(dirs, key=lambda d: (_seq_of(d.name), d.name))
 
+    def _drop_empty_orphans(self) -> list[str]:
+        """Remove run folders that are empty, unknown to the index and older than :data:`ORPHAN_AFTER_S`: a
+        process killed (``kill -9``) between making the folder and recording the run left them (nothing was
+        written into them; ``rmdir`` removes only an empty folder). Returns their names."""
+        known = {r[0] for r in self._conn.execute("SELECT id FROM runs")}
+        now = time.time()  # compared with the file system's mtime, not a recorded time
+        gone = []
+        for d in self._record_folders():
+            try:
+                if d.name in known or now - d.stat().st_mtime < ORPHAN_AFTER_S or any(d.iterdir()):
+                    continue
+                d.rmdir()
+            except OSError:
+                continue
+            gone.append(d.name)
+        return gone
+
     def _columns(self) -> list[str]:
         return [r["name"] for r in self._conn.execute("PRAGMA table_info(runs)")]
 
@@ -199,68 +246,129 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         return rec
 
     def _sync(self, run_id: str, conn: sqlite3.Connection | None = None) -> None:
-        """Write ``runs/<id>/run.json`` from the index row (atomically), with its ``record_sha256``."""
+        """Write ``runs/<id>/run.json`` from the index row (atomically), with its ``record_sha256`` (also kept in
+        the row: a run.json of this run must carry one from now on)."""
         with self._lock:
             rec = self._record(run_id, conn)
+            digest = record_sha256(rec)
             write_json(
                 self.runs_dir / run_id / RECORD_FILE,
-                {"record": "tuneproof run", **rec, "record_sha256": record_sha256(rec)},
+                {"schema_version": RECORD_SCHEMA, "record": "tuneproof run", **rec, "record_sha256": digest},
             )
+            if rec.get("record_sha256") != digest:  # the index keeps the hash of the run.json it last wrote
+                (conn or self._conn).execute("UPDATE runs SET record_sha256 = ? WHERE id = ?", (digest, run_id))
 
     def check_record(self, run_id: str) -> RunRecord:
         """The run's record, after checking ``runs/<id>/run.json`` against itself and the index, for a
         step that relies on it (export, compare, test: docs/CONTRACTS.md, "What the run record authenticates").
 
-        A ``run.json`` edited by hand (its ``record_sha256`` no longer matches) is refused, naming the first
-        field that differs from the index; one that tuneproof wrote but that is behind the index (a crash
-        between the two writes) is written again from the index. A ``run.json`` of an older tuneproof
-        (no ``record_sha256``) is not checked.
+        Refused, naming the file and what is wrong:
+
+        - a ``run.json`` edited by hand (its ``record_sha256`` no longer matches), naming the first field that
+          differs from the index;
+        - a ``run.json`` without ``record_sha256`` although a tuneproof that hashes its records wrote it (its
+          ``schema_version`` is 2, the index kept its hash, or an earlier run's record carries one): a removed
+          hash is not a pass. Only a record of schema 1 (an older tuneproof) may lack it;
+        - a whole ``run.json`` (its hash valid) that disagrees with the index: neither is taken, the first field
+          that differs is named (a record restored from an older copy, an edited index, a command killed
+          between its two writes);
+        - a missing or unreadable ``run.json`` of a run the index kept a hash for.
 
         Raises:
-            CheckFailed: the record was edited after it was written (exit 3).
+            CheckFailed: (exit 3) as above; nothing is rewritten.
         """
         rec = self.get(run_id)
         path = self.runs_dir / rec.id / RECORD_FILE
+        index = self._record(rec.id)
+        kept = index.get("record_sha256")
         try:
             found = read_json(path)
-        except TuneproofError:
-            return rec
-        if not isinstance(found, dict) or "record_sha256" not in found:
-            return rec
-        problem = record_problem(found, self._record(rec.id))
+        except TuneproofError as err:
+            if not kept:
+                return rec
+            why = err.message.removeprefix(str(path) + ":").strip()
+            raise CheckFailed(
+                f"{path}: the run's record is missing or unreadable ({why}); "
+                f"the index kept its record_sha256 {kept[:16]}",
+                hint="restore the run folder's run.json; nothing was read from the run",
+            ) from None
+        if not isinstance(found, dict):
+            found = {}
+        problem = record_problem(found, index, hash_expected=self._hash_expected(rec.id, index))
         if problem is not None:
             raise CheckFailed(
                 f"{path}: edited after it was written ({problem})",
                 hint="run.json mirrors the index (tuneproof.sqlite), which still holds the record: "
                 "undo the edit; nothing was read from it",
             )
-        if {k: v for k, v in found.items() if k in _CHECKED} != {
-            k: v for k, v in self._record(rec.id).items() if k in _CHECKED
-        }:
-            self._sync(rec.id)  # written by tuneproof, behind the index: the index wins
+        differs = record_disagreement(found, index)
+        if differs is not None:
+            which = (
+                "the index changed after run.json was last written (an edit of tuneproof.sqlite, or a command "
+                "killed between its two writes)"
+                if kept == found.get("record_sha256")
+                else "run.json is not the one the index last wrote (a record restored from an older copy, or "
+                "rehashed by hand)"
+            )
+            raise CheckFailed(
+                f"{path}: its record_sha256 is valid but it disagrees with the index {self.db_path.name} "
+                f"({differs}): {which}; neither is taken",
+                hint="find which of the two was changed; `tuneproof registry rebuild` rebuilds the index from the "
+                "run folders (run.json wins), or restore the run folder from a copy",
+            )
         return rec
 
+    def _hash_expected(self, run_id: str, index: dict[str, Any] | None = None) -> str | None:
+        """Why ``run_id``'s ``run.json`` must carry ``record_sha256`` whatever its ``schema_version`` says: the
+        index kept the hash of the run.json it wrote, or the record of an earlier run carries one (the study was
+        run by a tuneproof that hashes its records before this run began). None when nothing says so."""
+        kept = (index or {}).get("record_sha256")
+        if kept:
+            return f"the index kept its record_sha256 {kept[:16]}"
+        seq = _seq_of(run_id)
+        for d in self._record_folders():
+            if seq is None or (_seq_of(d.name) or 0) >= seq:
+                break
+            with contextlib.suppress(TuneproofError):
+                other = read_json(d / RECORD_FILE)
+                if isinstance(other, dict) and "record_sha256" in other:
+                    return f"the record of the earlier run {d.name} carries one"
+        return None
+
     def _load_folders(self) -> dict[str, Any]:
-        """Insert every run folder's record into the (empty) index. Returns ``{"runs", "lost", "test_accesses"}``.
+        """Insert every run folder's record into the (empty) index. Returns ``{"runs", "lost", "edited",
+        "test_accesses"}``.
 
         A folder without a readable ``run.json`` (written before records existed, or damaged) is
-        listed as ``invalid`` with the reason, its kind taken from ``summary.json`` when present.
+        listed as ``invalid`` with the reason, its kind taken from ``summary.json`` when present (``lost``). A
+        ``run.json`` edited after it was written (:func:`record_problem`: its hash does not match; or it has no
+        ``record_sha256`` although its ``schema_version`` is 2 or an earlier run's record carries one, so a
+        removed hash is never rebuilt ``completed``) is kept and listed ``invalid`` with the reason and the
+        status it claimed (``edited``).
         """
         cols = set(self._columns())
-        restored, lost, accesses = [], [], []
+        restored, lost, edited, accesses = [], [], [], []
         taken: set[int] = set()
+        hashed: str | None = None  # the first run folder whose record carries record_sha256
         for d in self._record_folders():
             seq = _seq_of(d.name)
+            with contextlib.suppress(OSError):
+                if not any(d.iterdir()):  # made by a process killed before it recorded anything: no run
+                    d.rmdir()
+                    continue
             try:
                 rec = read_json(d / RECORD_FILE)
                 if not isinstance(rec, dict) or rec.get("id") != d.name:
                     raise TuneproofError(f"{d / RECORD_FILE}: not the record of {d.name}")
-                problem = record_problem(rec) if "record_sha256" in rec else None
-                if problem is not None:  # edited by hand: kept, listed invalid with the reason
+                why = f"the record of the earlier run {hashed} carries one" if hashed else None
+                problem = record_problem(rec, hash_expected=why)
+                hashed = hashed or (d.name if "record_sha256" in rec else None)
+                if problem is not None:  # edited by hand (or its hash removed): kept, listed invalid with the reason
                     was = rec.get("status")
                     rec["status"] = "invalid"
                     rec["reason"] = f"{RECORD_FILE} edited after it was written ({problem}); recorded as {was}"
-                    lost.append(d.name)
+                    rec.pop("record_sha256", None)  # the index keeps no hash of a record it does not vouch for
+                    edited.append(d.name)
             except TuneproofError:
                 summary = {}
                 try:
@@ -301,9 +409,9 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
                 "INSERT INTO test_access (run, candidate, time, result) VALUES (?, ?, ?, ?)",
                 (a["run"], a["candidate"], a["time"], json.dumps(a.get("result", {}), default=str)),
             )
-        for rid in lost:
+        for rid in lost + edited:
             self._sync(rid)
-        return {"runs": restored, "lost": lost, "test_accesses": len(accesses)}
+        return {"runs": restored, "lost": lost, "edited": edited, "test_accesses": len(accesses)}
 
     @classmethod
     def rebuild(cls, study_dir: str | Path) -> dict[str, Any]:
@@ -319,6 +427,7 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         study_dir = Path(study_dir)
         db = study_dir / DB_NAME
         kept = None
+        carried = cls._readable_meta(db)
         if db.exists():
             stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
             kept = db.with_name(f"{DB_NAME}.damaged-{stamp}")
@@ -339,6 +448,8 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         reg.moved_from = None
         try:
             reg._conn = cls._connect(db)
+            for key, value in carried.items():
+                reg.set_meta(key, value)
             out = reg._load_folders()
             out["stale"] = reg.mark_stale()
         except sqlite3.DatabaseError as err:
@@ -348,6 +459,23 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
                 reg._conn.close()
         out["kept"] = str(kept) if kept else None
         return out
+
+    @staticmethod
+    def _readable_meta(db: Path) -> dict[str, str]:
+        """The :data:`KEPT_META` values of the index ``db`` when it can still be read (read-only), else {}."""
+        if not db.is_file():
+            return {}
+        try:
+            conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro&immutable=1", uri=True, timeout=5)  # no side files
+            try:
+                rows = conn.execute(
+                    f"SELECT key, value FROM meta WHERE key IN ({', '.join('?' * len(KEPT_META))})", KEPT_META
+                ).fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return {}
+        return {k: v for k, v in rows if isinstance(v, str)}
 
     # ------------------------------------------------------------------ queries
     def get(self, run_id: str) -> RunRecord:
@@ -433,6 +561,7 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         try:
             with self._lock, self._conn:
                 self._conn.execute("BEGIN IMMEDIATE")
+                self._drop_empty_orphans()  # the number an empty folder of a killed process held is free again
                 seq = self._next_seq()
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
                 while True:
@@ -474,7 +603,22 @@ class Registry(Ballast, Liveness, Cleanup, Lifecycle, SealedTestLog):
         """Set the final status (completed, failed, interrupted, invalid) and the end time."""
         if status not in STATUSES or status == "running":
             raise ValueError(status)
-        self._update(run_id, status=status, reason=reason, ended=_now())
+        ended = _now()
+        self._update(run_id, status=status, reason=reason, ended=ended, **self._clock_fields(run_id, ended))
+
+    def _clock_fields(self, run_id: str, ended: float) -> dict[str, Any]:
+        """``{"summary": ...}`` with :func:`~tuneproof.registry.records.clock_flag` added when the run ends
+        before it started (the clock went back), else ``{}``; a line in the run's log and on stderr says so."""
+        row = self._conn.execute("SELECT created, summary FROM runs WHERE id = ?", (run_id,)).fetchone()
+        flag = clock_flag(row["created"], ended) if row is not None else None
+        if flag is None:
+            return {}
+        summary = {**json.loads(row["summary"] or "{}"), "clock_went_back": flag}
+        print(f"warning: run {run_id}: {flag['note']}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            with open(self.runs_dir / run_id / "log.txt", "a", encoding="utf-8") as fh:
+                fh.write(f"{iso(ended)} {flag['note']}\n")
+        return {"summary": json.dumps(summary, default=str)}
 
     def _finish_quietly(self, run_id: str, status: str, reason: str) -> None:
         """:meth:`finish` when the machine may be failing: the index row first; ``run.json`` if it

@@ -3,13 +3,12 @@ gone on this host, or its heartbeat older than :data:`STALE_AFTER_S` whatever th
 
 from __future__ import annotations
 
-import os
 import socket
 import sqlite3
 import threading
-from pathlib import Path
 from typing import Any
 
+from tuneproof import procs
 from tuneproof.errors import TuneproofError
 from tuneproof.registry.records import RunRecord, _now, iso
 
@@ -18,24 +17,12 @@ STALE_AFTER_S = 300.0  # a running run unseen for this long (seconds) is stale, 
 
 
 def _proc_start(pid: int) -> str | None:
-    """The kernel start time of ``pid`` (field 22 of /proc/PID/stat), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    """The kernel start time of ``pid`` (:func:`tuneproof.procs.process_start`), to tell a reused pid apart."""
+    return procs.process_start(pid)
 
 
 def _alive(pid: int, proc_start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if proc_start is not None and Path("/proc").exists():
-        return _proc_start(pid) == proc_start
-    return True
+    return procs.alive(pid, proc_start)
 
 
 class Liveness:
@@ -47,6 +34,10 @@ class Liveness:
         age = now - seen
         if row["host"] == socket.gethostname() and row["pid"] is not None:
             if not _alive(row["pid"], row["proc_start"]):
+                live = procs.live_processes(self.runs_dir / row["id"])  # ranks that outlived their launcher
+                if live:
+                    names = ", ".join(f"{p['name']} pid {p['pid']}" for p in live)
+                    return False, f"its launcher pid {row['pid']} is gone but {names} still run on this host"
                 return True, "process died without recording an end (found stale)"
             return False, f"live process pid {row['pid']} on this host"
         if age > STALE_AFTER_S:

@@ -17,6 +17,8 @@ KINDS = ("baseline", "train", "eval", "test", "export", "preflight", "data-check
 STATUSES = ("running", "completed", "failed", "interrupted", "invalid")
 DB_NAME = "tuneproof.sqlite"
 RECORD_FILE = "run.json"  # the run's own record, in its folder
+#: ``schema_version`` of ``run.json``: 2 carries ``record_sha256`` (1: written before tuneproof hashed its records)
+RECORD_SCHEMA = 2
 TEST_ACCESS_FILE = "test_access.json"
 _ID_RE = re.compile(r"^r(\d{4,})(-[A-Za-z0-9_.-]+)?$")
 
@@ -116,20 +118,61 @@ def record_sha256(rec: dict[str, Any]) -> str:
     ).hexdigest()
 
 
-def record_problem(found: dict[str, Any], index: dict[str, Any] | None = None) -> str | None:
-    """What is wrong with a ``run.json`` as read (``found``): its ``record_sha256`` does not match its fields
-    (an edit by hand), naming the first field that differs from ``index`` when given; an end before the
-    start. None when it is whole."""
+def record_problem(
+    found: dict[str, Any], index: dict[str, Any] | None = None, *, hash_expected: str | None = None
+) -> str | None:
+    """What is wrong with a ``run.json`` as read (``found``): no ``record_sha256`` although the record was
+    written by a tuneproof that hashes its records (its ``schema_version`` is :data:`RECORD_SCHEMA` or more, or
+    ``hash_expected`` says why: the index kept its hash, an earlier run carries one); a ``record_sha256`` that
+    does not match its fields (an edit by hand), naming the first field that differs from ``index`` when
+    given. None when it is whole (a record of schema 1 without a hash included).
+
+    Times are never evidence of an edit: an end before the start is the machine's clock stepping back while
+    the run ran (recorded as read and flagged by :meth:`Registry.finish`, ``summary.clock_went_back``);
+    tampering is what the hash tells."""
+    if "record_sha256" not in found:
+        schema = found.get("schema_version")
+        why = (
+            f"its schema_version is {schema}"
+            if isinstance(schema, int) and not isinstance(schema, bool) and schema >= RECORD_SCHEMA
+            else hash_expected
+        )
+        if why is None:
+            return None  # written before tuneproof hashed its records
+        return (
+            f"record_sha256 is missing, yet {why}; only a run.json written before tuneproof hashed its records "
+            "(schema_version 1) may lack it"
+        )
     if found.get("record_sha256") != record_sha256(found):
         if index is not None:
             for k in _CHECKED:
                 if found.get(k) != index.get(k):
                     return f"{k} {_short(found.get(k))} in the file, {_short(index.get(k))} in the index"
         return f"record_sha256 {str(found.get('record_sha256'))[:16]} does not match its fields"
-    created, ended = found.get("created"), found.get("ended")
-    if isinstance(created, (int, float)) and isinstance(ended, (int, float)) and ended < created:
-        return f"ended {ended} before created {created}"
     return None
+
+
+def record_disagreement(found: dict[str, Any], index: dict[str, Any]) -> str | None:
+    """The first field later steps rely on (:data:`_CHECKED`) that a whole ``run.json`` (``found``, its hash
+    valid) and the index row disagree on: ``status 'completed' in the file, 'invalid' in the index``; None when
+    they agree."""
+    for k in _CHECKED:
+        if found.get(k) != index.get(k):
+            return f"{k} {_short(found.get(k))} in the file, {_short(index.get(k))} in the index"
+    return None
+
+
+def clock_flag(created: Any, ended: float) -> dict[str, Any] | None:
+    """``summary.clock_went_back`` of a run that ends at ``ended`` (seconds since the epoch, as read) before
+    it was ``created``: the machine's clock stepped back while it ran. Both times are kept as read; the
+    flag says so (``{"seconds": created - ended, "note": ...}``). None when the end is not before the start."""
+    if not isinstance(created, (int, float)) or ended >= created:
+        return None
+    return {
+        "seconds": round(created - ended, 3),
+        "note": f"the clock went back while the run ran: it ended {iso(ended)} UTC, before it started "
+        f"{iso(created)} UTC (times as read; check the machine's clock)",
+    }
 
 
 def _short(value: Any) -> str:

@@ -13,7 +13,10 @@ returns ``{"title", "sections": [{"id", "title", "blocks"}]}``; a block is one o
 The first section ("Summary") is the first screen: it stands alone (hypothesis, verdict with its
 intervals, or ``INCOMPLETE: ...`` naming the evidence a verdict would need that is missing or broken, what the candidate
 changed against the baseline, runs that did not complete and why, limits, test-split reads) and links every section
-below it.
+below it. Its verdict is the frozen hypothesis judged for the delivered (or best passed) candidate against the
+baseline it names (:mod:`tuneproof.deliver.headline`), whatever ``compare`` ran last; a comparison of two candidates
+is listed as such. A completed run whose folder or evidence file is gone (``evidence.RUN_EVIDENCE``: a deleted test
+run) makes the dossier INCOMPLETE, and its recorded numbers are not shown.
 
 :func:`to_markdown` and :func:`to_html` render that structure; every string is escaped by the
 renderer (``tuneproof.ui.markdown_text`` / ``html_text``: control characters as visible escapes such

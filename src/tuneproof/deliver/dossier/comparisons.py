@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tuneproof.deliver.dossier.blocks import NOT_RUN, _ci, _fig, _paragraph, _table
-from tuneproof.deliver.dossier.evidence import _Evidence
+from tuneproof.deliver.dossier.evidence import _Evidence, _kind_of
 from tuneproof.deliver.limits import (
     PER_FIELD_METRIC,
     per_class_metric,
@@ -22,9 +22,17 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
     task = ev.ctx.task
     for c in compares:
         data = ev.json(c.id, "compare.json") or {}
+        ref = data.get("baseline")
+        kind = _kind_of(ev, ref)
         for cid, r in (data.get("candidates") or {}).items():
             cnt = r.get("counts", {})
-            blocks.append({"type": "strong", "text": f"{cid} vs baseline {data.get('baseline')} ({c.id})"})
+            h = ev.headline
+            if kind != "baseline":
+                title = f"{cid} vs candidate {ref} ({c.id}; {kind} run {ref} is not a baseline: not the verdict)"
+            else:
+                head = h is not None and h.compare.id == c.id and h.cid == cid
+                title = f"{cid} vs baseline {ref} ({c.id})" + ("; the verdict" if head else "")
+            blocks.append({"type": "strong", "text": title})
             blocks.append(
                 _paragraph(
                     f"{r.get('n')} paired examples: fixed {cnt.get('fixed')}, "

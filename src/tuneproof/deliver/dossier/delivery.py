@@ -77,33 +77,42 @@ def _plan(ev: _Evidence) -> list[dict]:
     return [_paragraph(head), _table(["phase", "hours", "basis"], rows), {"type": "list", "items": items}]
 
 
-def _rental_record(ev: _Evidence) -> dict | None:
+def _rental_record(ev: _Evidence) -> tuple[dict | None, str | None]:
+    """``(rental.json as validated, None)``; ``(None, why)`` when it is there but not a valid record."""
     try:
-        return rent.load(ev.ctx.study_dir)
-    except TuneproofError:
-        return None
+        return rent.load(ev.ctx.study_dir), None
+    except TuneproofError as err:
+        return None, err.message.splitlines()[0]
 
 
 def _rental_line(ev: _Evidence) -> list[str]:
-    """The first screen's rental line: a window that ended without a verified export says so."""
-    rental = _rental_record(ev)
+    """The first screen's rental line: a window that ended without a verified export says so; a delivery
+    is claimed verified only when it still checks (:func:`tuneproof.deliver.rental.delivery`)."""
+    rental, bad = _rental_record(ev)
+    if bad is not None:
+        return [f"rental: NOT READ ({bad})"]
     if rental is None:
         return []
-    delivered = rental.get("delivered") or {}
-    if delivered.get("verified"):
-        shown = _bundle_cell(ev, delivered["bundle"], _RENTAL_PATHS)
-        return [f"rental: delivered {delivered['train']} ({shown}, verified in a fresh process)"]
-    if clock.now() >= rental["ends"]:
+    d = rent.delivery(ev.ctx.study_dir, rental.get("delivered"))
+    if d and d["verified"]:
+        shown = _bundle_cell(ev, d["bundle"], _RENTAL_PATHS)
+        return [f"rental: delivered {d['train']} ({shown}, verified in a fresh process)"]
+    now = clock.now()
+    left = min(rental["ends"] - (now + rent.clock_shift(rental)), rental["ends"] - rental["start"])
+    if left <= 0:
         return [
             f"rental: the window ended {rent.iso_utc(rental['ends'])} WITHOUT A VERIFIED EXPORT "
-            "(`tuneproof rental deliver`; section Rental)"
+            + (f"(the delivery is not verified: {d['problem']}; " if d else "(")
+            + "`tuneproof rental deliver`; section Rental)"
         ]
-    return [f"rental: {(rental['ends'] - clock.now()) / 3600:.1f} h left, ends {rent.iso_utc(rental['ends'])}"]
+    return [f"rental: {left / 3600:.1f} h left, ends {rent.iso_utc(rental['ends'])}"]
 
 
 def _rental(ev: _Evidence) -> list[dict]:
     """Planned vs used per phase with the ratio, the rates used, the overrides and the stopped runs."""
-    rental = _rental_record(ev)
+    rental, bad = _rental_record(ev)
+    if bad is not None:
+        return [_paragraph(f"NOT READ: {bad}")]
     if rental is None:
         return [_paragraph(f"{NOT_RUN} (`tuneproof rental start --days 7`)")]
     st = rent.status(rental, ev.reg, ev.ctx.study_dir, clock.now(), rental["work"])
@@ -125,6 +134,7 @@ def _rental(ev: _Evidence) -> list[dict]:
         f"the clock went back {(b['from'] - b['to']) / 3600:.2f} h at {b['where']} ({rent.iso_utc(b['to'])})"
         for b in st["clock_went_back"]
     ]
+    items += [f"clock: {f}" for f in st["flags"]]
     if len(st["machines"]) > 1:
         items.append(
             "machines: " + ", ".join(f"{m['host']} from {rent.iso_utc(m['first_seen'])}" for m in st["machines"])
@@ -133,7 +143,8 @@ def _rental(ev: _Evidence) -> list[dict]:
     items.append(
         f"delivered: {d['train']} as {_bundle_cell(ev, d['bundle'], _RENTAL_PATHS)}, verified in a fresh process"
         if d.get("verified")
-        else "delivered: nothing verified yet" + (" and the window has ended" if st["ended"] else "")
+        else (f"delivered: {d['train']}, NOT VERIFIED now ({d['problem']})" if d else "delivered: nothing verified yet")
+        + (" and the window has ended" if st["ended"] else "")
     )
     head = (
         f"window {rent.iso_utc(st['start'])} to {rent.iso_utc(st['ends'])}: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuneproof import hypothesis as hyp
+from tuneproof.deliver.headline import Headline, choose
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_jsonl
 
@@ -33,6 +34,26 @@ class _Evidence:
                 hyp.Judging(current=hyp.hypothesis_view(ctx.study)),
                 str(err).splitlines()[0],
             )
+
+    @property
+    def headline(self) -> Headline | None:
+        """The comparison the verdict is read from (:func:`tuneproof.deliver.headline.choose`): the frozen
+        hypothesis judged for the delivered (or best passed) candidate against the baseline it names."""
+        if not hasattr(self, "_headline"):
+
+            def passed(entry: dict) -> bool:
+                got = self.judged(entry)[0]
+                return got is not None and str((got[1] or {}).get("verdict")) == "pass"
+
+            self._headline = choose(self.runs, self.json, passed)
+        return self._headline
+
+    @property
+    def missing(self) -> dict[str, dict[str, str]]:
+        """``{run id: gap}`` of the completed runs whose evidence is gone (:func:`run_evidence_gaps`)."""
+        if not hasattr(self, "_missing"):
+            self._missing = {g["run"]: g for g in run_evidence_gaps(self.reg, self.runs)}
+        return self._missing
 
     def judged(self, entry: dict) -> tuple[tuple[list, dict] | None, tuple[str, dict] | None]:
         """A recorded comparison entry judged against the hypothesis in force, and (when the study
@@ -68,41 +89,84 @@ class _Evidence:
         return runs[-1] if runs else None
 
 
-def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
-    """What the latest comparison's verdict rests on that is gone: its ``compare.json``, the
-    baseline's or a candidate's per-example outputs (a deleted run folder), plus a broken seal of the
-    frozen hypothesis (:func:`tuneproof.hypothesis.check_sealed`). Each ``{"what", "message", "hint"}``;
-    [] when the verdict can be backed."""
-    gaps = list(ev.gaps)
-    c = ev.latest("compare")
-    if c is None:
-        return gaps
-    data = ev.json(c.id, "compare.json")
-    if data is None:
-        path = ev.reg.runs_dir / c.id / "compare.json"
-        return gaps + [
-            {
-                "what": f"comparison {c.id}'s compare.json is missing",
-                "message": f"{path}: comparison {c.id}'s compare.json is missing",
-                "hint": "run `tuneproof compare RUN` again",
-            }
-        ]
-    who = [("baseline", data.get("baseline"))] + [("candidate", cid) for cid in data.get("candidates") or {}]
-    for role, rid in who:
-        if not rid:
+#: what a completed run of each kind leaves in its folder for the dossier to stand on (a kind not listed: its
+#: folder alone); a run whose folder or one of these files is gone is missing evidence (issue 33 item 5)
+RUN_EVIDENCE: dict[str, tuple[str, ...]] = {
+    "baseline": ("outputs.jsonl", "eval.json"),
+    "eval": ("outputs.jsonl", "eval.json"),
+    "test": ("outputs.jsonl", "eval.json"),
+    "compare": ("compare.json",),
+    "train": ("config.json",),
+    "data-check": ("data_check.json",),
+}
+
+
+def run_evidence_gaps(reg, runs: list) -> list[dict[str, str]]:
+    """The completed runs whose folder, or a file :data:`RUN_EVIDENCE` names for their kind, is gone: each
+    ``{"run", "what", "message", "hint"}``. A run that did not complete is listed with its status and reason
+    instead; one marked invalid is no evidence of anything."""
+    gaps = []
+    for r in runs:
+        if r.status != "completed":
             continue
-        path = ev.reg.runs_dir / rid / "outputs.jsonl"
-        if path.is_file():
-            continue
-        redo = "`tuneproof baseline`" if role == "baseline" else "`tuneproof eval TRAIN_RUN`"
+        folder = reg.runs_dir / r.id
+        if not folder.is_dir():
+            what, path = f"{r.kind} run {r.id}'s folder is missing (runs/{r.id})", folder
+        else:
+            gone = [n for n in RUN_EVIDENCE.get(r.kind, ()) if not (folder / n).is_file()]
+            if not gone:
+                continue
+            what, path = f"{r.kind} run {r.id}'s evidence is missing (runs/{r.id}/{', '.join(gone)})", folder / gone[0]
         gaps.append(
             {
-                "what": f"{role} {rid}'s outputs are missing (runs/{rid}/outputs.jsonl)",
-                "message": f"{path}: {role} {rid}'s outputs are missing; comparison {c.id} was computed from them",
-                "hint": f"restore the run folder runs/{rid}, or run {redo} and `tuneproof compare` again",
+                "run": r.id,
+                "what": what,
+                "message": f"{path}: {what.split(' (runs/')[0]}; what the run recorded is not shown",
+                "hint": f"restore the run folder runs/{r.id} from a copy, or mark it invalid "
+                f"(`tuneproof invalidate {r.id} --why ...`) and run it again",
             }
         )
     return gaps
+
+
+def missing_evidence(ev: _Evidence) -> list[dict[str, str]]:
+    """What the verdict rests on that is gone: the headline comparison's ``compare.json``, the baseline's or a
+    candidate's per-example outputs (a deleted run folder), plus a broken seal of the frozen hypothesis
+    (:func:`tuneproof.hypothesis.check_sealed`) and any other completed run whose evidence is gone
+    (:func:`run_evidence_gaps`: a deleted test run's folder). Each ``{"what", "message", "hint"}``; [] when the
+    dossier can be backed."""
+    gaps = list(ev.gaps)
+    named: set[str] = set()
+    h = ev.headline
+    if h is not None:
+        c = h.compare
+        named.add(c.id)
+        if h.data is None:
+            path = ev.reg.runs_dir / c.id / "compare.json"
+            gaps.append(
+                {
+                    "what": f"comparison {c.id}'s compare.json is missing",
+                    "message": f"{path}: comparison {c.id}'s compare.json is missing",
+                    "hint": "run `tuneproof compare RUN` again",
+                }
+            )
+        who = [("baseline", h.baseline)] + [("candidate", cid) for cid in (h.data or {}).get("candidates") or {}]
+        for role, rid in who if h.data is not None else []:
+            if not rid:
+                continue
+            named.add(rid)
+            path = ev.reg.runs_dir / rid / "outputs.jsonl"
+            redo = "`tuneproof baseline`" if role == "baseline" else "`tuneproof eval TRAIN_RUN`"
+            if not path.is_file():
+                gaps.append(
+                    {
+                        "what": f"{role} {rid}'s outputs are missing (runs/{rid}/outputs.jsonl)",
+                        "message": f"{path}: {role} {rid}'s outputs are missing; comparison {c.id} was computed "
+                        "from them",
+                        "hint": f"restore the run folder runs/{rid}, or run {redo} and `tuneproof compare` again",
+                    }
+                )
+    return gaps + [{k: v for k, v in g.items() if k != "run"} for rid, g in ev.missing.items() if rid not in named]
 
 
 def _incomplete_block(gaps: list[dict[str, str]]) -> dict:
@@ -113,12 +177,13 @@ _RESCORE = "scored with other required fields or format rule: run `tuneproof com
 
 
 def _latest_candidate(ev: _Evidence) -> tuple[Any, dict | None, str | None]:
-    c = ev.latest("compare")
-    if not c:
+    """``(compare record, candidate entry, candidate id)`` of the headline comparison (:attr:`_Evidence.headline`,
+    never a candidate-vs-candidate one); Nones when there is none."""
+    h = ev.headline
+    if h is None:
         return None, None, None
-    data = ev.json(c.id, "compare.json") or {}
-    cands = data.get("candidates") or {}
-    if not cands:
-        return c, None, None
-    cid = next(iter(cands))
-    return c, cands[cid], cid
+    return h.compare, h.entry, h.cid
+
+
+def _kind_of(ev: _Evidence, run_id: str | None) -> str:
+    return next((r.kind for r in ev.runs if r.id == run_id), "unknown")

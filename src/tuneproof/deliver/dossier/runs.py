@@ -14,6 +14,8 @@ def _baseline(ev: _Evidence) -> list[dict]:
     b = ev.latest("baseline")
     if not b:
         return [_paragraph(f"{NOT_RUN} (`tuneproof baseline`)")]
+    if b.id in ev.missing:
+        return [{"type": "strong", "text": f"INCOMPLETE: {ev.missing[b.id]['what']}: its metrics are not shown"}]
     base = b.summary.get("base") or {}
     blocks = [
         _paragraph(
@@ -55,6 +57,8 @@ def _runs(ev: _Evidence) -> list[dict]:
         head = ", ".join(f"{metric_short(k)} {_fmt(v)}" for k, v in list(m.items())[:2])
         if r.kind == "train" and r.summary.get("final_loss") is not None:
             head = f"final loss {_fmt(r.summary['final_loss'], 4)}"
+        if r.id in ev.missing:
+            head = f"INCOMPLETE: {ev.missing[r.id]['what']}"
         rows.append(
             [
                 r.id,

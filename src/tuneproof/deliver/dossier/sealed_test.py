@@ -14,6 +14,10 @@ def _test_log(ev: _Evidence) -> list[dict]:
         return [_paragraph("the reserved test split has not been read.")]
     rows = []
     for a in acc:
+        gap = ev.missing.get(a["run"])
+        if gap is not None:  # its evidence is gone: never its numbers as if present
+            rows.append([a["run"], a["candidate"], iso(a["time"]), f"INCOMPLETE: {gap['what']}"])
+            continue
         res = a.get("result") or {}
         m = res.get("metrics") if isinstance(res.get("metrics"), dict) else res
         text = ", ".join(

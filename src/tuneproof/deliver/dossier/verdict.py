@@ -11,10 +11,12 @@ from tuneproof.deliver.dossier.evidence import (
     _RESCORE,
     _Evidence,
     _incomplete_block,
+    _kind_of,
     _latest_candidate,
     missing_evidence,
 )
 from tuneproof.deliver.dossier.runs import _change_of
+from tuneproof.deliver.headline import other_comparisons, stale_comparisons
 from tuneproof.deliver.limits import (
     FIRST_SCREEN_LIMITS,
     limits_lines,
@@ -57,8 +59,7 @@ def _summary(ev: _Evidence) -> list[dict]:
             {
                 "type": "strong",
                 "text": f"verdict ({ev.judging.judged_against} hypothesis): {str(o.get('verdict', '?')).upper()} "
-                f"({o.get('detail', '')}); {cid} vs baseline "
-                f"{(ev.json(comp.id, 'compare.json') or {}).get('baseline')} ({comp.id})",
+                f"({o.get('detail', '')}); {ev.headline.says}",
             }
         )
         blocks.append(criteria_table(verdicts))
@@ -78,6 +79,11 @@ def _summary(ev: _Evidence) -> list[dict]:
         blocks.append(
             {"type": "strong", "text": "verdict: none yet: no comparison with the baseline (`tuneproof compare RUN`)"}
         )
+    others = _other_lines(ev) + [
+        f"{line}: not a verdict" for line in stale_comparisons(ev.runs, ev.json) if ev.headline is None
+    ]
+    if others:  # candidate vs candidate: listed as such, never the headline
+        blocks.append({"type": "list", "items": capped_items(others, cap=3, where="section Comparisons")})
     items = [
         f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains "
         f"at least {succ.get('min_gain')} over the baseline "
@@ -134,6 +140,16 @@ def _summary(ev: _Evidence) -> list[dict]:
         )
         blocks.append({"type": "list", "items": lines or ["none observed"]})
     return blocks
+
+
+def _other_lines(ev: _Evidence) -> list[str]:
+    """One line per comparison that is not against a baseline run (two candidates): what it compared and that
+    it is no verdict of the hypothesis."""
+    return [
+        f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({_kind_of(ev, ref)} run, not a baseline): "
+        "candidates compared with each other, not a verdict of the hypothesis"
+        for c, ref, cands in other_comparisons(ev.runs, ev.json)
+    ]
 
 
 def criteria_table(verdicts: list[dict]) -> dict:
@@ -207,7 +223,7 @@ def _verdict(ev: _Evidence) -> list[dict]:
         {
             "type": "strong",
             "text": f"{str(o.get('verdict', '?')).upper()}: {o.get('detail', '')} "
-            f"({cid}, {c.id}; {against} hypothesis)",
+            f"({ev.headline.says}; {against} hypothesis)",
         }
     ]
     blocks.append({"type": "list", "items": [f"{v['name']}: {v['verdict']}" for v in verdicts]})

@@ -375,7 +375,7 @@ def test_init_says_the_next_command_and_flags_read_as_flags(tmp_path, capsys, mo
 
 
 def test_a_model_in_the_cache_is_named_by_its_folder_not_the_home_path(tmp_path):
-    from tuneproof.models.base import MODEL_CACHE, BaseModelRef
+    from tuneproof.models.base_model import MODEL_CACHE, BaseModelRef
 
     def ref(name):
         return BaseModelRef(name, Path(name), "r", "image-classification", "local")

@@ -91,8 +91,8 @@ def test_the_package_never_loads_code():
 
 
 def test_every_from_pretrained_of_the_base_passes_the_study_setting():
-    """transformers' loaders in models/base.py get ``trust_remote_code`` from ``model.trust_remote_code``."""
-    tree = ast.parse((SRC / "models" / "base.py").read_text())
+    """transformers' loaders in models/base_model.py get ``trust_remote_code`` from ``model.trust_remote_code``."""
+    tree = ast.parse((SRC / "models" / "base_model.py").read_text())
     calls = [
         n
         for n in ast.walk(tree)

@@ -253,69 +253,27 @@ def train(
     Needs a passed data check and preflight for this configuration (each runs inline first when missing;
     --skip-data-check / --skip-preflight REASON go without, recorded) and a baseline matching the evaluation procedure.
     """
-    from tuneproof.recipes.train import TrainOptions, run_train  # noqa: PLC0415
+    from tuneproof.recipes.train_command import TrainCommand, run_train_command  # noqa: PLC0415
 
-    if _distributed(nproc_per_node, nnodes):
-        if from_run is not None or set_ or grid:
-            raise TuneproofError(
-                "--from/--set/--grid with --nproc-per-node is not supported",
-                hint="train the variant in one process, or copy its config into the study file",
-            )
-        from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
-        from tuneproof.recipes.torchrun import check_launch, run_train_distributed  # noqa: PLC0415
-
-        ctx = _ctx(study, data)
-        check_launch(ctx, nproc_per_node or 1, nnodes)  # bad input first: one line, nothing run or launched
-        order = None
-        if node_rank == 0:  # node 0 records the run: the protocol gates are checked there
-            order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
-            order["preflight_run"] = _require_preflight(ctx, skip_preflight)
-        with _rental(study, "train", use_reserve, ctx=ctx) if node_rank == 0 else _nothing():
-            run_id = run_train_distributed(
-                ctx,
-                nproc=nproc_per_node or 1,
-                nnodes=nnodes,
-                node_rank=node_rank,
-                rdzv_endpoint=rdzv_endpoint,
-                name=name,
-                preflight_override=skip_preflight,
-                order=order,
-            )
-        console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
-        return
-    if from_run is not None:
-        from tuneproof.recipes.variants import run_variants  # noqa: PLC0415
-
-        with _rental(study, "train", use_reserve, data=data, variant=(from_run, set_, grid)):
-            done = run_variants(
-                study,
-                data,
-                from_run,
-                sets=set_,
-                grid=grid,
-                name=name,
-                allow_multi_change=allow_multi_change,
-                preflight=_require_preflight,
-                preflight_override=skip_preflight,
-                data_check_override=skip_data_check,
-                baseline_override=skip_baseline,
-            )
-        for r in done:
-            console.print(f"variant [bold]{r['run']}[/] {r['status']} ({user_text(r['change'], one_line=True)})")
-        return
-    if set_ or grid or allow_multi_change:
-        raise TuneproofError(
-            "--set, --grid and --allow-multi-change make a variant: they need --from RUN",
-            hint="e.g. tuneproof train --from r0004 --set method.r=16",
-        )
-    from tuneproof.recipes.protocol import require_order  # noqa: PLC0415
-
-    ctx = _ctx(study, data)
-    order = require_order(ctx, data_check_override=skip_data_check, baseline_override=skip_baseline)
-    order["preflight_run"] = _require_preflight(ctx, skip_preflight)
-    with _rental(study, "train", use_reserve, ctx=ctx):
-        run_id = run_train(ctx, TrainOptions(name=name, preflight_override=skip_preflight, order=order))
-    console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+    run_train_command(
+        study,
+        data,
+        TrainCommand(
+            name=name,
+            skip_preflight=skip_preflight,
+            skip_data_check=skip_data_check,
+            skip_baseline=skip_baseline,
+            from_run=from_run,
+            sets=set_,
+            grid=grid,
+            allow_multi_change=allow_multi_change,
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+            use_reserve=use_reserve,
+        ),
+    )
 
 
 def _nothing():
@@ -583,7 +541,7 @@ def test_(
     use_reserve: str | None = UseReserveOpt,
 ) -> None:
     """Evaluate on the reserved test split; every access is logged and reuse is stated."""
-    from tuneproof.recipes.test_split import run_test  # noqa: PLC0415
+    from tuneproof.recipes.test_read import run_test  # noqa: PLC0415
 
     ctx = _ctx(study, data)
     with _rental(study, "test", use_reserve, ctx=ctx):

@@ -27,7 +27,7 @@ from tuneproof.data.split import (
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_file, sha256_json
 from tuneproof.modalities import Modality, detect_kind, modality_for
-from tuneproof.models.base import model_kind, resolve_base
+from tuneproof.models.base_model import model_kind, resolve_base
 from tuneproof.models.build import build_model
 from tuneproof.models.device import bf16_base_rule, choose_dtype, detect_device
 from tuneproof.models.heads import Head
@@ -207,8 +207,21 @@ class StudyContext:
     @cached_property
     def modality(self) -> Modality:
         """Text or image, chosen once from the model kind (:func:`tuneproof.modalities.modality_for`);
-        everything that differs between them is asked of it."""
-        return modality_for(self.model_kind)
+        everything that differs between them is asked of it.
+
+        Raises:
+            TuneproofError: a ``data.sources`` entry in a format this modality does not read (an
+                image folder for a text model, a CSV of texts for an image classifier).
+        """
+        modality = modality_for(self.model_kind)
+        for i, src in enumerate(self.study.data.sources):
+            if src.format not in modality.source_formats:
+                raise TuneproofError(
+                    f"{self.study_dir / STUDY_FILE}: data.sources[{i}].format {src.format}: model.kind "
+                    f"{self.model_kind} ({modality.name}) reads {', '.join(modality.source_formats)}",
+                    hint="use a data format of the model's modality, or a model.kind that reads this data",
+                )
+        return modality
 
     @property
     def head(self) -> Head:
@@ -227,12 +240,12 @@ class StudyContext:
 
     @cached_property
     def pipeline(self):
-        """The one preprocessing pipeline (:meth:`tuneproof.modalities.base.Modality.pipeline`)."""
+        """The one preprocessing pipeline (:meth:`tuneproof.modalities.modality.Modality.pipeline`)."""
         return self.modality.pipeline(self)
 
     @cached_property
     def tokenizer_identity(self) -> dict[str, Any]:
-        """The processor's identity (:meth:`tuneproof.modalities.base.Modality.processor_identity`): for
+        """The processor's identity (:meth:`tuneproof.modalities.modality.Modality.processor_identity`): for
         a tokenizer its class, vocabulary size and hash, special and added tokens, chat template hash,
         the ids of a fixed probe text and of a fixed sample of the evaluation split's inputs and
         references; for an image processor its class, config hash and the declared transforms."""
@@ -307,7 +320,7 @@ class StudyContext:
         :func:`tuneproof.training.speedups.static_rules`), so the baseline is evaluated as the candidate
         will be when their check passes (docs/speedups.md)."""
         t = self.study.training
-        if t.speedups == "auto" and self.study.method.kind == "lora" and self.model_kind != "causal-lm":
+        if t.speedups == "auto" and self.study.method.kind == "lora" and not self.head.token_labels:
             return "bf16" if bf16_base_rule(self.device_choice.get("dtype"), detect_device())[0] else "fp32"
         return "bf16" if t.bf16_base_weights else "fp32"
 

@@ -136,7 +136,9 @@ def test_folder_errors_name_the_file(tmp_path):
     with pytest.raises(TuneproofError, match="no class sub-folders"):
         load_image_folder(tmp_path)
     (tmp_path / "cat").mkdir()
-    with pytest.raises(TuneproofError, match=r"cat: class folder has no .png/.jpg/.jpeg images"):
+    with pytest.raises(
+        TuneproofError, match=r"cat: class folder has no .png/.jpg/.jpeg/.bmp/.gif/.webp/.tif/.tiff images"
+    ):
         load_image_folder(tmp_path)
     Image.new("L", (4, 4)).save(tmp_path / "cat" / "ok.png")
     (tmp_path / "cat" / "broken.png").write_bytes(b"not a png at all")

@@ -25,6 +25,8 @@ from tinymodels import make_llama, make_tokenizer  # noqa: E402
 from tuneproof.data.preprocess import TextPipeline  # noqa: E402
 from tuneproof.errors import CheckFailed, TuneproofError  # noqa: E402
 from tuneproof.evaluation import backends as B  # noqa: E402
+from tuneproof.modalities.image import IMAGE_CLASSIFIER  # noqa: E402
+from tuneproof.modalities.text import CAUSAL_LM, SEQUENCE_CLASSIFIER  # noqa: E402
 from tuneproof.study import Eval, Prompt  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -284,26 +286,26 @@ def test_lora_rank_limit_is_a_power_of_two_at_least_16(monkeypatch, tok, model_d
 def test_vllm_not_installed_is_a_two_line_error(monkeypatch):
     monkeypatch.setattr(B, "vllm_installed", lambda: False)
     with pytest.raises(TuneproofError) as e:
-        B.check_backend_available(Eval(backend="vllm"), "causal-lm", "s/tuneproof.yaml")
+        B.check_backend_available(Eval(backend="vllm"), CAUSAL_LM, "s/tuneproof.yaml")
     lines = str(e.value).splitlines()
     assert len(lines) == 2 and e.value.exit_code == 2
     assert lines[0] == "s/tuneproof.yaml: eval.backend: vllm, but the package vllm is not installed in this environment"
     assert "pip install -e '.[vllm]'" in lines[1] and "eval.backend: transformers" in lines[1]
-    B.check_backend_available(Eval(), "causal-lm")  # transformers: nothing to check
+    B.check_backend_available(Eval(), CAUSAL_LM)  # transformers: nothing to check
 
 
 def test_vllm_really_absent_here():
     if B.vllm_installed():
         pytest.skip("vllm is installed on this machine")
     with pytest.raises(TuneproofError, match="the package vllm is not installed"):
-        B.check_backend_available(Eval(backend="vllm"), "causal-lm")
+        B.check_backend_available(Eval(backend="vllm"), CAUSAL_LM)
 
 
 def test_vllm_without_cuda_is_a_two_line_error(monkeypatch):
     fake_vllm.install(monkeypatch)
     monkeypatch.setattr(B, "cuda_available", lambda: False)
     with pytest.raises(TuneproofError) as e:
-        B.check_backend_available(Eval(backend="vllm"), "causal-lm", "s/tuneproof.yaml")
+        B.check_backend_available(Eval(backend="vllm"), CAUSAL_LM, "s/tuneproof.yaml")
     lines = str(e.value).splitlines()
     assert len(lines) == 2
     assert (
@@ -311,8 +313,9 @@ def test_vllm_without_cuda_is_a_two_line_error(monkeypatch):
         "visible here (torch.cuda.is_available() is False)"
     )
     assert "eval.backend: transformers" in lines[1]
-    with pytest.raises(TuneproofError, match="serves generative"):
-        B.check_backend_available(Eval(backend="vllm"), "sequence-classification")
+    for head in (SEQUENCE_CLASSIFIER, IMAGE_CLASSIFIER):  # the head says whether it generates
+        with pytest.raises(TuneproofError, match=f"serves generative .*this model is {head.kind}"):
+            B.check_backend_available(Eval(backend="vllm"), head)
 
 
 def test_study_keys():
@@ -544,7 +547,7 @@ def test_served_paths_of_lora_full_and_base(trained, tmp_path):
     import shutil
 
     from tuneproof.context import StudyContext
-    from tuneproof.recipes.common import served_paths
+    from tuneproof.evaluation.recording import served_paths
 
     study = tmp_path / "s"
     shutil.copytree(trained["dir"], study)

@@ -147,7 +147,7 @@ BUILDER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from tuneproof.models.base import build_once
+    from tuneproof.models.base_model import build_once
     dest, log = Path(sys.argv[1]), Path(sys.argv[2])
     def write(tmp):
         (log.parent / "started").write_text("1")

@@ -22,7 +22,7 @@ for sub in ("training", "deliver", "images"):
 from tuneproof.context import StudyContext  # noqa: E402
 from tuneproof.errors import TuneproofError  # noqa: E402
 from tuneproof.modalities import MODALITIES, modality_for  # noqa: E402
-from tuneproof.modalities.base import (  # noqa: E402
+from tuneproof.modalities.modality import (  # noqa: E402
     IMAGE_FORM,
     LOSS_NORMALISATION,
     SUGGESTED_MAX_LENGTH,
@@ -63,7 +63,7 @@ NO_AUTOCAST = contextlib.nullcontext
 @pytest.fixture(scope="module", params=list(ROWS))
 def row(request, tmp_path_factory):
     """``(name, ctx, model)``: the row's study opened, its base loaded on the CPU in fp32, eval mode."""
-    from tuneproof.models.base import load_model
+    from tuneproof.models.base_model import load_model
 
     build, kind, _ = ROWS[request.param]
     ctx = StudyContext.open(build(tmp_path_factory.mktemp(request.param)))
@@ -186,3 +186,58 @@ def test_inspect_writes_one_html_page(row, tmp_path):
     assert ctx.modality.inspect(ctx, ctx.split("train"), 1, "train", page) == page
     text = page.read_text()
     assert text.startswith("<!doctype html>")
+
+
+# row -> the FSDP units the launch check finds on the meta device (the head's Auto class, never a kind string)
+FSDP_UNITS = {
+    "text-causal-lm": ["LlamaDecoderLayer"],
+    "text-sequence-classification": ["BertLayer", "BertEmbeddings"],
+    "image-classification": ["ViTLayer", "ViTEmbeddings"],
+}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_distributed_launch_check_builds_the_heads_model_class(row, strategy):
+    """``check_launch`` (no torchrun) for every model kind: the layout, and under FSDP the block
+    classes of the model class the head names (an image study used to crash on a causal-LM class)."""
+    from tuneproof.recipes.torchrun import check_launch
+
+    name, ctx, _ = row
+    study = ctx.study
+    ctx.study = study.model_copy(
+        update={"distributed": study.distributed.model_copy(update={"strategy": strategy, "backend": "gloo"})}
+    )
+    try:
+        layout = check_launch(ctx, 1)
+    finally:
+        ctx.study = study
+    assert layout["world_size"] == 1 and layout["strategy"] == strategy and layout["backend"] == "gloo"
+    assert layout["n_train"] == len(ctx.split("train"))
+    assert sorted(layout["fsdp_units"]) == sorted(FSDP_UNITS[name] if strategy == "fsdp" else [])
+
+
+def test_each_source_format_belongs_to_one_modality():
+    from tuneproof.study import Source
+
+    formats = typing.get_args(Source.model_fields["format"].annotation)
+    owned = [f for m in MODALITIES for f in m.source_formats]
+    assert sorted(owned) == sorted(formats)  # every format of the study file read by exactly one modality
+
+
+def test_a_source_format_of_another_modality_is_refused(row):
+    """A text model given an image folder (or an image classifier a CSV of texts) is refused with
+    one line naming the source entry, before anything is loaded."""
+    name, ctx, _ = row
+    other = next(m for m in MODALITIES if m is not ctx.modality).source_formats[0]
+    study = ctx.study
+    source = study.data.sources[0].model_copy(update={"format": other})
+    bad = StudyContext(
+        ctx.study_dir, study.model_copy(update={"data": study.data.model_copy(update={"sources": [source]})})
+    )
+    with pytest.raises(TuneproofError) as err:
+        bad.modality
+    msg = str(err.value).splitlines()[0]
+    assert msg.endswith(
+        f"data.sources[0].format {other}: model.kind {ROWS[name][1]} ({ROWS[name][2]}) reads "
+        + ", ".join(ctx.modality.source_formats)
+    )

@@ -53,7 +53,7 @@ def test_a_saved_full_model_under_another_prefix_is_refused_a_base_head_is_not(t
     from safetensors.torch import load_file, save_file
 
     from tuneproof.modalities.text import CAUSAL_LM
-    from tuneproof.models.base import BaseModelRef, load_model
+    from tuneproof.models.base_model import BaseModelRef, load_model
 
     make_llama(64).save_pretrained(tmp_path)
     ref = BaseModelRef("run", tmp_path, "local", "causal-lm", "run")

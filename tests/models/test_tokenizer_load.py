@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tuneproof.errors import TuneproofError
-from tuneproof.models.base import BaseModelRef, load_tokenizer
+from tuneproof.models.base_model import BaseModelRef, load_tokenizer
 
 
 def _ref(path):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tinymodels import CORPUS, make_llama, make_tokenizer
+from tuneproof.modalities.text import CAUSAL_LM, SEQUENCE_CLASSIFIER
 from tuneproof.preflight.eval_memory import eval_memory_check, kv_cache_bytes, measure_eval_batch_peak
 
 
@@ -20,9 +21,10 @@ def test_generation_batch_peak_is_measured_at_the_full_new_token_budget(lm):
     model, tok = lm
     model.train()  # the preflight's model is in training mode: restored afterwards
     prompts = CORPUS[:5]
-    m = measure_eval_batch_peak(model, tok, kind="causal-lm", texts=prompts, batch_size=8, max_new_tokens=12)
+    m = measure_eval_batch_peak(model, tok, head=CAUSAL_LM, texts=prompts, batch_size=8, max_new_tokens=12)
     assert model.training is True
     assert m["peak_bytes"] > 0 and m["device"] == "cpu" and m["batch_size"] == 8 and m["repeated"] == 3
+    assert m["kind"] == "causal-lm" and m["generative"] is True
     longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     assert (
         m["prompt_tokens"] == longest and m["new_tokens"] == 12
@@ -39,7 +41,7 @@ def test_generation_batch_peak_is_measured_at_the_full_new_token_budget(lm):
 
 def test_tiny_budget_fails_naming_eval_batch_size(lm):
     model, tok = lm
-    m = measure_eval_batch_peak(model, tok, kind="causal-lm", texts=CORPUS, batch_size=4, max_new_tokens=4)
+    m = measure_eval_batch_peak(model, tok, head=CAUSAL_LM, texts=CORPUS, batch_size=4, max_new_tokens=4)
     bad = eval_memory_check(m, 2**20, "--memory-budget")
     assert bad["passed"] is False and bad["name"] == "eval memory"
     assert (
@@ -73,7 +75,7 @@ def test_classification_forward_batch():
             pad_token_id=2,
         )
     )
-    m = measure_eval_batch_peak(model, tok, kind="sequence-classification", texts=CORPUS, batch_size=16, max_length=8)
+    m = measure_eval_batch_peak(model, tok, head=SEQUENCE_CLASSIFIER, texts=CORPUS, batch_size=16, max_length=8)
     assert (
         m["peak_bytes"] > 0
         and m["prompt_tokens"] == 8
@@ -81,3 +83,4 @@ def test_classification_forward_batch():
         and m["kv_cache_estimate_bytes"] is None
     )
     assert m["repeated"] == 16 - len(CORPUS)
+    assert m["kind"] == "sequence-classification" and m["generative"] is False

@@ -119,7 +119,7 @@ def test_training_after_the_first_test_read_is_found_by_run_order_not_by_the_clo
     clock stepped back 1 h in between, was dated before the read and not named as reuse."""
     from types import SimpleNamespace
 
-    from tuneproof.recipes.test_split import test_reuse
+    from tuneproof.recipes.test_read import test_reuse
 
     t = [2_000_000_000.0]
     with clock.use(lambda: t[0]):

@@ -26,7 +26,7 @@ def test_fit_embeddings_is_deterministic_and_a_no_op_when_rows_suffice(tiny_base
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tuneproof.models.base import fit_embeddings
+    from tuneproof.models.base_model import fit_embeddings
 
     model = AutoModelForCausalLM.from_pretrained(tiny_base)
     rows = model.get_input_embeddings().weight.shape[0]

@@ -213,7 +213,7 @@ def test_qlora_without_bitsandbytes_cli_exit_2(tiny_base, tmp_path, monkeypatch,
 def test_a_device_where_4bit_does_not_run_is_a_two_line_error(tiny_base, monkeypatch):
     """Where bitsandbytes' 4-bit layers do not run (no CUDA and no working CPU kernels), loading refuses
     before transformers does, naming method.kind: qlora and the CUDA device it needs."""
-    from tuneproof.models.base import BaseModelRef, load_model
+    from tuneproof.models.base_model import BaseModelRef, load_model
 
     monkeypatch.setattr(quant, "bitsandbytes_installed", lambda: True)
     monkeypatch.setattr(quant, "bitsandbytes_version", lambda: "0.50.2")
@@ -245,7 +245,7 @@ def test_a_device_where_4bit_does_not_run_is_a_two_line_error(tiny_base, monkeyp
 def _qlora_model(tiny_base, compute="fp32"):
     from types import SimpleNamespace
 
-    from tuneproof.models.base import BaseModelRef, load_model
+    from tuneproof.models.base_model import BaseModelRef, load_model
     from tuneproof.models.method import apply_method
 
     method = SimpleNamespace(
@@ -266,7 +266,7 @@ def _qlora_model(tiny_base, compute="fp32"):
 
 
 def _batch(tiny_base):
-    from tuneproof.models.base import BaseModelRef, load_tokenizer
+    from tuneproof.models.base_model import BaseModelRef, load_tokenizer
 
     tok = load_tokenizer(BaseModelRef("tiny", tiny_base, "local", "causal-lm", "local"))
     ids = torch.tensor([tok("alpha beta gamma sun moon <|end|>")["input_ids"]])
@@ -291,7 +291,7 @@ def test_qlora_loads_4bit_nf4_and_trains_only_lora(qbase):
 
 @needs_4bit
 def test_qlora_one_step_is_finite_non_zero_and_differs_from_full_precision(qbase):
-    from tuneproof.models.base import BaseModelRef, load_model
+    from tuneproof.models.base_model import BaseModelRef, load_model
     from tuneproof.preflight.update_check import batch_loss
 
     model, _ = _qlora_model(qbase)
@@ -511,7 +511,7 @@ def test_step_memory_estimate_counts_the_4bit_base_as_stored(qbase):
 def test_trainable_summary_counts_the_4bit_weights_not_their_storage(qbase):
     """'trainable N of TOTAL parameters' counts a 4-bit weight's values, as for the full-precision model
     (SmolLM2-135M + QLoRA read 'of 81,891,648' for 134,975,808: two values per uint8 element)."""
-    from tuneproof.models.base import BaseModelRef, load_model
+    from tuneproof.models.base_model import BaseModelRef, load_model
     from tuneproof.models.targets import trainable_summary
 
     model, report = _qlora_model(qbase)

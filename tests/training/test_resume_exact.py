@@ -131,7 +131,7 @@ def test_ctrl_c_names_the_run_too_and_a_run_without_checkpoint_is_not_offered_a_
     ) in proc.stderr.splitlines()
 
     stop_baseline = (
-        "import os, signal, sys\nimport tuneproof.recipes.common as C\nfrom tuneproof.cli import main\n"
+        "import os, signal, sys\nimport tuneproof.evaluation.recording as C\nfrom tuneproof.cli import main\n"
         "C.predict = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\nmain(sys.argv[1:])\n"
     )
     proc = subprocess.run(

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from tuneproof.data.image_sources import IMAGE_EXTENSIONS
 from tuneproof.data.rows import BadRows
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_text
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 SIZE_RATIO_FLAG = 1.5  # median width/height/aspect ratio of a category vs the other categories
 DISTRIBUTION_DISTANCE_FLAG = 0.25  # total variation distance of mode / format distributions
 VALUE_SCALE_FLAG = 10.0  # median per-image largest |value| after the transform, category vs the others
@@ -32,7 +32,8 @@ VALUE_SCALE_FLAG = 10.0  # median per-image largest |value| after the transform,
 
 # --------------------------------------------------------------------------- loading
 def load_image_folder(root: str | Path) -> list[tuple[str, str]]:
-    """``(path, label)`` items of a folder-per-class dataset ``root/<class>/*.png|jpg|jpeg``.
+    """``(path, label)`` items of a folder-per-class dataset ``root/<class>/<image>`` (the files
+    ending in one of :data:`tuneproof.data.image_sources.IMAGE_EXTENSIONS`, the one list of them).
 
     Labels are the sub-folder names; items are sorted by label, then file name. Files with
     other extensions are ignored. Each image's header is read (``PIL.Image.open``) so a file

@@ -39,7 +39,7 @@ from typing import Any
 
 from tuneproof.data.chat import chat_example, refuse_flat_fields
 from tuneproof.data.examples import Example
-from tuneproof.data.image_sources import load_image_source
+from tuneproof.data.image_sources import IMAGE_FORMATS, load_image_source
 from tuneproof.data.locate import find_data_root
 from tuneproof.data.rows import BadRows
 from tuneproof.errors import TuneproofError, install_hint
@@ -736,6 +736,10 @@ def load_banking77(root: Path, fields=None, *, max_chars: int = DEFAULT_MAX_CHAR
     return out, repairs
 
 
+#: the text formats of ``data.sources[].format`` (the image ones: :data:`tuneproof.data.image_sources.IMAGE_FORMATS`);
+#: the text modality declares them as its ``source_formats``
+TEXT_FORMATS = ("csv", "json", "jsonl", "parquet", "chat", "lines", "hf", "snips", "banking77")
+
 BUILTIN_FILES = {
     "banking77": ["train.csv", "test.csv"],
     "snips": [f"{i}/{n}" for i in SNIPS_INTENTS for n in (f"train_{i}_full.json", f"validate_{i}.json")],
@@ -853,7 +857,7 @@ def load_source(
 def _load_one(
     src, path: Path, fields, max_chars: int, prefix: str | None, image=None, chat=None
 ) -> tuple[list[Example], list[str]]:
-    if src.format in ("imagefolder", "image-csv", "image-jsonl"):
+    if src.format in IMAGE_FORMATS:
         return load_image_source(src, fields, path, image)
     if src.format == "snips":
         if explicit_fields(fields):

@@ -61,13 +61,13 @@ from tuneproof.deliver.claims import check_claims
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, read_jsonl, sha256_file
 from tuneproof.modalities import modality_for
-from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.base_model import BaseModelRef, load_model
+from tuneproof.models.build import load_trained_model
 from tuneproof.models.identity import compare_vocabulary, compare_weights
-from tuneproof.models.method import cast_base_for_inference, load_adapter_onto
+from tuneproof.models.method import cast_base_for_inference
 
 DEVICE_ATOL = {"cpu": 1e-4, "cuda": 1e-3}  # largest allowed |logit difference| in fp32, see the module docstring
 BF16_ATOL = 5e-2  # largest allowed |logit difference| of a bf16-base procedure (see the module docstring)
-LOGIT_ATOL = DEVICE_ATOL["cpu"]
 EXAMPLES_FILE = "verify/examples.jsonl"
 ENTRY_MODULE = "tuneproof.deliver.verify"  # ``python -m`` entry of the fresh process; bundles name it
 
@@ -116,12 +116,18 @@ def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, w
     if which == "merged":
         merged = load_model(_ref(bundle / "merged", manifest), head, labels=labels, saved=True)
         model = cast_base_for_inference(merged, held)
-    elif manifest["payload"] == "model":
-        model = load_model(_ref(bundle / "model", manifest), head, labels=labels, saved=True)
     else:
-        # qlora: the unquantized base quantized to 4-bit with the recorded config, as it was trained and evaluated
-        base = load_model(_ref(base_path, manifest), head, labels=labels, quantization=manifest.get("quantization"))
-        model = load_adapter_onto(base, bundle / "adapter", held)
+        # the full model/, or the adapter/ onto the base held as trained (qlora: the unquantized base
+        # quantized to 4-bit with the recorded config, as it was trained and evaluated)
+        model = load_trained_model(
+            _ref(base_path, manifest),
+            head,
+            bundle / manifest["payload"],
+            labels=labels,
+            quantization=manifest.get("quantization"),
+            base_weights=held,
+            source="bundle",
+        )
     return model.to(proc.get("device", "cpu")).eval()
 
 
@@ -146,7 +152,7 @@ def reproduce(
     or ``cuda``, TF32 off).
 
     Returns one dict per example, from the modality of ``procedure.model_kind``
-    (:meth:`tuneproof.modalities.base.Modality.reproduce`; ``root``: the bundle, which holds an image
+    (:meth:`tuneproof.modalities.modality.Modality.reproduce`; ``root``: the bundle, which holds an image
     study's ``verify/images/``): ``prediction`` and, for a classification head, ``logits`` (list of
     floats, one per label), for generation ``next_token`` (the
     :data:`~tuneproof.modalities.text.TOP_TOKENS` highest next-token logits after the prompt, as
@@ -183,7 +189,7 @@ def compare_outputs(
     *,
     key: str = "prediction",
     scores_key: str = "",
-    atol: float = LOGIT_ATOL,
+    atol: float = DEVICE_ATOL["cpu"],
 ) -> dict[str, Any]:
     """Compare fresh outputs with the stored ones.
 

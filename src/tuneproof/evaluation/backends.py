@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from tuneproof.data.chat_template import special_texts, split_generation
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.modalities.text import generate_prompts
+from tuneproof.models.heads import Head
 from tuneproof.models.method import load_adapter_onto
 
 BACKENDS = ("transformers", "vllm")
@@ -195,8 +196,9 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def check_backend_available(eval_cfg, model_kind: str, path: str | Path = "tuneproof.yaml") -> None:
-    """Refuse ``eval.backend: vllm`` where it cannot run, before any run is created.
+def check_backend_available(eval_cfg, head: Head, path: str | Path = "tuneproof.yaml") -> None:
+    """Refuse ``eval.backend: vllm`` where it cannot run, before any run is created; ``head``: the
+    model kind's :class:`~tuneproof.models.heads.Head` (vLLM serves generative heads).
 
     Raises:
         TuneproofError: (two lines, exit 2) the model is not generative, vllm is not installed, or no
@@ -205,9 +207,9 @@ def check_backend_available(eval_cfg, model_kind: str, path: str | Path = "tunep
     backend = getattr(eval_cfg, "backend", "transformers")
     if backend != "vllm":
         return
-    if model_kind != "causal-lm":
+    if not head.generative:
         raise TuneproofError(
-            f"{path}: eval.backend: vllm serves generative (causal-lm) models; this model is {model_kind}",
+            f"{path}: eval.backend: vllm serves generative (causal-lm) models; this model is {head.kind}",
             hint="set eval.backend: transformers",
         )
     if not vllm_installed():

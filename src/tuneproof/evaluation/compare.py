@@ -32,8 +32,8 @@ import numpy as np
 
 from tuneproof.errors import TuneproofError
 from tuneproof.tasks import TaskConfig, get_task
-from tuneproof.tasks.base import Blocks, MetricFn
 from tuneproof.tasks.parsing import finite_or_none
+from tuneproof.tasks.task import Blocks, MetricFn
 from tuneproof.ui import capped
 
 CONFIDENCE = 0.95

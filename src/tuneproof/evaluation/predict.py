@@ -1,5 +1,5 @@
 """The study's one evaluation procedure on a list of examples, as its modality predicts
-(:meth:`tuneproof.modalities.base.Modality.predict`: generation for a causal LM, the classifier's
+(:meth:`tuneproof.modalities.modality.Modality.predict`: generation for a causal LM, the classifier's
 argmax for a classification head or an image classifier), with a progress bar."""
 
 from __future__ import annotations

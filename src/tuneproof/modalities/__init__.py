@@ -1,4 +1,4 @@
-"""Modalities, one module each, behind one interface (:class:`~tuneproof.modalities.base.Modality`).
+"""Modalities, one module each, behind one interface (:class:`~tuneproof.modalities.modality.Modality`).
 
 :func:`modality_for` is the one place where text vs image is decided, from the model kind; the
 study context keeps the answer (``StudyContext.modality``) and deliver reads it from a bundle's
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from tuneproof.errors import TuneproofError
-from tuneproof.modalities.base import Modality
 from tuneproof.modalities.image import IMAGE, IMAGE_CLASSIFIER
+from tuneproof.modalities.modality import Modality
 from tuneproof.modalities.text import CAUSAL_LM, SEQUENCE_CLASSIFIER, TEXT
 from tuneproof.models.heads import Head, kind_from_config
 

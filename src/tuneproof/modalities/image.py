@@ -9,7 +9,7 @@ finder on the paths; the data check adds the per-class form, the duplicates and 
 check; an export bundle holds the stored examples' image files (``verify/images/``), the image
 processor's identity in place of a tokenizer's and the declared transforms
 (``procedure.image_transforms``), and verify reproduces the stored predictions through the same
-pipeline. Parts in the order of :mod:`tuneproof.modalities.base`.
+pipeline. Parts in the order of :mod:`tuneproof.modalities.modality`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from tuneproof.data import image_inspect
 from tuneproof.data.examples import Example
 from tuneproof.data.image_audit import audit_image_study
 from tuneproof.data.image_pipeline import ImagePipeline, collate_images
-from tuneproof.data.image_sources import inside
+from tuneproof.data.image_sources import IMAGE_FORMATS, inside
 from tuneproof.data.inspect import choose_examples
 from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
-from tuneproof.modalities.base import IMAGE_FORM, Modality
-from tuneproof.models.base import load_image_processor
+from tuneproof.modalities.modality import IMAGE_FORM, Modality
+from tuneproof.models.base_model import load_image_processor
 from tuneproof.models.heads import Head
 from tuneproof.study import ImageTransforms
 from tuneproof.ui import console, user_text
@@ -146,13 +146,14 @@ class ImageModality(Modality):
     unit = "images"
     logit = "class"
     heads = (IMAGE_CLASSIFIER,)
+    source_formats = IMAGE_FORMATS
     dossier_sections = (IMAGE_FORM,)
     preflight_checks = ("image training data", "image steps")
     preflight_skips = (("embedding size", "an image classifier has no token embeddings"),)
 
     # 1. processor, pipeline, collate
     def load_processor(self, base):
-        """The base's ``AutoImageProcessor`` (:func:`tuneproof.models.base.load_image_processor`)."""
+        """The base's ``AutoImageProcessor`` (:func:`tuneproof.models.base_model.load_image_processor`)."""
         return load_image_processor(base)
 
     def pipeline(self, ctx) -> ImagePipeline:
@@ -222,6 +223,10 @@ class ImageModality(Modality):
             autocast=autocast,
             progress=progress,
         )
+
+    def eval_inputs(self, ctx, examples: list[Example]) -> list[str]:
+        """The image files' paths (``meta["image"]``)."""
+        return [e.meta["image"] for e in examples]
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:
         """Per image the class logits ``[[index, logit], ...]``, one image at a time."""

@@ -10,7 +10,7 @@ the outputs equal those of the unsorted batches and of one example at a time, ch
 of the classification head, batches sorted the same way. This is the ``transformers`` generation
 backend; ``evaluation/backends.py`` puts it and vLLM behind one interface.
 
-Parts in the order of :mod:`tuneproof.modalities.base`; the sequence-classification vs causal-LM
+Parts in the order of :mod:`tuneproof.modalities.modality`; the sequence-classification vs causal-LM
 differences stay inside this module.
 """
 
@@ -25,10 +25,11 @@ from tuneproof.data.chat_template import ChatTemplate, load_template_text, speci
 from tuneproof.data.examples import Example
 from tuneproof.data.inspect import LEGEND_CAUSAL, LEGEND_CLS, choose_examples, render_html, render_rich, token_rows
 from tuneproof.data.preprocess import TextPipeline, collate
+from tuneproof.data.sources import TEXT_FORMATS
 from tuneproof.io import atomic_write_text
-from tuneproof.modalities.base import LOSS_NORMALISATION, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, TOKEN_LENGTHS, Modality
 from tuneproof.modalities.batching import length_sorted_batches
-from tuneproof.models.base import load_tokenizer
+from tuneproof.modalities.modality import LOSS_NORMALISATION, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, TOKEN_LENGTHS, Modality
+from tuneproof.models.base_model import load_tokenizer
 from tuneproof.models.heads import Head
 from tuneproof.models.identity import (
     compare_tokenizer,
@@ -45,6 +46,8 @@ CAUSAL_LM = Head(
     peft_task_type="CAUSAL_LM",
     architectures=("CausalLM", "LMHead"),
     pipeline_tag="text-generation",
+    generative=True,
+    token_labels=True,
 )
 SEQUENCE_CLASSIFIER = Head(
     "sequence-classification",
@@ -53,6 +56,7 @@ SEQUENCE_CLASSIFIER = Head(
     what="sequence classification",
     labels_from="data.fields.label",
     pipeline_tag="text-classification",
+    adapter_effect=False,  # the smoke pass does not measure it for a sequence classifier
     model_types=frozenset(
         {"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra", "xlm-roberta", "modernbert"}
     ),
@@ -257,13 +261,15 @@ class TextModality(Modality):
     unit = "tokens"
     logit = "next-token"
     heads = (CAUSAL_LM, SEQUENCE_CLASSIFIER)
+    source_formats = TEXT_FORMATS
     dossier_sections = (TOKEN_LENGTHS, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, LOSS_NORMALISATION)
     preflight_checks = ("text training data", "embedding size", "text steps")
     smoke_eval_note = ", an upper bound when the smoke model generates up to eval.max_new_tokens"
 
     # 1. processor, pipeline, collate
     def load_processor(self, base):
-        """The base's tokenizer (:func:`tuneproof.models.base.load_tokenizer`: pad token = eos when it has none)."""
+        """The base's tokenizer (:func:`tuneproof.models.base_model.load_tokenizer`: pad token = eos
+        when it has none)."""
         return load_tokenizer(base)
 
     def pipeline(self, ctx) -> TextPipeline:
@@ -373,6 +379,12 @@ class TextModality(Modality):
             token_progress=token_progress,
             raw_out=raw_out,
         )
+
+    def eval_inputs(self, ctx, examples: list[Example]) -> list[str]:
+        """The inference prompts (``pipeline.prompt_text``) of a generative head, the texts of a classifier."""
+        if ctx.head.generative:
+            return [ctx.pipeline.prompt_text(e) for e in examples]
+        return [e.text for e in examples]
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:
         """Per example: the :data:`TOP_TOKENS` highest next-token logits after the prompt

@@ -1,16 +1,19 @@
 """The model a run trains, built the same way by ``train``, ``preflight`` and the distributed
 checks: the base loaded (4-bit for QLoRA), activation checkpointing applied, the method wrapped
-around it; and the trained adapter or model saved into its run folder.
+around it; the trained adapter or model saved into its run folder; and that saved model loaded
+back (:func:`load_trained_model`: the one loader of ``eval``, ``test``, ``export``, the preflight's
+fresh-process reload and a bundle's verification).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tuneproof.models.base import BaseModelRef, load_model
+from tuneproof.models.base_model import BaseModelRef, load_model
 from tuneproof.models.heads import Head
-from tuneproof.models.method import apply_method
+from tuneproof.models.method import apply_method, load_adapter_onto
 
 
 def build_model(
@@ -26,7 +29,7 @@ def build_model(
     """Base model + method on ``device``, activation checkpointing applied.
 
     Args:
-        base: the resolved base (:func:`tuneproof.models.base.resolve_base`).
+        base: the resolved base (:func:`tuneproof.models.base_model.resolve_base`).
         head: the model kind's :class:`~tuneproof.models.heads.Head`.
         method: the study's ``method`` section.
         device: the ``torch.device`` the model is moved to.
@@ -65,3 +68,36 @@ def save_trained(
     model.save_pretrained(run_dir / "adapter", safe_serialization=True, **kw)
     tokenizer.save_pretrained(run_dir / "adapter")
     return run_dir / "adapter"
+
+
+def load_trained_model(
+    base: BaseModelRef,
+    head: Head,
+    folder: Path,
+    *,
+    labels: list[str] | None = None,
+    quantization: dict[str, Any] | None = None,
+    base_weights: str = "fp32",
+    source: str = "run",
+):
+    """A trained model loaded back from ``folder`` (not moved to a device).
+
+    ``folder`` holding a ``config.json`` is a full fine-tune's saved model (every tensor must match,
+    ``load_model(..., saved=True)``); otherwise it is an adapter, loaded onto ``base`` held as in
+    training: 4-bit with ``quantization`` (qlora: the record the run trained with, which the caller
+    reads from where the run recorded it) and the base's weights in ``base_weights`` (``fp32`` or
+    ``bf16``, :func:`tuneproof.models.method.load_adapter_onto`).
+
+    Args:
+        source: what the saved model's :class:`BaseModelRef` says it comes from (``run``, ``preflight-smoke``).
+
+    Raises:
+        TuneproofError / CheckFailed: as :func:`~tuneproof.models.base_model.load_model` and
+            :func:`~tuneproof.models.method.load_adapter_onto`.
+    """
+    folder = Path(folder)
+    if (folder / "config.json").exists():  # full fine-tuning
+        ref = replace(base, path=folder, kind=head.kind, source=source, weight_sha256={})
+        return load_model(ref, head, labels=labels, saved=True)
+    model = load_model(base, head, labels=labels, quantization=quantization)
+    return load_adapter_onto(model, folder, base_weights)

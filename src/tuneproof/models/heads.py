@@ -1,6 +1,7 @@
-"""What a model kind (``model.kind``) means for loading and adapting a base: the transformers Auto
-class, the classification head (none, or one output per study label), whether the inputs are
-tokens, the PEFT task type, and how a ``config.json`` is recognised as one.
+"""What a model kind (``model.kind``) means for loading, adapting and evaluating a base: the
+transformers Auto class, the classification head (none, or one output per study label), whether
+the inputs are tokens, whether the labels are per token and the predictions generated, the PEFT
+task type, and how a ``config.json`` is recognised as one.
 
 The modalities declare the heads of the kinds they serve (:mod:`tuneproof.modalities`); this layer
 loads whatever head it is given and never names a kind itself.
@@ -30,6 +31,12 @@ class Head:
         architectures: substrings of ``config.json``'s ``architectures`` that name this kind.
         model_types: ``config.json`` ``model_type`` values read as this kind.
         pipeline_tag: the Hugging Face Hub's task of a model of this kind (a model card's ``pipeline_tag``).
+        generative: predictions are decoded text (greedy or sampled generation, the KV cache, what
+            ``eval.backend: vllm`` serves); False: the argmax of a classification head.
+        token_labels: the training labels are per token (the causal-LM loss, which packing and the
+            chunked loss apply to); False: one class index per example.
+        adapter_effect: the smoke pass measures how far a LoRA adapter moves the logits (the
+            scores again with the adapter disabled); False where it is not measured.
     """
 
     kind: str
@@ -42,6 +49,9 @@ class Head:
     architectures: tuple[str, ...] = ()
     model_types: frozenset[str] = field(default_factory=frozenset)
     pipeline_tag: str | None = None
+    generative: bool = False
+    token_labels: bool = False
+    adapter_effect: bool = True
 
     def matches(self, config: dict[str, Any]) -> bool:
         """Whether ``config`` (a model's ``config.json``) names this kind."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.io import sha256_file, sha256_json
-from tuneproof.models.base import weight_hashes
+from tuneproof.models.base_model import weight_hashes
 
 # tokenizer fields that must be equal for the adapter's token ids to mean the same thing
 TOKENIZER_KEYS = (
@@ -137,7 +137,7 @@ def compare_recorded(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def base_identity(ref, tokenizer_id: dict[str, Any]) -> dict[str, Any]:
-    """The identity of a resolved base model (:class:`tuneproof.models.base.BaseModelRef`).
+    """The identity of a resolved base model (:class:`tuneproof.models.base_model.BaseModelRef`).
 
     Returns ``{"name", "path", "revision", "kind", "source", "source_weight_sha256",
     "weight_files": {file: sha256}, "weights_sha256", "config_sha256", "tokenizer"}``.

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.models.base import unmatched_keys
+from tuneproof.models.base_model import unmatched_keys
 from tuneproof.models.heads import Head
 from tuneproof.models.quant import quantized_modules
 from tuneproof.models.targets import match_target_modules, trainable_summary
@@ -23,7 +23,7 @@ def apply_method(model, method, head: Head, quantization: dict[str, Any] | None 
 
     Args:
         model: a transformers model (``method.kind: qlora``: loaded with ``quantization``,
-            :func:`tuneproof.models.base.load_model`).
+            :func:`tuneproof.models.base_model.load_model`).
         method: the study's ``method`` section.
         head: the model kind's :class:`~tuneproof.models.heads.Head` (PEFT task type, a new head to train).
         quantization: qlora: the :func:`tuneproof.models.quant.quantization_record` it was loaded with.
@@ -174,7 +174,7 @@ def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
 
     Raises:
         TuneproofError: ``base_weights`` is neither ``fp32`` nor ``bf16``.
-        CheckFailed: unmatched keys (:func:`tuneproof.models.base.unmatched_keys` names them).
+        CheckFailed: unmatched keys (:func:`tuneproof.models.base_model.unmatched_keys` names them).
     """
     from peft import PeftModel  # noqa: PLC0415
 

@@ -248,7 +248,7 @@ def check_backend(ctx: StudyContext) -> tuple[dict[str, Any], dict[str, Any]]:
     numbers["eval_backend"] = ctx.study.eval.backend
     if ctx.study.eval.backend != "transformers":  # baseline/eval/test would refuse it here: so does the preflight
         try:
-            check_backend_available(ctx.study.eval, ctx.model_kind, ctx.study_dir / STUDY_FILE)
+            check_backend_available(ctx.study.eval, ctx.head, ctx.study_dir / STUDY_FILE)
             message += f"; eval.backend {ctx.study.eval.backend} can run here"
         except TuneproofError as err:
             passed, message = False, f"{message}; {err.message} -> {err.hint}"

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tuneproof.modalities.text import classify, generate
-
 DEFAULT_SAMPLE = 16  # evaluation examples compared (at most; a full batch at the default eval.batch_size)
 
 
@@ -97,43 +95,21 @@ def check_batch_invariance(
 
 
 def check_study_eval_batch(ctx: Any, model, sample: int = DEFAULT_SAMPLE) -> dict[str, Any]:
-    """:func:`check_batch_invariance` on the study's evaluation split with its own procedure
-    (``modalities.text.generate`` with ``eval.batch_size`` replaced, or ``classify`` for a
-    classification head), on a length-spread sample of ``min(sample, eval.batch_size)`` examples."""
+    """:func:`check_batch_invariance` on the study's evaluation split with its own procedure (the
+    modality's :meth:`~tuneproof.modalities.modality.Modality.predict` with ``eval.batch_size``
+    replaced), on a sample of ``min(sample, eval.batch_size)`` examples spread over the token
+    lengths of what the model reads (:meth:`~tuneproof.modalities.modality.Modality.eval_inputs`)."""
     ev = ctx.study.eval
     device, _, autocast = ctx.torch_setup()
     k = max(2, min(sample, ev.batch_size))
-    if ctx.model_kind == "sequence-classification":
 
-        def predict(items: list, bs: int) -> list[str]:
-            return classify(
-                model,
-                ctx.tokenizer,
-                items,
-                ctx.labels,
-                max_length=ctx.study.training.max_length,
-                batch_size=bs,
-                device=device,
-                autocast=autocast,
-            )
+    def predict(items: list, bs: int) -> list[str]:
+        return ctx.modality.predict(ctx, model, items, device=device, autocast=autocast, batch_size=bs)
 
-        def length(e: Any) -> int:
-            return len(ctx.tokenizer(e.text)["input_ids"])
-    else:
-
-        def predict(items: list, bs: int) -> list[str]:
-            return generate(
-                model,
-                ctx.tokenizer,
-                ctx.pipeline,
-                items,
-                ev.model_copy(update={"batch_size": bs}),
-                device=device,
-                autocast=autocast,
-            )
-
-        def length(e: Any) -> int:
-            return len(ctx.tokenizer(ctx.pipeline.prompt_text(e), add_special_tokens=False)["input_ids"])
-
-    examples = length_spread_sample(ctx.eval_examples(), k, length)
+    examples = ctx.eval_examples()
+    lengths = {
+        e.id: len(ctx.tokenizer(text, add_special_tokens=False)["input_ids"])
+        for e, text in zip(examples, ctx.modality.eval_inputs(ctx, examples))
+    }
+    examples = length_spread_sample(examples, k, lambda e: lengths[e.id])
     return check_batch_invariance(predict, examples, ev.batch_size, do_sample=ev.do_sample, sample=k)

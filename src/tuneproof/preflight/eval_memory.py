@@ -30,6 +30,8 @@ from typing import Any
 import torch
 
 from tuneproof.context import StudyContext
+from tuneproof.modalities import modality_for
+from tuneproof.models.heads import Head
 from tuneproof.preflight.memory import GIB
 from tuneproof.preflight.report import is_out_of_memory
 from tuneproof.training.memory import measure_step_peak
@@ -88,7 +90,7 @@ def measure_eval_batch_peak(
     model,
     tokenizer,
     *,
-    kind: str,
+    head: Head,
     texts: list[str],
     batch_size: int,
     max_new_tokens: int = 0,
@@ -99,14 +101,14 @@ def measure_eval_batch_peak(
     """Measure the peak memory of one evaluation batch (see the module docstring).
 
     Args:
-        kind: ``"causal-lm"`` (``texts`` are the prompts as the model sees them) or
-            ``"sequence-classification"`` (``texts`` are the inputs).
+        head: the model kind's :class:`~tuneproof.models.heads.Head`: generative (``texts`` are the
+            prompts as the model sees them) or a classification head (``texts`` are the inputs).
         batch_size: ``eval.batch_size``; max_new_tokens: ``eval.max_new_tokens`` (causal LM);
             max_length: ``training.max_length`` (classification truncation).
         autocast: the study's autocast context factory (default: none).
 
     Returns:
-        :func:`~tuneproof.training.memory.measure_step_peak`'s dict plus ``kind``, ``batch_size``,
+        :func:`~tuneproof.training.memory.measure_step_peak`'s dict plus ``kind``, ``generative``, ``batch_size``,
         ``prompt_tokens`` (padded width), ``new_tokens`` (generated per sequence; 0 for
         classification), ``repeated`` and ``kv_cache_estimate_bytes`` (causal LM, else None).
         The model's train/eval mode is restored.
@@ -117,12 +119,13 @@ def measure_eval_batch_peak(
     if not texts:
         raise ValueError("no evaluation example to size the batch with")
     dev = next(model.parameters()).device
-    if kind == "sequence-classification":
-        batch, info = classification_batch(tokenizer, texts, batch_size, max_length)
-        new_tokens = 0
-    else:
+    generative = head.generative
+    if generative:
         batch, info = generation_batch(tokenizer, texts, batch_size)
         new_tokens = max_new_tokens
+    else:
+        batch, info = classification_batch(tokenizer, texts, batch_size, max_length)
+        new_tokens = 0
     batch = {k: v.to(dev) for k, v in batch.items()}
     was_training = model.training
     model.eval()
@@ -130,7 +133,7 @@ def measure_eval_batch_peak(
 
     def run_batch() -> None:
         with torch.inference_mode(), autocast() if autocast is not None else contextlib.nullcontext():
-            if kind == "sequence-classification":
+            if not generative:
                 out["shape"] = list(model(**batch).logits.shape)
             else:
                 pad = tokenizer.pad_token_id
@@ -152,7 +155,7 @@ def measure_eval_batch_peak(
         measured = measure_step_peak(run_batch, device)
     finally:
         model.train(was_training)
-    if kind != "sequence-classification":
+    if generative:
         generated = out["shape"][1] - info["prompt_tokens"]
         element = next(model.parameters()).element_size()
         kv = kv_cache_bytes(model.config, batch_size, info["prompt_tokens"] + generated, element)
@@ -160,7 +163,8 @@ def measure_eval_batch_peak(
         generated, kv = 0, None
     return {
         **measured,
-        "kind": kind,
+        "kind": head.kind,
+        "generative": generative,
         "batch_size": batch_size,
         "prompt_tokens": info["prompt_tokens"],
         "new_tokens": generated,
@@ -168,6 +172,14 @@ def measure_eval_batch_peak(
         "repeated": info["repeated"],
         "kv_cache_estimate_bytes": kv,
     }
+
+
+def _generative(measured: dict[str, Any]) -> bool:
+    """Whether a measurement of :func:`measure_eval_batch_peak` was of generation; records written
+    before it held ``generative``: the head of their ``kind`` says."""
+    if "generative" in measured:
+        return bool(measured["generative"])
+    return modality_for(measured["kind"]).head(measured["kind"]).generative
 
 
 def _size(n: int | float | None) -> str:
@@ -204,7 +216,7 @@ def eval_memory_check(
     what = (
         f"generation of {measured['new_tokens']} new tokens (eval.max_new_tokens) with the KV cache after prompts of "
         f"{measured['prompt_tokens']} tokens"
-        if measured["kind"] != "sequence-classification"
+        if _generative(measured)
         else f"the classification forward pass at {measured['prompt_tokens']} tokens"
     )
     numbers = {
@@ -257,16 +269,12 @@ def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str,
     ``budget`` bytes (:func:`measure_eval_batch_peak`, :func:`eval_memory_check`); an out-of-memory error fails it."""
     device, _, _ = ctx.torch_setup()
     ev, examples = ctx.study.eval, ctx.eval_examples()
-    kind = ctx.model_kind
-    if kind == "sequence-classification":
-        texts = [e.text for e in examples]
-    else:
-        texts = [ctx.pipeline.prompt_text(e) for e in examples]
+    texts = ctx.modality.eval_inputs(ctx, examples)
     try:
         measured = measure_eval_batch_peak(
             model,
             ctx.tokenizer,
-            kind=kind,
+            head=ctx.head,
             texts=texts,
             batch_size=ev.batch_size,
             max_new_tokens=ev.max_new_tokens,
@@ -289,10 +297,7 @@ def eval_batch_rate(check: dict[str, Any] | None) -> dict[str, Any]:
     m = (c.get("details") or {}).get("measured") if isinstance(c.get("details"), dict) else None
     if not m or not m.get("seconds") or not m.get("batch_size"):
         return {}
-    if m["kind"] == "sequence-classification":
-        what = "classifier forward pass"
-    else:
-        what = f"generation of {m['new_tokens']} new tokens"
+    what = f"generation of {m['new_tokens']} new tokens" if _generative(m) else "classifier forward pass"
     return {
         "eval_batch_s_per_example": round(m["seconds"] / m["batch_size"], 5),
         "eval_batch_size": m["batch_size"],

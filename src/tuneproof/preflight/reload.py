@@ -24,30 +24,32 @@ from tuneproof.data.examples import Example
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.predict import predict
 from tuneproof.io import read_json, write_json
-from tuneproof.models.base import BaseModelRef, load_model
-from tuneproof.models.method import load_adapter_onto
+from tuneproof.models.build import load_trained_model
 
 RELOAD_TIMEOUT_S = 1800  # the fresh-process reload (imports, model load, generation)
+#: largest |logit difference| between a model and its saved copy reloaded in a fresh process on the same
+#: machine, in fp32 (the smoke pass, the distributed run's reload); another machine: deliver's DEVICE_ATOL
+RELOAD_LOGIT_ATOL = 1e-4
+#: the same under bf16/fp16 autocast: 2**-8 relative rounding of logits of magnitude ~10
+RELOAD_LOGIT_ATOL_LOW_PRECISION = 5e-2
 
 
 def load_saved(ctx: StudyContext, payload: Path, payload_kind: str):
-    """The model saved in ``payload``: the full model (``payload_kind`` ``"model"``), or the base held
-    as in training (qlora: 4-bit; ``training.bf16_base_weights``: bf16) with the adapter as saved, on the
-    study's device."""
+    """The model saved in ``payload`` (``payload_kind`` ``"model"``: the full model; ``"adapter"``), by
+    :func:`tuneproof.models.build.load_trained_model`: the base held as the study trains it (qlora:
+    4-bit with the study's quantization; ``training.bf16_base_weights``: bf16) with the adapter as
+    saved, on the study's device."""
     device, _, _ = ctx.torch_setup()
-    labels = ctx.head_labels
-    if payload_kind == "model":
-        ref = BaseModelRef(
-            ctx.base.name,
-            payload,
-            ctx.base.revision,
-            ctx.model_kind,
-            "preflight-smoke",
-            trust_remote_code=ctx.base.trust_remote_code,
-        )
-        return load_model(ref, ctx.head, labels=labels, saved=True).to(device)
-    base = load_model(ctx.base, ctx.head, labels=labels, quantization=ctx.quantization)
-    return load_adapter_onto(base, payload, ctx.base_weights).to(device)
+    model = load_trained_model(
+        ctx.base,
+        ctx.head,
+        payload,
+        labels=ctx.head_labels,
+        quantization=ctx.quantization,
+        base_weights=ctx.base_weights,
+        source="preflight-smoke",
+    )
+    return model.to(device)
 
 
 def reload_in_fresh_process(
@@ -109,7 +111,7 @@ def reload_in_fresh_process(
 
 def reload_main(argv: list[str]) -> int:
     """``python -m tuneproof.preflight.reload reload SPEC OUT``: the child of :func:`reload_in_fresh_process`.
-    Writes ``OUT`` (the predictions and :meth:`~tuneproof.modalities.base.Modality.scores`, or the error);
+    Writes ``OUT`` (the predictions and :meth:`~tuneproof.modalities.modality.Modality.scores`, or the error);
     returns 0, or 2 for a wrong command line."""
     procs.die_with_parent()  # a killed preflight leaves no orphaned reload process
     if len(argv) != 3 or argv[0] != "reload":

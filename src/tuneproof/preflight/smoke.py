@@ -12,7 +12,7 @@ from typing import Any
 from tuneproof.context import StudyContext
 from tuneproof.evaluation.predict import predict
 from tuneproof.preflight.eval_memory import eval_batch_rate
-from tuneproof.preflight.reload import reload_in_fresh_process
+from tuneproof.preflight.reload import RELOAD_LOGIT_ATOL, RELOAD_LOGIT_ATOL_LOW_PRECISION, reload_in_fresh_process
 from tuneproof.preflight.report import PreflightReport, check_result
 from tuneproof.preflight.update_check import same_bits
 from tuneproof.training.budget import total_steps
@@ -22,8 +22,6 @@ from tuneproof.training.loop import train
 SMOKE_CHECKS = ("configured combination", "smoke pass", "throughput")
 SMOKE_STEPS = 2  # optimizer steps of the smoke pass (also the configured-combination check)
 SMOKE_EVAL_EXAMPLES = 2  # evaluation examples of the smoke pass (predicted, reloaded, predicted again)
-LOGIT_ATOL = 1e-4  # fp32 next-token logits after the reload (as tuneproof.deliver.verify.LOGIT_ATOL)
-LOGIT_ATOL_LOW_PRECISION = 5e-2  # bf16/fp16 autocast: 2**-8 relative rounding of logits of magnitude ~10
 
 
 def cpu_copy(model) -> dict[str, Any]:
@@ -105,7 +103,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
     eval_s = time.perf_counter() - t0
     scores = ctx.modality.scores(ctx, model, examples)
     adapter_effect = None
-    if ctx.study.method.kind in ("lora", "qlora") and ctx.model_kind != "sequence-classification":
+    if ctx.study.method.kind in ("lora", "qlora") and ctx.head.adapter_effect:
         with model.disable_adapter():
             base_scores = ctx.modality.scores(ctx, model, examples)
         adapter_effect = max(
@@ -124,7 +122,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
     ]
     ids_differ = [e.id for e, s, c in zip(examples, scores, child["scores"]) if [i for i, _ in s] != [i for i, _ in c]]
     logit_diff = max((abs(a[1] - b[1]) for s, c in zip(scores, child["scores"]) for a, b in zip(s, c)), default=0.0)
-    tol = LOGIT_ATOL if ctx.device_choice["dtype"] == "fp32" else LOGIT_ATOL_LOW_PRECISION
+    tol = RELOAD_LOGIT_ATOL if ctx.device_choice["dtype"] == "fp32" else RELOAD_LOGIT_ATOL_LOW_PRECISION
     smoke_ok = (
         combo_ok
         and not mismatches

@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 
 from tuneproof.context import StudyContext
-from tuneproof.models.base import load_model
+from tuneproof.models.base_model import load_model
 from tuneproof.models.targets import match_target_modules, trainable_summary
 from tuneproof.preflight.report import check_result
 

@@ -13,11 +13,12 @@ Features:
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
+from tuneproof.evaluation.recording import evaluate_into, evaluation_run, print_metrics, require_backend
 from tuneproof.hypothesis import check_against_data
-from tuneproof.models.base import load_model
+from tuneproof.models.base_model import load_model
 from tuneproof.models.identity import base_hashes
 from tuneproof.models.method import cast_base_for_inference
-from tuneproof.recipes.common import evaluate_into, evaluation_run, print_metrics, record_inputs, require_backend
+from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.protocol import require_data_check
 from tuneproof.study import STUDY_FILE
 from tuneproof.ui import console, heartbeat, user_text

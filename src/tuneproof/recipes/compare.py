@@ -27,10 +27,10 @@ from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.fingerprint import diff_fingerprints
 from tuneproof.evaluation.outputs import check_complete
+from tuneproof.evaluation.recording import load_outputs
 from tuneproof.evaluation.screen import fmt_p, guard_lines, metric_short
 from tuneproof.io import read_json
 from tuneproof.models.identity import compare_recorded
-from tuneproof.recipes.common import load_outputs
 from tuneproof.tasks import task_config
 from tuneproof.ui import console, fmt, heartbeat, table, user_text
 

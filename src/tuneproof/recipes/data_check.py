@@ -55,7 +55,7 @@ from tuneproof.errors import CheckFailed
 from tuneproof.evaluation.compare import guard_support
 from tuneproof.hypothesis import check_against_data
 from tuneproof.io import read_json
-from tuneproof.modalities.base import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHECKS, TOKEN_LENGTHS
+from tuneproof.modalities.modality import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHECKS, TOKEN_LENGTHS
 from tuneproof.recipes.common import record_inputs
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config

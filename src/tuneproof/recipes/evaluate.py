@@ -14,18 +14,9 @@ With ``eval.backend: vllm`` the run's adapter is served by vLLM once the backend
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.recipes.common import (
-    check_tokenizer,
-    check_trained_weights,
-    evaluate_into,
-    evaluation_run,
-    load_trained,
-    note_library_drift,
-    print_metrics,
-    record_inputs,
-    require_backend,
-    served_paths,
-)
+from tuneproof.evaluation.recording import evaluate_into, evaluation_run, print_metrics, require_backend, served_paths
+from tuneproof.evaluation.trained_run import check_tokenizer, check_trained_weights, load_trained
+from tuneproof.recipes.common import note_library_drift, record_inputs
 from tuneproof.ui import console, heartbeat, user_text
 
 
@@ -34,9 +25,9 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
 
     Raises:
         CheckFailed: the tokenizer differs from the one recorded by the train run or its baseline
-            (exit 3, before any eval run; :func:`~tuneproof.recipes.common.check_tokenizer`), the saved
+            (exit 3, before any eval run; :func:`~tuneproof.evaluation.trained_run.check_tokenizer`), the saved
             adapter (or model) differs from what the train run recorded when it saved it (exit 3, before any
-            eval run; :func:`~tuneproof.recipes.common.check_trained_weights`), or the backend check
+            eval run; :func:`~tuneproof.evaluation.trained_run.check_trained_weights`), or the backend check
             refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
         TuneproofError: ``eval.backend`` cannot run here (exit 2, before any run).
     """

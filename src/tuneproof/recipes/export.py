@@ -80,16 +80,10 @@ from tuneproof.deliver.headline import against_baseline
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.outputs import check_complete, check_outputs, read_outputs
+from tuneproof.evaluation.trained_run import check_base, check_tokenizer, check_trained_weights, trained_base_weights
 from tuneproof.io import SCHEMA_VERSION, Held, atomic_write_text, exclusive_lock, read_json, write_json, write_jsonl
 from tuneproof.models.identity import base_identity
-from tuneproof.recipes.common import (
-    check_base,
-    check_tokenizer,
-    check_trained_weights,
-    note_library_drift,
-    record_inputs,
-    trained_base_weights,
-)
+from tuneproof.recipes.common import note_library_drift, record_inputs
 from tuneproof.recipes.compare import print_judging
 from tuneproof.registry import RELATIVE_PATHS, study_relative
 from tuneproof.ui import Heartbeat, console, heartbeat, user_text

@@ -1,7 +1,7 @@
 """Recipe ``data inspect``: ``-n K`` representative examples per category (K in total when the
 examples have no category; the longest is one of them) after the exact preprocessing of the
 trainer, in the terminal or as one HTML page, as the study's modality shows it
-(:meth:`tuneproof.modalities.base.Modality.inspect`): text token by token, an image next to the
+(:meth:`tuneproof.modalities.modality.Modality.inspect`): text token by token, an image next to the
 tensor the model receives.
 
 Features: supervised tokens and, for causal LMs, the token each supervised position is scored

@@ -70,7 +70,7 @@ Checks, in order (config key or option behind each):
     evaluation examples by the study's procedure (``evaluation.predict.predict``), the adapter
     saved with ``save_pretrained`` into ``runs/<id>/smoke/``, reloaded onto the base in a fresh
     process (``python -m tuneproof.preflight.reload reload``) that predicts the same examples:
-    identical predictions and next-token logits within ``LOGIT_ATOL`` (fp32).
+    identical predictions and next-token logits within ``RELOAD_LOGIT_ATOL`` (fp32).
 12. ``throughput`` [smoke]: tokens/s and s/step at the configured micro-batch (from the smoke steps
     after the first), the time of the configured budget (``training.max_steps`` or ``epochs``) and
     of one evaluation (``eval.max_examples``); stored as ``s_per_step``, ``tokens_per_s``,

@@ -25,7 +25,7 @@ from tuneproof.data.locate import find_data_root
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.screen import metric_short
 from tuneproof.io import atomic_write_text
-from tuneproof.models.base import MODEL_CACHE
+from tuneproof.models.base_model import MODEL_CACHE
 from tuneproof.models.vision import build_init_vit
 from tuneproof.procs import overload_line
 from tuneproof.recipes.baseline import run_baseline

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
-from tuneproof.recipes.common import load_outputs
+from tuneproof.evaluation.recording import load_outputs
 from tuneproof.recipes.compare import resolve_candidate
 from tuneproof.tasks import get_task, task_config
 from tuneproof.ui import console, print_json, table, user_text

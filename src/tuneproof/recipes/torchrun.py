@@ -52,7 +52,7 @@ from tuneproof.io import read_json, write_json
 from tuneproof.models.build import save_trained
 from tuneproof.preflight.distributed_step import RESULT, run_checks
 from tuneproof.preflight.qlora import check_quant_storage
-from tuneproof.preflight.reload import reload_in_fresh_process
+from tuneproof.preflight.reload import RELOAD_LOGIT_ATOL, reload_in_fresh_process
 from tuneproof.recipes.common import record_inputs
 from tuneproof.recipes.train import TrainOptions, record_start, run_train
 from tuneproof.registry import Registry, Run
@@ -64,7 +64,6 @@ from tuneproof.training.resume_state import load_checkpoint
 from tuneproof.ui import console, table, user_text
 
 WORKER_MODULE = "tuneproof.recipes.torchrun"
-LOGIT_ATOL = 1e-4  # fp32 logits of the trained model vs the reloaded adapter (fresh process)
 
 
 class RankFailed(TuneproofError):
@@ -187,13 +186,27 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
 
 
 def meta_model(ctx):
-    """The study's model class built on the meta device (no weights read, no memory), with the method applied."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
+    """The study's model class (the Auto class of its head, :attr:`tuneproof.models.heads.Head.auto_class`)
+    built on the meta device from the base's ``config.json``: no weights read, no memory.
 
-    cfg = AutoConfig.from_pretrained(ctx.base.path)
-    auto = AutoModelForSequenceClassification if ctx.model_kind == "sequence-classification" else AutoModelForCausalLM
-    with torch.device("meta"):
-        return auto.from_config(cfg)
+    Raises:
+        TuneproofError: transformers has no model class of that kind for this config (names the
+            base, the kind and ``distributed.strategy``).
+    """
+    import transformers  # noqa: PLC0415 - only the FSDP launch check builds a model class
+
+    remote = ctx.base.trust_remote_code
+    cfg = transformers.AutoConfig.from_pretrained(ctx.base.path, trust_remote_code=remote)
+    auto = getattr(transformers, ctx.head.auto_class)
+    try:
+        with torch.device("meta"):
+            return auto.from_config(cfg, trust_remote_code=remote)
+    except ValueError as err:  # transformers: "Unrecognized configuration class ... for this kind of AutoModel"
+        raise TuneproofError(
+            f"distributed.strategy fsdp: {ctx.base.path} has no {ctx.head.auto_class} model class for its config "
+            f"(model.kind {ctx.model_kind}): {str(err).splitlines()[0]}",
+            hint="check model.kind, or use distributed.strategy: ddp",
+        ) from err
 
 
 def torchrun_command(
@@ -577,7 +590,7 @@ def save_and_verify(
     (collective under FSDP2); rank 0 writes the PEFT folder from the gathered tensors, then checks:
     every saved tensor has the full shape of the parameter it stores; no ``lora_B`` is all zeros; a
     fresh single process loads base + saved adapter and its top-5 next-token logits on the same
-    prompts equal the trained model's (ids equal, values within ``LOGIT_ATOL``); with
+    prompts equal the trained model's (ids equal, values within ``RELOAD_LOGIT_ATOL``); with
     ``frozen_before`` (:func:`~tuneproof.training.parallel.param_signature` before training), no frozen
     weight changed. The result is ``runs/<id>/save_check.json`` and the ``save_check`` summary entry.
 
@@ -645,7 +658,7 @@ def save_and_verify(
     for mine, theirs in zip(scores, child["scores"]):
         ids_equal &= [i for i, _ in mine] == [i for i, _ in theirs]
         worst = max(worst, max(abs(a[1] - b[1]) for a, b in zip(mine, theirs)))
-    if not ids_equal or worst > LOGIT_ATOL:
+    if not ids_equal or worst > RELOAD_LOGIT_ATOL:
         problems.append(
             f"reloaded in a fresh process, the logits differ from the trained model's (max |diff| {worst:.2e}, "
             f"top-5 ids {'equal' if ids_equal else 'differ'})"
@@ -660,7 +673,7 @@ def save_and_verify(
         "examples": len(examples),
         "max_abs_logit_diff": worst,
         "top5_ids_equal": ids_equal,
-        "atol": LOGIT_ATOL,
+        "atol": RELOAD_LOGIT_ATOL,
         "frozen_checked": len(frozen_before or {}),
         "frozen_changed": len(frozen_changed),
         "world_size": world.world_size,

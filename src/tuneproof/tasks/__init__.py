@@ -1,7 +1,7 @@
-"""Task kinds, one module each, with the same parts in the same places (see :mod:`tuneproof.tasks.base`).
+"""Task kinds, one module each, with the same parts in the same places (see :mod:`tuneproof.tasks.task`).
 
 ``get_task(name)`` returns the kind; ``task_config(ctx)`` builds the scorer's
-:class:`~tuneproof.tasks.base.TaskConfig` from a study context. Adding a kind = one module here,
+:class:`~tuneproof.tasks.task.TaskConfig` from a study context. Adding a kind = one module here,
 one entry in :data:`TASKS`, one template, one row of ``tests/tasks/test_task_matrix.py``.
 """
 
@@ -13,12 +13,12 @@ from typing import Any
 
 from tuneproof.errors import TuneproofError
 from tuneproof.study import STUDY_FILE, Eval, Study
-from tuneproof.tasks.base import ExampleRule, Task, TaskConfig
 from tuneproof.tasks.classification import TASK as CLASSIFICATION
 from tuneproof.tasks.extraction import TASK as EXTRACTION
 from tuneproof.tasks.format import TASK as FORMAT
 from tuneproof.tasks.image_classification import TASK as IMAGE_CLASSIFICATION
 from tuneproof.tasks.multilabel import TASK as MULTI_LABEL
+from tuneproof.tasks.task import ExampleRule, Task, TaskConfig
 
 TASKS: dict[str, Task] = {t.name: t for t in (CLASSIFICATION, MULTI_LABEL, EXTRACTION, FORMAT, IMAGE_CLASSIFICATION)}
 

@@ -1,6 +1,6 @@
 """Task kind ``classification``: one label per example (BANKING77's 77 intents).
 
-Parts in the order every task module has them (see :mod:`tuneproof.tasks.base`): reader,
+Parts in the order every task module has them (see :mod:`tuneproof.tasks.task`): reader,
 labels, scorer, bootstrap statistics, per-example rule, audit, template.
 
 Metrics are scikit-learn's (``accuracy_score``, ``precision_recall_fscore_support``,
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from tuneproof.errors import TuneproofError
-from tuneproof.tasks.base import (
+from tuneproof.tasks.parsing import parse_json_output
+from tuneproof.tasks.task import (
     BootstrapStats,
     ExampleRule,
     ReaderHints,
@@ -36,7 +37,6 @@ from tuneproof.tasks.base import (
     rid,
     text,
 )
-from tuneproof.tasks.parsing import parse_json_output
 
 INVALID_LABEL = "<invalid>"
 

@@ -1,6 +1,6 @@
 """Task kind ``extraction``: strict JSON ``{"intent": ..., "slots": {slot: value | [values]}}`` (SNIPS).
 
-Parts in the order every task module has them (see :mod:`tuneproof.tasks.base`): reader,
+Parts in the order every task module has them (see :mod:`tuneproof.tasks.task`): reader,
 labels, scorer, bootstrap statistics, per-example rule, audit, template.
 
 Rules and where they come from:
@@ -37,7 +37,8 @@ import numpy as np
 
 from tuneproof.data.audit import audit_label_sets, audit_labels, audit_targets, json_list_field
 from tuneproof.errors import TuneproofError
-from tuneproof.tasks.base import (
+from tuneproof.tasks.parsing import parse_json_output, reason_kind
+from tuneproof.tasks.task import (
     PASS_F1,
     BootstrapStats,
     ExampleRule,
@@ -57,7 +58,6 @@ from tuneproof.tasks.base import (
     rid,
     text,
 )
-from tuneproof.tasks.parsing import parse_json_output, reason_kind
 
 DEFAULT_FIELDS = ["intent", "slots"]
 MULTI_INTENT_METRICS = [

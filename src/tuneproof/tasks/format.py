@@ -1,6 +1,6 @@
 """Task kind ``format``: outputs that follow the study's own format rule.
 
-Parts in the order every task module has them (see :mod:`tuneproof.tasks.base`): reader,
+Parts in the order every task module has them (see :mod:`tuneproof.tasks.task`): reader,
 labels, scorer, bootstrap statistics, per-example rule, audit, template.
 
 The format rule (:class:`FormatRule`) is what the study writes, any combination of:
@@ -33,7 +33,8 @@ import numpy as np
 
 from tuneproof.data.audit import audit_format_targets, audit_labels
 from tuneproof.errors import TuneproofError
-from tuneproof.tasks.base import (
+from tuneproof.tasks.parsing import parse_json_output
+from tuneproof.tasks.task import (
     PASS_F1,
     BootstrapStats,
     ExampleRule,
@@ -51,7 +52,6 @@ from tuneproof.tasks.base import (
     ratio,
     text,
 )
-from tuneproof.tasks.parsing import parse_json_output
 
 GRAMMARS = ("function_slots",)
 _FUNC = re.compile(r"\s*(?P<fn>[A-Za-z_][\w.\-]*)\s*\((?P<body>.*)\)\s*", re.DOTALL)

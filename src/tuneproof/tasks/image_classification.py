@@ -1,7 +1,7 @@
 """Task kind ``image-classification``: one class per image (a folder per class, or a CSV/JSONL of
 ``path,label``), an ``AutoModelForImageClassification`` with a new head for the study's labels.
 
-Parts in the order every task module has them (see :mod:`tuneproof.tasks.base`). The scorer,
+Parts in the order every task module has them (see :mod:`tuneproof.tasks.task`). The scorer,
 bootstrap statistics, per-example rule and label set are those of ``classification`` (a predicted
 label against the reference label; scikit-learn metrics, macro over the labels present), and so
 is the audit of the labels; the reader is the image one. The audit of the images themselves
@@ -12,8 +12,8 @@ differs from text.
 
 from __future__ import annotations
 
-from tuneproof.tasks.base import ReaderHints
 from tuneproof.tasks.classification import Classification
+from tuneproof.tasks.task import ReaderHints
 
 
 class ImageClassification(Classification):

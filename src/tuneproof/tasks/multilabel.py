@@ -1,6 +1,6 @@
 """Task kind ``multi-label``: a set of labels per example (the target is a JSON array of labels).
 
-Parts in the order every task module has them (see :mod:`tuneproof.tasks.base`): reader,
+Parts in the order every task module has them (see :mod:`tuneproof.tasks.task`): reader,
 labels, scorer, bootstrap statistics, per-example rule, audit, template.
 
 Scoring is set-based (scikit-learn's multilabel conventions, ``zero_division=0``): per-label
@@ -21,7 +21,8 @@ import numpy as np
 
 from tuneproof.data.audit import audit_label_sets
 from tuneproof.errors import TuneproofError
-from tuneproof.tasks.base import (
+from tuneproof.tasks.parsing import parse_json_output, reason_kind
+from tuneproof.tasks.task import (
     PASS_F1,
     BootstrapStats,
     ExampleRule,
@@ -41,7 +42,6 @@ from tuneproof.tasks.base import (
     rid,
     text,
 )
-from tuneproof.tasks.parsing import parse_json_output, reason_kind
 
 
 def parse_label_set(value: Any, allow_fenced: bool = False) -> tuple[frozenset | None, str | None]:

@@ -5,7 +5,7 @@ The registry (``tuneproof.sqlite`` + ``runs/<id>/``) stays the source of truth; 
 copy. :func:`attach` hands the registry three hooks (:class:`Mirror`):
 
 - when a run starts (or is resumed): the MLflow run is opened with the run's start time, the
-  ``running`` status, the params of its kind (:data:`tuneproof.tracking.base.PARAM_GROUPS`) and the
+  ``running`` status, the params of its kind (:data:`tuneproof.tracking.run_view.PARAM_GROUPS`) and the
   ``mlflow.parentRunId`` of the study run, so the UI shows the study's runs as one tree;
 - after each ``metrics.jsonl`` row: its metrics (``train/loss``, ``train/learning_rate``...) at the
   row's step and time (the first at once, then at most every :data:`FLUSH_S` seconds);
@@ -51,9 +51,10 @@ from typing import Any
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json, write_json
 from tuneproof.study import read_study, validate_study
-from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable, step_metrics
 from tuneproof.tracking.mlflow import MlflowTracker
-from tuneproof.tracking.others import TrackioTracker, WandbTracker
+from tuneproof.tracking.run_view import RunView, Tracker, TrackerUnavailable, step_metrics
+from tuneproof.tracking.trackio import TrackioTracker
+from tuneproof.tracking.wandb import WandbTracker
 from tuneproof.ui import visible_text
 
 TRACKING_FILE = "tracking.json"

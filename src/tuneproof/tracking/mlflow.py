@@ -19,7 +19,7 @@ from typing import Any
 
 from tuneproof.errors import TuneproofError, install_hint
 from tuneproof.study import MLFLOW_FOLDER_FIX, mlflow_folder_store
-from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
+from tuneproof.tracking.run_view import RunView, Tracker, TrackerUnavailable
 
 #: tuneproof status -> MLflow RunStatus name
 STATUS = {
@@ -174,7 +174,7 @@ class MlflowTracker(Tracker):
         return self._send(run_id, view, previous)
 
     def log_steps(self, state: dict[str, Any], steps: list) -> dict[str, Any]:
-        """Log step rows (:func:`tuneproof.tracking.base.step_metrics`) at their own time."""
+        """Log step rows (:func:`tuneproof.tracking.run_view.step_metrics`) at their own time."""
         from mlflow.entities import Metric  # noqa: PLC0415 - mlflow is optional
 
         now = _now_ms()

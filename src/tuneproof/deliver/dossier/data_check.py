@@ -5,7 +5,7 @@ from __future__ import annotations
 from tuneproof.deliver.dossier.blocks import NOT_RUN, _fig, _fmt, _paragraph, _table, flatten
 from tuneproof.deliver.dossier.evidence import _Evidence
 from tuneproof.deliver.plots import token_lengths
-from tuneproof.modalities.base import (
+from tuneproof.modalities.modality import (
     SUGGESTED_MAX_LENGTH,
     TEXT_CHECK_LINES,
     TEXT_CHECKS,

@@ -9,7 +9,7 @@ from typing import Any
 from tuneproof.deliver.dossier.blocks import NOT_RUN, _fig, _fmt, _paragraph, _table, flatten
 from tuneproof.deliver.dossier.evidence import _Evidence
 from tuneproof.deliver.plots import memory_throughput
-from tuneproof.modalities.base import (
+from tuneproof.modalities.modality import (
     Modality,
 )
 from tuneproof.preflight.report import headline

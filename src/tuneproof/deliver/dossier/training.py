@@ -6,7 +6,7 @@ from tuneproof.deliver.dossier.blocks import NOT_RUN, _fig, _paragraph, _table
 from tuneproof.deliver.dossier.evidence import _Evidence
 from tuneproof.deliver.dossier.preflight import _auto_blocks
 from tuneproof.deliver.plots import loss_curves
-from tuneproof.modalities.base import (
+from tuneproof.modalities.modality import (
     LOSS_NORMALISATION,
     Modality,
 )

@@ -31,22 +31,20 @@ from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
 from tuneproof.evaluation.metrics import score
 from tuneproof.evaluation.predict import predict
-from tuneproof.evaluation.screen import metric_short, reuse_line
-from tuneproof.io import read_jsonl, sha256_json, write_jsonl
-from tuneproof.models.base import load_model
-from tuneproof.models.method import cast_base_for_inference
-from tuneproof.recipes.common import (
-    check_trained_weights,
+from tuneproof.evaluation.recording import (
     evaluate_into,
     evaluation_run,
     headline,
-    load_trained,
-    note_library_drift,
     print_metrics,
-    record_inputs,
     require_backend,
     served_paths,
 )
+from tuneproof.evaluation.screen import metric_short, reuse_line
+from tuneproof.evaluation.trained_run import check_trained_weights, load_trained
+from tuneproof.io import read_jsonl, sha256_json, write_jsonl
+from tuneproof.models.base_model import load_model
+from tuneproof.models.method import cast_base_for_inference
+from tuneproof.recipes.common import note_library_drift, record_inputs
 from tuneproof.recipes.compare import print_judging
 from tuneproof.registry import iso
 from tuneproof.tasks import task_config

@@ -66,6 +66,20 @@ class TrackerUnavailable(RuntimeError):
     """The tracker's package is missing (the message names the pip extra)."""
 
 
+def import_tracker_package(name: str):
+    """The tracker's package ``name`` (``wandb``, ``trackio``), imported on first use (not a dependency).
+
+    Raises:
+        TrackerUnavailable: it is not installed (the message names ``pip install <name>``).
+    """
+    import importlib  # noqa: PLC0415 - the tracker packages are optional
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise TrackerUnavailable(f"{name} is not installed: pip install {name}") from err
+
+
 def clean_key(key: str) -> str:
     """A metric/param key every tracker accepts (MLflow: alphanumerics, ``_ - . / space``)."""
     return _KEY_RE.sub("_", key)[:250]

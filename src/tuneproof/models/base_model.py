@@ -61,7 +61,7 @@ class BaseModelRef:
         name: what the study file says (alias, path or hub id).
         path: local folder to ``from_pretrained`` from.
         revision: exact revision (commit sha, or sha256 of the GGUF/weights for aliases and local folders).
-        kind: ``causal-lm`` or ``sequence-classification``.
+        kind: the model kind (``model.kind``, a :class:`~tuneproof.models.heads.Head`'s ``kind``).
         weight_sha256: file name -> sha256 of every weight file in ``path``.
         trust_remote_code: ``model.trust_remote_code`` of the study (default False): whether
             transformers may run Python code shipped with the model folder.

@@ -52,6 +52,7 @@ class Modality:
     unit: str = ""  # what the training rate counts: "tokens" (text) or "images"
     logit: str = ""  # what the smoke pass and the reload compare: "next-token" or "class" logits
     heads: tuple[Head, ...] = ()  # the model kinds (``model.kind``) this modality serves
+    source_formats: tuple[str, ...] = ()  # the ``data.sources[].format`` values its examples come from
     dossier_sections: tuple[str, ...] = ()  # sections of the dossier and the screens that apply (names above)
     preflight_checks: tuple[str, ...] = ()  # the model checks that apply, by name (preflight maps names to checks)
     preflight_skips: tuple[tuple[str, str], ...] = ()  # ``(check, why)``: listed as skipped, with why
@@ -68,7 +69,8 @@ class Modality:
 
     # 1. processor, pipeline, collate
     def load_processor(self, base) -> Any:
-        """The processor of the base (a :class:`tuneproof.models.base.BaseModelRef`): tokenizer or image processor."""
+        """The processor of the base (a :class:`tuneproof.models.base_model.BaseModelRef`): tokenizer
+        or image processor."""
         raise NotImplementedError
 
     def pipeline(self, ctx) -> Any:
@@ -103,7 +105,7 @@ class Modality:
         raise NotImplementedError
 
     def audit(self, task, splits: dict[str, list[Example]], cfg, pipeline) -> dict[str, Any]:
-        """The task kind's audit (:meth:`tuneproof.tasks.base.Task.audit`) plus this modality's audit of the inputs."""
+        """The task kind's audit (:meth:`tuneproof.tasks.task.Task.audit`) plus this modality's audit of the inputs."""
         raise NotImplementedError
 
     # 4. prediction
@@ -133,6 +135,11 @@ class Modality:
         eval.max_new_tokens`` for generation), the unit its progress moves in; None: progress moves
         per example (a classifier answers a whole batch at once)."""
         return None
+
+    def eval_inputs(self, ctx, examples: list[Example]) -> list[str]:
+        """What the model reads at evaluation, one string per example in their order: the inference
+        prompt of a generative head, the input text of a text classifier, the image path of an image."""
+        raise NotImplementedError
 
     def scores(self, ctx, model, examples: list[Example]) -> list[list]:
         """Per example ``[[index, logit], ...]`` (fp32 floats) under the study's device and autocast

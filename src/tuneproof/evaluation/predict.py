@@ -17,7 +17,7 @@ def predict(
     ``on_progress(k)`` (optional) is also called with the number of examples finished after each batch;
     ``raw_out`` (optional) gets the raw generations the predictions were parsed from (``eval.answer_from``).
 
-    Generation moves its bar per generated-token slot (:meth:`~tuneproof.modalities.base.Modality.progress_tokens`:
+    Generation moves its bar per generated-token slot (:meth:`~tuneproof.modalities.modality.Modality.progress_tokens`:
     ``examples x eval.max_new_tokens``, one per row at each decoding step), so a batch of 16 that
     decodes for minutes shows its position and an ETA, not "0/16 ETA ?"; a classifier moves per example."""
     device, _, autocast = ctx.torch_setup()

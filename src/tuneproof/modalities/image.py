@@ -147,8 +147,6 @@ class ImageModality(Modality):
     logit = "class"
     heads = (IMAGE_CLASSIFIER,)
     dossier_sections = (IMAGE_FORM,)
-    preflight_checks = ("image training data", "image steps")
-    preflight_skips = (("embedding size", "an image classifier has no token embeddings"),)
 
     # 1. processor, pipeline, collate
     def load_processor(self, base):

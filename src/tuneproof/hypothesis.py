@@ -34,7 +34,7 @@ from typing import Any
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.compare import judge, overall_verdict
 from tuneproof.io import SCHEMA_VERSION, append_jsonl, read_json, read_jsonl, sha256_file, sha256_json
-from tuneproof.study import Hypothesis
+from tuneproof.study import Eval, Hypothesis, keys_with_role
 from tuneproof.tasks import get_task
 from tuneproof.tasks.parsing import parse_json_output
 
@@ -43,8 +43,9 @@ OVERRIDES_FILE = "hypothesis.overrides.jsonl"
 FLAG = "--use-edited-hypothesis"
 #: the key of the freezing train run's summary that holds the sha256 of ``hypothesis.frozen.json`` as written
 SEAL_KEY = "hypothesis_sha256"
-#: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output).
-FORMAT_KEYS = {"json_schema": None, "regex": None, "grammar": None, "allow_fenced_json": False}
+#: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output), the ``eval``
+#: keys whose role is ``scores`` (:data:`tuneproof.study.ROLES`), with their defaults.
+FORMAT_KEYS = {k: Eval.model_fields[k].get_default(call_default_factory=True) for k in keys_with_role("scores", "eval")}
 
 
 # --------------------------------------------------------------------------- the frozen part
@@ -59,7 +60,8 @@ def _normalise(hyp: dict[str, Any], eval_section: dict[str, Any]) -> dict[str, A
 
 def hypothesis_view(study: Any) -> dict[str, Any]:
     """The part of a study that is frozen: ``hypothesis`` (behaviour, task, success, guards,
-    required_fields) plus ``format`` (``eval.json_schema``, ``eval.regex``, ``eval.allow_fenced_json``)."""
+    required_fields) plus ``format`` (:data:`FORMAT_KEYS`: ``eval.allow_fenced_json``, ``eval.json_schema``,
+    ``eval.regex``, ``eval.grammar``)."""
     return _normalise(study.hypothesis.model_dump(mode="json"), study.eval.model_dump(mode="json"))
 
 

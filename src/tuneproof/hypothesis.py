@@ -520,7 +520,7 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
             raise TuneproofError(f"{path}: eval.regex: not a valid regular expression ({err})") from None
         judge_rule("eval.regex", sum(pattern.fullmatch(t.strip()) is not None for t in targets))
     if ev.json_schema is not None:
-        import jsonschema  # noqa: PLC0415
+        import jsonschema  # noqa: PLC0415 - jsonschema loads only when check_against_data() runs
 
         try:
             cls = jsonschema.validators.validator_for(ev.json_schema)

@@ -16,6 +16,7 @@ no PR_SET_PDEATHSIG: there, only the parent-side kill applies.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -40,7 +41,6 @@ def die_with_parent() -> bool:
     expected = os.environ.get(PARENT_ENV)
     if not expected or not sys.platform.startswith("linux"):
         return False
-    import ctypes  # noqa: PLC0415
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)

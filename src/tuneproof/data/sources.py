@@ -441,7 +441,7 @@ def load_hf_dir(
     Each split of a DatasetDict becomes that split; a single Dataset takes ``split``.
     """
     try:
-        import datasets  # noqa: PLC0415
+        import datasets  # noqa: PLC0415 - datasets is optional: only the hf source format needs it
     except ImportError:
         raise TuneproofError(f"{path}: format 'hf' needs the `datasets` package", hint="pip install datasets") from None
     if not path.exists():

@@ -187,7 +187,7 @@ def check_launch(ctx, nproc: int, nnodes: int = 1) -> dict[str, Any]:
 
 def meta_model(ctx):
     """The study's model class built on the meta device (no weights read, no memory), with the method applied."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: PLC0415 - transformers loads only when meta_model() runs
 
     cfg = AutoConfig.from_pretrained(ctx.base.path)
     auto = AutoModelForSequenceClassification if ctx.model_kind == "sequence-classification" else AutoModelForCausalLM
@@ -580,7 +580,7 @@ def save_and_verify(
     Raises:
         CheckFailed: a tensor of the wrong shape, an all-zero ``lora_B``, or different logits.
     """
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open  # noqa: PLC0415 - safetensors loads only when save_and_verify() runs
 
     full = world.full_state(model)  # rank 0: whole tensors; others: {}
     examples = ctx.eval_examples()[:n_examples]

@@ -6,6 +6,7 @@ the tracker's run id, so mirroring it again resumes the same tracker run (W&B ``
 
 from __future__ import annotations
 
+import importlib
 import re
 from typing import Any
 
@@ -13,8 +14,6 @@ from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
 
 
 def _import(name: str):
-    import importlib  # noqa: PLC0415
-
     try:
         return importlib.import_module(name)
     except ImportError as err:

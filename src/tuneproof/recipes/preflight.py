@@ -440,10 +440,11 @@ def _print_end(rep: PreflightReport, run_id: str, seconds: float) -> None:
 def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
     """Refuse to train unless a completed preflight matches the current resolved config, data
     fingerprint and platform key. Config keys that cannot change what the preflight measured
-    (:data:`tuneproof.preflight.scope.EXEMPT`: ``training.max_steps``/``epochs``,
-    ``checkpoint_every``, scoring settings of ``eval``, ``name``, ``hypothesis``) are left out of
-    the match. Returns the matching preflight run id, or None when ``override``
-    (``--skip-preflight "reason"``) is given; ``run_train`` records the override.
+    (:data:`tuneproof.preflight.scope.EXEMPT`: every key whose role in :mod:`tuneproof.study` is neither
+    ``trains`` nor ``decodes``, e.g. ``training.max_steps``/``epochs``, ``checkpoint_every``, the scoring
+    settings of ``eval``, ``name``, ``hypothesis``) are left out of the match. Returns the matching
+    preflight run id, or None when ``override`` (``--skip-preflight "reason"``) is given; ``run_train``
+    records the override.
 
     Raises:
         CheckFailed: no matching preflight (exit 3, a protocol step is missing; names the config

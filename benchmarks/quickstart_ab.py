@@ -1,6 +1,6 @@
 """Benchmark report: two finished quickstarts side by side (``training.speedups: auto`` vs ``off``).
 
-Run by hand on a quiet machine, back to back (the README's "The quickstart with training.speedups: auto"):
+Run by hand on a quiet machine, back to back (docs/quickstart.md, "The quickstart with training.speedups: auto"):
 
     /usr/bin/time -v tuneproof quickstart --dir q-auto
     /usr/bin/time -v tuneproof quickstart --dir q-off --speedups off

@@ -8,6 +8,7 @@ is dropped: the command's work and its run are not failed by it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -467,6 +468,13 @@ def registry_rebuild(study: Path = StudyOpt) -> None:
         console.print(
             f"[yellow]warning[/]: {len(out['lost'])} folder(s) had no readable "
             f"run.json, listed as invalid: {user_text(', '.join(out['lost']))}",
+            soft_wrap=True,
+        )
+    if out["edited"]:
+        console.print(
+            f"[yellow]warning[/]: {len(out['edited'])} run.json edited after it was written (record_sha256 "
+            f"missing or not matching its fields), listed as invalid with the status it claimed: "
+            f"{user_text(', '.join(out['edited']))} (`tuneproof runs` gives each reason)",
             soft_wrap=True,
         )
     if out["stale"]:
@@ -939,7 +947,26 @@ def main(argv: list[str] | None = None) -> None:
         if wrapped is not None and sys.stdout is wrapped:
             if not wrapped.broken:
                 sys.stdout = wrapped._stream  # noqa: SLF001
+    if argv is None:  # the console command, not a caller in the same process (tests)
+        _quiet_shutdown(code)
     sys.exit(code)
+
+
+def _quiet_shutdown(code: int) -> None:
+    """From here to the end of the process, a Ctrl-C ends it at once with ``code`` and one line, instead of
+    interrupting the interpreter's shutdown (the atexit callbacks of torch, MLflow or concurrent.futures,
+    the join of their threads), which Python prints as a traceback ("Exception ignored in atexit
+    callback"). The run was recorded already: nothing is left to save."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    def _now(signum, frame):  # noqa: ARG001
+        with contextlib.suppress(OSError):
+            os.write(2, b"Ctrl-C again: exiting without waiting for the libraries' cleanup\n")
+        os._exit(code)
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, _now)
 
 
 def _say_stopped(argv: list[str] | None, fallback: str) -> None:

@@ -25,7 +25,7 @@ from tuneproof.models.device import bf16_base_rule, choose_dtype, detect_device
 from tuneproof.models.heads import Head
 from tuneproof.models.quant import quantization_record, require_bitsandbytes
 from tuneproof.registry import Registry
-from tuneproof.study import STUDY_FILE, Study, read_study, resolved_config, validate_study
+from tuneproof.study import STUDY_FILE, ChatData, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
 from tuneproof.tracking import attach
 
@@ -96,7 +96,13 @@ class StudyContext:
         examples: list[Example] = []
         for src in data.sources:
             ex, rep = load_source(
-                src, data.fields, self.study_dir, self.data_root, max_chars=data.max_chars, image=data.image
+                src,
+                data.fields,
+                self.study_dir,
+                self.data_root,
+                max_chars=data.max_chars,
+                image=data.image,
+                chat=data.chat,
             )
             examples += ex
             self.repairs += rep
@@ -211,6 +217,8 @@ class StudyContext:
                     n: [
                         [e.id, e.text, e.label, e.target]
                         + ([e.meta["image_sha256"]] if e.meta.get("image_sha256") else [])
+                        # chat data: the row's system message and earlier turns are part of the example
+                        + ([e.context] if e.context else [])
                         for e in v
                     ]
                     for n, v in sorted(self.all_splits.items())
@@ -224,6 +232,8 @@ class StudyContext:
                     "loss": self.study.training.loss,
                     "tokenizer": self.tokenizer_identity,
                 }
+                # which chat turns are trained (kept out when default, so flat-row fingerprints stay as they were)
+                | ({"chat": self.study.data.chat.model_dump()} if self.study.data.chat != ChatData() else {})
             ),
         }
         return {

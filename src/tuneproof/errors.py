@@ -40,3 +40,10 @@ class Stopped(KeyboardInterrupt):
 
 class Terminated(BaseException):
     """Raised inside a run by SIGTERM so that it is recorded as interrupted (the CLI exits 143)."""
+
+
+def install_hint(extra: str) -> str:
+    """How to add tuneproof's optional extra ``extra`` (pyproject.toml ``[project.optional-dependencies]``):
+    tuneproof is installed from its clone (scripts/setup.sh), not from PyPI, so ``pip install 'tuneproof[X]'``
+    would name a package that is not published."""
+    return f"python -m pip install -e '.[{extra}]' in the tuneproof clone (tuneproof is not on PyPI)"

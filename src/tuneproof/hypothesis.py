@@ -17,11 +17,15 @@ The record is sealed: the train run that freezes it stores the sha256 of the fil
 its own summary (``hypothesis_sha256``, kept in the index, ``summary.json`` and ``run.json``). Every
 reader that judges (:func:`frozen_record`, so :func:`resolve`: ``compare``, ``test``, ``report``,
 ``export``) recomputes it and refuses (exit 3, :class:`SealBroken`) a file that was edited, deleted or
-made unreadable since, naming the file and both hashes (:func:`check_sealed`).
+made unreadable since, naming the file and both hashes (:func:`check_sealed`). The seal outlives the file and
+the run: it is also kept in the registry index (``meta.hypothesis_seal``, carried over by ``registry rebuild``),
+and ``train`` refuses (exit 3, before any run) while the file is not the one sealed, whatever the freezing run's
+status now (:func:`require_sealed`): deleting the file never lets a train run freeze another hypothesis.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -43,6 +47,8 @@ OVERRIDES_FILE = "hypothesis.overrides.jsonl"
 FLAG = "--use-edited-hypothesis"
 #: the key of the freezing train run's summary that holds the sha256 of ``hypothesis.frozen.json`` as written
 SEAL_KEY = "hypothesis_sha256"
+#: the registry index's ``meta`` key that keeps a copy of the seal (``{"run", "sha256"}``), carried over by a rebuild
+SEAL_META = "hypothesis_seal"
 #: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output), the ``eval``
 #: keys whose role is ``scores`` (:data:`tuneproof.study.ROLES`), with their defaults.
 FORMAT_KEYS = {k: Eval.model_fields[k].get_default(call_default_factory=True) for k in keys_with_role("scores", "eval")}
@@ -115,11 +121,20 @@ def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
 
 def freeze_and_seal(study_dir: str | Path, study: Any, run) -> dict[str, Any]:
     """:func:`freeze` with train run ``run``; when this run froze the record, the sha256 of the file as
-    written goes into the run's own summary (``hypothesis_sha256``), the seal :func:`check_sealed`
-    compares with. Returns the record in force."""
+    written goes into the run's own summary (``hypothesis_sha256``) and into the registry index
+    (``meta.hypothesis_seal``: ``{"run", "sha256"}``), the seal :func:`check_sealed` compares with.
+    Returns the record in force.
+
+    Raises:
+        SealBroken: (exit 3) a seal exists and the file is not the one it sealed (:func:`require_sealed`):
+            the hypothesis is never frozen a second time.
+    """
+    require_sealed(study_dir, run.registry, "train")
     record = freeze(study_dir, study, run.id)
     if record.get("run") == run.id:
-        run.update_summary(**{SEAL_KEY: sha256_file(Path(study_dir) / FROZEN_FILE)})
+        digest = sha256_file(Path(study_dir) / FROZEN_FILE)
+        run.update_summary(**{SEAL_KEY: digest})
+        run.registry.set_meta(SEAL_META, json.dumps({"run": run.id, "sha256": digest}))
     return record
 
 
@@ -135,15 +150,56 @@ class SealBroken(CheckFailed):
 
 
 def _seal(registry: Any) -> tuple[str, str] | None:
-    """``(train run id, sha256)`` recorded by the train run that froze the hypothesis; None when no train
-    run recorded one (studies frozen before the seal existed)."""
+    """``(train run id, sha256)`` recorded by the train run that froze the hypothesis, whatever its status
+    (invalidating it does not unfreeze the hypothesis), else the copy the registry index keeps
+    (``meta.hypothesis_seal``, which outlives the run's row); None when neither holds one (studies frozen
+    before the seal existed)."""
     if registry is None:
         return None
     for rec in registry.list(kind="train"):
         digest = (rec.summary or {}).get(SEAL_KEY)
         if isinstance(digest, str):
             return rec.id, digest
+    try:
+        kept = json.loads(registry.meta(SEAL_META) or "null")
+    except (ValueError, AttributeError):
+        kept = None
+    if isinstance(kept, dict) and isinstance(kept.get("sha256"), str):
+        return str(kept.get("run")), kept["sha256"]
     return None
+
+
+def require_sealed(study_dir: str | Path, registry: Any, command: str = "train") -> None:
+    """Refuse ``command`` (``train``: it would freeze the hypothesis again) while a seal exists and
+    ``hypothesis.frozen.json`` is not the file it sealed: deleted, edited or unreadable. The seal outlives the
+    file and the run that froze it: invalidating that run and deleting the file never lets a train run write a
+    new frozen hypothesis. Nothing happens when no seal exists (a study not trained yet).
+
+    Raises:
+        SealBroken: (exit 3, before any run starts) names what happened (the file, the freezing run and its
+            status, both hashes) and the two ways on: restore the file, or start a new study.
+    """
+    seal = _seal(registry)
+    if seal is None:
+        return
+    try:
+        check_sealed(study_dir, registry)
+    except SealBroken as err:
+        status = " (no longer in the registry)"
+        with contextlib.suppress(Exception):
+            rec = registry.get(seal[0])
+            status = (
+                "" if rec.status == "completed" else f", now {rec.status}" + (f": {rec.reason}" if rec.reason else "")
+            )
+        raise SealBroken(
+            f"{command} refused: the hypothesis was frozen by train run {seal[0]}{status}, and {err.message}; "
+            "a study freezes its hypothesis once: invalidating that run or deleting the file does not unfreeze it",
+            what=err.what,
+            hint=f"restore {FROZEN_FILE} (sha256 {seal[1][:12]}...) from a backup or version control; to test "
+            "another hypothesis, start a new study: `tuneproof init NEW_FOLDER`, copy tuneproof.yaml there with "
+            "the new hypothesis, then its data check, baseline and train (this study's runs and verdicts stay as "
+            "they are)",
+        ) from None
 
 
 def check_sealed(study_dir: str | Path, registry: Any = None) -> dict[str, Any] | None:

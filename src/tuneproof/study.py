@@ -111,10 +111,22 @@ class Source(_Strict):
         "study folder; '$DATA/...' from the data root"
     )
     format: Literal[
-        "csv", "json", "jsonl", "lines", "hf", "snips", "banking77", "imagefolder", "image-csv", "image-jsonl"
+        "csv",
+        "json",
+        "jsonl",
+        "parquet",
+        "chat",
+        "lines",
+        "hf",
+        "snips",
+        "banking77",
+        "imagefolder",
+        "image-csv",
+        "image-jsonl",
     ] = Field(
-        description="file format or a built-in dataset reader; lines: a split "
-        "folder of line-aligned files (seq.in, label); "
+        description="file format or a built-in dataset reader; chat: one conversation per row (messages or "
+        "ShareGPT conversations) in .jsonl/.json/.parquet; hf: a datasets folder or a dataset id + revision; "
+        "lines: a split folder of line-aligned files (seq.in, label); "
         "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows"
     )
     split: str | None = Field(
@@ -122,6 +134,12 @@ class Source(_Strict):
         description="the split this file holds (train, validation, test), or None to split it "
         "(format lines: default the folder's name)",
     )
+    revision: str | None = Field(
+        None,
+        description="format hf with a dataset id: the commit sha or tag read from the local Hugging Face cache "
+        "(required for an id; nothing downloads unless TUNEPROOF_ALLOW_DOWNLOAD=1)",
+    )
+    name: str | None = Field(None, description="format hf with a dataset id: the dataset's configuration name")
 
 
 class FieldMap(_Strict):
@@ -236,6 +254,17 @@ class ImageTransforms(_Strict):
     )
 
 
+class ChatData(_Strict):
+    train_on: Literal["last", "all_assistant"] = Field(
+        "last",
+        description="format chat: the assistant turns supervised: the final one (last) or every one "
+        "(all_assistant, each with its end token); earlier turns are prompt context, evaluation judges the final turn",
+    )
+    messages: str | None = Field(
+        None, description="format chat: the key holding the turns (default: 'messages', else 'conversations')"
+    )
+
+
 class Data(_Strict):
     sources: list[Source] = Field(description="where the examples come from")
     fields: FieldMap = Field(default_factory=FieldMap, description="column mapping")
@@ -245,6 +274,7 @@ class Data(_Strict):
     split: SplitPolicy = Field(default_factory=SplitPolicy, description="split policy")
     test_split: str = Field("test", description="the reserved split; only `tuneproof test` reads it")
     dedup: Dedup = Field(default_factory=Dedup, description="cross-split duplicate detection")
+    chat: ChatData = Field(default_factory=ChatData, description="format chat: which turns are trained")
     image: ImageTransforms = Field(
         default_factory=ImageTransforms, description="image-classification: declared transforms"
     )
@@ -274,7 +304,7 @@ class Method(_Strict):
     kind: Literal["lora", "full", "qlora"] = Field(
         "lora",
         description="full fine-tuning, LoRA, or QLoRA (LoRA on a base loaded in 4-bit by "
-        "bitsandbytes: pip install 'tuneproof[qlora]')",
+        "bitsandbytes: python -m pip install -e '.[qlora]' in the tuneproof clone)",
     )
     r: int = Field(8, ge=1, description="LoRA rank")
     alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")

@@ -52,6 +52,28 @@ def test_lines_count_mismatch_names_both_files_and_counts(tmp_path):
     assert f"{tmp_path / 'dev' / 'seq.in'} has 3 lines but {tmp_path / 'dev' / 'label'} has 2" in str(err.value)
 
 
+@pytest.mark.fault("input: a data path with [ ]")
+def test_a_path_with_brackets_is_read_as_written_before_any_glob(tmp_path):
+    """Issue 33 item 17: ``data/set [v2]/train.json`` was read as a glob (``[v2]`` one character of v or 2)
+    and matched nothing; a study folder whose own name has ``[ ]`` broke every pattern under it."""
+    rows = [{"text": f"clause {i} about rent", "label": "rent" if i % 2 else "tax"} for i in range(4)]
+    data = tmp_path / "set [v2]"
+    data.mkdir()
+    (data / "train.json").write_text(json.dumps(rows))
+    (tmp_path / "set 2").mkdir()  # what the bracket would match as a glob
+    (tmp_path / "set 2" / "train.json").write_text(json.dumps(rows[:1]))
+    ex, _ = load_source(Source(path="set [v2]/train.json", format="json"), FieldMap(label="label"), tmp_path)
+    assert len(ex) == 4 and ex[0].source.endswith("set [v2]/train.json#0")  # one file, read as written
+    study = tmp_path / "study [copy]"  # a pattern below a folder whose name has brackets
+    (study / "folds").mkdir(parents=True)
+    for k in (1, 2):
+        (study / "folds" / f"fold{k}.json").write_text(json.dumps(rows))
+    ex, _ = load_source(Source(path="folds/fold*.json", format="json"), FieldMap(label="label"), study)
+    assert len(ex) == 8 and [ex[0].id, ex[-1].id] == ["fold1:0", "fold2:3"]
+    with pytest.raises(TuneproofError, match=r"no such file, and read as a glob pattern it matches no file"):
+        load_source(Source(path="set [v3]/train.json", format="json"), FieldMap(label="label"), tmp_path)
+
+
 def test_glob_sources_load_every_match_and_list_files_in_fingerprint(tmp_path, tiny_model_dir):
     folds = tmp_path / "folds"
     folds.mkdir()
@@ -63,7 +85,7 @@ def test_glob_sources_load_every_match_and_list_files_in_fingerprint(tmp_path, t
         Source(path="folds/fold*.json", format="json", split="train"), FieldMap(label="label"), tmp_path
     )
     assert len(ex) == 12 and ex[0].id == "fold1:0" and ex[-1].id == "fold3:3"
-    with pytest.raises(TuneproofError, match=r"folds/nope\*\.json: the pattern matches no file"):
+    with pytest.raises(TuneproofError, match=r"folds/nope\*\.json: no such file, and read as a glob pattern it"):
         load_source(Source(path="folds/nope*.json", format="json"), FieldMap(), tmp_path)
     (tmp_path / "tuneproof.yaml").write_text(
         yaml.safe_dump(

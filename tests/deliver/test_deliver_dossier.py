@@ -154,7 +154,8 @@ def test_first_screen_stands_alone(dossier_study):
 
 
 def test_many_classes_changed_first_rest_folded_and_top_confusions():
-    from tuneproof.deliver.dossier import _md_blocks, per_class_blocks, top_confusions
+    from tuneproof.deliver.dossier import per_class_blocks, top_confusions
+    from tuneproof.deliver.dossier.render import _md_blocks
 
     pc = {
         f"c{i:02d}": {"recall": {"base": 0.5, "cand": 0.5 + d, "delta": d, "ci": [d - 0.1, d + 0.1], "support": 10}}
@@ -187,7 +188,7 @@ def test_many_classes_changed_first_rest_folded_and_top_confusions():
 def test_hypothesis_section_states_each_guard_rule_as_written():
     """A floor-only guard read 'per_class_recall must not get worse (floor 0.0)': it has no drop rule
     (only the conditions written apply), so the dossier says what each guard does hold."""
-    from tuneproof.deliver.dossier import _hypothesis_items
+    from tuneproof.deliver.dossier.hypothesis import _hypothesis_items
 
     h = {
         "behaviour": "b",
@@ -213,7 +214,7 @@ def test_training_table_names_the_speedups_each_run_used():
     bf16_base_weights: a reader could not tell how the candidate was trained."""
     from types import SimpleNamespace
 
-    from tuneproof.deliver.dossier import _training
+    from tuneproof.deliver.dossier.training import _training
     from tuneproof.modalities.text import TEXT
 
     runs = [

@@ -57,12 +57,27 @@ def test_missing_file_is_named(bundle_copy):
     report = verify_bundle(bundle_copy)
     files = report["checks"][1]
     assert not report["passed"]
-    assert files["problems"] == ["missing file: verify/examples.jsonl"]
+    assert files["problems"] == ["missing file: verify/examples.jsonl", "extra file not in the manifest: notes.txt"]
     assert "1 extra file(s) not in the manifest: notes.txt" in files["detail"]
     with pytest.raises(CheckFailed, match="missing file: verify/examples.jsonl"):
         from tuneproof.recipes.verify import run_verify
 
         run_verify(bundle_copy)
+
+
+@pytest.mark.fault("tampering: a file added to a bundle")
+def test_an_extra_file_alone_fails_the_bundle_and_is_named(bundle_copy, capsys):
+    """Issue 33 item 17: a bundle with one file added (a tokenizer file the loader may pick up)
+    and nothing else changed passed verify without naming it."""
+    (bundle_copy / "adapter" / "special_tokens_map.json").write_text("{}")
+    report = verify_bundle(bundle_copy)
+    files = report["checks"][1]
+    assert report["passed"] is False and [c["name"] for c in report["checks"]] == ["manifest", "files"]
+    assert files["problems"] == ["extra file not in the manifest: adapter/special_tokens_map.json"]
+    assert _exit_code(["verify", str(bundle_copy)]) == 3
+    assert "extra file not in the manifest: adapter/special_tokens_map.json" in " ".join(
+        capsys.readouterr().out.split()
+    )
 
 
 def test_c13_base_with_different_weights_is_refused_naming_both_hashes(cls_bundle, tmp_path):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tuneproof.deliver.dossier import _preflight, _training, preflight_tables, speedups_auto_rows
+from tuneproof.deliver.dossier import preflight_tables, speedups_auto_rows
+from tuneproof.deliver.dossier.preflight import _preflight
+from tuneproof.deliver.dossier.training import _training
 from tuneproof.modalities.text import TEXT
 
 GROUPING_WHY = (

@@ -254,6 +254,7 @@ def test_a_study_frozen_before_the_seal_checks_the_files_own_hash(cls_study, tmp
     summary = dict(reg.get(ids["train"]).summary)
     del summary[hyp.SEAL_KEY]
     reg._update(ids["train"], summary=json.dumps(summary))
+    reg._conn.execute("DELETE FROM meta WHERE key = ?", (hyp.SEAL_META,))  # nor the index's copy of it
     reg.close()
     assert _cli("compare", ids["eval"], "--study", str(d)) == 0  # untouched: works as before
     stored = json.loads((d / hyp.FROZEN_FILE).read_text())["hash"]
@@ -287,3 +288,74 @@ def test_an_unreadable_or_deleted_frozen_hypothesis_is_refused(cls_study, tmp_pa
         assert _cli(*args, "--study", str(d)) == 3
         assert want in " ".join(capsys.readouterr().out.split())
     assert head in (d / "dossier.md").read_text().split("## Hypothesis")[0]
+
+
+def _train_runs(d) -> list[str]:
+    from tuneproof.registry import Registry
+
+    reg = Registry(d)
+    try:
+        return [r.id for r in reg.list(kind="train")]
+    finally:
+        reg.close()
+
+
+@pytest.mark.fault("re-freezing: the freezing run invalidated, the frozen file deleted, the hypothesis loosened")
+def test_the_seal_outlives_the_frozen_file_and_the_run_that_froze_it(cls_study, tmp_path, capsys):
+    """Issue 33 item 4: invalidate the run that froze the hypothesis, delete hypothesis.frozen.json, loosen the
+    hypothesis, train again: train exited 0 and froze the loosened one. It is refused (exit 3) before any run,
+    naming what happened and how to start a new study; the seal is also kept in the registry index, so a rebuild
+    without the freezing run's folder still refuses."""
+    from tuneproof.io import sha256_file
+    from tuneproof.registry import Registry
+
+    d = _copy(cls_study, tmp_path)
+    train = cls_study["ids"]["train"]
+    path = d / hyp.FROZEN_FILE
+    sealed = sha256_file(path)
+    reg = Registry(d)
+    assert json.loads(reg.meta(hyp.SEAL_META)) == {"run": train, "sha256": sealed}  # the index keeps the seal
+    reg.close()
+    assert _cli("invalidate", train, "--why", "to loosen the guard", "--study", str(d)) == 0
+    path.unlink()
+    _edit(d, max_drop=0.9)  # the hypothesis loosened
+    before = _train_runs(d)
+    capsys.readouterr()
+    assert _cli("train", "--study", str(d)) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith(
+        f"error: train refused: the hypothesis was frozen by train run {train}, now invalid: to loosen the guard "
+        f"(was completed), and {path}: the frozen hypothesis is missing; the sha256 {sealed} recorded by the first "
+        f"train run {train}; a study freezes its hypothesis once: invalidating that run or deleting the file does "
+        "not unfreeze it"
+    ), out
+    assert f"restore {hyp.FROZEN_FILE} (sha256 {sealed[:12]}...)" in out and "`tuneproof init NEW_FOLDER`" in out
+    assert "Traceback" not in out
+    assert not path.exists() and _train_runs(d) == before  # nothing frozen again, no train run started
+
+    # the freezing run's folder gone too and the index rebuilt: the seal the index kept is carried over
+    shutil.rmtree(d / "runs" / train)
+    assert _cli("registry", "rebuild", "--study", str(d)) == 0
+    capsys.readouterr()
+    assert _cli("train", "--study", str(d)) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"train refused: the hypothesis was frozen by train run {train} (no longer in the registry), and " in out
+    assert not path.exists()
+
+
+def test_an_edited_frozen_hypothesis_refuses_train_too(cls_study, tmp_path, capsys):
+    d = _copy(cls_study, tmp_path)
+    path = d / hyp.FROZEN_FILE
+    rec = json.loads(path.read_text())
+    rec["hypothesis"]["success"]["min_gain"] = -1.0
+    rec["hash"] = sha256_json(rec["hypothesis"])  # rehashed: only the seal tells
+    path.write_text(json.dumps(rec))
+    before = _train_runs(d)
+    capsys.readouterr()
+    assert _cli("train", "--study", str(d)) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"error: train refused: the hypothesis was frozen by train run {cls_study['ids']['train']}, and {path}: "
+        "sha256 " in out
+    )
+    assert _train_runs(d) == before

@@ -146,7 +146,9 @@ def test_a_train_run_that_reaches_the_reserve_stops_at_a_checkpoint_and_resumes(
         assert cli("rental", "status", "--json", "--study", d) == 0
         st = json.loads(capsys.readouterr().out)
         assert st["stopped"] == [{"run": rec.id, "reason": rec.reason, "status": "interrupted"}]
-        assert st["reserve_reached"] and st["phases"][1]["used_h"] == pytest.approx(3.0)
+        # the 3rd step ends past the window (the reserve is shorter than a step): its hours count up to the end
+        assert st["reserve_reached"] and st["phases"][1]["used_h"] == pytest.approx((ends - T0) / 3600)
+        assert st["commands"][-1]["past_end_h"] == pytest.approx((T0 + 3 * 3600 - ends) / 3600)
         assert cli("resume", rec.id, "--study", d) == 3  # past the reserve: refused
         assert "rental: resume needs" in capsys.readouterr().out
         assert cli("resume", rec.id, "--use-reserve", "finish it, export is quick", "--study", d) == 0
@@ -160,7 +162,10 @@ def test_a_train_run_that_reaches_the_reserve_stops_at_a_checkpoint_and_resumes(
         assert cli("rental", "status", "--json", "--study", d) == 0
     st = json.loads(capsys.readouterr().out)  # the stop stays in the history once the resume completed the run
     assert st["stopped"] == [{"run": rec.id, "reason": "stopped: rental reserve at step 3", "status": "completed"}]
-    assert st["phases"][3]["used_h"] == pytest.approx(9.0)  # the resume's 9 steps, in the resume margin
+    # the resume's 9 steps ran after the window ended: none counts in it, each is named and the run flagged
+    assert st["phases"][3]["used_h"] == 0.0 and st["commands"][-1]["past_end_h"] == pytest.approx(9.0)
+    assert f"resume ({rec.id}) ran 9.00 h past the window's end" in " ".join(st["flags"])
+    assert done.summary["rental_window_ended"].startswith("the rental window ended 2030-03-17 ")
 
 
 def test_deliver_verifies_in_a_fresh_process_and_writes_the_dossier(cls_bundle, tmp_path, capsys):

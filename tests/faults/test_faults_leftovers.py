@@ -135,7 +135,9 @@ def test_the_verify_and_reload_children_ask_to_die_with_their_parent(tmp_path, m
     monkeypatch.setattr(PF.subprocess, "run", fake_run)
     with pytest.raises(sp.TimeoutExpired):
         BV.verify_in_fresh_process(tmp_path)
-    ctx = types.SimpleNamespace(study_dir=tmp_path, data_root=None, config={})
+    ctx = types.SimpleNamespace(
+        study_dir=tmp_path, data_root=None, config={}, device_choice={"dtype": "fp32", "torch_device": "cpu"}
+    )
     with pytest.raises(sp.TimeoutExpired):
         PF.reload_in_fresh_process(ctx, tmp_path, tmp_path / "adapter", "adapter", [])
     assert [env[P.PARENT_ENV] for env in seen] == [str(os.getpid())] * 2

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import tuneproof.registry as R
+import tuneproof.registry.signals as registry_signals
 from tuneproof.cli import main
 from tuneproof.errors import TuneproofError
 from tuneproof.registry import Registry
@@ -56,7 +57,7 @@ def test_each_run_folder_holds_its_record_in_sync_with_the_index(tmp_path):
     for rid in (a, b):
         rec = json.loads((tmp_path / "runs" / rid / "run.json").read_text())
         row = reg.row(rid)
-        assert rec["schema_version"] == 1
+        assert rec["schema_version"] == R.RECORD_SCHEMA == 2  # schema 2: carries record_sha256
         for key in (
             "id",
             "seq",
@@ -171,7 +172,7 @@ def test_a_new_run_never_reuses_an_existing_folder(tmp_path, capsys):
 
 @pytest.mark.fault("registry: heartbeat")
 def test_the_live_process_writes_its_heartbeat(tmp_path, monkeypatch):
-    monkeypatch.setattr(R, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(registry_signals, "HEARTBEAT_S", 0.05)  # read where the heartbeat thread starts
     reg = Registry(tmp_path)
     with reg.run("train") as run:
         first = reg.row(run.id)["heartbeat"]
@@ -181,7 +182,7 @@ def test_the_live_process_writes_its_heartbeat(tmp_path, monkeypatch):
         beat = reg.row(run.id)["heartbeat"]
         assert beat > first
         assert json.loads((tmp_path / "runs" / run.id / "run.json").read_text())["heartbeat"] >= beat - 1.0
-    assert R.HEARTBEAT_S == 0.05 and R.STALE_AFTER_S == 300.0
+    assert registry_signals.HEARTBEAT_S == 0.05 and R.STALE_AFTER_S == 300.0
 
 
 @pytest.mark.fault("registry: heartbeat")

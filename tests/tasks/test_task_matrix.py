@@ -76,6 +76,21 @@ CASES = {
         "field_f1",
         None,
     ),
+    # optional fields left empty in the reference (NLU++: slots null; no intent: []): a copy of it is right
+    "extraction-optional": (
+        "extraction",
+        [
+            json.dumps({"intent": ["a"], "slots": None}),
+            json.dumps({"intent": ["b", "c"], "slots": {"city": "Paris"}}),
+            json.dumps({"intent": [], "slots": {"when": "today"}}),
+            json.dumps({"intent": ["a"], "slots": []}),
+            json.dumps({"intent": ["c"], "slots": {}}),
+        ],
+        None,
+        TaskConfig.make(["intent", "slots"]),
+        "field_f1",
+        None,
+    ),
     "format-grammar": (
         "format",
         MR,
@@ -129,6 +144,22 @@ def test_perfect_prediction_scores_one(case):
     assert m[success] == 1.0
     for key in get_task(task).headline_for(m):
         assert m[key] == 1.0, key
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_a_copy_of_the_reference_passes_every_per_example_rule(case):
+    """Fixed / broken and McNemar's test count every row: no rule fails a right answer (an optional field left
+    null or empty in the reference included), and identical runs compare with every row unchanged right."""
+    task, refs, _, cfg, _, cats = CASES[case]
+    kind = get_task(task)
+    recs, _ = _score(case, refs)
+    for metric in [*kind.metric_names(cfg)["aggregate"], None]:
+        rule = kind.example_rule(metric)
+        assert [rule.passing(r) for r in recs] == [True] * len(refs), (metric, rule.name)
+    r = paired_compare(
+        recs, recs, task, required_fields=cfg.required_fields, eval_cfg=cfg.eval, labels=cfg.labels, iterations=50
+    )
+    assert r["counts"]["unchanged_right"] == len(refs) and r["counts"]["unchanged_wrong"] == 0
 
 
 @pytest.mark.parametrize("case", IDS)

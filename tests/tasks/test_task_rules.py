@@ -571,3 +571,83 @@ def test_multilabel_and_classification_never_pass_an_empty_or_invalid_answer():
     cls = get_task("classification")
     out, m = cls.score([{"id": "0", "reference": "", "prediction": ""}], TaskConfig.make(labels=["", "a"]))
     assert out[0]["correct"] is False and m["n_invalid"] == 1  # an empty answer is never a class
+
+
+def test_a_copy_of_the_gold_with_null_optional_fields_passes_field_f1_and_every_row_counts():
+    """Issue 33 item 3 (NLU++): ``{"intent": [...], "slots": null}`` scored against itself passed field F1's rule on
+    5 of 24 rows, so fixed / broken and McNemar left most rows out. A copy of the gold now passes on every row: an
+    optional field left null / [] in the reference, or a key the reference lacks, is answered by the same."""
+    refs = [
+        {"intent": ["greet"], "slots": None},
+        {"intent": ["book"], "slots": {"date": "today"}},
+        {"intent": ["book", "change"], "slots": []},
+        {"intent": ["cancel"]},  # the key left out of the reference
+    ] * 6
+    gold = [json.dumps(r) for r in refs]
+    base = [{"id": f"e{i}", "reference": g, "prediction": "no idea"} for i, g in enumerate(gold)]
+    cand = [{"id": f"e{i}", "reference": g, "prediction": g} for i, g in enumerate(gold)]
+    kind, cfg = get_task("extraction"), TaskConfig.make(["intent", "slots"])
+    out, m = kind.score(cand, cfg)
+    assert [r["scores"]["answered"] for r in out] == [True] * 24
+    assert sum(kind.example_rule("field_f1").passing(r) for r in out) == 24
+    assert m["exact_match"] == 1.0 and m["required_fields_rate"] == 1.0 and m["field_f1"] == 1.0
+    r = paired_compare(
+        base,
+        cand,
+        "extraction",
+        required_fields=["intent", "slots"],
+        eval_cfg=Eval(),
+        hypothesis=_hyp("field_f1", 0.0, task="extraction"),
+        iterations=100,
+    )
+    assert r["counts"] == {"fixed": 24, "broken": 0, "unchanged_right": 0, "unchanged_wrong": 0}
+    assert r["mcnemar"]["p_value"] == pytest.approx(2 * 0.5**24)
+    # a field the reference fills is still required: dropping it, or leaving it null, is no answer
+    drop = [
+        {"id": "0", "reference": gold[1], "prediction": json.dumps({"intent": ["book"]})},
+        {"id": "1", "reference": gold[1], "prediction": json.dumps({"intent": ["book"], "slots": None})},
+        {"id": "2", "reference": gold[0], "prediction": json.dumps({"slots": None})},
+    ]
+    out, _ = kind.score(drop, cfg)
+    assert [r["scores"]["answered"] for r in out] == [False, False, False]
+
+
+def test_an_empty_answer_is_never_compliant_and_a_rule_that_accepts_it_is_named():
+    """Issue 33 item 2: a base answering "" for every example scored format compliance 1.000 under a regex that
+    accepts ""; the data check said nothing. An empty (or whitespace-only) output, or an empty JSON string, is never
+    compliant nor fixed; the data check warns about a rule that accepts the empty answer."""
+    from tuneproof.data.audit import audit_format_targets
+    from tuneproof.tasks.format import FormatRule
+
+    kind = get_task("format")
+    cfg = TaskConfig.make(eval_cfg=Eval(regex=r"[A-Z]?\d*"))
+    refs = ["A1", "B22", "7", "C"]
+    empty = [{"id": str(i), "reference": r, "prediction": p} for i, (r, p) in enumerate(zip(refs, ["", " ", "\n", ""]))]
+    out, m = kind.score(empty, cfg)
+    assert m["compliance_rate"] == 0.0 and m["regex_match_rate"] == 0.0 and m["exact_match"] == 0.0
+    assert {r["scores"]["error"] for r in out} == {"empty: the output is empty or whitespace only"}
+    right = [{"id": str(i), "reference": r, "prediction": r} for i, r in enumerate(refs)]
+    r = paired_compare(right, empty, "format", required_fields=None, eval_cfg=cfg.eval, iterations=50)
+    assert r["counts"] == {"fixed": 0, "broken": 4, "unchanged_right": 0, "unchanged_wrong": 0}
+    r = paired_compare(empty, right, "format", required_fields=None, eval_cfg=cfg.eval, iterations=50)
+    assert r["counts"]["fixed"] == 4  # the other way round: every row counts
+    examples = [Example(id=f"t{i}", text="x", target=t, source=f"d.jsonl:{i + 1}") for i, t in enumerate(refs)]
+    rep = audit_format_targets(examples, FormatRule(regex=r"[A-Z]?\d*"))
+    assert rep["hard_faults"] == []
+    assert rep["warnings"] == [
+        "the format rule (eval.regex '[A-Z]?\\\\d*') accepts the empty answer (''): an empty or whitespace-only "
+        "output is never counted compliant or fixed, but the rule does not say what an answer is; make eval.regex / "
+        "eval.json_schema require one (e.g. '.+' instead of '.*', minLength: 1)"
+    ]
+    assert audit_format_targets(examples, FormatRule(regex=r"[A-Z]?\d+"))["warnings"] == []
+    # a JSON Schema that accepts the empty JSON string: warned, and "" / " " as answers are not compliant
+    schema = FormatRule(json_schema={"type": "string"})
+    assert schema.accepts_empty() == ['the JSON string ""']
+    assert [schema.check(t)["ok"] for t in ('""', '" "', '"x"')] == [False, False, True]
+    assert FormatRule(json_schema={"type": "string", "minLength": 1}).accepts_empty() == ['the JSON string " "']
+    assert FormatRule(json_schema={"type": "string", "pattern": "\\S"}).accepts_empty() == []
+    # an empty gold target is a hard fault of the data check, not a right answer
+    bad = audit_format_targets(
+        [*examples, Example(id="t9", text="x", target=" ", source="d.jsonl:9")], FormatRule(regex=r"[A-Z]?\d*")
+    )
+    assert "d.jsonl:9 (empty: the output is empty or whitespace only)" in bad["hard_faults"][0]

@@ -212,6 +212,53 @@ def test_a_tracker_that_is_down_is_said_once_per_command_and_retried(tmp_path, b
     assert read_json(study / "runs" / ids[0] / "tracking.json")["pending"] is False
 
 
+@pytest.mark.fault("machine: a tracker answering HTTP 500")
+def test_a_server_that_answers_http_500_is_said_with_its_status_not_as_no_answer(tmp_path, base, capsys):
+    """Issue 33 item 17: an MLflow server answering 500 was reported as "(no answer)"."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from tuneproof.context import StudyContext
+
+    class Fails(BaseHTTPRequestHandler):
+        def _answer(self):
+            self.send_response(500)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"boom")
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Fails)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        uri = f"http://127.0.0.1:{server.server_port}"
+        study = _study(tmp_path, base, {"tracking": {"mlflow": {"uri": uri}}})
+        run_id = _fake_train(StudyContext.open(study), [1.0])
+    finally:
+        server.shutdown()
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warning == (
+        f"warning: mlflow at {uri} did not take the runs (the server answered HTTP 500 (Internal Server Error)); "
+        f"1 run(s) wait for `tuneproof track sync`: {run_id}"
+    )
+
+
+def test_tracker_errors_name_the_http_status_each_library_reports():
+    from tuneproof.tracking import _error
+
+    assert _error(RuntimeError("API request to /x failed with error code 403 != 200. Response body: ''")) == (
+        "the server answered HTTP 403 (Forbidden)"
+    )
+    assert _error(RuntimeError("503 Server Error: Service Unavailable for url: http://h/x")) == (
+        "the server answered HTTP 503 (Service Unavailable)"
+    )
+    assert _error(RuntimeError("Max retries exceeded with url: /x (Caused by NewConnectionError)")) == "no answer"
+
+
 @pytest.mark.fault("machine: a tracker that is down")
 def test_a_second_command_against_a_down_tracker_counts_every_waiting_run(tmp_path, base, capsys):
     from tuneproof.context import StudyContext

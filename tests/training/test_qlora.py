@@ -185,7 +185,10 @@ def test_qlora_without_bitsandbytes_is_a_two_line_error(tiny_base, monkeypatch):
         lines[0]
         == "s/tuneproof.yaml: method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed"
     )
-    assert lines[1] == "  -> pip install 'tuneproof[qlora]' (installs bitsandbytes==0.50.2)"
+    assert (
+        lines[1] == "  -> python -m pip install -e '.[qlora]' in the tuneproof clone (tuneproof is not on PyPI): "
+        "installs bitsandbytes==0.50.2"
+    )
 
 
 def test_qlora_without_bitsandbytes_cli_exit_2(tiny_base, tmp_path, monkeypatch, capsys):
@@ -202,7 +205,7 @@ def test_qlora_without_bitsandbytes_cli_exit_2(tiny_base, tmp_path, monkeypatch,
     out = capsys.readouterr()
     err = out.out + out.err
     assert "method.kind: qlora loads the base in 4-bit with bitsandbytes, which is not installed" in err
-    assert "pip install 'tuneproof[qlora]'" in err
+    assert "pip install -e '.[qlora]'" in err
     assert "Traceback" not in err
     assert not (study / "runs").exists() or not any((study / "runs").iterdir())
 

@@ -117,7 +117,7 @@ def audit_labels(splits: dict[str, list[Example]]) -> dict[str, Any]:
     for s in names:
         for ex in splits[s]:
             if not _is_empty(ex.label):
-                by_text[normalise(ex.text)].append((s, ex))
+                by_text[normalise(ex.dedup_text())].append((s, ex))
     conflicts = []
     for text, members in by_text.items():
         labels = sorted({str(ex.label) for _, ex in members})
@@ -329,8 +329,9 @@ def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
         ``{"rule": description, "n", "parsed", "parse_rate" (parsed / n, 1.0 when n is 0),
         "invalid": [{"id", "source", "error"}], "hard_faults", "warnings"}``. Any target that
         fails the rule is a hard fault naming the first ``file:line`` sources (the model is taught
-        outputs its own metric calls wrong); when none passes the message says the rule matches
-        none of the gold targets.
+        outputs its own metric calls wrong; an empty target is never compliant); when none passes the
+        message says the rule matches none of the gold targets. A rule that accepts the empty answer
+        (``rule.accepts_empty()``: ``eval.regex`` ``.*``, a schema ``{"type": "string"}``) is a warning.
     """
     invalid: list[dict[str, str]] = []
     for ex in examples:
@@ -356,6 +357,14 @@ def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
                 f"{len(invalid)} of {n} gold targets fail the format rule ("
                 f"{rule.describe()}; parse rate {rate:.1%}): {_listing(shown)}"
             )
+    warnings: list[str] = []
+    empty = rule.accepts_empty()
+    if empty:  # the rule says nothing about an empty answer: it would be "compliant" without the gate
+        warnings.append(
+            f"the format rule ({rule.describe()}) accepts the empty answer ({', '.join(empty)}): an empty or "
+            "whitespace-only output is never counted compliant or fixed, but the rule does not say what an answer "
+            "is; make eval.regex / eval.json_schema require one (e.g. '.+' instead of '.*', minLength: 1)"
+        )
     return {
         "rule": rule.describe(),
         "n": n,
@@ -363,5 +372,5 @@ def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
         "parse_rate": rate,
         "invalid": invalid,
         "hard_faults": hard,
-        "warnings": [],
+        "warnings": warnings,
     }

@@ -27,23 +27,31 @@ RULES = {
 
 
 def clean(examples: list[Example], rules: list[str]) -> tuple[list[Example], list[dict[str, str]]]:
-    """Apply ``rules`` in order to each text. ``drop_empty`` drops examples whose text is empty (or
-    only whitespace) after the other rules.
+    """Apply ``rules`` in order to each text (and to the earlier user turns of chat data).
+    ``drop_empty`` drops examples whose text is empty (or only whitespace) after the other rules.
 
     Returns ``(kept, dropped)``; ``dropped`` is ``[{"id", "source", "rule"}]`` in input order
     (``source`` is the example's ``file:line``).
     """
     kept, dropped = [], []
     for ex in examples:
-        text = ex.text
-        for name in rules:
-            if name in RULES:
-                text = RULES[name](text)
+        text = _apply(ex.text, rules)
         if "drop_empty" in rules and not text.strip():
             dropped.append({"id": ex.id, "source": ex.source or ex.id, "rule": "drop_empty"})
             continue
-        kept.append(replace(ex, text=text) if text != ex.text else ex)
+        # chat data: the earlier user turns are inputs too, cleaned alike (system and assistant turns as written)
+        context = [dict(t, content=_apply(t["content"], rules)) if t["role"] == "user" else t for t in ex.context]
+        if text != ex.text or context != ex.context:
+            ex = replace(ex, text=text, context=context)
+        kept.append(ex)
     return kept, dropped
+
+
+def _apply(text: str, rules: list[str]) -> str:
+    for name in rules:
+        if name in RULES:
+            text = RULES[name](text)
+    return text
 
 
 def validate(examples: list[Example]) -> None:

@@ -471,7 +471,7 @@ def find_duplicates(
     group_members: list[list[int]] = []
     group_text: list[str] = []
     for g, (_, ex) in enumerate(flat):
-        norm = normalise(ex.text)
+        norm = normalise(ex.dedup_text())
         u = group_of_text.get(norm)
         if u is None:
             u = group_of_text[norm] = len(group_members)
@@ -493,7 +493,7 @@ def find_duplicates(
         (sa, a), (sb, bb) = flat[ga], flat[gb]
         if rank[sa] > rank[sb] or (sa == sb and ga > gb):
             (sa, a), (sb, bb) = (sb, bb), (sa, a)
-        pairs[f"{sa}/{sb}"].collisions.append(Collision(kind, a.id, bb.id, a.text, bb.text, sim, est))
+        pairs[f"{sa}/{sb}"].collisions.append(Collision(kind, a.id, bb.id, a.dedup_text(), bb.dedup_text(), sim, est))
 
     def link_across(group_a: list[int], group_b: list[int], kind: str, sim: float, est: float) -> None:
         # Star links between copies in two splits: each example pairs with the first example of
@@ -503,12 +503,12 @@ def find_duplicates(
         first_a: dict[str, int] = {}
         first_b: dict[str, int] = {}
         for g in group_a:
-            first_a.setdefault(flat[g][1].text, g)
+            first_a.setdefault(flat[g][1].dedup_text(), g)
         for g in group_b:
-            first_b.setdefault(flat[g][1].text, g)
+            first_b.setdefault(flat[g][1].dedup_text(), g)
         linked = set()
         for gb in group_b:
-            ga = first_a.get(flat[gb][1].text)
+            ga = first_a.get(flat[gb][1].dedup_text())
             if ga is not None:
                 add("exact", ga, gb, 1.0, 1.0)
             else:
@@ -517,7 +517,7 @@ def find_duplicates(
             linked.add(ga)
         for ga in group_a:
             if ga not in linked:
-                gb = first_b.get(flat[ga][1].text)
+                gb = first_b.get(flat[ga][1].dedup_text())
                 if gb is not None:
                     add("exact", ga, gb, 1.0, 1.0)
                 else:
@@ -534,7 +534,7 @@ def find_duplicates(
         for ms in by_split.values():
             first_of_text: dict[str, int] = {}
             for g in ms:
-                text = flat[g][1].text
+                text = flat[g][1].dedup_text()
                 if text in first_of_text:
                     add("exact", first_of_text[text], g, 1.0, 1.0)
                 else:

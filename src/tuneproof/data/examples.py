@@ -21,6 +21,10 @@ class Example:
         source: where it came from, ``"path:line"`` or ``"path#index"``, for error messages.
         split: the split given by the source (``"train"``, ``"validation"``, ...) or ``None``.
         meta: free extra fields (e.g. SNIPS slot spans); not hashed into the fingerprint.
+        context: chat data (``format: chat``): the prompt context before the final user turn, as
+            ``[{"role", "content"}]``: the row's own system message first when it has one, then the
+            earlier user and assistant turns in order. Empty for flat rows. Part of the data
+            fingerprint, of the duplicate check's text (:meth:`dedup_text`) and of every rendered prompt.
     """
 
     id: str
@@ -30,6 +34,7 @@ class Example:
     source: str = ""
     split: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    context: list[dict[str, str]] = field(default_factory=list, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -37,6 +42,19 @@ class Example:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Example:
         return cls(**d)
+
+    @property
+    def system(self) -> str | None:
+        """The row's own system message (chat data), else None (``eval.prompt.system`` applies)."""
+        return self.context[0]["content"] if self.context and self.context[0]["role"] == "system" else None
+
+    def dedup_text(self) -> str:
+        """The input the duplicate check compares: the earlier turns (each as ``role: content`` on
+        its own line) and the final user turn; the system message is left out (like
+        ``eval.prompt.system``, one shared by every row would make every pair a near-duplicate).
+        For flat rows: :attr:`text`."""
+        turns = [f"{t['role']}: {t['content']}" for t in self.context if t["role"] != "system"]
+        return "\n".join([*turns, self.text]) if turns else self.text
 
     def target_json(self) -> Any:
         """The target parsed as JSON (raises ``json.JSONDecodeError`` when it is not strict JSON)."""

@@ -17,9 +17,12 @@ from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import IGNORE_INDEX, Encoded, visible
 from tuneproof.ui import html_text, visible_text
 
+#: shown for a byte-level token that only completes the character(s) shown before it (see :func:`readable_tokens`)
+CONTINUES = "＋"
 LEGEND_CAUSAL = (
     "legend: dim = prompt (not in the loss); green = supervised (in the loss); magenta = special token; '|' between "
-    "tokens; 'scored' lists each supervised position as input token → the target token its logits are scored against"
+    "tokens; 'scored' lists each supervised position as input token → the target token its logits are scored against; "
+    f"{CONTINUES} = a token that completes the character before it (byte-level BPE splits some characters)"
 )
 LEGEND_CLS = (
     "legend: every token is input (dim; no token is scored); the classification head is trained on the class index "
@@ -47,24 +50,72 @@ def choose_examples(examples: list[Example], encoded: list[Encoded], per_categor
     return chosen
 
 
+#: tokens one character may span at most: UTF-8 takes up to 4 bytes, a byte-level token at least one
+_MAX_SPLIT = 4
+
+
+def readable_tokens(ids: list[int], tokenizer) -> list[str]:
+    """Each token's text, readable: a byte-level BPE token holds bytes, and one character of
+    Vietnamese, Chinese or an emoji can be split over several tokens, each of which decodes alone
+    to ``U+FFFD`` (``�``). Such a run is decoded together: its first token shows the whole
+    character(s), each following token of the run shows :data:`CONTINUES` (so the token
+    boundaries stay visible). Special tokens show as written (``<|im_end|>``); a run that no
+    following tokens complete (truly invalid bytes) keeps ``�``.
+
+    Returns one string per id, in order.
+    """
+    special = set(tokenizer.all_special_ids)
+    out: list[str] = []
+    i = 0
+    while i < len(ids):
+        if ids[i] in special:
+            out.append(tokenizer.convert_ids_to_tokens(ids[i]))
+            i += 1
+            continue
+        alone = tokenizer.decode([ids[i]])
+        end = i + 1
+        if "\ufffd" in alone:
+            for j in range(i + 2, min(len(ids), i + 1 + _MAX_SPLIT) + 1):
+                if ids[j - 1] in special:
+                    break
+                if tokenizer.decode(ids[i:j]).count("\ufffd") < alone.count("\ufffd"):
+                    end = j
+                    if "\ufffd" not in tokenizer.decode(ids[i:j]):
+                        break
+        if end == i + 1:
+            out.append(alone)
+        else:
+            out += [tokenizer.decode(ids[i:end])] + [CONTINUES] * (end - i - 1)
+        i = end
+    return out
+
+
 def token_rows(enc: Encoded, tokenizer) -> list[dict]:
     """One row per position: ``pos, id, text, special, supervised, scored_against``.
 
-    ``scored_against`` is the token the logits at this position are trained to predict (the label
-    of the next position, after the causal shift), or None.
+    ``text`` is the token made readable (:func:`readable_tokens`: byte-level pieces of one
+    character merged). ``scored_against`` is the token the logits at this position are trained to
+    predict (the label of the next position, after the causal shift), as readable, or None.
     """
     special = set(tokenizer.all_special_ids)
+    texts = readable_tokens(list(enc.input_ids), tokenizer)
     rows = []
     for t, tid in enumerate(enc.input_ids):
         nxt = enc.labels[t + 1] if t + 1 < len(enc.labels) else IGNORE_INDEX
+        if nxt == IGNORE_INDEX:
+            against = None
+        elif t + 1 < len(enc.input_ids) and enc.input_ids[t + 1] == nxt:
+            against = texts[t + 1]
+        else:
+            against = readable_tokens([nxt], tokenizer)[0]
         rows.append(
             {
                 "pos": t,
                 "id": tid,
-                "text": tokenizer.convert_ids_to_tokens(tid) if tid in special else tokenizer.decode([tid]),
+                "text": texts[t],
                 "special": tid in special,
                 "supervised": bool(enc.labels) and enc.labels[t] != IGNORE_INDEX,
-                "scored_against": None if nxt == IGNORE_INDEX else tokenizer.decode([nxt]),
+                "scored_against": against,
             }
         )
     return rows
@@ -105,7 +156,9 @@ def header(enc: Encoded, classes: list[str] | None = None) -> str:
         )
     return (
         f"{who} prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens; "
-        f"{enc.n_supervised} supervised; length {enc.full_length}/{kept} kept"
+        f"{enc.n_supervised} supervised"
+        + (f" ({enc.context_supervised} in earlier assistant turns)" if enc.context_supervised else "")
+        + f"; length {enc.full_length}/{kept} kept"
     )
 
 

@@ -3,6 +3,9 @@ what ``baseline``/``eval`` prompt with all come from here.
 
 Causal LM (generative tasks): the prompt is the chat template applied to (system, user) with the
 generation prompt; the training text is the chat template applied to (system, user, assistant).
+Chat data (``format: chat``, :mod:`tuneproof.data.chat`) puts the row's own system message and its
+earlier turns before the final user turn; with ``data.chat.train_on: all_assistant`` the earlier
+assistant turns are supervised too, each with its end token, at their place in the inference prompt.
 The answer boundary is found from character offsets (never by re-tokenising a marker, which can
 tokenise differently in context, docs/CASES.md C3); the supervised tokens are the answer and its
 end-of-turn token (docs/CASES.md C2: the end token is supervised even when pad == eos, because padding is
@@ -17,6 +20,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed
@@ -52,6 +56,8 @@ class Encoded:
         prefix_diff: when the training text does not start with the inference prompt (docs/CASES.md C3
             kind): ``{"prompt", "training_prefix", "first_difference", "diff"}`` from the
             template's own rendering, see :func:`char_diff`; else None.
+        context_supervised: chat data under ``data.chat.train_on: all_assistant``: the supervised
+            tokens of the earlier assistant turns (inside the prompt), end tokens included.
     """
 
     id: str
@@ -72,6 +78,7 @@ class Encoded:
     answer_lost: int = 0
     end_cut: bool = False
     prefix_diff: dict[str, Any] | None = None
+    context_supervised: int = 0
 
 
 def visible(text: str) -> str:
@@ -109,38 +116,52 @@ class TextPipeline:
         max_length: tokens per example after truncation.
         loss: ``answer_only`` or ``full_sequence``.
         labels: class names for sequence classification (index = position), else None.
+        train_on: ``data.chat.train_on`` (``last`` or ``all_assistant``): which assistant turns of
+            chat data are supervised.
     """
 
-    def __init__(self, tokenizer, prompt, max_length: int, loss: str = "answer_only", labels: list[str] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        prompt,
+        max_length: int,
+        loss: str = "answer_only",
+        labels: list[str] | None = None,
+        train_on: str = "last",
+    ):
         self.tok = tokenizer
         self.prompt = prompt
         self.max_length = max_length
         self.loss = loss
         self.labels = labels
+        self.train_on = train_on
         self.use_chat = bool(getattr(tokenizer, "chat_template", None))
         self.end_token = tokenizer.eos_token
 
     # ------------------------------------------------------------------ text
-    def _messages(self, ex_text: str) -> list[dict[str, str]]:
-        msgs = []
-        if self.prompt.system is not None:
-            msgs.append({"role": "system", "content": self.prompt.system})
-        msgs.append({"role": "user", "content": render_prompt(self.prompt.template, ex_text)})
-        return msgs
+    def _messages(self, ex: Example) -> list[dict[str, str]]:
+        """The one place an example becomes the message list of its prompt (system, earlier turns
+        of chat data, the user turn), :func:`tuneproof.data.chat.prompt_messages`."""
+        return prompt_messages(ex, self.prompt)
 
-    def prompt_text(self, ex_text: str) -> str:
-        """The exact text the model is given at inference time (ends with the generation prompt)."""
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """The chat template applied to ``messages`` (text, not tokens)."""
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def prompt_text(self, ex: Example | str) -> str:
+        """The exact text the model is given at inference time (ends with the generation prompt).
+        ``ex``: the example (a bare input text: one without chat context)."""
+        ex = as_example(ex)
         if self.use_chat:
-            return self.tok.apply_chat_template(self._messages(ex_text), tokenize=False, add_generation_prompt=True)
-        return render_prompt(self.prompt.template, ex_text) + "\n"
+            return self._render(self._messages(ex), True)
+        return render_prompt(self.prompt.template, ex.text) + "\n"
 
-    def training_text(self, ex_text: str, target: str) -> tuple[str, int, int]:
+    def training_text(self, ex: Example | str, target: str) -> tuple[str, int, int]:
         """``(text, answer_start_char, answer_end_char)``; the answer span includes the end token."""
-        prompt = self.prompt_text(ex_text)
+        ex = as_example(ex)
+        prompt = self.prompt_text(ex)
         if self.use_chat:
-            full = self.tok.apply_chat_template(
-                self._messages(ex_text) + [{"role": "assistant", "content": target}], tokenize=False
-            )
+            full = self._render(self._messages(ex) + [{"role": "assistant", "content": target}], False)
         else:
             full = prompt + target + (self.end_token or "")
         start = len(prompt) if full.startswith(prompt) else -1
@@ -164,9 +185,14 @@ class TextPipeline:
         if self.labels is not None:
             return self._encode_cls(ex)
         target = ex.target if ex.target is not None else ""
-        prompt = self.prompt_text(ex.text)
-        full, start, end = self.training_text(ex.text, target)
+        prompt = self.prompt_text(ex)
+        full, start, end = self.training_text(ex, target)
         faults: list[str] = []
+        if ex.context and not self.use_chat:
+            faults.append(
+                "a chat example (earlier turns or its own system message) but the tokenizer has no chat template: "
+                "its context would not be in the prompt; use a base with a chat template"
+            )
         notes: list[str] = []
         prefix_diff = None
         user_text = ex.text.strip()
@@ -219,7 +245,8 @@ class TextPipeline:
             )
         # text after the answer's end token is never generated at inference: the sequence ends there
         full = full[:end]
-        p_ids = list(self.tok(prompt, add_special_tokens=False)["input_ids"])
+        p_enc = self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        p_ids = list(p_enc["input_ids"])
         a_enc = self.tok(full[start:], add_special_tokens=False, return_offsets_mapping=True)
         a_ids = list(a_enc["input_ids"])
         a_off = [(a + start, b + start) for a, b in a_enc["offset_mapping"]]
@@ -230,6 +257,9 @@ class TextPipeline:
             labels = [IGNORE_INDEX] * len(p_ids) + a_labels
         else:
             labels = p_ids + a_ids
+        context_sup = 0
+        if self.train_on == "all_assistant" and ex.context and self.use_chat and self.loss == "answer_only":
+            context_sup = self._supervise_context(ex, prompt, p_ids, p_enc["offset_mapping"], labels, faults)
         joint = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
         if list(joint["input_ids"][: len(p_ids)]) != p_ids:
             k = next((i for i, (a, b) in enumerate(joint["offset_mapping"]) if a < start < b), None)
@@ -241,11 +271,11 @@ class TextPipeline:
                     f"{full[start : start + 12]!r} ..."
                 )
         ids = p_ids + a_ids
-        offsets = [
-            tuple(o) for o in self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        ] + a_off
+        offsets = [tuple(o) for o in p_enc["offset_mapping"]] + a_off
         prompt_tokens = len(p_ids)
-        answer_tokens = sum(1 for lab in labels if lab != IGNORE_INDEX) if self.loss == "answer_only" else len(a_ids)
+        answer_tokens = (
+            sum(1 for lab in labels if lab != IGNORE_INDEX) - context_sup if self.loss == "answer_only" else len(a_ids)
+        )
         full_len = len(ids)
         truncated = full_len > self.max_length
         cut = labels[self.max_length :]
@@ -285,7 +315,11 @@ class TextPipeline:
                 faults.append(
                     f"the end token {self.end_token!r} is not supervised (the model would never learn to stop)"
                 )
-        if self.loss == "answer_only" and any(lab != IGNORE_INDEX for lab in labels[:prompt_tokens]):
+        if (
+            self.loss == "answer_only"
+            and not context_sup
+            and any(lab != IGNORE_INDEX for lab in labels[:prompt_tokens])
+        ):
             faults.append("prompt tokens are supervised although training.loss is answer_only")
         return Encoded(
             id=ex.id,
@@ -305,7 +339,31 @@ class TextPipeline:
             answer_lost=answer_lost,
             end_cut=end_cut,
             prefix_diff=prefix_diff,
+            context_supervised=context_sup,
         )
+
+    def _supervise_context(self, ex: Example, prompt: str, p_ids: list[int], p_off, labels: list[int], faults) -> int:
+        """``data.chat.train_on: all_assistant``: label the prompt tokens of each earlier assistant
+        turn (content and end token, :func:`tuneproof.data.chat.context_answer_spans`) in ``labels``
+        (in place); the per-turn faults (prefix check, end token) go to ``faults``. Returns the
+        tokens labelled."""
+        spans, turn_faults = context_answer_spans(
+            lambda msgs: self._render(msgs, True), self._messages(ex), prompt, self.end_token
+        )
+        faults += turn_faults
+        end_id = self.tok.convert_tokens_to_ids(self.end_token) if self.end_token else None
+        n = 0
+        for k, (_, s, e) in enumerate(spans):
+            inside = [i for i, (a, b) in enumerate(p_off) if b > a and s <= a and b <= e]
+            for i in inside:
+                labels[i] = p_ids[i]
+            n += len(inside)
+            if end_id is not None and (not inside or p_ids[inside[-1]] != end_id):
+                faults.append(
+                    f"assistant turn {k + 1} (train_on all_assistant): the end token {self.end_token!r} is not "
+                    "supervised after it (the model would not learn to stop there)"
+                )
+        return n
 
     def _encode_cls(self, ex: Example) -> Encoded:
         enc = self.tok(ex.text, truncation=False, return_offsets_mapping=True)

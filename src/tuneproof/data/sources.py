@@ -1,5 +1,7 @@
-"""Loading examples from files: CSV, JSON, JSONL, line-aligned text files (``lines``), a local
-Hugging Face ``datasets`` folder, and the two built-in real datasets (SNIPS for extraction,
+"""Loading examples from files: CSV, JSON, JSONL, Parquet, chat conversations (``chat``: JSONL,
+JSON or Parquet rows, :mod:`tuneproof.data.chat`), line-aligned text files (``lines``), a Hugging
+Face ``datasets`` dataset (``hf``: a saved folder, a folder of data files, or a dataset id at a
+pinned revision from the local cache), and the two built-in real datasets (SNIPS for extraction,
 BANKING77 for classification).
 
 Every loader returns :class:`~tuneproof.data.examples.Example` objects whose ``source`` names
@@ -30,15 +32,17 @@ import glob
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from tuneproof.data.chat import chat_example, refuse_flat_fields
 from tuneproof.data.examples import Example
 from tuneproof.data.image_sources import load_image_source
 from tuneproof.data.locate import find_data_root
 from tuneproof.data.rows import BadRows
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import TuneproofError, install_hint
 from tuneproof.io import read_text
 from tuneproof.study import FieldMap
 
@@ -292,9 +296,42 @@ def load_json_records(
         TuneproofError: invalid JSON (line), a record that is not an object, no records at all, a
             missing key, a missing-value label, a text that is not a string or over ``max_chars``.
     """
+    records, repairs = _json_records(path, lines)
+    mapper = _Mapper(fields, max_chars)
+    prefix = id_prefix or path.stem
+    out = []
+    bad = BadRows(path)
+    for i, (where, rec) in enumerate(records):
+        if isinstance(rec, TuneproofError):  # a line that is not JSON
+            bad.add(where, rec)
+            continue
+        if not isinstance(rec, dict):
+            bad.add(where, TuneproofError(f"{where}: expected an object, got {type(rec).__name__}"))
+            continue
+        # the default id numbers as the message does: JSON Lines by file line (d.jsonl:3 is d:3), a JSON list
+        # by position (d.json#2 is d:2)
+        number = where.rsplit(":", 1)[1] if lines else str(i)
+        try:
+            ex = mapper.example(rec, where, f"{prefix}:{number}", split, list(rec))
+        except TuneproofError as err:
+            bad.add(where, err)
+            continue
+        if lines and ex.id == f"{prefix}:{number}":  # the id an earlier tuneproof gave (0-based record index)
+            ex.meta[LEGACY_ID] = f"{prefix}:{i}"
+        out.append(ex)
+    bad.check()
+    return out, repairs
+
+
+def _json_records(path: Path, lines: bool) -> tuple[list[tuple[str, Any]], list[str]]:
+    """``([(file:line or file#index, record or the line's TuneproofError)], repairs)`` of a JSON
+    Lines file or a JSON list (``{"data": [...]}`` / ``{"examples": [...]}`` too).
+
+    Raises:
+        TuneproofError: an empty file, a JSON document that does not parse or is not a list, no records.
+    """
     text, repairs = read_text(path)
     records: list[tuple[str, Any]] = []
-    bad = BadRows(path)
     if lines:
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -319,29 +356,110 @@ def load_json_records(
         raise TuneproofError(
             f"{path}: {'empty file' if not text.strip() else 'no records'}, no examples", hint="fix data.sources[].path"
         )
+    return records, repairs
+
+
+def _parquet_records(path: Path) -> list[tuple[str, Any]]:
+    """``[(file#row, row dict)]`` of a Parquet file (pyarrow; nested lists and structs become
+    lists and dicts). Reading a Parquet file runs no code.
+
+    Raises:
+        TuneproofError: pyarrow missing, a file that is not Parquet, no rows.
+    """
+    try:
+        import pyarrow.parquet as pq  # noqa: PLC0415  (only Parquet sources need pyarrow)
+    except ImportError:
+        raise TuneproofError(f"{path}: Parquet needs the `pyarrow` package", hint=install_hint("data")) from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as err:  # pyarrow.ArrowInvalid is a ValueError
+        raise TuneproofError(f"{path}: not a readable Parquet file ({err})", hint="fix data.sources[].path") from None
+    if not rows:
+        raise TuneproofError(f"{path}: no rows, no examples", hint="fix data.sources[].path")
+    return [(f"{path}#{i}", r) for i, r in enumerate(rows)]
+
+
+def load_parquet(
+    path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS, id_prefix: str | None = None
+) -> tuple[list[Example], list[str]]:
+    """Read a Parquet file of flat rows, mapped by ``data.fields`` like JSON records (``d.parquet#2`` is ``d:2``).
+
+    Raises:
+        TuneproofError: see :func:`_parquet_records`; a missing column, a missing-value label, a
+            text that is not a string or over ``max_chars`` (all refused rows named together).
+    """
+    records = _parquet_records(path)
     mapper = _Mapper(fields, max_chars)
     prefix = id_prefix or path.stem
-    out = []
+    out, bad = [], BadRows(path)
     for i, (where, rec) in enumerate(records):
-        if isinstance(rec, TuneproofError):  # a line that is not JSON
+        try:
+            out.append(mapper.example(rec, where, f"{prefix}:{i}", split, list(rec)))
+        except TuneproofError as err:
+            bad.add(where, err)
+    bad.check()
+    return out, []
+
+
+def chat_examples(
+    records: list[tuple[str, Any]], where: Path | str, fields, chat, split: str | None, max_chars: int, default_id
+) -> list[Example]:
+    """Chat rows as examples (:func:`tuneproof.data.chat.chat_example`); ``default_id(i, where)``
+    numbers each row. Every refused row is named in one error (:class:`BadRows`).
+
+    Raises:
+        TuneproofError: at least one refused row, or ``data.fields.text`` / ``target`` set.
+    """
+    refuse_flat_fields(fields)
+    out: list[Example] = []
+    bad = BadRows(where)
+    for i, (where, rec) in enumerate(records):
+        if isinstance(rec, TuneproofError):
             bad.add(where, rec)
             continue
         if not isinstance(rec, dict):
             bad.add(where, TuneproofError(f"{where}: expected an object, got {type(rec).__name__}"))
             continue
-        # the default id numbers as the message does: JSON Lines by file line (d.jsonl:3 is d:3), a JSON list
-        # by position (d.json#2 is d:2)
-        number = where.rsplit(":", 1)[1] if lines else str(i)
         try:
-            ex = mapper.example(rec, where, f"{prefix}:{number}", split, list(rec))
+            out.append(chat_example(rec, where, default_id(i, where), split, fields, chat, max_chars))
         except TuneproofError as err:
             bad.add(where, err)
-            continue
-        if lines and ex.id == f"{prefix}:{number}":  # the id an earlier tuneproof gave (0-based record index)
-            ex.meta[LEGACY_ID] = f"{prefix}:{i}"
-        out.append(ex)
     bad.check()
-    return out, repairs
+    return out
+
+
+def load_chat(
+    path: Path,
+    fields,
+    chat=None,
+    split: str | None = None,
+    *,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    id_prefix: str | None = None,
+) -> tuple[list[Example], list[str]]:
+    """Read chat rows (``format: chat``) from a ``.jsonl``, ``.json`` or ``.parquet`` file (by its
+    suffix); default ids number as the other readers do (``d.jsonl:3`` is ``d:3``, ``d.json#2`` and
+    ``d.parquet#2`` are ``d:2``). ``chat``: the study's ``data.chat``.
+
+    Raises:
+        TuneproofError: another suffix; the errors of :func:`chat_examples` and of the file readers.
+    """
+    suffix = path.suffix.lower()
+    prefix = id_prefix or path.stem
+    if suffix == ".parquet":
+        records, repairs = _parquet_records(path), []
+    elif suffix in (".jsonl", ".json"):
+        records, repairs = _json_records(path, suffix == ".jsonl")
+    else:
+        raise TuneproofError(
+            f"{path}: format 'chat' reads .jsonl, .json or .parquet files, not '{suffix or 'no suffix'}'",
+            hint="rename the file or convert it",
+        )
+
+    def number(i: int, where: str) -> str:
+        return f"{prefix}:{where.rsplit(':', 1)[1] if suffix == '.jsonl' else i}"
+
+    return chat_examples(records, path, fields, chat, split, max_chars, number), repairs
 
 
 def explicit_fields(fields) -> dict:
@@ -433,35 +551,110 @@ def load_lines(
     return out, repairs
 
 
-def load_hf_dir(
-    path: Path, fields, split: str | None = None, *, max_chars: int = DEFAULT_MAX_CHARS
+def load_hf(
+    path: Path,
+    fields,
+    split: str | None = None,
+    *,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    chat=None,
+    dataset_id: str | None = None,
+    revision: str | None = None,
+    name: str | None = None,
 ) -> tuple[list[Example], list[str]]:
-    """Read a local folder written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``).
+    """Read a Hugging Face ``datasets`` dataset (``format: hf``): a folder written by
+    ``save_to_disk`` (a ``Dataset`` or ``DatasetDict``), a folder of data files (CSV, JSON, Parquet;
+    ``datasets.load_dataset`` on the folder), or, when ``path`` is no local folder, the dataset id
+    ``dataset_id`` at ``revision`` (and configuration ``name``) from the local Hugging Face cache
+    (nothing downloads unless ``TUNEPROOF_ALLOW_DOWNLOAD=1``, as for base models). None of these runs
+    code: ``datasets`` reads Arrow and the packaged file formats, and no longer runs loading scripts.
 
-    Each split of a DatasetDict becomes that split; a single Dataset takes ``split``.
+    Each split of a ``DatasetDict`` becomes that split; a single ``Dataset``, and the one ``train``
+    split ``datasets`` names a folder's lone data file, take ``split``. Rows holding a conversation
+    (a ``messages`` / ``conversations`` column, or ``data.chat.messages``'s, and no ``data.fields.text``
+    column) are read as chat rows (:mod:`tuneproof.data.chat`); others are mapped by ``data.fields``.
+    Ids are ``<split>:<index>``.
+
+    Raises:
+        TuneproofError: ``datasets`` missing; a dataset id without ``revision``; a dataset that does
+            not load (not found locally, not in the cache); the row errors of the readers.
     """
     try:
-        import datasets  # noqa: PLC0415 - datasets is optional: only the hf source format needs it
+        import datasets  # noqa: PLC0415  (only hf sources need datasets)
     except ImportError:
-        raise TuneproofError(f"{path}: format 'hf' needs the `datasets` package", hint="pip install datasets") from None
-    if not path.exists():
-        raise TuneproofError(f"{path}: folder not found")
-    ds = datasets.load_from_disk(str(path))
-    parts = ds.items() if isinstance(ds, datasets.DatasetDict) else [(split, ds)]
-    mapper = _Mapper(fields, max_chars)
-    out = []
-    for name, d in parts:
+        raise TuneproofError(f"{path}: format 'hf' needs the `datasets` package", hint=install_hint("data")) from None
+    shown = str(path) if path.exists() or not dataset_id else dataset_id
+    from_files = False
+    try:
+        if path.is_dir() and any((path / n).is_file() for n in ("dataset_dict.json", "state.json")):
+            ds = datasets.load_from_disk(str(path))
+        elif path.is_dir():
+            ds, from_files = datasets.load_dataset(str(path), name=name), True
+        elif path.is_file():
+            raise TuneproofError(
+                f"{path}: format 'hf' reads a dataset folder or a dataset id, not one file",
+                hint="use format parquet, jsonl, json, csv or chat for a single file",
+            )
+        elif dataset_id:
+            if not revision:
+                raise TuneproofError(
+                    f"data.sources[].path '{dataset_id}': no local folder of that name, and a Hugging Face dataset "
+                    "id needs data.sources[].revision (the commit sha or tag to read)",
+                    hint="set revision: (the dataset's commit), or fix the path",
+                )
+            ds, from_files = _load_hub_dataset(datasets, dataset_id, revision, name), True
+        else:
+            raise TuneproofError(f"{path}: folder not found", hint="fix data.sources[].path")
+    except TuneproofError:
+        raise
+    except Exception as err:  # noqa: BLE001 (datasets raises many kinds for a bad source: FileNotFoundError, its own)
+        raise TuneproofError(
+            f"{shown}: the dataset did not load ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
+            hint="a dataset id is read from the local Hugging Face cache only (TUNEPROOF_ALLOW_DOWNLOAD=1 fetches it)"
+            if dataset_id and not path.exists()
+            else "fix data.sources[].path",
+        ) from None
+    parts = list(ds.items()) if isinstance(ds, datasets.DatasetDict) else [(split, ds)]
+    if from_files and len(parts) == 1 and parts[0][0] == "train":  # datasets' name for a folder's lone file
+        parts = [(split, parts[0][1])]
+    out: list[Example] = []
+    key = getattr(chat, "messages", None)
+    for part, d in parts:
         cols = list(d.column_names)
-        bad = BadRows(f"{path}[{name}]")
+        prefix = part or "hf"
+        if fields.text not in cols and any(k in cols for k in ((key,) if key else ("messages", "conversations"))):
+            records = [(f"{shown}[{part}]#{i}", rec) for i, rec in enumerate(d)]
+            out += chat_examples(
+                records, f"{shown}[{part}]", fields, chat, part, max_chars, lambda i, _w, p=prefix: f"{p}:{i}"
+            )
+            continue
+        mapper = _Mapper(fields, max_chars)
+        bad = BadRows(f"{shown}[{part}]")
         for i, rec in enumerate(d):
             try:
-                out.append(mapper.example(rec, f"{path}[{name}]#{i}", f"{name}:{i}", name, cols))
+                out.append(mapper.example(rec, f"{shown}[{part}]#{i}", f"{prefix}:{i}", part, cols))
             except TuneproofError as err:
-                bad.add(f"{path}[{name}]#{i}", err)
+                bad.add(f"{shown}[{part}]#{i}", err)
         bad.check()
     if not out:
-        raise TuneproofError(f"{path}: no examples", hint="fix data.sources[].path")
+        raise TuneproofError(f"{shown}: no examples", hint="fix data.sources[].path")
     return out, []
+
+
+def _load_hub_dataset(datasets, dataset_id: str, revision: str, name: str | None):
+    """``datasets.load_dataset(dataset_id, name, revision=...)`` from the local cache only, unless
+    ``TUNEPROOF_ALLOW_DOWNLOAD=1`` (datasets and huggingface_hub read their offline switch at import,
+    so it is set on both for the call)."""
+    import huggingface_hub.constants as hub_constants  # noqa: PLC0415  (with datasets)
+
+    offline = os.environ.get("TUNEPROOF_ALLOW_DOWNLOAD") != "1"
+    saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+    if offline:
+        datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    try:
+        return datasets.load_dataset(dataset_id, name=name, revision=revision)
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
 
 
 def snips_target(intent: str, pieces: list[dict[str, Any]]) -> str:
@@ -561,25 +754,50 @@ def resolve_path(raw: str, base_dir: Path, data_root: Path | None = None) -> Pat
     return path if path.is_absolute() else base_dir / path
 
 
+def is_pattern(raw: str, base_dir: Path, data_root: Path | None = None) -> bool:
+    """Whether a ``data.sources[].path`` is read as a glob pattern: it has ``*``, ``?`` or ``[`` and no
+    file or folder has that very name (a literal path comes first: ``data/set [v2]/train.csv`` is a file)."""
+    return any(c in raw for c in _GLOB_CHARS) and not resolve_path(raw, base_dir, data_root).exists()
+
+
+def _pattern(raw: str, base_dir: Path, data_root: Path | None) -> tuple[str, Path]:
+    """``(glob pattern, the folder before its first wildcard)`` of a ``data.sources[].path``: the study
+    folder or the data root it is read from is escaped (``glob.escape``), so that a ``[`` in their names
+    is a character; only what the study file wrote is a pattern."""
+    if raw.startswith("$DATA/") or raw == "$DATA":
+        prefix, rel = (data_root if data_root is not None else find_data_root()), raw[len("$DATA/") :]
+    else:
+        p = Path(raw).expanduser()
+        prefix, rel = (None, str(p)) if p.is_absolute() else (base_dir, raw)
+    parts = Path(rel).parts
+    fixed = Path(*parts[: next((i for i, q in enumerate(parts) if any(c in q for c in _GLOB_CHARS)), len(parts))])
+    if prefix is None:
+        return rel, fixed
+    return os.path.join(glob.escape(str(prefix)), rel), Path(prefix) / fixed
+
+
 def expand(src, base_dir: Path, data_root: Path | None = None) -> list[Path]:
     """The files (or, for ``lines`` / ``hf`` / built-ins, folders) one source entry names: its
-    path, or every match of a glob pattern (``folds/fold*.json``, ``train/*.jsonl``), sorted.
+    path, or every match of a glob pattern (``folds/fold*.json``, ``train/*.jsonl``), sorted. A path
+    that exists is read as written, whatever characters it holds (:func:`is_pattern`).
 
     Raises:
         TuneproofError: a glob pattern that matches nothing (names the pattern).
     """
     path = resolve_path(src.path, base_dir, data_root)
-    if not any(c in src.path for c in _GLOB_CHARS):
+    if not is_pattern(src.path, base_dir, data_root):
         return [path]
-    matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+    pattern, _ = _pattern(src.path, base_dir, data_root)
+    matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
     if src.format in ("lines", "hf"):
         matches = [p for p in matches if p.is_dir()]
     else:
         matches = [p for p in matches if p.is_file()]
     if not matches:
+        what = "folder" if src.format in ("lines", "hf") else "file"
         raise TuneproofError(
-            f"{path}: the pattern matches no {'folder' if src.format in ('lines', 'hf') else 'file'}",
-            hint="fix data.sources[].path in tuneproof.yaml",
+            f"{path}: no such {what}, and read as a glob pattern it matches no {what}",
+            hint="fix data.sources[].path in tuneproof.yaml (in a pattern, a literal '[' is written '[[]')",
         )
     return matches
 
@@ -600,38 +818,40 @@ def source_files(src, base_dir: Path, data_root: Path | None = None, fields=None
     return out
 
 
-def _glob_root(pattern: str) -> Path:
-    parts = Path(pattern).parts
-    fixed = [p for p in parts[: next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))]]
-    return Path(*fixed) if fixed else Path(".")
-
-
 def load_source(
-    src, fields, base_dir: Path, data_root: Path | None = None, *, max_chars: int = DEFAULT_MAX_CHARS, image=None
+    src,
+    fields,
+    base_dir: Path,
+    data_root: Path | None = None,
+    *,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    image=None,
+    chat=None,
 ) -> tuple[list[Example], list[str]]:
     """Load one ``data.sources`` entry of the study file. ``$DATA/`` in a path means the data root;
     a glob pattern loads every match (sorted) as one source, ids prefixed by the match's path
     below the pattern's fixed folder (``folds/fold*.json`` -> ``fold1:0``, ``fold2:0``). ``image``: the
-    study's ``data.image`` (image formats: ``max_pixels``, ``allow_outside_paths``).
+    study's ``data.image`` (image formats: ``max_pixels``, ``allow_outside_paths``); ``chat``: its
+    ``data.chat`` (``format: chat``, and chat rows of ``format: hf``).
 
     Raises:
         TuneproofError: see the loaders; ``data.fields`` set for ``snips`` (its fields are fixed).
     """
     paths = expand(src, base_dir, data_root)
-    globbed = any(c in src.path for c in _GLOB_CHARS)
-    root = _glob_root(str(resolve_path(src.path, base_dir, data_root))) if globbed else None
+    globbed = is_pattern(src.path, base_dir, data_root)
+    root = _pattern(src.path, base_dir, data_root)[1] if globbed else None
     out: list[Example] = []
     repairs: list[str] = []
     for path in paths:
         prefix = path.relative_to(root).with_suffix("").as_posix() if globbed else None
-        ex, rep = _load_one(src, path, fields, max_chars, prefix, image)
+        ex, rep = _load_one(src, path, fields, max_chars, prefix, image, chat)
         out += ex
         repairs += rep
     return out, repairs
 
 
 def _load_one(
-    src, path: Path, fields, max_chars: int, prefix: str | None, image=None
+    src, path: Path, fields, max_chars: int, prefix: str | None, image=None, chat=None
 ) -> tuple[list[Example], list[str]]:
     if src.format in ("imagefolder", "image-csv", "image-jsonl"):
         return load_image_source(src, fields, path, image)
@@ -646,13 +866,26 @@ def _load_one(
     if src.format == "banking77":
         return load_banking77(path, fields, max_chars=max_chars)
     if src.format == "hf":
-        return load_hf_dir(path, fields, src.split, max_chars=max_chars)
+        return load_hf(
+            path,
+            fields,
+            src.split,
+            max_chars=max_chars,
+            chat=chat,
+            dataset_id=src.path,
+            revision=getattr(src, "revision", None),
+            name=getattr(src, "name", None),
+        )
     if src.format == "lines":
         return load_lines(path, fields, src.split, max_chars=max_chars)
     if not path.exists():
         raise TuneproofError(f"{path}: file not found", hint="fix data.sources[].path in tuneproof.yaml")
     if src.format == "csv":
         return load_csv(path, fields, src.split, max_chars=max_chars, id_prefix=prefix)
+    if src.format == "parquet":
+        return load_parquet(path, fields, src.split, max_chars=max_chars, id_prefix=prefix)
+    if src.format == "chat":
+        return load_chat(path, fields, chat, src.split, max_chars=max_chars, id_prefix=prefix)
     return load_json_records(
         path, fields, src.split, lines=src.format == "jsonl", max_chars=max_chars, id_prefix=prefix
     )

@@ -67,8 +67,8 @@ def check_files(folder: Path, expected: dict[str, str]) -> dict[str, Any]:
     """Compare the bundle's files with the manifest's list.
 
     Returns ``{"missing": [path], "altered": [{"path", "expected", "found"}], "extra": [path]}``;
-    an extra file is reported but is not a failure (it cannot change what is loaded unless a
-    listed file changed too).
+    verification fails on each of them, an extra file too (a file the loader may pick up, such as a
+    second tokenizer or weights file, changes what is loaded without changing a listed one).
     """
     found = file_hashes(folder)
     return {

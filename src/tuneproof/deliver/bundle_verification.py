@@ -5,7 +5,8 @@ loaded):
 
 0. ``manifest``: ``manifest.json`` has the sha256 written beside it in ``manifest.sha256``;
 1. ``files``: every file listed in the manifest exists and has its recorded sha256 (names the
-   missing or altered file with both hashes);
+   missing or altered file with both hashes), and no file is there that the manifest does not list
+   (named: an added tokenizer or weights file changes what is loaded);
 1b. ``claims``: every metric, the comparison (verdict, counts, deltas, guards) and the training
    claims (steps, first/final loss) recomputed from the per-example outputs and the training log
    shipped in the bundle (:mod:`tuneproof.deliver.claims`); a claim that does not match is named
@@ -263,13 +264,15 @@ def verify_bundle(bundle: str | Path, base: str | Path | None = None, device: st
     problems += [
         f"altered file: {a['path']} (expected sha256 {a['expected']}, found {a['found']})" for a in files["altered"]
     ]
+    problems += [f"extra file not in the manifest: {p}" for p in files["extra"]]
     if not _check(
         report,
         "files",
         not problems,
         f"{len(man.get('files', {}))} files listed, {len(files['missing'])} missing, {len(files['altered'])} altered"
         + (
-            f"; {len(files['extra'])} extra file(s) not in the manifest: {', '.join(files['extra'][:5])}"
+            f", {len(files['extra'])} extra file(s) not in the manifest: {', '.join(files['extra'][:5])}"
+            + (f" and {len(files['extra']) - 5} more" if len(files["extra"]) > 5 else "")
             if files["extra"]
             else ""
         ),

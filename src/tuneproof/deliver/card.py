@@ -251,7 +251,7 @@ def model_card(man: dict[str, Any]) -> str:
             f"{'on' if q['bnb_4bit_use_double_quant'] else 'off'}, compute dtype "
             f"{q['bnb_4bit_compute_dtype']}, storage {q['bnb_4bit_quant_storage']}). The hashes above are those of the "
             "unquantized files; the 4-bit weights are made from them while loading, so load the base with this config "
-            "(`pip install 'tuneproof[qlora]'`) to get the model that was "
+            "(`pip install bitsandbytes==0.50.2`) to get the model that was "
             "evaluated. Loaded without it, the adapter sits on "
             "full-precision weights it was not trained on. The baseline is the "
             "unquantized base: the deltas below include "

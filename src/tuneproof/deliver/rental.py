@@ -26,9 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tuneproof import procs
+from tuneproof.deliver.bundle import MANIFEST, check_files, check_manifest_sha, read_manifest
 from tuneproof.deliver.rental_plan import make_plan, measure
+from tuneproof.deliver.rental_schema import validate
 from tuneproof.errors import TuneproofError
-from tuneproof.io import read_json, write_json
+from tuneproof.io import read_json, sha256_file, write_json
 
 RENTAL_FILE = "rental.json"  # in the study folder, beside tuneproof.sqlite
 RENTAL_SCHEMA = 1
@@ -77,10 +80,12 @@ def parse_ends(text: str) -> float:
 
 
 def load(study_dir: Path) -> dict[str, Any] | None:
-    """The recorded rental (``<study_dir>/rental.json``), or None when no window was started.
+    """The recorded rental (``<study_dir>/rental.json``), or None when no window was started; checked
+    against its schema (:func:`tuneproof.deliver.rental_schema.validate`).
 
     Raises:
-        TuneproofError: the file is not a rental record of a schema this version reads (exit 2).
+        TuneproofError: the file is not a rental record of a schema this version reads, a key is missing
+            or of the wrong type, or ``delivered.bundle`` lies outside the study folder (exit 2).
     """
     path = Path(study_dir) / RENTAL_FILE
     if not path.exists():
@@ -93,12 +98,13 @@ def load(study_dir: Path) -> dict[str, Any] | None:
         ) from None
     if not isinstance(rental, dict) or not isinstance(rental.get("ends"), (int, float)):
         raise TuneproofError(f"{path}: key 'ends' missing: not a rental record", hint="tuneproof rental start --days N")
-    if rental.get("rental_schema", 0) > RENTAL_SCHEMA:
+    schema = rental.get("rental_schema", 0)
+    if isinstance(schema, int) and schema > RENTAL_SCHEMA:
         raise TuneproofError(
             f"{path}: rental_schema {rental['rental_schema']} is newer than this tuneproof reads ({RENTAL_SCHEMA})",
             hint="upgrade tuneproof on this machine",
         )
-    return rental
+    return validate(path, rental)
 
 
 def save(study_dir: Path, rental: dict[str, Any]) -> Path:
@@ -253,14 +259,128 @@ def estimate(
     return DEFAULT_DATA_CHECK_S, "assumed 60 s"
 
 
+def clock_shift(rental: dict[str, Any]) -> float:
+    """Seconds the clock went back during the window (the steps :func:`observe` recorded, summed): what a
+    reading lacks to count the time the window really used (a study moved to a machine whose clock is
+    behind, an NTP step). A later step forward is not told apart from time passing, so hours left err
+    on the short side, never past the window."""
+    return sum(max(0.0, b["from"] - b["to"]) for b in (rental.get("clock") or {}).get("went_back") or [])
+
+
+def command_hours(rental: dict[str, Any], c: dict[str, Any], now: float) -> tuple[float, float]:
+    """``(hours counted, hours past the window's end)`` of one ledger entry: its start to end as read
+    (a command still running: to ``now``), never below 0 (the clock went back while it ran), and only
+    up to the window's end (the part past it is returned apart, so that a command the window ended
+    in never counts more hours than the window has)."""
+    end = c.get("end") if c.get("end") is not None else now
+    span = max(0.0, end - c["start"])
+    past = min(span, max(0.0, end - rental["ends"]))
+    counted = min(span - past, rental["ends"] - rental["start"])
+    return counted / 3600, past / 3600
+
+
 def used_by_phase(rental: dict[str, Any], now: float) -> dict[str, float]:
     """Hours each phase used: the commands' measured start-to-end (a command still running counts
-    up to ``now``)."""
+    up to ``now``), clamped to the window (:func:`command_hours`)."""
     used = dict.fromkeys(PHASES, 0.0)
     for c in rental.get("commands", []):
-        end = c.get("end") if c.get("end") is not None else now
-        used[c["phase"]] = used.get(c["phase"], 0.0) + max(0.0, end - c["start"]) / 3600
+        used[c["phase"]] = used.get(c["phase"], 0.0) + command_hours(rental, c, now)[0]
     return used
+
+
+def clock_flags(rental: dict[str, Any], now: float) -> list[str]:
+    """What the status says about times it did not take as read: the clock went back (hours left count
+    the steps), the reading lies before the window's start (hours left clamped to the window), a
+    command ran past the window's end (counted up to it)."""
+    flags = []
+    shift = clock_shift(rental)
+    if shift > 0:
+        flags.append(
+            f"the clock went back {shift / 3600:.2f} h in this window: hours left count from the recorded "
+            f"times (the reading + {shift / 3600:.2f} h); check the machine's clock"
+        )
+    if now + shift < rental["start"]:
+        flags.append(
+            f"the clock reads {iso_utc(now)}, before the window's start {iso_utc(rental['start'])}: "
+            f"hours left are clamped to the window ({(rental['ends'] - rental['start']) / 3600:.1f} h)"
+        )
+    for c in rental.get("commands", []):
+        past = command_hours(rental, c, now)[1]
+        if past > 0:
+            runs = f" ({', '.join(c.get('runs') or [])})" if c.get("runs") else ""
+            flags.append(
+                f"{c['command']}{runs} ran {past:.2f} h past the window's end {iso_utc(rental['ends'])}: "
+                "its hours count up to the end"
+            )
+    return flags
+
+
+def close_orphans(rental: dict[str, Any], registry, now: float) -> list[str]:
+    """End the ledger's open entries whose process is gone (``kill -9``, a lost machine), in place: an
+    open entry otherwise counts hours up to every later reading. The end is the last time the command
+    was seen: the latest end or heartbeat of the runs it made, else its start. Only an entry that
+    recorded its process (``pid`` on this ``host``) is judged. Returns what to say."""
+    said = []
+    host = socket.gethostname()
+    for c in rental.get("commands", []):
+        if c.get("end") is not None or c.get("pid") is None or c.get("host") != host:
+            continue
+        if procs.alive(int(c["pid"]), c.get("proc_start")):
+            continue
+        seen = [c["start"]]
+        first = c.get("first_seq")
+        runs = [r for r in registry.list() if first is not None and r.seq >= first and r.created >= c["start"]]
+        for r in runs:
+            row = registry.row(r.id)
+            seen += [t for t in (row.get("heartbeat"), r.ended, r.created) if isinstance(t, (int, float))]
+        end = min(max(seen), now)
+        c.update(
+            end=end,
+            status=f"killed: process {c['pid']} was gone (found {iso_utc(now)})",
+            runs=c.get("runs") or [r.id for r in runs],
+        )
+        said.append(
+            f"{c['command']} (pid {c['pid']}) ended without recording its end: counted up to "
+            f"{iso_utc(end)}, the last time it was seen"
+        )
+    return said
+
+
+def delivery(study_dir: Path, delivered: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The recorded deliverable checked again now, before anything claims it verified: ``{"train",
+    "bundle", "verified", "problem"}``. ``verified`` is True only when ``rental deliver`` recorded a
+    passed fresh-process verification and the bundle is still there, inside the study folder, with
+    the manifest then verified (``manifest_sha256``) and every file the manifest lists unchanged, and
+    no other file (:func:`tuneproof.deliver.bundle.check_files`). ``problem``: why not, in words."""
+    if not delivered:
+        return None
+    out = {"train": delivered.get("train"), "bundle": delivered.get("bundle"), "verified": False, "problem": None}
+    if not delivered.get("verified"):
+        out["problem"] = "its verification did not pass"
+        return out
+    study = Path(study_dir).resolve()
+    bundle = (study / str(delivered.get("bundle"))).resolve()
+    if not bundle.is_relative_to(study):
+        out["problem"] = f"{delivered.get('bundle')} lies outside the study folder"
+        return out
+    try:
+        man = read_manifest(bundle)
+        problems = check_manifest_sha(bundle)
+        want = delivered.get("manifest_sha256")
+        if want and sha256_file(bundle / MANIFEST) != want:
+            problems.append(f"{MANIFEST} is not the one verified at delivery")
+        files = check_files(bundle, man.get("files") or {})
+    except (TuneproofError, OSError) as err:
+        out["problem"] = f"{delivered.get('bundle')}: {getattr(err, 'message', None) or err}"
+        return out
+    problems += [f"missing file: {p}" for p in files["missing"]]
+    problems += [f"altered file: {a['path']}" for a in files["altered"]]
+    problems += [f"extra file not in the manifest: {p}" for p in files["extra"]]
+    if problems:
+        out["problem"] = f"{delivered.get('bundle')} changed since it was verified: " + "; ".join(problems[:3])
+        return out
+    out["verified"] = True
+    return out
 
 
 def best_candidate(registry) -> dict[str, Any] | None:
@@ -291,10 +411,10 @@ def best_candidate(registry) -> dict[str, Any] | None:
 
 
 def verified_export(registry, study_dir: Path, delivered: dict[str, Any] | None) -> str | None:
-    """The bundle verified in a fresh process during the window (``rental deliver``'s), or None."""
-    if delivered and delivered.get("verified"):
-        return delivered.get("bundle")
-    return None
+    """The bundle verified in a fresh process during the window (``rental deliver``'s) and still as it
+    was verified (:func:`delivery`), or None."""
+    got = delivery(study_dir, delivered)
+    return got["bundle"] if got and got["verified"] else None
 
 
 def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: dict[str, int]) -> dict[str, Any]:
@@ -302,7 +422,8 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
     needed, the stopped runs, the overrides, the best passed candidate and the next step."""
     r = rates(registry)
     reserve_s, parts = reserve(r, work, "train")
-    left_s = rental["ends"] - now
+    # hours left as the window counts them: the reading plus the recorded steps back, never more than the window
+    left_s = min(rental["ends"] - (now + clock_shift(rental)), rental["ends"] - rental["start"])
     used = used_by_phase(rental, now)
     planned = {p["phase"]: p["hours"] for p in rental["plan"]["phases"]}
     phases = [
@@ -316,8 +437,8 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
     ]
     stopped = stopped_runs(rental, registry)
     best = best_candidate(registry)
-    delivered = rental.get("delivered")
-    verified = verified_export(registry, study_dir, delivered)
+    delivered = delivery(study_dir, rental.get("delivered"))
+    verified = delivered["bundle"] if delivered and delivered["verified"] else None
     reserve_reached = left_s <= reserve_s
     deliver_commands = (
         [f"tuneproof export {best['train']}", f"tuneproof verify exports/{best['train']}", "tuneproof report"]
@@ -326,6 +447,8 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
     )
     if verified:
         nxt = f"delivered: {verified} verified in a fresh process; the dossier is written"
+    elif delivered:
+        nxt = f"the delivery is not verified ({delivered['problem']}): deliver again with tuneproof rental deliver"
     elif reserve_reached or left_s <= 0:
         nxt = (
             f"deliver {best['train']}: tuneproof rental deliver (export, verify, report)"
@@ -357,6 +480,7 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
         "stopped": stopped,
         "machines": rental.get("machines", []),
         "clock_went_back": (rental.get("clock") or {}).get("went_back", []),
+        "flags": clock_flags(rental, now),
         "best_candidate": best,
         "deliver_commands": deliver_commands,
         "delivered": delivered,
@@ -365,7 +489,8 @@ def status(rental: dict[str, Any], registry, study_dir: Path, now: float, work: 
                 "command": c["command"],
                 "phase": c["phase"],
                 "estimate_h": c.get("estimate_s", 0.0) / 3600,
-                "used_h": None if c.get("end") is None else (c["end"] - c["start"]) / 3600,
+                "used_h": None if c.get("end") is None else command_hours(rental, c, now)[0],
+                "past_end_h": command_hours(rental, c, now)[1],
                 "status": c.get("status", "running"),
                 "runs": c.get("runs", []),
             }

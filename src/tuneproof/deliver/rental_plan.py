@@ -74,7 +74,11 @@ def find_number(obj: Any, keys: tuple[str, ...]) -> float | None:
 
 
 def _duration(rec) -> float | None:
-    return (rec.ended - rec.created) if rec is not None and rec.ended and rec.created else None
+    """Seconds from a run's start to its end as read; None when unknown or negative (the clock went back
+    while it ran: no duration is measured from it)."""
+    if rec is None or not rec.ended or not rec.created or rec.ended < rec.created:
+        return None
+    return rec.ended - rec.created
 
 
 def measure(registry) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def generate(
     return generate_prompts(
         model,
         tokenizer,
-        [pipeline.prompt_text(ex.text) for ex in examples],
+        [pipeline.prompt_text(ex) for ex in examples],
         eval_cfg,
         device=device,
         autocast=autocast,
@@ -191,13 +191,14 @@ def next_token_scores(model, ids, top: int = TOP_TOKENS) -> list[list]:
 
 
 class _StoredPrompts:
-    """Stands in for the study's TextPipeline: the exact prompt text stored at export."""
+    """Stands in for the study's TextPipeline: the exact prompt text stored at export, by example id
+    (two chat examples may end with the same user turn after different earlier turns)."""
 
     def __init__(self, prompts: dict[str, str]):
         self.prompts = prompts
 
-    def prompt_text(self, text: str) -> str:
-        return self.prompts[text]
+    def prompt_text(self, ex: Example) -> str:
+        return self.prompts[ex.id]
 
 
 # --------------------------------------------------------------------------- the modality
@@ -218,7 +219,9 @@ class TextModality(Modality):
         """The study's :class:`~tuneproof.data.preprocess.TextPipeline` (its labels only for a sequence classifier)."""
         t = ctx.study.training
         labels = ctx.labels if ctx.model_kind == SEQUENCE_CLASSIFICATION else None
-        return TextPipeline(ctx.tokenizer, ctx.study.eval.prompt, t.max_length, t.loss, labels)
+        return TextPipeline(
+            ctx.tokenizer, ctx.study.eval.prompt, t.max_length, t.loss, labels, ctx.study.data.chat.train_on
+        )
 
     def encode_for_training(self, pipeline, examples: list[Example]) -> list:
         """:meth:`TextPipeline.encode_all` (train and evaluation encode alike)."""
@@ -297,7 +300,7 @@ class TextModality(Modality):
                         logits = model(**{k: v.to(device) for k, v in enc.items()}).logits[0].float()
                     out.append([[i, float(v)] for i, v in enumerate(logits.cpu())])
                     continue
-                prompt = ctx.pipeline.prompt_text(ex.text)
+                prompt = ctx.pipeline.prompt_text(ex)
                 ids = torch.tensor([ctx.tokenizer(prompt, add_special_tokens=False)["input_ids"]], device=device)
                 with autocast():
                     out.append(next_token_scores(model, ids))
@@ -326,8 +329,10 @@ class TextModality(Modality):
     def bundle_extras(self, ctx, chosen: list[dict[str, Any]], bundle: Path) -> dict[str, Any]:
         """A generative model's examples keep the exact prompt text (verify renders nothing again)."""
         if ctx.model_kind != SEQUENCE_CLASSIFICATION:
+            # by id: a chat example's prompt holds its earlier turns and its own system message
+            by_id = {e.id: e for items in ctx.all_splits.values() for e in items}
             for c in chosen:
-                c["prompt"] = ctx.pipeline.prompt_text(c["input"])
+                c["prompt"] = ctx.pipeline.prompt_text(by_id.get(c["id"]) or c["input"])
         return {}
 
     def verify_processor(self, manifest: dict[str, Any], processor) -> tuple[str, list[str], str]:
@@ -380,7 +385,7 @@ class TextModality(Modality):
             preds = generate(
                 model,
                 processor,
-                _StoredPrompts({e["input"]: e["prompt"] for e in examples}),
+                _StoredPrompts({e["id"]: e["prompt"] for e in examples}),
                 exs,
                 cfg,
                 device=device,

@@ -15,7 +15,7 @@ bfloat16, fp16 -> float16) and ``bnb_4bit_quant_storage`` (the dtype the packed 
 stored in; ``uint8`` by default, a float dtype for FSDP, :mod:`tuneproof.preflight.qlora`), plus
 ``quant_method: bitsandbytes`` and the installed ``bitsandbytes_version``.
 
-bitsandbytes is an optional dependency (``pip install 'tuneproof[qlora]'``). Its 4-bit layers run
+bitsandbytes is an optional dependency (:func:`tuneproof.errors.install_hint`). Its 4-bit layers run
 on CUDA and, since the multi-backend releases (0.46+), on the CPU through its default torch kernels
 (checked with 0.50.2: ``Linear4bit`` forward and backward on CPU tensors), so a tiny QLoRA run is
 tested on CPU for real.
@@ -28,10 +28,10 @@ import importlib.util
 from importlib import metadata
 from typing import Any
 
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import TuneproofError, install_hint
 
 BNB_PIN = "bitsandbytes==0.50.2"
-INSTALL_HINT = "pip install 'tuneproof[qlora]' (installs bitsandbytes==0.50.2)"
+INSTALL_HINT = install_hint("qlora") + ": installs bitsandbytes==0.50.2"
 #: training.precision's resolved dtype -> the compute dtype name of BitsAndBytesConfig
 COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: quant storage names accepted by ``method.bnb_4bit_quant_storage`` (torch dtype names, as transformers takes them)

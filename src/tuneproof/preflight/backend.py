@@ -13,6 +13,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from tuneproof import procs
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.backends import check_backend_available
@@ -133,9 +134,8 @@ def inspect_extension(name: str) -> dict[str, Any]:
 def _try_import(module: str, timeout_s: float = 120.0) -> str | None:
     """Import ``module`` in a fresh interpreter; the last line of the error, or None when it imports."""
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+        cmd, env = procs.dying_with_parent([sys.executable, "-c", f"import {module}"])  # kill -9 of us: it dies
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired:
         return f"import {module} took more than {timeout_s:.0f} s"
     if out.returncode == 0:

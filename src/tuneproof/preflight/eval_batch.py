@@ -133,7 +133,7 @@ def check_study_eval_batch(ctx: Any, model, sample: int = DEFAULT_SAMPLE) -> dic
             )
 
         def length(e: Any) -> int:
-            return len(ctx.tokenizer(ctx.pipeline.prompt_text(e.text), add_special_tokens=False)["input_ids"])
+            return len(ctx.tokenizer(ctx.pipeline.prompt_text(e), add_special_tokens=False)["input_ids"])
 
     examples = length_spread_sample(ctx.eval_examples(), k, length)
     return check_batch_invariance(predict, examples, ev.batch_size, do_sample=ev.do_sample, sample=k)

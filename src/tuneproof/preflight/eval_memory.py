@@ -261,7 +261,7 @@ def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str,
     if kind == "sequence-classification":
         texts = [e.text for e in examples]
     else:
-        texts = [ctx.pipeline.prompt_text(e.text) for e in examples]
+        texts = [ctx.pipeline.prompt_text(e) for e in examples]
     try:
         measured = measure_eval_batch_peak(
             model,

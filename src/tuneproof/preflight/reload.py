@@ -77,6 +77,7 @@ def reload_in_fresh_process(
                 "label": e.label,
                 "target": e.target,
                 **({"image": e.meta["image"]} if e.meta.get("image") else {}),
+                **({"context": e.context} if e.context else {}),
             }
             for e in examples
         ],
@@ -131,6 +132,7 @@ def reload_main(argv: list[str]) -> int:
                 label=e["label"],
                 target=e["target"],
                 meta={"image": e["image"]} if e.get("image") else {},
+                context=e.get("context") or [],
             )
             for e in spec["examples"]
         ]

@@ -282,7 +282,7 @@ def predict_served(
         result = check_backends(
             reference,
             candidate,
-            [ctx.pipeline.prompt_text(e.text) for e in sample],
+            [ctx.pipeline.prompt_text(e) for e in sample],
             [e.id for e in sample],
             max_new_tokens=ev.max_new_tokens,
             adapter_dir=adapter,
@@ -302,7 +302,7 @@ def predict_served(
     with progress_bar(what, len(examples)) as bar:
         advance = bar if on_progress is None else also_record(bar, on_progress)
         return candidate.generate(
-            [ctx.pipeline.prompt_text(e.text) for e in examples], ev.max_new_tokens, adapter, progress=advance
+            [ctx.pipeline.prompt_text(e) for e in examples], ev.max_new_tokens, adapter, progress=advance
         )
 
 

@@ -136,6 +136,11 @@ def run_compare(
             check_same_base(ctx, base_rec, rec)
             if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
                 notes.append(f"data fingerprint of {rec.id} differs from the baseline's")
+            if base_rec.kind != "baseline":  # never the verdict (tuneproof.deliver.headline)
+                notes.append(
+                    f"{base_rec.id} ({base_rec.kind} run) is not a baseline: this compares two candidates; the "
+                    "verdict of the hypothesis is judged against a baseline run (the dossier lists this as such)"
+                )
             beat.update(f"{rec.id}: paired bootstrap ({ctx.study.eval.bootstrap_iterations} resamples)")
             result = _paired(ctx, base_out, out, judging.primary)
             if judging.other is not None:
@@ -154,7 +159,7 @@ def run_compare(
             results[rec.id] = result
             if rec.id == cand_ids[0]:
                 print_judging(judging)
-            _print(rec.id, base_rec.id, result, f"runs/{run.id}/compare.json")
+            _print(rec.id, base_rec.id, result, f"runs/{run.id}/compare.json", against=base_rec.kind)
         first = results[cand_ids[0]]
         overall = first.get("overall", {})
         alt = (first.get("alternative") or {}).get("overall") or {}
@@ -167,6 +172,7 @@ def run_compare(
             "compare.json",
             {
                 "baseline": base_rec.id,
+                "baseline_kind": base_rec.kind,  # another kind than baseline: two candidates, never the verdict
                 "candidates": results,
                 "hypothesis": judging.to_json(),
                 "verdict": overall.get("verdict"),
@@ -196,13 +202,15 @@ def print_judging(judging) -> None:
         )
 
 
-def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
+def summary_lines(cid: str, bid: str, r: dict, against: str = "baseline") -> list[str]:
     """The plain-text lines of the compare screen above the metrics table: paired counts on the
     success metric's per-example rule (its basis named), the exact-match counts as a second line,
-    and a candidate that predicts one class for most examples."""
+    and a candidate that predicts one class for most examples. ``against``: the kind of run ``bid`` is
+    (another kind than ``baseline`` reads ``vs candidate``)."""
     c, basis = r["counts"], r.get("counts_basis") or {}
+    role = "baseline" if against == "baseline" else "candidate"
     lines = [
-        f"{cid} vs baseline {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
+        f"{cid} vs {role} {bid} on {r['n']} paired examples: fixed {c['fixed']}, broken {c['broken']}, "
         f"unchanged right {c['unchanged_right']}, unchanged wrong {c['unchanged_wrong']}; "
         f"McNemar exact p = {fmt_p(r['mcnemar']['p_value'])}"
     ]
@@ -226,8 +234,8 @@ def summary_lines(cid: str, bid: str, r: dict) -> list[str]:
     return lines
 
 
-def _print(cid: str, bid: str, r: dict, where: str = "compare.json") -> None:
-    for line in summary_lines(cid, bid, r):
+def _print(cid: str, bid: str, r: dict, where: str = "compare.json", against: str = "baseline") -> None:
+    for line in summary_lines(cid, bid, r, against):
         console.print(user_text(line).replace("WARNING", "[yellow]WARNING[/]"), soft_wrap=True)
     rows = [
         [

@@ -35,9 +35,11 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data import checks
+from tuneproof.data.chat import chat_summary
 from tuneproof.data.checks import audit_lines
 from tuneproof.data.cleaning import dropped_summary
 from tuneproof.data.dedup import find_duplicates
+from tuneproof.data.languages import tokenizer_loss
 from tuneproof.data.lengths import length_stats
 from tuneproof.data.preprocess import visible
 from tuneproof.data.split import MANIFEST, subset_line
@@ -135,6 +137,8 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "guard_support": checks["guard_support"],
         "generation_budget": checks["generation_budget"],
         "optional_absent": checks["optional_absent"],
+        "chat": checks["chat"],
+        "tokenizer_loss": checks["tokenizer_loss"],
         "checks": checks["lines"],
         "hard_faults": hard,
         "warnings": warnings,
@@ -170,20 +174,39 @@ def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[s
             f"example ids: {legacy} JSON Lines examples keep the 0-based ids of this study's {MANIFEST} (written "
             "before ids followed file lines: d:2 is d.jsonl:3), so its runs stay comparable; new studies number by line"
         )
+    chat = chat_summary(ctx.all_splits, encoded, s.data.chat.train_on)
+    tok = getattr(ctx.pipeline, "tok", None)  # text studies: what the tokenizer loses of the language
+    lost = tokenizer_loss(tok, _texts(ctx.all_splits, s.data.test_split)) if tok is not None else None
     lines += [x for x in (small["line"], cut and cut["line"], budget and budget["line"], absent["line"]) if x]
+    lines += [chat["line"]] if chat else []
+    lines += [lost["line"]] if lost and lost["line"] else []
     lines += [g["line"] for g in guards]
     return {
         "lines": lines,
         "warnings": small["warnings"]
         + ([cut["line"]] if cut and cut["count"] else [])
         + ([budget["line"]] if budget and budget["count"] else [])
-        + [g["line"] for g in guards if g["warn"]],
+        + [g["line"] for g in guards if g["warn"]]
+        + (lost["warnings"] if lost else []),
         "guard_support": guards,
         "small_classes": small,
         "cut_answers": cut,
         "generation_budget": budget,
         "optional_absent": absent,
+        "chat": chat,
+        "tokenizer_loss": lost,
     }
+
+
+def _texts(splits: dict[str, list], test_split: str) -> list[str]:
+    """Every text the model reads or writes outside the reserved split: inputs, references, chat turns."""
+    out = []
+    for name, items in splits.items():
+        if name == test_split:
+            continue
+        for e in items:
+            out += [e.text, *(t["content"] for t in e.context)] + ([e.target] if isinstance(e.target, str) else [])
+    return out
 
 
 def _guard_support(ctx: StudyContext) -> list[dict]:

@@ -76,9 +76,10 @@ from tuneproof.deliver.bundle_verification import (
     verify_in_fresh_process,
 )
 from tuneproof.deliver.card import model_card
+from tuneproof.deliver.headline import against_baseline
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
-from tuneproof.evaluation.outputs import check_outputs, read_outputs
+from tuneproof.evaluation.outputs import check_complete, check_outputs, read_outputs
 from tuneproof.io import SCHEMA_VERSION, Held, atomic_write_text, exclusive_lock, read_json, write_json, write_jsonl
 from tuneproof.models.identity import base_identity
 from tuneproof.recipes.common import (
@@ -102,12 +103,15 @@ def _eval_of(ctx: StudyContext, train_id: str):
 
 
 def _comparison_of(ctx: StudyContext, eval_id: str | None) -> tuple[Any, dict | None, dict | None]:
-    """``(compare record, full compare.json, this candidate's entry)`` of the latest comparison of ``eval_id``."""
+    """``(compare record, full compare.json, this candidate's entry)`` of the latest comparison of ``eval_id``
+    against a baseline run (:func:`tuneproof.deliver.headline.against_baseline`): a comparison with another
+    candidate (``compare r0008 --against r0005``) is never the bundle's claim."""
     if eval_id is None:
         return None, None, None
-    for c in reversed(ctx.registry.list(kind="compare", status="completed")):
+    runs = ctx.registry.list()
+    for c in reversed([r for r in runs if r.kind == "compare" and r.status == "completed"]):
         data = ctx.registry.run_json(c.id, "compare.json") or {}
-        if eval_id in (data.get("candidates") or {}):
+        if eval_id in (data.get("candidates") or {}) and against_baseline(runs, data.get("baseline")):
             return c, data, data["candidates"][eval_id]
     return None, None, None
 
@@ -564,8 +568,9 @@ def run_export(
     Raises:
         TuneproofError: not a train run, a run that is not completed without ``force``, the bundle
             folder exists, nothing saved.
-        CheckFailed: the base changed since training, the adapter (or model) files differ from the
-            evaluated ones (:func:`check_exported_weights`), a module_to_save missing from the saved
+        CheckFailed: the base changed since training, the evaluation the claims rest on is incomplete (its
+            folder, ``eval.json`` or ``outputs.jsonl`` gone: :func:`check_complete`), the adapter (or model) files
+            differ from the evaluated ones (:func:`check_exported_weights`), a module_to_save missing from the saved
             file, the bundle's predictions differ from the evaluated ones, or the bundle failed its
             verification in a fresh process.
     """
@@ -606,7 +611,10 @@ def run_export(
         raise TuneproofError(f"{dest} already exists", hint="remove it or pass another --out")
     _check_base_unchanged(ctx, rec)
     check_tokenizer(ctx, rec.id, "export")
-    trained = check_exported_weights(ctx, rec, _eval_of(ctx, rec.id))
+    evaluated = _eval_of(ctx, rec.id)
+    if evaluated is not None:  # the claims rest on its outputs: a run folder whose evidence is gone is refused
+        check_complete(ctx.registry, evaluated)
+    trained = check_exported_weights(ctx, rec, evaluated)
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     dest.parent.mkdir(parents=True, exist_ok=True)
     lock_path = dest.parent / f".{dest.name}.lock"

@@ -12,6 +12,9 @@ Rules:
   fingerprint (:func:`tuneproof.evaluation.fingerprint.eval_fingerprint`) on the same base model
   revision. None: refuse, naming what differs from the latest baseline (the parts of the
   fingerprint, or the base revision) and the command to run;
+- a hypothesis frozen and sealed by an earlier train run (whatever that run's status now) must still be the
+  file it sealed: a deleted or edited ``hypothesis.frozen.json`` refuses ``train`` rather than freezing a new
+  one (:func:`tuneproof.hypothesis.require_sealed`);
 - a refusal is a :class:`~tuneproof.errors.CheckFailed` (exit 3, a protocol check failed, like a
   missing preflight) and starts no run of the refused kind;
 - an override takes a reason (``--skip-data-check REASON``, ``--skip-baseline REASON``); the run
@@ -24,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tuneproof import hypothesis as hyp
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.fingerprint import diff_fingerprints, study_eval_fingerprint
 from tuneproof.io import read_json
@@ -160,8 +164,16 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
 def require_order(
     ctx, *, data_check_override: str | None = None, baseline_override: str | None = None
 ) -> dict[str, Any]:
-    """Both gates of ``train`` (data check, then baseline). Returns the summary fields the train run
-    records: ``data_check_run`` and ``baseline_run`` (run ids or None) and any ``*_override`` reason."""
+    """The gates of ``train``: the seal of a frozen hypothesis (a study freezes it once,
+    :func:`tuneproof.hypothesis.require_sealed`; no override), the data check, then the baseline. Returns the
+    summary fields the train run records: ``data_check_run`` and ``baseline_run`` (run ids or None) and any
+    ``*_override`` reason.
+
+    Raises:
+        CheckFailed: a gate refused (exit 3; :class:`~tuneproof.hypothesis.SealBroken` for the seal), before any
+            run starts.
+    """
+    hyp.require_sealed(ctx.study_dir, ctx.registry, "train")
     fields: dict[str, Any] = {
         "data_check_run": require_data_check(ctx, "train", data_check_override),
         "baseline_run": require_baseline(ctx, baseline_override),

@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tuneproof import clock, registry
+from tuneproof import clock, procs, registry
 from tuneproof.context import StudyContext, parse_study
 from tuneproof.deliver import rental as rent
 from tuneproof.deliver.rental_plan import days_text
 from tuneproof.errors import CheckFailed, Stopped, TuneproofError
+from tuneproof.io import sha256_file
 from tuneproof.recipes.export import run_export
 from tuneproof.recipes.plan import split_sizes
 from tuneproof.recipes.protocol import check_reason
@@ -106,7 +109,7 @@ def run_status(ctx: StudyContext, *, as_json: bool = False) -> dict[str, Any]:
     rental = _require(ctx.study_dir)
     now = clock.now()
     seen = (rental.get("clock") or {}).get("last_seen")
-    said = rent.observe(rental, now, "rental status")
+    said = rent.close_orphans(rental, ctx.registry, now) + rent.observe(rental, now, "rental status")
     if said or rental["clock"]["last_seen"] != seen:  # the clock reading is kept: a later one behind it went back
         rent.save(ctx.study_dir, rental)
     st = rent.status(rental, ctx.registry, ctx.study_dir, now, study_work(ctx))
@@ -147,6 +150,8 @@ def print_status(st: dict[str, Any]) -> None:
         console.print(f"{s['run']}: {user_text(s['reason'])} ({s['status']}); tuneproof resume {s['run']}")
     for b in st["clock_went_back"]:
         console.print(f"clock went back {(b['from'] - b['to']) / 3600:.2f} h at {user_text(b['where'])}")
+    for f in st["flags"]:
+        console.print(f"clock: {user_text(f)}", soft_wrap=True)
     if len(st["machines"]) > 1:
         console.print("machines: " + ", ".join(user_text(m["host"]) for m in st["machines"]))
     best = st["best_candidate"]
@@ -215,7 +220,8 @@ def spend(
     ctx = ctx or StudyContext.open(study_dir, data)
     reg = ctx.registry
     now = clock.now()
-    _say(rent.observe(rental, now, command))
+    _say(rent.close_orphans(rental, reg, now) + rent.observe(rental, now, command))
+    shift = rent.clock_shift(rental)  # the reading lacks the steps back the window recorded
     work = study_work(ctx)
     rates = rent.rates(reg)
     if command == "resume":
@@ -226,10 +232,10 @@ def spend(
     reserve_s, parts = rent.reserve(rates, work, command)
     deadline = rental["ends"] - reserve_s
     phase = rent.COMMAND_PHASE[command]
-    if now + est_s > deadline and command not in ("export", "deliver"):  # the reserve exists for these two
+    if now + shift + est_s > deadline and command not in ("export", "deliver"):  # the reserve exists for these two
         numbers = (
             f"{command} needs ~{est_s / 3600:.2f} h ({basis}; step time from {rates['step_source']}) but "
-            f"{max(0.0, deadline - now) / 3600:.2f} h remain before the reserve of {reserve_s / 3600:.2f} h "
+            f"{max(0.0, deadline - now - shift) / 3600:.2f} h remain before the reserve of {reserve_s / 3600:.2f} h "
             f"({'; '.join(parts)}); the window ends {rent.iso_utc(rental['ends'])}"
         )
         if override is None:
@@ -242,11 +248,24 @@ def spend(
         registry.CARRY["rental_override"] = override
         _say([f"{command} spends the reserve ({override}): {numbers}"])
     first_seq = _next_seq(reg)
-    entry = {"command": command, "phase": phase, "start": now, "end": None, "estimate_s": est_s, "basis": basis}
+    pid = os.getpid()
+    entry = {
+        "command": command,
+        "phase": phase,
+        "start": now,
+        "end": None,
+        "estimate_s": est_s,
+        "basis": basis,
+        # who runs it: an entry whose process is gone is ended by the next command (rent.close_orphans)
+        "pid": pid,
+        "host": socket.gethostname(),
+        "proc_start": procs.process_start(pid),
+        "first_seq": first_seq,
+    }
     rental["commands"].append(entry)
     index = len(rental["commands"]) - 1
     rent.save(study_dir, rental)
-    stop = deadline if command in ("train", "resume") and override is None else None
+    stop = deadline - shift if command in ("train", "resume") and override is None else None
     outcome = "completed"
     try:
         with clock.stop_at(stop, rent.RESERVE_STOP):
@@ -264,14 +283,40 @@ def spend(
         registry.CARRY.pop("rental_override", None)
         end = clock.now()
         latest = rent.load(study_dir) or rental  # a nested command (deliver) may have written it
+        made = [r.id for r in Registry(study_dir).list() if r.seq >= first_seq]
+        if command == "resume" and run is not None:  # a resume continues its run: no new one is made
+            with contextlib.suppress(TuneproofError):
+                made.insert(0, reg.get(run).id)
         if index < len(latest.get("commands", [])):
-            latest["commands"][index].update(
-                end=end,
-                status=outcome,
-                runs=[r.id for r in Registry(study_dir).list() if r.seq >= first_seq],
-            )
+            latest["commands"][index].update(end=end, status=outcome, runs=made)
+            past = rent.command_hours(latest, latest["commands"][index], end)[1]
+            if past > 0:
+                _flag_past_end(study_dir, made, command, latest["ends"], past)
         _say(rent.observe(latest, end, f"the end of {command}"))
         rent.save(study_dir, latest)
+
+
+def _flag_past_end(study_dir: Path, runs: list[str], command: str, ends: float, past_h: float) -> None:
+    """The window ended while ``command`` ran: its runs carry ``rental_window_ended`` in their summary and
+    the screen says so (its hours count up to the window's end, :func:`tuneproof.deliver.rental.command_hours`)."""
+    note = f"the rental window ended {rent.iso_utc(ends)} while {command} ran ({past_h:.2f} h past it)"
+    reg = Registry(study_dir)
+    try:
+        for rid in runs:
+            run = registry.Run(reg, reg.get(rid))
+            run.summary = dict(reg.get(rid).summary)
+            run.update_summary(rental_window_ended=note)
+    finally:
+        reg.close()
+    _say([f"{note}: {', '.join(runs) or 'no run'} flagged; its hours count up to the end"])
+
+
+def _manifest_sha(bundle: Path) -> str | None:
+    """sha256 of the bundle's ``manifest.json`` as verified (None when it cannot be read)."""
+    try:
+        return sha256_file(Path(bundle) / "manifest.json")
+    except OSError:
+        return None
 
 
 def variant_budget(ctx: StudyContext, parent: str, sets: list[str], grid: str | None) -> tuple[int, int]:
@@ -333,6 +378,8 @@ def run_deliver(ctx: StudyContext, *, run: str | None = None, html: bool = False
             "time": clock.now(),
             "started": start,
             "chosen": "--run" if run else "best passed candidate",
+            # the manifest verified now: a later status claims the delivery only while it is this one
+            "manifest_sha256": _manifest_sha(bundle) if report.get("passed") else None,
         }
         rental = _require(ctx.study_dir)
         rental["delivered"] = delivered

@@ -14,10 +14,10 @@ Features (option that turns each on):
   matrices, token lengths, step memory and throughput); every text goes through ``tuneproof.ui.html_text``.
 Both files are written atomically. Reads recorded evidence only: no data, no model.
 
-Evidence a verdict needs that is missing or broken (the baseline's or a candidate's outputs of the
-latest comparison, its ``compare.json``, a frozen hypothesis that is not the one sealed before
-training) turns the headline into ``INCOMPLETE: ...`` naming it; the dossier is still written and the
-command exits 3.
+Evidence that is missing or broken (the baseline's or a candidate's outputs of the headline comparison, its
+``compare.json``, a run it rests on that was invalidated since, a frozen hypothesis that is not the one sealed
+before training, any completed run whose folder or evidence file is gone: a deleted test run) turns the headline
+into ``INCOMPLETE: ...`` naming it; the dossier is still written and the command exits 3.
 """
 
 from __future__ import annotations

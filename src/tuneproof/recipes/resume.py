@@ -35,7 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tuneproof import clock
+from tuneproof import clock, procs
 from tuneproof.context import StudyContext, load_study, parse_study
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json
@@ -70,6 +70,24 @@ def _refuse_status(rec: RunRecord, reg: Registry | None = None) -> None:
             f"run {rec.id} is still running{where}",
             hint=f"stop it first (Ctrl-C or SIGTERM writes a checkpoint); if its machine is gone: "
             f"tuneproof runs mark-interrupted {rec.id} --why '...'",
+        )
+    if reg is not None:
+        _refuse_live(rec, reg.runs_dir / rec.id)
+
+
+def _refuse_live(rec: RunRecord, run_dir: Path) -> None:
+    """Refuse while a process of the run's last launch still lives on this host (torchrun or a rank that
+    outlived its launcher, ``proc-<name>.json``): a resume then would write the same run twice.
+
+    Raises:
+        TuneproofError: naming each live process and how to stop it (exit 2).
+    """
+    live = procs.live_processes(run_dir)
+    if live:
+        names = ", ".join(f"{p['name']} (pid {p['pid']})" for p in live)
+        raise TuneproofError(
+            f"run {rec.id} is {rec.status}, but processes of its last launch still run on this host: {names}",
+            hint="wait for them to end, or stop them: kill -TERM " + " ".join(str(p["pid"]) for p in live),
         )
 
 

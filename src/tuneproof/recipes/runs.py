@@ -62,6 +62,10 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
         flags += override_flags(r.summary)
         if r.summary.get("multi_change"):
             flags.append("multi-change variant")
+        if isinstance(r.summary.get("clock_went_back"), dict):  # times as read, flagged (registry.clock_flag)
+            flags.append(f"clock went back {r.summary['clock_went_back'].get('seconds', 0) / 3600:.2f} h while it ran")
+        if r.summary.get("rental_window_ended"):
+            flags.append(str(r.summary["rental_window_ended"]))
         style = STATUS_STYLE.get(r.status, "")
         ident = "\n".join([r.id] + [f"[cyan]{user_text(o, one_line=True)}[/]" for o in run_overrides(r.summary)])
         rows.append(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
+from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.metrics import score
 from tuneproof.evaluation.predict import predict
@@ -55,7 +56,11 @@ def test_reuse(ctx: StudyContext, candidate: str) -> list[str]:
         reasons.append(f"{candidate} was already evaluated on the test split")
     if accesses:
         first = accesses[0]["time"]
-        later = [r.id for r in ctx.registry.list(kind="train") if r.created > first]
+        try:  # run order is the runs' numbers, not the clock (a clock stepped back would hide a later train run)
+            seq = ctx.registry.get(accesses[0]["run"]).seq
+            later = [r.id for r in ctx.registry.list(kind="train") if r.seq > seq]
+        except TuneproofError:  # the test run's record is gone: its recorded time
+            later = [r.id for r in ctx.registry.list(kind="train") if r.created > first]
         if later:
             reasons.append(f"training continued after the first test read ({iso(first)}): {', '.join(later)}")
     return reasons

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tuneproof import procs
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import read_json, write_json
@@ -224,13 +225,19 @@ def launch(cmd: list[str], run_dir: Path | None) -> int:
     """Run torchrun and wait. Its own stderr (and every rank's) goes to ``runs/<id>/launcher.log``;
     rank 0's stdout (the progress bar) reaches the terminal. Ctrl-C/SIGTERM here sends one SIGTERM to
     torchrun, which hands it to every rank (they stop at the step boundary with a checkpoint).
-    Returns torchrun's exit code."""
+    Returns torchrun's exit code.
+
+    torchrun dies with this process (``kill -9`` of it included) and each rank with torchrun: torchrun is
+    started through :func:`tuneproof.procs.exec_dying_with_parent` and each rank's first act is
+    :func:`tuneproof.procs.die_with_parent` (:func:`worker_main`); torchrun's pid is recorded in the run
+    folder (``proc-torchrun.json``, :func:`tuneproof.procs.record`) beside each rank's."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    wrapped, env = procs.dying_with_parent(cmd, env)  # with this tuneproof first on PYTHONPATH, for the ranks too
     log = open(run_dir / "launcher.log", "ab") if run_dir is not None else None  # noqa: SIM115
     try:
-        proc = subprocess.Popen(cmd, env=env, stderr=log, start_new_session=True)  # noqa: S603
+        proc = subprocess.Popen(wrapped, env=env, stderr=log, start_new_session=True)  # noqa: S603
+        if run_dir is not None:
+            procs.record(run_dir, "torchrun", proc.pid)  # the wrapper's pid is torchrun's after exec
         try:
             return proc.wait()
         except BaseException:
@@ -722,6 +729,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume")
     ap.add_argument("--stop-after", type=int)
     args = ap.parse_args(argv)
+    procs.die_with_parent()  # the launcher killed (kill -9 included) kills torchrun, and torchrun this rank
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     study_dir = Path(args.study).resolve()
@@ -738,6 +746,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         if config is None:
             ctx = StudyContext.open(study_dir, args.data)
         _open_log(world, run_dir)
+        with contextlib.suppress(OSError):  # resume refuses while a process of the run lives
+            procs.record(run_dir, f"rank-{world.rank}")
         world.log(
             f"start: world size {world.world_size}, local rank {world.local_rank}, backend {world.backend}, "
             f"strategy {world.strategy}, pid {os.getpid()}"

@@ -19,7 +19,11 @@ Rules and where they come from:
   empty string, an ``intent`` that is a non-empty string or list of strings, ``slots`` an object. Every
   per-example rule (the basis of fixed / broken and McNemar's test) fails an example that is not
   answered: ``{}`` for a reference without slots has field F1 1.0, yet it is never a fixed example
-  (tests/tasks/test_task_rules.py: a model that says nothing must not count as fixed).
+  (tests/tasks/test_task_rules.py: a model that says nothing must not count as fixed). A required field
+  the reference leaves empty (null, ``""``, ``[]``, ``{}``: an optional field) is answered by an empty value,
+  and one the reference lacks by its absence: a copy of the reference passes every rule
+  (``{"intent": ["a"], "slots": null}`` against itself; tests/tasks/test_task_matrix.py), so fixed / broken
+  and McNemar's test count every row.
 """
 
 from __future__ import annotations
@@ -97,15 +101,37 @@ def intent_set(obj: Any) -> frozenset | None:
     return None
 
 
-def answered(pred: Any, required: Sequence[str]) -> bool:
+def _empty(value: Any) -> bool:
+    """A value that holds no answer: null, a blank string, ``[]`` or ``{}``."""
+    return value is None or value == [] or value == {} or (isinstance(value, str) and not value.strip())
+
+
+def _left_out(key: str, pred: dict, ref: Any) -> bool:
+    """``key`` is left out of ``pred`` as the reference ``ref`` leaves it out: absent from both, or empty in
+    both (:func:`_empty`: an optional field). False without a reference object."""
+    if not isinstance(ref, dict):
+        return False
+    if key not in ref:
+        return key not in pred
+    return _empty(ref[key]) and key in pred and _empty(pred[key])
+
+
+def answered(pred: Any, required: Sequence[str], ref: Any = None) -> bool:
     """True when ``pred`` (a parsed output) is an object holding every required field with a value:
     not null, not an empty string; ``intent`` a non-empty string or list of strings (:func:`intent_set`),
     ``slots`` an object (``{}`` is an answer: no slots). The gate of every per-example rule of this kind (see the module
-    docstring)."""
+    docstring).
+
+    ``ref`` (the parsed reference): a required field the reference leaves empty (null, ``""``, ``[]``,
+    ``{}``: an optional field, ``data.fields.optional``) is answered by an empty value too, and one the
+    reference lacks by its absence; so a copy of the reference is always answered, while an output that
+    drops a field the reference fills never is."""
     if not isinstance(pred, dict):
         return False
     for key in required:
         value = pred.get(key)
+        if _left_out(key, pred, ref):
+            continue
         if value is None or (isinstance(value, str) and not value.strip()):
             return False
         if key == "intent" and not intent_set(pred):  # None (not strings) or an empty list
@@ -117,14 +143,14 @@ def answered(pred: Any, required: Sequence[str]) -> bool:
 
 def _canonical(obj: dict) -> dict:
     """Object with slot values normalised (strip + casefold, order-free) and the intent as a
-    sorted set, for exact match; an absent ``slots`` equals ``{}``."""
+    sorted set, for exact match; an absent, null or empty ``slots`` equals ``{}``."""
     out = {}
     for k, v in obj.items():
         if k == "slots":
             if isinstance(v, dict):
                 if v:
                     out[k] = sorted(slot_pairs(v).elements())
-            else:
+            elif not _empty(v):  # null, [] and {} all say "no slots"
                 out[k] = v
         elif k == "intent":
             s = intent_set(obj)
@@ -205,8 +231,8 @@ def score_extraction(
             parse_errors[reason_kind(err)] += 1
         elif not is_obj:
             parse_errors["not_object"] += 1
-        required_present = bool(is_obj and all(k in pred for k in required))
-        is_answered = bool(valid and answered(pred, required))
+        required_present = bool(is_obj and all(k in pred or _left_out(k, pred, ref) for k in required))
+        is_answered = bool(valid and answered(pred, required, ref))
         ref_pairs = slot_pairs(ref.get("slots"))
         pred_pairs = slot_pairs(pred.get("slots")) if is_obj else Counter()
         tp_pairs = ref_pairs & pred_pairs

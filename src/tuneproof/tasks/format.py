@@ -168,16 +168,39 @@ class FormatRule:
             out.append(f"required fields {self.required}")
         return " and ".join(out)
 
+    def accepts_empty(self) -> list[str]:
+        """The empty answers this rule, applied alone, would let through: ``''`` or a whitespace-only
+        text (``eval.regex``, e.g. ``.*`` or ``\\d*``), or the empty JSON string ``""`` (``eval.json_schema``,
+        e.g. ``{"type": "string"}``); [] when it accepts none. :meth:`check` never passes them (an
+        empty answer is never compliant); the data check warns when this list is not empty."""
+        out = []
+        if self.pattern is not None:
+            out += [repr(t) for t in ("", " ") if self.pattern.fullmatch(t) is not None][:1]
+        if self.validator is not None and not self.required:
+            for value, shown in (("", '""'), (" ", '" "')):
+                if self.validator.is_valid(value):
+                    out.append(f"the JSON string {shown}")
+                    break
+        return out
+
     def check(self, s: str, *, fenced_ok: bool | None = None) -> dict[str, Any]:
         """Apply the rule to one text. Returns ``{"ok", "error", "scores", "obj", "parts",
         "function", "slots"}``; ``scores`` holds one boolean per check (``json_valid``,
         ``schema_valid``, ``regex_match``, ``grammar_valid``, ``required_present``) and the
-        first error (``parse_error`` / ``schema_error``)."""
+        first error (``parse_error`` / ``schema_error``).
+
+        An empty answer is never compliant, whatever the rule accepts (:meth:`accepts_empty`): an
+        empty or whitespace-only text, or in JSON mode a JSON string that is empty or whitespace
+        (``scores["empty"]`` True, error ``empty: ...``); every check that would pass it fails."""
         allow = self.allow_fenced if fenced_ok is None else fenced_ok
         sc: dict[str, Any] = {}
         ok, error, obj, parts, parsed = True, None, None, None, None
+        if not (s or "").strip():
+            ok, error = False, "empty: the output is empty or whitespace only"
         if self.json_mode:
             obj, err = parse_json_output(s, allow_fenced=allow)
+            if err is None and isinstance(obj, str) and not obj.strip():
+                ok, error = False, error or "empty: the output is an empty JSON string"
             sc["json_valid"], sc["parse_error"] = err is None, err
             ok &= err is None
             error = error or err
@@ -206,6 +229,10 @@ class FormatRule:
             sc["grammar_valid"] = parsed is not None
             ok &= parsed is not None
             error = error or err
+        if error is not None and error.startswith("empty:"):  # no check passes an empty answer, no part is right
+            sc = {k: (False if isinstance(v, bool) else v) for k, v in sc.items()}
+            parts = None
+        sc["empty"] = error is not None and error.startswith("empty:")
         return {
             "ok": bool(ok),
             "error": None if ok else (error or "not compliant"),

@@ -30,7 +30,9 @@ a SQLite store keeps its artifacts in ``mlflow-artifacts/`` beside the database;
 
 from __future__ import annotations
 
+import http
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -108,10 +110,32 @@ _UNREACHABLE = (
 )
 
 
+#: how a server that answered with an HTTP error status says it, by library: urllib3's retry ("too many 500
+#: error responses", also after MLflow's retries), MLflow's REST check ("error code 403 != 200"), requests'
+#: ``raise_for_status`` ("500 Server Error"). Checked before :data:`_UNREACHABLE`: such a server answered.
+_HTTP_STATUS = (
+    re.compile(r"too many (\d{3}) error responses"),
+    re.compile(r"error code (\d{3}) != 200"),
+    re.compile(r"\b(\d{3}) (?:Client|Server) Error"),
+)
+
+
+def _http_words(code: int) -> str:
+    try:
+        phrase = http.HTTPStatus(code).phrase
+    except ValueError:
+        phrase = "error"
+    return f"the server answered HTTP {code} ({phrase})"
+
+
 def _error(err: BaseException) -> str:
-    """A tracker's error in a few words: ``connection refused`` for a server that is down, else
-    ``Type: first line`` (cut at 120 characters, control characters shown as escapes)."""
+    """A tracker's error in a few words: the HTTP status a server answered with (``the server answered HTTP
+    500 (Internal Server Error)``), ``connection refused`` for a server that is down, else ``Type: first
+    line`` (cut at 120 characters, control characters shown as escapes)."""
     text = str(err)
+    for pattern in _HTTP_STATUS:
+        if m := pattern.search(text):
+            return _http_words(int(m.group(1)))
     for needle, words in _UNREACHABLE:
         if needle in text:
             return words

@@ -1,5 +1,5 @@
-"""MLflow backend (``pip install 'tuneproof[tracking]'``: mlflow-skinny + SQLAlchemy for a SQLite
-store; ``pip install 'tuneproof[mlflow]'`` adds MLflow's server and UI: ``mlflow ui``).
+"""MLflow backend (the ``tracking`` extra, :func:`tuneproof.errors.install_hint`: mlflow-skinny + SQLAlchemy
+for a SQLite store; the ``mlflow`` extra adds MLflow's server and UI: ``mlflow ui``).
 
 Uses ``mlflow.tracking.MlflowClient`` (no global active run), so mirroring never touches a run the
 user has open in the same process. Every run of a study is nested under one study run (named after
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import TuneproofError, install_hint
 from tuneproof.study import MLFLOW_FOLDER_FIX, mlflow_folder_store
 from tuneproof.tracking.base import RunView, Tracker, TrackerUnavailable
 
@@ -39,7 +39,7 @@ def _client(uri: str | None):
     try:
         from mlflow.tracking import MlflowClient  # noqa: PLC0415 - mlflow is optional and slow to import
     except ImportError as err:
-        raise TrackerUnavailable("MLflow is not installed: pip install 'tuneproof[tracking]'") from err
+        raise TrackerUnavailable(f"MLflow is not installed: {install_hint('tracking')}") from err
     # MLflow's INFO lines ("Creating initial MLflow database tables...") are not the command's output
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,151 @@
+"""The baseline (step 2 of PROTOCOL.md) and the record of every run: the runs table (all of them, with
+their flags) and the variants' lineage (what each changed against its parent)."""
+
+from __future__ import annotations
+
+from tuneproof.deliver.dossier.blocks import NOT_RUN, _dur, _fmt, _paragraph, _table, flatten
+from tuneproof.deliver.dossier.evidence import _Evidence
+from tuneproof.evaluation.screen import metric_short
+from tuneproof.registry import iso, override_flags
+from tuneproof.ui import capped
+
+
+def _baseline(ev: _Evidence) -> list[dict]:
+    b = ev.latest("baseline")
+    if not b:
+        return [_paragraph(f"{NOT_RUN} (`tuneproof baseline`)")]
+    if b.id in ev.missing:
+        return [{"type": "strong", "text": f"INCOMPLETE: {ev.missing[b.id]['what']}: its metrics are not shown"}]
+    base = b.summary.get("base") or {}
+    blocks = [
+        _paragraph(
+            f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision "
+            f"{base.get('revision', '-')}) on "
+            f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' "
+            f"examples, {b.summary.get('eval_seconds', '?')} s."
+        )
+    ]
+    metrics = b.summary.get("metrics", {})
+    blocks.append(
+        _table(["metric", "value"], [[metric_short(k), v] for k, v in metrics.items()])
+        if metrics
+        else _paragraph("no metrics recorded")
+    )
+    return blocks
+
+
+def _flags(r, baseline_fp: str | None) -> list[str]:
+    flags = []
+    if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp and r.kind in ("train", "eval"):
+        flags.append("data differs from baseline")
+    flags += override_flags(r.summary)
+    if r.summary.get("multi_change"):
+        flags.append("multi-change variant")
+    if r.summary.get("forced"):
+        flags.append("forced export")
+    return flags
+
+
+def _runs(ev: _Evidence) -> list[dict]:
+    if not ev.runs:
+        return [_paragraph(f"{NOT_RUN}")]
+    b = ev.latest("baseline")
+    bfp = b.data_fingerprint if b else None
+    rows = []
+    for r in ev.runs:
+        m = r.summary.get("metrics") or {}
+        head = ", ".join(f"{metric_short(k)} {_fmt(v)}" for k, v in list(m.items())[:2])
+        if r.kind == "train" and r.summary.get("final_loss") is not None:
+            head = f"final loss {_fmt(r.summary['final_loss'], 4)}"
+        if r.id in ev.missing:
+            head = f"INCOMPLETE: {ev.missing[r.id]['what']}"
+        rows.append(
+            [
+                r.id,
+                r.kind,
+                r.status,
+                r.reason or "",
+                r.parent or "",
+                iso(r.created),
+                _dur(r),
+                head,
+                "; ".join(_flags(r, bfp)),
+            ]
+        )
+    blocks = [
+        _table(["id", "kind", "status", "reason", "parent", "created (UTC)", "duration", "headline", "flags"], rows)
+    ]
+    bad = [r for r in ev.runs if r.status != "completed"]
+    if bad:
+        blocks.append(_paragraph(f"{len(bad)} run(s) did not complete; none is hidden:"))
+        blocks.append(
+            {
+                "type": "list",
+                "items": [f"{r.id} ({r.kind}) {r.status}: {r.reason or 'no reason recorded'}" for r in bad],
+            }
+        )
+    else:
+        blocks.append(_paragraph("every run completed."))
+    return blocks
+
+
+def _change_of(ev: _Evidence, r) -> str:
+    var = r.summary.get("variant") or {}
+    ch = var.get("change")
+    if ch:
+        if isinstance(ch, dict):
+            return "; ".join(
+                f"{k}: {_fmt(v.get('from') if isinstance(v, dict) else v)} -> "
+                f"{_fmt(v.get('to') if isinstance(v, dict) else '')}"
+                if isinstance(v, dict)
+                else f"{k}: {_fmt(v)}"
+                for k, v in ch.items()
+            )
+        if isinstance(ch, list):
+            return "; ".join(str(x) for x in ch)
+        return str(ch)
+    a, b = ev.json(r.parent, "config.json") or {}, ev.json(r.id, "config.json") or {}
+    da, db = dict(flatten(a, depth=4)), dict(flatten(b, depth=4))
+    diff = [f"{k}: {_fmt(da.get(k))} -> {_fmt(db.get(k))}" for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
+    return capped(diff, cap=5, sep="; ") if diff else "no config change recorded"
+
+
+def _lineage(ev: _Evidence) -> list[dict]:
+    trains = {r.id: r for r in ev.runs if r.kind == "train"}
+    if not trains:
+        return [_paragraph(f"{NOT_RUN} (no train run)")]
+    children: dict[str | None, list] = {}
+    for r in trains.values():
+        children.setdefault(r.parent if r.parent in trains else None, []).append(r)
+    if not any(k is not None for k in children):
+        return [
+            _paragraph(
+                f"no variants yet: {len(trains)} train run(s), each from the study file "
+                "(`tuneproof train --from RUN --set KEY=VALUE` makes one)."
+            )
+        ]
+    # the hypothesis in force (frozen unless --use-edited-hypothesis)
+    metric = (ev.judging.primary.get("success") or {}).get("metric") or ev.ctx.study.hypothesis.success.metric
+    b = ev.latest("baseline")
+    bval = (b.summary.get("metrics") or {}).get(metric) if b else None
+    evals = {r.parent: r for r in ev.runs if r.kind == "eval" and r.status == "completed"}
+    lines: list[str] = []
+
+    def walk(r, prefix: str, last: bool, root: bool) -> None:
+        e = evals.get(r.id)
+        val = (e.summary.get("metrics") or {}).get(metric) if e else None
+        score = (
+            f" | {metric} {_fmt(val)}"
+            + (f" ({val - bval:+.3f} vs baseline)" if isinstance(val, float) and isinstance(bval, float) else "")
+            if val is not None
+            else ""
+        )
+        what = "from the study file" if root else _change_of(ev, r)
+        lines.append(f"{prefix}{'' if root else ('`- ' if last else '|- ')}{r.id} [{r.status}] {what}{score}")
+        kids = children.get(r.id, [])
+        for i, k in enumerate(kids):
+            walk(k, prefix + ("" if root else ("   " if last else "|  ")), i == len(kids) - 1, False)
+
+    for r in children.get(None, []):
+        walk(r, "", True, True)
+    return [{"type": "pre", "text": "\n".join(lines)}]

@@ -93,3 +93,69 @@ def test_set_key_known_and_unknown(tmp_path):
     assert cfg["method"]["r"] == 16  # the original is not mutated
     with pytest.raises(TuneproofError, match="unknown key 'method.rank'"):
         set_key(cfg, "method.rank", "32")
+
+
+# --------------------------------------------------------------------------- each key's role (tuneproof.study.ROLES)
+def _leaf_keys() -> list[str]:
+    """Every key of the schema, nested sections walked (a list of sections by its item keys)."""
+    from tuneproof.study import Study, _section_of
+
+    out = []
+
+    def walk(model, prefix):
+        for name, field in model.model_fields.items():
+            sub = _section_of(field.annotation)
+            if sub is None:
+                out.append(prefix + name)
+            else:
+                walk(sub, f"{prefix}{name}.")
+
+    walk(Study, "")
+    return out
+
+
+def test_every_key_has_one_known_role():
+    from tuneproof.study import ROLES, declared_roles, role_of
+
+    keys = _leaf_keys()
+    assert len(keys) > 80
+    missing = [k for k in keys if role_of(k) is None]
+    assert missing == [], f"keys without a role (add json_schema_extra=role(...) to their field): {missing}"
+    assert set(declared_roles().values()) <= set(ROLES)
+    # a role is declared once: never again under a section that already has one
+    for key in declared_roles():
+        parents = [".".join(key.split(".")[:i]) for i in range(1, key.count(".") + 1)]
+        assert not [p for p in parents if p in declared_roles()], key
+
+
+def test_roles_of_the_keys_that_drifted():
+    """eval.grammar invalidated a preflight and eval.regex did not, although both only score outputs."""
+    from tuneproof.hypothesis import FORMAT_KEYS
+    from tuneproof.preflight.scope import is_exempt
+    from tuneproof.study import role_of
+
+    assert role_of("eval.grammar") == role_of("eval.regex") == "scores"
+    assert is_exempt("eval.grammar") and is_exempt("eval.regex")
+    assert set(FORMAT_KEYS) == {"allow_fenced_json", "json_schema", "regex", "grammar", "answer_from"}
+    assert role_of("distributed.timeout_s") == "bookkeeping" and is_exempt("distributed.timeout_s")
+    assert role_of("eval.max_new_tokens") == "decodes" and not is_exempt("eval.max_new_tokens")
+    assert role_of("eval.prompt.template") == "trains" and role_of("tracking.mlflow.uri") == "tracking"
+    assert role_of("training.no_such_key") is None and not is_exempt("training.no_such_key")
+
+
+def test_every_key_is_read_by_some_code():
+    """A key that no module reads is a silent no-op: each key's name is read outside the schema (an
+    attribute ``.name``, a ``["name"]`` / ``.get("name"`` lookup, or a ``name=`` keyword built from the study)."""
+    import re
+    from pathlib import Path
+
+    import tuneproof
+
+    root = Path(tuneproof.__file__).parent
+    text = "\n".join(p.read_text(encoding="utf-8") for p in root.rglob("*.py") if p.name != "study.py")
+
+    def read(name: str) -> bool:
+        return bool(re.search(rf"\.{name}\b|\[[\"']{name}[\"']\]|get\([\"']{name}[\"']|\b{name}=", text))
+
+    assert not read("backend_check_sample_sizes")  # the scan can fail
+    assert [k for k in _leaf_keys() if not read(k.split(".")[-1])] == []

@@ -366,7 +366,7 @@ class StudyContext:
 
     def torch_setup(self):
         """``(device, dtype, autocast_factory)``: weights stay fp32, bf16/fp16 run under autocast."""
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch loads only when torch_setup() runs
 
         c = self.device_choice
         device = torch.device(c["torch_device"])

@@ -38,7 +38,7 @@ from typing import Any
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.compare import judge, overall_verdict
 from tuneproof.io import SCHEMA_VERSION, append_jsonl, read_json, read_jsonl, sha256_file, sha256_json
-from tuneproof.study import Hypothesis
+from tuneproof.study import Eval, Hypothesis, keys_with_role
 from tuneproof.tasks import get_task
 from tuneproof.tasks.parsing import parse_json_output
 
@@ -49,8 +49,12 @@ FLAG = "--use-edited-hypothesis"
 SEAL_KEY = "hypothesis_sha256"
 #: the registry index's ``meta`` key that keeps a copy of the seal (``{"run", "sha256"}``), carried over by a rebuild
 SEAL_META = "hypothesis_seal"
-#: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output).
-FORMAT_KEYS = {"json_schema": None, "regex": None, "grammar": None, "allow_fenced_json": False}
+#: ``eval`` keys that belong to the hypothesis: the format rule (what counts as a valid output), the ``eval``
+#: keys whose role is ``scores`` (:data:`tuneproof.study.ROLES`), with their defaults.
+FORMAT_KEYS = {k: Eval.model_fields[k].get_default(call_default_factory=True) for k in keys_with_role("scores", "eval")}
+#: the format keys every frozen hypothesis holds; a later ``scores`` key joins only when set away from its default,
+#: so a hypothesis frozen before that key existed reads the same (``eval.answer_from``)
+ALWAYS_FORMAT = ("allow_fenced_json", "json_schema", "regex", "grammar")
 
 
 # --------------------------------------------------------------------------- the frozen part
@@ -59,13 +63,18 @@ def _normalise(hyp: dict[str, Any], eval_section: dict[str, Any]) -> dict[str, A
         h = Hypothesis.model_validate(hyp).model_dump(mode="json")  # defaults filled: old records compare key by key
     except Exception:  # noqa: BLE001 - a record from an older schema is kept as it was
         h = dict(hyp)
-    h["format"] = {k: eval_section.get(k, default) for k, default in FORMAT_KEYS.items()}
+    h["format"] = {
+        k: eval_section.get(k, default)
+        for k, default in FORMAT_KEYS.items()
+        if k in ALWAYS_FORMAT or eval_section.get(k, default) != default
+    }
     return h
 
 
 def hypothesis_view(study: Any) -> dict[str, Any]:
     """The part of a study that is frozen: ``hypothesis`` (behaviour, task, success, guards,
-    required_fields) plus ``format`` (``eval.json_schema``, ``eval.regex``, ``eval.allow_fenced_json``)."""
+    required_fields) plus ``format`` (:data:`FORMAT_KEYS`: ``eval.allow_fenced_json``, ``eval.json_schema``,
+    ``eval.regex``, ``eval.grammar``)."""
     return _normalise(study.hypothesis.model_dump(mode="json"), study.eval.model_dump(mode="json"))
 
 
@@ -574,7 +583,7 @@ def check_against_data(study: Any, splits: dict[str, list], path: str | Path) ->
             raise TuneproofError(f"{path}: eval.regex: not a valid regular expression ({err})") from None
         judge_rule("eval.regex", sum(pattern.fullmatch(t.strip()) is not None for t in targets))
     if ev.json_schema is not None:
-        import jsonschema  # noqa: PLC0415
+        import jsonschema  # noqa: PLC0415 - jsonschema loads only when check_against_data() runs
 
         try:
             cls = jsonschema.validators.validator_for(ev.json_schema)

@@ -25,6 +25,7 @@ whether any of them still lives (:func:`live_processes`).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -52,7 +53,6 @@ def die_with_parent() -> bool:
     expected = os.environ.get(PARENT_ENV)
     if not expected or not sys.platform.startswith("linux"):
         return False
-    import ctypes  # noqa: PLC0415
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -25,6 +25,37 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# --------------------------------------------------------------------------- roles
+#: what a study key does, declared once on its field (``json_schema_extra=role(...)``); a field whose value is
+#: a section declares the role of every key under it. What the other modules derive from it:
+#: the preflight's scope (:mod:`tuneproof.preflight.scope`: a change of a ``trains`` or ``decodes`` key
+#: invalidates a passed preflight, any other keeps it), the evaluation fingerprint
+#: (:mod:`tuneproof.evaluation.fingerprint`: ``decodes`` keys in its ``decoding`` part, ``scores`` keys in its
+#: ``metrics`` part, ``serves`` in its ``backend`` part), the frozen hypothesis's ``format``
+#: (:data:`tuneproof.hypothesis.FORMAT_KEYS`: the ``eval`` keys that ``scores``) and the variant groups
+#: (:func:`tuneproof.recipes.variants.group_of`: ``bookkeeping`` and ``tracking`` are no change of a variant).
+ROLES: dict[str, str] = {
+    "trains": "what is trained: data and its preprocessing, base model, method, optimisation, the prompt",
+    "decodes": "what an evaluation generates: its split and decoding settings",
+    "scores": "how outputs are scored: the task's metric definitions and the format rule",
+    "judges": "the claim and the statistics that judge it: behaviour, success, guards, bootstrap",
+    "serves": "the engine that serves baseline, eval and test generations (vLLM), and its check",
+    "budget": "how much is run: optimizer steps or epochs, examples evaluated",
+    "bookkeeping": "names and cadence: the study's name, checkpoint and evaluation-loss cadence, timeouts",
+    "tracking": "where copies of the runs go (MLflow, W&B, Trackio, the remote copy), never what a run does",
+}
+#: the roles whose keys change what a preflight measured (the model, its steps, the smoke evaluation)
+PREFLIGHT_ROLES = ("trains", "decodes")
+
+
+def role(name: str) -> dict[str, str]:
+    """``json_schema_extra`` of a field whose key plays the role ``name`` (one of :data:`ROLES`); the role
+    shows in the JSON Schema (``"role"``) and in docs/study-file.md."""
+    if name not in ROLES:
+        raise ValueError(f"unknown role {name!r}; one of {', '.join(ROLES)}")
+    return {"role": name}
+
+
 # --------------------------------------------------------------------------- hypothesis
 class Criterion(_Strict):
     metric: str = Field(description="metric name as reported by the evaluation, e.g. 'macro_f1', 'field_f1'")
@@ -56,14 +87,21 @@ class Guard(_Strict):
 
 
 class Hypothesis(_Strict):
-    behaviour: str = Field(description="the behaviour to improve, in one sentence")
+    behaviour: str = Field(description="the behaviour to improve, in one sentence", json_schema_extra=role("judges"))
     task: TaskKind = Field(
-        description="the task kind: what the data holds, how outputs are scored and which metrics exist"
+        description="the task kind: what the data holds, how outputs are scored and which metrics exist",
+        json_schema_extra=role("scores"),
     )
-    success: Criterion = Field(description="metric and minimum gain over the baseline")
-    guards: list[Guard] = Field(default_factory=list, description="what must not get worse")
+    success: Criterion = Field(
+        description="metric and minimum gain over the baseline", json_schema_extra=role("judges")
+    )
+    guards: list[Guard] = Field(
+        default_factory=list, description="what must not get worse", json_schema_extra=role("judges")
+    )
     required_fields: list[str] = Field(
-        default_factory=list, description="extraction/format: top-level JSON keys every output must have"
+        default_factory=list,
+        description="extraction/format: top-level JSON keys every output must have",
+        json_schema_extra=role("scores"),
     )
 
 
@@ -346,77 +384,107 @@ def turn_off(training: Any, key: str) -> str:
 
 
 class Training(_Strict):
-    seed: int = Field(0, description="seed of initialisation, data order and dropout")
-    max_steps: int | None = Field(None, ge=1, description="optimizer steps of the run; exclusive with epochs")
+    seed: int = Field(0, description="seed of initialisation, data order and dropout", json_schema_extra=role("trains"))
+    max_steps: int | None = Field(
+        None, ge=1, description="optimizer steps of the run; exclusive with epochs", json_schema_extra=role("budget")
+    )
     epochs: float | None = Field(
         None,
         gt=0,
         description=f"passes over train (an optimizer step never spans two epochs); "
         f"exclusive with max_steps; neither set: {DEFAULT_EPOCHS} epoch",
+        json_schema_extra=role("budget"),
     )
-    micro_batch_size: int = Field(8, ge=1, description="examples per forward/backward pass, per process")
-    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    micro_batch_size: int = Field(
+        8, ge=1, description="examples per forward/backward pass, per process", json_schema_extra=role("trains")
+    )
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="micro-batches per optimizer step", json_schema_extra=role("trains")
+    )
     learning_rate: float = Field(
         2e-4,
         gt=0,
         lt=3.4e38,
         allow_inf_nan=False,
         description="peak learning rate (below fp32's largest value, the largest step AdamW can apply)",
+        json_schema_extra=role("trains"),
     )
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
-        "linear", description="schedule (transformers.get_scheduler)"
+        "linear", description="schedule (transformers.get_scheduler)", json_schema_extra=role("trains")
     )
-    warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
-    max_grad_norm: float | None = Field(1.0, description="gradient clipping (None: off)")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps", json_schema_extra=role("trains"))
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay", json_schema_extra=role("trains"))
+    max_grad_norm: float | None = Field(
+        1.0, description="gradient clipping (None: off)", json_schema_extra=role("trains")
+    )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="compute dtype; auto: bf16 where native, else fp32"
+        "auto", description="compute dtype; auto: bf16 where native, else fp32", json_schema_extra=role("trains")
     )
-    activation_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    activation_checkpointing: bool = Field(
+        False, description="recompute activations in backward to save memory", json_schema_extra=role("trains")
+    )
     chunked_loss: bool = Field(
         False,
         description="causal LM: loss over chunks of supervised positions without the full logits; "
         "used only after it matches the reference loss and gradients on a micro-batch",
+        json_schema_extra=role("trains"),
     )
     length_grouping: bool = Field(
         False,
         description="micro-batches of examples of similar length (less padding); a seeded "
         "order within each process's DistributedSampler share, resumable; changes which examples share "
         "a step, so speedups: auto never turns it on",
+        json_schema_extra=role("trains"),
     )
     packing: bool = Field(
         False,
         description="causal LM: several examples per row, position ids restarting per example, no "
         "attention across examples; used only after the packing check passes",
+        json_schema_extra=role("trains"),
     )
     packing_length: int | None = Field(
         None,
         ge=8,
         description="tokens per packed row (training.packing); None: "
         "micro_batch_size x max_length, one row per micro-batch",
+        json_schema_extra=role("trains"),
     )
     bf16_base_weights: bool = Field(
         False,
         description="LoRA: the frozen base weights held in bf16 (2 bytes per element instead of 4), "
         "trainable ones in fp32; needs native bf16 and training.precision bf16; used "
         "only after the loss and LoRA gradients match fp32 frozen weights on a micro-batch",
+        json_schema_extra=role("trains"),
     )
     compile: bool = Field(
         False,
         description="torch.compile of the decoder (forward and backward of the training step); used only "
         "after the loss and gradients match eager mode on the first micro-batch; its compile seconds "
         "are recorded and counted in the plan",
+        json_schema_extra=role("trains"),
     )
     speedups: Literal["auto", "off"] | list[SpeedupName] | None = Field(
         None,
         description="auto: each speed-up that applies here is checked on the study's micro-batches and used "
         "when its check passes (the run records which and why); off: none; a list: exactly those "
         "(each still checked); None: the boolean keys decide",
+        json_schema_extra=role("trains"),
     )
-    max_length: int = Field(128, ge=8, description="tokens per example after truncation")
-    loss: Literal["answer_only", "full_sequence"] = Field("answer_only", description="which tokens are supervised")
-    checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every N optimizer steps")
-    eval_every: int | None = Field(None, description="evaluation loss every N steps (None: at the end only)")
+    max_length: int = Field(
+        128, ge=8, description="tokens per example after truncation", json_schema_extra=role("trains")
+    )
+    loss: Literal["answer_only", "full_sequence"] = Field(
+        "answer_only", description="which tokens are supervised", json_schema_extra=role("trains")
+    )
+    checkpoint_every: int = Field(
+        50,
+        ge=1,
+        description="save a resumable checkpoint every N optimizer steps",
+        json_schema_extra=role("bookkeeping"),
+    )
+    eval_every: int | None = Field(
+        None, description="evaluation loss every N steps (None: at the end only)", json_schema_extra=role("bookkeeping")
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -479,12 +547,18 @@ class Distributed(_Strict):
         "ddp",
         description="ddp: DistributedDataParallel (weights replicated); fsdp: FSDP2 "
         "fully_shard, one unit per decoder block + root",
+        json_schema_extra=role("trains"),
     )
     backend: Literal["auto", "nccl", "gloo"] = Field(
-        "auto", description="process-group backend; auto: nccl on CUDA GPUs, gloo on CPU"
+        "auto",
+        description="process-group backend; auto: nccl on CUDA GPUs, gloo on CPU",
+        json_schema_extra=role("trains"),
     )
     timeout_s: float = Field(
-        600.0, gt=0, description="seconds a rank waits in a collective before the run fails (a hung rank)"
+        600.0,
+        gt=0,
+        description="seconds a rank waits in a collective before the run fails (a hung rank)",
+        json_schema_extra=role("bookkeeping"),
     )
 
 
@@ -519,44 +593,73 @@ class Prompt(_Strict):
 
 
 class Eval(_Strict):
-    split: str = Field("validation", description="split used by baseline and eval (never the reserved test split)")
-    prompt: Prompt = Field(default_factory=Prompt, description="prompt used for training and generation")
-    max_new_tokens: int = Field(64, ge=1, description="generation budget, tokens")
-    do_sample: bool = Field(False, description="sampling (False: greedy decoding)")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature (eval.do_sample: true only)")
-    batch_size: int = Field(16, ge=1, description="generation batch (left padding)")
-    max_examples: int | None = Field(
-        None, ge=1, description="evaluate a fixed class-balanced subset of this size (the same number per class)"
+    split: str = Field(
+        "validation",
+        description="split used by baseline and eval (never the reserved test split)",
+        json_schema_extra=role("decodes"),
     )
-    allow_fenced_json: bool = Field(False, description="accept ```json fenced output as valid JSON")
-    json_schema: dict[str, Any] | None = Field(None, description="format: JSON Schema every output must satisfy")
+    prompt: Prompt = Field(
+        default_factory=Prompt, description="prompt used for training and generation", json_schema_extra=role("trains")
+    )
+    max_new_tokens: int = Field(64, ge=1, description="generation budget, tokens", json_schema_extra=role("decodes"))
+    do_sample: bool = Field(False, description="sampling (False: greedy decoding)", json_schema_extra=role("decodes"))
+    temperature: float = Field(
+        1.0, gt=0, description="sampling temperature (eval.do_sample: true only)", json_schema_extra=role("decodes")
+    )
+    batch_size: int = Field(16, ge=1, description="generation batch (left padding)", json_schema_extra=role("decodes"))
+    max_examples: int | None = Field(
+        None,
+        ge=1,
+        description="evaluate a fixed class-balanced subset of this size (the same number per class)",
+        json_schema_extra=role("budget"),
+    )
+    allow_fenced_json: bool = Field(
+        False, description="accept ```json fenced output as valid JSON", json_schema_extra=role("scores")
+    )
+    json_schema: dict[str, Any] | None = Field(
+        None, description="format: JSON Schema every output must satisfy", json_schema_extra=role("scores")
+    )
     regex: str | None = Field(
-        None, description="format: regular expression every output must fully match; named groups are scored parts"
+        None,
+        description="format: regular expression every output must fully match; named groups are scored parts",
+        json_schema_extra=role("scores"),
     )
     grammar: Literal["function_slots"] | None = Field(
-        None, description="format: a meaning-representation grammar, function_slots = name(slot[value], slot[v1, v2])"
+        None,
+        description="format: a meaning-representation grammar, function_slots = name(slot[value], slot[v1, v2])",
+        json_schema_extra=role("scores"),
+    )
+    bootstrap_iterations: int = Field(
+        1000, ge=100, description="paired bootstrap iterations", json_schema_extra=role("judges")
+    )
+    seed: int = Field(
+        0, description="seed of the bootstrap (and of the backend check's sample)", json_schema_extra=role("judges")
     )
     answer_from: str = Field(
         "auto",
         description="the answer scored in a generation: auto (the text after a closed think block or in the final "
         "channel, else the whole generation), raw (the whole generation), or a regular expression searched in the "
         "generation with special tokens kept (group 'answer', else group 1, else the match)",
+        json_schema_extra=role("scores"),
     )
-    bootstrap_iterations: int = Field(1000, ge=100, description="paired bootstrap iterations")
-    seed: int = Field(0, description="seed of the bootstrap (and of the backend check's sample)")
     backend: Literal["transformers", "vllm"] = Field(
         "transformers",
         description="generation backend of baseline/eval/test: transformers, or vllm (CUDA, installed separately; "
         "its outputs are checked against transformers' on a sample before its numbers are used)",
+        json_schema_extra=role("serves"),
     )
     backend_check_examples: int = Field(
-        16, ge=1, description="eval.backend vllm: examples of the seeded sample generated by both backends"
+        16,
+        ge=1,
+        description="eval.backend vllm: examples of the seeded sample generated by both backends",
+        json_schema_extra=role("serves"),
     )
     backend_check_min_agreement: float = Field(
         0.9,
         ge=0.0,
         le=1.0,
         description="eval.backend vllm: least share of sampled greedy outputs that must be identical in both backends",
+        json_schema_extra=role("serves"),
     )
 
     @field_validator("answer_from")
@@ -580,14 +683,11 @@ class Eval(_Strict):
 
 
 # --------------------------------------------------------------------------- tracking
-#: the keys that say where copies of the runs go (``tuneproof.tracking``, ``tuneproof.storage``), never what a
-#: run does
-TRACKER_KEYS = ("tracking", "report_to", "storage")
 
 
 def is_tracker_key(key: str) -> bool:
-    """True for a dotted key under :data:`TRACKER_KEYS` (``tracking.mlflow.uri``, ``report_to``)."""
-    return any(key == k or key.startswith(k + ".") for k in TRACKER_KEYS)
+    """True for a dotted key whose role is ``tracking`` (``tracking.mlflow.uri``, ``report_to``)."""
+    return role_of(key) == "tracking"
 
 
 def mlflow_folder_store(uri: str) -> bool:
@@ -678,24 +778,37 @@ class Storage(_Strict):
 
 
 class Study(_Strict):
-    schema_version: int = Field(1, description="study file schema version")
-    name: str = Field(description="study name")
+    schema_version: int = Field(1, description="study file schema version", json_schema_extra=role("bookkeeping"))
+    name: str = Field(description="study name", json_schema_extra=role("bookkeeping"))
     hypothesis: Hypothesis = Field(description="what the study sets out to show, frozen with the first train run")
-    data: Data = Field(description="where the examples come from and how they are split and checked")
-    model: ModelSpec = Field(description="the base model, pinned to an exact copy")
-    method: Method = Field(default_factory=Method, description="how the base is adapted: LoRA, QLoRA or full")
+    data: Data = Field(
+        description="where the examples come from and how they are split and checked", json_schema_extra=role("trains")
+    )
+    model: ModelSpec = Field(description="the base model, pinned to an exact copy", json_schema_extra=role("trains"))
+    method: Method = Field(
+        default_factory=Method,
+        description="how the base is adapted: LoRA, QLoRA or full",
+        json_schema_extra=role("trains"),
+    )
     training: Training = Field(default_factory=Training, description="the training run and its speed-ups")
     distributed: Distributed = Field(
         default_factory=Distributed, description="more than one process: torchrun with DDP or FSDP2"
     )
     eval: Eval = Field(default_factory=Eval, description="the one evaluation procedure of baseline, eval and test")
-    tracking: Tracking = Field(default_factory=Tracking, description="trackers that get a copy of every run")
+    tracking: Tracking = Field(
+        default_factory=Tracking,
+        description="trackers that get a copy of every run",
+        json_schema_extra=role("tracking"),
+    )
     report_to: list[Literal["mlflow", "wandb", "trackio"]] = Field(
         default_factory=list,
         description="shorthand for tracking.<name> with its defaults (transformers' report_to names)",
+        json_schema_extra=role("tracking"),
     )
     storage: Storage = Field(
-        default_factory=Storage, description="a remote copy of the study kept while commands run (tuneproof sync)"
+        default_factory=Storage,
+        description="a remote copy of the study kept while commands run (tuneproof sync)",
+        json_schema_extra=role("tracking"),
     )
 
     @model_validator(mode="after")
@@ -728,6 +841,62 @@ class Study(_Strict):
                 f"against fp32 frozen weights alone); set one of them to false"
             )
         return self
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The section model inside a field's annotation (``Guard`` in ``list[Guard]``, ``X`` in ``X | None``)."""
+    todo = [annotation]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+        todo.extend(typing.get_args(t))
+    return None
+
+
+def role_of(key: str) -> str | None:
+    """The role (:data:`ROLES`) of a dotted study key (``eval.regex``, ``tracking.mlflow.uri``, a key inside a
+    mapping value such as ``eval.json_schema.properties``): the role declared on it or on the section field
+    above it. None for a key the schema does not have."""
+    model: type[BaseModel] | None = Study
+    for part in key.split("."):
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and "role" in extra:
+            return str(extra["role"])
+        model = _section_of(field.annotation)
+    return None
+
+
+def declared_roles() -> dict[str, str]:
+    """Dotted key -> role of every key that declares one (a section field stands for the keys under it)."""
+    out: dict[str, str] = {}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            extra = field.json_schema_extra
+            if isinstance(extra, dict) and "role" in extra:
+                out[prefix + name] = str(extra["role"])
+            elif (sub := _section_of(field.annotation)) is not None:
+                walk(sub, f"{prefix}{name}.")
+
+    walk(Study, "")
+    return out
+
+
+def keys_with_role(name: str, section: str | None = None) -> tuple[str, ...]:
+    """The keys (dotted, in schema order) whose role is ``name``; with ``section``, only the keys of that
+    section, without its prefix (``keys_with_role("scores", "eval")`` -> ``("allow_fenced_json", ...)``)."""
+    keys = [k for k, r in declared_roles().items() if r == name]
+    if section is None:
+        return tuple(keys)
+    return tuple(k[len(section) + 1 :] for k in keys if k.startswith(section + "."))
+
+
+#: the top-level keys that say where copies of the runs go (``tuneproof.tracking``, ``tuneproof.storage``)
+TRACKER_KEYS = keys_with_role("tracking")
 
 
 def _format_loc(loc: tuple) -> str:

@@ -12,10 +12,14 @@ import threading
 import time
 from collections.abc import Iterator
 
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.markup import escape as _escape_markup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 
 class WrappingConsole(Console):
@@ -386,9 +390,6 @@ MAX_UNBROKEN_WORD = 14
 
 
 def _plain_lines(text: str) -> list[str]:
-    from rich.errors import MarkupError  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
-
     if "[" in text:
         try:
             text = Text.from_markup(text).plain
@@ -398,8 +399,6 @@ def _plain_lines(text: str) -> list[str]:
 
 
 def _longest_word(texts, cap: int | None = MAX_UNBROKEN_WORD) -> int:
-    from rich.cells import cell_len  # noqa: PLC0415
-
     longest = 0
     for text in texts:
         for line in _plain_lines(text):
@@ -409,8 +408,6 @@ def _longest_word(texts, cap: int | None = MAX_UNBROKEN_WORD) -> int:
 
 
 def _longest_line(texts) -> int:
-    from rich.cells import cell_len  # noqa: PLC0415
-
     return max((cell_len(line) for text in texts for line in _plain_lines(text)), default=0)
 
 
@@ -457,7 +454,6 @@ def table(
     Only then are other cells cut (folded), at 6 characters or more; and the kept ones only when they
     alone leave no such room.
     """
-    from rich import box  # noqa: PLC0415
 
     cells = [["" if v is None else str(v) for v in r] for r in rows]
     keep = [columns[0]] if keep is None and columns else list(keep or [])

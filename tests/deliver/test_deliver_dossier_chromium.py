@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="headless Chromium not found at /usr/bin/chromium (apt-get install -y chromium)"
-)
+pytestmark = [
+    pytest.mark.slow,  # headless Chromium in a child process: left out of the inner loop (`pytest -m "not slow"`)
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="headless Chromium not found at /usr/bin/chromium (apt-get install -y chromium)"
+    ),
+]
 
 # appended to a copy of the page: the dossier itself has no script
 HARNESS = """<script>

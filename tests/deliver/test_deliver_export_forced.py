@@ -12,6 +12,10 @@ from tuneproof.context import StudyContext
 from tuneproof.io import read_json, read_jsonl, sha256_file
 from tuneproof.registry import Registry
 
+pytestmark = (
+    pytest.mark.slow
+)  # an export verified in a fresh process, and the CLI in another: left out of the inner loop (`pytest -m "not slow"`)
+
 
 def _exit_code(argv: list[str]) -> int:
     with pytest.raises(SystemExit) as e:

@@ -17,6 +17,8 @@ from tuneproof.recipes.torchrun import check_launch
 from tuneproof.registry import Registry
 from tuneproof.training.parallel import block_classes
 
+pytestmark = pytest.mark.slow  # torchrun on 2 gloo processes: left out of the inner loop (`pytest -m "not slow"`)
+
 # imported by every Python process started with this folder first on PYTHONPATH; acts on rank 1 only
 FAULT = textwrap.dedent(
     """

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dist_helpers import dist_study, run_cli
 from tuneproof.registry import Registry
+
+pytestmark = pytest.mark.slow  # torchrun on 2 gloo processes: left out of the inner loop (`pytest -m "not slow"`)
 
 
 def test_distributed_preflight_passes_with_its_numbers(tiny_base, tmp_path):

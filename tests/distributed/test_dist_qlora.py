@@ -15,10 +15,13 @@ import yaml
 from dist_helpers import SKIP, dist_study, metrics, run_cli, summary
 from tuneproof.models import quant
 
-pytestmark = pytest.mark.skipif(
-    not quant.bitsandbytes_installed() or quant._probe_4bit("cpu") is not None,
-    reason="bitsandbytes' 4-bit layers do not run on this CPU (pip install 'tuneproof[qlora]')",
-)
+pytestmark = [
+    pytest.mark.slow,  # torchrun on 2 gloo processes: left out of the inner loop (`pytest -m "not slow"`)
+    pytest.mark.skipif(
+        not quant.bitsandbytes_installed() or quant._probe_4bit("cpu") is not None,
+        reason="bitsandbytes' 4-bit layers do not run on this CPU (pip install 'tuneproof[qlora]')",
+    ),
+]
 
 
 def test_fsdp2_trains_a_4bit_base_with_float_storage(tiny_base, tmp_path):

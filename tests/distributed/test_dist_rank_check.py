@@ -11,6 +11,8 @@ import pytest
 from tuneproof.errors import CheckFailed
 from tuneproof.recipes.torchrun import rank_failure, rank_hint, write_error
 
+pytestmark = pytest.mark.slow  # torchrun on 2 gloo processes: left out of the inner loop (`pytest -m "not slow"`)
+
 HINT = "remove length_grouping from training.speedups (training.speedups: off)"
 
 

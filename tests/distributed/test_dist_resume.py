@@ -14,6 +14,8 @@ from tuneproof.recipes.torchrun import run_train_distributed
 from tuneproof.registry import Registry
 from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 
+pytestmark = pytest.mark.slow  # torchrun on 2 gloo processes: left out of the inner loop (`pytest -m "not slow"`)
+
 STEPS = 6
 
 

@@ -22,6 +22,8 @@ from tuneproof.registry import Registry
 from tuneproof.training.data_order import window_at
 from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 
+pytestmark = pytest.mark.slow  # torchrun on 2 gloo processes: left out of the inner loop (`pytest -m "not slow"`)
+
 STEPS = 4
 
 

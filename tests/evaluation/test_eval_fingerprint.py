@@ -74,3 +74,32 @@ def test_duplicate_ids_refused_and_missing_parts_reported():
     a = _fp()
     b = {"hash": a["hash"], "parts": {k: v for k, v in a["parts"].items() if k != "tokenizer"}}
     assert diff_fingerprints(a, b) == ["tokenizer"]
+
+
+#: a value away from the default for each ``eval`` key a fingerprint part takes from its role
+OTHER_VALUE = {
+    "max_new_tokens": 7,
+    "do_sample": True,
+    "temperature": 0.5,
+    "allow_fenced_json": True,
+    "json_schema": {"type": "object"},
+    "regex": "a+",
+    "grammar": "function_slots",
+    "answer_from": "raw",
+}
+
+
+def test_every_decoding_and_scoring_key_is_in_its_part():
+    """A new ``decodes`` or ``scores`` key of ``eval`` (tuneproof.study) joins the fingerprint by its role: left
+    out of OTHER_VALUE here, this test fails until it is given a value that must change its part."""
+    from tuneproof.evaluation.fingerprint import ELSEWHERE
+    from tuneproof.study import keys_with_role
+
+    for role, part in (("decodes", "decoding"), ("scores", "metrics")):
+        keys = [k for k in keys_with_role(role, "eval") if k not in ELSEWHERE]
+        assert keys and set(keys) <= set(OTHER_VALUE), (role, keys)
+        for key in keys:
+            assert diff_fingerprints(_fp(), _fp(**{key: OTHER_VALUE[key]})) == [part], key
+    # the split through the evaluated ids; the batch size only where it can change the outputs (sampling)
+    assert set(ELSEWHERE) == {"split", "batch_size"}
+    assert diff_fingerprints(_fp(do_sample=True), _fp(do_sample=True, batch_size=3)) == ["decoding"]

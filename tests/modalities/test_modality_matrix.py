@@ -86,7 +86,23 @@ def test_declared_sections_and_checks_are_known_names():
     known = {TOKEN_LENGTHS, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, LOSS_NORMALISATION, IMAGE_FORM}
     for m in MODALITIES:
         assert set(m.dossier_sections) <= known, m.name
-        assert m.preflight_checks and m.unit and m.logit, m.name
+        assert m.unit and m.logit, m.name
+
+
+def test_every_preflight_check_runs_or_is_skipped_with_why_on_every_modality():
+    """A new modality gets a function or a stated reason in the preflight table's rows; the rows a modality
+    neither runs nor lists are the token-length ones (an image has no tokens to pack, chunk or measure)."""
+    from tuneproof.preflight.checks import CHECKS
+
+    silent = {m.name: set() for m in MODALITIES}
+    for check in CHECKS:
+        assert check.run, check.name
+        for m in MODALITIES:
+            assert not (m.name in check.run and m.name in check.skipped_for), (check.name, m.name)
+            assert check.skipped_for.get(m.name, "x").strip(), (check.name, m.name)
+            if m.name not in check.run and m.name not in check.skipped_for:
+                silent[m.name].add(check.name)
+    assert silent == {"text": set(), "image": {"max micro-batch", "packing", "chunked loss"}}
 
 
 def test_the_context_asks_the_modality_of_its_model_kind(row):

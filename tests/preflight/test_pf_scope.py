@@ -90,3 +90,14 @@ def test_adding_a_tracker_keeps_a_passed_preflight():
     assert [c["key"] for c in preflight_changes(before, {**after, "training": {"micro_batch_size": 8}})] == [
         "training.micro_batch_size"
     ]
+
+
+def test_the_scoring_keys_keep_a_preflight_alike_and_the_decoding_keys_do_not():
+    """The scope follows each key's role (tuneproof.study.ROLES): eval.grammar invalidated a preflight while
+    eval.regex, the other format rule, did not."""
+    before = {"eval": {"regex": None, "grammar": None, "do_sample": False}, "distributed": {"timeout_s": 600.0}}
+    scoring = {"eval": {"regex": "a+", "grammar": "function_slots", "do_sample": False}}
+    assert preflight_changes(before, {**before, **scoring}) == []
+    assert preflight_changes(before, {**before, "distributed": {"timeout_s": 60.0}}) == []
+    decoding = {"eval": {"regex": None, "grammar": None, "do_sample": True}}
+    assert preflight_changes(before, {**before, **decoding}) == [{"key": "eval.do_sample", "from": False, "to": True}]

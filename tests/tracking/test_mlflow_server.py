@@ -28,6 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from tiny_study import build_base, make_study  # noqa: E402
 
+pytestmark = (
+    pytest.mark.slow
+)  # MLflow's own server in a child process: left out of the inner loop (`pytest -m "not slow"`)
+
 
 def _free_port() -> int:
     with socket.socket() as s:

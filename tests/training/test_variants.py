@@ -251,3 +251,14 @@ def test_runs_at_80_columns_without_a_terminal_cuts_no_run_id_or_override(parent
     at = next(i for i, line in enumerate(lines) if variants[0].id in line)
     assert "training.learning_rate=0.00012345" in lines[at + 1]
     assert "not shown at 80 columns: created, metrics" in " ".join(out.split())
+
+
+def test_groups_follow_each_keys_role():
+    """The variant groups come from the roles in tuneproof.study: tracking and bookkeeping are no change, the
+    scoring and serving keys are the evaluation procedure, the prompt is training input."""
+    assert group_of("tracking.mlflow.uri") == group_of("report_to") == "bookkeeping"
+    assert group_of("distributed.timeout_s") == group_of("training.checkpoint_every") == "bookkeeping"
+    assert group_of("eval.grammar") == group_of("eval.backend") == group_of("eval.max_examples") == "eval"
+    assert group_of("eval.prompt.template") == "data" and group_of("training.max_steps") == "budget"
+    assert group_of("hypothesis.success.metric") == "hypothesis" and group_of("name") == "study"
+    assert group_of("no_such_key") == "other"

@@ -149,7 +149,7 @@ class ChatTemplate:
 
     def _compile(self) -> None:
         import jinja2  # noqa: PLC0415  (jinja only where a template is rendered)
-        from transformers.utils.chat_template_utils import _compile_jinja_template  # noqa: PLC0415
+        from transformers.utils.chat_template_utils import _compile_jinja_template  # noqa: PLC0415 - transformers loads at the first render
 
         try:
             self._compiled = _compile_jinja_template(self.text)
@@ -160,7 +160,7 @@ class ChatTemplate:
             ) from None
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, clock=None) -> str:
-        from transformers.utils.chat_template_utils import _plain_template_data  # noqa: PLC0415
+        from transformers.utils.chat_template_utils import _plain_template_data  # noqa: PLC0415 - transformers loads at the first render
 
         special = {k: v for k, v in self.tok.special_tokens_map.items() if isinstance(v, str)}
         clock = clock or self._pinned_clock
@@ -182,7 +182,7 @@ class ChatTemplate:
             TuneproofError: the template raised (``raise_exception``, an undefined call, a type error):
                 one line naming the template and the keys that change it.
         """
-        import jinja2  # noqa: PLC0415
+        import jinja2  # noqa: PLC0415 - jinja2 (a transformers dependency) loads at the first render
 
         msgs = fold_system(messages) if self.system_role == "folded" else messages
         try:
@@ -197,7 +197,7 @@ class ChatTemplate:
             ) from None
 
     def _probe_system(self) -> str:
-        import jinja2  # noqa: PLC0415
+        import jinja2  # noqa: PLC0415 - jinja2 (a transformers dependency) loads at the first render
 
         user = [{"role": "system", "content": _SYS}, {"role": "user", "content": _USR}]
         try:

@@ -21,8 +21,8 @@ def write_digits_folder(root: Path, *, scale: int = 2) -> dict[str, int]:
 
     Returns images per class. Idempotent: files are rewritten with the same bytes.
     """
-    from PIL import Image  # noqa: PLC0415
-    from sklearn.datasets import load_digits  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415 - PIL loads only when write_digits_folder() runs
+    from sklearn.datasets import load_digits  # noqa: PLC0415 - sklearn.datasets loads only when write_digits_folder() runs
 
     digits = load_digits()
     counts: dict[str, int] = {}

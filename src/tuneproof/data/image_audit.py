@@ -49,7 +49,7 @@ def image_duplicates(splits: dict[str, list[Example]], max_distance: int = NEAR_
         "rule", "n_exact", "n_near" (images), "n_exact_pairs", "n_near_pairs", "summary": one line}``;
         near pairs exclude exact ones; pair keys are the two split names sorted.
     """
-    import imagehash  # noqa: PLC0415
+    import imagehash  # noqa: PLC0415 - imagehash loads only when image_duplicates() runs
 
     hashes: dict[str, list[tuple[str, str, Any]]] = {}
     for name, items in splits.items():
@@ -132,8 +132,8 @@ def shortcut_check(items: list[Example], margin: float = SHORTCUT_MARGIN, seed: 
         "per_feature": {feature: cv accuracy}, "folds", "message"}``; ``flag`` is None (not
         measurable) with fewer than 2 classes or fewer than 2 images in the smallest class.
     """
-    from sklearn.model_selection import StratifiedKFold, cross_val_score  # noqa: PLC0415
-    from sklearn.tree import DecisionTreeClassifier  # noqa: PLC0415
+    from sklearn.model_selection import StratifiedKFold, cross_val_score  # noqa: PLC0415 - sklearn.model_selection loads only when shortcut_check() runs
+    from sklearn.tree import DecisionTreeClassifier  # noqa: PLC0415 - sklearn.tree loads only when shortcut_check() runs
 
     x, y = _form_matrix(items)
     counts = Counter(y)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+from rich.text import Text
 
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import IGNORE_INDEX, Encoded, visible
@@ -178,7 +179,6 @@ def prefix_diff_lines(enc: Encoded) -> list[str]:
 def render_rich(enc: Encoded, tokenizer, classes: list[str] | None = None):
     """A Rich ``Text``: prompt tokens dim, supervised tokens green, special tokens magenta, ``|``
     between tokens; then the scored pairs (causal LM) or the class line (classification)."""
-    from rich.text import Text  # noqa: PLC0415
 
     out = Text()
     out.append(header(enc, classes) + "\n", style="bold")

@@ -657,7 +657,7 @@ def collate_packed(batch: list[Encoded], pad_id: int, capacity: int) -> dict[str
     Raises:
         ValueError: a classification batch (labels per example, not per token).
     """
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when collate_packed() runs
 
     if batch[0].class_index is not None or not batch[0].labels:
         raise ValueError("packing applies to causal LMs (token labels), not to sequence classification")

@@ -48,6 +48,7 @@ the module an exported bundle's ``procedure.tolerance`` names).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -133,9 +134,8 @@ def load_bundle_model(bundle: Path, manifest: dict[str, Any], base_path: Path, w
 
 def procedure_autocast(procedure: dict[str, Any]):
     """The autocast of a stored procedure: bf16 when ``procedure.dtype`` is ``bf16``, else none (fp32)."""
-    import contextlib  # noqa: PLC0415
 
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when procedure_autocast() runs
 
     if procedure.get("dtype") == "bf16":
         device_type = torch.device(procedure.get("device", "cpu")).type
@@ -158,7 +158,7 @@ def reproduce(
     :data:`~tuneproof.modalities.text.TOP_TOKENS` highest next-token logits after the prompt, as
     ``[[token id, logit], ...]``).
     """
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when reproduce() runs
 
     model.eval()
     device = torch.device(procedure.get("device", "cpu"))
@@ -435,7 +435,7 @@ def _device(man: dict[str, Any], asked: str | None) -> str:
             hint=f"verify with --device {dev}, or re-export with --device {asked}",
         )
     if dev == "cuda":
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch loads only when _device() runs
 
         if not torch.cuda.is_available():
             raise TuneproofError(

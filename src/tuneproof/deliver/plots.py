@@ -15,10 +15,10 @@ DPI = 80
 
 
 def _plt():
-    import matplotlib  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415 - matplotlib loads only when _plt() runs
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib.pyplot loads only when _plt() runs
 
     plt.rcParams.update({"text.usetex": False, "axes.titlesize": 11, "font.size": 9, "svg.fonttype": "none"})
     return plt

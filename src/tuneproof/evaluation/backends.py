@@ -165,14 +165,14 @@ class TransformersBackend:
             )
 
     def identity(self) -> dict[str, Any]:
-        import transformers  # noqa: PLC0415
+        import transformers  # noqa: PLC0415 - transformers loads only when identity() runs
 
         return {"name": self.name, "version": transformers.__version__}
 
     def release(self) -> None:
         """Move the model off the accelerator (the vLLM engine allocates its share of free GPU memory when it
         starts)."""
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch loads only when release() runs
 
         if getattr(self.device, "type", str(self.device)) != "cpu":
             self.model.to("cpu")
@@ -191,7 +191,7 @@ def vllm_installed() -> bool:
 
 
 def cuda_available() -> bool:
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when cuda_available() runs
 
     return bool(torch.cuda.is_available())
 
@@ -323,7 +323,7 @@ class VllmBackend:
             raise ValueError(
                 "this vLLM engine was started without LoRA (max_lora_rank None); it cannot serve an adapter"
             )
-        from vllm.lora.request import LoRARequest  # noqa: PLC0415
+        from vllm.lora.request import LoRARequest  # noqa: PLC0415 - vllm is optional (the vllm extra, CUDA only)
 
         lora_id = self._lora_ids.setdefault(adapter_dir, len(self._lora_ids) + 1)  # a unique positive int per adapter
         return LoRARequest(f"adapter-{lora_id}", lora_id, str(adapter_dir))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
-from tuneproof.study import Eval
+from tuneproof.study import Eval, keys_with_role
 
 if TYPE_CHECKING:
     from tuneproof.context import StudyContext
@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 
 PARTS = ("eval_ids", "prompt", "decoding", "metrics", "tokenizer")
 OPTIONAL_PARTS = ("backend",)  # present only when not the default (transformers): older fingerprints keep their hash
+#: the ``eval`` keys whose role (:data:`tuneproof.study.ROLES`) puts them in a part: every ``decodes`` key in
+#: ``decoding``, every ``scores`` key in ``metrics``. Of those, the keys below every fingerprint has held since
+#: its first version; any other joins its part only when set away from its default, so that fingerprints
+#: recorded before the key existed keep their hash
+ALWAYS = ("max_new_tokens", "do_sample", "temperature", "allow_fenced_json", "json_schema", "regex")
+#: ``decodes`` keys hashed another way: the split through the ids it yields (``eval_ids``), the batch size in
+#: ``decoding`` only where it can change the outputs (:func:`batch_size_matters`)
+ELSEWHERE = ("split", "batch_size")
 
 
 def eval_fingerprint(
@@ -65,14 +73,14 @@ def eval_fingerprint(
 
     Returns:
         ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
-        ids), ``prompt`` (template, system), ``decoding`` (max_new_tokens, do_sample,
+        ids), ``prompt`` (template, system), ``decoding`` (the ``decodes`` keys: max_new_tokens, do_sample,
         temperature; as configured, even when greedy decoding ignores temperature; plus
         ``batch_size`` where it can change the outputs: sampling (the random stream depends on
         the batch) or bf16/fp16 (reduced-precision kernels differ with the batch shape); greedy
         fp32 outputs do not depend on it, which the preflight checks, docs/CASES.md C22; plus
         ``base_weights: "bf16"`` when the base weights were held in bf16: other weights, other
         outputs, so a bf16-base evaluation never matches an fp32-base one),
-        ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex) and
+        ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex, and grammar when set) and
         ``tokenizer``; with ``eval.backend`` other than ``transformers`` also ``backend``
         (``{"name": "vllm"}``). ``hash`` is the sha256 of the lines ``"<part>=<part hash>\\n"``
         in the order above.
@@ -95,20 +103,14 @@ def eval_fingerprint(
             **({"chat_template": chat_template} if chat_template else {}),
         },
         "decoding": {
-            "max_new_tokens": cfg.max_new_tokens,
-            "do_sample": cfg.do_sample,
-            "temperature": cfg.temperature,
+            **_role_part(cfg, "decodes"),
             **({"batch_size": cfg.batch_size} if batch_size_matters(cfg, precision) else {}),
             **({"base_weights": base_weights} if base_weights not in (None, "fp32") else {}),
         },
         "metrics": {
             "task": task,
             "required_fields": list(required_fields or []),
-            "allow_fenced_json": cfg.allow_fenced_json,
-            "json_schema": cfg.json_schema,
-            "regex": cfg.regex,
-            **({"grammar": cfg.grammar} if cfg.grammar is not None else {}),
-            **({"answer_from": cfg.answer_from} if getattr(cfg, "answer_from", "auto") != "auto" else {}),
+            **_role_part(cfg, "scores"),
         },
         "tokenizer": dict(tokenizer_identity or {}),
     }
@@ -119,6 +121,17 @@ def eval_fingerprint(
     parts = {name: sha256_json(content[name]) for name in names}
     combined = "".join(f"{name}={parts[name]}\n" for name in names)
     return {"hash": hashlib.sha256(combined.encode("utf-8")).hexdigest(), "parts": parts}
+
+
+def _role_part(cfg: Eval, role: str) -> dict[str, Any]:
+    """The ``eval`` keys of ``role`` that a fingerprint part holds (:data:`ALWAYS`, any other when not at its
+    default; :data:`ELSEWHERE` left out), with their values in ``cfg``."""
+    out = {}
+    for key in keys_with_role(role, "eval"):
+        value = getattr(cfg, key)
+        if key not in ELSEWHERE and (key in ALWAYS or value != Eval.model_fields[key].get_default()):
+            out[key] = value
+    return out
 
 
 def study_eval_fingerprint(

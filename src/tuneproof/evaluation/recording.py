@@ -175,7 +175,7 @@ def evaluate_into(
                 ctx, run, model, examples, what, served, check_examples, on_progress=progress, raw_out=raw
             )
         else:
-            import transformers  # noqa: PLC0415
+            import transformers  # noqa: PLC0415 - transformers loads only when evaluate_into() runs
 
             run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
             preds = predict(ctx, model, examples, what, on_progress=progress, raw_out=raw)

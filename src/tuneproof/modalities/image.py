@@ -148,8 +148,6 @@ class ImageModality(Modality):
     heads = (IMAGE_CLASSIFIER,)
     source_formats = IMAGE_FORMATS
     dossier_sections = (IMAGE_FORM,)
-    preflight_checks = ("image training data", "image steps")
-    preflight_skips = (("embedding size", "an image classifier has no token embeddings"),)
 
     # 1. processor, pipeline, collate
     def load_processor(self, base):

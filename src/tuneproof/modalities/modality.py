@@ -54,8 +54,6 @@ class Modality:
     heads: tuple[Head, ...] = ()  # the model kinds (``model.kind``) this modality serves
     source_formats: tuple[str, ...] = ()  # the ``data.sources[].format`` values its examples come from
     dossier_sections: tuple[str, ...] = ()  # sections of the dossier and the screens that apply (names above)
-    preflight_checks: tuple[str, ...] = ()  # the model checks that apply, by name (preflight maps names to checks)
-    preflight_skips: tuple[tuple[str, str], ...] = ()  # ``(check, why)``: listed as skipped, with why
     smoke_eval_note: str = ""  # what the smoke evaluation's rate is, said after "measured on N smoke examples"
 
     @property

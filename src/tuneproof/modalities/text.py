@@ -263,7 +263,6 @@ class TextModality(Modality):
     heads = (CAUSAL_LM, SEQUENCE_CLASSIFIER)
     source_formats = TEXT_FORMATS
     dossier_sections = (TOKEN_LENGTHS, SUGGESTED_MAX_LENGTH, TEXT_CHECKS, LOSS_NORMALISATION)
-    preflight_checks = ("text training data", "embedding size", "text steps")
     smoke_eval_note = ", an upper bound when the smoke model generates up to eval.max_new_tokens"
 
     # 1. processor, pipeline, collate

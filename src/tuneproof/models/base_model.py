@@ -136,7 +136,7 @@ def build_once(dest: Path, write: Callable[[Path], None], revision: str, *, what
     the next one, under the lock. The folder is made readable by the group
     (:data:`CACHE_DIR_MODE`), not 0700 as ``tempfile.mkdtemp`` makes it.
     """
-    from filelock import FileLock, Timeout  # noqa: PLC0415
+    from filelock import FileLock, Timeout  # noqa: PLC0415 - filelock loads only when build_once() runs
 
     dest = Path(dest)
     if cache_ready(dest):
@@ -183,7 +183,7 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, dest: Path, revision: str) -> 
     """
 
     def write(tmp: Path) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - transformers loads only when write() runs
 
         tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
         src = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
@@ -270,7 +270,7 @@ def resolve_base(spec, detect_kind: Callable[[dict[str, Any]], str]) -> BaseMode
             f"model.base '{name}' is a hub id: pin model.revision to a commit sha",
             hint="reproducibility needs an exact revision",
         )
-    from huggingface_hub import snapshot_download  # noqa: PLC0415
+    from huggingface_hub import snapshot_download  # noqa: PLC0415 - huggingface_hub loads only when resolve_base() runs
 
     try:
         local = snapshot_download(
@@ -308,7 +308,7 @@ def load_image_processor(ref: BaseModelRef):
     Raises:
         TuneproofError: the folder has no image processor config (names the folder).
     """
-    from transformers import AutoImageProcessor  # noqa: PLC0415
+    from transformers import AutoImageProcessor  # noqa: PLC0415 - transformers loads only when load_image_processor() runs
 
     if not (Path(ref.path) / "preprocessor_config.json").is_file():
         raise TuneproofError(
@@ -338,7 +338,7 @@ def load_tokenizer(ref: BaseModelRef, *, padding_side: str = "right"):
         TuneproofError: the folder holds no tokenizer transformers can load (no tokenizer files), or
             the tokenizer has no pad token and no end token to pad with (a batch cannot be padded).
     """
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer  # noqa: PLC0415 - transformers loads only when load_tokenizer() runs
 
     folder = Path(ref.path)
     if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
@@ -395,7 +395,7 @@ def load_model(
     Raises:
         TuneproofError: a classification head without labels (names where the labels come from).
         CheckFailed: ``saved`` and unmatched keys (:func:`unmatched_keys` names them)."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when load_model() runs
 
     dtype = dtype or torch.float32
     what = " in 4-bit " + quantization["bnb_4bit_quant_type"] if quantization else ""
@@ -430,7 +430,7 @@ def _load(
     quantization: dict[str, Any] | None = None,
     saved: bool = False,
 ):
-    import transformers  # noqa: PLC0415
+    import transformers  # noqa: PLC0415 - transformers loads only when _load() runs
 
     quant: dict[str, Any] = {}
     if quantization:
@@ -473,7 +473,7 @@ def _tokenizer_length(ref: BaseModelRef) -> int | None:
         (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model")
     ):
         return None
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer  # noqa: PLC0415 - transformers loads only when _tokenizer_length() runs
 
     return len(AutoTokenizer.from_pretrained(path, trust_remote_code=ref.trust_remote_code))
 
@@ -488,7 +488,7 @@ def fit_embeddings(model, n_tokens: int) -> dict[str, int] | None:
     Rule from transformers' ``PreTrainedModel.resize_token_embeddings`` (called with
     ``mean_resizing=False``; the mean is written here instead of a random draw).
     """
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when fit_embeddings() runs
 
     emb = model.get_input_embeddings()
     rows = int(emb.weight.shape[0])

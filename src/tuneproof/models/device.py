@@ -92,7 +92,7 @@ def _cpu_bf16_native() -> bool:
 
 def detect_device(index: int = 0) -> DeviceInfo:
     """The device torch will use: GPU ``index`` when one is visible, else the CPU."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when detect_device() runs
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(index)

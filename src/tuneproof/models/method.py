@@ -44,10 +44,10 @@ def apply_method(model, method, head: Head, quantization: dict[str, Any] | None 
             p.requires_grad_(True)
         report.update(trainable_summary(model))
         return model, report
-    from peft import LoraConfig, TaskType, get_peft_model  # noqa: PLC0415
+    from peft import LoraConfig, TaskType, get_peft_model  # noqa: PLC0415 - peft loads only when apply_method() runs
 
     if method.kind == "qlora":
-        from peft import prepare_model_for_kbit_training  # noqa: PLC0415
+        from peft import prepare_model_for_kbit_training  # noqa: PLC0415 - peft loads only when apply_method() runs
 
         if not getattr(model, "is_loaded_in_4bit", False) or not quantization:
             raise TuneproofError(
@@ -99,7 +99,7 @@ def cast_frozen_to_bf16(model) -> dict[str, Any]:
         ``{"cast_tensors", "cast_elements", "bytes_saved" (bytes: 4 - 2 per fp32 element cast),
         "trainable_tensors", "trainable_dtypes" (sorted dtype names of the trained tensors)}``.
     """
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when cast_frozen_to_bf16() runs
 
     seen: set[int] = set()
     tensors = elements = saved = 0
@@ -153,7 +153,7 @@ def _with_adapter_name(key: str, adapter: str) -> str:
 
 def _file_tensor_names(adapter_dir) -> list[str]:
     """The sorted tensor names of ``adapter_dir/adapter_model.safetensors`` (header only; [] without it)."""
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open  # noqa: PLC0415 - safetensors loads only when _file_tensor_names() runs
 
     path = Path(adapter_dir) / "adapter_model.safetensors"
     if not path.is_file():
@@ -176,7 +176,7 @@ def load_adapter_onto(base, adapter_dir, base_weights: str = "fp32"):
         TuneproofError: ``base_weights`` is neither ``fp32`` nor ``bf16``.
         CheckFailed: unmatched keys (:func:`tuneproof.models.base_model.unmatched_keys` names them).
     """
-    from peft import PeftModel  # noqa: PLC0415
+    from peft import PeftModel  # noqa: PLC0415 - peft loads only when load_adapter_onto() runs
 
     if base_weights not in ("fp32", "bf16"):
         raise TuneproofError(f"base weights dtype {base_weights!r} is not fp32 or bf16")

@@ -69,8 +69,8 @@ def _probe_4bit(device: str) -> str | None:
     """None when a bitsandbytes NF4 ``Linear4bit`` (64 -> 32) runs forward and backward on ``device``,
     else the error (``Type: message``, first line)."""
     try:
-        import bitsandbytes as bnb  # noqa: PLC0415
-        import torch  # noqa: PLC0415
+        import bitsandbytes as bnb  # noqa: PLC0415 - bitsandbytes is optional (the qlora extra)
+        import torch  # noqa: PLC0415 - torch loads only when _probe_4bit() runs
 
         lin = bnb.nn.Linear4bit(64, 32, compute_dtype=torch.float32, quant_type="nf4")
         lin.weight = bnb.nn.Params4bit(torch.randn(32, 64), requires_grad=False, quant_type="nf4")
@@ -92,7 +92,7 @@ def require_4bit_device(device: str | None = None) -> str:
     Raises:
         TuneproofError: two lines, naming ``method.kind: qlora``, the error, and that a CUDA device is needed.
     """
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when require_4bit_device() runs
 
     require_bitsandbytes("method.kind: qlora")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -149,8 +149,8 @@ def bnb_config(record: dict[str, Any]):
     Raises:
         TuneproofError: bitsandbytes is not installed (two lines, the install command).
     """
-    import torch  # noqa: PLC0415
-    from transformers import BitsAndBytesConfig  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when bnb_config() runs
+    from transformers import BitsAndBytesConfig  # noqa: PLC0415 - transformers loads only when bnb_config() runs
 
     require_bitsandbytes("the run's quantization config")
     return BitsAndBytesConfig(
@@ -179,7 +179,7 @@ def keep_training_kernels(model) -> int:
     CUDA is not affected (the conversion is for CPU tensors only).
     """
     try:
-        import bitsandbytes as bnb  # noqa: PLC0415
+        import bitsandbytes as bnb  # noqa: PLC0415 - bitsandbytes is optional (the qlora extra)
     except ImportError:
         return 0
     n = 0
@@ -195,7 +195,7 @@ def quantized_modules(model) -> dict[str, Any]:
     "cpu_inference_repacking": True when any layer may still be repacked (:func:`keep_training_kernels`),
     "examples": first 3 module names}`` (bitsandbytes ``Linear4bit`` modules, PEFT-wrapped or not)."""
     try:
-        import bitsandbytes as bnb  # noqa: PLC0415
+        import bitsandbytes as bnb  # noqa: PLC0415 - bitsandbytes is optional (the qlora extra)
     except ImportError:
         return {"linear4bit": 0, "quant_types": [], "storage_dtypes": [], "examples": []}
     names, qtypes, storages, repack = [], set(), set(), False

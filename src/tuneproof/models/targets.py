@@ -44,7 +44,7 @@ SEMANTICS = (
 def _supported_types() -> tuple[type, ...]:
     """Module types LoRA can wrap (``peft.tuners.lora.model.LoraModel._create_new_module`` dispatchers);
     torch is imported here so that importing this module stays light."""
-    from torch import nn  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415 - torch loads only when _supported_types() runs
 
     return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
 
@@ -58,7 +58,7 @@ def _is_supported(module: nn.Module) -> bool:
 
 
 def _is_linear(module: nn.Module) -> bool:
-    from torch import nn  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415 - torch loads only when _is_linear() runs
 
     return (
         isinstance(module, nn.Linear)

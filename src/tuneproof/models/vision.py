@@ -31,7 +31,7 @@ def build_init_vit(folder: Path, *, num_labels: int = 10, seed: int = 0, **confi
     The same seed and config give the same weights on every machine (CPU init), so the folder's
     weight sha256 is a stable revision. Already complete folders are kept.
     """
-    from filelock import FileLock  # noqa: PLC0415
+    from filelock import FileLock  # noqa: PLC0415 - filelock loads only when build_init_vit() runs
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -48,8 +48,8 @@ def build_init_vit(folder: Path, *, num_labels: int = 10, seed: int = 0, **confi
 
 
 def _write_vit(tmp: Path, num_labels: int, seed: int, cfg: dict) -> None:
-    import torch  # noqa: PLC0415
-    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch loads only when _write_vit() runs
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor  # noqa: PLC0415 - transformers loads only when _write_vit() runs
 
     torch.manual_seed(seed)
     ViTForImageClassification(ViTConfig(num_labels=num_labels, **cfg)).save_pretrained(tmp, safe_serialization=True)

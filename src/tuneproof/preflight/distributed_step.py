@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from tuneproof.data.preprocess import raise_on_faults
 from tuneproof.preflight.fsdp import mixed_units
@@ -68,8 +69,6 @@ class _GradCapture:
         self.model, self.gather, self.grads = model, gather, None
 
     def __enter__(self):
-        from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: PLC0415
-
         def hook(optimizer, args, kwargs):  # noqa: ARG001
             if self.grads is None:
                 self.grads = {}

@@ -6,20 +6,21 @@ max_length, learning rate...), the data through the trainer's preprocessing, and
 evaluation procedure in its smoke pass (prompt, split, decoding, eval batch size). A change of
 any of these keys invalidates it.
 
-The keys of :data:`EXEMPT` cannot change what the preflight measured, so changing them keeps a
-passed preflight valid:
+Each key's role is declared once, on its field in :mod:`tuneproof.study` (:data:`tuneproof.study.ROLES`):
+a change of a key that ``trains`` or ``decodes`` invalidates a passed preflight; every other key (:data:`EXEMPT`)
+cannot change what the preflight measured, so changing it keeps a passed preflight valid:
 
-- ``name``, ``hypothesis.*``: what is claimed and judged, not what is trained;
-- ``training.max_steps``, ``training.epochs``: the training budget (the preflight runs its own
-  fixed number of steps; its time estimate is for the budget at the time);
-- ``training.checkpoint_every``, ``training.eval_every``: bookkeeping cadence;
-- ``eval.max_examples`` (the smoke pass predicts a fixed handful), ``eval.allow_fenced_json``,
-  ``eval.json_schema``, ``eval.regex``, ``eval.bootstrap_iterations``, ``eval.seed``: how
-  outputs are scored and summarised after generation;
-- ``eval.backend``, ``eval.backend_check_examples``, ``eval.backend_check_min_agreement``: the
-  serving engine of baseline/eval/test (the preflight measures the transformers path; a vLLM
-  evaluation is checked against it on a sample at every evaluation, ``evaluation/backends.py``);
-- ``tracking.*``, ``report_to``: where copies of the runs go (``tracking/``), never what a run does.
+- ``judges`` and ``scores`` (``hypothesis.*``, ``eval.allow_fenced_json``, ``eval.json_schema``, ``eval.regex``,
+  ``eval.grammar``, ``eval.bootstrap_iterations``, ``eval.seed``): what is claimed and how outputs are scored
+  and summarised after generation;
+- ``budget`` (``training.max_steps``, ``training.epochs``, ``eval.max_examples``): the preflight runs its own
+  fixed number of steps and predicts a fixed handful; its time estimate is for the budget at the time;
+- ``bookkeeping`` (``name``, ``schema_version``, ``training.checkpoint_every``, ``training.eval_every``,
+  ``distributed.timeout_s``): names and cadence;
+- ``serves`` (``eval.backend``, ``eval.backend_check_examples``, ``eval.backend_check_min_agreement``): the
+  serving engine of baseline/eval/test (the preflight measures the transformers path; a vLLM evaluation is
+  checked against it on a sample at every evaluation, ``evaluation/backends.py``);
+- ``tracking`` (``tracking.*``, ``report_to``): where copies of the runs go (``tracking/``), never what a run does.
 
 ``training.speedups: auto`` stands for what it resolved to in that preflight (its summary's
 ``speedups_auto``): changing ``auto`` to that list, in any order, keeps the preflight valid; any
@@ -27,7 +28,7 @@ other list, or ``auto`` after a preflight of a list, invalidates it (auto may re
 
 Everything else invalidates, in particular ``model.*``, ``method.*``, every other
 ``training.*`` key, ``data.*``, ``eval.split``, ``eval.prompt.*``, ``eval.max_new_tokens``,
-``eval.do_sample``, ``eval.temperature`` and ``eval.batch_size``.
+``eval.do_sample``, ``eval.temperature``, ``eval.batch_size``, and any key the schema does not know.
 """
 
 from __future__ import annotations
@@ -38,31 +39,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from tuneproof.io import flatten_keys
-from tuneproof.study import TRACKER_KEYS, Study
+from tuneproof.study import PREFLIGHT_ROLES, Study, declared_roles, role_of
 
-EXEMPT: tuple[str, ...] = (
-    "name",
-    "hypothesis",
-    "training.max_steps",
-    "training.epochs",
-    "training.checkpoint_every",
-    "training.eval_every",
-    "eval.max_examples",
-    "eval.allow_fenced_json",
-    "eval.json_schema",
-    "eval.regex",
-    "eval.bootstrap_iterations",
-    "eval.seed",
-    "eval.backend",
-    "eval.backend_check_examples",
-    "eval.backend_check_min_agreement",
-    *TRACKER_KEYS,
-)
+#: the keys (and sections) whose change keeps a passed preflight valid: every role but ``trains`` and ``decodes``
+EXEMPT: tuple[str, ...] = tuple(k for k, r in declared_roles().items() if r not in PREFLIGHT_ROLES)
 
 
 def is_exempt(key: str) -> bool:
-    """True when a change of the dotted ``key`` cannot invalidate a passed preflight."""
-    return any(key == e or key.startswith(e + ".") for e in EXEMPT)
+    """True when a change of the dotted ``key`` cannot invalidate a passed preflight (its role,
+    :func:`tuneproof.study.role_of`, is neither ``trains`` nor ``decodes``)."""
+    found = role_of(key)
+    return found is not None and found not in PREFLIGHT_ROLES
 
 
 _MISSING = object()

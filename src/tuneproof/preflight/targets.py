@@ -94,12 +94,12 @@ def check_embedding_size(model: nn.Module, tokenizer: Any, added_tokens: int | N
 
 # --------------------------------------------------------------------------- the preflight's checks
 def check_target_modules(
-    ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None
+    ctx: StudyContext, model, report: dict[str, Any] | None, failure: str | None, *, embedding_size: bool = True
 ) -> list[dict[str, Any]]:
     """The preflight's ``target modules`` (matches per pattern of ``method.target_modules``; zero
     matches fails, docs/CASES.md C5), ``trainable parameters`` (trainable/total, ``method.modules_to_save``) and
-    ``embedding size`` (embedding rows vs the tokenizer; only where the modality lists it in
-    ``preflight_checks``: an image classifier has no token embeddings) checks.
+    ``embedding size`` (embedding rows vs the tokenizer; only with ``embedding_size``, where the modality
+    runs it in :data:`tuneproof.preflight.checks.CHECKS`: an image classifier has no token embeddings) checks.
 
     Args:
         model: the model ``build_model`` built, or None when it refused (``failure``: its first line);
@@ -163,7 +163,7 @@ def check_target_modules(
             },
         )
     )
-    if "embedding size" not in ctx.modality.preflight_checks:  # no token embeddings to match against a vocabulary
+    if not embedding_size:  # no token embeddings to match against a vocabulary
         return out
     emb = check_embedding_size(model, ctx.tokenizer)
     out.append(

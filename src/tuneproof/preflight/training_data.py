@@ -1,8 +1,8 @@
 """Preflight check ``training data``: the train split through the trainer's exact preprocessing has
 no hard fault (what ``train`` refuses), with its token lengths p50/p95/max after truncation
 (``training.max_length``, :func:`check_text_training_data`); for images, one model-input shape and no
-faulty image (:func:`check_image_training_data`). The modality names which one runs
-(``Modality.preflight_checks``)."""
+faulty image (:func:`check_image_training_data`). The ``training data`` row of
+:data:`tuneproof.preflight.checks.CHECKS` names which one runs for each modality."""
 
 from __future__ import annotations
 

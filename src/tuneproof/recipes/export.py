@@ -585,7 +585,7 @@ def run_export(
     if device not in DEVICE_ATOL:
         raise TuneproofError(f"--device {device!r}: use one of {', '.join(sorted(DEVICE_ATOL))}")
     if device == "cuda":
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch loads only when run_export() runs
 
         if not torch.cuda.is_available():
             raise TuneproofError("--device cuda: no CUDA GPU is visible", hint="export with --device cpu (the default)")

@@ -4,8 +4,9 @@ dict ``{"name", "passed", "numbers", "message", "details"}`` stored in ``runs/<i
 and summarised in the run summary. Any failed check fails the run (exit 3) after the report is
 written; ``train`` refuses to start without a passed preflight for the same resolved config (keys
 that cannot change what it measured left out, :mod:`tuneproof.preflight.scope`), data fingerprint
-and platform (:func:`require_preflight`). This module orders the checks; each one lives in the
-``tuneproof.preflight`` module named after it in brackets.
+and platform (:func:`require_preflight`). This module runs the checks in the order of the one table
+:data:`tuneproof.preflight.checks.CHECKS` (what applies when, for which modality, what is skipped after a
+failure); each one lives in the ``tuneproof.preflight`` module named after it in brackets.
 
 Checks, in order (config key or option behind each):
 
@@ -98,28 +99,21 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.context import StudyContext
-from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import fault_cause, read_json, sha256_json
-from tuneproof.preflight import image_checks
-from tuneproof.preflight.accumulation import accumulation_probes, check_accumulation_window, training_micro_batch
-from tuneproof.preflight.activation_checkpointing import check_study_checkpointing
+from tuneproof.preflight import bench as checks_run
+from tuneproof.preflight.accumulation import training_micro_batch
 from tuneproof.preflight.backend import check_backend
-from tuneproof.preflight.chunked_loss import check_study_chunked_loss
+from tuneproof.preflight.bench import Bench
+from tuneproof.preflight.checks import BY_NAME, CHECKS, PROBE_MICRO_BATCH, model_stage, skippable
 from tuneproof.preflight.envinfo import environment_snapshot, platform_key
 from tuneproof.preflight.environment import check_environment, default_memory_budget
-from tuneproof.preflight.eval_batch import check_study_eval_batch
-from tuneproof.preflight.eval_memory import check_eval_memory, eval_batch_rate
-from tuneproof.preflight.packing import check_study_packing
-from tuneproof.preflight.precision import check_bf16_base_weights, check_precision
-from tuneproof.preflight.qlora import check_qlora_step, check_qlora_storage
+from tuneproof.preflight.eval_memory import eval_batch_rate
 from tuneproof.preflight.report import PreflightReport, check_result, error_message, print_header, to_gib
 from tuneproof.preflight.scope import describe_changes, preflight_changes
 from tuneproof.preflight.smoke import SMOKE_CHECKS, check_smoke
-from tuneproof.preflight.step_memory import check_max_micro_batch, check_step_memory, print_memory_plain
+from tuneproof.preflight.step_memory import print_memory_plain
 from tuneproof.preflight.targets import check_target_modules
-from tuneproof.preflight.training_data import check_image_training_data, check_text_training_data
-from tuneproof.preflight.update_check import check_update_step
 from tuneproof.recipes.common import record_inputs, speedup_rules
 from tuneproof.training.budget import budget as step_budget
 from tuneproof.training.compiled import first_micro_batch, prove_compile, record_of, remove_compile
@@ -128,7 +122,6 @@ from tuneproof.training.speedups import resolve_auto
 from tuneproof.ui import capped, console, heartbeat, user_text
 
 PREFLIGHT_FILE = "preflight.json"
-PROBE_MICRO_BATCH = 1  # examples per micro-batch of the probes (update, accumulation, precision, checkpointing)
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -203,28 +196,10 @@ def _model_checks(
     find_max: bool,
     state: dict[str, Any],
 ) -> None:
-    """Checks 3 to 12 (those after the backend); a check that cannot run is listed as skipped, with why."""
-    later = [
-        "training data",
-        "target modules",
-        "trainable parameters",
-        "embedding size",
-        *(["bf16 base weights"] if ctx.study.training.bf16_base_weights else []),
-        "update check",
-        "step memory",
-        "eval memory",
-        "gradient accumulation",
-        "precision",
-        "activation checkpointing",
-        "eval batch size",
-        *SMOKE_CHECKS,
-    ]
-    if ctx.study.training.packing:
-        later.insert(later.index("eval batch size") + 1, "packing")
-    if ctx.study.training.chunked_loss:
-        later.insert(later.index("eval batch size") + 1 + int(ctx.study.training.packing), "chunked loss")
-    if ctx.study.method.kind == "qlora":
-        later[later.index("update check") + 1 : later.index("update check") + 1] = ["qlora storage", "qlora step"]
+    """Checks 3 to 12 (those after the backend), in the order of :data:`tuneproof.preflight.checks.CHECKS`;
+    a check that cannot run is listed as skipped, with why."""
+    options = frozenset(["--find-max-micro-batch"] if find_max else [])
+    later = skippable(ctx.study)
 
     def skip_rest(why: str) -> None:
         seen = {c["name"] for c in rep.checks}
@@ -235,8 +210,9 @@ def _model_checks(
     if not rep.checks[-1]["passed"]:
         return skip_rest("the backend cannot run this configuration")
     cfg = ctx.study.training
+    modality = ctx.modality.name
     encoded = ctx.pipeline.encode_all(ctx.split("train"))
-    training_data = _named(TRAINING_DATA, ctx.modality.preflight_checks)
+    training_data = getattr(checks_run, BY_NAME["training data"].run[modality])
     data_check = rep.run("training data", lambda: training_data(ctx, encoded))
     usable = [e for e in encoded if not e.faults]
     if not usable:
@@ -248,7 +224,9 @@ def _model_checks(
     except CheckFailed as err:  # a target pattern that matches nothing (docs/CASES.md C5)
         failure = str(err).splitlines()[0]
     state["model"] = model
-    for c in check_target_modules(ctx, model, report, failure):
+    for c in check_target_modules(
+        ctx, model, report, failure, embedding_size=modality in BY_NAME["embedding size"].run
+    ):
         rep.add(c)
     if model is None:
         return skip_rest("the model could not be built (target modules)")
@@ -259,28 +237,18 @@ def _model_checks(
     if cfg.speedups == "auto":  # resolved here; every later check runs on what auto turned on
         if rep.beat is not None:
             rep.beat.update("training.speedups auto: checking each speed-up on real steps")
-        cfg = _resolve_auto(ctx, rep, model, usable, pad, autocast, state)
-    if cfg.bf16_base_weights:  # every later check sees the frozen weights as training will hold them
-        # the precision and accumulation checks compare in fp32 compute (no autocast), which needs fp32
-        # weights: before the cast (the accumulation rule, docs/CASES.md C1/C18, does not depend on the weights' dtype)
-        windows, last = accumulation_probes(usable, cfg, pad, PROBE_MICRO_BATCH)
-        rep.run(
-            "gradient accumulation",
-            lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last),
-        )
-        rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
-        rep.run("bf16 base weights", lambda: check_bf16_base_weights(ctx, model, usable, pad, autocast))
-        if "speedups_auto" in state and not rep.get("bf16 base weights")["passed"]:
-            cfg = _auto_left_off(ctx, rep, state, "bf16 base weights", "bf16_base_weights")
-    rep.run("update check", lambda: check_update_step(model, probe, autocast, cfg))
-    # tests/training/test_qlora.py: storage shardable, loss / grad norm of a real step sane
-    if ctx.study.method.kind == "qlora":
-        rep.run("qlora storage", lambda: check_qlora_storage(ctx))
-        rep.run("qlora step", lambda: check_qlora_step(model, probe, autocast))
-    after_update = _named(AFTER_UPDATE, ctx.modality.preflight_checks)
-    after_update(ctx, rep, model, usable, probe, pad, data_check, choice, budget, budget_source, find_max, autocast)
-    for name, why in ctx.modality.preflight_skips:
-        rep.skip(name, why)
+        _resolve_auto(ctx, rep, model, usable, pad, autocast, state)
+    bench = Bench(ctx, model, usable, probe, pad, data_check, choice, budget, budget_source, autocast)
+    # with training.bf16_base_weights every check after `bf16 base weights` sees the frozen weights as
+    # training will hold them; the rows that need fp32 weights run before it (CHECKS' `before`)
+    for check in model_stage(ctx.study, modality, options):
+        fn = getattr(checks_run, check.run[modality])
+        rep.run(check.name, lambda fn=fn: fn(bench))
+        if check.speedup and "speedups_auto" in state and not rep.get(check.name)["passed"]:
+            _auto_left_off(ctx, rep, state, check.name, check.speedup)
+    for check in CHECKS:
+        if modality in check.skipped_for:
+            rep.skip(check.name, check.skipped_for[modality])
     if not rep.get("step memory")["passed"]:  # the configured micro-batch does not fit: its steps would not fit
         return skip_rest("the configured micro-batch does not fit the memory budget (step memory)")
     if ctx.study.training.compile:  # after the other checks (they compare eager passes); the smoke pass runs compiled
@@ -369,118 +337,6 @@ def _check_compile(ctx: StudyContext, model, usable: list, pad: int, autocast, s
     if check["passed"]:
         state["compile"] = numbers
     return check_result("compile", check["passed"], check["message"], numbers)
-
-
-def _text_checks(
-    ctx: StudyContext,
-    rep: PreflightReport,
-    model,
-    usable: list,
-    probe: dict,
-    pad: int,
-    data_check: dict,
-    choice: dict[str, Any],
-    budget: int,
-    budget_source: str,
-    find_max: bool,
-    autocast,
-) -> None:
-    """A causal LM's or text classifier's checks after the update check (step memory at two lengths...)."""
-    cfg = ctx.study.training
-    lengths = sorted({min(data_check["numbers"].get("p95") or cfg.max_length, cfg.max_length), cfg.max_length})
-    dtype = choice["dtype"]
-    rep.run(
-        "step memory",
-        lambda: check_step_memory(model, ctx, usable, lengths, dtype, budget, budget_source, autocast),
-    )
-    rep.run("eval memory", lambda: check_eval_memory(model, ctx, budget, budget_source, autocast))
-    if find_max:
-        rep.run(
-            "max micro-batch", lambda: check_max_micro_batch(model, ctx, usable, lengths[0], dtype, budget, autocast)
-        )
-    if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
-        windows, last = accumulation_probes(usable, cfg, pad, PROBE_MICRO_BATCH)
-        rep.run(
-            "gradient accumulation",
-            lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last),
-        )
-    if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
-        rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
-    rep.run("activation checkpointing", lambda: check_study_checkpointing(ctx, model, probe))
-    # docs/CASES.md C22: outputs do not depend on eval.batch_size
-    rep.run("eval batch size", lambda: check_study_eval_batch(ctx, model))
-    if cfg.packing:  # docs/CASES.md C23: packed rows give each example's own per-token losses
-        rep.run("packing", lambda: check_study_packing(model, usable, cfg, pad))
-    if cfg.chunked_loss:  # the check train runs before using it, here before the hours are spent
-        rep.run("chunked loss", lambda: check_study_chunked_loss(model, usable, cfg, pad))
-
-
-def _image_checks(
-    ctx: StudyContext,
-    rep: PreflightReport,
-    model,
-    usable: list,
-    probe: dict,
-    pad: int,
-    data_check: dict,
-    choice: dict[str, Any],
-    budget: int,
-    budget_source: str,
-    find_max: bool,
-    autocast,
-) -> None:
-    """An image classifier's checks after the update check: step and eval memory on real images,
-    accumulation, precision, activation checkpointing, docs/CASES.md C22 for a forward pass (the smoke pass follows,
-    as for text)."""
-    cfg = ctx.study.training
-    device, _, _ = ctx.torch_setup()
-    step_batch = {k: v.to(device) for k, v in collate_images(usable[: cfg.micro_batch_size]).items()}
-    rep.run(
-        "step memory",
-        lambda: check_result(
-            "step memory", **image_checks.check_image_step_memory(model, step_batch, budget, autocast)
-        ),
-    )
-    evals = ctx.eval_examples()
-    eval_images = collate_images(ctx.pipeline.encode_all(evals[: ctx.study.eval.batch_size]))
-    eval_batch = {k: v.to(device) for k, v in eval_images.items()}
-    rep.run(
-        "eval memory",
-        lambda: check_result(
-            "eval memory", **image_checks.check_image_eval_memory(model, eval_batch, budget, autocast)
-        ),
-    )
-    if rep.get("gradient accumulation") is None:  # with training.bf16_base_weights it ran before the cast
-        windows, last = accumulation_probes(usable, cfg, 0, PROBE_MICRO_BATCH)
-        rep.run(
-            "gradient accumulation",
-            lambda: check_accumulation_window(model, windows, cfg.gradient_accumulation_steps, last),
-        )
-    if rep.get("precision") is None:  # with training.bf16_base_weights it ran before the cast
-        rep.run("precision", lambda: check_precision(model, probe, choice, autocast))
-    rep.run("activation checkpointing", lambda: check_study_checkpointing(ctx, model, probe))
-    sample = evals[: max(2, min(len(evals), 2 * ctx.study.eval.batch_size))]
-    rep.run(
-        "eval batch size",
-        lambda: check_result(
-            "eval batch size",
-            **image_checks.check_image_eval_batch(
-                model, ctx.pipeline, sample, ctx.labels, ctx.study.eval.batch_size, device, autocast
-            ),
-        ),
-    )
-
-
-#: what the names in ``Modality.preflight_checks`` run: the ``training data`` check, and the checks
-#: after the update check (step and eval memory, accumulation, precision, activation checkpointing,
-#: docs/CASES.md C22 ...)
-TRAINING_DATA = {"text training data": check_text_training_data, "image training data": check_image_training_data}
-AFTER_UPDATE = {"text steps": _text_checks, "image steps": _image_checks}
-
-
-def _named(table: dict[str, Any], names: tuple[str, ...]):
-    """The entry of ``table`` that the modality's ``preflight_checks`` name."""
-    return next(table[n] for n in names if n in table)
 
 
 def _smoke(ctx: StudyContext, run, rep: PreflightReport, model, usable: list, skip_rest) -> None:
@@ -584,13 +440,14 @@ def _print_end(rep: PreflightReport, run_id: str, seconds: float) -> None:
 def require_preflight(ctx: StudyContext, override: str | None) -> str | None:
     """The preflight a train run stands on: a completed preflight that matches the current resolved
     config, data fingerprint and platform key. Config keys that cannot change what the preflight
-    measured (:data:`tuneproof.preflight.scope.EXEMPT`: ``training.max_steps``/``epochs``,
-    ``checkpoint_every``, scoring settings of ``eval``, ``name``, ``hypothesis``) are left out of
-    the match. When none matches (a variant ``train --from r0004 --set method.r=16``, an edited study
-    file), the preflight runs now, inline, as the data check does: one line says why (the keys that
-    changed, with both values), that it runs and about how long it takes (the latest preflight's
-    duration), and one line when it passed and how long it took. Returns the preflight run id, or
-    None when ``override`` (``--skip-preflight "reason"``) is given; ``run_train`` records the override.
+    measured (:data:`tuneproof.preflight.scope.EXEMPT`: every key whose role in :mod:`tuneproof.study` is
+    neither ``trains`` nor ``decodes``, e.g. ``training.max_steps``/``epochs``, ``checkpoint_every``, the
+    scoring settings of ``eval``, ``name``, ``hypothesis``) are left out of the match. When none matches
+    (a variant ``train --from r0004 --set method.r=16``, an edited study file), the preflight runs now,
+    inline, as the data check does: one line says why (the keys that changed, with both values), that it
+    runs and about how long it takes (the latest preflight's duration), and one line when it passed and
+    how long it took. Returns the preflight run id, or None when ``override`` (``--skip-preflight
+    "reason"``) is given; ``run_train`` records the override.
 
     Raises:
         CheckFailed: the inline preflight failed (exit 3; names it, its first failed check and what to do).

@@ -20,7 +20,7 @@ from pydantic_core import PydanticUndefined
 
 from tuneproof.errors import TuneproofError
 from tuneproof.io import atomic_write_text
-from tuneproof.study import Study, study_json_schema
+from tuneproof.study import Study, role_of, study_json_schema
 
 #: the top-level keys that are no group of their own: one table for them
 TOP_LEVEL = "top-level"
@@ -82,7 +82,15 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
     return None, ""
 
 
-def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]]:
+Row = tuple[str, str, str, str, str]  # key, type, default, meaning, role
+
+
+def _role(key: str) -> str:
+    """The key's role (:func:`tuneproof.study.role_of`; ``mixed`` for a section whose keys declare their own)."""
+    return role_of(key.replace("[]", "")) or "mixed"
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[Row]:
     rows = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
@@ -90,32 +98,35 @@ def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]
         doc = (field.description or (sub.__doc__ if sub else "") or "").strip()
         doc = " ".join(doc.split())
         if sub is not None:
-            rows.append((f"{key}{suffix}", "list of sections" if suffix else "section", _default(field), doc))
+            kind = "list of sections" if suffix else "section"
+            rows.append((f"{key}{suffix}", kind, _default(field), doc, _role(key)))
             rows += _rows(sub, f"{key}{suffix}.")
         else:
-            rows.append((key, _type_name(field.annotation), _default(field), doc))
+            rows.append((key, _type_name(field.annotation), _default(field), doc, _role(key)))
     return rows
 
 
-def groups() -> dict[str, list[tuple[str, str, str, str]]]:
-    """``{group: [(key, type, default, description), ...]}``: one group per top-level section of
-    :class:`Study` (``hypothesis``, ``data``, ...), and ``top-level`` for the plain top-level keys."""
+def groups() -> dict[str, list[Row]]:
+    """``{group: [(key, type, default, description, role), ...]}``: one group per top-level section of
+    :class:`Study` (``hypothesis``, ``data``, ...), and ``top-level`` for the plain top-level keys; ``role``
+    is the key's role (:data:`tuneproof.study.ROLES`)."""
     out: dict[str, list] = {TOP_LEVEL: []}
     for name, field in Study.model_fields.items():
         sub, _ = _model_of(field.annotation)
         if sub is None:
-            out[TOP_LEVEL].append((name, _type_name(field.annotation), _default(field), field.description or ""))
+            row = (name, _type_name(field.annotation), _default(field), field.description or "", _role(name))
+            out[TOP_LEVEL].append(row)
         else:
             out[name] = _rows(sub, f"{name}.")
     return out
 
 
-def table(rows: list[tuple[str, str, str, str]]) -> str:
-    """One Markdown table: key, type, default, meaning (``|`` in a cell escaped)."""
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, kind, default, doc in rows:
+def table(rows: list[Row]) -> str:
+    """One Markdown table: key, type, default, role, meaning (``|`` in a cell escaped)."""
+    lines = ["| key | type | default | role | meaning |", "|---|---|---|---|---|"]
+    for key, kind, default, doc, role in rows:
         doc = doc.replace("|", "\\|")
-        lines.append(f"| `{key}` | {kind} | {default} | {doc} |")
+        lines.append(f"| `{key}` | {kind} | {default} | {role} | {doc} |")
     return "\n".join(lines)
 
 

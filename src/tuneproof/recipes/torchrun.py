@@ -600,7 +600,7 @@ def save_and_verify(
     Raises:
         CheckFailed: a tensor of the wrong shape, an all-zero ``lora_B``, or different logits.
     """
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open  # noqa: PLC0415 - safetensors loads only when save_and_verify() runs
 
     full = world.full_state(model)  # rank 0: whole tensors; others: {}
     examples = ctx.eval_examples()[:n_examples]

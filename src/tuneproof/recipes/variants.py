@@ -6,7 +6,8 @@ Features (CLI option that turns each on):
   wrong type stops before any compute, naming the key); the new run's parent is RUN;
 - the exact diff of the resolved config is stored in ``runs/<id>/variant.json`` and the run's
   summary (``variant``), every changed key with its group, old and new value;
-- config keys belong to named groups (:data:`GROUPS`): model, method, optimisation, data, eval,
+- config keys belong to named groups (:func:`group_of`, from each key's role in ``tuneproof.study``): model,
+  method, optimisation, data, eval,
   budget, seed (and ``bookkeeping``: checkpoint/eval cadence, which does not change the result and
   does not count as a change). A variant that changes more than one group needs
   ``--allow-multi-change`` and is flagged (``multi_change`` in the summary; shown by ``runs``);
@@ -36,42 +37,57 @@ from tuneproof.io import flatten_keys, read_json, sha256_json
 from tuneproof.recipes.protocol import require_order
 from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.registry import Registry, RunRecord
-from tuneproof.study import resolved_config, set_key
+from tuneproof.study import resolved_config, role_of, set_key
 from tuneproof.ui import console, user_text
 
-# (dotted-key prefix, group); the first match wins, so specific keys come before their section
-GROUPS: tuple[tuple[str, str], ...] = (
+#: the groups of the keys that train (role ``trains``, :data:`tuneproof.study.ROLES`), by dotted-key prefix;
+#: the first match wins, so specific keys come before their section
+TRAINS_GROUPS: tuple[tuple[str, str], ...] = (
     ("training.seed", "seed"),
-    ("training.max_steps", "budget"),
-    ("training.epochs", "budget"),
     ("training.max_length", "data"),
     ("training.loss", "data"),
     ("eval.prompt", "data"),  # the prompt is also the training input
-    ("training.checkpoint_every", "bookkeeping"),
-    ("training.eval_every", "bookkeeping"),
-    ("training.", "optimisation"),
-    ("model.", "model"),
-    ("method.", "method"),
-    ("data.", "data"),
-    ("eval.", "eval"),
-    ("distributed.timeout_s", "bookkeeping"),
-    ("distributed.", "distributed"),
-    ("hypothesis.", "hypothesis"),
-    ("name", "study"),
-    ("schema_version", "study"),
+    ("training", "optimisation"),
+    ("model", "model"),
+    ("method", "method"),
+    ("data", "data"),
+    ("distributed", "distributed"),
 )
-FROZEN_GROUPS = ("hypothesis", "study")  # never changed by a variant
+#: the group of every other role: ``bookkeeping`` and ``tracking`` do not change the trained result (not counted);
+#: ``budget`` is the training budget in ``training`` and part of the evaluation procedure in ``eval``
+#: (``eval.max_examples`` chooses the examples evaluated)
+ROLE_GROUPS = {
+    "decodes": "eval",
+    "scores": "eval",
+    "judges": "eval",
+    "serves": "eval",
+    "budget": "budget",
+    "bookkeeping": "bookkeeping",
+    "tracking": "bookkeeping",
+}
+FROZEN_KEYS = {"hypothesis": "hypothesis", "name": "study", "schema_version": "study"}  # never changed by a variant
+FROZEN_GROUPS = ("hypothesis", "study")
 UNCOUNTED_GROUPS = ("bookkeeping",)  # changes that do not alter the trained result
 INHERITED = {"seed": "seed", "budget": "training budget", "data": "data", "eval": "evaluation procedure"}
 
 
+def _under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".")
+
+
 def group_of(key: str) -> str:
-    """The group of a dotted config key, e.g. ``training.learning_rate`` -> ``optimisation``."""
-    for prefix, group in GROUPS:
-        stem = prefix.rstrip(".")
-        if key == stem or key.startswith(stem + "."):
-            return group
-    return "other"
+    """The group of a dotted config key, from its role (:func:`tuneproof.study.role_of`), e.g.
+    ``training.learning_rate`` -> ``optimisation``, ``eval.regex`` -> ``eval``, ``training.checkpoint_every``
+    -> ``bookkeeping``; ``other`` for a key the schema does not know."""
+    top = key.split(".")[0]
+    if top in FROZEN_KEYS:
+        return FROZEN_KEYS[top]
+    found = role_of(key)
+    if found == "trains":
+        return next(group for prefix, group in TRAINS_GROUPS if _under(key, prefix))
+    if found == "budget" and top == "eval":
+        return "eval"
+    return ROLE_GROUPS.get(found or "", "other")
 
 
 flatten = flatten_keys  # dotted keys -> leaf values (lists and empty mappings are leaves)

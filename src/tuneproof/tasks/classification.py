@@ -69,7 +69,7 @@ def score_classification(records: Sequence[dict], labels: Sequence[str] | None =
     Raises:
         TuneproofError: no records, a missing reference, or a reference outside ``labels``.
     """
-    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support  # noqa: PLC0415
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support  # noqa: PLC0415 - sklearn.metrics loads only when score_classification() runs
 
     recs = copy_records(records)
     y_true = []

@@ -121,7 +121,7 @@ class FormatRule:
             )
         self.validator = None
         if json_schema is not None:
-            import jsonschema  # noqa: PLC0415
+            import jsonschema  # noqa: PLC0415 - jsonschema loads only when __init__() runs
 
             try:
                 cls = jsonschema.validators.validator_for(json_schema)

@@ -651,7 +651,7 @@ def train(
             norm or tensor, exploded tensor, zero gradient, uniform-prediction loss); the run is invalid.
         CheckFailed: a window with 0 supervised tokens.
     """
-    from transformers import get_scheduler  # noqa: PLC0415
+    from transformers import get_scheduler  # noqa: PLC0415 - transformers loads only when train() runs
 
     n = len(train_set)
     ws, rank = (world.world_size, world.rank) if world is not None else (1, 0)

@@ -138,7 +138,7 @@ def chunked_token_loss_sum(
     Returns:
         A scalar tensor: the summed loss in nats over supervised positions.
     """
-    from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
+    from torch.utils.checkpoint import checkpoint  # noqa: PLC0415 - torch.utils.checkpoint loads only when chunked_token_loss_sum() runs
 
     decoder, head = backbone_and_head(model)
     if position_ids is not None:

@@ -117,7 +117,7 @@ def allocated_step_peak(step_fn: Callable[[], Any]) -> dict[str, Any]:
         ``peak_bytes`` is None when the profiler could not start (another profiler is active), the
         step having run anyway.
     """
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - torch.profiler loads only when allocated_step_peak() runs
 
     # kineto prints "STAGE"/"USDT" lines on stderr at every profiler start and stop; its logger's minimum
     # severity (read when kineto starts) 6 is above its last level (USDT = 5): silent. A value the user set is kept.

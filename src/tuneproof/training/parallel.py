@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from tuneproof.errors import TuneproofError
 from tuneproof.training.loss import NORMALISATION
@@ -120,7 +121,7 @@ class World:
     def full_state(self, model) -> dict[str, torch.Tensor]:
         """Every tensor of the model, whole (un-sharded), on CPU; only rank 0 gets them (the others an
         empty dict). Collective under FSDP2: every rank must call it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415 - torch.distributed.checkpoint.state_dict loads only when full_state() runs
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -135,7 +136,7 @@ class World:
         FSDP2's moments are sharded, so the whole state keyed by parameter name (rank 0 only)."""
         if self.strategy != "fsdp":
             return optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict  # noqa: PLC0415 - torch.distributed.checkpoint.state_dict loads only when optimizer_state() runs
 
         return get_optimizer_state_dict(
             model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -148,7 +149,7 @@ class World:
         if self.strategy != "fsdp":
             restore_state(model, optimizer, scheduler, ckpt)
         else:
-            from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415 - torch.distributed.checkpoint.state_dict loads only when restore() runs
                 StateDictOptions,
                 set_model_state_dict,
                 set_optimizer_state_dict,
@@ -231,12 +232,10 @@ def wrap(model, world: World):
     sharded one by one, so blocks mixing frozen base weights and LoRA weights are fine (docs/CASES.md C11).
     """
     if world.strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
-
         ids = [world.local_rank] if world.backend == "nccl" else None
         world.wrapped = DistributedDataParallel(model, device_ids=ids)
         return world.wrapped
-    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 - torch.distributed.fsdp loads only when wrap() runs
 
     names = set(block_classes(model))
     units = [m for m in model.modules() if type(m).__name__ in names]

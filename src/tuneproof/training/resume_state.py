@@ -172,7 +172,7 @@ def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], *, keep: i
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_file  # noqa: PLC0415
+    from safetensors.torch import save_file  # noqa: PLC0415 - safetensors.torch loads only when save_checkpoint() runs
 
     name = f"step-{step:06d}"
     dest = folder / name
@@ -338,8 +338,8 @@ def load_checkpoint(path: Path, *, verify: bool = True) -> dict[str, Any]:
     folder = checkpoint_folder(path)
     if verify:
         verify_checkpoint(folder)
-    from safetensors import SafetensorError  # noqa: PLC0415
-    from safetensors.torch import load_file  # noqa: PLC0415
+    from safetensors import SafetensorError  # noqa: PLC0415 - safetensors loads only when load_checkpoint() runs
+    from safetensors.torch import load_file  # noqa: PLC0415 - safetensors.torch loads only when load_checkpoint() runs
 
     for f in (STATE, TENSORS):
         if not (folder / f).is_file():

@@ -12,6 +12,7 @@ from tuneproof.deliver.plots import memory_throughput
 from tuneproof.modalities.modality import (
     Modality,
 )
+from tuneproof.preflight.checks import PREFLIGHT_NAMES  # each check's row names its numbers
 from tuneproof.preflight.report import headline
 
 _MEM = re.compile(r"(peak|memory|mem_|_mem|bytes|gib|mib)", re.I)
@@ -29,37 +30,6 @@ def _gib(key: str, v: float) -> float | None:
     if "bytes" in k or k.endswith("_b") or v > 1e5:
         return v / 2**30
     return None
-
-
-#: plain names and units of the preflight summary's numbers (key: the last part of the dotted key)
-PREFLIGHT_NAMES: dict[str, tuple[str, str]] = {
-    "s_per_step": ("time per optimizer step", "s"),
-    "tokens_per_s": ("training throughput", "tokens/s"),
-    "eval_s_per_example": ("evaluation time per example (smoke pass)", "s"),
-    "eval_batch_s_per_example": ("evaluation time per example, one batch at eval.batch_size", "s"),
-    "eval_batch_size": ("evaluation batch size", "examples"),
-    "eval_batch_procedure": ("evaluation procedure timed", ""),
-    "budget_seconds": ("time for the step budget", "s"),
-    "eval_seconds_estimate": ("evaluation of the split, estimate", "s"),
-    "eval_seconds": ("evaluation time", "s"),
-    "n_eval": ("examples evaluated", "examples"),
-    "total_steps": ("optimizer steps in the budget", "steps"),
-    "reload_seconds": ("checkpoint save and reload", "s"),
-    "budget_gib": ("memory budget", "GiB"),
-    "max_micro_batch": ("largest micro-batch that fits the budget", "examples"),
-    "trainable": ("trainable parameters", "parameters"),
-    "total_params": ("parameters in total", "parameters"),
-    "preflight_seconds": ("preflight duration", "s"),
-    "dtype": ("training precision", ""),
-    "dtype_reason": ("why this precision", ""),
-    "platform_key": ("platform", ""),
-    "loss_normalisation": ("loss normalisation", ""),
-    "peak_bytes": ("measured peak memory", "GiB"),
-    "eval_peak_gib": ("evaluation batch, measured peak", "GiB"),
-    "eval_batch_peak_gib": ("evaluation batch adds, measured", "GiB"),
-    "eval_kv_cache_estimate_gib": ("evaluation KV cache, estimate", "GiB"),
-    "eval_budget_gib": ("evaluation memory budget", "GiB"),
-}
 
 
 _STEP_MEM = re.compile(

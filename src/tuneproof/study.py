@@ -46,6 +46,12 @@ class Guard(_Strict):
     min_support: int = Field(
         1, ge=1, description="per_class_* / per_field_*: examples a class/field needs in the split to be judged"
     )
+    correction: Literal["auto", "holm", "none"] = Field(
+        "auto",
+        description="per_class_* guards: multiplicity correction of the per-class drop decisions; holm: a class "
+        "fails only if its exact McNemar p-value stays <= 0.05 after Holm (1979) over the judged classes; none: "
+        "each class on its own 95% CI; auto: holm when the guard judges >= 10 classes, else none",
+    )
 
     @model_validator(mode="after")
     def _has_a_rule(self) -> Guard:

@@ -139,3 +139,33 @@ def test_holm_on_an_aggregate_guard_names_the_key():
     study["hypothesis"]["guards"] = [{"metric": "per_class_recall", "max_drop": 0.01, "correction": "bonferroni"}]
     with pytest.raises(TuneproofError, match=r"correction"):
         parse_study(study)
+
+
+def test_compare_screen_and_dossier_show_the_correction_beside_the_uncorrected_numbers():
+    from tuneproof.deliver.dossier import per_class_blocks
+    from tuneproof.deliver.dossier.comparisons import _corrected_guard, _failing_items
+    from tuneproof.deliver.dossier.render import _md_blocks
+    from tuneproof.evaluation.screen import guard_lines
+
+    r, g = _guard(_classes77(drop_one=True))
+    lines = guard_lines(g)
+    assert lines[0] == "1 of 77 classes fail (judged on support >= 1)"
+    assert lines[1].startswith("    c00: recall 0.900 -> 0.250, delta -0.650 [-0.792, -0.475], support 40, ")
+    assert "McNemar p 3.0e-8 (26 broken, 0 fixed), Holm p 2.3e-6, BH q 2.3e-6" in lines[1]
+    assert lines[-1] == (
+        "    correction used by the verdict: Holm over 77 classes (exact McNemar per class, family-wise error 0.05); "
+        "uncorrected: fail (6 failing: c00, c01, c02, c03, c04, c05); moved (Benjamini-Hochberg, FDR 0.05): 1: c00"
+    )
+    guard = _corrected_guard(r)
+    assert guard is g
+    blocks = per_class_blocks(r["per_class"], "recall", _failing_items(r, "per_class"), guard)
+    assert blocks[0]["text"].startswith("guard: per_class_recall drop <= 0: correction used by the verdict: Holm")
+    assert "exact McNemar (1947) per class" in blocks[1]["text"]
+    table = blocks[3]
+    assert table["cols"][-6:] == ["McNemar p", "Holm p", "BH q", "moved (BH)", "uncorrected", "verdict"]
+    rows = {row[0]: row for row in table["rows"]}
+    assert rows["c00"][-6:] == ["3.0e-8", "2.3e-6", "2.3e-6", "yes", "fail", "fail"]
+    # BH q of c01..c05 (ranks 2-6 of 77): min over ranks >= 6 of 77 p / rank = 77 * 0.0625 / 6 = 0.8021
+    assert rows["c01"][-6:] == ["0.0625", "1.0000", "0.8021", "", "fail", "inconclusive"]
+    md = "\n".join(_md_blocks(blocks))
+    assert "| McNemar p | Holm p | BH q |" in md

@@ -169,3 +169,14 @@ def test_compare_screen_and_dossier_show_the_correction_beside_the_uncorrected_n
     assert rows["c01"][-6:] == ["0.0625", "1.0000", "0.8021", "", "fail", "inconclusive"]
     md = "\n".join(_md_blocks(blocks))
     assert "| McNemar p | Holm p | BH q |" in md
+
+
+def test_first_screen_says_holm_decided():
+    from tuneproof.deliver.dossier import criteria_table
+
+    r, g = _guard(_classes77(drop_one=False))
+    row = criteria_table(r["verdicts"])["rows"][1]
+    assert row[1] == "inconclusive"
+    assert row[-1].endswith(
+        "; decided with Holm over 77 classes (exact McNemar per class); uncorrected: fail, 5 failing"
+    )

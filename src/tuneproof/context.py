@@ -14,6 +14,12 @@ from typing import Any
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
+from tuneproof.data.semantic_dedup import (
+    apply_semantic_policy,
+    find_semantic_duplicates,
+    minilm_embed,
+    semantic_settings,
+)
 from tuneproof.data.sources import load_source, source_files
 from tuneproof.data.split import balanced_take, build_splits, check_unique_ids, freeze_or_reuse
 from tuneproof.errors import TuneproofError
@@ -28,6 +34,7 @@ from tuneproof.registry import Registry
 from tuneproof.study import STUDY_FILE, ChatData, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
 from tuneproof.tracking import attach
+from tuneproof.ui import heartbeat
 
 
 def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
@@ -126,6 +133,14 @@ class StudyContext:
                 splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm
             )
             splits["train"], self.dedup_dropped = apply_policy(splits, report, d.policy)
+        sem = self.study.data.dedup.semantic
+        if sem is not None and sem.policy == "drop-from-train":  # paraphrases of evaluated examples leave train
+            with heartbeat("data", "semantic dedup (all-MiniLM-L6-v2)"):
+                sem_report = find_semantic_duplicates(
+                    splits, sem.threshold, minilm_embed(sem.batch_size), settings=semantic_settings(sem)
+                )
+            splits["train"], dropped = apply_semantic_policy(splits["train"], sem_report, sem.policy)
+            self.dedup_dropped += dropped
         if self.study.eval.split not in splits:
             raise TuneproofError(
                 f"{self.study_dir / STUDY_FILE}: eval.split '"

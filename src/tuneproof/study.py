@@ -176,6 +176,19 @@ class SplitPolicy(_Strict):
         return v
 
 
+class SemanticDedup(_Strict):
+    """The paraphrase pass over train and the evaluated splits (sentence encoder all-MiniLM-L6-v2); see
+    docs/semantic-dedup.md for its cost and the precision of the threshold on BANKING77 and SNIPS."""
+
+    threshold: float = Field(
+        0.95, ge=-1.0, le=1.0, description="cosine similarity (all-MiniLM-L6-v2, mean pooling, L2) of a paraphrase"
+    )
+    policy: Literal["report", "drop-from-train"] = Field(
+        "report", description="what to do with train examples that paraphrase an evaluated example"
+    )
+    batch_size: int = Field(64, ge=1, description="texts per encoder forward pass (CPU)")
+
+
 class Dedup(_Strict):
     policy: Literal["report", "drop-from-train"] = Field(
         "report", description="what to do with train examples that collide with another split"
@@ -184,6 +197,10 @@ class Dedup(_Strict):
     shingles: Literal["word", "char"] = Field("word", description="shingle kind for MinHash")
     ngram: int = Field(3, ge=1, description="shingle size (words or characters)")
     num_perm: int = Field(128, ge=16, description="MinHash permutations")
+    semantic: SemanticDedup | None = Field(
+        None,
+        description="paraphrase pass with a sentence encoder across train and the evaluated splits (off when unset)",
+    )
 
 
 #: default of ``data.image.max_pixels``: 50 megapixels covers a 48 MP phone camera, and an image classifier sees

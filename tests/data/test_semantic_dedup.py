@@ -188,3 +188,18 @@ def test_real_minilm_finds_a_planted_paraphrase_leak():
     r = rep.splits["train/test"]
     assert [(p.id_train, p.id_eval) for p in r.pairs] == [("t0", "e0")]
     assert r.pairs[0].lexical is False and r.paraphrase_only == 1
+
+
+def test_dossier_lists_the_paraphrase_pairs_with_both_texts():
+    from tuneproof.deliver.dossier.data_check import _paraphrase_blocks
+
+    rep = find_semantic_duplicates(SPLITS, 0.9, stub_embed, settings={"encoder": "stub", "policy": "report"})
+    blocks = _paraphrase_blocks(rep.to_dict())
+    assert blocks[0]["text"] == "paraphrases across splits (stub, cosine >= 0.9, policy report):"
+    assert blocks[1]["rows"] == [["train/test", "3", "2", "1", "2"]]
+    listed = blocks[2]["blocks"][0]["rows"]
+    assert {(r[1], r[2], r[4], r[5]) for r in listed} == {
+        ("t0", "e0", "What is the way to add money to my card?", "How do I top up my card?"),
+        ("t2", "e2", "Why was I charged twice?", "why was i charged twice"),
+    }
+    assert _paraphrase_blocks(None) == []

@@ -167,27 +167,32 @@ def test_data_check_reports_the_planted_paraphrase_and_drop_from_train_removes_i
 
 
 @pytest.mark.slow
-def test_real_minilm_finds_a_planted_paraphrase_leak():
+def test_real_minilm_finds_a_planted_paraphrase_leak_the_lexical_pass_misses():
+    from tuneproof.data.dedup import find_duplicates
     from tuneproof.data.semantic_dedup import minilm_embed
+    from tuneproof.study import SemanticDedup
 
     embed = minilm_embed()
     splits = {
         "train": [
-            _ex("t0", "How can I add money to my account with a card?"),
+            _ex("t0", "How can I top up my card?"),
             _ex("t1", "What is the weather going to be like in Paris tomorrow?"),
             _ex("t2", "Play some jazz music from the seventies"),
         ],
         "test": [
-            _ex("e0", "How do I top up my account using a card?"),
+            _ex("e0", "How do I top up my card?"),
             _ex("e1", "Book a table for two at an Italian restaurant"),
         ],
     }
-    emb = embed(["a", "b c"])
-    assert emb.shape == (2, 384) and np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
-    rep = find_semantic_duplicates(splits, 0.8, embed)
+    emb = embed(["a", "b c d e f g", "b"])  # rows come back in input order although batches sort by length
+    assert emb.shape == (3, 384) and np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(emb[[0, 2]], embed(["a", "b"]), atol=1e-5)
+    lexical = find_duplicates(splits, threshold=0.8)
+    assert lexical.pair("train", "test").counts["near"]["pairs"] == 0  # word 3-shingle Jaccard 3/7
+    rep = find_semantic_duplicates(splits, SemanticDedup().threshold, embed)
     r = rep.splits["train/test"]
     assert [(p.id_train, p.id_eval) for p in r.pairs] == [("t0", "e0")]
-    assert r.pairs[0].lexical is False and r.paraphrase_only == 1
+    assert r.pairs[0].lexical is False and r.paraphrase_only == 1 and r.pairs[0].cosine > 0.95
 
 
 def test_dossier_lists_the_paraphrase_pairs_with_both_texts():

@@ -82,10 +82,13 @@ def minilm_embed(batch_size: int = 64, folder: Path | None = None) -> Embed:
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         out = []
+        # batches of similar lengths pad less (about half the tokens on BANKING77); rows go back in input order
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        ordered = [texts[i] for i in order]
         with torch.inference_mode():
-            for i in range(0, len(texts), batch_size):
+            for i in range(0, len(ordered), batch_size):
                 enc = tok(
-                    list(texts[i : i + batch_size]),
+                    ordered[i : i + batch_size],
                     padding=True,
                     truncation=True,
                     max_length=max_len,
@@ -95,7 +98,11 @@ def minilm_embed(batch_size: int = 64, folder: Path | None = None) -> Embed:
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [b, t, 1]
                 mean = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
                 out.append(torch.nn.functional.normalize(mean, p=2, dim=1).numpy().astype(np.float32))
-        return np.concatenate(out) if out else np.zeros((0, 384), dtype=np.float32)
+        if not out:
+            return np.zeros((0, 384), dtype=np.float32)
+        emb = np.empty((len(texts), out[0].shape[1]), dtype=np.float32)
+        emb[order] = np.concatenate(out)
+        return emb
 
     return embed
 

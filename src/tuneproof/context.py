@@ -15,6 +15,12 @@ from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
 from tuneproof.data.examples import Example
+from tuneproof.data.semantic_dedup import (
+    apply_semantic_policy,
+    find_semantic_duplicates,
+    minilm_embed,
+    semantic_settings,
+)
 from tuneproof.data.sources import load_source, source_files
 from tuneproof.data.split import (
     MANIFEST,
@@ -37,7 +43,7 @@ from tuneproof.storage import attach as attach_storage
 from tuneproof.study import STUDY_FILE, ChatData, Study, read_study, resolved_config, validate_study
 from tuneproof.tasks import check_hypothesis_metrics
 from tuneproof.tracking import attach
-from tuneproof.ui import console
+from tuneproof.ui import console, heartbeat
 
 
 def parse_study(raw: Any, path: str | Path = STUDY_FILE) -> Study:
@@ -144,6 +150,14 @@ class StudyContext:
                 splits, threshold=d.threshold, shingles=d.shingles, ngram=d.ngram, num_perm=d.num_perm
             )
             splits["train"], self.dedup_dropped = apply_policy(splits, report, d.policy)
+        sem = self.study.data.dedup.semantic
+        if sem is not None and sem.policy == "drop-from-train":  # paraphrases of evaluated examples leave train
+            with heartbeat("data", "semantic dedup (all-MiniLM-L6-v2)"):
+                sem_report = find_semantic_duplicates(
+                    splits, sem.threshold, minilm_embed(sem.batch_size), settings=semantic_settings(sem)
+                )
+            splits["train"], dropped = apply_semantic_policy(splits["train"], sem_report, sem.policy)
+            self.dedup_dropped += dropped
         if self.study.eval.split not in splits:
             raise TuneproofError(
                 f"{self.study_dir / STUDY_FILE}: eval.split '"

@@ -78,6 +78,12 @@ class Guard(_Strict):
     min_support: int = Field(
         1, ge=1, description="per_class_* / per_field_*: examples a class/field needs in the split to be judged"
     )
+    correction: Literal["auto", "holm", "none"] = Field(
+        "auto",
+        description="per_class_* guards: multiplicity correction of the per-class drop decisions; holm: a class "
+        "fails only if its exact McNemar p-value stays <= 0.05 after Holm (1979) over the judged classes; none: "
+        "each class on its own 95% CI; auto: holm when the guard judges >= 10 classes, else none",
+    )
 
     @model_validator(mode="after")
     def _has_a_rule(self) -> Guard:
@@ -209,6 +215,19 @@ class SplitPolicy(_Strict):
         return v
 
 
+class SemanticDedup(_Strict):
+    """The paraphrase pass over train and the evaluated splits (sentence encoder all-MiniLM-L6-v2); see
+    docs/semantic-dedup.md for its cost and the precision of the threshold on BANKING77 and SNIPS."""
+
+    threshold: float = Field(
+        0.95, ge=-1.0, le=1.0, description="cosine similarity (all-MiniLM-L6-v2, mean pooling, L2) of a paraphrase"
+    )
+    policy: Literal["report", "drop-from-train"] = Field(
+        "report", description="what to do with train examples that paraphrase an evaluated example"
+    )
+    batch_size: int = Field(64, ge=1, description="texts per encoder forward pass (CPU)")
+
+
 class Dedup(_Strict):
     policy: Literal["report", "drop-from-train"] = Field(
         "report", description="what to do with train examples that collide with another split"
@@ -217,6 +236,10 @@ class Dedup(_Strict):
     shingles: Literal["word", "char"] = Field("word", description="shingle kind for MinHash")
     ngram: int = Field(3, ge=1, description="shingle size (words or characters)")
     num_perm: int = Field(128, ge=16, description="MinHash permutations")
+    semantic: SemanticDedup | None = Field(
+        None,
+        description="paraphrase pass with a sentence encoder across train and the evaluated splits (off when unset)",
+    )
 
 
 #: default of ``data.image.max_pixels``: 50 megapixels covers a 48 MP phone camera, and an image classifier sees

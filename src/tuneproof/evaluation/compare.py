@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.multiplicity import ALPHA, benjamini_hochberg, holm
 from tuneproof.tasks import TaskConfig, get_task
 from tuneproof.tasks.parsing import finite_or_none
 from tuneproof.tasks.task import Blocks, MetricFn
@@ -265,6 +266,56 @@ def _paired_counts(base_ok: np.ndarray, cand_ok: np.ndarray) -> dict:
     }
 
 
+CLASS_TEST = (
+    "exact McNemar (1947) per class: two-sided binomial test of fixed vs broken among the class's examples "
+    "(reference class), p=0.5"
+)
+
+
+def per_class_tests(
+    example_class: Sequence[str | None], base_ok: np.ndarray, cand_ok: np.ndarray, classes: Sequence[str]
+) -> dict:
+    """One paired test per class, with the family's Holm and Benjamini-Hochberg adjustments.
+
+    Within each class (the examples whose reference is that class, ``example_class``), the exact
+    McNemar test of :func:`mcnemar_exact` on the per-example rule (``base_ok`` / ``cand_ok``,
+    ``[n]`` booleans). For classification with the ``correct`` rule this is the paired test of the
+    class's recall. The family is every class with at least one example; Holm (1979) and
+    Benjamini-Hochberg (1995) adjust over it (:mod:`tuneproof.evaluation.multiplicity`).
+
+    Args:
+        example_class: ``[n]`` the class of each example (None: in no class).
+        classes: the compared classes (``per_class`` keys); classes with no example get
+            ``n`` 0 and ``p_value`` 1.0 and stay out of the family.
+
+    Returns:
+        ``{"test", "alpha", "family_size", "moved_bh": [classes], "classes": {class: {"n", "fixed",
+        "broken", "p_value", "p_holm", "q_bh", "moved_bh"}}}``; ``p_holm`` / ``q_bh`` are None
+        outside the family.
+    """
+    labels = np.array(["" if c is None else str(c) for c in example_class], dtype=object)
+    out: dict = {}
+    for c in dict.fromkeys([*classes, *(str(c) for c in example_class if c is not None)]):
+        mask = labels == c
+        fixed = int((mask & ~base_ok & cand_ok).sum())
+        broken = int((mask & base_ok & ~cand_ok).sum())
+        out[c] = {"n": int(mask.sum()), "fixed": fixed, "broken": broken, "p_value": mcnemar_exact(fixed, broken)}
+        out[c].update(p_holm=None, q_bh=None, moved_bh=False)
+    family = [c for c, t in out.items() if t["n"] > 0]
+    ps = [out[c]["p_value"] for c in family]
+    holm_p, _ = holm(ps)
+    bh_q, bh_rej = benjamini_hochberg(ps)
+    for c, hp, q, rej in zip(family, holm_p, bh_q, bh_rej):
+        out[c].update(p_holm=hp, q_bh=q, moved_bh=bool(rej))
+    return {
+        "test": CLASS_TEST,
+        "alpha": ALPHA,
+        "family_size": len(family),
+        "moved_bh": [c for c in family if out[c]["moved_bh"]],
+        "classes": out,
+    }
+
+
 def paired_compare(
     base_records: Sequence[dict],
     cand_records: Sequence[dict],
@@ -306,7 +357,9 @@ def paired_compare(
         ``correct`` (exact match, class correct ...) as a second line; ``bootstrap``,
         ``headline``, ``metrics`` (``{name: {"base", "cand", "delta", "ci": [lo, hi]}}``),
         ``per_class`` and ``per_field`` (``{name: {key: {"base", "cand", "delta", "ci",
-        "support"}}}``), ``concentration``, ``dominant`` (one class for most predictions, see
+        "support"}}}``), ``per_class_tests`` (:func:`per_class_tests`, on the per-example rule of the
+        first per-class guard's metric, else the success metric's), ``concentration``,
+        ``dominant`` (one class for most predictions, see
         :func:`dominant_prediction`; None when the kind predicts no class), ``base_metrics``,
         ``cand_metrics`` and, with a hypothesis, ``verdicts`` and ``overall``. NaN values are
         written as None.
@@ -356,6 +409,15 @@ def paired_compare(
         np.array([bool(r["correct"]) for r in cand], dtype=bool),
     )
     gains = np.array([rule.score(c) - rule.score(b) for b, c in zip(base, cand)])
+    guard_metrics = [g.metric for g in getattr(hypothesis, "guards", None) or [] if g.metric.startswith("per_class_")]
+    class_rule = kind.example_rule(guard_metrics[0]) if guard_metrics else rule
+    class_tests = per_class_tests(
+        st.example_class,
+        np.array([class_rule.passing(r) for r in base], dtype=bool),
+        np.array([class_rule.passing(r) for r in cand], dtype=bool),
+        list(per["per_class"]),
+    )
+    class_tests.update(rule=class_rule.name, description=class_rule.description)
 
     result = {
         "task": task,
@@ -378,6 +440,7 @@ def paired_compare(
         "metrics": metrics,
         "per_class": per["per_class"],
         "per_field": per["per_field"],
+        "per_class_tests": class_tests,
         "concentration": _concentration(ids, st.example_class, gains, rule.name),
         "dominant": dominant_prediction([kind.predicted_key(r) for r in cand], [kind.reference_key(r) for r in cand]),
         "dominant_baseline": dominant_prediction(
@@ -473,6 +536,14 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
       the guard's ``min_support`` (default 1) reads "not measurable (support 0)": neither pass
       nor fail; the detail states the support the guard needs. A guard with no measurable item
       is "not measurable".
+    - Multiplicity (per-class guards, ``correction``): each judged class also carries the exact
+      McNemar p-value of its examples (``per_class_tests``), Holm's adjusted ``p_holm`` and the
+      Benjamini-Hochberg ``q_bh`` / ``moved_bh`` over the guard's judged classes, and its
+      ``verdict_uncorrected``. With Holm (``holm``, or ``auto`` from
+      :data:`AUTO_HOLM_MIN_CLASSES` judged classes), a class whose drop rule fails on its own CI
+      but whose ``p_holm`` > 0.05 reads "inconclusive" (family-wise error rate 5%, Holm 1979); a
+      floor failure stays a failure. The guard's ``correction`` records the method used, the
+      family size, the uncorrected verdict and failing classes, and BH's moved classes.
     - Only the conditions the study writes apply: ``floor`` alone does not also demand "no drop".
 
     Raises:
@@ -543,7 +614,8 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             )
         min_support = int(getattr(guard, "min_support", 1) or 1)
         what = "classes" if group == "per_class" else "fields"
-        items, failing, unsure, unmeasurable = [], [], [], []
+        correction, adjusted = _correction(guard, group, compare_result, items_src, min_support)
+        items, failing, unsure, unmeasurable, demoted, failing_unc = [], [], [], [], [], []
         for name, e in items_src.items():
             support = e.get("support")
             if support is not None and support < min_support:  # cannot be judged: neither pass nor fail
@@ -559,12 +631,28 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
                 unmeasurable.append(f"{name} (support {support})")
                 continue
             verdict, why = _guard_item(e, guard.max_drop, guard.floor)
+            unc = verdict
+            test = adjusted.get(name, {})
+            if unc == "fail":
+                failing_unc.append(name)
+            if unc == "fail" and correction["method"] == "holm" and (test.get("p_holm") or 0.0) > ALPHA + 1e-15:
+                # the drop rule failed on this class's own 95% CI, but its paired test does not survive Holm
+                # over the family; a floor failure is a point rule, not a test, and stays a failure
+                floor_fails = guard.floor is not None and _guard_item(e, None, guard.floor)[0] == "fail"
+                if not floor_fails:
+                    verdict = "inconclusive"
+                    demoted.append(
+                        f"{name} (McNemar p {test['p_value']:.3g}, Holm p {test['p_holm']:.3g} over "
+                        f"{correction['family_size']})"
+                    )
             items.append(
                 {
                     "name": name,
                     **{k: e[k] for k in ("base", "cand", "delta", "ci")},
                     "support": support,
                     "verdict": verdict,
+                    "verdict_uncorrected": unc,
+                    **test,
                     **({"why": "; ".join(why)} if verdict == "fail" else {}),
                 }
             )
@@ -590,7 +678,13 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             )
             if failing and unsure:
                 detail += f"; inconclusive for: {capped(unsure, where=COMPARE_JSON)}"
+            if correction["method"] == "holm":
+                stated += f"; Holm over {correction['family_size']} {what}, {correction['test_short']}"
             detail += f" ({stated})"
+            if demoted:
+                detail += f"; {len(demoted)} fail on their own CI but not after Holm: " + capped(
+                    demoted, sep="; ", where=COMPARE_JSON
+                )
         if unmeasurable:
             detail += f"; not measurable (support < {min_support}): {capped(unmeasurable, where=COMPARE_JSON)}"
         out.append(
@@ -605,9 +699,71 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
                 "verdict": verdict,
                 "detail": detail,
                 "items": items,
+                **(
+                    {
+                        "correction": {
+                            **correction,
+                            "verdict_uncorrected": _combine([it["verdict_uncorrected"] for it in judged])
+                            if judged
+                            else "not measurable",
+                            "failing_uncorrected": failing_unc,
+                            "moved_bh": [n for n, t in adjusted.items() if t.get("moved_bh")],
+                        }
+                    }
+                    if group == "per_class"
+                    else {}
+                ),
             }
         )
     return out
+
+
+#: ``correction: auto`` applies Holm from this many judged classes on; below it the guard keeps each
+#: class's own 95% CI (the verdicts of studies with few classes stay as they were)
+AUTO_HOLM_MIN_CLASSES = 10
+
+
+def _correction(
+    guard: Any, group: str, compare_result: dict, items_src: dict, min_support: int
+) -> tuple[dict, dict[str, dict]]:
+    """Which multiplicity correction a per-class guard's verdict uses, and each judged class's test.
+
+    Returns ``(correction, adjusted)``: ``correction`` is ``{"method": "holm"|"none", "requested",
+    "alpha", "family_size", "test", "test_short"}``; ``adjusted`` maps each judged class (support >=
+    ``min_support``) to ``{"p_value", "p_holm", "q_bh", "moved_bh", "fixed", "broken"}``, with Holm
+    and Benjamini-Hochberg over the guard's own family (its judged classes). Per-field guards and
+    comparisons without ``per_class_tests`` (older compare.json) get method "none" and no tests.
+    """
+    requested = str(getattr(guard, "correction", "auto") or "auto")
+    tests = (compare_result.get("per_class_tests") or {}).get("classes") if group == "per_class" else None
+    judged = [n for n, e in items_src.items() if e.get("support") is None or e["support"] >= min_support]
+    adjusted: dict[str, dict] = {}
+    if tests is not None and judged:
+        ps = [float((tests.get(n) or {}).get("p_value", 1.0)) for n in judged]
+        hp, _ = holm(ps)
+        q, moved = benjamini_hochberg(ps)
+        for n, p, a, b, r in zip(judged, ps, hp, q, moved):
+            t = tests.get(n) or {}
+            adjusted[n] = {
+                "p_value": p,
+                "p_holm": a,
+                "q_bh": b,
+                "moved_bh": bool(r),
+                "fixed": t.get("fixed", 0),
+                "broken": t.get("broken", 0),
+            }
+    use_holm = tests is not None and (
+        requested == "holm" or (requested == "auto" and len(judged) >= AUTO_HOLM_MIN_CLASSES)
+    )
+    correction = {
+        "method": "holm" if use_holm else "none",
+        "requested": requested,
+        "alpha": ALPHA,
+        "family_size": len(judged),
+        "test": CLASS_TEST,
+        "test_short": "exact McNemar per class",
+    }
+    return correction, adjusted
 
 
 def guard_support(hypothesis: Any, task: str, examples: Sequence[Any], cfg: TaskConfig, split: str) -> list[dict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tuneproof.ui import visible_text
+from tuneproof.ui import capped, visible_text
 
 #: how many of the worst classes / fields the screen lists (the rest are in the run's eval.json)
 WORST_N = 5
@@ -149,8 +149,9 @@ def guard_lines(v: dict, where: str = "compare.json") -> list[str]:
     head line then one line per failing item with its numbers (at most :data:`MAX_FAILING_ON_SCREEN`,
     then ``... and N more (full list in compare.json)``)."""
     failing = [it for it in v.get("items") or [] if it.get("verdict") == "fail"]
+    corr = correction_line(v)
     if not failing:
-        return [v.get("detail", "")]
+        return [v.get("detail", "")] + ([f"    {corr}"] if corr else [])
     what = "classes" if str(v.get("metric", "")).startswith("per_class") else "fields"
     judged = sum(1 for it in v["items"] if it.get("verdict") != "not measurable")
     sub = str(v.get("metric", "")).split("_", 2)[-1]
@@ -163,8 +164,43 @@ def guard_lines(v: dict, where: str = "compare.json") -> list[str]:
         out.append(
             f"    {name}: {sub} {_num(it.get('base'))} -> {_num(it.get('cand'))}, delta {_num(it.get('delta'))} "
             f"[{_num(ci[0])}, {_num(ci[1])}], support {it.get('support')}"
+            + (f", {paired_test_text(it)}" if "p_value" in it else "")
             + (f": {visible_text(it['why'], one_line=True)}" if it.get("why") else "")
         )
     if len(failing) > MAX_FAILING_ON_SCREEN:
         out.append(f"    ... and {len(failing) - MAX_FAILING_ON_SCREEN} more (full list in {where})")
+    if corr:
+        out.append(f"    {corr}")
     return out
+
+
+def paired_test_text(item: dict) -> str:
+    """A per-class item's paired test: ``McNemar p 0.0625 (5 broken, 0 fixed), Holm p 1.0000, BH q 1.0000``."""
+    return (
+        f"McNemar p {fmt_p(item.get('p_value'))} ({item.get('broken', 0)} broken, {item.get('fixed', 0)} fixed), "
+        f"Holm p {fmt_p(item.get('p_holm'))}, BH q {fmt_p(item.get('q_bh'))}"
+    )
+
+
+def correction_line(v: dict) -> str:
+    """Which multiplicity correction a per-class guard's verdict used, the uncorrected verdict beside it,
+    and the classes Benjamini-Hochberg says moved; "" for a verdict without ``correction``."""
+    c = v.get("correction")
+    if not c:
+        return ""
+    n = c.get("family_size", 0)
+    failing = [visible_text(x, one_line=True) for x in c.get("failing_uncorrected") or []]
+    moved = [visible_text(x, one_line=True) for x in c.get("moved_bh") or []]
+    used = (
+        f"Holm over {n} classes ({c.get('test_short', 'exact McNemar per class')}, family-wise error "
+        f"{c.get('alpha', 0.05):g})"
+        if c.get("method") == "holm"
+        else f"none (each class on its own 95% CI; {n} classes judged)"
+    )
+    unc = f"uncorrected: {c.get('verdict_uncorrected')}" + (
+        f" ({len(failing)} failing: {capped(failing)})" if failing else ""
+    )
+    return (
+        f"correction used by the verdict: {used}; {unc}; moved (Benjamini-Hochberg, FDR {c.get('alpha', 0.05):g}): "
+        + (f"{len(moved)}: {capped(moved)}" if moved else "none")
+    )

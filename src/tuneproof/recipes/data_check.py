@@ -6,6 +6,9 @@ Features:
   subsets (``data.split.subset``, recorded in ``splits.json``); encoding repairs (docs/CASES.md C17);
 - duplicates: exact, normalised and MinHash near-duplicates across every pair of splits and
   inside train (``data.dedup``; BANKING77 train/test overlap, docs/CASES.md C14);
+- paraphrase leaks (``data.dedup.semantic``, off unless set): pairs of a train example and an evaluated
+  example whose all-MiniLM-L6-v2 embeddings have cosine >= the threshold, listed with both texts in
+  ``semantic_dedup`` (docs/semantic-dedup.md); a warning when any; ``policy: drop-from-train`` removes them;
 - audits, by the task kind's own ``audit`` (``tuneproof.tasks``): class counts and imbalance, classes
   missing from a split, same text with different labels; extraction: targets that are not strict
   JSON (docs/CASES.md C16), missing required fields; format: gold targets checked against the study's own
@@ -50,6 +53,7 @@ from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.languages import tokenizer_loss
 from tuneproof.data.lengths import length_stats
 from tuneproof.data.preprocess import visible
+from tuneproof.data.semantic_dedup import find_semantic_duplicates, minilm_embed, semantic_settings
 from tuneproof.data.split import MANIFEST, subset_line
 from tuneproof.errors import CheckFailed
 from tuneproof.evaluation.compare import guard_support
@@ -84,6 +88,13 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
             num_perm=d.num_perm,
         )
         advance(n_all, "duplicates done")
+        semantic = None
+        texts = ctx.modality.duplicate_input(splits)
+        if d.semantic is not None and any(texts.values()):  # paraphrase leaks: sentence encoder, off unless set
+            advance(0, "semantic duplicates (all-MiniLM-L6-v2)")
+            semantic = find_semantic_duplicates(
+                texts, d.semantic.threshold, minilm_embed(d.semantic.batch_size), settings=semantic_settings(d.semantic)
+            )
         encoded = {}
         for name, items in to_encode.items():
             out = encoded[name] = []
@@ -118,6 +129,8 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         tpl = ctx.pipeline.template_report([e for v in encoded.values() for e in v])
         checks["lines"] = tpl["lines"] + checks["lines"]
         checks["warnings"] += tpl["warnings"]
+    if semantic is not None:
+        checks["lines"].insert(2, "paraphrases across splits: " + "; ".join(semantic.summary_lines()))
     t = audit.get("targets")
     json_targets = (
         t if t and "parsed" in t and "rule" not in t else None
@@ -128,6 +141,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         list(audit["warnings"])
         + lengths.get("warnings", [])
         + [line for line in dedup.summary_lines() if "no duplicates" not in line]
+        + ([f"paraphrase leak: {x}" for x in semantic.summary_lines() if "no paraphrase" not in x] if semantic else [])
         + checks["warnings"]
     )
     return {
@@ -137,6 +151,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "repairs": ctx.repairs,
         "dropped_by_dedup": getattr(ctx, "dedup_dropped", []),
         "dedup": dedup.to_dict(),
+        "semantic_dedup": semantic.to_dict() if semantic is not None else None,
         "labels": audit.get("labels"),
         "targets": audit.get("targets"),
         "label_sets": audit.get("label_sets"),
@@ -257,7 +272,9 @@ def run_data_check(ctx: StudyContext) -> str:
                 for k, v in rep["lengths"]["splits"].items()
             },
             suggest_max_length=rep["lengths"].get("suggest_max_length"),
-            duplicates=[line for line in rep["warnings"] if "overlap" in line or "duplicate" in line][:6],
+            duplicates=[
+                line for line in rep["warnings"] if "overlap" in line or "duplicate" in line or "paraphrase" in line
+            ][:6],
             checks=rep["checks"],
         )
         _print(rep, ctx.modality.dossier_sections)

@@ -99,11 +99,11 @@ def metric_names(
 
 def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> None:
     """Every metric the hypothesis names is one the comparison reports for its task
-    (:func:`metric_names`), and ``classes`` is only set on a per-class guard.
+    (:func:`metric_names`), and ``classes`` / ``correction: holm`` are only set on a per-class guard.
 
     Raises:
         TuneproofError: names the key (``hypothesis.success.metric``, ``hypothesis.guards[i].metric``
-            or ``.classes``) and lists the metrics of the task.
+            ``.classes`` or ``.correction``) and lists the metrics of the task.
     """
     h, e = study.hypothesis, study.eval
     names = metric_names(
@@ -129,6 +129,12 @@ def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> Non
                 f"{path}: hypothesis.guards[{i}].classes: only a per_class_* "
                 f"guard names classes (metric is '{g.metric}')",
                 hint="remove classes, or use a per_class_* metric",
+            )
+        if g.correction == "holm" and not g.metric.startswith("per_class_"):
+            raise TuneproofError(
+                f"{path}: hypothesis.guards[{i}].correction: holm applies to a per_class_* guard "
+                f"(one paired test per class); metric is '{g.metric}'",
+                hint="remove correction, or use a per_class_* metric",
             )
 
 

@@ -9,7 +9,7 @@ from tuneproof.deliver.limits import (
     per_class_metric,
 )
 from tuneproof.deliver.plots import confusion, metric_bars
-from tuneproof.evaluation.screen import fmt_p, guard_lines, metric_short
+from tuneproof.evaluation.screen import correction_line, fmt_p, guard_lines, metric_short
 from tuneproof.tasks import get_task
 from tuneproof.ui import capped
 
@@ -67,7 +67,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
             pc, pf = r.get("per_class") or {}, r.get("per_field") or {}
             cm = per_class_metric(task)
             if pc:
-                blocks += per_class_blocks(pc, cm, _failing_items(r, "per_class"))
+                blocks += per_class_blocks(pc, cm, _failing_items(r, "per_class"), _corrected_guard(r))
                 blocks += _confusion_summary(ev, data.get("baseline"), cid, task)
             if pf:
                 blocks.append(
@@ -157,14 +157,32 @@ def _failing_items(r: dict, group: str) -> set[str]:
     }
 
 
-def per_class_blocks(pc: dict, metric: str, failing: set[str]) -> list[dict]:
+def _corrected_guard(r: dict) -> dict | None:
+    """The first per-class guard verdict that carries per-class tests (``correction``), or None."""
+    return next(
+        (
+            v
+            for v in r.get("verdicts") or []
+            if str(v.get("metric", "")).startswith("per_class") and v.get("correction")
+        ),
+        None,
+    )
+
+
+def per_class_blocks(pc: dict, metric: str, failing: set[str], guard: dict | None = None) -> list[dict]:
     """The per-class table sorted by delta (most negative first): classes that fail a guard or whose
     metric changed come first; with more than :data:`FOLD_CLASSES_OVER` classes the unchanged
-    rest is folded (``details``)."""
+    rest is folded (``details``).
+
+    With ``guard`` (a per-class guard's verdict that carries ``correction``, see
+    :func:`tuneproof.evaluation.compare.judge`), a paragraph says which multiplicity correction the
+    verdict used, and each judged class gets its exact McNemar p-value, Holm-adjusted p, BH q-value,
+    its verdict without the correction and the verdict the guard used."""
+    items = {it["name"]: it for it in (guard or {}).get("items") or []}
 
     def row(k: str) -> list:
         v = pc[k].get(metric) or {}
-        return [
+        out = [
             k,
             v.get("base"),
             v.get("cand"),
@@ -173,17 +191,31 @@ def per_class_blocks(pc: dict, metric: str, failing: set[str]) -> list[dict]:
             v.get("support"),
             "fails a guard" if k in failing else "",
         ]
+        if guard is not None:
+            it = items.get(k) or {}
+            out += [
+                *(fmt_p(it.get(x)) if x in it else "" for x in ("p_value", "p_holm", "q_bh")),
+                "yes" if it.get("moved_bh") else "",
+                it.get("verdict_uncorrected", ""),
+                it.get("verdict", ""),
+            ]
+        return out
 
     def key(k: str):
         d = (pc[k].get(metric) or {}).get("delta")
         return (d is None, d if d is not None else 0.0, k)
 
     cols = ["class", f"{metric} baseline", f"{metric} candidate", "delta", "95% CI", "support", "guard"]
+    head: list[dict] = []
+    if guard is not None:
+        cols += ["McNemar p", "Holm p", "BH q", "moved (BH)", "uncorrected", "verdict"]
+        head.append(_paragraph(f"{guard.get('name')}: {correction_line(guard)}."))
+        head.append(_paragraph(f"Per-class test: {guard['correction'].get('test')}."))
     changed = sorted((k for k in pc if k in failing or ((pc[k].get(metric) or {}).get("delta") or 0.0) != 0.0), key=key)
     rest = sorted((k for k in pc if k not in changed), key=key)
     if len(pc) <= FOLD_CLASSES_OVER or not rest:
-        return [_table(cols, [row(k) for k in changed + rest])]
-    out = [
+        return head + [_table(cols, [row(k) for k in changed + rest])]
+    out = head + [
         _paragraph(
             f"{len(changed)} of {len(pc)} classes changed or fail a guard, sorted by delta "
             f"(most negative first); the {len(rest)} unchanged are folded below."

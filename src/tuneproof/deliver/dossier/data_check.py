@@ -66,6 +66,7 @@ def _data_check(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
             )
     elif s.get("duplicates"):
         blocks.append({"type": "list", "items": [str(x) for x in s["duplicates"]]})
+    blocks += _paraphrase_blocks(rep.get("semantic_dedup") if isinstance(rep, dict) else None)
     shown = (
         s
         if TEXT_CHECKS in sections or not isinstance(s.get("checks"), list)
@@ -86,6 +87,39 @@ def _data_check(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
 
 #: cross-split duplicate pairs listed (folded) in the data-check section
 DUPLICATES_LISTED = 20
+
+
+def _paraphrase_blocks(sem: dict | None) -> list[dict]:
+    """The paraphrase pass (``data.dedup.semantic``): one line per evaluated split, then its pairs
+    (train text, evaluated text, cosine; at most :data:`DUPLICATES_LISTED`, highest cosine first, folded)."""
+    if not isinstance(sem, dict) or not isinstance(sem.get("splits"), dict):
+        return []
+    st = sem.get("settings") or {}
+    out = [
+        _paragraph(
+            f"paraphrases across splits ({st.get('encoder', 'sentence encoder')}, cosine >= {st.get('threshold')}, "
+            f"policy {st.get('policy', 'report')}):"
+        )
+    ]
+    rows, pairs = [], []
+    for key, r in sem["splits"].items():
+        rows.append(
+            [key, r.get("n_eval"), r.get("eval_colliding"), r.get("paraphrase_only"), len(r.get("pairs") or [])]
+        )
+        pairs += [
+            [key, p.get("id_train"), p.get("id_eval"), p.get("cosine"), p.get("text_train"), p.get("text_eval")]
+            for p in (r.get("pairs") or [])[:DUPLICATES_LISTED]
+        ]
+    out.append(_table(["splits", "examples checked", "with a train paraphrase", "not lexical", "pairs"], rows))
+    if pairs:
+        out.append(
+            {
+                "type": "details",
+                "summary": f"{len(pairs)} paraphrase pair(s), highest cosine first (all in data_check.json)",
+                "blocks": [_table(["splits", "train", "evaluated", "cosine", "train text", "evaluated text"], pairs)],
+            }
+        )
+    return out
 
 
 def _duplicate_rows(dedup: dict | None) -> tuple[list[list], list[list]]:

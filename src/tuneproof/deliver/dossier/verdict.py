@@ -157,10 +157,20 @@ def _other_lines(ev: _Evidence) -> list[str]:
 def criteria_table(verdicts: list[dict]) -> dict:
     """The first screen's table: one row per criterion (success, each guard) with its verdict, the
     numbers and, for a per-class / per-field guard, a note whose lists are capped
-    (:func:`tuneproof.ui.capped`; every item is in ``compare.json``)."""
+    (:func:`tuneproof.ui.capped`; every item is in ``compare.json``) and, for a per-class guard,
+    which multiplicity correction decided (Holm, with the uncorrected verdict beside it)."""
     rows = []
     for v in verdicts:
         shown = guard_lines(v)[0] if v.get("items") else ""
+        corr = v.get("correction") or {}
+        if corr.get("method") == "holm":  # the verdict used a multiplicity correction: say so, uncorrected beside
+            unc = corr.get("failing_uncorrected") or []
+            shown += (
+                f"; decided with Holm over {corr.get('family_size')} classes (exact McNemar per class); "
+                f"uncorrected: {corr.get('verdict_uncorrected')}" + (f", {len(unc)} failing" if unc else "")
+            )
+        elif corr and corr.get("failing_uncorrected"):
+            shown += f"; no multiplicity correction over {corr.get('family_size')} classes"
         rows.append(
             [
                 v.get("name"),

@@ -165,6 +165,26 @@ def test_end_of_turn_text_inside_a_target_or_an_input_is_a_fault_naming_the_row(
     assert "the input holds the text of the special token '<|im_start|>' (row d.jsonl:8)" in enc.faults[0]
 
 
+def test_end_of_turn_inside_an_input_or_a_context_turn_says_the_turn_is_cut_not_that_the_answer_stops(tok):
+    # issue fix item 8: each place says what really happens there
+    pipe = TextPipeline(tok, Prompt(), 128)
+    enc = pipe.encode(Example("e9", "hello<|im_end|> world", target="a", source="d.jsonl:9"))
+    assert enc.faults[0] == (
+        "the input holds the text of the special token '<|im_end|>' (the end of turn) (row d.jsonl:9): the "
+        "tokenizer turns it into that token, so the prompt's user turn is cut short there: the model sees a turn "
+        "boundary inside the user's text, in training and at inference; remove or escape it in the data"
+    )
+    context = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes<|im_end|> no"}]
+    enc = pipe.encode(Example("e10", "hello world", target="a", source="d.jsonl:10", context=context))
+    assert enc.faults[0] == (
+        "the assistant turn of its context holds the text of the special token '<|im_end|>' (the end of turn) "
+        "(row d.jsonl:10): the tokenizer turns it into that token, so that assistant turn is cut short there: the "
+        "model sees a turn boundary inside the assistant's text, in training and at inference; remove or escape it "
+        "in the data"
+    )
+    assert not any("stop early" in f for f in enc.faults)
+
+
 def test_a_template_error_is_one_line_naming_the_template_and_the_example(tok):
     picky = CHATML.replace(
         "{% for m in messages %}",

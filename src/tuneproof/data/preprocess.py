@@ -422,8 +422,28 @@ class TextPipeline:
         faults = []
         where = f" (row {ex.source})" if getattr(ex, "source", None) else ""
         messages = self._messages(ex)
-        earlier = [(f"{m.get('role')} turn of its context", str(m.get("content") or "")) for m in messages[:-1]]
-        for what, text in (("target", target), ("input", ex.text), *earlier):
+        # what an end of turn inside the text does, per place: in the target the answer ends there (the model
+        # learns to stop early); in the input or a context turn the prompt's turn is cut short there
+        earlier = [
+            (
+                f"{m.get('role')} turn of its context",
+                str(m.get("content") or ""),
+                f", so that {m.get('role')} turn is cut short there: the model sees a turn boundary inside "
+                f"the {m.get('role')}'s text, in training and at inference",
+            )
+            for m in messages[:-1]
+        ]
+        places = (
+            ("target", target, ", so the answer ends there and the model learns to stop early"),
+            (
+                "input",
+                ex.text,
+                ", so the prompt's user turn is cut short there: the model sees a turn boundary inside the user's "
+                "text, in training and at inference",
+            ),
+            *earlier,
+        )
+        for what, text, eot_effect in places:
             inside = [t for t in self._specials if t and text and t in text]
             if inside:
                 eot = self.end_token in inside
@@ -431,7 +451,7 @@ class TextPipeline:
                     f"the {what} holds the text of the special token {inside[0]!r}"
                     + (" (the end of turn)" if eot else "")
                     + f"{where}: the tokenizer turns it into that token"
-                    + (", so the answer ends there and the model learns to stop early" if eot else "")
+                    + (eot_effect if eot else "")
                     + "; remove or escape it in the data"
                 )
         if not self.use_chat:

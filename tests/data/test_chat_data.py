@@ -109,7 +109,24 @@ def test_bad_rows_are_refused_together_by_file_and_line(tmp_path):
     assert f"{path}:4: messages[0] (user) has an empty content" in msg
     assert f"{path}:5: messages[1]: unknown role 'tool' (known: system, user, assistant)" in msg
     assert f"{path}:6: messages[1] is a system message after the first turn" in msg
-    assert "and 1 more" in msg  # line 7 (no turns) is counted, the first five are named
+    assert f"{path}:7: no 'messages' or 'conversations' list of turns" in msg  # the sixth is named too
+    assert "more" not in msg
+
+
+def test_past_twenty_refused_rows_the_error_names_a_file_listing_them_all(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    rows = [ROWS[0]] + [{"messages": [_u("q"), _a("a"), _u("unanswered")]} for _ in range(25)]
+    path = _write_jsonl(tmp_path / "many.jsonl", rows)
+    with pytest.raises(TuneproofError) as err:
+        load_chat(path, FieldMap())
+    msg = err.value.message
+    assert msg.startswith(f"{path}: 25 rows refused: {path}:2, {path}:3, ")
+    assert f"{path}:21: the last turn" in msg and f"{path}:22" not in msg  # the first 20 named here
+    listed = Path(msg.rsplit(" listed in ", 1)[1])
+    assert msg.endswith(f"; and 5 more, all 25 listed in {listed}") and listed.parent.parent == tmp_path / "tmp"
+    lines = listed.read_text().splitlines()
+    assert len(lines) == 25
+    assert lines[-1] == f"{path}:26: the last turn (messages[2]) is 'user', not the assistant answer"
 
 
 def test_an_assistant_turn_that_answers_no_user_and_a_flat_field_are_refused(tmp_path):

@@ -91,6 +91,16 @@ def test_invisible_only_texts_are_empty_for_drop_empty_and_validation():
     assert cleaned[0].text == "topup"
 
 
+def test_past_twenty_empty_texts_the_error_names_a_file_listing_them_all(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with pytest.raises(TuneproofError) as err:
+        validate(_split("train", [" "] * 23))
+    msg = err.value.message
+    assert msg.startswith("23 empty text(s): train.csv:2, ") and "train.csv:20, train.csv:21 and 3 more, all 23 " in msg
+    listed = Path(msg.rsplit(" listed in ", 1)[1])
+    assert listed.read_text().splitlines() == [f"train.csv:{i}" for i in range(2, 25)]
+
+
 def test_shingle_set_word_char_and_short_texts():
     assert shingle_set("a b c d") == {"a b c", "b c d"}
     assert shingle_set("hello world") == {"hello world"}  # fewer words than n: the whole text

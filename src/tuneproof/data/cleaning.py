@@ -15,10 +15,10 @@ from dataclasses import replace
 
 from tuneproof.data.examples import Example
 from tuneproof.data.invisible import is_blank, remove_invisible
+from tuneproof.data.rows import capped
 from tuneproof.errors import TuneproofError
 
 _WS = re.compile(r"\s+")
-_LISTED = 5
 
 RULES = {
     "strip": lambda t: t.strip(),
@@ -59,7 +59,7 @@ def _apply(text: str, rules: list[str]) -> str:
 
 
 def validate(examples: list[Example]) -> None:
-    """Refuse empty texts left after cleaning (all of them named, up to 5, with the count).
+    """Refuse empty texts left after cleaning (all of them named, past 20 in a file the error names).
 
     Raises:
         TuneproofError: at least one example's text shows nothing (empty, whitespace or invisible
@@ -67,7 +67,7 @@ def validate(examples: list[Example]) -> None:
     """
     empty = [ex.source or ex.id for ex in examples if is_blank(ex.text)]
     if empty:
-        shown = ", ".join(empty[:_LISTED]) + (f" and {len(empty) - _LISTED} more" if len(empty) > _LISTED else "")
+        shown = capped(empty, "empty-texts")
         raise TuneproofError(
             f"{len(empty)} empty text(s): {shown}", hint="add drop_empty to data.cleaning, or fix the data"
         )

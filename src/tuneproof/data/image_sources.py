@@ -191,8 +191,8 @@ def load_image_table(
     Raises:
         TuneproofError: missing file, a missing column/key, or rows with an empty cell, a line that
             is not a JSON object, an image file that does not exist, an image outside the file's folder:
-            all of them in one error (:class:`~tuneproof.data.rows.BadRows`: the count, the first 5 with
-            ``file:line``).
+            all of them in one error (:class:`~tuneproof.data.rows.BadRows`: the count, the first 20 with
+            ``file:line``, then a file listing all).
     """
     max_pixels, allow_outside = _limits(image)
     text, _ = read_text(path)
@@ -220,7 +220,7 @@ def load_image_table(
         raise TuneproofError(f"{path}: no rows", hint="the file is empty or holds only a header")
     examples: list[Example] = []
     notes: list[str] = []
-    bad = BadRows(path)  # every refused row named in one error (count, first 5, "and N more")
+    bad = BadRows(path)  # every refused row named in one error (count, first 20, then a file listing all)
     outside_rows: list[str] = []
     for line, row in rows:
         if isinstance(row, TuneproofError):

@@ -10,7 +10,7 @@ the file and line (the default id numbers the same way: ``d.jsonl:3`` is ``d:3``
 column on bad input (missing file, wrong column, broken encoding, a CSV row with the wrong number
 of fields, a missing-value label such as ``NaN``, a text that is not a string, a text longer than
 ``data.max_chars``, a file without examples). The rows a file's loader refuses are all named in one
-error (:class:`BadRows`: the count, the first 5 with ``file:line``, "and N more").
+error (:class:`BadRows`: the count, up to 20 with ``file:line``, the rest in a file the error names).
 
 Empty texts are *not* refused here: the cleaning rules act first (``drop_empty`` drops them and
 the data check lists each ``file:line``), then :func:`tuneproof.data.cleaning.validate` refuses

@@ -28,6 +28,7 @@ import numpy as np
 
 from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.examples import Example
+from tuneproof.data.rows import capped
 from tuneproof.data.sources import LEGACY_ID
 from tuneproof.errors import TuneproofError
 from tuneproof.io import read_json, sha256_json, write_json
@@ -296,8 +297,9 @@ def stratified_split(
 
 
 def check_unique_ids(examples: list[Example]) -> None:
-    """Raises :class:`TuneproofError` naming the count of duplicated example ids and the first 5,
-    each with both sources (``and N more``), so that all are fixed in one pass."""
+    """Raises :class:`TuneproofError` naming the count of duplicated example ids and each with both
+    sources (past 20, the rest in a file the error names: :func:`~tuneproof.data.rows.capped`), so that all
+    are fixed in one pass."""
     seen: dict[str, str] = {}
     dups: list[str] = []
     for ex in examples:
@@ -309,9 +311,7 @@ def check_unique_ids(examples: list[Example]) -> None:
         raise TuneproofError(f"duplicate example id {dups[0]}", hint="set data.fields.id to a unique column")
     if dups:
         raise TuneproofError(
-            f"{len(dups)} duplicate example ids: "
-            + ", ".join(dups[:5])
-            + (f" and {len(dups) - 5} more" if len(dups) > 5 else ""),
+            f"{len(dups)} duplicate example ids: " + capped(dups, "duplicate-ids"),
             hint="set data.fields.id to a unique column",
         )
 

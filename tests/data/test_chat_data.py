@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tinymodels import make_tokenizer
+from tuneproof.data.chat import chat_summary
 from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import IGNORE_INDEX, TextPipeline
@@ -253,6 +254,15 @@ def test_a_history_rendered_unlike_its_own_inference_prompt_is_a_per_turn_fault(
     assert len(enc.faults) == 1
     assert enc.faults[0].startswith("assistant turn 1 (train_on all_assistant): its content does not follow")
     assert "set data.chat.train_on: last" in enc.faults[0]
+    # the data check's chat line counts the earlier turns' tokens of the examples without faults only, and says so
+    exs = _chat_examples(tmp_path)
+    pipe = TextPipeline(t, Prompt(), 256, train_on="all_assistant")
+    summary = chat_summary({"train": exs}, {"train": [pipe.encode(e) for e in exs]}, "all_assistant")
+    assert (summary["context_supervised_tokens"], summary["examples_with_faults"]) == (0, 1)
+    assert summary["line"].endswith(
+        f"data.chat.train_on all_assistant: every assistant turn supervised (0 tokens in earlier turns of the "
+        f"{len(exs) - 1} examples without faults, end tokens included; 1 example with faults not counted (see faults))"
+    )
 
 
 def test_chat_examples_without_a_chat_template_are_a_fault(tmp_path):

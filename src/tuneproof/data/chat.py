@@ -257,8 +257,12 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     ones, and what ``data.chat.train_on`` supervises (``encoded``: the trainer's encodings per
     split, :class:`~tuneproof.data.preprocess.Encoded`). None when no example is a chat row.
 
+    Under ``all_assistant`` the supervised tokens of earlier turns are counted over the examples without
+    faults only; the line says how many examples were left out (their faults, such as a template that drops
+    think blocks from history, are listed beside it).
+
     Returns ``{"conversations", "own_system", "multi_turn", "max_turns", "train_on",
-    "context_supervised_tokens", "line"}``.
+    "context_supervised_tokens", "examples_counted", "examples_with_faults", "line"}``.
     """
     chats = [e for v in splits.values() for e in v if "chat_turns" in e.meta]
     if not chats:
@@ -266,12 +270,20 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     own = sum(1 for e in chats if e.system is not None)
     multi = sum(1 for e in chats if any(t["role"] == "assistant" for t in e.context))
     most = max(e.meta["chat_turns"] for e in chats)
-    sup = sum(getattr(x, "context_supervised", 0) for v in encoded.values() for x in v)
+    clean = [x for v in encoded.values() for x in v if not getattr(x, "faults", None)]
+    faulty = sum(len(v) for v in encoded.values()) - len(clean)
+    sup = sum(getattr(x, "context_supervised", 0) for x in clean)
+    counted = (
+        f"{sup} tokens in earlier turns of the {len(clean)} examples without faults, end tokens included; "
+        f"{faulty} example{'s' if faulty != 1 else ''} with faults not counted (see faults)"
+        if faulty
+        else f"{sup} tokens in earlier turns, end tokens included"
+    )
     line = (
         f"chat: {len(chats)} conversations ({own} with their own system message, {multi} multi-turn, up to {most} "
         f"turns); data.chat.train_on {train_on}: "
         + (
-            f"every assistant turn supervised ({sup} tokens in earlier turns, end tokens included)"
+            f"every assistant turn supervised ({counted})"
             if train_on == "all_assistant"
             else "the final assistant turn supervised, earlier turns are prompt context"
         )
@@ -283,5 +295,7 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
         "max_turns": most,
         "train_on": train_on,
         "context_supervised_tokens": sup,
+        "examples_counted": len(clean),
+        "examples_with_faults": faulty,
         "line": line,
     }

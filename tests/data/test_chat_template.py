@@ -185,6 +185,37 @@ def test_end_of_turn_inside_an_input_or_a_context_turn_says_the_turn_is_cut_not_
     assert not any("stop early" in f for f in enc.faults)
 
 
+def test_a_template_that_ignores_add_generation_prompt_is_one_fault_naming_it_not_a_switch(tok):
+    # issue fix item 3: ChatML written without the generation prompt (the header is never rendered at the end)
+    no_generation_prompt = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
+    pipe = TextPipeline(make_tokenizer(no_generation_prompt), Prompt(), 128)
+    encoded = [
+        pipe.encode(Example(f"e{i}", f"hello world {i}", target='{"a": 1}', source=f"d.jsonl:{i}")) for i in (1, 2)
+    ]
+    assert encoded[0].faults == [
+        "the chat template renders no generation prompt (the prompt with add_generation_prompt=True equals the "
+        "prompt without it): the inference prompt ends without the assistant's role header "
+        "'<|im_start|>assistant\\n' that the training text puts before the answer, so the model is trained to write "
+        "that header first and the evaluation reads it as part of the answer; set model.chat_template to a template "
+        "that renders the generation prompt when add_generation_prompt is true"
+    ]
+    assert encoded[0].notes == []  # no "also trained to generate" note beside the fault
+    lines = pipe.template_report(encoded)["lines"]
+    assert lines[1] == (
+        f"supervised before the answer in 2 of 2 examples: '<|im_start|>assistant\\n' ({encoded[0].before_tokens} "
+        "tokens), the role header the inference prompt lacks: the chat template renders no generation prompt (see "
+        "faults)"
+    )
+    assert encoded[0].before_tokens > 0
+    assert not any("offers no switch" in line for line in lines)
+    assert lines[2].endswith("gives back 0 of 2 references exactly; 2 lost by the template or the parsing, first e1")
+    # the same template with its generation prompt: no such fault
+    fine = TextPipeline(tok, Prompt(), 128).encode(Example("e1", "hello world", target='{"a": 1}'))
+    assert fine.faults == []
+
+
 def test_a_template_error_is_one_line_naming_the_template_and_the_example(tok):
     picky = CHATML.replace(
         "{% for m in messages %}",

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 #: label id of a position the loss does not supervise (the prompt, padding): PyTorch's
 #: ``cross_entropy`` ``ignore_index`` default
 IGNORE_INDEX = -100
+#: how the fault of a chat template that renders no generation prompt starts (the data check's template
+#: report reads it to name the cause instead of a switch for the text supervised before the answer)
+NO_GENERATION_PROMPT = "the chat template renders no generation prompt"
 
 
 @dataclass
@@ -279,7 +282,21 @@ class TextPipeline:
         before = full[start:t_at] if t_at >= 0 else ""
         # the whole user message, at least 4 characters long: a short input can be a piece of a role header
         user_msg = render_prompt(self.prompt.template, ex.text).strip()
-        if self.loss == "answer_only" and len(user_msg) >= 4 and prompt.strip() and user_msg in before:
+        # a template that ignores add_generation_prompt: the inference prompt lacks the assistant's role header,
+        # which the training text puts before the answer (so the answer is supervised after a header the model
+        # never sees when it answers, and generates that header first at inference)
+        no_generation_prompt = (
+            self.use_chat and prompt.strip() and before.strip() and self._render(self._messages(ex), False) == prompt
+        )
+        if no_generation_prompt:
+            faults.append(
+                f"{NO_GENERATION_PROMPT} (the prompt with add_generation_prompt=True equals the prompt without "
+                f"it): the inference prompt ends without the assistant's role header '{visible(before)}' that the "
+                "training text puts before the answer, so the model is trained to write that header first and "
+                f"the evaluation reads it as part of the answer; set {TEMPLATE_KEY} to a template that renders the "
+                "generation prompt when add_generation_prompt is true"
+            )
+        elif self.loss == "answer_only" and len(user_msg) >= 4 and prompt.strip() and user_msg in before:
             faults.append(
                 "prompt tokens are supervised: the supervised span before the answer holds the example's input "
                 f"text ('{visible(before[:60])}'...); the inference prompt is not where the template puts the answer"
@@ -501,7 +518,15 @@ class TextPipeline:
                 None: "",
             }[self.chat.system_role]
         ]
-        before = [e for e in encoded if e.before_answer]
+        no_gen = [e for e in encoded if any(f.startswith(NO_GENERATION_PROMPT) for f in e.faults)]
+        if no_gen:  # the text before the answer is the missing generation prompt: no switch removes it
+            lines.append(
+                f"supervised before the answer in {len(no_gen)} of {len(encoded)} examples: "
+                f"'{visible(no_gen[0].before_answer)}' ({no_gen[0].before_tokens} tokens), the role header the "
+                "inference prompt lacks: the chat template renders no generation prompt (see faults)"
+            )
+        lacking = {id(e) for e in no_gen}
+        before = [e for e in encoded if e.before_answer and id(e) not in lacking]
         if before:
             text = max((e.before_answer for e in before), key=lambda t: sum(b.before_answer == t for b in before))
             n_tok = next(e.before_tokens for e in before if e.before_answer == text)
@@ -516,7 +541,7 @@ class TextPipeline:
                 )
             )
         judged = [e for e in encoded if e.gold_answer is not None]
-        wrong = [e for e in encoded if any("parsed as the evaluation does" in f for f in e.faults)]
+        wrong = [e for e in encoded if id(e) in lacking or any("parsed as the evaluation does" in f for f in e.faults)]
         lossy = [e for e in encoded if not e.gold_roundtrip]
         warnings = []
         if judged:

@@ -271,3 +271,50 @@ def test_first_screen_says_a_one_class_collapse(dossier_study, tmp_path):
             "**warning: the candidate predicts 'warranty' for 120 of 120 examples (100%; 3.1% of the references)**"
         )
     )
+
+
+def test_a_resumed_candidate_is_said_on_the_first_screen_and_in_runs_training_and_verdict(dossier_study, tmp_path):
+    """The candidate's train run was killed and resumed (``tuneproof resume``): its status is ``completed``, and
+    the dossier says from which step it was resumed (fix item 2)."""
+    import json
+    import shutil
+
+    from tuneproof.registry import Registry
+
+    d = tmp_path / "study"
+    shutil.copytree(dossier_study["dir"], d, ignore=shutil.ignore_patterns("exports", "*.safetensors", "*.bin"))
+    t = dossier_study["train"]
+    reg = Registry(d)
+    resumes = [
+        {
+            "from_step": 2,
+            "checkpoint": "step-000002",
+            "skipped": [],
+            "previous_status": "interrupted",
+            "previous_reason": "killed (SIGKILL)",
+            "time": 1.0,
+        }
+    ]
+    reg._update(t, summary=json.dumps({**reg.get(t).summary, "resumes": resumes}))
+    reg.close()
+    metrics = d / "runs" / t / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if isinstance(r.get("step"), int)]
+    # the dead process had logged steps 1-3; the resume logs from step 3 again
+    rows = steps[:3] + [{"event": "resume", "from_step": 2, "checkpoint": "step-000002"}] + steps[2:]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = build_markdown(StudyContext.open(d))
+    line = f"{t} was interrupted after step 3 (killed (SIGKILL)) and resumed exactly from its checkpoint at step 2"
+    first = md.split("## Summary")[1].split("## Hypothesis and guards")[0]
+    assert f"- {line}\n" in first
+    runs = md.split("## Runs (all of them)")[1].split("## Variants")[0]
+    row = next(r for r in runs.splitlines() if r.startswith(f"| {t} | train |"))
+    assert "| completed |" in row and "resumed x1 (from step 2)" in row
+    assert f"1 run(s) were interrupted and resumed (`tuneproof resume`):\n\n- {line}" in runs
+    training = md.split("## Training")[1].split("## Comparisons")[0]
+    assert "| run | status | resumed from step | steps |" in training
+    assert next(r for r in training.splitlines() if r.startswith(f"| {t} |")).startswith(f"| {t} | completed | 2 |")
+    assert f"- {line}" in training
+    assert line in md.split("## Verdict")[1].split("## Limits observed")[0]
+    # a run never resumed says nothing of it
+    assert "resumed" not in build_markdown(StudyContext.open(dossier_study["dir"])).split("## Hypothesis")[0]

@@ -34,6 +34,45 @@ def _baseline(ev: _Evidence) -> list[dict]:
     return blocks
 
 
+def resume_notes(ev: _Evidence, r) -> list[str]:
+    """One phrase per ``tuneproof resume`` of the train run ``r`` (its summary's ``resumes``, written by the
+    resume recipe), e.g. ``"interrupted after step 3 and resumed exactly from its checkpoint at step 2"``: the
+    status it had, the last step its dead process logged (``metrics.jsonl``: the step rows before each
+    ``{"event": "resume"}`` row; omitted when none was logged), the checkpoint's step, and the newer checkpoints
+    ``--fallback`` skipped. A resume restores the optimizer, schedule, RNG states and data position, so the run
+    equals an uninterrupted one (docs/CASES.md C12). Empty for a run never resumed."""
+    resumes = [x for x in (r.summary.get("resumes") or []) if isinstance(x, dict)]
+    if not resumes:
+        return []
+    stopped: list[int | None] = []  # the last step logged before each resume
+    last = None
+    for m in ev.rows(r.id, "metrics.jsonl"):
+        if m.get("event") == "resume":
+            stopped.append(last)
+        elif isinstance(m.get("step"), int):
+            last = m["step"]
+    notes = []
+    for i, x in enumerate(resumes):
+        at = stopped[i] if i < len(stopped) else None
+        skipped = x.get("skipped") or []
+        notes.append(
+            f"{x.get('previous_status') or 'interrupted'}"
+            + (f" after step {at}" if at is not None else "")
+            + (f" ({x['previous_reason']})" if x.get("previous_reason") else "")
+            + f" and resumed exactly from its checkpoint at step {x.get('from_step', '?')}"
+            + (f" ({len(skipped)} newer checkpoint(s) skipped by --fallback)" if skipped else "")
+        )
+    return notes
+
+
+def resumed_line(ev: _Evidence, run_id: str | None) -> str | None:
+    """``"r0004 was interrupted after step 3 and resumed exactly from its checkpoint at step 2"`` (several
+    resumes joined by "; then "), or None when the run was never resumed (:func:`resume_notes`)."""
+    r = next((x for x in ev.runs if x.id == run_id), None)
+    notes = resume_notes(ev, r) if r is not None else []
+    return f"{run_id} was " + "; then ".join(notes) if notes else None
+
+
 def _flags(r, baseline_fp: str | None) -> list[str]:
     flags = []
     if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp and r.kind in ("train", "eval"):
@@ -43,6 +82,9 @@ def _flags(r, baseline_fp: str | None) -> list[str]:
         flags.append("multi-change variant")
     if r.summary.get("forced"):
         flags.append("forced export")
+    resumes = [x for x in (r.summary.get("resumes") or []) if isinstance(x, dict)]
+    if resumes:
+        flags.append(f"resumed x{len(resumes)} (from step {', '.join(str(x.get('from_step', '?')) for x in resumes)})")
     return flags
 
 
@@ -86,6 +128,10 @@ def _runs(ev: _Evidence) -> list[dict]:
         )
     else:
         blocks.append(_paragraph("every run completed."))
+    resumed = [line for line in (resumed_line(ev, r.id) for r in ev.runs) if line]
+    if resumed:  # a resumed run's status is that of its last process: the interruptions are said here
+        blocks.append(_paragraph(f"{len(resumed)} run(s) were interrupted and resumed (`tuneproof resume`):"))
+        blocks.append({"type": "list", "items": resumed})
     return blocks
 
 

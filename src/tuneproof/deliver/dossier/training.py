@@ -5,6 +5,7 @@ from __future__ import annotations
 from tuneproof.deliver.dossier.blocks import NOT_RUN, _fig, _paragraph, _table
 from tuneproof.deliver.dossier.evidence import _Evidence
 from tuneproof.deliver.dossier.preflight import _auto_blocks
+from tuneproof.deliver.dossier.runs import resumed_line
 from tuneproof.deliver.plots import loss_curves
 from tuneproof.modalities.modality import (
     LOSS_NORMALISATION,
@@ -26,7 +27,8 @@ def _speedups_cell(summary: dict) -> str:
 
 
 def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
-    """Every train run (steps, losses, seconds, the rate in the modality's unit, speed-ups) and, where the
+    """Every train run (steps, losses, seconds, the rate in the modality's unit, speed-ups, the steps it was
+    resumed from, with a line per resumed run: :func:`~tuneproof.deliver.dossier.runs.resumed_line`) and, where the
     modality declares it, the loop's loss normalisation; the loss curves."""
     trains = [r for r in ev.runs if r.kind == "train"]
     if not trains:
@@ -39,6 +41,7 @@ def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
             [
                 r.id,
                 r.status,
+                ", ".join(str(x.get("from_step", "?")) for x in s.get("resumes") or [] if isinstance(x, dict)) or "-",
                 s.get("steps", s.get("last_step")),
                 s.get("first_loss"),
                 s.get("final_loss"),
@@ -61,6 +64,7 @@ def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
             [
                 "run",
                 "status",
+                "resumed from step",
                 "steps",
                 "first loss",
                 "final loss",
@@ -73,6 +77,9 @@ def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
             rows,
         )
     ]
+    resumed = [line for line in (resumed_line(ev, r.id) for r in trains) if line]
+    if resumed:  # the status is that of the last process: each interruption and the checkpoint it resumed from
+        blocks.append({"type": "list", "items": resumed})
     for r in trains:  # what auto resolved to in the loop, which is what the run trained with
         blocks += _auto_blocks(r.id, r.summary.get("speedups_auto"))
     norm = next((r.summary.get("loss_normalisation") for r in trains if r.summary.get("loss_normalisation")), None)

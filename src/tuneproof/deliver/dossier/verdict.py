@@ -15,7 +15,7 @@ from tuneproof.deliver.dossier.evidence import (
     _latest_candidate,
     missing_evidence,
 )
-from tuneproof.deliver.dossier.runs import _change_of
+from tuneproof.deliver.dossier.runs import _change_of, resumed_line
 from tuneproof.deliver.headline import other_comparisons, stale_comparisons
 from tuneproof.deliver.limits import (
     FIRST_SCREEN_LIMITS,
@@ -94,6 +94,7 @@ def _summary(ev: _Evidence) -> list[dict]:
     ]
     if cid:
         items.append(f"the candidate changed against the baseline: {_candidate_change(ev, cid)}")
+    items += _resumed_candidates(ev, cid, exp)
     bad = [r for r in ev.runs if r.status != "completed"]
     items.append(
         f"runs: {len(ev.runs)} (" + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items())) + ")"
@@ -142,6 +143,22 @@ def _summary(ev: _Evidence) -> list[dict]:
         )
         blocks.append({"type": "list", "items": lines or ["none observed"]})
     return blocks
+
+
+def _trained_by(ev: _Evidence, run_id: str | None) -> str | None:
+    """The train run behind ``run_id``: itself when it is one, else its parent when that is one (an eval run)."""
+    rec = next((r for r in ev.runs if r.id == run_id), None)
+    if rec is not None and rec.kind != "train":
+        rec = next((r for r in ev.runs if r.id == rec.parent), None)
+    return rec.id if rec is not None and rec.kind == "train" else None
+
+
+def _resumed_candidates(ev: _Evidence, cid: str | None, exp) -> list[str]:
+    """One line per train run behind the judged candidate (``cid``, its eval run) and the delivered one (the
+    export's parent) that was interrupted and resumed (:func:`~tuneproof.deliver.dossier.runs.resumed_line`):
+    its status alone says ``completed``."""
+    ids = dict.fromkeys(t for t in (_trained_by(ev, cid), _trained_by(ev, exp.parent if exp else None)) if t)
+    return [line for line in (resumed_line(ev, t) for t in ids) if line]
 
 
 def _other_lines(ev: _Evidence) -> list[str]:
@@ -239,6 +256,7 @@ def _verdict(ev: _Evidence) -> list[dict]:
         }
     ]
     blocks.append({"type": "list", "items": [f"{v['name']}: {v['verdict']}" for v in verdicts]})
+    blocks += [_paragraph(line) for line in _resumed_candidates(ev, cid, None)]
     if other:
         blocks.append(
             _paragraph(f"with the {other[0]} hypothesis instead: {other[1].get('verdict')} ({other[1].get('detail')})")

@@ -63,6 +63,7 @@ from tuneproof.modalities.modality import IMAGE_FORM, TEXT_CHECK_LINES, TEXT_CHE
 from tuneproof.recipes.common import record_inputs
 from tuneproof.study import STUDY_FILE
 from tuneproof.tasks import get_task, task_config
+from tuneproof.training.budget import total_steps, warmup_finding
 from tuneproof.ui import capped, console, fmt, heartbeat, progress_bar, table, user_text, visible_text
 
 #: examples encoded between two progress updates of the data check
@@ -143,6 +144,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         + [line for line in dedup.summary_lines() if "no duplicates" not in line]
         + ([f"paraphrase leak: {x}" for x in semantic.summary_lines() if "no paraphrase" not in x] if semantic else [])
         + checks["warnings"]
+        + _warmup_warnings(s, splits)
     )
     return {
         "fingerprint": ctx.data_fingerprint(),
@@ -173,6 +175,14 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
         "warnings": warnings,
         "passed": not hard,
     }
+
+
+def _warmup_warnings(s, splits: dict) -> list[str]:
+    """``training.warmup_steps`` against the optimizer steps of the budget on the train split (one process)."""
+    if not splits.get("train"):
+        return []
+    line = warmup_finding(s.training, total_steps(s.training, len(splits["train"])))
+    return [line] if line else []
 
 
 def _checks(ctx: StudyContext, dedup, encoded: dict, generative: bool) -> dict[str, Any]:

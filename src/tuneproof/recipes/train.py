@@ -49,7 +49,7 @@ from tuneproof.models.method import base_weights_dtype
 from tuneproof.recipes.common import record_inputs, speedup_rules
 from tuneproof.recipes.protocol import require_order
 from tuneproof.training import loop  # loop.train looked up at call time: tests wrap it
-from tuneproof.training.budget import budget
+from tuneproof.training.budget import budget, warmup_finding
 from tuneproof.training.health import HealthFault
 from tuneproof.training.parallel import World, param_signature, wrap
 from tuneproof.ui import Heartbeat, console, heartbeat, progress_bar, user_text
@@ -201,6 +201,10 @@ def run_train(
                 f"of {plan['examples_per_epoch']} examples" + (f" per process ({ws} processes)" if ws > 1 else ""),
                 soft_wrap=True,
             )
+            warm = warmup_finding(cfg, steps)
+            if warm:  # before compute: warmup covering the run means the configured LR is never used
+                console.print(f"[yellow]warning[/]: {user_text(warm)}", soft_wrap=True)
+                run.note(f"warning: {warm}")
         extra = {"data_fingerprint": ctx.data_fingerprint()["hash"], "base_revision": ctx.base.revision, "base": base}
         beat.update("training")
         with (

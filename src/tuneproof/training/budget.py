@@ -79,3 +79,46 @@ def budget(cfg, n_examples: int, world_size: int = 1) -> dict[str, Any]:
 def total_steps(cfg, n_examples: int, world_size: int = 1) -> int:
     """Optimizer steps of the budget (:func:`budget`; per process with ``world_size`` processes)."""
     return budget(cfg, n_examples, world_size)["total_steps"]
+
+
+#: warmup longer than this fraction of the run's optimizer steps is a finding (most of the run at a reduced LR)
+WARMUP_MOST = 0.5
+
+
+def warmup_finding(cfg, steps: int) -> str | None:
+    """A warning when ``training.warmup_steps`` covers all or most of a run of ``steps`` optimizer steps.
+
+    ``transformers.get_scheduler`` warms up linearly: optimizer step ``k`` (1-based) uses
+    ``lr * (k - 1) / warmup_steps`` while ``k <= warmup_steps`` (transformers' ``get_linear_schedule_with_warmup``),
+    so step 1 updates at lr 0 (a no-op) and the last step reaches ``min(1, (steps - 1) / warmup_steps)`` of
+    ``training.learning_rate``. ``lr_scheduler: constant`` ignores ``warmup_steps`` (also a finding).
+
+    Returns:
+        One line naming ``training.warmup_steps``, the optimizer steps and the peak LR fraction reached, or None
+        (no warmup, or warmup at most :data:`WARMUP_MOST` of the run).
+    """
+    warm = cfg.warmup_steps
+    if warm <= 0:
+        return None
+    if cfg.lr_scheduler == "constant":
+        return (
+            f"training.warmup_steps {warm} is ignored by lr_scheduler constant (no warmup happens); "
+            "set training.lr_scheduler: constant_with_warmup, or training.warmup_steps: 0"
+        )
+    if warm <= WARMUP_MOST * steps:
+        return None
+    peak = min(1.0, (steps - 1) / warm)
+    lr = cfg.learning_rate
+    whole = warm >= steps
+    return (
+        f"training.warmup_steps {warm} covers {'all' if whole else 'most'} of the run's {steps} optimizer steps: "
+        + (
+            f"the learning rate peaks at {peak:.0%} of training.learning_rate ({peak * lr:.3g} of {lr:g}) and never "
+            "reaches it"
+            if whole
+            else f"{warm} of {steps} steps at a reduced learning rate"
+        )
+        + "; step 1 updates at lr 0 (a no-op update, warmup starts at 0); "
+        f"set training.warmup_steps to {steps // 10}{' or less' if steps >= 10 else ''} (about 10% of the run) "
+        "or raise the budget"
+    )

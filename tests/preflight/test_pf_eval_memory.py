@@ -3,6 +3,8 @@ the KV cache up to eval.max_new_tokens (or the classification forward), measured
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -84,3 +86,26 @@ def test_classification_forward_batch():
     )
     assert m["repeated"] == 16 - len(CORPUS)
     assert m["kind"] == "sequence-classification" and m["generative"] is False
+
+
+def test_eval_batch_is_capped_at_the_examples_evaluated(lm):
+    """eval.max_examples 6 at eval.batch_size 16: evaluation never forms a batch of 16, so the check measures 6."""
+    from types import SimpleNamespace as NS  # noqa: PLC0415
+
+    from tuneproof.preflight.eval_memory import check_eval_memory, evaluated_batch_size  # noqa: PLC0415
+
+    assert (evaluated_batch_size(16, 6), evaluated_batch_size(4, 6), evaluated_batch_size(8, 0)) == (6, 4, 1)
+    model, tok = lm
+    examples = CORPUS[:6]
+    ctx = NS(
+        study=NS(eval=NS(batch_size=16, max_new_tokens=3), training=NS(max_length=64)),
+        eval_examples=lambda: list(examples),
+        modality=NS(eval_inputs=lambda _ctx, ex: list(ex)),
+        torch_setup=lambda: ("cpu", None, None),
+        tokenizer=tok,
+        head=CAUSAL_LM,
+    )
+    check = check_eval_memory(model, ctx, 64 * 2**30, "--memory-budget", contextlib.nullcontext)
+    assert check["passed"] is True
+    assert check["numbers"]["batch_size"] == 6 and check["details"]["measured"]["repeated"] == 0
+    assert check["message"].startswith("eval batch 6 (eval.batch_size 16, 6 examples evaluated): measured peak ")

@@ -20,7 +20,7 @@ from tuneproof.preflight.checks import PROBE_MICRO_BATCH
 from tuneproof.preflight.chunked_loss import check_study_chunked_loss
 from tuneproof.preflight.environment import check_environment
 from tuneproof.preflight.eval_batch import check_study_eval_batch
-from tuneproof.preflight.eval_memory import check_eval_memory
+from tuneproof.preflight.eval_memory import check_eval_memory, evaluated_batch_size
 from tuneproof.preflight.packing import check_study_packing
 from tuneproof.preflight.precision import check_bf16_base_weights, check_precision
 from tuneproof.preflight.qlora import check_qlora_step, check_qlora_storage
@@ -145,7 +145,7 @@ def text_eval_batch(b: Bench) -> dict[str, Any]:
 
 def image_eval_batch(b: Bench) -> dict[str, Any]:
     evals = b.ctx.eval_examples()
-    size = b.ctx.study.eval.batch_size
+    size = evaluated_batch_size(b.ctx.study.eval.batch_size, len(evals))
     sample = evals[: max(2, min(len(evals), 2 * size))]
     return check_result(
         "eval batch size",

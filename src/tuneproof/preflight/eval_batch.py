@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tuneproof.preflight.eval_memory import evaluated_batch_size
+
 DEFAULT_SAMPLE = 16  # evaluation examples compared (at most; a full batch at the default eval.batch_size)
 
 
@@ -97,19 +99,21 @@ def check_batch_invariance(
 def check_study_eval_batch(ctx: Any, model, sample: int = DEFAULT_SAMPLE) -> dict[str, Any]:
     """:func:`check_batch_invariance` on the study's evaluation split with its own procedure (the
     modality's :meth:`~tuneproof.modalities.modality.Modality.predict` with ``eval.batch_size``
-    replaced), on a sample of ``min(sample, eval.batch_size)`` examples spread over the token
+    replaced by the batch evaluation forms, :func:`~tuneproof.preflight.eval_memory.evaluated_batch_size`),
+    on a sample of ``min(sample, that batch)`` examples spread over the token
     lengths of what the model reads (:meth:`~tuneproof.modalities.modality.Modality.eval_inputs`)."""
     ev = ctx.study.eval
     device, _, autocast = ctx.torch_setup()
-    k = max(2, min(sample, ev.batch_size))
+    examples = ctx.eval_examples()
+    size = evaluated_batch_size(ev.batch_size, len(examples))  # no evaluation batch is larger
+    k = max(2, min(sample, size))
 
     def predict(items: list, bs: int) -> list[str]:
         return ctx.modality.predict(ctx, model, items, device=device, autocast=autocast, batch_size=bs)
 
-    examples = ctx.eval_examples()
     lengths = {
         e.id: len(ctx.tokenizer(text, add_special_tokens=False)["input_ids"])
         for e, text in zip(examples, ctx.modality.eval_inputs(ctx, examples))
     }
     examples = length_spread_sample(examples, k, lambda e: lengths[e.id])
-    return check_batch_invariance(predict, examples, ev.batch_size, do_sample=ev.do_sample, sample=k)
+    return check_batch_invariance(predict, examples, size, do_sample=ev.do_sample, sample=k)

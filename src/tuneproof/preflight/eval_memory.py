@@ -17,8 +17,9 @@ worst case:
 Both under ``torch.inference_mode`` and the study's autocast. The peak is measured by
 :func:`tuneproof.training.memory.measure_step_peak`, the method the training step uses (CUDA:
 ``max_memory_allocated`` after ``reset_peak_memory_stats``; CPU: the process's VmHWM after
-resetting it). When the split holds fewer examples than ``eval.batch_size``, the longest ones are
-repeated to fill the batch (stated in ``repeated``). Sizes are bytes; ``*_gib`` are GiB (2**30).
+resetting it). The batch is ``min(eval.batch_size, examples evaluated)`` (:func:`evaluated_batch_size`:
+``eval.max_examples`` 6 at ``eval.batch_size`` 16 never forms a batch of 16); a caller asking for more than the
+split holds gets the longest ones repeated (stated in ``repeated``). Sizes are bytes; ``*_gib`` are GiB (2**30).
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ from tuneproof.preflight.report import is_out_of_memory
 from tuneproof.training.memory import measure_step_peak
 
 NAME = "eval memory"
+
+
+def evaluated_batch_size(batch_size: int, n_examples: int) -> int:
+    """The largest batch evaluation ever forms: ``min(eval.batch_size, examples evaluated)`` (at least 1).
+
+    Evaluation batches the examples it evaluates (``eval.max_examples`` caps them), so with 6 examples and
+    ``eval.batch_size`` 16 no batch holds more than 6; the eval memory and eval batch size checks measure that one.
+    """
+    return max(1, min(int(batch_size), int(n_examples)))
+
+
+def _batch_words(mb: int, configured: int | None) -> str:
+    """``eval.batch_size 16``, or ``eval batch 6 (eval.batch_size 16, 6 examples evaluated)`` when capped."""
+    if configured is None or configured == mb:
+        return f"eval.batch_size {mb}"
+    return f"eval batch {mb} (eval.batch_size {configured}, {mb} examples evaluated)"
 
 
 def _fill(items: list, size: int) -> tuple[list, int]:
@@ -195,9 +212,11 @@ def eval_memory_check(
     *,
     error: BaseException | None = None,
     batch_size: int | None = None,
+    configured: int | None = None,
 ) -> dict[str, Any]:
     """The preflight check ``eval memory`` from a measurement (or the out-of-memory ``error``):
-    fails when the measured peak exceeds ``budget`` bytes, naming ``eval.batch_size``.
+    fails when the measured peak exceeds ``budget`` bytes, naming ``eval.batch_size``. ``configured``:
+    ``eval.batch_size`` when the batch measured is smaller (:func:`evaluated_batch_size`), said in the message.
 
     Returns:
         ``{"name": "eval memory", "passed", "message", "numbers", "details"}`` (the preflight's check shape).
@@ -208,7 +227,7 @@ def eval_memory_check(
             "name": NAME,
             "passed": False,
             "numbers": {"batch_size": batch_size, "budget_gib": round(budget / GIB, 4)},
-            "message": f"eval.batch_size {batch_size}: out of memory in one "
+            "message": f"{_batch_words(batch_size, configured)}: out of memory in one "
             f"evaluation batch ({type(error).__name__}); {fix}",
             "details": {"error": str(error)[:500]},
         }
@@ -237,7 +256,7 @@ def eval_memory_check(
     where = "process resident set (CPU)" if measured["device"] == "cpu" else "peak allocated (CUDA)"
     peak = measured.get("peak_bytes")
     body = (
-        f"eval.batch_size {mb}: measured peak {_size(peak)} (the batch adds "
+        f"{_batch_words(mb, configured)}: measured peak {_size(peak)} (the batch adds "
         f"{_size(measured.get('step_peak_bytes'))}; {where}) "
         f"for {what}"
         + (
@@ -265,18 +284,20 @@ def eval_memory_check(
 
 def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str, autocast: Callable) -> dict[str, Any]:
     """The preflight's ``eval memory`` check on the study: one evaluation batch at ``eval.batch_size``
+    (capped at the examples evaluated, :func:`evaluated_batch_size`)
     (generation with the KV cache up to ``eval.max_new_tokens``, or the classification forward) fits
     ``budget`` bytes (:func:`measure_eval_batch_peak`, :func:`eval_memory_check`); an out-of-memory error fails it."""
     device, _, _ = ctx.torch_setup()
     ev, examples = ctx.study.eval, ctx.eval_examples()
     texts = ctx.modality.eval_inputs(ctx, examples)
+    size = evaluated_batch_size(ev.batch_size, len(texts))  # no evaluation batch is larger
     try:
         measured = measure_eval_batch_peak(
             model,
             ctx.tokenizer,
             head=ctx.head,
             texts=texts,
-            batch_size=ev.batch_size,
+            batch_size=size,
             max_new_tokens=ev.max_new_tokens,
             max_length=ctx.study.training.max_length,
             device=device,
@@ -285,8 +306,8 @@ def check_eval_memory(model, ctx: StudyContext, budget: int, budget_source: str,
     except Exception as err:  # noqa: BLE001
         if not is_out_of_memory(err):
             raise
-        return eval_memory_check(None, budget, budget_source, error=err, batch_size=ev.batch_size)
-    return eval_memory_check(measured, budget, budget_source)
+        return eval_memory_check(None, budget, budget_source, error=err, batch_size=size, configured=ev.batch_size)
+    return eval_memory_check(measured, budget, budget_source, configured=ev.batch_size)
 
 
 def eval_batch_rate(check: dict[str, Any] | None) -> dict[str, Any]:
@@ -308,6 +329,7 @@ def eval_batch_rate(check: dict[str, Any] | None) -> dict[str, Any]:
 __all__ = [
     "NAME",
     "check_eval_memory",
+    "evaluated_batch_size",
     "classification_batch",
     "eval_batch_rate",
     "eval_memory_check",

@@ -471,6 +471,10 @@ def resume(
     with _rental(study, "resume", use_reserve, data=data, run=run) if node_rank == 0 else _nothing():
         run_id = run_resume(study, data, run, checkpoint=checkpoint, fallback=fallback, launch=launch)
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+    if run_id is not None:
+        from tuneproof.registry import trained_paths_line  # noqa: PLC0415
+
+        console.print(user_text(trained_paths_line(study, run_id)), soft_wrap=True)
 
 
 @app.command()

@@ -91,6 +91,11 @@ def test_fresh_study_train_with_skip_preflight_still_needs_the_data_check_and_th
     assert code == 0, out
     rec = Registry(study).latest("train")
     assert rec.summary["data_check_run"] == "r0001" and rec.summary["baseline_run"] == "r0002"
+    # the README's promise: at the end the run id and where its adapter, checkpoints and metrics are
+    assert out.endswith(
+        "train run r0003 completed; next: tuneproof eval r0003 r0003: adapter runs/r0003/adapter; "
+        "checkpoints runs/r0003/checkpoints; metrics runs/r0003/metrics.jsonl"
+    ), out
     assert "data_check_override" not in rec.summary and "baseline_override" not in rec.summary
 
 

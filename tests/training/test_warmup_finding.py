@@ -3,6 +3,7 @@ compute (the data check and the train screen), with the peak LR fraction the sch
 
 from __future__ import annotations
 
+import pytest
 import torch
 import yaml
 from transformers import get_scheduler
@@ -78,3 +79,18 @@ def test_data_check_warns_on_warmup_covering_the_budget(tmp_path, tiny_model_dir
     rep = data_report(ctx)
     assert warmup_finding(ctx.study.training, 3) in rep["warnings"]
     assert rep["passed"] is True
+
+
+def test_train_warns_before_compute_and_the_metrics_show_the_reduced_lr(tiny_base, tmp_path, capsys):
+    from tiny_study import make_study, rows, train_dir  # noqa: PLC0415
+    from tuneproof.cli import main  # noqa: PLC0415
+
+    study = make_study(tmp_path / "s", tiny_base, max_steps=3, warmup_steps=5, learning_rate=0.002)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--skip-preflight", "tiny study", "--study", str(study)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0, out
+    assert "warning: training.warmup_steps 5 covers all of the run's 3 optimizer steps: the learning rate peaks " in out
+    assert out.index("warning: training.warmup_steps") < out.index("train run r0003 completed")
+    lrs = [r["lr"] for r in rows(train_dir(study)) if "lr" in r]
+    assert lrs == pytest.approx([0.0, 0.0004, 0.0008])

@@ -27,6 +27,7 @@ from tuneproof.recipes.rental import spend
 from tuneproof.recipes.torchrun import check_launch, run_train_distributed
 from tuneproof.recipes.train import TrainOptions, run_train
 from tuneproof.recipes.variants import run_variants
+from tuneproof.registry import trained_paths_line
 from tuneproof.ui import console, user_text
 
 
@@ -81,6 +82,8 @@ def run_train_command(study: Path, data: Path | None, opts: TrainCommand) -> lis
             )
         for r in done:
             console.print(f"variant [bold]{r['run']}[/] {r['status']} ({user_text(r['change'], one_line=True)})")
+            if r["status"] == "completed":
+                console.print(user_text(trained_paths_line(study, r["run"])), soft_wrap=True)
         return [r["run"] for r in done]
     if opts.sets or opts.grid or opts.allow_multi_change:
         raise TuneproofError(
@@ -93,6 +96,7 @@ def run_train_command(study: Path, data: Path | None, opts: TrainCommand) -> lis
     with spend(study, "train", override=opts.use_reserve, ctx=ctx):
         run_id = run_train(ctx, TrainOptions(name=opts.name, preflight_override=opts.skip_preflight, order=order))
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+    console.print(user_text(trained_paths_line(study, run_id)), soft_wrap=True)
     return [run_id]
 
 
@@ -124,4 +128,6 @@ def _distributed(study: Path, data: Path | None, opts: TrainCommand) -> str:
             order=order,
         )
     console.print(f"train run [bold]{run_id}[/] completed; next: tuneproof eval {run_id}")
+    if run_id is not None:
+        console.print(user_text(trained_paths_line(study, run_id)), soft_wrap=True)
     return run_id

@@ -48,7 +48,14 @@ from __future__ import annotations
 from tuneproof.registry.ballast import RESERVE_BYTES, RESERVE_FILE
 from tuneproof.registry.index import KEPT_META, Registry
 from tuneproof.registry.liveness import HEARTBEAT_S, STALE_AFTER_S
-from tuneproof.registry.paths import RELATIVE_PATHS, STUDY_LAYOUT, RecordedPath, read_recorded_path, study_relative
+from tuneproof.registry.paths import (
+    RELATIVE_PATHS,
+    STUDY_LAYOUT,
+    RecordedPath,
+    read_recorded_path,
+    study_relative,
+    trained_paths_line,
+)
 from tuneproof.registry.records import (
     DB_NAME,
     KINDS,
@@ -96,4 +103,5 @@ __all__ = [
     "record_problem",
     "record_sha256",
     "study_relative",
+    "trained_paths_line",
 ]

@@ -100,3 +100,21 @@ def read_recorded_path(
         moved=True,
         warning=f"{recorded} was recorded in {where}; this study folder has no {rel.as_posix()}",
     )
+
+
+def trained_paths_line(study_dir: str | Path, run_id: str) -> str:
+    """Where a train run's outputs are, relative to the study folder (:func:`study_relative`): its adapter (or
+    full ``model``), ``checkpoints`` and ``metrics.jsonl``, each named only when it is there, e.g.
+    ``r0003: adapter runs/r0003/adapter; checkpoints runs/r0003/checkpoints; metrics runs/r0003/metrics.jsonl``."""
+    run_dir = Path(study_dir) / "runs" / run_id
+    parts = [
+        f"{what} {study_relative(study_dir, run_dir / name)}"
+        for what, name in (
+            ("adapter", "adapter"),
+            ("model", "model"),
+            ("checkpoints", "checkpoints"),
+            ("metrics", "metrics.jsonl"),
+        )
+        if (run_dir / name).exists()
+    ]
+    return f"{run_id}: " + ("; ".join(parts) if parts else f"nothing saved in {study_relative(study_dir, run_dir)}")

@@ -318,3 +318,27 @@ def test_a_resumed_candidate_is_said_on_the_first_screen_and_in_runs_training_an
     assert line in md.split("## Verdict")[1].split("## Limits observed")[0]
     # a run never resumed says nothing of it
     assert "resumed" not in build_markdown(StudyContext.open(dossier_study["dir"])).split("## Hypothesis")[0]
+
+
+def test_report_prints_the_first_screen_then_the_path(dossier_study, capsys, monkeypatch):
+    """`tuneproof report` printed only `dossier: PATH`: now the verdict screen, as dossier.md begins, then the path."""
+    import pytest
+
+    from tuneproof.cli import main
+    from tuneproof.deliver.dossier import first_screen
+    from tuneproof.ui import console
+
+    monkeypatch.setattr(console, "_width", 250)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["report", "--study", str(dossier_study["dir"])])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    md = (dossier_study["dir"] / "dossier.md").read_text()
+    screen = first_screen(md)
+    assert screen.startswith("# ") and "## Summary\n\n**verdict (frozen hypothesis): " in screen
+    assert "## Hypothesis and guards" not in screen and "<a id=" not in screen
+    assert screen.rstrip().endswith("· [Environment](#environment)")
+    body = md.split('<a id="summary"></a>\n\n')[1].split('<a id="hypothesis">')[0].strip()
+    assert body in screen  # the same text as dossier.md's first screen
+    assert out == screen + f"\ndossier: {dossier_study['dir'] / 'dossier.md'}\n"  # a blank line, then the path

@@ -26,12 +26,12 @@ from pathlib import Path
 
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
-from tuneproof.deliver.dossier import collect, to_html, to_markdown
+from tuneproof.deliver.dossier import collect, first_screen, to_html, to_markdown
 from tuneproof.errors import CheckFailed
 from tuneproof.evaluation.outputs import check_all
 from tuneproof.io import atomic_write_text
 from tuneproof.tracking import publish_dossier
-from tuneproof.ui import heartbeat
+from tuneproof.ui import console, heartbeat, user_text
 
 MD_FILE = "dossier.md"
 HTML_FILE = "dossier.html"
@@ -43,7 +43,8 @@ def build_markdown(ctx: StudyContext) -> str:
 
 
 def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: str | None = None) -> Path:
-    """Write ``dossier.md`` (and ``dossier.html`` when ``html``); returns the Markdown path.
+    """Write ``dossier.md`` (and ``dossier.html`` when ``html``), print its first screen
+    (:func:`tuneproof.deliver.dossier.first_screen`); returns the Markdown path.
 
     The verdicts follow the hypothesis frozen with the first train run; ``use_edited_hypothesis``
     (a reason) judges against the study file's instead, recorded in the dossier and
@@ -67,11 +68,13 @@ def run_report(ctx: StudyContext, *, html: bool = False, use_edited_hypothesis: 
     with heartbeat("report", "reading the evidence" + (" and drawing the plots" if html else "")):
         d = collect(ctx, plots=html, use_edited=use_edited_hypothesis)
     path = ctx.study_dir / MD_FILE
-    atomic_write_text(path, to_markdown(d))
+    md = to_markdown(d)
+    atomic_write_text(path, md)
     written = [path]
     if html:
         written.append(atomic_write_text(ctx.study_dir / HTML_FILE, to_html(d)))
     publish_dossier(ctx.study, ctx.study_dir, written)  # tracking.*: a copy of the dossier; never fails the report
+    console.print(user_text(first_screen(md), limit=None), soft_wrap=True)  # the verdict on screen, not only a path
     gaps = d["incomplete"]
     if gaps:
         more = f" (and {len(gaps) - 1} more: see the dossier)" if len(gaps) > 1 else ""

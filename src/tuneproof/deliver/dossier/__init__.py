@@ -44,7 +44,7 @@ from tuneproof.deliver.dossier.comparisons import (
 from tuneproof.deliver.dossier.data_check import DUPLICATES_LISTED
 from tuneproof.deliver.dossier.evidence import missing_evidence
 from tuneproof.deliver.dossier.preflight import PREFLIGHT_NAMES, preflight_tables, speedups_auto_rows
-from tuneproof.deliver.dossier.render import CSS, TEXT_LIMIT, to_html, to_markdown
+from tuneproof.deliver.dossier.render import CSS, TEXT_LIMIT, first_screen, to_html, to_markdown
 from tuneproof.deliver.dossier.verdict import criteria_table
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "TOP_CONFUSIONS",
     "collect",
     "criteria_table",
+    "first_screen",
     "flatten",
     "missing_evidence",
     "per_class_blocks",

@@ -80,6 +80,22 @@ def to_markdown(d: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def first_screen(markdown: str) -> str:
+    """The first screen of a dossier rendered by :func:`to_markdown`: its title and the first section
+    (Summary) with the links line, as ``dossier.md`` begins, without the ``<a id>`` anchors (HTML the
+    terminal does not read). For ``tuneproof report``'s screen."""
+    out: list[str] = []
+    anchors = 0
+    for line in markdown.splitlines():
+        if line.startswith('<a id="') and line.endswith("></a>"):
+            anchors += 1
+            if anchors > 1:
+                break
+            continue
+        out.append(line)
+    return "\n".join(out).strip() + "\n"
+
+
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;\
 margin:2em auto;padding:0 1em;color:#1d2733;line-height:1.45}

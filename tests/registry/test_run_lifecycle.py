@@ -22,16 +22,19 @@ SCRIPT = textwrap.dedent(
     reg = Registry(sys.argv[1])
     with reg.run("train", name="child") as run:
         run.summary["last_step"] = 7
+        if len(sys.argv) > 3:  # a checkpoint written before the kill
+            (run.dir / "checkpoints" / "step-2").mkdir(parents=True)
         os.kill(os.getpid(), getattr(signal, sys.argv[2]))
         time.sleep(30)
     """
 )
 
 
-def _child(study, signal_name: str) -> subprocess.CompletedProcess:
-    """A process that starts a run, reaches step 7 and sends itself ``signal_name``."""
+def _child(study, signal_name: str, *checkpoint: str) -> subprocess.CompletedProcess:
+    """A process that starts a run, reaches step 7 (with ``checkpoint``: writes ``checkpoints/step-2``) and sends
+    itself ``signal_name``."""
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(study), signal_name], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", SCRIPT, str(study), signal_name, *checkpoint], capture_output=True, text=True, timeout=60
     )
 
 
@@ -42,6 +45,30 @@ def test_sigkill_leaves_a_running_run_that_is_found_stale(tmp_path):
     rec = reg.get("r0001")
     assert rec.status == "interrupted" and rec.reason == "process died without recording an end (found stale)"
     assert rec.ended is not None
+
+
+def test_a_stale_train_run_with_a_checkpoint_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    proc = _child(tmp_path, "SIGKILL", "ckpt")
+    assert proc.returncode == -9
+    rec = Registry(tmp_path).get("r0001")
+    assert rec.status == "interrupted" and rec.reason == (
+        "process died without recording an end (found stale); resume with: tuneproof resume r0001-child"
+    )
+    # a run marked interrupted by hand (no hint in its reason) gets the next step in `runs`
+    reg = Registry(tmp_path)
+    with reg.run("train") as run:
+        (run.dir / "checkpoints" / "step-4").mkdir(parents=True)
+        reg.mark_stale()  # alive: not stale
+    reg.finish(run.id, "interrupted", "machine lost")
+    from tuneproof.ui import console
+
+    monkeypatch.setattr(console, "_width", 250)
+    with pytest.raises(SystemExit):
+        main(["runs", "--study", str(tmp_path)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if run.id in x)
+    assert "machine lost" in line and out.count(f"resume with: tuneproof resume {run.id}") == 1
+    assert out.count("resume with: tuneproof resume r0001-child") == 1
 
 
 def test_sigterm_marks_the_run_interrupted_with_its_last_step(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuneproof.recipes.lineage import print_tree
-from tuneproof.registry import Registry, iso, override_flags
+from tuneproof.registry import Registry, iso, override_flags, resume_hint
 from tuneproof.ui import console, fmt, print_json, table, user_text
 
 STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "invalid": "magenta"}
@@ -64,6 +64,13 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
             flags.append(f"clock went back {r.summary['clock_went_back'].get('seconds', 0) / 3600:.2f} h while it ran")
         if r.summary.get("rental_window_ended"):
             flags.append(str(r.summary["rental_window_ended"]))
+        hint = (
+            resume_hint(reg.run_dir(r.id), r.id, r.kind, int(r.summary.get("world_size") or 1))
+            if r.status == "interrupted"
+            else None
+        )
+        if hint and "tuneproof resume" not in (r.reason or ""):  # the next step, said once
+            flags.append(hint)
         style = STATUS_STYLE.get(r.status, "")
         ident = "\n".join([r.id] + [f"[cyan]{user_text(o, one_line=True)}[/]" for o in run_overrides(r.summary)])
         rows.append(

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from tuneproof.registry.ballast import RESERVE_BYTES, RESERVE_FILE
 from tuneproof.registry.index import KEPT_META, Registry
-from tuneproof.registry.liveness import HEARTBEAT_S, STALE_AFTER_S
+from tuneproof.registry.liveness import HEARTBEAT_S, STALE_AFTER_S, resume_hint
 from tuneproof.registry.paths import (
     RELATIVE_PATHS,
     STUDY_LAYOUT,
@@ -102,6 +102,7 @@ __all__ = [
     "record_disagreement",
     "record_problem",
     "record_sha256",
+    "resume_hint",
     "study_relative",
     "trained_paths_line",
 ]

@@ -25,6 +25,20 @@ def _alive(pid: int, proc_start: str | None) -> bool:
     return procs.alive(pid, proc_start)
 
 
+def resume_hint(run_dir, run_id: str, kind: str, world_size: int = 1) -> str | None:
+    """``resume with: tuneproof resume r0003`` for a train run whose folder holds a checkpoint
+    (``checkpoints/step-*``), with ``--nproc-per-node`` when it trained in several processes; else None."""
+    if kind != "train":
+        return None
+    try:
+        if not any(p.is_dir() for p in (run_dir / "checkpoints").glob("step-*")):
+            return None
+    except OSError:
+        return None
+    nproc = f" --nproc-per-node {world_size}" if world_size > 1 else ""
+    return f"resume with: tuneproof resume {run_id}{nproc}"
+
+
 class Liveness:
     """Staleness, heartbeats and ``mark-interrupted``, a part of :class:`~tuneproof.registry.Registry`."""
 
@@ -49,18 +63,27 @@ class Liveness:
 
     def mark_stale(self) -> list[str]:
         """Mark ``running`` runs whose process is gone, or whose heartbeat is older than
-        :data:`STALE_AFTER_S` whatever the host, as interrupted. Returns their ids."""
+        :data:`STALE_AFTER_S` whatever the host, as interrupted (a train run with a checkpoint: its
+        reason ends ``resume with: tuneproof resume rNNNN``, :func:`resume_hint`). Returns their ids."""
         stale = []
         now = _now()
         for row in self._conn.execute(
-            "SELECT id, pid, host, proc_start, created, heartbeat FROM runs WHERE status = 'running'"
+            "SELECT id, kind, pid, host, proc_start, created, heartbeat FROM runs WHERE status = 'running'"
         ).fetchall():
             dead, reason = self._liveness(row, now)
-            if dead:
-                stale.append((row["id"], reason))
+            if dead:  # a train run with a checkpoint says how to continue it
+                hint = resume_hint(self.runs_dir / row["id"], row["id"], row["kind"], self._world_size(row["id"]))
+                stale.append((row["id"], f"{reason}; {hint}" if hint else reason))
         for rid, reason in stale:
             self.finish(rid, "interrupted", reason)
         return [rid for rid, _ in stale]
+
+    def _world_size(self, run_id: str) -> int:
+        """The processes a run trained in (its summary's ``world_size``; 1 when unreadable)."""
+        try:
+            return int(self.get(run_id).summary.get("world_size") or 1)
+        except (TuneproofError, OSError, ValueError, TypeError):
+            return 1
 
     def where_running(self, run_id: str) -> str:
         """Where a ``running`` run runs, e.g. ``pid 4242 on host gpu-3, last heartbeat 12 s ago``."""

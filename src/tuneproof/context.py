@@ -28,6 +28,7 @@ from tuneproof.data.split import (
     build_splits,
     check_unique_ids,
     freeze_or_reuse,
+    split_order,
     split_settings,
 )
 from tuneproof.errors import TuneproofError
@@ -165,7 +166,8 @@ class StudyContext:
             )
         if "train" not in splits:
             raise TuneproofError(f"{self.study_dir / STUDY_FILE}: no 'train' split (splits: {sorted(splits)})")
-        return splits
+        # one order on every screen and record, whatever the manifest or the sources gave
+        return {n: splits[n] for n in split_order(splits, self.study.eval.split, self.study.data.test_split)}
 
     def runs_using_splits(self) -> list[str]:
         """Ids of the runs that used the frozen split manifest: every ended run but a data check (which

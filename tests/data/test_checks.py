@@ -265,3 +265,59 @@ def test_the_data_check_screen_says_a_warned_check_once(capsys):
     out = capsys.readouterr().out
     assert out.count("'b' 3, 'c' 9") == 1 and out.count("validation: 1 of 3 classes") == 1
     assert "check duplicates: none across train/validation" in out and "data check passed" in out
+
+
+def test_splits_and_fault_lists_have_one_stable_order():
+    """The data check said `splits train 30, validation 12, test 6` then `splits test 6, train 30, validation 12`;
+    fault lists put chats:10 before chats:2."""
+    from tuneproof.data.audit import audit_targets
+    from tuneproof.data.checks import audit_lines
+    from tuneproof.data.examples import natural_key
+    from tuneproof.data.split import split_order
+
+    assert split_order(["test", "validation", "train"], "validation", "test") == ["train", "validation", "test"]
+    assert split_order(["test", "zeta", "dev", "train", "alpha"], "dev", "test") == [
+        "train",
+        "dev",
+        "alpha",
+        "zeta",
+        "test",
+    ]
+    assert sorted(["chats.jsonl:10", "b.jsonl:3", "chats.jsonl:2"], key=natural_key) == [
+        "b.jsonl:3",
+        "chats.jsonl:2",
+        "chats.jsonl:10",
+    ]
+    bad = [Example(id=f"chats:{i}", text="t", target="{x", source=f"chats.jsonl:{i}") for i in (10, 2, 33)]
+    rep = audit_targets(bad, [])
+    assert [i["source"] for i in rep["invalid"]] == ["chats.jsonl:2", "chats.jsonl:10", "chats.jsonl:33"]
+    assert "not strict JSON (parse rate 0.0%): chats.jsonl:2 (" in rep["hard_faults"][0]
+    faults = [
+        {"split": s, "id": i, "fault": "0 supervised tokens"} for s, i in (("test", "t:1"), ("train", "chats:10"))
+    ]
+    faults.append({"split": "train", "id": "chats:2", "fault": "0 supervised tokens"})
+    line = next(x for x in audit_lines({}, None, faults, {}) if x.startswith("encoding faults"))
+    assert line == "encoding faults: 3 examples (train/chats:2, train/chats:10, test/t:1)"
+
+
+def test_the_context_lists_splits_train_eval_others_test(tmp_path, tiny_model_dir):
+    names = ("test", "extra", "train", "dev")  # sources in an order the screen must not follow
+    for k, name in enumerate(names):
+        rows = ["text,label"] + [f"sentence {k} {i} about {'ab'[i % 2]} number {i * 7},{'ab'[i % 2]}" for i in range(8)]
+        (tmp_path / f"{name}.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "tuneproof.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "o",
+                "hypothesis": {"behaviour": "b", "task": "classification", "success": {"metric": "macro_f1"}},
+                "data": {
+                    "sources": [{"path": f"{n}.csv", "format": "csv", "split": n} for n in names],
+                    "fields": {"label": "label"},
+                },
+                "model": {"base": str(tiny_model_dir), "kind": "causal-lm"},
+                "eval": {"split": "dev"},
+            }
+        )
+    )
+    assert list(StudyContext.open(tmp_path).all_splits) == ["train", "dev", "extra", "test"]
+    assert list(StudyContext.open(tmp_path).all_splits) == ["train", "dev", "extra", "test"]  # reusing the manifest

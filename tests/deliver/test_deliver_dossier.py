@@ -342,3 +342,24 @@ def test_report_prints_the_first_screen_then_the_path(dossier_study, capsys, mon
     body = md.split('<a id="summary"></a>\n\n')[1].split('<a id="hypothesis">')[0].strip()
     assert body in screen  # the same text as dossier.md's first screen
     assert out == screen + f"\ndossier: {dossier_study['dir'] / 'dossier.md'}\n"  # a blank line, then the path
+
+
+def test_seconds_have_one_format_in_the_dossier(dossier_study):
+    """The baseline line printed `88.642033 s` while tables printed `91.6 s`."""
+    from tuneproof.deliver.dossier.blocks import seconds_text
+
+    assert (seconds_text(88.642033), seconds_text(150), seconds_text(9000), seconds_text(None)) == (
+        "88.6 s",
+        "2.5 min",
+        "2.5 h",
+        "?",
+    )
+    md = dossier_study["md"]
+    baseline = md.split("## Baseline\n\n")[1].splitlines()[0]
+    assert re.search(r" examples, \d+\.\d (s|min|h)\.$", baseline), baseline
+    training = md.split("## Training\n\n")[1].split("\n\n")[0].splitlines()
+    assert "| train time |" in training[0]
+    col = training[0].split(" | ").index("train time")
+    cells = [row.split(" | ")[col].strip() for row in training[2:]]
+    assert all(re.fullmatch(r"\d+\.\d (s|min|h)|\\-", c) for c in cells), cells  # "\-": not recorded
+    assert any(c.endswith(" s") for c in cells), cells

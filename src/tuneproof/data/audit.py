@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from tuneproof.data.dedup import SPLIT_ORDER, normalise
-from tuneproof.data.examples import Example
+from tuneproof.data.examples import Example, natural_key
 from tuneproof.data.invisible import remove_invisible
 from tuneproof.errors import TuneproofError
 from tuneproof.ui import capped
@@ -228,6 +228,8 @@ def audit_targets(
         if absent:
             missing_fields.append({"id": ex.id, "source": _where(ex), "missing": absent})
 
+    invalid.sort(key=lambda i: natural_key(i["source"]))  # by file, then numeric line
+    missing_fields.sort(key=lambda m: natural_key(m["source"]))
     n = len(examples)
     rate = parsed / n if n else 1.0
     hard: list[str] = []
@@ -357,6 +359,7 @@ def audit_format_targets(examples: list[Example], rule: Any) -> dict[str, Any]:
         res = rule.check(ex.target, fenced_ok=False)
         if not res["ok"]:
             invalid.append({"id": ex.id, "source": _where(ex), "error": res["error"]})
+    invalid.sort(key=lambda i: natural_key(i["source"]))  # by file, then numeric line
     n = len(examples)
     parsed = n - len(invalid)
     rate = parsed / n if n else 1.0

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from tuneproof.data.dedup import SPLIT_ORDER
-from tuneproof.data.examples import Example
+from tuneproof.data.examples import Example, natural_key
 from tuneproof.ui import capped
 
 _LISTED = 10
@@ -68,7 +68,7 @@ def cut_answers(encoded: dict[str, list], max_length: int) -> dict[str, Any]:
     rows = [
         {"split": s, "id": e.id, "answer_tokens": e.answer_tokens, "tokens_lost": e.answer_lost, "end_cut": e.end_cut}
         for s in _ordered(encoded)
-        for e in encoded[s]
+        for e in sorted(encoded[s], key=lambda e: natural_key(e.id))
         if getattr(e, "answer_lost", 0) > 0
     ]
     lost = sum(r["tokens_lost"] for r in rows)
@@ -109,7 +109,7 @@ def cut_by_generation(
         line = (
             head + f"{len(over)} of {len(need)} {split} references (longest {longest} tokens; set eval.max_new_tokens "
             f"to at least {longest}, or the output metrics are capped): "
-            + _listing([f"{i} ({k})" for i, k in sorted(over, key=lambda x: -x[1])])
+            + _listing([f"{i} ({k})" for i, k in sorted(over, key=lambda x: (-x[1], natural_key(x[0])))])
         )
         if evaluated is not None:
             line += f"; {sum(1 for i, _ in over if i in evaluated)} of them among the {len(evaluated)} evaluated"
@@ -183,7 +183,8 @@ def audit_lines(
         )
     if targets is not None:
         out.append(f"targets that are strict JSON: {targets['parsed']} of {targets['n']} ({targets['parse_rate']:.1%})")
-    bad = sorted({(f["split"], f["id"]) for f in faults})
+    rank = {s: k for k, s in enumerate(_ordered({f["split"] for f in faults}))}
+    bad = sorted({(f["split"], f["id"]) for f in faults}, key=lambda b: (rank[b[0]], natural_key(b[1])))
     out.append(
         "encoding faults (0 supervised tokens, end token, prompt prefix): none"
         if not bad

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key reading runs of digits as numbers: ``chats.jsonl:2`` before ``chats.jsonl:10`` (file, then
+    numeric line), ``ex9`` before ``ex10``; fault lists are sorted by it."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", str(text)))
 
 
 @dataclass(frozen=True)

@@ -391,6 +391,16 @@ def build_splits(
 ID_NUMBERING = "file line"
 
 
+def split_order(names, eval_split: str, test_split: str) -> list[str]:
+    """Split names in the order screens and records list them: ``train``, the evaluation split
+    (``eval.split``), the other splits sorted, the reserved test split (``data.test_split``) last.
+    Stable whatever order the sources or the split manifest gave them."""
+    names = list(names)
+    head = [n for n in ("train", eval_split) if n in names]
+    tail = [test_split] if test_split in names and test_split not in head else []
+    return list(dict.fromkeys(head + sorted(n for n in names if n not in head and n not in tail) + tail))
+
+
 def split_settings(policy, test_split: str, dedup=None) -> dict:
     """The settings that decide which example goes to which split, as recorded in the manifest
     (``settings``): ``data.split.seed``, ``fractions``, ``max_examples``, ``subset``, ``carve_from``,

@@ -50,6 +50,7 @@ from tuneproof.data.chat import chat_summary
 from tuneproof.data.checks import audit_lines
 from tuneproof.data.cleaning import dropped_summary
 from tuneproof.data.dedup import find_duplicates
+from tuneproof.data.examples import natural_key
 from tuneproof.data.languages import tokenizer_loss
 from tuneproof.data.lengths import length_stats
 from tuneproof.data.preprocess import visible
@@ -116,7 +117,7 @@ def data_report(ctx: StudyContext) -> dict[str, Any]:
             **({"prefix_diff": e.prefix_diff} if e.prefix_diff and "inference prompt" in f else {}),
         }
         for name, items in encoded.items()
-        for e in items
+        for e in sorted(items, key=lambda e: natural_key(e.id))  # chats:2 before chats:10
         for f in e.faults
     ]
     generative = ctx.pipeline.labels is None

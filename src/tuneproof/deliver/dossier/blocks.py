@@ -22,11 +22,18 @@ def _ci(ci: Any) -> str:
     return "[" + ", ".join(_fmt(x) for x in (ci or [None, None])) + "]"
 
 
+def seconds_text(s: Any) -> str:
+    """A duration in the dossier, one format everywhere: ``91.6 s``, ``2.5 min`` (from 120 s), ``3.1 h`` (from 2 h);
+    ``?`` when not recorded."""
+    if not isinstance(s, (int, float)) or isinstance(s, bool):
+        return "?"
+    return f"{s:.1f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
+
+
 def _dur(rec) -> str:
     if not rec.ended or not rec.created:
         return ""
-    s = rec.ended - rec.created
-    return f"{s:.1f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
+    return seconds_text(rec.ended - rec.created)
 
 
 def flatten(obj: Any, prefix: str = "", depth: int = 3) -> list[tuple[str, Any]]:

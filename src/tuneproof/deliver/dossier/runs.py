@@ -3,7 +3,16 @@ their flags) and the variants' lineage (what each changed against its parent).""
 
 from __future__ import annotations
 
-from tuneproof.deliver.dossier.blocks import NOT_RUN, _dur, _fmt, _paragraph, _table, flatten, not_completed
+from tuneproof.deliver.dossier.blocks import (
+    NOT_RUN,
+    _dur,
+    _fmt,
+    _paragraph,
+    _table,
+    flatten,
+    not_completed,
+    seconds_text,
+)
 from tuneproof.deliver.dossier.evidence import _Evidence
 from tuneproof.evaluation.screen import metric_short
 from tuneproof.registry import iso, override_flags
@@ -22,7 +31,7 @@ def _baseline(ev: _Evidence) -> list[dict]:
             f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision "
             f"{base.get('revision', '-')}) on "
             f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' "
-            f"examples, {b.summary.get('eval_seconds', '?')} s."
+            f"examples, {seconds_text(b.summary.get('eval_seconds'))}."
         )
     ]
     metrics = b.summary.get("metrics", {})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuneproof.deliver.dossier.blocks import NOT_RUN, _fig, _paragraph, _table
+from tuneproof.deliver.dossier.blocks import NOT_RUN, _fig, _paragraph, _table, seconds_text
 from tuneproof.deliver.dossier.evidence import _Evidence
 from tuneproof.deliver.dossier.preflight import _auto_blocks
 from tuneproof.deliver.dossier.runs import resumed_line
@@ -45,7 +45,7 @@ def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
                 s.get("steps", s.get("last_step")),
                 s.get("first_loss"),
                 s.get("final_loss"),
-                s.get("train_seconds"),
+                seconds_text(s.get("train_seconds")) if s.get("train_seconds") is not None else None,
                 s.get("tokens_per_s"),
                 s.get("trainable"),
                 s.get("dtype"),
@@ -68,7 +68,7 @@ def _training(ev: _Evidence, plots: bool, modality: Modality) -> list[dict]:
                 "steps",
                 "first loss",
                 "final loss",
-                "seconds",
+                "train time",
                 f"{modality.unit}/s",
                 "trainable params",
                 "dtype",

@@ -80,7 +80,7 @@ def test_kill_9_of_the_launcher_takes_torchrun_and_the_ranks_with_it(tiny_base, 
         for p in procs.live_processes(run_dir):
             os.kill(p["pid"], signal.SIGKILL)
     rec = Registry(study).get("r0001")
-    assert rec.status == "interrupted" and rec.reason == "process died without recording an end (found stale)"
+    assert rec.status == "interrupted" and rec.reason.startswith("process died without recording an end (found stale)")
     size = (run_dir / "metrics.jsonl").stat().st_size
     time.sleep(2)
     assert (run_dir / "metrics.jsonl").stat().st_size == size  # nobody writes the run any more

@@ -152,8 +152,12 @@ def test_killed_at_a_moment_then_resumed_exactly(tiny_base, tmp_path, reference,
     assert proc.returncode == expected, proc.stdout + proc.stderr
     rec = Registry(study).get("r0003")
     assert rec.status == "interrupted", rec
-    if expected == -9:
-        assert rec.reason == "process died without recording an end (found stale)"
+    if expected == -9:  # found stale; with a checkpoint to continue from, the reason says how
+        ckpt = any((study / "runs" / "r0003" / "checkpoints").glob("step-*"))
+        assert rec.reason == "process died without recording an end (found stale)" + (
+            "; resume with: tuneproof resume r0003" if ckpt else ""
+        )
+        assert ckpt == (at >= 2)
     proc = cli("resume", "r0003", "--study", str(study))
     if mode == "SIGKILL" and at == 1:  # killed before the first checkpoint (step 2): nothing to continue
         assert proc.returncode == 2 and "no checkpoint (step-*) to resume from" in proc.stdout

@@ -163,6 +163,10 @@ def test_sigterm_at_step_5_then_resume_in_new_process_is_exact(reference, interr
 
     proc = cli("resume", rec.id, "--study", str(study))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (
+        f"{rec.id}: adapter runs/{rec.id}/adapter; checkpoints runs/{rec.id}/checkpoints; "
+        f"metrics runs/{rec.id}/metrics.jsonl" in " ".join(proc.stdout.split())
+    )
     rec = Registry(study).get(rec.id)
     assert rec.status == "completed" and rec.reason is None
     assert rec.summary["resumes"][0]["from_step"] == 5 and rec.summary["steps"] == STEPS

@@ -93,6 +93,7 @@ def test_variant_records_the_exact_diff(parent, capsys):
     reg = Registry(study)
     rec = reg.list()[-1]
     assert (rec.name, rec.parent, rec.status) == ("lora-r8", pid, "completed") and rec.id == f"r{rec.seq:04d}-lora-r8"
+    assert f"{rec.id}: adapter runs/{rec.id}/adapter; checkpoints runs/{rec.id}/checkpoints; " in out
     v = read_json(reg.runs_dir / rec.id / "variant.json")
     assert v["parent"] == pid and v["set"] == ["method.r=8"] and v["multi_change"] is False
     assert v["changes"] == [{"key": "method.r", "group": "method", "from": 4, "to": 8}]

@@ -48,7 +48,14 @@ def test_first_train_run_freezes_the_hypothesis_with_its_hash(cls_study):
         rec["hash"] == sha256_json(rec["hypothesis"]) == hyp.view_hash(hyp.hypothesis_view(StudyContext.open(d).study))
     )
     assert rec["hypothesis"]["guards"] == [
-        {"metric": "per_class_recall", "max_drop": 0.5, "floor": None, "classes": None, "min_support": 1}
+        {
+            "metric": "per_class_recall",
+            "max_drop": 0.5,
+            "floor": None,
+            "classes": None,
+            "min_support": 1,
+            "correction": "auto",
+        }
     ]
     assert rec["hypothesis"]["format"] == {
         "json_schema": None,

@@ -157,4 +157,4 @@ def test_dossier_shows_only_what_applies_to_images(trained):
         "max_length",
     ):
         assert text not in md, text
-    assert "images/s" in md and "split sizes: test 12, train 36, validation 12" in md
+    assert "images/s" in md and "split sizes: train 36, validation 12, test 12" in md

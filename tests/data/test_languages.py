@@ -60,7 +60,11 @@ def test_an_uncased_tokenizer_merging_vietnamese_words_is_warned_with_examples()
     assert rep["word_types"] == len(types) and rep["merged_types"] == want > 0.1 * len(types)
     assert rep["merged_into"] == len(merged)
     assert rep["by_cause"]["accent stripping"] > 0
-    assert len(rep["warnings"]) == 1 and rep["unknown_types"] == 0
+    accented = [w for w in types if strip_accents(w) != w]
+    assert rep["stripped_types"] == len(accented) and rep["unknown_types"] == 0
+    assert len(rep["warnings"]) == 2 and rep["warnings"][1].startswith(
+        f"the tokenizer reads {len(accented)} of {len(types)} word types"
+    )
     w = rep["warnings"][0]
     assert w.startswith(f"the tokenizer merges {want} of {len(types)} word types")
     assert "'Việt', 'Viết', 'viet' → 'viet'" in w and "a cased (or byte-level) tokenizer keeps them" in w
@@ -71,6 +75,22 @@ def test_italian_accents_that_carry_meaning_are_counted():
     merged = {e["form"]: set(e["types"]) for e in rep["merged_examples"]}
     assert {"è", "e"} <= merged["e"] and {"papa", "papà"} <= merged["papa"] and {"Però", "pero"} <= merged["pero"]
     assert rep["warnings"]
+
+
+def test_diacritics_lost_without_a_merge_are_counted_and_named():
+    # French: no two types share a stripped form, yet the model reads 'élève' as 'eleve'
+    texts = ["L'élève préfère le théâtre", "Où est la forêt"]
+    rep = tokenizer_loss(_uncased_wordpiece(texts), texts)
+    assert rep["merged_types"] == 0
+    assert rep["stripped_types"] == 5 and rep["stripped_examples"] == ["élève", "préfère", "théâtre", "Où", "forêt"]
+    assert rep["warnings"] == [
+        "the tokenizer reads 5 of 9 word types (55.6%) without their diacritics, e.g. 'élève' → 'eleve'; "
+        "'préfère' → 'prefere'; 'théâtre' → 'theatre'; 'Où' → 'ou'; 'forêt' → 'foret': the model never sees "
+        "them (and cannot write them); a cased (or byte-level) tokenizer keeps them"
+    ]
+    plain = ["Le chat est noir", "Il fait beau"]
+    rep = tokenizer_loss(_uncased_wordpiece(plain), plain)
+    assert rep["stripped_types"] == 0 and rep["warnings"] == []
 
 
 def test_unknown_tokens_are_counted_and_named():
@@ -84,8 +104,8 @@ def test_a_byte_level_tokenizer_loses_nothing_and_says_so():
     rep = tokenizer_loss(make_tokenizer(), VIETNAMESE + ITALIAN)
     assert rep["merged_types"] == 0 and rep["unknown_types"] == 0 and rep["warnings"] == []
     assert rep["line"] == (
-        f"tokenizer losses: 0 of {rep['word_types']} word types merged by its normalizer, 0 with the unknown token "
-        f"(warns above {WARN_SHARE:.0%})"
+        f"tokenizer losses: 0 of {rep['word_types']} word types merged by its normalizer, 0 read without their "
+        f"diacritics, 0 with the unknown token (warns above {WARN_SHARE:.0%})"
     )
 
 

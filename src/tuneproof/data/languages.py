@@ -8,10 +8,12 @@ unknown token. Neither shows in a loss curve; both cap what any fine-tuning can 
 
 :func:`tokenizer_loss` runs the tokenizer's own normalizer (``tokenizers.normalizers``) on every
 word type of the texts and encodes each type once, and reports the share of word types merged
-with another one (by cause: lowercasing, accent stripping, other normalisation) and the share
-that holds the unknown token, each with examples; above :data:`WARN_SHARE` it is a data-check
-warning. A byte-level BPE tokenizer (GPT-2, Llama-3, Qwen, SmolLM) loses nothing here: no
-normalizer that changes words, no unknown token.
+with another one (by cause: lowercasing, accent stripping, other normalisation), the share read
+without its diacritics even where no other type shares its form (French ``élève`` read as ``eleve``:
+the model never sees the accent, and a generative model cannot write it), and the share that holds
+the unknown token, each with examples; above :data:`WARN_SHARE` each is a data-check warning. A
+byte-level BPE tokenizer (GPT-2, Llama-3, Qwen, SmolLM) loses nothing here: no normalizer that
+changes words, no unknown token.
 """
 
 from __future__ import annotations
@@ -69,10 +71,12 @@ def tokenizer_loss(tokenizer, texts: list[str], warn_share: float = WARN_SHARE) 
 
     Returns:
         ``{"word_types", "merged_types", "merged_into", "by_cause": {cause: types}, "merged_examples":
-        [{"types", "form"}], "unknown_types", "unknown_examples", "warnings", "line"}``; shares are of
+        [{"types", "form"}], "stripped_types", "stripped_examples", "unknown_types", "unknown_examples",
+        "warnings", "line"}``; shares are of
         ``word_types``. A type is *merged* when another type of the texts normalises to the same form
         and the two differ in more than the case of their first letter (``What`` / ``what`` is where
-        a word stands in a sentence, not a second word).
+        a word stands in a sentence, not a second word). A type is *stripped* when it holds a
+        combining mark (NFD) that the normalizer removes, merged or not.
     """
     types = word_types(texts)
     norm = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
@@ -88,6 +92,13 @@ def tokenizer_loss(tokenizer, texts: list[str], warn_share: float = WARN_SHARE) 
             if w != f:
                 by_cause[_cause(w, f)] += 1
     n_merged = sum(len(ws) for ws in merged.values())
+    # diacritics lost whether or not another type shares the form: "élève" -> "eleve"
+    stripped = [
+        w
+        for f, ws in forms.items()
+        for w in ws
+        if strip_accents(w) != w and f != w and _cause(w, f) == "accent stripping"
+    ]
     # the most visible merges first: the forms that absorb the most types
     examples = [{"types": ws[:4], "form": f} for f, ws in sorted(merged.items(), key=lambda kv: -len(kv[1]))[:SHOWN]]
     unk_id = getattr(tokenizer, "unk_token_id", None)
@@ -105,6 +116,13 @@ def tokenizer_loss(tokenizer, texts: list[str], warn_share: float = WARN_SHARE) 
             + capped([", ".join(map(repr, e["types"])) + f" → {e['form']!r}" for e in examples], cap=SHOWN, sep="; ")
             + "; a cased (or byte-level) tokenizer keeps them"
         )
+    if n and len(stripped) / n > warn_share:
+        warnings.append(
+            f"the tokenizer reads {len(stripped):,} of {n:,} word types ({len(stripped) / n:.1%}) without their "
+            f"diacritics, e.g. "
+            + capped([f"{w!r} → {norm.normalize_str(w)!r}" for w in stripped], cap=SHOWN, sep="; ")
+            + ": the model never sees them (and cannot write them); a cased (or byte-level) tokenizer keeps them"
+        )
     if n and len(unknown) / n > warn_share:
         warnings.append(
             f"{len(unknown):,} of {n:,} word types ({len(unknown) / n:.1%}) hold the unknown token "
@@ -114,8 +132,9 @@ def tokenizer_loss(tokenizer, texts: list[str], warn_share: float = WARN_SHARE) 
         line = "tokenizer: " + "; ".join(warnings)
     elif n:
         line = (
-            f"tokenizer losses: {n_merged:,} of {n:,} word types merged by its normalizer, {len(unknown):,} with "
-            f"the unknown token (warns above {warn_share:.0%})"
+            f"tokenizer losses: {n_merged:,} of {n:,} word types merged by its normalizer, "
+            f"{len(stripped):,} read without their diacritics, {len(unknown):,} with the unknown token "
+            f"(warns above {warn_share:.0%})"
         )
     else:
         line = None
@@ -125,6 +144,8 @@ def tokenizer_loss(tokenizer, texts: list[str], warn_share: float = WARN_SHARE) 
         "merged_into": len(merged),
         "by_cause": dict(by_cause),
         "merged_examples": examples,
+        "stripped_types": len(stripped),
+        "stripped_examples": stripped[:SHOWN],
         "unknown_types": len(unknown),
         "unknown_examples": unknown[:SHOWN],
         "warnings": warnings,

@@ -143,7 +143,8 @@ def test_data_check_states_every_result_when_it_finds_nothing(tmp_path, tiny_mod
         "answers cut by max_length 128: none",
         "answers longer than eval.max_new_tokens 64: none of 22 validation references (longest 1 token)",
         # sentence, about, the, topic, rain, sun, number and the labels a, b: nothing lost by a byte-level BPE
-        "tokenizer losses: 0 of 9 word types merged by its normalizer, 0 with the unknown token (warns above 3%)",
+        "tokenizer losses: 0 of 9 word types merged by its normalizer, 0 read without their diacritics, 0 with the "
+        "unknown token (warns above 3%)",
         "classes missing from a split: none",
         "texts with different labels: none",
         "encoding faults (0 supervised tokens, end token, prompt prefix): none",

@@ -7,26 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import tiny_fixtures  # noqa: E402  (on sys.path: tests/training)
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread, like the ranks (OMP_NUM_THREADS=1), so single-process references compare closely."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def tiny_base(tmp_path_factory):
-    from tiny_study import build_base
-
-    return build_base(tmp_path_factory.mktemp("tiny-llama"))
+# the fixtures shared with tests/training, tests/distributed and tests/storage
+one_thread, tiny_base = tiny_fixtures.one_thread, tiny_fixtures.tiny_base

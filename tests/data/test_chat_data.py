@@ -116,7 +116,8 @@ def test_bad_rows_are_refused_together_by_file_and_line(tmp_path):
 
 def test_past_twenty_refused_rows_the_error_names_a_file_listing_them_all(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
-    rows = [ROWS[0]] + [{"messages": [_u("q"), _a("a"), _u("unanswered")]} for _ in range(25)]
+    rows = [ROWS[0]] + [{"messages": [_u("q"), _a("a"), _u("unanswered")]} for _ in range(24)]
+    rows.append({"messages": [SYS, _a("a")]})  # a second reason: each row named with its own
     path = _write_jsonl(tmp_path / "many.jsonl", rows)
     with pytest.raises(TuneproofError) as err:
         load_chat(path, FieldMap())
@@ -127,6 +128,24 @@ def test_past_twenty_refused_rows_the_error_names_a_file_listing_them_all(tmp_pa
     assert msg.endswith(f"; and 5 more, all 25 listed in {listed}") and listed.parent.parent == tmp_path / "tmp"
     lines = listed.read_text().splitlines()
     assert len(lines) == 25
+    assert lines[-2] == f"{path}:25: the last turn (messages[2]) is 'user', not the assistant answer"
+    assert lines[-1].startswith(f"{path}:26: the final assistant turn follows 'system'")
+
+
+def test_past_twenty_rows_refused_for_one_reason_the_reason_is_said_once_first(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    rows = [ROWS[0]] + [{"messages": [_u("q"), _a("a"), _u("unanswered")]} for _ in range(25)]
+    path = _write_jsonl(tmp_path / "many.jsonl", rows)
+    with pytest.raises(TuneproofError) as err:
+        load_chat(path, FieldMap())
+    msg = err.value.message
+    listed = Path(msg.rsplit(" listed in ", 1)[1].rstrip(")"))
+    assert msg == (
+        f"{path}: all 25 rows refused have the same fault: the last turn (messages[2]) is 'user', not the assistant "
+        f"answer ({path}:2, {path}:3, {path}:4, {path}:5, {path}:6 and 20 more, all 25 listed in {listed})"
+    )
+    lines = listed.read_text().splitlines()
+    assert len(lines) == 25 and lines[0] == f"{path}:2: the last turn (messages[2]) is 'user', not the assistant answer"
     assert lines[-1] == f"{path}:26: the last turn (messages[2]) is 'user', not the assistant answer"
 
 

@@ -14,6 +14,9 @@ from tuneproof.io import atomic_write_text
 #: refused rows of one file named in its error, each with its ``file:line`` and reason; past this many the error
 #: names the first ones and a file that lists them all ("and N more, all listed in ...")
 LISTED_ROWS = 20
+#: rows named when every refused row has the same reason (a missing column, a wrong key): the reason once, these
+#: first places, and the file with all of them
+SAME_REASON_ROWS = 5
 
 
 def refused_list_path(path: Path | str) -> Path:
@@ -51,7 +54,11 @@ class BadRows:
     empty label in column 'label' (a missing value, not a class); data/train.csv:8: ...`` (rows in file
     order, consecutive rows with the same reason sharing it; the hints of the rows shown, each once). Past
     :data:`LISTED_ROWS` rows the error names the first ones and ends ``; and N more, all M listed in FILE``:
-    every refused row with its reason, one a line, written to :func:`refused_list_path`.
+    every refused row with its reason, one a line, written to :func:`refused_list_path`. When every refused
+    row of more than :data:`LISTED_ROWS` has the same reason (a column missing from the whole file), the
+    error says it once, first, with the first :data:`SAME_REASON_ROWS` places: ``data/train.csv: all 2,100
+    rows refused have the same fault: no column 'label' (data/train.csv:2, ... and 2,095 more, all 2100
+    listed in FILE)``.
     """
 
     def __init__(self, path: Path | str):
@@ -59,10 +66,12 @@ class BadRows:
         self.count = 0
         self.first: list[tuple[str, str, str | None]] = []  # (where, reason, hint)
         self.rest: list[str] = []  # "where: reason" of the rows past LISTED_ROWS, for the full list
+        self.reasons: set[str] = set()
 
     def add(self, where: str, err: TuneproofError) -> None:
         self.count += 1
         reason = err.message[len(where) + 2 :] if err.message.startswith(f"{where}: ") else err.message
+        self.reasons.add(reason)
         if len(self.first) < LISTED_ROWS:
             self.first.append((where, reason, err.hint))
         else:
@@ -79,6 +88,17 @@ class BadRows:
         if self.count == 1:
             where, reason, hint = self.first[0]
             raise TuneproofError(f"{where}: {reason}", hint=hint)
+        hints = list(dict.fromkeys(h for _, _, h in self.first if h))
+        if len(self.reasons) == 1 and self.count > LISTED_ROWS:
+            (reason,) = self.reasons
+            places = [w for w, _, _ in self.first] + [line[: -len(reason) - 2] for line in self.rest]
+            shown = ", ".join(places[:SAME_REASON_ROWS])
+            lines = [f"{w}: {reason}" for w in places]
+            raise TuneproofError(
+                f"{self.path}: all {self.count:,} rows refused have the same fault: {reason} ({shown} and "
+                f"{self.count - SAME_REASON_ROWS:,} more, {write_full_list(self.path, lines)})",
+                hint="; ".join(hints) or None,
+            )
         groups: list[tuple[list[str], str]] = []
         for where, reason, _ in self.first:
             if groups and groups[-1][1] == reason:
@@ -89,7 +109,6 @@ class BadRows:
         if self.rest:
             lines = [f"{w}: {r}" for w, r, _ in self.first] + self.rest
             more = f"; and {len(self.rest)} more, {write_full_list(self.path, lines)}"
-        hints = list(dict.fromkeys(h for _, _, h in self.first if h))
         raise TuneproofError(
             f"{self.path}: {self.count} rows refused: " + "; ".join(f"{', '.join(w)}: {r}" for w, r in groups) + more,
             hint="; ".join(hints) or None,

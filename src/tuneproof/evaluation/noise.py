@@ -104,9 +104,10 @@ def noise_record(
         do_sample: ``eval.do_sample``.
 
     Returns:
-        ``{"repeats", "device", "do_sample", "orders_sha256"...}``: ``repeats`` (N), ``sources`` (the sources of
-        variation in force, in words), ``orders`` (per repeat, the first 20 positions of its order, and whether it
-        is the canonical one), ``sampling_seeds``, ``metrics`` (``{name: {"values": [N floats], "spread": max -
+        ``{"repeats", "device", "do_sample", "sources", "orders", "sampling_seeds", "metrics", "flips"}``:
+        ``repeats`` (N), ``sources`` (the sources of variation in force, in words), ``orders`` (per repeat,
+        ``{"canonical", "order"}``: the positions of the examples in the order it predicted them, and whether that
+        is the canonical order), ``sampling_seeds``, ``metrics`` (``{name: {"values": [N floats], "spread": max -
         min, "floor": spread}}``), ``flips`` (``{"count", "ids", "examples": [{"id", "predictions": [N],
         "correct": [N]}]}``: the examples whose correctness or parsed prediction differs between repeats).
 
@@ -143,9 +144,7 @@ def noise_record(
         "device": device,
         "do_sample": bool(do_sample),
         "sources": sources,
-        "orders": [
-            {"canonical": list(o) == sorted(o), "first": [int(x) for x in list(o)[:20]], "n": len(o)} for o in orders
-        ],
+        "orders": [{"canonical": list(o) == sorted(o), "order": [int(x) for x in o]} for o in orders],
         "sampling_seeds": list(seeds),
         "metrics": per_metric,
         "flips": {"count": len(flipped), "ids": [f["id"] for f in flipped], "examples": flipped},

@@ -167,10 +167,11 @@ def noise_lines(entry: dict | None, verdicts: list[dict] | None) -> tuple[str | 
     judged as ``verdicts``: ``(decided, notes)``. ``decided``: the line saying the noise floor decided the success
     verdict (a gain above min_gain but not above the floor; :func:`tuneproof.evaluation.noise.noise_decided_text`),
     else None; ``notes``: which threshold judged the gain and why, and the per-example flips between repeats
-    (empty for a comparison recorded before the noise floor existed)."""
+    (empty where no floor was measured: neither run repeated, or a comparison recorded before the floor existed;
+    the success criterion's detail then says that min_gain alone applied)."""
     succ = next((v for v in verdicts or [] if v.get("kind") == "success"), None)
-    if succ is None or not succ.get("noise"):
-        return None, []
+    if succ is None or not succ.get("noise") or succ["noise"].get("noise_floor") is None:
+        return None, []  # no floor measured: min_gain alone, as the criterion's detail says
     notes = [f"success threshold: {succ['noise']['why']}"]
     flips = flips_text((entry or {}).get("noise"))
     if flips:

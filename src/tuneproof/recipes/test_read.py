@@ -31,6 +31,7 @@ from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
 from tuneproof.evaluation.metrics import score
+from tuneproof.evaluation.noise import comparison_floor, read_noise
 from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.recording import (
     evaluate_into,
@@ -283,6 +284,7 @@ def versus_base(ctx: StudyContext, run, examples: list, view: dict, reused: dict
             for k, (e, p) in enumerate(zip(examples, preds))
         ]
     write_jsonl(run.path("baseline_outputs.jsonl"), rows)
+    cand_noise = read_noise(run.dir, run)  # eval.repeat: the candidate's floor on the test split (the base's: once)
     result = paired_compare(
         rows,
         read_jsonl(run.path("outputs.jsonl")),
@@ -293,6 +295,7 @@ def versus_base(ctx: StudyContext, run, examples: list, view: dict, reused: dict
         iterations=ctx.study.eval.bootstrap_iterations,
         seed=ctx.study.eval.seed,
         labels=task_config(ctx, examples=examples).labels,
+        noise=None if cand_noise is None else comparison_floor(None, cand_noise, "base", run.id),
     )
     run.write_json("test_compare.json", result)
     keys = [

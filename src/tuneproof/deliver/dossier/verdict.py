@@ -64,13 +64,13 @@ def _summary(ev: _Evidence) -> list[dict]:
             }
         )
         blocks.append(criteria_table(verdicts))
-        decided, noise_notes = noise_lines(first, verdicts)  # eval.repeat: the noise floor, when it decided
-        if decided:
-            blocks.append({"type": "strong", "text": decided})
-        blocks += [_paragraph(line) for line in noise_notes]
         for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse
             if (first.get(key) or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the {who} {first[key]['detail']}"})
+        decided, noise_notes = noise_lines(first, verdicts)  # eval.repeat: the noise floor, when measured
+        if decided:
+            blocks.append({"type": "strong", "text": decided})
+        blocks += [_paragraph(line) for line in noise_notes]
         if judged[1]:
             blocks.append(
                 _paragraph(

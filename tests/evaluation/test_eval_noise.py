@@ -265,3 +265,25 @@ def test_an_interrupted_repeat_leaves_the_run_interrupted(tmp_path, base, monkey
             check_complete(ctx.registry, rec)
     finally:
         ctx.registry.close()
+
+
+def test_the_test_reads_estimate_counts_every_repeat_of_the_candidate():
+    from types import SimpleNamespace
+
+    from tuneproof.recipes.test_read import estimate_line
+
+    rec = SimpleNamespace(
+        id="r0002", kind="baseline", status="completed", parent=None, summary={"eval_examples_per_s": 2}
+    )
+    ctx = SimpleNamespace(
+        study=SimpleNamespace(data=SimpleNamespace(test_split="test"), eval=Eval(repeat=3)),
+        registry=SimpleNamespace(list=lambda: [rec]),
+    )
+    line = estimate_line(ctx, "r0003", 60, 60, True, None)
+    # (3 repeats of the candidate + 1 pass of the base model) x 60 examples / 2 per second = 120 s
+    assert line == (
+        "test: 60 of 60 'test' examples; 2 passes (r0003 x 3 repeats (eval.repeat), then the base model to pair "
+        "with): about 2 min 00 s (r0002 evaluated 2 examples/s)"
+    )
+    ctx.study.eval = Eval()
+    assert "about 1 min 00 s" in estimate_line(ctx, "r0003", 60, 60, True, None)  # as before: 2 passes x 30 s

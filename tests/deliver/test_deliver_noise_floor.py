@@ -61,3 +61,13 @@ def test_a_floor_above_the_gain_decides_the_verdict_on_the_first_screen(cls_stud
     assert "the noise floor decided the verdict: fail against the noise floor 0.9 (3 repeats of the baseline)" in first
     assert "success threshold: noise floor 0.9 (3 repeats of the baseline) > min_gain 0" in first
     assert f"per-example flips between repeats: baseline {base} 0 (3 repeats)" in first
+
+    # the bundle claims the verdict judged above the floor, and its verification recomputes it the same way
+    capsys.readouterr()
+    code = _cli("export", ids["train"], "--study", str(d), "--out", str(tmp_path / "bundle"))
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    man = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert man["comparison"]["compare_run"] == comp and man["comparison"]["verdict"] == "fail"
+    assert man["comparison"]["verdicts"][0]["decided_by_noise_floor"] is True
+    assert man["scoring"]["comparison"]["noise"]["baseline"]["floors"]["macro_f1"] == 0.9

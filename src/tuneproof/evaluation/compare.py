@@ -349,7 +349,8 @@ def paired_compare(
             full label set so a class absent from the eval split still counts as valid.
         noise: both runs' noise floors (:func:`tuneproof.evaluation.noise.comparison_floor`; None: neither was
             evaluated with ``eval.repeat`` > 1), kept as ``noise`` in the result; the success criterion is judged
-            above max(min_gain, floor).
+            above max(min_gain, floor), and ``success_threshold`` (with a hypothesis) says which applied and why
+            (:func:`tuneproof.evaluation.noise.success_threshold`).
 
     Returns:
         A JSON-ready dict: ``task``, ``n``, ``counts`` (``fixed`` = failing in the baseline and
@@ -456,6 +457,8 @@ def paired_compare(
         "noise": noise,
     }
     if hypothesis is not None:
+        # which threshold judges the success criterion's gain, and why (also when no floor was measured)
+        result["success_threshold"] = success_threshold(hypothesis.success.min_gain, noise, hypothesis.success.metric)
         result["verdicts"] = judge(hypothesis, result)
         result["overall"] = overall_verdict(result["verdicts"])
     return result
@@ -533,7 +536,8 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
       threshold, else inconclusive. The noise floor is the comparison's (``compare_result["noise"]``,
       :func:`tuneproof.evaluation.noise.success_threshold`: the larger of both runs' measured spreads of the
       success metric over their ``eval.repeat`` repeats; not measured without repeats, and then min_gain alone
-      applies, as before). ``noise`` says which threshold applied and why; ``decided_by_noise_floor`` is True when
+      applies, as before, and the verdict holds no ``noise``). With a measured floor, ``noise`` says which threshold
+      applied and why; ``decided_by_noise_floor`` is True when
       the verdict under min_gain alone (``verdict_min_gain``) differs (a gain above min_gain but not above the
       floor).
     - guard with ``max_drop`` d (``threshold`` = -d): fail if CI high < -d (it certainly
@@ -567,24 +571,29 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
     # the gain counts only above max(min_gain, noise floor) (tuneproof.evaluation.noise: eval.repeat)
     th = success_threshold(succ.min_gain, compare_result.get("noise"), succ.metric)
     v = _ci_rule(e["ci"], e["delta"], th["threshold"]) if e["ci"] is not None else "inconclusive"
-    on_min_gain = _ci_rule(e["ci"], e["delta"], succ.min_gain) if e["ci"] is not None else "inconclusive"
-    floor_text = f" and >= noise floor {th['noise_floor']:.4g}" if th["applied"] == "noise floor" else ""
-    out.append(
-        {
-            "name": f"success: {succ.metric} gain >= {succ.min_gain:g}{floor_text}",
-            "kind": "success",
-            "metric": succ.metric,
-            **{k: e[k] for k in ("base", "cand", "delta", "ci")},
-            "threshold": th["threshold"],
-            "floor": None,
-            "noise": th,
-            "decided_by_noise_floor": v != on_min_gain,
-            "verdict_min_gain": on_min_gain,  # the verdict against min_gain alone
-            "verdict": v,
-            "detail": f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {th['threshold']:.4g} "
+    verdict = {
+        "name": f"success: {succ.metric} gain >= {succ.min_gain:g}",
+        "kind": "success",
+        "metric": succ.metric,
+        **{k: e[k] for k in ("base", "cand", "delta", "ci")},
+        "threshold": succ.min_gain,
+        "floor": None,
+        "verdict": v,
+        "detail": f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {succ.min_gain:g}",
+    }
+    if th["noise_floor"] is not None:  # measured: say which threshold applied and why (not measured: as before)
+        on_min_gain = _ci_rule(e["ci"], e["delta"], succ.min_gain) if e["ci"] is not None else "inconclusive"
+        if th["applied"] == "noise floor":
+            verdict["name"] += f" and >= noise floor {th['noise_floor']:.4g}"
+        verdict.update(
+            threshold=th["threshold"],
+            noise=th,
+            decided_by_noise_floor=v != on_min_gain,
+            verdict_min_gain=on_min_gain,  # the verdict against min_gain alone
+            detail=f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {th['threshold']:.4g} "
             f"({th['why']})",
-        }
-    )
+        )
+    out.append(verdict)
 
     for gi, guard in enumerate(hypothesis.guards):
         key = f"hypothesis.guards[{gi}]"

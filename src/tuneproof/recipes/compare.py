@@ -235,8 +235,9 @@ def summary_lines(cid: str, bid: str, r: dict, against: str = "baseline") -> lis
             f"McNemar exact p = {fmt_p(r['mcnemar_correct']['p_value'])}"
         )
     succ = next((v for v in r.get("verdicts") or [] if v.get("kind") == "success"), None)
-    if succ and succ.get("noise"):  # which threshold judged the gain, and why (eval.repeat)
-        lines.append(f"  success threshold: {succ['noise']['why']}")
+    th = (succ or {}).get("noise") or r.get("success_threshold")
+    if succ and th:  # which threshold judged the gain, and why (eval.repeat)
+        lines.append(f"  success threshold: {th['why']}")
         if succ.get("decided_by_noise_floor"):
             lines.append(f"  WARNING: {noise_decided_text(succ)}")
     flips = flips_text(r.get("noise"))

@@ -292,3 +292,43 @@ def test_the_test_reads_estimate_counts_every_repeat_of_the_candidate():
     )
     ctx.study.eval = Eval()
     assert "about 1 min 00 s" in estimate_line(ctx, "r0003", 60, 60, True, None)  # as before: 2 passes x 30 s
+
+
+def test_a_repeated_run_without_its_noise_json_is_missing_evidence(tmp_path):
+    from types import SimpleNamespace
+
+    from tuneproof.deliver.dossier.evidence import run_evidence_gaps
+
+    for rid in ("r0002", "r0003"):
+        (tmp_path / rid).mkdir()
+        for name in ("outputs.jsonl", "eval.json"):
+            (tmp_path / rid / name).write_text("{}\n")
+    reg = SimpleNamespace(runs_dir=tmp_path)
+
+    def run(rid, **summary):
+        return SimpleNamespace(id=rid, kind="baseline", status="completed", summary=summary)
+
+    runs = [run("r0002", noise_sha256="ab" * 32, eval_repeats=3), run("r0003")]  # r0003: evaluated once
+    (gap,) = run_evidence_gaps(reg, runs)
+    assert gap["run"] == "r0002" and gap["what"] == "baseline run r0002's evidence is missing (runs/r0002/noise.json)"
+    (tmp_path / "r0002" / "noise.json").write_text("{}\n")
+    assert run_evidence_gaps(reg, runs) == []
+
+
+def test_an_edited_noise_json_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from tuneproof.errors import TuneproofError
+    from tuneproof.evaluation.noise import read_noise
+    from tuneproof.io import sha256_file, write_json
+
+    write_json(tmp_path / "noise.json", {"repeats": 3, "metrics": {"accuracy": {"spread": 0.05}}})
+    rec = SimpleNamespace(id="r0002", summary={"noise_sha256": sha256_file(tmp_path / "noise.json"), "eval_repeats": 3})
+    assert read_noise(tmp_path, rec)["metrics"]["accuracy"]["spread"] == 0.05
+    assert read_noise(tmp_path, SimpleNamespace(id="r0001", summary={})) is None  # evaluated once
+    write_json(tmp_path / "noise.json", {"repeats": 3, "metrics": {"accuracy": {"spread": 0.0}}})  # a floor hidden
+    with pytest.raises(TuneproofError, match="noise.json: sha256 [0-9a-f]{64} differs from"):
+        read_noise(tmp_path, rec)
+    (tmp_path / "noise.json").unlink()
+    with pytest.raises(TuneproofError, match="missing; run r0002 recorded 3 evaluation repeats"):
+        read_noise(tmp_path, rec)

@@ -283,16 +283,24 @@ def _rows(examples: list[Example], preds: list[str], raw: list[str]) -> list[dic
     ]
 
 
-def print_noise(run: Run) -> None:
-    """One line per metric of ``noise.json`` when the run repeated its evaluation: ``noise floor (3 repeats):
-    accuracy 0.0167 (0.733, 0.75, 0.733); per-example flips 2``."""
+def print_noise(ctx: StudyContext, run: Run) -> None:
+    """One line of ``noise.json`` when the run repeated its evaluation: the spread over the repeats of each of
+    the task's headline metrics (and the success metric), with its values, and the per-example flips, e.g.
+    ``noise floor (3 repeats): accuracy 0.0167 (0.733, 0.75, 0.733); per-example flips 2
+    (runs/r0002/noise.json)`` (every metric is in the file)."""
     path = run.path(NOISE_JSON)
     if not path.is_file():
         return
     noise = read_json(path)
+    shown = list(headline(ctx.task, {k: v["values"][0] for k, v in noise["metrics"].items()}))
+    success = ctx.study.hypothesis.success.metric  # the floor compare judges the gain above
+    shown += [success] if success not in shown else []
     parts = [
-        f"{k} {v['spread']:.4g} (" + ", ".join(f"{x:.4g}" for x in v["values"]) + ")"
-        for k, v in noise["metrics"].items()
+        f"{k} {noise['metrics'][k]['spread']:.4g} ("
+        + ", ".join(f"{x:.4g}" for x in noise["metrics"][k]["values"])
+        + ")"
+        for k in shown
+        if k in noise["metrics"]
     ]
     console.print(
         user_text(

@@ -68,6 +68,6 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
             )
         beat.update(f"evaluating {len(examples)} examples")
         print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline", beat=beat))
-        print_noise(run)
+        print_noise(ctx, run)
         run.update_summary(base=ctx.base.identity())
         return run.id

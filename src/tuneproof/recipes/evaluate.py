@@ -56,5 +56,5 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
         )
         served = served_paths(ctx, rec.id)
         print_metrics(ctx, evaluate_into(ctx, run, model, examples, f"eval {rec.id}", served=served, beat=beat))
-        print_noise(run)
+        print_noise(ctx, run)
         return run.id

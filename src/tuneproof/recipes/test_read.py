@@ -142,7 +142,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
             )
             extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
         print_metrics(ctx, metrics)
-        print_noise(run)
+        print_noise(ctx, run)
         print_judging(judging)
         console.print(f"  scored with the {judging.judged_against} hypothesis: {rounded(headline(ctx.task, metrics))}")
         for k, v in extra.items():

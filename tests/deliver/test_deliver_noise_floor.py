@@ -61,6 +61,10 @@ def test_a_floor_above_the_gain_decides_the_verdict_on_the_first_screen(cls_stud
     assert "the noise floor decided the verdict: fail against the noise floor 0.9 (3 repeats of the baseline)" in first
     assert "success threshold: noise floor 0.9 (3 repeats of the baseline) > min_gain 0" in first
     assert f"per-example flips between repeats: baseline {base} 0 (3 repeats)" in first
+    section = (d / "dossier.md").read_text().split('<a id="baseline"></a>')[1].split("<a id=")[0]
+    assert "for 3 repeats (eval.repeat)." in section
+    assert f"noise floor over 3 repeats (max - min of each metric; runs/{base}/noise.json): " in section
+    assert "accuracy 0, macro-F1 0.9" in section and "per-example flips 0" in section
 
     # the bundle claims the verdict judged above the floor, and its verification recomputes it the same way
     capsys.readouterr()

@@ -6,9 +6,10 @@ under the procedure's own sources of variation:
 - repeat 1 predicts the examples in their canonical order, batched by prompt length as always: its outputs are the
   run's ``outputs.jsonl``, scored exactly as an evaluation without repeats;
 - repeat r >= 2 predicts a seeded permutation of the examples (:func:`repeat_order`, ``numpy.random.default_rng``
-  seeded with ``[eval.seed, r]``), batched in that order without sorting by length, so that batch order, batch
+  seeded with ``[eval.seed, r - 1]``), batched in that order without sorting by length, so that batch order, batch
   composition and padding change; its predictions are put back in the canonical order before scoring;
-- with ``eval.do_sample`` every repeat draws from its own sampling seed (:func:`sampling_seed`, recorded);
+- with ``eval.do_sample`` every repeat draws from its own sampling seed (:func:`sampling_seed`: ``eval.seed * 1000 +
+  r - 1``, recorded; torch's generators are seeded before the repeat);
 - on a GPU, kernel nondeterminism (atomics, split reductions chosen by shape) comes with every repeat.
 
 With ``eval.repeat: 1`` (the default) nothing here runs and the evaluation is exactly what it was before the key
@@ -29,7 +30,12 @@ evaluation produced by itself, and a candidate cannot look better by being evalu
 baseline. When only one of the two runs has repeats, its floor is the comparison's (measured on one side, said so);
 when neither has, the floor is *not measured* and the success criterion is judged against ``min_gain`` alone, as
 before (:func:`success_threshold` says which applied and why). A spread from N repeats is a lower bound of the
-range the numbers can take (more repeats can only widen it), so the floor is a minimum, not a guarantee.
+range the numbers can take (more repeats can only widen it), so the floor is a minimum, not a guarantee. The gain is
+judged as compare judges it against min_gain (:func:`tuneproof.evaluation.compare.judge`): pass when the 95% CI's
+lower bound reaches max(min_gain, floor), fail when its upper bound is below it.
+
+Limits: repeats need ``eval.backend: transformers`` (refused with vllm when the study file is read); the base
+model's pass that ``test`` pairs a candidate with on the test split runs once (its floor there is the candidate's).
 """
 
 from __future__ import annotations

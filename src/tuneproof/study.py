@@ -636,6 +636,15 @@ class Eval(_Strict):
         description="evaluate a fixed class-balanced subset of this size (the same number per class)",
         json_schema_extra=role("budget"),
     )
+    repeat: int = Field(
+        1,
+        ge=1,
+        description="evaluate the same model this many times (baseline, eval, test): repeat 1 in the canonical "
+        "order gives the run's outputs; each other repeat a seeded permutation of the examples (another batch "
+        "order and padding) and, with eval.do_sample, its own sampling seed; each metric's spread over the "
+        "repeats is the noise floor compare judges a gain above (noise.json)",
+        json_schema_extra=role("budget"),
+    )
     allow_fenced_json: bool = Field(
         False, description="accept ```json fenced output as valid JSON", json_schema_extra=role("scores")
     )
@@ -701,6 +710,11 @@ class Eval(_Strict):
             raise ValueError(
                 "eval.backend vllm needs greedy decoding (eval.do_sample: false): its check compares greedy outputs "
                 "with transformers' before the numbers are used"
+            )
+        if self.backend == "vllm" and self.repeat > 1:
+            raise ValueError(
+                "eval.repeat > 1 needs eval.backend: transformers (the repeats of the noise floor are not "
+                "implemented for vllm); set eval.repeat: 1 or eval.backend: transformers"
             )
         return self
 

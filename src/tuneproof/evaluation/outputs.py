@@ -29,11 +29,13 @@ PROGRESS_EVERY_S = 1.0
 
 class EvalProgress:
     """``progress(n)`` after each batch of predictions: ``eval_progress.json`` in ``run_dir`` holds
-    ``{"done": examples predicted, "n": examples to predict}``, written atomically at start, at most every
-    :data:`PROGRESS_EVERY_S` seconds, and by :meth:`flush` (call it in a ``finally``)."""
+    ``{"done": examples predicted, "n": examples to predict}`` (with ``eval.repeat`` > 1 also ``"repeat"``, 1-based,
+    and ``"repeats"``), written atomically at start, at most every :data:`PROGRESS_EVERY_S` seconds, and by
+    :meth:`flush` (call it in a ``finally``)."""
 
-    def __init__(self, run_dir: Path, n: int):
+    def __init__(self, run_dir: Path, n: int, *, repeat: int = 1, repeats: int = 1):
         self.path, self.n, self.done, self._last = Path(run_dir) / PROGRESS, n, 0, 0.0
+        self.repeat = {"repeat": repeat, "repeats": repeats} if repeats > 1 else {}
         self.flush()
 
     def __call__(self, k: int = 1, *_: Any) -> None:
@@ -42,7 +44,7 @@ class EvalProgress:
             self.flush()
 
     def flush(self) -> None:
-        write_json(self.path, {"done": self.done, "n": self.n})
+        write_json(self.path, {"done": self.done, "n": self.n, **self.repeat})
         self._last = time.monotonic()
 
 
@@ -76,6 +78,8 @@ def check_complete(registry, rec) -> None:
             if prog["done"] >= prog["n"]
             else f" at example {prog['done']} of {prog['n']}"
         )
+        if isinstance(prog.get("repeat"), int) and isinstance(prog.get("repeats"), int):
+            where += f" of repeat {prog['repeat']} of {prog['repeats']} (eval.repeat)"
     hint = f"{_redo(rec)} evaluates again; a verdict is computed only from a completed evaluation"
     if rec.status != "completed":
         verb = {"interrupted": "was interrupted", "failed": "failed", "running": "is still running"}.get(
@@ -91,6 +95,11 @@ def check_complete(registry, rec) -> None:
     rows = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if line.strip())
     if isinstance(ev.get("n"), int) and rows < ev["n"]:
         raise CheckFailed(f"{rec.id} is incomplete: {rows} of {ev['n']} outputs in {out}; evaluate again", hint=hint)
+    if isinstance(ev.get("repeats"), int) and ev["repeats"] > 1 and not (run_dir / "noise.json").is_file():
+        raise CheckFailed(
+            f"{rec.id} is incomplete: {run_dir} has no noise.json of its {ev['repeats']} repeats; evaluate again",
+            hint=hint,
+        )
 
 
 def record_outputs_hash(run) -> str:

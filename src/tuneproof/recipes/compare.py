@@ -10,6 +10,9 @@ Features:
   success metric (basis named; exact-match counts as a second line), paired bootstrap intervals of
   every metric delta, per-class and per-field deltas, concentration of the gain, a candidate that
   predicts one class for most examples;
+- the success criterion's gain judged above max(min_gain, noise floor): the floor is the larger of both runs'
+  measured spreads over their ``eval.repeat`` repeats (``noise.json``; not measured without repeats: min_gain
+  alone); the screen and ``compare.json`` say which threshold applied and why, and the per-example flips;
 - the success criterion and guards of the hypothesis judged: pass / fail / inconclusive / not
   measurable, against the hypothesis frozen with the first train run (``hypothesis.frozen.json``);
   when the study file's hypothesis differs, the change is shown key by key and both verdicts are
@@ -26,6 +29,7 @@ from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.fingerprint import diff_fingerprints
+from tuneproof.evaluation.noise import comparison_floor, flips_text, noise_decided_text, read_noise
 from tuneproof.evaluation.outputs import check_complete
 from tuneproof.evaluation.recording import load_outputs
 from tuneproof.evaluation.screen import fmt_p, guard_lines, metric_short
@@ -52,8 +56,9 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
     )
 
 
-def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
-    """The paired comparison scored and judged under one hypothesis view (frozen or edited)."""
+def _paired(ctx: StudyContext, base_out: list, out: list, view: dict, noise: dict | None = None) -> dict:
+    """The paired comparison scored and judged under one hypothesis view (frozen or edited); ``noise``: both
+    runs' noise floors (:func:`tuneproof.evaluation.noise.comparison_floor`)."""
     result = paired_compare(
         base_out,
         out,
@@ -64,6 +69,7 @@ def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
         iterations=ctx.study.eval.bootstrap_iterations,
         seed=ctx.study.eval.seed,
         labels=task_config(ctx).labels,
+        noise=noise,
     )
     result["hypothesis_hash"], result["scoring"] = hyp.view_hash(view), hyp.scoring(view)
     return result
@@ -116,6 +122,7 @@ def run_compare(
     for rid in [against, *cand_ids]:  # an interrupted, incomplete or hand-edited evaluation record is never judged
         check_complete(ctx.registry, ctx.registry.check_record(rid))
     base_rec, base_out = load_outputs(ctx, against)
+    base_noise = read_noise(ctx.registry.runs_dir / base_rec.id, base_rec)  # None: evaluated once
     base_efp = (ctx.registry.run_json(base_rec.id, "eval.json") or {}).get("fingerprint", {})
     results: dict[str, Any] = {}
     with ctx.registry.run("compare", parent=base_rec.id) as run, heartbeat("compare", "scoring") as beat:
@@ -142,11 +149,15 @@ def run_compare(
                     "verdict of the hypothesis is judged against a baseline run (the dossier lists this as such)"
                 )
             beat.update(f"{rec.id}: paired bootstrap ({ctx.study.eval.bootstrap_iterations} resamples)")
-            result = _paired(ctx, base_out, out, judging.primary)
+            noise = None
+            cand_noise = read_noise(ctx.registry.runs_dir / rec.id, rec)
+            if base_noise is not None or cand_noise is not None:
+                noise = comparison_floor(base_noise, cand_noise, base_rec.id, rec.id)
+            result = _paired(ctx, base_out, out, judging.primary, noise)
             if judging.other is not None:
                 alt = hyp.rejudge(result, judging.other)  # same scoring: judge the same numbers
                 if alt is None:  # required fields or format rule changed: score again
-                    other = _paired(ctx, base_out, out, judging.other)
+                    other = _paired(ctx, base_out, out, judging.other, noise)
                     alt = (other["verdicts"], other["overall"])
                 result["alternative"] = {
                     "hypothesis": judging.other_name,
@@ -223,6 +234,15 @@ def summary_lines(cid: str, bid: str, r: dict, against: str = "baseline") -> lis
             f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}; "
             f"McNemar exact p = {fmt_p(r['mcnemar_correct']['p_value'])}"
         )
+    succ = next((v for v in r.get("verdicts") or [] if v.get("kind") == "success"), None)
+    th = (succ or {}).get("noise") or r.get("success_threshold")
+    if succ and th:  # which threshold judged the gain, and why (eval.repeat)
+        lines.append(f"  success threshold: {th['why']}")
+        if succ.get("decided_by_noise_floor"):
+            lines.append(f"  WARNING: {noise_decided_text(succ)}")
+    flips = flips_text(r.get("noise"))
+    if flips:
+        lines.append(f"  {flips}")
     for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):
         d = r.get(key)
         if d and d.get("flagged"):

@@ -16,7 +16,7 @@ from tuneproof.deliver.dossier.evidence import (
     missing_evidence,
 )
 from tuneproof.deliver.dossier.runs import _change_of, resumed_line
-from tuneproof.deliver.headline import other_comparisons, stale_comparisons
+from tuneproof.deliver.headline import noise_lines, other_comparisons, stale_comparisons
 from tuneproof.deliver.limits import (
     FIRST_SCREEN_LIMITS,
     limits_lines,
@@ -67,6 +67,10 @@ def _summary(ev: _Evidence) -> list[dict]:
         for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse
             if (first.get(key) or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the {who} {first[key]['detail']}"})
+        decided, noise_notes = noise_lines(first, verdicts)  # eval.repeat: the noise floor, when measured
+        if decided:
+            blocks.append({"type": "strong", "text": decided})
+        blocks += [_paragraph(line) for line in noise_notes]
         if judged[1]:
             blocks.append(
                 _paragraph(
@@ -255,7 +259,17 @@ def _verdict(ev: _Evidence) -> list[dict]:
             f"({ev.headline.says}; {against} hypothesis)",
         }
     ]
-    blocks.append({"type": "list", "items": [f"{v['name']}: {v['verdict']}" for v in verdicts]})
+    blocks.append(
+        {
+            "type": "list",
+            "items": [
+                f"{v['name']}: {v['verdict']}" + (f" ({v['noise']['why']})" if v.get("noise") else "") for v in verdicts
+            ],
+        }
+    )
+    decided, _ = noise_lines(r, verdicts)
+    if decided:
+        blocks.append(_paragraph(decided))
     blocks += [_paragraph(line) for line in _resumed_candidates(ev, cid, None)]
     if other:
         blocks.append(

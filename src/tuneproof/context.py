@@ -14,6 +14,7 @@ from typing import Any
 from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
+from tuneproof.data.eval_sets import EvalSetData, load_eval_sets
 from tuneproof.data.examples import Example
 from tuneproof.data.semantic_dedup import (
     apply_semantic_policy,
@@ -210,6 +211,12 @@ class StudyContext:
         if self.study.eval.max_examples:
             items = balanced_take(items, self.study.eval.max_examples, self.study.data.split.seed)
         return items
+
+    @cached_property
+    def eval_sets(self) -> list[EvalSetData]:
+        """The study's ``eval.sets``, read and checked (:func:`tuneproof.data.eval_sets.load_eval_sets`); [] when
+        it has none."""
+        return load_eval_sets(self.study, self.study_dir, self.data_root)
 
     # ------------------------------------------------------------------ model
     @cached_property

@@ -327,6 +327,7 @@ def paired_compare(
     iterations: int = 1000,
     seed: int = 0,
     labels: Sequence[str] | None = None,
+    sets: dict[str, dict] | None = None,
 ) -> dict:
     """Compare candidate outputs against baseline outputs on the same examples.
 
@@ -345,6 +346,8 @@ def paired_compare(
         seed: bootstrap seed (``eval.seed``).
         labels: label set of kinds that have one (default: the references'); pass the study's
             full label set so a class absent from the eval split still counts as valid.
+        sets: the comparisons on ``eval.sets`` (:func:`tuneproof.evaluation.eval_sets.compare_sets`), kept as
+            ``sets`` and judged by the guards that name a set.
 
     Returns:
         A JSON-ready dict: ``task``, ``n``, ``counts`` (``fixed`` = failing in the baseline and
@@ -449,6 +452,8 @@ def paired_compare(
         "base_metrics": base_m,
         "cand_metrics": cand_m,
     }
+    if sets:
+        result["sets"] = sets
     if hypothesis is not None:
         result["verdicts"] = judge(hypothesis, result)
         result["overall"] = overall_verdict(result["verdicts"])
@@ -578,6 +583,9 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             ([f"drop <= {guard.max_drop:g}"] if guard.max_drop is not None else [])
             + ([f">= {guard.floor:g}"] if guard.floor is not None else [])
         )
+        if getattr(guard, "set", None) is not None:  # a guard on an eval.sets entry (docs/eval-sets.md)
+            out.append(_set_guard(key, guard, rule, threshold, compare_result))
+            continue
         group = next((g for g in ("per_class", "per_field") if guard.metric.startswith(g + "_")), None)
         if group is None:
             e = _metric_entry(compare_result, guard.metric, f"{key}.metric")
@@ -716,6 +724,55 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             }
         )
     return out
+
+
+def _set_guard(key: str, guard: Any, rule: str, threshold: float | None, compare_result: dict) -> dict:
+    """The verdict of a guard on an ``eval.sets`` entry (``compare_result["sets"][name]``): ``agreement`` against
+    its ``floor`` (a point rule, as every floor), a task metric by :func:`_guard_item` (``max_drop`` on the
+    paired bootstrap CI of the delta, ``floor`` on the candidate's value)."""
+    s = (compare_result.get("sets") or {}).get(guard.set)
+    if s is None:
+        raise TuneproofError(
+            f"{key}.set: the comparison holds no outputs on eval.sets '{guard.set}'",
+            hint="evaluate the baseline and the candidate with the study's eval.sets, then `tuneproof compare`",
+        )
+    if guard.metric == "agreement":
+        e = s["agreement"]
+    else:
+        e = (s.get("metrics") or {}).get(guard.metric)
+        if e is None:
+            raise TuneproofError(
+                f"{key}.metric: '{guard.metric}' is not reported on eval.sets '{guard.set}'"
+                + ("" if s.get("references") else " (the set has no references)"),
+                hint=f"use agreement{', ' + ', '.join(sorted(s.get('metrics') or {})) if s.get('metrics') else ''}",
+            )
+    verdict, why = _guard_item(e, guard.max_drop, guard.floor)
+    where = f"on set '{guard.set}' ({s.get('n')} examples)"
+    if guard.metric == "agreement":
+        shown = (
+            f"agreement {_r(e['cand'])} ({e.get('agree')} of {e.get('n')} outputs equal the base's), "
+            f"95% CI {_ci01(e['ci'])}"
+        )
+        detail = f"{where}: {shown}" + (f"; below floor {guard.floor:g}" if verdict == "fail" else "")
+    else:
+        detail = f"{where}: {guard.metric} {_r(e['base'])} -> {_r(e['cand'])}, " + (
+            "; ".join(why) if why else f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])}"
+        )
+    return {
+        "name": f"guard: {guard.metric} on set {guard.set} {rule}",
+        "kind": "guard",
+        "metric": guard.metric,
+        "set": guard.set,
+        **{k: e.get(k) for k in ("base", "cand", "delta", "ci")},
+        "threshold": threshold,
+        "floor": guard.floor,
+        "verdict": verdict,
+        "detail": detail,
+    }
+
+
+def _ci01(ci: list | None) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
 
 #: ``correction: auto`` applies Holm from this many judged classes on; below it the guard keeps each

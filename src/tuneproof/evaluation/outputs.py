@@ -57,7 +57,8 @@ def _redo(rec) -> str:
 def check_complete(registry, rec) -> None:
     """Refuse to judge an evaluation-like run (baseline, eval, test) that did not complete: its status is
     not ``completed``, or its ``eval.json`` or ``outputs.jsonl`` is missing, or the outputs hold fewer
-    rows than ``eval.json``'s ``n``. The message says where it stopped when ``eval_progress.json``
+    rows than ``eval.json``'s ``n``, or an output file on ``eval.sets`` it recorded is missing or changed
+    (:func:`set_outputs_problem`). The message says where it stopped when ``eval_progress.json``
     recorded it (``r0005 was interrupted at example 8 of 12; evaluate again``).
 
     Raises:
@@ -91,6 +92,33 @@ def check_complete(registry, rec) -> None:
     rows = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if line.strip())
     if isinstance(ev.get("n"), int) and rows < ev["n"]:
         raise CheckFailed(f"{rec.id} is incomplete: {rows} of {ev['n']} outputs in {out}; evaluate again", hint=hint)
+    problem = set_outputs_problem(run_dir, rec)
+    if problem is not None:
+        raise CheckFailed(f"{rec.id} is incomplete: {problem}; evaluate again", hint=hint)
+
+
+#: the summary key holding ``{set name: sha256}`` of a run's outputs on ``eval.sets``
+SET_OUTPUTS_KEY = "set_outputs_sha256"
+
+
+def set_outputs_path(run_dir: Path, name: str) -> Path:
+    """Where a run keeps its outputs on the ``eval.sets`` entry ``name``: ``sets/<name>/outputs.jsonl``."""
+    return Path(run_dir) / "sets" / name / OUTPUTS
+
+
+def set_outputs_problem(run_dir: Path, rec) -> str | None:
+    """What is wrong with the outputs on ``eval.sets`` that ``rec`` recorded (its summary's
+    ``set_outputs_sha256``): a file that is gone or whose sha256 changed since the run wrote it
+    (``sets/general/outputs.jsonl is missing``); None when each is whole (or the run evaluated no set)."""
+    for name, want in sorted(((rec.summary or {}).get(SET_OUTPUTS_KEY) or {}).items()):
+        path = set_outputs_path(run_dir, name)
+        shown = path.relative_to(run_dir).as_posix()
+        if not path.is_file():
+            return f"{shown} (its outputs on eval.sets '{name}') is missing"
+        found = sha256_file(path)
+        if found != want:
+            return f"{shown} (its outputs on eval.sets '{name}') has sha256 {found[:12]}, not {want[:12]} as recorded"
+    return None
 
 
 def record_outputs_hash(run) -> str:

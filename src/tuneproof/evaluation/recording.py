@@ -1,6 +1,7 @@
 """An evaluation recorded into a run (``baseline``, ``eval``, ``test``): the backend refused before a run
 exists, the predictions (transformers, or vLLM after its backend check), the task's scores,
-``outputs.jsonl`` bound to the run by its sha256, ``eval.json`` with the evaluation fingerprint, the
+``outputs.jsonl`` bound to the run by its sha256, the outputs on ``eval.sets`` bound the same way
+(:mod:`tuneproof.evaluation.eval_sets`), ``eval.json`` with the evaluation fingerprint, the
 summary's headline; what an evaluation prints; a recorded run's outputs read back.
 """
 
@@ -25,6 +26,7 @@ from tuneproof.evaluation.backends import (
     check_summary,
     lora_rank,
 )
+from tuneproof.evaluation.eval_sets import evaluate_sets
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
 from tuneproof.evaluation.outputs import EvalProgress, also_record, read_outputs, record_outputs_hash
 from tuneproof.evaluation.predict import predict
@@ -51,7 +53,10 @@ def served_paths(ctx: StudyContext, train_run_id: str | None) -> tuple[Path, Pat
 
 def require_backend(ctx: StudyContext) -> None:
     """Refuse an evaluation whose ``eval.backend`` cannot run here (before any run is created; exit 2,
-    :func:`tuneproof.evaluation.backends.check_backend_available`)."""
+    :func:`tuneproof.evaluation.backends.check_backend_available`), or whose ``eval.sets`` cannot be read
+    (exit 2, :func:`tuneproof.data.eval_sets.load_eval_sets`: a missing file, a row without its text column, an
+    empty set, a guard that needs references on a set without them)."""
+    ctx.eval_sets  # noqa: B018 - read and checked now, before a run exists
     if ctx.study.eval.backend != "transformers":
         check_backend_available(ctx.study.eval, ctx.head, ctx.study_dir / STUDY_FILE)
 
@@ -158,7 +163,9 @@ def evaluate_into(
     served: tuple[Path, Path | None] | None = None,
     check_examples: list[Example] | None = None,
 ) -> dict[str, Any]:
-    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary.
+    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary; then generate each of
+    ``eval.sets`` with the same model and procedure (:func:`tuneproof.evaluation.eval_sets.evaluate_sets`:
+    ``sets/<name>/outputs.jsonl``, their sha256 in the summary, ``eval.json``'s ``sets``) before ``eval.json``.
 
     ``required_fields`` / ``eval_cfg`` score with another definition than the study file's
     (``test`` scores with the hypothesis frozen before training); prediction always follows the study.
@@ -166,19 +173,26 @@ def evaluate_into(
     with ``eval.backend: vllm``, whose check runs first on a sample of ``check_examples`` (default
     ``examples``; :func:`predict_served`)."""
     t0 = time.perf_counter()
-    progress = EvalProgress(run.dir, len(examples))  # where a killed evaluation stopped (compare says so)
+    # where a killed evaluation stopped (compare says so); eval.sets are generated after the split, in the same count
+    progress = EvalProgress(run.dir, len(examples) + sum(len(s.examples) for s in ctx.eval_sets))
+    if ctx.study.eval.backend == "vllm":
+        served = served or served_paths(ctx, None)
+    else:
+        import transformers  # noqa: PLC0415 - transformers loads only when evaluate_into() runs
+
+        run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
+
+    def generate(items: list[Example], label: str, raw_out: list[str]) -> list[str]:
+        """The study's one procedure on ``items`` (the split, then each of eval.sets)."""
+        if ctx.study.eval.backend == "vllm":
+            return predict_served(
+                ctx, run, model, items, label, served, check_examples, on_progress=progress, raw_out=raw_out
+            )
+        return predict(ctx, model, items, label, on_progress=progress, raw_out=raw_out)
+
     raw: list[str] = []  # the generations before eval.answer_from parsed them (empty for a classifier)
     try:
-        if ctx.study.eval.backend == "vllm":
-            served = served or served_paths(ctx, None)
-            preds = predict_served(
-                ctx, run, model, examples, what, served, check_examples, on_progress=progress, raw_out=raw
-            )
-        else:
-            import transformers  # noqa: PLC0415 - transformers loads only when evaluate_into() runs
-
-            run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
-            preds = predict(ctx, model, examples, what, on_progress=progress, raw_out=raw)
+        preds = generate(examples, what, raw)
     finally:
         progress.flush()
     seconds = time.perf_counter() - t0
@@ -192,6 +206,10 @@ def evaluate_into(
     )
     write_jsonl(run.path("outputs.jsonl"), records)
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change
+    try:  # eval.sets: the same model, prompt and decoding; outputs bound to the run like outputs.jsonl
+        sets = evaluate_sets(ctx, run, generate, what)
+    finally:
+        progress.flush()
     held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
     base_weights = held if held in ("fp32", "bf16") else "fp32"
     efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights)
@@ -203,6 +221,7 @@ def evaluate_into(
             "n": len(examples),
             "metrics": metrics,
             "base_weights": base_weights,
+            **({"sets": sets} if sets else {}),
         },
     )
     run.set(eval_fingerprint=efp["hash"])

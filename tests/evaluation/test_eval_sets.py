@@ -16,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # tin
 from tiny_study import build_base, make_study  # noqa: E402
 from tuneproof.cli import main  # noqa: E402
 from tuneproof.context import StudyContext, load_study  # noqa: E402
+from tuneproof.deliver.dossier.eval_sets import set_guard_blocks  # noqa: E402
+from tuneproof.deliver.dossier.verdict import criteria_table  # noqa: E402
 from tuneproof.errors import CheckFailed, TuneproofError  # noqa: E402
 from tuneproof.evaluation.compare import judge, overall_verdict  # noqa: E402
 from tuneproof.evaluation.eval_sets import agreement, compare_set, same_answer  # noqa: E402
@@ -75,6 +77,13 @@ def test_agreement_is_the_hand_count_and_the_floor_judges_it():
     assert "below floor 0.8" in g["detail"]
     assert overall_verdict(fail)["verdict"] == "fail"
     assert "agreement on set general" in overall_verdict(fail)["detail"]
+
+    # the dossier's first screen: the set guard that decided the verdict, with its numbers
+    (block,) = set_guard_blocks(fail)
+    assert block["type"] == "strong" and block["text"].startswith("the verdict fails on eval.sets 'general'")
+    assert "agreement 0.7000 (7 of 10 outputs equal the base's)" in block["text"]
+    row = criteria_table(fail)["rows"][1]
+    assert row[1] == "fail" and row[3] == "0.700" and "below floor 0.8" in row[5]
 
     ok = judge(_hypothesis({"metric": "agreement", "set": "general", "floor": 0.6}), _result({"general": s}))
     assert ok[1]["verdict"] == "pass" and overall_verdict(ok)["verdict"] == "pass"
@@ -235,6 +244,13 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
     assert "json_valid_rate" in entry["sets"]["held"]["metrics"]
     set_guards = [v for v in entry["verdicts"] if v.get("set")]
     assert [(v["set"], v["verdict"]) for v in set_guards] == [("general", "pass"), ("held", "pass")]
+
+    from tuneproof.recipes.report import build_markdown
+
+    md = build_markdown(ctx)
+    assert "Evaluation sets (outside the task)" in md
+    assert f"| general | 5 | {agree / 5:.3f} ({agree} of 5) |" in md
+    assert "| held | 5 |" in md and "set 'held': the task's metrics on its references" in md
 
     # an altered study set: another version of the set, so another procedure
     (study / "general.jsonl").write_text((study / "general.jsonl").read_text() + json.dumps({"q": "new"}) + "\n")

@@ -20,7 +20,7 @@ from tuneproof.deliver.dossier.eval_sets import set_guard_blocks  # noqa: E402
 from tuneproof.deliver.dossier.verdict import criteria_table  # noqa: E402
 from tuneproof.errors import CheckFailed, TuneproofError  # noqa: E402
 from tuneproof.evaluation.compare import judge, overall_verdict  # noqa: E402
-from tuneproof.evaluation.eval_sets import agreement, compare_set, same_answer  # noqa: E402
+from tuneproof.evaluation.eval_sets import agreement, compare_set, same_answer, set_lines  # noqa: E402
 from tuneproof.evaluation.fingerprint import eval_fingerprint  # noqa: E402
 from tuneproof.hypothesis import _normalise, hypothesis_view, view_hash  # noqa: E402
 from tuneproof.io import sha256_file  # noqa: E402
@@ -78,6 +78,10 @@ def test_agreement_is_the_hand_count_and_the_floor_judges_it():
     assert overall_verdict(fail)["verdict"] == "fail"
     assert "agreement on set general" in overall_verdict(fail)["detail"]
 
+    (line,) = set_lines({"general": s})  # the compare screen
+    assert line.startswith("set 'general' (10 examples): agreement 0.7000 (7 of 10), 95% CI [")
+    assert line.endswith("; no references")
+
     # the dossier's first screen: the set guard that decided the verdict, with its numbers
     (block,) = set_guard_blocks(fail)
     assert block["type"] == "strong" and block["text"].startswith("the verdict fails on eval.sets 'general'")
@@ -110,6 +114,10 @@ def test_a_reference_metric_on_a_set_is_judged_on_its_paired_delta():
     assert acc["delta"] == pytest.approx(-0.2)
     assert acc["ci"][1] < -0.02  # every resample drops: the guard fails, not inconclusive
     assert s["agreement"]["agree"] == 32  # 24 right in both + 8 where both answer "x"; the 8 broken differ
+
+    lines = set_lines({"held_out": s})
+    assert lines[0].startswith("set 'held_out' (40 examples): agreement 0.8000 (32 of 40)")
+    assert lines[1].startswith("  accuracy: 0.8000 -> 0.6000, delta -0.2000 (95% CI [")
 
     got = judge(_hypothesis({"metric": "accuracy", "set": "held_out", "max_drop": 0.02}), _result({"held_out": s}))
     g = got[1]
@@ -213,6 +221,7 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
 
     ids = prepare_study(study)
     ctx = StudyContext.open(study)
+    assert ctx.registry.get(ids["data-check"]).summary["eval_sets"] == {"general": 5, "held": 5}
     base = ctx.registry.get(ids["baseline"])
     run_dir = ctx.registry.runs_dir / base.id
     for name, n in (("general", 5), ("held", 5)):

@@ -22,6 +22,7 @@ from tuneproof.errors import CheckFailed, TuneproofError  # noqa: E402
 from tuneproof.evaluation.compare import judge, overall_verdict  # noqa: E402
 from tuneproof.evaluation.eval_sets import agreement, compare_set, same_answer, set_lines  # noqa: E402
 from tuneproof.evaluation.fingerprint import eval_fingerprint  # noqa: E402
+from tuneproof.evaluation.outputs import check_all  # noqa: E402
 from tuneproof.hypothesis import _normalise, hypothesis_view, view_hash  # noqa: E402
 from tuneproof.io import sha256_file  # noqa: E402
 from tuneproof.study import Hypothesis  # noqa: E402
@@ -266,10 +267,21 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
     ctx2 = StudyContext.open(study)
     with pytest.raises(TuneproofError, match="eval_sets"):
         _same_procedure(ctx2, base.id)
-    # a removed set output: the candidate is incomplete and never judged
+    # an edited set output: refused by compare (incomplete) and by the report (check_all)
+    held_out = run_dir / "sets" / "held" / "outputs.jsonl"
+    kept = held_out.read_bytes()
+    held_out.write_bytes(kept.replace(b'"prediction": "', b'"prediction": "x', 1))
+    with pytest.raises(CheckFailed, match=r"incomplete: sets/held/outputs.jsonl .* has sha256"):
+        run_compare(ctx, [eval_id])
+    with pytest.raises(TuneproofError, match="outputs on eval.sets 'held' were edited"):
+        check_all(ctx.registry)
+    held_out.write_bytes(kept)
+    # a removed set output: the candidate is incomplete and never judged; the dossier says INCOMPLETE
     (ctx.registry.runs_dir / eval_id / "sets" / "general" / "outputs.jsonl").unlink()
     with pytest.raises(CheckFailed, match=r"incomplete: sets/general/outputs.jsonl .* is missing"):
         run_compare(ctx, [eval_id])
+    md = build_markdown(ctx)
+    assert "INCOMPLETE" in md and f"runs/{eval_id}/sets/general/outputs.jsonl" in md
 
 
 def _same_procedure(ctx, baseline_id: str) -> None:

@@ -165,7 +165,7 @@ def check_all(registry) -> int:
     (no verdict uses them, and the dossier lists them with their reason); returns how many.
 
     Raises:
-        TuneproofError: the first changed file (see :func:`check_outputs`).
+        TuneproofError: the first changed file (see :func:`check_outputs`), outputs on ``eval.sets`` included.
     """
     n = 0
     for rec in registry.list():
@@ -174,6 +174,14 @@ def check_all(registry) -> int:
         path = registry.runs_dir / rec.id / OUTPUTS
         if path.exists() and check_outputs(path, rec) is not None:
             n += 1
+        for name, want in sorted(((rec.summary or {}).get(SET_OUTPUTS_KEY) or {}).items()):
+            spath = set_outputs_path(registry.runs_dir / rec.id, name)  # a missing one: the dossier's INCOMPLETE
+            if spath.exists() and (found := sha256_file(spath)) != want:
+                raise TuneproofError(
+                    f"{spath}: sha256 {found} differs from {want} recorded when run {rec.id} wrote it",
+                    hint=f"the outputs on eval.sets '{name}' were edited after the run; restore them, or mark the run "
+                    f"invalid (`tuneproof invalidate {rec.id} --why ...`) and evaluate again",
+                )
     return n
 
 

@@ -90,6 +90,10 @@ def test_agreement_is_the_hand_count_and_the_floor_judges_it():
     row = criteria_table(fail)["rows"][1]
     assert row[1] == "fail" and row[3] == "0.700" and "below floor 0.8" in row[5]
 
+    # a comparison without the set's outputs (test's pairing on the test split): not measurable, said so
+    (_, none) = judge(_hypothesis({"metric": "agreement", "set": "general", "floor": 0.8}), _result({}))
+    assert none["verdict"] == "not measurable" and "eval.sets 'general'" in none["detail"]
+
     ok = judge(_hypothesis({"metric": "agreement", "set": "general", "floor": 0.6}), _result({"general": s}))
     assert ok[1]["verdict"] == "pass" and overall_verdict(ok)["verdict"] == "pass"
 
@@ -261,6 +265,7 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
     assert "Evaluation sets (outside the task)" in md
     assert f"| general | 5 | {agree / 5:.3f} ({agree} of 5) |" in md
     assert "| held | 5 |" in md and "set 'held': the task's metrics on its references" in md
+    assert "guard: agreement on eval.sets 'general' (vs the base's outputs) must stay at or above 0.0" in md
 
     # an altered study set: another version of the set, so another procedure
     (study / "general.jsonl").write_text((study / "general.jsonl").read_text() + json.dumps({"q": "new"}) + "\n")

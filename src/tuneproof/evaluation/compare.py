@@ -729,13 +729,27 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
 def _set_guard(key: str, guard: Any, rule: str, threshold: float | None, compare_result: dict) -> dict:
     """The verdict of a guard on an ``eval.sets`` entry (``compare_result["sets"][name]``): ``agreement`` against
     its ``floor`` (a point rule, as every floor), a task metric by :func:`_guard_item` (``max_drop`` on the
-    paired bootstrap CI of the delta, ``floor`` on the candidate's value)."""
+    paired bootstrap CI of the delta, ``floor`` on the candidate's value). "not measurable" when the comparison
+    holds no outputs on the set (``test``'s pairing on the test split; ``compare`` always holds them, the
+    evaluation fingerprint pairing only runs evaluated on the same sets).
+
+    Raises:
+        TuneproofError: a task metric the set does not report (names ``hypothesis.guards[i].metric``)."""
     s = (compare_result.get("sets") or {}).get(guard.set)
-    if s is None:
-        raise TuneproofError(
-            f"{key}.set: the comparison holds no outputs on eval.sets '{guard.set}'",
-            hint="evaluate the baseline and the candidate with the study's eval.sets, then `tuneproof compare`",
-        )
+    if s is None:  # e.g. the test split's pairing with the base model, or runs paired across procedures
+        return {
+            "name": f"guard: {guard.metric} on set {guard.set} {rule}",
+            "kind": "guard",
+            "metric": guard.metric,
+            "set": guard.set,
+            **dict.fromkeys(("base", "cand", "delta", "ci")),
+            "threshold": threshold,
+            "floor": guard.floor,
+            "verdict": "not measurable",
+            "detail": f"not measurable here: this comparison holds no outputs of both runs on eval.sets "
+            f"'{guard.set}' (`tuneproof compare` of a baseline and a candidate evaluated with the study's eval.sets "
+            "judges it)",
+        }
     if guard.metric == "agreement":
         e = s["agreement"]
     else:

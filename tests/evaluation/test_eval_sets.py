@@ -227,6 +227,10 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
     ids = prepare_study(study)
     ctx = StudyContext.open(study)
     assert ctx.registry.get(ids["data-check"]).summary["eval_sets"] == {"general": 5, "held": 5}
+    from tuneproof.recipes.rental import study_work
+
+    work = study_work(ctx)  # the rental's time estimate: every evaluation generates the sets' 10 prompts too
+    assert (work["n_eval"], work["n_test"]) == (6 + 10, 4 + 10)
     base = ctx.registry.get(ids["baseline"])
     run_dir = ctx.registry.runs_dir / base.id
     for name, n in (("general", 5), ("held", 5)):

@@ -203,6 +203,42 @@ def test_an_empty_set_is_refused(tmp_path, tiny_base):
     assert "eval.sets[0] ('general')" in err.value.message
 
 
+def test_sets_are_read_by_the_data_readers_with_or_without_references(tmp_path, tiny_base):
+    from tuneproof.data.eval_sets import load_eval_sets
+
+    study = make_study(tmp_path / "s", tiny_base, prepare=False)
+    (study / "held.csv").write_text("prompt,answer\nwhat is rain,water\nname a color,red\n")
+    chats = [
+        {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello"}]},
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "why"},
+                {"role": "assistant", "content": "because"},
+            ]
+        },
+    ]
+    (study / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    _set_file(study)
+    _with_sets(
+        study,
+        [
+            GENERAL_SET,
+            {"name": "held", "path": "held.csv", "format": "csv", "fields": {"text": "prompt", "target": "answer"}},
+            {"name": "chats", "path": "chats.jsonl", "format": "chat", "fields": {"text": "text"}},
+        ],
+    )
+    general, held, chat = load_eval_sets(load_study(study), study)
+    assert [e.text for e in general.examples] == GENERAL and not general.has_references
+    assert general.sha256 == sha256_file(study / "general.jsonl")
+    assert general.bytes == (study / "general.jsonl").stat().st_size
+    assert [(e.text, e.target) for e in held.examples] == [("what is rain", "water"), ("name a color", "red")]
+    assert held.has_references and held.fingerprint_entry()["n"] == 2
+    # a chat set: the prompt is the conversation up to its final user turn, the reference its final assistant turn
+    assert [(e.text, e.target) for e in chat.examples] == [("hi there", "hello"), ("why", "because")]
+    assert chat.examples[1].context == [{"role": "system", "content": "be brief"}] and chat.has_references
+
+
 # --------------------------------------------------------------------------- baseline, eval, compare
 def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny_base):
     from tuneproof.recipes.compare import run_compare

@@ -329,6 +329,7 @@ def paired_compare(
     seed: int = 0,
     labels: Sequence[str] | None = None,
     noise: dict | None = None,
+    sets: dict[str, dict] | None = None,
 ) -> dict:
     """Compare candidate outputs against baseline outputs on the same examples.
 
@@ -351,6 +352,8 @@ def paired_compare(
             evaluated with ``eval.repeat`` > 1), kept as ``noise`` in the result; the success criterion is judged
             above max(min_gain, floor), and ``success_threshold`` (with a hypothesis) says which applied and why
             (:func:`tuneproof.evaluation.noise.success_threshold`).
+        sets: the comparisons on ``eval.sets`` (:func:`tuneproof.evaluation.eval_sets.compare_sets`), kept as
+            ``sets`` and judged by the guards that name a set.
 
     Returns:
         A JSON-ready dict: ``task``, ``n``, ``counts`` (``fixed`` = failing in the baseline and
@@ -456,6 +459,8 @@ def paired_compare(
         "cand_metrics": cand_m,
         "noise": noise,
     }
+    if sets:
+        result["sets"] = sets
     if hypothesis is not None:
         # which threshold judges the success criterion's gain, and why (also when no floor was measured)
         result["success_threshold"] = success_threshold(hypothesis.success.min_gain, noise, hypothesis.success.metric)
@@ -606,6 +611,9 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             ([f"drop <= {guard.max_drop:g}"] if guard.max_drop is not None else [])
             + ([f">= {guard.floor:g}"] if guard.floor is not None else [])
         )
+        if getattr(guard, "set", None) is not None:  # a guard on an eval.sets entry (docs/eval-sets.md)
+            out.append(_set_guard(key, guard, rule, threshold, compare_result))
+            continue
         group = next((g for g in ("per_class", "per_field") if guard.metric.startswith(g + "_")), None)
         if group is None:
             e = _metric_entry(compare_result, guard.metric, f"{key}.metric")
@@ -744,6 +752,69 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             }
         )
     return out
+
+
+def _set_guard(key: str, guard: Any, rule: str, threshold: float | None, compare_result: dict) -> dict:
+    """The verdict of a guard on an ``eval.sets`` entry (``compare_result["sets"][name]``): ``agreement`` against
+    its ``floor`` (a point rule, as every floor), a task metric by :func:`_guard_item` (``max_drop`` on the
+    paired bootstrap CI of the delta, ``floor`` on the candidate's value). "not measurable" when the comparison
+    holds no outputs on the set (``test``'s pairing on the test split; ``compare`` always holds them, the
+    evaluation fingerprint pairing only runs evaluated on the same sets).
+
+    Raises:
+        TuneproofError: a task metric the set does not report (names ``hypothesis.guards[i].metric``)."""
+    s = (compare_result.get("sets") or {}).get(guard.set)
+    if s is None:  # e.g. the test split's pairing with the base model, or runs paired across procedures
+        return {
+            "name": f"guard: {guard.metric} on set {guard.set} {rule}",
+            "kind": "guard",
+            "metric": guard.metric,
+            "set": guard.set,
+            **dict.fromkeys(("base", "cand", "delta", "ci")),
+            "threshold": threshold,
+            "floor": guard.floor,
+            "verdict": "not measurable",
+            "detail": f"not measurable here: this comparison holds no outputs of both runs on eval.sets "
+            f"'{guard.set}' (`tuneproof compare` of a baseline and a candidate evaluated with the study's eval.sets "
+            "judges it)",
+        }
+    if guard.metric == "agreement":
+        e = s["agreement"]
+    else:
+        e = (s.get("metrics") or {}).get(guard.metric)
+        if e is None:
+            raise TuneproofError(
+                f"{key}.metric: '{guard.metric}' is not reported on eval.sets '{guard.set}'"
+                + ("" if s.get("references") else " (the set has no references)"),
+                hint=f"use agreement{', ' + ', '.join(sorted(s.get('metrics') or {})) if s.get('metrics') else ''}",
+            )
+    verdict, why = _guard_item(e, guard.max_drop, guard.floor)
+    where = f"on set '{guard.set}' ({s.get('n')} examples)"
+    if guard.metric == "agreement":
+        shown = (
+            f"agreement {_r(e['cand'])} ({e.get('agree')} of {e.get('n')} outputs equal the base's), "
+            f"95% CI {_ci01(e['ci'])}"
+        )
+        detail = f"{where}: {shown}" + (f"; below floor {guard.floor:g}" if verdict == "fail" else "")
+    else:
+        detail = f"{where}: {guard.metric} {_r(e['base'])} -> {_r(e['cand'])}, " + (
+            "; ".join(why) if why else f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])}"
+        )
+    return {
+        "name": f"guard: {guard.metric} on set {guard.set} {rule}",
+        "kind": "guard",
+        "metric": guard.metric,
+        "set": guard.set,
+        **{k: e.get(k) for k in ("base", "cand", "delta", "ci")},
+        "threshold": threshold,
+        "floor": guard.floor,
+        "verdict": verdict,
+        "detail": detail,
+    }
+
+
+def _ci01(ci: list | None) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
 
 #: ``correction: auto`` applies Holm from this many judged classes on; below it the guard keeps each

@@ -1,6 +1,7 @@
 """An evaluation recorded into a run (``baseline``, ``eval``, ``test``): the backend refused before a run
 exists, the predictions (transformers, or vLLM after its backend check), the task's scores,
-``outputs.jsonl`` bound to the run by its sha256, ``eval.json`` with the evaluation fingerprint, the
+``outputs.jsonl`` bound to the run by its sha256, the outputs on ``eval.sets`` bound the same way
+(:mod:`tuneproof.evaluation.eval_sets`), ``eval.json`` with the evaluation fingerprint, the
 summary's headline; what an evaluation prints; a recorded run's outputs read back.
 """
 
@@ -25,6 +26,7 @@ from tuneproof.evaluation.backends import (
     check_summary,
     lora_rank,
 )
+from tuneproof.evaluation.eval_sets import evaluate_sets
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
 from tuneproof.evaluation.noise import (
     NOISE_JSON,
@@ -59,7 +61,10 @@ def served_paths(ctx: StudyContext, train_run_id: str | None) -> tuple[Path, Pat
 
 def require_backend(ctx: StudyContext) -> None:
     """Refuse an evaluation whose ``eval.backend`` cannot run here (before any run is created; exit 2,
-    :func:`tuneproof.evaluation.backends.check_backend_available`)."""
+    :func:`tuneproof.evaluation.backends.check_backend_available`), or whose ``eval.sets`` cannot be read
+    (exit 2, :func:`tuneproof.data.eval_sets.load_eval_sets`: a missing file, a row without its text column, an
+    empty set, a guard that needs references on a set without them)."""
+    ctx.eval_sets  # noqa: B018 - read and checked now, before a run exists
     if ctx.study.eval.backend != "transformers":
         check_backend_available(ctx.study.eval, ctx.head, ctx.study_dir / STUDY_FILE)
 
@@ -167,7 +172,10 @@ def evaluate_into(
     check_examples: list[Example] | None = None,
     beat: Any = None,
 ) -> dict[str, Any]:
-    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary.
+    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary; then generate each of
+    ``eval.sets`` with the same model and procedure, once, after the split's first pass
+    (:func:`tuneproof.evaluation.eval_sets.evaluate_sets`: ``sets/<name>/outputs.jsonl``, their sha256 in the summary,
+    ``eval.json``'s ``sets``) before ``eval.json``.
 
     ``required_fields`` / ``eval_cfg`` score with another definition than the study file's
     (``test`` scores with the hypothesis frozen before training); prediction always follows the study.
@@ -189,26 +197,38 @@ def evaluate_into(
     seeds = [sampling_seed(ev.seed, r) if ev.do_sample and n_rep > 1 else None for r in range(n_rep)]
     label = (lambda r: f"{what} (repeat {r + 1} of {n_rep})") if n_rep > 1 else (lambda r: what)
     t0 = time.perf_counter()
-    progress = EvalProgress(run.dir, len(examples), repeats=n_rep)  # where a killed evaluation stopped
+    # where a killed evaluation stopped (compare says so); eval.sets are generated after the split's first pass, in
+    # the same count
+    progress = EvalProgress(run.dir, len(examples) + sum(len(s.examples) for s in ctx.eval_sets), repeats=n_rep)
+    if ev.backend == "vllm":
+        served = served or served_paths(ctx, None)
+    else:
+        import transformers  # noqa: PLC0415 - transformers loads only when evaluate_into() runs
+
+        run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
+
+    def generate(items: list[Example], label: str, raw_out: list[str]) -> list[str]:
+        """The study's one procedure on ``items`` (the split, then each of eval.sets)."""
+        if ev.backend == "vllm":
+            return predict_served(
+                ctx, run, model, items, label, served, check_examples, on_progress=progress, raw_out=raw_out
+            )
+        return predict(ctx, model, items, label, on_progress=progress, raw_out=raw_out)
+
     raw: list[str] = []  # the generations before eval.answer_from parsed them (empty for a classifier)
     if beat is not None and n_rep > 1:
         beat.update(f"evaluating {len(examples)} examples, repeat 1 of {n_rep}")
     try:
-        if ev.backend == "vllm":
-            served = served or served_paths(ctx, None)
-            preds = predict_served(
-                ctx, run, model, examples, what, served, check_examples, on_progress=progress, raw_out=raw
-            )
-        else:
-            import transformers  # noqa: PLC0415 - transformers loads only when evaluate_into() runs
-
-            run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
-            seed_sampling(seeds[0])
-            preds = predict(ctx, model, examples, label(0), on_progress=progress, raw_out=raw)
+        seed_sampling(seeds[0])
+        preds = generate(examples, label(0), raw)
     finally:
         progress.flush()
     scoring = task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg, examples=examples)
     records, metrics = get_task(ctx.task).score(_rows(examples, preds, raw), scoring)
+    try:  # eval.sets: the same model, prompt and decoding; outputs bound to the run like outputs.jsonl
+        sets = evaluate_sets(ctx, run, generate, what)
+    finally:
+        progress.flush()
     noise = None
     if n_rep > 1:
         repeats = [(records, metrics)]
@@ -218,13 +238,13 @@ def evaluate_into(
                 beat.update(f"evaluating {len(examples)} examples, repeat {r + 1} of {n_rep}")
             order = repeat_order(len(examples), r, ev.seed)
             shuffled = [examples[i] for i in order]
-            progress = EvalProgress(run.dir, len(examples), repeat=r + 1, repeats=n_rep)
+            rep_progress = EvalProgress(run.dir, len(examples), repeat=r + 1, repeats=n_rep)
             raw_r: list[str] = []
             try:
                 seed_sampling(seeds[r])
-                got = predict(ctx, model, shuffled, label(r), progress, raw_r, sort_by_length=False)
+                got = predict(ctx, model, shuffled, label(r), rep_progress, raw_r, sort_by_length=False)
             finally:
-                progress.flush()
+                rep_progress.flush()
             back, raw_back = [""] * len(examples), [""] * len(raw_r)
             for k, i in enumerate(order):  # the canonical order again, so the repeats pair example by example
                 back[i] = got[k]
@@ -261,6 +281,7 @@ def evaluate_into(
             "metrics": metrics,
             "base_weights": base_weights,
             **({"repeats": n_rep} if n_rep > 1 else {}),
+            **({"sets": sets} if sets else {}),
         },
     )
     run.set(eval_fingerprint=efp["hash"])

@@ -17,7 +17,10 @@ Features:
   measurable, against the hypothesis frozen with the first train run (``hypothesis.frozen.json``);
   when the study file's hypothesis differs, the change is shown key by key and both verdicts are
   given; ``--use-edited-hypothesis REASON`` judges against the edited one (the reason is recorded
-  in ``compare.json`` and ``hypothesis.overrides.jsonl``, and shown in the dossier).
+  in ``compare.json`` and ``hypothesis.overrides.jsonl``, and shown in the dossier);
+- ``eval.sets``: per set, the agreement of the candidate's outputs with the baseline's and, where the set has
+  references, the task's metrics with paired bootstrap CIs (``compare.json``'s ``sets``), judged by the guards
+  that name a set (``hypothesis.guards[].set``, docs/eval-sets.md).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
+from tuneproof.evaluation.eval_sets import compare_sets, set_lines
 from tuneproof.evaluation.fingerprint import diff_fingerprints
 from tuneproof.evaluation.noise import comparison_floor, flips_text, noise_decided_text, read_noise
-from tuneproof.evaluation.outputs import check_complete
+from tuneproof.evaluation.outputs import SET_OUTPUTS_KEY, check_complete
 from tuneproof.evaluation.recording import load_outputs
 from tuneproof.evaluation.screen import fmt_p, guard_lines, metric_short
 from tuneproof.io import read_json
@@ -56,9 +60,28 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
     )
 
 
-def _paired(ctx: StudyContext, base_out: list, out: list, view: dict, noise: dict | None = None) -> dict:
+def _paired(
+    ctx: StudyContext, base_out: list, out: list, view: dict, noise: dict | None = None, recs: tuple | None = None
+) -> dict:
     """The paired comparison scored and judged under one hypothesis view (frozen or edited); ``noise``: both
-    runs' noise floors (:func:`tuneproof.evaluation.noise.comparison_floor`)."""
+    runs' noise floors (:func:`tuneproof.evaluation.noise.comparison_floor`); ``recs`` (``(baseline record,
+    candidate record)``) adds the comparison on each of the study's ``eval.sets`` that both runs recorded
+    (:func:`tuneproof.evaluation.eval_sets.compare_sets`)."""
+    sets = None
+    if recs is not None and ctx.study.eval.sets:
+        recorded = [set((r.summary or {}).get(SET_OUTPUTS_KEY) or {}) for r in recs]
+        names = [s.name for s in ctx.study.eval.sets if all(s.name in got for got in recorded)]
+        sets = compare_sets(
+            ctx.registry.runs_dir,
+            *recs,
+            names,
+            task=ctx.task,
+            required_fields=view["required_fields"],
+            eval_cfg=hyp.eval_for(view, ctx.study.eval),
+            iterations=ctx.study.eval.bootstrap_iterations,
+            seed=ctx.study.eval.seed,
+            labels=task_config(ctx).labels,
+        )
     result = paired_compare(
         base_out,
         out,
@@ -70,6 +93,7 @@ def _paired(ctx: StudyContext, base_out: list, out: list, view: dict, noise: dic
         seed=ctx.study.eval.seed,
         labels=task_config(ctx).labels,
         noise=noise,
+        sets=sets,
     )
     result["hypothesis_hash"], result["scoring"] = hyp.view_hash(view), hyp.scoring(view)
     return result
@@ -153,11 +177,11 @@ def run_compare(
             cand_noise = read_noise(ctx.registry.runs_dir / rec.id, rec)
             if base_noise is not None or cand_noise is not None:
                 noise = comparison_floor(base_noise, cand_noise, base_rec.id, rec.id)
-            result = _paired(ctx, base_out, out, judging.primary, noise)
+            result = _paired(ctx, base_out, out, judging.primary, noise, (base_rec, rec))
             if judging.other is not None:
                 alt = hyp.rejudge(result, judging.other)  # same scoring: judge the same numbers
                 if alt is None:  # required fields or format rule changed: score again
-                    other = _paired(ctx, base_out, out, judging.other, noise)
+                    other = _paired(ctx, base_out, out, judging.other, noise, (base_rec, rec))
                     alt = (other["verdicts"], other["overall"])
                 result["alternative"] = {
                     "hypothesis": judging.other_name,
@@ -272,6 +296,8 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json", against: st
             "metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows
         )
     )
+    for line in set_lines(r.get("sets") or {}):  # eval.sets: agreement and reference metrics per set
+        console.print(user_text(line), soft_wrap=True)
     for v in r.get("verdicts", []):
         color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
         lines = guard_lines(v, where)

@@ -221,7 +221,8 @@ def measured_rate(ctx: StudyContext, kinds: tuple[str, ...], parent: str | None 
 def estimate_line(ctx: StudyContext, cand: str, n: int, whole: int, base_pass: bool, reused: dict | None) -> str:
     """The line printed before the test split is read: how many examples (and the cap), the passes,
     and their time from the measured throughput of the study's evaluations (the candidate's own eval
-    run first, else the baseline's; seconds per pass = ``n`` / examples per second), e.g.
+    run first, else the baseline's; seconds per pass = ``n`` / examples per second; the prompts of ``eval.sets``
+    once more, for the candidate), e.g.
     ``test: 60 of 3080 'test' examples (eval.max_examples 60, class-balanced); 2 passes (r0004, then
     the base model to pair with): about 2 min 10 s (r0005 evaluated 0.92 examples/s)``. With ``eval.repeat: N`` the
     candidate's pass counts N times (``r0004 x 3 repeats (eval.repeat)``); a run's recorded rate is predictions
@@ -243,9 +244,13 @@ def estimate_line(ctx: StudyContext, cand: str, n: int, whole: int, base_pass: b
         ctx, ("baseline", "eval", "test")
     )
     what = f"{len(passes)} pass{'es' if len(passes) > 1 else ''} ({', then '.join(passes)})"
+    extra = sum(len(s.examples) for s in ctx.eval_sets)  # eval.sets: the candidate generates them after the split
+    if extra:
+        what += f" + {extra} prompts of eval.sets"
     if rate is None:
         return f"{head}; {what}: no evaluation of this study measured yet, no estimate"
-    seconds = (len(passes) - 1 + repeat) * n / rate[0]  # the candidate's pass repeated, the pairing's once
+    # the candidate's pass repeated, the pairing's once; eval.sets generated once
+    seconds = ((len(passes) - 1 + repeat) * n + extra) / rate[0]
     return f"{head}; {what}: about {duration(seconds)} ({rate[1]} evaluated {rate[0]:.3g} examples/s)"
 
 

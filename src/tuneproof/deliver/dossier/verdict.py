@@ -7,6 +7,7 @@ from collections import Counter
 
 from tuneproof.deliver.dossier.blocks import NOT_RUN, _ci, _fmt, _paragraph, _table
 from tuneproof.deliver.dossier.delivery import _bundle, _rental_line
+from tuneproof.deliver.dossier.eval_sets import set_guard_blocks
 from tuneproof.deliver.dossier.evidence import (
     _RESCORE,
     _Evidence,
@@ -64,6 +65,7 @@ def _summary(ev: _Evidence) -> list[dict]:
             }
         )
         blocks.append(criteria_table(verdicts))
+        blocks += set_guard_blocks(verdicts)  # a guard on eval.sets that decided the verdict, with its numbers
         for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse
             if (first.get(key) or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the {who} {first[key]['detail']}"})
@@ -182,7 +184,7 @@ def criteria_table(verdicts: list[dict]) -> dict:
     which multiplicity correction decided (Holm, with the uncorrected verdict beside it)."""
     rows = []
     for v in verdicts:
-        shown = guard_lines(v)[0] if v.get("items") else ""
+        shown = guard_lines(v)[0] if v.get("items") else (v.get("detail") or "") if v.get("set") else ""
         corr = v.get("correction") or {}
         if corr.get("method") == "holm":  # the verdict used a multiplicity correction: say so, uncorrected beside
             unc = corr.get("failing_uncorrected") or []

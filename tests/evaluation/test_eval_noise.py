@@ -283,6 +283,7 @@ def test_the_test_reads_estimate_counts_every_repeat_of_the_candidate():
     ctx = SimpleNamespace(
         study=SimpleNamespace(data=SimpleNamespace(test_split="test"), eval=Eval(repeat=3)),
         registry=SimpleNamespace(list=lambda: [rec]),
+        eval_sets=[],
     )
     line = estimate_line(ctx, "r0003", 60, 60, True, None)
     # (3 repeats of the candidate + 1 pass of the base model) x 60 examples / 2 per second = 120 s

@@ -329,6 +329,30 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
     assert "INCOMPLETE" in md and f"runs/{eval_id}/sets/general/outputs.jsonl" in md
 
 
+def test_with_eval_repeat_the_sets_are_generated_once_and_the_repeats_cover_the_split(tmp_path, tiny_base):
+    study = make_study(tmp_path / "s", tiny_base, prepare=False)
+    _set_file(study)
+    _with_sets(study, [GENERAL_SET])
+    raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    raw["eval"]["repeat"] = 2
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    from tiny_study import prepare_study
+
+    ids = prepare_study(study)
+    ctx = StudyContext.open(study)
+    base = ctx.registry.get(ids["baseline"])
+    assert base.status == "completed"
+    run_dir = ctx.registry.runs_dir / base.id
+    rows = (run_dir / "sets" / "general" / "outputs.jsonl").read_text().splitlines()
+    assert len(rows) == 5 and base.summary["set_outputs_sha256"]["general"] == sha256_file(
+        run_dir / "sets" / "general" / "outputs.jsonl"
+    )
+    noise = json.loads((run_dir / "noise.json").read_text())
+    assert len(noise["orders"]) == 2 and all(sorted(o["order"]) == list(range(6)) for o in noise["orders"])
+    ev = json.loads((run_dir / "eval.json").read_text())
+    assert (ev["n"], ev["repeats"], ev["sets"]["general"]["n"]) == (6, 2, 5)
+
+
 def _same_procedure(ctx, baseline_id: str) -> None:
     """What train checks (recipes/protocol.py): the baseline's fingerprint against the study's."""
     from tuneproof.evaluation.fingerprint import diff_fingerprints, study_eval_fingerprint

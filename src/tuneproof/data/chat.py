@@ -1,15 +1,25 @@
 """Chat data (``format: chat``): one conversation per row, read into one
 :class:`~tuneproof.data.examples.Example`, and rendered back into the message list a chat template takes.
 
-A row holds its turns under ``messages`` (``[{"role": ..., "content": ...}]``, roles ``system``,
-``user``, ``assistant``: the layout of the OpenAI chat API and of Hugging Face chat templates) or
-under ShareGPT's ``conversations`` (``[{"from": ..., "value": ...}]``, ``from`` ``system``,
-``human``, ``gpt``), read by the same code (``data.chat.messages`` names another key). The example:
+A row holds its turns in one of :data:`LAYOUTS` (tried in order; ``data.chat.messages`` names another key
+holding a list of turns):
+
+- ``messages`` (``[{"role": ..., "content": ...}]``: the OpenAI chat API's and Hugging Face chat templates'
+  layout, TRL's conversational language-modeling rows);
+- ShareGPT's ``conversations`` (``[{"from": ..., "value": ...}]``);
+- TRL's prompt-completion rows: standard (``prompt`` and ``completion`` two strings: one user turn and its
+  answer, as ``format: jsonl`` with ``fields: {text: prompt, target: completion}`` reads them) or
+  conversational (``prompt`` a list of messages, ``completion`` a list of the one assistant message).
+
+Role spellings (:data:`ROLE_SPELLINGS`, any case) map to ``system``, ``user``, ``assistant`` or ``tool``; a
+content given as a list of parts is its text parts joined by a newline (:data:`PART_SEPARATOR`), a non-text part
+(an image) refuses the row naming it. Tool turns (a tool's result; an assistant's ``tool_calls`` or ShareGPT's
+``function_call``) are prompt context: the data check refuses them when the chat template drops them. The example:
 
 - ``target``: the final assistant turn (what evaluation judges);
 - ``text``: the user turn just before it (``eval.prompt.template`` is applied to it);
 - ``context``: the row's own system message, when it has one (it replaces ``eval.prompt.system``
-  for that row), then every earlier user and assistant turn, in order: prompt context.
+  for that row), then every earlier user, assistant and tool turn, in order: prompt context.
 
 ``data.chat.train_on``: ``last`` supervises the final assistant turn only; ``all_assistant`` also
 supervises every earlier assistant turn, each with its end-of-turn token, at the place it has in
@@ -17,12 +27,16 @@ the rendered conversation (:func:`context_answer_spans`); evaluation still judge
 
 A row is refused (all refused rows of a file named in one error, :class:`~tuneproof.data.rows.BadRows`)
 when its turns are missing or not a list, a turn is not an object or lacks its role or content, a
-role is unknown, a content is empty or not a string, a system message is not the first turn, the
-last turn is not an assistant's, or the turn before it is not a user's.
+role is unknown, a content is empty or holds a non-text part, a system message is not the first turn, the
+last turn is not an assistant's answer (a tool call is not one), or the turn before it is not a user's; a
+preference row (``chosen``/``rejected``) or a prompt-only row is refused with the way on.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tuneproof.data.examples import Example
@@ -30,23 +44,97 @@ from tuneproof.errors import TuneproofError
 from tuneproof.study import render_prompt
 from tuneproof.ui import visible_text
 
-#: roles of the ``messages`` layout
-ROLES = ("system", "user", "assistant")
-#: ShareGPT's ``from`` values and the role each means (the chat roles are accepted there too)
-SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant"}
-#: keys looked up for the turns when ``data.chat.messages`` is not set, in this order
-MESSAGE_KEYS = ("messages", "conversations")
+#: the roles a parsed turn has (``tool``: a tool's result, kept as prompt context)
+ROLES = ("system", "user", "assistant", "tool")
+#: role spellings found in chat data and the role each means, matched case-insensitively in both layouts: the
+#: chat roles; ShareGPT's ``human``/``gpt``/``observation`` (LLaMA-Factory's ShareGPT adds ``function_call``, an
+#: assistant's tool call, and ``observation``, the tool's result); Gemma's ``model``; ``bot``; OpenAI's older
+#: ``function``; Llama-3.1's ``ipython`` (a tool's output)
+ROLE_SPELLINGS = {
+    "system": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "function_call": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "ipython": "tool",
+}
+#: spellings whose content is an assistant's tool call (``{"name", "arguments"}`` as JSON text), read into the
+#: message's ``tool_calls`` the way Hugging Face chat templates take it
+TOOL_CALL_SPELLINGS = ("function_call",)
+#: content-part types read as text: the chat API's ``text``, the Responses API's ``input_text`` / ``output_text``
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+#: what joins a turn's text parts (as vLLM joins a message's text parts into one string content)
+PART_SEPARATOR = "\n"
 _HINT = "fix the row, or set data.chat.messages to the key holding the turns"
 
 
-def _turn(raw: Any, where: str, key: str, k: int, max_chars: int) -> dict[str, str]:
-    at = f"{where}: {key}[{k}]"
+def _content_text(content: Any, at: str, role: str) -> str:
+    """A turn's content as text: a string as is, a list of content parts (``[{"type": "text", "text": ...}]``)
+    joined by :data:`PART_SEPARATOR` when every part is text.
+
+    Raises:
+        TuneproofError: a part that is not text (an image, audio, a file), named with its index and type.
+    """
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        shown = "no content" if content is None else f"a {type(content).__name__} content, not text"
+        raise TuneproofError(f"{at} ({role}) has {shown}", hint="every turn needs a text content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(part, str):
+            texts.append(part)
+        elif kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            what = f"a {kind!r} part" if kind else f"a {type(part).__name__} part without a type"
+            raise TuneproofError(
+                f"{at}.content[{j}] ({role}) is {what}: only text parts ({', '.join(TEXT_PART_TYPES)}) are trained",
+                hint="tuneproof fine-tunes on text; drop the row or its non-text parts",
+            )
+    return PART_SEPARATOR.join(texts)
+
+
+def _tool_calls(raw: dict[str, Any], content: str, at: str, spelled: str) -> list[dict[str, Any]] | None:
+    """An assistant's tool calls: the message's own ``tool_calls``, or a ``function_call`` turn's content
+    (``{"name", "arguments"}`` JSON) as one call; None when the turn calls nothing.
+
+    Raises:
+        TuneproofError: a ``function_call`` content that is not such JSON, or ``tool_calls`` not a list.
+    """
+    if spelled in TOOL_CALL_SPELLINGS:
+        try:
+            call = json.loads(content)
+        except json.JSONDecodeError:
+            call = None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise TuneproofError(
+                f"{at} ({spelled}) is not a JSON object with the tool's name and arguments",
+                hint='write the call as {"name": ..., "arguments": {...}}, or drop the row',
+            )
+        return [{"type": "function", "function": {"name": call["name"], "arguments": call.get("arguments", {})}}]
+    calls = raw.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list) or not calls:
+        raise TuneproofError(f"{at}.tool_calls is not a list of calls", hint="fix the row")
+    return calls
+
+
+def _turn(raw: Any, at: str, max_chars: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise TuneproofError(f"{at} is {type(raw).__name__}, not an object with role and content", hint=_HINT)
     if "role" in raw or "content" in raw:
-        role_key, content_key, known = "role", "content", dict(zip(ROLES, ROLES))
+        role_key, content_key = "role", "content"
     elif "from" in raw or "value" in raw:
-        role_key, content_key, known = "from", "value", SHAREGPT_ROLES
+        role_key, content_key = "from", "value"
     else:
         raise TuneproofError(
             f"{at} has no role (keys: {', '.join(map(str, raw)) or 'none'}; "
@@ -55,66 +143,165 @@ def _turn(raw: Any, where: str, key: str, k: int, max_chars: int) -> dict[str, s
         )
     if role_key not in raw:
         raise TuneproofError(f"{at} has no '{role_key}'", hint=_HINT)
-    role = raw[role_key]
-    if role not in known:
+    spelled = raw[role_key]
+    key = spelled.strip().casefold() if isinstance(spelled, str) else None
+    if key not in ROLE_SPELLINGS:
         raise TuneproofError(
-            f"{at}: unknown role {role!r} (known: {', '.join(known)})",
-            hint="only system, user and assistant turns are trained; drop or rename the other turns",
+            f"{at}: unknown role {spelled!r} (known, any case: {', '.join(ROLE_SPELLINGS)})",
+            hint="rename the turn's role to one of these, or drop the row",
         )
+    role = ROLE_SPELLINGS[key]
     content = raw.get(content_key)
-    if not isinstance(content, str):
-        shown = "no content" if content is None else f"a {type(content).__name__} content, not text"
-        raise TuneproofError(f"{at} ({role}) has {shown}", hint="every turn needs a text content")
-    if not content.strip():
+    if role == "assistant" and content is None and raw.get("tool_calls") is not None:
+        content = ""  # an assistant message that only calls tools (the chat API's content null)
+    content = _content_text(content, at, role)
+    calls = _tool_calls(raw, content, at, key) if role == "assistant" else None
+    if key in TOOL_CALL_SPELLINGS:
+        content = ""
+    if not content.strip() and not calls:
         raise TuneproofError(f"{at} ({role}) has an empty content", hint="fill or drop the row")
     if len(content) > max_chars:
         raise TuneproofError(
             f"{at} ({role}) is {len(content):,} characters, over data.max_chars {max_chars:,}",
             hint="fix the row, or raise data.max_chars in tuneproof.yaml",
         )
-    return {"role": known[role], "content": content}
+    turn: dict[str, Any] = {"role": role, "content": content}
+    if calls:
+        turn["tool_calls"] = calls
+    if role == "tool" and isinstance(raw.get("name"), str):
+        turn["name"] = raw["name"]
+    return turn
 
 
-def parse_turns(row: dict[str, Any], where: str, key: str | None, max_chars: int) -> list[dict[str, str]]:
-    """The turns of one row as ``[{"role", "content"}]`` (ShareGPT's ``from``/``value`` mapped to roles).
+def _list_of_turns(row: dict[str, Any], name: str, where: str) -> list[tuple[str, Any]]:
+    raw = row[name]
+    if not isinstance(raw, list) or not raw:
+        what = "an empty list" if isinstance(raw, list) else f"{type(raw).__name__}, not a list of turns"
+        raise TuneproofError(f"{where}: '{name}' is {what}", hint=_HINT)
+    return [(f"{where}: {name}[{k}]", t) for k, t in enumerate(raw)]
+
+
+def _prompt_completion(row: dict[str, Any], where: str) -> list[tuple[str, Any]]:
+    """TRL's prompt-completion rows: standard (two strings: one user turn, one assistant answer) or
+    conversational (``prompt`` a list of messages, ``completion`` a list holding the one assistant answer)."""
+    prompt, completion = row["prompt"], row["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return [
+            (f"{where}: prompt", {"role": "user", "content": prompt}),
+            (f"{where}: completion", {"role": "assistant", "content": completion}),
+        ]
+    if isinstance(prompt, list) and isinstance(completion, list):
+        if len(completion) != 1:
+            raise TuneproofError(
+                f"{where}: 'completion' holds {len(completion)} messages, not the one assistant answer",
+                hint="each row trains and judges one answer: move the earlier messages into 'prompt'",
+            )
+        return _list_of_turns(row, "prompt", where) + [(f"{where}: completion[0]", completion[0])]
+    kinds = f"{type(prompt).__name__} and {type(completion).__name__}"
+    raise TuneproofError(
+        f"{where}: 'prompt' and 'completion' are {kinds}: both strings (standard) or both lists of messages "
+        "(conversational)",
+        hint="fix the row",
+    )
+
+
+def _refused(reason: str, hint: str) -> Callable[[dict[str, Any], str], list[tuple[str, Any]]]:
+    def read(_row: dict[str, Any], where: str) -> list[tuple[str, Any]]:
+        raise TuneproofError(f"{where}: {reason}", hint=hint)
+
+    return read
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """One layout of conversation rows: a row holding all of ``keys`` is read by ``read(row, where)`` into
+    ``[(where it is, raw turn)]`` (every layout's turns then pass the same checks)."""
+
+    name: str
+    keys: tuple[str, ...]
+    read: Callable[[dict[str, Any], str], list[tuple[str, Any]]]
+
+
+#: the layouts ``format: chat`` reads, tried in this order (``data.chat.messages`` names another turns key); the
+#: last rows name layouts that hold no single answer to train, with the way on
+LAYOUTS = (
+    RowLayout("messages", ("messages",), lambda row, where: _list_of_turns(row, "messages", where)),
+    RowLayout(
+        "ShareGPT conversations", ("conversations",), lambda row, where: _list_of_turns(row, "conversations", where)
+    ),
+    RowLayout("TRL prompt-completion", ("prompt", "completion"), _prompt_completion),
+    RowLayout(
+        "TRL preference",
+        ("chosen", "rejected"),
+        _refused(
+            "a preference row (chosen and rejected answers): tuneproof fine-tunes and judges one answer per row",
+            "write the chosen answer as 'completion' beside 'prompt' (TRL's prompt-completion), or as the last "
+            "assistant message",
+        ),
+    ),
+    RowLayout(
+        "TRL prompt-only",
+        ("prompt",),
+        _refused("a prompt-only row: no answer to train or judge", "add the answer as 'completion'"),
+    ),
+)
+
+
+def row_layout(row: Any, key: str | None = None) -> str | None:
+    """The name of the layout (:data:`LAYOUTS`) a row (or the columns of a dataset) holds, else None."""
+    if key:
+        return key if key in row else None
+    return next((lay.name for lay in LAYOUTS if all(k in row for k in lay.keys)), None)
+
+
+def parse_turns(row: dict[str, Any], where: str, key: str | None, max_chars: int) -> list[dict[str, Any]]:
+    """The turns of one row as ``[{"role", "content"}]`` (role spellings mapped by :data:`ROLE_SPELLINGS`, content
+    parts joined; an assistant's tool calls kept under ``tool_calls``, a tool result's ``name`` kept).
 
     Args:
-        row: one record (a JSON object, a Parquet or ``datasets`` row).
+        row: one record (a JSON object, a Parquet or ``datasets`` row), in one of :data:`LAYOUTS`.
         where: ``file:line`` (or ``file#index``) of the row, for the error.
-        key: ``data.chat.messages``; None looks up :data:`MESSAGE_KEYS`.
+        key: ``data.chat.messages``; None tries :data:`LAYOUTS`.
         max_chars: ``data.max_chars``, per turn.
 
     Raises:
         TuneproofError: the row is refused (see the module docstring); the message starts with ``where``.
     """
-    keys = (key,) if key else MESSAGE_KEYS
-    name = next((k for k in keys if k in row), None)
-    if name is None:
-        raise TuneproofError(
-            f"{where}: no {' or '.join(repr(k) for k in keys)} list of turns (keys: {', '.join(map(str, row))})",
-            hint=_HINT,
-        )
-    raw = row[name]
-    if not isinstance(raw, list) or not raw:
-        what = "an empty list" if isinstance(raw, list) else f"{type(raw).__name__}, not a list of turns"
-        raise TuneproofError(f"{where}: '{name}' is {what}", hint=_HINT)
-    turns = [_turn(t, where, name, k, max_chars) for k, t in enumerate(raw)]
+    if key:
+        if key not in row:
+            raise TuneproofError(
+                f"{where}: no {key!r} list of turns (data.chat.messages; keys: {', '.join(map(str, row))})", hint=_HINT
+            )
+        raw = _list_of_turns(row, key, where)
+    else:
+        layout = next((lay for lay in LAYOUTS if all(k in row for k in lay.keys)), None)
+        if layout is None:
+            raise TuneproofError(
+                f"{where}: no 'messages' or 'conversations' list of turns, nor 'prompt' and 'completion' "
+                f"(keys: {', '.join(map(str, row))})",
+                hint=_HINT,
+            )
+        raw = layout.read(row, where)
+    turns = [_turn(t, at, max_chars) for at, t in raw]
+    ats = [at[len(where) + 2 :] for at, _ in raw]
     for k, t in enumerate(turns):
         if t["role"] == "system" and k > 0:
             raise TuneproofError(
-                f"{where}: {name}[{k}] is a system message after the first turn",
+                f"{where}: {ats[k]} is a system message after the first turn",
                 hint="a row may have one system message, first",
             )
-    if turns[-1]["role"] != "assistant":
+    if turns[-1]["role"] != "assistant" or "tool_calls" in turns[-1]:
+        what = "a tool call" if turns[-1]["role"] == "assistant" else repr(turns[-1]["role"])
         raise TuneproofError(
-            f"{where}: the last turn ({name}[{len(turns) - 1}]) is {turns[-1]['role']!r}, not the assistant answer",
+            f"{where}: the last turn ({ats[-1]}) is {what}, not the assistant answer",
             hint="each row ends with the assistant turn to train and judge",
         )
     if len(turns) < 2 or turns[-2]["role"] != "user":
         got = turns[-2]["role"] if len(turns) >= 2 else "nothing"
         raise TuneproofError(
             f"{where}: the final assistant turn follows {got!r}, not a user turn",
-            hint="each row's final answer answers a user turn",
+            hint="each row's final answer answers a user turn (a tool result before it: end the row with a user "
+            "turn and its answer, or drop the row)",
         )
     return turns
 
@@ -299,3 +486,27 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
         "examples_with_faults": faulty,
         "line": line,
     }
+
+
+#: what a context turn of each role must leave in the rendered prompt: ``(role, what it is called, the way on
+#: besides a template that renders it)``; the text checked is the turn's content, or each tool call's name
+MARKS = (
+    ("system", "system message", "remove it"),
+    ("tool", "tool result", "drop the tool turns from the rows (they are prompt context only)"),
+)
+
+
+def rendered_marks(messages: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """``[(what, text, way on)]``: the texts of a prompt's message list that its render must hold (a system
+    message, a tool's result, the name of each tool an assistant calls); a template that drops one is a
+    data-check fault naming it (:data:`MARKS`)."""
+    out = []
+    for m in messages:
+        for role, what, way in MARKS:
+            if m.get("role") == role and str(m.get("content") or "").strip():
+                out.append((what, str(m["content"]), way))
+        for call in m.get("tool_calls") or []:
+            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+            if isinstance(name, str) and name.strip():
+                out.append(("tool call", name, "drop the tool turns from the rows (they are prompt context only)"))
+    return out

@@ -20,7 +20,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages
+from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages, rendered_marks
 from tuneproof.data.chat_template import KWARGS_KEY, TEMPLATE_KEY, ChatTemplate, special_texts, split_generation
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
@@ -473,13 +473,12 @@ class TextPipeline:
                 )
         if not self.use_chat:
             return faults
-        for m in messages:
-            content = str(m.get("content") or "").strip()
-            if m.get("role") == "system" and content and content not in prompt:
+        for what, text, way in rendered_marks(messages):
+            if text.strip() not in prompt:
                 faults.append(
-                    f"the system message '{visible(content[:60])}' does not appear in the rendered prompt (the chat "
-                    f"template drops it): it would never be seen in training or inference; set {TEMPLATE_KEY} to a "
-                    "template that renders it, or remove it"
+                    f"the {what} '{visible(text.strip()[:60])}'{where} does not appear in the rendered prompt (the "
+                    f"chat template drops it): it would never be seen in training or inference; set {TEMPLATE_KEY} to "
+                    f"a template that renders it, or {way}"
                 )
         injected = self.chat.injected(messages)
         if injected is not None:

@@ -1,0 +1,192 @@
+"""The chat data people bring (issue 30's cousins): TRL's prompt-completion rows (standard and conversational),
+contents given as a list of parts, role spellings of the wild (ShareGPT's human/gpt/observation/function_call,
+Gemma's model, capitalised roles), tool turns as prompt context (refused, naming the row, when the chat template
+drops them), and Alpaca rows through ``data.fields.text: [instruction, input]``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tinymodels import CHATML, make_tokenizer
+from tuneproof.data.examples import Example
+from tuneproof.data.preprocess import TextPipeline
+from tuneproof.data.sources import load_chat, load_hf, load_json_records, load_lines
+from tuneproof.errors import TuneproofError
+from tuneproof.study import FieldMap, Prompt
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_trl_prompt_completion_rows_standard_and_conversational(tmp_path):
+    rows = [
+        {"prompt": "The sky is", "completion": "blue."},
+        {
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What color is it?"}],
+            "completion": [{"role": "assistant", "content": "It is blue."}],
+        },
+    ]
+    exs, _ = load_chat(_jsonl(tmp_path / "pc.jsonl", rows), FieldMap())
+    assert [(e.text, e.target, e.context) for e in exs] == [
+        ("The sky is", "blue.", []),
+        ("What color is it?", "It is blue.", [{"role": "system", "content": "Be brief."}]),
+    ]
+    assert exs[1].system == "Be brief."
+
+
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [
+        (
+            {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}] * 2},
+            "pc.jsonl:1: 'completion' holds 2 messages, not the one assistant answer",
+        ),
+        (
+            {"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]},
+            "pc.jsonl:1: 'prompt' and 'completion' are str and list: both strings (standard) or both lists",
+        ),
+        (
+            {"prompt": "q", "chosen": "a", "rejected": "b"},
+            "pc.jsonl:1: a preference row (chosen and rejected answers): tuneproof fine-tunes and judges one answer",
+        ),
+        ({"prompt": "The sky is"}, "pc.jsonl:1: a prompt-only row: no answer to train or judge"),
+    ],
+)
+def test_trl_rows_without_one_answer_are_refused_with_the_way_on(tmp_path, row, says):
+    with pytest.raises(TuneproofError) as err:
+        load_chat(_jsonl(tmp_path / "pc.jsonl", [row]), FieldMap())
+    assert says in err.value.message and err.value.hint
+
+
+def test_prompt_completion_rows_read_as_flat_rows_name_format_chat(tmp_path):
+    path = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "q", "completion": "a"}])
+    with pytest.raises(TuneproofError) as err:
+        load_json_records(path, FieldMap(), lines=True)
+    assert "column 'text' not found (columns: prompt, completion)" in err.value.message
+    assert err.value.hint == "these rows are TRL prompt-completion rows: set format: chat (docs/data.md)"
+
+
+def test_a_hf_dataset_of_prompt_completion_columns_is_read_as_chat(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [
+        {"prompt": [{"role": "user", "content": f"q{i}"}], "completion": [{"role": "assistant", "content": f"a{i}"}]}
+        for i in range(2)
+    ]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    exs, _ = load_hf(tmp_path / "ds", FieldMap(), "train")
+    assert [(e.id, e.text, e.target) for e in exs] == [("train:0", "q0", "a0"), ("train:1", "q1", "a1")]
+
+
+def test_text_parts_are_joined_by_a_newline_and_a_non_text_part_is_refused_by_row(tmp_path):
+    parts = [{"type": "text", "text": "Look at this."}, {"type": "input_text", "text": "What is it?"}]
+    rows = [{"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": [parts[0]]}]}]
+    exs, _ = load_chat(_jsonl(tmp_path / "p.jsonl", rows), FieldMap())
+    assert (exs[0].text, exs[0].target) == ("Look at this.\nWhat is it?", "Look at this.")
+    image = {"type": "image_url", "image_url": {"url": "cat.png"}}
+    rows.append({"messages": [{"role": "user", "content": [parts[0], image]}, {"role": "assistant", "content": "a"}]})
+    with pytest.raises(TuneproofError) as err:
+        load_chat(_jsonl(tmp_path / "p.jsonl", rows), FieldMap())
+    assert err.value.message == (
+        f"{tmp_path / 'p.jsonl'}:2: messages[0].content[1] (user) is a 'image_url' part: only text parts "
+        "(text, input_text, output_text) are trained"
+    )
+
+
+def test_role_spellings_of_the_wild_map_to_the_chat_roles(tmp_path):
+    rows = [
+        {
+            "conversations": [
+                {"from": "System", "value": "S"},
+                {"from": "HUMAN", "value": "q"},
+                {"from": "gpt", "value": "a"},
+            ]
+        },
+        {"messages": [{"role": "User", "content": "q"}, {"role": "model", "content": "a"}]},
+        {"conversations": [{"from": "user", "value": "q"}, {"from": "bot", "value": "a"}]},
+    ]
+    exs, _ = load_chat(_jsonl(tmp_path / "r.jsonl", rows), FieldMap())
+    assert [(e.system, e.text, e.target) for e in exs] == [("S", "q", "a"), (None, "q", "a"), (None, "q", "a")]
+
+
+SHAREGPT_TOOLS = {
+    "conversations": [
+        {"from": "human", "value": "weather in Rome?"},
+        {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Rome"}})},
+        {"from": "observation", "value": "sunny, 21 C"},
+        {"from": "human", "value": "so, shorts?"},
+        {"from": "gpt", "value": "yes"},
+    ]
+}
+
+
+def test_tool_turns_are_prompt_context_with_the_call_as_tool_calls(tmp_path):
+    (ex,), _ = load_chat(_jsonl(tmp_path / "t.jsonl", [SHAREGPT_TOOLS]), FieldMap())
+    assert ex.context == [
+        {"role": "user", "content": "weather in Rome?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}],
+        },
+        {"role": "tool", "content": "sunny, 21 C"},
+    ]
+    bad = {"conversations": [*SHAREGPT_TOOLS["conversations"][:4], {"from": "function_call", "value": "{}"}]}
+    with pytest.raises(TuneproofError, match=r"t.jsonl:1: conversations\[4\] \(function_call\) is not a JSON object"):
+        load_chat(_jsonl(tmp_path / "t.jsonl", [bad]), FieldMap())
+
+
+TOOLS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    "<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}</tool_call>{% endfor %}{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_renders_tool_turns_keeps_them_and_one_that_drops_them_is_a_fault_naming_the_row(tmp_path):
+    (ex,), _ = load_chat(_jsonl(tmp_path / "t.jsonl", [SHAREGPT_TOOLS]), FieldMap())
+    renders = TextPipeline(make_tokenizer(TOOLS_TEMPLATE), Prompt(), 256)
+    enc = renders.encode(ex)
+    assert enc.faults == [] and "sunny, 21 C" in enc.text and "<tool_call>get_weather" in enc.text
+    drops = TextPipeline(make_tokenizer(CHATML), Prompt(), 256)  # renders the content only: the call is lost
+    assert drops.encode(ex).faults == [
+        f"the tool call 'get_weather' (row {tmp_path / 't.jsonl'}:1) does not appear in the rendered prompt (the chat "
+        "template drops it): it would never be seen in training or inference; set model.chat_template to a template "
+        "that renders it, or drop the tool turns from the rows (they are prompt context only)"
+    ]
+
+
+def test_a_row_ending_in_a_tool_call_or_after_a_tool_result_is_refused(tmp_path):
+    ends_in_call = {"conversations": SHAREGPT_TOOLS["conversations"][:2]}
+    after_tool = {"conversations": [*SHAREGPT_TOOLS["conversations"][:3], {"from": "gpt", "value": "yes"}]}
+    with pytest.raises(TuneproofError) as err:
+        load_chat(_jsonl(tmp_path / "t.jsonl", [ends_in_call, after_tool]), FieldMap())
+    assert "t.jsonl:1: the last turn (conversations[1]) is a tool call, not the assistant answer" in err.value.message
+    assert "t.jsonl:2: the final assistant turn follows 'tool', not a user turn" in err.value.message
+
+
+def test_alpaca_rows_join_instruction_and_input_with_a_blank_line(tmp_path):
+    rows = [
+        {"instruction": "Give the capital.", "input": "France", "output": "Paris"},
+        {"instruction": "Say hello.", "input": "", "output": "hello"},
+    ]
+    exs, _ = load_json_records(
+        _jsonl(tmp_path / "a.jsonl", rows), FieldMap(text=["instruction", "input"], target="output"), lines=True
+    )
+    assert [(e.text, e.target) for e in exs] == [("Give the capital.\n\nFrance", "Paris"), ("Say hello.", "hello")]
+    with pytest.raises(TuneproofError, match=r"a.jsonl:2: column 'context' not found"):
+        load_json_records(tmp_path / "a.jsonl", FieldMap(text=["instruction", "context"], target="output"), lines=True)
+    with pytest.raises(TuneproofError, match="format lines reads the text from one file, not a list of columns"):
+        load_lines(tmp_path, FieldMap(text=["a", "b"]))
+    with pytest.raises(ValueError, match="each once"):
+        FieldMap(text=["input", "input"])
+
+
+def test_the_alpaca_text_reaches_the_prompt_whole(tmp_path):
+    ex = Example("a", "Give the capital.\n\nFrance", target="Paris")
+    pipe = TextPipeline(make_tokenizer(), Prompt(), 128)
+    assert "<|im_start|>user\nGive the capital.\n\nFrance<|im_end|>" in pipe.prompt_text(ex)

@@ -133,7 +133,8 @@ class Source(_Strict):
     ] = Field(
         description="file format or a built-in dataset reader; chat: one conversation per row (messages, "
         "ShareGPT conversations or TRL prompt/completion) in .jsonl/.json/.parquet; "
-        "hf: a datasets folder or a dataset id + revision; lines: a split folder of line-aligned files (seq.in, label); "
+        "hf: a datasets folder or a dataset id + revision; "
+        "lines: a split folder of line-aligned files (seq.in, label); "
         "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows"
     )
     split: str | None = Field(

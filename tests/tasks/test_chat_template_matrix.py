@@ -237,3 +237,80 @@ def test_chat_examples_with_earlier_turns_and_their_own_system_message(family):
     ]
     recs, metrics = get_task("extraction").score(records, TaskConfig.make(["intent", "slots"]))
     assert all(r["correct"] for r in recs) and metrics["field_f1"] == 1.0, (name, preds)
+
+
+MULTI_TURN = Example(
+    id="m0",
+    text="book a table for two in Paris tonight",
+    target=json.dumps({"intent": "BookRestaurant", "slots": {"city": "Paris"}}),
+    source="chat.jsonl:3",
+    context=[
+        {"role": "user", "content": "what is the weather in Rome tomorrow"},
+        {"role": "assistant", "content": json.dumps({"intent": "GetWeather", "slots": {}})},
+    ],
+)
+
+
+def test_every_assistant_turn_supervised_with_one_end_of_turn_or_refused_naming_train_on_last(family):
+    name, fam, tok = family
+    pipe = _pipeline(fam, tok, **fam.fix)
+    pipe.train_on = "all_assistant"
+    enc = pipe.encode(MULTI_TURN)
+    if enc.faults:  # a template that renders history unlike a fresh answer (harmony's <|end|> vs <|return|>)
+        assert all("set data.chat.train_on: last" in f and "\n" not in f for f in enc.faults), (name, enc.faults)
+        return
+    eot = tok.convert_tokens_to_ids(fam.end_of_turn)
+    in_prompt = [lab for lab in enc.labels[: enc.prompt_tokens] if lab != IGNORE_INDEX]
+    earlier = MULTI_TURN.context[1]["content"]
+    assert in_prompt[-1] == eot and in_prompt.count(eot) == 1 and enc.context_supervised == len(in_prompt), name
+    assert tok.decode(in_prompt[:-1]).strip() == earlier, name
+    final = [lab for lab in enc.labels[enc.prompt_tokens :] if lab != IGNORE_INDEX]
+    assert final.count(eot) == 1 and tok.decode(final[enc.before_tokens : -1]).strip() == MULTI_TURN.target
+
+
+def test_a_template_that_writes_the_bos_gives_one_bos_where_the_tokenizer_adds_its_own(family):
+    name, fam, tok = family
+    if fam.bos is None or "bos_token" not in fam.template:
+        pytest.skip("the template writes no bos")
+    bos = tok.convert_tokens_to_ids(fam.bos)
+    pipe = _pipeline(fam, tok, **fam.fix)
+    enc = pipe.encode(EXAMPLES[0])
+    assert enc.input_ids[0] == bos and enc.input_ids[1] != bos, name  # the template's one bos, not two
+    if fam.add_bos:  # the tokenizer would add a second one if the prompt were tokenised with special tokens
+        assert tok(pipe.prompt_text(EXAMPLES[0]))["input_ids"][:2] == [bos, bos]
+    # what generation is given: the prompt's own tokens (add_special_tokens=False), so one bos there too
+    model = _model(tok, stop=pipe.stop_ids[-1])
+    seen = []
+    model.script = {}
+    original = model.forward
+
+    def spy(input_ids=None, **kw):
+        if input_ids.shape[1] > 1:
+            seen.append(input_ids[0].tolist())
+        return original(input_ids=input_ids, **kw)
+
+    model.forward = spy
+    generate_prompts(
+        model,
+        tok,
+        [pipe.prompt_text(EXAMPLES[0])],
+        Eval(max_new_tokens=2, batch_size=1),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        stop_ids=pipe.stop_ids,
+    )
+    assert (
+        seen and seen[0][:2] == enc.input_ids[:2] and seen[0][: enc.prompt_tokens] == enc.input_ids[: enc.prompt_tokens]
+    )
+
+
+def test_granite_writes_todays_date_without_a_system_message_and_the_pinned_clock_fixes_it():
+    fam = FAMILIES["granite-3"]
+    tok = family_tokenizer(fam)
+    chat = ChatTemplate(tok)
+    faults = TextPipeline(tok, Prompt(), 512, chat=chat).encode(EXAMPLES[0]).faults
+    assert len(faults) == 1 and "injects text that changes between two renders" in faults[0]
+    assert "model.chat_template_kwargs: {strftime_now: '2026-01-31'}" in faults[0]
+    pinned = TextPipeline(tok, Prompt(), 512, chat=ChatTemplate(tok, kwargs={"strftime_now": "2026-01-31"}))
+    enc = pinned.encode(EXAMPLES[0])
+    assert enc.faults == [] and "Today's Date: January 31, 2026." in enc.text

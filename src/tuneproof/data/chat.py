@@ -418,20 +418,23 @@ def context_answer_spans(
             )
             continue
         start = len(before)
-        if not prompt_text.startswith(m["content"], start):
+        # whitespace between the generation prompt and the content (Llama-2 writes ' ' + answer after [/INST]) is
+        # supervised with the answer, as it is for the final turn
+        at = prompt_text.find(m["content"], start) if m["content"] else start
+        if at < 0 or prompt_text[start:at].strip():
             faults.append(
                 f"{turn} (train_on all_assistant): its content does not follow its generation prompt in the "
                 f"training text ('{visible_text(prompt_text[start : start + 40], one_line=True, limit=None)}'...); "
                 "set data.chat.train_on: last"
             )
             continue
-        end = start + len(m["content"])
+        end = at + len(m["content"])
         if end_token:
             e = prompt_text.find(end_token, end)
             if e < 0:
                 faults.append(
                     f"{turn} (train_on all_assistant): the end token {end_token!r} does not follow its content "
-                    "(the model would not learn to stop after it)"
+                    "(the model would not learn to stop after it); set data.chat.train_on: last"
                 )
                 continue
             end = e + len(end_token)

@@ -190,3 +190,34 @@ def test_the_alpaca_text_reaches_the_prompt_whole(tmp_path):
     ex = Example("a", "Give the capital.\n\nFrance", target="Paris")
     pipe = TextPipeline(make_tokenizer(), Prompt(), 128)
     assert "<|im_start|>user\nGive the capital.\n\nFrance<|im_end|>" in pipe.prompt_text(ex)
+
+
+def test_openai_tool_calls_with_null_content_and_the_tool_call_id_are_kept(tmp_path):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    row = {
+        "messages": [
+            {"role": "user", "content": "weather in Rome?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+            {"role": "user", "content": "shorts?"},
+            {"role": "assistant", "content": "yes"},
+        ]
+    }
+    (ex,), _ = load_chat(_jsonl(tmp_path / "o.jsonl", [row]), FieldMap())
+    assert ex.context[1] == {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert ex.context[2] == {"role": "tool", "content": "sunny", "name": "get_weather", "tool_call_id": "call_1"}
+
+
+def test_a_template_with_no_end_token_after_the_answer_names_both_ways_on():
+    alpaca = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}### Instruction:\n{{ m['content'] }}\n\n"
+        "{% elif m['role'] == 'assistant' %}### Response:\n{{ m['content'] }}\n\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}### Response:\n{% endif %}"
+    )
+    faults = TextPipeline(make_tokenizer(alpaca), Prompt(), 128).encode(Example("e", "hello world", target="a b c"))
+    assert faults.faults == [
+        "the end token '<|im_end|>' (auto: eos (the chat template puts no special token after an assistant's "
+        "content)) is not supervised (the model would never learn to stop): set model.end_of_turn to the one token "
+        "the chat template puts after an assistant's answer, or model.chat_template to a template that puts one "
+        "there (such as {{ eos_token }})"
+    ]

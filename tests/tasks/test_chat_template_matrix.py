@@ -1,13 +1,17 @@
 """Issue 30 item 6: one behavioural matrix over the chat-template layouts of the model families people fine-tune
 (``tests/chat_families.py``: Llama-3, Llama-3.2, Qwen2.5, Qwen3 with and without thinking, DeepSeek-R1 distill,
-Gemma-2/3, Mistral v0.3, Phi-3, harmony channels, SmolLM3 with and without /think).
+Gemma-2/3, Mistral v0.3, Phi-3, harmony channels, SmolLM3 with and without /think; Phi-4, Granite 3, Command-R,
+OLMo-2, Llama-2, DeepSeek-V3, Mistral v0.1, a ChatML template that raises for a system message).
 
 For each layout: either it works by default, or the data check refuses it in one line naming the key that makes it
 work; then, with that key: the supervised tokens are the answer, the text the template supervises before it (listed
 by the data check) and exactly one end-of-turn token; nothing injected (the system text, the date) is supervised;
 the tokens before the first supervised one are the inference prompt; and a model that emits exactly the supervised
 tokens scores 1.0 through the real generate, decode, parse and score path (``generate_prompts`` and the task's
-scorer). Chat data in the same matrix: a multi-turn example with its own system message, and a single-turn one.
+scorer). Chat data in the same matrix: a multi-turn example with its own system message, and a single-turn one;
+under ``train_on: all_assistant`` every earlier answer is supervised with one end-of-turn token, or the example is
+refused naming ``data.chat.train_on: last``; a template that writes the BOS gives one BOS, in training and in
+what generation is given, where the tokenizer would add its own.
 """
 
 from __future__ import annotations

@@ -67,6 +67,9 @@ ROLE_SPELLINGS = {
 #: spellings whose content is an assistant's tool call (``{"name", "arguments"}`` as JSON text), read into the
 #: message's ``tool_calls`` the way Hugging Face chat templates take it
 TOOL_CALL_SPELLINGS = ("function_call",)
+#: keys of a tool's result kept for the template (the tool's name; the id of the call it answers, which Mistral's
+#: templates read)
+TOOL_RESULT_KEYS = ("name", "tool_call_id")
 #: content-part types read as text: the chat API's ``text``, the Responses API's ``input_text`` / ``output_text``
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
 #: what joins a turn's text parts (as vLLM joins a message's text parts into one string content)
@@ -168,8 +171,9 @@ def _turn(raw: Any, at: str, max_chars: int) -> dict[str, Any]:
     turn: dict[str, Any] = {"role": role, "content": content}
     if calls:
         turn["tool_calls"] = calls
-    if role == "tool" and isinstance(raw.get("name"), str):
-        turn["name"] = raw["name"]
+    for extra in TOOL_RESULT_KEYS if role == "tool" else ():
+        if isinstance(raw.get(extra), str):
+            turn[extra] = raw[extra]
     return turn
 
 
@@ -256,7 +260,7 @@ def row_layout(row: Any, key: str | None = None) -> str | None:
 
 def parse_turns(row: dict[str, Any], where: str, key: str | None, max_chars: int) -> list[dict[str, Any]]:
     """The turns of one row as ``[{"role", "content"}]`` (role spellings mapped by :data:`ROLE_SPELLINGS`, content
-    parts joined; an assistant's tool calls kept under ``tool_calls``, a tool result's ``name`` kept).
+    parts joined; an assistant's tool calls kept under ``tool_calls``, a tool result's :data:`TOOL_RESULT_KEYS` kept).
 
     Args:
         row: one record (a JSON object, a Parquet or ``datasets`` row), in one of :data:`LAYOUTS`.

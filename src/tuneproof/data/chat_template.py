@@ -193,7 +193,7 @@ class ChatTemplate:
                 f"{self.where} fails on the messages {roles} (add_generation_prompt={add_generation_prompt}): "
                 f"{type(err).__name__}: {err}",
                 hint=f"set {KWARGS_KEY} to the variables it needs, or {TEMPLATE_KEY} to a template that renders "
-                "these roles",
+                "these roles, or leave out of the data the turns it refuses (a tool turn is prompt context only)",
             ) from None
 
     def _probe_system(self) -> str:

@@ -382,7 +382,8 @@ class TextPipeline:
                 faults.append(
                     f"the end token {self.end_token!r} ({self.chat.end_of_turn_from}) is not supervised (the model "
                     "would never learn to stop): set model.end_of_turn to the one token the chat template puts after "
-                    "an assistant's answer"
+                    f"an assistant's answer, or {TEMPLATE_KEY} to a template that puts one there (such as "
+                    "{{ eos_token }})"
                 )
         roundtrip = True
         if not faults and target and gold != target.strip():

@@ -221,3 +221,24 @@ def test_a_template_with_no_end_token_after_the_answer_names_both_ways_on():
         "the chat template puts after an assistant's answer, or model.chat_template to a template that puts one "
         "there (such as {{ eos_token }})"
     ]
+
+
+def test_a_row_level_system_prompt_is_the_rows_system_message_and_reasoning_is_never_dropped(tmp_path):
+    turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    (ex,), _ = load_chat(_jsonl(tmp_path / "s.jsonl", [{"conversations": turns, "system": "Be brief."}]), FieldMap())
+    assert ex.system == "Be brief." and (ex.text, ex.target) == ("q", "a")
+    both = {"conversations": [{"from": "system", "value": "S"}, *turns], "system": "Be brief."}
+    with pytest.raises(TuneproofError, match=r"s.jsonl:1: two system messages: the row's 'system' and conversations"):
+        load_chat(_jsonl(tmp_path / "s.jsonl", [both]), FieldMap())
+    thought = {
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "hm"}]
+    }
+    with pytest.raises(TuneproofError) as err:
+        load_chat(_jsonl(tmp_path / "s.jsonl", [thought]), FieldMap())
+    assert err.value.message.endswith(
+        "s.jsonl:1: messages[1] (assistant) has a 'reasoning_content' that would be left out of training"
+    )
+    empty = {
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": ""}]
+    }
+    assert load_chat(_jsonl(tmp_path / "s.jsonl", [empty]), FieldMap())[0][0].target == "a"

@@ -11,6 +11,9 @@ holding a list of turns):
   answer, as ``format: jsonl`` with ``fields: {text: prompt, target: completion}`` reads them) or
   conversational (``prompt`` a list of messages, ``completion`` a list of the one assistant message).
 
+A row-level ``system`` string beside the turns (LLaMA-Factory's ShareGPT) is the row's system message. A turn whose
+``reasoning_content`` (or ``reasoning``, ``thinking``) is not empty is refused: that text would not be trained.
+
 Role spellings (:data:`ROLE_SPELLINGS`, any case) map to ``system``, ``user``, ``assistant`` or ``tool``; a
 content given as a list of parts is its text parts joined by a newline (:data:`PART_SEPARATOR`), a non-text part
 (an image) refuses the row naming it. Tool turns (a tool's result; an assistant's ``tool_calls`` or ShareGPT's
@@ -67,6 +70,11 @@ ROLE_SPELLINGS = {
 #: spellings whose content is an assistant's tool call (``{"name", "arguments"}`` as JSON text), read into the
 #: message's ``tool_calls`` the way Hugging Face chat templates take it
 TOOL_CALL_SPELLINGS = ("function_call",)
+#: a row-level system prompt beside the turns (LLaMA-Factory's ShareGPT and Alpaca layouts): the row's system message
+ROW_SYSTEM_KEY = "system"
+#: turn keys holding reasoning that the message list would not carry: refused when not empty (the reasoning would be
+#: silently left out of training)
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 #: keys of a tool's result kept for the template (the tool's name; the id of the call it answers, which Mistral's
 #: templates read)
 TOOL_RESULT_KEYS = ("name", "tool_call_id")
@@ -154,6 +162,13 @@ def _turn(raw: Any, at: str, max_chars: int) -> dict[str, Any]:
             hint="rename the turn's role to one of these, or drop the row",
         )
     role = ROLE_SPELLINGS[key]
+    kept_out = next((k for k in REASONING_KEYS if raw.get(k)), None)
+    if kept_out:
+        raise TuneproofError(
+            f"{at} ({role}) has a '{kept_out}' that would be left out of training",
+            hint="write the reasoning into the answer as 'reasoning</think>answer' (docs/chat-templates.md), or drop "
+            f"the '{kept_out}' key",
+        )
     content = raw.get(content_key)
     if role == "assistant" and content is None and raw.get("tool_calls") is not None:
         content = ""  # an assistant message that only calls tools (the chat API's content null)
@@ -288,6 +303,15 @@ def parse_turns(row: dict[str, Any], where: str, key: str | None, max_chars: int
         raw = layout.read(row, where)
     turns = [_turn(t, at, max_chars) for at, t in raw]
     ats = [at[len(where) + 2 :] for at, _ in raw]
+    system = row.get(ROW_SYSTEM_KEY)
+    if isinstance(system, str) and system.strip():  # LLaMA-Factory's ShareGPT/Alpaca rows: the system prompt beside
+        if turns[0]["role"] == "system":
+            raise TuneproofError(
+                f"{where}: two system messages: the row's '{ROW_SYSTEM_KEY}' and {ats[0]}",
+                hint="keep one of them",
+            )
+        turns.insert(0, _turn({"role": "system", "content": system}, f"{where}: {ROW_SYSTEM_KEY}", max_chars))
+        ats.insert(0, ROW_SYSTEM_KEY)
     for k, t in enumerate(turns):
         if t["role"] == "system" and k > 0:
             raise TuneproofError(

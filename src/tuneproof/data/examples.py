@@ -31,7 +31,8 @@ class Example:
         context: chat data (``format: chat``): the prompt context before the final user turn, as
             ``[{"role", "content"}]``: the row's own system message first when it has one, then the
             earlier user, assistant and tool turns in order (an assistant's tool calls under ``tool_calls``).
-            Empty for flat rows. Part of the data fingerprint, of the duplicate check's text (:meth:`dedup_text`) and of every rendered prompt.
+            Empty for flat rows. Part of the data fingerprint, of the duplicate check's text (:meth:`dedup_text`)
+            and of every rendered prompt.
     """
 
     id: str

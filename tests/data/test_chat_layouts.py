@@ -242,3 +242,37 @@ def test_a_row_level_system_prompt_is_the_rows_system_message_and_reasoning_is_n
         "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": ""}]
     }
     assert load_chat(_jsonl(tmp_path / "s.jsonl", [empty]), FieldMap())[0][0].target == "a"
+
+
+def test_developer_role_an_empty_system_message_and_openai_weight_zero(tmp_path):
+    rows = [
+        {
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "q"},
+                _assistant("a"),
+            ]
+        },
+        {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "q"}, _assistant("a")]},
+    ]
+    exs, _ = load_chat(_jsonl(tmp_path / "w.jsonl", rows), FieldMap())
+    assert [e.system for e in exs] == ["Be brief.", ""]
+    # the empty system message is rendered as the template renders one (not replaced by eval.prompt.system)
+    pipe = TextPipeline(make_tokenizer(), Prompt(system="Default."), 256)
+    assert pipe.prompt_text(exs[1]).startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\nq")
+
+    said = {"messages": [{"role": "user", "content": "hello world"}, {**_assistant("x y z"), "weight": 0}]}
+    row = {"messages": [*said["messages"], {"role": "user", "content": "a b c"}, _assistant("hello world")]}
+    (ex,), _ = load_chat(_jsonl(tmp_path / "w.jsonl", [row]), FieldMap())
+    assert ex.context[1] == {"role": "assistant", "content": "x y z", "weight": 0}
+    every = TextPipeline(make_tokenizer(), Prompt(), 256, train_on="all_assistant")
+    enc = every.encode(ex)
+    assert enc.faults == [] and enc.context_supervised == 0  # weight 0: context only, even under all_assistant
+    unweighted = every.encode(ex.__class__(**{**ex.__dict__, "context": [ex.context[0], _assistant("x y z")]}))
+    assert unweighted.context_supervised > 0
+    with pytest.raises(TuneproofError, match=r"w.jsonl:1: the final assistant turn \(messages\[1\]\) has weight 0"):
+        load_chat(_jsonl(tmp_path / "w.jsonl", [said]), FieldMap())
+
+
+def _assistant(text):
+    return {"role": "assistant", "content": text}

@@ -11,7 +11,9 @@ holding a list of turns):
   answer, as ``format: jsonl`` with ``fields: {text: prompt, target: completion}`` reads them) or
   conversational (``prompt`` a list of messages, ``completion`` a list of the one assistant message).
 
-A row-level ``system`` string beside the turns (LLaMA-Factory's ShareGPT) is the row's system message. A turn whose
+A row-level ``system`` string beside the turns (LLaMA-Factory's ShareGPT) is the row's system message; an empty
+system message is kept as written (a template renders it unlike none). An assistant turn with OpenAI's
+``weight: 0`` is context that is never trained, also under ``all_assistant``. A turn whose
 ``reasoning_content`` (or ``reasoning``, ``thinking``) is not empty is refused: that text would not be trained.
 
 Role spellings (:data:`ROLE_SPELLINGS`, any case) map to ``system``, ``user``, ``assistant`` or ``tool``; a
@@ -50,11 +52,13 @@ from tuneproof.ui import visible_text
 #: the roles a parsed turn has (``tool``: a tool's result, kept as prompt context)
 ROLES = ("system", "user", "assistant", "tool")
 #: role spellings found in chat data and the role each means, matched case-insensitively in both layouts: the
-#: chat roles; ShareGPT's ``human``/``gpt``/``observation`` (LLaMA-Factory's ShareGPT adds ``function_call``, an
+#: chat roles; the chat API's ``developer`` (its newer name for the system message); ShareGPT's
+#: ``human``/``gpt``/``observation`` (LLaMA-Factory's ShareGPT adds ``function_call``, an
 #: assistant's tool call, and ``observation``, the tool's result); Gemma's ``model``; ``bot``; OpenAI's older
 #: ``function``; Llama-3.1's ``ipython`` (a tool's output)
 ROLE_SPELLINGS = {
     "system": "system",
+    "developer": "system",
     "user": "user",
     "human": "user",
     "assistant": "assistant",
@@ -75,6 +79,9 @@ ROW_SYSTEM_KEY = "system"
 #: turn keys holding reasoning that the message list would not carry: refused when not empty (the reasoning would be
 #: silently left out of training)
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+#: OpenAI's fine-tuning key of an assistant message: 0 = not trained (kept as prompt context only, also under
+#: ``data.chat.train_on: all_assistant``); the final answer, trained and judged, cannot have 0
+WEIGHT_KEY = "weight"
 #: keys of a tool's result kept for the template (the tool's name; the id of the call it answers, which Mistral's
 #: templates read)
 TOOL_RESULT_KEYS = ("name", "tool_call_id")
@@ -176,8 +183,11 @@ def _turn(raw: Any, at: str, max_chars: int) -> dict[str, Any]:
     calls = _tool_calls(raw, content, at, key) if role == "assistant" else None
     if key in TOOL_CALL_SPELLINGS:
         content = ""
-    if not content.strip() and not calls:
+    if not content.strip() and not calls and role != "system":  # an empty system message is kept as written
         raise TuneproofError(f"{at} ({role}) has an empty content", hint="fill or drop the row")
+    weight = raw.get(WEIGHT_KEY, 1)
+    if role == "assistant" and weight not in (0, 1):
+        raise TuneproofError(f"{at}: {WEIGHT_KEY} {weight!r} is not 0 or 1", hint="fix the row")
     if len(content) > max_chars:
         raise TuneproofError(
             f"{at} ({role}) is {len(content):,} characters, over data.max_chars {max_chars:,}",
@@ -186,6 +196,8 @@ def _turn(raw: Any, at: str, max_chars: int) -> dict[str, Any]:
     turn: dict[str, Any] = {"role": role, "content": content}
     if calls:
         turn["tool_calls"] = calls
+    if role == "assistant" and raw.get(WEIGHT_KEY) == 0:
+        turn[WEIGHT_KEY] = 0
     for extra in TOOL_RESULT_KEYS if role == "tool" else ():
         if isinstance(raw.get(extra), str):
             turn[extra] = raw[extra]
@@ -318,6 +330,12 @@ def parse_turns(row: dict[str, Any], where: str, key: str | None, max_chars: int
                 f"{where}: {ats[k]} is a system message after the first turn",
                 hint="a row may have one system message, first",
             )
+    if turns[-1].get(WEIGHT_KEY) == 0:
+        raise TuneproofError(
+            f"{where}: the final assistant turn ({ats[-1]}) has {WEIGHT_KEY} 0 (not trained), but it is the answer "
+            "trained and judged",
+            hint="end the row with the answer to train, or drop the row",
+        )
     if turns[-1]["role"] != "assistant" or "tool_calls" in turns[-1]:
         what = "a tool call" if turns[-1]["role"] == "assistant" else repr(turns[-1]["role"])
         raise TuneproofError(
@@ -431,7 +449,7 @@ def context_answer_spans(
     """
     spans, faults = [], []
     for k, m in enumerate(msgs):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or m.get(WEIGHT_KEY) == 0:  # weight 0: context, never trained
             continue
         turn = f"assistant turn {sum(1 for x in msgs[:k] if x['role'] == 'assistant') + 1}"
         before = render(msgs[:k])

@@ -314,7 +314,8 @@ def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pending: list[str] = []
     for m in messages:
         if m.get("role") == "system":
-            pending.append(str(m.get("content") or ""))
+            if str(m.get("content") or "").strip():  # an empty system message adds nothing to the user turn
+                pending.append(str(m["content"]))
             continue
         if m.get("role") == "user" and pending:
             m = {**m, "content": "\n\n".join([*pending, str(m.get("content") or "")])}

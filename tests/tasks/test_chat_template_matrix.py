@@ -318,3 +318,19 @@ def test_granite_writes_todays_date_without_a_system_message_and_the_pinned_cloc
     pinned = TextPipeline(tok, Prompt(), 512, chat=ChatTemplate(tok, kwargs={"strftime_now": "2026-01-31"}))
     enc = pinned.encode(EXAMPLES[0])
     assert enc.faults == [] and "Today's Date: January 31, 2026." in enc.text
+
+
+def test_a_target_with_surrounding_whitespace_is_trained_as_the_template_writes_it(family):
+    # TRL's standard completions start with a space (" blue."); templates that trim an answer (Llama-3, Gemma,
+    # Mistral, Llama-2) write it without: the answer is found trimmed, not refused as dropped
+    name, fam, tok = family
+    pipe = _pipeline(fam, tok, **fam.fix)
+    eot = tok.convert_tokens_to_ids(fam.end_of_turn)
+    ex = Example(id="w", text=ROWS[1][0], target=" " + json.dumps(ROWS[1][1]) + "\n", source="d.jsonl:9")
+    enc = pipe.encode(ex)
+    assert enc.faults == [], (name, enc.faults)
+    sup = [lab for lab in enc.labels if lab != IGNORE_INDEX]
+    assert (
+        sup[-1] == eot and sup.count(eot) == 1 and tok.decode(sup[enc.before_tokens : -1]).strip() == ex.target.strip()
+    )
+    assert enc.gold_answer == ex.target.strip()

@@ -96,6 +96,16 @@ class Encoded:
     context_supervised: int = 0
 
 
+def rendered_target(full: str, target: str) -> str:
+    """The target as the chat template writes it into the training text ``full``: itself, or, when the template
+    trims an answer (``{{ m['content'] | trim }}``: Llama-3, Gemma, Mistral, Llama-2) and the target has surrounding
+    whitespace (TRL's standard completions start with a space), the target stripped."""
+    if not target or target in full:
+        return target
+    stripped = target.strip()
+    return stripped if stripped and stripped in full else target
+
+
 def visible(text: str) -> str:
     """Whitespace made visible: newline ``\\n``, tab ``\\t``, space ``·``; other control characters
     as escapes (``\\x1b``, :func:`tuneproof.ui.visible_text`), never cut."""
@@ -198,6 +208,7 @@ class TextPipeline:
         else:
             full = prompt + target + (self.end_token or "")
         start = len(prompt) if full.startswith(prompt) else -1
+        target = rendered_target(full, target)
         # the answer ends after the first end-of-turn token that follows the target text
         t_pos = full.find(target, max(start, 0))
         end_tok = self.end_token or ""
@@ -224,6 +235,7 @@ class TextPipeline:
         except TuneproofError as err:  # a template that fails on this example: named with its row
             where = f" (row {ex.source})" if getattr(ex, "source", None) else ""
             raise TuneproofError(f"example {ex.id}{where}: {err.message}", hint=err.hint) from None
+        target = rendered_target(full, target)  # a template that trims the answer (Llama-3, Gemma) trains it trimmed
         faults: list[str] = []
         if ex.context and not self.use_chat:
             faults.append(

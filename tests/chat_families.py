@@ -203,6 +203,7 @@ class Family:
     fix: dict[str, Any] = field(default_factory=dict)  # model.* keys that make the layout work
     before: str = ""  # text the template supervises before the answer (with the fix)
     system_role: str = "native"
+    all_assistant: bool = True  # False: history is rendered unlike a fresh answer; train_on all_assistant refused
     add_bos: bool = False  # the tokenizer adds the bos when asked for special tokens (add_bos_token), as Llama's does
 
 
@@ -242,6 +243,7 @@ FAMILIES: dict[str, Family] = {
         added=["<think>", "</think>"],
         end_of_turn="<|im_end|>",
         fix={"chat_template_kwargs": {"enable_thinking": False}},
+        all_assistant=False,
     ),
     "deepseek-r1": Family(
         R1,
@@ -298,6 +300,7 @@ FAMILIES: dict[str, Family] = {
         refusal=("injects text that changes between two renders", "model.chat_template_kwargs: {strftime_now:"),
         fix={"chat_template_kwargs": {"strftime_now": "2026-01-31"}},
         before="<|channel|>final<|message|>",
+        all_assistant=False,
     ),
     "smollm3": Family(
         SMOLLM3,

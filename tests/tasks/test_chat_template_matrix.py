@@ -260,8 +260,12 @@ def test_every_assistant_turn_supervised_with_one_end_of_turn_or_refused_naming_
     pipe = _pipeline(fam, tok, **fam.fix)
     pipe.train_on = "all_assistant"
     enc = pipe.encode(MULTI_TURN)
-    if enc.faults:  # a template that renders history unlike a fresh answer (harmony's <|end|> vs <|return|>)
-        assert all("set data.chat.train_on: last" in f and "\n" not in f for f in enc.faults), (name, enc.faults)
+    assert bool(enc.faults) != fam.all_assistant, (name, enc.faults)
+    if not fam.all_assistant:  # history rendered unlike a fresh answer (harmony's <|end|> vs <|return|>)
+        assert enc.faults and all("set data.chat.train_on: last" in f and "\n" not in f for f in enc.faults), (
+            name,
+            enc.faults,
+        )
         return
     eot = tok.convert_tokens_to_ids(fam.end_of_turn)
     in_prompt = [lab for lab in enc.labels[: enc.prompt_tokens] if lab != IGNORE_INDEX]
@@ -334,3 +338,19 @@ def test_a_target_with_surrounding_whitespace_is_trained_as_the_template_writes_
         sup[-1] == eot and sup.count(eot) == 1 and tok.decode(sup[enc.before_tokens : -1]).strip() == ex.target.strip()
     )
     assert enc.gold_answer == ex.target.strip()
+    # an earlier answer with surrounding whitespace, every assistant turn trained: found as the template writes it
+    pipe.train_on = "all_assistant"
+    said = MULTI_TURN.context[1]["content"]
+    spaced = Example(
+        id="w2",
+        text=MULTI_TURN.text,
+        target=MULTI_TURN.target,
+        context=[MULTI_TURN.context[0], {"role": "assistant", "content": f" {said}\n"}],
+    )
+    enc = pipe.encode(spaced)
+    assert bool(enc.faults) != fam.all_assistant, (name, enc.faults)
+    if not fam.all_assistant:  # history rendered unlike a fresh answer (see the all_assistant test)
+        assert enc.faults and all("set data.chat.train_on: last" in f for f in enc.faults), (name, enc.faults)
+        return
+    in_prompt = [lab for lab in enc.labels[: enc.prompt_tokens] if lab != IGNORE_INDEX]
+    assert in_prompt.count(eot) == 1 and tok.decode(in_prompt[:-1]).strip() == said, name

@@ -426,6 +426,16 @@ def prompt_messages(ex: Example, prompt) -> list[dict[str, str]]:
     return msgs
 
 
+def rendered_target(full: str, target: str) -> str:
+    """The target as the chat template writes it into the training text ``full``: itself, or, when the template
+    trims an answer (``{{ m['content'] | trim }}``: Llama-3, Gemma, Mistral, Llama-2) and the target has surrounding
+    whitespace (TRL's standard completions start with a space), the target stripped."""
+    if not target or target in full:
+        return target
+    stripped = target.strip()
+    return stripped if stripped and stripped in full else target
+
+
 def context_answer_spans(
     render, msgs: list[dict[str, str]], prompt_text: str, end_token: str | None
 ) -> tuple[list, list[str]]:
@@ -466,7 +476,8 @@ def context_answer_spans(
         start = len(before)
         # whitespace between the generation prompt and the content (Llama-2 writes ' ' + answer after [/INST]) is
         # supervised with the answer, as it is for the final turn
-        at = prompt_text.find(m["content"], start) if m["content"] else start
+        content = rendered_target(prompt_text[start:], m["content"])  # trimmed where the template trims it
+        at = prompt_text.find(content, start) if content else start
         if at < 0 or prompt_text[start:at].strip():
             faults.append(
                 f"{turn} (train_on all_assistant): its content does not follow its generation prompt in the "
@@ -474,7 +485,7 @@ def context_answer_spans(
                 "set data.chat.train_on: last"
             )
             continue
-        end = at + len(m["content"])
+        end = at + len(content)
         if end_token:
             e = prompt_text.find(end_token, end)
             if e < 0:

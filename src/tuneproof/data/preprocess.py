@@ -20,7 +20,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages, rendered_marks
+from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages, rendered_marks, rendered_target
 from tuneproof.data.chat_template import KWARGS_KEY, TEMPLATE_KEY, ChatTemplate, special_texts, split_generation
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
@@ -94,16 +94,6 @@ class Encoded:
     gold_answer: str | None = None
     gold_roundtrip: bool = True
     context_supervised: int = 0
-
-
-def rendered_target(full: str, target: str) -> str:
-    """The target as the chat template writes it into the training text ``full``: itself, or, when the template
-    trims an answer (``{{ m['content'] | trim }}``: Llama-3, Gemma, Mistral, Llama-2) and the target has surrounding
-    whitespace (TRL's standard completions start with a space), the target stripped."""
-    if not target or target in full:
-        return target
-    stripped = target.strip()
-    return stripped if stripped and stripped in full else target
 
 
 def visible(text: str) -> str:

@@ -185,8 +185,8 @@ def _turn(raw: Any, at: str, max_chars: int) -> dict[str, Any]:
         content = ""
     if not content.strip() and not calls and role != "system":  # an empty system message is kept as written
         raise TuneproofError(f"{at} ({role}) has an empty content", hint="fill or drop the row")
-    weight = raw.get(WEIGHT_KEY, 1)
-    if role == "assistant" and weight not in (0, 1):
+    weight = raw.get(WEIGHT_KEY)  # null (OpenHermes writes it on every turn) is no weight
+    if role == "assistant" and weight not in (None, 0, 1):
         raise TuneproofError(f"{at}: {WEIGHT_KEY} {weight!r} is not 0 or 1", hint="fix the row")
     if len(content) > max_chars:
         raise TuneproofError(

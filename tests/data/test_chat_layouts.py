@@ -276,3 +276,14 @@ def test_developer_role_an_empty_system_message_and_openai_weight_zero(tmp_path)
 
 def _assistant(text):
     return {"role": "assistant", "content": text}
+
+
+def test_a_flat_hf_dataset_with_a_prompt_column_is_mapped_by_fields_not_refused_as_prompt_only(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list([{"prompt": "q", "response": "a"}]).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(TuneproofError) as err:
+        load_hf(tmp_path / "ds", FieldMap(), "train")
+    assert "column 'text' not found (columns: prompt, response)" in err.value.message
+    assert err.value.hint.startswith("fix data.fields")
+    exs, _ = load_hf(tmp_path / "ds", FieldMap(text="prompt", target="response"), "train")
+    assert [(e.text, e.target) for e in exs] == [("q", "a")]

@@ -253,14 +253,17 @@ class RowLayout:
     read: Callable[[dict[str, Any], str], list[tuple[str, Any]]]
 
 
-#: the layouts ``format: chat`` reads, tried in this order (``data.chat.messages`` names another turns key); the
-#: last rows name layouts that hold no single answer to train, with the way on
+#: the layouts ``format: chat`` reads, tried in this order (``data.chat.messages`` names another turns key)
 LAYOUTS = (
     RowLayout("messages", ("messages",), lambda row, where: _list_of_turns(row, "messages", where)),
     RowLayout(
         "ShareGPT conversations", ("conversations",), lambda row, where: _list_of_turns(row, "conversations", where)
     ),
     RowLayout("TRL prompt-completion", ("prompt", "completion"), _prompt_completion),
+)
+#: layouts that hold no single answer to train, tried after :data:`LAYOUTS` in ``format: chat`` only: the row is
+#: refused with the way on (a ``format: hf`` dataset with such columns is mapped by ``data.fields`` instead)
+REFUSED_LAYOUTS = (
     RowLayout(
         "TRL preference",
         ("chosen", "rejected"),
@@ -305,7 +308,7 @@ def parse_turns(row: dict[str, Any], where: str, key: str | None, max_chars: int
             )
         raw = _list_of_turns(row, key, where)
     else:
-        layout = next((lay for lay in LAYOUTS if all(k in row for k in lay.keys)), None)
+        layout = next((lay for lay in LAYOUTS + REFUSED_LAYOUTS if all(k in row for k in lay.keys)), None)
         if layout is None:
             raise TuneproofError(
                 f"{where}: no 'messages' or 'conversations' list of turns, nor 'prompt' and 'completion' "

@@ -108,7 +108,7 @@ def test_bad_rows_are_refused_together_by_file_and_line(tmp_path):
     assert f"{path}:2: messages[0] has no 'role'" in msg
     assert f"{path}:3: the last turn (messages[2]) is 'user', not the assistant answer" in msg
     assert f"{path}:4: messages[0] (user) has an empty content" in msg
-    assert f"{path}:5: messages[1]: unknown role 'narrator' (known, any case: system, user, human, assistant" in msg
+    assert f"{path}:5: messages[1]: unknown role 'narrator' (known, any case: system, developer, user, human" in msg
     assert f"{path}:6: messages[1] is a system message after the first turn" in msg
     assert (
         f"{path}:7: no 'messages' or 'conversations' list of turns, nor 'prompt' and 'completion' (keys: text)" in msg

@@ -287,3 +287,15 @@ def test_a_flat_hf_dataset_with_a_prompt_column_is_mapped_by_fields_not_refused_
     assert err.value.hint.startswith("fix data.fields")
     exs, _ = load_hf(tmp_path / "ds", FieldMap(text="prompt", target="response"), "train")
     assert [(e.text, e.target) for e in exs] == [("q", "a")]
+
+
+def test_turns_stored_as_json_text_are_read(tmp_path):
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    rows = [{"messages": json.dumps(turns)}, {"messages": "[{oops"}]
+    with pytest.raises(TuneproofError) as err:
+        load_chat(_jsonl(tmp_path / "j.jsonl", rows), FieldMap())
+    assert err.value.message.startswith(
+        f"{tmp_path / 'j.jsonl'}:2: 'messages' is text that is not a JSON list of turns"
+    )
+    (ex,), _ = load_chat(_jsonl(tmp_path / "j.jsonl", rows[:1]), FieldMap())
+    assert (ex.text, ex.target) == ("q", "a")

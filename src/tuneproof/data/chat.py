@@ -206,6 +206,11 @@ def _turn(raw: Any, at: str, max_chars: int) -> dict[str, Any]:
 
 def _list_of_turns(row: dict[str, Any], name: str, where: str) -> list[tuple[str, Any]]:
     raw = row[name]
+    if isinstance(raw, str) and raw.lstrip().startswith("["):  # turns stored as JSON text (a Parquet or CSV export)
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise TuneproofError(f"{where}: '{name}' is text that is not a JSON list of turns ({err.msg})") from None
     if not isinstance(raw, list) or not raw:
         what = "an empty list" if isinstance(raw, list) else f"{type(raw).__name__}, not a list of turns"
         raise TuneproofError(f"{where}: '{name}' is {what}", hint=_HINT)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tinymodels import CHATML, make_tokenizer
+from tuneproof.data.chat import chat_summary
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import TextPipeline
 from tuneproof.data.sources import load_chat, load_hf, load_json_records, load_lines
@@ -299,3 +300,14 @@ def test_turns_stored_as_json_text_are_read(tmp_path):
     )
     (ex,), _ = load_chat(_jsonl(tmp_path / "j.jsonl", rows[:1]), FieldMap())
     assert (ex.text, ex.target) == ("q", "a")
+
+
+def test_the_chat_line_counts_the_conversations_with_tool_turns(tmp_path):
+    plain = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    exs, _ = load_chat(_jsonl(tmp_path / "t.jsonl", [SHAREGPT_TOOLS, plain]), FieldMap())
+    summary = chat_summary({"train": exs}, {"train": []}, "last")
+    assert summary["with_tool_turns"] == 1 and summary["multi_turn"] == 1
+    assert (
+        "2 conversations (0 with their own system message, 1 multi-turn, up to 5 turns, 1 with tool turns in the "
+        in (summary["line"])
+    )

@@ -516,7 +516,7 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     faults only; the line says how many examples were left out (their faults, such as a template that drops
     think blocks from history, are listed beside it).
 
-    Returns ``{"conversations", "own_system", "multi_turn", "max_turns", "train_on",
+    Returns ``{"conversations", "own_system", "multi_turn", "with_tool_turns", "max_turns", "train_on",
     "context_supervised_tokens", "examples_counted", "examples_with_faults", "line"}``.
     """
     chats = [e for v in splits.values() for e in v if "chat_turns" in e.meta]
@@ -524,6 +524,7 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
         return None
     own = sum(1 for e in chats if e.system is not None)
     multi = sum(1 for e in chats if any(t["role"] == "assistant" for t in e.context))
+    tools = sum(1 for e in chats if any(t["role"] == "tool" or "tool_calls" in t for t in e.context))
     most = max(e.meta["chat_turns"] for e in chats)
     clean = [x for v in encoded.values() for x in v if not getattr(x, "faults", None)]
     faulty = sum(len(v) for v in encoded.values()) - len(clean)
@@ -536,7 +537,7 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     )
     line = (
         f"chat: {len(chats)} conversations ({own} with their own system message, {multi} multi-turn, up to {most} "
-        f"turns); data.chat.train_on {train_on}: "
+        f"turns{f', {tools} with tool turns in the context' if tools else ''}); data.chat.train_on {train_on}: "
         + (
             f"every assistant turn supervised ({counted})"
             if train_on == "all_assistant"
@@ -547,6 +548,7 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
         "conversations": len(chats),
         "own_system": own,
         "multi_turn": multi,
+        "with_tool_turns": tools,
         "max_turns": most,
         "train_on": train_on,
         "context_supervised_tokens": sup,

@@ -69,7 +69,7 @@ def test_prompt_completion_rows_read_as_flat_rows_name_format_chat(tmp_path):
     with pytest.raises(TuneproofError) as err:
         load_json_records(path, FieldMap(), lines=True)
     assert "column 'text' not found (columns: prompt, completion)" in err.value.message
-    assert err.value.hint == "these rows are TRL prompt-completion rows: set format: chat (docs/data.md)"
+    assert err.value.hint == "these rows hold conversations (TRL prompt-completion): set format: chat (docs/data.md)"
 
 
 def test_a_hf_dataset_of_prompt_completion_columns_is_read_as_chat(tmp_path):

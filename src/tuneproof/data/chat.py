@@ -260,7 +260,7 @@ class RowLayout:
 
 #: the layouts ``format: chat`` reads, tried in this order (``data.chat.messages`` names another turns key)
 LAYOUTS = (
-    RowLayout("messages", ("messages",), lambda row, where: _list_of_turns(row, "messages", where)),
+    RowLayout("chat messages", ("messages",), lambda row, where: _list_of_turns(row, "messages", where)),
     RowLayout(
         "ShareGPT conversations", ("conversations",), lambda row, where: _list_of_turns(row, "conversations", where)
     ),

@@ -116,7 +116,7 @@ class _Mapper:
             layout = row_layout(row) if isinstance(row, dict) and out_key == "text" else None
             raise TuneproofError(
                 f"{where}: {self.kind} '{name}' not found ({self.kind}s: {', '.join(map(str, available))})",
-                hint=f"these rows are {layout} rows: set format: chat (docs/data.md)"
+                hint=f"these rows hold conversations ({layout}): set format: chat (docs/data.md)"
                 if layout
                 else "fix data.fields in tuneproof.yaml (or list it in data.fields.optional)",
             )

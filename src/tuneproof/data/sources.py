@@ -469,7 +469,8 @@ def load_chat(
     else:
         raise TuneproofError(
             f"{path}: format 'chat' reads .jsonl, .json or .parquet files, not '{suffix or 'no suffix'}'",
-            hint="rename the file or convert it",
+            hint="convert it; a CSV of prompt and completion columns is read by format csv with fields: {text: prompt, "
+            "target: completion}",
         )
 
     def number(i: int, where: str) -> str:

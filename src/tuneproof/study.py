@@ -170,8 +170,9 @@ class Source(_Strict):
         "image-csv",
         "image-jsonl",
     ] = Field(
-        description="file format or a built-in dataset reader; chat: one conversation per row (messages or "
-        "ShareGPT conversations) in .jsonl/.json/.parquet; hf: a datasets folder or a dataset id + revision; "
+        description="file format or a built-in dataset reader; chat: one conversation per row (messages, "
+        "ShareGPT conversations or TRL prompt/completion) in .jsonl/.json/.parquet; "
+        "hf: a datasets folder or a dataset id + revision; "
         "lines: a split folder of line-aligned files (seq.in, label); "
         "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows"
     )
@@ -192,7 +193,11 @@ class FieldMap(_Strict):
     """Column (or key, or file for ``format: lines``) names. A dotted name is a path into nested
     JSON objects; ``target`` may be a mapping ``{out_key: column}`` building a JSON object."""
 
-    text: str = Field("text", description="column holding the input text (format lines: the text file, default seq.in)")
+    text: str | list[str] = Field(
+        "text",
+        description="column holding the input text (format lines: the text file, default seq.in), or a list of "
+        "columns whose non-empty values are joined by a blank line, in order (Alpaca's [instruction, input])",
+    )
     label: str | None = Field(
         None, description="column holding the class label / category (format lines: default label)"
     )
@@ -208,6 +213,13 @@ class FieldMap(_Strict):
     optional: list[str] = Field(
         default_factory=list, description="columns (or target keys) that may be absent: null, counted by data check"
     )
+
+    @field_validator("text")
+    @classmethod
+    def _text_columns(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v) or not all(v)):
+            raise ValueError("a list of columns must name at least one column, each once")
+        return v
 
 
 class SplitPolicy(_Strict):

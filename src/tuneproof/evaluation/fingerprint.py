@@ -32,7 +32,11 @@ if TYPE_CHECKING:
     from tuneproof.data.examples import Example
 
 PARTS = ("eval_ids", "prompt", "decoding", "metrics", "tokenizer")
-OPTIONAL_PARTS = ("backend",)  # present only when not the default (transformers): older fingerprints keep their hash
+OPTIONAL_PARTS = ("backend", "control")  # present only when not the default: older fingerprints keep their hash
+#: the part a control run's fingerprint has and a plain evaluation's lacks (``tuneproof baseline --few-shot K``:
+#: ``{"kind": "few_shot", "k", "seed", "shots": [ids]}``); :func:`diff_fingerprints` with ``controls=True`` leaves it
+#: out, so a candidate is compared with a control under the same procedure otherwise
+CONTROL_PART = "control"
 #: the ``eval`` keys whose role (:data:`tuneproof.study.ROLES`) puts them in a part: every ``decodes`` key in
 #: ``decoding``, every ``scores`` key in ``metrics``. Of those, the keys below every fingerprint has held since
 #: its first version; any other joins its part only when set away from its default, so that fingerprints
@@ -53,6 +57,7 @@ def eval_fingerprint(
     precision: str | None = None,
     base_weights: str | None = None,
     chat_template: dict | None = None,
+    control: dict | None = None,
 ) -> dict:
     """Fingerprint of an evaluation procedure.
 
@@ -70,6 +75,8 @@ def eval_fingerprint(
             (:func:`tuneproof.data.chat_template.fingerprint_part`: an overriding ``model.chat_template``'s
             sha256, ``model.chat_template_kwargs``, ``model.end_of_turn``), hashed in the ``prompt`` part;
             empty or None leaves the fingerprint as before.
+        control: what makes a control run a control (a few-shot control: ``{"kind": "few_shot", "k", "seed",
+            "shots": [ids]}``), hashed in its own ``control`` part; None (a plain evaluation) has no such part.
 
     Returns:
         ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
@@ -117,6 +124,8 @@ def eval_fingerprint(
     backend = getattr(cfg, "backend", "transformers")
     if backend != "transformers":
         content["backend"] = {"name": backend}
+    if control:
+        content[CONTROL_PART] = dict(control)
     names = PARTS + tuple(p for p in OPTIONAL_PARTS if p in content)
     parts = {name: sha256_json(content[name]) for name in names}
     combined = "".join(f"{name}={parts[name]}\n" for name in names)
@@ -135,12 +144,17 @@ def _role_part(cfg: Eval, role: str) -> dict[str, Any]:
 
 
 def study_eval_fingerprint(
-    ctx: StudyContext, examples: list[Example] | None = None, *, base_weights: str | None = None
+    ctx: StudyContext,
+    examples: list[Example] | None = None,
+    *,
+    base_weights: str | None = None,
+    control: dict | None = None,
 ) -> dict:
     """:func:`eval_fingerprint` of a study's evaluation of ``examples`` (default its eval examples,
     :meth:`~tuneproof.context.StudyContext.eval_examples`): its eval section, task, required fields,
     tokenizer identity and compute dtype; ``base_weights``: the dtype the evaluated model's base
-    weights were held in (default the study's, :attr:`~tuneproof.context.StudyContext.base_weights`).
+    weights were held in (default the study's, :attr:`~tuneproof.context.StudyContext.base_weights`); ``control``:
+    a control run's ``control`` part (:func:`eval_fingerprint`).
 
     Raises:
         TuneproofError: duplicate example ids, or a precision refused on this machine.
@@ -155,6 +169,7 @@ def study_eval_fingerprint(
         precision=ctx.device_choice.get("dtype"),
         base_weights=base_weights or ctx.base_weights,
         chat_template=fingerprint_part(getattr(ctx.pipeline, "chat", None)),
+        control=control,
     )
 
 
@@ -163,9 +178,15 @@ def batch_size_matters(eval_cfg: Any, precision: str | None) -> bool:
     return bool(eval_cfg.do_sample) or precision in ("bf16", "fp16")
 
 
-def diff_fingerprints(a: dict, b: dict) -> list[str]:
+def diff_fingerprints(a: dict, b: dict, *, controls: bool = False) -> list[str]:
     """Names of the parts whose hashes differ (a part present on one side only counts), in
-    the order of :data:`PARTS`, then any other names sorted. Empty when identical."""
-    pa, pb = a.get("parts", {}), b.get("parts", {})
+    the order of :data:`PARTS`, then any other names sorted. Empty when identical.
+
+    ``controls``: leave out the :data:`CONTROL_PART` (a candidate compared with a control run: the control is what
+    differs by design; every other part must still match)."""
+    pa, pb = dict(a.get("parts", {})), dict(b.get("parts", {}))
+    if controls:
+        pa.pop(CONTROL_PART, None)
+        pb.pop(CONTROL_PART, None)
     names = [p for p in PARTS if p in pa or p in pb] + sorted((set(pa) | set(pb)) - set(PARTS))
     return [p for p in names if pa.get(p) != pb.get(p)]

@@ -157,6 +157,7 @@ def evaluate_into(
     eval_cfg: Any = None,
     served: tuple[Path, Path | None] | None = None,
     check_examples: list[Example] | None = None,
+    control: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary.
 
@@ -164,7 +165,8 @@ def evaluate_into(
     (``test`` scores with the hypothesis frozen before training); prediction always follows the study.
     ``served``: what a serving backend loads (:func:`served_paths`; default the base model); used
     with ``eval.backend: vllm``, whose check runs first on a sample of ``check_examples`` (default
-    ``examples``; :func:`predict_served`)."""
+    ``examples``; :func:`predict_served`). ``control``: a control run's ``control`` fingerprint part (the few-shot
+    control, :func:`tuneproof.evaluation.fingerprint.eval_fingerprint`)."""
     t0 = time.perf_counter()
     progress = EvalProgress(run.dir, len(examples))  # where a killed evaluation stopped (compare says so)
     raw: list[str] = []  # the generations before eval.answer_from parsed them (empty for a classifier)
@@ -194,7 +196,7 @@ def evaluate_into(
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change
     held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
     base_weights = held if held in ("fp32", "bf16") else "fp32"
-    efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights)
+    efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights, control=control)
     run.write_json(
         "eval.json",
         {

@@ -23,6 +23,7 @@ from tuneproof.deliver.limits import (
     observed_limits,
     summary_limits,
 )
+from tuneproof.evaluation.controls import control_lines
 from tuneproof.evaluation.screen import guard_lines
 from tuneproof.storage import safety_line
 from tuneproof.ui import capped, capped_items
@@ -37,6 +38,16 @@ def _verdict_text(ev: _Evidence, entry: dict | None) -> str | None:
     if other:
         text += f"; with the {other[0]} hypothesis: {other[1].get('verdict')} ({other[1].get('detail')})"
     return text
+
+
+def _against_text(ev: _Evidence, succ: dict) -> str:
+    """What the success criterion's gain is measured against (``hypothesis.success.against``)."""
+    if succ.get("against", "baseline") != "strongest":
+        return "baseline"
+    chosen = ev.judging.against_control or {}
+    if chosen.get("run"):
+        return f"strongest control ({chosen.get('label')} {chosen.get('run')}, chosen when the hypothesis was frozen)"
+    return "strongest control (none recorded at freeze time: the baseline)"
 
 
 def _summary(ev: _Evidence) -> list[dict]:
@@ -64,6 +75,9 @@ def _summary(ev: _Evidence) -> list[dict]:
             }
         )
         blocks.append(criteria_table(verdicts))
+        controls = [line.strip() for line in control_lines(first)]
+        if controls:  # the candidate against each control; the one the success criterion was judged against
+            blocks.append({"type": "list", "items": controls})
         for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse
             if (first.get(key) or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the {who} {first[key]['detail']}"})
@@ -87,7 +101,7 @@ def _summary(ev: _Evidence) -> list[dict]:
         blocks.append({"type": "list", "items": capped_items(others, cap=3, where="section Comparisons")})
     items = [
         f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains "
-        f"at least {succ.get('min_gain')} over the baseline "
+        f"at least {succ.get('min_gain')} over the {_against_text(ev, succ)} "
         f"(95% CI lower bound); {len(h.get('guards') or [])} guard(s)",
         f"study: {s.name} ({s.hypothesis.task}); base model: {s.model.base}"
         + (f" @ {s.model.revision}" if s.model.revision else ""),

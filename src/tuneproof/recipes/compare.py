@@ -166,7 +166,9 @@ def run_compare(
                     "verdicts": alt[0],
                     "overall": alt[1],
                 }
-            _against_controls(ctx, result, controls, out, efp, judging, judged_id, judged_why, base_rec, notes)
+            _against_controls(
+                ctx, rec.id, result, controls, out, efp, judging, (judged_id, judged_why), base_rec, notes
+            )
             result["judged_against"] = judging.judged_against
             result["notes"] = notes
             results[rec.id] = result
@@ -262,23 +264,27 @@ def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[lis
 
 def _against_controls(
     ctx: StudyContext,
+    cid: str,
     result: dict,
     controls: list,
     out: list,
     efp: dict,
     judging,
-    judged_id: str,
-    why: str,
+    judged: tuple[str, str],
     base_rec,
-    notes,
+    notes: list[str],
 ) -> None:
     """The candidate against each other control (paired, judged under the same view): ``result["controls"]``
     (:func:`tuneproof.evaluation.controls.control_block`, the compared baseline first), ``result["judged_control"]``;
     the success verdict judged against ``judged_id`` when it is not the compared baseline
     (:func:`tuneproof.evaluation.controls.judge_against_control`). A control evaluated by another procedure (its
-    ``control`` part aside) is left out with a note, unless it is the judged one (refused)."""
+    ``control`` part aside) is left out with a note, unless it is the judged one (refused); the candidate ``cid``
+    itself is never its own control."""
+    judged_id, why = judged
     blocks = {base_rec.id: control_block(base_rec, result)}
     for rec, cout in controls:
+        if rec.id == cid:
+            continue  # a control compared as a candidate is not its own control
         cfp = (ctx.registry.run_json(rec.id, "eval.json") or {}).get("fingerprint", {})
         differs = diff_fingerprints(cfp, efp, controls=True) if cfp and efp else ["unknown"]
         if differs:

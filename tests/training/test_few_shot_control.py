@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from tiny_study import make_study
 
+from tiny_study import make_study
 from tuneproof.cli import main
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError

@@ -18,6 +18,8 @@ from tuneproof.evaluation.controls import control_lines, latest_plain_baseline, 
 from tuneproof.evaluation.fingerprint import diff_fingerprints, eval_fingerprint
 from tuneproof.io import read_json, write_json, write_jsonl
 from tuneproof.recipes.compare import run_compare
+from tuneproof.recipes.quickstart import beat_line
+from tuneproof.recipes.report import build_markdown
 from tuneproof.registry import Registry
 
 REF = json.dumps({"intent": "A", "slots": {"x": "1"}})
@@ -74,6 +76,7 @@ def _planted(tmp_path, against: str | None):
     study = parse_study(_cfg(against))
     chosen = strongest_control(reg, "field_f1", {"parts": PARTS}) if against == "strongest" else None
     with reg.run("train") as t:
+        write_json(t.path("config.json"), _cfg(against))
         hyp.freeze(d, study, t.id, against=chosen)
     cand = _run(reg, "eval", 24, parent=t.id)
     return d, reg, base, ctrl, cand
@@ -175,3 +178,30 @@ def test_compare_pairs_a_candidate_with_a_control_but_refuses_another_procedure(
     cid = run_compare(ctx, [odd], allow_different_procedure=True)
     c = read_json(d / "runs" / cid / "compare.json")["candidates"][odd]
     assert ctrl not in c["controls"] and any(f"control {ctrl}" in n and "not compared" in n for n in c["notes"])
+
+
+def test_the_dossier_first_screen_says_the_control_decided_the_verdict(tmp_path):
+    d, reg, base, ctrl, cand = _planted(tmp_path, "strongest")
+    reg.close()
+    run_compare(StudyContext.open(d), [cand])
+    md = build_markdown(StudyContext.open(d))
+    first = md.split("## Summary")[1].split("\n## ")[0]
+    assert "verdict (frozen hypothesis): FAIL (the candidate beats the baseline" in first
+    assert f"does not beat the 5-shot prompt {ctrl}" in first
+    assert f"* 5-shot prompt {ctrl}: field_f1 0.947 -> 0.750, delta -0.197" in first
+    assert f"baseline (the base model, the study's prompt) {base}: field_f1 0.000 -> 0.750" in first
+    assert f"over the strongest control (5-shot prompt {ctrl}, chosen when the hypothesis was frozen)" in first
+    section = md.split("## Comparisons with the baseline")[1].split("\n## ")[0]
+    assert f"| 5-shot prompt | {ctrl} (judged against) | 0.947 | 0.750 | -0.197 |" in section
+    assert f"the success criterion was judged against {ctrl}: hypothesis.success.against: strongest" in section
+
+
+def test_the_quickstart_line_says_whether_lora_beat_the_few_shot_prompt(tmp_path):
+    d, reg, base, ctrl, cand = _planted(tmp_path, None)
+    reg.close()
+    cid = run_compare(StudyContext.open(d), [cand])
+    entry = read_json(d / "runs" / cid / "compare.json")["candidates"][cand]
+    line = beat_line(entry, ctrl)
+    assert line.startswith(f"LoRA did not beat the 5-shot prompt {ctrl}: field_f1 0.947 -> 0.750, paired delta -0.197")
+    assert "(95% CI [-0." in line and "gain required 0.100" in line
+    assert beat_line(entry, "r0099").startswith("few-shot control r0099: not compared")

@@ -24,11 +24,9 @@ def test_quickstart_fast_runs_the_whole_protocol(tmp_path, shared_data, capsys):
     # the few-shot control: 3 shots of 3 intents from the train split, compared with LoRA, said in one line
     (few,) = [r for r in reg.list() if r.summary.get("control") == "few_shot"]
     shots = json.loads((study / "runs" / few.id / "shots.json").read_text())
-    assert (
-        shots["k"] == 3
-        and len(shots["classes"]) == 3
-        and all("/train/" in s["source"] or s["id"] for s in shots["shots"])
-    )
+    assert shots["k"] == 3 and shots["split"] == "train" and len(shots["classes"]) == 3
+    evaluated = {r["id"] for r in read_jsonl(study / "runs" / few.id / "outputs.jsonl")}
+    assert len(evaluated) == 7 and not evaluated & {s["id"] for s in shots["shots"]}
     cmp = json.loads((study / "runs" / runs["compare"].id / "compare.json").read_text())
     assert few.id in cmp["candidates"][runs["eval"].id]["controls"]
     line = next(x for x in said.splitlines() if f"3-shot prompt {few.id}" in x and "paired delta" in x)

@@ -194,6 +194,8 @@ def test_the_dossier_first_screen_says_the_control_decided_the_verdict(tmp_path)
     section = md.split("## Comparisons with the baseline")[1].split("\n## ")[0]
     assert f"| 5-shot prompt | {ctrl} (judged against) | 0.947 | 0.750 | -0.197 |" in section
     assert f"the success criterion was judged against {ctrl}: hypothesis.success.against: strongest" in section
+    baseline = md.split("## Baseline")[1].split("\n## ")[0]
+    assert f"control {ctrl}: 5-shot prompt" in baseline
 
 
 def test_the_quickstart_line_says_whether_lora_beat_the_few_shot_prompt(tmp_path):
@@ -205,5 +207,3 @@ def test_the_quickstart_line_says_whether_lora_beat_the_few_shot_prompt(tmp_path
     assert line.startswith(f"LoRA did not beat the 5-shot prompt {ctrl}: field_f1 0.947 -> 0.750, paired delta -0.197")
     assert "(95% CI [-0." in line and "gain required 0.100" in line
     assert beat_line(entry, "r0099").startswith("few-shot control r0099: not compared")
-    baseline = md.split("## Baseline")[1].split("\n## ")[0]
-    assert f"control {ctrl}: 5-shot prompt" in baseline

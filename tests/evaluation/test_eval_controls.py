@@ -207,3 +207,13 @@ def test_the_quickstart_line_says_whether_lora_beat_the_few_shot_prompt(tmp_path
     assert line.startswith(f"LoRA did not beat the 5-shot prompt {ctrl}: field_f1 0.947 -> 0.750, paired delta -0.197")
     assert "(95% CI [-0." in line and "gain required 0.100" in line
     assert beat_line(entry, "r0099").startswith("few-shot control r0099: not compared")
+
+
+def test_a_comparison_against_a_control_named_with_against_is_no_verdict_and_said_so(tmp_path):
+    d, reg, base, ctrl, cand = _planted(tmp_path, None)
+    reg.close()
+    first = run_compare(StudyContext.open(d), [cand], against=ctrl)
+    md = build_markdown(StudyContext.open(d))
+    summary = md.split("## Summary")[1].split("\n## ")[0]
+    assert f"comparison {first}: {cand} vs {ctrl} (5-shot prompt, a control named with --against)" in summary
+    assert "verdict: none yet" in summary  # only a comparison with the baseline gives the verdict

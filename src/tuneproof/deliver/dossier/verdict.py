@@ -23,7 +23,7 @@ from tuneproof.deliver.limits import (
     observed_limits,
     summary_limits,
 )
-from tuneproof.evaluation.controls import control_lines
+from tuneproof.evaluation.controls import control_kind, control_label, control_lines
 from tuneproof.evaluation.screen import guard_lines
 from tuneproof.storage import safety_line
 from tuneproof.ui import capped, capped_items
@@ -178,8 +178,12 @@ def _resumed_candidates(ev: _Evidence, cid: str | None, exp) -> list[str]:
 def _other_lines(ev: _Evidence) -> list[str]:
     """One line per comparison that is not against a baseline run (two candidates): what it compared and that
     it is no verdict of the hypothesis."""
+    by_id = {r.id: r for r in ev.runs}
     return [
-        f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({_kind_of(ev, ref)} run, not a baseline): "
+        f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({control_label(by_id[ref])}, a control named with "
+        "--against): not a verdict of the hypothesis (compare against the baseline judges it against each control)"
+        if ref in by_id and control_kind(by_id[ref]) is not None
+        else f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({_kind_of(ev, ref)} run, not a baseline): "
         "candidates compared with each other, not a verdict of the hypothesis"
         for c, ref, cands in other_comparisons(ev.runs, ev.json)
     ]

@@ -188,7 +188,9 @@ def test_the_dossier_first_screen_says_the_control_decided_the_verdict(tmp_path)
     first = md.split("## Summary")[1].split("\n## ")[0]
     assert "verdict (frozen hypothesis): FAIL (the candidate beats the baseline" in first
     assert f"does not beat the 5-shot prompt {ctrl}" in first
-    assert f"* 5-shot prompt {ctrl}: field_f1 0.947 -> 0.750, delta -0.197" in first
+    assert f"- 5-shot prompt {ctrl}: field_f1 0.947 -> 0.750, delta -0.197" in first
+    assert "success fail (the control the success criterion was judged against)" in first
+    assert f"- success judged against {ctrl}: hypothesis.success.against: strongest" in first
     assert f"baseline (the base model, the study's prompt) {base}: field_f1 0.000 -> 0.750" in first
     assert f"over the strongest control (5-shot prompt {ctrl}, chosen when the hypothesis was frozen)" in first
     section = md.split("## Comparisons with the baseline")[1].split("\n## ")[0]

@@ -40,6 +40,15 @@ def _verdict_text(ev: _Evidence, entry: dict | None) -> str | None:
     return text
 
 
+def _control_item(line: str) -> str:
+    """A line of :func:`~tuneproof.evaluation.controls.control_lines` as a list item: the judged control said in
+    words rather than marked with ``*``."""
+    text = line.strip()
+    if text.startswith("* "):
+        return text[2:] + " (the control the success criterion was judged against)"
+    return text.replace(" (*):", ":")
+
+
 def _against_text(ev: _Evidence, succ: dict) -> str:
     """What the success criterion's gain is measured against (``hypothesis.success.against``)."""
     if succ.get("against", "baseline") != "strongest":
@@ -75,7 +84,7 @@ def _summary(ev: _Evidence) -> list[dict]:
             }
         )
         blocks.append(criteria_table(verdicts))
-        controls = [line.strip() for line in control_lines(first)]
+        controls = [_control_item(line) for line in control_lines(first)[1:]]
         if controls:  # the candidate against each control; the one the success criterion was judged against
             blocks.append({"type": "list", "items": controls})
         for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse

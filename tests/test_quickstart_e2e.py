@@ -13,13 +13,24 @@ from tuneproof.registry import Registry
 pytestmark = pytest.mark.slow
 
 
-def test_quickstart_fast_runs_the_whole_protocol(tmp_path, shared_data):
+def test_quickstart_fast_runs_the_whole_protocol(tmp_path, shared_data, capsys):
     study = tmp_path / "qs"
     with pytest.raises(SystemExit) as exit_:
         main(["quickstart", "--fast", "--dir", str(study), "--data", str(shared_data)])
     assert exit_.value.code == 0
+    said = capsys.readouterr().out
     reg = Registry(study)
-    runs = {r.kind: r for r in reg.list()}
+    runs = {r.kind: r for r in reg.list() if not r.summary.get("control")}
+    # the few-shot control: 3 shots of 3 intents from the train split, compared with LoRA, said in one line
+    (few,) = [r for r in reg.list() if r.summary.get("control") == "few_shot"]
+    shots = json.loads((study / "runs" / few.id / "shots.json").read_text())
+    assert shots["k"] == 3 and shots["split"] == "train" and len(shots["classes"]) == 3
+    evaluated = {r["id"] for r in read_jsonl(study / "runs" / few.id / "outputs.jsonl")}
+    assert len(evaluated) == 7 and not evaluated & {s["id"] for s in shots["shots"]}
+    cmp = json.loads((study / "runs" / runs["compare"].id / "compare.json").read_text())
+    assert few.id in cmp["candidates"][runs["eval"].id]["controls"]
+    line = next(x for x in said.splitlines() if f"3-shot prompt {few.id}" in x and "paired delta" in x)
+    assert line.startswith(("LoRA beat", "LoRA did not beat", "LoRA is not shown to beat"))
     assert all(r.status == "completed" for r in reg.list()), [(r.id, r.status, r.reason) for r in reg.list()]
     assert {"baseline", "train", "eval", "compare", "export"} <= set(runs)
     # the baseline and the eval saw the same 7 examples (one per intent) and kept every output

@@ -204,14 +204,21 @@ def baseline(
     data: Path | None = DataOpt,
     skip_data_check: str | None = SkipDataCheckOpt,
     use_reserve: str | None = UseReserveOpt,
+    few_shot: int | None = typer.Option(
+        None,
+        "--few-shot",
+        help="a control run: K training examples (drawn once by eval.seed, stratified by class, recorded in "
+        "shots.json) shown as earlier turns before each evaluated one; the same procedure otherwise",
+    ),
 ) -> None:
     """Evaluate the base model on the evaluation split and keep its per-example outputs; refuses when the data check failed."""  # noqa: E501 (the command list prints it as written)
     from tuneproof.recipes.baseline import run_baseline  # noqa: PLC0415
 
     ctx = _ctx(study, data)
     with _rental(study, "baseline", use_reserve, ctx=ctx):
-        run_id = run_baseline(ctx, data_check_override=skip_data_check)
-    console.print(f"baseline run [bold]{run_id}[/] completed")
+        run_id = run_baseline(ctx, data_check_override=skip_data_check, few_shot=few_shot)
+    what = "baseline" if few_shot is None else f"few-shot control (K={few_shot})"
+    console.print(f"{what} run [bold]{run_id}[/] completed")
 
 
 @app.command()

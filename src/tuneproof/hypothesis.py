@@ -55,6 +55,8 @@ FORMAT_KEYS = {k: Eval.model_fields[k].get_default(call_default_factory=True) fo
 #: the format keys every frozen hypothesis holds; a later ``scores`` key joins only when set away from its default,
 #: so a hypothesis frozen before that key existed reads the same (``eval.answer_from``)
 ALWAYS_FORMAT = ("allow_fenced_json", "json_schema", "regex", "grammar")
+#: ``hypothesis.success.against``'s default; in a view only when set away from it (older views keep their hash)
+AGAINST_DEFAULT = "baseline"
 
 
 # --------------------------------------------------------------------------- the frozen part
@@ -63,6 +65,11 @@ def _normalise(hyp: dict[str, Any], eval_section: dict[str, Any]) -> dict[str, A
         h = Hypothesis.model_validate(hyp).model_dump(mode="json")  # defaults filled: old records compare key by key
     except Exception:  # noqa: BLE001 - a record from an older schema is kept as it was
         h = dict(hyp)
+    success = h.get("success")
+    if isinstance(success, dict) and success.get("against", AGAINST_DEFAULT) == AGAINST_DEFAULT:
+        success.pop(
+            "against", None
+        )  # the default stays out of the view: hypotheses frozen before the key keep their hash
     h["format"] = {
         k: eval_section.get(k, default)
         for k, default in FORMAT_KEYS.items()
@@ -88,12 +95,16 @@ def view_hash(view: dict[str, Any]) -> str:
     return sha256_json(view)
 
 
-def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
+def freeze(study_dir: str | Path, study: Any, run_id: str, *, against: dict[str, Any] | None = None) -> dict[str, Any]:
     """Freeze the study's hypothesis with train run ``run_id`` unless one is frozen already.
 
     The record ``{"schema_version", "hash", "run", "frozen_at" (s since the epoch), "hypothesis"}``
     is written to a temp file and hard-linked into place, so it is complete when it exists and a
     concurrent first train run cannot replace it. Returns the record in force.
+
+    ``against``: the control ``hypothesis.success.against: strongest`` chose at this moment
+    (:func:`tuneproof.evaluation.controls.strongest_control`: its run id, label, metric and value, the controls
+    considered), recorded as the record's ``"against"``: outside the view, so not in ``hash``, but sealed with the file.
     """
     path = Path(study_dir) / FROZEN_FILE
     if path.exists():
@@ -105,6 +116,7 @@ def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
         "run": run_id,
         "frozen_at": round(time.time(), 3),
         "hypothesis": view,
+        **({"against": against} if against is not None else {}),
     }
     fd, tmp = tempfile.mkstemp(prefix=".hypothesis.", suffix=".tmp", dir=path.parent)
     try:
@@ -126,8 +138,9 @@ def freeze(study_dir: str | Path, study: Any, run_id: str) -> dict[str, Any]:
     return record
 
 
-def freeze_and_seal(study_dir: str | Path, study: Any, run) -> dict[str, Any]:
-    """:func:`freeze` with train run ``run``; when this run froze the record, the sha256 of the file as
+def freeze_and_seal(study_dir: str | Path, study: Any, run, *, against: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`freeze` with train run ``run`` (``against``: the control chosen for ``success.against: strongest``,
+    recorded in the file); when this run froze the record, the sha256 of the file as
     written goes into the run's own summary (``hypothesis_sha256``) and into the registry index
     (``meta.hypothesis_seal``: ``{"run", "sha256"}``), the seal :func:`check_sealed` compares with.
     Returns the record in force.
@@ -137,7 +150,7 @@ def freeze_and_seal(study_dir: str | Path, study: Any, run) -> dict[str, Any]:
             the hypothesis is never frozen a second time.
     """
     require_sealed(study_dir, run.registry, "train")
-    record = freeze(study_dir, study, run.id)
+    record = freeze(study_dir, study, run.id, against=against)
     if record.get("run") == run.id:
         digest = sha256_file(Path(study_dir) / FROZEN_FILE)
         run.update_summary(**{SEAL_KEY: digest})
@@ -376,6 +389,7 @@ class Judging:
     file_sha256: str | None = None  # sha256 of hypothesis.frozen.json's bytes, checked against the seal
     reason: str | None = None
     diff: list[dict[str, Any]] = field(default_factory=list)
+    against_control: dict[str, Any] | None = None  # the frozen record's ``against`` (success.against: strongest)
 
     @property
     def changed(self) -> bool:
@@ -412,6 +426,7 @@ class Judging:
             "changed": self.changed,
             "changes": self.diff,
             "use_edited_reason": self.reason,
+            **({"against_control": self.against_control} if self.against_control else {}),
         }
 
     def lines(self) -> list[str]:
@@ -469,6 +484,7 @@ def resolve(study_dir: str | Path, study: Any, registry: Any = None, use_edited:
         file_sha256=rec.get("file_sha256"),
         reason=reason,
         diff=diff,
+        against_control=rec.get("against"),
     )
 
 

@@ -69,6 +69,14 @@ def role(name: str) -> dict[str, str]:
 class Criterion(_Strict):
     metric: str = Field(description="metric name as reported by the evaluation, e.g. 'macro_f1', 'field_f1'")
     min_gain: float = Field(0.0, description="minimum gain over the baseline (absolute, same unit as the metric)")
+    against: Literal["baseline", "strongest"] = Field(
+        "baseline",
+        description="the control the gain is measured against; baseline: the base model under the "
+        "study's prompt; strongest: the best completed control on this metric when the first train run freezes the "
+        "hypothesis (the baseline or a `baseline --few-shot K` control of the same procedure), recorded in "
+        "hypothesis.frozen.json",
+        json_schema_extra=role("judges"),
+    )
 
 
 #: the metric of a guard on an ``eval.sets`` entry that compares the candidate's outputs with the base's

@@ -187,7 +187,17 @@ class TextPipeline:
         ex = as_example(ex)
         if self.use_chat:
             return self._render(self._messages(ex), True)
-        return render_prompt(self.prompt.template, ex.text) + "\n"
+        return self._plain_context(ex) + render_prompt(self.prompt.template, ex.text) + "\n"
+
+    def _plain_context(self, ex: Example) -> str:
+        """Without a chat template, the earlier turns of an example's context as the plain layout writes a turn:
+        a user turn followed by a newline, an answer followed by the end token, as the training text puts them
+        (the few-shot control's shots, :mod:`tuneproof.data.few_shot`; the system message is left out, like
+        ``eval.prompt.system`` in this layout). Empty without context."""
+        end = self.end_token or ""
+        return "".join(
+            t["content"] + ("\n" if t["role"] == "user" else end) for t in ex.context if t["role"] != "system"
+        )
 
     def training_text(self, ex: Example | str, target: str) -> tuple[str, int, int]:
         """``(text, answer_start_char, answer_end_char)``; the answer span includes the end token."""

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tuneproof.evaluation.controls import control_kind
 from tuneproof.evaluation.noise import flips_text, noise_decided_text
 
 #: why a candidate is the headline's (``Headline.basis``) -> how the dossier says it
@@ -76,8 +77,10 @@ def _pairs(runs: list, read: Callable[[str, str], Any]) -> list[tuple[Any, dict 
 
 
 def against_baseline(runs: list, ref: str | None) -> bool:
-    """The run ``ref`` a comparison was made against is a ``baseline`` run (not another candidate)."""
-    return any(r.id == ref and r.kind == "baseline" for r in runs)
+    """The run ``ref`` a comparison was made against is a plain ``baseline`` run (not another candidate, nor a
+    few-shot control named with ``--against``: the verdict is judged against the control the frozen hypothesis
+    names inside a comparison with the baseline, :mod:`tuneproof.evaluation.controls`)."""
+    return any(r.id == ref and r.kind == "baseline" and control_kind(r) is None for r in runs)
 
 
 def other_comparisons(runs: list, read: Callable[[str, str], Any]) -> list[tuple[Any, str | None, list[str]]]:

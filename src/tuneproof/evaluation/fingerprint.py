@@ -33,9 +33,13 @@ if TYPE_CHECKING:
     from tuneproof.data.examples import Example
 
 PARTS = ("eval_ids", "prompt", "decoding", "metrics", "tokenizer")
-#: present only when not the default (``backend``: transformers; ``eval_sets``: none), so older fingerprints keep
-#: their hash
-OPTIONAL_PARTS = ("backend", "eval_sets")
+#: present only when not the default (``backend``: transformers; ``eval_sets``: none; ``control``: a plain
+#: evaluation), so older fingerprints keep their hash
+OPTIONAL_PARTS = ("backend", "eval_sets", "control")
+#: the part a control run's fingerprint has and a plain evaluation's lacks (``tuneproof baseline --few-shot K``:
+#: ``{"kind": "few_shot", "k", "seed", "shots": [ids]}``); :func:`diff_fingerprints` with ``controls=True`` leaves it
+#: out, so a candidate is compared with a control under the same procedure otherwise
+CONTROL_PART = "control"
 #: the ``eval`` keys whose role (:data:`tuneproof.study.ROLES`) puts them in a part: every ``decodes`` key in
 #: ``decoding``, every ``scores`` key in ``metrics``. Of those, the keys below every fingerprint has held since
 #: its first version; any other joins its part only when set away from its default, so that fingerprints
@@ -58,6 +62,7 @@ def eval_fingerprint(
     base_weights: str | None = None,
     chat_template: dict | None = None,
     eval_sets: list[dict] | None = None,
+    control: dict | None = None,
 ) -> dict:
     """Fingerprint of an evaluation procedure.
 
@@ -78,6 +83,8 @@ def eval_fingerprint(
         eval_sets: the study's ``eval.sets`` as read (:func:`tuneproof.data.eval_sets.fingerprint_part`: each
             ``{"name", "sha256", "bytes", "n", "references"}``), hashed in the ``eval_sets`` part; empty or None
             (a study without sets) leaves the fingerprint as before.
+        control: what makes a control run a control (a few-shot control: ``{"kind": "few_shot", "k", "seed",
+            "shots": [ids]}``), hashed in its own ``control`` part; None (a plain evaluation) has no such part.
 
     Returns:
         ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
@@ -127,6 +134,8 @@ def eval_fingerprint(
         content["backend"] = {"name": backend}
     if eval_sets:
         content["eval_sets"] = list(eval_sets)
+    if control:
+        content[CONTROL_PART] = dict(control)
     names = PARTS + tuple(p for p in OPTIONAL_PARTS if p in content)
     parts = {name: sha256_json(content[name]) for name in names}
     combined = "".join(f"{name}={parts[name]}\n" for name in names)
@@ -145,13 +154,18 @@ def _role_part(cfg: Eval, role: str) -> dict[str, Any]:
 
 
 def study_eval_fingerprint(
-    ctx: StudyContext, examples: list[Example] | None = None, *, base_weights: str | None = None
+    ctx: StudyContext,
+    examples: list[Example] | None = None,
+    *,
+    base_weights: str | None = None,
+    control: dict | None = None,
 ) -> dict:
     """:func:`eval_fingerprint` of a study's evaluation of ``examples`` (default its eval examples,
     :meth:`~tuneproof.context.StudyContext.eval_examples`): its eval section, task, required fields,
     tokenizer identity and compute dtype; ``base_weights``: the dtype the evaluated model's base
     weights were held in (default the study's, :attr:`~tuneproof.context.StudyContext.base_weights`); with
     ``eval.sets``, each set's content (:attr:`~tuneproof.context.StudyContext.eval_sets`).
+    ``control``: a control run's ``control`` part (:func:`eval_fingerprint`).
 
     Raises:
         TuneproofError: duplicate example ids, a precision refused on this machine, or an ``eval.sets`` entry that
@@ -168,6 +182,7 @@ def study_eval_fingerprint(
         base_weights=base_weights or ctx.base_weights,
         chat_template=fingerprint_part(getattr(ctx.pipeline, "chat", None)),
         eval_sets=sets_fingerprint_part(ctx.eval_sets) if ctx.study.eval.sets else None,
+        control=control,
     )
 
 
@@ -176,9 +191,15 @@ def batch_size_matters(eval_cfg: Any, precision: str | None) -> bool:
     return bool(eval_cfg.do_sample) or precision in ("bf16", "fp16")
 
 
-def diff_fingerprints(a: dict, b: dict) -> list[str]:
+def diff_fingerprints(a: dict, b: dict, *, controls: bool = False) -> list[str]:
     """Names of the parts whose hashes differ (a part present on one side only counts), in
-    the order of :data:`PARTS`, then any other names sorted. Empty when identical."""
-    pa, pb = a.get("parts", {}), b.get("parts", {})
+    the order of :data:`PARTS`, then any other names sorted. Empty when identical.
+
+    ``controls``: leave out the :data:`CONTROL_PART` (a candidate compared with a control run: the control is what
+    differs by design; every other part must still match)."""
+    pa, pb = dict(a.get("parts", {})), dict(b.get("parts", {}))
+    if controls:
+        pa.pop(CONTROL_PART, None)
+        pb.pop(CONTROL_PART, None)
     names = [p for p in PARTS if p in pa or p in pb] + sorted((set(pa) | set(pb)) - set(PARTS))
     return [p for p in names if pa.get(p) != pb.get(p)]

@@ -171,6 +171,7 @@ def evaluate_into(
     served: tuple[Path, Path | None] | None = None,
     check_examples: list[Example] | None = None,
     beat: Any = None,
+    control: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary; then generate each of
     ``eval.sets`` with the same model and procedure, once, after the split's first pass
@@ -183,6 +184,8 @@ def evaluate_into(
     with ``eval.backend: vllm``, whose check runs first on a sample of ``check_examples`` (default
     ``examples``; :func:`predict_served`). ``beat``: the command's heartbeat (:func:`tuneproof.ui.heartbeat`),
     told ``repeat r of N`` with ``eval.repeat`` > 1.
+    ``control``: a control run's ``control`` fingerprint part (the few-shot control,
+    :func:`tuneproof.evaluation.fingerprint.eval_fingerprint`).
 
     ``eval.repeat: N`` > 1 evaluates the model N times (:mod:`tuneproof.evaluation.noise`): repeat 1 as above (its
     outputs are the run's), repeats 2..N on a seeded permutation of the examples batched in that order (with
@@ -271,7 +274,7 @@ def evaluate_into(
         )
     held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
     base_weights = held if held in ("fp32", "bf16") else "fp32"
-    efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights)
+    efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights, control=control)
     run.write_json(
         "eval.json",
         {

@@ -12,6 +12,7 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.controls import latest_plain_baseline
 from tuneproof.io import read_json
 from tuneproof.models.build import load_trained_model
 from tuneproof.models.identity import compare_base, compare_tokenizer, compare_trained, trained_weights_record
@@ -133,7 +134,7 @@ def check_tokenizer(ctx: StudyContext, train_run_id: str, command: str) -> None:
     """
     rec = ctx.registry.get(train_run_id)
     base_id = rec.summary.get("baseline_run")
-    baseline = ctx.registry.get(base_id) if base_id else ctx.registry.latest("baseline")
+    baseline = ctx.registry.get(base_id) if base_id else latest_plain_baseline(ctx.registry)
     now = ctx.tokenizer_identity
     refs = []
     for r in (rec, baseline):

@@ -9,7 +9,12 @@ Features:
   fingerprint recorded;
 - never reads the reserved test split;
 - refuses unless the data check of the current data fingerprint passed (run inline when there is
-  none; ``--skip-data-check REASON`` overrides, recorded in the run), see :mod:`tuneproof.recipes.protocol`.
+  none; ``--skip-data-check REASON`` overrides, recorded in the run), see :mod:`tuneproof.recipes.protocol`;
+- ``--few-shot K``: a control run (summary ``control: few_shot``, ``few_shot: K``): the base model with K
+  training examples shown before each evaluated one (drawn once by ``eval.seed``, stratified by class, recorded in
+  ``shots.json``), the same procedure otherwise (its fingerprint's ``control`` part aside); refused before any run
+  for a classification head (no prompt), K < 1, a train split with fewer than K examples, or a longest prompt that
+  does not fit the context with ``eval.max_new_tokens`` (:mod:`tuneproof.recipes.few_shot`).
 """
 
 from __future__ import annotations
@@ -27,21 +32,24 @@ from tuneproof.models.base_model import load_model
 from tuneproof.models.identity import base_hashes
 from tuneproof.models.method import cast_base_for_inference
 from tuneproof.recipes.common import record_inputs
+from tuneproof.recipes.few_shot import FewShot, prepare_few_shot
 from tuneproof.recipes.protocol import require_data_check
 from tuneproof.study import STUDY_FILE
 from tuneproof.ui import console, heartbeat, user_text
 
 
-def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -> str:
-    """Evaluate the base model; returns the run id.
+def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None, few_shot: int | None = None) -> str:
+    """Evaluate the base model (with ``few_shot``: K demonstrations in each prompt, a control run); returns the run id.
 
     Raises:
-        TuneproofError: the hypothesis does not fit the data, or ``eval.backend`` cannot run here (exit 2, before any
-        run). CheckFailed: the data check of the current data failed (exit 3; no baseline run is started), or the
+        TuneproofError: the hypothesis does not fit the data, ``eval.backend`` cannot run here, or ``few_shot`` is
+            refused (:func:`tuneproof.recipes.few_shot.prepare_few_shot`) (exit 2, before any run).
+        CheckFailed: the data check of the current data failed (exit 3; no baseline run is started), or the
             backend check refused ``eval.backend: vllm`` (exit 3; the run is invalid, no numbers).
     """
     check_against_data(ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE)  # bad input: exit 2 before any run
     require_backend(ctx)  # eval.backend vllm without vllm or CUDA: exit 2 before any run
+    shots: FewShot | None = prepare_few_shot(ctx, few_shot) if few_shot is not None else None  # exit 2, no run
     data_check = require_data_check(ctx, "baseline", data_check_override)
     with evaluation_run(ctx, "baseline") as run, heartbeat("baseline", "hashing the base model's weights") as beat:
         record_inputs(ctx, run)
@@ -50,11 +58,13 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
             data_check_run=data_check,
             **({"data_check_override": data_check_override.strip()} if data_check_override else {}),
         )
-        examples = ctx.eval_examples()
+        examples = ctx.eval_examples() if shots is None else shots.examples
+        if shots is not None:
+            shots.record(run)
         device, _, _ = ctx.torch_setup()
         console.print(
-            f"[bold]{run.id}[/] baseline of {user_text(ctx.base.display_name)} on {len(examples)} "
-            f"'{user_text(ctx.study.eval.split)}' examples",
+            f"[bold]{run.id}[/] {'baseline' if shots is None else f'few-shot control (K={shots.k})'} of "
+            f"{user_text(ctx.base.display_name)} on {len(examples)} '{user_text(ctx.study.eval.split)}' examples",
             soft_wrap=True,
         )
         labels = ctx.head_labels
@@ -67,7 +77,8 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
                 "before fine-tuning; its baseline is chance level"
             )
         beat.update(f"evaluating {len(examples)} examples")
-        print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline", beat=beat))
+        control = None if shots is None else shots.fingerprint_part
+        print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline", beat=beat, control=control))
         print_noise(ctx, run)
         run.update_summary(base=ctx.base.identity())
         return run.id

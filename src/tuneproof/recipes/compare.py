@@ -31,6 +31,16 @@ from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
+from tuneproof.evaluation.controls import (
+    control_block,
+    control_kind,
+    control_label,
+    control_lines,
+    few_shot_controls,
+    judge_against_control,
+    latest_plain_baseline,
+    strongest_control,
+)
 from tuneproof.evaluation.eval_sets import compare_sets, set_lines
 from tuneproof.evaluation.fingerprint import diff_fingerprints
 from tuneproof.evaluation.noise import comparison_floor, flips_text, noise_decided_text, read_noise
@@ -137,7 +147,7 @@ def run_compare(
         TuneproofError: see :func:`tuneproof.hypothesis.resolve` (empty reason, task changed after training).
     """
     if against is None:
-        latest = ctx.registry.latest("baseline")
+        latest = latest_plain_baseline(ctx.registry)  # a few-shot control is shown beside it, never in its place
         if latest is None:
             raise TuneproofError("no completed baseline run", hint="run `tuneproof baseline` first")
         against = latest.id
@@ -148,13 +158,15 @@ def run_compare(
     base_rec, base_out = load_outputs(ctx, against)
     base_noise = read_noise(ctx.registry.runs_dir / base_rec.id, base_rec)  # None: evaluated once
     base_efp = (ctx.registry.run_json(base_rec.id, "eval.json") or {}).get("fingerprint", {})
+    controls, judged_id, judged_why = _controls(ctx, base_rec, base_efp, judging)
     results: dict[str, Any] = {}
     with ctx.registry.run("compare", parent=base_rec.id) as run, heartbeat("compare", "scoring") as beat:
         for cid in cand_ids:
             rec, out = load_outputs(ctx, cid)
             notes = []
             efp = (ctx.registry.run_json(rec.id, "eval.json") or {}).get("fingerprint", {})
-            differs = diff_fingerprints(base_efp, efp) if base_efp and efp else ["unknown"]
+            is_control = control_kind(base_rec) is not None or control_kind(rec) is not None
+            differs = diff_fingerprints(base_efp, efp, controls=is_control) if base_efp and efp else ["unknown"]
             if differs:
                 msg = f"{rec.id} was evaluated differently from baseline {base_rec.id} (differs: {', '.join(differs)})"
                 if not allow_different_procedure:
@@ -189,6 +201,9 @@ def run_compare(
                     "verdicts": alt[0],
                     "overall": alt[1],
                 }
+            _against_controls(
+                ctx, rec.id, result, controls, out, efp, judging, (judged_id, judged_why), base_rec, notes
+            )
             result["judged_against"] = judging.judged_against
             result["notes"] = notes
             results[rec.id] = result
@@ -210,6 +225,11 @@ def run_compare(
                 "baseline_kind": base_rec.kind,  # another kind than baseline: two candidates, never the verdict
                 "candidates": results,
                 "hypothesis": judging.to_json(),
+                "controls": [
+                    {"run": r.id, "control": control_kind(r) or "baseline", "label": control_label(r)}
+                    for r in [base_rec, *(c for c, _ in controls)]
+                ],
+                "judged_control": {"run": judged_id, "label": _label_of(ctx, judged_id), "why": judged_why},
                 "verdict": overall.get("verdict"),
                 "detail": overall.get("detail"),
                 **both,
@@ -221,12 +241,104 @@ def run_compare(
             verdict=overall.get("verdict"),
             verdicts={cid: r.get("overall", {}).get("verdict") for cid, r in results.items()},
             judged_against=judging.judged_against,
+            judged_control=judged_id,
             hypothesis_changed=judging.changed,
             use_edited_hypothesis=judging.reason,
             **{k: v for k, v in both.items() if k.startswith("verdict_")},
         )
         hyp.record_override(ctx.study_dir, judging, "compare", run.id)
         return run.id
+
+
+def _label_of(ctx: StudyContext, run_id: str) -> str:
+    return control_label(ctx.registry.get(run_id))
+
+
+def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[list, str, str]:
+    """The other completed controls a candidate is shown against (the plain baseline when ``base_rec`` is not it,
+    and the latest few-shot control per K), each with its outputs, and the control the success criterion is
+    judged against with why: the frozen hypothesis's choice for ``success.against: strongest``
+    (``hypothesis.frozen.json``'s ``against``), the strongest now when nothing is frozen yet, else ``base_rec``.
+
+    Raises:
+        CheckFailed: a control did not complete its evaluation (:func:`check_complete`).
+        TuneproofError: the control the frozen hypothesis names is no longer in the registry.
+    """
+    setting = (judging.primary.get("success") or {}).get("against", hyp.AGAINST_DEFAULT)
+    judged_id, why = base_rec.id, "hypothesis.success.against: baseline"
+    if setting == "strongest":
+        named = judging.against_control if judging.frozen is not None else None
+        if named is None and judging.frozen is None:
+            metric = (judging.primary.get("success") or {}).get("metric")
+            named = strongest_control(ctx.registry, metric, base_efp) if metric else None
+            when = "chosen now (nothing frozen yet: no train run)"
+        else:
+            when = "chosen when the hypothesis was frozen"
+        if named and named.get("run"):
+            judged_id = ctx.registry.get(named["run"]).id
+            why = (
+                f"hypothesis.success.against: strongest: {named.get('label')} {judged_id} "
+                f"({named.get('metric')} {named.get('value')}), {when}"
+            )
+        else:
+            why = "hypothesis.success.against: strongest, but no control was recorded at freeze time: " + str(
+                (named or {}).get("note") or "the hypothesis was frozen before the key existed"
+            )
+    plain = latest_plain_baseline(ctx.registry)
+    runs = ([plain] if plain is not None else []) + few_shot_controls(ctx.registry)
+    if judged_id not in [r.id for r in runs]:
+        runs.append(ctx.registry.get(judged_id))
+    out = []
+    for rec in runs:
+        if rec.id == base_rec.id:
+            continue
+        check_complete(ctx.registry, ctx.registry.check_record(rec.id))
+        out.append((rec, load_outputs(ctx, rec.id)[1]))
+    return out, judged_id, why
+
+
+def _against_controls(
+    ctx: StudyContext,
+    cid: str,
+    result: dict,
+    controls: list,
+    out: list,
+    efp: dict,
+    judging,
+    judged: tuple[str, str],
+    base_rec,
+    notes: list[str],
+) -> None:
+    """The candidate against each other control (paired, judged under the same view): ``result["controls"]``
+    (:func:`tuneproof.evaluation.controls.control_block`, the compared baseline first), ``result["judged_control"]``;
+    the success verdict judged against ``judged_id`` when it is not the compared baseline
+    (:func:`tuneproof.evaluation.controls.judge_against_control`). A control evaluated by another procedure (its
+    ``control`` part aside) is left out with a note, unless it is the judged one (refused); the candidate ``cid``
+    itself is never its own control."""
+    judged_id, why = judged
+    blocks = {base_rec.id: control_block(base_rec, result)}
+    for rec, cout in controls:
+        if rec.id == cid:
+            continue  # a control compared as a candidate is not its own control
+        cfp = (ctx.registry.run_json(rec.id, "eval.json") or {}).get("fingerprint", {})
+        differs = diff_fingerprints(cfp, efp, controls=True) if cfp and efp else ["unknown"]
+        if differs:
+            msg = f"control {rec.id} ({control_label(rec)}) was evaluated differently (differs: {', '.join(differs)})"
+            if rec.id == judged_id:
+                raise TuneproofError(
+                    msg + "; the frozen hypothesis judges the success criterion against it",
+                    hint="evaluate the candidate with the study's procedure (`tuneproof eval`)",
+                )
+            notes.append(msg + ": not compared")
+            continue
+        # the success criterion against a control is judged above the pair's own noise floor (eval.repeat)
+        floors = [read_noise(ctx.registry.runs_dir / r.id, r) for r in (rec, ctx.registry.get(cid))]
+        noise = comparison_floor(*floors, rec.id, cid) if any(f is not None for f in floors) else None
+        blocks[rec.id] = control_block(rec, _paired(ctx, cout, out, judging.primary, noise))
+    result["controls"] = blocks
+    result["judged_control"] = {"run": judged_id, "label": blocks.get(judged_id, {}).get("label"), "why": why}
+    if judged_id != base_rec.id and judged_id in blocks:
+        judge_against_control(result, blocks[judged_id], blocks[judged_id]["label"], judged_id, base_rec.id)
 
 
 def print_judging(judging) -> None:
@@ -325,5 +437,7 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json", against: st
             f"{alt['overall']['verdict']}[/] ({user_text(alt['overall']['detail'])})",
             soft_wrap=True,
         )
+    for line in control_lines(r):
+        console.print(user_text(line), soft_wrap=True)
     for n in r.get("notes", []):
         console.print(f"  [yellow]note[/]: {user_text(n)}", soft_wrap=True)

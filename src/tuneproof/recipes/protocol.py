@@ -29,6 +29,7 @@ from typing import Any
 
 from tuneproof import hypothesis as hyp
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.controls import plain_baselines
 from tuneproof.evaluation.fingerprint import diff_fingerprints, study_eval_fingerprint
 from tuneproof.io import read_json
 from tuneproof.recipes.data_check import run_data_check
@@ -127,7 +128,7 @@ def require_baseline(ctx, override: str | None = None) -> str | None:
         return None
     efp = study_eval_fingerprint(ctx)
     revision = ctx.base.revision
-    done = ctx.registry.list(kind="baseline", status="completed")
+    done = plain_baselines(ctx.registry)  # a few-shot control (baseline --few-shot K) never gates train
     for rec in reversed(done):
         if (
             rec.eval_fingerprint == efp["hash"]

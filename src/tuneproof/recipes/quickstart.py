@@ -1,9 +1,12 @@
 """Recipe ``quickstart``: the whole protocol on real data, on a CPU-only machine.
 
 SNIPS (7 intents, slots) turned into strict JSON extraction with SmolLM2-135M-Instruct + LoRA:
-init -> data check -> baseline (fixed class-balanced subset of the validation split) -> preflight
-(with ``--fast`` or ``--preflight``) -> train -> eval (same procedure) -> compare (paired, guards judged) -> export
-(bound to the base) -> dossier. ``--fast`` shrinks everything for tests (no gain is expected there).
+init -> data check -> baseline (fixed class-balanced subset of the validation split) -> few-shot control
+(``baseline --few-shot 3``: 3 training examples of 3 intents in each prompt; the extraction quickstart only) ->
+preflight (with ``--fast`` or ``--preflight``) -> train -> eval (same procedure) -> compare (paired, guards judged;
+the candidate against the baseline and the few-shot control) -> export (bound to the base) -> dossier; the last
+lines say whether LoRA beat the few-shot prompt (the paired delta of the success metric and its 95% CI).
+``--fast`` shrinks everything for tests (no gain is expected there).
 
 Run again in the same folder (after Ctrl-C, a crash, a reboot), the quickstart resumes its study: the
 study file must be the one these options write (else it is refused, naming the file); each step whose
@@ -23,6 +26,7 @@ from tuneproof.context import StudyContext
 from tuneproof.data.digits import write_digits_folder
 from tuneproof.data.locate import find_data_root
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.controls import control_kind
 from tuneproof.evaluation.screen import metric_short
 from tuneproof.io import atomic_write_text
 from tuneproof.models.base_model import MODEL_CACHE
@@ -76,6 +80,11 @@ def quickstart_study_text(*, fast: bool, speedups: str = "auto") -> str:
         text = head + yaml.safe_dump(raw, sort_keys=False)
     return text
 
+
+#: K of the quickstart's few-shot control: 3 SNIPS queries of 3 intents (a few hundred prompt tokens more per example)
+QUICKSTART_SHOTS = 3
+#: the quickstart steps whose run is of another kind, with the control it is (``_earlier_run`` keeps them apart)
+STEP_RUNS = {"few-shot": ("baseline", "few_shot")}
 
 IMAGE_OVERRIDES = {  # a ViT initialised from a config learns the digits from scratch: full fine-tuning, more steps
     "method": {"kind": "full"},
@@ -190,6 +199,8 @@ def run_quickstart(
     except ImportError:
         pass
     steps.append(("baseline", lambda: run_baseline(ctx)))
+    if not image:  # an image classifier reads no prompt: no few-shot control
+        steps.append(("few-shot", lambda: run_baseline(ctx, few_shot=QUICKSTART_SHOTS)))
     if fast or preflight:
         steps.append(("preflight", lambda: run_preflight(ctx)))
     # without the preflight step the train run says so (recorded like `train --skip-preflight`)
@@ -230,7 +241,8 @@ def _earlier_run(ctx: StudyContext, name: str, after: int, runs: dict):
     the step runs again (``report`` always does)."""
     if name == "report":
         return None
-    candidates = [r for r in ctx.registry.list(kind=name) if r.seq > after]
+    kind, control = STEP_RUNS.get(name, (name, None))
+    candidates = [r for r in ctx.registry.list(kind=kind) if r.seq > after and control_kind(r) == control]
     if name == "eval":
         candidates = [r for r in candidates if r.parent == runs.get("train")]
     for rec in reversed(candidates):
@@ -270,5 +282,28 @@ def _print_outcome(ctx: StudyContext, out: dict) -> None:
     cmp = ctx.registry.run_json(out["runs"]["compare"], "compare.json") or {}
     if cmp.get("verdict"):
         console.print(f"verdict: [bold]{cmp['verdict']}[/]")
+    if "few-shot" in out["runs"]:
+        line = beat_line((cmp.get("candidates") or {}).get(out["runs"]["eval"]) or {}, out["runs"]["few-shot"])
+        console.print(user_text(line), soft_wrap=True)
     console.print(f"dossier: [bold]{user_text(out['runs']['report'])}[/]", soft_wrap=True)
     console.print(f"total time: {out['seconds']:.0f} s")
+
+
+def beat_line(entry: dict, control_id: str) -> str:
+    """One line: whether the candidate (LoRA) beat the few-shot control ``control_id``, from its compare entry's
+    comparison with that control (the success metric's paired delta, its 95% bootstrap CI, the success rule)."""
+    b = (entry.get("controls") or {}).get(control_id)
+    s = (b or {}).get("success") or {}
+    if not s:
+        return f"few-shot control {control_id}: not compared (see the compare run's notes)"
+    said = {
+        "pass": "LoRA beat",
+        "fail": "LoRA did not beat",
+        "inconclusive": "LoRA is not shown to beat",
+    }.get(s.get("verdict"), "LoRA vs")
+    ci = s.get("ci") or [None, None]
+    return (
+        f"{said} the {b.get('label')} {control_id}: {s.get('metric')} {fmt(s.get('base'))} -> {fmt(s.get('cand'))}, "
+        f"paired delta {fmt(s.get('delta'))} (95% CI [{fmt(ci[0])}, {fmt(ci[1])}]; gain required "
+        f"{fmt(s.get('threshold'))})"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuneproof.evaluation.controls import control_kind, control_label
 from tuneproof.recipes.lineage import print_tree
 from tuneproof.registry import Registry, iso, override_flags, resume_hint
 from tuneproof.ui import console, fmt, print_json, table, user_text
@@ -58,6 +59,8 @@ def show_runs(study: Path, *, tree: bool = False, as_json: bool = False) -> None
         if baseline_fp and r.data_fingerprint and r.data_fingerprint != baseline_fp:
             flags.append("data differs from baseline")
         flags += override_flags(r.summary)
+        if control_kind(r) is not None:  # baseline --few-shot K: a control, not the baseline train is gated on
+            flags.append(f"control: {control_label(r)}")
         if r.summary.get("multi_change"):
             flags.append("multi-change variant")
         if isinstance(r.summary.get("clock_went_back"), dict):  # times as read, flagged (registry.clock_flag)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.controls import latest_plain_baseline
 from tuneproof.evaluation.recording import load_outputs
 from tuneproof.recipes.compare import resolve_candidate
 from tuneproof.tasks import get_task, task_config
@@ -63,7 +64,8 @@ def run_show(
     base: list[dict] = []
     bid = None
     if regressed or fixed or against:
-        bid = against or (ctx.registry.latest("baseline").id if ctx.registry.latest("baseline") else None)
+        plain = latest_plain_baseline(ctx.registry)  # a few-shot control is named with --against, never the default
+        bid = against or (plain.id if plain is not None else None)
         if bid is None:
             raise TuneproofError("--regressed/--fixed need a completed baseline run", hint="run `tuneproof baseline`")
         _, base = load_outputs(ctx, bid)

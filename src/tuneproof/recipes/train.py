@@ -42,7 +42,8 @@ from typing import Any
 
 from tuneproof.context import StudyContext
 from tuneproof.data.preprocess import raise_on_faults
-from tuneproof.hypothesis import freeze_and_seal
+from tuneproof.evaluation.controls import choose_against
+from tuneproof.hypothesis import FROZEN_FILE, freeze_and_seal
 from tuneproof.models.build import save_trained
 from tuneproof.models.identity import base_hashes, trained_weights_record
 from tuneproof.models.method import base_weights_dtype
@@ -64,7 +65,9 @@ def record_start(ctx: StudyContext, run) -> dict[str, Any]:
         base["quantization"] = ctx.quantization
     record_inputs(ctx, run)
     run.write_json("base.json", base)
-    freeze_and_seal(ctx.study_dir, ctx.study, run)  # docs/PROTOCOL.md step 1: the first train run fixes (and seals) it
+    # docs/PROTOCOL.md step 1: the first train run fixes (and seals) it, with the control success.against names
+    against = None if (ctx.study_dir / FROZEN_FILE).exists() else choose_against(ctx)
+    freeze_and_seal(ctx.study_dir, ctx.study, run, against=against)
     return base
 
 

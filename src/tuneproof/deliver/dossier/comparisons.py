@@ -14,6 +14,53 @@ from tuneproof.tasks import get_task
 from tuneproof.ui import capped
 
 
+def _control_blocks(r: dict) -> list[dict]:
+    """The candidate against each control (the baseline, each few-shot control): the success metric paired, its
+    95% CI, the McNemar counts, the success verdict against it; and the control the verdict was judged against
+    (:mod:`tuneproof.evaluation.controls`). Nothing for a comparison with the baseline alone."""
+    controls = r.get("controls") or {}
+    if len(controls) < 2:
+        return []
+    judged = r.get("judged_control") or {}
+    rows = []
+    for rid, b in controls.items():
+        s, c = b.get("success") or {}, b.get("counts") or {}
+        rows.append(
+            [
+                b.get("label"),
+                rid + (" (judged against)" if rid == judged.get("run") else ""),
+                s.get("base"),
+                s.get("cand"),
+                s.get("delta"),
+                _ci(s.get("ci")),
+                f"{c.get('fixed')} / {c.get('broken')}",
+                fmt_p((b.get("mcnemar") or {}).get("p_value")),
+                s.get("verdict"),
+            ]
+        )
+    metric = next((b.get("success") or {}).get("metric") for b in controls.values())
+    blocks = [
+        _table(
+            [
+                "control",
+                "run",
+                f"{metric}: control",
+                "candidate",
+                "delta",
+                "95% CI",
+                "fixed / broken",
+                "McNemar p",
+                "success",
+            ],
+            rows,
+        ),
+        _paragraph(f"the success criterion was judged against {judged.get('run')}: {judged.get('why')}."),
+    ]
+    if r.get("control_reason"):
+        blocks.append({"type": "strong", "text": r["control_reason"]})
+    return blocks
+
+
 def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
     compares = [r for r in ev.runs if r.kind == "compare" and r.status == "completed"]
     if not compares:
@@ -64,6 +111,7 @@ def _comparisons(ev: _Evidence, plots: bool) -> list[dict]:
                     ],
                 )
             )
+            blocks += _control_blocks(r)
             pc, pf = r.get("per_class") or {}, r.get("per_field") or {}
             cm = per_class_metric(task)
             if pc:

@@ -8,6 +8,7 @@ from typing import Any
 from tuneproof import hypothesis as hyp
 from tuneproof.deliver.headline import Headline, choose
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.controls import control_kind
 from tuneproof.evaluation.outputs import SET_OUTPUTS_KEY, set_outputs_path
 from tuneproof.io import read_jsonl
 
@@ -85,8 +86,14 @@ class _Evidence:
         except Exception:  # noqa: BLE001
             return []
 
-    def latest(self, kind: str, any_status: bool = False):
-        runs = [r for r in self.runs if r.kind == kind and (any_status or r.status == "completed")]
+    def latest(self, kind: str, any_status: bool = False, *, controls: bool = False):
+        """The latest run of ``kind`` (completed unless ``any_status``); a control run (a few-shot baseline,
+        :mod:`tuneproof.evaluation.controls`) only with ``controls``."""
+        runs = [
+            r
+            for r in self.runs
+            if r.kind == kind and (any_status or r.status == "completed") and (controls or control_kind(r) is None)
+        ]
         return runs[-1] if runs else None
 
 

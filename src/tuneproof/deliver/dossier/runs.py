@@ -14,6 +14,7 @@ from tuneproof.deliver.dossier.blocks import (
     seconds_text,
 )
 from tuneproof.deliver.dossier.evidence import _Evidence
+from tuneproof.evaluation.controls import control_kind, control_label
 from tuneproof.evaluation.screen import metric_short
 from tuneproof.registry import iso, override_flags
 from tuneproof.ui import capped
@@ -53,6 +54,19 @@ def _baseline(ev: _Evidence) -> list[dict]:
         if metrics
         else _paragraph("no metrics recorded")
     )
+    controls = [r for r in ev.runs if r.kind == "baseline" and r.status == "completed" and control_kind(r)]
+    if controls:  # baseline --few-shot K: the same procedure with K training examples in each prompt
+        blocks.append(
+            {
+                "type": "list",
+                "items": [
+                    f"control {r.id}: {control_label(r)} (shots {', '.join(r.summary.get('few_shot_ids') or [])}, "
+                    f"drawn from train with eval.seed {r.summary.get('few_shot_seed')}); "
+                    + ", ".join(f"{metric_short(k)} {_fmt(v)}" for k, v in (r.summary.get("metrics") or {}).items())
+                    for r in controls
+                ],
+            }
+        )
     return blocks
 
 

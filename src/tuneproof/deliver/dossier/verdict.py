@@ -24,6 +24,7 @@ from tuneproof.deliver.limits import (
     observed_limits,
     summary_limits,
 )
+from tuneproof.evaluation.controls import control_kind, control_label, control_lines
 from tuneproof.evaluation.screen import guard_lines
 from tuneproof.storage import safety_line
 from tuneproof.ui import capped, capped_items
@@ -38,6 +39,25 @@ def _verdict_text(ev: _Evidence, entry: dict | None) -> str | None:
     if other:
         text += f"; with the {other[0]} hypothesis: {other[1].get('verdict')} ({other[1].get('detail')})"
     return text
+
+
+def _control_item(line: str) -> str:
+    """A line of :func:`~tuneproof.evaluation.controls.control_lines` as a list item: the judged control said in
+    words rather than marked with ``*``."""
+    text = line.strip()
+    if text.startswith("* "):
+        return text[2:] + " (the control the success criterion was judged against)"
+    return text.replace(" (*):", ":")
+
+
+def _against_text(ev: _Evidence, succ: dict) -> str:
+    """What the success criterion's gain is measured against (``hypothesis.success.against``)."""
+    if succ.get("against", "baseline") != "strongest":
+        return "baseline"
+    chosen = ev.judging.against_control or {}
+    if chosen.get("run"):
+        return f"strongest control ({chosen.get('label')} {chosen.get('run')}, chosen when the hypothesis was frozen)"
+    return "strongest control (none recorded at freeze time: the baseline)"
 
 
 def _summary(ev: _Evidence) -> list[dict]:
@@ -66,6 +86,9 @@ def _summary(ev: _Evidence) -> list[dict]:
         )
         blocks.append(criteria_table(verdicts))
         blocks += set_guard_blocks(verdicts)  # a guard on eval.sets that decided the verdict, with its numbers
+        controls = [_control_item(line) for line in control_lines(first)[1:]]
+        if controls:  # the candidate against each control; the one the success criterion was judged against
+            blocks.append({"type": "list", "items": controls})
         for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse
             if (first.get(key) or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the {who} {first[key]['detail']}"})
@@ -93,7 +116,7 @@ def _summary(ev: _Evidence) -> list[dict]:
         blocks.append({"type": "list", "items": capped_items(others, cap=3, where="section Comparisons")})
     items = [
         f"hypothesis: {h.get('behaviour')}; success: {succ.get('metric')} gains "
-        f"at least {succ.get('min_gain')} over the baseline "
+        f"at least {succ.get('min_gain')} over the {_against_text(ev, succ)} "
         f"(95% CI lower bound); {len(h.get('guards') or [])} guard(s)",
         f"study: {s.name} ({s.hypothesis.task}); base model: {s.model.base}"
         + (f" @ {s.model.revision}" if s.model.revision else ""),
@@ -170,8 +193,12 @@ def _resumed_candidates(ev: _Evidence, cid: str | None, exp) -> list[str]:
 def _other_lines(ev: _Evidence) -> list[str]:
     """One line per comparison that is not against a baseline run (two candidates): what it compared and that
     it is no verdict of the hypothesis."""
+    by_id = {r.id: r for r in ev.runs}
     return [
-        f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({_kind_of(ev, ref)} run, not a baseline): "
+        f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({control_label(by_id[ref])}, a control named with "
+        "--against): not a verdict of the hypothesis (compare against the baseline judges it against each control)"
+        if ref in by_id and control_kind(by_id[ref]) is not None
+        else f"comparison {c.id}: {', '.join(cands) or '?'} vs {ref} ({_kind_of(ev, ref)} run, not a baseline): "
         "candidates compared with each other, not a verdict of the hypothesis"
         for c, ref, cands in other_comparisons(ev.runs, ev.json)
     ]

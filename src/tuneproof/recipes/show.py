@@ -64,7 +64,7 @@ def run_show(
     base: list[dict] = []
     bid = None
     if regressed or fixed or against:
-        plain = latest_plain_baseline(ctx.registry)  # a few-shot control is named with --against, never the default
+        plain = None if against else latest_plain_baseline(ctx.registry)  # a few-shot control: named, never default
         bid = against or (plain.id if plain is not None else None)
         if bid is None:
             raise TuneproofError("--regressed/--fixed need a completed baseline run", hint="run `tuneproof baseline`")

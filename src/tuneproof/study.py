@@ -783,21 +783,41 @@ class Storage(_Strict):
     @field_validator("remote")
     @classmethod
     def _remote_uri(cls, uri: str | None) -> str | None:
-        if uri is None:
-            return None
-        scheme, sep, rest = uri.partition("://")
-        if not sep or scheme.lower() not in _REMOTE_SCHEMES or not rest.strip("/"):
-            raise ValueError(
-                f"'{uri}' is not a remote URI: use s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, "
-                "sftp://user@host/path or file:///path"
-            )
-        netloc = rest.split("/", 1)[0]
-        if ":" in netloc.rsplit("@", 1)[0] and "@" in netloc:
-            raise ValueError(
-                f"storage.remote holds a password ('{scheme}://{netloc.split(':', 1)[0]}:***@...'): credentials come "
-                "from the environment or the store's own config (AWS_*, ~/.ssh keys), never from the study file"
-            )
-        return uri.rstrip("/")
+        return None if uri is None else remote_uri(uri)
+
+
+def remote_uri(uri: str) -> str:
+    """``uri`` as a remote copy's URI (the scheme lower-cased, RFC 3986 3.1; no trailing ``/``).
+
+    Raises:
+        ValueError: not ``scheme://...`` of a known store; ``file://`` with a host (``file://dir/x`` reads as a
+            path relative to the current folder: three slashes name an absolute path); ``sftp://`` without a
+            path on the host; a password in the URI (credentials come from the environment).
+    """
+    scheme, sep, rest = uri.strip().partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in _REMOTE_SCHEMES or not rest.strip("/"):
+        raise ValueError(
+            f"'{uri}' is not a remote URI: use s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, "
+            "sftp://user@host/path or file:///path"
+        )
+    netloc, _, path = rest.partition("/")
+    if ":" in netloc.rsplit("@", 1)[0] and "@" in netloc:
+        raise ValueError(
+            f"storage.remote holds a password ('{scheme}://{netloc.split(':', 1)[0]}:***@...'): credentials come "
+            "from the environment or the store's own config (AWS_*, ~/.ssh keys), never from the study file"
+        )
+    if scheme == "file" and netloc not in ("", "localhost"):
+        raise ValueError(
+            f"'{uri}' names the host '{netloc}': a file:// URI takes an absolute path after three slashes "
+            f"(file:///{netloc}/{path} for the folder /{netloc}/{path})"
+        )
+    if scheme == "sftp" and not path.strip("/"):
+        raise ValueError(
+            f"'{uri}' names no folder on {netloc}: the remote copy would be written at the top of the login's home; "
+            f"name one: sftp://{netloc}/path/to/study"
+        )
+    return f"{scheme}://{rest}".rstrip("/")
 
 
 class Study(_Strict):

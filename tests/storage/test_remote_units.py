@@ -11,8 +11,9 @@ import pytest
 from tiny_study import study_config
 from tuneproof.context import parse_study
 from tuneproof.errors import TuneproofError
-from tuneproof.storage import Store, redact, safety
+from tuneproof.storage import Store, StoreError, redact, safety
 from tuneproof.storage.mirror import Mirror, local_files, newest_manifest
+from tuneproof.storage.restore import fetch
 
 
 def test_a_password_in_storage_remote_is_refused_and_never_shown(tmp_path):
@@ -89,3 +90,94 @@ def test_old_manifests_and_only_their_objects_are_removed(tmp_path):
     assert (tmp_path / "remote" / "objects" / "ff" / ("f" * 64)).exists()
     kept = newest_manifest(store)["files"]["notes.txt"]["sha256"]
     assert store.read_bytes(f"objects/{kept[:2]}/{kept}") == b"version 4\n"
+
+
+@pytest.mark.parametrize(
+    ("uri", "said"),
+    [
+        ("sftp://host.example", "names no folder on host.example"),
+        ("file://relative/x", "file:///relative/x for the folder /relative/x"),
+        ("s3:/bucket", "is not a remote URI"),
+    ],
+)
+def test_a_remote_uri_that_would_land_elsewhere_is_refused_naming_the_form(tmp_path, uri, said):
+    raw = study_config(tmp_path / "base")
+    raw["storage"] = {"remote": uri}
+    with pytest.raises(TuneproofError, match=said):
+        parse_study(raw, tmp_path / "tuneproof.yaml")
+
+
+def test_the_scheme_of_a_remote_uri_is_read_in_any_case(tmp_path):
+    raw = study_config(tmp_path / "base")
+    raw["storage"] = {"remote": "S3://bucket/prefix/"}
+    assert parse_study(raw, tmp_path / "tuneproof.yaml").storage.remote == "s3://bucket/prefix"
+
+
+def test_a_file_remote_inside_the_study_it_copies_is_refused(tmp_path):
+    study = _folder(tmp_path)
+    with pytest.raises(TuneproofError, match="is inside the study folder it copies"):
+        Mirror(study, f"file://{study / 'backup'}")
+    Mirror(study, f"file://{tmp_path / 'backup'}")  # beside it: accepted
+
+
+def test_a_folder_the_store_cannot_make_is_one_store_error_never_a_traceback(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for folder in (tmp_path / "afile" / "remote", Path("/proc/no-such-tuneproof-mount/remote")):
+        store = Store(f"file://{folder}")  # NotADirectoryError, FileNotFoundError (a missing mount)
+        with pytest.raises(StoreError, match="making objects/ab failed"):
+            store.put_bytes("objects/ab/abc", b"data")
+
+
+def test_a_hand_edited_newest_manifest_is_skipped_and_restore_names_it(tmp_path):
+    study = _folder(tmp_path)
+    uri = f"file://{tmp_path / 'remote'}"
+    Mirror(study, uri, ["models/**"]).push(with_index=False)
+    store = Store(uri)
+    m = json.loads(store.read_bytes("manifests/m-000001.json"))
+    m["files"]["tuneproof.yaml"]["sha256"] = "../../../etc/passwd"  # edited by hand
+    store.put_bytes("manifests/m-000002.json", json.dumps(m).encode())
+    found = newest_manifest(store)
+    assert (found["name"], found["skipped"]) == ("m-000001.json", ["m-000002.json"])
+    said: list[str] = []
+    out = fetch(store, tmp_path / "restored", say=said.append)
+    assert out.files == 4 and not out.altered and not out.missing
+    assert "m-000002.json do not parse" in said[1] and "restored from m-000001.json" in said[1]
+
+
+def test_a_restore_cut_by_the_store_leaves_no_half_folder(tmp_path, monkeypatch):
+    study = _folder(tmp_path)
+    uri = f"file://{tmp_path / 'remote'}"
+    Mirror(study, uri, ["models/**"]).push(with_index=False)
+    store = Store(uri)
+    calls = []
+
+    def cut(rel, local):
+        calls.append(rel)
+        if len(calls) == 3:
+            raise StoreError("store gone")
+        Path(local).write_bytes(store.read_bytes(rel))
+
+    monkeypatch.setattr(store, "get_file", cut)
+    with pytest.raises(StoreError):
+        fetch(store, tmp_path / "new" / "restored")
+    assert not (tmp_path / "new" / "restored").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreError):
+        calls.clear()
+        fetch(store, tmp_path / "empty")
+    assert list((tmp_path / "empty").iterdir()) == []  # the empty folder given stays, empty
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(TuneproofError, match="is a file, not a folder"):
+        fetch(store, tmp_path / "afile")
+
+
+def test_restore_refuses_a_mistyped_uri_and_an_unmakeable_folder_in_one_line(tmp_path):
+    from tuneproof.recipes.restore import run_restore
+
+    with pytest.raises(TuneproofError, match="cannot restore: 's3:/bucket' is not a remote URI"):
+        run_restore("s3:/bucket", tmp_path / "x")
+    study = _folder(tmp_path)
+    Mirror(study, f"file://{tmp_path / 'remote'}", ["models/**"]).push(with_index=False)
+    with pytest.raises(TuneproofError, match="cannot make the folder"):
+        run_restore(f"FILE://{tmp_path / 'remote'}", Path("/proc/no-such-tuneproof-mount/study"))
+    assert not (tmp_path / "x").exists()

@@ -211,9 +211,10 @@ def check_lease(store: Store, state: dict[str, Any], *, take_over: bool = False,
         return
     if isinstance(held, dict) and held.get("lease") and not take_over:
         seen = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(held.get("seen") or 0)))
+        where = f"study folder {held.get('folder')} on " if held.get("folder") else ""
         raise LeaseHeld(
-            f"{store.shown} is the remote copy written by host {held.get('host')} (pid {held.get('pid')}, "
-            f"last seen {seen} UTC): two machines writing one prefix would mix their studies"
+            f"{store.shown} is the remote copy written by {where}host {held.get('host')} (pid {held.get('pid')}, "
+            f"last seen {seen} UTC): two studies writing one prefix would mix them"
         )
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "lease": state["lease"], "since": now, "seen": now}
     mine.update({"study": study, "folder": state.get("folder")})

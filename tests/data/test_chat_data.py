@@ -313,3 +313,17 @@ def test_cleaning_rules_apply_to_earlier_user_turns_too():
     (out,), dropped = clean([ex], ["strip", "collapse_whitespace"])
     assert dropped == [] and out.text == "final question"
     assert out.context == [{"role": "system", "content": " keep  me "}, _u("first question"), _a(" said  so ")]
+
+
+def test_an_empty_system_message_is_the_rows_own_rendered_empty_and_counted(tmp_path):
+    rows = [{"messages": [{"role": "system", "content": ""}, _u("q"), _a("a")]}, ROWS[0]]
+    exs, _ = load_chat(_write_jsonl(tmp_path / "c.jsonl", rows), FieldMap())
+    assert exs[0].system == "" and exs[0].context == [{"role": "system", "content": ""}]
+    t = make_tokenizer()
+    pipe = TextPipeline(t, Prompt(system="Default."), 256)
+    assert pipe.prompt_text(exs[0]).startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\nq")
+    for ex in exs:
+        ex.meta["chat_turns"] = len(ex.context) + 2
+    summary = chat_summary({"train": exs}, {"train": [pipe.encode(e) for e in exs]}, "last")
+    assert (summary["own_system"], summary["empty_system"]) == (1, 1)
+    assert ", 1 of them empty: rendered empty, eval.prompt.system not used" in summary["line"]

@@ -138,6 +138,8 @@ def test_a_template_without_system_role_gets_the_system_folded_into_the_first_us
         "<bos><start_of_turn>user\nBe brief.\n\nhello world<end_of_turn>\n<start_of_turn>model\n"
     )
     assert fold_system([{"role": "system", "content": "S"}]) == [{"role": "user", "content": "S"}]
+    empty = [{"role": "system", "content": " "}, {"role": "user", "content": "hello world"}]  # no blank head
+    assert fold_system(empty) == [{"role": "user", "content": "hello world"}]
 
 
 def test_a_template_that_drops_the_system_message_is_a_fault_naming_it(tok):

@@ -17,8 +17,9 @@ the rendered conversation (:func:`context_answer_spans`); evaluation still judge
 
 A row is refused (all refused rows of a file named in one error, :class:`~tuneproof.data.rows.BadRows`)
 when its turns are missing or not a list, a turn is not an object or lacks its role or content, a
-role is unknown, a content is empty or not a string, a system message is not the first turn, the
-last turn is not an assistant's, or the turn before it is not a user's.
+role is unknown, a content is not a string or is empty (a user or assistant turn; an empty system message
+is the row's own system message, rendered as given and counted by the data check), a system message is not the
+first turn, the last turn is not an assistant's, or the turn before it is not a user's.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _turn(raw: Any, where: str, key: str, k: int, max_chars: int) -> dict[str, s
     if not isinstance(content, str):
         shown = "no content" if content is None else f"a {type(content).__name__} content, not text"
         raise TuneproofError(f"{at} ({role}) has {shown}", hint="every turn needs a text content")
-    if not content.strip():
+    if not content.strip() and known[role] != "system":  # an empty system message is the row's own, empty
         raise TuneproofError(f"{at} ({role}) has an empty content", hint="fill or drop the row")
     if len(content) > max_chars:
         raise TuneproofError(
@@ -261,13 +262,14 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     faults only; the line says how many examples were left out (their faults, such as a template that drops
     think blocks from history, are listed beside it).
 
-    Returns ``{"conversations", "own_system", "multi_turn", "max_turns", "train_on",
+    Returns ``{"conversations", "own_system", "empty_system", "multi_turn", "max_turns", "train_on",
     "context_supervised_tokens", "examples_counted", "examples_with_faults", "line"}``.
     """
     chats = [e for v in splits.values() for e in v if "chat_turns" in e.meta]
     if not chats:
         return None
     own = sum(1 for e in chats if e.system is not None)
+    empty = sum(1 for e in chats if e.system is not None and not e.system.strip())
     multi = sum(1 for e in chats if any(t["role"] == "assistant" for t in e.context))
     most = max(e.meta["chat_turns"] for e in chats)
     clean = [x for v in encoded.values() for x in v if not getattr(x, "faults", None)]
@@ -280,7 +282,9 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
         else f"{sup} tokens in earlier turns, end tokens included"
     )
     line = (
-        f"chat: {len(chats)} conversations ({own} with their own system message, {multi} multi-turn, up to {most} "
+        f"chat: {len(chats)} conversations ({own} with their own system message"
+        + (f", {empty} of them empty: rendered empty, eval.prompt.system not used" if empty else "")
+        + f", {multi} multi-turn, up to {most} "
         f"turns); data.chat.train_on {train_on}: "
         + (
             f"every assistant turn supervised ({counted})"
@@ -291,6 +295,7 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     return {
         "conversations": len(chats),
         "own_system": own,
+        "empty_system": empty,
         "multi_turn": multi,
         "max_turns": most,
         "train_on": train_on,

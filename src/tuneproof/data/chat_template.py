@@ -309,12 +309,13 @@ def fingerprint_part(chat: ChatTemplate | None) -> dict[str, Any]:
 def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """System messages folded into the head of the next user turn (``system + "\\n\\n" + user``), the
     way Gemma-3's and Mistral's own templates place a system prompt; a system message with no user turn
-    after it becomes a user turn."""
+    after it becomes a user turn; an empty (or whitespace) system message is left out."""
     out: list[dict[str, Any]] = []
     pending: list[str] = []
     for m in messages:
         if m.get("role") == "system":
-            pending.append(str(m.get("content") or ""))
+            if str(m.get("content") or "").strip():  # an empty system message folds to nothing, not a blank head
+                pending.append(str(m.get("content") or ""))
             continue
         if m.get("role") == "user" and pending:
             m = {**m, "content": "\n\n".join([*pending, str(m.get("content") or "")])}

@@ -311,6 +311,10 @@ class Data(_Strict):
 
 
 # --------------------------------------------------------------------------- model & method
+#: the variables every chat-template render gives the template itself (transformers' ``apply_chat_template``)
+RENDER_ARGUMENTS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+
+
 class ModelSpec(_Strict):
     base: str = Field(description="built-in alias (smollm2-135m-instruct, minilm-l6), local folder, or hub id")
     revision: str | None = Field(
@@ -338,6 +342,17 @@ class ModelSpec(_Strict):
         description="the token that ends an answer: supervised once at the end of every answer and the generation "
         "stop token; auto: the special token the template puts after an assistant's content, else eos",
     )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_variables(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(kwargs) & RENDER_ARGUMENTS)
+        if taken:
+            raise ValueError(
+                f"'{taken[0]}' is given to the template by every render ({', '.join(sorted(RENDER_ARGUMENTS))}) "
+                "and cannot be set here: give only the template's own variables (enable_thinking, ...)"
+            )
+        return kwargs
 
 
 class Method(_Strict):

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import TuneproofError
+from tuneproof.study import RENDER_ARGUMENTS
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 #: the harmony (gpt-oss) final channel: the answer follows it, up to the end of the message
@@ -61,6 +62,12 @@ def _clock(when: datetime):
     return strftime_now
 
 
+def template_file(value: str | None) -> str | None:
+    """The file ``model.chat_template`` names (as written), or None for Jinja text or no value
+    (the rule of :func:`load_template_text`)."""
+    return None if value is None or "{%" in value or "{{" in value else value
+
+
 def load_template_text(value: str | None, study_dir: str | Path | None = None) -> str | None:
     """``model.chat_template`` as Jinja text: the value itself when it holds ``{%`` or ``{{``, else the
     file it names (relative to ``study_dir``), read as UTF-8.
@@ -68,7 +75,7 @@ def load_template_text(value: str | None, study_dir: str | Path | None = None) -
     Raises:
         TuneproofError: the file does not exist or cannot be read (names the key and the path).
     """
-    if value is None or "{%" in value or "{{" in value:
+    if template_file(value) is None:
         return value
     path = Path(value)
     if not path.is_absolute() and study_dir is not None:
@@ -100,8 +107,9 @@ class ChatTemplate:
         stop_ids: the generation's stop token ids (end of turn, then eos when different).
 
     Raises:
-        TuneproofError: the template does not compile or fails on a plain user turn, or ``model.end_of_turn``
-            is not one token of the vocabulary.
+        TuneproofError: the template does not compile (its file and line named) or fails on a plain user turn,
+            ``model.chat_template_kwargs`` sets a variable every render gives (:data:`RENDER_ARGUMENTS`), or
+            ``model.end_of_turn`` is not one token of the vocabulary.
     """
 
     def __init__(
@@ -112,13 +120,22 @@ class ChatTemplate:
         end_of_turn="auto",
         *,
         plain: bool = False,
+        source: str | None = None,
     ):
         self.tok = tokenizer
+        self.source = source  # the file model.chat_template names (None: inline text or the tokenizer's)
         self.text = template if template is not None else getattr(tokenizer, "chat_template", None) or None
         if plain:  # a sequence classifier: its text is tokenised alone, no template is rendered
             self.text = None
         self.overridden = template is not None
         self.kwargs = dict(kwargs or {})
+        taken = sorted(set(self.kwargs) & RENDER_ARGUMENTS)
+        if taken:
+            raise TuneproofError(
+                f"{KWARGS_KEY}.{taken[0]}: tuneproof gives the template '{taken[0]}' itself at every render "
+                f"({', '.join(sorted(RENDER_ARGUMENTS))}); it cannot be set here",
+                hint=f"remove it from {KWARGS_KEY}; give only the template's own variables (enable_thinking, ...)",
+            )
         pinned = self.kwargs.pop("strftime_now", None)
         self.pinned_date = pinned
         self._pinned_clock = None
@@ -145,6 +162,8 @@ class ChatTemplate:
     # ------------------------------------------------------------------ rendering
     @property
     def where(self) -> str:
+        if self.source:
+            return f"{TEMPLATE_KEY} {self.source}"
         return TEMPLATE_KEY if self.overridden else "the tokenizer's chat template"
 
     def _compile(self) -> None:
@@ -154,8 +173,9 @@ class ChatTemplate:
         try:
             self._compiled = _compile_jinja_template(self.text)
         except jinja2.TemplateError as err:
+            line = getattr(err, "lineno", None)
             raise TuneproofError(
-                f"{self.where} does not compile: {type(err).__name__}: {err}",
+                f"{self.where}{f' line {line}' if line else ''} does not compile: {type(err).__name__}: {err}",
                 hint=f"fix the template, or set {TEMPLATE_KEY} to a file holding a valid one",
             ) from None
 
@@ -374,6 +394,29 @@ def parse_answer(raw: str, plain: str, answer_from: str, specials: Sequence[str]
     else:
         got = m.group(1) if m.re.groups else m.group(0)
     return _strip_specials(got or "", specials)
+
+
+def regex_miss(raw: str, answer_from: str) -> str | None:
+    """Why the regular expression ``answer_from`` (``eval.answer_from``) reads an empty answer out of
+    ``raw``: ``"it does not match"``, ``"it matches an empty text"`` or its group 1 that takes no part in
+    the match; None for ``auto`` / ``raw`` or a non-empty answer."""
+    if answer_from in ("auto", "raw"):
+        return None
+    m = re.search(answer_from, raw, flags=re.DOTALL)
+    if m is None:
+        return "the expression does not match"
+    name = "answer" if "answer" in m.re.groupindex else (1 if m.re.groups else 0)
+    got = m.group(name)
+    if got is None:
+        return (
+            f"its group {name!r} takes no part in the match: name the answer's group (?P<answer>...)"
+            if name != 0
+            else None
+        )
+    if not got.strip():
+        what = "the whole match" if name == 0 else f"its group {name!r}"
+        return f"{what} is empty (at character {m.start(name)})"
+    return None
 
 
 def split_generation(

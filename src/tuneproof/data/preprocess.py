@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages
-from tuneproof.data.chat_template import KWARGS_KEY, TEMPLATE_KEY, ChatTemplate, special_texts, split_generation
+from tuneproof.data.chat_template import (
+    KWARGS_KEY,
+    TEMPLATE_KEY,
+    ChatTemplate,
+    regex_miss,
+    special_texts,
+    split_generation,
+)
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed, TuneproofError
@@ -316,7 +323,7 @@ class TextPipeline:
         # what a model that emits exactly the supervised tokens generates, read back as the evaluation reads it
         emitted = [tid for tid, (a, b) in zip(a_ids, a_off) if a >= start and b <= end and b > a]
         before_tokens = sum(1 for a, b in a_off if a >= start and b <= t_at and b > a) if t_at >= 0 else 0
-        gold = split_generation(self.tok, emitted, self.stop_ids, self.answer_from, self._specials)[1]
+        gold_raw, gold = split_generation(self.tok, emitted, self.stop_ids, self.answer_from, self._specials)
         if self.loss == "answer_only":
             a_labels = [
                 tid if (a >= start and b <= end and b > a) else IGNORE_INDEX for tid, (a, b) in zip(a_ids, a_off)
@@ -394,9 +401,10 @@ class TextPipeline:
                 f"'{visible(target.strip()[:80])}': a model that learned exactly its training tokens would answer so"
             )
         elif not faults and target and gold != target.strip():
+            miss = regex_miss(gold_raw, self.answer_from) if not gold else None
             faults.append(
                 f"the supervised answer, decoded and parsed as the evaluation does (eval.answer_from: "
-                f"{self.answer_from}), gives '{visible(gold[:80])}', not the reference "
+                f"{self.answer_from}{': ' + miss if miss else ''}), gives '{visible(gold[:80])}', not the reference "
                 f"'{visible(target.strip()[:80])}': "
                 "a model that learned exactly its training tokens would be scored wrong"
             )

@@ -370,3 +370,27 @@ def test_a_kwarg_every_render_gives_is_refused_in_the_study_file():
     assert ModelSpec(base="b", chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == {
         "enable_thinking": False
     }
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}",  # writes without end
+        "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",  # writes nothing
+    ],
+)
+def test_a_template_that_loops_is_stopped_with_one_line(tok, monkeypatch, loop):
+    import time
+
+    import tuneproof.data.chat_template as ct
+
+    monkeypatch.setattr(ct, "RENDER_LIMIT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(TuneproofError) as err:
+        ChatTemplate(tok, loop + CHATML)
+    assert time.monotonic() - started < 5
+    assert "model.chat_template renders more than 16 M characters or for more than 0.5 s" in err.value.message
+    assert err.value.message.endswith(": a loop that does not end")
+    import signal
+
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the timer is off again

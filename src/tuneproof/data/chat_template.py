@@ -36,6 +36,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+import signal
+import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -185,7 +188,7 @@ class ChatTemplate:
         special = {k: v for k, v in self.tok.special_tokens_map.items() if isinstance(v, str)}
         clock = clock or self._pinned_clock
         extra = {"strftime_now": clock} if clock is not None else {}
-        return self._compiled.render(
+        chunks = self._compiled.generate(
             messages=_plain_template_data(messages),
             tools=None,
             documents=None,
@@ -193,6 +196,7 @@ class ChatTemplate:
             **_plain_template_data({**special, **self.kwargs}),
             **extra,
         )
+        return _bounded(chunks, self.where)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, *, clock=None) -> str:
         """The template applied to ``messages`` (``[{"role", "content"}]``), system folded where the
@@ -324,6 +328,57 @@ def fingerprint_part(chat: ChatTemplate | None) -> dict[str, Any]:
         **({"kwargs": rec["kwargs"]} if rec["kwargs"] else {}),
         **({"end_of_turn": chat.end_of_turn_setting} if chat.end_of_turn_setting != "auto" else {}),
     }
+
+
+#: a render past these bounds is a template that loops (far beyond any real conversation's prompt)
+RENDER_LIMIT_S = 10.0
+RENDER_LIMIT_CHARS = 16 << 20
+
+
+class _RenderTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise _RenderTimeout
+
+
+def _bounded(chunks, where: str) -> str:
+    """The text of a template's render (``Template.generate``'s chunks), stopped past
+    :data:`RENDER_LIMIT_S` seconds or :data:`RENDER_LIMIT_CHARS` characters: a loop that writes is
+    stopped at its next chunk; in the main thread a SIGALRM timer also stops a loop that writes nothing.
+
+    Raises:
+        TuneproofError: past a bound (names the template and the bound).
+    """
+    out: list[str] = []
+    size, start, stopped = 0, time.monotonic(), False
+    timer = threading.current_thread() is threading.main_thread() and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    previous = signal.signal(signal.SIGALRM, _alarm) if timer else None
+    try:
+        try:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, RENDER_LIMIT_S)
+            for chunk in chunks:
+                out.append(chunk)
+                size += len(chunk)
+                if size > RENDER_LIMIT_CHARS or time.monotonic() - start > RENDER_LIMIT_S:
+                    raise _RenderTimeout
+        finally:
+            if timer:  # an alarm that fires before this line is caught below
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    except _RenderTimeout:
+        stopped = True
+    finally:
+        if timer:
+            signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+    if stopped:
+        raise TuneproofError(
+            f"{where} renders more than {RENDER_LIMIT_CHARS >> 20} M characters or for more than "
+            f"{RENDER_LIMIT_S:g} s for one conversation ({size:,} characters so far): a loop that does not end",
+            hint=f"fix the template's loops, or set {TEMPLATE_KEY} to a file holding one that ends",
+        )
+    return "".join(out)
 
 
 def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

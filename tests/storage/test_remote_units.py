@@ -181,3 +181,27 @@ def test_restore_refuses_a_mistyped_uri_and_an_unmakeable_folder_in_one_line(tmp
     with pytest.raises(TuneproofError, match="cannot make the folder"):
         run_restore(f"FILE://{tmp_path / 'remote'}", Path("/proc/no-such-tuneproof-mount/study"))
     assert not (tmp_path / "x").exists()
+
+
+def test_a_copied_study_folder_is_another_study_and_a_moved_one_keeps_its_prefix(tmp_path):
+    import shutil
+
+    from tuneproof.storage.mirror import LeaseHeld, check_lease
+
+    study = _folder(tmp_path)
+    uri = f"file://{tmp_path / 'remote'}"
+    first = Mirror(study, uri, ["models/**"])
+    check_lease(first.connect(), first.state)
+    first.push(with_index=False)
+    copy = Path(shutil.copytree(study, tmp_path / "copy"))  # with its hidden state: the same lease id
+    second = Mirror(copy, uri, ["models/**"])
+    assert second.state["lease"] == first.state["lease"]
+    with pytest.raises(LeaseHeld, match=f"written by study folder {study.resolve()} on host"):
+        check_lease(second.connect(), second.state)
+    moved = study.rename(tmp_path / "moved")
+    third = Mirror(moved, uri, ["models/**"])
+    check_lease(third.connect(), third.state)  # the original folder is gone: a move, the prefix is its own
+    check_lease(second.connect(), second.state, take_over=True)
+    assert second.state["lease"] != first.state["lease"]  # taken over: the copy's own id from now on
+    with pytest.raises(LeaseHeld, match=f"written by study folder {copy.resolve()} on host"):
+        check_lease(third.connect(), third.state)

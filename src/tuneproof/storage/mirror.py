@@ -182,10 +182,17 @@ class LeaseHeld(Exception):
 
 
 def _ours(held: dict[str, Any], state: dict[str, Any]) -> bool:
-    """The lease is this machine's: its id, or this host and this study folder (a local state lost to a
-    full disk keeps its lease: the id is adopted)."""
+    """The lease is this machine's: its id from this folder (or from a folder of this host that was moved
+    here), or this host and this study folder (a local state lost to a full disk keeps its lease: the id is
+    adopted). A copy of the study folder carries its original's id: while the original's folder is there, the
+    copy is another study and is refused."""
     if held.get("lease") == state["lease"]:
-        return True
+        folder = held.get("folder")
+        if not folder or folder == state.get("folder"):
+            return True
+        # the same lease id from another folder: this folder was moved (the old one is gone), or copied with
+        # its hidden state (the old one is still there: two studies would write one prefix)
+        return held.get("host") == socket.gethostname() and not (Path(folder) / STATE_FILE).exists()
     if held.get("host") == socket.gethostname() and held.get("folder") and held.get("folder") == state.get("folder"):
         state["lease"] = held["lease"]
         return True
@@ -209,6 +216,8 @@ def check_lease(store: Store, state: dict[str, Any], *, take_over: bool = False,
         held = None  # a torn lease file: rewritten
     if isinstance(held, dict) and _ours(held, state) and not take_over:
         return
+    if take_over:
+        state["lease"] = uuid.uuid4().hex  # a copied folder's lease id is its original's: never shared again
     if isinstance(held, dict) and held.get("lease") and not take_over:
         seen = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(held.get("seen") or 0)))
         where = f"study folder {held.get('folder')} on " if held.get("folder") else ""

@@ -819,8 +819,9 @@ def remote_uri(uri: str) -> str:
     netloc, _, path = rest.partition("/")
     if ":" in netloc.rsplit("@", 1)[0] and "@" in netloc:
         raise ValueError(
-            f"storage.remote holds a password ('{scheme}://{netloc.split(':', 1)[0]}:***@...'): credentials come "
-            "from the environment or the store's own config (AWS_*, ~/.ssh keys), never from the study file"
+            f"the URI holds a password ('{scheme}://{netloc.split(':', 1)[0]}:***@...'): credentials come "
+            "from the environment or the store's own config (AWS_*, ~/.ssh keys), never from the study file or the "
+            "command line"
         )
     if scheme == "file" and netloc not in ("", "localhost"):
         raise ValueError(

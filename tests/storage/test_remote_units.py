@@ -205,3 +205,16 @@ def test_a_copied_study_folder_is_another_study_and_a_moved_one_keeps_its_prefix
     assert second.state["lease"] != first.state["lease"]  # taken over: the copy's own id from now on
     with pytest.raises(LeaseHeld, match=f"written by study folder {copy.resolve()} on host"):
         check_lease(third.connect(), third.state)
+
+
+@pytest.mark.parametrize("command", [["export", "r0003"], ["rental", "deliver"]])
+def test_a_mistyped_to_uri_is_refused_before_any_export(tmp_path, capfd, command):
+    from tuneproof.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--study", str(tmp_path / "no-study"), "--to", "s3:/bucket"])
+    assert done.value.code == 2
+    captured = capfd.readouterr()
+    err = captured.out + captured.err
+    assert "--to: 's3:/bucket' is not a remote URI" in err and "Traceback" not in err
+    assert not (Path.cwd() / "s3:").exists()  # fsspec would have read it as a local folder

@@ -327,3 +327,21 @@ def test_an_empty_system_message_is_the_rows_own_rendered_empty_and_counted(tmp_
     summary = chat_summary({"train": exs}, {"train": [pipe.encode(e) for e in exs]}, "last")
     assert (summary["own_system"], summary["empty_system"]) == (1, 1)
     assert ", 1 of them empty: rendered empty, eval.prompt.system not used" in summary["line"]
+
+
+def test_an_answer_cut_under_all_assistant_counts_its_own_tokens_apart_from_earlier_turns(tok):
+    turns = [m for k in range(4) for m in (_u(f"hello world {k} book a table"), _a(f"a b c {k} x y z"))]
+    ex = Example(id="long", text="what is the weather", target='{"intent": "GetWeather"}', context=turns)
+    whole = TextPipeline(tok, Prompt(), 512, train_on="all_assistant").encode(ex)
+    assert whole.faults == [] and whole.context_supervised > 0
+    last_earlier = max(i for i, lab in enumerate(whole.labels[: whole.prompt_tokens]) if lab != IGNORE_INDEX)
+    at = last_earlier - 2  # the cut falls inside the last earlier answer: the final answer is lost whole
+    earlier_lost = sum(1 for lab in whole.labels[at : whole.prompt_tokens] if lab != IGNORE_INDEX)
+    cut = TextPipeline(tok, Prompt(), at, train_on="all_assistant").encode(ex)
+    assert (cut.answer_lost, cut.answer_tokens) == (whole.answer_tokens, whole.answer_tokens)
+    assert cut.faults == [
+        f"the answer is cut by max_length {at}: {whole.answer_tokens} of {whole.answer_tokens} answer tokens lost, "
+        f"the end token '<|im_end|>' among them (the model would never learn to stop); and {earlier_lost} "
+        "supervised tokens of earlier assistant turns"
+    ]
+    assert earlier_lost > 0

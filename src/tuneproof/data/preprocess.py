@@ -352,13 +352,14 @@ class TextPipeline:
         )
         full_len = len(ids)
         truncated = full_len > self.max_length
-        cut = labels[self.max_length :]
-        # tokens of the answer (incl. its end token, the last one) that truncation removes
+        # tokens of the answer (incl. its end token, the last one) that truncation removes; supervised tokens of
+        # earlier turns (data.chat.train_on: all_assistant) sit in the prompt's positions and are counted apart
         answer_lost = (
-            sum(1 for lab in cut if lab != IGNORE_INDEX)
+            sum(1 for lab in labels[max(self.max_length, prompt_tokens) :] if lab != IGNORE_INDEX)
             if self.loss == "answer_only"
             else max(0, full_len - max(self.max_length, prompt_tokens))
         )
+        context_lost = sum(1 for lab in labels[self.max_length : prompt_tokens] if lab != IGNORE_INDEX)
         end_cut = answer_lost > 0
         ids, labels, offsets = ids[: self.max_length], labels[: self.max_length], offsets[: self.max_length]
         # position 0 is never a prediction target (nothing precedes it), see loss.token_loss_sum
@@ -381,6 +382,7 @@ class TextPipeline:
                 f"the answer is cut by max_length {self.max_length}: "
                 f"{answer_lost} of {answer_tokens} answer tokens lost, "
                 f"the end token {self.end_token!r} among them (the model would never learn to stop)"
+                + (f"; and {context_lost} supervised tokens of earlier assistant turns" if context_lost else "")
             )
         elif not truncated and self.end_token is not None:
             end_id = self.tok.convert_tokens_to_ids(self.end_token)

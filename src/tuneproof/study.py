@@ -776,6 +776,19 @@ class Tracking(_Strict):
     trackio: TrackioTracking | None = Field(None, description="mirror runs to Trackio (when installed)")
 
 
+#: files (one example of each kind) a restored study cannot do without: ``storage.exclude`` may not name them
+#: (the study file, hypothesis.FROZEN_FILE, data.split.MANIFEST, deliver.rental.RENTAL_FILE, a run's records)
+EVIDENCE_PATHS = (
+    "tuneproof.yaml",
+    "hypothesis.frozen.json",
+    "splits.json",
+    "rental.json",
+    "runs/r0001/run.json",
+    "runs/r0001/summary.json",
+    "runs/r0001/metrics.jsonl",
+    "runs/r0001/outputs.jsonl",
+)
+
 _REMOTE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "sftp", "file", "memory")
 
 
@@ -799,6 +812,21 @@ class Storage(_Strict):
     @classmethod
     def _remote_uri(cls, uri: str | None) -> str | None:
         return None if uri is None else remote_uri(uri)
+
+    @field_validator("exclude")
+    @classmethod
+    def _records_stay(cls, patterns: list[str]) -> list[str]:
+        import fnmatch  # noqa: PLC0415 - only for studies with storage.exclude
+
+        for pattern in patterns:
+            hit = next((rel for rel in EVIDENCE_PATHS if fnmatch.fnmatch(rel, pattern)), None)
+            if hit is not None:
+                raise ValueError(
+                    f"'{pattern}' would leave {hit} out of the remote copy: a restored study needs the study file, the "
+                    "frozen hypothesis, the frozen splits, the rental window and every run's records; exclude other "
+                    "files only (models/**, a data cache)"
+                )
+        return patterns
 
 
 def remote_uri(uri: str) -> str:

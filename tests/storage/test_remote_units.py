@@ -4,6 +4,7 @@ skipped, what is copied, how much is safe off the box (a file:// store)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,13 @@ def test_a_mistyped_to_uri_is_refused_before_any_export(tmp_path, capfd, command
     err = captured.out + captured.err
     assert "--to: 's3:/bucket' is not a remote URI" in err and "Traceback" not in err
     assert not (Path.cwd() / "s3:").exists()  # fsspec would have read it as a local folder
+
+
+@pytest.mark.parametrize(("pattern", "hit"), [("*.json", "hypothesis.frozen.json"), ("runs/**", "runs/r0001/run.json")])
+def test_storage_exclude_may_not_leave_the_evidence_out(tmp_path, pattern, hit):
+    raw = study_config(tmp_path / "base")
+    raw["storage"] = {"remote": "s3://bucket/x", "exclude": ["models/**", pattern]}
+    with pytest.raises(TuneproofError, match=f"'{re.escape(pattern)}' would leave {hit} out of the remote copy"):
+        parse_study(raw, tmp_path / "tuneproof.yaml")
+    raw["storage"]["exclude"] = ["models/**", "runs/*/checkpoints/**"]  # bytes the user may choose to keep local
+    assert parse_study(raw, tmp_path / "tuneproof.yaml").storage.exclude == ["models/**", "runs/*/checkpoints/**"]

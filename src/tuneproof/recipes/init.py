@@ -24,10 +24,12 @@ def run_init(directory: Path, task: str, *, force: bool = False) -> Path:
     its first line names for editors). Raises :class:`TuneproofError` if the study file exists
     (unless ``force``), ``directory`` is a file or cannot be written."""
     text = template_text(task)
-    if Path(directory).exists() and not Path(directory).is_dir():
+    folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        named = folder.parent if folder.name == STUDY_FILE else "NEW_FOLDER"
         raise TuneproofError(
             f"{directory} is a file, not a folder: init writes {STUDY_FILE} into a study folder",
-            hint=f"name the folder: tuneproof init {Path(directory).parent if Path(directory).name == STUDY_FILE else 'NEW_FOLDER'}",
+            hint=f"name the folder: tuneproof init {named}",
         )
     path = Path(directory) / STUDY_FILE
     if path.exists() and not force:

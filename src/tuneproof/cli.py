@@ -89,7 +89,19 @@ registry_app = typer.Typer(
 )
 app.add_typer(registry_app, name="registry")
 
-StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)")
+
+def _study_folder(value: Path) -> Path:
+    """``--study``: the study folder; its study file names the folder too (``--study s/tuneproof.yaml``)."""
+    if value.name == "tuneproof.yaml" and value.is_file():
+        return value.parent
+    if value.exists() and not value.is_dir():
+        raise TuneproofError(
+            f"--study {value}: a file, not a study folder", hint="name the folder that holds tuneproof.yaml"
+        )
+    return value
+
+
+StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)", callback=_study_folder)
 EditedHypothesisOpt = typer.Option(
     None,
     "--use-edited-hypothesis",

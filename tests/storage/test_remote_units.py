@@ -161,7 +161,7 @@ def test_a_restore_cut_by_the_store_leaves_no_half_folder(tmp_path, monkeypatch)
     monkeypatch.setattr(store, "get_file", cut)
     with pytest.raises(StoreError):
         fetch(store, tmp_path / "new" / "restored")
-    assert not (tmp_path / "new" / "restored").exists()
+    assert list((tmp_path / "new").iterdir()) == []  # neither the folder nor its hidden work folder
     (tmp_path / "empty").mkdir()
     with pytest.raises(StoreError):
         calls.clear()
@@ -170,6 +170,13 @@ def test_a_restore_cut_by_the_store_leaves_no_half_folder(tmp_path, monkeypatch)
     (tmp_path / "afile").write_text("x")
     with pytest.raises(TuneproofError, match="is a file, not a folder"):
         fetch(store, tmp_path / "afile")
+    # a restore killed by kill -9 leaves only its hidden work folder: the next one clears it and completes
+    (tmp_path / "new" / ".restored.restoring" / "runs").mkdir(parents=True)
+    (tmp_path / "new" / ".restored.restoring" / "half.bin").write_bytes(b"half")
+    monkeypatch.undo()
+    out = fetch(store, tmp_path / "new" / "restored")
+    assert out.files == 4 and sorted(p.name for p in (tmp_path / "new").iterdir()) == ["restored"]
+    assert not (tmp_path / "new" / "restored" / "half.bin").exists()
 
 
 def test_restore_refuses_a_mistyped_uri_and_an_unmakeable_folder_in_one_line(tmp_path):

@@ -100,20 +100,26 @@ def fetch(store: Store, dest: Path, *, say=None) -> Fetched:
             f"{dest}: the folder is not empty; restore writes into a new folder",
             hint="name a new folder: tuneproof restore URI NEW_FOLDER",
         )
-    made = not dest.exists()
+    # files go to a hidden folder beside dest, renamed into place once all are written: a restore killed
+    # (kill -9, the machine lost) leaves no half folder under the name asked, and the next restore clears it
+    work = dest.parent / f".{dest.name}.restoring"
     try:
-        dest.mkdir(parents=True, exist_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
     except OSError as err:
         raise TuneproofError(
             f"{dest}: cannot make the folder ({err.strerror or type(err).__name__})",
             hint="name a folder in a place this user can write: tuneproof restore URI NEW_FOLDER",
         ) from None
     try:
-        return _fetch_files(store, dest, manifest, say)
+        fetched = _fetch_files(store, work, manifest, say)
+        if dest.exists():
+            dest.rmdir()  # empty (checked above)
+        os.replace(work, dest)
+        return fetched
     except BaseException:  # unreachable store, full disk, Ctrl-C: no half-restored folder is left behind
-        shutil.rmtree(dest, ignore_errors=True)
-        if not made:
-            dest.mkdir(exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
         raise
 
 

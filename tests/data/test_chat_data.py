@@ -345,3 +345,14 @@ def test_an_answer_cut_under_all_assistant_counts_its_own_tokens_apart_from_earl
         "supervised tokens of earlier assistant turns"
     ]
     assert earlier_lost > 0
+
+
+def test_a_context_past_max_length_says_the_length_that_fits_or_fewer_turns(tok):
+    turns = [m for k in range(4) for m in (_u(f"hello world {k} book a table"), _a(f"a b c {k} x y z"))]
+    ex = Example(id="long", text="what is the weather", target='{"intent": "GetWeather"}', context=turns)
+    enc = TextPipeline(tok, Prompt(), 40).encode(ex)
+    need = enc.prompt_tokens + enc.answer_tokens
+    assert enc.n_supervised == 0 and enc.faults == [
+        f"0 supervised tokens after truncation (prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens > "
+        f"max_length 40): raise training.max_length to at least {need}, or keep fewer earlier turns in the row"
+    ]

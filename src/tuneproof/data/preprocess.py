@@ -375,7 +375,8 @@ class TextPipeline:
         elif n_sup == 0:
             faults.append(
                 f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer "
-                f"{answer_tokens} tokens > max_length {self.max_length})"
+                f"{answer_tokens} tokens > max_length {self.max_length}): raise training.max_length to at least "
+                f"{prompt_tokens + answer_tokens}" + (", or keep fewer earlier turns in the row" if ex.context else "")
             )
         elif end_cut and self.end_token is not None:
             faults.append(

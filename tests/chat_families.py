@@ -123,6 +123,72 @@ SMOLLM3 = (
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n{% endif %}{% endif %}"
 )
 
+# Phi-4: ChatML turns whose role is closed by <|im_sep|> instead of a newline
+PHI4 = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}<|im_sep|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant<|im_sep|>{% endif %}"
+)
+# Granite 3.x: role markers, every turn ended by <|end_of_text|> (the eos itself); without a system message the
+# template writes its own, with today's date
+GRANITE3 = (
+    "{% if messages[0]['role'] == 'system' %}{% set system_message = messages[0]['content'] %}"
+    "{% set turns = messages[1:] %}{% else %}"
+    "{% set system_message = 'Knowledge Cutoff Date: April 2024.\nToday\\'s Date: ' + strftime_now('%B %d, %Y') + "
+    "'.\nYou are Granite, developed by IBM.' %}{% set turns = messages %}{% endif %}"
+    "<|start_of_role|>system<|end_of_role|>{{ system_message }}<|end_of_text|>\n"
+    "{% for m in turns %}<|start_of_role|>{{ m['role'] }}<|end_of_role|>{{ m['content'] }}<|end_of_text|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif %}"
+)
+# Command-R: the BOS token in the text, one role token per turn, turns ended by <|END_OF_TURN_TOKEN|> (the eos)
+COMMAND_R = (
+    "{{ bos_token }}{% for m in messages %}<|START_OF_TURN_TOKEN|>"
+    "{% if m['role'] == 'system' %}<|SYSTEM_TOKEN|>{% elif m['role'] == 'user' %}<|USER_TOKEN|>"
+    "{% else %}<|CHATBOT_TOKEN|>{% endif %}{{ m['content'] }}<|END_OF_TURN_TOKEN|>{% endfor %}"
+    "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}"
+)
+# OLMo-2 / Tulu 3: plain-text role markers, an answer ended by the eos <|endoftext|> (also the bos)
+OLMO2 = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}\n"
+    "{% elif m['role'] == 'user' %}<|user|>\n{{ m['content'] }}\n"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}{{ eos_token }}"
+    "{% if not loop.last %}\n{% endif %}{% endif %}"
+    "{% if loop.last and add_generation_prompt %}<|assistant|>\n{% endif %}{% endfor %}"
+)
+# Llama-2 chat: the system text inside the first [INST] between <<SYS>> markers, every user turn opened by the BOS,
+# answers ended by the eos; roles must alternate; no generation prompt (the prompt ends with [/INST] anyway)
+LLAMA2 = (
+    "{% if messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] %}{% set turns = messages[1:] %}"
+    "{% else %}{% set sys = none %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and sys is not none %}{% set text = '<<SYS>>\n' + sys + '\n<</SYS>>\n\n' + m['content'] %}"
+    "{% else %}{% set text = m['content'] %}{% endif %}"
+    "{% if m['role'] == 'user' %}{{ bos_token + '[INST] ' + text | trim + ' [/INST]' }}"
+    "{% else %}{{ ' ' + text | trim + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+# DeepSeek-V3: the system text right after the BOS, fullwidth-bar role tokens, answers ended by the eos
+DEEPSEEK_V3 = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}<\uff5cUser\uff5c>{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<\uff5cAssistant\uff5c>{{ m['content'] }}"
+    "<\uff5cend\u2581of\u2581sentence\uff5c>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<\uff5cAssistant\uff5c>{% endif %}"
+)
+# Mistral v0.1: [INST] turns that must alternate, and any other role raises
+MISTRAL_V01 = (
+    "{{ bos_token }}{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% elif m['role'] == 'assistant' %}"
+    "{{ m['content'] }}{{ eos_token }}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}"
+    "{% endif %}{% endfor %}"
+)
+# a ChatML template without a system role: a system message raises
+CHATML_NO_SYSTEM = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 @dataclass
 class Family:
@@ -137,6 +203,8 @@ class Family:
     fix: dict[str, Any] = field(default_factory=dict)  # model.* keys that make the layout work
     before: str = ""  # text the template supervises before the answer (with the fix)
     system_role: str = "native"
+    all_assistant: bool = True  # False: history is rendered unlike a fresh answer; train_on all_assistant refused
+    add_bos: bool = False  # the tokenizer adds the bos when asked for special tokens (add_bos_token), as Llama's does
 
 
 IM = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -175,6 +243,7 @@ FAMILIES: dict[str, Family] = {
         added=["<think>", "</think>"],
         end_of_turn="<|im_end|>",
         fix={"chat_template_kwargs": {"enable_thinking": False}},
+        all_assistant=False,
     ),
     "deepseek-r1": Family(
         R1,
@@ -231,6 +300,7 @@ FAMILIES: dict[str, Family] = {
         refusal=("injects text that changes between two renders", "model.chat_template_kwargs: {strftime_now:"),
         fix={"chat_template_kwargs": {"strftime_now": "2026-01-31"}},
         before="<|channel|>final<|message|>",
+        all_assistant=False,
     ),
     "smollm3": Family(
         SMOLLM3,
@@ -252,6 +322,79 @@ FAMILIES: dict[str, Family] = {
         refusal=("injects text that changes between two renders", "model.chat_template_kwargs: {strftime_now:"),
         fix={"chat_template_kwargs": {"strftime_now": "2026-01-31", "enable_thinking": False}},
     ),
+    "phi-4": Family(
+        PHI4,
+        ["<|endoftext|>", "<|im_start|>", "<|im_sep|>", "<|im_end|>"],
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        end_of_turn="<|im_end|>",
+    ),
+    "granite-3": Family(
+        GRANITE3,
+        ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"],
+        eos="<|end_of_text|>",
+        bos="<|end_of_text|>",
+        end_of_turn="<|end_of_text|>",
+    ),
+    "command-r": Family(
+        COMMAND_R,
+        [
+            "<PAD>",
+            "<BOS_TOKEN>",
+            "<|END_OF_TURN_TOKEN|>",
+            "<|START_OF_TURN_TOKEN|>",
+            "<|SYSTEM_TOKEN|>",
+            "<|USER_TOKEN|>",
+            "<|CHATBOT_TOKEN|>",
+        ],
+        eos="<|END_OF_TURN_TOKEN|>",
+        bos="<BOS_TOKEN>",
+        pad="<PAD>",
+        end_of_turn="<|END_OF_TURN_TOKEN|>",
+        add_bos=True,
+    ),
+    "olmo-2": Family(
+        OLMO2,
+        ["<|endoftext|>", "<|pad|>"],
+        eos="<|endoftext|>",
+        bos="<|endoftext|>",
+        pad="<|pad|>",
+        added=["<|system|>", "<|user|>", "<|assistant|>"],
+        end_of_turn="<|endoftext|>",
+    ),
+    "llama-2": Family(
+        LLAMA2,
+        ["<unk>", "<s>", "</s>"],
+        eos="</s>",
+        bos="<s>",
+        end_of_turn="</s>",
+        add_bos=True,
+    ),
+    "deepseek-v3": Family(
+        DEEPSEEK_V3,
+        [
+            "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+            "<\uff5cend\u2581of\u2581sentence\uff5c>",
+            "<\uff5cUser\uff5c>",
+            "<\uff5cAssistant\uff5c>",
+        ],
+        eos="<\uff5cend\u2581of\u2581sentence\uff5c>",
+        bos="<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+        end_of_turn="<\uff5cend\u2581of\u2581sentence\uff5c>",
+        add_bos=True,
+    ),
+    "mistral-v0.1": Family(
+        MISTRAL_V01,
+        ["<unk>", "<s>", "</s>"],
+        eos="</s>",
+        bos="<s>",
+        end_of_turn="</s>",
+        system_role="folded",
+        add_bos=True,
+    ),
+    "chatml-no-system": Family(
+        CHATML_NO_SYSTEM, IM, eos="<|im_end|>", pad="<|endoftext|>", end_of_turn="<|im_end|>", system_role="folded"
+    ),
 }
 
 
@@ -268,6 +411,14 @@ def family_tokenizer(fam: Family, vocab_size: int = 420):
         vocab_size=vocab_size, special_tokens=fam.specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(CORPUS * 20, trainer)
+    if fam.add_bos:  # the bos added to every text tokenised with special tokens (Llama's add_bos_token)
+        from tokenizers import processors
+
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{fam.bos} $A",
+            pair=f"{fam.bos} $A {fam.bos} $B",
+            special_tokens=[(fam.bos, tok.token_to_id(fam.bos))],
+        )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=fam.bos, eos_token=fam.eos, pad_token=fam.pad or fam.eos
     )

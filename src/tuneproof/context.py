@@ -14,6 +14,7 @@ from typing import Any
 from tuneproof.data.chat_template import fingerprint_part
 from tuneproof.data.cleaning import clean, validate
 from tuneproof.data.dedup import apply_policy, find_duplicates
+from tuneproof.data.eval_sets import EvalSetData, load_eval_sets
 from tuneproof.data.examples import Example
 from tuneproof.data.semantic_dedup import (
     apply_semantic_policy,
@@ -211,6 +212,14 @@ class StudyContext:
             items = balanced_take(items, self.study.eval.max_examples, self.study.data.split.seed)
         return items
 
+    @cached_property
+    def eval_sets(self) -> list[EvalSetData]:
+        """The study's ``eval.sets``, read and checked (:func:`tuneproof.data.eval_sets.load_eval_sets`); [] when
+        it has none."""
+        if self.study.eval.sets:
+            self.modality  # noqa: B018 - refuses a set in a format the model's modality does not read
+        return load_eval_sets(self.study, self.study_dir, self.data_root)
+
     # ------------------------------------------------------------------ model
     @cached_property
     def base(self):
@@ -226,7 +235,7 @@ class StudyContext:
         everything that differs between them is asked of it.
 
         Raises:
-            TuneproofError: a ``data.sources`` entry in a format this modality does not read (an
+            TuneproofError: a ``data.sources`` or ``eval.sets`` entry in a format this modality does not read (an
                 image folder for a text model, a CSV of texts for an image classifier).
         """
         modality = modality_for(self.model_kind)
@@ -236,6 +245,13 @@ class StudyContext:
                     f"{self.study_dir / STUDY_FILE}: data.sources[{i}].format {src.format}: model.kind "
                     f"{self.model_kind} ({modality.name}) reads {', '.join(modality.source_formats)}",
                     hint="use a data format of the model's modality, or a model.kind that reads this data",
+                )
+        for i, spec in enumerate(self.study.eval.sets):  # eval.sets: prompts the same model reads
+            if spec.format not in modality.source_formats:
+                raise TuneproofError(
+                    f"{self.study_dir / STUDY_FILE}: eval.sets[{i}].format {spec.format}: model.kind "
+                    f"{self.model_kind} ({modality.name}) reads {', '.join(modality.source_formats)}",
+                    hint="an evaluation set holds inputs of the model's modality; remove the set or change its format",
                 )
         return modality
 

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from tuneproof.errors import TuneproofError
 
@@ -62,6 +71,10 @@ class Criterion(_Strict):
     min_gain: float = Field(0.0, description="minimum gain over the baseline (absolute, same unit as the metric)")
 
 
+#: the metric of a guard on an ``eval.sets`` entry that compares the candidate's outputs with the base's
+AGREEMENT = "agreement"
+
+
 class Guard(_Strict):
     """What must not regress. ``metric`` names an aggregate metric, or ``per_class_recall`` /
     ``per_class_f1`` / ``per_field_f1`` to apply the rule to every category or field."""
@@ -85,11 +98,37 @@ class Guard(_Strict):
         "each class on its own 95% CI; auto: holm when the guard judges >= 10 classes, else none",
     )
 
+    set: str | None = Field(
+        None,
+        description="judge the guard on this eval.sets entry instead of the eval split: metric agreement (share of "
+        "the set's examples where the candidate's answer equals the base's, docs/eval-sets.md) with floor, or a "
+        "task metric with max_drop / floor where the set has references",
+    )
+
     @model_validator(mode="after")
     def _has_a_rule(self) -> Guard:
         if self.max_drop is None and self.floor is None:
             raise ValueError(f"guard on '{self.metric}' sets neither max_drop nor floor: write the condition it checks")
+        if self.metric == AGREEMENT and self.set is None:
+            raise ValueError(
+                "metric agreement compares the candidate's outputs with the base's on an eval.sets entry: "
+                "set hypothesis.guards[].set to the set's name"
+            )
+        if self.metric == AGREEMENT and self.max_drop is not None:
+            raise ValueError(
+                "max_drop does not apply to metric agreement (it is no base-vs-candidate delta: the base agrees with "
+                "itself); write the least share that must agree as floor, e.g. floor: 0.8"
+            )
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``set`` is written only when given, so a guard without it dumps (and a frozen hypothesis hashes) exactly as
+        before the key existed."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("set") is None:
+            out.pop("set", None)
+        return out
 
 
 class Hypothesis(_Strict):
@@ -131,8 +170,9 @@ class Source(_Strict):
         "image-csv",
         "image-jsonl",
     ] = Field(
-        description="file format or a built-in dataset reader; chat: one conversation per row (messages or "
-        "ShareGPT conversations) in .jsonl/.json/.parquet; hf: a datasets folder or a dataset id + revision; "
+        description="file format or a built-in dataset reader; chat: one conversation per row (messages, "
+        "ShareGPT conversations or TRL prompt/completion) in .jsonl/.json/.parquet; "
+        "hf: a datasets folder or a dataset id + revision; "
         "lines: a split folder of line-aligned files (seq.in, label); "
         "imagefolder: root/[split/]class/image; image-csv / image-jsonl: path,label rows"
     )
@@ -153,7 +193,11 @@ class FieldMap(_Strict):
     """Column (or key, or file for ``format: lines``) names. A dotted name is a path into nested
     JSON objects; ``target`` may be a mapping ``{out_key: column}`` building a JSON object."""
 
-    text: str = Field("text", description="column holding the input text (format lines: the text file, default seq.in)")
+    text: str | list[str] = Field(
+        "text",
+        description="column holding the input text (format lines: the text file, default seq.in), or a list of "
+        "columns whose non-empty values are joined by a blank line, in order (Alpaca's [instruction, input])",
+    )
     label: str | None = Field(
         None, description="column holding the class label / category (format lines: default label)"
     )
@@ -169,6 +213,13 @@ class FieldMap(_Strict):
     optional: list[str] = Field(
         default_factory=list, description="columns (or target keys) that may be absent: null, counted by data check"
     )
+
+    @field_validator("text")
+    @classmethod
+    def _text_columns(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v) or not all(v)):
+            raise ValueError("a list of columns must name at least one column, each once")
+        return v
 
 
 class SplitPolicy(_Strict):
@@ -630,6 +681,36 @@ class Prompt(_Strict):
         return v
 
 
+class EvalSetFields(_Strict):
+    """Column (or key; format lines: file) names of an ``eval.sets`` entry; a dotted name is a path into nested JSON."""
+
+    text: str = Field(description="column holding the prompt's input text (the prompt template's {text})")
+    target: str | None = Field(
+        None, description="column holding the reference output; unset: the set has no references (agreement only)"
+    )
+    id: str | None = Field(None, description="column holding a stable id (default: file and line)")
+
+
+class EvalSet(_Strict):
+    """A second evaluation set (docs/eval-sets.md): prompts outside the task (e.g. general instructions in the
+    user's language) that baseline, eval and test generate after the eval split, with the same model, prompt
+    template and decoding; ``hypothesis.guards[].set`` judges the candidate's outputs against the base's on it."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="the set's name (letters, digits, _ . -): hypothesis.guards[].set names it; its outputs go to "
+        "runs/<id>/sets/<name>/outputs.jsonl",
+    )
+    path: str = Field(
+        description="file (or folder for format lines); relative paths are resolved from the study folder, "
+        "'$DATA/...' from the data root"
+    )
+    format: Literal["csv", "json", "jsonl", "parquet", "chat", "lines"] = Field(
+        "jsonl", description="file format, read by the readers of data.sources"
+    )
+    fields: EvalSetFields = Field(description="column mapping: text (required), target (optional), id")
+
+
 class Eval(_Strict):
     split: str = Field(
         "validation",
@@ -651,6 +732,15 @@ class Eval(_Strict):
         description="evaluate a fixed class-balanced subset of this size (the same number per class)",
         json_schema_extra=role("budget"),
     )
+    repeat: int = Field(
+        1,
+        ge=1,
+        description="evaluate the same model this many times (baseline, eval, test): repeat 1 in the canonical "
+        "order gives the run's outputs; each other repeat a seeded permutation of the examples (another batch "
+        "order and padding) and, with eval.do_sample, its own sampling seed; each metric's spread over the "
+        "repeats is the noise floor compare judges a gain above (noise.json)",
+        json_schema_extra=role("budget"),
+    )
     allow_fenced_json: bool = Field(
         False, description="accept ```json fenced output as valid JSON", json_schema_extra=role("scores")
     )
@@ -666,6 +756,12 @@ class Eval(_Strict):
         None,
         description="format: a meaning-representation grammar, function_slots = name(slot[value], slot[v1, v2])",
         json_schema_extra=role("scores"),
+    )
+    sets: list[EvalSet] = Field(
+        default_factory=list,
+        description="extra evaluation sets, each generated after the split by baseline, eval and test with the same "
+        "model, prompt and decoding (docs/eval-sets.md); each set's sha256 and size are in the evaluation fingerprint",
+        json_schema_extra=role("decodes"),
     )
     bootstrap_iterations: int = Field(
         1000, ge=100, description="paired bootstrap iterations", json_schema_extra=role("judges")
@@ -710,12 +806,30 @@ class Eval(_Strict):
                 raise ValueError(f"is neither auto, raw nor a valid regular expression ({err})") from None
         return v
 
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, v: list[EvalSet]) -> list[EvalSet]:
+        seen: dict[str, int] = {}
+        for i, s in enumerate(v):
+            if s.name in seen:
+                raise ValueError(
+                    f"eval.sets[{i}].name: '{s.name}' is also the name of eval.sets[{seen[s.name]}]; each set needs "
+                    "its own name (guards and run folders name it)"
+                )
+            seen[s.name] = i
+        return v
+
     @model_validator(mode="after")
     def _backend_greedy(self) -> Eval:
         if self.backend == "vllm" and self.do_sample:
             raise ValueError(
                 "eval.backend vllm needs greedy decoding (eval.do_sample: false): its check compares greedy outputs "
                 "with transformers' before the numbers are used"
+            )
+        if self.backend == "vllm" and self.repeat > 1:
+            raise ValueError(
+                "eval.repeat > 1 needs eval.backend: transformers (the repeats of the noise floor are not "
+                "implemented for vllm); set eval.repeat: 1 or eval.backend: transformers"
             )
         return self
 
@@ -900,6 +1014,14 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Study:
+        sets = [s.name for s in self.eval.sets]
+        for i, g in enumerate(self.hypothesis.guards):
+            if g.set is not None and g.set not in sets:
+                raise ValueError(
+                    f"hypothesis.guards[{i}].set: '{g.set}' names no eval.sets entry "
+                    f"({'sets: ' + ', '.join(sets) if sets else 'eval.sets is empty'}); add the set to eval.sets or "
+                    "fix the name"
+                )
         if self.eval.split == self.data.test_split:
             raise ValueError(
                 f"eval.split is the reserved test split '{self.data.test_split}': baseline/eval must use another split"

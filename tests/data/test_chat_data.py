@@ -95,7 +95,7 @@ def test_bad_rows_are_refused_together_by_file_and_line(tmp_path):
         {"messages": [{"content": "no role"}, _a("x")]},
         {"messages": [_u("q"), _a("a"), _u("unanswered")]},
         {"messages": [_u("   "), _a("a")]},
-        {"messages": [_u("q"), {"role": "tool", "content": "{}"}, _a("a")]},
+        {"messages": [_u("q"), {"role": "narrator", "content": "{}"}, _a("a")]},
         {"messages": [_u("q"), SYS, _a("a")]},
         {"text": "not a chat row"},
         ROWS[2],
@@ -108,9 +108,11 @@ def test_bad_rows_are_refused_together_by_file_and_line(tmp_path):
     assert f"{path}:2: messages[0] has no 'role'" in msg
     assert f"{path}:3: the last turn (messages[2]) is 'user', not the assistant answer" in msg
     assert f"{path}:4: messages[0] (user) has an empty content" in msg
-    assert f"{path}:5: messages[1]: unknown role 'tool' (known: system, user, assistant)" in msg
+    assert f"{path}:5: messages[1]: unknown role 'narrator' (known, any case: system, developer, user, human" in msg
     assert f"{path}:6: messages[1] is a system message after the first turn" in msg
-    assert f"{path}:7: no 'messages' or 'conversations' list of turns" in msg  # the sixth is named too
+    assert (
+        f"{path}:7: no 'messages' or 'conversations' list of turns, nor 'prompt' and 'completion' (keys: text)" in msg
+    )
     assert "more" not in msg
 
 
@@ -165,7 +167,8 @@ def test_label_and_id_keys_and_another_turns_key(tmp_path):
     assert [(e.id, e.label) for e in exs] == [("u0", "a"), ("u1", "b"), ("u2", "c")]
     with pytest.raises(
         TuneproofError,
-        match=r"3 rows refused: .*c.jsonl:3: no 'messages' or 'conversations' list of turns \(keys: dialog, topic",
+        match=r"3 rows refused: .*c.jsonl:3: no 'messages' or 'conversations' list of turns, nor 'prompt' and "
+        r"'completion' \(keys: dialog, topic",
     ):
         load_chat(tmp_path / "c.jsonl", FieldMap())
 

@@ -101,5 +101,21 @@ def test_every_decoding_and_scoring_key_is_in_its_part():
         for key in keys:
             assert diff_fingerprints(_fp(), _fp(**{key: OTHER_VALUE[key]})) == [part], key
     # the split through the evaluated ids; the batch size only where it can change the outputs (sampling)
-    assert set(ELSEWHERE) == {"split", "batch_size"}
+    # eval.sets through each set's content (name, sha256, bytes, n, references) in its own part
+    assert set(ELSEWHERE) == {"split", "batch_size", "sets"}
     assert diff_fingerprints(_fp(do_sample=True), _fp(do_sample=True, batch_size=3)) == ["decoding"]
+
+
+def test_eval_sets_have_their_own_part_and_no_sets_keep_the_hash():
+    """eval.sets (docs/eval-sets.md): each set's content is the ``eval_sets`` part; another version of a set (its
+    sha256, its size) changes that part alone; no sets leave the fingerprint as before."""
+    one = {"name": "general", "sha256": "a" * 64, "bytes": 120, "n": 10, "references": False}
+    ids, tok = ["a", "b"], dict(TOK)
+    plain = eval_fingerprint(ids, Eval(), "extraction", [], tok)
+    assert eval_fingerprint(ids, Eval(), "extraction", [], tok, eval_sets=[]) == plain
+    with_set = eval_fingerprint(ids, Eval(), "extraction", [], tok, eval_sets=[one])
+    assert tuple(with_set["parts"]) == (*PARTS, "eval_sets")
+    assert diff_fingerprints(plain, with_set) == ["eval_sets"]
+    for change in ({"sha256": "b" * 64}, {"bytes": 121}):
+        other = eval_fingerprint(ids, Eval(), "extraction", [], tok, eval_sets=[{**one, **change}])
+        assert diff_fingerprints(with_set, other) == ["eval_sets"], change

@@ -167,3 +167,22 @@ def test_inspect_shows_per_class_the_original_and_the_model_tensor(tmp_path, tin
     page = run_inspect(ctx, n=2, html_path=tmp_path / "inspect.html").read_text()
     assert page.count("<img alt='original'") == 6 and page.count("<img alt='model input'") == 6
     assert "<script" not in page
+
+
+def test_eval_sets_of_text_prompts_are_refused_for_an_image_model(tmp_path, tiny_vit):
+    """eval.sets (docs/eval-sets.md) hold inputs of the model's modality: a JSONL of prompts for an image classifier
+    is refused before any run, naming the key."""
+    import yaml
+
+    from image_tiny import make_image_study
+    from tuneproof.context import StudyContext
+    from tuneproof.errors import TuneproofError
+
+    study = make_image_study(tmp_path / "s", tiny_vit)
+    raw = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    raw["eval"]["sets"] = [{"name": "general", "path": "general.jsonl", "fields": {"text": "q"}}]
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(raw))
+    (study / "general.jsonl").write_text('{"q": "hello"}\n')
+    with pytest.raises(TuneproofError) as err:
+        StudyContext.open(study).eval_sets  # noqa: B018
+    assert "eval.sets[0].format jsonl: model.kind image-classification (image) reads imagefolder" in err.value.message

@@ -7,9 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from helpers import out, remote_study, run
 from servers import BUCKET
 from tuneproof.storage import Store
+
+pytestmark = pytest.mark.slow  # real S3 / SFTP servers and `tuneproof` processes: left out of `pytest -m "not slow"`
 
 
 def _sha(data: bytes) -> str:

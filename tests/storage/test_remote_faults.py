@@ -28,6 +28,8 @@ from tuneproof.storage import Store, deliver_to, safety
 from tuneproof.storage.mirror import Mirror, newest_manifest, object_name
 from tuneproof.storage.uploader import Uploader
 
+pytestmark = pytest.mark.slow  # real S3 / SFTP servers and `tuneproof` processes: left out of `pytest -m "not slow"`
+
 
 def _consistent(store: Store) -> dict:
     """The newest manifest, after checking every object it names is there with its sha256."""
@@ -88,6 +90,7 @@ KILL_AT_STEP = """
 import os, signal, sys
 import tuneproof.training.loop as L
 from tuneproof.cli import main
+
 AT, PID = int(sys.argv[1]), int(sys.argv[2])
 orig = L.train
 def train(*a, **kw):

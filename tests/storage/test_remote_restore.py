@@ -19,6 +19,8 @@ from tuneproof.storage import Store, safety
 from tuneproof.storage.mirror import newest_manifest, object_name
 from tuneproof.training.resume_state import latest_checkpoint, load_checkpoint
 
+pytestmark = pytest.mark.slow  # real S3 / SFTP servers and `tuneproof` processes: left out of `pytest -m "not slow"`
+
 STEPS = 8
 
 

@@ -1,8 +1,9 @@
 """Chat-format studies in the behavioural matrix (issue 30 items 1 and 6): single turn, multi-turn (the final
-turn trained, or every assistant turn), a per-row system message, ShareGPT rows. Each goes through the data check,
-the training text (answer + exactly one end-of-turn token per supervised turn; the prompt prefix is the inference
-prompt) and the real generate / decode / score path, where a model that emits exactly the supervised tokens
-scores 1.0."""
+turn trained, or every assistant turn), a per-row system message, ShareGPT rows, TRL prompt-completion rows
+(standard and conversational), contents as text parts with capitalised roles, a tool result in the context. Each
+goes through the data check, the training text (answer + exactly one end-of-turn token per supervised turn; the
+prompt prefix is the inference prompt) and the real generate / decode / score path, where a model that emits
+exactly the supervised tokens scores 1.0."""
 
 from __future__ import annotations
 
@@ -57,6 +58,36 @@ def _sharegpt(i):
     }
 
 
+def _trl_standard(i):
+    return {"prompt": f"request number {i}", "completion": _answer(i)}
+
+
+def _trl_conversational(i):
+    m = _own_system(i)["messages"]
+    return {"prompt": m[:-1], "completion": m[-1:]}
+
+
+def _content_parts(i):
+    return {
+        "messages": [
+            {"role": "User", "content": [{"type": "text", "text": "request"}, {"type": "text", "text": f"number {i}"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": _answer(i)}]},
+        ]
+    }
+
+
+def _tool_result(i):
+    return {
+        "conversations": [
+            {"from": "human", "value": f"hello {i}"},
+            {"from": "gpt", "value": "looking it up"},
+            {"from": "observation", "value": f"record {i} found"},
+            {"from": "human", "value": f"request number {i}"},
+            {"from": "gpt", "value": _answer(i)},
+        ]
+    }
+
+
 # name -> (row builder, data.chat, earlier assistant turns per row)
 CASES = {
     "single-turn": (_single, {}, 0),
@@ -64,6 +95,10 @@ CASES = {
     "multi-turn-all-assistant": (_multi, {"train_on": "all_assistant"}, 1),
     "per-row-system": (_own_system, {}, 0),
     "sharegpt-all-assistant": (_sharegpt, {"train_on": "all_assistant"}, 1),
+    "trl-prompt-completion": (_trl_standard, {}, 0),
+    "trl-conversational-prompt-completion": (_trl_conversational, {}, 0),
+    "content-parts-and-capitalised-roles": (_content_parts, {}, 0),
+    "tool-result-in-context-all-assistant": (_tool_result, {"train_on": "all_assistant"}, 1),
 }
 
 

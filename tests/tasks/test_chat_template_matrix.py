@@ -1,13 +1,17 @@
 """Issue 30 item 6: one behavioural matrix over the chat-template layouts of the model families people fine-tune
 (``tests/chat_families.py``: Llama-3, Llama-3.2, Qwen2.5, Qwen3 with and without thinking, DeepSeek-R1 distill,
-Gemma-2/3, Mistral v0.3, Phi-3, harmony channels, SmolLM3 with and without /think).
+Gemma-2/3, Mistral v0.3, Phi-3, harmony channels, SmolLM3 with and without /think; Phi-4, Granite 3, Command-R,
+OLMo-2, Llama-2, DeepSeek-V3, Mistral v0.1, a ChatML template that raises for a system message).
 
 For each layout: either it works by default, or the data check refuses it in one line naming the key that makes it
 work; then, with that key: the supervised tokens are the answer, the text the template supervises before it (listed
 by the data check) and exactly one end-of-turn token; nothing injected (the system text, the date) is supervised;
 the tokens before the first supervised one are the inference prompt; and a model that emits exactly the supervised
 tokens scores 1.0 through the real generate, decode, parse and score path (``generate_prompts`` and the task's
-scorer). Chat data in the same matrix: a multi-turn example with its own system message, and a single-turn one.
+scorer). Chat data in the same matrix: a multi-turn example with its own system message, and a single-turn one;
+under ``train_on: all_assistant`` every earlier answer is supervised with one end-of-turn token, or the example is
+refused naming ``data.chat.train_on: last``; a template that writes the BOS gives one BOS, in training and in
+what generation is given, where the tokenizer would add its own.
 """
 
 from __future__ import annotations
@@ -237,3 +241,116 @@ def test_chat_examples_with_earlier_turns_and_their_own_system_message(family):
     ]
     recs, metrics = get_task("extraction").score(records, TaskConfig.make(["intent", "slots"]))
     assert all(r["correct"] for r in recs) and metrics["field_f1"] == 1.0, (name, preds)
+
+
+MULTI_TURN = Example(
+    id="m0",
+    text="book a table for two in Paris tonight",
+    target=json.dumps({"intent": "BookRestaurant", "slots": {"city": "Paris"}}),
+    source="chat.jsonl:3",
+    context=[
+        {"role": "user", "content": "what is the weather in Rome tomorrow"},
+        {"role": "assistant", "content": json.dumps({"intent": "GetWeather", "slots": {}})},
+    ],
+)
+
+
+def test_every_assistant_turn_supervised_with_one_end_of_turn_or_refused_naming_train_on_last(family):
+    name, fam, tok = family
+    pipe = _pipeline(fam, tok, **fam.fix)
+    pipe.train_on = "all_assistant"
+    enc = pipe.encode(MULTI_TURN)
+    assert bool(enc.faults) != fam.all_assistant, (name, enc.faults)
+    if not fam.all_assistant:  # history rendered unlike a fresh answer (harmony's <|end|> vs <|return|>)
+        assert enc.faults and all("set data.chat.train_on: last" in f and "\n" not in f for f in enc.faults), (
+            name,
+            enc.faults,
+        )
+        return
+    eot = tok.convert_tokens_to_ids(fam.end_of_turn)
+    in_prompt = [lab for lab in enc.labels[: enc.prompt_tokens] if lab != IGNORE_INDEX]
+    earlier = MULTI_TURN.context[1]["content"]
+    assert in_prompt[-1] == eot and in_prompt.count(eot) == 1 and enc.context_supervised == len(in_prompt), name
+    assert tok.decode(in_prompt[:-1]).strip() == earlier, name
+    final = [lab for lab in enc.labels[enc.prompt_tokens :] if lab != IGNORE_INDEX]
+    assert final.count(eot) == 1 and tok.decode(final[enc.before_tokens : -1]).strip() == MULTI_TURN.target
+
+
+def test_a_template_that_writes_the_bos_gives_one_bos_where_the_tokenizer_adds_its_own(family):
+    name, fam, tok = family
+    if fam.bos is None or "bos_token" not in fam.template:
+        pytest.skip("the template writes no bos")
+    bos = tok.convert_tokens_to_ids(fam.bos)
+    pipe = _pipeline(fam, tok, **fam.fix)
+    enc = pipe.encode(EXAMPLES[0])
+    assert enc.input_ids[0] == bos and enc.input_ids[1] != bos, name  # the template's one bos, not two
+    if fam.add_bos:  # the tokenizer would add a second one if the prompt were tokenised with special tokens
+        assert tok(pipe.prompt_text(EXAMPLES[0]))["input_ids"][:2] == [bos, bos]
+    # what generation is given: the prompt's own tokens (add_special_tokens=False), so one bos there too
+    model = _model(tok, stop=pipe.stop_ids[-1])
+    seen = []
+    model.script = {}
+    original = model.forward
+
+    def spy(input_ids=None, **kw):
+        if input_ids.shape[1] > 1:
+            seen.append(input_ids[0].tolist())
+        return original(input_ids=input_ids, **kw)
+
+    model.forward = spy
+    generate_prompts(
+        model,
+        tok,
+        [pipe.prompt_text(EXAMPLES[0])],
+        Eval(max_new_tokens=2, batch_size=1),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        stop_ids=pipe.stop_ids,
+    )
+    assert (
+        seen and seen[0][:2] == enc.input_ids[:2] and seen[0][: enc.prompt_tokens] == enc.input_ids[: enc.prompt_tokens]
+    )
+
+
+def test_granite_writes_todays_date_without_a_system_message_and_the_pinned_clock_fixes_it():
+    fam = FAMILIES["granite-3"]
+    tok = family_tokenizer(fam)
+    chat = ChatTemplate(tok)
+    faults = TextPipeline(tok, Prompt(), 512, chat=chat).encode(EXAMPLES[0]).faults
+    assert len(faults) == 1 and "injects text that changes between two renders" in faults[0]
+    assert "model.chat_template_kwargs: {strftime_now: '2026-01-31'}" in faults[0]
+    pinned = TextPipeline(tok, Prompt(), 512, chat=ChatTemplate(tok, kwargs={"strftime_now": "2026-01-31"}))
+    enc = pinned.encode(EXAMPLES[0])
+    assert enc.faults == [] and "Today's Date: January 31, 2026." in enc.text
+
+
+def test_a_target_with_surrounding_whitespace_is_trained_as_the_template_writes_it(family):
+    # TRL's standard completions start with a space (" blue."); templates that trim an answer (Llama-3, Gemma,
+    # Mistral, Llama-2) write it without: the answer is found trimmed, not refused as dropped
+    name, fam, tok = family
+    pipe = _pipeline(fam, tok, **fam.fix)
+    eot = tok.convert_tokens_to_ids(fam.end_of_turn)
+    ex = Example(id="w", text=ROWS[1][0], target=" " + json.dumps(ROWS[1][1]) + "\n", source="d.jsonl:9")
+    enc = pipe.encode(ex)
+    assert enc.faults == [], (name, enc.faults)
+    sup = [lab for lab in enc.labels if lab != IGNORE_INDEX]
+    assert (
+        sup[-1] == eot and sup.count(eot) == 1 and tok.decode(sup[enc.before_tokens : -1]).strip() == ex.target.strip()
+    )
+    assert enc.gold_answer == ex.target.strip()
+    # an earlier answer with surrounding whitespace, every assistant turn trained: found as the template writes it
+    pipe.train_on = "all_assistant"
+    said = MULTI_TURN.context[1]["content"]
+    spaced = Example(
+        id="w2",
+        text=MULTI_TURN.text,
+        target=MULTI_TURN.target,
+        context=[MULTI_TURN.context[0], {"role": "assistant", "content": f" {said}\n"}],
+    )
+    enc = pipe.encode(spaced)
+    assert bool(enc.faults) != fam.all_assistant, (name, enc.faults)
+    if not fam.all_assistant:  # history rendered unlike a fresh answer (see the all_assistant test)
+        assert enc.faults and all("set data.chat.train_on: last" in f for f in enc.faults), (name, enc.faults)
+        return
+    in_prompt = [lab for lab in enc.labels[: enc.prompt_tokens] if lab != IGNORE_INDEX]
+    assert in_prompt.count(eot) == 1 and tok.decode(in_prompt[:-1]).strip() == said, name

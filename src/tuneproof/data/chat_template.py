@@ -217,7 +217,7 @@ class ChatTemplate:
                 f"{self.where} fails on the messages {roles} (add_generation_prompt={add_generation_prompt}): "
                 f"{type(err).__name__}: {err}",
                 hint=f"set {KWARGS_KEY} to the variables it needs, or {TEMPLATE_KEY} to a template that renders "
-                "these roles",
+                "these roles, or leave out of the data the turns it refuses (a tool turn is prompt context only)",
             ) from None
 
     def _probe_system(self) -> str:
@@ -389,8 +389,8 @@ def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pending: list[str] = []
     for m in messages:
         if m.get("role") == "system":
-            if str(m.get("content") or "").strip():  # an empty system message folds to nothing, not a blank head
-                pending.append(str(m.get("content") or ""))
+            if str(m.get("content") or "").strip():  # an empty system message adds nothing to the user turn
+                pending.append(str(m["content"]))
             continue
         if m.get("role") == "user" and pending:
             m = {**m, "content": "\n\n".join([*pending, str(m.get("content") or "")])}

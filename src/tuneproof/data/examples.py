@@ -30,8 +30,9 @@ class Example:
         meta: free extra fields (e.g. SNIPS slot spans); not hashed into the fingerprint.
         context: chat data (``format: chat``): the prompt context before the final user turn, as
             ``[{"role", "content"}]``: the row's own system message first when it has one, then the
-            earlier user and assistant turns in order. Empty for flat rows. Part of the data
-            fingerprint, of the duplicate check's text (:meth:`dedup_text`) and of every rendered prompt.
+            earlier user, assistant and tool turns in order (an assistant's tool calls under ``tool_calls``).
+            Empty for flat rows. Part of the data fingerprint, of the duplicate check's text (:meth:`dedup_text`)
+            and of every rendered prompt.
     """
 
     id: str
@@ -41,7 +42,7 @@ class Example:
     source: str = ""
     split: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    context: list[dict[str, str]] = field(default_factory=list, hash=False)
+    context: list[dict[str, Any]] = field(default_factory=list, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +61,11 @@ class Example:
         its own line) and the final user turn; the system message is left out (like
         ``eval.prompt.system``, one shared by every row would make every pair a near-duplicate).
         For flat rows: :attr:`text`."""
-        turns = [f"{t['role']}: {t['content']}" for t in self.context if t["role"] != "system"]
+        turns = [
+            f"{t['role']}: {t['content'] or json.dumps(t.get('tool_calls'), sort_keys=True)}"
+            for t in self.context
+            if t["role"] != "system"
+        ]
         return "\n".join([*turns, self.text]) if turns else self.text
 
     def target_json(self) -> Any:

@@ -20,7 +20,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages
+from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages, rendered_marks, rendered_target
 from tuneproof.data.chat_template import (
     KWARGS_KEY,
     TEMPLATE_KEY,
@@ -205,6 +205,7 @@ class TextPipeline:
         else:
             full = prompt + target + (self.end_token or "")
         start = len(prompt) if full.startswith(prompt) else -1
+        target = rendered_target(full, target)
         # the answer ends after the first end-of-turn token that follows the target text
         t_pos = full.find(target, max(start, 0))
         end_tok = self.end_token or ""
@@ -231,6 +232,7 @@ class TextPipeline:
         except TuneproofError as err:  # a template that fails on this example: named with its row
             where = f" (row {ex.source})" if getattr(ex, "source", None) else ""
             raise TuneproofError(f"example {ex.id}{where}: {err.message}", hint=err.hint) from None
+        target = rendered_target(full, target)  # a template that trims the answer (Llama-3, Gemma) trains it trimmed
         faults: list[str] = []
         if ex.context and not self.use_chat:
             faults.append(
@@ -392,7 +394,8 @@ class TextPipeline:
                 faults.append(
                     f"the end token {self.end_token!r} ({self.chat.end_of_turn_from}) is not supervised (the model "
                     "would never learn to stop): set model.end_of_turn to the one token the chat template puts after "
-                    "an assistant's answer"
+                    f"an assistant's answer, or {TEMPLATE_KEY} to a template that puts one there (such as "
+                    "{{ eos_token }})"
                 )
         roundtrip = True
         if not faults and target and gold != target.strip():
@@ -484,13 +487,12 @@ class TextPipeline:
                 )
         if not self.use_chat:
             return faults
-        for m in messages:
-            content = str(m.get("content") or "").strip()
-            if m.get("role") == "system" and content and content not in prompt:
+        for what, text, way in rendered_marks(messages):
+            if text.strip() not in prompt:
                 faults.append(
-                    f"the system message '{visible(content[:60])}' does not appear in the rendered prompt (the chat "
-                    f"template drops it): it would never be seen in training or inference; set {TEMPLATE_KEY} to a "
-                    "template that renders it, or remove it"
+                    f"the {what} '{visible(text.strip()[:60])}'{where} does not appear in the rendered prompt (the "
+                    f"chat template drops it): it would never be seen in training or inference; set {TEMPLATE_KEY} to "
+                    f"a template that renders it, or {way}"
                 )
         injected = self.chat.injected(messages)
         if injected is not None:

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuneproof.data.chat import chat_example, refuse_flat_fields
+from tuneproof.data.chat import chat_example, refuse_flat_fields, row_layout
 from tuneproof.data.examples import Example
 from tuneproof.data.image_sources import IMAGE_FORMATS, load_image_source
 from tuneproof.data.locate import find_data_root
@@ -64,6 +64,9 @@ MISSING_LABELS = frozenset({"", "nan", "none", "null"})
 #: default files of ``format: lines`` (the ATIS/SNIPS "seq.in / label" layout)
 LINES_TEXT, LINES_LABEL = "seq.in", "label"
 _MISSING = object()
+#: what joins the values of several text columns (``data.fields.text: [instruction, input]``): a blank line, the
+#: separator of Alpaca's own prompt between its instruction and input; empty values are left out
+TEXT_JOIN = "\n\n"
 
 
 def _lookup(row: Any, name: str) -> Any:
@@ -91,7 +94,7 @@ class _Mapper:
         self.kind = kind
         self.optional = set(getattr(fields, "optional", None) or [])
         self.max_chars = max_chars
-        known = {fields.text, fields.label, fields.id, "text", "label", "id", "target"}
+        known = {*text_columns(fields), fields.label, fields.id, "text", "label", "id", "target"}
         known |= (
             set(fields.target) | set(fields.target.values()) if isinstance(fields.target, dict) else {fields.target}
         )
@@ -110,9 +113,12 @@ class _Mapper:
                 # the key it feeds and the source column: `optional` may name either (data check counts both)
                 absent += [out_key] + ([name] if name != out_key else [])
                 return None
+            layout = row_layout(row) if isinstance(row, dict) and out_key == "text" else None
             raise TuneproofError(
                 f"{where}: {self.kind} '{name}' not found ({self.kind}s: {', '.join(map(str, available))})",
-                hint="fix data.fields in tuneproof.yaml (or list it in data.fields.optional)",
+                hint=f"these rows hold conversations ({layout}): set format: chat (docs/data.md)"
+                if layout
+                else "fix data.fields in tuneproof.yaml (or list it in data.fields.optional)",
             )
         return value
 
@@ -134,15 +140,20 @@ class _Mapper:
     ) -> Example:
         f = self.fields
         absent: list[str] = []
-        text = self._get(row, f.text, "text", where, available, absent)
-        if text is None:
-            text = ""
-        if not isinstance(text, str):
-            raise TuneproofError(
-                f"{where}: text in {self.kind} '{f.text}' is {type(text).__name__} {_short(text)}, not a string",
-                hint="texts must be strings; quote the value or fix data.fields.text",
-            )
-        self._check_chars(text, f"the text in {self.kind} '{f.text}'", where)
+        parts = []
+        for col in text_columns(f):
+            value = self._get(row, col, "text", where, available, absent)
+            if value is None:
+                value = ""
+            if not isinstance(value, str):
+                raise TuneproofError(
+                    f"{where}: text in {self.kind} '{col}' is {type(value).__name__} {_short(value)}, not a string",
+                    hint="texts must be strings; quote the value or fix data.fields.text",
+                )
+            parts.append(value)
+        # several text columns (Alpaca's instruction and input): the non-empty ones, in order, a blank line between
+        text = parts[0] if len(parts) == 1 else TEXT_JOIN.join(v for v in parts if v.strip())
+        self._check_chars(text, f"the text in {self.kind} '{'+'.join(text_columns(f))}'", where)
         label = None
         if f.label is not None:
             label = self._get(row, f.label, "label", where, available, absent)
@@ -180,6 +191,11 @@ class _Mapper:
         return Example(id=ex_id, text=text, label=label, target=target, source=where, split=split, meta=meta)
 
 
+def text_columns(fields) -> list[str]:
+    """The columns ``data.fields.text`` names: one, or the list whose values are joined (:data:`TEXT_JOIN`)."""
+    return list(fields.text) if isinstance(fields.text, list) else [fields.text]
+
+
 def _short(value: Any) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False)
@@ -199,7 +215,7 @@ def _missing_label(label: Any) -> bool:
 def _columns(fields) -> list[str]:
     """The column names ``fields`` reads (target mapping values included), optional ones excluded."""
     optional = set(getattr(fields, "optional", None) or [])
-    names = [fields.text, fields.label, fields.id]
+    names = [*text_columns(fields), fields.label, fields.id]
     if isinstance(fields.target, dict):
         names += [c for k, c in fields.target.items() if k not in optional]
     else:
@@ -453,7 +469,8 @@ def load_chat(
     else:
         raise TuneproofError(
             f"{path}: format 'chat' reads .jsonl, .json or .parquet files, not '{suffix or 'no suffix'}'",
-            hint="rename the file or convert it",
+            hint="convert it; a CSV of prompt and completion columns is read by format csv with fields: {text: prompt, "
+            "target: completion}",
         )
 
     def number(i: int, where: str) -> str:
@@ -477,6 +494,11 @@ def lines_files(folder: Path, fields) -> dict[str, str]:
     parts), defaults ``seq.in`` for the text and ``label`` for the label; a label file that is
     absent and not named in ``data.fields`` means no labels."""
     set_ = explicit_fields(fields)
+    if isinstance(fields.text, list):
+        raise TuneproofError(
+            "data.fields.text: format lines reads the text from one file, not a list of columns",
+            hint="name one file (default seq.in); a list joins columns of csv, json, jsonl, parquet or hf rows",
+        )
     text = fields.text if "text" in set_ else LINES_TEXT
     label = fields.label if "label" in set_ else (LINES_LABEL if (folder / LINES_LABEL).is_file() else None)
     files = {"text": text}
@@ -571,8 +593,9 @@ def load_hf(
 
     Each split of a ``DatasetDict`` becomes that split; a single ``Dataset``, and the one ``train``
     split ``datasets`` names a folder's lone data file, take ``split``. Rows holding a conversation
-    (a ``messages`` / ``conversations`` column, or ``data.chat.messages``'s, and no ``data.fields.text``
-    column) are read as chat rows (:mod:`tuneproof.data.chat`); others are mapped by ``data.fields``.
+    (the columns of a layout of :data:`tuneproof.data.chat.LAYOUTS`: ``messages``, ``conversations``, TRL's
+    ``prompt``/``completion``, or ``data.chat.messages``'s, and no ``data.fields.text`` column) are read as
+    chat rows (:mod:`tuneproof.data.chat`); others are mapped by ``data.fields``.
     Ids are ``<split>:<index>``.
 
     Raises:
@@ -622,7 +645,7 @@ def load_hf(
     for part, d in parts:
         cols = list(d.column_names)
         prefix = part or "hf"
-        if fields.text not in cols and any(k in cols for k in ((key,) if key else ("messages", "conversations"))):
+        if not set(text_columns(fields)) & set(cols) and row_layout(cols, key):
             records = [(f"{shown}[{part}]#{i}", rec) for i, rec in enumerate(d)]
             out += chat_examples(
                 records, f"{shown}[{part}]", fields, chat, part, max_chars, lambda i, _w, p=prefix: f"{p}:{i}"

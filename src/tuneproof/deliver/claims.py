@@ -9,7 +9,8 @@ the baseline's, both hash-listed in the manifest) and the per-step training log
 limits: regressed and weak classes/fields, typical failures, broken examples) with the same
 code that made it (:func:`tuneproof.evaluation.metrics.score`,
 :func:`tuneproof.evaluation.compare.paired_compare`, same bootstrap seed and iterations) and names
-each field whose claim does not match.
+each field whose claim does not match. The success verdict is judged above the noise floors the comparison
+recorded (``scoring.comparison.noise``, ``eval.repeat``; None: not measured, min_gain alone).
 
 Tolerance: recomputed floats must equal the claims within a relative 1e-9 (the same code on another
 machine may differ in the last bits of a sum); the final loss is checked against the per-step log,
@@ -147,6 +148,7 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                     iterations=ev.bootstrap_iterations,
                     seed=ev.seed,
                     labels=labels,
+                    noise=sc.get("noise"),  # the noise floors the verdict was judged above (None: not measured)
                 )
             )
             problems += differences(
@@ -173,6 +175,7 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                             iterations=ev2.bootstrap_iterations,
                             seed=ev2.seed,
                             labels=labels,
+                            noise=sc.get("noise"),
                         )
                     )
                 else:

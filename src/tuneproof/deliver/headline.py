@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tuneproof.evaluation.noise import flips_text, noise_decided_text
+
 #: why a candidate is the headline's (``Headline.basis``) -> how the dossier says it
 BASES = {
     "delivered": "the delivered candidate",
@@ -158,3 +160,20 @@ def stale_comparisons(runs: list, read: Callable[[str, str], Any]) -> list[str]:
                 now = "gone from the registry" if rec is None else f"{rec.status} ({rec.reason or 'no reason'})"
                 out.append(f"comparison {c.id}: {role} {rid} is {now}")
     return out
+
+
+def noise_lines(entry: dict | None, verdicts: list[dict] | None) -> tuple[str | None, list[str]]:
+    """What the first screen says of the noise floor (``eval.repeat``) for the headline comparison ``entry``
+    judged as ``verdicts``: ``(decided, notes)``. ``decided``: the line saying the noise floor decided the success
+    verdict (a gain above min_gain but not above the floor; :func:`tuneproof.evaluation.noise.noise_decided_text`),
+    else None; ``notes``: which threshold judged the gain and why, and the per-example flips between repeats
+    (empty where no floor was measured: neither run repeated, or a comparison recorded before the floor existed;
+    the success criterion's detail then says that min_gain alone applied)."""
+    succ = next((v for v in verdicts or [] if v.get("kind") == "success"), None)
+    if succ is None or not succ.get("noise") or succ["noise"].get("noise_floor") is None:
+        return None, []  # no floor measured: min_gain alone, as the criterion's detail says
+    notes = [f"success threshold: {succ['noise']['why']}"]
+    flips = flips_text((entry or {}).get("noise"))
+    if flips:
+        notes.append(flips)
+    return noise_decided_text(succ), notes

@@ -120,7 +120,7 @@ def measure(registry) -> dict[str, Any]:
     )
 
     rates = [
-        r.summary["eval_seconds"] / r.summary["n_eval"]
+        r.summary["eval_seconds"] / (r.summary["n_eval"] * (r.summary.get("eval_repeats") or 1))  # per prediction
         for k in ("baseline", "eval")
         for r in registry.list(kind=k, status="completed")
         if isinstance(r.summary.get("eval_seconds"), (int, float))

@@ -32,6 +32,7 @@ import numpy as np
 
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.multiplicity import ALPHA, benjamini_hochberg, holm
+from tuneproof.evaluation.noise import success_threshold
 from tuneproof.tasks import TaskConfig, get_task
 from tuneproof.tasks.parsing import finite_or_none
 from tuneproof.tasks.task import Blocks, MetricFn
@@ -327,6 +328,8 @@ def paired_compare(
     iterations: int = 1000,
     seed: int = 0,
     labels: Sequence[str] | None = None,
+    noise: dict | None = None,
+    sets: dict[str, dict] | None = None,
 ) -> dict:
     """Compare candidate outputs against baseline outputs on the same examples.
 
@@ -345,6 +348,12 @@ def paired_compare(
         seed: bootstrap seed (``eval.seed``).
         labels: label set of kinds that have one (default: the references'); pass the study's
             full label set so a class absent from the eval split still counts as valid.
+        noise: both runs' noise floors (:func:`tuneproof.evaluation.noise.comparison_floor`; None: neither was
+            evaluated with ``eval.repeat`` > 1), kept as ``noise`` in the result; the success criterion is judged
+            above max(min_gain, floor), and ``success_threshold`` (with a hypothesis) says which applied and why
+            (:func:`tuneproof.evaluation.noise.success_threshold`).
+        sets: the comparisons on ``eval.sets`` (:func:`tuneproof.evaluation.eval_sets.compare_sets`), kept as
+            ``sets`` and judged by the guards that name a set.
 
     Returns:
         A JSON-ready dict: ``task``, ``n``, ``counts`` (``fixed`` = failing in the baseline and
@@ -448,8 +457,13 @@ def paired_compare(
         ),
         "base_metrics": base_m,
         "cand_metrics": cand_m,
+        "noise": noise,
     }
+    if sets:
+        result["sets"] = sets
     if hypothesis is not None:
+        # which threshold judges the success criterion's gain, and why (also when no floor was measured)
+        result["success_threshold"] = success_threshold(hypothesis.success.min_gain, noise, hypothesis.success.metric)
         result["verdicts"] = judge(hypothesis, result)
         result["overall"] = overall_verdict(result["verdicts"])
     return result
@@ -523,8 +537,14 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
 
     Rules (the CI is the paired-bootstrap 95% interval of cand - base):
 
-    - success (``threshold`` = min_gain): pass if CI low >= min_gain, fail if CI high <
-      min_gain, else inconclusive.
+    - success (``threshold`` = max(min_gain, noise floor)): pass if CI low >= threshold, fail if CI high <
+      threshold, else inconclusive. The noise floor is the comparison's (``compare_result["noise"]``,
+      :func:`tuneproof.evaluation.noise.success_threshold`: the larger of both runs' measured spreads of the
+      success metric over their ``eval.repeat`` repeats; not measured without repeats, and then min_gain alone
+      applies, as before, and the verdict holds no ``noise``). With a measured floor, ``noise`` says which threshold
+      applied and why; ``decided_by_noise_floor`` is True when
+      the verdict under min_gain alone (``verdict_min_gain``) differs (a gain above min_gain but not above the
+      floor).
     - guard with ``max_drop`` d (``threshold`` = -d): fail if CI high < -d (it certainly
       dropped more than allowed), pass if CI low >= -d, else inconclusive. With ``floor`` f:
       fail if the candidate's point value < f. Both set: fail if either fails.
@@ -553,19 +573,32 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
     out = []
     succ = hypothesis.success
     e = _metric_entry(compare_result, succ.metric, "hypothesis.success.metric")
-    v = _ci_rule(e["ci"], e["delta"], succ.min_gain) if e["ci"] is not None else "inconclusive"
-    out.append(
-        {
-            "name": f"success: {succ.metric} gain >= {succ.min_gain:g}",
-            "kind": "success",
-            "metric": succ.metric,
-            **{k: e[k] for k in ("base", "cand", "delta", "ci")},
-            "threshold": succ.min_gain,
-            "floor": None,
-            "verdict": v,
-            "detail": f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {succ.min_gain:g}",
-        }
-    )
+    # the gain counts only above max(min_gain, noise floor) (tuneproof.evaluation.noise: eval.repeat)
+    th = success_threshold(succ.min_gain, compare_result.get("noise"), succ.metric)
+    v = _ci_rule(e["ci"], e["delta"], th["threshold"]) if e["ci"] is not None else "inconclusive"
+    verdict = {
+        "name": f"success: {succ.metric} gain >= {succ.min_gain:g}",
+        "kind": "success",
+        "metric": succ.metric,
+        **{k: e[k] for k in ("base", "cand", "delta", "ci")},
+        "threshold": succ.min_gain,
+        "floor": None,
+        "verdict": v,
+        "detail": f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {succ.min_gain:g}",
+    }
+    if th["noise_floor"] is not None:  # measured: say which threshold applied and why (not measured: as before)
+        on_min_gain = _ci_rule(e["ci"], e["delta"], succ.min_gain) if e["ci"] is not None else "inconclusive"
+        if th["applied"] == "noise floor":
+            verdict["name"] += f" and >= noise floor {th['noise_floor']:.4g}"
+        verdict.update(
+            threshold=th["threshold"],
+            noise=th,
+            decided_by_noise_floor=v != on_min_gain,
+            verdict_min_gain=on_min_gain,  # the verdict against min_gain alone
+            detail=f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])} vs required gain {th['threshold']:.4g} "
+            f"({th['why']})",
+        )
+    out.append(verdict)
 
     for gi, guard in enumerate(hypothesis.guards):
         key = f"hypothesis.guards[{gi}]"
@@ -578,6 +611,9 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             ([f"drop <= {guard.max_drop:g}"] if guard.max_drop is not None else [])
             + ([f">= {guard.floor:g}"] if guard.floor is not None else [])
         )
+        if getattr(guard, "set", None) is not None:  # a guard on an eval.sets entry (docs/eval-sets.md)
+            out.append(_set_guard(key, guard, rule, threshold, compare_result))
+            continue
         group = next((g for g in ("per_class", "per_field") if guard.metric.startswith(g + "_")), None)
         if group is None:
             e = _metric_entry(compare_result, guard.metric, f"{key}.metric")
@@ -716,6 +752,69 @@ def judge(hypothesis: Any, compare_result: dict) -> list[dict]:
             }
         )
     return out
+
+
+def _set_guard(key: str, guard: Any, rule: str, threshold: float | None, compare_result: dict) -> dict:
+    """The verdict of a guard on an ``eval.sets`` entry (``compare_result["sets"][name]``): ``agreement`` against
+    its ``floor`` (a point rule, as every floor), a task metric by :func:`_guard_item` (``max_drop`` on the
+    paired bootstrap CI of the delta, ``floor`` on the candidate's value). "not measurable" when the comparison
+    holds no outputs on the set (``test``'s pairing on the test split; ``compare`` always holds them, the
+    evaluation fingerprint pairing only runs evaluated on the same sets).
+
+    Raises:
+        TuneproofError: a task metric the set does not report (names ``hypothesis.guards[i].metric``)."""
+    s = (compare_result.get("sets") or {}).get(guard.set)
+    if s is None:  # e.g. the test split's pairing with the base model, or runs paired across procedures
+        return {
+            "name": f"guard: {guard.metric} on set {guard.set} {rule}",
+            "kind": "guard",
+            "metric": guard.metric,
+            "set": guard.set,
+            **dict.fromkeys(("base", "cand", "delta", "ci")),
+            "threshold": threshold,
+            "floor": guard.floor,
+            "verdict": "not measurable",
+            "detail": f"not measurable here: this comparison holds no outputs of both runs on eval.sets "
+            f"'{guard.set}' (`tuneproof compare` of a baseline and a candidate evaluated with the study's eval.sets "
+            "judges it)",
+        }
+    if guard.metric == "agreement":
+        e = s["agreement"]
+    else:
+        e = (s.get("metrics") or {}).get(guard.metric)
+        if e is None:
+            raise TuneproofError(
+                f"{key}.metric: '{guard.metric}' is not reported on eval.sets '{guard.set}'"
+                + ("" if s.get("references") else " (the set has no references)"),
+                hint=f"use agreement{', ' + ', '.join(sorted(s.get('metrics') or {})) if s.get('metrics') else ''}",
+            )
+    verdict, why = _guard_item(e, guard.max_drop, guard.floor)
+    where = f"on set '{guard.set}' ({s.get('n')} examples)"
+    if guard.metric == "agreement":
+        shown = (
+            f"agreement {_r(e['cand'])} ({e.get('agree')} of {e.get('n')} outputs equal the base's), "
+            f"95% CI {_ci01(e['ci'])}"
+        )
+        detail = f"{where}: {shown}" + (f"; below floor {guard.floor:g}" if verdict == "fail" else "")
+    else:
+        detail = f"{where}: {guard.metric} {_r(e['base'])} -> {_r(e['cand'])}, " + (
+            "; ".join(why) if why else f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])}"
+        )
+    return {
+        "name": f"guard: {guard.metric} on set {guard.set} {rule}",
+        "kind": "guard",
+        "metric": guard.metric,
+        "set": guard.set,
+        **{k: e.get(k) for k in ("base", "cand", "delta", "ci")},
+        "threshold": threshold,
+        "floor": guard.floor,
+        "verdict": verdict,
+        "detail": detail,
+    }
+
+
+def _ci01(ci: list | None) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
 
 #: ``correction: auto`` applies Holm from this many judged classes on; below it the guard keeps each

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuneproof.data.chat_template import fingerprint_part
+from tuneproof.data.eval_sets import fingerprint_part as sets_fingerprint_part
 from tuneproof.errors import TuneproofError
 from tuneproof.io import sha256_json
 from tuneproof.study import Eval, keys_with_role
@@ -32,15 +33,18 @@ if TYPE_CHECKING:
     from tuneproof.data.examples import Example
 
 PARTS = ("eval_ids", "prompt", "decoding", "metrics", "tokenizer")
-OPTIONAL_PARTS = ("backend",)  # present only when not the default (transformers): older fingerprints keep their hash
+#: present only when not the default (``backend``: transformers; ``eval_sets``: none), so older fingerprints keep
+#: their hash
+OPTIONAL_PARTS = ("backend", "eval_sets")
 #: the ``eval`` keys whose role (:data:`tuneproof.study.ROLES`) puts them in a part: every ``decodes`` key in
 #: ``decoding``, every ``scores`` key in ``metrics``. Of those, the keys below every fingerprint has held since
 #: its first version; any other joins its part only when set away from its default, so that fingerprints
 #: recorded before the key existed keep their hash
 ALWAYS = ("max_new_tokens", "do_sample", "temperature", "allow_fenced_json", "json_schema", "regex")
 #: ``decodes`` keys hashed another way: the split through the ids it yields (``eval_ids``), the batch size in
-#: ``decoding`` only where it can change the outputs (:func:`batch_size_matters`)
-ELSEWHERE = ("split", "batch_size")
+#: ``decoding`` only where it can change the outputs (:func:`batch_size_matters`), ``eval.sets`` through each set's
+#: content (``eval_sets``: name, sha256, bytes, examples, references)
+ELSEWHERE = ("split", "batch_size", "sets")
 
 
 def eval_fingerprint(
@@ -53,6 +57,7 @@ def eval_fingerprint(
     precision: str | None = None,
     base_weights: str | None = None,
     chat_template: dict | None = None,
+    eval_sets: list[dict] | None = None,
 ) -> dict:
     """Fingerprint of an evaluation procedure.
 
@@ -70,6 +75,9 @@ def eval_fingerprint(
             (:func:`tuneproof.data.chat_template.fingerprint_part`: an overriding ``model.chat_template``'s
             sha256, ``model.chat_template_kwargs``, ``model.end_of_turn``), hashed in the ``prompt`` part;
             empty or None leaves the fingerprint as before.
+        eval_sets: the study's ``eval.sets`` as read (:func:`tuneproof.data.eval_sets.fingerprint_part`: each
+            ``{"name", "sha256", "bytes", "n", "references"}``), hashed in the ``eval_sets`` part; empty or None
+            (a study without sets) leaves the fingerprint as before.
 
     Returns:
         ``{"hash": sha256 hex, "parts": {name: sha256 hex}}`` with parts ``eval_ids`` (sorted
@@ -82,8 +90,8 @@ def eval_fingerprint(
         outputs, so a bf16-base evaluation never matches an fp32-base one),
         ``metrics`` (task, required_fields, allow_fenced_json, json_schema, regex, and grammar when set) and
         ``tokenizer``; with ``eval.backend`` other than ``transformers`` also ``backend``
-        (``{"name": "vllm"}``). ``hash`` is the sha256 of the lines ``"<part>=<part hash>\\n"``
-        in the order above.
+        (``{"name": "vllm"}``); with ``eval.sets`` also ``eval_sets``. ``hash`` is the sha256 of the lines
+        ``"<part>=<part hash>\\n"`` in the order above.
 
     Raises:
         TuneproofError: duplicate example ids.
@@ -117,6 +125,8 @@ def eval_fingerprint(
     backend = getattr(cfg, "backend", "transformers")
     if backend != "transformers":
         content["backend"] = {"name": backend}
+    if eval_sets:
+        content["eval_sets"] = list(eval_sets)
     names = PARTS + tuple(p for p in OPTIONAL_PARTS if p in content)
     parts = {name: sha256_json(content[name]) for name in names}
     combined = "".join(f"{name}={parts[name]}\n" for name in names)
@@ -140,10 +150,12 @@ def study_eval_fingerprint(
     """:func:`eval_fingerprint` of a study's evaluation of ``examples`` (default its eval examples,
     :meth:`~tuneproof.context.StudyContext.eval_examples`): its eval section, task, required fields,
     tokenizer identity and compute dtype; ``base_weights``: the dtype the evaluated model's base
-    weights were held in (default the study's, :attr:`~tuneproof.context.StudyContext.base_weights`).
+    weights were held in (default the study's, :attr:`~tuneproof.context.StudyContext.base_weights`); with
+    ``eval.sets``, each set's content (:attr:`~tuneproof.context.StudyContext.eval_sets`).
 
     Raises:
-        TuneproofError: duplicate example ids, or a precision refused on this machine.
+        TuneproofError: duplicate example ids, a precision refused on this machine, or an ``eval.sets`` entry that
+            cannot be read (:func:`tuneproof.data.eval_sets.load_eval_sets`).
     """
     examples = examples if examples is not None else ctx.eval_examples()
     return eval_fingerprint(
@@ -155,6 +167,7 @@ def study_eval_fingerprint(
         precision=ctx.device_choice.get("dtype"),
         base_weights=base_weights or ctx.base_weights,
         chat_template=fingerprint_part(getattr(ctx.pipeline, "chat", None)),
+        eval_sets=sets_fingerprint_part(ctx.eval_sets) if ctx.study.eval.sets else None,
     )
 
 

@@ -29,11 +29,13 @@ PROGRESS_EVERY_S = 1.0
 
 class EvalProgress:
     """``progress(n)`` after each batch of predictions: ``eval_progress.json`` in ``run_dir`` holds
-    ``{"done": examples predicted, "n": examples to predict}``, written atomically at start, at most every
-    :data:`PROGRESS_EVERY_S` seconds, and by :meth:`flush` (call it in a ``finally``)."""
+    ``{"done": examples predicted, "n": examples to predict}`` (with ``eval.repeat`` > 1 also ``"repeat"``, 1-based,
+    and ``"repeats"``), written atomically at start, at most every :data:`PROGRESS_EVERY_S` seconds, and by
+    :meth:`flush` (call it in a ``finally``)."""
 
-    def __init__(self, run_dir: Path, n: int):
+    def __init__(self, run_dir: Path, n: int, *, repeat: int = 1, repeats: int = 1):
         self.path, self.n, self.done, self._last = Path(run_dir) / PROGRESS, n, 0, 0.0
+        self.repeat = {"repeat": repeat, "repeats": repeats} if repeats > 1 else {}
         self.flush()
 
     def __call__(self, k: int = 1, *_: Any) -> None:
@@ -42,7 +44,7 @@ class EvalProgress:
             self.flush()
 
     def flush(self) -> None:
-        write_json(self.path, {"done": self.done, "n": self.n})
+        write_json(self.path, {"done": self.done, "n": self.n, **self.repeat})
         self._last = time.monotonic()
 
 
@@ -57,7 +59,8 @@ def _redo(rec) -> str:
 def check_complete(registry, rec) -> None:
     """Refuse to judge an evaluation-like run (baseline, eval, test) that did not complete: its status is
     not ``completed``, or its ``eval.json`` or ``outputs.jsonl`` is missing, or the outputs hold fewer
-    rows than ``eval.json``'s ``n``. The message says where it stopped when ``eval_progress.json``
+    rows than ``eval.json``'s ``n``, or an output file on ``eval.sets`` it recorded is missing or changed
+    (:func:`set_outputs_problem`). The message says where it stopped when ``eval_progress.json``
     recorded it (``r0005 was interrupted at example 8 of 12; evaluate again``).
 
     Raises:
@@ -76,6 +79,8 @@ def check_complete(registry, rec) -> None:
             if prog["done"] >= prog["n"]
             else f" at example {prog['done']} of {prog['n']}"
         )
+        if isinstance(prog.get("repeat"), int) and isinstance(prog.get("repeats"), int):
+            where += f" of repeat {prog['repeat']} of {prog['repeats']} (eval.repeat)"
     hint = f"{_redo(rec)} evaluates again; a verdict is computed only from a completed evaluation"
     if rec.status != "completed":
         verb = {"interrupted": "was interrupted", "failed": "failed", "running": "is still running"}.get(
@@ -91,6 +96,38 @@ def check_complete(registry, rec) -> None:
     rows = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if line.strip())
     if isinstance(ev.get("n"), int) and rows < ev["n"]:
         raise CheckFailed(f"{rec.id} is incomplete: {rows} of {ev['n']} outputs in {out}; evaluate again", hint=hint)
+    if isinstance(ev.get("repeats"), int) and ev["repeats"] > 1 and not (run_dir / "noise.json").is_file():
+        raise CheckFailed(
+            f"{rec.id} is incomplete: {run_dir} has no noise.json of its {ev['repeats']} repeats; evaluate again",
+            hint=hint,
+        )
+    problem = set_outputs_problem(run_dir, rec)
+    if problem is not None:
+        raise CheckFailed(f"{rec.id} is incomplete: {problem}; evaluate again", hint=hint)
+
+
+#: the summary key holding ``{set name: sha256}`` of a run's outputs on ``eval.sets``
+SET_OUTPUTS_KEY = "set_outputs_sha256"
+
+
+def set_outputs_path(run_dir: Path, name: str) -> Path:
+    """Where a run keeps its outputs on the ``eval.sets`` entry ``name``: ``sets/<name>/outputs.jsonl``."""
+    return Path(run_dir) / "sets" / name / OUTPUTS
+
+
+def set_outputs_problem(run_dir: Path, rec) -> str | None:
+    """What is wrong with the outputs on ``eval.sets`` that ``rec`` recorded (its summary's
+    ``set_outputs_sha256``): a file that is gone or whose sha256 changed since the run wrote it
+    (``sets/general/outputs.jsonl is missing``); None when each is whole (or the run evaluated no set)."""
+    for name, want in sorted(((rec.summary or {}).get(SET_OUTPUTS_KEY) or {}).items()):
+        path = set_outputs_path(run_dir, name)
+        shown = path.relative_to(run_dir).as_posix()
+        if not path.is_file():
+            return f"{shown} (its outputs on eval.sets '{name}') is missing"
+        found = sha256_file(path)
+        if found != want:
+            return f"{shown} (its outputs on eval.sets '{name}') has sha256 {found[:12]}, not {want[:12]} as recorded"
+    return None
 
 
 def record_outputs_hash(run) -> str:
@@ -137,7 +174,7 @@ def check_all(registry) -> int:
     (no verdict uses them, and the dossier lists them with their reason); returns how many.
 
     Raises:
-        TuneproofError: the first changed file (see :func:`check_outputs`).
+        TuneproofError: the first changed file (see :func:`check_outputs`), outputs on ``eval.sets`` included.
     """
     n = 0
     for rec in registry.list():
@@ -146,6 +183,14 @@ def check_all(registry) -> int:
         path = registry.runs_dir / rec.id / OUTPUTS
         if path.exists() and check_outputs(path, rec) is not None:
             n += 1
+        for name, want in sorted(((rec.summary or {}).get(SET_OUTPUTS_KEY) or {}).items()):
+            spath = set_outputs_path(registry.runs_dir / rec.id, name)  # a missing one: the dossier's INCOMPLETE
+            if spath.exists() and (found := sha256_file(spath)) != want:
+                raise TuneproofError(
+                    f"{spath}: sha256 {found} differs from {want} recorded when run {rec.id} wrote it",
+                    hint=f"the outputs on eval.sets '{name}' were edited after the run; restore them, or mark the run "
+                    f"invalid (`tuneproof invalidate {rec.id} --why ...`) and evaluate again",
+                )
     return n
 
 

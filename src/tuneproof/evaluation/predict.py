@@ -11,11 +11,18 @@ from tuneproof.ui import progress_bar
 
 
 def predict(
-    ctx: StudyContext, model, examples: list[Example], what: str, on_progress=None, raw_out: list[str] | None = None
+    ctx: StudyContext,
+    model,
+    examples: list[Example],
+    what: str,
+    on_progress=None,
+    raw_out: list[str] | None = None,
+    sort_by_length: bool = True,
 ) -> list[str]:
     """Predictions for ``examples`` by the study's one evaluation procedure, with a progress bar named ``what``;
     ``on_progress(k)`` (optional) is also called with the number of examples finished after each batch;
-    ``raw_out`` (optional) gets the raw generations the predictions were parsed from (``eval.answer_from``).
+    ``raw_out`` (optional) gets the raw generations the predictions were parsed from (``eval.answer_from``);
+    ``sort_by_length`` False batches ``examples`` in their order (the repeats of ``eval.repeat``).
 
     Generation moves its bar per generated-token slot (:meth:`~tuneproof.modalities.modality.Modality.progress_tokens`:
     ``examples x eval.max_new_tokens``, one per row at each decoding step), so a batch of 16 that
@@ -26,7 +33,14 @@ def predict(
         with progress_bar(what, len(examples)) as bar:
             advance = bar if on_progress is None else also_record(bar, on_progress)
             return ctx.modality.predict(
-                ctx, model, examples, device=device, autocast=autocast, progress=advance, raw_out=raw_out
+                ctx,
+                model,
+                examples,
+                device=device,
+                autocast=autocast,
+                progress=advance,
+                raw_out=raw_out,
+                sort_by_length=sort_by_length,
             )
     per = ctx.study.eval.max_new_tokens
     with progress_bar(f"{what} ({len(examples)} examples, tokens of at most {per} each)", tokens) as bar:
@@ -39,4 +53,5 @@ def predict(
             progress=on_progress,
             token_progress=bar,
             raw_out=raw_out,
+            sort_by_length=sort_by_length,
         )

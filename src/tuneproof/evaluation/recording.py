@@ -1,6 +1,7 @@
 """An evaluation recorded into a run (``baseline``, ``eval``, ``test``): the backend refused before a run
 exists, the predictions (transformers, or vLLM after its backend check), the task's scores,
-``outputs.jsonl`` bound to the run by its sha256, ``eval.json`` with the evaluation fingerprint, the
+``outputs.jsonl`` bound to the run by its sha256, the outputs on ``eval.sets`` bound the same way
+(:mod:`tuneproof.evaluation.eval_sets`), ``eval.json`` with the evaluation fingerprint, the
 summary's headline; what an evaluation prints; a recorded run's outputs read back.
 """
 
@@ -25,11 +26,20 @@ from tuneproof.evaluation.backends import (
     check_summary,
     lora_rank,
 )
+from tuneproof.evaluation.eval_sets import evaluate_sets
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
+from tuneproof.evaluation.noise import (
+    NOISE_JSON,
+    noise_record,
+    noise_summary,
+    repeat_order,
+    sampling_seed,
+    seed_sampling,
+)
 from tuneproof.evaluation.outputs import EvalProgress, also_record, read_outputs, record_outputs_hash
 from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.screen import screen_lines
-from tuneproof.io import write_jsonl
+from tuneproof.io import read_json, sha256_file, write_jsonl
 from tuneproof.models.method import base_weights_dtype
 from tuneproof.registry import Run
 from tuneproof.study import STUDY_FILE
@@ -51,7 +61,10 @@ def served_paths(ctx: StudyContext, train_run_id: str | None) -> tuple[Path, Pat
 
 def require_backend(ctx: StudyContext) -> None:
     """Refuse an evaluation whose ``eval.backend`` cannot run here (before any run is created; exit 2,
-    :func:`tuneproof.evaluation.backends.check_backend_available`)."""
+    :func:`tuneproof.evaluation.backends.check_backend_available`), or whose ``eval.sets`` cannot be read
+    (exit 2, :func:`tuneproof.data.eval_sets.load_eval_sets`: a missing file, a row without its text column, an
+    empty set, a guard that needs references on a set without them)."""
+    ctx.eval_sets  # noqa: B018 - read and checked now, before a run exists
     if ctx.study.eval.backend != "transformers":
         check_backend_available(ctx.study.eval, ctx.head, ctx.study_dir / STUDY_FILE)
 
@@ -157,41 +170,105 @@ def evaluate_into(
     eval_cfg: Any = None,
     served: tuple[Path, Path | None] | None = None,
     check_examples: list[Example] | None = None,
+    beat: Any = None,
 ) -> dict[str, Any]:
-    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary.
+    """Predict, score with the task's metrics, write ``outputs.jsonl`` and the run summary; then generate each of
+    ``eval.sets`` with the same model and procedure, once, after the split's first pass
+    (:func:`tuneproof.evaluation.eval_sets.evaluate_sets`: ``sets/<name>/outputs.jsonl``, their sha256 in the summary,
+    ``eval.json``'s ``sets``) before ``eval.json``.
 
     ``required_fields`` / ``eval_cfg`` score with another definition than the study file's
     (``test`` scores with the hypothesis frozen before training); prediction always follows the study.
     ``served``: what a serving backend loads (:func:`served_paths`; default the base model); used
     with ``eval.backend: vllm``, whose check runs first on a sample of ``check_examples`` (default
-    ``examples``; :func:`predict_served`)."""
-    t0 = time.perf_counter()
-    progress = EvalProgress(run.dir, len(examples))  # where a killed evaluation stopped (compare says so)
-    raw: list[str] = []  # the generations before eval.answer_from parsed them (empty for a classifier)
-    try:
-        if ctx.study.eval.backend == "vllm":
-            served = served or served_paths(ctx, None)
-            preds = predict_served(
-                ctx, run, model, examples, what, served, check_examples, on_progress=progress, raw_out=raw
-            )
-        else:
-            import transformers  # noqa: PLC0415 - transformers loads only when evaluate_into() runs
+    ``examples``; :func:`predict_served`). ``beat``: the command's heartbeat (:func:`tuneproof.ui.heartbeat`),
+    told ``repeat r of N`` with ``eval.repeat`` > 1.
 
-            run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
-            preds = predict(ctx, model, examples, what, on_progress=progress, raw_out=raw)
+    ``eval.repeat: N`` > 1 evaluates the model N times (:mod:`tuneproof.evaluation.noise`): repeat 1 as above (its
+    outputs are the run's), repeats 2..N on a seeded permutation of the examples batched in that order (with
+    ``eval.do_sample``, each repeat its own sampling seed); ``noise.json`` records each metric per repeat, its
+    spread (the noise floor) and the per-example flips; ``eval.json`` then holds ``"repeats": N``. With N = 1 the
+    run's files are exactly what they were before the key existed. An interruption in any repeat leaves the run
+    interrupted (the registry's run context), never completed.
+    (``eval.repeat`` > 1 with ``eval.backend: vllm`` is refused when the study file is read.)
+    """
+    ev = ctx.study.eval
+    n_rep = ev.repeat if ev.backend == "transformers" else 1
+    seeds = [sampling_seed(ev.seed, r) if ev.do_sample and n_rep > 1 else None for r in range(n_rep)]
+    label = (lambda r: f"{what} (repeat {r + 1} of {n_rep})") if n_rep > 1 else (lambda r: what)
+    t0 = time.perf_counter()
+    # where a killed evaluation stopped (compare says so); eval.sets are generated after the split's first pass, in
+    # the same count
+    progress = EvalProgress(run.dir, len(examples) + sum(len(s.examples) for s in ctx.eval_sets), repeats=n_rep)
+    if ev.backend == "vllm":
+        served = served or served_paths(ctx, None)
+    else:
+        import transformers  # noqa: PLC0415 - transformers loads only when evaluate_into() runs
+
+        run.update_summary(eval_backend={"name": "transformers", "version": transformers.__version__})
+
+    def generate(items: list[Example], label: str, raw_out: list[str]) -> list[str]:
+        """The study's one procedure on ``items`` (the split, then each of eval.sets)."""
+        if ev.backend == "vllm":
+            return predict_served(
+                ctx, run, model, items, label, served, check_examples, on_progress=progress, raw_out=raw_out
+            )
+        return predict(ctx, model, items, label, on_progress=progress, raw_out=raw_out)
+
+    raw: list[str] = []  # the generations before eval.answer_from parsed them (empty for a classifier)
+    if beat is not None and n_rep > 1:
+        beat.update(f"evaluating {len(examples)} examples, repeat 1 of {n_rep}")
+    try:
+        seed_sampling(seeds[0])
+        preds = generate(examples, label(0), raw)
     finally:
         progress.flush()
+    scoring = task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg, examples=examples)
+    records, metrics = get_task(ctx.task).score(_rows(examples, preds, raw), scoring)
+    try:  # eval.sets: the same model, prompt and decoding; outputs bound to the run like outputs.jsonl
+        sets = evaluate_sets(ctx, run, generate, what)
+    finally:
+        progress.flush()
+    noise = None
+    if n_rep > 1:
+        repeats = [(records, metrics)]
+        orders = [repeat_order(len(examples), 0, ev.seed)]
+        for r in range(1, n_rep):
+            if beat is not None:
+                beat.update(f"evaluating {len(examples)} examples, repeat {r + 1} of {n_rep}")
+            order = repeat_order(len(examples), r, ev.seed)
+            shuffled = [examples[i] for i in order]
+            rep_progress = EvalProgress(run.dir, len(examples), repeat=r + 1, repeats=n_rep)
+            raw_r: list[str] = []
+            try:
+                seed_sampling(seeds[r])
+                got = predict(ctx, model, shuffled, label(r), rep_progress, raw_r, sort_by_length=False)
+            finally:
+                rep_progress.flush()
+            back, raw_back = [""] * len(examples), [""] * len(raw_r)
+            for k, i in enumerate(order):  # the canonical order again, so the repeats pair example by example
+                back[i] = got[k]
+                if raw_r:
+                    raw_back[i] = raw_r[k]
+            repeats.append(get_task(ctx.task).score(_rows(examples, back, raw_back), scoring))
+            orders.append(order)
+        device, _, _ = ctx.torch_setup()
+        noise = noise_record(
+            [m for _, m in repeats],
+            [rows for rows, _ in repeats],
+            orders=orders,
+            seeds=seeds,
+            device=str(getattr(device, "type", device)),
+            do_sample=ev.do_sample,
+        )
     seconds = time.perf_counter() - t0
-    records = [
-        {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
-        | ({"raw": raw[k]} if len(raw) == len(preds) else {})
-        for k, (e, p) in enumerate(zip(examples, preds))
-    ]
-    records, metrics = get_task(ctx.task).score(
-        records, task_config(ctx, required_fields=required_fields, eval_cfg=eval_cfg, examples=examples)
-    )
     write_jsonl(run.path("outputs.jsonl"), records)
     record_outputs_hash(run)  # compare/show/report/export refuse the file once its bytes change
+    if noise is not None:
+        run.write_json(NOISE_JSON, noise)
+        run.update_summary(
+            eval_repeats=n_rep, noise_sha256=sha256_file(run.path(NOISE_JSON)), noise=noise_summary(noise)
+        )
     held = base_weights_dtype(model)  # what the evaluated model's base weights really were held in
     base_weights = held if held in ("fp32", "bf16") else "fp32"
     efp = study_eval_fingerprint(ctx, examples, base_weights=base_weights)
@@ -203,17 +280,56 @@ def evaluate_into(
             "n": len(examples),
             "metrics": metrics,
             "base_weights": base_weights,
+            **({"repeats": n_rep} if n_rep > 1 else {}),
+            **({"sets": sets} if sets else {}),
         },
     )
     run.set(eval_fingerprint=efp["hash"])
     run.update_summary(
         metrics=headline(ctx.task, metrics),
-        eval_seconds=round(seconds, 6),
+        eval_seconds=round(seconds, 6),  # all repeats
         n_eval=len(examples),
-        eval_examples_per_s=round(len(examples) / max(seconds, 1e-9), 3),
+        eval_examples_per_s=round(n_rep * len(examples) / max(seconds, 1e-9), 3),  # predictions per second
         base_weights=base_weights,
     )
     return metrics
+
+
+def _rows(examples: list[Example], preds: list[str], raw: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``outputs.jsonl`` before scoring, one per example in their order (``raw`` when recorded)."""
+    return [
+        {"id": e.id, "category": e.label, "input": e.text, "reference": e.target, "prediction": p}
+        | ({"raw": raw[k]} if len(raw) == len(preds) else {})
+        for k, (e, p) in enumerate(zip(examples, preds))
+    ]
+
+
+def print_noise(ctx: StudyContext, run: Run) -> None:
+    """One line of ``noise.json`` when the run repeated its evaluation: the spread over the repeats of each of
+    the task's headline metrics (and the success metric), with its values, and the per-example flips, e.g.
+    ``noise floor (3 repeats): accuracy 0.0167 (0.733, 0.75, 0.733); per-example flips 2
+    (runs/r0002/noise.json)`` (every metric is in the file)."""
+    path = run.path(NOISE_JSON)
+    if not path.is_file():
+        return
+    noise = read_json(path)
+    shown = list(headline(ctx.task, {k: v["values"][0] for k, v in noise["metrics"].items()}))
+    success = ctx.study.hypothesis.success.metric  # the floor compare judges the gain above
+    shown += [success] if success not in shown else []
+    parts = [
+        f"{k} {noise['metrics'][k]['spread']:.4g} ("
+        + ", ".join(f"{x:.4g}" for x in noise["metrics"][k]["values"])
+        + ")"
+        for k in shown
+        if k in noise["metrics"]
+    ]
+    console.print(
+        user_text(
+            f"noise floor ({noise['repeats']} repeats): " + "; ".join(parts) + f"; per-example flips "
+            f"{noise['flips']['count']} (runs/{run.id}/{NOISE_JSON})"
+        ),
+        soft_wrap=True,
+    )
 
 
 def print_metrics(ctx: StudyContext, metrics: dict[str, Any]) -> None:

@@ -209,8 +209,10 @@ class ImageModality(Modality):
         batch_size: int | None = None,
         token_progress=None,
         raw_out: list[str] | None = None,
+        sort_by_length: bool = True,
     ) -> list[str]:
-        """:func:`classify_images` at ``eval.batch_size`` (or ``batch_size``)."""
+        """:func:`classify_images` at ``eval.batch_size`` (or ``batch_size``), batched in the order of ``examples``
+        (images are not sorted: ``sort_by_length`` changes nothing)."""
         return classify_images(
             model,
             ctx.pipeline,

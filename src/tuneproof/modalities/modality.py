@@ -119,13 +119,15 @@ class Modality:
         batch_size: int | None = None,
         token_progress: Progress = None,
         raw_out: list[str] | None = None,
+        sort_by_length: bool = True,
     ) -> list[str]:
         """One prediction per example, in their order, by the study's evaluation procedure;
-        ``batch_size`` replaces ``eval.batch_size`` when given. ``progress(k)``: ``k`` examples
-        finished (after each batch); ``token_progress(k)``: ``k`` more generated-token slots (one per
-        row of the batch at each decoding step), for a modality whose :meth:`progress_tokens` is not None;
-        ``raw_out`` (when given) gets the raw outputs a prediction was parsed from (a generation before
-        ``eval.answer_from``), where the modality has any."""
+        ``batch_size`` replaces ``eval.batch_size`` when given; ``sort_by_length`` False batches the
+        examples in their given order (an ``eval.repeat`` repeat: other batches, other padding) where the
+        modality sorts. ``progress(k)``: ``k`` examples finished (after each batch); ``token_progress(k)``:
+        ``k`` more generated-token slots (one per row of the batch at each decoding step), for a modality
+        whose :meth:`progress_tokens` is not None; ``raw_out`` (when given) gets the raw outputs a prediction
+        was parsed from (a generation before ``eval.answer_from``), where the modality has any."""
         raise NotImplementedError
 
     def progress_tokens(self, ctx, examples: list[Example]) -> int | None:

@@ -358,9 +358,11 @@ class TextModality(Modality):
         batch_size: int | None = None,
         token_progress=None,
         raw_out: list[str] | None = None,
+        sort_by_length: bool = True,
     ) -> list[str]:
         """:func:`classify` for a sequence classifier, else :func:`generate` (``eval.batch_size`` or ``batch_size``;
-        ``raw_out``, when given, gets the raw generations before ``eval.answer_from`` parsed them)."""
+        ``raw_out``, when given, gets the raw generations before ``eval.answer_from`` parsed them; batched in
+        length order unless ``sort_by_length`` is False)."""
         ev = ctx.study.eval
         if ctx.model_kind == SEQUENCE_CLASSIFICATION:
             return classify(
@@ -373,6 +375,7 @@ class TextModality(Modality):
                 device=device,
                 autocast=autocast,
                 progress=progress,
+                sort_by_length=sort_by_length,
             )
         if batch_size is not None:
             ev = ev.model_copy(update={"batch_size": batch_size})
@@ -387,6 +390,7 @@ class TextModality(Modality):
             progress=progress,
             token_progress=token_progress,
             raw_out=raw_out,
+            sort_by_length=sort_by_length,
         )
 
     def eval_inputs(self, ctx, examples: list[Example]) -> list[str]:

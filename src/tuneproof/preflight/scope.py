@@ -13,8 +13,9 @@ cannot change what the preflight measured, so changing it keeps a passed preflig
 - ``judges`` and ``scores`` (``hypothesis.*``, ``eval.allow_fenced_json``, ``eval.json_schema``, ``eval.regex``,
   ``eval.grammar``, ``eval.bootstrap_iterations``, ``eval.seed``): what is claimed and how outputs are scored
   and summarised after generation;
-- ``budget`` (``training.max_steps``, ``training.epochs``, ``eval.max_examples``): the preflight runs its own
-  fixed number of steps and predicts a fixed handful; its time estimate is for the budget at the time;
+- ``budget`` (``training.max_steps``, ``training.epochs``, ``eval.max_examples``, ``eval.repeat``): the
+  preflight runs its own fixed number of steps and predicts a fixed handful; its time estimate is for the
+  budget at the time;
 - ``bookkeeping`` (``name``, ``schema_version``, ``training.checkpoint_every``, ``training.eval_every``,
   ``distributed.timeout_s``): names and cadence;
 - ``serves`` (``eval.backend``, ``eval.backend_check_examples``, ``eval.backend_check_min_agreement``): the

@@ -181,6 +181,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
     tokens_per_s = sum(step_tokens(i) for i in timed) / max(secs, 1e-9)
     steps_total = total_steps(cfg, n)
     n_eval = len(ctx.eval_examples())
+    repeat = ctx.study.eval.repeat
     eval_per_ex = eval_s / max(len(examples), 1)
     batch_rate = eval_batch_rate(report.get("eval memory"))
     eval_basis = f"measured on {len(examples)} smoke examples{ctx.modality.smoke_eval_note}"
@@ -199,7 +200,7 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
         "budget_seconds": round(steps_total * s_per_step, 1),
         "eval_s_per_example": round(eval_per_ex, 4),
         "eval_examples": n_eval,
-        "eval_seconds_estimate": round(eval_per_ex * n_eval, 1),
+        "eval_seconds_estimate": round(eval_per_ex * n_eval * repeat, 1),  # every repeat of eval.repeat
         "step_seconds": [round(x, 3) for x in step_s],
     }
     report.add(
@@ -210,8 +211,9 @@ def check_smoke(ctx: StudyContext, run, model, encoded: list, report: PreflightR
             f"{cfg.micro_batch_size} x {accum} (timed on step{'s' if len(timed) > 1 else ''} "
             f"{', '.join(str(i + 1) for i in timed)} of {len(step_s)}); the budget of "
             f"{steps_total} steps takes about {hms(steps_total * s_per_step)}; "
-            f"one evaluation of {n_eval} examples about "
-            f"{hms(eval_per_ex * n_eval)} ({eval_per_ex:.3g} s per example, {eval_basis})",
+            f"one evaluation of {n_eval} examples"
+            + (f" x {repeat} repeats (eval.repeat)" if repeat > 1 else "")
+            + f" about {hms(eval_per_ex * n_eval * repeat)} ({eval_per_ex:.3g} s per example, {eval_basis})",
             tnum,
         )
     )

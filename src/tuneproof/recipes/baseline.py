@@ -3,6 +3,8 @@
 Features:
 - the same evaluation procedure every later ``eval`` uses (split, prompt, decoding, metrics);
   its fingerprint is stored so ``compare`` can refuse runs evaluated differently;
+- ``eval.repeat: N`` evaluates the base model N times (batch order and padding permuted by seed; sampling
+  seeds with ``eval.do_sample``): ``runs/<id>/noise.json`` records the noise floor (:mod:`tuneproof.evaluation.noise`);
 - per-example outputs in ``runs/<id>/outputs.jsonl``; resolved config, environment and data
   fingerprint recorded;
 - never reads the reserved test split;
@@ -13,7 +15,13 @@ Features:
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.evaluation.recording import evaluate_into, evaluation_run, print_metrics, require_backend
+from tuneproof.evaluation.recording import (
+    evaluate_into,
+    evaluation_run,
+    print_metrics,
+    print_noise,
+    require_backend,
+)
 from tuneproof.hypothesis import check_against_data
 from tuneproof.models.base_model import load_model
 from tuneproof.models.identity import base_hashes
@@ -59,6 +67,7 @@ def run_baseline(ctx: StudyContext, *, data_check_override: str | None = None) -
                 "before fine-tuning; its baseline is chance level"
             )
         beat.update(f"evaluating {len(examples)} examples")
-        print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline"))
+        print_metrics(ctx, evaluate_into(ctx, run, model, examples, "baseline", beat=beat))
+        print_noise(ctx, run)
         run.update_summary(base=ctx.base.identity())
         return run.id

@@ -10,11 +10,17 @@ Features:
   success metric (basis named; exact-match counts as a second line), paired bootstrap intervals of
   every metric delta, per-class and per-field deltas, concentration of the gain, a candidate that
   predicts one class for most examples;
+- the success criterion's gain judged above max(min_gain, noise floor): the floor is the larger of both runs'
+  measured spreads over their ``eval.repeat`` repeats (``noise.json``; not measured without repeats: min_gain
+  alone); the screen and ``compare.json`` say which threshold applied and why, and the per-example flips;
 - the success criterion and guards of the hypothesis judged: pass / fail / inconclusive / not
   measurable, against the hypothesis frozen with the first train run (``hypothesis.frozen.json``);
   when the study file's hypothesis differs, the change is shown key by key and both verdicts are
   given; ``--use-edited-hypothesis REASON`` judges against the edited one (the reason is recorded
-  in ``compare.json`` and ``hypothesis.overrides.jsonl``, and shown in the dossier).
+  in ``compare.json`` and ``hypothesis.overrides.jsonl``, and shown in the dossier);
+- ``eval.sets``: per set, the agreement of the candidate's outputs with the baseline's and, where the set has
+  references, the task's metrics with paired bootstrap CIs (``compare.json``'s ``sets``), judged by the guards
+  that name a set (``hypothesis.guards[].set``, docs/eval-sets.md).
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
 from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
+from tuneproof.evaluation.eval_sets import compare_sets, set_lines
 from tuneproof.evaluation.fingerprint import diff_fingerprints
-from tuneproof.evaluation.outputs import check_complete
+from tuneproof.evaluation.noise import comparison_floor, flips_text, noise_decided_text, read_noise
+from tuneproof.evaluation.outputs import SET_OUTPUTS_KEY, check_complete
 from tuneproof.evaluation.recording import load_outputs
 from tuneproof.evaluation.screen import fmt_p, guard_lines, metric_short
 from tuneproof.io import read_json
@@ -52,8 +60,28 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
     )
 
 
-def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
-    """The paired comparison scored and judged under one hypothesis view (frozen or edited)."""
+def _paired(
+    ctx: StudyContext, base_out: list, out: list, view: dict, noise: dict | None = None, recs: tuple | None = None
+) -> dict:
+    """The paired comparison scored and judged under one hypothesis view (frozen or edited); ``noise``: both
+    runs' noise floors (:func:`tuneproof.evaluation.noise.comparison_floor`); ``recs`` (``(baseline record,
+    candidate record)``) adds the comparison on each of the study's ``eval.sets`` that both runs recorded
+    (:func:`tuneproof.evaluation.eval_sets.compare_sets`)."""
+    sets = None
+    if recs is not None and ctx.study.eval.sets:
+        recorded = [set((r.summary or {}).get(SET_OUTPUTS_KEY) or {}) for r in recs]
+        names = [s.name for s in ctx.study.eval.sets if all(s.name in got for got in recorded)]
+        sets = compare_sets(
+            ctx.registry.runs_dir,
+            *recs,
+            names,
+            task=ctx.task,
+            required_fields=view["required_fields"],
+            eval_cfg=hyp.eval_for(view, ctx.study.eval),
+            iterations=ctx.study.eval.bootstrap_iterations,
+            seed=ctx.study.eval.seed,
+            labels=task_config(ctx).labels,
+        )
     result = paired_compare(
         base_out,
         out,
@@ -64,6 +92,8 @@ def _paired(ctx: StudyContext, base_out: list, out: list, view: dict) -> dict:
         iterations=ctx.study.eval.bootstrap_iterations,
         seed=ctx.study.eval.seed,
         labels=task_config(ctx).labels,
+        noise=noise,
+        sets=sets,
     )
     result["hypothesis_hash"], result["scoring"] = hyp.view_hash(view), hyp.scoring(view)
     return result
@@ -116,6 +146,7 @@ def run_compare(
     for rid in [against, *cand_ids]:  # an interrupted, incomplete or hand-edited evaluation record is never judged
         check_complete(ctx.registry, ctx.registry.check_record(rid))
     base_rec, base_out = load_outputs(ctx, against)
+    base_noise = read_noise(ctx.registry.runs_dir / base_rec.id, base_rec)  # None: evaluated once
     base_efp = (ctx.registry.run_json(base_rec.id, "eval.json") or {}).get("fingerprint", {})
     results: dict[str, Any] = {}
     with ctx.registry.run("compare", parent=base_rec.id) as run, heartbeat("compare", "scoring") as beat:
@@ -142,11 +173,15 @@ def run_compare(
                     "verdict of the hypothesis is judged against a baseline run (the dossier lists this as such)"
                 )
             beat.update(f"{rec.id}: paired bootstrap ({ctx.study.eval.bootstrap_iterations} resamples)")
-            result = _paired(ctx, base_out, out, judging.primary)
+            noise = None
+            cand_noise = read_noise(ctx.registry.runs_dir / rec.id, rec)
+            if base_noise is not None or cand_noise is not None:
+                noise = comparison_floor(base_noise, cand_noise, base_rec.id, rec.id)
+            result = _paired(ctx, base_out, out, judging.primary, noise, (base_rec, rec))
             if judging.other is not None:
                 alt = hyp.rejudge(result, judging.other)  # same scoring: judge the same numbers
                 if alt is None:  # required fields or format rule changed: score again
-                    other = _paired(ctx, base_out, out, judging.other)
+                    other = _paired(ctx, base_out, out, judging.other, noise, (base_rec, rec))
                     alt = (other["verdicts"], other["overall"])
                 result["alternative"] = {
                     "hypothesis": judging.other_name,
@@ -223,6 +258,15 @@ def summary_lines(cid: str, bid: str, r: dict, against: str = "baseline") -> lis
             f"unchanged right {cc['unchanged_right']}, unchanged wrong {cc['unchanged_wrong']}; "
             f"McNemar exact p = {fmt_p(r['mcnemar_correct']['p_value'])}"
         )
+    succ = next((v for v in r.get("verdicts") or [] if v.get("kind") == "success"), None)
+    th = (succ or {}).get("noise") or r.get("success_threshold")
+    if succ and th:  # which threshold judged the gain, and why (eval.repeat)
+        lines.append(f"  success threshold: {th['why']}")
+        if succ.get("decided_by_noise_floor"):
+            lines.append(f"  WARNING: {noise_decided_text(succ)}")
+    flips = flips_text(r.get("noise"))
+    if flips:
+        lines.append(f"  {flips}")
     for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):
         d = r.get(key)
         if d and d.get("flagged"):
@@ -252,6 +296,8 @@ def _print(cid: str, bid: str, r: dict, where: str = "compare.json", against: st
             "metrics (95% paired bootstrap CI of the delta)", ["metric", "baseline", "candidate", "delta", "CI"], rows
         )
     )
+    for line in set_lines(r.get("sets") or {}):  # eval.sets: agreement and reference metrics per set
+        console.print(user_text(line), soft_wrap=True)
     for v in r.get("verdicts", []):
         color = {"pass": "green", "fail": "red"}.get(v["verdict"], "yellow")
         lines = guard_lines(v, where)

@@ -36,7 +36,9 @@ Features:
   per-class / per-field guard how many classes (fields) the evaluated examples can judge at its
   ``min_support`` (a warning when none or fewer than half).
 - the hypothesis against the data, before the run (bad input, exit 2): a guard's ``classes`` that
-  are not labels, a format rule (``eval.regex`` / ``eval.json_schema``) no gold target satisfies.
+  are not labels, a format rule (``eval.regex`` / ``eval.json_schema``) no gold target satisfies;
+  ``eval.sets`` read and checked (a missing file, a row without its text column, an empty set, a set guard that
+  needs references on a set without them), then each set's size, references and sha256 on screen and in the report.
 Hard faults fail the run (exit 3) after the report is written.
 """
 
@@ -268,10 +270,14 @@ def run_data_check(ctx: StudyContext) -> str:
     notes = check_against_data(
         ctx.study, ctx.all_splits, ctx.study_dir / STUDY_FILE
     )  # bad input: exit 2 before any run
+    sets = ctx.eval_sets  # eval.sets read and checked (exit 2 before any run): a missing file, no text column ...
     with ctx.registry.run("data-check") as run:
         record_inputs(ctx, run)
         rep = data_report(ctx)
         rep["hypothesis_notes"] = notes
+        if sets:
+            rep["eval_sets"] = {s.name: s.fingerprint_entry() for s in sets}
+            run.update_summary(eval_sets={s.name: len(s.examples) for s in sets})
         rep["warnings"] += notes
         run.write_json("data_check.json", rep)
         run.update_summary(
@@ -289,6 +295,13 @@ def run_data_check(ctx: StudyContext) -> str:
             checks=rep["checks"],
         )
         _print(rep, ctx.modality.dossier_sections)
+        for s in sets:
+            console.print(
+                f"eval.sets '{user_text(s.name)}': {len(s.examples)} prompts, "
+                f"{'with references' if s.has_references else 'no references (agreement only)'}, "
+                f"sha256 {s.sha256[:12]}",
+                soft_wrap=True,
+            )
         if not rep["passed"]:
             raise CheckFailed(
                 f"data check {run.id}: {len(rep['hard_faults'])} hard faults, first: {rep['hard_faults'][0]}",

@@ -7,14 +7,22 @@ from the one the train run and its baseline recorded is refused, naming both (do
 so is an adapter whose sha256 differs from the one training recorded, and the eval run records the sha256 of
 the adapter (or model) it loaded (``trained_weights``), which ``export`` checks
 (tests/faults/test_faults_evidence.py).
-With ``eval.backend: vllm`` the run's adapter is served by vLLM once the backend check passed
-(``evaluation/backends.py``).
+``eval.repeat: N`` evaluates it N times and records the noise floor in ``noise.json``
+(:mod:`tuneproof.evaluation.noise`). With ``eval.backend: vllm`` the run's adapter is served by vLLM once the
+backend check passed (``evaluation/backends.py``).
 """
 
 from __future__ import annotations
 
 from tuneproof.context import StudyContext
-from tuneproof.evaluation.recording import evaluate_into, evaluation_run, print_metrics, require_backend, served_paths
+from tuneproof.evaluation.recording import (
+    evaluate_into,
+    evaluation_run,
+    print_metrics,
+    print_noise,
+    require_backend,
+    served_paths,
+)
 from tuneproof.evaluation.trained_run import check_tokenizer, check_trained_weights, load_trained
 from tuneproof.recipes.common import note_library_drift, record_inputs
 from tuneproof.ui import console, heartbeat, user_text
@@ -46,5 +54,7 @@ def run_eval(ctx: StudyContext, train_run: str) -> str:
             f"[bold]{run.id}[/] eval of {rec.id} on {len(examples)} '{user_text(ctx.study.eval.split)}' examples",
             soft_wrap=True,
         )
-        print_metrics(ctx, evaluate_into(ctx, run, model, examples, f"eval {rec.id}", served=served_paths(ctx, rec.id)))
+        served = served_paths(ctx, rec.id)
+        print_metrics(ctx, evaluate_into(ctx, run, model, examples, f"eval {rec.id}", served=served, beat=beat))
+        print_noise(ctx, run)
         return run.id

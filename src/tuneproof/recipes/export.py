@@ -269,6 +269,7 @@ def _scoring(ctx: StudyContext, ev, entry: dict | None, judging: hyp.Judging) ->
             "view": judging.primary,
             "other_view": judging.other,
             "other_name": judging.other_name,
+            "noise": (entry or {}).get("noise"),  # both runs' noise floors (eval.repeat), None: not measured
         },
     }
 

@@ -55,17 +55,20 @@ OVERRIDE_FLAG = "--use-reserve"
 
 def study_work(ctx: StudyContext) -> dict[str, int]:
     """``{"steps", "checkpoint_every", "n_eval", "n_test"}``: the study's training budget and the
-    sizes of its evaluation and test splits (as evaluated)."""
+    predictions of its evaluation and test splits (as evaluated: examples x ``eval.repeat``), each plus the prompts
+    of ``eval.sets`` (generated once by every evaluation after the split)."""
     s = ctx.study
     sizes = split_sizes(ctx)
     n_eval = sizes.get(s.eval.split, 0)
     if s.eval.max_examples:
         n_eval = min(n_eval, s.eval.max_examples)
+    repeat = s.eval.repeat  # each repeat predicts every example again (tuneproof.evaluation.noise)
+    extra = sum(len(x.examples) for x in ctx.eval_sets) if s.eval.sets else 0  # every evaluation generates them
     return {
         "steps": total_steps(s.training, sizes.get("train", 0)),
         "checkpoint_every": s.training.checkpoint_every,
-        "n_eval": n_eval,
-        "n_test": sizes.get(s.data.test_split, 0),
+        "n_eval": n_eval * repeat + extra,
+        "n_test": sizes.get(s.data.test_split, 0) * repeat + extra,
     }
 
 

@@ -19,7 +19,8 @@ class-balanced draw, :meth:`~tuneproof.context.StudyContext.test_examples`). Bef
 loaded, one line states the passes (the candidate; the base model for the pairing, unless an
 earlier test read already holds the base model's outputs on the same examples under the same
 procedure, which are then reused: the base model is not run again) and an estimate of their time
-from the throughput measured by the study's own evaluations (:func:`estimate_line`).
+from the throughput measured by the study's own evaluations (:func:`estimate_line`; the candidate's pass times
+``eval.repeat``: the test read repeats it as baseline and eval do and records ``noise.json``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from tuneproof.errors import TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.fingerprint import study_eval_fingerprint
 from tuneproof.evaluation.metrics import score
+from tuneproof.evaluation.noise import comparison_floor, read_noise
 from tuneproof.evaluation.predict import predict
 from tuneproof.evaluation.recording import (
     evaluate_into,
     evaluation_run,
     headline,
     print_metrics,
+    print_noise,
     require_backend,
     served_paths,
 )
@@ -121,6 +124,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
             eval_cfg=hyp.eval_for(view, ctx.study.eval),
             served=served_paths(ctx, None if cand == "base" else cand),
             check_examples=ctx.eval_examples(),
+            beat=beat,
         )  # the backend check never reads the test split
         extra: dict = {}
         if judging.other is not None and hyp.scoring(judging.other) != hyp.scoring(view):
@@ -138,6 +142,7 @@ def run_test(ctx: StudyContext, candidate: str, *, use_edited_hypothesis: str | 
             )
             extra[f"metrics_{judging.other_name}"] = headline(ctx.task, m2)
         print_metrics(ctx, metrics)
+        print_noise(ctx, run)
         print_judging(judging)
         console.print(f"  scored with the {judging.judged_against} hypothesis: {rounded(headline(ctx.task, metrics))}")
         for k, v in extra.items():
@@ -216,15 +221,21 @@ def measured_rate(ctx: StudyContext, kinds: tuple[str, ...], parent: str | None 
 def estimate_line(ctx: StudyContext, cand: str, n: int, whole: int, base_pass: bool, reused: dict | None) -> str:
     """The line printed before the test split is read: how many examples (and the cap), the passes,
     and their time from the measured throughput of the study's evaluations (the candidate's own eval
-    run first, else the baseline's; seconds per pass = ``n`` / examples per second), e.g.
+    run first, else the baseline's; seconds per pass = ``n`` / examples per second; the prompts of ``eval.sets``
+    once more, for the candidate), e.g.
     ``test: 60 of 3080 'test' examples (eval.max_examples 60, class-balanced); 2 passes (r0004, then
-    the base model to pair with): about 2 min 10 s (r0005 evaluated 0.92 examples/s)``."""
+    the base model to pair with): about 2 min 10 s (r0005 evaluated 0.92 examples/s)``. With ``eval.repeat: N`` the
+    candidate's pass counts N times (``r0004 x 3 repeats (eval.repeat)``); a run's recorded rate is predictions
+    per second over all its repeats."""
     split = user_text(ctx.study.data.test_split)
     cap = ctx.study.eval.max_examples
     head = f"test: {n} of {whole} '{split}' examples" + (
         f" (eval.max_examples {cap}, class-balanced)" if cap and n < whole else ""
     )
+    repeat = ctx.study.eval.repeat if ctx.study.eval.backend == "transformers" else 1
     passes = [user_text(cand) if cand != "base" else "the base model"]
+    if repeat > 1:
+        passes[0] += f" x {repeat} repeats (eval.repeat)"
     if base_pass:
         passes.append("the base model to pair with")
     elif reused is not None:
@@ -233,9 +244,13 @@ def estimate_line(ctx: StudyContext, cand: str, n: int, whole: int, base_pass: b
         ctx, ("baseline", "eval", "test")
     )
     what = f"{len(passes)} pass{'es' if len(passes) > 1 else ''} ({', then '.join(passes)})"
+    extra = sum(len(s.examples) for s in ctx.eval_sets)  # eval.sets: the candidate generates them after the split
+    if extra:
+        what += f" + {extra} prompts of eval.sets"
     if rate is None:
         return f"{head}; {what}: no evaluation of this study measured yet, no estimate"
-    seconds = len(passes) * n / rate[0]
+    # the candidate's pass repeated, the pairing's once; eval.sets generated once
+    seconds = ((len(passes) - 1 + repeat) * n + extra) / rate[0]
     return f"{head}; {what}: about {duration(seconds)} ({rate[1]} evaluated {rate[0]:.3g} examples/s)"
 
 
@@ -274,6 +289,7 @@ def versus_base(ctx: StudyContext, run, examples: list, view: dict, reused: dict
             for k, (e, p) in enumerate(zip(examples, preds))
         ]
     write_jsonl(run.path("baseline_outputs.jsonl"), rows)
+    cand_noise = read_noise(run.dir, run)  # eval.repeat: the candidate's floor on the test split (the base's: once)
     result = paired_compare(
         rows,
         read_jsonl(run.path("outputs.jsonl")),
@@ -284,6 +300,7 @@ def versus_base(ctx: StudyContext, run, examples: list, view: dict, reused: dict
         iterations=ctx.study.eval.bootstrap_iterations,
         seed=ctx.study.eval.seed,
         labels=task_config(ctx, examples=examples).labels,
+        noise=None if cand_noise is None else comparison_floor(None, cand_noise, "base", run.id),
     )
     run.write_json("test_compare.json", result)
     keys = [

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import TuneproofError
-from tuneproof.study import STUDY_FILE, Eval, Study
+from tuneproof.study import AGREEMENT, STUDY_FILE, Eval, Study
 from tuneproof.tasks.classification import TASK as CLASSIFICATION
 from tuneproof.tasks.extraction import TASK as EXTRACTION
 from tuneproof.tasks.format import TASK as FORMAT
@@ -118,6 +118,8 @@ def check_hypothesis_metrics(study: Study, path: str | Path = STUDY_FILE) -> Non
         )
     for i, g in enumerate(h.guards):
         allowed = aggregate + names["per_class"] + names["per_field"]
+        if g.set is not None:  # a guard on an eval.sets entry: agreement, or an aggregate metric of the task
+            allowed = [AGREEMENT, *aggregate]
         if g.metric not in allowed:
             raise TuneproofError(
                 f"{path}: hypothesis.guards[{i}].metric: '{g.metric}' is not a metric of task '{h.task}'"

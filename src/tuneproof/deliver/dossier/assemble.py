@@ -8,6 +8,7 @@ from tuneproof.deliver.dossier.comparisons import _comparisons
 from tuneproof.deliver.dossier.data_check import _data_check
 from tuneproof.deliver.dossier.delivery import _exports, _plan, _rental
 from tuneproof.deliver.dossier.environment import _environment
+from tuneproof.deliver.dossier.eval_sets import _eval_sets
 from tuneproof.deliver.dossier.evidence import _Evidence, missing_evidence
 from tuneproof.deliver.dossier.hypothesis import _hypothesis
 from tuneproof.deliver.dossier.preflight import _preflight
@@ -34,6 +35,9 @@ def collect(ctx, *, plots: bool = True, use_edited: str | None = None) -> dict[s
         ("preflight", "Preflight", _preflight(ev, plots, modality)),
         ("training", "Training", _training(ev, plots, modality)),
         ("comparisons", "Comparisons with the baseline", _comparisons(ev, plots)),
+        *(  # eval.sets: what must not get worse outside the task (only in a study that has sets)
+            [("eval-sets", "Evaluation sets (outside the task)", _eval_sets(ev))] if ctx.study.eval.sets else []
+        ),
         ("test-log", "Test split access log", _test_log(ev)),
         ("verdict", "Verdict", _verdict(ev)),
         ("limits", "Limits observed", _limits(ev)),

@@ -8,6 +8,7 @@ from typing import Any
 from tuneproof import hypothesis as hyp
 from tuneproof.deliver.headline import Headline, choose
 from tuneproof.errors import TuneproofError
+from tuneproof.evaluation.outputs import SET_OUTPUTS_KEY, set_outputs_path
 from tuneproof.io import read_jsonl
 
 
@@ -90,7 +91,8 @@ class _Evidence:
 
 
 #: what a completed run of each kind leaves in its folder for the dossier to stand on (a kind not listed: its
-#: folder alone); a run whose folder or one of these files is gone is missing evidence (issue 33 item 5)
+#: folder alone); a run whose folder or one of these files is gone is missing evidence (issue 33 item 5); an
+#: evaluation's outputs on ``eval.sets`` (``sets/<name>/outputs.jsonl``, listed in its summary) count the same
 RUN_EVIDENCE: dict[str, tuple[str, ...]] = {
     "baseline": ("outputs.jsonl", "eval.json"),
     "eval": ("outputs.jsonl", "eval.json"),
@@ -99,10 +101,14 @@ RUN_EVIDENCE: dict[str, tuple[str, ...]] = {
     "train": ("config.json",),
     "data-check": ("data_check.json",),
 }
+#: evidence a run leaves only where its summary says it wrote it: file -> the summary key recorded with it
+#: (``noise.json`` of an evaluation with ``eval.repeat`` > 1, its sha256 in ``noise_sha256``)
+RUN_EVIDENCE_IF_RECORDED: dict[str, str] = {"noise.json": "noise_sha256"}
 
 
 def run_evidence_gaps(reg, runs: list) -> list[dict[str, str]]:
-    """The completed runs whose folder, or a file :data:`RUN_EVIDENCE` names for their kind, is gone: each
+    """The completed runs whose folder, or a file :data:`RUN_EVIDENCE` names for their kind (or
+    :data:`RUN_EVIDENCE_IF_RECORDED` for what their summary recorded), is gone: each
     ``{"run", "what", "message", "hint"}``. A run that did not complete is listed with its status and reason
     instead; one marked invalid is no evidence of anything."""
     gaps = []
@@ -113,7 +119,15 @@ def run_evidence_gaps(reg, runs: list) -> list[dict[str, str]]:
         if not folder.is_dir():
             what, path = f"{r.kind} run {r.id}'s folder is missing (runs/{r.id})", folder
         else:
-            gone = [n for n in RUN_EVIDENCE.get(r.kind, ()) if not (folder / n).is_file()]
+            wanted = list(RUN_EVIDENCE.get(r.kind, ())) + [
+                n for n, key in RUN_EVIDENCE_IF_RECORDED.items() if (r.summary or {}).get(key)
+            ]
+            gone = [n for n in wanted if not (folder / n).is_file()]
+            gone += [  # the outputs on eval.sets the run recorded (their sha256 in its summary)
+                set_outputs_path(folder, name).relative_to(folder).as_posix()
+                for name in sorted((r.summary or {}).get(SET_OUTPUTS_KEY) or {})
+                if not set_outputs_path(folder, name).is_file()
+            ]
             if not gone:
                 continue
             what, path = f"{r.kind} run {r.id}'s evidence is missing (runs/{r.id}/{', '.join(gone)})", folder / gone[0]

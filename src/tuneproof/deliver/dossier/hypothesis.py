@@ -28,6 +28,7 @@ def _hypothesis_items(h: dict) -> list[str]:
             if x
         )
         only = f" for {capped(g['classes'])}" if g.get("classes") else ""
+        only += f" on eval.sets '{g['set']}' (vs the base's outputs)" if g.get("set") else ""
         items.append(f"guard: {g.get('metric')}{only} {rule or 'has no condition'}")
     if h.get("required_fields"):
         items.append(f"required fields: {capped(h['required_fields'])}")

@@ -31,9 +31,22 @@ def _baseline(ev: _Evidence) -> list[dict]:
             f"{b.id}: the base model {base.get('name', ev.ctx.study.model.base)} (revision "
             f"{base.get('revision', '-')}) on "
             f"{b.summary.get('n_eval', '?')} '{ev.ctx.study.eval.split}' "
-            f"examples, {seconds_text(b.summary.get('eval_seconds'))}."
+            f"examples, {seconds_text(b.summary.get('eval_seconds'))}"
+            + (f" for {b.summary['eval_repeats']} repeats (eval.repeat)" if b.summary.get("eval_repeats") else "")
+            + "."
         )
     ]
+    floors = (b.summary.get("noise") or {}).get("floors") or {}
+    if floors:  # how much the baseline's numbers moved by themselves (evaluation/noise.py)
+        shown = [k for k in b.summary.get("metrics") or {} if k in floors] or list(floors)  # the headline metrics
+        blocks.append(
+            _paragraph(
+                f"noise floor over {b.summary['eval_repeats']} repeats (max - min of each metric; runs/{b.id}/"
+                "noise.json): "
+                + ", ".join(f"{metric_short(k)} {floors[k]:.4g}" for k in shown)
+                + f"; per-example flips {(b.summary.get('noise') or {}).get('flips', 0)}"
+            )
+        )
     metrics = b.summary.get("metrics", {})
     blocks.append(
         _table(["metric", "value"], [[metric_short(k), v] for k, v in metrics.items()])

@@ -7,6 +7,7 @@ from collections import Counter
 
 from tuneproof.deliver.dossier.blocks import NOT_RUN, _ci, _fmt, _paragraph, _table
 from tuneproof.deliver.dossier.delivery import _bundle, _rental_line
+from tuneproof.deliver.dossier.eval_sets import set_guard_blocks
 from tuneproof.deliver.dossier.evidence import (
     _RESCORE,
     _Evidence,
@@ -16,7 +17,7 @@ from tuneproof.deliver.dossier.evidence import (
     missing_evidence,
 )
 from tuneproof.deliver.dossier.runs import _change_of, resumed_line
-from tuneproof.deliver.headline import other_comparisons, stale_comparisons
+from tuneproof.deliver.headline import noise_lines, other_comparisons, stale_comparisons
 from tuneproof.deliver.limits import (
     FIRST_SCREEN_LIMITS,
     limits_lines,
@@ -64,9 +65,14 @@ def _summary(ev: _Evidence) -> list[dict]:
             }
         )
         blocks.append(criteria_table(verdicts))
+        blocks += set_guard_blocks(verdicts)  # a guard on eval.sets that decided the verdict, with its numbers
         for who, key in (("candidate", "dominant"), ("baseline", "dominant_baseline")):  # one-class collapse
             if (first.get(key) or {}).get("flagged"):
                 blocks.append({"type": "strong", "text": f"warning: the {who} {first[key]['detail']}"})
+        decided, noise_notes = noise_lines(first, verdicts)  # eval.repeat: the noise floor, when measured
+        if decided:
+            blocks.append({"type": "strong", "text": decided})
+        blocks += [_paragraph(line) for line in noise_notes]
         if judged[1]:
             blocks.append(
                 _paragraph(
@@ -178,7 +184,7 @@ def criteria_table(verdicts: list[dict]) -> dict:
     which multiplicity correction decided (Holm, with the uncorrected verdict beside it)."""
     rows = []
     for v in verdicts:
-        shown = guard_lines(v)[0] if v.get("items") else ""
+        shown = guard_lines(v)[0] if v.get("items") else (v.get("detail") or "") if v.get("set") else ""
         corr = v.get("correction") or {}
         if corr.get("method") == "holm":  # the verdict used a multiplicity correction: say so, uncorrected beside
             unc = corr.get("failing_uncorrected") or []
@@ -255,7 +261,17 @@ def _verdict(ev: _Evidence) -> list[dict]:
             f"({ev.headline.says}; {against} hypothesis)",
         }
     ]
-    blocks.append({"type": "list", "items": [f"{v['name']}: {v['verdict']}" for v in verdicts]})
+    blocks.append(
+        {
+            "type": "list",
+            "items": [
+                f"{v['name']}: {v['verdict']}" + (f" ({v['noise']['why']})" if v.get("noise") else "") for v in verdicts
+            ],
+        }
+    )
+    decided, _ = noise_lines(r, verdicts)
+    if decided:
+        blocks.append(_paragraph(decided))
     blocks += [_paragraph(line) for line in _resumed_candidates(ev, cid, None)]
     if other:
         blocks.append(

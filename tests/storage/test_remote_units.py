@@ -236,3 +236,20 @@ def test_storage_exclude_may_not_leave_the_evidence_out(tmp_path, pattern, hit):
         parse_study(raw, tmp_path / "tuneproof.yaml")
     raw["storage"]["exclude"] = ["models/**", "runs/*/checkpoints/**"]  # bytes the user may choose to keep local
     assert parse_study(raw, tmp_path / "tuneproof.yaml").storage.exclude == ["models/**", "runs/*/checkpoints/**"]
+
+
+def test_a_manifest_naming_a_file_and_a_folder_of_one_name_is_one_line_and_leaves_nothing(tmp_path):
+    from tuneproof.recipes.restore import run_restore
+
+    study = _folder(tmp_path)
+    uri = f"file://{tmp_path / 'remote'}"
+    Mirror(study, uri, ["models/**"]).push(with_index=False)
+    store = Store(uri)
+    m = json.loads(store.read_bytes("manifests/m-000001.json"))
+    m["files"]["tuneproof.yaml/inner"] = m["files"]["tuneproof.yaml"]  # edited by hand: a file used as a folder
+    m["seq"] = 2
+    store.put_bytes("manifests/m-000002.json", json.dumps(m).encode())
+    with pytest.raises(TuneproofError, match=r"cannot restore into .*restored: File exists: .*tuneproof\.yaml") as err:
+        run_restore(uri, tmp_path / "restored")
+    assert "cannot be written here (edited by hand?)" in err.value.hint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["remote", "study"]

@@ -71,13 +71,19 @@ def run_restore(uri: str, dest: Path | None = None) -> Path:
         raise TuneproofError(
             f"cannot restore: {err}", hint="check the URI, the network and the credentials in the environment"
         ) from None
-    except OSError as err:  # this machine's disk: full, read-only
+    except OSError as err:  # this machine's disk (full, read-only), or a path the manifest names that cannot be made
         cause = fault_cause(err, dest)
-        if cause is None:
-            raise
+        what = (
+            fault_message(err, cause, dest)
+            if cause is not None
+            else f"{err.strerror or type(err).__name__}{f': {err.filename}' if err.filename else ''}"
+        )
         raise TuneproofError(
-            f"cannot restore into {dest}: {fault_message(err, cause, dest)}",
-            hint="free space (or pick a writable folder) and restore again (nothing was left in the folder)",
+            f"cannot restore into {dest}: {what}",
+            hint="free space (or pick a writable folder) and restore again (nothing was left in the folder)"
+            if cause is not None
+            else "a path the remote copy's manifest names cannot be written here (edited by hand?); nothing was left "
+            "in the folder",
         ) from None
     problems = [f"missing: {m}" for m in fetched.missing] + [f"altered: {a}" for a in fetched.altered]
     host = socket.gethostname()

@@ -31,6 +31,24 @@ def test_init_then_unknown_key_and_unknown_task(tmp_path, capsys):
     assert "Traceback" not in out
 
 
+def test_init_given_the_study_file_or_an_unwritable_place_says_so_in_one_line(tmp_path, capsys):
+    run_cli(["init", str(tmp_path / "s")], capsys)
+    code, out = run_cli(["init", str(tmp_path / "s" / "tuneproof.yaml")], capsys)
+    assert code == 2 and "tuneproof.yaml is a file, not a folder" in out
+    assert f"name the folder: tuneproof init {tmp_path / 's'}" in " ".join(out.split())
+    code, out = run_cli(["init", "/proc/no-such-tuneproof/study"], capsys)
+    assert code == 2 and "cannot write the study into /proc/no-such-tuneproof/study (No such file or directory)" in out
+    assert "Traceback" not in out
+
+
+def test_study_option_given_the_study_file_reads_its_folder_and_another_file_is_one_line(tmp_path, capsys):
+    run_cli(["init", str(tmp_path / "s")], capsys)
+    code, out = run_cli(["runs", "--study", str(tmp_path / "s" / "tuneproof.yaml"), "--json"], capsys)
+    assert code == 0 and out.strip() == "[]"  # the folder's (empty) registry, no FileExistsError
+    code, out = run_cli(["runs", "--study", str(tmp_path / "s" / "tuneproof.schema.json")], capsys)
+    assert code == 2 and "a file, not a study folder" in out and "Traceback" not in out
+
+
 def test_missing_data_file_fails_without_a_completed_run(tmp_path, capsys):
     raw = yaml.safe_load(template_text("format"))  # reads data.jsonl from the study folder
     (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(raw))

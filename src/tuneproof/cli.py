@@ -89,7 +89,19 @@ registry_app = typer.Typer(
 )
 app.add_typer(registry_app, name="registry")
 
-StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)")
+
+def _study_folder(value: Path) -> Path:
+    """``--study``: the study folder; its study file names the folder too (``--study s/tuneproof.yaml``)."""
+    if value.name == "tuneproof.yaml" and value.is_file():
+        return value.parent
+    if value.exists() and not value.is_dir():
+        raise TuneproofError(
+            f"--study {value}: a file, not a study folder", hint="name the folder that holds tuneproof.yaml"
+        )
+    return value
+
+
+StudyOpt = typer.Option(Path("."), "--study", "-s", help="study folder (holds tuneproof.yaml)", callback=_study_folder)
 EditedHypothesisOpt = typer.Option(
     None,
     "--use-edited-hypothesis",
@@ -147,6 +159,20 @@ def _global(
         import os  # noqa: PLC0415
 
         os.environ["TUNEPROOF_REHASH"] = "1"  # inherited by the fresh verify process
+
+
+def _to_uri(to: str | None) -> str | None:
+    """``--to URI`` checked by the rule of ``storage.remote`` (:func:`tuneproof.study.remote_uri`)."""
+    if to is None:
+        return None
+    from tuneproof.study import remote_uri  # noqa: PLC0415 - the study schema loads with the command
+
+    try:
+        return remote_uri(to)
+    except ValueError as err:
+        raise TuneproofError(
+            f"--to: {err}", hint="give the store as s3://bucket/prefix, sftp://host/path or file:///path"
+        ) from None
 
 
 def _ctx(study: Path, data: Path | None = None):
@@ -651,6 +677,7 @@ def export(
     """Export a train run as a bundle bound to its exact base model, verified in a fresh process."""
     from tuneproof.recipes.export import run_export  # noqa: PLC0415
 
+    to = _to_uri(to)  # a mistyped URI is refused before the export's minutes are spent
     ctx = _ctx(study, data)
     with _rental(study, "export", None, ctx=ctx):  # never refused: the reserve is kept for it
         export_id = run_export(
@@ -758,6 +785,7 @@ def rental_deliver(
     """Export the best passed candidate, verify the bundle in a fresh process, write the dossier, in that order."""
     from tuneproof.recipes.rental import run_deliver  # noqa: PLC0415
 
+    to = _to_uri(to)  # a mistyped URI is refused before the export's minutes are spent
     run_deliver(_ctx(study, data), run=run, html=html, to=to)
 
 

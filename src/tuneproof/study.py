@@ -370,6 +370,10 @@ class Data(_Strict):
 
 
 # --------------------------------------------------------------------------- model & method
+#: the variables every chat-template render gives the template itself (transformers' ``apply_chat_template``)
+RENDER_ARGUMENTS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+
+
 class ModelSpec(_Strict):
     base: str = Field(description="built-in alias (smollm2-135m-instruct, minilm-l6), local folder, or hub id")
     revision: str | None = Field(
@@ -397,6 +401,17 @@ class ModelSpec(_Strict):
         description="the token that ends an answer: supervised once at the end of every answer and the generation "
         "stop token; auto: the special token the template puts after an assistant's content, else eos",
     )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_variables(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(kwargs) & RENDER_ARGUMENTS)
+        if taken:
+            raise ValueError(
+                f"'{taken[0]}' is given to the template by every render ({', '.join(sorted(RENDER_ARGUMENTS))}) "
+                "and cannot be set here: give only the template's own variables (enable_thinking, ...)"
+            )
+        return kwargs
 
 
 class Method(_Strict):
@@ -883,6 +898,19 @@ class Tracking(_Strict):
     trackio: TrackioTracking | None = Field(None, description="mirror runs to Trackio (when installed)")
 
 
+#: files (one example of each kind) a restored study cannot do without: ``storage.exclude`` may not name them
+#: (the study file, hypothesis.FROZEN_FILE, data.split.MANIFEST, deliver.rental.RENTAL_FILE, a run's records)
+EVIDENCE_PATHS = (
+    "tuneproof.yaml",
+    "hypothesis.frozen.json",
+    "splits.json",
+    "rental.json",
+    "runs/r0001/run.json",
+    "runs/r0001/summary.json",
+    "runs/r0001/metrics.jsonl",
+    "runs/r0001/outputs.jsonl",
+)
+
 _REMOTE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "sftp", "file", "memory")
 
 
@@ -905,21 +933,57 @@ class Storage(_Strict):
     @field_validator("remote")
     @classmethod
     def _remote_uri(cls, uri: str | None) -> str | None:
-        if uri is None:
-            return None
-        scheme, sep, rest = uri.partition("://")
-        if not sep or scheme.lower() not in _REMOTE_SCHEMES or not rest.strip("/"):
-            raise ValueError(
-                f"'{uri}' is not a remote URI: use s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, "
-                "sftp://user@host/path or file:///path"
-            )
-        netloc = rest.split("/", 1)[0]
-        if ":" in netloc.rsplit("@", 1)[0] and "@" in netloc:
-            raise ValueError(
-                f"storage.remote holds a password ('{scheme}://{netloc.split(':', 1)[0]}:***@...'): credentials come "
-                "from the environment or the store's own config (AWS_*, ~/.ssh keys), never from the study file"
-            )
-        return uri.rstrip("/")
+        return None if uri is None else remote_uri(uri)
+
+    @field_validator("exclude")
+    @classmethod
+    def _records_stay(cls, patterns: list[str]) -> list[str]:
+        import fnmatch  # noqa: PLC0415 - only for studies with storage.exclude
+
+        for pattern in patterns:
+            hit = next((rel for rel in EVIDENCE_PATHS if fnmatch.fnmatch(rel, pattern)), None)
+            if hit is not None:
+                raise ValueError(
+                    f"'{pattern}' would leave {hit} out of the remote copy: a restored study needs the study file, the "
+                    "frozen hypothesis, the frozen splits, the rental window and every run's records; exclude other "
+                    "files only (models/**, a data cache)"
+                )
+        return patterns
+
+
+def remote_uri(uri: str) -> str:
+    """``uri`` as a remote copy's URI (the scheme lower-cased, RFC 3986 3.1; no trailing ``/``).
+
+    Raises:
+        ValueError: not ``scheme://...`` of a known store; ``file://`` with a host (``file://dir/x`` reads as a
+            path relative to the current folder: three slashes name an absolute path); ``sftp://`` without a
+            path on the host; a password in the URI (credentials come from the environment).
+    """
+    scheme, sep, rest = uri.strip().partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in _REMOTE_SCHEMES or not rest.strip("/"):
+        raise ValueError(
+            f"'{uri}' is not a remote URI: use s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, "
+            "sftp://user@host/path or file:///path"
+        )
+    netloc, _, path = rest.partition("/")
+    if ":" in netloc.rsplit("@", 1)[0] and "@" in netloc:
+        raise ValueError(
+            f"the URI holds a password ('{scheme}://{netloc.split(':', 1)[0]}:***@...'): credentials come "
+            "from the environment or the store's own config (AWS_*, ~/.ssh keys), never from the study file or the "
+            "command line"
+        )
+    if scheme == "file" and netloc not in ("", "localhost"):
+        raise ValueError(
+            f"'{uri}' names the host '{netloc}': a file:// URI takes an absolute path after three slashes "
+            f"(file:///{netloc}/{path} for the folder /{netloc}/{path})"
+        )
+    if scheme == "sftp" and not path.strip("/"):
+        raise ValueError(
+            f"'{uri}' names no folder on {netloc}: the remote copy would be written at the top of the login's home; "
+            f"name one: sftp://{netloc}/path/to/study"
+        )
+    return f"{scheme}://{rest}".rstrip("/")
 
 
 class Study(_Strict):

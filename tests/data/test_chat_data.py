@@ -316,3 +316,46 @@ def test_cleaning_rules_apply_to_earlier_user_turns_too():
     (out,), dropped = clean([ex], ["strip", "collapse_whitespace"])
     assert dropped == [] and out.text == "final question"
     assert out.context == [{"role": "system", "content": " keep  me "}, _u("first question"), _a(" said  so ")]
+
+
+def test_an_empty_system_message_is_the_rows_own_rendered_empty_and_counted(tmp_path):
+    rows = [{"messages": [{"role": "system", "content": ""}, _u("q"), _a("a")]}, ROWS[0]]
+    exs, _ = load_chat(_write_jsonl(tmp_path / "c.jsonl", rows), FieldMap())
+    assert exs[0].system == "" and exs[0].context == [{"role": "system", "content": ""}]
+    t = make_tokenizer()
+    pipe = TextPipeline(t, Prompt(system="Default."), 256)
+    assert pipe.prompt_text(exs[0]).startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\nq")
+    for ex in exs:
+        ex.meta["chat_turns"] = len(ex.context) + 2
+    summary = chat_summary({"train": exs}, {"train": [pipe.encode(e) for e in exs]}, "last")
+    assert (summary["own_system"], summary["empty_system"]) == (1, 1)
+    assert ", 1 of them empty: rendered empty, eval.prompt.system not used" in summary["line"]
+
+
+def test_an_answer_cut_under_all_assistant_counts_its_own_tokens_apart_from_earlier_turns(tok):
+    turns = [m for k in range(4) for m in (_u(f"hello world {k} book a table"), _a(f"a b c {k} x y z"))]
+    ex = Example(id="long", text="what is the weather", target='{"intent": "GetWeather"}', context=turns)
+    whole = TextPipeline(tok, Prompt(), 512, train_on="all_assistant").encode(ex)
+    assert whole.faults == [] and whole.context_supervised > 0
+    last_earlier = max(i for i, lab in enumerate(whole.labels[: whole.prompt_tokens]) if lab != IGNORE_INDEX)
+    at = last_earlier - 2  # the cut falls inside the last earlier answer: the final answer is lost whole
+    earlier_lost = sum(1 for lab in whole.labels[at : whole.prompt_tokens] if lab != IGNORE_INDEX)
+    cut = TextPipeline(tok, Prompt(), at, train_on="all_assistant").encode(ex)
+    assert (cut.answer_lost, cut.answer_tokens) == (whole.answer_tokens, whole.answer_tokens)
+    assert cut.faults == [
+        f"the answer is cut by max_length {at}: {whole.answer_tokens} of {whole.answer_tokens} answer tokens lost, "
+        f"the end token '<|im_end|>' among them (the model would never learn to stop); and {earlier_lost} "
+        "supervised tokens of earlier assistant turns"
+    ]
+    assert earlier_lost > 0
+
+
+def test_a_context_past_max_length_says_the_length_that_fits_or_fewer_turns(tok):
+    turns = [m for k in range(4) for m in (_u(f"hello world {k} book a table"), _a(f"a b c {k} x y z"))]
+    ex = Example(id="long", text="what is the weather", target='{"intent": "GetWeather"}', context=turns)
+    enc = TextPipeline(tok, Prompt(), 40).encode(ex)
+    need = enc.prompt_tokens + enc.answer_tokens
+    assert enc.n_supervised == 0 and enc.faults == [
+        f"0 supervised tokens after truncation (prompt {enc.prompt_tokens} + answer {enc.answer_tokens} tokens > "
+        f"max_length 40): raise training.max_length to at least {need}, or keep fewer earlier turns in the row"
+    ]

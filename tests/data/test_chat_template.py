@@ -15,7 +15,14 @@ from chat_families import FAMILIES, family_tokenizer
 from tinymodels import CHATML, make_tokenizer
 from tuneproof.cli import main
 from tuneproof.context import parse_study
-from tuneproof.data.chat_template import ChatTemplate, fold_system, load_template_text, parse_answer, split_generation
+from tuneproof.data.chat_template import (
+    ChatTemplate,
+    fold_system,
+    load_template_text,
+    parse_answer,
+    regex_miss,
+    split_generation,
+)
 from tuneproof.data.examples import Example
 from tuneproof.data.preprocess import TextPipeline
 from tuneproof.errors import TuneproofError
@@ -56,6 +63,26 @@ def tok():
 def test_parse_answer(raw, answer_from, want):
     specials = ["<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>"]
     assert parse_answer(raw, "PLAIN", answer_from, specials) == want
+
+
+@pytest.mark.parametrize(
+    ("answer_from", "why"),
+    [
+        ("ZZZ", "the expression does not match"),
+        (r"(x)?(\{.*\})", "its group 1 takes no part in the match: name the answer's group (?P<answer>...)"),
+        ("a*", "the whole match is empty (at character 0)"),
+        (r"(?P<answer>\s*)\{", "its group 'answer' is empty (at character 0)"),
+    ],
+)
+def test_the_gold_chain_says_why_a_regular_expression_reads_no_answer(tok, answer_from, why):
+    pipe = TextPipeline(tok, Prompt(), 128, answer_from=answer_from)
+    enc = pipe.encode(Example(id="e", text="hello world", target='{"intent": "PlayMusic"}'))
+    assert enc.faults == [
+        f"the supervised answer, decoded and parsed as the evaluation does (eval.answer_from: {answer_from}: {why}), "
+        "gives '', not the reference '{\"intent\":·\"PlayMusic\"}': a model that learned exactly its training "
+        "tokens would be scored wrong"
+    ]
+    assert regex_miss('{"intent": "PlayMusic"}', r"(?P<answer>\{.*\})") is None  # it reads the answer
 
 
 def test_a_generation_is_cut_at_its_first_stop_token_and_keeps_its_channel_markers():
@@ -138,6 +165,8 @@ def test_a_template_without_system_role_gets_the_system_folded_into_the_first_us
         "<bos><start_of_turn>user\nBe brief.\n\nhello world<end_of_turn>\n<start_of_turn>model\n"
     )
     assert fold_system([{"role": "system", "content": "S"}]) == [{"role": "user", "content": "S"}]
+    empty = [{"role": "system", "content": " "}, {"role": "user", "content": "hello world"}]  # no blank head
+    assert fold_system(empty) == [{"role": "user", "content": "hello world"}]
 
 
 def test_a_template_that_drops_the_system_message_is_a_fault_naming_it(tok):
@@ -321,3 +350,47 @@ def test_outputs_keep_the_raw_generation_beside_the_scored_answer(tmp_path, tiny
     assert rows and all({"raw", "prediction"} <= set(r) for r in rows)
     plain = [r for r in rows if "<|" not in r["raw"]]
     assert plain and all(r["prediction"] == r["raw"] for r in plain)
+
+
+def test_a_template_file_that_does_not_compile_is_named_with_its_line(tok):
+    broken = CHATML.replace("{% endfor %}", "{% endfo %}")  # on the third line, after two newlines
+    with pytest.raises(TuneproofError) as err:
+        ChatTemplate(tok, broken, source="templates/chat.jinja")
+    assert err.value.message.startswith(
+        "model.chat_template templates/chat.jinja line 3 does not compile: TemplateSyntaxError: Encountered unknown "
+        "tag 'endfo'."
+    )
+
+
+def test_a_kwarg_every_render_gives_is_refused_in_the_study_file():
+    from tuneproof.study import ModelSpec
+
+    with pytest.raises(ValueError, match="'messages' is given to the template by every render"):
+        ModelSpec(base="b", chat_template_kwargs={"messages": [], "enable_thinking": False})
+    assert ModelSpec(base="b", chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == {
+        "enable_thinking": False
+    }
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}",  # writes without end
+        "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",  # writes nothing
+    ],
+)
+def test_a_template_that_loops_is_stopped_with_one_line(tok, monkeypatch, loop):
+    import time
+
+    import tuneproof.data.chat_template as ct
+
+    monkeypatch.setattr(ct, "RENDER_LIMIT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(TuneproofError) as err:
+        ChatTemplate(tok, loop + CHATML)
+    assert time.monotonic() - started < 5
+    assert "model.chat_template renders more than 16 M characters or for more than 0.5 s" in err.value.message
+    assert err.value.message.endswith(": a loop that does not end")
+    import signal
+
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the timer is off again

@@ -75,7 +75,10 @@ def test_c4_zero_supervised_tokens_reported_before_training(tiny_tokenizer):
     ex = Example("long-1", prompt, target="a b c")
     short = TextPipeline(tiny_tokenizer, Prompt(system=None), max_length=16).encode(ex)
     assert short.prompt_tokens >= 25 and short.n_supervised == 0
-    assert short.faults and "0 supervised tokens after truncation" in short.faults[0]
+    assert short.faults == [
+        f"0 supervised tokens after truncation (prompt {short.prompt_tokens} + answer {short.answer_tokens} tokens > "
+        f"max_length 16): raise training.max_length to at least {short.prompt_tokens + short.answer_tokens}"
+    ]
     with pytest.raises(CheckFailed) as err:
         raise_on_faults([short], "train")
     assert "long-1" in str(err.value) and f"prompt {short.prompt_tokens}" in str(err.value)

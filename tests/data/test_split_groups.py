@@ -126,3 +126,19 @@ def test_banking77_carved_validation_has_no_duplicate_of_train(shared_data):
     plain = stratified_split(train, {"train": 0.9, "validation": 0.1}, 13)
     plain = {k: [replace(e, split=k) for e in v] for k, v in plain.items()}
     assert find_duplicates(plain).pair("train", "validation").counts["near"]["second_colliding"] > 0
+
+
+def test_a_split_left_empty_by_one_duplicate_group_says_so_not_check_the_sources():
+    # chat rows sharing twelve few-shot turns: every input is a near duplicate of every other
+    shots = [{"role": r, "content": f"hello world {k} {r}"} for k in range(12) for r in ("user", "assistant")]
+    pool = [
+        Example(
+            id=f"c{i:02d}", text=f"request number {i}", label=None, target="x", source=f"c.jsonl:{i + 1}", context=shots
+        )
+        for i in range(30)
+    ]
+    policy = SplitPolicy(fractions={"train": 0.8, "validation": 0.1, "test": 0.1})
+    with pytest.raises(TuneproofError) as err:
+        build_splits(pool, policy, "test")
+    assert "is empty: 30 of 30 examples are linked as duplicates" in str(err.value)
+    assert "Jaccard >= 0.8" in str(err.value) and "data.dedup.threshold" in err.value.hint

@@ -246,11 +246,14 @@ def test_a_second_machine_on_the_same_prefix_is_refused_naming_the_first(interru
     _set_remote(other, uri)
     proc = run("train", "--study", str(other), "--skip-preflight", "second machine")
     assert proc.returncode == 2, out(proc)
-    assert f"{uri} is the remote copy written by host {held['host']} (pid {held['pid']}, last seen" in out(proc)
+    assert (
+        f"{uri} is the remote copy written by study folder {held['folder']} on host {held['host']} "
+        f"(pid {held['pid']}, last seen"
+    ) in out(proc)
     assert "tuneproof sync --take-over" in out(proc)
     assert [r.id for r in Registry(other).list(kind="train")] == ["r0003"]  # no run was created
     proc = run("sync", "--study", str(other))
-    assert proc.returncode == 2 and f"written by host {held['host']}" in out(proc)
+    assert proc.returncode == 2 and f"on host {held['host']}" in out(proc)
     proc = run("sync", "--take-over", "--study", str(other))
     assert proc.returncode == 0, out(proc)
     assert json.loads((remote / "lease.json").read_text())["lease"] != held["lease"]

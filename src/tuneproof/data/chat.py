@@ -516,13 +516,14 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     faults only; the line says how many examples were left out (their faults, such as a template that drops
     think blocks from history, are listed beside it).
 
-    Returns ``{"conversations", "own_system", "multi_turn", "with_tool_turns", "max_turns", "train_on",
+    Returns ``{"conversations", "own_system", "empty_system", "multi_turn", "with_tool_turns", "max_turns", "train_on",
     "context_supervised_tokens", "examples_counted", "examples_with_faults", "line"}``.
     """
     chats = [e for v in splits.values() for e in v if "chat_turns" in e.meta]
     if not chats:
         return None
     own = sum(1 for e in chats if e.system is not None)
+    empty = sum(1 for e in chats if e.system is not None and not e.system.strip())
     multi = sum(1 for e in chats if any(t["role"] == "assistant" for t in e.context))
     tools = sum(1 for e in chats if any(t["role"] == "tool" or "tool_calls" in t for t in e.context))
     most = max(e.meta["chat_turns"] for e in chats)
@@ -536,7 +537,9 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
         else f"{sup} tokens in earlier turns, end tokens included"
     )
     line = (
-        f"chat: {len(chats)} conversations ({own} with their own system message, {multi} multi-turn, up to {most} "
+        f"chat: {len(chats)} conversations ({own} with their own system message"
+        + (f", {empty} of them empty: rendered empty, eval.prompt.system not used" if empty else "")
+        + f", {multi} multi-turn, up to {most} "
         f"turns{f', {tools} with tool turns in the context' if tools else ''}); data.chat.train_on {train_on}: "
         + (
             f"every assistant turn supervised ({counted})"
@@ -547,6 +550,7 @@ def chat_summary(splits: dict[str, list[Example]], encoded: dict[str, list], tra
     return {
         "conversations": len(chats),
         "own_system": own,
+        "empty_system": empty,
         "multi_turn": multi,
         "with_tool_turns": tools,
         "max_turns": most,

@@ -36,12 +36,16 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+import signal
+import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import TuneproofError
+from tuneproof.study import RENDER_ARGUMENTS
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 #: the harmony (gpt-oss) final channel: the answer follows it, up to the end of the message
@@ -61,6 +65,12 @@ def _clock(when: datetime):
     return strftime_now
 
 
+def template_file(value: str | None) -> str | None:
+    """The file ``model.chat_template`` names (as written), or None for Jinja text or no value
+    (the rule of :func:`load_template_text`)."""
+    return None if value is None or "{%" in value or "{{" in value else value
+
+
 def load_template_text(value: str | None, study_dir: str | Path | None = None) -> str | None:
     """``model.chat_template`` as Jinja text: the value itself when it holds ``{%`` or ``{{``, else the
     file it names (relative to ``study_dir``), read as UTF-8.
@@ -68,7 +78,7 @@ def load_template_text(value: str | None, study_dir: str | Path | None = None) -
     Raises:
         TuneproofError: the file does not exist or cannot be read (names the key and the path).
     """
-    if value is None or "{%" in value or "{{" in value:
+    if template_file(value) is None:
         return value
     path = Path(value)
     if not path.is_absolute() and study_dir is not None:
@@ -100,8 +110,9 @@ class ChatTemplate:
         stop_ids: the generation's stop token ids (end of turn, then eos when different).
 
     Raises:
-        TuneproofError: the template does not compile or fails on a plain user turn, or ``model.end_of_turn``
-            is not one token of the vocabulary.
+        TuneproofError: the template does not compile (its file and line named) or fails on a plain user turn,
+            ``model.chat_template_kwargs`` sets a variable every render gives (:data:`RENDER_ARGUMENTS`), or
+            ``model.end_of_turn`` is not one token of the vocabulary.
     """
 
     def __init__(
@@ -112,13 +123,22 @@ class ChatTemplate:
         end_of_turn="auto",
         *,
         plain: bool = False,
+        source: str | None = None,
     ):
         self.tok = tokenizer
+        self.source = source  # the file model.chat_template names (None: inline text or the tokenizer's)
         self.text = template if template is not None else getattr(tokenizer, "chat_template", None) or None
         if plain:  # a sequence classifier: its text is tokenised alone, no template is rendered
             self.text = None
         self.overridden = template is not None
         self.kwargs = dict(kwargs or {})
+        taken = sorted(set(self.kwargs) & RENDER_ARGUMENTS)
+        if taken:
+            raise TuneproofError(
+                f"{KWARGS_KEY}.{taken[0]}: tuneproof gives the template '{taken[0]}' itself at every render "
+                f"({', '.join(sorted(RENDER_ARGUMENTS))}); it cannot be set here",
+                hint=f"remove it from {KWARGS_KEY}; give only the template's own variables (enable_thinking, ...)",
+            )
         pinned = self.kwargs.pop("strftime_now", None)
         self.pinned_date = pinned
         self._pinned_clock = None
@@ -145,6 +165,8 @@ class ChatTemplate:
     # ------------------------------------------------------------------ rendering
     @property
     def where(self) -> str:
+        if self.source:
+            return f"{TEMPLATE_KEY} {self.source}"
         return TEMPLATE_KEY if self.overridden else "the tokenizer's chat template"
 
     def _compile(self) -> None:
@@ -154,8 +176,9 @@ class ChatTemplate:
         try:
             self._compiled = _compile_jinja_template(self.text)
         except jinja2.TemplateError as err:
+            line = getattr(err, "lineno", None)
             raise TuneproofError(
-                f"{self.where} does not compile: {type(err).__name__}: {err}",
+                f"{self.where}{f' line {line}' if line else ''} does not compile: {type(err).__name__}: {err}",
                 hint=f"fix the template, or set {TEMPLATE_KEY} to a file holding a valid one",
             ) from None
 
@@ -165,7 +188,7 @@ class ChatTemplate:
         special = {k: v for k, v in self.tok.special_tokens_map.items() if isinstance(v, str)}
         clock = clock or self._pinned_clock
         extra = {"strftime_now": clock} if clock is not None else {}
-        return self._compiled.render(
+        chunks = self._compiled.generate(
             messages=_plain_template_data(messages),
             tools=None,
             documents=None,
@@ -173,6 +196,7 @@ class ChatTemplate:
             **_plain_template_data({**special, **self.kwargs}),
             **extra,
         )
+        return _bounded(chunks, self.where)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, *, clock=None) -> str:
         """The template applied to ``messages`` (``[{"role", "content"}]``), system folded where the
@@ -306,10 +330,61 @@ def fingerprint_part(chat: ChatTemplate | None) -> dict[str, Any]:
     }
 
 
+#: a render past these bounds is a template that loops (far beyond any real conversation's prompt)
+RENDER_LIMIT_S = 10.0
+RENDER_LIMIT_CHARS = 16 << 20
+
+
+class _RenderTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise _RenderTimeout
+
+
+def _bounded(chunks, where: str) -> str:
+    """The text of a template's render (``Template.generate``'s chunks), stopped past
+    :data:`RENDER_LIMIT_S` seconds or :data:`RENDER_LIMIT_CHARS` characters: a loop that writes is
+    stopped at its next chunk; in the main thread a SIGALRM timer also stops a loop that writes nothing.
+
+    Raises:
+        TuneproofError: past a bound (names the template and the bound).
+    """
+    out: list[str] = []
+    size, start, stopped = 0, time.monotonic(), False
+    timer = threading.current_thread() is threading.main_thread() and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    previous = signal.signal(signal.SIGALRM, _alarm) if timer else None
+    try:
+        try:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, RENDER_LIMIT_S)
+            for chunk in chunks:
+                out.append(chunk)
+                size += len(chunk)
+                if size > RENDER_LIMIT_CHARS or time.monotonic() - start > RENDER_LIMIT_S:
+                    raise _RenderTimeout
+        finally:
+            if timer:  # an alarm that fires before this line is caught below
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    except _RenderTimeout:
+        stopped = True
+    finally:
+        if timer:
+            signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+    if stopped:
+        raise TuneproofError(
+            f"{where} renders more than {RENDER_LIMIT_CHARS >> 20} M characters or for more than "
+            f"{RENDER_LIMIT_S:g} s for one conversation ({size:,} characters so far): a loop that does not end",
+            hint=f"fix the template's loops, or set {TEMPLATE_KEY} to a file holding one that ends",
+        )
+    return "".join(out)
+
+
 def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """System messages folded into the head of the next user turn (``system + "\\n\\n" + user``), the
     way Gemma-3's and Mistral's own templates place a system prompt; a system message with no user turn
-    after it becomes a user turn."""
+    after it becomes a user turn; an empty (or whitespace) system message is left out."""
     out: list[dict[str, Any]] = []
     pending: list[str] = []
     for m in messages:
@@ -374,6 +449,29 @@ def parse_answer(raw: str, plain: str, answer_from: str, specials: Sequence[str]
     else:
         got = m.group(1) if m.re.groups else m.group(0)
     return _strip_specials(got or "", specials)
+
+
+def regex_miss(raw: str, answer_from: str) -> str | None:
+    """Why the regular expression ``answer_from`` (``eval.answer_from``) reads an empty answer out of
+    ``raw``: ``"it does not match"``, ``"it matches an empty text"`` or its group 1 that takes no part in
+    the match; None for ``auto`` / ``raw`` or a non-empty answer."""
+    if answer_from in ("auto", "raw"):
+        return None
+    m = re.search(answer_from, raw, flags=re.DOTALL)
+    if m is None:
+        return "the expression does not match"
+    name = "answer" if "answer" in m.re.groupindex else (1 if m.re.groups else 0)
+    got = m.group(name)
+    if got is None:
+        return (
+            f"its group {name!r} takes no part in the match: name the answer's group (?P<answer>...)"
+            if name != 0
+            else None
+        )
+    if not got.strip():
+        what = "the whole match" if name == 0 else f"its group {name!r}"
+        return f"{what} is empty (at character {m.start(name)})"
+    return None
 
 
 def split_generation(

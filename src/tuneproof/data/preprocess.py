@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuneproof.data.chat import as_example, context_answer_spans, prompt_messages, rendered_marks, rendered_target
-from tuneproof.data.chat_template import KWARGS_KEY, TEMPLATE_KEY, ChatTemplate, special_texts, split_generation
+from tuneproof.data.chat_template import (
+    KWARGS_KEY,
+    TEMPLATE_KEY,
+    ChatTemplate,
+    regex_miss,
+    special_texts,
+    split_generation,
+)
 from tuneproof.data.examples import Example
 from tuneproof.data.image_pipeline import collate_images
 from tuneproof.errors import CheckFailed, TuneproofError
@@ -328,7 +335,7 @@ class TextPipeline:
         # what a model that emits exactly the supervised tokens generates, read back as the evaluation reads it
         emitted = [tid for tid, (a, b) in zip(a_ids, a_off) if a >= start and b <= end and b > a]
         before_tokens = sum(1 for a, b in a_off if a >= start and b <= t_at and b > a) if t_at >= 0 else 0
-        gold = split_generation(self.tok, emitted, self.stop_ids, self.answer_from, self._specials)[1]
+        gold_raw, gold = split_generation(self.tok, emitted, self.stop_ids, self.answer_from, self._specials)
         if self.loss == "answer_only":
             a_labels = [
                 tid if (a >= start and b <= end and b > a) else IGNORE_INDEX for tid, (a, b) in zip(a_ids, a_off)
@@ -357,13 +364,14 @@ class TextPipeline:
         )
         full_len = len(ids)
         truncated = full_len > self.max_length
-        cut = labels[self.max_length :]
-        # tokens of the answer (incl. its end token, the last one) that truncation removes
+        # tokens of the answer (incl. its end token, the last one) that truncation removes; supervised tokens of
+        # earlier turns (data.chat.train_on: all_assistant) sit in the prompt's positions and are counted apart
         answer_lost = (
-            sum(1 for lab in cut if lab != IGNORE_INDEX)
+            sum(1 for lab in labels[max(self.max_length, prompt_tokens) :] if lab != IGNORE_INDEX)
             if self.loss == "answer_only"
             else max(0, full_len - max(self.max_length, prompt_tokens))
         )
+        context_lost = sum(1 for lab in labels[self.max_length : prompt_tokens] if lab != IGNORE_INDEX)
         end_cut = answer_lost > 0
         ids, labels, offsets = ids[: self.max_length], labels[: self.max_length], offsets[: self.max_length]
         # position 0 is never a prediction target (nothing precedes it), see loss.token_loss_sum
@@ -379,13 +387,15 @@ class TextPipeline:
         elif n_sup == 0:
             faults.append(
                 f"0 supervised tokens after truncation (prompt {prompt_tokens} + answer "
-                f"{answer_tokens} tokens > max_length {self.max_length})"
+                f"{answer_tokens} tokens > max_length {self.max_length}): raise training.max_length to at least "
+                f"{prompt_tokens + answer_tokens}" + (", or keep fewer earlier turns in the row" if ex.context else "")
             )
         elif end_cut and self.end_token is not None:
             faults.append(
                 f"the answer is cut by max_length {self.max_length}: "
                 f"{answer_lost} of {answer_tokens} answer tokens lost, "
                 f"the end token {self.end_token!r} among them (the model would never learn to stop)"
+                + (f"; and {context_lost} supervised tokens of earlier assistant turns" if context_lost else "")
             )
         elif not truncated and self.end_token is not None:
             end_id = self.tok.convert_tokens_to_ids(self.end_token)
@@ -407,9 +417,10 @@ class TextPipeline:
                 f"'{visible(target.strip()[:80])}': a model that learned exactly its training tokens would answer so"
             )
         elif not faults and target and gold != target.strip():
+            miss = regex_miss(gold_raw, self.answer_from) if not gold else None
             faults.append(
                 f"the supervised answer, decoded and parsed as the evaluation does (eval.answer_from: "
-                f"{self.answer_from}), gives '{visible(gold[:80])}', not the reference "
+                f"{self.answer_from}{': ' + miss if miss else ''}), gives '{visible(gold[:80])}', not the reference "
                 f"'{visible(target.strip()[:80])}': "
                 "a model that learned exactly its training tokens would be scored wrong"
             )

@@ -339,15 +339,17 @@ def build_splits(
     for ex in examples:
         (splits[ex.split].append(ex) if ex.split else unsplit.append(ex))
     grouped = 0
+    largest = (0, 0)  # (examples in the largest duplicate group kept whole, examples in its pool)
 
     def cut(pool: list[Example], fractions: dict[str, float]) -> dict[str, list[Example]]:
-        nonlocal grouped
+        nonlocal grouped, largest
         _check_fractions(fractions)
         groups = duplicate_groups(pool, dedup)
         sizes = defaultdict(int)
         for g in groups:
             sizes[g] += 1
         grouped += sum(1 for v in sizes.values() if v > 1)
+        largest = max(largest, (max(sizes.values(), default=0), len(pool)))
         return stratified_split(pool, fractions, policy.seed, groups)
 
     if unsplit:
@@ -381,6 +383,14 @@ def build_splits(
             info["subset"] = {"rule": rule, "description": SUBSET_RULES[rule], "max_examples": caps}
     result = {}
     for name, items in splits.items():
+        if not items and largest[0] > 1 and largest[0] * 2 > largest[1]:
+            raise TuneproofError(
+                f"split '{name}' is empty: {largest[0]} of {largest[1]} examples are linked as duplicates "
+                f"(exact, normalised or near, Jaccard >= {grouping_rule(dedup)['threshold']} of the input with its "
+                "earlier turns) and a group of duplicates is kept whole in one split",
+                hint="text shared by every row (a long common preamble, few-shot turns) belongs in a system "
+                "message or eval.prompt; else raise data.dedup.threshold, or give each source its split",
+            )
         if not items:
             raise TuneproofError(f"split '{name}' is empty", hint="check data.sources and data.split")
         result[name] = [replace(ex, split=name) for ex in sorted(items, key=lambda e: e.id)]

@@ -21,7 +21,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tuneproof.data.chat_template import ChatTemplate, load_template_text, special_texts, split_generation
+from tuneproof.data.chat_template import (
+    ChatTemplate,
+    load_template_text,
+    special_texts,
+    split_generation,
+    template_file,
+)
 from tuneproof.data.examples import Example
 from tuneproof.data.inspect import LEGEND_CAUSAL, LEGEND_CLS, choose_examples, render_html, render_rich, token_rows
 from tuneproof.data.preprocess import TextPipeline, collate
@@ -278,7 +284,11 @@ class TextModality(Modality):
         m = ctx.study.model
         chat = (
             ChatTemplate(
-                ctx.tokenizer, load_template_text(m.chat_template, ctx.study_dir), m.chat_template_kwargs, m.end_of_turn
+                ctx.tokenizer,
+                load_template_text(m.chat_template, ctx.study_dir),
+                m.chat_template_kwargs,
+                m.end_of_turn,
+                source=template_file(m.chat_template),
             )
             if labels is None
             else None  # a sequence classifier renders no template

@@ -22,13 +22,26 @@ def template_text(task: str) -> str:
 def run_init(directory: Path, task: str, *, force: bool = False) -> Path:
     """Create ``directory/tuneproof.yaml`` and, beside it, ``tuneproof.schema.json`` (the JSON Schema
     its first line names for editors). Raises :class:`TuneproofError` if the study file exists
-    (unless ``force``)."""
+    (unless ``force``), ``directory`` is a file or cannot be written."""
     text = template_text(task)
+    folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        named = folder.parent if folder.name == STUDY_FILE else "NEW_FOLDER"
+        raise TuneproofError(
+            f"{directory} is a file, not a folder: init writes {STUDY_FILE} into a study folder",
+            hint=f"name the folder: tuneproof init {named}",
+        )
     path = Path(directory) / STUDY_FILE
     if path.exists() and not force:
         raise TuneproofError(f"{path} already exists", hint="use --force to overwrite, or another folder")
-    write_schema(Path(directory) / SCHEMA_FILE)
-    return atomic_write_text(path, text)
+    try:
+        write_schema(Path(directory) / SCHEMA_FILE)
+        return atomic_write_text(path, text)
+    except OSError as err:
+        raise TuneproofError(
+            f"cannot write the study into {directory} ({err.strerror or type(err).__name__})",
+            hint="name a folder in a place this user can write",
+        ) from None
 
 
 def reader_lines(task: str) -> list[str]:

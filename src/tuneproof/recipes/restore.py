@@ -34,6 +34,7 @@ from tuneproof.registry import Registry
 from tuneproof.storage.mirror import check_lease, human, read_state, write_state
 from tuneproof.storage.restore import fetch
 from tuneproof.storage.store import Store, StoreError
+from tuneproof.study import remote_uri
 from tuneproof.training.resume_state import list_checkpoints, verify_checkpoint
 from tuneproof.ui import console, err_console, user_text
 
@@ -56,6 +57,12 @@ def run_restore(uri: str, dest: Path | None = None) -> Path:
         CheckFailed: (exit 3) files missing or altered in the store, checkpoints, outputs or the frozen
             hypothesis that fail their recorded sha256; each named (the rest is restored).
     """
+    try:
+        uri = remote_uri(uri)
+    except ValueError as err:
+        raise TuneproofError(
+            f"cannot restore: {err}", hint="give the study's storage.remote, as written there"
+        ) from None
     dest = Path(dest or default_folder(uri)).resolve()
     try:
         store = Store(uri)
@@ -64,13 +71,19 @@ def run_restore(uri: str, dest: Path | None = None) -> Path:
         raise TuneproofError(
             f"cannot restore: {err}", hint="check the URI, the network and the credentials in the environment"
         ) from None
-    except OSError as err:  # this machine's disk: full, read-only
+    except OSError as err:  # this machine's disk (full, read-only), or a path the manifest names that cannot be made
         cause = fault_cause(err, dest)
-        if cause is None:
-            raise
+        what = (
+            fault_message(err, cause, dest)
+            if cause is not None
+            else f"{err.strerror or type(err).__name__}{f': {err.filename}' if err.filename else ''}"
+        )
         raise TuneproofError(
-            f"cannot restore into {dest}: {fault_message(err, cause, dest)}",
-            hint="free space (or pick a writable folder), remove the partly restored folder, and restore again",
+            f"cannot restore into {dest}: {what}",
+            hint="free space (or pick a writable folder) and restore again (nothing was left in the folder)"
+            if cause is not None
+            else "a path the remote copy's manifest names cannot be written here (edited by hand?); nothing was left "
+            "in the folder",
         ) from None
     problems = [f"missing: {m}" for m in fetched.missing] + [f"altered: {a}" for a in fetched.altered]
     host = socket.gethostname()
@@ -136,5 +149,9 @@ def run_restore(uri: str, dest: Path | None = None) -> Path:
             hint="a checkpoint that fails is refused by `tuneproof resume RUN`; `--fallback` continues from the "
             "newest older one that passes",
         )
-    console.print("every file matches its recorded sha256; next: tuneproof runs, tuneproof resume RUN")
+    console.print(
+        "every file matches its recorded sha256; next: "
+        f"tuneproof runs --study {user_text(str(dest))}, tuneproof resume RUN --study {user_text(str(dest))}",
+        soft_wrap=True,
+    )
     return dest

@@ -16,6 +16,7 @@ from typing import Any
 from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.io import SCHEMA_VERSION, append_jsonl, read_jsonl, sha256_file
 from tuneproof.storage.store import Store, StoreError, redact
+from tuneproof.study import remote_uri
 
 DELIVERY_MANIFEST = "MANIFEST.sha256.json"
 
@@ -107,6 +108,12 @@ def deliver_to(study_dir: Path, uri: str, folders: dict[str, Path], *, what: str
         TuneproofError: the store cannot be reached (one line; nothing is said delivered).
         CheckFailed: a file read back differs (see :func:`deliver_folder`).
     """
+    try:
+        uri = remote_uri(uri)
+    except ValueError as err:
+        raise TuneproofError(
+            f"not delivered: {err}", hint="give the store as s3://bucket/prefix, sftp://host/path or file:///path"
+        ) from None
     try:
         store = Store(uri)
         done = deliver_folder(store, folders, say=say)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuneproof.errors import TuneproofError
 from tuneproof.io import SCHEMA_VERSION, read_json, sha256_file, write_json
 from tuneproof.registry import DB_NAME
 from tuneproof.storage.store import Store, StoreError
@@ -134,15 +135,41 @@ def newest_manifest(store: Store) -> dict[str, Any] | None:
     Raises:
         StoreError: the store cannot be read.
     """
+    skipped: list[str] = []
     for name in reversed(manifest_names(store)):
         try:
             m = json.loads(store.read_bytes(f"{MANIFESTS}/{name}"))
         except (FileNotFoundError, ValueError):
+            skipped.append(name)
             continue
-        if isinstance(m, dict) and m.get("kind") == MANIFEST_KIND and isinstance(m.get("files"), dict):
+        if _well_formed(m):
             m["name"] = name
+            m["skipped"] = skipped  # newer manifests that did not parse (torn, or edited by hand)
             return m
+        skipped.append(name)
     return None
+
+
+def _entry_ok(entry: Any) -> bool:
+    sha = entry.get("sha256") if isinstance(entry, dict) else None
+    size = entry.get("size") if isinstance(entry, dict) else None
+    return (
+        isinstance(sha, str)
+        and len(sha) == 64
+        and all(c in "0123456789abcdef" for c in sha)
+        and isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+    )
+
+
+def _well_formed(m: Any) -> bool:
+    """A manifest of this kind whose every entry (and the index) is ``{"sha256": 64 hex digits, "size": int}``."""
+    if not (isinstance(m, dict) and m.get("kind") == MANIFEST_KIND and isinstance(m.get("files"), dict)):
+        return False
+    if m.get("index") is not None and not _entry_ok(m["index"]):
+        return False
+    return all(isinstance(rel, str) and _entry_ok(e) for rel, e in m["files"].items())
 
 
 def _seq(manifest: dict[str, Any] | None) -> int:
@@ -155,10 +182,17 @@ class LeaseHeld(Exception):
 
 
 def _ours(held: dict[str, Any], state: dict[str, Any]) -> bool:
-    """The lease is this machine's: its id, or this host and this study folder (a local state lost to a
-    full disk keeps its lease: the id is adopted)."""
+    """The lease is this machine's: its id from this folder (or from a folder of this host that was moved
+    here), or this host and this study folder (a local state lost to a full disk keeps its lease: the id is
+    adopted). A copy of the study folder carries its original's id: while the original's folder is there, the
+    copy is another study and is refused."""
     if held.get("lease") == state["lease"]:
-        return True
+        folder = held.get("folder")
+        if not folder or folder == state.get("folder"):
+            return True
+        # the same lease id from another folder: this folder was moved (the old one is gone), or copied with
+        # its hidden state (the old one is still there: two studies would write one prefix)
+        return held.get("host") == socket.gethostname() and not (Path(folder) / STATE_FILE).exists()
     if held.get("host") == socket.gethostname() and held.get("folder") and held.get("folder") == state.get("folder"):
         state["lease"] = held["lease"]
         return True
@@ -182,11 +216,14 @@ def check_lease(store: Store, state: dict[str, Any], *, take_over: bool = False,
         held = None  # a torn lease file: rewritten
     if isinstance(held, dict) and _ours(held, state) and not take_over:
         return
+    if take_over:
+        state["lease"] = uuid.uuid4().hex  # a copied folder's lease id is its original's: never shared again
     if isinstance(held, dict) and held.get("lease") and not take_over:
         seen = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(held.get("seen") or 0)))
+        where = f"study folder {held.get('folder')} on " if held.get("folder") else ""
         raise LeaseHeld(
-            f"{store.shown} is the remote copy written by host {held.get('host')} (pid {held.get('pid')}, "
-            f"last seen {seen} UTC): two machines writing one prefix would mix their studies"
+            f"{store.shown} is the remote copy written by {where}host {held.get('host')} (pid {held.get('pid')}, "
+            f"last seen {seen} UTC): two studies writing one prefix would mix them"
         )
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "lease": state["lease"], "since": now, "seen": now}
     mine.update({"study": study, "folder": state.get("folder")})
@@ -239,6 +276,26 @@ def index_snapshot(study_dir: Path) -> Path | None:
     return out
 
 
+def inside_study(study_dir: Path, uri: str) -> None:
+    """Refuse a ``file://`` remote copy inside the study folder it copies (each push would copy the copy,
+    and a lost disk loses both).
+
+    Raises:
+        TuneproofError: naming ``storage.remote`` and the folder.
+    """
+    scheme, _, rest = uri.partition("://")
+    if scheme.lower() != "file":
+        return
+    remote = Path("/" + rest.partition("/")[2]).resolve()
+    study = Path(study_dir).resolve()
+    if remote == study or study in remote.parents:
+        raise TuneproofError(
+            f"{study / 'tuneproof.yaml'}: storage.remote {uri} is inside the study folder it copies: it would copy "
+            "itself and is lost with this disk",
+            hint="name a folder outside the study, on another disk or mount (file:///mnt/backup/study), or s3://, sftp://",
+        )
+
+
 class Mirror:
     """Pushes one study folder to one store (one thread at a time).
 
@@ -250,6 +307,7 @@ class Mirror:
     """
 
     def __init__(self, study_dir: Path, uri: str, exclude: list[str] | None = None, *, study: str = "", say=None):
+        inside_study(Path(study_dir), uri)
         self.study_dir = Path(study_dir)
         self.uri = uri
         self.exclude = list(exclude or [])
@@ -313,7 +371,12 @@ class Mirror:
         if size >= LARGE_BYTES:
             self.say(f"remote: sending {rel} ({human(size)}) to {store.shown}")
         started = time.monotonic()
-        store.put_file(path, object_name(sha))
+        try:
+            store.put_file(path, object_name(sha))
+        except StoreError:
+            if not path.exists():
+                return None  # removed meanwhile (a pruned checkpoint): not the store's fault
+            raise
         try:
             st = path.stat()
         except FileNotFoundError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import sqlite3
 import tempfile
 from dataclasses import dataclass, field
@@ -89,16 +90,49 @@ def fetch(store: Store, dest: Path, *, say=None) -> Fetched:
             hint="check the URI (the study's storage.remote) and the credentials in the environment",
         )
     dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise TuneproofError(
+            f"{dest}: is a file, not a folder; restore writes into a new folder",
+            hint="name a new folder: tuneproof restore URI NEW_FOLDER",
+        )
     if dest.exists() and any(dest.iterdir()):
         raise TuneproofError(
             f"{dest}: the folder is not empty; restore writes into a new folder",
             hint="name a new folder: tuneproof restore URI NEW_FOLDER",
         )
-    dest.mkdir(parents=True, exist_ok=True)
+    # files go to a hidden folder beside dest, renamed into place once all are written: a restore killed
+    # (kill -9, the machine lost) leaves no half folder under the name asked, and the next restore clears it
+    work = dest.parent / f".{dest.name}.restoring"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+    except OSError as err:
+        raise TuneproofError(
+            f"{dest}: cannot make the folder ({err.strerror or type(err).__name__})",
+            hint="name a folder in a place this user can write: tuneproof restore URI NEW_FOLDER",
+        ) from None
+    try:
+        fetched = _fetch_files(store, work, manifest, say)
+        if dest.exists():
+            dest.rmdir()  # empty (checked above)
+        os.replace(work, dest)
+        return fetched
+    except BaseException:  # unreachable store, full disk, Ctrl-C: no half-restored folder is left behind
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _fetch_files(store: Store, dest: Path, manifest: dict[str, Any], say) -> Fetched:
     out = Fetched(manifest=manifest)
     files = manifest["files"]
     total = sum(int(f.get("size") or 0) for f in files.values())
     say(f"restoring {len(files)} file(s), {human(total)}, from {store.shown} (manifest {manifest['name']})")
+    if manifest.get("skipped"):
+        say(
+            f"note: newer manifest(s) {', '.join(manifest['skipped'])} do not parse (torn by a killed upload, or "
+            f"edited): restored from {manifest['name']}, the newest that does"
+        )
     for rel, entry in files.items():
         if not _safe_rel(rel):
             out.altered.append(f"{rel}: refused, the manifest names a path outside the study folder")

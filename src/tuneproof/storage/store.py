@@ -81,10 +81,15 @@ class Store:
     def path(self, rel: str) -> str:
         return posixpath.join(self.root, rel) if rel else self.root
 
-    def _call(self, what: str, fn, *args, **kwargs):
+    def _call(self, what: str, fn, *args, absent_ok: bool = True, **kwargs):
+        """``fn(*args, **kwargs)``; FileNotFoundError passes through when ``absent_ok`` (a read or a removal
+        of an absent object), else it is the store's fault like any other (a write whose folder cannot be
+        made: ``file:///no/such/mount``)."""
         try:
             return fn(*args, **kwargs)
-        except FileNotFoundError:
+        except FileNotFoundError as err:
+            if not absent_ok:
+                raise StoreError(f"{self.shown}: {what} failed ({_cause(err)})") from None
             raise
         except Exception as err:  # noqa: BLE001 - every failure of the store becomes one line
             raise StoreError(f"{self.shown}: {what} failed ({_cause(err)})") from None
@@ -93,14 +98,14 @@ class Store:
         """Write through ``write(path)``: on a folder store to a temp name, renamed into place."""
         dest = self.path(rel)
         if not self.folders:
-            self._call(f"writing {rel}", write, dest)
+            self._call(f"writing {rel}", write, dest, absent_ok=False)
             return
         parent = posixpath.dirname(dest)
-        self._call(f"making {posixpath.dirname(rel) or '.'}", self.fs.makedirs, parent, exist_ok=True)
+        self._call(f"making {posixpath.dirname(rel) or '.'}", self.fs.makedirs, parent, exist_ok=True, absent_ok=False)
         tmp = posixpath.join(parent, f".{posixpath.basename(dest)}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            self._call(f"writing {rel}", write, tmp)
-            self._call(f"publishing {rel}", self.fs.mv, tmp, dest)
+            self._call(f"writing {rel}", write, tmp, absent_ok=False)
+            self._call(f"publishing {rel}", self.fs.mv, tmp, dest, absent_ok=False)
         except BaseException:
             try:
                 self.fs.rm(tmp)

@@ -322,3 +322,18 @@ def test_the_context_lists_splits_train_eval_others_test(tmp_path, tiny_model_di
     )
     assert list(StudyContext.open(tmp_path).all_splits) == ["train", "dev", "extra", "test"]
     assert list(StudyContext.open(tmp_path).all_splits) == ["train", "dev", "extra", "test"]  # reusing the manifest
+
+
+def test_one_fault_shared_by_many_examples_is_printed_once_with_its_count():
+    from tuneproof.data.checks import fault_lines
+
+    why = "the supervised answer, parsed as the evaluation does, reads nothing (eval.answer_from: no match)"
+    enc = [{"split": "validation", "id": f"ex{i}", "fault": why} for i in range(1, 28)]
+    enc.append({"split": "train", "id": "t9", "fault": "0 supervised tokens after truncation"})
+    hard = ["train: 2 of 5 targets are not strict JSON"] + [f"{f['split']}/{f['id']}: {f['fault']}" for f in enc]
+    assert fault_lines(hard, enc) == [
+        "train: 2 of 5 targets are not strict JSON",
+        f"validation/ex1, validation/ex2, validation/ex3 and 24 more (27 examples): {why}",
+        "train/t9: 0 supervised tokens after truncation",
+    ]
+    assert fault_lines([], []) == []

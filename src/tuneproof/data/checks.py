@@ -161,6 +161,22 @@ def duplicates_line(dedup_report) -> str:
     )
 
 
+def fault_lines(hard_faults: list[str], encoding_faults: list[dict]) -> list[str]:
+    """The data check's hard faults as printed: the encoding faults that share their text said once with the
+    examples they hit (``validation/ex1, validation/ex2, ... and 25 more (27 examples): the supervised answer ...``),
+    in the order each text first appears, after the other hard faults; a fault of one example reads as before
+    (``validation/ex1: ...``). ``hard_faults``: the report's ``hard_faults``; ``encoding_faults``: its
+    ``encoding_faults`` (``{"split", "id", "fault"}``)."""
+    places: dict[str, list[str]] = {}
+    for f in encoding_faults:
+        places.setdefault(f["fault"], []).append(f"{f['split']}/{f['id']}")
+    own = {f"{where}: {fault}" for fault, ws in places.items() for where in ws}
+    out = [h for h in hard_faults if h not in own]
+    for fault, ws in places.items():
+        out.append(f"{ws[0]}: {fault}" if len(ws) == 1 else f"{_listing(ws, 3)} ({len(ws)} examples): {fault}")
+    return out
+
+
 def audit_lines(
     labels: dict[str, Any], targets: dict[str, Any] | None, faults: list[dict], lengths: dict[str, Any]
 ) -> list[str]:

@@ -49,7 +49,7 @@ from typing import Any
 from tuneproof.context import StudyContext
 from tuneproof.data import checks
 from tuneproof.data.chat import chat_summary
-from tuneproof.data.checks import audit_lines
+from tuneproof.data.checks import audit_lines, fault_lines
 from tuneproof.data.cleaning import dropped_summary
 from tuneproof.data.dedup import find_duplicates
 from tuneproof.data.examples import natural_key
@@ -380,7 +380,7 @@ def _print(rep: dict[str, Any], sections: tuple[str, ...]) -> None:
     diff = next((f for f in rep["encoding_faults"] if f.get("prefix_diff")), None)
     if diff is not None:
         _print_prefix_diff(diff["id"], diff["prefix_diff"])
-    for h in rep["hard_faults"][:20]:
+    for h in fault_lines(rep["hard_faults"], rep["encoding_faults"])[:20]:  # one line per distinct fault
         console.print(f"[red]fault[/] {user_text(h)}", soft_wrap=True)
     console.print(
         "[green]data check passed[/]"

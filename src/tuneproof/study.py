@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +24,7 @@ from pydantic import (
 )
 
 from tuneproof.errors import TuneproofError
+from tuneproof.patterns import pattern_error
 
 STUDY_FILE = "tuneproof.yaml"
 TaskKind = Literal["classification", "multi-label", "extraction", "format", "image-classification"]
@@ -807,11 +807,8 @@ class Eval(_Strict):
     @field_validator("answer_from")
     @classmethod
     def _answer_from(cls, v: str) -> str:
-        if v not in ("auto", "raw"):
-            try:
-                re.compile(v)
-            except re.error as err:
-                raise ValueError(f"is neither auto, raw nor a valid regular expression ({err})") from None
+        if v not in ("auto", "raw") and (err := pattern_error(v)) is not None:
+            raise ValueError(f"is neither auto, raw nor a valid regular expression ({err})")
         return v
 
     @field_validator("sets")

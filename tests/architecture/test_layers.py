@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "tuneproof"
 
 #: lowest first; a unit is a subpackage or a top-level module of tuneproof (docs/ARCHITECTURE.md)
 LAYERS: list[set[str]] = [
-    {"errors", "procs", "ui", "io", "clock", "__init__"},
+    {"errors", "procs", "ui", "io", "clock", "patterns", "__init__"},
     {"study"},
     {"data", "models", "registry", "storage", "tracking"},
     {"tasks", "modalities", "context"},

@@ -44,6 +44,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tuneproof import patterns
 from tuneproof.errors import TuneproofError
 from tuneproof.study import RENDER_ARGUMENTS
 
@@ -441,7 +442,7 @@ def parse_answer(raw: str, plain: str, answer_from: str, specials: Sequence[str]
             body = re.split(r"<\|(?:end|return|call)\|>", raw[final + len(FINAL_CHANNEL) :], maxsplit=1)[0]
             return _strip_specials(body, specials)
         return plain
-    m = re.search(answer_from, raw, flags=re.DOTALL)
+    m = patterns.search(answer_from, raw, "eval.answer_from", flags=patterns.DOTALL)
     if m is None:
         return ""
     if "answer" in m.re.groupindex:
@@ -457,7 +458,7 @@ def regex_miss(raw: str, answer_from: str) -> str | None:
     the match; None for ``auto`` / ``raw`` or a non-empty answer."""
     if answer_from in ("auto", "raw"):
         return None
-    m = re.search(answer_from, raw, flags=re.DOTALL)
+    m = patterns.search(answer_from, raw, "eval.answer_from", flags=patterns.DOTALL)
     if m is None:
         return "the expression does not match"
     name = "answer" if "answer" in m.re.groupindex else (1 if m.re.groups else 0)

@@ -8,7 +8,8 @@ The format rule (:class:`FormatRule`) is what the study writes, any combination 
 - ``eval.json_schema``: strict JSON that satisfies a JSON Schema (``jsonschema``, the draft named
   by ``$schema``, default the latest); ``hypothesis.required_fields``: top-level keys;
 - ``eval.regex``: a regular expression the stripped output must match entirely
-  (``re.fullmatch``); its *named groups* are the rule's parts, each scored for accuracy;
+  (``fullmatch`` with a time limit, :mod:`tuneproof.patterns`); its *named groups* are the rule's parts,
+  each scored for accuracy;
 - ``eval.grammar: function_slots``: a meaning representation ``name(slot[value], slot[v1, v2])``
   as in the E2E / ViGGO data-to-text sets, e.g. ``inform(name[Dirt: Showdown],
   release_year[2012], genres[driving/racing, sport])``. Its parts are the function name (the
@@ -33,6 +34,7 @@ import numpy as np
 
 from tuneproof.data.audit import audit_format_targets, audit_labels
 from tuneproof.errors import TuneproofError
+from tuneproof.patterns import compile_pattern, fullmatch
 from tuneproof.tasks.parsing import parse_json_output
 from tuneproof.tasks.task import (
     PASS_F1,
@@ -131,10 +133,7 @@ class FormatRule:
             self.validator = cls(json_schema)
         self.pattern = None
         if regex is not None:
-            try:
-                self.pattern = re.compile(regex)
-            except re.error as err:
-                raise TuneproofError(f"eval.regex: not a valid regular expression ({err})") from None
+            self.pattern = compile_pattern(regex, "eval.regex")
         if grammar is not None and grammar not in GRAMMARS:
             raise TuneproofError(f"eval.grammar: unknown grammar '{grammar}'", hint=f"use one of {', '.join(GRAMMARS)}")
         self.grammar = grammar
@@ -175,7 +174,7 @@ class FormatRule:
         empty answer is never compliant); the data check warns when this list is not empty."""
         out = []
         if self.pattern is not None:
-            out += [repr(t) for t in ("", " ") if self.pattern.fullmatch(t) is not None][:1]
+            out += [repr(t) for t in ("", " ") if fullmatch(self.pattern, t, "eval.regex") is not None][:1]
         if self.validator is not None and not self.required:
             for value, shown in (("", '""'), (" ", '" "')):
                 if self.validator.is_valid(value):
@@ -217,7 +216,7 @@ class FormatRule:
                     error = f"missing_fields: required top-level keys missing: {self.required}"
         stripped = (s or "").strip()
         if self.pattern is not None:
-            m = self.pattern.fullmatch(stripped)
+            m = fullmatch(self.pattern, stripped, "eval.regex")
             sc["regex_match"] = m is not None
             ok &= m is not None
             if m is None:

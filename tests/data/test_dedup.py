@@ -387,3 +387,34 @@ def test_duplicates_inside_one_split_are_said_plainly():
         "train (inside the split): 1 of 4 examples repeat an earlier one: 1 (25.0%) exact, 1 (25.0%) normalised, "
         "1 (25.0%) near (Jaccard >= 0.8)" in lines
     )
+
+
+def test_a_preamble_of_turns_shared_by_most_rows_is_left_out_like_a_system_message():
+    from tuneproof.data.examples import SHARED_TURN_SHARE, shared_turns
+
+    # every conversation repeats the same 6 demonstration turns before its own question
+    pre = []
+    for q, a in [("what is two plus two", "four"), ("capital of france", "paris"), ("colour of the sky", "blue")]:
+        pre += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    questions = {
+        "train": ["book a table for two tonight", "play some jazz music", "weather in oslo tomorrow"],
+        "validation": ["set an alarm for seven", "play some jazz music"],
+    }
+    splits = {
+        s: [Example(id=f"{s}/{i}", text=q, split=s, context=list(pre)) for i, q in enumerate(qs)]
+        for s, qs in questions.items()
+    }
+    flat = [e for exs in splits.values() for e in exs]
+    assert SHARED_TURN_SHARE == 0.5 and len(shared_turns(flat)) == 6
+    assert flat[0].dedup_text(shared_turns(flat)) == "book a table for two tonight"
+    rep = find_duplicates(splits, threshold=0.5)
+    pair = rep.pairs["train/validation"]
+    # only the repeated question is a duplicate; the preamble alone would have linked every pair
+    assert [(c.kind, c.id_a, c.id_b, c.text_a) for c in pair.collisions] == [
+        ("exact", "train/1", "validation/1", "play some jazz music")
+    ]
+    # a turn held by one row of four is that row's own context: compared
+    own = [Example(id="x", text="q", context=[{"role": "user", "content": "hi"}])] + [
+        Example(id=f"y{i}", text=f"q{i}") for i in range(3)
+    ]
+    assert shared_turns(own) == frozenset() and own[0].dedup_text(shared_turns(own)) == "user: hi\nq"

@@ -129,12 +129,10 @@ def test_banking77_carved_validation_has_no_duplicate_of_train(shared_data):
 
 
 def test_a_split_left_empty_by_one_duplicate_group_says_so_not_check_the_sources():
-    # chat rows sharing twelve few-shot turns: every input is a near duplicate of every other
-    shots = [{"role": r, "content": f"hello world {k} {r}"} for k in range(12) for r in ("user", "assistant")]
+    # texts that differ in one word of forty: every input is a near duplicate of every other
+    body = " ".join(f"word{k}" for k in range(40))
     pool = [
-        Example(
-            id=f"c{i:02d}", text=f"request number {i}", label=None, target="x", source=f"c.jsonl:{i + 1}", context=shots
-        )
+        Example(id=f"c{i:02d}", text=f"{body} request{i}", label=None, target="x", source=f"c.jsonl:{i + 1}")
         for i in range(30)
     ]
     policy = SplitPolicy(fractions={"train": 0.8, "validation": 0.1, "test": 0.1})

@@ -48,7 +48,7 @@ from typing import Any, Literal
 import numpy as np
 from datasketch import MinHash
 
-from tuneproof.data.examples import Example
+from tuneproof.data.examples import Example, shared_turns
 from tuneproof.data.invisible import invisible_code_points, remove_invisible
 from tuneproof.errors import TuneproofError
 
@@ -473,13 +473,17 @@ def find_duplicates(
     rank = {s: i for i, s in enumerate(names)}
     # Global index g -> (split, example); positions follow the split order then the list order.
     flat: list[tuple[str, Example]] = [(s, ex) for s in names for ex in splits[s]]
+    # the compared text of each example, a preamble of turns shared by most rows left out (data/examples.py)
+    shared = shared_turns([ex for _, ex in flat])
+    texts = [ex.dedup_text(shared) for _, ex in flat]
+    texts_of = {ex.id: t for (_, ex), t in zip(flat, texts)}
 
     # Normalised groups: distinct normalised text -> member indices (in order).
     group_of_text: dict[str, int] = {}
     group_members: list[list[int]] = []
     group_text: list[str] = []
-    for g, (_, ex) in enumerate(flat):
-        norm = normalise(ex.dedup_text())
+    for g in range(len(flat)):
+        norm = normalise(texts[g])
         u = group_of_text.get(norm)
         if u is None:
             u = group_of_text[norm] = len(group_members)
@@ -501,7 +505,7 @@ def find_duplicates(
         (sa, a), (sb, bb) = flat[ga], flat[gb]
         if rank[sa] > rank[sb] or (sa == sb and ga > gb):
             (sa, a), (sb, bb) = (sb, bb), (sa, a)
-        pairs[f"{sa}/{sb}"].collisions.append(Collision(kind, a.id, bb.id, a.dedup_text(), bb.dedup_text(), sim, est))
+        pairs[f"{sa}/{sb}"].collisions.append(Collision(kind, a.id, bb.id, texts_of[a.id], texts_of[bb.id], sim, est))
 
     def link_across(group_a: list[int], group_b: list[int], kind: str, sim: float, est: float) -> None:
         # Star links between copies in two splits: each example pairs with the first example of
@@ -511,12 +515,12 @@ def find_duplicates(
         first_a: dict[str, int] = {}
         first_b: dict[str, int] = {}
         for g in group_a:
-            first_a.setdefault(flat[g][1].dedup_text(), g)
+            first_a.setdefault(texts[g], g)
         for g in group_b:
-            first_b.setdefault(flat[g][1].dedup_text(), g)
+            first_b.setdefault(texts[g], g)
         linked = set()
         for gb in group_b:
-            ga = first_a.get(flat[gb][1].dedup_text())
+            ga = first_a.get(texts[gb])
             if ga is not None:
                 add("exact", ga, gb, 1.0, 1.0)
             else:
@@ -525,7 +529,7 @@ def find_duplicates(
             linked.add(ga)
         for ga in group_a:
             if ga not in linked:
-                gb = first_b.get(flat[ga][1].dedup_text())
+                gb = first_b.get(texts[ga])
                 if gb is not None:
                     add("exact", ga, gb, 1.0, 1.0)
                 else:
@@ -542,7 +546,7 @@ def find_duplicates(
         for ms in by_split.values():
             first_of_text: dict[str, int] = {}
             for g in ms:
-                text = flat[g][1].dedup_text()
+                text = texts[g]
                 if text in first_of_text:
                     add("exact", first_of_text[text], g, 1.0, 1.0)
                 else:

@@ -56,18 +56,39 @@ class Example:
         """The row's own system message (chat data), else None (``eval.prompt.system`` applies)."""
         return self.context[0]["content"] if self.context and self.context[0]["role"] == "system" else None
 
-    def dedup_text(self) -> str:
+    def dedup_text(self, shared: frozenset[str] = frozenset()) -> str:
         """The input the duplicate check compares: the earlier turns (each as ``role: content`` on
         its own line) and the final user turn; the system message is left out (like
-        ``eval.prompt.system``, one shared by every row would make every pair a near-duplicate).
+        ``eval.prompt.system``, one shared by every row would make every pair a near-duplicate), and so
+        are the turns in ``shared`` (:func:`shared_turns`: a preamble the dataset repeats in most rows).
         For flat rows: :attr:`text`."""
-        turns = [
+        turns = [line for line in self.turn_lines() if line not in shared]
+        return "\n".join([*turns, self.text]) if turns else self.text
+
+    def turn_lines(self) -> list[str]:
+        """The earlier turns but the system message, each as ``role: content`` (a tool call: its JSON)."""
+        return [
             f"{t['role']}: {t['content'] or json.dumps(t.get('tool_calls'), sort_keys=True)}"
             for t in self.context
             if t["role"] != "system"
         ]
-        return "\n".join([*turns, self.text]) if turns else self.text
 
     def target_json(self) -> Any:
         """The target parsed as JSON (raises ``json.JSONDecodeError`` when it is not strict JSON)."""
         return json.loads(self.target) if self.target is not None else None
+
+
+#: an earlier turn written in at least this share of a dataset's rows is a preamble the dataset repeats (few-shot
+#: demonstrations copied into every conversation): like a shared system message, it is left out of the duplicate
+#: check's text, else every pair of rows would read as near-duplicates and the split would fail
+SHARED_TURN_SHARE = 0.5
+
+
+def shared_turns(examples: list[Example]) -> frozenset[str]:
+    """The earlier turns (:meth:`Example.turn_lines`) that at least :data:`SHARED_TURN_SHARE` of ``examples``
+    (and two or more) hold: what :meth:`Example.dedup_text` leaves out. Empty for flat rows."""
+    counts: dict[str, int] = {}
+    for e in examples:
+        for line in set(e.turn_lines()):
+            counts[line] = counts.get(line, 0) + 1
+    return frozenset(line for line, c in counts.items() if c >= 2 and c >= SHARED_TURN_SHARE * len(examples))

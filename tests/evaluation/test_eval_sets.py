@@ -140,6 +140,21 @@ def tiny_base(tmp_path_factory):
     return build_base(tmp_path_factory.mktemp("tiny-llama"))
 
 
+def test_compare_names_the_set_whose_recorded_reference_the_scorer_refuses():
+    refs = ['{"intent": "Sky"}', "Color"]
+    with pytest.raises(TuneproofError) as err:
+        compare_set(
+            "held",
+            _rows(refs, refs),
+            _rows(refs, refs),
+            "extraction",
+            required_fields=None,
+            eval_cfg=None,
+            iterations=10,
+        )
+    assert err.value.message.startswith("eval.sets 'held': example g1: the reference is not a strict JSON object")
+
+
 def _set_file(folder: Path, name: str = "general.jsonl", refs: bool = False) -> None:
     rows = [{"q": t, **({"a": "{}"} if refs else {})} for t in GENERAL]
     (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -201,6 +216,30 @@ def test_an_empty_set_is_refused(tmp_path, tiny_base):
     with pytest.raises(TuneproofError) as err:
         StudyContext.open(study).eval_sets  # noqa: B018
     assert "eval.sets[0] ('general')" in err.value.message
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "chat"])
+def test_a_reference_the_task_refuses_is_refused_before_any_run(tmp_path, tiny_base, capsys, fmt):
+    """An extraction study's set reference that is not strict JSON was accepted by data check, baseline and eval,
+    and first refused by compare (naming no set, its hint sent back to the data check that had passed)."""
+    study = make_study(tmp_path / "s", tiny_base, prepare=False)
+    if fmt == "chat":
+        turns = [("alpha beta", '{"intent": "Sky", "slots": {}}'), ("red blue", "Color")]
+        rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in turns]
+        spec = {"name": "held", "path": "held.jsonl", "format": "chat", "fields": {"text": "text"}}
+    else:
+        rows = [{"q": "alpha beta", "a": '{"intent": "Sky", "slots": {}}'}, {"q": "red blue", "a": "Color"}]
+        spec = {"name": "held", "path": "held.jsonl", "format": "jsonl", "fields": {"text": "q", "target": "a"}}
+    (study / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _with_sets(study, [GENERAL_SET, spec])
+    _set_file(study)
+    for args in (["data", "check"], ["baseline", "--skip-data-check", "test"]):
+        code, out = _exit([*args, "--study", str(study)], capsys)
+        flat = " ".join(out.split())
+        assert code == 2, out
+        assert "eval.sets[1] ('held'): example held:2: the reference is not a strict JSON object" in flat, out
+        assert "Traceback" not in out
+    assert not (study / "runs").exists() or not any((study / "runs").iterdir())
 
 
 def test_sets_are_read_by_the_data_readers_with_or_without_references(tmp_path, tiny_base):

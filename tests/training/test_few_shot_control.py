@@ -120,3 +120,34 @@ def test_against_strongest_is_chosen_when_the_first_train_run_freezes_the_hypoth
     (entry,) = cmp["candidates"].values()
     assert set(entry["controls"]) == {plain.id, ctrl.id}
     assert "success judged against" in out
+
+
+def test_a_frozen_strongest_control_made_invalid_is_named_with_a_way_out(tmp_path, tiny_base, capsys):
+    """The control ``success.against: strongest`` froze, invalidated later: compare said "r0002 is invalid after all
+    6 examples, before its outputs were recorded; evaluate again" (its outputs were recorded; it was invalidated),
+    and evaluating the base model again changed nothing (a later control is never judged against)."""
+    study = make_study(tmp_path / "s", tiny_base, max_steps=2)
+    cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    cfg["hypothesis"]["success"]["against"] = "strongest"
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert _cli(capsys, "train", "--study", str(study), "--skip-preflight", "a wiring test")[0] == 0
+    reg = Registry(study)
+    judged = read_json(study / FROZEN_FILE)["against"]["run"]
+    assert _cli(capsys, "eval", reg.list(kind="train")[0].id, "--study", str(study))[0] == 0
+    cand = reg.list(kind="eval")[0].id
+    assert _cli(capsys, "invalidate", judged, "--why", "wrong weights", "--study", str(study))[0] == 0
+    assert _cli(capsys, "baseline", "--study", str(study))[0] == 0
+    code, out = _cli(capsys, "compare", cand, "--study", str(study))
+    flat = " ".join(out.split())
+    assert code == 3, out
+    assert (
+        f"hypothesis.frozen.json: success.against: strongest judges the success criterion against baseline "
+        f"(the base model, the study's prompt) {judged}" in flat
+    )
+    assert f"cannot be read: {judged} is invalid (wrong weights" in flat
+    assert "before its outputs were recorded" not in flat and "evaluate again" not in flat
+    assert "--use-edited-hypothesis" in flat
+    assert Registry(study).list(kind="compare") == []  # refused before any compare run
+    code, out = _cli(capsys, "compare", cand, "--against", judged, "--study", str(study))
+    assert code == 3 and f"{judged} is invalid (wrong weights" in " ".join(out.split()), out
+    assert "before its outputs were recorded" not in out

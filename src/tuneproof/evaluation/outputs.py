@@ -73,7 +73,8 @@ def check_complete(registry, rec) -> None:
     except TuneproofError:
         prog = None
     where = ""
-    if isinstance(prog, dict) and isinstance(prog.get("done"), int) and isinstance(prog.get("n"), int):
+    stopped = rec.status in ("interrupted", "failed", "running")  # where a run invalidated later stopped is moot
+    if stopped and isinstance(prog, dict) and isinstance(prog.get("done"), int) and isinstance(prog.get("n"), int):
         where = (
             f" after all {prog['n']} examples, before its outputs were recorded"
             if prog["done"] >= prog["n"]

@@ -29,7 +29,7 @@ from typing import Any
 
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.controls import (
     control_block,
@@ -276,6 +276,8 @@ def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[lis
             when = "chosen when the hypothesis was frozen"
         if named and named.get("run"):
             judged_id = ctx.registry.get(named["run"]).id
+            if judging.frozen is not None:
+                _check_frozen_control(ctx, judged_id, named)
             why = (
                 f"hypothesis.success.against: strongest: {named.get('label')} {judged_id} "
                 f"({named.get('metric')} {named.get('value')}), {when}"
@@ -295,6 +297,28 @@ def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[lis
         check_complete(ctx.registry, ctx.registry.check_record(rec.id))
         out.append((rec, load_outputs(ctx, rec.id)[1]))
     return out, judged_id, why
+
+
+def _check_frozen_control(ctx: StudyContext, run_id: str, named: dict) -> None:
+    """The control the frozen hypothesis judges the success criterion against (``success.against: strongest``)
+    is still a completed evaluation. Evaluating the base model again never replaces it (a control evaluated later
+    is never judged against), so "evaluate again" is no way out: the message names the frozen choice and the two
+    that are.
+
+    Raises:
+        CheckFailed: (exit 3) the run is no longer completed (invalidated, its record or outputs missing or
+            edited), naming it, ``hypothesis.frozen.json`` and what to do.
+    """
+    try:
+        check_complete(ctx.registry, ctx.registry.check_record(run_id))
+    except TuneproofError as err:
+        raise CheckFailed(
+            f"hypothesis.frozen.json: success.against: strongest judges the success criterion against "
+            f"{named.get('label')} {run_id} ({named.get('metric')} {named.get('value')}, chosen when the hypothesis "
+            f"was frozen), and it cannot be read: {err.message.removesuffix('; evaluate again')}",
+            hint=f"restore {run_id}'s folder as recorded; or judge with the study file's hypothesis set to "
+            "success.against: baseline (`tuneproof compare RUN --use-edited-hypothesis REASON`, recorded)",
+        ) from None
 
 
 def _against_controls(

@@ -151,3 +151,29 @@ def test_a_frozen_strongest_control_made_invalid_is_named_with_a_way_out(tmp_pat
     code, out = _cli(capsys, "compare", cand, "--against", judged, "--study", str(study))
     assert code == 3 and f"{judged} is invalid (wrong weights" in " ".join(out.split()), out
     assert "before its outputs were recorded" not in out
+
+
+def test_compare_against_a_few_shot_control_says_it_is_not_the_verdict(tmp_path, tiny_base, capsys):
+    """``compare --against`` a few-shot control named it "hypothesis.success.against: baseline" and said nothing of
+    the guards being judged against the control (the dossier rightly never takes it for the verdict)."""
+    study = make_study(tmp_path / "s", tiny_base, max_steps=2)
+    assert _cli(capsys, "baseline", "--study", str(study), "--few-shot", "2")[0] == 0
+    assert _cli(capsys, "train", "--study", str(study), "--skip-preflight", "a wiring test")[0] == 0
+    reg = Registry(study)
+    plain, ctrl = reg.list(kind="baseline")
+    assert _cli(capsys, "eval", reg.list(kind="train")[0].id, "--study", str(study))[0] == 0
+    cand = reg.list(kind="eval")[0].id
+    code, out = _cli(capsys, "compare", cand, "--against", ctrl.id, "--study", str(study))
+    assert code in (0, 3), out
+    cmp = read_json(study / "runs" / Registry(study).list(kind="compare")[0].id / "compare.json")
+    assert cmp["baseline"] == ctrl.id and cmp["judged_control"]["run"] == ctrl.id
+    assert cmp["judged_control"]["why"].startswith(f"--against {ctrl.id} (2-shot prompt): the control named, not the")
+    assert (
+        "hypothesis.success.against: baseline is judged by `tuneproof compare RUN` without --against"
+        in (cmp["judged_control"]["why"])
+    )
+    (entry,) = cmp["candidates"].values()
+    assert f"{ctrl.id} (2-shot prompt) is a control, not the plain baseline: the guards are judged against it" in (
+        " ".join(entry["notes"])
+    )
+    assert set(entry["controls"]) == {plain.id, ctrl.id}

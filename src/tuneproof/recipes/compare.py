@@ -179,6 +179,11 @@ def run_compare(
             check_same_base(ctx, base_rec, rec)
             if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
                 notes.append(f"data fingerprint of {rec.id} differs from the baseline's")
+            if control_kind(base_rec) is not None:  # never the verdict either (tuneproof.deliver.headline)
+                notes.append(
+                    f"{base_rec.id} ({control_label(base_rec)}) is a control, not the plain baseline: the guards are "
+                    "judged against it here; the verdict of the hypothesis is `tuneproof compare RUN` without --against"
+                )
             if base_rec.kind != "baseline":  # never the verdict (tuneproof.deliver.headline)
                 notes.append(
                     f"{base_rec.id} ({base_rec.kind} run) is not a baseline: this compares two candidates; the "
@@ -266,6 +271,11 @@ def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[lis
     """
     setting = (judging.primary.get("success") or {}).get("against", hyp.AGAINST_DEFAULT)
     judged_id, why = base_rec.id, "hypothesis.success.against: baseline"
+    if control_kind(base_rec) is not None:  # `--against` a few-shot control: not the plain baseline the key means
+        why = (
+            f"--against {base_rec.id} ({control_label(base_rec)}): the control named, not the verdict of the "
+            "hypothesis (hypothesis.success.against: baseline is judged by `tuneproof compare RUN` without --against)"
+        )
     if setting == "strongest":
         named = judging.against_control if judging.frozen is not None else None
         if named is None and judging.frozen is None:

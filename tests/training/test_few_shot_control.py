@@ -177,3 +177,25 @@ def test_compare_against_a_few_shot_control_says_it_is_not_the_verdict(tmp_path,
         " ".join(entry["notes"])
     )
     assert set(entry["controls"]) == {plain.id, ctrl.id}
+    comp = Registry(study).list(kind="compare")[0].id
+    code, out = _cli(capsys, "compare", cand, "--against", comp, "--study", str(study))
+    flat = " ".join(out.split())
+    assert code == 2, (
+        out
+    )  # was "r0006 is incomplete: ... has no eval.json" and "`tuneproof eval r0002` evaluates again"
+    assert f"run {comp} is a compare run; compare takes baseline/eval runs" in flat and "eval.json" not in flat
+    assert len(Registry(study).list(kind="compare")) == 1
+
+
+def test_an_interrupted_few_shot_control_is_run_again_with_its_k(tmp_path):
+    from tuneproof.errors import CheckFailed
+    from tuneproof.evaluation.outputs import check_complete
+
+    rec = SimpleNamespace(id="r0009", kind="baseline", status="interrupted", reason="SIGTERM", summary={"few_shot": 3})
+    with pytest.raises(CheckFailed) as err:
+        check_complete(SimpleNamespace(runs_dir=tmp_path), rec)
+    assert err.value.hint.startswith("`tuneproof baseline --few-shot 3` evaluates again")
+    plain = SimpleNamespace(id="r0002", kind="baseline", status="failed", reason="", summary={})
+    with pytest.raises(CheckFailed) as err:
+        check_complete(SimpleNamespace(runs_dir=tmp_path), plain)
+    assert err.value.hint.startswith("`tuneproof baseline` evaluates again")

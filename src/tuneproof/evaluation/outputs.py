@@ -49,8 +49,9 @@ class EvalProgress:
 
 
 def _redo(rec) -> str:
-    if rec.kind == "baseline":
-        return "`tuneproof baseline`"
+    if rec.kind == "baseline":  # a few-shot control is run again as itself (summary ``few_shot``: K)
+        k = (getattr(rec, "summary", None) or {}).get("few_shot")
+        return f"`tuneproof baseline --few-shot {k}`" if k else "`tuneproof baseline`"
     if rec.kind == "test":
         return f"`tuneproof test {rec.parent or 'base'}`"
     return f"`tuneproof eval {rec.parent or 'TRAIN_RUN'}`"

@@ -66,7 +66,8 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
             )
         return evals[-1].id
     raise TuneproofError(
-        f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)"
+        f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)",
+        hint="name a baseline or eval run (`tuneproof runs` lists them with their kind)",
     )
 
 
@@ -151,6 +152,8 @@ def run_compare(
         if latest is None:
             raise TuneproofError("no completed baseline run", hint="run `tuneproof baseline` first")
         against = latest.id
+    else:  # --against: an evaluation (a train run: its latest eval), never a compare or data-check run
+        against = resolve_candidate(ctx, against)
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     cand_ids = [resolve_candidate(ctx, c) for c in candidates]
     for rid in [against, *cand_ids]:  # an interrupted, incomplete or hand-edited evaluation record is never judged

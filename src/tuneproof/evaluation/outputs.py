@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.noise import NOISE_JSON, read_noise
 from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
 
 OUTPUTS = "outputs.jsonl"
@@ -176,7 +177,8 @@ def check_all(registry) -> int:
     (no verdict uses them, and the dossier lists them with their reason); returns how many.
 
     Raises:
-        TuneproofError: the first changed file (see :func:`check_outputs`), outputs on ``eval.sets`` included.
+        TuneproofError: the first changed file (see :func:`check_outputs`), outputs on ``eval.sets`` and a
+            ``noise.json`` (:func:`tuneproof.evaluation.noise.read_noise`) included.
     """
     n = 0
     for rec in registry.list():
@@ -185,6 +187,8 @@ def check_all(registry) -> int:
         path = registry.runs_dir / rec.id / OUTPUTS
         if path.exists() and check_outputs(path, rec) is not None:
             n += 1
+        if (registry.runs_dir / rec.id / NOISE_JSON).exists():  # a missing one: the dossier's missing evidence
+            read_noise(registry.runs_dir / rec.id, rec)  # the noise floor as the run recorded it (eval.repeat)
         for name, want in sorted(((rec.summary or {}).get(SET_OUTPUTS_KEY) or {}).items()):
             spath = set_outputs_path(registry.runs_dir / rec.id, name)  # a missing one: the dossier's INCOMPLETE
             if spath.exists() and (found := sha256_file(spath)) != want:

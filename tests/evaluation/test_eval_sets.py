@@ -360,6 +360,31 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
     with pytest.raises(TuneproofError, match="outputs on eval.sets 'held' were edited"):
         check_all(ctx.registry)
     held_out.write_bytes(kept)
+    # export: the bundle ships both runs' outputs on each set, and its claims check judges the set guards on them
+    # (was: recomputed without them, the set guards 'not measurable', so every export of such a study failed)
+    from tuneproof.deliver.claims import check_claims
+    from tuneproof.recipes.export import run_export
+
+    general_kept = (study / "general.jsonl").read_bytes()
+    (study / "general.jsonl").write_text("".join(json.dumps({"q": t}) + "\n" for t in GENERAL))
+    ctx3 = StudyContext.open(study)
+    run_export(ctx3, train)
+    bundle = study / "exports" / train
+    shipped = bundle / "results" / "sets" / "general"
+    assert [json.loads(x) for x in (shipped / "outputs.jsonl").read_text().splitlines()] == cand_rows
+    assert [json.loads(x) for x in (shipped / "baseline_outputs.jsonl").read_text().splitlines()] == base_rows
+    man = json.loads((bundle / "manifest.json").read_text())
+    assert "results/sets/general/outputs.jsonl" in man["files"]
+    assert check_claims(bundle, man) == []
+    (shipped / "outputs.jsonl").write_text("".join(json.dumps({**r, "prediction": "zz"}) + "\n" for r in cand_rows))
+    (shipped / "baseline_outputs.jsonl").write_text(
+        "".join(json.dumps({**r, "prediction": "zz"}) + "\n" for r in base_rows)
+    )
+    problems = check_claims(bundle, man)  # agreement with the base now 5 of 5
+    assert agree < 5
+    assert f"comparison.verdicts[2].cand: manifest claims {agree / 5!r}, recomputed 1.0" in problems, problems
+    ctx3.registry.close()
+    (study / "general.jsonl").write_bytes(general_kept)
     # a removed set output: the candidate is incomplete and never judged; the dossier says INCOMPLETE
     (ctx.registry.runs_dir / eval_id / "sets" / "general" / "outputs.jsonl").unlink()
     with pytest.raises(CheckFailed, match=r"incomplete: sets/general/outputs.jsonl .* is missing"):

@@ -43,7 +43,7 @@ from tuneproof.models.quant import quantization_record, require_bitsandbytes
 from tuneproof.registry import Registry
 from tuneproof.storage import attach as attach_storage
 from tuneproof.study import STUDY_FILE, ChatData, Study, read_study, resolved_config, validate_study
-from tuneproof.tasks import check_hypothesis_metrics
+from tuneproof.tasks import check_hypothesis_metrics, check_set_references
 from tuneproof.tracking import attach
 from tuneproof.ui import console, heartbeat
 
@@ -218,7 +218,12 @@ class StudyContext:
         it has none."""
         if self.study.eval.sets:
             self.modality  # noqa: B018 - refuses a set in a format the model's modality does not read
-        return load_eval_sets(self.study, self.study_dir, self.data_root)
+        sets = load_eval_sets(self.study, self.study_dir, self.data_root)
+        # a reference the task's scorer refuses is refused here, not first by compare after the runs
+        check_set_references(
+            self.task, sets, self.study.hypothesis.required_fields, self.study.eval, self.study_dir / STUDY_FILE
+        )
+        return sets
 
     # ------------------------------------------------------------------ model
     @cached_property

@@ -333,3 +333,30 @@ def test_an_edited_noise_json_is_refused(tmp_path):
     (tmp_path / "noise.json").unlink()
     with pytest.raises(TuneproofError, match="missing; run r0002 recorded 3 evaluation repeats"):
         read_noise(tmp_path, rec)
+
+
+def test_the_dossier_refuses_an_edited_noise_json_as_it_refuses_edited_outputs(tmp_path):
+    """``report`` (``check_all``) checked outputs.jsonl and the eval.sets outputs but not noise.json: a dossier
+    was written from a noise record edited after its run (its floor hidden), where compare refuses it."""
+    from types import SimpleNamespace
+
+    from tuneproof.errors import TuneproofError
+    from tuneproof.evaluation.outputs import check_all
+    from tuneproof.io import sha256_file, write_json
+
+    (tmp_path / "r0002").mkdir()
+    write_json(tmp_path / "r0002" / "noise.json", {"repeats": 3, "metrics": {"accuracy": {"spread": 0.05}}})
+    rec = SimpleNamespace(
+        id="r0002",
+        status="completed",
+        summary={"noise_sha256": sha256_file(tmp_path / "r0002" / "noise.json"), "eval_repeats": 3},
+    )
+    reg = SimpleNamespace(runs_dir=tmp_path, list=lambda: [rec])
+    assert check_all(reg) == 0  # no outputs.jsonl with a hash here; the noise record as written
+    write_json(tmp_path / "r0002" / "noise.json", {"repeats": 3, "metrics": {"accuracy": {"spread": 0.0}}})
+    with pytest.raises(
+        TuneproofError, match=r"r0002/noise.json: sha256 [0-9a-f]{64} differs from [0-9a-f]{64} recorded"
+    ):
+        check_all(reg)
+    rec.status = "invalid"  # an invalidated run is no evidence: not read
+    assert check_all(reg) == 0

@@ -140,6 +140,21 @@ def tiny_base(tmp_path_factory):
     return build_base(tmp_path_factory.mktemp("tiny-llama"))
 
 
+def test_compare_names_the_set_whose_recorded_reference_the_scorer_refuses():
+    refs = ['{"intent": "Sky"}', "Color"]
+    with pytest.raises(TuneproofError) as err:
+        compare_set(
+            "held",
+            _rows(refs, refs),
+            _rows(refs, refs),
+            "extraction",
+            required_fields=None,
+            eval_cfg=None,
+            iterations=10,
+        )
+    assert err.value.message.startswith("eval.sets 'held': example g1: the reference is not a strict JSON object")
+
+
 def _set_file(folder: Path, name: str = "general.jsonl", refs: bool = False) -> None:
     rows = [{"q": t, **({"a": "{}"} if refs else {})} for t in GENERAL]
     (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -201,6 +216,30 @@ def test_an_empty_set_is_refused(tmp_path, tiny_base):
     with pytest.raises(TuneproofError) as err:
         StudyContext.open(study).eval_sets  # noqa: B018
     assert "eval.sets[0] ('general')" in err.value.message
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "chat"])
+def test_a_reference_the_task_refuses_is_refused_before_any_run(tmp_path, tiny_base, capsys, fmt):
+    """An extraction study's set reference that is not strict JSON was accepted by data check, baseline and eval,
+    and first refused by compare (naming no set, its hint sent back to the data check that had passed)."""
+    study = make_study(tmp_path / "s", tiny_base, prepare=False)
+    if fmt == "chat":
+        turns = [("alpha beta", '{"intent": "Sky", "slots": {}}'), ("red blue", "Color")]
+        rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in turns]
+        spec = {"name": "held", "path": "held.jsonl", "format": "chat", "fields": {"text": "text"}}
+    else:
+        rows = [{"q": "alpha beta", "a": '{"intent": "Sky", "slots": {}}'}, {"q": "red blue", "a": "Color"}]
+        spec = {"name": "held", "path": "held.jsonl", "format": "jsonl", "fields": {"text": "q", "target": "a"}}
+    (study / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _with_sets(study, [GENERAL_SET, spec])
+    _set_file(study)
+    for args in (["data", "check"], ["baseline", "--skip-data-check", "test"]):
+        code, out = _exit([*args, "--study", str(study)], capsys)
+        flat = " ".join(out.split())
+        assert code == 2, out
+        assert "eval.sets[1] ('held'): example held:2: the reference is not a strict JSON object" in flat, out
+        assert "Traceback" not in out
+    assert not (study / "runs").exists() or not any((study / "runs").iterdir())
 
 
 def test_sets_are_read_by_the_data_readers_with_or_without_references(tmp_path, tiny_base):
@@ -321,6 +360,31 @@ def test_baseline_and_eval_write_the_sets_and_compare_judges_them(tmp_path, tiny
     with pytest.raises(TuneproofError, match="outputs on eval.sets 'held' were edited"):
         check_all(ctx.registry)
     held_out.write_bytes(kept)
+    # export: the bundle ships both runs' outputs on each set, and its claims check judges the set guards on them
+    # (was: recomputed without them, the set guards 'not measurable', so every export of such a study failed)
+    from tuneproof.deliver.claims import check_claims
+    from tuneproof.recipes.export import run_export
+
+    general_kept = (study / "general.jsonl").read_bytes()
+    (study / "general.jsonl").write_text("".join(json.dumps({"q": t}) + "\n" for t in GENERAL))
+    ctx3 = StudyContext.open(study)
+    run_export(ctx3, train)
+    bundle = study / "exports" / train
+    shipped = bundle / "results" / "sets" / "general"
+    assert [json.loads(x) for x in (shipped / "outputs.jsonl").read_text().splitlines()] == cand_rows
+    assert [json.loads(x) for x in (shipped / "baseline_outputs.jsonl").read_text().splitlines()] == base_rows
+    man = json.loads((bundle / "manifest.json").read_text())
+    assert "results/sets/general/outputs.jsonl" in man["files"]
+    assert check_claims(bundle, man) == []
+    (shipped / "outputs.jsonl").write_text("".join(json.dumps({**r, "prediction": "zz"}) + "\n" for r in cand_rows))
+    (shipped / "baseline_outputs.jsonl").write_text(
+        "".join(json.dumps({**r, "prediction": "zz"}) + "\n" for r in base_rows)
+    )
+    problems = check_claims(bundle, man)  # agreement with the base now 5 of 5
+    assert agree < 5
+    assert f"comparison.verdicts[2].cand: manifest claims {agree / 5!r}, recomputed 1.0" in problems, problems
+    ctx3.registry.close()
+    (study / "general.jsonl").write_bytes(general_kept)
     # a removed set output: the candidate is incomplete and never judged; the dossier says INCOMPLETE
     (ctx.registry.runs_dir / eval_id / "sets" / "general" / "outputs.jsonl").unlink()
     with pytest.raises(CheckFailed, match=r"incomplete: sets/general/outputs.jsonl .* is missing"):

@@ -120,3 +120,82 @@ def test_against_strongest_is_chosen_when_the_first_train_run_freezes_the_hypoth
     (entry,) = cmp["candidates"].values()
     assert set(entry["controls"]) == {plain.id, ctrl.id}
     assert "success judged against" in out
+
+
+def test_a_frozen_strongest_control_made_invalid_is_named_with_a_way_out(tmp_path, tiny_base, capsys):
+    """The control ``success.against: strongest`` froze, invalidated later: compare said "r0002 is invalid after all
+    6 examples, before its outputs were recorded; evaluate again" (its outputs were recorded; it was invalidated),
+    and evaluating the base model again changed nothing (a later control is never judged against)."""
+    study = make_study(tmp_path / "s", tiny_base, max_steps=2)
+    cfg = yaml.safe_load((study / "tuneproof.yaml").read_text())
+    cfg["hypothesis"]["success"]["against"] = "strongest"
+    (study / "tuneproof.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert _cli(capsys, "train", "--study", str(study), "--skip-preflight", "a wiring test")[0] == 0
+    reg = Registry(study)
+    judged = read_json(study / FROZEN_FILE)["against"]["run"]
+    assert _cli(capsys, "eval", reg.list(kind="train")[0].id, "--study", str(study))[0] == 0
+    cand = reg.list(kind="eval")[0].id
+    assert _cli(capsys, "invalidate", judged, "--why", "wrong weights", "--study", str(study))[0] == 0
+    assert _cli(capsys, "baseline", "--study", str(study))[0] == 0
+    code, out = _cli(capsys, "compare", cand, "--study", str(study))
+    flat = " ".join(out.split())
+    assert code == 3, out
+    assert (
+        f"hypothesis.frozen.json: success.against: strongest judges the success criterion against baseline "
+        f"(the base model, the study's prompt) {judged}" in flat
+    )
+    assert f"cannot be read: {judged} is invalid (wrong weights" in flat
+    assert "before its outputs were recorded" not in flat and "evaluate again" not in flat
+    assert "--use-edited-hypothesis" in flat
+    assert Registry(study).list(kind="compare") == []  # refused before any compare run
+    code, out = _cli(capsys, "compare", cand, "--against", judged, "--study", str(study))
+    assert code == 3 and f"{judged} is invalid (wrong weights" in " ".join(out.split()), out
+    assert "before its outputs were recorded" not in out
+
+
+def test_compare_against_a_few_shot_control_says_it_is_not_the_verdict(tmp_path, tiny_base, capsys):
+    """``compare --against`` a few-shot control named it "hypothesis.success.against: baseline" and said nothing of
+    the guards being judged against the control (the dossier rightly never takes it for the verdict)."""
+    study = make_study(tmp_path / "s", tiny_base, max_steps=2)
+    assert _cli(capsys, "baseline", "--study", str(study), "--few-shot", "2")[0] == 0
+    assert _cli(capsys, "train", "--study", str(study), "--skip-preflight", "a wiring test")[0] == 0
+    reg = Registry(study)
+    plain, ctrl = reg.list(kind="baseline")
+    assert _cli(capsys, "eval", reg.list(kind="train")[0].id, "--study", str(study))[0] == 0
+    cand = reg.list(kind="eval")[0].id
+    code, out = _cli(capsys, "compare", cand, "--against", ctrl.id, "--study", str(study))
+    assert code in (0, 3), out
+    cmp = read_json(study / "runs" / Registry(study).list(kind="compare")[0].id / "compare.json")
+    assert cmp["baseline"] == ctrl.id and cmp["judged_control"]["run"] == ctrl.id
+    assert cmp["judged_control"]["why"].startswith(f"--against {ctrl.id} (2-shot prompt): the control named, not the")
+    assert (
+        "hypothesis.success.against: baseline is judged by `tuneproof compare RUN` without --against"
+        in (cmp["judged_control"]["why"])
+    )
+    (entry,) = cmp["candidates"].values()
+    assert f"{ctrl.id} (2-shot prompt) is a control, not the plain baseline: the guards are judged against it" in (
+        " ".join(entry["notes"])
+    )
+    assert set(entry["controls"]) == {plain.id, ctrl.id}
+    comp = Registry(study).list(kind="compare")[0].id
+    code, out = _cli(capsys, "compare", cand, "--against", comp, "--study", str(study))
+    flat = " ".join(out.split())
+    assert code == 2, (
+        out
+    )  # was "r0006 is incomplete: ... has no eval.json" and "`tuneproof eval r0002` evaluates again"
+    assert f"run {comp} is a compare run; compare takes baseline/eval runs" in flat and "eval.json" not in flat
+    assert len(Registry(study).list(kind="compare")) == 1
+
+
+def test_an_interrupted_few_shot_control_is_run_again_with_its_k(tmp_path):
+    from tuneproof.errors import CheckFailed
+    from tuneproof.evaluation.outputs import check_complete
+
+    rec = SimpleNamespace(id="r0009", kind="baseline", status="interrupted", reason="SIGTERM", summary={"few_shot": 3})
+    with pytest.raises(CheckFailed) as err:
+        check_complete(SimpleNamespace(runs_dir=tmp_path), rec)
+    assert err.value.hint.startswith("`tuneproof baseline --few-shot 3` evaluates again")
+    plain = SimpleNamespace(id="r0002", kind="baseline", status="failed", reason="", summary={})
+    with pytest.raises(CheckFailed) as err:
+        check_complete(SimpleNamespace(runs_dir=tmp_path), plain)
+    assert err.value.hint.startswith("`tuneproof baseline` evaluates again")

@@ -10,7 +10,8 @@ Layout of ``exports/<train run>/``::
     model/                 # instead of adapter/ for full fine-tuning
     merged/                # with --merge: base + adapter merged, safetensors
     results/               # compare.json, eval.json, limits.json of the exported run; outputs.jsonl and
-                           # baseline_outputs.jsonl (the per-example outputs the claims are recomputed from)
+                           # baseline_outputs.jsonl (the per-example outputs the claims are recomputed from);
+                           # sets/<name>/ the same two on each eval.sets entry the set guards were judged on
     verify/examples.jsonl  # K stored inputs with the predictions (and logits) verify must reproduce
 
 Nothing here imports torch.

@@ -27,6 +27,7 @@ from typing import Any
 from tuneproof import hypothesis as hyp
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.evaluation.compare import judge, overall_verdict, paired_compare
+from tuneproof.evaluation.eval_sets import compare_set
 from tuneproof.evaluation.metrics import score
 from tuneproof.io import read_json, read_jsonl
 from tuneproof.study import Eval
@@ -34,6 +35,11 @@ from tuneproof.study import Eval
 OUTPUTS = "results/outputs.jsonl"
 BASELINE_OUTPUTS = "results/baseline_outputs.jsonl"
 TRAIN_METRICS = "results/train_metrics.jsonl"
+#: the outputs on ``eval.sets`` the comparison judged its set guards on: ``results/sets/<name>/{SET_OUTPUTS,
+#: BASELINE_SET_OUTPUTS}`` (the candidate's and the baseline's rows, docs/eval-sets.md)
+SETS_DIR = "sets"
+SET_OUTPUTS = "outputs.jsonl"
+BASELINE_SET_OUTPUTS = "baseline_outputs.jsonl"
 REL_TOL = 1e-9
 LOG_TOL = 1e-6  # metrics.jsonl stores losses rounded to 6 decimals
 
@@ -85,6 +91,29 @@ def differences(claimed: Any, recomputed: Any, path: str, *, rel: float = REL_TO
 
 def _eval(section: dict[str, Any], fmt: dict[str, Any] | None = None):
     return Eval.model_validate({**(section or {}), **(fmt or {})})
+
+
+def _bundle_sets(bundle: Path, task: Any, required_fields: Any, ev: Eval, labels: Any) -> dict[str, dict] | None:
+    """The comparison on each ``eval.sets`` entry the bundle ships outputs of (``results/sets/<name>/``), by the
+    code compare used (:func:`tuneproof.evaluation.eval_sets.compare_set`); None when it ships none."""
+    root = Path(bundle) / "results" / SETS_DIR
+    names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not names:
+        return None
+    return {
+        name: compare_set(
+            name,
+            read_jsonl(root / name / BASELINE_SET_OUTPUTS),
+            read_jsonl(root / name / SET_OUTPUTS),
+            task,
+            required_fields=required_fields,
+            eval_cfg=ev,
+            iterations=ev.bootstrap_iterations,
+            seed=ev.seed,
+            labels=labels,
+        )
+        for name in names
+    }
 
 
 def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
@@ -149,6 +178,7 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                     seed=ev.seed,
                     labels=labels,
                     noise=sc.get("noise"),  # the noise floors the verdict was judged above (None: not measured)
+                    sets=_bundle_sets(bundle, task, sw.get("required_fields"), ev, labels),  # set guards judged on
                 )
             )
             problems += differences(
@@ -176,6 +206,7 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                             seed=ev2.seed,
                             labels=labels,
                             noise=sc.get("noise"),
+                            sets=_bundle_sets(bundle, task, view.get("required_fields"), ev2, labels),
                         )
                     )
                 else:

@@ -164,7 +164,8 @@ def compare_set(
         "cand"}] (the first :data:`DISAGREEMENTS_SHOWN`), "disagreeing": how many}``.
 
     Raises:
-        TuneproofError: the runs hold other ids or other references on the set (another version of it).
+        TuneproofError: the runs hold other ids or other references on the set (another version of it), or a
+            reference the task's scorer refuses (names the set and the example).
     """
     base_by = {str(r.get("id")): r for r in base_rows}
     cand_by = {str(r.get("id")): r for r in cand_rows}
@@ -182,16 +183,23 @@ def compare_set(
     if refs:
         if labels is not None:  # a reference outside the study's labels is one more class, not a fault
             labels = list(dict.fromkeys([*labels, *(str(r["reference"]).strip() for r in base)]))
-        paired = paired_compare(
-            base,
-            cand,
-            task,
-            required_fields=required_fields,
-            eval_cfg=eval_cfg,
-            iterations=iterations,
-            seed=seed,
-            labels=labels,
-        )
+        try:
+            paired = paired_compare(
+                base,
+                cand,
+                task,
+                required_fields=required_fields,
+                eval_cfg=eval_cfg,
+                iterations=iterations,
+                seed=seed,
+                labels=labels,
+            )
+        except TuneproofError as err:  # a reference the task's scorer refuses: name the set it came from
+            raise TuneproofError(
+                f"eval.sets '{name}': {err.message}",
+                hint="fix the set's reference (`tuneproof data check` names its file and key), then evaluate "
+                "the baseline and the candidate again",
+            ) from None
         metrics = paired["metrics"]
     agree = agreement(base, cand, iterations=iterations, seed=seed)
     differ = [(b, c) for b, c in zip(base, cand) if not same_answer(b.get("prediction"), c.get("prediction"))]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.noise import NOISE_JSON, read_noise
 from tuneproof.io import read_json, read_jsonl, sha256_file, write_json
 
 OUTPUTS = "outputs.jsonl"
@@ -49,8 +50,9 @@ class EvalProgress:
 
 
 def _redo(rec) -> str:
-    if rec.kind == "baseline":
-        return "`tuneproof baseline`"
+    if rec.kind == "baseline":  # a few-shot control is run again as itself (summary ``few_shot``: K)
+        k = (getattr(rec, "summary", None) or {}).get("few_shot")
+        return f"`tuneproof baseline --few-shot {k}`" if k else "`tuneproof baseline`"
     if rec.kind == "test":
         return f"`tuneproof test {rec.parent or 'base'}`"
     return f"`tuneproof eval {rec.parent or 'TRAIN_RUN'}`"
@@ -73,7 +75,8 @@ def check_complete(registry, rec) -> None:
     except TuneproofError:
         prog = None
     where = ""
-    if isinstance(prog, dict) and isinstance(prog.get("done"), int) and isinstance(prog.get("n"), int):
+    stopped = rec.status in ("interrupted", "failed", "running")  # where a run invalidated later stopped is moot
+    if stopped and isinstance(prog, dict) and isinstance(prog.get("done"), int) and isinstance(prog.get("n"), int):
         where = (
             f" after all {prog['n']} examples, before its outputs were recorded"
             if prog["done"] >= prog["n"]
@@ -174,7 +177,8 @@ def check_all(registry) -> int:
     (no verdict uses them, and the dossier lists them with their reason); returns how many.
 
     Raises:
-        TuneproofError: the first changed file (see :func:`check_outputs`), outputs on ``eval.sets`` included.
+        TuneproofError: the first changed file (see :func:`check_outputs`), outputs on ``eval.sets`` and a
+            ``noise.json`` (:func:`tuneproof.evaluation.noise.read_noise`) included.
     """
     n = 0
     for rec in registry.list():
@@ -183,6 +187,8 @@ def check_all(registry) -> int:
         path = registry.runs_dir / rec.id / OUTPUTS
         if path.exists() and check_outputs(path, rec) is not None:
             n += 1
+        if (registry.runs_dir / rec.id / NOISE_JSON).exists():  # a missing one: the dossier's missing evidence
+            read_noise(registry.runs_dir / rec.id, rec)  # the noise floor as the run recorded it (eval.repeat)
         for name, want in sorted(((rec.summary or {}).get(SET_OUTPUTS_KEY) or {}).items()):
             spath = set_outputs_path(registry.runs_dir / rec.id, name)  # a missing one: the dossier's INCOMPLETE
             if spath.exists() and (found := sha256_file(spath)) != want:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tuneproof import hypothesis as hyp
 from tuneproof.context import StudyContext
-from tuneproof.errors import TuneproofError
+from tuneproof.errors import CheckFailed, TuneproofError
 from tuneproof.evaluation.compare import paired_compare
 from tuneproof.evaluation.controls import (
     control_block,
@@ -66,7 +66,8 @@ def resolve_candidate(ctx: StudyContext, run_id: str) -> str:
             )
         return evals[-1].id
     raise TuneproofError(
-        f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)"
+        f"run {rec.id} is a {rec.kind} run; compare takes baseline/eval runs (or a train run with an eval)",
+        hint="name a baseline or eval run (`tuneproof runs` lists them with their kind)",
     )
 
 
@@ -151,6 +152,8 @@ def run_compare(
         if latest is None:
             raise TuneproofError("no completed baseline run", hint="run `tuneproof baseline` first")
         against = latest.id
+    else:  # --against: an evaluation (a train run: its latest eval), never a compare or data-check run
+        against = resolve_candidate(ctx, against)
     judging = hyp.resolve(ctx.study_dir, ctx.study, ctx.registry, use_edited_hypothesis)
     cand_ids = [resolve_candidate(ctx, c) for c in candidates]
     for rid in [against, *cand_ids]:  # an interrupted, incomplete or hand-edited evaluation record is never judged
@@ -179,6 +182,11 @@ def run_compare(
             check_same_base(ctx, base_rec, rec)
             if rec.data_fingerprint and base_rec.data_fingerprint and rec.data_fingerprint != base_rec.data_fingerprint:
                 notes.append(f"data fingerprint of {rec.id} differs from the baseline's")
+            if control_kind(base_rec) is not None:  # never the verdict either (tuneproof.deliver.headline)
+                notes.append(
+                    f"{base_rec.id} ({control_label(base_rec)}) is a control, not the plain baseline: the guards are "
+                    "judged against it here; the verdict of the hypothesis is `tuneproof compare RUN` without --against"
+                )
             if base_rec.kind != "baseline":  # never the verdict (tuneproof.deliver.headline)
                 notes.append(
                     f"{base_rec.id} ({base_rec.kind} run) is not a baseline: this compares two candidates; the "
@@ -266,6 +274,11 @@ def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[lis
     """
     setting = (judging.primary.get("success") or {}).get("against", hyp.AGAINST_DEFAULT)
     judged_id, why = base_rec.id, "hypothesis.success.against: baseline"
+    if control_kind(base_rec) is not None:  # `--against` a few-shot control: not the plain baseline the key means
+        why = (
+            f"--against {base_rec.id} ({control_label(base_rec)}): the control named, not the verdict of the "
+            "hypothesis (hypothesis.success.against: baseline is judged by `tuneproof compare RUN` without --against)"
+        )
     if setting == "strongest":
         named = judging.against_control if judging.frozen is not None else None
         if named is None and judging.frozen is None:
@@ -276,6 +289,8 @@ def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[lis
             when = "chosen when the hypothesis was frozen"
         if named and named.get("run"):
             judged_id = ctx.registry.get(named["run"]).id
+            if judging.frozen is not None:
+                _check_frozen_control(ctx, judged_id, named)
             why = (
                 f"hypothesis.success.against: strongest: {named.get('label')} {judged_id} "
                 f"({named.get('metric')} {named.get('value')}), {when}"
@@ -295,6 +310,28 @@ def _controls(ctx: StudyContext, base_rec, base_efp: dict, judging) -> tuple[lis
         check_complete(ctx.registry, ctx.registry.check_record(rec.id))
         out.append((rec, load_outputs(ctx, rec.id)[1]))
     return out, judged_id, why
+
+
+def _check_frozen_control(ctx: StudyContext, run_id: str, named: dict) -> None:
+    """The control the frozen hypothesis judges the success criterion against (``success.against: strongest``)
+    is still a completed evaluation. Evaluating the base model again never replaces it (a control evaluated later
+    is never judged against), so "evaluate again" is no way out: the message names the frozen choice and the two
+    that are.
+
+    Raises:
+        CheckFailed: (exit 3) the run is no longer completed (invalidated, its record or outputs missing or
+            edited), naming it, ``hypothesis.frozen.json`` and what to do.
+    """
+    try:
+        check_complete(ctx.registry, ctx.registry.check_record(run_id))
+    except TuneproofError as err:
+        raise CheckFailed(
+            f"hypothesis.frozen.json: success.against: strongest judges the success criterion against "
+            f"{named.get('label')} {run_id} ({named.get('metric')} {named.get('value')}, chosen when the hypothesis "
+            f"was frozen), and it cannot be read: {err.message.removesuffix('; evaluate again')}",
+            hint=f"restore {run_id}'s folder as recorded; or judge with the study file's hypothesis set to "
+            "success.against: baseline (`tuneproof compare RUN --use-edited-hypothesis REASON`, recorded)",
+        ) from None
 
 
 def _against_controls(

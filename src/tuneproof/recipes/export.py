@@ -76,9 +76,11 @@ from tuneproof.deliver.bundle_verification import (
     verify_in_fresh_process,
 )
 from tuneproof.deliver.card import model_card
+from tuneproof.deliver.claims import BASELINE_SET_OUTPUTS, SET_OUTPUTS, SETS_DIR
 from tuneproof.deliver.headline import against_baseline
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.errors import CheckFailed, TuneproofError
+from tuneproof.evaluation.eval_sets import read_set_outputs
 from tuneproof.evaluation.outputs import check_complete, check_outputs, read_outputs
 from tuneproof.evaluation.trained_run import check_base, check_tokenizer, check_trained_weights, trained_base_weights
 from tuneproof.io import SCHEMA_VERSION, Held, atomic_write_text, exclusive_lock, read_json, write_json, write_jsonl
@@ -379,6 +381,11 @@ def build_bundle(
         bpath = ctx.registry.runs_dir / brec.id / "outputs.jsonl"
         check_outputs(bpath, brec)
         shutil.copy2(bpath, results / "baseline_outputs.jsonl")
+        # the outputs on eval.sets the comparison judged its set guards on (sha256 checked), for the claims check
+        for name in sorted((entry or {}).get("sets") or {}):
+            for rec_, file in ((brec, BASELINE_SET_OUTPUTS), (ev, SET_OUTPUTS)):
+                rows = read_set_outputs(ctx.registry.runs_dir, rec_, name)
+                write_jsonl(results / SETS_DIR / name / file, rows)
 
     # the K stored examples and the bundle's own predictions on them (CPU, fp32, greedy)
     if outputs:

@@ -28,6 +28,7 @@ __all__ = [
     "Task",
     "TaskConfig",
     "check_hypothesis_metrics",
+    "check_set_references",
     "get_task",
     "metric_names",
     "task_config",
@@ -46,6 +47,46 @@ def get_task(name: str) -> Task:
         raise TuneproofError(
             f"hypothesis.task: unknown task kind '{name}'", hint=f"use one of {', '.join(TASKS)}"
         ) from None
+
+
+def check_set_references(
+    task: str,
+    sets: Sequence[Any],
+    required_fields: Sequence[str] | None = None,
+    eval_cfg: Any = None,
+    where: Path | str = STUDY_FILE,
+) -> None:
+    """Every reference of an ``eval.sets`` entry with references (``fields.target``) is one the task kind's
+    scorer accepts, checked before any run: ``compare`` scores a set with references by the study's task kind
+    (docs/eval-sets.md), and a reference it refuses (an extraction target that is not strict JSON) would only
+    surface there, after baseline and eval had generated the set. Each reference is scored as its own
+    prediction with the scorer ``compare`` uses (``required_fields``, ``eval_cfg``; a set's classes are its
+    references', as compare adds them).
+
+    Args:
+        task: ``hypothesis.task``.
+        sets: :class:`tuneproof.data.eval_sets.EvalSetData` entries (``key``, ``name``, ``examples``,
+            ``has_references``); a set without references is not read.
+
+    Raises:
+        TuneproofError: (exit 2) names the study file, ``eval.sets[i]`` and the scorer's own message (the
+            example id), with what to do.
+    """
+    kind = get_task(task)
+    for s in sets:
+        if not s.has_references:
+            continue
+        rows = [{"id": e.id, "reference": e.target, "prediction": e.target} for e in s.examples]
+        labels = kind.label_set(s.examples) if kind.has_label_set else None
+        try:
+            kind.score(rows, TaskConfig.make(required_fields, eval_cfg, labels))
+        except TuneproofError as err:
+            raise TuneproofError(
+                f"{where}: {s.key}: {err.message}",
+                hint=f"fix that reference in the set's file (a chat set's is its final assistant turn), or leave "
+                f"{s.key.split(' ')[0]}.fields.target out and judge the set by agreement: compare scores a set "
+                f"with references as hypothesis.task '{task}' does",
+            ) from None
 
 
 def task_config(ctx: Any, *, required_fields: Any = None, eval_cfg: Any = None, examples: Any = None) -> TaskConfig:

@@ -143,6 +143,7 @@ def test_a_comparison_carries_its_deltas_intervals_and_verdict(tmp_path, base, s
         "hypothesis.task",
         "hypothesis.success.metric",
         "hypothesis.success.min_gain",
+        "hypothesis.success.against",
         "hypothesis.guards",
         "hypothesis.required_fields",
     }

@@ -219,3 +219,31 @@ def test_a_comparison_against_a_control_named_with_against_is_no_verdict_and_sai
     summary = md.split("## Summary")[1].split("\n## ")[0]
     assert f"comparison {first}: {cand} vs {ctrl} (5-shot prompt, a control named with --against)" in summary
     assert "verdict: none yet" in summary  # only a comparison with the baseline gives the verdict
+
+
+def test_the_bundle_claims_recompute_the_verdict_against_the_frozen_control(tmp_path):
+    import shutil
+
+    from tuneproof.deliver.claims import CONTROL_OUTPUTS, _against_control
+    from tuneproof.io import read_jsonl
+    from tuneproof.recipes.export import _judged_control
+
+    d, reg, base, ctrl, cand = _planted(tmp_path, "strongest")
+    reg.close()
+    ctx = StudyContext.open(d)
+    cid = run_compare(ctx, [cand])
+    entry = read_json(d / "runs" / cid / "compare.json")["candidates"][cand]
+    control = _judged_control(entry)  # what export records in the manifest's scoring
+    assert control == {"run": ctrl, "label": "5-shot prompt", "noise": None}
+    bundle = tmp_path / "bundle"
+    (bundle / "results").mkdir(parents=True)
+    view = hyp.resolve(d, ctx.study, ctx.registry).primary
+    cand_rows = read_jsonl(d / "runs" / cand / "outputs.jsonl")
+    args = (control, cand_rows, ctx.task, view, ctx.study.eval, None)
+    plain = (entry["verdicts_vs_baseline"], entry["overall_vs_baseline"])
+    # without the control's outputs the claims check keeps the baseline's pass: it differs from the claimed fail
+    assert _against_control(bundle, *args, *plain, base)[1]["verdict"] == "pass"
+    shutil.copy2(d / "runs" / ctrl / "outputs.jsonl", bundle / CONTROL_OUTPUTS)
+    verdicts, overall = _against_control(bundle, *args, *plain, base)
+    assert overall == entry["overall"] and overall["verdict"] == "fail"
+    assert verdicts == entry["verdicts"]

@@ -11,7 +11,8 @@ Layout of ``exports/<train run>/``::
     merged/                # with --merge: base + adapter merged, safetensors
     results/               # compare.json, eval.json, limits.json of the exported run; outputs.jsonl and
                            # baseline_outputs.jsonl (the per-example outputs the claims are recomputed from);
-                           # sets/<name>/ the same two on each eval.sets entry the set guards were judged on
+                           # sets/<name>/ the same two on each eval.sets entry the set guards were judged on;
+                           # control_outputs.jsonl: the control success.against: strongest judged against
     verify/examples.jsonl  # K stored inputs with the predictions (and logits) verify must reproduce
 
 Nothing here imports torch.

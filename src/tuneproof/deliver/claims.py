@@ -27,6 +27,7 @@ from typing import Any
 from tuneproof import hypothesis as hyp
 from tuneproof.deliver.limits import observed_limits
 from tuneproof.evaluation.compare import judge, overall_verdict, paired_compare
+from tuneproof.evaluation.controls import judge_against_control
 from tuneproof.evaluation.eval_sets import compare_set
 from tuneproof.evaluation.metrics import score
 from tuneproof.io import read_json, read_jsonl
@@ -34,6 +35,8 @@ from tuneproof.study import Eval
 
 OUTPUTS = "results/outputs.jsonl"
 BASELINE_OUTPUTS = "results/baseline_outputs.jsonl"
+#: the outputs of the control the success criterion was judged against (hypothesis.success.against: strongest)
+CONTROL_OUTPUTS = "results/control_outputs.jsonl"
 TRAIN_METRICS = "results/train_metrics.jsonl"
 #: the outputs on ``eval.sets`` the comparison judged its set guards on: ``results/sets/<name>/{SET_OUTPUTS,
 #: BASELINE_SET_OUTPUTS}`` (the candidate's and the baseline's rows, docs/eval-sets.md)
@@ -91,6 +94,34 @@ def differences(claimed: Any, recomputed: Any, path: str, *, rel: float = REL_TO
 
 def _eval(section: dict[str, Any], fmt: dict[str, Any] | None = None):
     return Eval.model_validate({**(section or {}), **(fmt or {})})
+
+
+def _against_control(
+    bundle: Path, control: dict, cand: list, task: Any, view: dict, ev: Eval, labels: Any, verdicts, overall, base_id
+) -> tuple[list, dict]:
+    """The verdicts with the success criterion judged again against the control the comparison named
+    (``results/control_outputs.jsonl``, :func:`tuneproof.evaluation.controls.judge_against_control`); a bundle
+    without that file keeps the baseline's verdicts, so the recomputed verdict differs from the claimed one."""
+    path = bundle / CONTROL_OUTPUTS
+    if not path.is_file():
+        return verdicts, overall
+    r_c = paired_compare(
+        read_jsonl(path),
+        cand,
+        task,
+        required_fields=view.get("required_fields"),
+        eval_cfg=ev,
+        hypothesis=hyp.as_hypothesis(view),
+        iterations=ev.bootstrap_iterations,
+        seed=ev.seed,
+        labels=labels,
+        noise=control.get("noise"),
+    )
+    success = next((v for v in r_c.get("verdicts") or [] if v.get("kind") == "success"), None)
+    result = judge_against_control(
+        {"verdicts": verdicts, "overall": overall}, {"success": success}, control["label"], control["run"], base_id
+    )
+    return _plain(result["verdicts"]), _plain(result["overall"])
 
 
 def _bundle_sets(bundle: Path, task: Any, required_fields: Any, ev: Eval, labels: Any) -> dict[str, dict] | None:
@@ -192,6 +223,7 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
             for suffix, view in views:
                 if view is None or comp.get(f"verdict{suffix}") is None:  # not judged (recorded as stale)
                     continue
+                ev2 = ev
                 if hyp.scoring(view) != sw:  # judged under another scoring: score again for it
                     ev2 = _eval(sc.get("eval"), view.get("format"))
                     r2 = _plain(
@@ -213,6 +245,20 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                     r2 = r
                 verdicts = _plain(judge(hyp.as_hypothesis(view), r2))
                 overall = overall_verdict(verdicts)
+                control = sc.get("judged_control")
+                if control is not None and not suffix:  # success.against: strongest named a control (the primary view)
+                    verdicts, overall = _against_control(
+                        bundle,
+                        control,
+                        cand,
+                        task,
+                        view,
+                        ev2,
+                        labels,
+                        verdicts,
+                        overall,
+                        comp.get("baseline_run"),
+                    )
                 problems += differences(comp.get(f"verdict{suffix}"), overall["verdict"], f"comparison.verdict{suffix}")
                 problems += differences(comp.get(f"detail{suffix}"), overall["detail"], f"comparison.detail{suffix}")
                 if not suffix:

@@ -143,6 +143,7 @@ def control_block(rec: Any, result: dict) -> dict:
         "metrics": result.get("metrics"),
         "success": success,
         "overall": result.get("overall"),
+        "noise": result.get("noise"),  # the pair's noise floors the success verdict was judged above (eval.repeat)
     }
 
 

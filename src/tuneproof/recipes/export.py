@@ -272,8 +272,22 @@ def _scoring(ctx: StudyContext, ev, entry: dict | None, judging: hyp.Judging) ->
             "other_view": judging.other,
             "other_name": judging.other_name,
             "noise": (entry or {}).get("noise"),  # both runs' noise floors (eval.repeat), None: not measured
+            # the control the success criterion was judged against when it is not the compared baseline
+            # (hypothesis.success.against: strongest); its outputs ship as results/control_outputs.jsonl
+            "judged_control": _judged_control(entry),
         },
     }
+
+
+def _judged_control(entry: dict | None) -> dict[str, Any] | None:
+    """``{"run", "label", "noise"}`` of the control the recorded comparison judged the success criterion against,
+    when it is another run than the compared baseline (:func:`tuneproof.evaluation.controls.judge_against_control`);
+    None otherwise."""
+    judged = (entry or {}).get("judged_control") or {}
+    block = ((entry or {}).get("controls") or {}).get(judged.get("run") or "")
+    if not judged.get("run") or block is None or not (entry or {}).get("verdicts_vs_baseline"):
+        return None
+    return {"run": judged["run"], "label": judged.get("label") or block.get("label"), "noise": block.get("noise")}
 
 
 def build_bundle(
@@ -381,6 +395,12 @@ def build_bundle(
         bpath = ctx.registry.runs_dir / brec.id / "outputs.jsonl"
         check_outputs(bpath, brec)
         shutil.copy2(bpath, results / "baseline_outputs.jsonl")
+        control = _judged_control(entry)
+        if control is not None:  # the success criterion was judged against this control: the claims check needs it
+            crec = ctx.registry.get(control["run"])
+            cpath = ctx.registry.runs_dir / crec.id / "outputs.jsonl"
+            check_outputs(cpath, crec)
+            shutil.copy2(cpath, results / "control_outputs.jsonl")
         # the outputs on eval.sets the comparison judged its set guards on (sha256 checked), for the claims check
         for name in sorted((entry or {}).get("sets") or {}):
             for rec_, file in ((brec, BASELINE_SET_OUTPUTS), (ev, SET_OUTPUTS)):

@@ -59,6 +59,23 @@ def test_the_draw_is_deterministic_by_seed_and_never_takes_an_excluded_id():
     assert not set(banned) & {s.id for s in got}
 
 
+def test_a_training_example_repeating_an_evaluated_input_is_never_a_shot():
+    train = _train({"alarm": 3, "music": 3})
+    # validation holds the same inputs as alarm-0 and music-1 (a cross-split duplicate; spacing and case aside)
+    evaluated = [
+        Example(id="v0", text="Alarm  request 0", label="alarm", target="alarm", split="validation"),
+        Example(id="v1", text="music request 1", label="music", target="music", split="validation"),
+    ]
+    for seed in range(20):
+        got = {s.id for s in draw_shots(train, 4, seed=seed, exclude=evaluated)}
+        assert len(got) == 4 and not got & {"alarm-0", "music-1"}
+    with pytest.raises(
+        TuneproofError,
+        match="holds 6 examples, 2 of which repeat an evaluated example's input: 4 to draw from, fewer than K=5",
+    ):
+        draw_shots(train, 5, seed=0, exclude=evaluated)
+
+
 def test_unlabelled_examples_are_drawn_by_seed():
     train = [Example(id=f"r{i}", text=f"t{i}", target=f"a{i}") for i in range(10)]
     got = [s.id for s in draw_shots(train, 4, seed=0)]

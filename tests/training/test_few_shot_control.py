@@ -72,8 +72,13 @@ def test_a_few_shot_control_records_its_shots_and_keeps_the_procedure(tmp_path, 
     "k, phrase",
     [
         ("0", "K must be at least 1"),
-        ("30", "the training split holds 24 examples to draw from, fewer than K=30"),
-        ("20", "over the model's context length 128 (config.json max_position_embeddings)"),
+        # 10 of the tiny study's 24 training inputs repeat a validation input: never shown as shots
+        (
+            "30",
+            "the training split holds 24 examples, 10 of which repeat an evaluated example's input: 14 to draw "
+            "from, fewer than K=30",
+        ),
+        ("12", "over the model's context length 128 (config.json max_position_embeddings)"),
     ],
 )
 def test_few_shot_is_refused_before_any_run_where_it_is_undefined(tmp_path, tiny_base, capsys, k, phrase):

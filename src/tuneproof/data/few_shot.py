@@ -25,6 +25,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from tuneproof.data.dedup import normalise
 from tuneproof.data.examples import Example, natural_key
 from tuneproof.errors import TuneproofError
 from tuneproof.study import render_prompt
@@ -35,7 +36,9 @@ FEW_SHOT = "few_shot"
 SHOTS_FILE = "shots.json"
 
 
-def draw_shots(train: Sequence[Example], k: int, seed: int, *, exclude_ids: Sequence[str] = ()) -> list[Example]:
+def draw_shots(
+    train: Sequence[Example], k: int, seed: int, *, exclude_ids: Sequence[str] = (), exclude: Sequence[Example] = ()
+) -> list[Example]:
     """K demonstrations from ``train``, in the order they are shown (see the module docstring for the rule).
 
     Args:
@@ -43,6 +46,10 @@ def draw_shots(train: Sequence[Example], k: int, seed: int, *, exclude_ids: Sequ
         k: how many (>= 1).
         seed: the draw's seed (``eval.seed``).
         exclude_ids: ids never drawn (the evaluated examples' ids: a shot is never an evaluated example).
+        exclude: examples whose input no shot may repeat (the evaluated ones): a training example with the same
+            normalised input (:func:`tuneproof.data.dedup.normalise` of :meth:`Example.dedup_text`; an exact or
+            normalised cross-split duplicate) is never drawn, else the prompt would hand the model that example's
+            answer.
 
     Raises:
         TuneproofError: ``k < 1``, or fewer than ``k`` training examples to draw from.
@@ -50,11 +57,21 @@ def draw_shots(train: Sequence[Example], k: int, seed: int, *, exclude_ids: Sequ
     if k < 1:
         raise TuneproofError(f"--few-shot {k}: K must be at least 1", hint="e.g. --few-shot 5")
     banned = set(map(str, exclude_ids))
-    pool = sorted((e for e in train if str(e.id) not in banned), key=lambda e: natural_key(e.id))
+    seen = {normalise(e.dedup_text()) for e in exclude}
+    pool = sorted(
+        (e for e in train if str(e.id) not in banned and normalise(e.dedup_text()) not in seen),
+        key=lambda e: natural_key(e.id),
+    )
     if len(pool) < k:
+        repeats = sum(1 for e in train if str(e.id) not in banned) - len(pool)
+        held = (
+            f"holds {len(pool) + repeats} examples, {repeats} of which repeat an evaluated example's input: "
+            f"{len(pool)} to draw from"
+            if repeats
+            else f"holds {len(pool)} example{'s' if len(pool) != 1 else ''} to draw from"
+        )
         raise TuneproofError(
-            f"--few-shot {k}: the training split holds {len(pool)} example{'s' if len(pool) != 1 else ''} to draw "
-            f"from, fewer than K={k}",
+            f"--few-shot {k}: the training split {held}, fewer than K={k}",
             hint="lower K, or add training examples (data.split.max_examples caps the train split)",
         )
     rng = random.Random(seed)

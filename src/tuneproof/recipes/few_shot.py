@@ -78,7 +78,7 @@ def prepare_few_shot(ctx: StudyContext, k: int) -> FewShot:
         )
     ev = ctx.study.eval
     evaluated = ctx.eval_examples()
-    shots = draw_shots(ctx.split("train"), k, ev.seed, exclude_ids=[e.id for e in evaluated])
+    shots = draw_shots(ctx.split("train"), k, ev.seed, exclude_ids=[e.id for e in evaluated], exclude=evaluated)
     examples = with_shots(evaluated, shots, ev.prompt.template)
     tok = ctx.tokenizer
 

@@ -764,20 +764,27 @@ def _set_guard(key: str, guard: Any, rule: str, threshold: float | None, compare
     Raises:
         TuneproofError: a task metric the set does not report (names ``hypothesis.guards[i].metric``)."""
     s = (compare_result.get("sets") or {}).get(guard.set)
-    if s is None:  # e.g. the test split's pairing with the base model, or runs paired across procedures
+
+    def verdict_of(values: dict, verdict: str, detail: str) -> dict:
         return {
             "name": f"guard: {guard.metric} on set {guard.set} {rule}",
             "kind": "guard",
             "metric": guard.metric,
             "set": guard.set,
-            **dict.fromkeys(("base", "cand", "delta", "ci")),
+            **{k: values.get(k) for k in ("base", "cand", "delta", "ci")},
             "threshold": threshold,
             "floor": guard.floor,
-            "verdict": "not measurable",
-            "detail": f"not measurable here: this comparison holds no outputs of both runs on eval.sets "
-            f"'{guard.set}' (`tuneproof compare` of a baseline and a candidate evaluated with the study's eval.sets "
-            "judges it)",
+            "verdict": verdict,
+            "detail": detail,
         }
+
+    if s is None:  # e.g. the test split's pairing with the base model, or runs paired across procedures
+        return verdict_of(
+            {},
+            "not measurable",
+            f"not measurable here: this comparison holds no outputs of both runs on eval.sets '{guard.set}' "
+            "(`tuneproof compare` of a baseline and a candidate evaluated with the study's eval.sets judges it)",
+        )
     if guard.metric == "agreement":
         e = s["agreement"]
     else:
@@ -800,17 +807,7 @@ def _set_guard(key: str, guard: Any, rule: str, threshold: float | None, compare
         detail = f"{where}: {guard.metric} {_r(e['base'])} -> {_r(e['cand'])}, " + (
             "; ".join(why) if why else f"delta {_fmt(e['delta'])}, 95% CI {_fmt_ci(e['ci'])}"
         )
-    return {
-        "name": f"guard: {guard.metric} on set {guard.set} {rule}",
-        "kind": "guard",
-        "metric": guard.metric,
-        "set": guard.set,
-        **{k: e.get(k) for k in ("base", "cand", "delta", "ci")},
-        "threshold": threshold,
-        "floor": guard.floor,
-        "verdict": verdict,
-        "detail": detail,
-    }
+    return verdict_of(e, verdict, detail)
 
 
 def _ci01(ci: list | None) -> str:

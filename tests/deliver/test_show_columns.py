@@ -49,3 +49,14 @@ def test_against_a_baseline_shows_its_outputs(monkeypatch):
         "candidate",
     ]
     assert "B1" in out and "P1" in out
+
+
+def test_nothing_matched_is_said_in_words_not_an_empty_table(monkeypatch):
+    monkeypatch.setattr(show, "resolve_candidate", lambda ctx, run_id: "r0005")
+    monkeypatch.setattr(show, "load_outputs", lambda ctx, rid: (None, CAND if rid == "r0005" else BASE))
+    with console.capture() as cap:
+        assert show.run_show(None, "r0004", category="no-such-class") == 0
+    assert cap.get().strip() == "r0005: no matching examples"
+    with console.capture() as cap:
+        assert show.run_show(None, "r0004", category="no-such-class", against="r0002") == 0
+    assert cap.get().strip() == "r0005: no matching examples against r0002"

@@ -79,3 +79,18 @@ def test_tree_without_baseline_or_study_file(tmp_path):
     assert "no completed baseline" in lines[0]
     assert "r0001 train failed (RuntimeError: out of memory) · not evaluated" in "\n".join(lines)
     assert any("r0002 eval running" in line for line in lines)
+
+
+def test_a_few_shot_control_is_labelled_and_never_the_reference_of_the_deltas(tmp_path, monkeypatch):
+    (tmp_path / "tuneproof.yaml").write_text(yaml.safe_dump(study_config(tmp_path / "base")))
+    reg = Registry(tmp_path)
+    _run(reg, "baseline", eval_fp="E1", metrics={"field_f1": 0.0})
+    _run(reg, "baseline", eval_fp="E1+shots", metrics={"field_f1": 0.111}, control="few_shot", few_shot=3)
+    t = _run(reg, "train")
+    _run(reg, "eval", parent=t, eval_fp="E1", metrics={"field_f1": 0.355})
+    monkeypatch.chdir(tmp_path)
+    lines = _render(Registry("."))  # `runs --tree` inside the study folder: `--study .`
+    assert lines[0] == f"{tmp_path.name} (4 runs; headline field_f1; baseline r0001)"
+    text = "\n".join(lines)
+    assert "r0002 baseline completed control: 3-shot prompt · field_f1 0.111" in text
+    assert "r0003 train completed · field_f1 0.355 (+0.355 vs r0001, eval r0004)" in text

@@ -13,11 +13,13 @@ comparable.
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from rich.tree import Tree
 
 from tuneproof.context import load_study
+from tuneproof.evaluation.controls import control_kind, control_label
 from tuneproof.hypothesis import frozen_record
 from tuneproof.registry import Registry, RunRecord, override_flags
 from tuneproof.ui import console, fmt, user_text
@@ -81,6 +83,8 @@ def metric_text(rec: RunRecord, children: list[RunRecord], baseline: RunRecord |
 def node_label(rec: RunRecord, children: list[RunRecord], baseline: RunRecord | None, metric: str | None) -> str:
     style = STATUS_STYLE.get(rec.status, "")
     parts = [f"[bold]{user_text(rec.id)}[/] {rec.kind} [{style}]{rec.status}[/]"]
+    if control_kind(rec) is not None:
+        parts.append(f"[cyan]control: {user_text(control_label(rec), one_line=True)}[/]")
     if rec.reason and rec.status != "completed":
         parts.append(f"[{style}]({user_text(rec.reason, one_line=True)})[/]")
     variant = rec.summary.get("variant")
@@ -104,10 +108,15 @@ def build_tree(registry: Registry, runs: list[RunRecord]) -> Tree:
     children: dict[str | None, list[RunRecord]] = defaultdict(list)
     for r in runs:
         children[r.parent if r.parent in ids else None].append(r)
-    baselines = [r for r in runs if r.kind == "baseline" and r.status == "completed" and r.summary.get("metrics")]
+    baselines = [  # a few-shot control is shown, never the reference of the deltas (evaluation/controls.py)
+        r
+        for r in runs
+        if r.kind == "baseline" and r.status == "completed" and r.summary.get("metrics") and control_kind(r) is None
+    ]
     baseline = baselines[-1] if baselines else None
     metric = success_metric(registry)
-    title = f"[bold]{user_text(registry.study_dir.name, one_line=True)}[/] ({len(runs)} runs"
+    name = Path(registry.study_dir).resolve().name  # `--study .` has no name of its own
+    title = f"[bold]{user_text(name, one_line=True)}[/] ({len(runs)} runs"
     title += f"; headline {metric}" if metric else ""
     title += f"; baseline {baseline.id})" if baseline else "; no completed baseline)"
     tree = Tree(title)

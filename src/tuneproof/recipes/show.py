@@ -86,6 +86,10 @@ def run_show(
     if as_json:
         print_json({**show_json(cid, base and bid, pairs, limit, passing), "basis": basis})
         return len(pairs)
+    if not pairs:  # an empty table reads as a fault; say what matched nothing
+        what = "regressed" if regressed else "fixed" if fixed else "matching"
+        console.print(f"{cid}: no {what} examples" + (f" against {bid}" if base else ""), soft_wrap=True)
+        return 0
     # a baseline column only when a baseline is joined (--against/--regressed/--fixed): an empty one read as
     # a baseline that answered nothing
     cols = ["id", "category", "input", "reference", *(["baseline"] if base else []), "candidate"]

